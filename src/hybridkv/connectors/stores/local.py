@@ -1,0 +1,129 @@
+"""An embedded in-process CPU tier: an LRU of byte payloads bounded by a byte budget."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from .base import KVStore, Payload
+
+__all__ = ["LocalCPUStore"]
+
+
+class LocalCPUStore(KVStore):
+    """LRU byte store held in this process's memory.
+
+    Invariants (kept under ``self._lock``):
+
+    * ``used_bytes == sum(len(v) for v in entries) <= capacity_bytes``;
+    * ``_entries`` is ordered oldest-first by last put or get hit; ``batch_exists`` does not
+      reorder.
+
+    A put evicts least-recently-used entries until the payload fits; a payload larger than the
+    whole budget is dropped without evicting anything. Re-putting a key replaces its payload and
+    makes it most recent.
+    """
+
+    def __init__(self, capacity_bytes: int) -> None:
+        """Args:
+            capacity_bytes: the byte budget, counting payload bytes only.
+
+        Raises:
+            ValueError: ``capacity_bytes`` is not positive.
+        """
+        if capacity_bytes <= 0:
+            raise ValueError(f"capacity_bytes must be positive, got {capacity_bytes}")
+        super().__init__()
+        self.capacity_bytes = int(capacity_bytes)
+        self._entries: OrderedDict[bytes, bytes] = OrderedDict()
+        self._used = 0
+        self._lock = threading.Lock()
+
+    @property
+    def used_bytes(self) -> int:
+        """Payload bytes currently held."""
+        return self._used
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def batch_exists(self, keys: Sequence[bytes]) -> list[bool]:
+        with self._lock:
+            return [bytes(k) in self._entries for k in keys]
+
+    def batch_put(self, keys: Sequence[bytes], payloads: Sequence[Payload]) -> list[bool]:
+        self._check_lengths(keys, payloads, "payloads")
+        sizes = [len(memoryview(p).cast("B")) for p in payloads]
+        if any(s == 0 for s in sizes):
+            raise ValueError("payloads must not be empty")
+        results: list[bool] = []
+        stored = stored_bytes = dropped = evicted = 0
+        with self._lock:
+            if self._closed:
+                self._count(drops=len(keys), unavailable=len(keys))
+                return [False] * len(keys)
+            for key, payload, size in zip(keys, payloads, sizes):
+                key = bytes(key)
+                if size > self.capacity_bytes:
+                    dropped += 1
+                    results.append(False)
+                    continue
+                old = self._entries.pop(key, None)
+                if old is not None:
+                    self._used -= len(old)
+                while self._used + size > self.capacity_bytes:
+                    _, victim = self._entries.popitem(last=False)
+                    self._used -= len(victim)
+                    evicted += 1
+                self._entries[key] = bytes(payload)
+                self._used += size
+                stored += 1
+                stored_bytes += size
+                results.append(True)
+        self._count(puts=stored, put_bytes=stored_bytes, drops=dropped, evictions=evicted)
+        return results
+
+    def batch_get(
+        self, keys: Sequence[bytes], expected_sizes: Sequence[int] | None = None
+    ) -> list[bytes | None]:
+        if expected_sizes is not None:
+            self._check_lengths(keys, expected_sizes, "expected_sizes")
+        out: list[bytes | None] = []
+        hits = hit_bytes = mismatches = 0
+        with self._lock:
+            for i, key in enumerate(keys):
+                key = bytes(key)
+                payload = self._entries.get(key)
+                if payload is not None and expected_sizes is not None:
+                    if len(payload) != expected_sizes[i]:
+                        mismatches += 1
+                        payload = None
+                if payload is not None:
+                    self._entries.move_to_end(key)
+                    hits += 1
+                    hit_bytes += len(payload)
+                out.append(payload)
+        self._count(
+            gets=len(keys), hits=hits, misses=len(keys) - hits, get_bytes=hit_bytes,
+            size_mismatches=mismatches,
+        )
+        return out
+
+    def remove(self, keys: Sequence[bytes]) -> int:
+        removed = 0
+        with self._lock:
+            for key in keys:
+                payload = self._entries.pop(bytes(key), None)
+                if payload is not None:
+                    self._used -= len(payload)
+                    removed += 1
+        self._count(removes=removed)
+        return removed
+
+    def close(self) -> None:
+        """Drop every entry; later puts are dropped and gets miss."""
+        with self._lock:
+            self._entries.clear()
+            self._used = 0
+            super().close()

@@ -1,0 +1,382 @@
+"""Cross-group lookup, allocation and caching.
+
+Per request and per group the coordinator keeps a positional block table: entry j holds the
+group's tokens ``[j*bs, (j+1)*bs)``, or the null block 0 where the tokens left the window::
+
+    full (bs 16)     [ 7][ 8][ 9][10][11][12]             tokens 0..95
+    sliding (bs 32)  [ 0][ 0][21][22]      window W=40 -> blocks 0,1 freed, now null
+                      ^^^^^^ below the window: never read again
+
+**Lookup** is a fixed point: every group answers "the largest aligned hit <= t that my rule
+can serve", starting at t = num_tokens - 1 and feeding each answer to the next group, until a
+full pass leaves t unchanged. Each answer is <= its input and the true common hit is <= every
+answer, so the loop ends at the largest hit all groups serve. Full attention is
+downward-closed and answers once; identical sibling groups (same spec) are probed together
+(a block counts as cached only if every sibling has it).
+
+**Allocation** counts first and mutates only if everything fits: new blocks for the scheduled
+tokens and lookahead slots, plus free hit blocks that a touch takes out of the free queue,
+against the free blocks plus the blocks that sliding out of the window releases.
+
+**Caching** walks the promised hit ends (:mod:`hybridkv.core.retention`) and gives each group
+the hashes of exactly the runs its rule needs for them (:mod:`hybridkv.core.rules`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from hybridkv.core.hashing import BlockHasher
+from hybridkv.core.pool import NULL_BLOCK, BlockPool
+from hybridkv.core.request import Request
+from hybridkv.core.retention import Retention, replay_boundaries
+from hybridkv.core.rules import HitRule
+from hybridkv.core.specs import RULE_FULL, KVCacheConfig
+
+
+@dataclass(frozen=True, slots=True)
+class CacheHit:
+    """The result of a lookup: reusable tokens and, per group, the blocks that hold them.
+
+    ``block_ids[g]`` has ``num_tokens // block_size_g`` entries; 0 marks a block outside the
+    group's window (not needed). ``shared_prefix_boundary`` > 0 when a longer prefix is cached
+    in some group but not servable by all: allocating this hit then promises that boundary,
+    so the prefix becomes reusable (Marconi-style junction). A hit is a snapshot: allocate it
+    before other requests allocate, or look up again.
+    """
+
+    num_tokens: int
+    block_ids: tuple[tuple[int, ...], ...]
+    shared_prefix_boundary: int = 0
+
+
+class _Unit:
+    """Groups looked up together: one spec and one hit rule."""
+
+    __slots__ = ("groups", "rule", "scale", "step")
+
+    def __init__(self, groups: list[int], rule: HitRule, scale: int, step: int) -> None:
+        self.groups = groups
+        self.rule = rule
+        self.scale = scale  # group block size / hash block size
+        self.step = step    # alignment / group block size
+
+
+class _ReqBlocks:
+    """Per-request bookkeeping: tables, and how far the write path has gone per group."""
+
+    __slots__ = ("tables", "cached_hi", "done_t", "boundaries")
+
+    def __init__(self, num_groups: int) -> None:
+        self.tables: list[list[int]] = [[] for _ in range(num_groups)]
+        self.cached_hi = [0] * num_groups   # blocks below were decided (cached or scratch)
+        self.done_t = [0] * num_groups      # promised ends <= done_t were processed
+        self.boundaries: tuple[int, ...] = ()
+
+
+class KVCacheCoordinator:
+    """Lookup, allocation and caching over all groups of one pool.
+
+    Args:
+        config: the KV-cache config.
+        pool: the shared block pool.
+        hasher: produces the requests' hashes at ``config.hash_block_size``.
+        retention: the promised-end policy.
+        drop_mode: EAGLE drop mode (draft groups need the block after a hit).
+        vllm_compat: reproduce vLLM 0.33 (full groups always cache every block; no
+            below-boundary or final-length promises).
+        caching: prefix caching enabled.
+        on_stored: event callback ``(group, request, first_block, blocks)`` for each cached run.
+    """
+
+    def __init__(self, config: KVCacheConfig, pool: BlockPool, hasher: BlockHasher,
+                 retention: Retention, drop_mode: bool, vllm_compat: bool, caching: bool,
+                 max_model_len: int | None,
+                 on_stored: Callable[[int, Request, int, list[int]], None] | None = None) -> None:
+        self.config = config
+        self.pool = pool
+        self.hasher = hasher
+        self.retention = retention
+        self.drop_mode = drop_mode
+        self.compat = vllm_compat
+        self.caching = caching
+        self.max_model_len = max_model_len
+        self.on_stored = on_stored
+        self.alignment = config.alignment
+        hbs = config.hash_block_size
+        groups = config.groups
+        any_draft = any(g.is_draft for g in groups)
+        # Identical sibling groups (same spec) are one lookup unit and share one write mask:
+        # if any sibling is a draft group, all of them carry the proof (vLLM #44082).
+        by_spec: dict[object, list[int]] = {}
+        for i, g in enumerate(groups):
+            by_spec.setdefault(g.spec, []).append(i)
+        self.proof = [False] * len(groups)
+        for ids in by_spec.values():
+            draft = drop_mode and (not any_draft or any(groups[i].is_draft for i in ids))
+            for i in ids:
+                self.proof[i] = draft
+        self.rules = [HitRule(g.spec, self.proof[i]) for i, g in enumerate(groups)]
+        self.block_sizes = [g.spec.block_size for g in groups]
+        self.scales = [bs // hbs for bs in self.block_sizes]
+        # Dense write path: every aligned end. vLLM-compatible full groups ignore retention.
+        self.dense = [retention.dense or (vllm_compat and r.kind == RULE_FULL) for r in self.rules]
+        ordered = sorted(by_spec.values(), key=lambda ids: self.rules[ids[0]].kind != RULE_FULL)
+        self.units = [
+            _Unit(ids, self.rules[ids[0]], self.scales[ids[0]], self.alignment // self.block_sizes[ids[0]])
+            for ids in ordered
+        ]
+        self.reqs: dict[object, _ReqBlocks] = {}
+
+    # ---- lookup -----------------------------------------------------------------------------
+    def find_longest_hit(self, request: Request, max_tokens: int) -> CacheHit:
+        """The longest prefix of at most ``max_tokens`` tokens every group can serve."""
+        hashes = request.block_hashes
+        n_fine = len(hashes)
+        pool_index = self.pool.index
+        found: list[dict[int, tuple[int, ...]]] = [dict() for _ in self.units]
+
+        def make_probe(u: int) -> Callable[[int], object]:
+            unit = self.units[u]
+            memo = found[u]
+            scale = unit.scale
+            gids = unit.groups
+            cached = self.pool.cached_block
+
+            def probe(j: int) -> object:
+                hit = memo.get(j)
+                if hit is not None:
+                    return hit
+                h = hashes[(j + 1) * scale - 1]
+                ids = []
+                for g in gids:
+                    b = cached(g, h)
+                    if b is None:
+                        return None
+                    ids.append(b)
+                hit = memo[j] = tuple(ids)
+                return hit
+
+            return probe
+
+        probes = [make_probe(u) for u in range(len(self.units))]
+        # Largest e per unit whose proof block (if any) has a hash.
+        e_cap = [n_fine // unit.scale - unit.rule.proof for unit in self.units]
+        if self.compat and len(self.config.groups) == 1:
+            # vLLM's single-group coordinator gives drop mode no margin: the proof block
+            # must lie below max_tokens too (a hit one block shorter than the hybrid one).
+            unit = self.units[0]
+            e_cap[0] = min(e_cap[0], max_tokens // unit.rule.block_size - unit.rule.proof)
+        full_answer: dict[int, int] = {}
+        a = self.alignment
+        t = max_tokens // a * a
+        longest = -1
+        while True:
+            start = t
+            for u, unit in enumerate(self.units):
+                if t <= 0:
+                    break
+                bs = unit.rule.block_size
+                e_max = min(t // bs, e_cap[u])
+                if unit.rule.kind == RULE_FULL:
+                    # downward-closed: one scan at the first candidate answers every later one
+                    if u not in full_answer:
+                        full_answer[u] = unit.rule.longest_hit(probes[u], e_max, unit.step) * bs
+                    t = min(t // a * a, full_answer[u])
+                else:
+                    t = unit.rule.longest_hit(probes[u], e_max, unit.step) * bs
+                if longest < 0:
+                    longest = t
+            if t <= 0 or t == start:
+                break
+        t = max(t, 0)
+        if t == 0:
+            return CacheHit(0, tuple(() for _ in self.config.groups), max(longest, 0))
+        block_ids: list[tuple[int, ...]] = [()] * len(self.config.groups)
+        for u, unit in enumerate(self.units):
+            e = t // unit.rule.block_size
+            lo = unit.rule.lo(e)
+            memo = found[u]
+            for k, g in enumerate(unit.groups):
+                block_ids[g] = (NULL_BLOCK,) * lo + tuple(memo[j][k] for j in range(lo, e))
+        boundary = longest if longest > t else 0
+        return CacheHit(t, tuple(block_ids), boundary)
+
+    # ---- allocation -------------------------------------------------------------------------
+    def _slide_plan(self, state: _ReqBlocks, num_computed: int) -> list[tuple[int, list[int]]]:
+        """Per local group, the table positions that left the window (back to front)."""
+        plan = []
+        for g, rule in enumerate(self.rules):
+            if rule.kind == RULE_FULL:
+                continue
+            table = state.tables[g]
+            nskip = min(rule.skipped_tokens(num_computed) // rule.block_size, len(table))
+            pos = []
+            j = nskip - 1
+            while j >= 0 and table[j] != NULL_BLOCK:
+                pos.append(j)
+                j -= 1
+            if pos:
+                plan.append((g, pos))
+        return plan
+
+    def allocate(self, request: Request, num_new_tokens: int, hit: CacheHit | None,
+                 lookahead: int) -> list[list[int]] | None:
+        """Blocks for ``num_new_tokens`` more tokens (+ lookahead slots); None if they don't fit.
+
+        Returns the newly allocated block ids per group. On None nothing changed.
+        """
+        pool = self.pool
+        state = self.reqs.get(request.request_id)
+        new_request = state is None
+        hit_tokens = hit.num_tokens if hit is not None else 0
+        computed = request.num_computed_tokens + hit_tokens
+        slots = computed + num_new_tokens + lookahead
+        if self.max_model_len is not None:
+            slots = min(slots, self.max_model_len)
+        ref = pool.ref_cnt
+        need = 0
+        releasable = 0
+        slide = [] if new_request else self._slide_plan(state, computed)
+        if not new_request:
+            for g, pos in slide:
+                table = state.tables[g]
+                releasable += sum(1 for j in pos if ref[table[j]] == 1)
+        for g, bs in enumerate(self.block_sizes):
+            have = len(hit.block_ids[g]) if (new_request and hit is not None) else (
+                0 if new_request else len(state.tables[g]))
+            want = -(-slots // bs)
+            if want > have:
+                need += want - have
+        if new_request and hit is not None:
+            touched: set[int] = set()
+            for ids in hit.block_ids:
+                for b in ids:
+                    if b and ref[b] == 0 and b not in touched:
+                        touched.add(b)
+            need += len(touched)
+        if need > pool.num_free + releasable:
+            return None
+        # ---- commit ----
+        if new_request:
+            state = _ReqBlocks(len(self.block_sizes))
+            self.reqs[request.request_id] = state
+            state.boundaries = self._boundaries(request, hit)
+            if hit is not None and hit_tokens:
+                for g, ids in enumerate(hit.block_ids):          # phase 1: touch every hit
+                    pool.touch(ids)
+                for g, ids in enumerate(hit.block_ids):
+                    state.tables[g] = list(ids)
+                    e = len(ids)
+                    state.cached_hi[g] = e
+                    state.done_t[g] = hit_tokens
+        else:
+            self.cache(request, min(computed, request.num_tokens))
+            for g, pos in slide:
+                table = state.tables[g]
+                freed = [table[j] for j in pos]
+                for j in pos:
+                    table[j] = NULL_BLOCK
+                pool.free(freed)
+        new_blocks: list[list[int]] = []
+        for g, bs in enumerate(self.block_sizes):
+            table = state.tables[g]
+            want = -(-slots // bs)
+            if want > len(table):
+                ids = pool.allocate(want - len(table))
+                table.extend(ids)
+                new_blocks.append(ids)
+            else:
+                new_blocks.append([])
+        self.cache(request, min(computed + num_new_tokens, request.num_tokens))
+        return new_blocks
+
+    def _boundaries(self, request: Request, hit: CacheHit | None) -> tuple[int, ...]:
+        if self.retention.dense:
+            return ()
+        a = self.alignment
+        ends = set(replay_boundaries(request.num_prompt_tokens, a, self.drop_mode,
+                                     below_boundary=not self.compat))
+        junction = hit.shared_prefix_boundary if hit is not None else 0
+        if junction:
+            ends.add(junction)
+            if (self.drop_mode or not self.compat) and junction > a:
+                # drop mode: the proof block after the junction is not shared, so the
+                # servable end is one unit lower; default mode: the #57610 unit below.
+                ends.add(junction - a)
+        return tuple(sorted(ends))
+
+    # ---- caching ----------------------------------------------------------------------------
+    def cache(self, request: Request, num_tokens: int, final: bool = False) -> None:
+        """Cache the runs of every promised end reachable with ``num_tokens`` computed tokens.
+
+        ``final`` adds the request's final length as a promised end (default mode, at free).
+        """
+        if not self.caching:
+            return
+        state = self.reqs[request.request_id]
+        hashes = request.block_hashes
+        n_fine = len(hashes)
+        extra = state.boundaries
+        if final and not self.compat:
+            extra = extra + (num_tokens // self.alignment * self.alignment,)
+        pool = self.pool
+        for g, rule in enumerate(self.rules):
+            bs = rule.block_size
+            scale = self.scales[g]
+            # a run [lo, hi) is cacheable iff its blocks are computed and hashed
+            hi_limit = min(num_tokens // bs, n_fine // scale)
+            t_limit = (hi_limit - rule.proof) * bs
+            done = state.done_t[g]
+            if t_limit <= done:
+                continue
+            if self.dense[g]:
+                a = self.alignment
+                first = (done // a + 1) * a
+                if rule.kind == RULE_FULL:
+                    # runs [0, e + proof) are nested: the last end's run covers them all
+                    last = t_limit // a * a
+                    ends = [last] if last >= first else []
+                else:
+                    ends = list(range(first, t_limit + 1, a))
+            else:
+                ends = self.retention.ends_between(done, t_limit, extra)
+            if not ends:
+                continue
+            state.done_t[g] = ends[-1]
+            table = state.tables[g]
+            lo_prev = state.cached_hi[g]
+            new: list[int] = []
+            positions: list[int] = []
+            for t in ends:
+                lo, hi = rule.span(t // bs)
+                j = lo if lo > lo_prev else lo_prev
+                while j < hi:
+                    b = table[j]
+                    if b != NULL_BLOCK and pool.block_hash[b] is None:
+                        pool.insert(g, hashes[(j + 1) * scale - 1], b)
+                        positions.append(j)
+                    j += 1
+                if hi > lo_prev:
+                    lo_prev = hi
+            state.cached_hi[g] = lo_prev
+            if positions and self.on_stored is not None:
+                run_start = 0
+                for k in range(1, len(positions) + 1):
+                    if k == len(positions) or positions[k] != positions[k - 1] + 1:
+                        first = positions[run_start]
+                        self.on_stored(g, request, first, [table[j] for j in positions[run_start:k]])
+                        run_start = k
+
+    # ---- free -------------------------------------------------------------------------------
+    def free(self, request: Request) -> None:
+        """Release every block of the request: each group's table tail first, group by group."""
+        state = self.reqs.get(request.request_id)
+        if state is None:
+            return
+        if self.caching and not self.compat:
+            self.cache(request, min(request.num_computed_tokens, request.num_tokens), final=True)
+        del self.reqs[request.request_id]
+        for table in state.tables:
+            self.pool.free(reversed(table))

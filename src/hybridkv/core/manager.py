@@ -1,0 +1,300 @@
+"""The facade a scheduler uses: lookup, allocate, free, reset, stats, events, integrity.
+
+Typical use (one request)::
+
+    hit = kv.lookup(req)                          # side-effect free
+    new = kv.allocate(req, req.num_tokens - hit.num_tokens, hit)   # None: does not fit
+    req.num_computed_tokens = req.num_tokens      # after the forward pass
+    req.append_tokens([next_token])
+    kv.allocate(req, 1)                           # each decode step
+    kv.free(req)                                  # finished or preempted
+
+Block layout of one group's table as a request runs (``bs`` = 4, 2 lookahead slots)::
+
+    | computed (hit + earlier steps) | scheduled now | lookahead | (unallocated)
+    [b1  b2 ][ b3 ][ b4       ][b5..  ]
+      cached when full and promised   never cached: draft slots
+"""
+
+from __future__ import annotations
+
+from hybridkv.core.coordinator import CacheHit, KVCacheCoordinator
+from hybridkv.core.events import (AllBlocksCleared, BlockRemoved, BlockStored, KVEvent,
+                                  PrefixCacheStats, untag_extra_keys)
+from hybridkv.core.hashing import BlockHasher
+from hybridkv.core.pool import NULL_BLOCK, BlockPool
+from hybridkv.core.request import Request
+from hybridkv.core.retention import Retention, validate_retention_interval
+from hybridkv.core.specs import RULE_FULL, KVCacheConfig
+from hybridkv.core.spec_decode import SpecDecode
+
+
+class KVCacheManager:
+    """Prefix-caching KV block manager for hybrid models.
+
+    Args:
+        config: groups and pool size.
+        spec_decode: speculative decoding, if any (lookahead slots, boundary proof).
+        retention_interval: sliding-window retention: None (dense), 0 (replay boundaries
+            only, the default) or N (a window tail every N tokens plus replay boundaries).
+        enable_caching: prefix caching on (hashing, lookup, caching).
+        hash_algo: "xxh3_128" (default) or "sha256".
+        hash_seed: the hash chain's seed; give one to share hashes across processes.
+        max_model_len: cap on tokens per request (slots past it are not allocated); also
+            checked against the pool: one request of this length must fit.
+        enable_events: record KV events for :meth:`take_events`.
+        vllm_compat: reproduce vLLM 0.33's semantics (hit lengths, cached blocks, eviction
+            and block-id order): full groups cache every block and no extra boundaries.
+
+    Invariants (:meth:`check_integrity`): every block is free xor referenced; ref counts equal
+    the references in request tables; the free queue and the hash index agree with the blocks;
+    every cached block a request holds carries that request's hash for its position.
+    """
+
+    def __init__(self, config: KVCacheConfig, *, spec_decode: SpecDecode | None = None,
+                 retention_interval: int | None = 0, enable_caching: bool = True,
+                 hash_algo: str = "xxh3_128", hash_seed: str | None = None,
+                 max_model_len: int | None = None, enable_events: bool = False,
+                 vllm_compat: bool = False) -> None:
+        if not isinstance(config, KVCacheConfig):
+            raise ValueError(f"config must be a KVCacheConfig, got {type(config).__name__}")
+        if spec_decode is not None and not isinstance(spec_decode, SpecDecode):
+            raise ValueError(f"spec_decode must be a SpecDecode or None, got {spec_decode!r}")
+        has_local = any(g.spec.rule != RULE_FULL for g in config.groups)
+        validate_retention_interval(retention_interval, config.alignment, has_local)
+        if max_model_len is not None:
+            if isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or max_model_len <= 0:
+                raise ValueError(f"max_model_len must be a positive integer, got {max_model_len!r}")
+            self._check_fits(config, max_model_len, spec_decode)
+        self.config = config
+        self.spec_decode = spec_decode
+        self.retention_interval = retention_interval
+        self.enable_caching = enable_caching
+        self.max_model_len = max_model_len
+        self.vllm_compat = vllm_compat
+        self.enable_events = enable_events
+        self.lookahead_slots = spec_decode.lookahead_slots if spec_decode else 0
+        drop_mode = bool(spec_decode and spec_decode.drops_last_block)
+        self.hasher = BlockHasher(config.hash_block_size, hash_algo, hash_seed,
+                                  spec_decode.hash_lookahead_tokens if spec_decode else 0)
+        self._events: list[KVEvent] = []
+        self.pool = BlockPool(config.num_blocks, len(config.groups),
+                              on_evict=self._on_evict if enable_events else None)
+        self.coordinator = KVCacheCoordinator(
+            config, self.pool, self.hasher, Retention(retention_interval, config.alignment),
+            drop_mode=drop_mode, vllm_compat=vllm_compat, caching=enable_caching,
+            max_model_len=max_model_len, on_stored=self._on_stored if enable_events else None)
+        self._stats = PrefixCacheStats()
+        self._requests: dict[object, Request] = {}
+
+    @staticmethod
+    def _check_fits(config: KVCacheConfig, max_len: int, spec: SpecDecode | None) -> None:
+        # Full groups hold the whole sequence; local groups at most their window plus one
+        # block-aligned prefill chunk (chunked prefill bounds the chunk).
+        need = 0
+        for g in config.groups:
+            bs = g.spec.block_size
+            blocks = -(-max_len // bs)
+            if g.spec.rule != RULE_FULL:
+                span = g.spec.window_tokens or g.spec.chunk_size  # type: ignore[attr-defined]
+                blocks = min(blocks, -(-span // bs) + 2)
+            need += blocks
+        if need > config.num_blocks - 1:
+            raise ValueError(
+                f"the pool has {config.num_blocks - 1} usable blocks but one request of "
+                f"max_model_len={max_len} tokens needs {need} across the groups; give more blocks "
+                "or a smaller max_model_len"
+            )
+
+    # ---- queries ------------------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free
+
+    @property
+    def usage(self) -> float:
+        return self.pool.usage
+
+    def _sync_hashes(self, request: Request) -> None:
+        if request.hasher is None:
+            request.hasher = self.hasher
+        elif request.hasher is not self.hasher:
+            raise ValueError(
+                f"request {request.request_id!r} was hashed by another manager's hasher; "
+                "create a new Request for each manager"
+            )
+        if self.enable_caching:
+            self.hasher.update(request)
+
+    def lookup(self, request: Request) -> CacheHit:
+        """The longest cached prefix of ``request`` every group can serve. Changes nothing.
+
+        The hit is at most ``num_tokens - 1`` (the last token is recomputed for its logits)
+        and a multiple of the alignment (LCM of block sizes).
+        """
+        if not isinstance(request, Request):
+            raise ValueError(f"lookup needs a Request, got {type(request).__name__}")
+        self._sync_hashes(request)
+        if not self.enable_caching or request.skip_prefix_cache:
+            return CacheHit(0, tuple(() for _ in self.config.groups))
+        max_tokens = request.num_tokens - 1
+        if self.max_model_len is not None:
+            max_tokens = min(max_tokens, self.max_model_len - 1)
+        return self.coordinator.find_longest_hit(request, max_tokens)
+
+    def allocate(self, request: Request, num_new_tokens: int, hit: CacheHit | None = None,
+                 num_lookahead_tokens: int | None = None) -> list[list[int]] | None:
+        """Make room for ``num_new_tokens`` more tokens of ``request``.
+
+        Args:
+            request: the request; ``request.num_computed_tokens`` tokens already have KV.
+            num_new_tokens: tokens computed in this step (after the hit for a new request).
+            hit: a new request's lookup result, adopted as computed tokens (its blocks are
+                taken). Only for the first allocation of a request.
+            num_lookahead_tokens: slots past the new tokens for draft tokens; defaults to the
+                spec-decode's (k, or k+1 for DFlash). Never cached.
+
+        Returns:
+            The newly allocated block ids per group, or None if the pool cannot supply them;
+            on None nothing changed. Full blocks of promised hit ends up to
+            ``min(computed + num_new_tokens, request.num_tokens)`` are cached.
+        """
+        if not isinstance(request, Request):
+            raise ValueError(f"allocate needs a Request, got {type(request).__name__}")
+        if isinstance(num_new_tokens, bool) or not isinstance(num_new_tokens, int) or num_new_tokens < 0:
+            raise ValueError(f"num_new_tokens must be a non-negative integer, got {num_new_tokens!r}")
+        known = request.request_id in self.coordinator.reqs
+        if known and hit is not None and hit.num_tokens:
+            raise ValueError(
+                f"request {request.request_id!r} already holds blocks; a hit can only be adopted "
+                "by its first allocate"
+            )
+        if hit is not None:
+            if not isinstance(hit, CacheHit) or len(hit.block_ids) != len(self.config.groups):
+                raise ValueError(f"hit must be a CacheHit from this manager's lookup, got {hit!r}")
+            if hit.num_tokens + request.num_computed_tokens > request.num_tokens:
+                raise ValueError(
+                    f"hit of {hit.num_tokens} tokens exceeds request {request.request_id!r}'s "
+                    f"{request.num_tokens} tokens"
+                )
+            for g, ids in enumerate(hit.block_ids):
+                bs = self.config.groups[g].spec.block_size
+                if len(ids) * bs != hit.num_tokens:
+                    raise ValueError(f"hit blocks of group {g} do not cover {hit.num_tokens} tokens")
+        if num_new_tokens == 0 and not known and not (hit and hit.num_tokens):
+            raise ValueError(
+                f"allocate for new request {request.request_id!r} needs num_new_tokens > 0 or a hit"
+            )
+        lookahead = self.lookahead_slots if num_lookahead_tokens is None else num_lookahead_tokens
+        if isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 0:
+            raise ValueError(f"num_lookahead_tokens must be a non-negative integer, got {lookahead!r}")
+        self._sync_hashes(request)
+        blocks = self.coordinator.allocate(request, num_new_tokens, hit, lookahead)
+        if blocks is not None and not known:
+            self._requests[request.request_id] = request
+            self._record(request, hit.num_tokens if hit is not None else 0)
+        return blocks
+
+    def _record(self, request: Request, hit_tokens: int) -> None:
+        if not self.enable_caching or request.skip_prefix_cache:
+            return
+        s = self._stats
+        if request.num_preemptions:
+            s.preempted_requests += 1
+            s.preempted_queries += request.num_tokens
+            s.preempted_hits += hit_tokens
+        else:
+            s.requests += 1
+            s.queries += request.num_tokens
+            s.hits += hit_tokens
+
+    def free(self, request: Request) -> None:
+        """Release the request's blocks (cached ones stay cached, LRU). Unknown ids: no-op."""
+        self._sync_hashes(request)
+        self.coordinator.free(request)
+        self._requests.pop(request.request_id, None)
+
+    def block_ids(self, request: Request | object) -> tuple[list[int], ...]:
+        """The request's block table per group (0 = null block, outside the window)."""
+        rid = request.request_id if isinstance(request, Request) else request
+        state = self.coordinator.reqs.get(rid)
+        if state is None:
+            raise KeyError(f"request {rid!r} holds no blocks")
+        return tuple(list(t) for t in state.tables)
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cached hash. Returns False (and changes nothing) while blocks are in use."""
+        if self.coordinator.reqs or self.pool.num_free != self.pool.num_blocks - 1:
+            return False
+        self.pool.reset_hashes()
+        if self.enable_events:
+            self._events.append(AllBlocksCleared())
+        return True
+
+    def stats(self) -> PrefixCacheStats:
+        """Cumulative prefix-cache counters (a copy)."""
+        s = self._stats
+        return PrefixCacheStats(s.requests, s.queries, s.hits, s.preempted_requests,
+                                s.preempted_queries, s.preempted_hits, self.pool.num_evictions)
+
+    def take_events(self) -> list[KVEvent]:
+        """Drain the recorded KV events (empty unless ``enable_events``)."""
+        out, self._events = self._events, []
+        return out
+
+    # ---- events -------------------------------------------------------------------------------
+    def _on_evict(self, group: int, h: bytes) -> None:
+        self._events.append(BlockRemoved([h], "GPU", group))
+
+    def _on_stored(self, group: int, request: Request, first: int, blocks: list[int]) -> None:
+        bs = self.config.groups[group].spec.block_size
+        hbs = self.config.hash_block_size
+        scale = bs // hbs
+        hashes = request.block_hashes
+        n = len(blocks)
+        la = self.hasher.lookahead
+        toks = request.token_ids
+        start, end = first * bs, (first + n) * bs
+        extra = None
+        lookahead = None
+        if request.has_extra_keys:
+            extra = [untag_extra_keys(request.extra_keys(j * bs, (j + 1) * bs + la))
+                     for j in range(first, first + n)]
+        if la:
+            lookahead = [list(toks[(j + 1) * bs:(j + 1) * bs + la]) for j in range(first, first + n)]
+        self._events.append(BlockStored(
+            block_hashes=[hashes[(j + 1) * scale - 1] for j in range(first, first + n)],
+            parent_block_hash=hashes[first * scale - 1] if first else None,
+            token_ids=list(toks[start:end]), block_size=bs,
+            lora_name=request.lora.name if request.lora else None, medium="GPU",
+            group_idx=group, extra_keys=extra, lookahead_token_ids=lookahead))
+
+    # ---- integrity ----------------------------------------------------------------------------
+    def check_integrity(self) -> None:
+        """Raise AssertionError naming the first broken invariant (O(pool + tables))."""
+        pool = self.pool
+        pool.check()
+        refs = [0] * pool.num_blocks
+        hbs = self.config.hash_block_size
+        for rid, state in self.coordinator.reqs.items():
+            req = self._requests.get(rid)
+            for g, table in enumerate(state.tables):
+                scale = self.config.groups[g].spec.block_size // hbs
+                for j, b in enumerate(table):
+                    if b == NULL_BLOCK:
+                        continue
+                    refs[b] += 1
+                    h = pool.block_hash[b]
+                    if h is None or req is None:
+                        continue
+                    if pool.block_group[b] != g:
+                        raise AssertionError(f"request {rid!r} group {g} holds block {b} cached for "
+                                             f"group {pool.block_group[b]}")
+                    k = (j + 1) * scale - 1
+                    if k >= len(req.block_hashes) or req.block_hashes[k] != h:
+                        raise AssertionError(
+                            f"request {rid!r} group {g} position {j}: block {b} is cached under a "
+                            "hash that is not the request's hash for that position")
+        for b in range(1, pool.num_blocks):
+            if refs[b] != pool.ref_cnt[b]:
+                raise AssertionError(f"block {b}: ref_cnt {pool.ref_cnt[b]} but {refs[b]} table references")

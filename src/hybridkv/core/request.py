@@ -1,0 +1,142 @@
+"""The request: its tokens, its identity for caching, and its progress.
+
+A request carries everything the cache needs to know about it, so manager calls stay short:
+token ids (prompt, then appended outputs), the number of tokens whose KV is computed, the
+cache salt, the LoRA adapter and the multimodal items that enter its block hashes, and the
+block hashes themselves (appended by the manager's :class:`~hybridkv.core.hashing.BlockHasher`
+as tokens arrive).
+
+The caller (a scheduler) owns ``num_computed_tokens``: it advances it after each step and
+resets it to 0 when the request is preempted.
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class LoRA:
+    """A LoRA adapter. The path enters the hash so a re-pointed name does not reuse KV."""
+
+    name: str
+    path: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class MultiModalItem:
+    """A multimodal input occupying prompt positions ``[offset, offset + length)``.
+
+    ``identifier`` is the content hash of the item (image bytes, audio, ...).
+    """
+
+    identifier: str
+    offset: int
+    length: int
+
+
+def _as_token_array(token_ids: Iterable[int], what: str) -> array:
+    try:
+        return array("q", token_ids)
+    except (TypeError, OverflowError) as exc:
+        raise ValueError(
+            f"{what}: token ids must be integers in [{INT64_MIN}, {INT64_MAX}] ({exc})"
+        ) from None
+
+
+class Request:
+    """One sequence the cache serves.
+
+    Args:
+        request_id: unique id (any hashable, usually a string).
+        token_ids: the prompt token ids (non-empty).
+        cache_salt: isolates this request's cache from requests with another salt.
+        lora: the LoRA adapter, if any.
+        mm_items: multimodal items, sorted by offset, inside the prompt.
+        skip_prefix_cache: do not read the prefix cache (e.g. prompt logprobs are requested);
+            the request's blocks are still cached for others.
+    """
+
+    __slots__ = ("request_id", "_tokens", "num_prompt_tokens", "num_computed_tokens",
+                 "cache_salt", "lora", "mm_items", "skip_prefix_cache", "block_hashes",
+                 "hasher", "num_preemptions", "__weakref__")
+
+    def __init__(self, request_id: object, token_ids: Iterable[int], *,
+                 cache_salt: str | None = None, lora: LoRA | None = None,
+                 mm_items: Sequence[MultiModalItem] = (), skip_prefix_cache: bool = False) -> None:
+        tokens = _as_token_array(token_ids, f"request {request_id!r}")
+        if len(tokens) == 0:
+            raise ValueError(f"request {request_id!r} has an empty prompt; give at least one token")
+        if cache_salt is not None and not isinstance(cache_salt, str):
+            raise ValueError(f"request {request_id!r}: cache_salt must be a str or None, got {cache_salt!r}")
+        if lora is not None and not isinstance(lora, LoRA):
+            raise ValueError(f"request {request_id!r}: lora must be a LoRA(name, path), got {lora!r}")
+        mm = tuple(mm_items)
+        prev_end = None
+        for item in mm:
+            if not isinstance(item, MultiModalItem):
+                raise ValueError(f"request {request_id!r}: mm_items must hold MultiModalItem, got {item!r}")
+            if item.length <= 0 or item.offset < 0 or item.offset + item.length > len(tokens):
+                raise ValueError(
+                    f"request {request_id!r}: multimodal item {item.identifier!r} at "
+                    f"[{item.offset}, {item.offset + item.length}) must have length > 0 and lie "
+                    f"inside the prompt [0, {len(tokens)})"
+                )
+            if prev_end is not None and item.offset < prev_end:
+                raise ValueError(
+                    f"request {request_id!r}: multimodal items must be sorted by offset and not "
+                    f"overlap; {item.identifier!r} starts at {item.offset} < {prev_end}"
+                )
+            prev_end = item.offset + item.length
+        self.request_id = request_id
+        self._tokens = tokens
+        self.num_prompt_tokens = len(tokens)
+        self.num_computed_tokens = 0
+        self.cache_salt = cache_salt
+        self.lora = lora
+        self.mm_items = mm
+        self.skip_prefix_cache = skip_prefix_cache
+        self.block_hashes: list[bytes] = []
+        self.hasher = None  # the BlockHasher that produced block_hashes (set by the manager)
+        self.num_preemptions = 0
+
+    # ---- tokens -------------------------------------------------------------------------
+    @property
+    def token_ids(self) -> array:
+        """All token ids (prompt, then outputs). Do not mutate; use :meth:`append_tokens`."""
+        return self._tokens
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self._tokens)
+
+    def append_tokens(self, token_ids: Iterable[int]) -> None:
+        """Append output (or accepted draft) tokens. Hashes follow on the next manager call."""
+        self._tokens.extend(_as_token_array(token_ids, f"request {self.request_id!r}"))
+
+    # ---- extra keys -----------------------------------------------------------------------
+    @property
+    def has_extra_keys(self) -> bool:
+        return bool(self.cache_salt or self.lora or self.mm_items)
+
+    def extra_keys(self, start: int, end: int) -> tuple:
+        """The extra keys of the token range ``[start, end)``, in the order LoRA, MM, salt."""
+        keys: list[tuple] = []
+        if self.lora is not None:
+            keys.append(("lora", self.lora.name, self.lora.path))
+        for item in self.mm_items:
+            if item.offset >= end:
+                break
+            if item.offset + item.length > start:
+                keys.append(("mm", item.identifier, item.offset - start))
+        if start == 0 and self.cache_salt:
+            keys.append(("cache_salt", self.cache_salt))
+        return tuple(keys)
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r}, tokens={self.num_tokens}, "
+                f"computed={self.num_computed_tokens}, hashes={len(self.block_hashes)})")

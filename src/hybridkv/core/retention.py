@@ -1,0 +1,121 @@
+"""Which hit ends the write path promises to serve (sliding-window retention).
+
+A retention policy turns a request into a set of *promised hit ends* (token counts, multiples
+of the alignment A = LCM of block sizes). Each group then caches the union of the runs its
+hit rule needs for those ends (:mod:`hybridkv.core.rules`); blocks outside every run stay
+hash-less scratch and are reused first.
+
+==============  =============================================================================
+interval        promised ends
+==============  =============================================================================
+None (dense)    every multiple of A
+0               replay boundaries only (+ the shared-prefix junction found at lookup)
+N > 0           every multiple of N, plus the replay boundaries (and the junction)
+==============  =============================================================================
+
+*Replay boundaries* are the hits later requests are expected to ask for:
+
+* the identical resend of the prompt: ``P - 1`` (the last token is always recomputed);
+  in vLLM's EAGLE drop mode, vLLM's pair ``{resend - A, extension - A}``;
+* (default mode) one alignment unit below each boundary, so a request that shares the prompt
+  but diverges inside its last aligned block still hits (fixes vLLM #57610);
+* (default mode) the request's final length when it is freed, so the next chat turn (which
+  contains this turn's answer) hits all of it.
+
+Retention applies to sliding-window and chunked-local groups. Full-attention groups cache the
+runs of every promised end too (default mode), or every block (vLLM-compatible mode).
+"""
+
+from __future__ import annotations
+
+
+def validate_retention_interval(interval: int | None, alignment: int, has_local_groups: bool) -> None:
+    """Raise ValueError for an interval the manager cannot honour.
+
+    None (dense) is always valid; 0 is valid (and ignored without local groups); N > 0 needs a
+    sliding-window or chunked-local group and must be a multiple of ``alignment``.
+    """
+    if interval is None:
+        return
+    if isinstance(interval, bool) or not isinstance(interval, int):
+        raise ValueError(f"retention_interval must be None or an integer, got {interval!r}")
+    if interval < 0:
+        raise ValueError(
+            f"retention_interval must be non-negative and a multiple of the scheduler block "
+            f"size ({alignment}), got {interval}"
+        )
+    if interval > 0 and not has_local_groups:
+        raise ValueError(
+            f"retention_interval={interval} needs a sliding-window or chunked-local KV-cache "
+            "group, and this config has none; set it to 0 or None"
+        )
+    if interval % alignment:
+        raise ValueError(
+            f"retention_interval must be non-negative and a multiple of the scheduler block "
+            f"size ({alignment}, the LCM of the group block sizes), got {interval}"
+        )
+
+
+def replay_boundaries(num_prompt_tokens: int, alignment: int, drop_mode: bool,
+                      below_boundary: bool) -> tuple[int, ...]:
+    """Aligned hit ends a replay of this prompt asks for, ascending.
+
+    Args:
+        num_prompt_tokens: P.
+        alignment: A, the hit alignment.
+        drop_mode: vLLM's EAGLE drop semantics (its ``{resend - A, extension - A}`` pair).
+        below_boundary: also promise one alignment unit below each boundary (#57610 fix).
+    """
+    p = num_prompt_tokens
+    if drop_mode:
+        resend = (p - 1) // alignment * alignment
+        extension = p // alignment * alignment
+        ends = {max(resend - alignment, 0), max(extension - alignment, 0)}
+    else:
+        ends = {(p - 1) // alignment * alignment}
+    if below_boundary:
+        ends |= {e - alignment for e in ends if e >= alignment}
+    ends.discard(0)
+    return tuple(sorted(ends))
+
+
+class Retention:
+    """The promised-end generator of one manager.
+
+    Args:
+        interval: None, 0 or N (validated by :func:`validate_retention_interval`).
+        alignment: A.
+    """
+
+    __slots__ = ("interval", "alignment")
+
+    def __init__(self, interval: int | None, alignment: int) -> None:
+        self.interval = interval
+        self.alignment = alignment
+
+    @property
+    def dense(self) -> bool:
+        return self.interval is None
+
+    def ends_between(self, after: int, upto: int, extra: tuple[int, ...]) -> list[int]:
+        """Promised ends t with ``after < t <= upto``, ascending.
+
+        ``extra`` holds the request's own boundaries (replay, junction, final length).
+        """
+        a = self.alignment
+        if upto <= after:
+            return []
+        if self.interval is None:
+            step = a
+        elif self.interval == 0:
+            step = 0
+        else:
+            step = self.interval
+        ends: set[int] = set()
+        if step:
+            first = (after // step + 1) * step
+            ends.update(range(first, upto + 1, step))
+        for e in extra:
+            if after < e <= upto:
+                ends.add(e)
+        return sorted(ends)

@@ -1,0 +1,313 @@
+"""Attention specs, KV-cache groups and the cache configuration.
+
+A *spec* says how one layer stores KV: its block size (tokens per block), its per-token bytes
+and which *hit rule* applies (see :mod:`hybridkv.core.rules`). A *group* is a set of layers that
+share one block table. The :class:`KVCacheConfig` lists the groups and the number of blocks of
+the single pool they all draw from.
+
+Pool layout (one block id = one page in every layer slot)::
+
+    layer slot 0:  [page 0][page 1][page 2] ...   <- layer 0 of whichever group owns block b
+    layer slot 1:  [page 0][page 1][page 2] ...
+    ...
+    slots = max(len(g.layer_names) for g in groups); page bytes = max page over groups
+
+    bytes per block id = slots * max_page_bytes
+
+Every validation error names the bad value and what would be valid.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import reduce
+from typing import ClassVar
+
+DTYPE_BYTES: dict[str, float] = {
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "fp8": 1,
+    "int8": 1,
+    "uint8": 1,
+    "fp4": 0.5,
+}
+
+RULE_FULL = "full"
+RULE_SLIDING = "sliding"
+RULE_CHUNKED = "chunked"
+
+
+def _check_positive_int(owner: str, name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{owner}.{name} must be a positive integer, got {value!r}")
+
+
+def dtype_bytes(dtype: str) -> float:
+    """Bytes per element of ``dtype``; raises ValueError naming the valid dtypes."""
+    try:
+        return DTYPE_BYTES[dtype]
+    except KeyError:
+        raise ValueError(
+            f"unknown dtype {dtype!r}; valid dtypes: {', '.join(sorted(DTYPE_BYTES))}"
+        ) from None
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionSpec:
+    """Base of every attention spec. Subclasses set ``rule`` and the per-token byte count.
+
+    Attributes:
+        block_size: tokens per KV block of this group (> 0).
+        num_kv_heads: KV heads stored per layer (> 0).
+        head_dim: size of one K (and one V) head vector (> 0).
+        dtype: storage dtype of the cache, one of :data:`DTYPE_BYTES`.
+    """
+
+    block_size: int
+    num_kv_heads: int = 8
+    head_dim: int = 128
+    dtype: str = "bfloat16"
+
+    rule: ClassVar[str] = RULE_FULL
+
+    def __post_init__(self) -> None:
+        name = type(self).__name__
+        _check_positive_int(name, "block_size", self.block_size)
+        _check_positive_int(name, "num_kv_heads", self.num_kv_heads)
+        _check_positive_int(name, "head_dim", self.head_dim)
+        dtype_bytes(self.dtype)
+
+    @property
+    def bytes_per_token(self) -> int:
+        """KV bytes one token occupies in one layer (K and V)."""
+        return int(2 * self.num_kv_heads * self.head_dim * dtype_bytes(self.dtype))
+
+    @property
+    def page_size_bytes(self) -> int:
+        """Bytes of one block of one layer."""
+        return self.block_size * self.bytes_per_token
+
+    @property
+    def window_tokens(self) -> int | None:
+        """Tokens before the query that attention can read (None = unbounded)."""
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class FullAttention(AttentionSpec):
+    """Causal attention over every earlier token: a hit at t needs blocks covering [0, t)."""
+
+    rule: ClassVar[str] = RULE_FULL
+
+
+@dataclass(frozen=True, slots=True)
+class SlidingWindow(AttentionSpec):
+    """Sliding-window attention: a query at position t reads tokens [t - window + 1, t].
+
+    A hit ending at token t therefore needs the cached tokens [t - window + 1, t).
+    """
+
+    window: int = 4096
+    rule: ClassVar[str] = RULE_SLIDING
+
+    def __post_init__(self) -> None:
+        AttentionSpec.__post_init__(self)
+        _check_positive_int("SlidingWindow", "window", self.window)
+
+    @property
+    def window_tokens(self) -> int | None:
+        return self.window
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkedLocal(AttentionSpec):
+    """Chunked local attention (Llama 4): a query reads only its own chunk of ``chunk_size``.
+
+    A hit ending at token t needs the cached tokens [floor(t / chunk) * chunk, t).
+    """
+
+    chunk_size: int = 8192
+    rule: ClassVar[str] = RULE_CHUNKED
+
+    def __post_init__(self) -> None:
+        AttentionSpec.__post_init__(self)
+        _check_positive_int("ChunkedLocal", "chunk_size", self.chunk_size)
+        if self.chunk_size % self.block_size:
+            raise ValueError(
+                f"ChunkedLocal.chunk_size ({self.chunk_size}) must be a multiple of "
+                f"block_size ({self.block_size})"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class MLA(AttentionSpec):
+    """Multi-head latent attention (DeepSeek-V2/V3): one compressed latent per token.
+
+    A token stores ``kv_lora_rank + qk_rope_head_dim`` values and no separate V;
+    ``num_kv_heads``/``head_dim`` are unused. ``compress_ratio`` > 1 models DeepSeek-V4-style
+    compressed attention that keeps one latent per ``compress_ratio`` tokens. The hit rule is
+    full attention's; pass ``window`` to model an MLA sliding-window layer.
+    """
+
+    kv_lora_rank: int = 512
+    qk_rope_head_dim: int = 64
+    compress_ratio: int = 1
+    num_kv_heads: int = 1
+    head_dim: int = 576
+    rule: ClassVar[str] = RULE_FULL
+
+    def __post_init__(self) -> None:
+        AttentionSpec.__post_init__(self)
+        _check_positive_int("MLA", "kv_lora_rank", self.kv_lora_rank)
+        if isinstance(self.qk_rope_head_dim, bool) or not isinstance(self.qk_rope_head_dim, int) \
+                or self.qk_rope_head_dim < 0:
+            raise ValueError(
+                f"MLA.qk_rope_head_dim must be a non-negative integer, got {self.qk_rope_head_dim!r}"
+            )
+        _check_positive_int("MLA", "compress_ratio", self.compress_ratio)
+        if self.block_size % self.compress_ratio:
+            raise ValueError(
+                f"MLA.block_size ({self.block_size}) must be a multiple of "
+                f"compress_ratio ({self.compress_ratio})"
+            )
+
+    @property
+    def latent_dim(self) -> int:
+        """Values stored per cached position: kv_lora_rank + qk_rope_head_dim."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
+
+    @property
+    def bytes_per_token(self) -> int:
+        return int(self.latent_dim * dtype_bytes(self.dtype)) // self.compress_ratio
+
+    @property
+    def page_size_bytes(self) -> int:
+        return (self.block_size // self.compress_ratio) * int(self.latent_dim * dtype_bytes(self.dtype))
+
+
+@dataclass(frozen=True, slots=True)
+class KVCacheGroup:
+    """Layers that share one block table.
+
+    Attributes:
+        name: unique group name.
+        spec: the attention spec every layer of the group has.
+        layer_names: the layers (non-empty, unique across the whole config).
+        is_draft: the group holds a speculative drafter's layers (EAGLE/MTP head). Only draft
+            groups drop their last block in EAGLE drop mode; if no group is a draft group,
+            every group is treated as one (vLLM's fallback).
+    """
+
+    name: str
+    spec: AttentionSpec
+    layer_names: tuple[str, ...]
+    is_draft: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"KVCacheGroup.name must be a non-empty string, got {self.name!r}")
+        if not isinstance(self.spec, AttentionSpec):
+            raise ValueError(
+                f"KVCacheGroup {self.name!r}: spec must be FullAttention, SlidingWindow, "
+                f"ChunkedLocal or MLA, got {type(self.spec).__name__}"
+            )
+        if isinstance(self.layer_names, str):
+            object.__setattr__(self, "layer_names", (self.layer_names,))
+        else:
+            object.__setattr__(self, "layer_names", tuple(self.layer_names))
+        if not self.layer_names:
+            raise ValueError(f"KVCacheGroup {self.name!r} has no layers; give at least one layer name")
+        if len(set(self.layer_names)) != len(self.layer_names):
+            dup = sorted({n for n in self.layer_names if self.layer_names.count(n) > 1})
+            raise ValueError(f"KVCacheGroup {self.name!r} lists layers more than once: {dup}")
+
+
+@dataclass(frozen=True)
+class KVCacheConfig:
+    """The groups and the size of the shared block pool.
+
+    Give exactly one of ``num_blocks`` (including the null block 0) or ``memory_bytes`` (the
+    byte budget; ``num_blocks = memory_bytes // block_bytes``).
+
+    Derived sizes:
+        hash_block_size: GCD of the group block sizes; hashes are computed at this size and
+            coarser groups read every k-th one.
+        alignment: LCM of the group block sizes; every cache hit is a multiple of it.
+    """
+
+    groups: tuple[KVCacheGroup, ...]
+    num_blocks: int | None = None
+    memory_bytes: int | None = None
+    hash_block_size: int = field(init=False)
+    alignment: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        groups = tuple(self.groups) if not isinstance(self.groups, KVCacheGroup) else (self.groups,)
+        object.__setattr__(self, "groups", groups)
+        if not groups:
+            raise ValueError("KVCacheConfig.groups is empty; give at least one KVCacheGroup")
+        for g in groups:
+            if not isinstance(g, KVCacheGroup):
+                raise ValueError(f"KVCacheConfig.groups must hold KVCacheGroup, got {type(g).__name__}")
+        names = [g.name for g in groups]
+        if len(set(names)) != len(names):
+            dup = sorted({n for n in names if names.count(n) > 1})
+            raise ValueError(f"duplicate KV-cache group names: {dup}")
+        seen: dict[str, str] = {}
+        for g in groups:
+            for layer in g.layer_names:
+                if layer in seen:
+                    raise ValueError(
+                        f"layer {layer!r} is in groups {seen[layer]!r} and {g.name!r}; "
+                        "each layer belongs to exactly one group"
+                    )
+                seen[layer] = g.name
+        sizes = [g.spec.block_size for g in groups]
+        hbs = reduce(math.gcd, sizes)
+        lcm = reduce(lambda a, b: a * b // math.gcd(a, b), sizes)
+        object.__setattr__(self, "hash_block_size", hbs)
+        object.__setattr__(self, "alignment", lcm)
+        if (self.num_blocks is None) == (self.memory_bytes is None):
+            raise ValueError(
+                "give exactly one of KVCacheConfig.num_blocks or memory_bytes, got "
+                f"num_blocks={self.num_blocks!r}, memory_bytes={self.memory_bytes!r}"
+            )
+        if self.memory_bytes is not None:
+            _check_positive_int("KVCacheConfig", "memory_bytes", self.memory_bytes)
+            object.__setattr__(self, "num_blocks", self.memory_bytes // self.block_bytes)
+        if isinstance(self.num_blocks, bool) or not isinstance(self.num_blocks, int) or self.num_blocks < 2:
+            raise ValueError(
+                f"KVCacheConfig needs at least 2 blocks (block 0 is the null block), got "
+                f"num_blocks={self.num_blocks!r}"
+                + (f" from memory_bytes={self.memory_bytes} at {self.block_bytes} bytes per block"
+                   if self.memory_bytes is not None else "")
+            )
+
+    @property
+    def layer_slots(self) -> int:
+        """Layer slots per block id: the largest group's layer count."""
+        return max(len(g.layer_names) for g in self.groups)
+
+    @property
+    def max_page_bytes(self) -> int:
+        return max(g.spec.page_size_bytes for g in self.groups)
+
+    @property
+    def block_bytes(self) -> int:
+        """Bytes one block id occupies across all layer slots."""
+        return self.layer_slots * self.max_page_bytes
+
+    @property
+    def kv_bytes_per_token(self) -> dict[str, int]:
+        """Per group: KV bytes one token costs summed over the group's layers."""
+        return {g.name: g.spec.bytes_per_token * len(g.layer_names) for g in self.groups}
+
+    def group_index(self, name: str) -> int:
+        for i, g in enumerate(self.groups):
+            if g.name == name:
+                return i
+        raise KeyError(f"no KV-cache group named {name!r}; groups: {[g.name for g in self.groups]}")

@@ -1,0 +1,199 @@
+"""Per-step inputs and the attention metadata derived from block tables.
+
+A step packs the new tokens of several sequences into one flat batch of ``T`` tokens::
+
+    packed tokens:  [ seq 0 new tokens | seq 1 new tokens | ... ]      T = sum(len(new))
+    seq i:          cached tokens [0, start)  +  new tokens [start, start + n)
+
+For every KV-cache group ``g`` (block size ``bs``, window ``W`` or None) the metadata holds:
+
+* ``write_blocks/write_offsets`` ``[T]``: where each new token's K/V goes,
+  ``block = table[pos // bs]``, ``offset = pos % bs`` (slot ``block * bs + offset``);
+* per sequence, the key positions it reads, ``[lo, start + n)`` with ``lo = 0`` (full) or
+  ``max(0, start - W + 1)`` (sliding: the first new query reads back ``W - 1`` tokens), their
+  pages, and the causal/window mask ``k <= q and k > q - W``.
+
+Contract with the block manager: every table entry that covers a written or read position must
+be a real block (``1 <= id < num_blocks``); entries for positions no query reads (before ``lo``)
+may be the null block 0 and are never touched. Violations raise ValueError naming the sequence,
+group and position, so a manager bug fails loudly instead of reading garbage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from hybridkv.core.specs import KVCacheConfig
+
+from .kv_cache import NULL_BLOCK
+
+BlockTables = Sequence[Sequence[int]] | Mapping[str, Sequence[int]]
+
+
+@dataclass(frozen=True)
+class SequenceInput:
+    """One sequence's share of a step.
+
+    Attributes:
+        token_ids: the new tokens to run (non-empty).
+        start: tokens of this sequence already in the cache (= position of ``token_ids[0]``).
+        block_tables: per KV-cache group, that group's block table for this sequence: either a
+            sequence ordered like ``KVCacheConfig.groups`` or a mapping from group name.
+            Entry ``j`` holds tokens ``[j * bs, (j + 1) * bs)``; 0 = null (never read).
+    """
+
+    token_ids: Sequence[int]
+    start: int
+    block_tables: BlockTables
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class SequenceAttention:
+    """What one sequence reads in one group.
+
+    Attributes:
+        rows: the sequence's rows in the packed batch (``slice``).
+        key_blocks / key_offsets: ``[L]`` pages and in-page offsets of the keys read.
+        mask: ``[n, L]`` bool, True where query ``i`` may attend key ``j``.
+    """
+
+    rows: slice
+    key_blocks: torch.Tensor
+    key_offsets: torch.Tensor
+    mask: torch.Tensor
+
+
+@dataclass(frozen=True)
+class GroupMetadata:
+    """Write slots and per-sequence reads of one KV-cache group for one step."""
+
+    block_size: int
+    window: int | None
+    write_blocks: torch.Tensor
+    write_offsets: torch.Tensor
+    sequences: tuple[SequenceAttention, ...]
+
+    @property
+    def slot_mapping(self) -> torch.Tensor:
+        """``[T]`` flat slots ``block * block_size + offset`` of the new tokens."""
+        return self.write_blocks * self.block_size + self.write_offsets
+
+
+@dataclass(frozen=True)
+class StepMetadata:
+    """Everything a forward pass needs besides the weights and the cache."""
+
+    token_ids: torch.Tensor
+    positions: torch.Tensor
+    groups: tuple[GroupMetadata, ...]
+    seq_rows: tuple[slice, ...]
+
+
+def _table_for(seq: SequenceInput, config: KVCacheConfig, gi: int, si: int) -> Sequence[int]:
+    tables = seq.block_tables
+    if isinstance(tables, Mapping):
+        name = config.groups[gi].name
+        if name not in tables:
+            raise ValueError(f"sequence {si}: no block table for group {name!r}")
+        return tables[name]
+    if len(tables) != len(config.groups):
+        raise ValueError(
+            f"sequence {si}: {len(tables)} block tables for {len(config.groups)} KV-cache groups"
+        )
+    return tables[gi]
+
+
+def _pages(table: Sequence[int], positions: range, bs: int, num_blocks: int,
+           what: str, si: int, group: str) -> tuple[list[int], list[int]]:
+    """Pages and offsets of ``positions``; raises on missing, null or out-of-range blocks."""
+    blocks: list[int] = []
+    offsets: list[int] = []
+    for pos in positions:
+        j = pos // bs
+        if j >= len(table):
+            raise ValueError(
+                f"sequence {si}, group {group!r}: block table has {len(table)} entries but "
+                f"{what} position {pos} needs entry {j}"
+            )
+        block = int(table[j])
+        if block == NULL_BLOCK or not 0 < block < num_blocks:
+            raise ValueError(
+                f"sequence {si}, group {group!r}: {what} position {pos} maps to block {block} "
+                f"(table entry {j}); need a real block in [1, {num_blocks})"
+            )
+        blocks.append(block)
+        offsets.append(pos % bs)
+    return blocks, offsets
+
+
+def build_step_metadata(
+    seqs: Sequence[SequenceInput], config: KVCacheConfig, device: torch.device | str = "cpu"
+) -> StepMetadata:
+    """Turn the sequences of one step into packed tokens, positions and per-group metadata.
+
+    Raises:
+        ValueError: empty batch or sequence, negative start, missing table entry, or a null /
+            out-of-range block where a token is written or read.
+    """
+    if not seqs:
+        raise ValueError("a step needs at least one sequence")
+    num_blocks = int(config.num_blocks)  # type: ignore[arg-type]
+    tokens: list[int] = []
+    positions: list[int] = []
+    rows: list[slice] = []
+    for si, seq in enumerate(seqs):
+        if not seq.token_ids:
+            raise ValueError(f"sequence {si} has no new tokens")
+        if seq.start < 0:
+            raise ValueError(f"sequence {si}: start must be >= 0, got {seq.start}")
+        rows.append(slice(len(tokens), len(tokens) + len(seq.token_ids)))
+        tokens.extend(int(t) for t in seq.token_ids)
+        positions.extend(range(seq.start, seq.end))
+
+    groups: list[GroupMetadata] = []
+    for gi, group in enumerate(config.groups):
+        bs, window = group.spec.block_size, group.spec.window_tokens
+        write_blocks: list[int] = []
+        write_offsets: list[int] = []
+        per_seq: list[SequenceAttention] = []
+        for si, seq in enumerate(seqs):
+            table = _table_for(seq, config, gi, si)
+            wb, wo = _pages(table, range(seq.start, seq.end), bs, num_blocks, "written", si, group.name)
+            write_blocks += wb
+            write_offsets += wo
+            lo = 0 if window is None else max(0, seq.start - window + 1)
+            rb, ro = _pages(table, range(lo, seq.end), bs, num_blocks, "read", si, group.name)
+            q = torch.arange(seq.start, seq.end, device=device)[:, None]
+            k = torch.arange(lo, seq.end, device=device)[None, :]
+            mask = k <= q
+            if window is not None:
+                mask &= k > q - window
+            per_seq.append(SequenceAttention(
+                rows=rows[si],
+                key_blocks=torch.tensor(rb, dtype=torch.long, device=device),
+                key_offsets=torch.tensor(ro, dtype=torch.long, device=device),
+                mask=mask,
+            ))
+        slots = {(b, o) for b, o in zip(write_blocks, write_offsets)}
+        if len(slots) != len(write_blocks):
+            raise ValueError(f"group {group.name!r}: two new tokens of this step map to the same slot")
+        groups.append(GroupMetadata(
+            block_size=bs,
+            window=window,
+            write_blocks=torch.tensor(write_blocks, dtype=torch.long, device=device),
+            write_offsets=torch.tensor(write_offsets, dtype=torch.long, device=device),
+            sequences=tuple(per_seq),
+        ))
+    return StepMetadata(
+        token_ids=torch.tensor(tokens, dtype=torch.long, device=device),
+        positions=torch.tensor(positions, dtype=torch.long, device=device),
+        groups=tuple(groups),
+        seq_rows=tuple(rows),
+    )

@@ -1,0 +1,193 @@
+"""The decoder skeleton shared by every engine model, and its paged forward pass.
+
+Module names follow transformers (``model.embed_tokens``, ``model.layers.{i}.self_attn``,
+``model.layers.{i}.mlp``, ``model.norm``, ``lm_head``), so a Hugging Face checkpoint's state
+dict loads unchanged. The KV-cache layer name of layer ``i`` is its attention module's name,
+``model.layers.{i}.self_attn``; KV-cache groups list those names.
+
+A forward step::
+
+    seqs ──build_step_metadata──► packed tokens, positions, per-group slots/reads
+    embed ─► for each layer: norm ─► attention (write K/V to pages, read via block table) ─► +res
+                              norm ─► SwiGLU MLP ─► +res
+    norm ─► lm_head on the requested rows ─► logits per sequence
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+from torch import nn
+
+from hybridkv.core.specs import AttentionSpec
+
+from ..config import ModelConfig
+from ..kv_cache import PagedKVCache
+from ..metadata import GroupMetadata, SequenceInput, StepMetadata, build_step_metadata
+
+LogitsMode = Literal["last", "all", "none"]
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm computed in fp32, scaled by ``weight`` (transformers' T5-style norm)."""
+
+    def __init__(self, size: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.to(torch.float32)
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class GatedMLP(nn.Module):
+    """SwiGLU feed-forward: ``down(silu(gate(x)) * up(x))``."""
+
+    def __init__(self, hidden: int, intermediate: int, bias: bool = False) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=bias)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=bias)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class PagedAttentionLayer(nn.Module, ABC):
+    """One attention layer reading and writing a paged cache."""
+
+    layer_index: int
+
+    @abstractmethod
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                cache: torch.Tensor, meta: GroupMetadata) -> torch.Tensor:
+        """``x`` ``[T, hidden]`` -> ``[T, hidden]``; writes this step's K/V (or latent) first."""
+
+    @abstractmethod
+    def check_spec(self, spec: AttentionSpec) -> None:
+        """Raise ValueError if ``spec`` cannot hold this layer's KV."""
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm residual block: attention then MLP."""
+
+    def __init__(self, config: ModelConfig, attn: PagedAttentionLayer) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = attn
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, config.mlp_bias)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                cache: torch.Tensor, meta: GroupMetadata) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, cache, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Backbone(nn.Module):
+    """Embedding, decoder layers and the final norm (transformers' ``model`` submodule)."""
+
+    def __init__(self, config: ModelConfig, layers: list[DecoderLayer]) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(layers)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class PagedCausalLM(nn.Module, ABC):
+    """A causal LM whose attention runs over a :class:`PagedKVCache`.
+
+    Subclasses build the attention layers and the rotary table and describe each layer's KV
+    spec; this class owns the paged forward pass.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = Backbone(config, [DecoderLayer(config, self.make_attention(i))
+                                       for i in range(config.num_hidden_layers)])
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    # ------------------------------------------------------------------ per-architecture
+    @abstractmethod
+    def make_attention(self, layer_index: int) -> PagedAttentionLayer:
+        """Build the attention module of layer ``layer_index``."""
+
+    @abstractmethod
+    def rope_tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cos, sin)`` for the packed positions."""
+
+    @abstractmethod
+    def attention_spec(self, layer_index: int, block_size: int, dtype: str = "float32") -> AttentionSpec:
+        """The KV-cache spec of layer ``layer_index`` at ``block_size`` tokens per block."""
+
+    # ------------------------------------------------------------------ naming
+    @property
+    def layer_names(self) -> tuple[str, ...]:
+        """KV-cache layer names, ``model.layers.{i}.self_attn``, in layer order."""
+        return tuple(f"model.layers.{i}.self_attn" for i in range(self.config.num_hidden_layers))
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    def check_kv_cache(self, kv_cache: PagedKVCache) -> None:
+        """Raise ValueError unless every layer has a cache whose spec fits it."""
+        for name, layer in zip(self.layer_names, self.model.layers):
+            try:
+                spec = kv_cache.group(name).spec
+            except KeyError:
+                raise ValueError(f"the KV cache has no layer {name!r}") from None
+            layer.self_attn.check_spec(spec)
+
+    # ------------------------------------------------------------------ forward
+    @torch.no_grad()
+    def forward(self, seqs: Sequence[SequenceInput] | StepMetadata, kv_cache: PagedKVCache,
+                logits: LogitsMode = "last") -> list[torch.Tensor]:
+        """Run one step: write every new token's KV into the cache and return logits.
+
+        Args:
+            seqs: the step's sequences (or metadata already built from them).
+            kv_cache: the paged cache; its config's groups must cover every layer.
+            logits: "last" -> one ``[vocab]`` row per sequence (shape ``[1, vocab]``),
+                "all" -> ``[n_new, vocab]`` per sequence, "none" -> empty list (prefill chunks
+                whose logits are not needed).
+
+        Returns:
+            One fp32 logits tensor per sequence, in input order.
+        """
+        self.check_kv_cache(kv_cache)
+        meta = seqs if isinstance(seqs, StepMetadata) else build_step_metadata(
+            seqs, kv_cache.config, self.device)
+        hidden = self.hidden_states(meta, kv_cache)
+        if logits == "none":
+            return []
+        if logits == "last":
+            rows = [hidden[r.stop - 1: r.stop] for r in meta.seq_rows]
+        elif logits == "all":
+            rows = [hidden[r] for r in meta.seq_rows]
+        else:
+            raise ValueError(f"logits must be 'last', 'all' or 'none', got {logits!r}")
+        out = self.lm_head(torch.cat(rows, dim=0)).float()
+        return list(out.split([r.shape[0] for r in rows]))
+
+    def hidden_states(self, meta: StepMetadata, kv_cache: PagedKVCache) -> torch.Tensor:
+        """Final-norm hidden states ``[T, hidden]`` of the packed step."""
+        x = self.model.embed_tokens(meta.token_ids)
+        rope = self.rope_tables(meta.positions, x.dtype)
+        for name, layer in zip(self.layer_names, self.model.layers):
+            gi = kv_cache.group_index(name)
+            x = layer(x, rope, kv_cache.layer(name), meta.groups[gi])
+        return self.model.norm(x)

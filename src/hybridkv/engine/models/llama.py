@@ -1,0 +1,82 @@
+"""Llama-family decoders: Llama, Qwen2 (q/k/v biases, interleaved sliding layers), Mistral.
+
+Attention is GQA with half-split RoPE. Each layer is "full" or "sliding" (``ModelConfig.layer_kinds``);
+a sliding layer with window ``W`` lets the query at ``t`` read ``[t - W + 1, t]``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hybridkv.core.specs import AttentionSpec, FullAttention, SlidingWindow
+
+from ..attention import paged_attention, write_kv
+from ..config import ModelConfig
+from ..metadata import GroupMetadata
+from ..rope import Rotary, apply_rope_half
+from .base import PagedAttentionLayer, PagedCausalLM
+
+
+class GQAAttention(PagedAttentionLayer):
+    """Grouped-query attention with ``q_proj/k_proj/v_proj/o_proj`` (transformers names)."""
+
+    def __init__(self, config: ModelConfig, layer_index: int) -> None:
+        super().__init__()
+        self.layer_index = layer_index
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.window = config.sliding_window if config.layer_kinds[layer_index] == "sliding" else None
+        self.scale = self.head_dim ** -0.5
+        h, d = config.hidden_size, self.head_dim
+        self.q_proj = nn.Linear(h, self.num_heads * d, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(h, self.num_kv_heads * d, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(h, self.num_kv_heads * d, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(self.num_heads * d, h, bias=config.o_bias)
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                cache: torch.Tensor, meta: GroupMetadata) -> torch.Tensor:
+        t = x.shape[0]
+        cos, sin = rope
+        q = apply_rope_half(self.q_proj(x).view(t, self.num_heads, self.head_dim), cos, sin)
+        k = apply_rope_half(self.k_proj(x).view(t, self.num_kv_heads, self.head_dim), cos, sin)
+        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        write_kv(cache, meta, k, v)
+        out = paged_attention(q, cache, meta, self.scale)
+        return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
+
+    def check_spec(self, spec: AttentionSpec) -> None:
+        name = f"model.layers.{self.layer_index}.self_attn"
+        want = SlidingWindow if self.window is not None else FullAttention
+        if not isinstance(spec, want):
+            raise ValueError(f"layer {name!r} needs a {want.__name__} spec, got {type(spec).__name__}")
+        if spec.window_tokens != self.window:
+            raise ValueError(f"layer {name!r} has window {self.window}, spec has {spec.window_tokens}")
+        if (spec.num_kv_heads, spec.head_dim) != (self.num_kv_heads, self.head_dim):
+            raise ValueError(
+                f"layer {name!r} has {self.num_kv_heads} KV heads of {self.head_dim}, spec has "
+                f"{spec.num_kv_heads} of {spec.head_dim}"
+            )
+
+
+class LlamaForCausalLM(PagedCausalLM):
+    """Llama / Qwen2 / Mistral (``model_type`` in :data:`~hybridkv.engine.config.LLAMA_FAMILY`)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)
+        self.rotary = Rotary(config, config.head_dim)
+
+    def make_attention(self, layer_index: int) -> GQAAttention:
+        return GQAAttention(self.config, layer_index)
+
+    def rope_tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.rotary(positions, dtype)
+
+    def attention_spec(self, layer_index: int, block_size: int, dtype: str = "float32") -> AttentionSpec:
+        c = self.config
+        kw = dict(block_size=block_size, num_kv_heads=c.num_key_value_heads, head_dim=c.head_dim, dtype=dtype)
+        if c.layer_kinds[layer_index] == "sliding":
+            assert c.sliding_window is not None
+            return SlidingWindow(window=c.sliding_window, **kw)
+        return FullAttention(**kw)

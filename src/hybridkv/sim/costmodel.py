@@ -1,0 +1,182 @@
+r"""Roofline cost model: how long one engine step takes.
+
+A step's work is a list of ``(new_tokens, context_before)`` pairs, one per scheduled request:
+a prefill chunk computes ``new_tokens`` tokens after ``context_before`` cached/computed ones; a
+decode is ``(1, context)`` (or ``(1 + k, context)`` with k speculative tokens).
+
+With ``T = Σ new_tokens`` over the step, for each KV group ``g`` (``L_g`` layers, per-token KV
+bytes ``b_g`` summed over its layers, window ``W_g``)::
+
+    keys_g(n, c)    = Σ_{p=c}^{c+n-1} visible_g(p)          # (query, key) pairs per layer
+                      visible(p) = p + 1 (full), min(p + 1, W) (sliding), p mod C + 1 (chunked C)
+    span_g(n, c)    = distinct KV positions the chunk reads
+                    = c + n (full), min(c + n, n + W - 1) (sliding), c + n - C*floor(c / C) (chunked)
+
+    FLOPs  = 2 * active_params * T  +  Σ_req Σ_g 4 * attn_width * L_g * keys_g(n, c) / r_g
+    bytes  = weight_bytes(T)  +  Σ_req Σ_g b_g * (span_g(n, c) + n)        # KV read + KV written
+    weight_bytes(T) = wbpp * P * (1 - (1 - A/P) ** T)                       # MoE: experts touched
+    time   = max(FLOPs / (num_gpus * peak_flops * mfu),
+                 bytes / (num_gpus * peak_bw * mbu)) + step_overhead_s
+
+``r_g`` is an MLA group's ``compress_ratio`` (1 otherwise); ``b_g`` already includes it. ``A``
+and ``P`` are active and total parameters and ``wbpp`` the bytes per weight; for a dense model
+``A = P`` and every step reads all weights once. For MoE, each token is modelled as touching a
+random fraction ``A/P`` of the weights, so a batch of ``T`` tokens reads the expected union
+(``A`` for one token, approaching ``P`` for large batches).
+Multiple GPUs (``num_gpus``) are treated as ideal tensor parallelism. An empty step costs 0.
+
+This is a first-order model: no kernel launch detail, no communication cost, no MLA
+absorption; it is meant to rank configurations and give plausible absolute numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from hybridkv.core.specs import MLA, ChunkedLocal, SlidingWindow
+
+from hybridkv.sim.presets import GpuPreset, ModelPreset
+
+__all__ = ["CostModel", "StepCost", "attention_keys", "kv_span"]
+
+
+def _pairs_full(x: int) -> int:
+    """Σ_{p<x} (p + 1)."""
+    return x * (x + 1) // 2
+
+
+def _pairs_window(x: int, w: int) -> int:
+    """Σ_{p<x} min(p + 1, w)."""
+    if x <= w:
+        return _pairs_full(x)
+    return _pairs_full(w) + (x - w) * w
+
+
+def _pairs_chunked(x: int, c: int) -> int:
+    """Σ_{p<x} (p mod c + 1)."""
+    q, r = divmod(x, c)
+    return q * _pairs_full(c) + _pairs_full(r)
+
+
+def attention_keys(spec: object, new_tokens: int, context: int) -> int:
+    """(query, key) pairs one layer of ``spec`` computes for tokens ``[context, context + new_tokens)``.
+
+    Full attention (and MLA) sees every earlier token and itself, a sliding window the last
+    ``window`` tokens, chunked-local attention its own chunk up to itself.
+    """
+    end = context + new_tokens
+    if isinstance(spec, SlidingWindow):
+        return _pairs_window(end, spec.window) - _pairs_window(context, spec.window)
+    if isinstance(spec, ChunkedLocal):
+        return _pairs_chunked(end, spec.chunk_size) - _pairs_chunked(context, spec.chunk_size)
+    return _pairs_full(end) - _pairs_full(context)
+
+
+def kv_span(spec: object, new_tokens: int, context: int) -> int:
+    """Distinct cached/new KV positions tokens ``[context, context + new_tokens)`` read in one layer."""
+    end = context + new_tokens
+    if isinstance(spec, SlidingWindow):
+        return min(end, new_tokens + spec.window - 1)
+    if isinstance(spec, ChunkedLocal):
+        return end - spec.chunk_size * (context // spec.chunk_size)
+    return end
+
+
+@dataclass(frozen=True, slots=True)
+class StepCost:
+    """Cost of one step.
+
+    Attributes:
+        flops: floating-point operations.
+        bytes: HBM bytes moved (weights + KV read + KV written).
+        compute_s: ``flops`` at the effective compute rate.
+        memory_s: ``bytes`` at the effective bandwidth.
+        time_s: ``max(compute_s, memory_s) + overhead`` (0 for an empty step).
+    """
+
+    flops: float
+    bytes: float
+    compute_s: float
+    memory_s: float
+    time_s: float
+
+    @property
+    def bound(self) -> str:
+        """``"compute"`` or ``"memory"``: which roofline term dominates."""
+        return "compute" if self.compute_s >= self.memory_s else "memory"
+
+
+@dataclass(frozen=True, slots=True)
+class CostModel:
+    """Roofline step-time model for one model on ``num_gpus`` GPUs (formula: module docstring).
+
+    Attributes:
+        model: the model preset (its groups give the KV layout; draft groups count as KV).
+        gpu: the GPU preset.
+        mfu: achieved fraction of peak FLOP/s (0, 1].
+        mbu: achieved fraction of peak bandwidth (0, 1].
+        step_overhead_s: fixed time added to every non-empty step (scheduling, launches).
+        num_gpus: GPUs sharing the work (ideal tensor parallelism).
+    """
+
+    model: ModelPreset
+    gpu: GpuPreset
+    mfu: float = 0.5
+    mbu: float = 0.8
+    step_overhead_s: float = 0.002
+    num_gpus: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("mfu", "mbu"):
+            value = getattr(self, name)
+            if not 0 < value <= 1:
+                raise ValueError(f"CostModel.{name} must be in (0, 1], got {value!r}")
+        if self.step_overhead_s < 0:
+            raise ValueError(f"CostModel.step_overhead_s must be >= 0, got {self.step_overhead_s!r}")
+        if isinstance(self.num_gpus, bool) or not isinstance(self.num_gpus, int) or self.num_gpus < 1:
+            raise ValueError(f"CostModel.num_gpus must be an integer >= 1, got {self.num_gpus!r}")
+
+    def weight_bytes(self, num_tokens: int) -> float:
+        """Weight bytes a step of ``num_tokens`` tokens reads (MoE: expected experts touched)."""
+        m = self.model
+        if num_tokens <= 0:
+            return 0.0
+        frac = m.active_params / m.num_params
+        return m.num_params * (1.0 - (1.0 - frac) ** num_tokens) * m.weight_bytes_per_param
+
+    def step(self, work: Iterable[tuple[int, int]]) -> StepCost:
+        """Cost of one step scheduling ``work`` = ``[(new_tokens, context_before), ...]``.
+
+        Raises:
+            ValueError: for a negative count. Entries with ``new_tokens == 0`` are ignored.
+        """
+        m = self.model
+        groups = [
+            (g.spec, len(g.layer_names), g.spec.bytes_per_token * len(g.layer_names),
+             g.spec.compress_ratio if isinstance(g.spec, MLA) else 1)
+            for g in m.groups
+        ]
+        total_new = 0
+        attn_flops = 0.0
+        kv_bytes = 0.0
+        for new, ctx in work:
+            if new < 0 or ctx < 0:
+                raise ValueError(f"step work needs new_tokens >= 0 and context >= 0, got ({new}, {ctx})")
+            if new == 0:
+                continue
+            total_new += new
+            for spec, layers, bpt, ratio in groups:
+                attn_flops += 4.0 * m.attn_width * layers * attention_keys(spec, new, ctx) / ratio
+                kv_bytes += bpt * (kv_span(spec, new, ctx) + new)
+        if total_new == 0:
+            return StepCost(0.0, 0.0, 0.0, 0.0, 0.0)
+        flops = 2.0 * m.active_params * total_new + attn_flops
+        nbytes = self.weight_bytes(total_new) + kv_bytes
+        compute_s = flops / (self.num_gpus * self.gpu.flops * self.mfu)
+        memory_s = nbytes / (self.num_gpus * self.gpu.mem_bw * self.mbu)
+        return StepCost(flops, nbytes, compute_s, memory_s, max(compute_s, memory_s) + self.step_overhead_s)
+
+    def step_time(self, work: Iterable[tuple[int, int]]) -> float:
+        """Seconds one step scheduling ``work`` takes (:meth:`step`'s ``time_s``)."""
+        return self.step(work).time_s

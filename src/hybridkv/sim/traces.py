@@ -1,0 +1,630 @@
+"""Workloads for the simulator: real request traces and seeded synthetic generators.
+
+A workload is a ``list[TraceRequest]`` in arrival order. Every request carries its prompt as
+token ids, so a token-level manager can hash it; Mooncake traces also keep their raw block ids
+(``block_ids``) so block-level simulations (:mod:`hybridkv.sim.optimal`) can run without tokens.
+
+Loaders (every malformed line raises ``ValueError("<file>:<line>: <what is wrong>")``):
+
+* :func:`load_mooncake_trace` — the Mooncake FAST'25 JSONL format
+  ``{"timestamp": ms, "input_length": n, "output_length": m, "hash_ids": [...]}``.
+* :func:`load_token_trace` — ``{"prompt_token_ids": [...], "output_len": m, "arrival_s"?: s,
+  "session"?: str, "request_id"?: str}``.
+
+Generators (deterministic for a given seed; numpy ``Generator``):
+
+* :func:`multi_turn_chat` — conversations whose turn k prompt is turn k-1's prompt + answer +
+  new user text.
+* :func:`shared_system_prompt` — independent requests drawing one of a few system prompts.
+* :func:`agentic_loop` — agents whose context grows by the action and a tool output each step.
+* :func:`replay_microbenchmark` — A, an unrelated B, then A again (vLLM #43447).
+
+:data:`WORKLOADS` maps CLI names to generators with sensible defaults; :func:`get_workload`
+builds one by name with keyword overrides.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "MOONCAKE_BLOCK_TOKENS",
+    "WORKLOADS",
+    "MooncakeRecord",
+    "TraceRequest",
+    "agentic_loop",
+    "expand_block_ids",
+    "get_workload",
+    "iter_mooncake_records",
+    "load_mooncake_trace",
+    "load_token_trace",
+    "multi_turn_chat",
+    "replay_microbenchmark",
+    "shared_system_prompt",
+]
+
+MOONCAKE_BLOCK_TOKENS = 512
+"""Tokens covered by one Mooncake ``hash_ids`` entry."""
+
+TOKEN_ID_LIMIT = 2**31
+"""Pseudo-token ids from :func:`expand_block_ids` lie in ``[0, TOKEN_ID_LIMIT)``."""
+
+DEFAULT_VOCAB = 32_000
+"""Vocabulary of the synthetic generators' random tokens."""
+
+LengthSpec = int | tuple[int, int]
+"""A token count: an exact int, or ``(lo, hi)`` drawn uniformly from ``[lo, hi]``."""
+
+
+# --------------------------------------------------------------------------------------------
+# The request record
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class TraceRequest:
+    """One request of a workload.
+
+    Attributes:
+        request_id: unique within the workload.
+        arrival_s: arrival time in seconds from the start of the workload (finite, >= 0).
+        prompt: the prompt's token ids, a read-only 1-D ``int64`` array (at least one token).
+        output_len: tokens the request generates (>= 0).
+        session: conversation / agent the request belongs to (None for independent requests).
+        block_ids: the trace's raw block ids (Mooncake ``hash_ids``), empty when the workload
+            has no block-level ids.
+
+    Equality compares every field (the prompt by value); instances are not hashable.
+    """
+
+    request_id: str
+    arrival_s: float
+    prompt: np.ndarray
+    output_len: int
+    session: str | None = None
+    block_ids: tuple[int, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        prompt = np.asarray(self.prompt)
+        if prompt.ndim != 1 or prompt.size == 0 or prompt.dtype.kind not in "iu":
+            raise ValueError(
+                f"TraceRequest {self.request_id!r}: prompt must be a non-empty 1-D array of integer "
+                f"token ids, got shape {prompt.shape} dtype {prompt.dtype}"
+            )
+        if prompt.dtype != np.int64 or prompt.flags.writeable:
+            prompt = prompt.astype(np.int64, copy=True)  # own a private, read-only copy
+        prompt.flags.writeable = False
+        object.__setattr__(self, "prompt", prompt)
+        if isinstance(self.arrival_s, bool) or not isinstance(self.arrival_s, (int, float)) \
+                or not math.isfinite(self.arrival_s) or self.arrival_s < 0:
+            raise ValueError(
+                f"TraceRequest {self.request_id!r}: arrival_s must be finite and >= 0, "
+                f"got {self.arrival_s!r}"
+            )
+        object.__setattr__(self, "arrival_s", float(self.arrival_s))
+        if isinstance(self.output_len, bool) or not isinstance(self.output_len, (int, np.integer)) \
+                or self.output_len < 0:
+            raise ValueError(
+                f"TraceRequest {self.request_id!r}: output_len must be an integer >= 0, "
+                f"got {self.output_len!r}"
+            )
+        object.__setattr__(self, "output_len", int(self.output_len))
+        object.__setattr__(self, "block_ids", tuple(int(b) for b in self.block_ids))
+
+    @property
+    def prompt_len(self) -> int:
+        """Number of prompt tokens."""
+        return int(self.prompt.size)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TraceRequest):
+            return NotImplemented
+        return (
+            self.request_id == other.request_id
+            and self.arrival_s == other.arrival_s
+            and self.output_len == other.output_len
+            and self.session == other.session
+            and self.block_ids == other.block_ids
+            and np.array_equal(self.prompt, other.prompt)
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (
+            f"TraceRequest(request_id={self.request_id!r}, arrival_s={self.arrival_s!r}, "
+            f"prompt_len={self.prompt_len}, output_len={self.output_len}, "
+            f"session={self.session!r}, blocks={len(self.block_ids)})"
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Loaders
+# --------------------------------------------------------------------------------------------
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _iter_json_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield (1-based line number, object) for each non-blank line; bad JSON raises ValueError."""
+    with path.open("r", encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{lineno}: bad JSON ({exc.msg} at column {exc.colno})") from None
+            if not isinstance(obj, dict):
+                raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+            yield lineno, obj
+
+
+def _field(path: Path, lineno: int, obj: dict[str, Any], name: str) -> Any:
+    try:
+        return obj[name]
+    except KeyError:
+        raise ValueError(
+            f"{path}:{lineno}: missing field {name!r} (fields present: {sorted(obj)})"
+        ) from None
+
+
+def _nonneg_int(path: Path, lineno: int, obj: dict[str, Any], name: str) -> int:
+    value = _field(path, lineno, obj, name)
+    if not _is_int(value):
+        raise ValueError(f"{path}:{lineno}: {name!r} must be an integer, got {value!r}")
+    if value < 0:
+        raise ValueError(f"{path}:{lineno}: {name!r} must be >= 0, got {value}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class MooncakeRecord:
+    """One validated line of a Mooncake trace (no tokens).
+
+    Attributes:
+        lineno: 1-based line number in the file.
+        timestamp_ms: arrival time in milliseconds.
+        input_length: prompt tokens (>= 1).
+        output_length: generated tokens (>= 0).
+        hash_ids: one id per ``block_tokens`` prompt tokens, the last covering the partial tail.
+    """
+
+    lineno: int
+    timestamp_ms: float
+    input_length: int
+    output_length: int
+    hash_ids: tuple[int, ...]
+
+
+def iter_mooncake_records(
+    path: str | Path, limit: int | None = None, block_tokens: int = MOONCAKE_BLOCK_TOKENS
+) -> Iterator[MooncakeRecord]:
+    """Validate and yield the records of a Mooncake JSONL trace without expanding tokens.
+
+    Raises:
+        ValueError: naming the file and the 1-based line of the first bad line: bad JSON,
+            a missing field, a negative or non-integer length, a negative timestamp, or
+            ``hash_ids`` whose length is not ``ceil(input_length / block_tokens)``.
+    """
+    path = Path(path)
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be >= 0 or None, got {limit}")
+    if block_tokens <= 0:
+        raise ValueError(f"block_tokens must be > 0, got {block_tokens}")
+    count = 0
+    for lineno, obj in _iter_json_lines(path):
+        if limit is not None and count >= limit:
+            return
+        ts = _field(path, lineno, obj, "timestamp")
+        if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts) or ts < 0:
+            raise ValueError(f"{path}:{lineno}: 'timestamp' must be a finite number >= 0, got {ts!r}")
+        input_length = _nonneg_int(path, lineno, obj, "input_length")
+        if input_length == 0:
+            raise ValueError(f"{path}:{lineno}: 'input_length' must be >= 1, got 0")
+        output_length = _nonneg_int(path, lineno, obj, "output_length")
+        hash_ids = _field(path, lineno, obj, "hash_ids")
+        if not isinstance(hash_ids, list) or not all(_is_int(h) and h >= 0 for h in hash_ids):
+            raise ValueError(f"{path}:{lineno}: 'hash_ids' must be a list of integers >= 0")
+        need = -(-input_length // block_tokens)
+        if len(hash_ids) < need:
+            raise ValueError(
+                f"{path}:{lineno}: 'hash_ids' too short for input_length {input_length}: "
+                f"{len(hash_ids)} ids cover {len(hash_ids) * block_tokens} tokens, need {need}"
+            )
+        if len(hash_ids) > need:
+            raise ValueError(
+                f"{path}:{lineno}: 'hash_ids' too long for input_length {input_length}: "
+                f"{len(hash_ids)} ids, expected {need} of {block_tokens} tokens"
+            )
+        count += 1
+        yield MooncakeRecord(lineno, float(ts), input_length, output_length, tuple(hash_ids))
+
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    """The splitmix64 finalizer (a bijection on uint64), vectorized; wraps modulo 2**64."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * _MIX1
+    x = x ^ (x >> np.uint64(27))
+    x = x * _MIX2
+    return x ^ (x >> np.uint64(31))
+
+
+def expand_block_ids(
+    block_ids: Sequence[int], num_tokens: int, block_tokens: int = MOONCAKE_BLOCK_TOKENS
+) -> np.ndarray:
+    """Expand block ids into ``num_tokens`` deterministic pseudo-token ids.
+
+    Token ``j`` of block id ``h`` is a hash of ``(h, j)``, so equal id prefixes give equal token
+    prefixes and different ids give different tokens with overwhelming probability. Ids lie in
+    ``[0, 2**31)``. The last block is cut so the result has exactly ``num_tokens`` tokens.
+
+    Args:
+        block_ids: non-negative ids below ``2**64 / 2**ceil(log2(block_tokens))``.
+        num_tokens: tokens wanted, at most ``len(block_ids) * block_tokens``.
+        block_tokens: tokens per id.
+    """
+    if num_tokens > len(block_ids) * block_tokens:
+        raise ValueError(
+            f"{len(block_ids)} block ids of {block_tokens} tokens cannot give {num_tokens} tokens"
+        )
+    ids = np.asarray(block_ids, dtype=np.uint64)
+    shift = np.uint64(max(1, (block_tokens - 1).bit_length()))
+    if ids.size and int(ids.max()) >> (64 - int(shift)):
+        raise ValueError(f"block id {int(ids.max())} too large for {block_tokens}-token blocks")
+    pos = np.arange(block_tokens, dtype=np.uint64)
+    x = ((ids[:, None] << shift) | pos[None, :]) + _GOLDEN
+    tokens = (_splitmix64(x.reshape(-1)[:num_tokens]) >> np.uint64(33)).astype(np.int64)
+    return tokens
+
+
+def load_mooncake_trace(
+    path: str | Path, limit: int | None = None, block_tokens: int = MOONCAKE_BLOCK_TOKENS
+) -> list[TraceRequest]:
+    """Load a Mooncake FAST'25 JSONL trace as token-level requests.
+
+    Each ``hash_ids`` entry becomes ``block_tokens`` pseudo tokens (:func:`expand_block_ids`);
+    the prompt is cut to ``input_length``. ``arrival_s = timestamp / 1000``; request ids are
+    ``"<file stem>-<index>"``; ``block_ids`` keeps the raw ids. Memory is 8 bytes per prompt
+    token (the whole conversation trace is ~1.2 GB: pass ``limit``, or use
+    :func:`iter_mooncake_records` when only block ids are needed).
+
+    Args:
+        path: the JSONL file.
+        limit: load at most this many requests (None: all).
+        block_tokens: tokens per hash id (512 in the Mooncake release).
+
+    Raises:
+        ValueError: for the first bad line, naming the file and line (see
+            :func:`iter_mooncake_records`).
+    """
+    path = Path(path)
+    out: list[TraceRequest] = []
+    for i, rec in enumerate(iter_mooncake_records(path, limit, block_tokens)):
+        prompt = expand_block_ids(rec.hash_ids, rec.input_length, block_tokens)
+        prompt.flags.writeable = False  # TraceRequest keeps a read-only int64 array as is
+        out.append(
+            TraceRequest(
+                request_id=f"{path.stem}-{i}",
+                arrival_s=rec.timestamp_ms / 1000.0,
+                prompt=prompt,
+                output_len=rec.output_length,
+                session=None,
+                block_ids=rec.hash_ids,
+            )
+        )
+    return out
+
+
+def load_token_trace(path: str | Path) -> list[TraceRequest]:
+    """Load a token-level JSONL trace.
+
+    Line format: ``{"prompt_token_ids": [int, ...], "output_len": int, "arrival_s"?: float,
+    "session"?: str, "request_id"?: str}``. Missing ``arrival_s`` means 0.0 (an offline batch);
+    missing ``request_id`` means ``"<file stem>-<index>"``. File order is kept.
+
+    Raises:
+        ValueError: naming the file and 1-based line of the first bad line: bad JSON, a missing
+            field, an empty prompt or non-integer / negative / >= 2**31 token ids, a negative or
+            non-integer output_len, a negative or non-finite arrival_s, a non-string session or
+            request_id, or a duplicate request_id.
+    """
+    path = Path(path)
+    out: list[TraceRequest] = []
+    seen_ids: set[str] = set()
+    for lineno, obj in _iter_json_lines(path):
+        raw = _field(path, lineno, obj, "prompt_token_ids")
+        if not isinstance(raw, list) or not raw:
+            raise ValueError(f"{path}:{lineno}: 'prompt_token_ids' must be a non-empty list of integers")
+        try:
+            prompt = np.asarray(raw)
+        except (ValueError, TypeError):
+            prompt = np.asarray([], dtype=object)
+        if prompt.ndim != 1 or prompt.dtype.kind not in "iu":
+            raise ValueError(f"{path}:{lineno}: 'prompt_token_ids' must be a flat list of integers")
+        if prompt.min() < 0 or prompt.max() >= TOKEN_ID_LIMIT:
+            raise ValueError(
+                f"{path}:{lineno}: token ids must be in [0, 2**31), got range "
+                f"[{prompt.min()}, {prompt.max()}]"
+            )
+        output_len = _nonneg_int(path, lineno, obj, "output_len")
+        arrival = obj.get("arrival_s", 0.0)
+        if isinstance(arrival, bool) or not isinstance(arrival, (int, float)) \
+                or not math.isfinite(arrival) or arrival < 0:
+            raise ValueError(f"{path}:{lineno}: 'arrival_s' must be a finite number >= 0, got {arrival!r}")
+        session = obj.get("session")
+        if session is not None and not isinstance(session, str):
+            raise ValueError(f"{path}:{lineno}: 'session' must be a string, got {session!r}")
+        request_id = obj.get("request_id", f"{path.stem}-{len(out)}")
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"{path}:{lineno}: 'request_id' must be a non-empty string, got {request_id!r}")
+        if request_id in seen_ids:
+            raise ValueError(f"{path}:{lineno}: duplicate request_id {request_id!r}")
+        seen_ids.add(request_id)
+        out.append(
+            TraceRequest(request_id, float(arrival), prompt.astype(np.int64), output_len, session)
+        )
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Generators
+# --------------------------------------------------------------------------------------------
+
+
+def _check_count(name: str, value: int, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def _draw_len(rng: np.random.Generator, name: str, spec: LengthSpec, minimum: int = 0) -> int:
+    """Resolve a :data:`LengthSpec`; raises ValueError for a bad spec."""
+    if isinstance(spec, tuple):
+        lo, hi = spec
+        if not (_is_int(lo) and _is_int(hi)) or lo < minimum or hi < lo:
+            raise ValueError(f"{name} range must satisfy {minimum} <= lo <= hi, got {spec!r}")
+        return int(rng.integers(lo, hi + 1))
+    if not _is_int(spec) or spec < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum} or a (lo, hi) range, got {spec!r}")
+    return spec
+
+
+def _tokens(rng: np.random.Generator, n: int, vocab: int) -> np.ndarray:
+    return rng.integers(0, vocab, size=n, dtype=np.int64)
+
+
+def _arrivals(rng: np.random.Generator, n: int, rate: float | None) -> np.ndarray:
+    """Poisson arrival times at ``rate`` requests/s (first at 0); None: all at time 0."""
+    if rate is None:
+        return np.zeros(n)
+    if not (rate > 0 and math.isfinite(rate)):
+        raise ValueError(f"arrival rate must be a positive finite number or None, got {rate!r}")
+    gaps = rng.exponential(1.0 / rate, size=n)
+    gaps[0] = 0.0
+    return np.cumsum(gaps)
+
+
+def _session_order(rng: np.random.Generator, sessions: int, steps: int, concurrency: int) -> list[int]:
+    """Interleave ``sessions`` x ``steps`` requests, at most ``concurrency`` sessions open.
+
+    Returns the session index of each request in order: the next request comes from a uniformly
+    random open session; a finished session is replaced by the next unopened one.
+    """
+    open_: list[int] = list(range(min(concurrency, sessions)))
+    next_session = len(open_)
+    left = [steps] * sessions
+    order: list[int] = []
+    while open_:
+        k = int(rng.integers(len(open_)))
+        s = open_[k]
+        order.append(s)
+        left[s] -= 1
+        if left[s] == 0:
+            if next_session < sessions:
+                open_[k] = next_session
+                next_session += 1
+            else:
+                open_.pop(k)
+    return order
+
+
+def _growing_sessions(
+    *,
+    prefix: str,
+    num_sessions: int,
+    steps: int,
+    shared_tokens: int,
+    first_tokens: LengthSpec,
+    step_tokens: LengthSpec,
+    output_tokens: LengthSpec,
+    concurrency: int,
+    arrival_rate: float | None,
+    seed: int,
+    vocab_size: int,
+) -> list[TraceRequest]:
+    """Sessions whose step k prompt = step k-1 prompt + step k-1 output + new input.
+
+    Step 0's prompt is the shared prefix (same for all sessions) + ``first_tokens`` session
+    tokens. Outputs are pre-drawn random tokens, so the next step's prompt contains them.
+    """
+    _check_count("number of sessions", num_sessions)
+    _check_count("steps", steps)
+    _check_count("concurrency", concurrency)
+    _check_count("shared tokens", shared_tokens, minimum=0)
+    _check_count("vocab_size", vocab_size, minimum=2)
+    rng = np.random.default_rng(seed)
+    shared = _tokens(rng, shared_tokens, vocab_size)
+    order = _session_order(rng, num_sessions, steps, concurrency)
+    arrivals = _arrivals(rng, len(order), arrival_rate)
+    context: list[np.ndarray | None] = [None] * num_sessions
+    last_output: list[np.ndarray] = [np.empty(0, np.int64)] * num_sessions
+    step_no = [0] * num_sessions
+    out: list[TraceRequest] = []
+    for n, s in enumerate(order):
+        k = step_no[s]
+        if k == 0:
+            new = _tokens(rng, _draw_len(rng, "first tokens", first_tokens), vocab_size)
+            prompt = np.concatenate([shared, new])
+        else:
+            new = _tokens(rng, _draw_len(rng, "step tokens", step_tokens), vocab_size)
+            prompt = np.concatenate([context[s], last_output[s], new])  # type: ignore[list-item]
+        if prompt.size == 0:
+            raise ValueError("a generated prompt is empty; give at least one prompt token")
+        out_len = _draw_len(rng, "output tokens", output_tokens)
+        last_output[s] = _tokens(rng, out_len, vocab_size)
+        context[s] = prompt
+        step_no[s] = k + 1
+        out.append(
+            TraceRequest(f"{prefix}-s{s}-t{k}", float(arrivals[n]), prompt, out_len, f"{prefix}-s{s}")
+        )
+    return out
+
+
+def multi_turn_chat(
+    num_conversations: int = 64,
+    turns: int = 6,
+    system_tokens: int = 1024,
+    user_tokens: LengthSpec = (64, 512),
+    answer_tokens: LengthSpec = (64, 512),
+    concurrency: int = 16,
+    arrival_rate: float | None = 4.0,
+    seed: int = 0,
+    vocab_size: int = DEFAULT_VOCAB,
+) -> list[TraceRequest]:
+    """Multi-turn chat: turn k's prompt = turn k-1's prompt + its answer + new user text.
+
+    All conversations share one ``system_tokens`` system prompt. The answer of each turn is a
+    deterministic random token sequence of the request's ``output_len`` tokens, and the next
+    turn's prompt contains it, as a real chat history would. ``concurrency`` conversations are
+    open at a time and their turns interleave randomly; arrivals are Poisson at
+    ``arrival_rate`` requests/s (None: all at time 0). Ids are ``chat-s<conv>-t<turn>``,
+    sessions ``chat-s<conv>``.
+    """
+    return _growing_sessions(
+        prefix="chat", num_sessions=num_conversations, steps=turns, shared_tokens=system_tokens,
+        first_tokens=user_tokens, step_tokens=user_tokens, output_tokens=answer_tokens,
+        concurrency=concurrency, arrival_rate=arrival_rate, seed=seed, vocab_size=vocab_size,
+    )
+
+
+def agentic_loop(
+    num_agents: int = 16,
+    steps: int = 20,
+    system_tokens: int = 4096,
+    task_tokens: LengthSpec = (256, 1024),
+    tool_tokens: LengthSpec = (256, 2048),
+    action_tokens: LengthSpec = (16, 128),
+    concurrency: int = 8,
+    arrival_rate: float | None = 2.0,
+    seed: int = 0,
+    vocab_size: int = DEFAULT_VOCAB,
+) -> list[TraceRequest]:
+    """Agent loops: long, growing contexts with short outputs.
+
+    Step 0's prompt is the shared system/tool-definition prompt + the agent's task; step k's
+    prompt is step k-1's prompt + its action (the output) + a tool output. Interleaving and
+    arrivals as in :func:`multi_turn_chat`. Ids ``agent-s<agent>-t<step>``.
+    """
+    return _growing_sessions(
+        prefix="agent", num_sessions=num_agents, steps=steps, shared_tokens=system_tokens,
+        first_tokens=task_tokens, step_tokens=tool_tokens, output_tokens=action_tokens,
+        concurrency=concurrency, arrival_rate=arrival_rate, seed=seed, vocab_size=vocab_size,
+    )
+
+
+def shared_system_prompt(
+    num_requests: int = 512,
+    num_prompts: int = 8,
+    system_tokens: int = 2048,
+    user_tokens: LengthSpec = (32, 512),
+    output_tokens: LengthSpec = (32, 256),
+    zipf_s: float = 0.0,
+    arrival_rate: float | None = 16.0,
+    seed: int = 0,
+    vocab_size: int = DEFAULT_VOCAB,
+) -> list[TraceRequest]:
+    """Independent requests, each = one of ``num_prompts`` system prompts + unique user text.
+
+    Prompt ``j`` is chosen with probability proportional to ``(j + 1) ** -zipf_s`` (0: uniform).
+    Ids ``sys-<n>``; ``session`` is None.
+    """
+    _check_count("num_requests", num_requests)
+    _check_count("num_prompts", num_prompts)
+    _check_count("system_tokens", system_tokens, minimum=0)
+    if not (zipf_s >= 0 and math.isfinite(zipf_s)):
+        raise ValueError(f"zipf_s must be a finite number >= 0, got {zipf_s!r}")
+    rng = np.random.default_rng(seed)
+    systems = [_tokens(rng, system_tokens, vocab_size) for _ in range(num_prompts)]
+    weights = np.arange(1, num_prompts + 1, dtype=float) ** -zipf_s
+    choice = rng.choice(num_prompts, size=num_requests, p=weights / weights.sum())
+    arrivals = _arrivals(rng, num_requests, arrival_rate)
+    out: list[TraceRequest] = []
+    for n in range(num_requests):
+        user = _tokens(rng, _draw_len(rng, "user_tokens", user_tokens), vocab_size)
+        prompt = np.concatenate([systems[int(choice[n])], user])
+        out_len = _draw_len(rng, "output_tokens", output_tokens)
+        out.append(TraceRequest(f"sys-{n}", float(arrivals[n]), prompt, out_len))
+    return out
+
+
+def replay_microbenchmark(
+    a_tokens: int = 8192,
+    b_tokens: int = 8192,
+    output_len: int = 1,
+    gap_s: float = 5.0,
+    seed: int = 0,
+    vocab_size: int = DEFAULT_VOCAB,
+) -> list[TraceRequest]:
+    """The vLLM #43447 scenario: request A, an unrelated request B, then A's prompt again.
+
+    Arrivals are ``0, gap_s, 2 * gap_s`` so the three run one after another. A perfect cache
+    hits all of A on the third request (up to the manager's alignment); SWA churn from B is
+    what used to flush it. Ids ``replay-A``, ``replay-B``, ``replay-A2``.
+    """
+    _check_count("a_tokens", a_tokens)
+    _check_count("b_tokens", b_tokens)
+    _check_count("output_len", output_len, minimum=0)
+    rng = np.random.default_rng(seed)
+    a = _tokens(rng, a_tokens, vocab_size)
+    b = _tokens(rng, b_tokens, vocab_size)
+    return [
+        TraceRequest("replay-A", 0.0, a, output_len),
+        TraceRequest("replay-B", float(gap_s), b, output_len),
+        TraceRequest("replay-A2", 2.0 * gap_s, a, output_len),
+    ]
+
+
+WORKLOADS: dict[str, Callable[..., list[TraceRequest]]] = {
+    "chat": multi_turn_chat,
+    "system-prompt": shared_system_prompt,
+    "agentic": agentic_loop,
+    "replay": replay_microbenchmark,
+}
+"""Built-in workloads by CLI name; each is called with keyword overrides of its defaults."""
+
+
+def get_workload(name: str, **overrides: Any) -> list[TraceRequest]:
+    """Build the built-in workload ``name`` with keyword ``overrides``.
+
+    Raises:
+        ValueError: for an unknown name, listing the valid names.
+    """
+    try:
+        factory = WORKLOADS[name]
+    except KeyError:
+        raise ValueError(f"unknown workload {name!r}; valid workloads: {', '.join(sorted(WORKLOADS))}") from None
+    return factory(**overrides)

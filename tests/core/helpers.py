@@ -1,0 +1,68 @@
+"""Small builders shared by the core tests."""
+
+from __future__ import annotations
+
+from hybridkv import (FullAttention, KVCacheConfig, KVCacheGroup, KVCacheManager, Request,
+                      SlidingWindow)
+
+C3 = [0] * 16 + [1] * 16 + [2] * 16
+
+
+def FA(bs: int, **kw) -> FullAttention:
+    return FullAttention(block_size=bs, num_kv_heads=1, head_dim=8, **kw)
+
+
+def SWA(bs: int, w: int, **kw) -> SlidingWindow:
+    return SlidingWindow(block_size=bs, num_kv_heads=1, head_dim=8, window=w, **kw)
+
+
+def config(*specs, num_blocks: int, drafts: tuple[int, ...] = ()) -> KVCacheConfig:
+    groups = [KVCacheGroup(f"g{i}", s, (f"layer{i}",), is_draft=i in drafts)
+              for i, s in enumerate(specs)]
+    return KVCacheConfig(tuple(groups), num_blocks=num_blocks)
+
+
+def manager(*specs, num_blocks: int, drafts: tuple[int, ...] = (), compat: bool = True,
+            retention=None, **kw) -> KVCacheManager:
+    return KVCacheManager(config(*specs, num_blocks=num_blocks, drafts=drafts),
+                          vllm_compat=compat, retention_interval=retention, **kw)
+
+
+def run_prompt(kv: KVCacheManager, rid, tokens, chunk: int | None = None, **req_kw):
+    """Look up, allocate and 'compute' a whole prompt (optionally in chunks); returns (req, hit)."""
+    req = Request(rid, tokens, **req_kw)
+    hit = kv.lookup(req)
+    total = len(tokens) - hit.num_tokens
+    first = total if chunk is None else min(chunk, total)
+    assert kv.allocate(req, first, hit) is not None
+    req.num_computed_tokens = hit.num_tokens + first
+    while req.num_computed_tokens < len(tokens):
+        n = min(chunk, len(tokens) - req.num_computed_tokens)
+        assert kv.allocate(req, n) is not None
+        req.num_computed_tokens += n
+    return req, hit
+
+
+def cached_positions(kv: KVCacheManager, req: Request, group: int) -> set[int]:
+    """Table positions of ``req``'s group whose block is cached under the request's hash."""
+    pool = kv.pool
+    scale = kv.config.groups[group].spec.block_size // kv.config.hash_block_size
+    out = set()
+    for j, b in enumerate(kv.block_ids(req)[group]):
+        k = (j + 1) * scale - 1
+        if b and k < len(req.block_hashes) and pool.block_hash[b] == req.block_hashes[k]:
+            out.add(j)
+    return out
+
+
+def hash_cached(kv: KVCacheManager, req: Request, group: int, j: int) -> bool:
+    scale = kv.config.groups[group].spec.block_size // kv.config.hash_block_size
+    return kv.pool.cached_block(group, req.block_hashes[(j + 1) * scale - 1]) is not None
+
+
+def evict(kv: KVCacheManager, req: Request, group: int, j: int) -> None:
+    """Drop the cached block holding ``req``'s group-``group`` hash j (test helper)."""
+    scale = kv.config.groups[group].spec.block_size // kv.config.hash_block_size
+    b = kv.pool.cached_block(group, req.block_hashes[(j + 1) * scale - 1])
+    assert b is not None
+    kv.pool.drop_hash(b)

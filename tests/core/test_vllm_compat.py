@@ -1,0 +1,501 @@
+"""vLLM 0.33 regression scenarios (shared/reference/vllm-kv-core.md §4.1-4.6), compat mode.
+
+Each test names its scenario number. Block ids, hit lengths, cached indices and free-queue
+orders are vLLM's; Mamba and DCP scenarios are out of scope.
+"""
+
+import pytest
+
+from hybridkv import Request, SpecDecode
+from hybridkv.core import HitRule
+from tests.core.helpers import (C3, FA, SWA, cached_positions, evict, hash_cached, manager,
+                                run_prompt)
+
+EAGLE_DROP = SpecDecode("eagle", 1, hash_lookahead=False)
+
+
+def queue(kv):
+    return list(kv.pool.queue)
+
+
+# ---- 4.2 full attention -------------------------------------------------------------------------
+def test_prefill_queue_order():  # scenario 7
+    kv = manager(FA(16), num_blocks=11)
+    r0 = Request("r0", C3 + [3] * 7)
+    assert kv.lookup(r0).num_tokens == 0
+    assert len(r0.block_hashes) == 3
+    assert kv.allocate(r0, 55, kv.lookup(r0)) == [[1, 2, 3, 4]]
+    assert [kv.pool.block_hash[b] is not None for b in (1, 2, 3, 4)] == [True, True, True, False]
+    r0.num_computed_tokens = 55
+    r1 = Request("r1", C3 + [3] * 5)
+    hit = kv.lookup(r1)
+    assert (hit.num_tokens, hit.block_ids) == (48, ((1, 2, 3),))
+    assert kv.allocate(r1, 5, hit) == [[5]]
+    assert [kv.pool.ref_cnt[b] for b in (1, 2, 3)] == [2, 2, 2]
+    assert kv.num_free_blocks == 5
+    r1.num_computed_tokens = 53
+    kv.free(r0)
+    kv.free(r1)
+    assert kv.num_free_blocks == 10
+    assert queue(kv) == [5, 4, 6, 7, 8, 9, 10, 3, 2, 1]
+    r2 = Request("r2", C3 + [3] * 6)
+    hit = kv.lookup(r2)
+    assert hit.block_ids == ((1, 2, 3),)
+    assert kv.allocate(r2, 6, hit) == [[5]]
+    assert kv.num_free_blocks == 6
+    kv.free(r2)
+    r3 = Request("r3", [99] * 160)
+    assert kv.allocate(r3, 160, kv.lookup(r3)) == [[5, 4, 6, 7, 8, 9, 10, 3, 2, 1]]
+    assert kv.num_free_blocks == 0 and queue(kv) == []
+    kv.check_integrity()
+
+
+def test_prefill_skip_reading_duplicates_blocks():  # scenario 8
+    kv = manager(FA(16), num_blocks=11)
+    r0, _ = run_prompt(kv, "r0", C3 + [3] * 7, skip_prefix_cache=True)
+    r2 = Request("r2", C3 + [3] * 6, skip_prefix_cache=True)
+    hit = kv.lookup(r2)
+    assert hit.num_tokens == 0
+    new = kv.allocate(r2, r2.num_tokens, hit)[0]
+    for j in range(3):
+        assert kv.pool.block_hash[new[j]] == kv.pool.block_hash[kv.block_ids(r0)[0][j]]
+        assert kv.pool.ref_cnt[new[j]] == 1
+    kv.check_integrity()
+
+
+def test_decode_hashes_filled_block():  # scenario 9
+    kv = manager(FA(16), num_blocks=11)
+    r0, _ = run_prompt(kv, "r0", C3 + [3] * 7)
+    assert kv.block_ids(r0)[0] == [1, 2, 3, 4]
+    r0.append_tokens([8] * 4)
+    assert kv.allocate(r0, 4) == [[]]
+    r0.num_computed_tokens = 59
+    assert kv.pool.block_hash[4] is None
+    r0.append_tokens([7] * 19)
+    assert len(kv.allocate(r0, 19)[0]) == 1
+    table = kv.block_ids(r0)[0]
+    assert kv.pool.block_hash[table[-2]] is not None and kv.pool.block_hash[table[-1]] is None
+
+
+def test_evict_order():  # scenario 10
+    kv = manager(FA(16), num_blocks=11)
+    r0, _ = run_prompt(kv, "r0", list(range(87)))
+    r1, _ = run_prompt(kv, "r1", list(range(87, 135)))
+    assert kv.num_free_blocks == 1
+    kv.free(r0)
+    assert queue(kv) == [6, 10, 5, 4, 3, 2, 1]
+    kv.free(r1)
+    assert queue(kv) == [6, 10, 5, 4, 3, 2, 1, 9, 8, 7]
+    r2 = Request("r2", list(range(35)))
+    hit = kv.lookup(r2)
+    assert hit.block_ids == ((1, 2),) and hit.num_tokens == 32
+    assert kv.allocate(r2, 3, hit) == [[6]]
+    assert kv.num_free_blocks == 7
+
+
+def test_reused_cached_block_loses_hash():  # scenario 11
+    kv = manager(FA(16), num_blocks=2)
+    r0, _ = run_prompt(kv, "r0", list(range(16)))
+    kv.free(r0)
+    r1 = Request("r1", list(range(100, 115)))
+    (b,), = kv.allocate(r1, 15, kv.lookup(r1))
+    assert kv.pool.block_hash[b] is None
+
+
+def test_hit_block_not_evicted_for_same_request():  # scenario 12
+    kv = manager(FA(16), num_blocks=3)
+    r0, _ = run_prompt(kv, "r0", list(range(16)))
+    r1, _ = run_prompt(kv, "r1", list(range(16, 32)))
+    assert kv.block_ids(r0) == ([1],) and kv.block_ids(r1) == ([2],)
+    kv.free(r0)
+    kv.free(r1)
+    r2 = Request("r2", list(range(32)))
+    hit = kv.lookup(r2)
+    assert hit.block_ids == ((1,),) and hit.num_tokens == 16
+    assert kv.allocate(r2, 16, hit) == [[2]]
+
+
+def test_failed_allocation_changes_nothing():  # scenario 13
+    kv = manager(FA(16), num_blocks=11)
+    run_prompt(kv, "r0", C3)
+    r1, _ = run_prompt(kv, "r1", C3 * 2)
+    kv.free(r1)
+    refs = list(kv.pool.ref_cnt)
+    run_prompt(kv, "r2", [7] * 32)
+    assert kv.num_free_blocks == 5
+    refs = list(kv.pool.ref_cnt)
+    q = queue(kv)
+    r3 = Request("r3", C3 * 3)
+    hit = kv.lookup(r3)
+    assert hit.num_tokens == 96
+    assert kv.allocate(r3, 48, hit) is None
+    assert kv.pool.ref_cnt == refs and queue(kv) == q
+    kv.check_integrity()
+
+
+def test_reset_prefix_cache():  # scenario 14
+    kv = manager(FA(16), num_blocks=11)
+    r0, _ = run_prompt(kv, "r0", C3 + [1])
+    assert kv.reset_prefix_cache() is False
+    assert any(kv.pool.index)
+    kv.free(r0)
+    assert kv.reset_prefix_cache() is True
+    assert not any(kv.pool.index) and all(h is None for h in kv.pool.block_hash)
+
+
+@pytest.mark.parametrize("n", [2, 3, 10])
+def test_kv_cache_events(n):  # scenario 15
+    from hybridkv import AllBlocksCleared, BlockRemoved, BlockStored
+    kv = manager(FA(16), num_blocks=n + 1, enable_events=True)
+    r0 = Request("r0", list(range(n * 16)))
+    kv.allocate(r0, n * 16, kv.lookup(r0))
+    ev = kv.take_events()
+    assert isinstance(ev[-1], BlockStored)
+    assert len(ev[-1].block_hashes) == n and len(ev[-1].token_ids) == 16 * n
+    r0.num_computed_tokens = n * 16
+    kv.free(r0)
+    r1 = Request("r1", list(range(n * 16)))
+    kv.allocate(r1, n * 16)  # no lookup: recompute and evict
+    ev = kv.take_events()
+    assert [type(e) for e in ev] == [BlockRemoved] * n + [BlockStored]
+    r1.num_computed_tokens = n * 16
+    kv.free(r1)
+    assert kv.reset_prefix_cache()
+    assert isinstance(kv.take_events()[-1], AllBlocksCleared)
+
+
+def test_caching_disabled():  # scenario 16
+    kv = manager(FA(4), num_blocks=5, enable_caching=False)
+    r0 = Request("r0", list(range(10)))
+    assert len(kv.allocate(r0, 10, kv.lookup(r0))[0]) == 3
+    kv.free(r0)
+    r1 = Request("r1", list(range(16)))
+    hit = kv.lookup(r1)
+    assert hit.num_tokens == 0
+    assert len(kv.allocate(r1, 16, hit)[0]) == 4
+    assert kv.allocate(Request("r2", [1, 2, 3, 4]), 4) is None
+
+
+def test_allocate_with_lookahead():  # scenario 17
+    kv = manager(FA(4), num_blocks=11)
+    assert len(kv.allocate(Request("a", [1, 2, 3]), 3, num_lookahead_tokens=2)[0]) == 2
+    assert len(kv.allocate(Request("b", [1, 2, 3]), 3, num_lookahead_tokens=4)[0]) == 2
+
+
+@pytest.mark.parametrize("p", [48, 37])
+def test_eagle_identical_prompt(p):  # scenario 18
+    drop = manager(FA(16), num_blocks=20, spec_decode=EAGLE_DROP)
+    run_prompt(drop, "a", [0] * p)
+    assert drop.lookup(Request("b", [0] * p)).num_tokens == 16
+    la = manager(FA(16), num_blocks=20, spec_decode=SpecDecode("eagle", 1))
+    run_prompt(la, "a", [0] * p)
+    assert la.lookup(Request("b", [0] * p)).num_tokens == 32
+
+
+# ---- 4.3 single-manager units ---------------------------------------------------------------------
+def _pattern_hit(rule: HitRule, pattern, max_blocks: int, step: int = 1) -> int:
+    return rule.longest_hit(lambda j: pattern[j] if j < len(pattern) else False, max_blocks, step)
+
+
+@pytest.mark.parametrize("pattern,expected", [
+    ([False] * 10, 0), ([True], 1), ([True, False], 1), ([True, True], 2), ([True, True, False], 2),
+    ([True] * 3, 3), ([True, True, True, False], 3),
+    ([1, 1, 0, 1, 0, 0, 1, 1, 0, 1, 1, 1], 12), ([1, 1, 0, 1, 0, 0, 1, 1, 0, 0, 0], 8),
+    ([1, 1, 0, 1, 0, 0, 1, 1, 0, 0, 0, 1], 8),
+])
+def test_sliding_window_lookup_patterns(pattern, expected):  # scenario 19
+    rule = HitRule(SWA(2, 4))
+    assert _pattern_hit(rule, [bool(x) for x in pattern], len(pattern)) == expected
+
+
+@pytest.mark.parametrize("tail_pattern,tail,expected", [
+    ([1], 0, 1), ([1], 1, 1), ([1, 0], 0, 2), ([1, 0], 1, 2), ([1, 1], 0, 2), ([1, 1, 0], 1, 2),
+    ([1, 1, 1], 0, 3), ([1, 1, 1, 0], 1, 4),
+    ([9] * 8 + [1], 1, 9), ([9] * 8 + [0], 1, 8), ([9] * 8 + [1, 1], 1, 10),
+    ([9] * 8 + [1, 0], 0, 10), ([9] * 8 + [0, 1], 1, 10), ([9] * 8 + [0, 0], 0, 10),
+])
+def test_chunked_local_lookup_patterns(tail_pattern, tail, expected):  # scenario 20
+    import random
+    from hybridkv import ChunkedLocal
+    rng = random.Random(len(tail_pattern) * 7 + tail)
+    pattern = [rng.random() < 0.5 if x == 9 else bool(x) for x in tail_pattern]
+    rule = HitRule(ChunkedLocal(block_size=2, chunk_size=4, num_kv_heads=1, head_dim=8))
+    max_len = len(pattern) * 2 + tail
+    assert _pattern_hit(rule, pattern, max_len // 2) == expected
+
+
+def test_sliding_window_frees_out_of_window_blocks():  # scenario 22
+    kv = manager(SWA(2, 4), num_blocks=40)
+    r = Request("r", list(range(22)))
+    kv.allocate(r, 22)
+    base = kv.block_ids(r)[0]
+    for n, nulls in [(0, 0), (4, 0), (5, 1), (6, 1), (7, 2)]:
+        r.num_computed_tokens = n
+        kv.allocate(r, 0)
+        assert kv.block_ids(r)[0][:nulls + 1] == [0] * nulls + [base[nulls]]
+    r.num_computed_tokens = 11
+    kv.allocate(r, 0)
+    assert kv.block_ids(r)[0] == [0] * 4 + base[4:]
+    assert queue(kv)[-2:] == [base[3], base[2]]  # freed back to front (hashed: LRU tail)
+    kv.check_integrity()
+
+
+def test_chunked_local_frees_previous_chunks():  # scenario 23
+    from hybridkv import ChunkedLocal
+    kv = manager(ChunkedLocal(block_size=2, chunk_size=4, num_kv_heads=1, head_dim=8), num_blocks=40)
+    r = Request("r", list(range(22)))
+    kv.allocate(r, 22)
+    base = kv.block_ids(r)[0]
+    for n, nulls in [(4, 2), (6, 2), (12, 6)]:
+        r.num_computed_tokens = n
+        kv.allocate(r, 0)
+        assert kv.block_ids(r)[0] == [0] * nulls + base[nulls:]
+
+
+def test_evictable_hit_counted_once():  # scenario 26
+    kv = manager(SWA(2, 4), num_blocks=4)
+    r0, _ = run_prompt(kv, "r0", [1, 2, 3])
+    kv.free(r0)
+    r1 = Request("r1", [1, 2, 3, 4])
+    hit = kv.lookup(r1)
+    assert hit.num_tokens == 2
+    new = kv.allocate(r1, 2, hit)
+    assert len(new[0]) == 1 and len(kv.block_ids(r1)[0]) == 2
+
+
+# ---- 4.4 hybrid lookup ----------------------------------------------------------------------------
+def test_prefill_hybrid_model():  # scenario 31
+    kv = manager(FA(16), SWA(16, 32), SWA(16, 32), num_blocks=21)
+    r0 = Request("r0", C3 + [3] * 7)
+    assert kv.allocate(r0, 55, kv.lookup(r0)) == [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]]
+    r0.num_computed_tokens = 55
+    r1 = Request("r1", C3 + [3] * 5)
+    hit = kv.lookup(r1)
+    assert hit.num_tokens == 48 and hit.block_ids == ((1, 2, 3), (0, 6, 7), (0, 10, 11))
+    assert kv.allocate(r1, 5, hit) == [[13], [14], [15]]
+    r1.num_computed_tokens = 53
+    kv.free(r0)
+    kv.free(r1)
+    probe = Request("p", C3 + [3] * 5)
+    kv.lookup(probe)
+    cases = [
+        ([(1, 0), (2, 0)], 3), ([(0, 0)], 0), ([(0, 2), (1, 2), (2, 2)], 2), ([(0, 2)], 2),
+        ([(1, 2)], 2), ([(2, 2)], 2), ([(0, 2), (1, 0), (2, 0)], 0),
+    ]
+    for evictions, blocks in cases:
+        k2 = manager(FA(16), SWA(16, 32), SWA(16, 32), num_blocks=21)
+        for rid in ("r0", "r1"):
+            req, _ = run_prompt(k2, rid, C3 + [3] * (7 if rid == "r0" else 5))
+        for rid in list(k2.coordinator.reqs):
+            k2.free(Request(rid, [0]))
+        q = Request("q", C3 + [3] * 5)
+        k2.lookup(q)
+        for g, j in evictions:
+            evict(k2, q, g, j)
+        assert k2.lookup(q).num_tokens == blocks * 16, evictions
+
+
+def test_prefill_hybrid_model_eagle():  # scenario 32
+    prompt0 = [i for i in range(6) for _ in range(16)] + [6] * 7
+    prompt1 = prompt0[:96] + [6] * 5
+
+    def fresh():
+        kv = manager(FA(16), SWA(16, 48), SWA(16, 48), num_blocks=31, spec_decode=EAGLE_DROP)
+        r0 = Request("r0", prompt0)
+        assert kv.allocate(r0, len(prompt0), kv.lookup(r0)) == [
+            list(range(1, 8)), list(range(8, 15)), list(range(15, 22))]
+        r0.num_computed_tokens = len(prompt0)
+        return kv, r0
+
+    kv, r0 = fresh()
+    r1 = Request("r1", prompt1)
+    hit = kv.lookup(r1)
+    assert hit.num_tokens == 80
+    assert hit.block_ids == ((1, 2, 3, 4, 5), (0, 0, 10, 11, 12), (0, 0, 17, 18, 19))
+    assert kv.allocate(r1, 21, hit) == [[22, 23], [24, 25], [26, 27]]
+    cases = [([(1, 0), (2, 0)], 5), ([(0, 0)], 0), ([(0, 5), (1, 5), (2, 5)], 4), ([(0, 5)], 4),
+             ([(1, 4)], 3), ([(2, 4)], 3), ([(0, 5), (1, 0), (2, 0)], 4)]
+    for evictions, blocks in cases:
+        kv, r0 = fresh()
+        kv.free(r0)
+        q = Request("q", prompt1)
+        kv.lookup(q)
+        for g, j in evictions:
+            evict(kv, q, g, j)
+        assert kv.lookup(q).num_tokens == blocks * 16, evictions
+
+
+def test_hybrid_eagle_combination():  # scenario 34
+    kv = manager(FA(16), SWA(16, 32), num_blocks=40, spec_decode=EAGLE_DROP)
+    common = list(range(64))
+    run_prompt(kv, "r0", common + [4] * 7)
+    hit = kv.lookup(Request("r1", common + [6] * 5))
+    assert hit.num_tokens == 48 and [len(b) for b in hit.block_ids] == [3, 3]
+
+
+def test_different_block_sizes():  # scenario 35
+    kv = manager(FA(32, dtype="float16"), SWA(16, 32, dtype="float32"), num_blocks=30)
+    assert kv.config.hash_block_size == 16 and kv.config.alignment == 32
+    tokens = [i for i in range(10) for _ in range(16)]
+    r0 = Request("r0", tokens)
+    assert kv.allocate(r0, 112, kv.lookup(r0)) == [[1, 2, 3, 4], [5, 6, 7, 8, 9, 10, 11]]
+    for n in (113, 97):
+        hit = kv.lookup(Request(f"r{n}", tokens[:n]))
+        assert hit.num_tokens == 96 and [len(b) for b in hit.block_ids] == [3, 6]
+    q = Request("q", tokens[:113])
+    kv.lookup(q)
+    assert not hash_cached(kv, q, 1, 6)
+    evict(kv, q, 1, 5)
+    hit = kv.lookup(q)
+    assert hit.num_tokens == 64 and [len(b) for b in hit.block_ids] == [2, 4]
+
+
+def test_swa_tail_window_only():  # scenario 36
+    kv = manager(FA(32), SWA(8, 8), num_blocks=30)
+    r, _ = run_prompt(kv, "r", list(range(64)))
+    assert cached_positions(kv, r, 1) == {3, 7}
+
+
+def test_cache_clamped_to_lcm():  # scenario 37
+    kv = manager(FA(32), SWA(16, 32), num_blocks=30)
+    r, _ = run_prompt(kv, "r", list(range(112)))
+    assert cached_positions(kv, r, 1) == set(range(6))
+    assert cached_positions(kv, r, 0) == {0, 1, 2}
+
+
+def test_eagle_swa_alignment():  # scenario 38
+    kv = manager(FA(32), SWA(8, 8), num_blocks=60, drafts=(1,), spec_decode=EAGLE_DROP)
+    run_prompt(kv, "r", list(range(128)))
+    hit = kv.lookup(Request("q", list(range(128))))
+    assert hit.num_tokens > 0 and hit.num_tokens % 32 == 0
+
+
+def test_eagle_swa_post_boundary_block():  # scenario 39
+    kv = manager(FA(32), SWA(8, 8), num_blocks=60, drafts=(1,), spec_decode=EAGLE_DROP)
+    r, _ = run_prompt(kv, "r", list(range(40)))
+    assert {3, 4} <= cached_positions(kv, r, 1)
+    assert kv.lookup(Request("q", list(range(40)) + [7])).num_tokens == 32
+
+
+def test_grouped_swa_siblings_share_mask():  # scenario 40
+    kv = manager(FA(32), SWA(8, 8), SWA(8, 8), num_blocks=60, drafts=(2,), spec_decode=EAGLE_DROP)
+    r, _ = run_prompt(kv, "r", list(range(72)))
+    for g in (1, 2):
+        assert {4, 8} <= cached_positions(kv, r, g)
+    assert cached_positions(kv, r, 1) == cached_positions(kv, r, 2)
+    assert kv.lookup(Request("q", list(range(72)) + [1])).num_tokens == 64
+
+
+# ---- 4.5 retention -------------------------------------------------------------------------------
+@pytest.mark.parametrize("interval,match", [(33, "multiple of"), (-32, "non-negative")])
+def test_retention_validation(interval, match):  # scenario 42
+    with pytest.raises(ValueError, match=match):
+        manager(FA(32), SWA(8, 8), num_blocks=30, retention=interval)
+
+
+def test_retention_full_attention_only():  # scenario 42
+    assert manager(FA(32), num_blocks=30, retention=0).retention_interval == 0
+    with pytest.raises(ValueError, match="sliding-window"):
+        manager(FA(32), num_blocks=30, retention=16)
+
+
+def test_retention_interval_64():  # scenario 43
+    kv = manager(FA(32), SWA(8, 8), num_blocks=60, retention=64)
+    r, _ = run_prompt(kv, "r", list(range(128)))
+    assert cached_positions(kv, r, 1) == {7, 11, 15}
+
+
+def test_retention_zero_latest_only():  # scenario 44
+    kv = manager(FA(32), SWA(8, 8), num_blocks=60, retention=0)
+    r, _ = run_prompt(kv, "r", list(range(128)))
+    assert cached_positions(kv, r, 1) == {11}
+    b11 = kv.block_ids(r)[1][11]
+    kv.free(r)
+    assert kv.pool.ref_cnt[b11] == 0
+    hit = kv.lookup(Request("q", list(range(128))))
+    assert hit.num_tokens == 96 and len(hit.block_ids[1]) == 12
+    assert kv.lookup(Request("q2", list(range(96)))).num_tokens == 0
+
+
+def test_retention_zero_mtp_drop():  # scenario 45
+    kv = manager(FA(32), SWA(8, 8), num_blocks=60, retention=0, drafts=(1,), spec_decode=EAGLE_DROP)
+    r, _ = run_prompt(kv, "r", list(range(127)))
+    assert cached_positions(kv, r, 1) == {7, 8}
+    hit = kv.lookup(Request("q", list(range(127))))
+    assert hit.num_tokens == 64 and [len(b) for b in hit.block_ids] == [2, 8]
+
+
+def _dsv4_like(num_blocks):
+    from hybridkv import MLA
+    return manager(MLA(block_size=256, compress_ratio=4), SWA(64, 512), SWA(8, 128), SWA(4, 8),
+                   num_blocks=num_blocks, retention=1024)
+
+
+def _fill(kv, rid, tokens, chunk=512):
+    """Prefill in chunks; returns the block ids it allocated."""
+    req = Request(rid, tokens)
+    got = []
+    hit = kv.lookup(req)
+    while req.num_computed_tokens + hit.num_tokens < len(tokens):
+        n = min(chunk, len(tokens) - req.num_computed_tokens - hit.num_tokens)
+        new = kv.allocate(req, n, hit if not req.num_computed_tokens else None)
+        assert new is not None
+        got += [b for g in new for b in g]
+        req.num_computed_tokens += n + (hit.num_tokens if not req.num_computed_tokens else 0)
+    return req, got
+
+
+def test_retention_survives_recycling():  # scenario 48
+    kv = _dsv4_like(num_blocks=600)
+    assert kv.config.hash_block_size == 4 and kv.config.alignment == 256
+    first = list(range(4096))
+    r, used1 = _fill(kv, "fill1", first)
+    kv.free(r)
+    retained = {b for b in range(1, kv.pool.num_blocks) if kv.pool.block_hash[b] is not None}
+    hit = kv.lookup(Request("replay", first[:1800]))
+    assert hit.num_tokens == 1024 and [len(b) for b in hit.block_ids] == [4, 16, 128, 256]
+    r2, used2 = _fill(kv, "fill2", list(range(10**6, 10**6 + 4096)))
+    kv.free(r2)
+    assert set(used2) & (set(used1) - retained), "the second fill recycled scratch blocks"
+    assert not set(used2) & retained and kv.pool.num_evictions == 0
+    hit = kv.lookup(Request("replay2", first[:1800]))
+    assert hit.num_tokens == 1024 and [len(b) for b in hit.block_ids] == [4, 16, 128, 256]
+    kv.check_integrity()
+
+
+@pytest.mark.parametrize("interval,cached", [(64, {3, 7, 11, 14, 15}), (0, {14}), (None, set(range(16)))])
+def test_pure_swa_retention(interval, cached):  # scenario 49
+    kv = manager(SWA(16, 16), num_blocks=40, retention=interval)
+    r, _ = run_prompt(kv, "r", list(range(256)))
+    assert cached_positions(kv, r, 0) == cached
+    kv.free(r)
+    assert kv.lookup(Request("q", list(range(256)))).num_tokens == 240
+
+
+@pytest.mark.parametrize("pin,drop,expected", [(True, False, 64), (False, False, 0), (True, True, 48)])
+def test_shared_prefix_junction_under_zero_retention(pin, drop, expected):  # scenario 53
+    kv = manager(FA(16), SWA(16, 32), num_blocks=80, retention=0, drafts=(1,) if drop else (),
+                 spec_decode=EAGLE_DROP if drop else None)
+    shared = list(range(64))
+    run_prompt(kv, "r0", shared + [100] * 20)
+    r1 = Request("r1", shared + [200] * 20)
+    hit = kv.lookup(r1)
+    if not pin:
+        hit = type(hit)(hit.num_tokens, hit.block_ids, 0)
+    kv.allocate(r1, r1.num_tokens - hit.num_tokens, hit)
+    r1.num_computed_tokens = r1.num_tokens
+    assert kv.lookup(Request("r2", shared + [300] * 20)).num_tokens == expected
+
+
+# ---- 4.6 free-queue split --------------------------------------------------------------------------
+def test_swa_scratch_before_cached_tails():  # scenario 55
+    kv = manager(FA(32), SWA(8, 8), num_blocks=60)
+    r, _ = run_prompt(kv, "r", list(range(128)))
+    swa = kv.block_ids(r)[1]
+    kv.free(r)
+    order = {b: i for i, b in enumerate(queue(kv))}
+    scratch = [b for b in swa if b and kv.pool.block_hash[b] is None]
+    cached = [b for b in swa if b and kv.pool.block_hash[b] is not None]
+    assert scratch and cached
+    assert max(order[b] for b in scratch) < min(order[b] for b in cached)
+    assert kv.lookup(Request("q", list(range(128)))).num_tokens == 96

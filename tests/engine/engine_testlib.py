@@ -1,0 +1,220 @@
+"""Shared helpers for the engine tests: tiny HF models, a trivial block allocator, a fake
+per-sequence block-table owner and the transformers oracle.
+
+The allocator reuses freed blocks first (LIFO) and the tests NaN-poison every freed block and
+the null block 0, so any read outside what a sequence owns turns its logits into NaN.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hybridkv.core.specs import KVCacheConfig
+from hybridkv.engine import PagedCausalLM, PagedKVCache, SequenceInput, load_model, make_kv_cache_config
+
+TOL = 1e-4
+NAN = float("nan")
+
+
+# --------------------------------------------------------------------------- HF models
+@dataclass(frozen=True)
+class Arch:
+    """One tiny architecture under test."""
+
+    name: str
+    config_cls: str
+    model_cls: str
+    kwargs: dict[str, Any]
+    block_sizes: dict[str, int]
+
+
+COMMON = dict(vocab_size=128, hidden_size=64, intermediate_size=96, attn_implementation="eager")
+
+ARCHS: dict[str, Arch] = {
+    # Llama with GQA, tied embeddings and llama3 RoPE scaling.
+    "llama": Arch("llama", "LlamaConfig", "LlamaForCausalLM", dict(
+        COMMON, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        tie_word_embeddings=True,
+        rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0,
+                             high_freq_factor=4.0, original_max_position_embeddings=32),
+    ), {"full": 16}),
+    # Qwen2 with interleaved full/sliding layers (window 12, not a block multiple), q/k/v bias.
+    "qwen2_swa": Arch("qwen2_swa", "Qwen2Config", "Qwen2ForCausalLM", dict(
+        COMMON, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        use_sliding_window=True, sliding_window=12,
+        layer_types=["full_attention", "sliding_attention", "sliding_attention", "full_attention"],
+    ), {"full": 16, "sliding": 8}),
+    # Mistral: every layer sliding (window 10).
+    "mistral": Arch("mistral", "MistralConfig", "MistralForCausalLM", dict(
+        COMMON, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1, sliding_window=10,
+    ), {"sliding": 4}),
+    # DeepSeek-V3 MLA, no q LoRA, interleaved RoPE, dense MLPs.
+    "deepseek": Arch("deepseek", "DeepseekV3Config", "DeepseekV3ForCausalLM", dict(
+        COMMON, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32,
+        q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12,
+        first_k_dense_replace=2, n_routed_experts=4, n_group=1, topk_group=1, num_experts_per_tok=2,
+    ), {"mla": 8}),
+    # DeepSeek-V3 MLA with q LoRA, half-split RoPE and YaRN (softmax mscale quirk).
+    "deepseek_qlora_yarn": Arch("deepseek_qlora_yarn", "DeepseekV3Config", "DeepseekV3ForCausalLM", dict(
+        COMMON, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=24,
+        q_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, rope_interleave=False,
+        attention_bias=True, max_position_embeddings=128,
+        first_k_dense_replace=2, n_routed_experts=4, n_group=1, topk_group=1, num_experts_per_tok=2,
+        rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                             original_max_position_embeddings=32, mscale=1.0, mscale_all_dim=1.0,
+                             beta_fast=32, beta_slow=1),
+    ), {"mla": 16}),
+}
+
+
+def randomize_(module: torch.nn.Module, seed: int) -> None:
+    """Give every parameter a distinctive value (norm weights around 1, unit-gain matrices), so
+    swapped or skipped parameters change the logits clearly."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            noise = torch.randn(p.shape, generator=g)
+            if "norm" in name:
+                p.copy_(1.0 + 0.2 * noise)
+            elif p.dim() == 1:
+                p.copy_(0.2 * noise)
+            elif "embed" in name:
+                p.copy_(noise)
+            else:
+                p.copy_(noise / math.sqrt(p.shape[1]))
+
+
+@dataclass
+class Built:
+    """An HF oracle model and the engine model loaded from its saved directory."""
+
+    arch: Arch
+    hf: Any
+    model: PagedCausalLM
+    path: Path
+
+    def oracle(self, tokens: Sequence[int]) -> torch.Tensor:
+        """transformers' fp32 logits ``[len(tokens), vocab]`` for a full forward."""
+        with torch.no_grad():
+            return self.hf(torch.tensor([list(tokens)])).logits[0].float()
+
+    def kv_config(self, num_blocks: int = 96) -> KVCacheConfig:
+        return make_kv_cache_config(self.model, self.arch.block_sizes, num_blocks)
+
+
+def build(arch: Arch, directory: Path, seed: int = 0) -> Built:
+    import transformers
+
+    torch.manual_seed(seed)
+    config = getattr(transformers, arch.config_cls)(**arch.kwargs)
+    hf = getattr(transformers, arch.model_cls)(config).eval()
+    randomize_(hf, seed)
+    hf.save_pretrained(directory)
+    return Built(arch, hf, load_model(directory), directory)
+
+
+# --------------------------------------------------------------------------- block tables
+class Allocator:
+    """Trivial ref-counted block pool; freed blocks are reused first and NaN-poisoned."""
+
+    def __init__(self, cache: PagedKVCache) -> None:
+        self.cache = cache
+        self.free_ids = list(range(cache.num_blocks - 1, 0, -1))
+        self.refs: dict[int, int] = {}
+
+    def alloc(self) -> int:
+        block = self.free_ids.pop()
+        self.refs[block] = 1
+        return block
+
+    def share(self, block: int) -> int:
+        self.refs[block] += 1
+        return block
+
+    def free(self, block: int) -> None:
+        self.refs[block] -= 1
+        if self.refs[block] == 0:
+            del self.refs[block]
+            self.cache.fill_blocks([block], NAN)
+            self.free_ids.append(block)
+
+
+@dataclass
+class TableOwner:
+    """Stands in for the block manager for one sequence: grows its block tables, nulls and frees
+    sliding-window blocks no future query can read, and shares prefix blocks."""
+
+    alloc: Allocator
+    tokens: list[int] = field(default_factory=list)
+    computed: int = 0
+    tables: list[list[int]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.tables:
+            self.tables = [[] for _ in self.alloc.cache.config.groups]
+
+    def share_prefix(self, other: TableOwner, num_tokens: int) -> None:
+        """Prefix-cache hit: reuse ``other``'s blocks for the first ``num_tokens`` tokens."""
+        assert self.computed == 0 and self.tokens[:num_tokens] == other.tokens[:num_tokens]
+        for gi, group in enumerate(self.alloc.cache.config.groups):
+            bs = group.spec.block_size
+            assert num_tokens % bs == 0
+            window = group.spec.window_tokens
+            lo = 0 if window is None else max(0, num_tokens - window + 1)
+            for j in range(num_tokens // bs):
+                block = other.tables[gi][j]
+                needed = (j + 1) * bs > lo
+                self.tables[gi].append(self.alloc.share(block) if needed and block else 0)
+        self.computed = num_tokens
+
+    def step(self, num_new: int) -> SequenceInput:
+        """Input for the next ``num_new`` tokens of ``self.tokens``; call :meth:`done` after."""
+        start, end = self.computed, self.computed + num_new
+        assert end <= len(self.tokens)
+        for gi, group in enumerate(self.alloc.cache.config.groups):
+            bs, window, table = group.spec.block_size, group.spec.window_tokens, self.tables[gi]
+            if window is not None:  # blocks wholly before the first query's window
+                lo = max(0, start - window + 1)
+                for j in range(lo // bs):
+                    if table[j]:
+                        self.alloc.free(table[j])
+                        table[j] = 0
+            while len(table) * bs < end:
+                table.append(self.alloc.alloc())
+        return SequenceInput(self.tokens[start:end], start, [list(t) for t in self.tables])
+
+    def done(self, num_new: int) -> None:
+        self.computed += num_new
+
+
+def new_cache(built: Built, num_blocks: int = 96) -> tuple[PagedKVCache, Allocator]:
+    """A cache whose null block is NaN everywhere, plus its allocator."""
+    cache = PagedKVCache(built.kv_config(num_blocks))
+    cache.fill_blocks([0], NAN)
+    return cache, Allocator(cache)
+
+
+def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    assert a.shape == b.shape, (a.shape, b.shape)
+    return float((a - b).abs().max())
+
+
+def random_tokens(n: int, seed: int, vocab: int = 128) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (n,), generator=g).tolist()
+
+
+def null_block_is_nan(cache: PagedKVCache) -> bool:
+    """True when block 0 of every layer still holds only NaN (nothing wrote it)."""
+    for name in cache.layer_names:
+        t = cache.layer(name)
+        page = t[:, 0] if t.dim() == 5 else t[0]
+        if not torch.isnan(page).all():
+            return False
+    return True

@@ -1,0 +1,93 @@
+"""Model and GPU presets: layer layouts and KV sizes match the published configs."""
+
+from __future__ import annotations
+
+import pytest
+
+from hybridkv.core.specs import MLA, ChunkedLocal, FullAttention, KVCacheConfig, SlidingWindow
+from hybridkv.sim.presets import GPU_PRESETS, MODEL_PRESETS, get_gpu, get_preset
+
+
+@pytest.mark.parametrize("name", list(MODEL_PRESETS))
+def test_every_preset_is_consistent(name: str) -> None:
+    p = get_preset(name)
+    layers = [layer for g in p.target_groups for layer in g.layer_names]
+    assert len(layers) == len(set(layers)) == p.num_layers
+    assert isinstance(p.kv_config(num_blocks=100), KVCacheConfig)
+    kv = p.kv_bytes_per_token()
+    assert kv["total"] == sum(v for k, v in kv.items() if k != "total") > 0
+    assert 0 < p.active_params <= p.num_params
+
+
+@pytest.mark.parametrize(
+    "name,layout,bytes_per_token",
+    [
+        # 32 layers * 2 (K, V) * 8 heads * 128 dims * 2 bytes
+        ("llama-3.1-8b", {"full": (FullAttention, 32)}, {"full": 131_072}),
+        ("gemma-3-27b", {"full": (FullAttention, 10), "swa": (SlidingWindow, 52)},
+         {"full": 10 * 2 * 16 * 128 * 2, "swa": 52 * 2 * 16 * 128 * 2}),
+        ("gpt-oss-120b", {"full": (FullAttention, 18), "swa": (SlidingWindow, 18)},
+         {"full": 18 * 2 * 8 * 64 * 2, "swa": 18 * 2 * 8 * 64 * 2}),
+        ("llama-4-scout", {"full": (FullAttention, 12), "chunked": (ChunkedLocal, 36)},
+         {"full": 12 * 2 * 8 * 128 * 2, "chunked": 36 * 2 * 8 * 128 * 2}),
+        # 61 layers * (512 + 64) latent values * 2 bytes
+        ("deepseek-v3", {"mla": (MLA, 61)}, {"mla": 61 * 576 * 2}),
+    ],
+)
+def test_published_layouts(name, layout, bytes_per_token) -> None:
+    p = get_preset(name)
+    assert {g.name: (type(g.spec), len(g.layer_names)) for g in p.groups} == layout
+    kv = p.kv_bytes_per_token()
+    assert {k: v for k, v in kv.items() if k != "total"} == bytes_per_token
+
+
+def test_window_and_chunk_values() -> None:
+    assert get_preset("gemma-3-27b").groups[1].spec.window == 1024
+    gpt = get_preset("gpt-oss-120b")
+    assert gpt.groups[1].spec.window == 128
+    assert [int(n.split(".")[1]) % 2 for n in gpt.groups[1].layer_names] == [0] * 18  # even = sliding
+    scout = get_preset("llama-4-scout")
+    assert scout.groups[1].spec.chunk_size == 8192
+    assert all(int(n.split(".")[1]) % 4 == 3 for n in scout.groups[0].layer_names)
+
+
+def test_v4_style_is_hybrid_with_draft_group() -> None:
+    p = get_preset("deepseek-v4-style")
+    assert p.spec_decode == ("mtp", 1)
+    assert [g.spec.block_size for g in p.groups] == [256, 64, 8, 256]
+    assert [g.is_draft for g in p.groups] == [False, False, False, True]
+    assert {g.spec.window for g in p.groups if isinstance(g.spec, SlidingWindow)} == {512, 128}
+    assert "not an official" in p.source
+    cfg = p.kv_config(num_blocks=64)
+    assert (cfg.hash_block_size, cfg.alignment) == (8, 256)
+    assert get_preset("llama-3.1-8b").spec_decode is None
+
+
+def test_with_block_size() -> None:
+    p = get_preset("gemma-3-27b").with_block_size(64)
+    assert [g.spec.block_size for g in p.groups] == [64, 64]
+    assert p.groups[1].spec.window == 1024  # other fields kept
+    v4 = get_preset("deepseek-v4-style").with_block_size(64)
+    assert [g.spec.block_size for g in v4.groups] == [64, 16, 2, 64]  # ratios kept
+    assert get_preset("deepseek-v4-style").block_size == 256  # original untouched
+    with pytest.raises(ValueError, match="multiple of 32"):
+        get_preset("deepseek-v4-style").with_block_size(48)
+    with pytest.raises(ValueError, match="chunk_size"):
+        get_preset("llama-4-scout").with_block_size(3000)
+    with pytest.raises(ValueError, match="positive integer"):
+        get_preset("llama-3.1-8b").with_block_size(0)
+
+
+def test_lookup_errors_list_valid_names() -> None:
+    with pytest.raises(ValueError, match="llama-3.1-8b.*deepseek-v4-style"):
+        get_preset("gpt-5")
+    with pytest.raises(ValueError, match="h100, h200, b200"):
+        get_gpu("tpu")
+
+
+def test_gpu_presets() -> None:
+    h100, h200, b200 = (GPU_PRESETS[n] for n in ("h100", "h200", "b200"))
+    assert (h100.memory_bytes, h100.mem_bw, h100.flops) == (80e9, 3.35e12, 989e12)
+    assert (h200.memory_bytes, h200.mem_bw, h200.flops) == (141e9, 4.8e12, 989e12)
+    assert (b200.memory_bytes, b200.mem_bw, b200.flops) == (192e9, 8e12, 2250e12)
+    assert get_gpu("h200") is h200

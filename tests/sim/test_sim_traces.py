@@ -1,0 +1,296 @@
+"""Workload loaders and generators: formats, validation errors, determinism, prefix structure."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hybridkv.sim.traces import (
+    WORKLOADS,
+    TraceRequest,
+    agentic_loop,
+    expand_block_ids,
+    get_workload,
+    iter_mooncake_records,
+    load_mooncake_trace,
+    load_token_trace,
+    multi_turn_chat,
+    replay_microbenchmark,
+    shared_system_prompt,
+)
+
+
+def _write_jsonl(path: Path, lines: list[object]) -> Path:
+    path.write_text("".join((ln if isinstance(ln, str) else json.dumps(ln)) + "\n" for ln in lines))
+    return path
+
+
+# --------------------------------------------------------------------------------------------
+# TraceRequest
+# --------------------------------------------------------------------------------------------
+
+
+def test_trace_request_is_frozen_and_read_only() -> None:
+    r = TraceRequest("r", 0, [1, 2, 3], 4)
+    assert r.prompt.dtype == np.int64 and r.prompt_len == 3 and r.arrival_s == 0.0
+    with pytest.raises(ValueError):
+        r.prompt[0] = 7  # read-only array
+    with pytest.raises(AttributeError):
+        r.output_len = 5  # type: ignore[misc]
+    assert r == TraceRequest("r", 0.0, np.array([1, 2, 3]), 4)
+    assert r != TraceRequest("r", 0.0, np.array([1, 2, 4]), 4)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(prompt=[], output_len=1, arrival_s=0.0),
+        dict(prompt=[1.5], output_len=1, arrival_s=0.0),
+        dict(prompt=[1], output_len=-1, arrival_s=0.0),
+        dict(prompt=[1], output_len=1, arrival_s=-2.0),
+        dict(prompt=[1], output_len=1, arrival_s=float("nan")),
+    ],
+)
+def test_trace_request_rejects_bad_values(kwargs) -> None:
+    with pytest.raises(ValueError, match="TraceRequest 'x'"):
+        TraceRequest(request_id="x", **kwargs)
+
+
+# --------------------------------------------------------------------------------------------
+# Mooncake
+# --------------------------------------------------------------------------------------------
+
+
+def test_expand_block_ids_prefix_structure() -> None:
+    a = expand_block_ids([5, 6, 7], 1500)
+    b = expand_block_ids([5, 6, 8], 1536)
+    assert a.dtype == np.int64 and a.shape == (1500,)
+    assert np.array_equal(a[:1024], b[:1024])  # shared ids -> identical token prefixes
+    assert np.mean(a[1024:1500] != b[1024:1500]) > 0.99  # different ids -> different tokens
+    assert np.array_equal(a, expand_block_ids([5, 6, 7], 1500))  # deterministic
+    both = np.concatenate([expand_block_ids(list(range(200)), 200 * 512), b])
+    assert both.min() >= 0 and both.max() < 2**31
+    # Tokens inside one block and across ids look random (no short-period structure).
+    assert len(np.unique(expand_block_ids(list(range(200)), 200 * 512))) > 0.99 * 200 * 512
+    with pytest.raises(ValueError):
+        expand_block_ids([1], 513)
+
+
+def test_load_mooncake_trace(tmp_path: Path) -> None:
+    path = _write_jsonl(tmp_path / "mc.jsonl", [
+        {"timestamp": 0, "input_length": 700, "output_length": 5, "hash_ids": [0, 1]},
+        {"timestamp": 1500, "input_length": 1024, "output_length": 0, "hash_ids": [0, 2]},
+        "",
+        {"timestamp": 2000, "input_length": 1, "output_length": 3, "hash_ids": [9]},
+    ])
+    reqs = load_mooncake_trace(path)
+    assert [r.prompt_len for r in reqs] == [700, 1024, 1]
+    assert [r.arrival_s for r in reqs] == [0.0, 1.5, 2.0]
+    assert [r.output_len for r in reqs] == [5, 0, 3]
+    assert [r.block_ids for r in reqs] == [(0, 1), (0, 2), (9,)]
+    assert [r.request_id for r in reqs] == ["mc-0", "mc-1", "mc-2"]
+    assert np.array_equal(reqs[0].prompt[:512], reqs[1].prompt[:512])
+    assert not np.array_equal(reqs[0].prompt[512:700], reqs[1].prompt[512:700])
+    assert len(load_mooncake_trace(path, limit=2)) == 2
+    # A different block size changes how many ids a prompt needs.
+    assert load_mooncake_trace(
+        _write_jsonl(tmp_path / "b16.jsonl", [{"timestamp": 0, "input_length": 20,
+                                               "output_length": 1, "hash_ids": [3, 4]}]),
+        block_tokens=16,
+    )[0].prompt_len == 20
+
+
+def test_real_mooncake_head_loads(trace_dir: Path) -> None:
+    path = trace_dir / "mooncake_conversation.jsonl"
+    reqs = load_mooncake_trace(path, limit=50)
+    recs = list(iter_mooncake_records(path, limit=50))
+    assert len(reqs) == 50
+    assert [r.prompt_len for r in reqs] == [rec.input_length for rec in recs]
+    # Requests 0 and 1 share hash id 0: their first 512 tokens agree.
+    assert reqs[0].block_ids[0] == reqs[1].block_ids[0]
+    assert np.array_equal(reqs[0].prompt[:512], reqs[1].prompt[:512])
+
+
+GOOD = {"timestamp": 0, "input_length": 600, "output_length": 1, "hash_ids": [1, 2]}
+
+
+@pytest.mark.parametrize(
+    "bad,message",
+    [
+        ("{not json", "bad JSON"),
+        ("[1, 2]", "expected a JSON object"),
+        ({k: v for k, v in GOOD.items() if k != "hash_ids"}, "missing field 'hash_ids'"),
+        ({k: v for k, v in GOOD.items() if k != "timestamp"}, "missing field 'timestamp'"),
+        ({**GOOD, "output_length": -1}, "'output_length' must be >= 0"),
+        ({**GOOD, "input_length": -5}, "'input_length' must be >= 0"),
+        ({**GOOD, "input_length": 0}, "'input_length' must be >= 1"),
+        ({**GOOD, "input_length": 1.5}, "'input_length' must be an integer"),
+        ({**GOOD, "timestamp": -1}, "'timestamp'"),
+        ({**GOOD, "hash_ids": [1]}, "too short for input_length 600"),
+        ({**GOOD, "hash_ids": [1, 2, 3]}, "too long"),
+        ({**GOOD, "hash_ids": [1, "x"]}, "list of integers"),
+    ],
+)
+def test_mooncake_errors_name_file_and_line(tmp_path: Path, bad, message: str) -> None:
+    path = _write_jsonl(tmp_path / "bad.jsonl", [GOOD, bad])
+    with pytest.raises(ValueError, match=message) as info:
+        load_mooncake_trace(path)
+    assert f"{path}:2:" in str(info.value)
+
+
+# --------------------------------------------------------------------------------------------
+# Token traces
+# --------------------------------------------------------------------------------------------
+
+
+def test_load_token_trace(tmp_path: Path) -> None:
+    path = _write_jsonl(tmp_path / "tok.jsonl", [
+        {"prompt_token_ids": [1, 2, 3], "output_len": 4},
+        {"prompt_token_ids": [1, 2], "output_len": 0, "arrival_s": 0.5, "session": "s",
+         "request_id": "custom"},
+    ])
+    a, b = load_token_trace(path)
+    assert a == TraceRequest("tok-0", 0.0, np.array([1, 2, 3]), 4)
+    assert b == TraceRequest("custom", 0.5, np.array([1, 2]), 0, "s")
+    assert a.block_ids == ()
+
+
+@pytest.mark.parametrize(
+    "bad,message",
+    [
+        ("", None),  # blank lines are skipped, not errors
+        ("nope", "bad JSON"),
+        ({"output_len": 1}, "missing field 'prompt_token_ids'"),
+        ({"prompt_token_ids": [1]}, "missing field 'output_len'"),
+        ({"prompt_token_ids": [], "output_len": 1}, "non-empty list"),
+        ({"prompt_token_ids": [1, 2.5], "output_len": 1}, "flat list of integers"),
+        ({"prompt_token_ids": [1, [2]], "output_len": 1}, "flat list of integers"),
+        ({"prompt_token_ids": [-1], "output_len": 1}, r"\[0, 2\*\*31\)"),
+        ({"prompt_token_ids": [1], "output_len": -3}, "'output_len' must be >= 0"),
+        ({"prompt_token_ids": [1], "output_len": 1, "arrival_s": -1}, "'arrival_s'"),
+        ({"prompt_token_ids": [1], "output_len": 1, "session": 3}, "'session'"),
+        ({"prompt_token_ids": [1], "output_len": 1, "request_id": "tok-0"}, "duplicate request_id"),
+    ],
+)
+def test_token_trace_errors_name_file_and_line(tmp_path: Path, bad, message: str | None) -> None:
+    path = _write_jsonl(tmp_path / "tok.jsonl", [{"prompt_token_ids": [7], "output_len": 1}, bad])
+    if message is None:
+        assert len(load_token_trace(path)) == 1
+        return
+    with pytest.raises(ValueError, match=message) as info:
+        load_token_trace(path)
+    assert f"{path}:2:" in str(info.value)
+
+
+# --------------------------------------------------------------------------------------------
+# Generators
+# --------------------------------------------------------------------------------------------
+
+
+def _same(a: list[TraceRequest], b: list[TraceRequest]) -> bool:
+    return len(a) == len(b) and all(x == y for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+def test_workloads_are_deterministic_and_ordered(name: str) -> None:
+    small = {
+        "chat": dict(num_conversations=4, turns=3),
+        "system-prompt": dict(num_requests=20),
+        "agentic": dict(num_agents=3, steps=4),
+        "replay": dict(a_tokens=64, b_tokens=32),
+    }[name]
+    a = get_workload(name, seed=1, **small)
+    assert _same(a, get_workload(name, seed=1, **small))
+    if name != "replay":
+        assert not _same(a, get_workload(name, seed=2, **small))
+    arrivals = [r.arrival_s for r in a]
+    assert arrivals == sorted(arrivals)
+    assert len({r.request_id for r in a}) == len(a)
+    assert all(r.prompt.min() >= 0 for r in a)
+
+
+def test_unknown_workload_lists_valid_names() -> None:
+    with pytest.raises(ValueError, match="agentic, chat, replay, system-prompt"):
+        get_workload("nope")
+
+
+def _check_growing_sessions(reqs: list[TraceRequest], steps: int) -> None:
+    by_session: dict[str, list[TraceRequest]] = {}
+    for r in reqs:
+        by_session.setdefault(r.session, []).append(r)  # type: ignore[arg-type]
+    for turns in by_session.values():
+        assert len(turns) == steps
+        for prev, cur in zip(turns, turns[1:]):
+            # The next prompt is the previous prompt + the previous answer + new text.
+            assert cur.prompt_len > prev.prompt_len + prev.output_len
+            assert np.array_equal(cur.prompt[: prev.prompt_len], prev.prompt)
+
+
+def test_multi_turn_chat_history_contains_answers() -> None:
+    reqs = multi_turn_chat(num_conversations=5, turns=4, system_tokens=100, user_tokens=20,
+                           answer_tokens=(5, 30), concurrency=2, seed=3)
+    assert len(reqs) == 20
+    _check_growing_sessions(reqs, 4)
+    # The answer tokens are fixed per turn: regenerating gives the same history.
+    again = multi_turn_chat(num_conversations=5, turns=4, system_tokens=100, user_tokens=20,
+                            answer_tokens=(5, 30), concurrency=2, seed=3)
+    assert _same(reqs, again)
+    # Every conversation starts with the shared system prompt.
+    firsts = [r for r in reqs if r.request_id.endswith("-t0")]
+    assert all(np.array_equal(f.prompt[:100], firsts[0].prompt[:100]) for f in firsts)
+    assert not np.array_equal(firsts[0].prompt[100:120], firsts[1].prompt[100:120])
+
+
+def test_concurrency_one_runs_conversations_back_to_back() -> None:
+    reqs = multi_turn_chat(num_conversations=3, turns=2, concurrency=1, arrival_rate=None, seed=0)
+    assert [r.request_id for r in reqs] == [f"chat-s{s}-t{t}" for s in range(3) for t in range(2)]
+    assert all(r.arrival_s == 0.0 for r in reqs)
+
+
+def test_concurrency_interleaves() -> None:
+    reqs = multi_turn_chat(num_conversations=8, turns=5, concurrency=8, seed=0)
+    sessions = [r.session for r in reqs]
+    switches = sum(a != b for a, b in zip(sessions, sessions[1:]))
+    assert switches > 20
+
+
+def test_agentic_loop_grows_long_context_with_short_outputs() -> None:
+    reqs = agentic_loop(num_agents=3, steps=5, system_tokens=1000, task_tokens=100,
+                        tool_tokens=(200, 400), action_tokens=(10, 20), seed=0)
+    _check_growing_sessions(reqs, 5)
+    assert all(10 <= r.output_len <= 20 for r in reqs)
+    assert max(r.prompt_len for r in reqs) > 1000 + 100 + 4 * 200
+
+
+def test_shared_system_prompt_uses_few_prefixes() -> None:
+    reqs = shared_system_prompt(num_requests=60, num_prompts=3, system_tokens=50, user_tokens=10,
+                                zipf_s=1.0, seed=0)
+    prefixes = {tuple(r.prompt[:50]) for r in reqs}
+    assert 1 < len(prefixes) <= 3
+    assert len({tuple(r.prompt[50:]) for r in reqs}) == 60  # user text is unique
+    assert all(r.session is None for r in reqs)
+
+
+def test_replay_microbenchmark_is_a_b_a() -> None:
+    a, b, a2 = replay_microbenchmark(a_tokens=100, b_tokens=50, gap_s=2.0)
+    assert np.array_equal(a.prompt, a2.prompt) and a.prompt_len == 100 and b.prompt_len == 50
+    assert np.mean(a.prompt[:50] != b.prompt) > 0.9
+    assert (a.arrival_s, b.arrival_s, a2.arrival_s) == (0.0, 2.0, 4.0)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: multi_turn_chat(num_conversations=0),
+        lambda: multi_turn_chat(user_tokens=(5, 2)),
+        lambda: multi_turn_chat(arrival_rate=0.0),
+        lambda: shared_system_prompt(num_prompts=0),
+        lambda: replay_microbenchmark(a_tokens=0),
+    ],
+)
+def test_generators_reject_bad_arguments(call) -> None:
+    with pytest.raises(ValueError):
+        call()
