@@ -204,10 +204,7 @@ def test_master_down_at_start_fails_fast_then_recovers(loopback: None) -> None:
     assert store.batch_put([key(0)], [b"x"]) == [False]
     assert store.batch_get([key(0)]) == [None]
     # bring a master up on that very port: the store connects in the background
-    with MooncakeCluster([16 * MIB]) as cluster:
-        cluster.stop()
-        cluster.rpc_port = port
-        cluster.start()
+    with MooncakeCluster([16 * MIB], rpc_port=port):
         assert store.wait_healthy(15.0)
         assert store.batch_put([key(0)], [b"x" * 100]) == [True]
         assert store.batch_get([key(0)]) == [b"x" * 100]

@@ -8,9 +8,9 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
-from engine_testlib import ARCHS, Built, build  # noqa: E402
+from tests.engine.helpers import ARCHS, Built, build  # noqa: E402
 
-SLIDING_ARCHS = ("qwen2_swa", "mistral")
+SLIDING_ARCHS = ("qwen2_swa", "qwen3_swa", "mistral")
 
 
 @pytest.fixture(scope="session")

@@ -119,6 +119,9 @@ class KVCacheCoordinator:
                 self.proof[i] = draft
         self.rules = [HitRule(g.spec, self.proof[i]) for i, g in enumerate(groups)]
         self.block_sizes = [g.spec.block_size for g in groups]
+        # Tokens local groups keep past their window until proof blocks complete (not in vLLM).
+        self.hold = 0 if vllm_compat else max(
+            (bs for bs, p in zip(self.block_sizes, self.proof) if p), default=0)
         self.scales = [bs // hbs for bs in self.block_sizes]
         # Dense write path: every aligned end. vLLM-compatible full groups ignore retention.
         self.dense = [retention.dense or (vllm_compat and r.kind == RULE_FULL) for r in self.rules]
@@ -211,7 +214,7 @@ class KVCacheCoordinator:
             if rule.kind == RULE_FULL:
                 continue
             table = state.tables[g]
-            nskip = min(rule.skipped_tokens(num_computed) // rule.block_size, len(table))
+            nskip = min(rule.skipped_tokens(num_computed, self.hold) // rule.block_size, len(table))
             pos = []
             j = nskip - 1
             while j >= 0 and table[j] != NULL_BLOCK:
@@ -322,12 +325,17 @@ class KVCacheCoordinator:
         if final and not self.compat:
             extra = extra + (num_tokens // self.alignment * self.alignment,)
         pool = self.pool
+        # An end t is cacheable in a group once its run [lo, hi) is computed and hashed.
+        limits = [(min(num_tokens // r.block_size, n_fine // self.scales[g]) - r.proof) * r.block_size
+                  for g, r in enumerate(self.rules)]
+        if not self.compat:
+            # an end serves a hit only if every group holds its run: promise it to all at once
+            common = min(limits)
+            limits = [common] * len(limits)
         for g, rule in enumerate(self.rules):
             bs = rule.block_size
             scale = self.scales[g]
-            # a run [lo, hi) is cacheable iff its blocks are computed and hashed
-            hi_limit = min(num_tokens // bs, n_fine // scale)
-            t_limit = (hi_limit - rule.proof) * bs
+            t_limit = limits[g]
             done = state.done_t[g]
             if t_limit <= done:
                 continue

@@ -61,13 +61,17 @@ class HitRule:
         """The blocks ``[lo, hi)`` a hit ending at block boundary e needs cached."""
         return self.lo(e), e + self.proof
 
-    def skipped_tokens(self, num_computed: int) -> int:
-        """Leading tokens that no query at or after position ``num_computed`` reads."""
+    def skipped_tokens(self, num_computed: int, hold: int = 0) -> int:
+        """Leading tokens that no query at or after position ``num_computed`` reads.
+
+        ``hold`` keeps that many more tokens: the write path caches an end's run only once
+        every group's run for it is complete, which a proof block delays (one block).
+        """
         if self.kind == RULE_SLIDING:
-            return max(0, num_computed - self.window + 1)
+            return max(0, num_computed - self.window + 1 - hold)
         if self.kind == RULE_CHUNKED:
             c = self.chunk_blocks * self.block_size
-            return num_computed // c * c
+            return max(0, num_computed - hold) // c * c
         return 0
 
     def longest_hit(self, probe: Callable[[int], object], e_max: int, step: int) -> int:

@@ -11,7 +11,7 @@ resolves them, because the KV-cache groups are built from them:
 model_type      layer kinds
 ==============  ==============================================================================
 llama           every layer ``full``
-qwen2           ``layer_types`` if given; else ``sliding`` for layers ``i >= max_window_layers``
+qwen2, qwen3    ``layer_types`` if given; else ``sliding`` for layers ``i >= max_window_layers``
                 when ``use_sliding_window`` is true, otherwise ``full``
 mistral         every layer ``sliding`` when ``sliding_window`` is set, else ``full``
 deepseek_v3     every layer ``mla``
@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 LayerKind = Literal["full", "sliding", "mla"]
 
-LLAMA_FAMILY = ("llama", "qwen2", "mistral")
+LLAMA_FAMILY = ("llama", "qwen2", "qwen3", "mistral")
 MLA_FAMILY = ("deepseek_v3",)
 SUPPORTED_MODEL_TYPES = LLAMA_FAMILY + MLA_FAMILY
 
@@ -71,6 +71,7 @@ class ModelConfig:
         layer_kinds: per layer, "full", "sliding" or "mla".
         sliding_window: window ``W`` of the sliding layers (None when there are none).
         qkv_bias / o_bias / mlp_bias: linear biases (Qwen2: q/k/v only; Llama: configurable).
+        qk_norm: per-head RMSNorm of q and k before RoPE (Qwen3).
         kv_lora_rank, q_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim,
         rope_interleave, first_k_dense_replace, attention_bias: MLA (DeepSeek-V3) fields.
         max_position_embeddings: used by the llama3 / yarn RoPE variants.
@@ -96,6 +97,7 @@ class ModelConfig:
     qkv_bias: bool = False
     o_bias: bool = False
     mlp_bias: bool = False
+    qk_norm: bool = False
     kv_lora_rank: int | None = None
     q_lora_rank: int | None = None
     qk_nope_head_dim: int | None = None
@@ -154,7 +156,7 @@ class ModelConfig:
             window, kinds = None, ["full"] * layers
         elif model_type == "mistral":
             kinds = ["sliding" if window is not None else "full"] * layers
-        else:  # qwen2
+        else:  # qwen2, qwen3
             if not raw.get("use_sliding_window", False):
                 window = None
             layer_types = raw.get("layer_types")
@@ -179,6 +181,7 @@ class ModelConfig:
             qkv_bias=True if model_type == "qwen2" else attention_bias,
             o_bias=False if model_type == "qwen2" else attention_bias,
             mlp_bias=bool(raw.get("mlp_bias", False)) if model_type == "llama" else False,
+            qk_norm=model_type == "qwen3",
         )
 
     @classmethod

@@ -110,27 +110,25 @@ def _table_for(seq: SequenceInput, config: KVCacheConfig, gi: int, si: int) -> S
     return tables[gi]
 
 
-def _pages(table: Sequence[int], positions: range, bs: int, num_blocks: int,
-           what: str, si: int, group: str) -> tuple[list[int], list[int]]:
-    """Pages and offsets of ``positions``; raises on missing, null or out-of-range blocks."""
-    blocks: list[int] = []
-    offsets: list[int] = []
-    for pos in positions:
-        j = pos // bs
-        if j >= len(table):
-            raise ValueError(
-                f"sequence {si}, group {group!r}: block table has {len(table)} entries but "
-                f"{what} position {pos} needs entry {j}"
-            )
-        block = int(table[j])
-        if block == NULL_BLOCK or not 0 < block < num_blocks:
-            raise ValueError(
-                f"sequence {si}, group {group!r}: {what} position {pos} maps to block {block} "
-                f"(table entry {j}); need a real block in [1, {num_blocks})"
-            )
-        blocks.append(block)
-        offsets.append(pos % bs)
-    return blocks, offsets
+def _pages(table: torch.Tensor, lo: int, hi: int, bs: int, num_blocks: int,
+           what: str, si: int, group: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pages and offsets of positions ``[lo, hi)``; raises on missing, null or out-of-range blocks."""
+    positions = torch.arange(lo, hi)
+    entries = positions // bs
+    if hi > 0 and (hi - 1) // bs >= len(table):
+        raise ValueError(
+            f"sequence {si}, group {group!r}: block table has {len(table)} entries but "
+            f"{what} position {hi - 1} needs entry {(hi - 1) // bs}"
+        )
+    blocks = table[entries]
+    bad = (blocks <= NULL_BLOCK) | (blocks >= num_blocks)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0, 0])
+        raise ValueError(
+            f"sequence {si}, group {group!r}: {what} position {int(positions[i])} maps to block "
+            f"{int(blocks[i])} (table entry {int(entries[i])}); need a real block in [1, {num_blocks})"
+        )
+    return blocks, positions % bs
 
 
 def build_step_metadata(
@@ -149,7 +147,7 @@ def build_step_metadata(
     positions: list[int] = []
     rows: list[slice] = []
     for si, seq in enumerate(seqs):
-        if not seq.token_ids:
+        if len(seq.token_ids) == 0:
             raise ValueError(f"sequence {si} has no new tokens")
         if seq.start < 0:
             raise ValueError(f"sequence {si}: start must be >= 0, got {seq.start}")
@@ -160,16 +158,16 @@ def build_step_metadata(
     groups: list[GroupMetadata] = []
     for gi, group in enumerate(config.groups):
         bs, window = group.spec.block_size, group.spec.window_tokens
-        write_blocks: list[int] = []
-        write_offsets: list[int] = []
+        write_blocks: list[torch.Tensor] = []
+        write_offsets: list[torch.Tensor] = []
         per_seq: list[SequenceAttention] = []
         for si, seq in enumerate(seqs):
-            table = _table_for(seq, config, gi, si)
-            wb, wo = _pages(table, range(seq.start, seq.end), bs, num_blocks, "written", si, group.name)
-            write_blocks += wb
-            write_offsets += wo
+            table = torch.tensor([int(b) for b in _table_for(seq, config, gi, si)], dtype=torch.long)
+            wb, wo = _pages(table, seq.start, seq.end, bs, num_blocks, "written", si, group.name)
+            write_blocks.append(wb)
+            write_offsets.append(wo)
             lo = 0 if window is None else max(0, seq.start - window + 1)
-            rb, ro = _pages(table, range(lo, seq.end), bs, num_blocks, "read", si, group.name)
+            rb, ro = _pages(table, lo, seq.end, bs, num_blocks, "read", si, group.name)
             q = torch.arange(seq.start, seq.end, device=device)[:, None]
             k = torch.arange(lo, seq.end, device=device)[None, :]
             mask = k <= q
@@ -177,18 +175,18 @@ def build_step_metadata(
                 mask &= k > q - window
             per_seq.append(SequenceAttention(
                 rows=rows[si],
-                key_blocks=torch.tensor(rb, dtype=torch.long, device=device),
-                key_offsets=torch.tensor(ro, dtype=torch.long, device=device),
+                key_blocks=rb.to(device),
+                key_offsets=ro.to(device),
                 mask=mask,
             ))
-        slots = {(b, o) for b, o in zip(write_blocks, write_offsets)}
-        if len(slots) != len(write_blocks):
+        blocks, offsets = torch.cat(write_blocks), torch.cat(write_offsets)
+        if torch.unique(blocks * bs + offsets).numel() != blocks.numel():
             raise ValueError(f"group {group.name!r}: two new tokens of this step map to the same slot")
         groups.append(GroupMetadata(
             block_size=bs,
             window=window,
-            write_blocks=torch.tensor(write_blocks, dtype=torch.long, device=device),
-            write_offsets=torch.tensor(write_offsets, dtype=torch.long, device=device),
+            write_blocks=blocks.to(device),
+            write_offsets=offsets.to(device),
             sequences=tuple(per_seq),
         ))
     return StepMetadata(

@@ -25,6 +25,7 @@ are lost (the master keeps its index in memory).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib.util
 import os
@@ -35,12 +36,26 @@ import subprocess
 import tempfile
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 __all__ = ["MooncakeCluster", "find_mooncake_binary", "free_port", "probe_tcp"]
 
 _HOST = "127.0.0.1"
+
+# Every process a cluster started and has not reaped yet; killed if the interpreter exits first
+# (the processes run in their own session, so they would otherwise outlive a crashed test run).
+_LIVE: set[subprocess.Popen[bytes]] = set()
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    for proc in list(_LIVE):
+        if proc.poll() is None:
+            proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
+    _LIVE.clear()
 
 
 def find_mooncake_binary(name: str) -> Path:
@@ -98,6 +113,7 @@ class MooncakeCluster:
         log_dir: str | Path | None = None,
         ready_timeout_s: float = 20.0,
         extra_master_args: Sequence[str] = (),
+        rpc_port: int = 0,
     ) -> None:
         """Args:
             storage_bytes: one entry per storage node: the RAM it contributes, in bytes.
@@ -106,6 +122,7 @@ class MooncakeCluster:
             log_dir: where process logs go; a temporary directory (removed on stop) if None.
             ready_timeout_s: how long to wait for a process to become ready.
             extra_master_args: more ``-flag=value`` arguments for ``mooncake_master``.
+            rpc_port: the master's RPC port; 0 picks a free one at first start.
 
         Raises:
             ValueError: a storage size is not positive or ``client_ttl_s`` < 1.
@@ -127,7 +144,7 @@ class MooncakeCluster:
             tempfile.mkdtemp(prefix="hybridkv-mooncake-")
         )
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.rpc_port = 0
+        self.rpc_port = int(rpc_port)
         self.metrics_port = 0
         self._master: subprocess.Popen[bytes] | None = None
         self._nodes: list[subprocess.Popen[bytes] | None] = [None] * len(self.storage_bytes)
@@ -172,6 +189,7 @@ class MooncakeCluster:
             return
         if not self.rpc_port:
             self.rpc_port = free_port()
+        if not self.metrics_port:
             self.metrics_port = free_port()
         args = [
             str(self._master_bin),
@@ -230,7 +248,10 @@ class MooncakeCluster:
         self._nodes[index] = self._terminate(self._nodes[index], kill)
 
     def stop(self) -> None:
-        """Stop every process (nodes first) and remove the temporary log directory."""
+        """Stop every process (nodes first) and remove the temporary log directory.
+
+        The cluster can be started again (same ports); its objects are gone.
+        """
         for i in range(len(self._nodes)):
             self.stop_node(i)
         self.stop_master()
@@ -273,20 +294,26 @@ class MooncakeCluster:
     # ---------------------------------------------------------------- helpers
     def _spawn(self, args: list[str], name: str) -> subprocess.Popen[bytes]:
         self._starts += 1
+        self.log_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.log_dir / f"{name}.{self._starts}.log", "wb")  # noqa: SIM115
         try:
-            return subprocess.Popen(
+            proc = subprocess.Popen(
                 args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
         finally:
             log.close()
+        _LIVE.add(proc)
+        return proc
 
     @staticmethod
     def _terminate(
         proc: subprocess.Popen[bytes] | None, kill: bool
     ) -> None:
-        if proc is None or proc.poll() is not None:
+        if proc is None:
+            return None
+        _LIVE.discard(proc)
+        if proc.poll() is not None:
             return None
         proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
         try:
@@ -298,7 +325,7 @@ class MooncakeCluster:
 
     def _wait(
         self,
-        ready: "callable[[], bool]",  # type: ignore[valid-type]
+        ready: Callable[[], bool],
         proc: subprocess.Popen[bytes] | None,
         what: str,
         timeout_s: float | None = None,

@@ -1,4 +1,5 @@
-"""Llama-family decoders: Llama, Qwen2 (q/k/v biases, interleaved sliding layers), Mistral.
+"""Llama-family decoders: Llama, Qwen2 (q/k/v biases, interleaved sliding layers), Qwen3
+(per-head q/k RMSNorm), Mistral (every layer sliding).
 
 Attention is GQA with half-split RoPE. Each layer is "full" or "sliding" (``ModelConfig.layer_kinds``);
 a sliding layer with window ``W`` lets the query at ``t`` read ``[t - W + 1, t]``.
@@ -15,7 +16,7 @@ from ..attention import paged_attention, write_kv
 from ..config import ModelConfig
 from ..metadata import GroupMetadata
 from ..rope import Rotary, apply_rope_half
-from .base import PagedAttentionLayer, PagedCausalLM
+from .base import PagedAttentionLayer, PagedCausalLM, RMSNorm
 
 
 class GQAAttention(PagedAttentionLayer):
@@ -34,13 +35,18 @@ class GQAAttention(PagedAttentionLayer):
         self.k_proj = nn.Linear(h, self.num_kv_heads * d, bias=config.qkv_bias)
         self.v_proj = nn.Linear(h, self.num_kv_heads * d, bias=config.qkv_bias)
         self.o_proj = nn.Linear(self.num_heads * d, h, bias=config.o_bias)
+        self.q_norm = RMSNorm(d, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(d, config.rms_norm_eps) if config.qk_norm else None
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 cache: torch.Tensor, meta: GroupMetadata) -> torch.Tensor:
         t = x.shape[0]
         cos, sin = rope
-        q = apply_rope_half(self.q_proj(x).view(t, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rope_half(self.k_proj(x).view(t, self.num_kv_heads, self.head_dim), cos, sin)
+        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope_half(q, cos, sin), apply_rope_half(k, cos, sin)
         v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
         write_kv(cache, meta, k, v)
         out = paged_attention(q, cache, meta, self.scale)
@@ -61,7 +67,7 @@ class GQAAttention(PagedAttentionLayer):
 
 
 class LlamaForCausalLM(PagedCausalLM):
-    """Llama / Qwen2 / Mistral (``model_type`` in :data:`~hybridkv.engine.config.LLAMA_FAMILY`)."""
+    """Llama / Qwen2 / Qwen3 / Mistral (``model_type`` in :data:`~hybridkv.engine.config.LLAMA_FAMILY`)."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)

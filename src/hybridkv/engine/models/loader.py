@@ -16,6 +16,7 @@ from .llama import LlamaForCausalLM
 MODEL_CLASSES: dict[str, type[PagedCausalLM]] = {
     "llama": LlamaForCausalLM,
     "qwen2": LlamaForCausalLM,
+    "qwen3": LlamaForCausalLM,
     "mistral": LlamaForCausalLM,
     "deepseek_v3": DeepseekV3ForCausalLM,
 }

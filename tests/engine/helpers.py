@@ -50,6 +50,11 @@ ARCHS: dict[str, Arch] = {
         use_sliding_window=True, sliding_window=12,
         layer_types=["full_attention", "sliding_attention", "sliding_attention", "full_attention"],
     ), {"full": 16, "sliding": 8}),
+    # Qwen3: per-head q/k norm, head_dim 32 != hidden / heads, sliding layers from max_window_layers.
+    "qwen3_swa": Arch("qwen3_swa", "Qwen3Config", "Qwen3ForCausalLM", dict(
+        COMMON, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+        attention_bias=True, use_sliding_window=True, sliding_window=9, max_window_layers=1,
+    ), {"full": 8, "sliding": 16}),
     # Mistral: every layer sliding (window 10).
     "mistral": Arch("mistral", "MistralConfig", "MistralForCausalLM", dict(
         COMMON, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1, sliding_window=10,

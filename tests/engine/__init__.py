@@ -1,0 +1,1 @@
+"""Tests of the reference PyTorch engine (transformers is the oracle)."""

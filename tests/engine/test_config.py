@@ -1,0 +1,103 @@
+"""config.json parsing, checkpoint loading and the no-transformers import guarantee."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.engine.helpers import Built
+from hybridkv.engine import ModelConfig, load_model, load_model_config
+from hybridkv.engine.kv_config import make_kv_cache_config
+
+BASE = dict(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=6,
+            num_attention_heads=2)
+
+
+def test_qwen2_layer_pattern_matches_transformers() -> None:
+    """``max_window_layers`` without ``layer_types``: layers >= max_window_layers slide,
+    exactly as Qwen2Config derives ``layer_types``."""
+    from transformers import Qwen2Config
+
+    kw = dict(BASE, use_sliding_window=True, sliding_window=5, max_window_layers=4)
+    hf = Qwen2Config(**kw)
+    ours = ModelConfig.from_dict(dict(kw, model_type="qwen2"))
+    assert [{"full": "full_attention", "sliding": "sliding_attention"}[k] for k in ours.layer_kinds] \
+        == hf.layer_types
+    assert ours.sliding_window == 5
+    off = ModelConfig.from_dict(dict(kw, model_type="qwen2", use_sliding_window=False))
+    assert off.layer_kinds == ("full",) * 6 and off.sliding_window is None
+
+
+def test_legacy_rope_fields() -> None:
+    """transformers 4.x configs keep ``rope_theta`` and ``rope_scaling`` at top level."""
+    cfg = ModelConfig.from_dict(dict(BASE, model_type="llama", rope_theta=5e5,
+                                     rope_scaling={"type": "linear", "factor": 2.0}))
+    assert (cfg.rope.rope_type, cfg.rope.theta, cfg.rope.params) == ("linear", 5e5, {"factor": 2.0})
+
+
+@pytest.mark.parametrize("raw, match", [
+    (dict(BASE, model_type="gpt2"), "unsupported model_type 'gpt2'"),
+    (dict(BASE, model_type="llama", hidden_act="gelu"), "only 'silu'"),
+    (dict(BASE, model_type="deepseek_v3", kv_lora_rank=8, qk_rope_head_dim=4, qk_nope_head_dim=4,
+          v_head_dim=4, first_k_dense_replace=1), "MoE layers are not implemented"),
+    (dict(BASE, model_type="qwen2", layer_types=["chunked_attention"] * 6), "unsupported layer type"),
+])
+def test_unsupported_configs_raise(raw: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        ModelConfig.from_dict(raw)
+
+
+def test_loader_rejects_mismatched_checkpoint(built_models: dict[str, Built], tmp_path: Path) -> None:
+    src = built_models["qwen2_swa"].path
+    raw = json.loads((src / "config.json").read_text())
+    raw["model_type"] = "llama"  # llama has no q/k/v biases: the checkpoint has unexpected keys
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    (tmp_path / "model.safetensors").symlink_to(src / "model.safetensors")
+    with pytest.raises(ValueError, match="unexpected"):
+        load_model(tmp_path)
+
+
+def test_tied_embeddings_and_dtype(built_models: dict[str, Built]) -> None:
+    built = built_models["llama"]
+    assert load_model_config(built.path).tie_word_embeddings
+    model = load_model(built.path, dtype=torch.bfloat16)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert model.dtype == torch.bfloat16
+    assert model.rotary.inv_freq.dtype == torch.float32  # RoPE frequencies are never rounded
+
+
+def test_kv_cache_config_from_model(built_models: dict[str, Built]) -> None:
+    model = built_models["qwen2_swa"].model
+    cfg = make_kv_cache_config(model, {"full": 16, "sliding": 8}, num_blocks=12)
+    assert [(g.name, g.layer_names) for g in cfg.groups] == [
+        ("full_attention", ("model.layers.0.self_attn", "model.layers.3.self_attn")),
+        ("sliding_attention", ("model.layers.1.self_attn", "model.layers.2.self_attn")),
+    ]
+    assert cfg.groups[1].spec.window == 12 and cfg.alignment == 16
+    mla = make_kv_cache_config(built_models["deepseek"].model, 8, num_blocks=4)
+    assert mla.groups[0].spec.latent_dim == 32 + 8
+    with pytest.raises(ValueError, match="no block size for 'sliding'"):
+        make_kv_cache_config(model, {"full": 16}, num_blocks=12)
+
+
+def test_cache_spec_mismatch_is_rejected(built_models: dict[str, Built]) -> None:
+    from hybridkv.engine import PagedKVCache, SequenceInput
+
+    model = built_models["qwen2_swa"].model
+    wrong = make_kv_cache_config(built_models["mistral"].model, 4, num_blocks=8)
+    with pytest.raises(ValueError, match="the KV cache has no layer|needs a"):
+        model([SequenceInput([1], 0, [[1]])], PagedKVCache(wrong))
+
+
+def test_engine_imports_without_transformers() -> None:
+    code = "import sys, hybridkv.engine; sys.exit('transformers' in sys.modules)"
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))}
+    result = subprocess.run([sys.executable, "-c", code], env=env, timeout=60)
+    assert result.returncode == 0
