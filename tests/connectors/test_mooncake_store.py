@@ -65,6 +65,20 @@ def test_copying_round_trip_exists_and_misses(store: MooncakeStore) -> None:
     assert (st.gets, st.hits, st.misses, st.errors) == (n + 1, n, 1, 0)
 
 
+def test_copying_batches_larger_than_client_buffers(cluster: MooncakeCluster) -> None:
+    """16 MiB through an 8 MiB Mooncake local buffer and a 4 MiB staging buffer: chunked."""
+    store = connect(cluster, local_buffer_bytes=8 * MIB, staging_bytes=4 * MIB,
+                    key_prefix="chunked/")
+    n, size = 64, 256 * KIB
+    data = [row.tobytes() for row in blocks(n, size, seed=5).reshape(n, size)]
+    keys = [key(i) for i in range(n)]
+    assert store.batch_put(keys, data) == [True] * n
+    assert store.batch_get(keys) == data
+    assert store.batch_get(keys, expected_sizes=[size] * n) == data
+    assert store.stats.misses == 0
+    store.close()
+
+
 def test_zero_copy_round_trip_many_blocks(store: MooncakeStore) -> None:
     n, size = 256, 64 * KIB
     src = blocks(n, size, seed=1)

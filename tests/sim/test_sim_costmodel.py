@@ -70,7 +70,10 @@ def test_time_grows_with_work(name, work, more_new, more_ctx) -> None:
     assert model.step(work + [(more_new, 0)]).time_s >= base.time_s  # another request
     (n, c), rest = work[0], work[1:]
     assert model.step([(n + more_new, c)] + rest).flops > base.flops  # more new tokens
-    assert model.step([(n, c + more_ctx)] + rest).time_s >= base.time_s  # longer context
+    if name != "llama-4-scout":
+        # longer context costs more -- except under chunked-local attention, where a query
+        # that starts a new chunk reads less than one late in the previous chunk
+        assert model.step([(n, c + more_ctx)] + rest).time_s >= base.time_s
 
 
 def test_sliding_window_caps_context_cost() -> None:

@@ -40,6 +40,13 @@ class MultiModalItem:
 
 
 def _as_token_array(token_ids: Iterable[int], what: str) -> array:
+    if hasattr(token_ids, "dtype") and hasattr(token_ids, "tobytes"):  # numpy: one memcpy
+        kind = token_ids.dtype.kind
+        if kind not in "iu":
+            raise ValueError(f"{what}: token ids must be integers, got dtype {token_ids.dtype}")
+        out = array("q")
+        out.frombytes(token_ids.astype("<i8", copy=False).tobytes())
+        return out
     try:
         return array("q", token_ids)
     except (TypeError, OverflowError) as exc:

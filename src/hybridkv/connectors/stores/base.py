@@ -91,7 +91,7 @@ class HostBuffer:
     owner: Any = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def of(cls, obj: "HostBuffer | Any") -> "HostBuffer":
+    def of(cls, obj: HostBuffer | Any) -> HostBuffer:
         """Wrap a C-contiguous numpy array or a contiguous torch CPU tensor (any dtype).
 
         Raises:
@@ -114,7 +114,8 @@ class HostBuffer:
             ptr = int(obj.ctypes.data)
         else:
             raise TypeError(
-                f"expected a numpy array, a torch CPU tensor or a HostBuffer, got {type(obj).__name__}"
+                "expected a numpy array, a torch CPU tensor or a HostBuffer, "
+                f"got {type(obj).__name__}"
             )
         if nbytes <= 0:
             raise ValueError("buffer must not be empty")
@@ -283,7 +284,7 @@ class KVStore(ABC):
         self._closed = True
         self._buffers.clear()
 
-    def __enter__(self) -> "KVStore":
+    def __enter__(self) -> KVStore:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -127,6 +127,7 @@ class MooncakeStore(KVStore):
         self._staging: Any = None  # numpy uint8 array, registered once a client exists
         self._staging_lock = threading.Lock()
         self._failed_checks = 0
+        self._largest_payload = 1 << 20  # sizes get_batch chunks; grows with what is seen
         #: Number of Mooncake clients set up so far (1 after a successful first connect).
         self.clients_created = 0
         if connect:
@@ -180,6 +181,9 @@ class MooncakeStore(KVStore):
         self._failed_checks = 0
         client = self._setup_client()
         if client is None:
+            return False
+        if self._closed:  # closed while we were connecting
+            client.close()
             return False
         self._client = client
         self.clients_created += 1
@@ -327,6 +331,10 @@ class MooncakeStore(KVStore):
             cap = 0 if staging is None else staging.nbytes
             i = 0
             while i < len(keys):
+                if not self._healthy:  # an earlier chunk found the master gone: stop sending
+                    rest = len(keys) - i
+                    self._count(drops=rest, unavailable=rest)
+                    break
                 if views[i].nbytes > cap:  # too large to stage: one by one through the copy path
                     results[i] = self._put_one(client, keys[i], views[i])
                     i += 1
@@ -370,6 +378,8 @@ class MooncakeStore(KVStore):
 
     def _tally_puts(self, codes: Sequence[int], sizes: Sequence[int]) -> list[bool]:
         ok = [c >= 0 or c == _OK_EXISTS for c in codes]
+        if sizes:
+            self._largest_payload = max(self._largest_payload, max(sizes))
         self._note_codes(codes)
         self._count(
             puts=sum(ok),
@@ -382,6 +392,13 @@ class MooncakeStore(KVStore):
     def batch_get(
         self, keys: Sequence[bytes], expected_sizes: Sequence[int] | None = None
     ) -> list[bytes | None]:
+        """Read payloads as bytes.
+
+        With ``expected_sizes`` (the connector's case) the data moves through the registered
+        staging buffer with ``batch_get_into`` (exact per-key codes, size check by Mooncake).
+        Without, ``get_batch`` is used in chunks that fit Mooncake's local buffer (sized from the
+        largest payload seen); it cannot tell a failure from a miss, so those count as misses.
+        """
         if expected_sizes is not None:
             self._check_lengths(keys, expected_sizes, "expected_sizes")
         client = self._acquire()
@@ -390,15 +407,32 @@ class MooncakeStore(KVStore):
             return [None] * len(keys)
         if not keys:
             return []
+        staging = self._staging
+        if (expected_sizes is not None and staging is not None
+                and max(expected_sizes) <= staging.nbytes):
+            return self._get_via_staging(client, keys, list(expected_sizes))
+        out: list[bytes | None] = []
+        chunk = max(1, (self.config.local_buffer_bytes // 2) // self._largest_payload)
+        for lo in range(0, len(keys), chunk):
+            if not self._healthy:
+                rest = len(keys) - lo
+                self._count(gets=rest, misses=rest, unavailable=rest)
+                out.extend([None] * rest)
+                break
+            sizes = None if expected_sizes is None else expected_sizes[lo : lo + chunk]
+            out.extend(self._get_copying(client, keys[lo : lo + chunk], sizes))
+        return out
+
+    def _get_copying(
+        self, client: Any, keys: Sequence[bytes], expected_sizes: Sequence[int] | None
+    ) -> list[bytes | None]:
         try:
             values = client.get_batch([self._key(k) for k in keys])
         except Exception:  # noqa: BLE001
             log.exception("Mooncake get_batch failed")
-            self._mark_unhealthy()
-            self._count(gets=len(keys), misses=len(keys), errors=len(keys))
-            return [None] * len(keys)
-        if not any(values) and not probe_tcp(*self.config.master_host_port,
-                                             self.config.probe_timeout_s):
+            values = None
+        if values is None or (not any(values) and not probe_tcp(
+                *self.config.master_host_port, self.config.probe_timeout_s)):
             # get_batch reports failures as b"" too; an unreachable master explains them.
             self._mark_unhealthy()
             self._count(gets=len(keys), misses=len(keys), errors=len(keys))
@@ -413,12 +447,65 @@ class MooncakeStore(KVStore):
                 out.append(None)
             else:
                 out.append(bytes(value))
+                self._largest_payload = max(self._largest_payload, len(value))
         hits = sum(v is not None for v in out)
         self._count(
             gets=len(keys), hits=hits, misses=len(keys) - hits, size_mismatches=mismatches,
             get_bytes=sum(len(v) for v in out if v is not None),
         )
         return out
+
+    def _get_via_staging(
+        self, client: Any, keys: Sequence[bytes], sizes: list[int]
+    ) -> list[bytes | None]:
+        out: list[bytes | None] = [None] * len(keys)
+        with self._staging_lock:
+            staging = self._staging
+            base = int(staging.ctypes.data)
+            i = 0
+            while i < len(keys):
+                if not self._healthy:
+                    rest = len(keys) - i
+                    self._count(gets=rest, misses=rest, unavailable=rest)
+                    break
+                batch: list[int] = []
+                offsets: list[int] = []
+                used = 0
+                while i < len(keys) and used + sizes[i] <= staging.nbytes:
+                    batch.append(i)
+                    offsets.append(used)
+                    used += sizes[i]
+                    i += 1
+                hits = self._read_ptrs(
+                    client, [keys[j] for j in batch], [base + o for o in offsets],
+                    [sizes[j] for j in batch],
+                )
+                for j, off, hit in zip(batch, offsets, hits):
+                    if hit:
+                        out[j] = staging[off : off + sizes[j]].tobytes()
+        return out
+
+    def _read_ptrs(
+        self, client: Any, keys: Sequence[bytes], ptrs: list[int], sizes: Sequence[int]
+    ) -> list[bool]:
+        """One ``batch_get_into``; classify and count each key; True for a hit."""
+        try:
+            codes = client.batch_get_into([self._key(k) for k in keys], ptrs, list(sizes))
+        except Exception:  # noqa: BLE001
+            log.exception("Mooncake batch_get_into failed")
+            codes = [_RPC_FAILURE_MAX] * len(keys)
+        self._note_codes(codes)
+        hit = [code == size for code, size in zip(codes, sizes)]
+        mismatches = sum(1 for c, h in zip(codes, hit)
+                         if not h and (c >= 0 or c == _BUFFER_TOO_SMALL))
+        errors = sum(1 for c, h in zip(codes, hit)
+                     if not h and c < 0 and c not in (_BUFFER_TOO_SMALL, _NOT_FOUND))
+        self._count(
+            gets=len(keys), hits=sum(hit), misses=len(keys) - sum(hit),
+            size_mismatches=mismatches, errors=errors,
+            get_bytes=sum(s for s, h in zip(sizes, hit) if h),
+        )
+        return hit
 
     def remove(self, keys: Sequence[bytes]) -> int:
         client = self._acquire()
@@ -476,29 +563,8 @@ class MooncakeStore(KVStore):
             return [MISS] * len(keys)
         if not keys:
             return []
-        try:
-            codes = client.batch_get_into([self._key(k) for k in keys], ptrs, list(sizes))
-        except Exception:  # noqa: BLE001
-            log.exception("Mooncake batch_get_into failed")
-            codes = [_RPC_FAILURE_MAX] * len(keys)
-        self._note_codes(codes)
-        out: list[int] = []
-        hits = mismatches = errors = 0
-        for code, size in zip(codes, sizes):
-            if code == size:
-                out.append(size)
-                hits += 1
-                continue
-            out.append(MISS)
-            if code >= 0 or code == _BUFFER_TOO_SMALL:
-                mismatches += 1
-            elif code != _NOT_FOUND:
-                errors += 1
-        self._count(
-            gets=len(keys), hits=hits, misses=len(keys) - hits, size_mismatches=mismatches,
-            errors=errors, get_bytes=sum(s for s, r in zip(sizes, out) if r >= 0),
-        )
-        return out
+        hits = self._read_ptrs(client, keys, ptrs, sizes)
+        return [size if hit else MISS for size, hit in zip(sizes, hits)]
 
     # -------------------------------------------------------------- lifecycle
     def close(self) -> None:

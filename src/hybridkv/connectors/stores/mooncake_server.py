@@ -171,7 +171,7 @@ class MooncakeCluster:
         return node is not None and node.poll() is None
 
     # ------------------------------------------------------------- lifecycle
-    def start(self) -> "MooncakeCluster":
+    def start(self) -> MooncakeCluster:
         """Start the master and every storage node; return self once all are ready."""
         try:
             self.start_master()
@@ -258,7 +258,7 @@ class MooncakeCluster:
         if self._own_log_dir:
             shutil.rmtree(self.log_dir, ignore_errors=True)
 
-    def __enter__(self) -> "MooncakeCluster":
+    def __enter__(self) -> MooncakeCluster:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -1,0 +1,1 @@
+"""KV connectors: moving KV blocks between an engine's paged caches and external tiers."""

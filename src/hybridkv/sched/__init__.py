@@ -1,0 +1,1 @@
+"""Continuous-batching scheduler (planned: see the scheduler/simulator issue)."""
