@@ -207,6 +207,26 @@ def test_master_killed_mid_run_then_restarted(own_cluster: MooncakeCluster) -> N
     store.close()
 
 
+def test_hung_master_costs_one_rpc_timeout(own_cluster: MooncakeCluster) -> None:
+    store = connect(own_cluster, rpc_timeout_ms=1000)
+    assert store.batch_put([key(1)], [b"x" * 1000]) == [True]
+    own_cluster.pause_master()
+    try:
+        t0 = time.monotonic()
+        assert store.batch_exists([key(1)]) == [False]       # waits one RPC timeout
+        assert time.monotonic() - t0 < 5.0
+        assert not store.healthy
+        t0 = time.monotonic()
+        assert store.batch_get([key(1)], [1000]) == [None]   # then answers at once
+        assert store.batch_put([key(2)], [b"y"]) == [False]
+        assert time.monotonic() - t0 < 0.5
+    finally:
+        own_cluster.resume_master()
+    assert store.wait_healthy(10.0)
+    assert store.batch_get([key(1)], [1000]) == [b"x" * 1000]  # nothing was lost
+    store.close()
+
+
 def test_master_down_at_start_fails_fast_then_recovers(loopback: None) -> None:
     port = free_port()
     t0 = time.monotonic()

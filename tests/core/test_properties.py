@@ -160,7 +160,7 @@ class Model:
         self.kv.free(req)
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(configs(), st.lists(st.tuples(st.integers(0, 5), st.integers(0, 10**6)), min_size=1, max_size=40))
 def test_random_operations_keep_invariants(cfg_args, ops):
     cfg, retention, spec, compat = cfg_args
@@ -190,7 +190,7 @@ def test_random_operations_keep_invariants(cfg_args, ops):
     assert kv.num_free_blocks == cfg.num_blocks - 1
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(configs(), st.lists(st.integers(0, 3), min_size=4, max_size=60), st.integers(1, 30))
 def test_write_path_keeps_only_what_read_path_uses(cfg_args, tokens, chunk):
     """Principle 1: every block a request caches is read by some hit a replay of it gets."""
@@ -210,8 +210,13 @@ def test_write_path_keeps_only_what_read_path_uses(cfg_args, tokens, chunk):
     read: set[int] = set()
     a = cfg.alignment
     for t in range(a, len(tokens) + 1, a):
-        # a replay that asks for exactly t tokens (the token at t is known, as it was)
-        probe = Request(f"p{t}", tokens[:t + 1] if t < len(tokens) else tokens + [99])
+        # a replay that asks for a hit of exactly t tokens, knowing what the original knew
+        # past t: the lookahead token, or the proof block in drop mode
+        extra = max(kv.coordinator.hold, kv.hasher.lookahead, 1)
+        probe_tokens = tokens[:t + extra]
+        if len(probe_tokens) <= t:
+            probe_tokens = probe_tokens + [99]
+        probe = Request(f"p{t}", probe_tokens)
         hit = kv.lookup(probe)
         read.update(b for ids in hit.block_ids for b in ids if b)
         if hit.num_tokens:  # drop mode: draft groups also read the proof block after the hit

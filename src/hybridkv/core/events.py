@@ -8,7 +8,7 @@ recompute the hashes (:meth:`hybridkv.core.hashing.BlockHasher.hash_block`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +81,6 @@ class PrefixCacheStats:
     preempted_queries: int = 0
     preempted_hits: int = 0
     evictions: int = 0
-    extra: dict = field(default_factory=dict)
 
     @property
     def hit_rate(self) -> float:

@@ -9,7 +9,9 @@ Keys: ``key_prefix + key.hex()`` (Mooncake keys are strings).
 Health state machine (never raises on the serving path)::
 
     HEALTHY --(RPC failure code <= -900, or an exception from the client)--> UNHEALTHY
-    UNHEALTHY: every call answers misses / drops at once (stats.unavailable), no 4 s RPC timeouts;
+        (the call that finds the failure pays for it: ~0 s when the master's port is closed,
+        ~4 s for a get/put to a dead master, up to ``rpc_timeout_ms`` for a hung master)
+    UNHEALTHY: every call answers misses / drops at once (stats.unavailable), no RPC timeouts;
                after a back-off (doubling, capped) the next call starts a background reconnect:
                probe the master's TCP port, then either verify the existing client (it reconnects
                to a restarted master by itself) or run setup() in a thread with a timeout.
@@ -24,12 +26,18 @@ Result codes seen from Mooncake 0.3.13 (per key):
     <= -900  RPC failure / master unreachable (marks the store unhealthy)
 
 A full pool is also handled by Mooncake silently: at its high watermark it evicts old objects and
-the put still succeeds, so every read must be ready to miss.
+the put still succeeds, so every read must be ready to miss. A storage node that dies takes its
+objects with it: reads of them fail (-800, counted as errors, store stays healthy) until the
+master drops its segment (``client_ttl``), after which they are plain misses.
+
+Restarting the master loses its index (all objects become misses); storage nodes remount their
+segments and this client reconnects by itself, so the store recovers without a new setup.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -68,6 +76,10 @@ class MooncakeStoreConfig:
         setup_timeout_s: longest wait for ``setup()`` (it blocks ~90 s on an unreachable master).
         probe_timeout_s: TCP connect timeout of the master probe.
         retry_backoff_s, max_backoff_s: first and largest delay before reconnecting.
+        rpc_timeout_ms: bound on one master RPC (Mooncake's ``MC_RPC_TIMEOUT_MS``; its default
+            is 30 s, which a hung master costs the first call). It is an environment variable
+            read at client setup, so it is process-wide: the latest value set applies to every
+            client set up afterwards. ``None`` leaves the environment alone.
     """
 
     master_address: str
@@ -82,6 +94,7 @@ class MooncakeStoreConfig:
     probe_timeout_s: float = 1.0
     retry_backoff_s: float = 1.0
     max_backoff_s: float = 30.0
+    rpc_timeout_ms: int | None = 5000
 
     def __post_init__(self) -> None:
         host, sep, port = self.master_address.rpartition(":")
@@ -93,6 +106,8 @@ class MooncakeStoreConfig:
         for name in ("setup_timeout_s", "probe_timeout_s", "retry_backoff_s", "max_backoff_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.rpc_timeout_ms is not None and self.rpc_timeout_ms <= 0:
+            raise ValueError(f"rpc_timeout_ms must be positive or None, got {self.rpc_timeout_ms}")
 
     @property
     def master_host_port(self) -> tuple[str, int]:
@@ -194,6 +209,8 @@ class MooncakeStore(KVStore):
         from mooncake.store import MooncakeDistributedStore
 
         cfg = self.config
+        if cfg.rpc_timeout_ms is not None:
+            os.environ["MC_RPC_TIMEOUT_MS"] = str(cfg.rpc_timeout_ms)
         client = MooncakeDistributedStore()
         box: dict[str, Any] = {}
         abandoned = threading.Event()

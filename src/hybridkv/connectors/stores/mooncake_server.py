@@ -235,6 +235,18 @@ class MooncakeCluster:
         """SIGKILL the master, as a crash would."""
         self.stop_master(kill=True)
 
+    def pause_master(self) -> None:
+        """SIGSTOP the master: it keeps its sockets but answers nothing (a hung master)."""
+        if self.master_running:
+            assert self._master is not None
+            self._master.send_signal(signal.SIGSTOP)
+
+    def resume_master(self) -> None:
+        """SIGCONT a paused master."""
+        if self.master_running:
+            assert self._master is not None
+            self._master.send_signal(signal.SIGCONT)
+
     def restart_master(self, wait: bool = True) -> None:
         """Stop the master if running, start it again on the same port and, with ``wait``, wait
         until the running storage nodes have remounted their segments."""
@@ -315,6 +327,7 @@ class MooncakeCluster:
         _LIVE.discard(proc)
         if proc.poll() is not None:
             return None
+        proc.send_signal(signal.SIGCONT)  # in case it was paused
         proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
         try:
             proc.wait(timeout=5)
