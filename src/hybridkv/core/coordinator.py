@@ -30,7 +30,7 @@ from typing import Callable
 from hybridkv.core.hashing import BlockHasher
 from hybridkv.core.pool import NULL_BLOCK, BlockPool
 from hybridkv.core.request import Request
-from hybridkv.core.retention import Retention, replay_boundaries
+from hybridkv.core.retention import Retention, multiples_between, replay_boundaries
 from hybridkv.core.rules import HitRule
 from hybridkv.core.specs import RULE_FULL, KVCacheConfig
 
@@ -247,8 +247,10 @@ class KVCacheCoordinator:
                 table = state.tables[g]
                 releasable += sum(1 for j in pos if ref[table[j]] == 1)
         for g, bs in enumerate(self.block_sizes):
-            have = len(hit.block_ids[g]) if (new_request and hit is not None) else (
-                0 if new_request else len(state.tables[g]))
+            if not new_request:
+                have = len(state.tables[g])
+            else:
+                have = len(hit.block_ids[g]) if hit is not None else 0
             want = -(-slots // bs)
             if want > have:
                 need += want - have
@@ -267,12 +269,11 @@ class KVCacheCoordinator:
             self.reqs[request.request_id] = state
             state.boundaries = self._boundaries(request, hit)
             if hit is not None and hit_tokens:
-                for g, ids in enumerate(hit.block_ids):          # phase 1: touch every hit
+                for ids in hit.block_ids:                        # phase 1: touch every hit
                     pool.touch(ids)
                 for g, ids in enumerate(hit.block_ids):
                     state.tables[g] = list(ids)
-                    e = len(ids)
-                    state.cached_hi[g] = e
+                    state.cached_hi[g] = len(ids)
                     state.done_t[g] = hit_tokens
         else:
             self.cache(request, min(computed, request.num_tokens))
@@ -340,14 +341,10 @@ class KVCacheCoordinator:
             if t_limit <= done:
                 continue
             if self.dense[g]:
-                a = self.alignment
-                first = (done // a + 1) * a
+                ends = multiples_between(done, t_limit, self.alignment)
                 if rule.kind == RULE_FULL:
                     # runs [0, e + proof) are nested: the last end's run covers them all
-                    last = t_limit // a * a
-                    ends = [last] if last >= first else []
-                else:
-                    ends = list(range(first, t_limit + 1, a))
+                    ends = ends[-1:]
             else:
                 ends = self.retention.ends_between(done, t_limit, extra)
             if not ends:
@@ -355,7 +352,6 @@ class KVCacheCoordinator:
             state.done_t[g] = ends[-1]
             table = state.tables[g]
             lo_prev = state.cached_hi[g]
-            new: list[int] = []
             positions: list[int] = []
             for t in ends:
                 lo, hi = rule.span(t // bs)
@@ -373,8 +369,8 @@ class KVCacheCoordinator:
                 run_start = 0
                 for k in range(1, len(positions) + 1):
                     if k == len(positions) or positions[k] != positions[k - 1] + 1:
-                        first = positions[run_start]
-                        self.on_stored(g, request, first, [table[j] for j in positions[run_start:k]])
+                        self.on_stored(g, request, positions[run_start],
+                                       [table[j] for j in positions[run_start:k]])
                         run_start = k
 
     # ---- free -------------------------------------------------------------------------------

@@ -102,20 +102,12 @@ class Retention:
 
         ``extra`` holds the request's own boundaries (replay, junction, final length).
         """
-        a = self.alignment
-        if upto <= after:
-            return []
-        if self.interval is None:
-            step = a
-        elif self.interval == 0:
-            step = 0
-        else:
-            step = self.interval
-        ends: set[int] = set()
-        if step:
-            first = (after // step + 1) * step
-            ends.update(range(first, upto + 1, step))
-        for e in extra:
-            if after < e <= upto:
-                ends.add(e)
+        step = self.alignment if self.interval is None else self.interval
+        ends = set(multiples_between(after, upto, step)) if step else set()
+        ends.update(e for e in extra if after < e <= upto)
         return sorted(ends)
+
+
+def multiples_between(after: int, upto: int, step: int) -> range:
+    """The multiples t of ``step`` with ``after < t <= upto``."""
+    return range((after // step + 1) * step, upto + 1, step)
