@@ -1,6 +1,9 @@
 """The ``hybridkv`` command.
 
 Subcommands:
+    simulate  trace-driven simulation of a model's prefix cache and latency (the main job)
+    sweep     hit rate against cache size or retention interval, with the offline optimum
+    presets   model and GPU presets with their KV bytes per token
     demo      a short printed walk-through of prefix caching on a hybrid full + sliding-window
               model (retention, the scratch-first free queue, speculative decoding).
 """
@@ -83,14 +86,24 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="hybridkv", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
+    from hybridkv.sim.commands import add_parsers
+    add_parsers(sub)
     p = sub.add_parser("demo", help="walk through prefix caching on a hybrid model")
     p.add_argument("--json", action="store_true", help="print the numbers as JSON")
+    p.set_defaults(func=_cmd_demo)
     args = parser.parse_args(argv)
-    if args.command == "demo":
-        result = demo(as_json=args.json)
-        if args.json:
-            json.dump(result, sys.stdout, indent=2)
-            print()
+    try:
+        return args.func(args)
+    except (ValueError, RuntimeError) as exc:
+        print(f"hybridkv {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    result = demo(as_json=args.json)
+    if args.json:
+        json.dump(result, sys.stdout, indent=2)
+        print()
     return 0
 
 

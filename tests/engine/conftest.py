@@ -10,7 +10,7 @@ pytest.importorskip("safetensors")
 
 from tests.engine.helpers import ARCHS, Built, build  # noqa: E402
 
-SLIDING_ARCHS = ("qwen2_swa", "qwen3_swa", "mistral")
+SLIDING_ARCHS = ("qwen2_swa", "qwen3_swa", "mistral", "gemma3", "gpt_oss")
 
 
 @pytest.fixture(scope="session")
@@ -27,3 +27,36 @@ def built(request: pytest.FixtureRequest, built_models: dict[str, Built]) -> Bui
 @pytest.fixture(params=SLIDING_ARCHS)
 def built_sliding(request: pytest.FixtureRequest, built_models: dict[str, Built]) -> Built:
     return built_models[request.param]
+
+
+@pytest.fixture(scope="session")
+def drafter_dirs(tmp_path_factory: pytest.TempPathFactory, built_models: dict[str, Built]):
+    """``get(arch_name, kind)``: a drafter directory for that target, built once per session.
+
+    kinds: ``"small"`` (a 1-layer Llama with the shared vocabulary, random weights),
+    ``"copy"`` (the target's own checkpoint: every draft is accepted), ``"dflash"`` (a random
+    DFlash drafter reading the target's first and last layers, block size 5).
+    """
+    from hybridkv.engine import load_model_config
+    from hybridkv.engine.checkpoints import dflash_config, random_dflash
+    from tests.engine.helpers import SMALL_DRAFT
+
+    made: dict[tuple[str, str], object] = {}
+
+    def get(name: str, kind: str):
+        key = (name, kind)
+        if key not in made:
+            if kind == "copy":
+                made[key] = built_models[name].path
+            elif kind == "small":
+                made[key] = build(SMALL_DRAFT, tmp_path_factory.mktemp("small"), seed=5).path
+            elif kind == "dflash":
+                target = load_model_config(built_models[name].path)
+                cfg = dflash_config(target, num_layers=2, block_size=5,
+                                    target_layer_ids=(0, target.num_hidden_layers - 1))
+                made[key] = random_dflash(tmp_path_factory.mktemp(f"dflash_{name}"), cfg, seed=3)
+            else:
+                raise KeyError(kind)
+        return made[key]
+
+    return get

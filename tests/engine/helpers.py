@@ -59,6 +59,19 @@ ARCHS: dict[str, Arch] = {
     "mistral": Arch("mistral", "MistralConfig", "MistralForCausalLM", dict(
         COMMON, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1, sliding_window=10,
     ), {"sliding": 4}),
+    # Gemma 3: sandwich norms, (1 + w) RMSNorm, scaled embeddings, GeGLU, separate RoPE base for
+    # sliding layers (window 11), query_pre_attn_scalar != head_dim, final logit soft-capping.
+    "gemma3": Arch("gemma3", "Gemma3TextConfig", "Gemma3ForCausalLM", dict(
+        COMMON, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        query_pre_attn_scalar=24, sliding_window=11, final_logit_softcapping=30.0,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+    ), {"full": 8, "sliding": 8}),
+    # gpt-oss: alternating sliding (window 7) / full layers, attention sinks, biases, YaRN,
+    # top-2 of 4 experts with the clamped SwiGLU (a low limit so the clamp is exercised).
+    "gpt_oss": Arch("gpt_oss", "GptOssConfig", "GptOssForCausalLM", dict(
+        COMMON, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, sliding_window=7, num_local_experts=4, num_experts_per_tok=2, swiglu_limit=0.5,
+    ), {"full": 4, "sliding": 4}),
     # DeepSeek-V3 MLA, no q LoRA, interleaved RoPE, dense MLPs.
     "deepseek": Arch("deepseek", "DeepseekV3Config", "DeepseekV3ForCausalLM", dict(
         COMMON, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32,
@@ -76,6 +89,13 @@ ARCHS: dict[str, Arch] = {
                              beta_fast=32, beta_slow=1),
     ), {"mla": 16}),
 }
+
+
+# A drafter for the draft-model tests: one Llama layer, the shared vocabulary.
+SMALL_DRAFT = Arch("small_draft", "LlamaConfig", "LlamaForCausalLM", dict(
+    COMMON, hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,
+    num_key_value_heads=1,
+), {"full": 8})
 
 
 def randomize_(module: torch.nn.Module, seed: int) -> None:
@@ -103,11 +123,15 @@ class Built:
     hf: Any
     model: PagedCausalLM
     path: Path
+    _oracle: dict = field(default_factory=dict, repr=False)
 
     def oracle(self, tokens: Sequence[int]) -> torch.Tensor:
-        """transformers' fp32 logits ``[len(tokens), vocab]`` for a full forward."""
-        with torch.no_grad():
-            return self.hf(torch.tensor([list(tokens)])).logits[0].float()
+        """transformers' fp32 logits ``[len(tokens), vocab]`` for a full forward (memoized)."""
+        key = tuple(int(t) for t in tokens)
+        if key not in self._oracle:
+            with torch.no_grad():
+                self._oracle[key] = self.hf(torch.tensor([list(key)])).logits[0].float()
+        return self._oracle[key]
 
     def kv_config(self, num_blocks: int = 96) -> KVCacheConfig:
         return make_kv_cache_config(self.model, self.arch.block_sizes, num_blocks)
@@ -203,6 +227,26 @@ def new_cache(built: Built, num_blocks: int = 96) -> tuple[PagedKVCache, Allocat
     cache = PagedKVCache(built.kv_config(num_blocks))
     cache.fill_blocks([0], NAN)
     return cache, Allocator(cache)
+
+
+def oracle_diff(built: Built, outputs: Sequence[Any]) -> float:
+    """Largest |engine - transformers| over every logits row the engine computed for the
+    outputs of an ``LLM(record_logits=True)`` (recomputed positions included). Also checks that
+    each generated token is the oracle's argmax wherever the oracle's top-2 margin is clear."""
+    worst = 0.0
+    for out in outputs:
+        full = list(out.prompt_token_ids) + list(out.token_ids)
+        ref = built.oracle(full)
+        positions, rows = out.logits
+        assert positions, f"{out.request_id}: no logits recorded"
+        assert max(positions) < len(full) - 1 or not out.token_ids
+        worst = max(worst, max_diff(rows, ref[positions]))
+        p = len(out.prompt_token_ids)
+        for i, tok in enumerate(out.token_ids):
+            top2 = ref[p - 1 + i].topk(2).values
+            if float(top2[0] - top2[1]) > 1e-3:
+                assert tok == int(ref[p - 1 + i].argmax()), f"{out.request_id}: token {i} is not greedy"
+    return worst
 
 
 def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:

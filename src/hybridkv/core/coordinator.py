@@ -24,6 +24,7 @@ the hashes of exactly the runs its rule needs for them (:mod:`hybridkv.core.rule
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -66,13 +67,21 @@ class _Unit:
 class _ReqBlocks:
     """Per-request bookkeeping: tables, and how far the write path has gone per group."""
 
-    __slots__ = ("tables", "cached_hi", "done_t", "boundaries")
+    __slots__ = ("tables", "cached_hi", "done_t", "boundaries", "quiet_until", "slots",
+                 "slide_until")
 
     def __init__(self, num_groups: int) -> None:
         self.tables: list[list[int]] = [[] for _ in range(num_groups)]
         self.cached_hi = [0] * num_groups   # blocks below were decided (cached or scratch)
         self.done_t = [0] * num_groups      # promised ends <= done_t were processed
         self.boundaries: tuple[int, ...] = ()
+        # cache() is a no-op below this many tokens: no group has a promised end in
+        # (done_t, num_tokens] (a decode step between block boundaries skips the walk)
+        self.quiet_until: float = 0
+        # allocate() needs no new block while computed + new + lookahead <= slots, and no
+        # block leaves a window while num_computed < slide_until (0: not known yet)
+        self.slots = 0
+        self.slide_until: float = 0
 
 
 class KVCacheCoordinator:
@@ -230,7 +239,6 @@ class KVCacheCoordinator:
 
         Returns the newly allocated block ids per group. On None nothing changed.
         """
-        pool = self.pool
         state = self.reqs.get(request.request_id)
         new_request = state is None
         hit_tokens = hit.num_tokens if hit is not None else 0
@@ -238,6 +246,7 @@ class KVCacheCoordinator:
         slots = computed + num_new_tokens + lookahead
         if self.max_model_len is not None:
             slots = min(slots, self.max_model_len)
+        pool = self.pool
         ref = pool.ref_cnt
         need = 0
         releasable = 0
@@ -294,6 +303,10 @@ class KVCacheCoordinator:
             else:
                 new_blocks.append([])
         self.cache(request, min(computed + num_new_tokens, request.num_tokens))
+        state.slots = min(len(t) * bs for t, bs in zip(state.tables, self.block_sizes))
+        if not new_request:
+            state.slide_until = min((r.next_skip_growth(computed, self.hold) for r in self.rules),
+                                    default=math.inf)
         return new_blocks
 
     def _boundaries(self, request: Request, hit: CacheHit | None) -> tuple[int, ...]:
@@ -320,6 +333,8 @@ class KVCacheCoordinator:
         if not self.caching:
             return
         state = self.reqs[request.request_id]
+        if num_tokens < state.quiet_until and not final:
+            return
         hashes = request.block_hashes
         n_fine = len(hashes)
         extra = state.boundaries
@@ -372,6 +387,12 @@ class KVCacheCoordinator:
                         self.on_stored(g, request, positions[run_start],
                                        [table[j] for j in positions[run_start:k]])
                         run_start = k
+        if not final:
+            # every group's limit is <= num_tokens, so nothing happens before the next end
+            a = self.alignment
+            state.quiet_until = min(
+                (done // a + 1) * a if self.dense[g] else self.retention.next_end(done, extra)
+                for g, done in enumerate(state.done_t))
 
     # ---- free -------------------------------------------------------------------------------
     def free(self, request: Request) -> None:

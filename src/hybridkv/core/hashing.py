@@ -118,7 +118,7 @@ class BlockHasher:
             return
         nblocks = (limit - start) // bs
         end = start + nblocks * bs
-        buf = memoryview(request._tokens)[start:end + la].tobytes()
+        buf = memoryview(request.token_ids)[start:end + la].tobytes()
         step = bs * TOKEN_BYTES
         width = step + la * TOKEN_BYTES
         digest = self._digest

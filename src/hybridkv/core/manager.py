@@ -86,6 +86,7 @@ class KVCacheManager:
             max_model_len=max_model_len, on_stored=self._on_stored if enable_events else None)
         self._stats = PrefixCacheStats()
         self._requests: dict[object, Request] = {}
+        self._group_ids = range(len(config.groups))
 
     @staticmethod
     def _check_fits(config: KVCacheConfig, max_len: int, spec: SpecDecode | None) -> None:
@@ -161,6 +162,19 @@ class KVCacheManager:
         """
         if not isinstance(request, Request):
             raise ValueError(f"allocate needs a Request, got {type(request).__name__}")
+        if hit is None and num_lookahead_tokens is None and num_new_tokens.__class__ is int \
+                and num_new_tokens >= 0:
+            # Fast path: a step that needs no new block, no caching and no window slide (most
+            # decode steps). The coordinator keeps the three thresholds per request.
+            state = self.coordinator.reqs.get(request.request_id)
+            if state is not None:
+                computed = request.num_computed_tokens
+                slots = computed + num_new_tokens + self.lookahead_slots
+                if self.max_model_len is not None and slots > self.max_model_len:
+                    slots = self.max_model_len
+                if slots <= state.slots and computed < state.slide_until \
+                        and computed + num_new_tokens < state.quiet_until:
+                    return [[] for _ in self._group_ids]
         if isinstance(num_new_tokens, bool) or not isinstance(num_new_tokens, int) or num_new_tokens < 0:
             raise ValueError(f"num_new_tokens must be a non-negative integer, got {num_new_tokens!r}")
         known = request.request_id in self.coordinator.reqs

@@ -183,11 +183,13 @@ class BlockPool:
         """Pop ``n`` free blocks from the head, evicting their hashes; each gets ref 1."""
         blocks = self.queue.popleft_n(n)
         ref, bh = self.ref_cnt, self.block_hash
+        evicted = 0
         for b in blocks:
             ref[b] = 1
             if bh[b] is not None:
                 self.drop_hash(b)
-                self.num_evictions += 1
+                evicted += 1
+        self.num_evictions += evicted
         return blocks
 
     def touch(self, blocks: Iterable[int]) -> None:

@@ -68,7 +68,7 @@ class Request:
             the request's blocks are still cached for others.
     """
 
-    __slots__ = ("request_id", "_tokens", "num_prompt_tokens", "num_computed_tokens",
+    __slots__ = ("request_id", "token_ids", "num_prompt_tokens", "num_computed_tokens",
                  "cache_salt", "lora", "mm_items", "skip_prefix_cache", "block_hashes",
                  "hasher", "num_preemptions", "__weakref__")
 
@@ -100,7 +100,7 @@ class Request:
                 )
             prev_end = item.offset + item.length
         self.request_id = request_id
-        self._tokens = tokens
+        self.token_ids = tokens  # array('q'): prompt then outputs; grow only via append_tokens
         self.num_prompt_tokens = len(tokens)
         self.num_computed_tokens = 0
         self.cache_salt = cache_salt
@@ -113,17 +113,24 @@ class Request:
 
     # ---- tokens -------------------------------------------------------------------------
     @property
-    def token_ids(self) -> array:
-        """All token ids (prompt, then outputs). Do not mutate; use :meth:`append_tokens`."""
-        return self._tokens
-
-    @property
     def num_tokens(self) -> int:
-        return len(self._tokens)
+        """``len(token_ids)``: prompt plus appended tokens."""
+        return len(self.token_ids)
 
     def append_tokens(self, token_ids: Iterable[int]) -> None:
-        """Append output (or accepted draft) tokens. Hashes follow on the next manager call."""
-        self._tokens.extend(_as_token_array(token_ids, f"request {self.request_id!r}"))
+        """Append output (or accepted draft) tokens. Hashes follow on the next manager call.
+
+        ``token_ids`` (all tokens, an ``array('q')``) must not be mutated any other way.
+        """
+        if token_ids.__class__ is list:
+            try:
+                new = array("q", token_ids)  # checks every item before anything is appended
+            except (TypeError, OverflowError):
+                pass  # fall through for the precise error
+            else:
+                self.token_ids.extend(new)
+                return
+        self.token_ids.extend(_as_token_array(token_ids, f"request {self.request_id!r}"))
 
     # ---- extra keys -----------------------------------------------------------------------
     @property

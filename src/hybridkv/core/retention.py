@@ -28,6 +28,8 @@ runs of every promised end too (default mode), or every block (vLLM-compatible m
 
 from __future__ import annotations
 
+import math
+
 
 def validate_retention_interval(interval: int | None, alignment: int, has_local_groups: bool) -> None:
     """Raise ValueError for an interval the manager cannot honour.
@@ -106,6 +108,14 @@ class Retention:
         ends = set(multiples_between(after, upto, step)) if step else set()
         ends.update(e for e in extra if after < e <= upto)
         return sorted(ends)
+
+    def next_end(self, after: int, extra: tuple[int, ...]) -> float:
+        """The smallest promised end t > ``after`` (``inf`` if there is none)."""
+        step = self.alignment if self.interval is None else self.interval
+        nxt = min((e for e in extra if e > after), default=math.inf)
+        if step:
+            nxt = min(nxt, (after // step + 1) * step)
+        return nxt
 
 
 def multiples_between(after: int, upto: int, step: int) -> range:

@@ -19,6 +19,8 @@ The answer is always a contiguous run ``[lo(e), hi(e))`` with lo and hi non-decr
 
 from __future__ import annotations
 
+import math
+
 from typing import Callable
 
 from hybridkv.core.specs import RULE_CHUNKED, RULE_FULL, RULE_SLIDING, AttentionSpec
@@ -73,6 +75,18 @@ class HitRule:
             c = self.chunk_blocks * self.block_size
             return max(0, num_computed - hold) // c * c
         return 0
+
+    def next_skip_growth(self, num_computed: int, hold: int = 0) -> float:
+        """The smallest ``c > num_computed`` whose ``skipped_tokens(c) // block_size`` is larger
+        (``inf`` for full attention): below it, no block leaves the window."""
+        bs = self.block_size
+        target = (self.skipped_tokens(num_computed, hold) // bs + 1) * bs
+        if self.kind == RULE_SLIDING:
+            return target + self.window - 1 + hold
+        if self.kind == RULE_CHUNKED:
+            c = self.chunk_blocks * bs
+            return -(-target // c) * c + hold
+        return math.inf
 
     def longest_hit(self, probe: Callable[[int], object], e_max: int, step: int) -> int:
         """The largest e <= e_max, e a multiple of ``step``, whose run is cached (0 if none).

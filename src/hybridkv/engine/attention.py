@@ -35,22 +35,35 @@ def write_kv(cache: torch.Tensor, meta: GroupMetadata, *values: torch.Tensor) ->
         cache[b, o] = latent.to(cache.dtype)
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
-    """q ``[n, H, Dk]``, k ``[L, H, Dk]``, v ``[L, H, Dv]``, mask ``[n, L]`` -> ``[n, H, Dv]``."""
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
+            sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """q ``[n, H, Dk]``, k ``[L, H, Dk]``, v ``[L, H, Dv]``, mask ``[n, L]`` -> ``[n, H, Dv]``.
+
+    ``sinks`` ``[H]`` (gpt-oss): one extra logit per head joins the softmax and is then dropped,
+    so a head can put probability mass on "no token".
+    """
     scores = torch.einsum("nhd,lhd->hnl", q, k) * scale
     scores = scores.masked_fill(~mask[None], float("-inf"))
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    if sinks is None:
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    else:
+        h, n, _ = scores.shape
+        sink = sinks.to(scores.dtype)[:, None, None].expand(h, n, 1)
+        probs = torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1, dtype=torch.float32)
+        probs = probs[..., :-1].to(q.dtype)
     return torch.einsum("hnl,lhd->nhd", probs, v)
 
 
-def paged_attention(q: torch.Tensor, cache: torch.Tensor, meta: GroupMetadata, scale: float) -> torch.Tensor:
+def paged_attention(q: torch.Tensor, cache: torch.Tensor, meta: GroupMetadata, scale: float,
+                    sinks: torch.Tensor | None = None) -> torch.Tensor:
     """GQA attention of packed queries over K/V gathered from a paged cache.
 
     Args:
         q: ``[T, num_heads, head_dim]`` rotated queries.
         cache: ``[2, blocks, bs, num_kv_heads, head_dim]``, already holding this step's K/V.
         meta: the layer's group metadata.
-        scale: softmax scale (``head_dim ** -0.5``).
+        scale: softmax scale (``head_dim ** -0.5`` unless the model says otherwise).
+        sinks: optional ``[num_heads]`` attention-sink logits.
 
     Returns:
         ``[T, num_heads, head_dim]``.
@@ -62,7 +75,7 @@ def paged_attention(q: torch.Tensor, cache: torch.Tensor, meta: GroupMetadata, s
         v = cache[1, s.key_blocks, s.key_offsets].to(q.dtype)
         if rep > 1:  # query head h reads KV head h // rep
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        out[s.rows] = _attend(q[s.rows], k, v, s.mask, scale)
+        out[s.rows] = _attend(q[s.rows], k, v, s.mask, scale, sinks)
     return out
 
 

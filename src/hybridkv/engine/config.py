@@ -14,6 +14,9 @@ llama           every layer ``full``
 qwen2, qwen3    ``layer_types`` if given; else ``sliding`` for layers ``i >= max_window_layers``
                 when ``use_sliding_window`` is true, otherwise ``full``
 mistral         every layer ``sliding`` when ``sliding_window`` is set, else ``full``
+gemma3_text     ``layer_types`` if given; else every ``sliding_window_pattern``-th layer (default
+                6th) ``full``, the others ``sliding`` (Gemma 3)
+gpt_oss         ``layer_types`` if given; else even layers ``sliding``, odd layers ``full``
 deepseek_v3     every layer ``mla``
 ==============  ==============================================================================
 
@@ -31,8 +34,13 @@ from typing import Any, Literal
 LayerKind = Literal["full", "sliding", "mla"]
 
 LLAMA_FAMILY = ("llama", "qwen2", "qwen3", "mistral")
+GEMMA_FAMILY = ("gemma3_text",)
+GPT_OSS_FAMILY = ("gpt_oss",)
 MLA_FAMILY = ("deepseek_v3",)
-SUPPORTED_MODEL_TYPES = LLAMA_FAMILY + MLA_FAMILY
+SUPPORTED_MODEL_TYPES = LLAMA_FAMILY + GEMMA_FAMILY + GPT_OSS_FAMILY + MLA_FAMILY
+
+# Activations of the gated MLP, by their transformers names.
+SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 
 _HF_LAYER_TYPES: dict[str, LayerKind] = {
     "full_attention": "full",
@@ -75,8 +83,13 @@ class ModelConfig:
         kv_lora_rank, q_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim,
         rope_interleave, first_k_dense_replace, attention_bias: MLA (DeepSeek-V3) fields.
         max_position_embeddings: used by the llama3 / yarn RoPE variants.
-        max_layer_index: layers with a higher index in the checkpoint (DeepSeek's MTP
-            layers) are ignored when loading.
+        local_rope: RoPE of the sliding layers when it differs from ``rope`` (Gemma 3's
+            ``sliding_attention`` parameters); None: every layer uses ``rope``.
+        attn_scale: softmax scale override (Gemma 3: ``query_pre_attn_scalar ** -0.5``);
+            None: ``head_dim ** -0.5``.
+        final_logit_softcapping: ``cap * tanh(logits / cap)`` on the output logits (Gemma).
+        num_local_experts, num_experts_per_tok, swiglu_alpha, swiglu_limit: gpt-oss MoE.
+        attention_sinks: one learned sink logit per query head joins every softmax (gpt-oss).
     """
 
     model_type: str
@@ -105,6 +118,14 @@ class ModelConfig:
     v_head_dim: int | None = None
     rope_interleave: bool = False
     attention_bias: bool = False
+    local_rope: RopeConfig | None = None
+    attn_scale: float | None = None
+    final_logit_softcapping: float | None = None
+    num_local_experts: int | None = None
+    num_experts_per_tok: int | None = None
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
+    attention_sinks: bool = False
 
     @property
     def is_mla(self) -> bool:
@@ -122,9 +143,15 @@ class ModelConfig:
         heads = int(raw["num_attention_heads"])
         layers = int(raw["num_hidden_layers"])
         kv_heads = raw.get("num_key_value_heads") or heads
-        act = raw.get("hidden_act", "silu")
-        if act != "silu":
-            raise ValueError(f"unsupported hidden_act {act!r}; only 'silu' is implemented")
+        if model_type in GEMMA_FAMILY:
+            act = raw.get("hidden_activation") or raw.get("hidden_act") or "gelu_pytorch_tanh"
+        else:
+            act = raw.get("hidden_act", "silu")
+        allowed = SUPPORTED_ACTIVATIONS if model_type in GEMMA_FAMILY else ("silu",)
+        if act not in allowed:
+            raise ValueError(
+                f"unsupported hidden_act {act!r} for {model_type}; only {', '.join(map(repr, allowed))} "
+                "is implemented")
         common: dict[str, Any] = dict(
             model_type=model_type,
             vocab_size=int(raw["vocab_size"]),
@@ -135,13 +162,67 @@ class ModelConfig:
             num_key_value_heads=int(kv_heads),
             rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            rope=_parse_rope(raw),
+            rope=_parse_rope(raw) if model_type not in GEMMA_FAMILY else RopeConfig(),
             hidden_act=act,
             max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
         )
         if model_type in MLA_FAMILY:
             return cls._mla_from_dict(raw, common)
+        if model_type in GEMMA_FAMILY:
+            return cls._gemma3_from_dict(raw, common)
+        if model_type in GPT_OSS_FAMILY:
+            return cls._gpt_oss_from_dict(raw, common)
         return cls._llama_from_dict(raw, common)
+
+    @classmethod
+    def _gemma3_from_dict(cls, raw: dict[str, Any], common: dict[str, Any]) -> ModelConfig:
+        layers = common["num_hidden_layers"]
+        if raw.get("use_bidirectional_attention"):
+            raise ValueError("use_bidirectional_attention=True is not supported (causal decoding only)")
+        head_dim = int(raw.get("head_dim") or 256)
+        kinds = _layer_kinds_or_pattern(raw, layers, int(raw.get("sliding_window_pattern")
+                                                          or raw.get("_sliding_window_pattern") or 6))
+        window = raw.get("sliding_window")
+        if "sliding" in kinds and (window is None or int(window) <= 0):
+            raise ValueError(f"sliding layers need a positive sliding_window, got {window!r}")
+        full_rope, local_rope = _parse_gemma_rope(raw)
+        common = dict(common, rope=full_rope, tie_word_embeddings=bool(raw.get("tie_word_embeddings", True)))
+        softcap = raw.get("final_logit_softcapping")
+        return cls(
+            **common,
+            head_dim=head_dim,
+            layer_kinds=kinds,
+            sliding_window=int(window) if "sliding" in kinds else None,
+            qkv_bias=bool(raw.get("attention_bias", False)),
+            o_bias=bool(raw.get("attention_bias", False)),
+            qk_norm=True,
+            local_rope=local_rope,
+            attn_scale=float(raw.get("query_pre_attn_scalar", head_dim)) ** -0.5,
+            final_logit_softcapping=None if softcap is None else float(softcap),
+        )
+
+    @classmethod
+    def _gpt_oss_from_dict(cls, raw: dict[str, Any], common: dict[str, Any]) -> ModelConfig:
+        layers = common["num_hidden_layers"]
+        head_dim = int(raw.get("head_dim") or common["hidden_size"] // common["num_attention_heads"])
+        kinds = _layer_kinds_or_pattern(raw, layers, 2)
+        window = raw.get("sliding_window")
+        if "sliding" in kinds and (window is None or int(window) <= 0):
+            raise ValueError(f"sliding layers need a positive sliding_window, got {window!r}")
+        bias = bool(raw.get("attention_bias", True))
+        return cls(
+            **common,
+            head_dim=head_dim,
+            layer_kinds=kinds,
+            sliding_window=int(window) if "sliding" in kinds else None,
+            qkv_bias=bias,
+            o_bias=bias,
+            num_local_experts=int(raw.get("num_local_experts") or raw.get("num_experts")),
+            num_experts_per_tok=int(raw.get("num_experts_per_tok", 4)),
+            swiglu_alpha=float(raw.get("swiglu_alpha", 1.702)),
+            swiglu_limit=float(raw.get("swiglu_limit", 7.0)),
+            attention_sinks=True,
+        )
 
     @classmethod
     def _llama_from_dict(cls, raw: dict[str, Any], common: dict[str, Any]) -> ModelConfig:
@@ -209,6 +290,34 @@ class ModelConfig:
             rope_interleave=bool(raw.get("rope_interleave", True)),
             attention_bias=bool(raw.get("attention_bias", False)),
         )
+
+
+def _layer_kinds_or_pattern(raw: dict[str, Any], layers: int, pattern: int) -> tuple[LayerKind, ...]:
+    """``layer_types`` when given, else every ``pattern``-th layer full and the others sliding."""
+    layer_types = raw.get("layer_types")
+    if layer_types is None:
+        kinds = ["sliding" if (i + 1) % pattern else "full" for i in range(layers)]
+    else:
+        kinds = [_parse_layer_type(t) for t in layer_types]
+    if len(kinds) != layers:
+        raise ValueError(f"layer_types has {len(kinds)} entries for {layers} layers")
+    return tuple(kinds)
+
+
+def _parse_gemma_rope(raw: dict[str, Any]) -> tuple[RopeConfig, RopeConfig]:
+    """Gemma 3's (full, sliding) RoPE: ``rope_parameters`` keyed by layer type (transformers 5)
+    or ``rope_theta`` / ``rope_local_base_freq`` / ``rope_scaling`` (4.x, scaling on full layers)."""
+    params = raw.get("rope_parameters")
+    if isinstance(params, dict) and ("full_attention" in params or "sliding_attention" in params):
+        full = dict(params.get("full_attention") or {})
+        local = dict(params.get("sliding_attention") or {})
+        full.setdefault("rope_theta", 1_000_000.0)
+        local.setdefault("rope_theta", 10_000.0)
+    else:
+        full = dict(raw.get("rope_scaling") or params or {})
+        full.setdefault("rope_theta", raw.get("rope_theta", 1_000_000.0))
+        local = {"rope_theta": raw.get("rope_local_base_freq", 10_000.0)}
+    return _parse_rope({"rope_parameters": full}), _parse_rope({"rope_parameters": local})
 
 
 def _parse_layer_type(name: str) -> LayerKind:

@@ -17,6 +17,14 @@ Contract with the block manager: every table entry that covers a written or read
 be a real block (``1 <= id < num_blocks``); entries for positions no query reads (before ``lo``)
 may be the null block 0 and are never touched. Violations raise ValueError naming the sequence,
 group and position, so a manager bug fails loudly instead of reading garbage.
+
+``check_blocks=False`` models a GPU kernel instead: slots are computed from whatever the table
+holds (a persistent block-table row may carry stale ids past the request's blocks) and only the
+table length is checked. Drafters use it so that a too-small lookahead reservation corrupts
+memory exactly as it would on a GPU (see :mod:`hybridkv.engine.block_table`).
+
+A sequence with ``causal=False`` lets its new tokens see each other in both directions (they
+still see every cached token before ``start``): the query block of a DFlash drafter.
 """
 
 from __future__ import annotations
@@ -42,12 +50,15 @@ class SequenceInput:
         start: tokens of this sequence already in the cache (= position of ``token_ids[0]``).
         block_tables: per KV-cache group, that group's block table for this sequence: either a
             sequence ordered like ``KVCacheConfig.groups`` or a mapping from group name.
-            Entry ``j`` holds tokens ``[j * bs, (j + 1) * bs)``; 0 = null (never read).
+            Entry ``j`` holds tokens ``[j * bs, (j + 1) * bs)``; 0 = null (never read). A table
+            may be a 1-D integer tensor.
+        causal: False lets the new tokens attend to each other bidirectionally.
     """
 
     token_ids: Sequence[int]
     start: int
     block_tables: BlockTables
+    causal: bool = True
 
     @property
     def end(self) -> int:
@@ -92,7 +103,7 @@ class StepMetadata:
 
     token_ids: torch.Tensor
     positions: torch.Tensor
-    groups: tuple[GroupMetadata, ...]
+    groups: tuple[GroupMetadata | None, ...]
     seq_rows: tuple[slice, ...]
 
 
@@ -111,8 +122,9 @@ def _table_for(seq: SequenceInput, config: KVCacheConfig, gi: int, si: int) -> S
 
 
 def _pages(table: torch.Tensor, lo: int, hi: int, bs: int, num_blocks: int,
-           what: str, si: int, group: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pages and offsets of positions ``[lo, hi)``; raises on missing, null or out-of-range blocks."""
+           what: str, si: int, group: str, check: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pages and offsets of positions ``[lo, hi)``; raises on missing, null or out-of-range blocks
+    (with ``check=False`` only on missing entries)."""
     positions = torch.arange(lo, hi)
     entries = positions // bs
     if hi > 0 and (hi - 1) // bs >= len(table):
@@ -121,6 +133,8 @@ def _pages(table: torch.Tensor, lo: int, hi: int, bs: int, num_blocks: int,
             f"{what} position {hi - 1} needs entry {(hi - 1) // bs}"
         )
     blocks = table[entries]
+    if not check:
+        return blocks, positions % bs
     bad = (blocks <= NULL_BLOCK) | (blocks >= num_blocks)
     if bool(bad.any()):
         i = int(bad.nonzero()[0, 0])
@@ -131,14 +145,29 @@ def _pages(table: torch.Tensor, lo: int, hi: int, bs: int, num_blocks: int,
     return blocks, positions % bs
 
 
+def _as_table(table: Sequence[int] | torch.Tensor) -> torch.Tensor:
+    if isinstance(table, torch.Tensor):
+        return table.to(device="cpu", dtype=torch.long)
+    return torch.tensor([int(b) for b in table], dtype=torch.long)
+
+
 def build_step_metadata(
-    seqs: Sequence[SequenceInput], config: KVCacheConfig, device: torch.device | str = "cpu"
+    seqs: Sequence[SequenceInput], config: KVCacheConfig, device: torch.device | str = "cpu",
+    group_indices: Sequence[int] | None = None, check_blocks: bool = True,
 ) -> StepMetadata:
     """Turn the sequences of one step into packed tokens, positions and per-group metadata.
 
+    Args:
+        seqs: the step's sequences.
+        config: the KV-cache config the tables index into.
+        device: where the tensors go.
+        group_indices: build metadata only for these groups (the others are None in
+            ``StepMetadata.groups``); default all. A mapping table needs only these groups.
+        check_blocks: refuse null or out-of-range blocks (default); False: trust the tables.
+
     Raises:
-        ValueError: empty batch or sequence, negative start, missing table entry, or a null /
-            out-of-range block where a token is written or read.
+        ValueError: empty batch or sequence, negative start, missing table entry, or (when
+            checking) a null / out-of-range block where a token is written or read.
     """
     if not seqs:
         raise ValueError("a step needs at least one sequence")
@@ -155,22 +184,26 @@ def build_step_metadata(
         tokens.extend(int(t) for t in seq.token_ids)
         positions.extend(range(seq.start, seq.end))
 
-    groups: list[GroupMetadata] = []
-    for gi, group in enumerate(config.groups):
+    wanted = range(len(config.groups)) if group_indices is None else sorted(set(group_indices))
+    groups: list[GroupMetadata | None] = [None] * len(config.groups)
+    for gi in wanted:
+        group = config.groups[gi]
         bs, window = group.spec.block_size, group.spec.window_tokens
         write_blocks: list[torch.Tensor] = []
         write_offsets: list[torch.Tensor] = []
         per_seq: list[SequenceAttention] = []
         for si, seq in enumerate(seqs):
-            table = torch.tensor([int(b) for b in _table_for(seq, config, gi, si)], dtype=torch.long)
-            wb, wo = _pages(table, seq.start, seq.end, bs, num_blocks, "written", si, group.name)
+            table = _as_table(_table_for(seq, config, gi, si))
+            wb, wo = _pages(table, seq.start, seq.end, bs, num_blocks, "written", si, group.name,
+                            check_blocks)
             write_blocks.append(wb)
             write_offsets.append(wo)
             lo = 0 if window is None else max(0, seq.start - window + 1)
-            rb, ro = _pages(table, lo, seq.end, bs, num_blocks, "read", si, group.name)
+            rb, ro = _pages(table, lo, seq.end, bs, num_blocks, "read", si, group.name, check_blocks)
             q = torch.arange(seq.start, seq.end, device=device)[:, None]
             k = torch.arange(lo, seq.end, device=device)[None, :]
-            mask = k <= q
+            # causal: key <= query; a non-causal block sees every new token of its sequence
+            mask = k <= q if seq.causal else k < seq.end
             if window is not None:
                 mask &= k > q - window
             per_seq.append(SequenceAttention(
@@ -182,13 +215,13 @@ def build_step_metadata(
         blocks, offsets = torch.cat(write_blocks), torch.cat(write_offsets)
         if torch.unique(blocks * bs + offsets).numel() != blocks.numel():
             raise ValueError(f"group {group.name!r}: two new tokens of this step map to the same slot")
-        groups.append(GroupMetadata(
+        groups[gi] = GroupMetadata(
             block_size=bs,
             window=window,
             write_blocks=blocks.to(device),
             write_offsets=offsets.to(device),
             sequences=tuple(per_seq),
-        ))
+        )
     return StepMetadata(
         token_ids=torch.tensor(tokens, dtype=torch.long, device=device),
         positions=torch.tensor(positions, dtype=torch.long, device=device),

@@ -1,1 +1,9 @@
-"""Continuous-batching scheduler (planned: see the scheduler/simulator issue)."""
+"""Continuous-batching scheduler shared by the simulator and the reference engine."""
+
+from hybridkv.sched.acceptance import AcceptanceModel
+from hybridkv.sched.request import EngineRequest, RequestStatus
+from hybridkv.sched.scheduler import (POLICIES, ScheduledRequest, Scheduler, SchedulerConfig,
+                                      SchedulerOutput)
+
+__all__ = ["AcceptanceModel", "EngineRequest", "POLICIES", "RequestStatus", "ScheduledRequest",
+           "Scheduler", "SchedulerConfig", "SchedulerOutput"]

@@ -167,12 +167,17 @@ def belady_block_hit_rate(
         The hits and references; the input is not modified.
     """
     _check_capacity(capacity_blocks)
+    n_req = len(requests)
     next_uses = _next_uses(requests)
-    # cached key -> its current next use; heap of (-next_use, -depth, seq, key) with lazy
-    # invalidation: an entry is live iff cache.get(key) == next_use and its seq is the latest.
-    cache: dict[Hashable, float] = {}
-    latest: dict[Hashable, int] = {}
-    heap: list[tuple[float, int, int, Hashable]] = []
+    # Heap entries are single ints (fast to compare), smallest = evicted first:
+    #     ((n_req - next_use) * depth_span + (depth_span - 1 - depth)) * seq_span + seq
+    # i.e. latest next use first (never used again = n_req), then deepest first. ``seq`` names
+    # the reference; an entry is live iff it is its key's latest reference (lazy invalidation).
+    depth_span = max((len(k) for k in requests), default=0) + 1
+    seq_span = sum(len(k) for k in requests) + 1
+    cache: dict[Hashable, int] = {}   # cached key -> seq of its latest reference
+    seq_key: list[Hashable] = []       # seq -> key
+    heap: list[int] = []
     push, pop = heapq.heappush, heapq.heappop
     seq = 0
     hits_per_request: list[int] = []
@@ -183,17 +188,18 @@ def belady_block_hit_rate(
         hits += h
         refs += len(keys)
         for depth, (key, nu) in enumerate(zip(keys, next_uses[i])):
-            cache[key] = nu
-            latest[key] = seq
-            push(heap, (-nu, -depth, seq, key))
+            nu_i = n_req if nu == _NEVER else int(nu)
+            cache[key] = seq
+            seq_key.append(key)
+            push(heap, ((n_req - nu_i) * depth_span + depth_span - 1 - depth) * seq_span + seq)
             seq += 1
         while len(cache) > capacity_blocks:
-            _, _, s, key = pop(heap)
-            if latest.get(key) == s:
+            s = pop(heap) % seq_span
+            key = seq_key[s]
+            if cache.get(key) == s:
                 del cache[key]
-                del latest[key]
         if len(heap) > 4 * (len(cache) + 64):  # drop stale entries so the heap stays small
-            heap = [e for e in heap if latest.get(e[3]) == e[2]]
+            heap = [e for e in heap if cache.get(seq_key[e % seq_span]) == e % seq_span]
             heapq.heapify(heap)
     return BlockCacheResult("belady", capacity_blocks, hits, refs, tuple(hits_per_request))
 

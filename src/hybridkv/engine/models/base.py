@@ -16,8 +16,8 @@ A forward step::
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from typing import Literal
+from collections.abc import Callable, Mapping, Sequence
+from typing import Literal, Union
 
 import torch
 from torch import nn
@@ -29,6 +29,14 @@ from ..kv_cache import PagedKVCache
 from ..metadata import GroupMetadata, SequenceInput, StepMetadata, build_step_metadata
 
 LogitsMode = Literal["last", "all", "none"]
+RopeTables = tuple[torch.Tensor, torch.Tensor]
+# One (cos, sin) pair for every layer, or one per layer kind ("full", "sliding", ...).
+LayerRope = Union[RopeTables, Mapping[str, RopeTables]]
+
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": nn.functional.silu,
+    "gelu_pytorch_tanh": lambda x: nn.functional.gelu(x, approximate="tanh"),
+}
 
 
 class RMSNorm(nn.Module):
@@ -47,16 +55,17 @@ class RMSNorm(nn.Module):
 
 
 class GatedMLP(nn.Module):
-    """SwiGLU feed-forward: ``down(silu(gate(x)) * up(x))``."""
+    """Gated feed-forward: ``down(act(gate(x)) * up(x))`` (SwiGLU with ``silu``, GeGLU with gelu)."""
 
-    def __init__(self, hidden: int, intermediate: int, bias: bool = False) -> None:
+    def __init__(self, hidden: int, intermediate: int, bias: bool = False, act: str = "silu") -> None:
         super().__init__()
         self.gate_proj = nn.Linear(hidden, intermediate, bias=bias)
         self.up_proj = nn.Linear(hidden, intermediate, bias=bias)
         self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
+        self.act = ACTIVATIONS[act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
 class PagedAttentionLayer(nn.Module, ABC):
@@ -75,14 +84,15 @@ class PagedAttentionLayer(nn.Module, ABC):
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm residual block: attention then MLP."""
+    """Pre-norm residual block: attention then MLP (the dense gated MLP unless one is given)."""
 
-    def __init__(self, config: ModelConfig, attn: PagedAttentionLayer) -> None:
+    def __init__(self, config: ModelConfig, attn: PagedAttentionLayer, mlp: nn.Module | None = None) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = attn
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, config.mlp_bias)
+        self.mlp = mlp if mlp is not None else GatedMLP(
+            config.hidden_size, config.intermediate_size, config.mlp_bias, config.hidden_act)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 cache: torch.Tensor, meta: GroupMetadata) -> torch.Tensor:
@@ -105,25 +115,34 @@ class PagedCausalLM(nn.Module, ABC):
 
     Subclasses build the attention layers and the rotary table and describe each layer's KV
     spec; this class owns the paged forward pass.
+
+    Attributes:
+        kv_prefix: prepended to every KV-cache layer name (a drafter model sharing one
+            :class:`~hybridkv.core.specs.KVCacheConfig` with its target uses ``"draft."``).
     """
+
+    kv_prefix: str = ""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        self.model = Backbone(config, [DecoderLayer(config, self.make_attention(i))
-                                       for i in range(config.num_hidden_layers)])
+        self.model = Backbone(config, [self.make_layer(i) for i in range(config.num_hidden_layers)])
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
     # ------------------------------------------------------------------ per-architecture
+    def make_layer(self, layer_index: int) -> nn.Module:
+        """Build decoder layer ``layer_index`` (a pre-norm block around :meth:`make_attention`)."""
+        return DecoderLayer(self.config, self.make_attention(layer_index))
+
     @abstractmethod
     def make_attention(self, layer_index: int) -> PagedAttentionLayer:
         """Build the attention module of layer ``layer_index``."""
 
     @abstractmethod
-    def rope_tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(cos, sin)`` for the packed positions."""
+    def rope_tables(self, positions: torch.Tensor, dtype: torch.dtype) -> LayerRope:
+        """``(cos, sin)`` for the packed positions, or one such pair per layer kind."""
 
     @abstractmethod
     def attention_spec(self, layer_index: int, block_size: int, dtype: str = "float32") -> AttentionSpec:
@@ -132,8 +151,8 @@ class PagedCausalLM(nn.Module, ABC):
     # ------------------------------------------------------------------ naming
     @property
     def layer_names(self) -> tuple[str, ...]:
-        """KV-cache layer names, ``model.layers.{i}.self_attn``, in layer order."""
-        return tuple(f"model.layers.{i}.self_attn" for i in range(self.config.num_hidden_layers))
+        """KV-cache layer names, ``{kv_prefix}model.layers.{i}.self_attn``, in layer order."""
+        return tuple(f"{self.kv_prefix}model.layers.{i}.self_attn" for i in range(self.config.num_hidden_layers))
 
     @property
     def device(self) -> torch.device:
@@ -170,7 +189,7 @@ class PagedCausalLM(nn.Module, ABC):
         """
         self.check_kv_cache(kv_cache)
         meta = seqs if isinstance(seqs, StepMetadata) else build_step_metadata(
-            seqs, kv_cache.config, self.device)
+            seqs, kv_cache.config, self.device, group_indices=self.group_indices(kv_cache))
         hidden = self.hidden_states(meta, kv_cache)
         if logits == "none":
             return []
@@ -180,14 +199,37 @@ class PagedCausalLM(nn.Module, ABC):
             rows = [hidden[r] for r in meta.seq_rows]
         else:
             raise ValueError(f"logits must be 'last', 'all' or 'none', got {logits!r}")
-        out = self.lm_head(torch.cat(rows, dim=0)).float()
+        out = self.compute_logits(torch.cat(rows, dim=0))
         return list(out.split([r.shape[0] for r in rows]))
+
+    def group_indices(self, kv_cache: PagedKVCache) -> tuple[int, ...]:
+        """Indices of the KV-cache groups holding this model's layers (ascending)."""
+        return tuple(sorted({kv_cache.group_index(name) for name in self.layer_names}))
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Input embeddings ``[T, hidden]`` of ``token_ids``."""
+        return self.model.embed_tokens(token_ids)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """fp32 logits ``[n, vocab]`` of final-norm hidden states ``[n, hidden]``."""
+        return self.lm_head(hidden).float()
 
     def hidden_states(self, meta: StepMetadata, kv_cache: PagedKVCache) -> torch.Tensor:
         """Final-norm hidden states ``[T, hidden]`` of the packed step."""
-        x = self.model.embed_tokens(meta.token_ids)
-        rope = self.rope_tables(meta.positions, x.dtype)
-        for name, layer in zip(self.layer_names, self.model.layers):
+        return self.run(meta, kv_cache)[0]
+
+    def run(self, meta: StepMetadata, kv_cache: PagedKVCache,
+            capture: Sequence[int] = ()) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """The packed step's final-norm hidden states, and the outputs of the decoder layers
+        listed in ``capture`` (before the final norm; a drafter's context features)."""
+        x = self.embed(meta.token_ids)
+        ropes = self.rope_tables(meta.positions, x.dtype)
+        kinds = self.config.layer_kinds
+        captured: dict[int, torch.Tensor] = {}
+        for i, (name, layer) in enumerate(zip(self.layer_names, self.model.layers)):
             gi = kv_cache.group_index(name)
+            rope = ropes if isinstance(ropes, tuple) else ropes[kinds[i]]
             x = layer(x, rope, kv_cache.layer(name), meta.groups[gi])
-        return self.model.norm(x)
+            if i in capture:
+                captured[i] = x
+        return self.model.norm(x), [captured[i] for i in capture]

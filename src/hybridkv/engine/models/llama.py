@@ -20,36 +20,56 @@ from .base import PagedAttentionLayer, PagedCausalLM, RMSNorm
 
 
 class GQAAttention(PagedAttentionLayer):
-    """Grouped-query attention with ``q_proj/k_proj/v_proj/o_proj`` (transformers names)."""
+    """Grouped-query attention with ``q_proj/k_proj/v_proj/o_proj`` (transformers names).
 
-    def __init__(self, config: ModelConfig, layer_index: int) -> None:
+    Options read from the config: q/k/v and o biases, per-head q/k RMSNorm (Qwen3, Gemma 3;
+    ``norm`` picks the norm class), the softmax scale (``attn_scale``) and gpt-oss attention
+    sinks (a ``sinks`` parameter, one logit per query head).
+    """
+
+    def __init__(self, config: ModelConfig, layer_index: int, norm: type[nn.Module] = RMSNorm) -> None:
         super().__init__()
         self.layer_index = layer_index
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
         self.window = config.sliding_window if config.layer_kinds[layer_index] == "sliding" else None
-        self.scale = self.head_dim ** -0.5
+        self.scale = config.attn_scale if config.attn_scale is not None else self.head_dim ** -0.5
         h, d = config.hidden_size, self.head_dim
         self.q_proj = nn.Linear(h, self.num_heads * d, bias=config.qkv_bias)
         self.k_proj = nn.Linear(h, self.num_kv_heads * d, bias=config.qkv_bias)
         self.v_proj = nn.Linear(h, self.num_kv_heads * d, bias=config.qkv_bias)
         self.o_proj = nn.Linear(self.num_heads * d, h, bias=config.o_bias)
-        self.q_norm = RMSNorm(d, config.rms_norm_eps) if config.qk_norm else None
-        self.k_norm = RMSNorm(d, config.rms_norm_eps) if config.qk_norm else None
+        self.q_norm = norm(d, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = norm(d, config.rms_norm_eps) if config.qk_norm else None
+        self.sinks = nn.Parameter(torch.zeros(self.num_heads)) if config.attention_sinks else None
+
+    def key_value(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotated keys and values ``[T, kv_heads, head_dim]`` of hidden states ``x``."""
+        t = x.shape[0]
+        cos, sin = rope
+        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        if self.k_norm is not None:
+            k = self.k_norm(k)
+        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        return apply_rope_half(k, cos, sin), v
+
+    def write_only(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                   cache: torch.Tensor, meta: GroupMetadata) -> None:
+        """Store the K/V of ``x`` at the metadata's write slots without attending (a DFlash
+        drafter's context entries)."""
+        write_kv(cache, meta, *self.key_value(x, rope))
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                 cache: torch.Tensor, meta: GroupMetadata) -> torch.Tensor:
         t = x.shape[0]
         cos, sin = rope
         q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope_half(q, cos, sin), apply_rope_half(k, cos, sin)
-        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        write_kv(cache, meta, k, v)
-        out = paged_attention(q, cache, meta, self.scale)
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+        q = apply_rope_half(q, cos, sin)
+        write_kv(cache, meta, *self.key_value(x, rope))
+        out = paged_attention(q, cache, meta, self.scale, self.sinks)
         return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
 
     def check_spec(self, spec: AttentionSpec) -> None:
@@ -67,7 +87,8 @@ class GQAAttention(PagedAttentionLayer):
 
 
 class LlamaForCausalLM(PagedCausalLM):
-    """Llama / Qwen2 / Qwen3 / Mistral (``model_type`` in :data:`~hybridkv.engine.config.LLAMA_FAMILY`)."""
+    """Llama / Qwen2 / Qwen3 / Mistral (``model_type`` in :data:`~hybridkv.engine.config.LLAMA_FAMILY`);
+    the base of the Gemma 3 and gpt-oss models."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)

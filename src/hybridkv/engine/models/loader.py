@@ -11,6 +11,8 @@ from safetensors.torch import load_file
 from ..config import ModelConfig, load_model_config
 from .base import PagedCausalLM
 from .deepseek import DeepseekV3ForCausalLM
+from .gemma3 import Gemma3ForCausalLM
+from .gpt_oss import GptOssForCausalLM
 from .llama import LlamaForCausalLM
 
 MODEL_CLASSES: dict[str, type[PagedCausalLM]] = {
@@ -18,6 +20,8 @@ MODEL_CLASSES: dict[str, type[PagedCausalLM]] = {
     "qwen2": LlamaForCausalLM,
     "qwen3": LlamaForCausalLM,
     "mistral": LlamaForCausalLM,
+    "gemma3_text": Gemma3ForCausalLM,
+    "gpt_oss": GptOssForCausalLM,
     "deepseek_v3": DeepseekV3ForCausalLM,
 }
 

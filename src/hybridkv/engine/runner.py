@@ -1,0 +1,228 @@
+"""The engine loop: the shared scheduler decides, the paged model computes, greedy sampling verifies.
+
+One step::
+
+    out = scheduler.schedule()          blocks allocated (+ lookahead slots), hits adopted
+    rows.write(block tables)            persistent per-group block-table rows (block_table.py)
+    target forward                      KV for [start, start + n) of every scheduled request
+    greedy verify                       accepted drafts + 1 bonus token per sampling request
+    drafter.propose(...)                draft KV brought up to date, next drafts chosen
+    scheduler.update(out, sampled)      tokens appended, rejected drafts uncounted, finishes
+    req.spec_token_ids = drafts         for the next schedule()
+
+Greedy verification of drafts ``d1 .. dj`` for a request whose last known token sits at row
+``i`` of its logits: ``g = argmax(logits[i : i + j + 1])``; accept the longest prefix with
+``d_m == g_{m-1}``; the bonus is ``g_a``. The output therefore always equals plain greedy
+decoding of the target, whatever the drafter proposes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from hybridkv.core.manager import KVCacheManager
+from hybridkv.sched import EngineRequest, RequestStatus, Scheduler
+
+from .block_table import BlockTableRows
+from .drafters import Drafter, StepRequest
+from .kv_cache import PagedKVCache
+from .metadata import SequenceInput, build_step_metadata
+from .models.base import PagedCausalLM
+
+
+@dataclass
+class EngineStats:
+    """Counters of one engine's life."""
+
+    steps: int = 0
+    prefill_tokens: int = 0      # known tokens computed (prompts, recomputes, last tokens)
+    draft_tokens: int = 0        # draft tokens verified by the target
+    accepted_tokens: int = 0     # of those, accepted
+    preemptions: int = 0
+    finished: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+
+
+@dataclass
+class LogitsRecord:
+    """Per request: every computed real position and its logits (fp32, CPU), in step order.
+
+    Positions recomputed after a preemption appear again; a test compares every entry.
+    """
+
+    positions: list[int] = field(default_factory=list)
+    rows: list[torch.Tensor] = field(default_factory=list)
+
+    def add(self, start: int, logits: torch.Tensor) -> None:
+        self.positions.extend(range(start, start + logits.shape[0]))
+        self.rows.append(logits.detach().to("cpu"))
+
+    def stacked(self) -> tuple[list[int], torch.Tensor]:
+        return self.positions, torch.cat(self.rows) if self.rows else torch.empty(0)
+
+
+class EngineCore:
+    """Runs a :class:`Scheduler` over a paged model, with an optional drafter.
+
+    Args:
+        model: the target model.
+        kv: the KV-cache manager (the scheduler's).
+        scheduler: the continuous-batching scheduler.
+        cache: the paged KV tensors for ``kv.config`` (target and drafter groups).
+        drafter: proposes drafts (its method must match ``kv.spec_decode``), or None.
+        record_logits: keep every computed position's logits per request (tests, debugging).
+        check_draft_slots: make draft writes past a request's blocks raise instead of landing
+            in whatever block the persistent row still names (the GPU-like default).
+    """
+
+    def __init__(self, model: PagedCausalLM, kv: KVCacheManager, scheduler: Scheduler,
+                 cache: PagedKVCache, drafter: Drafter | None = None, *, record_logits: bool = False,
+                 check_draft_slots: bool = False) -> None:
+        spec = kv.spec_decode
+        if (drafter is None) != (spec is None):
+            raise ValueError("give a drafter exactly when the manager has a SpecDecode config")
+        if drafter is not None and spec is not None and drafter.method != spec.method:
+            raise ValueError(f"drafter method {drafter.method!r} does not match the manager's "
+                             f"speculative method {spec.method!r}")
+        if cache.config is not kv.config:
+            raise ValueError("the paged cache must be built from the manager's KVCacheConfig")
+        model.check_kv_cache(cache)
+        self.model = model
+        self.kv = kv
+        self.scheduler = scheduler
+        self.cache = cache
+        self.drafter = drafter
+        self.device = model.device
+        self.record_logits = record_logits
+        self.check_draft_slots = check_draft_slots
+        self.k = spec.num_speculative_tokens if spec is not None else 0
+        self.target_groups = model.group_indices(cache)
+        self.rows = BlockTableRows(len(kv.config.groups), scheduler.config.max_num_seqs)
+        self.records: dict[object, LogitsRecord] = {}
+        self.stats = EngineStats()
+        if drafter is not None:
+            limit = drafter.max_draft_tokens()
+            if limit is not None and self.k > limit:
+                raise ValueError(f"{drafter.method} drafts at most {limit} tokens per step; "
+                                 f"num_speculative_tokens={self.k} is too many")
+            drafter.bind(self)
+
+    # ---- requests ---------------------------------------------------------------------------
+    def add_request(self, req: EngineRequest) -> None:
+        self.scheduler.add_request(req)
+        if self.record_logits:
+            self.records.setdefault(req.request_id, LogitsRecord())
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ---- one step ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self) -> list[EngineRequest]:
+        """Schedule, compute, verify, draft, update. Returns the requests that finished."""
+        sched = self.scheduler
+        out = sched.schedule()
+        for r in out.preempted:
+            self.rows.release(r.request_id)
+        self.stats.preemptions += len(out.preempted)
+        if not out.scheduled:
+            if sched.has_unfinished() and not out.preempted:
+                raise RuntimeError("the scheduler scheduled nothing while requests are unfinished")
+            return []
+        self.stats.steps += 1
+        seqs = []
+        for s in out.scheduled:
+            tables = self.kv.block_ids(s.req.request)
+            self.rows.write(s.req.request_id, tables)
+            seqs.append(SequenceInput(s.token_ids(), s.start, tables))
+        meta = build_step_metadata(seqs, self.kv.config, self.device, group_indices=self.target_groups)
+        capture = self.drafter.capture_layers if self.drafter is not None else ()
+        hidden, captured = self.model.run(meta, self.cache, capture)
+
+        # rows whose logits are needed: the last known token + drafts (all rows when recording)
+        picks: list[tuple[int, int]] = []
+        for i, s in enumerate(out.scheduled):
+            rows = meta.seq_rows[i]
+            known = s.num_new_tokens - s.num_draft_tokens
+            if self.record_logits:
+                picks.append((rows.start, rows.stop))
+            elif s.samples:
+                picks.append((rows.start + known - 1, rows.stop))
+            else:
+                picks.append((rows.stop, rows.stop))
+        idx = torch.cat([torch.arange(a, b) for a, b in picks]).to(hidden.device)
+        logits = self.model.compute_logits(hidden[idx]) if idx.numel() else hidden.new_empty((0, 0))
+        greedy = logits.argmax(-1).tolist() if idx.numel() else []
+
+        sampled: dict[object, list[int]] = {}
+        step_reqs: list[StepRequest] = []
+        offset = 0
+        for i, s in enumerate(out.scheduled):
+            a, b = picks[i]
+            mine = greedy[offset:offset + (b - a)]
+            my_logits = logits[offset:offset + (b - a)]
+            offset += b - a
+            known = s.num_new_tokens - s.num_draft_tokens
+            self.stats.prefill_tokens += known
+            req = s.req.request
+            toks: list[int] = []
+            accepted = 0
+            if s.samples:
+                g = mine[known - 1:] if self.record_logits else mine
+                drafts = s.token_ids()[known:]
+                while accepted < len(drafts) and drafts[accepted] == g[accepted]:
+                    accepted += 1
+                toks = drafts[:accepted] + [g[accepted]]
+                sampled[s.req.request_id] = toks
+                self.stats.draft_tokens += len(drafts)
+                self.stats.accepted_tokens += accepted
+            if self.record_logits:
+                self.records.setdefault(s.req.request_id, LogitsRecord()).add(
+                    s.start, my_logits[:known + accepted])
+            all_tokens = list(req.token_ids) + toks
+            step_reqs.append(StepRequest(s, meta.seq_rows[i], all_tokens, toks,
+                                         self._max_drafts(s.req, len(all_tokens)) if toks else 0))
+
+        drafts = self.drafter.propose(step_reqs, hidden, captured) if self.drafter is not None else {}
+        finished = sched.update(out, sampled)
+        for r in finished:
+            self.rows.release(r.request_id)
+        self.stats.finished += len(finished)
+        for s in out.scheduled:
+            r = s.req
+            if r.status is RequestStatus.RUNNING and drafts.get(r.request_id):
+                r.spec_token_ids = list(drafts[r.request_id][:self.k])
+        return finished
+
+    def _max_drafts(self, r: EngineRequest, num_tokens: int) -> int:
+        """Drafts worth proposing for a request that will hold ``num_tokens`` tokens: at most k,
+        no more than its remaining outputs minus the bonus, and none past max_model_len."""
+        if not self.k:
+            return 0
+        room = r.max_tokens - (num_tokens - r.num_prompt_tokens) - 1
+        max_len = self.scheduler.max_model_len
+        if max_len is not None:
+            room = min(room, max_len - num_tokens)
+        return max(0, min(self.k, room))
+
+    def run(self, max_steps: int | None = None) -> list[EngineRequest]:
+        """Step until every request finished (or ``max_steps``); returns the finished ones."""
+        done: list[EngineRequest] = []
+        n = 0
+        while self.has_unfinished() and (max_steps is None or n < max_steps):
+            done.extend(self.step())
+            n += 1
+        return done
+
+    def generate_ids(self, requests: Sequence[EngineRequest]) -> dict[object, list[int]]:
+        """Run ``requests`` to completion; their output token ids by request id."""
+        for r in requests:
+            self.add_request(r)
+        self.run()
+        return {r.request_id: r.output_token_ids for r in requests}

@@ -1,0 +1,419 @@
+"""Continuous batching over the KV-cache manager, in the manner of vLLM v1.
+
+One step::
+
+    schedule()                       update(output, sampled)
+    ──────────                       ───────────────────────
+    1. running requests, in order:   per scheduled request that reached the end of its tokens:
+       decode (1 + drafts) or the      - rejected drafts: num_computed -= k - accepted
+       next prefill chunk; if the      - append accepted drafts + the bonus token
+       pool is full, preempt from      - finish at max_tokens / max_model_len / a stop token
+       the back (FCFS) or the          (finished: blocks freed, cached ones stay cached)
+       lowest priority, by recompute
+    2. if nobody was preempted,
+       admit waiting requests: prefix
+       lookup, then the first chunk
+
+The token budget (``max_num_batched_tokens``) bounds the tokens computed per step; a request
+whose prompt does not fit is split into chunks (chunked prefill) unless that is disabled.
+``num_computed_tokens`` advances at schedule time (as in vLLM): a scheduled request's KV for
+``[start, start + num_new_tokens)`` is written by the step's forward pass.
+
+Invariants: every scheduled request holds blocks for its tokens plus lookahead slots; a
+preempted request holds no blocks and restarts from its (cached) prefix; a request is in
+exactly one of ``waiting`` and ``running`` until it finishes.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+from hybridkv.core.manager import KVCacheManager
+from hybridkv.sched.request import EngineRequest, RequestStatus
+
+POLICIES = ("fcfs", "priority")
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """Batching limits.
+
+    Args:
+        max_num_batched_tokens: tokens computed per step (prefill chunks + decodes + drafts).
+        max_num_seqs: requests running at once.
+        max_model_len: tokens per request (prompt + outputs); None: the manager's, or no cap.
+        enable_chunked_prefill: split prompts longer than the remaining budget.
+        long_prefill_token_threshold: cap on one request's prefill chunk (0: none), so long
+            prompts do not starve decodes.
+        policy: ``fcfs`` or ``priority`` (lower ``priority`` first; preempts the highest).
+    """
+
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 256
+    max_model_len: int | None = None
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0
+    policy: str = "fcfs"
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_batched_tokens", "max_num_seqs"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        v = self.max_model_len
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 2):
+            raise ValueError(f"max_model_len must be None or an integer >= 2, got {v!r}")
+        v = self.long_prefill_token_threshold
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"long_prefill_token_threshold must be an integer >= 0, got {v!r}")
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown scheduling policy {self.policy!r}; valid: {', '.join(POLICIES)}")
+
+
+class ScheduledRequest:
+    """One request's share of a step.
+
+    The step computes the KV of ``num_new_tokens`` tokens at positions ``start ..``: the known
+    tokens ``token_ids[start : start + num_new_tokens - num_draft_tokens]`` followed by the
+    request's ``num_draft_tokens`` drafts. ``samples`` is True when the chunk reaches the end
+    of the known tokens, so the step samples (and verifies drafts) for it.
+    """
+
+    __slots__ = ("req", "start", "num_new_tokens", "num_draft_tokens", "new_block_ids", "samples")
+
+    def __init__(self, req: EngineRequest, start: int, num_new_tokens: int, num_draft_tokens: int,
+                 new_block_ids: list[list[int]]) -> None:
+        self.req = req
+        self.start = start
+        self.num_new_tokens = num_new_tokens
+        self.num_draft_tokens = num_draft_tokens
+        self.new_block_ids = new_block_ids
+        self.samples = start + num_new_tokens - num_draft_tokens >= len(req.request.token_ids)
+
+    @property
+    def is_prefill(self) -> bool:
+        return self.start + 1 < self.req.request.num_tokens
+
+    def token_ids(self) -> list[int]:
+        """The tokens to compute: known tokens, then drafts."""
+        end = self.start + self.num_new_tokens - self.num_draft_tokens
+        known = list(self.req.request.token_ids[self.start:end])
+        return known + self.req.spec_token_ids[:self.num_draft_tokens]
+
+    def __repr__(self) -> str:
+        return (f"ScheduledRequest({self.req.request_id!r}, start={self.start}, "
+                f"new={self.num_new_tokens}, drafts={self.num_draft_tokens})")
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """What one step computes.
+
+    Attributes:
+        step: the step index (0-based).
+        scheduled: requests computed this step, in batch order.
+        num_scheduled_tokens: the sum of their ``num_new_tokens`` (<= the token budget).
+        preempted: requests preempted this step (their blocks are freed).
+        admitted: requests moved from waiting to running this step (new or resumed); their
+            ``num_cached_tokens`` is set at their first admission.
+    """
+
+    step: int
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    num_scheduled_tokens: int = 0
+    preempted: list[EngineRequest] = field(default_factory=list)
+    admitted: list[EngineRequest] = field(default_factory=list)
+
+
+class Scheduler:
+    """Continuous-batching scheduler driving a :class:`KVCacheManager`.
+
+    Engine-agnostic: a caller loops ``out = schedule()``, runs (or models) the forward pass,
+    then ``update(out, sampled)``, and, with speculative decoding, sets each running request's
+    ``spec_token_ids`` (at most k) before the next ``schedule()``.
+
+    Args:
+        kv: the manager (its ``spec_decode`` gives k and the lookahead slots).
+        config: batching limits.
+    """
+
+    def __init__(self, kv: KVCacheManager, config: SchedulerConfig | None = None) -> None:
+        if not isinstance(kv, KVCacheManager):
+            raise ValueError(f"Scheduler needs a KVCacheManager, got {type(kv).__name__}")
+        config = config or SchedulerConfig()
+        if not isinstance(config, SchedulerConfig):
+            raise ValueError(f"config must be a SchedulerConfig, got {type(config).__name__}")
+        self.kv = kv
+        self.config = config
+        max_len = config.max_model_len
+        if kv.max_model_len is not None:
+            max_len = kv.max_model_len if max_len is None else min(max_len, kv.max_model_len)
+        self.max_model_len = max_len
+        spec = kv.spec_decode
+        self.max_drafts = spec.num_speculative_tokens if spec else 0
+        self.drafter_window = spec.drafter_window if spec and spec.method == "dflash" else None
+        self.waiting: deque[EngineRequest] = deque()
+        self._waiting_heap: list[tuple[int, float, int, EngineRequest]] = []
+        self.running: list[EngineRequest] = []
+        self.requests: dict[object, EngineRequest] = {}
+        self._seq = itertools.count()
+        self.step_index = 0
+        self.num_preemptions = 0
+        self._awaiting_update: int | None = None
+
+    # ---- queue --------------------------------------------------------------------------------
+    def add_request(self, req: EngineRequest) -> None:
+        """Queue a new request. Raises ValueError for a duplicate id or a prompt too long."""
+        if not isinstance(req, EngineRequest):
+            raise ValueError(f"add_request needs an EngineRequest, got {type(req).__name__}")
+        if req.request_id in self.requests:
+            raise ValueError(f"request id {req.request_id!r} is already in the scheduler")
+        if self.max_model_len is not None and req.num_prompt_tokens >= self.max_model_len:
+            raise ValueError(
+                f"request {req.request_id!r} has {req.num_prompt_tokens} prompt tokens; "
+                f"max_model_len={self.max_model_len} leaves no room for an output token")
+        req._seq = next(self._seq)
+        req.status = RequestStatus.WAITING
+        self.requests[req.request_id] = req
+        self._push_waiting(req, front=False)
+
+    def _push_waiting(self, req: EngineRequest, front: bool) -> None:
+        if self.config.policy == "priority":
+            heapq.heappush(self._waiting_heap, (req.priority, req.arrival_time, req._seq, req))
+        elif front:
+            self.waiting.appendleft(req)
+        else:
+            self.waiting.append(req)
+
+    def _peek_waiting(self) -> EngineRequest | None:
+        if self.config.policy == "priority":
+            return self._waiting_heap[0][3] if self._waiting_heap else None
+        return self.waiting[0] if self.waiting else None
+
+    def _pop_waiting(self) -> None:
+        if self.config.policy == "priority":
+            heapq.heappop(self._waiting_heap)
+        else:
+            self.waiting.popleft()
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting_heap) if self.config.policy == "priority" else len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    def abort_request(self, request_id: object) -> None:
+        """Finish a request now (status ABORTED); its blocks are freed. Unknown ids: no-op."""
+        req = self.requests.get(request_id)
+        if req is None:
+            return
+        if req in self.running:
+            self.running.remove(req)
+        elif self.config.policy == "priority":
+            self._waiting_heap = [e for e in self._waiting_heap if e[3] is not req]
+            heapq.heapify(self._waiting_heap)
+        else:
+            self.waiting.remove(req)
+        self._finish(req, RequestStatus.FINISHED_ABORTED)
+
+    # ---- scheduling ---------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        """Choose this step's work and allocate its blocks (see the module docstring)."""
+        if self._awaiting_update is not None:
+            raise RuntimeError(
+                f"schedule() called again before update() for step {self._awaiting_update}; "
+                "apply each step's sampled tokens first")
+        cfg = self.config
+        kv = self.kv
+        out = SchedulerOutput(self.step_index)
+        self._awaiting_update = self.step_index
+        self.step_index += 1
+        budget = cfg.max_num_batched_tokens
+        threshold = cfg.long_prefill_token_threshold
+        max_len = self.max_model_len
+        scheduled = out.scheduled
+        running = self.running
+        i = 0
+        while i < len(running) and budget > 0:
+            r = running[i]
+            req = r.request
+            computed = req.num_computed_tokens
+            num_tokens = len(req.token_ids)
+            drafts = len(r.spec_token_ids)
+            if drafts:
+                self._check_drafts(r, drafts)
+            num_new = num_tokens + drafts - computed
+            if threshold and num_new > threshold and computed + 1 < num_tokens:
+                num_new = threshold
+            if num_new > budget:
+                num_new = budget
+            if max_len is not None and computed + num_new > max_len:
+                num_new = max_len - computed
+            if num_new <= 0:
+                i += 1
+                continue
+            while True:
+                new_blocks = kv.allocate(req, num_new)
+                if new_blocks is not None:
+                    break
+                victim = self._choose_victim(i)
+                if victim is r and len(running) == 1 and not scheduled:
+                    raise RuntimeError(self._too_small(r))
+                self._preempt(victim, out)
+                if victim is r:
+                    break
+            if r.status is not RequestStatus.RUNNING:
+                break  # r preempted itself: nothing after it fits either
+            num_drafts = computed + num_new - num_tokens
+            scheduled.append(ScheduledRequest(r, computed, num_new, num_drafts if num_drafts > 0 else 0,
+                                              new_blocks))
+            req.num_computed_tokens = computed + num_new
+            budget -= num_new
+            i += 1
+        if not out.preempted:
+            budget = self._admit(out, budget)
+        out.num_scheduled_tokens = cfg.max_num_batched_tokens - budget
+        return out
+
+    def _admit(self, out: SchedulerOutput, budget: int) -> int:
+        """Admit waiting requests while budget, seats and blocks last; returns the budget left."""
+        cfg = self.config
+        kv = self.kv
+        threshold = cfg.long_prefill_token_threshold
+        while budget > 0 and len(self.running) < cfg.max_num_seqs:
+            r = self._peek_waiting()
+            if r is None:
+                return budget
+            req = r.request
+            hit = kv.lookup(req)
+            num_new = req.num_tokens - hit.num_tokens
+            if not cfg.enable_chunked_prefill and num_new > budget:
+                return budget
+            if threshold and num_new > threshold:
+                num_new = threshold
+            if num_new > budget:
+                num_new = budget
+            new_blocks = kv.allocate(req, num_new, hit)
+            if new_blocks is None:
+                if not self.running and not out.scheduled:
+                    raise RuntimeError(self._too_small(r))
+                return budget
+            self._pop_waiting()
+            if r.num_cached_tokens < 0:
+                r.num_cached_tokens = hit.num_tokens
+            r.status = RequestStatus.RUNNING
+            self.running.append(r)
+            out.admitted.append(r)
+            out.scheduled.append(ScheduledRequest(r, hit.num_tokens, num_new, 0, new_blocks))
+            req.num_computed_tokens = hit.num_tokens + num_new
+            budget -= num_new
+        return budget
+
+    def _check_drafts(self, r: EngineRequest, drafts: int) -> None:
+        if drafts > self.max_drafts:
+            raise ValueError(
+                f"request {r.request_id!r} carries {drafts} draft tokens; the speculative "
+                f"config allows at most k={self.max_drafts}")
+        if self.drafter_window is not None and drafts + 1 > self.drafter_window:
+            raise ValueError(
+                f"request {r.request_id!r}: {drafts} drafts + the bonus query exceed the "
+                f"DFlash drafter window of {self.drafter_window} tokens")
+
+    def _too_small(self, r: EngineRequest) -> str:
+        return (f"the KV cache cannot hold request {r.request_id!r} ({r.num_tokens} tokens) even "
+                f"alone: the pool has {self.kv.config.num_blocks - 1} blocks; give a larger cache, "
+                f"a smaller max_num_batched_tokens (sliding-window groups hold a whole prefill "
+                f"chunk) or a smaller max_model_len")
+
+    def _choose_victim(self, i: int) -> EngineRequest:
+        """The request to preempt among running[i:] (not yet scheduled this step)."""
+        if self.config.policy == "priority":
+            return max(self.running[i:], key=lambda q: (q.priority, q.arrival_time, q._seq))
+        return self.running[-1]
+
+    def _preempt(self, r: EngineRequest, out: SchedulerOutput) -> None:
+        self.running.remove(r)
+        self.kv.free(r.request)
+        r.request.num_computed_tokens = 0
+        r.request.num_preemptions += 1
+        r.spec_token_ids = []
+        r.status = RequestStatus.PREEMPTED
+        self.num_preemptions += 1
+        out.preempted.append(r)
+        self._push_waiting(r, front=True)
+
+    # ---- results ------------------------------------------------------------------------------
+    def update(self, out: SchedulerOutput,
+               sampled: Mapping[object, Sequence[int]]) -> list[EngineRequest]:
+        """Apply a step's sampled tokens; returns the requests that finished.
+
+        Args:
+            out: the step's :class:`SchedulerOutput`.
+            sampled: request id -> tokens sampled for it: the accepted drafts followed by one
+                bonus token (``accepted + 1`` tokens) for each request whose chunk ``samples``;
+                absent or empty for partial prefill chunks.
+        """
+        if out.step != self._awaiting_update:
+            raise RuntimeError(f"update() got step {out.step}'s output; the pending step is "
+                               f"{self._awaiting_update}")
+        self._awaiting_update = None
+        finished: list[EngineRequest] = []
+        max_len = self.max_model_len
+        for s in out.scheduled:
+            r = s.req
+            if r.status is not RequestStatus.RUNNING:
+                continue  # aborted during the step
+            req = r.request
+            toks = sampled.get(r.request_id)
+            if s.num_draft_tokens:
+                accepted = len(toks) - 1 if toks else 0
+                if not 0 <= accepted <= s.num_draft_tokens:
+                    raise ValueError(
+                        f"request {r.request_id!r}: {len(toks or ())} sampled tokens for a step "
+                        f"with {s.num_draft_tokens} drafts; expected 1 to {s.num_draft_tokens + 1}")
+                req.num_computed_tokens -= s.num_draft_tokens - accepted
+            if r.spec_token_ids:
+                r.spec_token_ids = []
+            if not s.samples or not toks:
+                continue
+            num_tokens = len(req.token_ids)
+            room = r.max_tokens - (num_tokens - req.num_prompt_tokens)
+            if max_len is not None and max_len - num_tokens < room:
+                room = max_len - num_tokens
+            status = None
+            toks = list(toks[:room]) if len(toks) > room else list(toks)
+            if r.stop_token_ids:
+                for j, t in enumerate(toks):
+                    if t in r.stop_token_ids:
+                        toks = toks[:j + 1]
+                        status = RequestStatus.FINISHED_STOPPED
+                        break
+            req.append_tokens(toks)
+            if r.first_token_step < 0:
+                r.first_token_step = out.step
+            if status is None:
+                num_tokens += len(toks)
+                if num_tokens - req.num_prompt_tokens >= r.max_tokens:
+                    status = RequestStatus.FINISHED_LENGTH
+                elif max_len is not None and num_tokens >= max_len:
+                    status = RequestStatus.FINISHED_MAX_MODEL_LEN
+            if status is not None:
+                self.running.remove(r)
+                self._finish(r, status)
+                finished.append(r)
+        return finished
+
+    def _finish(self, r: EngineRequest, status: RequestStatus) -> None:
+        r.status = status
+        self.kv.free(r.request)
+        r.spec_token_ids = []
+        del self.requests[r.request_id]

@@ -1,0 +1,97 @@
+"""Turning simulation results into a table, JSON and plots (matplotlib, Agg backend)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from hybridkv.sim.simulator import SimResult
+
+
+def _fmt(v: object, unit: str = "") -> str:
+    if v is None:
+        return "n/a"
+    if isinstance(v, float):
+        return f"{v:.4g}{unit}"
+    return f"{v}{unit}"
+
+
+def summary_table(res: SimResult) -> str:
+    """A human-readable summary of one run."""
+    d = res.to_json()
+    frac = d["fraction_of_optimal"]
+    rows = [
+        ("requests", _fmt(d["requests"])),
+        ("prompt tokens", _fmt(d["prompt_tokens"])),
+        ("token hit rate", f"{d['hit_rate']:.4f}  ({d['hit_tokens']} hit tokens)"),
+        ("block hit rate", f"{d['block_hit_rate']:.4f}"),
+        ("offline optimum (Belady)", _fmt(d["optimal_block_hit_rate"])
+         + (f"  (online = {frac:.1%} of it)" if frac is not None else "")),
+        ("TTFT p50 / p90 / p99", " / ".join(_fmt(d[k], " s") for k in
+                                            ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s"))),
+        ("inter-token latency", _fmt(d["itl_mean_s"], " s")),
+        ("output throughput", _fmt(d["throughput_tok_s"], " tok/s")),
+        ("preemptions", _fmt(d["preemptions"])),
+        ("evictions", _fmt(d["evictions"])),
+        ("cache usage mean / peak", f"{d['mean_cache_usage']:.3f} / {d['peak_cache_usage']:.3f}"),
+        ("retained blocks per group", ", ".join(f"{k}={v}" for k, v in d["retained_blocks"].items())),
+        ("engine steps", _fmt(d["steps"])),
+        ("wall time", f"{d['wall_s']:.2f} s"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise RuntimeError("plots need matplotlib: pip install 'hybridkv[sim]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def plot_run(res: SimResult, path: str | Path, title: str = "") -> None:
+    """PNG: cumulative block hit rate (with the optimum) and cache usage over time."""
+    plt = _pyplot()
+    t = [p[0] for p in res.timeline]
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    ax1.plot(t, [p[1] for p in res.timeline], label="online block hit rate (cumulative)")
+    opt = res.optimal_block_hit_rate
+    if opt is not None:
+        ax1.axhline(opt, color="tab:red", linestyle="--", label=f"offline optimum {opt:.3f}")
+    ax1.set_ylabel("hit rate")
+    ax1.set_ylim(0, 1)
+    ax1.legend(loc="lower right")
+    ax2.plot(t, [p[2] for p in res.timeline], color="tab:green")
+    ax2.set_ylabel("cache usage")
+    ax2.set_ylim(0, 1.05)
+    ax2.set_xlabel("request" if res.config.get("sequential") else "simulated time (s)")
+    fig.suptitle(title or "hybridkv simulate")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_sweep(xs: Sequence[float], results: Sequence[SimResult], path: str | Path, xlabel: str,
+               title: str = "", log_x: bool = True) -> None:
+    """PNG: block hit rate (and token hit rate) against the swept value, optimum drawn."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.plot(xs, [r.block_hit_rate for r in results], marker="o", label="online block hit rate")
+    ax.plot(xs, [r.hit_rate for r in results], marker=".", linestyle=":", label="online token hit rate")
+    opts = [r.optimal_block_hit_rate for r in results]
+    if all(o is not None for o in opts):
+        ax.plot(xs, opts, marker="s", linestyle="--", color="tab:red", label="offline optimum (Belady)")
+    if log_x and min(xs) > 0:
+        ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("hit rate")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax.set_title(title or "hybridkv sweep")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

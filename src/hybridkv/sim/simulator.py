@@ -1,0 +1,428 @@
+"""The trace-driven simulator: the real scheduler and KV-cache manager, a cost model for time.
+
+::
+
+    workload ──► arrivals ──► Scheduler ──schedule()──► KVCacheManager (real lookups, blocks)
+                                  │                          │
+                                  ▼                          ▼
+                        CostModel.step(work) ──► clock   hits, usage, evictions
+                                  │
+                        update(sampled: 1 + accepted drafts per decode, AcceptanceModel)
+
+Timed mode advances a clock by the cost model's step time and admits requests when they
+arrive. Sequential mode (``sequential=True``) serves one request at a time with no timing, the
+setting of the block-level harness in :mod:`hybridkv.sim.optimal`.
+
+Output tokens are pseudo tokens unique to their request (they enter block hashes like real
+ones but never match another request's prompt), so multi-turn workloads whose prompts repeat
+earlier answers should carry those answers in their prompt tokens, as the generators do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing as mp
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator
+
+import numpy as np
+
+from hybridkv.core.hashing import BlockHasher
+from hybridkv.core.manager import KVCacheManager
+from hybridkv.core.request import Request
+from hybridkv.core.spec_decode import SpecDecode
+from hybridkv.core.specs import RULE_FULL
+from hybridkv.sched import AcceptanceModel, EngineRequest, Scheduler, SchedulerConfig
+from hybridkv.sim.costmodel import CostModel
+from hybridkv.sim.optimal import belady_block_hit_rate
+from hybridkv.sim.presets import GpuPreset, ModelPreset
+from hybridkv.sim.traces import (MOONCAKE_BLOCK_TOKENS, MooncakeRecord, TraceRequest,
+                                 expand_block_ids, iter_mooncake_records)
+
+_OUTPUT_TOKEN_BASE = 1 << 40  # pseudo output tokens live above every prompt token id
+_PARALLEL_OPTIMUM_TOKENS = 20_000_000  # above this many prompt tokens, compute the bound in a child
+
+
+@dataclass(frozen=True, slots=True)
+class WorkItem:
+    """One request of a workload, with its prompt built on demand (memory stays per-request).
+
+    ``source`` is a :class:`TraceRequest` (tokens in memory) or a :class:`MooncakeRecord`
+    (tokens expanded from its hash ids when the request arrives).
+    """
+
+    request_id: str
+    arrival_s: float
+    prompt_len: int
+    output_len: int
+    source: TraceRequest | MooncakeRecord
+
+    def prompt(self) -> np.ndarray:
+        src = self.source
+        if isinstance(src, TraceRequest):
+            return src.prompt
+        return expand_block_ids(src.hash_ids, src.input_length, MOONCAKE_BLOCK_TOKENS)
+
+
+def items_from_trace(requests: Iterable[TraceRequest]) -> list[WorkItem]:
+    """Work items of in-memory trace requests, sorted by arrival (stable)."""
+    items = [WorkItem(r.request_id, r.arrival_s, r.prompt_len, r.output_len, r) for r in requests]
+    items.sort(key=lambda it: it.arrival_s)
+    return items
+
+
+def items_from_mooncake(path: str, limit: int | None = None) -> list[WorkItem]:
+    """Work items of a Mooncake JSONL trace; tokens are expanded lazily (512 per hash id)."""
+    stem = str(path).rsplit("/", 1)[-1].rsplit(".", 1)[0]
+    items = [WorkItem(f"{stem}-{i}", rec.timestamp_ms / 1000.0, rec.input_length,
+                      rec.output_length, rec)
+             for i, rec in enumerate(iter_mooncake_records(path, limit))]
+    items.sort(key=lambda it: it.arrival_s)
+    return items
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """What to simulate.
+
+    Args:
+        preset: the model (KV groups and cost).
+        gpu: the accelerator of the cost model.
+        num_blocks: pool size in blocks (including the null block).
+        retention_interval: sliding-window retention (None / 0 / N).
+        spec: speculative decoding, or None.
+        acceptance_rate: per-draft acceptance probability of the seeded acceptance model.
+        sched: batching limits.
+        sequential: one request at a time, no timing.
+        seed: seeds the acceptance model.
+        vllm_compat: run the manager in vLLM-0.33-compatible mode.
+        max_model_len: per-request token cap (None: none).
+        optimum: compute the offline (Belady) bound.
+        timeline_points: at most this many samples of the timeline.
+        num_gpus: GPUs of the cost model (ideal tensor parallelism).
+    """
+
+    preset: ModelPreset
+    gpu: GpuPreset
+    num_blocks: int
+    retention_interval: int | None = 0
+    spec: SpecDecode | None = None
+    acceptance_rate: float = 0.7
+    sched: SchedulerConfig = field(default_factory=SchedulerConfig)
+    sequential: bool = False
+    seed: int = 0
+    vllm_compat: bool = False
+    max_model_len: int | None = None
+    optimum: bool = True
+    timeline_points: int = 2000
+    num_gpus: int = 1
+
+
+@dataclass(slots=True)
+class SimResult:
+    """Measured results of one simulation (see :meth:`to_json` for the stable keys)."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    hit_tokens: int = 0
+    prompt_blocks: int = 0
+    hit_blocks: int = 0
+    output_tokens: int = 0
+    optimal_hit_blocks: int | None = None
+    ttft_s: list[float] = field(default_factory=list)
+    itl_s: list[float] = field(default_factory=list)
+    makespan_s: float = 0.0
+    steps: int = 0
+    preemptions: int = 0
+    evictions: int = 0
+    mean_usage: float = 0.0
+    peak_usage: float = 0.0
+    retained_blocks: dict[str, int] = field(default_factory=dict)
+    timeline: list[tuple[float, float, float]] = field(default_factory=list)  # (t, hit rate, usage)
+    wall_s: float = 0.0
+    config: dict = field(default_factory=dict)
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def block_hit_rate(self) -> float:
+        return self.hit_blocks / self.prompt_blocks if self.prompt_blocks else 0.0
+
+    @property
+    def optimal_block_hit_rate(self) -> float | None:
+        if self.optimal_hit_blocks is None:
+            return None
+        return self.optimal_hit_blocks / self.prompt_blocks if self.prompt_blocks else 0.0
+
+    def to_json(self) -> dict:
+        """A JSON-ready summary (no timeline)."""
+        def pct(q: float) -> float | None:
+            return float(np.percentile(self.ttft_s, q)) if self.ttft_s else None
+        opt = self.optimal_block_hit_rate
+        return {
+            "requests": self.requests,
+            "prompt_tokens": self.prompt_tokens,
+            "hit_tokens": self.hit_tokens,
+            "hit_rate": self.hit_rate,
+            "prompt_blocks": self.prompt_blocks,
+            "hit_blocks": self.hit_blocks,
+            "block_hit_rate": self.block_hit_rate,
+            "optimal_block_hit_rate": opt,
+            "fraction_of_optimal": (self.block_hit_rate / opt) if opt else None,
+            "output_tokens": self.output_tokens,
+            "ttft_p50_s": pct(50),
+            "ttft_p90_s": pct(90),
+            "ttft_p99_s": pct(99),
+            "itl_mean_s": float(np.mean(self.itl_s)) if self.itl_s else None,
+            "throughput_tok_s": self.output_tokens / self.makespan_s if self.makespan_s else None,
+            "makespan_s": self.makespan_s,
+            "steps": self.steps,
+            "preemptions": self.preemptions,
+            "evictions": self.evictions,
+            "mean_cache_usage": self.mean_usage,
+            "peak_cache_usage": self.peak_usage,
+            "retained_blocks": dict(self.retained_blocks),
+            "wall_s": self.wall_s,
+            "config": dict(self.config),
+        }
+
+
+def optimal_hit_blocks(items: Iterable[WorkItem], block_size: int, capacity_blocks: int) -> int:
+    """Prompt blocks the offline optimum (Belady with bypass) hits, one request at a time.
+
+    Keys are plain chained block hashes (no lookahead, no salt) of each prompt's first
+    ``(prompt_len - 1) // block_size`` blocks (the last token is always recomputed, online
+    and here), computed independently of the simulated manager.
+    """
+    hasher = BlockHasher(block_size)
+    keys: list[list[bytes]] = []
+    for it in items:
+        req = Request(it.request_id, it.prompt())
+        hasher.update(req)
+        del req.block_hashes[(it.prompt_len - 1) // block_size:]
+        keys.append(req.block_hashes)
+    return belady_block_hit_rate(keys, capacity_blocks).block_hits
+
+
+def _optimum_child(items: list[WorkItem], block_size: int, capacity: int, conn) -> None:
+    try:
+        conn.send(optimal_hit_blocks(items, block_size, capacity))
+    except BaseException as exc:  # report, never hang the parent
+        conn.send(exc)
+    finally:
+        conn.close()
+
+
+class _Live:
+    """Per-request measurement state (kept on ``EngineRequest.user_data``)."""
+
+    __slots__ = ("item", "first_token_t")
+
+    def __init__(self, item: WorkItem) -> None:
+        self.item = item
+        self.first_token_t = -1.0
+
+
+class Simulator:
+    """Drive the real scheduler and manager over a workload.
+
+    Args:
+        config: what to simulate.
+        progress: called as ``progress(done_requests, total_requests)`` now and then.
+    """
+
+    def __init__(self, config: SimConfig,
+                 progress: Callable[[int, int], None] | None = None) -> None:
+        self.config = config
+        self.progress = progress
+        kv_config = config.preset.kv_config(num_blocks=config.num_blocks)
+        self.kv = KVCacheManager(kv_config, spec_decode=config.spec,
+                                 retention_interval=config.retention_interval,
+                                 max_model_len=config.max_model_len,
+                                 vllm_compat=config.vllm_compat)
+        sched_cfg = config.sched
+        if config.sequential:
+            sched_cfg = dataclasses.replace(sched_cfg, max_num_seqs=1)
+        self.scheduler = Scheduler(self.kv, sched_cfg)
+        self.cost = CostModel(config.preset, config.gpu, num_gpus=config.num_gpus)
+        spec = config.spec
+        self.k = spec.num_speculative_tokens if spec else 0
+        self.acceptance = (AcceptanceModel(self.k, rate=config.acceptance_rate, seed=config.seed)
+                           if spec else None)
+        # Block counts and the optimum use the block size of the full-attention groups (or
+        # the alignment when there are none).
+        groups = kv_config.groups
+        full = [g.spec.block_size for g in groups if g.spec.rule == RULE_FULL]
+        self.key_block = max(full) if full else kv_config.alignment
+
+    # ---- the run ------------------------------------------------------------------------------
+    def run(self, items: Iterable[WorkItem]) -> SimResult:
+        """Simulate ``items`` (sorted by arrival) to completion and return the measurements."""
+        items = list(items)
+        cfg = self.config
+        res = SimResult()
+        t0 = time.perf_counter()
+        capacity = cfg.num_blocks - 1
+        child = conn = None
+        if cfg.optimum and sum(it.prompt_len for it in items) > _PARALLEL_OPTIMUM_TOKENS \
+                and "fork" in mp.get_all_start_methods():
+            # The bound needs no simulation state: compute it on another core meanwhile.
+            ctx = mp.get_context("fork")
+            conn, child_conn = ctx.Pipe(duplex=False)
+            child = ctx.Process(target=_optimum_child, daemon=True,
+                                args=(items, self.key_block, capacity, child_conn))
+            child.start()
+            child_conn.close()
+        if cfg.sequential:
+            self._run_sequential(items, res)
+        else:
+            self._run_timed(items, res)
+        kv = self.kv
+        stats = kv.stats()
+        res.requests = len(items)
+        res.hit_tokens = stats.hits
+        res.preemptions = self.scheduler.num_preemptions
+        res.evictions = stats.evictions
+        pool = kv.pool
+        res.retained_blocks = {g.name: sum(1 for b in range(1, pool.num_blocks)
+                                           if pool.block_hash[b] is not None and pool.block_group[b] == i)
+                               for i, g in enumerate(kv.config.groups)}
+        if child is not None:
+            got = conn.recv()
+            child.join()
+            if isinstance(got, BaseException):
+                raise got
+            res.optimal_hit_blocks = got
+        elif cfg.optimum:
+            res.optimal_hit_blocks = optimal_hit_blocks(items, self.key_block, capacity)
+        res.wall_s = time.perf_counter() - t0
+        res.config = {"preset": cfg.preset.name, "gpu": cfg.gpu.name, "num_gpus": cfg.num_gpus,
+                      "num_blocks": cfg.num_blocks, "block_size": cfg.preset.block_size,
+                      "retention_interval": cfg.retention_interval,
+                      "spec": (f"{cfg.spec.method}:{cfg.spec.num_speculative_tokens}"
+                               if cfg.spec else None),
+                      "acceptance_rate": cfg.acceptance_rate if cfg.spec else None,
+                      "sequential": cfg.sequential, "seed": cfg.seed,
+                      "vllm_compat": cfg.vllm_compat,
+                      "max_num_batched_tokens": self.scheduler.config.max_num_batched_tokens,
+                      "max_num_seqs": self.scheduler.config.max_num_seqs}
+        return res
+
+    def _new_request(self, item: WorkItem) -> EngineRequest:
+        req = Request(item.request_id, item.prompt())
+        max_tokens = max(1, item.output_len)
+        if self.scheduler.max_model_len is not None:
+            max_tokens = min(max_tokens, max(1, self.scheduler.max_model_len - item.prompt_len))
+        er = EngineRequest(req, max_tokens, arrival_time=item.arrival_s)
+        er.user_data = _Live(item)
+        return er
+
+    def _on_admitted(self, er: EngineRequest, res: SimResult) -> None:
+        """First admission: count prompt tokens and blocks and the hit."""
+        bs = self.key_block
+        p = er.request.num_prompt_tokens
+        res.prompt_tokens += p
+        res.prompt_blocks += -(-p // bs)
+        res.hit_blocks += er.num_cached_tokens // bs
+
+    def _run_sequential(self, items: list[WorkItem], res: SimResult) -> None:
+        sched = self.scheduler
+        for n, item in enumerate(items):
+            er = self._new_request(item)
+            sched.add_request(er)
+            while sched.has_unfinished():
+                out = sched.schedule()
+                for r in out.admitted:
+                    if r.request.num_preemptions == 0:
+                        self._on_admitted(r, res)
+                res.steps += 1
+                self._sample_usage(res, float(n))
+                self._update(out, res, 0.0)
+            res.output_tokens += er.num_output_tokens
+            if self.progress and n % 256 == 0:
+                self.progress(n, len(items))
+        self._finish_usage(res)
+
+    def _run_timed(self, items: list[WorkItem], res: SimResult) -> None:
+        sched = self.scheduler
+        cost = self.cost
+        clock = 0.0
+        nxt = 0
+        total = len(items)
+        done = 0
+        while nxt < total or sched.has_unfinished():
+            while nxt < total and items[nxt].arrival_s <= clock:
+                sched.add_request(self._new_request(items[nxt]))
+                nxt += 1
+            if not sched.has_unfinished():
+                clock = items[nxt].arrival_s
+                continue
+            out = sched.schedule()
+            for r in out.admitted:
+                if r.request.num_preemptions == 0:
+                    self._on_admitted(r, res)
+            sc = out.scheduled
+            clock += cost.step_time_arrays(np.fromiter((s.num_new_tokens for s in sc), np.float64, len(sc)),
+                                           np.fromiter((s.start for s in sc), np.float64, len(sc)))
+            res.steps += 1
+            self._sample_usage(res, clock)
+            done += self._update(out, res, clock)
+            if self.progress and res.steps % 2048 == 0:
+                self.progress(done, total)
+        res.makespan_s = clock
+        self._finish_usage(res)
+
+    def _update(self, out, res: SimResult, clock: float) -> int:
+        """Sample tokens for the step, apply them, propose drafts; returns finished count."""
+        acc = self.acceptance
+        sampled: dict[object, list[int]] = {}
+        for s in out.scheduled:
+            if s.samples:
+                r = s.req
+                base = _OUTPUT_TOKEN_BASE + len(r.request.token_ids)
+                if s.num_draft_tokens:
+                    a = min(acc.draw(), s.num_draft_tokens)  # type: ignore[union-attr]
+                    sampled[r.request_id] = list(range(base, base + a + 1))
+                else:
+                    sampled[r.request_id] = [base]
+                live: _Live = r.user_data  # type: ignore[assignment]
+                if live.first_token_t < 0 and not self.config.sequential:
+                    live.first_token_t = clock
+                    res.ttft_s.append(clock - live.item.arrival_s)
+        finished = self.scheduler.update(out, sampled)
+        for r in finished:
+            live = r.user_data  # type: ignore[assignment]
+            res.output_tokens += r.num_output_tokens if not self.config.sequential else 0
+            if r.num_output_tokens > 1 and clock > live.first_token_t >= 0:
+                res.itl_s.append((clock - live.first_token_t) / (r.num_output_tokens - 1))
+        if self.k:
+            k = self.k
+            max_len = self.scheduler.max_model_len
+            for r in self.scheduler.running:
+                req = r.request
+                if req.num_computed_tokens + 1 == req.num_tokens:  # decoding
+                    n = min(k, r.max_tokens - r.num_output_tokens - 1)
+                    if max_len is not None:
+                        n = min(n, max_len - req.num_tokens - 1)
+                    if n > 0:
+                        r.spec_token_ids = [0] * n
+        return len(finished)
+
+    # ---- usage timeline -----------------------------------------------------------------------
+    def _sample_usage(self, res: SimResult, t: float) -> None:
+        u = self.kv.pool.usage
+        res.mean_usage += u
+        if u > res.peak_usage:
+            res.peak_usage = u
+        res.timeline.append((t, res.hit_blocks / res.prompt_blocks if res.prompt_blocks else 0.0, u))
+
+    def _finish_usage(self, res: SimResult) -> None:
+        n = len(res.timeline)
+        res.mean_usage = res.mean_usage / n if n else 0.0
+        cap = self.config.timeline_points
+        if n > cap:
+            idx = np.linspace(0, n - 1, cap).round().astype(int)
+            res.timeline = [res.timeline[i] for i in idx]

@@ -1,0 +1,292 @@
+"""KVTransfer through LocalCPUStore (and a broken store): round trips, prefixes, corruption,
+foreign layouts, full and failing stores."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+import torch
+
+from hybridkv.connectors.layout import KVLayout
+from hybridkv.connectors.stores import LocalCPUStore
+from hybridkv.connectors.stores.base import KVStore
+from hybridkv.connectors.transfer import TRAILER_BYTES, KVTransfer
+from hybridkv.engine import PagedKVCache
+
+from .kv_helpers import alloc, block_bytes, gqa_config, mixed_config, raw, snapshot
+
+MODES = [("direct", "python"), ("staged", "python"), ("staged", "torch")]
+
+
+def h(i: int) -> bytes:
+    """A 16-byte block hash."""
+    return i.to_bytes(16, "big")
+
+
+def engine(config, seed: int = 0) -> dict[str, torch.Tensor]:
+    cache = PagedKVCache(config)
+    g = torch.Generator().manual_seed(seed)
+    for slot in cache._slots:
+        slot.copy_(torch.randint(0, 256, slot.shape, dtype=torch.uint8, generator=g))
+    return {n: cache.layer(n) for n in cache.layer_names}
+
+
+def scramble(kv: dict[str, torch.Tensor], seed: int) -> None:
+    """Overwrite every layer with other random bytes (the blocks are 'evicted' from the GPU)."""
+    g = torch.Generator().manual_seed(seed)
+    for t in kv.values():
+        t.copy_(torch.randint(0, 256, t.shape, dtype=torch.uint8, generator=g).view(torch.int8)
+                .to(torch.int16).to(t.dtype))
+
+
+def same_block(kv, ref, layers, dst: int, src: int, kind: str = "kv_first", mla: bool = False) -> bool:
+    return all(block_bytes(kv[n], dst, kind, mla) == block_bytes(ref[n], src, kind, mla) for n in layers)
+
+
+class CountingStore(LocalCPUStore):
+    """LocalCPUStore that counts the calls made to it (not its own internal calls)."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity)
+        self.calls: dict[str, int] = {}
+        self._depth = 0
+
+    def _call(self, name: str, fn, *args):
+        if self._depth == 0:
+            self.calls[name] = self.calls.get(name, 0) + 1
+        self._depth += 1
+        try:
+            return fn(*args)
+        finally:
+            self._depth -= 1
+
+    def batch_put(self, keys, payloads):
+        return self._call("batch_put", super().batch_put, keys, payloads)
+
+    def batch_get(self, keys, expected_sizes=None):
+        return self._call("batch_get", super().batch_get, keys, expected_sizes)
+
+    def batch_put_from(self, keys, buffer, offsets, sizes):
+        return self._call("batch_put_from", super().batch_put_from, keys, buffer, offsets, sizes)
+
+    def batch_get_into(self, keys, buffer, offsets, sizes):
+        return self._call("batch_get_into", super().batch_get_into, keys, buffer, offsets, sizes)
+
+
+@pytest.mark.parametrize("mode, copy_mode", MODES)
+def test_mixed_mla_eagle_round_trip(mode: str, copy_mode: str) -> None:
+    cfg = mixed_config(num_blocks=12)
+    kv = engine(cfg, seed=1)
+    store = CountingStore(1 << 24)
+    tr = KVTransfer(KVLayout.register(kv, cfg), store, mode=mode, copy_mode=copy_mode)
+    assert tr.mode == mode
+    ref = snapshot(kv)
+    mla_blocks = [(h(i), b) for i, b in enumerate([3, 1, 7])]
+    draft_blocks = [(h(i), b) for i, b in enumerate([5, 9])]  # same hashes, other group
+    assert tr.save("mla", mla_blocks) == [True] * 3
+    assert tr.save("draft", draft_blocks) == [True] * 2
+    put = "batch_put" if mode == "direct" else "batch_put_from"
+    assert store.calls == {put: 2}  # one store call per save
+    assert len(store) == 5
+    scramble(kv, seed=2)
+    # load into other block ids than they were saved from
+    assert tr.load("mla", [(h(0), 2), (h(1), 4), (h(2), 6)]) == 3
+    assert tr.load("draft", [(h(0), 8), (h(1), 10)]) == 2
+    get = "batch_get" if mode == "direct" else "batch_get_into"
+    assert store.calls == {put: 2, get: 2}  # one store call per load
+    for src, dst in [(3, 2), (1, 4), (7, 6)]:
+        assert same_block(kv, ref, ("m0", "m1", "m2"), dst, src, mla=True)
+    for src, dst in [(5, 8), (9, 10)]:
+        assert same_block(kv, ref, ("eagle.0",), dst, src)
+    st = tr.stats
+    mla_bytes = 3 * cfg.groups[0].spec.page_size_bytes
+    draft_bytes = cfg.groups[1].spec.page_size_bytes
+    assert (st.saved, st.save_dropped, st.loaded, st.load_failed, st.corrupt) == (5, 0, 5, 0, 0)
+    assert st.saved_bytes == st.loaded_bytes == 3 * mla_bytes + 2 * draft_bytes
+    assert store.used_bytes == 3 * (mla_bytes + TRAILER_BYTES) + 2 * (draft_bytes + TRAILER_BYTES)
+
+
+@pytest.mark.parametrize("mode, copy_mode", MODES)
+def test_load_returns_leading_prefix_and_writes_nothing_after_a_miss(mode, copy_mode) -> None:
+    cfg = gqa_config(num_blocks=10)
+    kv = alloc(cfg, "hnd", seed=3)
+    store = LocalCPUStore(1 << 24)
+    tr = KVTransfer(KVLayout.register(kv, cfg), store, mode=mode, copy_mode=copy_mode)
+    ref = snapshot(kv)
+    assert all(tr.save("full", [(h(i), i + 1) for i in range(4)]))
+    store.remove([tr.key("full", h(2))])
+    assert tr.lookup("full", [h(0), h(1), h(2), h(3)]) == 2
+    scramble(kv, seed=4)
+    after = snapshot(kv)
+    assert tr.load("full", [(h(i), i + 5) for i in range(4)]) == 2
+    assert same_block(kv, ref, ("f0", "f1"), 5, 1, "hnd") and same_block(kv, ref, ("f0", "f1"), 6, 2, "hnd")
+    # blocks 7 (missing) and 8 (present, but after the miss) are untouched
+    assert same_block(kv, after, ("f0", "f1"), 7, 7, "hnd") and same_block(kv, after, ("f0", "f1"), 8, 8, "hnd")
+    st = tr.stats
+    assert (st.loaded, st.load_failed, st.load_misses, st.corrupt) == (2, 2, 1, 0)
+    assert tr.load("full", [(h(99), 1)]) == 0
+
+
+def _store_payload(store: KVStore, key: bytes) -> bytes:
+    (payload,) = store.batch_get([key])
+    assert payload is not None
+    return payload
+
+
+@pytest.mark.parametrize("mode, copy_mode", MODES)
+@pytest.mark.parametrize("damage", ["flip data", "flip trailer", "truncate", "extend",
+                                    "other block's payload"])
+def test_corrupt_payload_rejected_and_counted(mode, copy_mode, damage) -> None:
+    cfg = mixed_config()
+    kv = engine(cfg, seed=5)
+    store = LocalCPUStore(1 << 24)
+    tr = KVTransfer(KVLayout.register(kv, cfg), store, mode=mode, copy_mode=copy_mode)
+    assert all(tr.save("mla", [(h(1), 1), (h(2), 2), (h(3), 3)]))
+    key = tr.key("mla", h(2))
+    good = bytearray(_store_payload(store, key))
+    if damage == "flip data":
+        good[100] ^= 0x01
+    elif damage == "flip trailer":
+        good[-1] ^= 0x80
+    elif damage == "truncate":
+        good = good[:-1]
+    elif damage == "extend":
+        good += b"\0"
+    else:
+        good = bytearray(_store_payload(store, tr.key("mla", h(3))))
+    store.remove([key])
+    assert store.batch_put([key], [bytes(good)]) == [True]
+    before = snapshot(kv)
+    assert tr.load("mla", [(h(1), 4), (h(2), 5), (h(3), 6)]) == 1
+    assert same_block(kv, before, ("m0", "m1", "m2"), 5, 5, mla=True)  # not written
+    st = tr.stats
+    assert (st.loaded, st.load_failed, st.corrupt, st.load_misses) == (1, 2, 1, 0)
+
+
+def test_foreign_namespace_rank_and_layout_never_read() -> None:
+    cfg = gqa_config()
+    kv = alloc(cfg, "kv_first", seed=6)
+    store = LocalCPUStore(1 << 24)
+    layout = KVLayout.register(kv, cfg)
+    tr = KVTransfer(layout, store, namespace="llama-3-8b@abc")
+    assert all(tr.save("full", [(h(1), 1), (h(2), 2)]))
+    same = KVTransfer(layout, store, namespace="llama-3-8b@abc")
+    assert same.key("full", h(1)) == tr.key("full", h(1))
+    others = [
+        KVTransfer(layout, store, namespace="llama-3-8b@def"),
+        KVTransfer(layout, store, namespace="llama-3-8b@abc", rank=1),
+        KVTransfer(KVLayout.register(alloc(cfg, "hnd"), cfg), store, namespace="llama-3-8b@abc"),
+    ]
+    for other in others:
+        assert other.key("full", h(1)) != tr.key("full", h(1))
+        assert other.lookup("full", [h(1)]) == 0
+        assert other.load("full", [(h(1), 3), (h(2), 4)]) == 0
+        assert other.stats.load_misses == 2 and other.stats.corrupt == 0
+    assert same.load("full", [(h(1), 3), (h(2), 4)]) == 2
+    # same key text but another layout behind it (a misconfigured peer): the trailer says so
+    forged = KVTransfer(KVLayout.register(alloc(cfg, "hnd"), cfg), store, namespace="x")
+    forged._fingerprints["full"] = same._fingerprints["full"] ^ 1
+    assert forged.load("full", [(h(1), 3)]) == 0
+
+
+def test_key_format() -> None:
+    cfg = gqa_config()
+    tr = KVTransfer(KVLayout.register(alloc(cfg), cfg), LocalCPUStore(1 << 20))
+    key = tr.key("swa", bytes(range(16)))
+    assert key == f"{bytes(range(16)).hex()}/swa/{tr.fingerprint('swa'):016x}".encode()
+    assert tr.fingerprint("swa") != tr.fingerprint("full")
+    assert tr.payload_bytes("swa") == cfg.groups[1].spec.page_size_bytes + TRAILER_BYTES
+
+
+def test_full_store_drops_are_counted_not_raised() -> None:
+    cfg = mixed_config()
+    kv = engine(cfg, seed=7)
+    layout = KVLayout.register(kv, cfg)
+    payload = layout["mla"].block_bytes + TRAILER_BYTES
+    tiny = KVTransfer(layout, LocalCPUStore(payload - 1))  # no block fits at all
+    assert tiny.save("mla", [(h(1), 1), (h(2), 2)]) == [False, False]
+    assert (tiny.stats.saved, tiny.stats.save_dropped, tiny.stats.saved_bytes) == (0, 2, 0)
+    assert tiny.load("mla", [(h(1), 1)]) == 0
+    # room for two blocks: an LRU store evicts the oldest; loads then miss them
+    small = KVTransfer(layout, LocalCPUStore(2 * payload), mode="staged")
+    assert small.save("mla", [(h(i), i) for i in range(1, 5)]) == [True] * 4
+    assert small.load("mla", [(h(1), 5), (h(2), 6)]) == 0
+    assert small.load("mla", [(h(3), 5), (h(4), 6)]) == 2
+
+
+def test_calls_larger_than_staging_are_split() -> None:
+    cfg = mixed_config(num_blocks=12)
+    kv = engine(cfg, seed=8)
+    layout = KVLayout.register(kv, cfg)
+    store = CountingStore(1 << 24)
+    slot = -(-(layout["mla"].block_bytes + TRAILER_BYTES) // 64) * 64
+    tr = KVTransfer(layout, store, staging_bytes=3 * slot, mode="staged")
+    ref = snapshot(kv)
+    assert tr.save("mla", [(h(i), i) for i in range(1, 8)]) == [True] * 7
+    assert store.calls["batch_put_from"] == 3  # 3 + 3 + 1
+    scramble(kv, seed=9)
+    assert tr.load("mla", [(h(i), 12 - i) for i in range(1, 8)]) == 7
+    assert store.calls["batch_get_into"] == 3
+    assert all(same_block(kv, ref, ("m0", "m1", "m2"), 12 - i, i, mla=True) for i in range(1, 8))
+    # a miss in the first chunk stops before the next chunks are fetched
+    store.remove([tr.key("mla", h(2))])
+    assert tr.load("mla", [(h(i), 12 - i) for i in range(1, 8)]) == 1
+    assert store.calls["batch_get_into"] == 4
+
+
+class BrokenStore(KVStore):
+    """Every store call raises, as a buggy or crashed backend might."""
+
+    zero_copy = True
+
+    def batch_exists(self, keys: Sequence[bytes]) -> list[bool]:
+        raise RuntimeError("boom")
+
+    def batch_put(self, keys, payloads):
+        raise RuntimeError("boom")
+
+    def batch_get(self, keys, expected_sizes=None):
+        raise RuntimeError("boom")
+
+    def batch_put_from(self, keys, buffer, offsets, sizes):
+        raise RuntimeError("boom")
+
+    def batch_get_into(self, keys, buffer, offsets, sizes):
+        raise ConnectionError("boom")
+
+    def remove(self, keys):
+        return 0
+
+
+@pytest.mark.parametrize("mode", ["direct", "staged"])
+def test_failing_store_never_raises(mode: str) -> None:
+    cfg = gqa_config()
+    kv = alloc(cfg, seed=10)
+    tr = KVTransfer(KVLayout.register(kv, cfg), BrokenStore(), mode=mode)
+    before = snapshot(kv)
+    assert tr.save("full", [(h(1), 1), (h(2), 2)]) == [False, False]
+    assert tr.load("full", [(h(1), 3)]) == 0
+    assert tr.lookup("full", [h(1)]) == 0
+    assert all(torch.equal(before[n].view(torch.int16), kv[n].view(torch.int16)) for n in kv)
+    st = tr.stats
+    assert (st.save_dropped, st.load_failed, st.store_errors) == (2, 1, 3)
+
+
+def test_caller_errors_raise() -> None:
+    cfg = gqa_config()
+    tr = KVTransfer(KVLayout.register(alloc(cfg), cfg), LocalCPUStore(1 << 20))
+    with pytest.raises(ValueError, match="null block"):
+        tr.save("full", [(h(1), 0)])
+    with pytest.raises(ValueError, match="out of range"):
+        tr.load("full", [(h(1), 8)])
+    with pytest.raises(ValueError, match="no KV-cache group named 'nope'"):
+        tr.save("nope", [(h(1), 1)])
+    with pytest.raises(ValueError, match="non-empty bytes"):
+        tr.save("full", [("abc", 1)])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="pairs"):
+        tr.load("full", [h(1)])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="mode"):
+        KVTransfer(tr.layout, LocalCPUStore(1 << 20), mode="fast")  # type: ignore[arg-type]
+    assert tr.save("full", []) == [] and tr.load("full", []) == 0
+    assert tr.stats.as_dict() == {k: 0 for k in tr.stats.as_dict()}

@@ -1,0 +1,90 @@
+"""`hybridkv simulate`, `sweep` and `presets` from the command line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hybridkv.cli import main
+
+TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
+JSON_KEYS = {"requests", "prompt_tokens", "hit_tokens", "hit_rate", "block_hit_rate",
+             "optimal_block_hit_rate", "ttft_p50_s", "ttft_p99_s", "throughput_tok_s",
+             "preemptions", "wall_s"}
+
+
+def test_simulate_without_arguments_prints_a_summary() -> None:
+    out = subprocess.run([sys.executable, "-m", "hybridkv.cli", "simulate", "--no-progress"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "token hit rate" in out.stdout and "offline optimum" in out.stdout
+    assert "TTFT p50 / p90 / p99" in out.stdout
+
+
+def test_simulate_json_and_plot(tmp_path: Path) -> None:
+    js, png = tmp_path / "r.json", tmp_path / "r.png"
+    rc = main(["simulate", "--trace", str(TRACES / "mooncake_synthetic.jsonl"), "--limit", "60",
+               "--preset", "gemma-3-27b", "--cache-tokens", "200k", "--spec", "eagle:3",
+               "--json", str(js), "--plot", str(png), "--no-progress"])
+    assert rc == 0
+    d = json.loads(js.read_text())
+    assert JSON_KEYS <= d.keys()
+    assert d["requests"] == 60 and 0 <= d["hit_rate"] <= 1
+    assert d["block_hit_rate"] <= d["optimal_block_hit_rate"]
+    assert d["config"]["spec"] == "eagle:3" and set(d["retained_blocks"]) == {"full", "swa"}
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sequential_mode_reports_no_latency(tmp_path: Path) -> None:
+    js = tmp_path / "r.json"
+    assert main(["simulate", "--workload", "replay", "--sequential", "--json", str(js),
+                 "--no-progress"]) == 0
+    d = json.loads(js.read_text())
+    assert d["requests"] == 3 and d["ttft_p50_s"] is None and d["hit_tokens"] == 8192 - 16
+    assert d["peak_cache_usage"] > 0
+
+
+def test_sweep_over_capacities_and_retention(tmp_path: Path, capsys) -> None:
+    png, js = tmp_path / "s.png", tmp_path / "s.json"
+    assert main(["sweep", "--workload", "system-prompt", "--cache-tokens-list", "20k,80k,300k",
+                 "--plot", str(png), "--json", str(js), "--no-progress"]) == 0
+    rows = json.loads(js.read_text())
+    assert [r["value"] for r in rows] == [20_000, 80_000, 300_000]
+    rates = [r["block_hit_rate"] for r in rows]
+    assert rates == sorted(rates) and all(r["block_hit_rate"] <= r["optimal_block_hit_rate"] for r in rows)
+    assert png.stat().st_size > 1000
+    assert main(["sweep", "--workload", "replay", "--preset", "gemma-3-27b",
+                 "--retention-intervals", "none,0,1024", "--cache-tokens", "40k", "--no-progress"]) == 0
+    assert "1024: block hit rate" in capsys.readouterr().out
+
+
+def test_presets_lists_kv_bytes_per_token(capsys) -> None:
+    assert main(["presets", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["models"]["llama-3.1-8b"]["kv_bytes_per_token"] == 131072  # 32 layers x 2 x 8 x 128 x 2 B
+    assert {"h100", "h200", "b200"} <= d["gpus"].keys()
+    assert main(["presets"]) == 0
+    assert "deepseek-v4-style" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["simulate", "--preset", "llama-9"], "unknown model preset 'llama-9'; valid presets: llama-3.1-8b"),
+    (["simulate", "--workload", "chat", "--num-blocks", "20"], "cannot hold request"),
+    (["simulate", "--gpu-memory-fraction", "0.1", "--preset", "deepseek-v3"], "do not fit in 10%"),
+    (["simulate", "--trace", "/nonexistent.jsonl"], "does not exist"),
+])
+def test_errors_are_clear(argv, message, capsys) -> None:
+    assert main(argv + ["--no-progress"]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_bad_trace_line_is_named(tmp_path: Path, capsys) -> None:
+    bad = tmp_path / "bad.jsonl"
+    lines = (TRACES / "mooncake_conversation.jsonl").read_text().splitlines()[:3]
+    bad.write_text("\n".join(lines + ['{"timestamp": 5, "input_length": 10}']) + "\n")
+    assert main(["simulate", "--trace", str(bad), "--no-progress"]) == 2
+    assert f"{bad}:4: missing field 'output_length'" in capsys.readouterr().err
