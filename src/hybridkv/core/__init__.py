@@ -1,6 +1,6 @@
 """The pure bookkeeping core: block ids, hashes and counts; no tensors, no engine."""
 
-from hybridkv.core.coordinator import CacheHit
+from hybridkv.core.coordinator import CacheHit, ExternalHit
 from hybridkv.core.events import AllBlocksCleared, BlockRemoved, BlockStored, PrefixCacheStats
 from hybridkv.core.hashing import BlockHasher
 from hybridkv.core.manager import KVCacheManager
@@ -13,7 +13,7 @@ from hybridkv.core.specs import (MLA, AttentionSpec, ChunkedLocal, FullAttention
 
 __all__ = [
     "AllBlocksCleared", "AttentionSpec", "BlockHasher", "BlockPool", "BlockRemoved", "BlockStored",
-    "CacheHit", "ChunkedLocal", "FreeBlockQueue", "FullAttention", "HitRule", "KVCacheConfig",
+    "CacheHit", "ChunkedLocal", "ExternalHit", "FreeBlockQueue", "FullAttention", "HitRule", "KVCacheConfig",
     "KVCacheGroup", "KVCacheManager", "LoRA", "MLA", "MultiModalItem", "NULL_BLOCK",
     "PrefixCacheStats", "Request", "SPEC_METHODS", "SlidingWindow", "SpecDecode",
 ]

@@ -52,6 +52,22 @@ class CacheHit:
     shared_prefix_boundary: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class ExternalHit:
+    """A prefix an external tier (CPU memory, a KV store) can extend a local hit to.
+
+    ``num_tokens`` (> the local hit) is the end of the combined hit: the same per-type rules
+    and alignment as a local hit, with each needed block either held by the local hit or
+    present in the tier. ``loads`` lists ``(group, position, hash)`` of every block to load:
+    the blocks past the local hit that the hit rule needs (for a sliding window, only the
+    window before ``num_tokens``).
+    """
+
+    num_tokens: int
+    local_tokens: int
+    loads: tuple[tuple[int, int, bytes], ...]
+
+
 class _Unit:
     """Groups looked up together: one spec and one hit rule."""
 
@@ -132,8 +148,8 @@ class KVCacheCoordinator:
         self.hold = 0 if vllm_compat else max(
             (bs for bs, p in zip(self.block_sizes, self.proof) if p), default=0)
         self.scales = [bs // hbs for bs in self.block_sizes]
-        # Dense write path: every aligned end. vLLM-compatible full groups ignore retention.
-        self.dense = [retention.dense or (vllm_compat and r.kind == RULE_FULL) for r in self.rules]
+        # Dense write path: every aligned end. Full groups ignore retention (see retention.py).
+        self.dense = [retention.dense or r.kind == RULE_FULL for r in self.rules]
         ordered = sorted(by_spec.values(), key=lambda ids: self.rules[ids[0]].kind != RULE_FULL)
         self.units = [
             _Unit(ids, self.rules[ids[0]], self.scales[ids[0]], self.alignment // self.block_sizes[ids[0]])
@@ -173,6 +189,23 @@ class KVCacheCoordinator:
             return probe
 
         probes = [make_probe(u) for u in range(len(self.units))]
+        t, longest = self._fixed_point(probes, n_fine, max_tokens)
+        t = max(t, 0)
+        if t == 0:
+            return CacheHit(0, tuple(() for _ in self.config.groups), max(longest, 0))
+        block_ids: list[tuple[int, ...]] = [()] * len(self.config.groups)
+        for u, unit in enumerate(self.units):
+            e = t // unit.rule.block_size
+            lo = unit.rule.lo(e)
+            memo = found[u]
+            for k, g in enumerate(unit.groups):
+                block_ids[g] = (NULL_BLOCK,) * lo + tuple(memo[j][k] for j in range(lo, e))
+        boundary = longest if longest > t else 0
+        return CacheHit(t, tuple(block_ids), boundary)
+
+    def _fixed_point(self, probes: list[Callable[[int], object]], n_fine: int,
+                     max_tokens: int) -> tuple[int, int]:
+        """The largest aligned t <= max_tokens every unit serves, and the first unit's answer."""
         # Largest e per unit whose proof block (if any) has a hash.
         e_cap = [n_fine // unit.scale - unit.rule.proof for unit in self.units]
         if self.compat and len(self.config.groups) == 1:
@@ -202,18 +235,62 @@ class KVCacheCoordinator:
                     longest = t
             if t <= 0 or t == start:
                 break
-        t = max(t, 0)
-        if t == 0:
-            return CacheHit(0, tuple(() for _ in self.config.groups), max(longest, 0))
-        block_ids: list[tuple[int, ...]] = [()] * len(self.config.groups)
-        for u, unit in enumerate(self.units):
-            e = t // unit.rule.block_size
-            lo = unit.rule.lo(e)
-            memo = found[u]
-            for k, g in enumerate(unit.groups):
-                block_ids[g] = (NULL_BLOCK,) * lo + tuple(memo[j][k] for j in range(lo, e))
-        boundary = longest if longest > t else 0
-        return CacheHit(t, tuple(block_ids), boundary)
+        return max(t, 0), longest
+
+    def find_external_hit(self, request: Request, max_tokens: int, local: CacheHit,
+                          contains: Callable[[int, bytes], bool]) -> ExternalHit | None:
+        """Extend ``local`` with blocks an external tier holds (``contains(group, hash)``).
+
+        The same fixed point as :meth:`find_longest_hit`, where a block counts as cached if
+        the local hit holds it or the tier has it in every group of its unit. None if the
+        tier adds nothing.
+        """
+        hashes = request.block_hashes
+        held = local.num_tokens
+
+        def make_probe(unit: _Unit) -> Callable[[int], object]:
+            below = held // unit.rule.block_size
+            scale = unit.scale
+            gids = unit.groups
+
+            def probe(j: int) -> object:
+                if j < below:
+                    return True
+                h = hashes[(j + 1) * scale - 1]
+                return all(contains(g, h) for g in gids)
+            return probe
+
+        t, _ = self._fixed_point([make_probe(u) for u in self.units], len(hashes), max_tokens)
+        if t <= held:
+            return None
+        loads = []
+        for g, rule in enumerate(self.rules):
+            bs = rule.block_size
+            e = t // bs
+            scale = self.scales[g]
+            for j in range(max(rule.lo(e), held // bs), e):
+                loads.append((g, j, hashes[(j + 1) * scale - 1]))
+        return ExternalHit(t, held, tuple(loads))
+
+    def commit_external(self, request: Request, ext: ExternalHit, ok: bool) -> None:
+        """After the loads of ``ext``: on success cache the loaded blocks under their hashes
+        and count the tokens as computed; on failure change nothing (they are recomputed)."""
+        state = self.reqs[request.request_id]
+        state.quiet_until = 0
+        if not ok:
+            return
+        pool = self.pool
+        for g, j, h in ext.loads:
+            b = state.tables[g][j]
+            if self.caching and pool.block_hash[b] is None:
+                pool.insert(g, h, b)
+        t = ext.num_tokens
+        for g, bs in enumerate(self.block_sizes):
+            # ends below t are skipped (a window group loaded only t's run); t itself stays
+            # open so a proof block (drop mode) is cached once this request computes it
+            state.done_t[g] = max(state.done_t[g], t - 1)
+            state.cached_hi[g] = max(state.cached_hi[g], t // bs)
+        request.num_computed_tokens = t
 
     # ---- allocation -------------------------------------------------------------------------
     def _slide_plan(self, state: _ReqBlocks, num_computed: int) -> list[tuple[int, list[int]]]:
@@ -234,16 +311,18 @@ class KVCacheCoordinator:
         return plan
 
     def allocate(self, request: Request, num_new_tokens: int, hit: CacheHit | None,
-                 lookahead: int) -> list[list[int]] | None:
+                 lookahead: int, external: ExternalHit | None = None) -> list[list[int]] | None:
         """Blocks for ``num_new_tokens`` more tokens (+ lookahead slots); None if they don't fit.
 
+        ``external`` (a new request only) also reserves blocks up to its end; they are
+        neither computed nor cached until :meth:`commit_external`.
         Returns the newly allocated block ids per group. On None nothing changed.
         """
         state = self.reqs.get(request.request_id)
         new_request = state is None
         hit_tokens = hit.num_tokens if hit is not None else 0
         computed = request.num_computed_tokens + hit_tokens
-        slots = computed + num_new_tokens + lookahead
+        slots = max(computed + num_new_tokens, external.num_tokens if external else 0) + lookahead
         if self.max_model_len is not None:
             slots = min(slots, self.max_model_len)
         pool = self.pool

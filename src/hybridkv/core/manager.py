@@ -18,7 +18,9 @@ Block layout of one group's table as a request runs (``bs`` = 4, 2 lookahead slo
 
 from __future__ import annotations
 
-from hybridkv.core.coordinator import CacheHit, KVCacheCoordinator
+from typing import Callable
+
+from hybridkv.core.coordinator import CacheHit, ExternalHit, KVCacheCoordinator
 from hybridkv.core.events import (AllBlocksCleared, BlockRemoved, BlockStored, KVEvent,
                                   PrefixCacheStats, untag_extra_keys)
 from hybridkv.core.hashing import BlockHasher
@@ -87,6 +89,7 @@ class KVCacheManager:
         self._stats = PrefixCacheStats()
         self._requests: dict[object, Request] = {}
         self._group_ids = range(len(config.groups))
+        self._cached_listeners: list[Callable[[int, list[bytes], list[int]], None]] = []
 
     @staticmethod
     def _check_fits(config: KVCacheConfig, max_len: int, spec: SpecDecode | None) -> None:
@@ -143,8 +146,41 @@ class KVCacheManager:
             max_tokens = min(max_tokens, self.max_model_len - 1)
         return self.coordinator.find_longest_hit(request, max_tokens)
 
+    def lookup_external(self, request: Request, hit: CacheHit,
+                        contains: Callable[[int, bytes], bool]) -> ExternalHit | None:
+        """How far an external tier extends ``hit`` (this request's local lookup). Changes nothing.
+
+        ``contains(group_index, block_hash)`` says whether the tier holds that block. The
+        extension obeys the same per-type hit rules, alignment and ``num_tokens - 1`` cap as
+        :meth:`lookup`; None when the tier adds no tokens. Then: ``allocate(request, 0, hit,
+        external=ext)``, load ``ext.loads`` into the allocated blocks, ``commit_external``.
+        """
+        if not isinstance(hit, CacheHit):
+            raise ValueError(f"lookup_external needs the request's CacheHit, got {hit!r}")
+        self._sync_hashes(request)
+        if not self.enable_caching or request.skip_prefix_cache:
+            return None
+        max_tokens = request.num_tokens - 1
+        if self.max_model_len is not None:
+            max_tokens = min(max_tokens, self.max_model_len - 1)
+        return self.coordinator.find_external_hit(request, max_tokens, hit, contains)
+
+    def commit_external(self, request: Request, external: ExternalHit, ok: bool) -> int:
+        """Finish an external load: ``ok`` caches the loaded blocks and sets
+        ``num_computed_tokens`` to ``external.num_tokens``; a failed load changes nothing (the
+        tokens are recomputed from the local hit). Returns ``num_computed_tokens``."""
+        if request.request_id not in self.coordinator.reqs:
+            raise ValueError(f"request {request.request_id!r} holds no blocks; allocate it first")
+        if request.num_computed_tokens != external.local_tokens:
+            raise ValueError(
+                f"request {request.request_id!r} has {request.num_computed_tokens} computed tokens; "
+                f"the external load was planned from {external.local_tokens}")
+        self.coordinator.commit_external(request, external, ok)
+        return request.num_computed_tokens
+
     def allocate(self, request: Request, num_new_tokens: int, hit: CacheHit | None = None,
-                 num_lookahead_tokens: int | None = None) -> list[list[int]] | None:
+                 num_lookahead_tokens: int | None = None,
+                 external: ExternalHit | None = None) -> list[list[int]] | None:
         """Make room for ``num_new_tokens`` more tokens of ``request``.
 
         Args:
@@ -154,6 +190,8 @@ class KVCacheManager:
                 taken). Only for the first allocation of a request.
             num_lookahead_tokens: slots past the new tokens for draft tokens; defaults to the
                 spec-decode's (k, or k+1 for DFlash). Never cached.
+            external: an :meth:`lookup_external` result for this (new) request: blocks up to
+                its end are reserved for loading; see :meth:`commit_external`.
 
         Returns:
             The newly allocated block ids per group, or None if the pool cannot supply them;
@@ -162,7 +200,8 @@ class KVCacheManager:
         """
         if not isinstance(request, Request):
             raise ValueError(f"allocate needs a Request, got {type(request).__name__}")
-        if hit is None and num_lookahead_tokens is None and num_new_tokens.__class__ is int \
+        if hit is None and num_lookahead_tokens is None and external is None \
+                and num_new_tokens.__class__ is int \
                 and num_new_tokens >= 0:
             # Fast path: a step that needs no new block, no caching and no window slide (most
             # decode steps). The coordinator keeps the three thresholds per request.
@@ -195,7 +234,13 @@ class KVCacheManager:
                 bs = self.config.groups[g].spec.block_size
                 if len(ids) * bs != hit.num_tokens:
                     raise ValueError(f"hit blocks of group {g} do not cover {hit.num_tokens} tokens")
-        if num_new_tokens == 0 and not known and not (hit and hit.num_tokens):
+        if external is not None:
+            if known or not isinstance(external, ExternalHit) or hit is None \
+                    or external.local_tokens != hit.num_tokens:
+                raise ValueError(
+                    f"external must be lookup_external's result for new request "
+                    f"{request.request_id!r} and its hit, got {external!r}")
+        if num_new_tokens == 0 and not known and not (hit and hit.num_tokens) and external is None:
             raise ValueError(
                 f"allocate for new request {request.request_id!r} needs num_new_tokens > 0 or a hit"
             )
@@ -203,7 +248,7 @@ class KVCacheManager:
         if isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 0:
             raise ValueError(f"num_lookahead_tokens must be a non-negative integer, got {lookahead!r}")
         self._sync_hashes(request)
-        blocks = self.coordinator.allocate(request, num_new_tokens, hit, lookahead)
+        blocks = self.coordinator.allocate(request, num_new_tokens, hit, lookahead, external)
         if blocks is not None and not known:
             self._requests[request.request_id] = request
             self._record(request, hit.num_tokens if hit is not None else 0)
@@ -260,11 +305,24 @@ class KVCacheManager:
     def _on_evict(self, group: int, h: bytes) -> None:
         self._events.append(BlockRemoved([h], "GPU", group))
 
+    def add_cached_listener(self, listener: Callable[[int, list[bytes], list[int]], None]) -> None:
+        """Call ``listener(group, hashes, block_ids)`` for every run of blocks the write path
+        caches (the same write mask as the prefix cache; blocks adopted by
+        :meth:`commit_external` are not reported). A KV connector saves exactly these."""
+        self._cached_listeners.append(listener)
+        self.coordinator.on_stored = self._on_stored
+
     def _on_stored(self, group: int, request: Request, first: int, blocks: list[int]) -> None:
         bs = self.config.groups[group].spec.block_size
         hbs = self.config.hash_block_size
         scale = bs // hbs
         hashes = request.block_hashes
+        if self._cached_listeners:
+            run = [hashes[(j + 1) * scale - 1] for j in range(first, first + len(blocks))]
+            for listener in self._cached_listeners:
+                listener(group, run, list(blocks))
+            if not self.enable_events:
+                return
         n = len(blocks)
         la = self.hasher.lookahead
         toks = request.token_ids

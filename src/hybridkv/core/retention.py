@@ -22,8 +22,10 @@ N > 0           every multiple of N, plus the replay boundaries (and the junctio
 * (default mode) the request's final length when it is freed, so the next chat turn (which
   contains this turn's answer) hits all of it.
 
-Retention applies to sliding-window and chunked-local groups. Full-attention groups cache the
-runs of every promised end too (default mode), or every block (vLLM-compatible mode).
+Retention applies to sliding-window and chunked-local groups. Full-attention groups cache
+every aligned block as it is computed, in both modes: every prefix of a full-attention run is
+itself a servable run, and the request holds those blocks anyway, so caching them early costs
+no memory (and lets a request that arrives mid-decode, such as the next chat turn, hit them).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 from hybridkv.sched.acceptance import AcceptanceModel
 from hybridkv.sched.request import EngineRequest, RequestStatus
-from hybridkv.sched.scheduler import (POLICIES, ScheduledRequest, Scheduler, SchedulerConfig,
-                                      SchedulerOutput)
+from hybridkv.sched.scheduler import (POLICIES, ExternalKV, KVLoad, ScheduledRequest, Scheduler,
+                                      SchedulerConfig, SchedulerOutput)
 
-__all__ = ["AcceptanceModel", "EngineRequest", "POLICIES", "RequestStatus", "ScheduledRequest",
+__all__ = ["AcceptanceModel", "EngineRequest", "ExternalKV", "KVLoad", "POLICIES", "RequestStatus", "ScheduledRequest",
            "Scheduler", "SchedulerConfig", "SchedulerOutput"]

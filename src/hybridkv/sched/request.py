@@ -73,7 +73,7 @@ class EngineRequest:
         self.spec_token_ids: list[int] = []
         self.num_cached_tokens = -1
         self.num_external_tokens = 0
-        self.pending_external = 0
+        self.pending_external: object = None  # the ExternalHit being loaded
         self.first_token_step = -1
         self.user_data: object = None
         self._seq = 0

@@ -30,10 +30,38 @@ import heapq
 import itertools
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Mapping, Protocol, Sequence
 
+from hybridkv.core.coordinator import CacheHit, ExternalHit
 from hybridkv.core.manager import KVCacheManager
+from hybridkv.core.request import Request
 from hybridkv.sched.request import EngineRequest, RequestStatus
+
+
+class ExternalKV(Protocol):
+    """What the scheduler needs from a KV connector (scheduler side).
+
+    ``match`` answers how far an external tier extends a local hit (normally through
+    :meth:`KVCacheManager.lookup_external`, so the core's hit rules apply). ``take_saves``
+    drains the ``(group, block_hash, block_id)`` triples the manager cached since the last
+    call (the connector subscribes with :meth:`KVCacheManager.add_cached_listener`).
+    """
+
+    def match(self, request: Request, hit: CacheHit) -> ExternalHit | None: ...
+
+    def take_saves(self) -> list[tuple[int, bytes, int]]: ...
+
+
+class KVLoad:
+    """One request's external load this step: ``blocks`` = ``(group, block_id, hash)``."""
+
+    __slots__ = ("req", "external", "blocks")
+
+    def __init__(self, req: EngineRequest, external: ExternalHit,
+                 blocks: list[tuple[int, int, bytes]]) -> None:
+        self.req = req
+        self.external = external
+        self.blocks = blocks
 
 POLICIES = ("fcfs", "priority")
 
@@ -120,6 +148,13 @@ class SchedulerOutput:
         preempted: requests preempted this step (their blocks are freed).
         admitted: requests moved from waiting to running this step (new or resumed); their
             ``num_cached_tokens`` is set at their first admission.
+        loads: external KV to load this step (with a connector); those requests compute
+            nothing this step and join the running set at :meth:`Scheduler.update`.
+        saves_before: blocks cached since the last step whose KV is already computed; save
+            them before this step's forward pass (their blocks may be reused by it).
+        saves_after: blocks cached this step; save them after the forward pass.
+
+    A worker runs a step as: saves_before, loads, forward over ``scheduled``, saves_after.
     """
 
     step: int
@@ -127,6 +162,9 @@ class SchedulerOutput:
     num_scheduled_tokens: int = 0
     preempted: list[EngineRequest] = field(default_factory=list)
     admitted: list[EngineRequest] = field(default_factory=list)
+    loads: list[KVLoad] = field(default_factory=list)
+    saves_before: list[tuple[int, bytes, int]] = field(default_factory=list)
+    saves_after: list[tuple[int, bytes, int]] = field(default_factory=list)
 
 
 class Scheduler:
@@ -139,9 +177,11 @@ class Scheduler:
     Args:
         kv: the manager (its ``spec_decode`` gives k and the lookahead slots).
         config: batching limits.
+        connector: an external KV tier (see :class:`ExternalKV`), or None.
     """
 
-    def __init__(self, kv: KVCacheManager, config: SchedulerConfig | None = None) -> None:
+    def __init__(self, kv: KVCacheManager, config: SchedulerConfig | None = None,
+                 connector: ExternalKV | None = None) -> None:
         if not isinstance(kv, KVCacheManager):
             raise ValueError(f"Scheduler needs a KVCacheManager, got {type(kv).__name__}")
         config = config or SchedulerConfig()
@@ -159,7 +199,9 @@ class Scheduler:
         self.waiting: deque[EngineRequest] = deque()
         self._waiting_heap: list[tuple[int, float, int, EngineRequest]] = []
         self.running: list[EngineRequest] = []
+        self.loading: list[EngineRequest] = []   # admitted, waiting for their external KV
         self.requests: dict[object, EngineRequest] = {}
+        self.connector = connector
         self._seq = itertools.count()
         self.step_index = 0
         self.num_preemptions = 0
@@ -218,6 +260,8 @@ class Scheduler:
             return
         if req in self.running:
             self.running.remove(req)
+        elif req in self.loading:
+            self.loading.remove(req)
         elif self.config.policy == "priority":
             self._waiting_heap = [e for e in self._waiting_heap if e[3] is not req]
             heapq.heapify(self._waiting_heap)
@@ -236,6 +280,8 @@ class Scheduler:
         kv = self.kv
         out = SchedulerOutput(self.step_index)
         self._awaiting_update = self.step_index
+        if self.connector is not None:
+            out.saves_before = self.connector.take_saves()
         self.step_index += 1
         budget = cfg.max_num_batched_tokens
         threshold = cfg.long_prefill_token_threshold
@@ -282,6 +328,8 @@ class Scheduler:
         if not out.preempted:
             budget = self._admit(out, budget)
         out.num_scheduled_tokens = cfg.max_num_batched_tokens - budget
+        if self.connector is not None:
+            out.saves_after = self.connector.take_saves()
         return out
 
     def _admit(self, out: SchedulerOutput, budget: int) -> int:
@@ -289,12 +337,27 @@ class Scheduler:
         cfg = self.config
         kv = self.kv
         threshold = cfg.long_prefill_token_threshold
-        while budget > 0 and len(self.running) < cfg.max_num_seqs:
+        while budget > 0 and len(self.running) + len(self.loading) < cfg.max_num_seqs:
             r = self._peek_waiting()
             if r is None:
                 return budget
             req = r.request
             hit = kv.lookup(req)
+            if self.connector is not None:
+                ext = self.connector.match(req, hit)
+                if ext is not None:
+                    if kv.allocate(req, 0, hit, external=ext) is None:
+                        return budget
+                    self._pop_waiting()
+                    if r.num_cached_tokens < 0:
+                        r.num_cached_tokens = hit.num_tokens
+                    req.num_computed_tokens = hit.num_tokens
+                    r.status = RequestStatus.WAITING_FOR_KV
+                    r.pending_external = ext
+                    self.loading.append(r)
+                    tables = kv.block_ids(req)
+                    out.loads.append(KVLoad(r, ext, [(g, tables[g][j], h) for g, j, h in ext.loads]))
+                    continue
             num_new = req.num_tokens - hit.num_tokens
             if not cfg.enable_chunked_prefill and num_new > budget:
                 return budget
@@ -352,8 +415,8 @@ class Scheduler:
         self._push_waiting(r, front=True)
 
     # ---- results ------------------------------------------------------------------------------
-    def update(self, out: SchedulerOutput,
-               sampled: Mapping[object, Sequence[int]]) -> list[EngineRequest]:
+    def update(self, out: SchedulerOutput, sampled: Mapping[object, Sequence[int]],
+               loaded: Mapping[object, bool] | None = None) -> list[EngineRequest]:
         """Apply a step's sampled tokens; returns the requests that finished.
 
         Args:
@@ -361,11 +424,25 @@ class Scheduler:
             sampled: request id -> tokens sampled for it: the accepted drafts followed by one
                 bonus token (``accepted + 1`` tokens) for each request whose chunk ``samples``;
                 absent or empty for partial prefill chunks.
+            loaded: request id -> whether its external load (``out.loads``) succeeded; a
+                missing or False entry means the tokens are recomputed from the local hit.
         """
         if out.step != self._awaiting_update:
             raise RuntimeError(f"update() got step {out.step}'s output; the pending step is "
                                f"{self._awaiting_update}")
         self._awaiting_update = None
+        for load in out.loads:
+            r = load.req
+            if r.status is not RequestStatus.WAITING_FOR_KV:
+                continue  # aborted during the step
+            ok = bool(loaded and loaded.get(r.request_id))
+            before = r.request.num_computed_tokens
+            self.kv.commit_external(r.request, load.external, ok)
+            r.num_external_tokens += r.request.num_computed_tokens - before
+            r.pending_external = None
+            self.loading.remove(r)
+            r.status = RequestStatus.RUNNING
+            self.running.append(r)
         finished: list[EngineRequest] = []
         max_len = self.max_model_len
         for s in out.scheduled:

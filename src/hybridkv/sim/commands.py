@@ -144,7 +144,7 @@ def capacity_blocks(args: argparse.Namespace, preset, cache_tokens: int | None =
     tokens = cache_tokens if cache_tokens is not None else (
         getattr(args, "cache_tokens", None) or DEFAULT_CACHE_TOKENS)
     per_token = preset.kv_bytes_per_token()["total"]
-    return preset.kv_config(memory_bytes=tokens * per_token).num_blocks
+    return preset.kv_config(memory_bytes=tokens * per_token).num_blocks + 1  # + the null block
 
 
 def build_config(args: argparse.Namespace, num_blocks: int | None = None,

@@ -149,7 +149,8 @@ def _next_uses(requests: Sequence[Sequence[Hashable]]) -> list[list[float]]:
 
 
 def belady_block_hit_rate(
-    requests: Sequence[Sequence[Hashable]], capacity_blocks: int
+    requests: Sequence[Sequence[Hashable]], capacity_blocks: int,
+    hit_limits: Sequence[int] | None = None,
 ) -> BlockCacheResult:
     """Simulate the offline-optimal (Belady, with bypass) block cache over ``requests``.
 
@@ -160,8 +161,10 @@ def belady_block_hit_rate(
     keys are accepted; a key's *depth* is its position in the request that last used it.
 
     Args:
-        requests: per request, its chained block keys.
+        requests: per request, its chained block keys (all of them are inserted after it).
         capacity_blocks: cache capacity in blocks (>= 0).
+        hit_limits: per request, at most this many leading blocks count (and are referenced),
+            e.g. the prompt's blocks when ``requests`` also holds the output's blocks.
 
     Returns:
         The hits and references; the input is not modified.
@@ -183,10 +186,11 @@ def belady_block_hit_rate(
     hits_per_request: list[int] = []
     hits = refs = 0
     for i, keys in enumerate(requests):
-        h = _leading_hits(keys, cache)
+        limit = len(keys) if hit_limits is None else min(hit_limits[i], len(keys))
+        h = _leading_hits(keys[:limit] if limit < len(keys) else keys, cache)
         hits_per_request.append(h)
         hits += h
-        refs += len(keys)
+        refs += limit
         for depth, (key, nu) in enumerate(zip(keys, next_uses[i])):
             nu_i = n_req if nu == _NEVER else int(nu)
             cache[key] = seq

@@ -13,9 +13,9 @@ Timed mode advances a clock by the cost model's step time and admits requests wh
 arrive. Sequential mode (``sequential=True``) serves one request at a time with no timing, the
 setting of the block-level harness in :mod:`hybridkv.sim.optimal`.
 
-Output tokens are pseudo tokens unique to their request (they enter block hashes like real
-ones but never match another request's prompt), so multi-turn workloads whose prompts repeat
-earlier answers should carry those answers in their prompt tokens, as the generators do.
+Output tokens are the workload's own (``TraceRequest.output_ids``, which the chat and agentic
+generators set so the next turn repeats the answer) or else pseudo tokens unique to their
+request (they enter block hashes like real ones but never match another prompt).
 """
 
 from __future__ import annotations
@@ -57,6 +57,12 @@ class WorkItem:
     prompt_len: int
     output_len: int
     source: TraceRequest | MooncakeRecord
+
+    @property
+    def output_ids(self) -> np.ndarray | None:
+        """The workload's own output tokens, if it has them."""
+        src = self.source
+        return src.output_ids if isinstance(src, TraceRequest) else None
 
     def prompt(self) -> np.ndarray:
         src = self.source
@@ -193,18 +199,24 @@ class SimResult:
 def optimal_hit_blocks(items: Iterable[WorkItem], block_size: int, capacity_blocks: int) -> int:
     """Prompt blocks the offline optimum (Belady with bypass) hits, one request at a time.
 
-    Keys are plain chained block hashes (no lookahead, no salt) of each prompt's first
-    ``(prompt_len - 1) // block_size`` blocks (the last token is always recomputed, online
-    and here), computed independently of the simulated manager.
+    Keys are plain chained block hashes (no lookahead, no salt), computed independently of
+    the simulated manager. A request may hit its prompt's first ``(prompt_len - 1) //
+    block_size`` blocks (the last token is always recomputed, online and here); after it,
+    its blocks are inserted, including those of its output when the workload knows the
+    output tokens (the next turn of a chat repeats them).
     """
     hasher = BlockHasher(block_size)
     keys: list[list[bytes]] = []
+    limits: list[int] = []
     for it in items:
-        req = Request(it.request_id, it.prompt())
+        out = it.output_ids
+        tokens = it.prompt() if out is None or not len(out) else np.concatenate([it.prompt(), out])
+        req = Request(it.request_id, tokens)
         hasher.update(req)
-        del req.block_hashes[(it.prompt_len - 1) // block_size:]
+        del req.block_hashes[(len(tokens) - 1) // block_size:]
         keys.append(req.block_hashes)
-    return belady_block_hit_rate(keys, capacity_blocks).block_hits
+        limits.append((it.prompt_len - 1) // block_size)
+    return belady_block_hit_rate(keys, capacity_blocks, limits).block_hits
 
 
 def _optimum_child(items: list[WorkItem], block_size: int, capacity: int, conn) -> None:
@@ -219,11 +231,13 @@ def _optimum_child(items: list[WorkItem], block_size: int, capacity: int, conn) 
 class _Live:
     """Per-request measurement state (kept on ``EngineRequest.user_data``)."""
 
-    __slots__ = ("item", "first_token_t")
+    __slots__ = ("item", "first_token_t", "outputs")
 
     def __init__(self, item: WorkItem) -> None:
         self.item = item
         self.first_token_t = -1.0
+        ids = item.output_ids
+        self.outputs: list[int] | None = ids.tolist() if ids is not None else None
 
 
 class Simulator:
@@ -382,13 +396,14 @@ class Simulator:
         for s in out.scheduled:
             if s.samples:
                 r = s.req
-                base = _OUTPUT_TOKEN_BASE + len(r.request.token_ids)
-                if s.num_draft_tokens:
-                    a = min(acc.draw(), s.num_draft_tokens)  # type: ignore[union-attr]
-                    sampled[r.request_id] = list(range(base, base + a + 1))
-                else:
-                    sampled[r.request_id] = [base]
                 live: _Live = r.user_data  # type: ignore[assignment]
+                a = min(acc.draw(), s.num_draft_tokens) if s.num_draft_tokens else 0  # type: ignore[union-attr]
+                if live.outputs is not None:   # the workload's answer (the next turn repeats it)
+                    done = r.num_output_tokens
+                    sampled[r.request_id] = live.outputs[done:done + a + 1] or [_OUTPUT_TOKEN_BASE]
+                else:
+                    base = _OUTPUT_TOKEN_BASE + len(r.request.token_ids)
+                    sampled[r.request_id] = list(range(base, base + a + 1)) if a else [base]
                 if live.first_token_t < 0 and not self.config.sequential:
                     live.first_token_t = clock
                     res.ttft_s.append(clock - live.item.arrival_s)

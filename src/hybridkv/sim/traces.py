@@ -80,6 +80,8 @@ class TraceRequest:
         session: conversation / agent the request belongs to (None for independent requests).
         block_ids: the trace's raw block ids (Mooncake ``hash_ids``), empty when the workload
             has no block-level ids.
+        output_ids: the output tokens, when the workload knows them (generators whose next
+            turn repeats this answer); a simulator then emits exactly these.
 
     Equality compares every field (the prompt by value); instances are not hashable.
     """
@@ -90,6 +92,7 @@ class TraceRequest:
     output_len: int
     session: str | None = None
     block_ids: tuple[int, ...] = field(default=())
+    output_ids: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         prompt = np.asarray(self.prompt)
@@ -116,6 +119,13 @@ class TraceRequest:
                 f"got {self.output_len!r}"
             )
         object.__setattr__(self, "output_len", int(self.output_len))
+        if self.output_ids is not None:
+            out = np.asarray(self.output_ids, dtype=np.int64)
+            if out.shape != (self.output_len,):
+                raise ValueError(
+                    f"TraceRequest {self.request_id!r}: output_ids must hold output_len="
+                    f"{self.output_len} tokens, got shape {out.shape}")
+            object.__setattr__(self, "output_ids", out)
         object.__setattr__(self, "block_ids", tuple(int(b) for b in self.block_ids))
 
     @property
@@ -489,7 +499,8 @@ def _growing_sessions(
         context[s] = prompt
         step_no[s] = k + 1
         out.append(
-            TraceRequest(f"{prefix}-s{s}-t{k}", float(arrivals[n]), prompt, out_len, f"{prefix}-s{s}")
+            TraceRequest(f"{prefix}-s{s}-t{k}", float(arrivals[n]), prompt, out_len, f"{prefix}-s{s}",
+                         output_ids=last_output[s])
         )
     return out
 
