@@ -11,6 +11,7 @@
     allocate(req, 0, hit, external) ─► out.loads           Scheduler.update(out, sampled, loaded)
     manager caches blocks ─► take_saves() ─► out.saves_*      ─► commit_external: computed = T,
                                                                  or recompute from L on failure
+                                                           idle: flush() (blocks cached at free)
 
 The tier's keys are the core's chained block hashes (plus group and layout fingerprint, see
 :mod:`hybridkv.connectors.transfer`), so any engine with the same model, layout and hash seed
@@ -142,6 +143,11 @@ class KVConnector:
             else:
                 self.stats.loads_failed += 1
         return result
+
+    def flush(self) -> int:
+        """Save what was cached since the last step (call when the engine goes idle: blocks
+        cached when the last requests finished are otherwise saved only by the next step)."""
+        return self.run_saves(self.take_saves())
 
     def run_saves(self, saves: Sequence[tuple[int, bytes, int]]) -> int:
         """Save blocks (grouped into one batch per group); returns how many were stored."""
