@@ -138,7 +138,8 @@ def run_store(name: str, store: KVStore, kinds: list[str], n: int, repeats: int,
     rows = []
     for kind in kinds:
         for mode in modes:
-            conn = ConnectorBench(store, kind, n, mode.removesuffix("-nv"), not mode.endswith("-nv"))
+            verify = not mode.endswith("-nv")
+            conn = ConnectorBench(store, kind, n, mode.removesuffix("-nv"), verify)
             raw = RawBench(store, n, conn.payload)
             times = [(conn.once(r), raw.once(r)) for r in range(repeats)]
             save_s, load_s = (min(t[0][k] for t in times) for k in (0, 1))
@@ -170,7 +171,8 @@ def main() -> None:
     n = args.blocks
     largest = n * (576 << 10) * 2
     rows = [] if args.no_local else run_store(
-        "local", LocalCPUStore(2 * largest), kinds, n, args.repeats, ["direct", "direct-nv", "staged"])
+        "local", LocalCPUStore(2 * largest), kinds, n, args.repeats,
+        ["direct", "direct-nv", "staged"])
     if not args.no_mooncake:
         from hybridkv.connectors.stores import MooncakeCluster, MooncakeStore, MooncakeStoreConfig
         from hybridkv.connectors.stores.netns import loopback_netns

@@ -9,11 +9,13 @@ from __future__ import annotations
 import torch
 
 from hybridkv.core.specs import MLA, FullAttention, KVCacheConfig, KVCacheGroup, SlidingWindow
+from hybridkv.engine import PagedKVCache
 
 TORCH = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
-def gqa_spec(block_size: int = 16, heads: int = 2, dim: int = 8, dtype: str = "bfloat16") -> FullAttention:
+def gqa_spec(block_size: int = 16, heads: int = 2, dim: int = 8,
+             dtype: str = "bfloat16") -> FullAttention:
     return FullAttention(block_size=block_size, num_kv_heads=heads, head_dim=dim, dtype=dtype)
 
 
@@ -91,3 +93,38 @@ def block_bytes(t: torch.Tensor, b: int, kind: str = "kv_first", mla: bool = Fal
 
 def snapshot(kv: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {n: t.clone() for n, t in kv.items()}
+
+
+def h(i: int) -> bytes:
+    """A 16-byte block hash."""
+    return i.to_bytes(16, "big")
+
+
+def engine_cache(config: KVCacheConfig,
+                 seed: int = 0) -> tuple[PagedKVCache, dict[str, torch.Tensor]]:
+    """The engine's PagedKVCache (layer slots shared by groups), filled with random bytes."""
+    cache = PagedKVCache(config)
+    g = torch.Generator().manual_seed(seed)
+    for slot in cache._slots:
+        slot.copy_(torch.randint(0, 256, slot.shape, dtype=torch.uint8, generator=g))
+    return cache, {n: cache.layer(n) for n in cache.layer_names}
+
+
+def engine(config: KVCacheConfig, seed: int = 0) -> dict[str, torch.Tensor]:
+    """The layer tensors of a random-filled engine cache."""
+    return engine_cache(config, seed)[1]
+
+
+def scramble(kv: dict[str, torch.Tensor], seed: int) -> None:
+    """Overwrite every layer with other random bytes (the blocks are 'evicted' from the GPU)."""
+    g = torch.Generator().manual_seed(seed)
+    for t in kv.values():
+        t.copy_(torch.randint(0, 256, t.shape, dtype=torch.uint8, generator=g).view(torch.int8)
+                .to(torch.int16).to(t.dtype))
+
+
+def same_block(kv, ref, layers, dst: int, src: int, kind: str = "kv_first",
+               mla: bool = False) -> bool:
+    """Block ``dst`` of ``kv`` holds what block ``src`` of ``ref`` held, in every layer."""
+    return all(block_bytes(kv[n], dst, kind, mla) == block_bytes(ref[n], src, kind, mla)
+               for n in layers)

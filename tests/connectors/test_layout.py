@@ -8,11 +8,11 @@ import torch
 from hybridkv.connectors.kernel_blocks import KernelBlockMap
 from hybridkv.connectors.layout import KVLayout
 from hybridkv.core.specs import KVCacheConfig, KVCacheGroup
-from hybridkv.engine import PagedKVCache
 
 from .kv_helpers import (
     alloc,
     block_bytes,
+    engine_cache,
     gqa_config,
     gqa_spec,
     mixed_config,
@@ -21,15 +21,6 @@ from .kv_helpers import (
     raw,
     snapshot,
 )
-
-
-def engine_cache(config: KVCacheConfig, seed: int = 0) -> tuple[PagedKVCache, dict[str, torch.Tensor]]:
-    """The engine's PagedKVCache (layer slots shared by groups), filled with random bytes."""
-    cache = PagedKVCache(config)
-    g = torch.Generator().manual_seed(seed)
-    for slot in cache._slots:
-        slot.copy_(torch.randint(0, 256, slot.shape, dtype=torch.uint8, generator=g))
-    return cache, {n: cache.layer(n) for n in cache.layer_names}
 
 
 def seg_bytes(segs) -> list[bytes]:
@@ -114,7 +105,7 @@ def test_mixed_mla_and_eagle_draft_on_the_engine_cache() -> None:
     assert mla.block_bytes == 3 * cfg.groups[0].spec.page_size_bytes
     assert draft.block_bytes == cfg.groups[1].spec.page_size_bytes
     assert [s.layer for s in draft.block_segments(4)] == ["eagle.0", "eagle.0"]
-    assert seg_bytes(draft.block_segments(4)) == [raw(kv["eagle.0"][0, 4]), raw(kv["eagle.0"][1, 4])]
+    assert seg_bytes(draft.block_segments(4)) == [raw(kv["eagle.0"][p, 4]) for p in (0, 1)]
     assert seg_bytes(mla.block_segments(3)) == [raw(kv[n][3]) for n in ("m0", "m1", "m2")]
     # the draft layer shares layer slot 0 with m0: its blocks are at the same byte offsets
     assert draft.block_segments(4)[0].offset == mla.block_segments(4)[0].offset
@@ -185,7 +176,8 @@ def _one_layer(spec, shape, dtype=torch.bfloat16, num_blocks=8):
     ("mla latent 16", mla_spec(), (8, 32, 16), torch.bfloat16, 12288, 8192),
     ("mla float32", mla_spec(), (8, 32, 24), torch.float32, 12288, 24576),
 ])
-def test_wrong_size_rejected_naming_layer_and_bytes(what, spec, shape, dtype, expected, actual) -> None:
+def test_wrong_size_rejected_naming_layer_and_bytes(what, spec, shape, dtype, expected,
+                                                    actual) -> None:
     cfg, kv = _one_layer(spec, shape, dtype)
     with pytest.raises(ValueError) as err:
         KVLayout.register(kv, cfg)
@@ -196,7 +188,8 @@ def test_wrong_size_rejected_naming_layer_and_bytes(what, spec, shape, dtype, ex
 
 def test_same_size_wrong_dtype_rejected() -> None:
     cfg, kv = _one_layer(gqa_spec(), (2, 8, 16, 2, 8), torch.float16)
-    with pytest.raises(ValueError, match=r"'attn.7'.*expected dtype torch.bfloat16.*got torch.float16"):
+    with pytest.raises(ValueError,
+                       match=r"'attn.7'.*expected dtype torch.bfloat16.*got torch.float16"):
         KVLayout.register(kv, cfg)
 
 

@@ -8,40 +8,16 @@ from collections.abc import Sequence
 import pytest
 import torch
 
+from hybridkv.connectors.kernel_blocks import KernelBlockMap, plan_kernel_blocks
 from hybridkv.connectors.layout import KVLayout
 from hybridkv.connectors.stores import LocalCPUStore
 from hybridkv.connectors.stores.base import KVStore
 from hybridkv.connectors.transfer import TRAILER_BYTES, KVTransfer
-from hybridkv.engine import PagedKVCache
 
-from .kv_helpers import alloc, block_bytes, gqa_config, mixed_config, raw, snapshot
+from .kv_helpers import (alloc, engine, gqa_config, h, mixed_config, raw, same_block, scramble,
+                         snapshot)
 
 MODES = [("direct", "python"), ("staged", "python"), ("staged", "torch")]
-
-
-def h(i: int) -> bytes:
-    """A 16-byte block hash."""
-    return i.to_bytes(16, "big")
-
-
-def engine(config, seed: int = 0) -> dict[str, torch.Tensor]:
-    cache = PagedKVCache(config)
-    g = torch.Generator().manual_seed(seed)
-    for slot in cache._slots:
-        slot.copy_(torch.randint(0, 256, slot.shape, dtype=torch.uint8, generator=g))
-    return {n: cache.layer(n) for n in cache.layer_names}
-
-
-def scramble(kv: dict[str, torch.Tensor], seed: int) -> None:
-    """Overwrite every layer with other random bytes (the blocks are 'evicted' from the GPU)."""
-    g = torch.Generator().manual_seed(seed)
-    for t in kv.values():
-        t.copy_(torch.randint(0, 256, t.shape, dtype=torch.uint8, generator=g).view(torch.int8)
-                .to(torch.int16).to(t.dtype))
-
-
-def same_block(kv, ref, layers, dst: int, src: int, kind: str = "kv_first", mla: bool = False) -> bool:
-    return all(block_bytes(kv[n], dst, kind, mla) == block_bytes(ref[n], src, kind, mla) for n in layers)
 
 
 class CountingStore(LocalCPUStore):
@@ -120,9 +96,10 @@ def test_load_returns_leading_prefix_and_writes_nothing_after_a_miss(mode, copy_
     scramble(kv, seed=4)
     after = snapshot(kv)
     assert tr.load("full", [(h(i), i + 5) for i in range(4)]) == 2
-    assert same_block(kv, ref, ("f0", "f1"), 5, 1, "hnd") and same_block(kv, ref, ("f0", "f1"), 6, 2, "hnd")
+    layers = ("f0", "f1")
+    assert same_block(kv, ref, layers, 5, 1, "hnd") and same_block(kv, ref, layers, 6, 2, "hnd")
     # blocks 7 (missing) and 8 (present, but after the miss) are untouched
-    assert same_block(kv, after, ("f0", "f1"), 7, 7, "hnd") and same_block(kv, after, ("f0", "f1"), 8, 8, "hnd")
+    assert same_block(kv, after, layers, 7, 7, "hnd") and same_block(kv, after, layers, 8, 8, "hnd")
     st = tr.stats
     assert (st.loaded, st.load_failed, st.load_misses, st.corrupt) == (2, 2, 1, 0)
     assert tr.load("full", [(h(99), 1)]) == 0
@@ -258,12 +235,19 @@ class BrokenStore(KVStore):
     def remove(self, keys):
         return 0
 
+    def register_buffer(self, buffer):
+        self.registrations = getattr(self, "registrations", 0) + 1
+        if self.registrations == 1:
+            raise RuntimeError("register_buffer returned -1")
+        return super().register_buffer(buffer)
+
 
 @pytest.mark.parametrize("mode", ["direct", "staged"])
 def test_failing_store_never_raises(mode: str) -> None:
     cfg = gqa_config()
     kv = alloc(cfg, seed=10)
-    tr = KVTransfer(KVLayout.register(kv, cfg), BrokenStore(), mode=mode)
+    store = BrokenStore()
+    tr = KVTransfer(KVLayout.register(kv, cfg), store, mode=mode)
     before = snapshot(kv)
     assert tr.save("full", [(h(1), 1), (h(2), 2)]) == [False, False]
     assert tr.load("full", [(h(1), 3)]) == 0
@@ -271,6 +255,8 @@ def test_failing_store_never_raises(mode: str) -> None:
     assert all(torch.equal(before[n].view(torch.int16), kv[n].view(torch.int16)) for n in kv)
     st = tr.stats
     assert (st.save_dropped, st.load_failed, st.store_errors) == (2, 1, 3)
+    # staged: the save failed registering the staging buffer; the load registered it again
+    assert getattr(store, "registrations", 0) == (0 if mode == "direct" else 2)
 
 
 def test_caller_errors_raise() -> None:
@@ -290,3 +276,46 @@ def test_caller_errors_raise() -> None:
         KVTransfer(tr.layout, LocalCPUStore(1 << 20), mode="fast")  # type: ignore[arg-type]
     assert tr.save("full", []) == [] and tr.load("full", []) == 0
     assert tr.stats.as_dict() == {k: 0 for k in tr.stats.as_dict()}
+
+
+@pytest.mark.parametrize("mode, copy_mode", MODES)
+def test_kernel_paged_cache_round_trip(mode: str, copy_mode: str) -> None:
+    """Logical 32-token draft blocks on 8-token kernel pages, 32-token MLA blocks on 16."""
+    cfg = mixed_config(num_blocks=6, draft_block=32)
+    plan = plan_kernel_blocks(cfg, {"target": [16, 64], "draft": [8, 16]},
+                              group_backends={"draft": ["draft"]})
+    assert plan["mla"].kernel_block_size == 16 and plan["draft"].kernel_block_size == 16
+    plan["draft"] = KernelBlockMap(32, 8)  # a backend that wants smaller pages for the drafter
+    kv = alloc(cfg, "kv_first", kernel={"mla": 16, "draft": 8}, seed=20)
+    store = LocalCPUStore(1 << 22)
+    tr = KVTransfer(KVLayout.register(kv, cfg, kernel_blocks=plan), store, mode=mode,
+                    copy_mode=copy_mode)
+    ref = snapshot(kv)
+    assert all(tr.save("draft", [(h(1), 1), (h(2), 4)]))
+    assert all(tr.save("mla", [(h(1), 2)]))
+    scramble(kv, seed=21)
+    assert tr.load("draft", [(h(1), 5), (h(2), 3)]) == 2
+    assert tr.load("mla", [(h(1), 1)]) == 1
+    # kernel pages 4b..4b+3 of the draft layer, 2b..2b+1 of each MLA layer
+    for src, dst in [(1, 5), (4, 3)]:
+        got, want = kv["eagle.0"][:, 4 * dst:4 * dst + 4], ref["eagle.0"][:, 4 * src:4 * src + 4]
+        assert raw(got) == raw(want)
+    assert all(raw(kv[n][2:4]) == raw(ref[n][4:6]) for n in ("m0", "m1", "m2"))
+    # the same blocks paged at the logical size are another layout: they do not read these
+    logical = KVTransfer(KVLayout.register(alloc(cfg, "kv_first", seed=22), cfg), store)
+    assert logical.load("draft", [(h(1), 1)]) == 0
+
+
+def test_verify_false_keeps_size_and_trailer_checks_only() -> None:
+    cfg = mixed_config()
+    kv = engine(cfg, seed=23)
+    store = LocalCPUStore(1 << 24)
+    tr = KVTransfer(KVLayout.register(kv, cfg), store, verify=False)
+    assert all(tr.save("mla", [(h(1), 1), (h(2), 2)]))
+    good = _store_payload(store, tr.key("mla", h(1)))
+    flipped = bytearray(good)
+    flipped[5] ^= 1
+    store.batch_put([tr.key("mla", h(7)), tr.key("mla", h(8))], [bytes(flipped), good[:-1]])
+    assert tr.load("mla", [(h(7), 3)]) == 1  # a flipped data bit is not seen without the checksum
+    assert tr.load("mla", [(h(8), 3)]) == 0  # a truncated payload still is
+    assert tr.stats.corrupt == 1

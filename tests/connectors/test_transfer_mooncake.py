@@ -14,8 +14,7 @@ from hybridkv.connectors.stores import MooncakeCluster, MooncakeStore, MooncakeS
 from hybridkv.connectors.transfer import KVTransfer
 from hybridkv.core.specs import FullAttention, KVCacheConfig, KVCacheGroup
 
-from .kv_helpers import alloc, mixed_config, snapshot
-from .test_transfer import engine, h, same_block, scramble
+from .kv_helpers import alloc, engine, h, mixed_config, same_block, scramble, snapshot
 
 MIB = 1 << 20
 
@@ -42,7 +41,8 @@ def big_config(num_blocks: int) -> KVCacheConfig:
                          num_blocks=num_blocks)
 
 
-def test_mixed_round_trip_between_two_workers(store: MooncakeStore, cluster: MooncakeCluster) -> None:
+def test_mixed_round_trip_between_two_workers(store: MooncakeStore,
+                                              cluster: MooncakeCluster) -> None:
     """Worker A saves MLA and EAGLE-draft blocks; worker B (its own client and cache) loads."""
     cfg = mixed_config(num_blocks=12)
     kv_a = engine(cfg, seed=11)

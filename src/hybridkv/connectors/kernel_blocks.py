@@ -61,7 +61,8 @@ def choose_kernel_block_size(
                          f"got {logical_block_size!r}")
     if not backend_block_sizes:
         raise ValueError("backend_block_sizes is empty; give at least one backend's sizes")
-    per_backend = {name: _positive_sizes(name, sizes) for name, sizes in backend_block_sizes.items()}
+    per_backend = {name: _positive_sizes(name, sizes)
+                   for name, sizes in backend_block_sizes.items()}
     common = set.intersection(*(set(s) for s in per_backend.values()))
     fitting = [s for s in common if logical_block_size % s == 0]
     if not fitting:
@@ -158,7 +159,8 @@ def plan_kernel_blocks(
     assigned: dict[str, list[str]] = {}
     for group, backends in (group_backends or {}).items():
         if group not in names:
-            raise ValueError(f"group_backends names unknown group {group!r}; groups: {sorted(names)}")
+            raise ValueError(
+                f"group_backends names unknown group {group!r}; groups: {sorted(names)}")
         backends = list(backends)
         unknown = [b for b in backends if b not in sizes]
         if unknown or not backends:

@@ -248,11 +248,13 @@ class GroupLayout:
         )
         self.fingerprint = xxhash.xxh3_64_intdigest(self.description.encode())
         self._py_runs = [
-            (self._storages[run.storage_id].mv, run.base, run.stride, run.nbytes, run.payload_offset)
+            (self._storages[run.storage_id].mv, run.base, run.stride, run.nbytes,
+             run.payload_offset)
             for run in self._runs
         ]
         self._width = _word_width(
-            [x for run in self._runs for x in (run.base, run.stride, run.nbytes, run.payload_offset)]
+            [x for run in self._runs
+             for x in (run.base, run.stride, run.nbytes, run.payload_offset)]
             + [self._storages[run.storage_id].nbytes for run in self._runs]
             + [self._storages[run.storage_id].ptr for run in self._runs]
         )
@@ -336,7 +338,8 @@ class GroupLayout:
                 self._gather_torch(ids, out)
         return out
 
-    def scatter(self, block_ids: Sequence[int], rows: torch.Tensor, mode: CopyMode = "auto") -> None:
+    def scatter(self, block_ids: Sequence[int], rows: torch.Tensor,
+                mode: CopyMode = "auto") -> None:
         """Copy host rows into the cache: payload ``rows[i, :block_bytes]`` to ``block_ids[i]``."""
         ids = self._check_ids(block_ids)
         self._check_rows(rows, len(ids), self.block_bytes)
@@ -384,7 +387,8 @@ class GroupLayout:
 
     # --------------------------------------------------------- torch copies
     def _cols(self, width: int) -> list[tuple[torch.Tensor, int, int]]:
-        """Per run: a [num_blocks, nbytes / width] strided view, payload offset and length (words)."""
+        """Per run: a [num_blocks, nbytes / width] strided view, its payload offset and length
+        (both in words of ``width`` bytes)."""
         cols = self._columns.get(width)
         if cols is None:
             cols = []
@@ -465,7 +469,7 @@ def _locate_blocks(
         rest = dims[i:]
         if parts == 2 and acc == run_bytes and len(rest) == 2 \
                 and sorted(s for _, s, _ in rest) == sorted((2, num_kernel_blocks)):
-            (s1, n1, d1), (s2, n2, d2) = rest
+            (s1, n1, _), (s2, n2, _) = rest
             if n1 == n2:
                 raise ValueError(
                     f"{where}: with {num_kernel_blocks} blocks the K/V dimension and the block "
@@ -516,7 +520,8 @@ class KVLayout:
         try:
             return self.groups[group]
         except KeyError:
-            raise KeyError(f"no KV-cache group named {group!r}; groups: {list(self.groups)}") from None
+            raise KeyError(
+                f"no KV-cache group named {group!r}; groups: {list(self.groups)}") from None
 
     @property
     def fingerprint(self) -> int:
@@ -607,7 +612,8 @@ class KVLayout:
                         f"{spec.dtype!r}, got {t.dtype} (the {actual} bytes match)"
                     )
                 if kpage % parts:
-                    raise ValueError(f"{where}: a block of {kpage} bytes has no equal K and V halves")
+                    raise ValueError(
+                        f"{where}: a block of {kpage} bytes has no equal K and V halves")
                 block_stride, n_parts, part_stride, run, inner = _locate_blocks(
                     where, t, parts, kpage // parts, nkb)
                 skey = (int(t.untyped_storage().data_ptr()), int(t.untyped_storage().nbytes()))

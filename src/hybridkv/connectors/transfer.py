@@ -8,10 +8,12 @@ One stored object per (block, group)::
              magic "HKVT" | version u16 | reserved u16 | fingerprint u64 | data bytes u64
              | xxh3-64 of the block bytes, seeded with xxh3-64 of the key
 
-The fingerprint hashes the group's layout (spec, dtype, layers, kernel block size, byte runs)
-with a namespace (model id, revision) and the worker's rank, so a different model, dtype, layout
-or tensor-parallel shard looks up other keys and never reads foreign bytes. The seeded checksum
-rejects a payload that was corrupted, truncated, or stored under another block's key.
+The fingerprint hashes what the group's payload bytes mean (spec, kernel block size, and per
+layer its name, dtype, run order and element order; see :class:`.layout.GroupLayout`) with a
+namespace (model id, revision) and the worker's rank, so a different model, dtype, layout or
+tensor-parallel shard looks up other keys and never reads foreign bytes. The seeded checksum
+rejects a payload that was corrupted, truncated, or stored under another block's key
+(``verify=False`` skips the checksum pass on load but keeps the size and trailer checks).
 
 Two ways to move bytes, picked per call (``mode="auto"``)::
 
@@ -185,7 +187,8 @@ class KVTransfer:
             try:
                 block_hash, block_id = item
             except (TypeError, ValueError):
-                raise ValueError(f"blocks must be (block_hash, block_id) pairs, got {item!r}") from None
+                raise ValueError(
+                    f"blocks must be (block_hash, block_id) pairs, got {item!r}") from None
             block_id = int(block_id)
             if block_id == 0:
                 raise ValueError("block 0 is the null block; it is never saved or loaded")
@@ -208,12 +211,18 @@ class KVTransfer:
         return xxhash.xxh3_64_intdigest(payload[:nbytes], xxhash.xxh3_64_intdigest(key)) == digest
 
     # ------------------------------------------------------------ staging
-    def _ensure_staging(self) -> tuple[torch.Tensor, HostBuffer]:
-        if self._staging is None or self._staging_hb is None:
+    def _ensure_staging(self) -> tuple[torch.Tensor, HostBuffer] | None:
+        """The staging buffer, registered with the store; None if the store refused it."""
+        if self._staging is None:
             pin = self.layout.device.type == "cuda" and torch.cuda.is_available()
-            staging = torch.empty(self._staging_bytes, dtype=torch.uint8, pin_memory=pin)
-            self._staging_hb = self.store.register_buffer(staging)
-            self._staging = staging
+            self._staging = torch.empty(self._staging_bytes, dtype=torch.uint8, pin_memory=pin)
+        if self._staging_hb is None:
+            try:
+                self._staging_hb = self.store.register_buffer(self._staging)
+            except Exception:  # noqa: BLE001 - e.g. the transfer engine refused the memory
+                log.exception("registering the %d-byte staging buffer failed", self._staging_bytes)
+                self._stats.store_errors += 1
+                return None
         return self._staging, self._staging_hb
 
     # ---------------------------------------------------------------- save
@@ -241,7 +250,8 @@ class KVTransfer:
             self._stats.saved_bytes += n_ok * g.block_bytes
         return ok
 
-    def _save_direct(self, group: str, g: GroupLayout, keys: list[bytes], ids: list[int]) -> list[bool]:
+    def _save_direct(self, group: str, g: GroupLayout, keys: list[bytes],
+                     ids: list[int]) -> list[bool]:
         payloads = []
         for key, b in zip(keys, ids):
             parts = g.parts(b)
@@ -257,8 +267,12 @@ class KVTransfer:
             self._stats.store_errors += 1
             return [False] * len(keys)
 
-    def _save_staged(self, group: str, g: GroupLayout, keys: list[bytes], ids: list[int]) -> list[bool]:
-        staging, hb = self._ensure_staging()
+    def _save_staged(self, group: str, g: GroupLayout, keys: list[bytes],
+                     ids: list[int]) -> list[bool]:
+        ready = self._ensure_staging()
+        if ready is None:
+            return [False] * len(ids)
+        staging, hb = ready
         slot = _slot_bytes(g.block_bytes)
         per_call = self._staging_bytes // slot
         size = g.block_bytes + TRAILER_BYTES
@@ -275,7 +289,8 @@ class KVTransfer:
                                                   xxhash.xxh3_64_intdigest(key))
                 mv[off + g.block_bytes : off + size] = self._trailer(group, digest, g.block_bytes)
             try:
-                ok = [bool(x) for x in self.store.batch_put_from(chunk_keys, hb, offsets, [size] * n)]
+                ok = self.store.batch_put_from(chunk_keys, hb, offsets, [size] * n)
+                ok = [bool(x) for x in ok]
             except Exception:  # noqa: BLE001
                 log.exception("store batch_put_from failed; %d blocks dropped", n)
                 self._stats.store_errors += 1
@@ -335,7 +350,11 @@ class KVTransfer:
         return len(good)
 
     def _load_staged(self, group: str, g: GroupLayout, keys: list[bytes], ids: list[int]) -> int:
-        staging, hb = self._ensure_staging()
+        ready = self._ensure_staging()
+        if ready is None:
+            self._stats.load_misses += len(ids)
+            return 0
+        staging, hb = ready
         slot = _slot_bytes(g.block_bytes)
         per_call = self._staging_bytes // slot
         size = g.block_bytes + TRAILER_BYTES
