@@ -4,14 +4,22 @@ The public API of the core lives here; see README.md for a tour.
 """
 
 from hybridkv.core import (MLA, AllBlocksCleared, BlockRemoved, BlockStored, CacheHit,
-                           ChunkedLocal, FullAttention, KVCacheConfig, KVCacheGroup,
+                           ChunkedLocal, ExternalHit, FullAttention, KVCacheConfig, KVCacheGroup,
                            KVCacheManager, LoRA, MultiModalItem, PrefixCacheStats, Request,
                            SlidingWindow, SpecDecode)
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str):
+    # The engine needs torch; import it only when asked for, so ``import hybridkv`` stays light.
+    if name in ("LLM", "GenerationOutput"):
+        from hybridkv.engine import llm
+        return getattr(llm, name)
+    raise AttributeError(f"module 'hybridkv' has no attribute {name!r}")
+
 __all__ = [
-    "AllBlocksCleared", "BlockRemoved", "BlockStored", "CacheHit", "ChunkedLocal",
+    "AllBlocksCleared", "BlockRemoved", "ExternalHit", "GenerationOutput", "LLM", "BlockStored", "CacheHit", "ChunkedLocal",
     "FullAttention", "KVCacheConfig", "KVCacheGroup", "KVCacheManager", "LoRA", "MLA",
     "MultiModalItem", "PrefixCacheStats", "Request", "SlidingWindow", "SpecDecode",
 ]

@@ -4,6 +4,7 @@ Subcommands:
     simulate  trace-driven simulation of a model's prefix cache and latency (the main job)
     sweep     hit rate against cache size or retention interval, with the offline optimum
     presets   model and GPU presets with their KV bytes per token
+    generate  greedy generation with the reference engine (paged attention over the manager)
     demo      a short printed walk-through of prefix caching on a hybrid full + sliding-window
               model (retention, the scratch-first free queue, speculative decoding).
 """
@@ -88,6 +89,12 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     from hybridkv.sim.commands import add_parsers
     add_parsers(sub)
+    try:
+        from hybridkv.engine.generate_cli import add_generate_parser
+    except ImportError:  # torch / safetensors not installed: no generate subcommand
+        add_generate_parser = None
+    if add_generate_parser is not None:
+        add_generate_parser(sub)
     p = sub.add_parser("demo", help="walk through prefix caching on a hybrid model")
     p.add_argument("--json", action="store_true", help="print the numbers as JSON")
     p.set_defaults(func=_cmd_demo)

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from hybridkv.core.manager import KVCacheManager
 from hybridkv.core.specs import KVCacheConfig
 from hybridkv.engine import PagedCausalLM, PagedKVCache, SequenceInput, load_model, make_kv_cache_config
 
@@ -247,6 +248,13 @@ def oracle_diff(built: Built, outputs: Sequence[Any]) -> float:
             if float(top2[0] - top2[1]) > 1e-3:
                 assert tok == int(ref[p - 1 + i].argmax()), f"{out.request_id}: token {i} is not greedy"
     return worst
+
+
+def blocks_for(llm: Any, tokens: int) -> int:
+    """Blocks one request of ``tokens`` tokens can hold at most (the manager's fit rule)."""
+    return KVCacheManager.blocks_for_request(llm.kv_config, tokens,
+                                             retention_interval=llm.kv.retention_interval,
+                                             vllm_compat=llm.kv.vllm_compat)
 
 
 def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -11,10 +11,11 @@ cold run.
 from __future__ import annotations
 
 import pytest
+import torch
 
 from hybridkv.core.specs import RULE_FULL
 from hybridkv.engine.llm import LLM
-from tests.engine.helpers import ARCHS, TOL, Built, oracle_diff, random_tokens
+from tests.engine.helpers import ARCHS, TOL, Built, blocks_for, oracle_diff, random_tokens
 
 SLIDING = {"qwen2_swa", "qwen3_swa", "mistral", "gemma3", "gpt_oss"}
 
@@ -23,16 +24,6 @@ def make_llm(built: Built, **kw) -> LLM:
     kw.setdefault("num_blocks", 160)
     kw.setdefault("max_num_batched_tokens", 256)
     return LLM(built.path, block_size=built.arch.block_sizes, device="cpu", record_logits=True, **kw)
-
-
-def blocks_for(llm: LLM, tokens: int) -> int:
-    """Blocks one request of ``tokens`` tokens can hold at most (the manager's fit rule)."""
-    need = 0
-    for g in llm.kv_config.groups:
-        bs, window = g.spec.block_size, g.spec.window_tokens
-        n = -(-tokens // bs)
-        need += n if window is None else min(n, -(-window // bs) + 2)
-    return need
 
 
 def test_cold(built: Built) -> None:
@@ -81,10 +72,10 @@ def test_preemption_and_recompute(built: Built) -> None:
 
 def test_sliding_window_boundary(built_sliding: Built) -> None:
     """Sequences several windows long, chunked across the window edge, then a prefix hit
-    longer than two windows: sliding tables hold null entries below the window (those
+    longer than two windows (dense retention): sliding tables hold null entries below the window (those
     blocks were freed and may be reused) and the logits stay exact."""
     built = built_sliding
-    llm = make_llm(built, max_num_batched_tokens=9)
+    llm = make_llm(built, max_num_batched_tokens=9, retention_interval=None)
     window = built.model.config.sliding_window
     sliding = [g for g, grp in enumerate(llm.kv_config.groups) if grp.spec.rule != RULE_FULL]
     assert window is not None and sliding
@@ -115,20 +106,24 @@ def _retention_cases() -> list[tuple[str, object]]:
 @pytest.mark.parametrize("name, retention", _retention_cases())
 def test_retention(built_models: dict[str, Built], name: str, retention: object) -> None:
     """Dense (None), replay-boundaries-only (0) and periodic (N = 2 alignment units) retention:
-    a resend, a request sharing part of the prompt and the next chat turn all hit and stay
-    exact."""
+    a resend and the next chat turn hit (dense: the turn hits past the prompt), a request
+    sharing part of the prompt hits under dense retention, and everything stays exact."""
     built = built_models[name]
     probe = make_llm(built)
     interval = 2 * probe.kv_config.alignment if retention == "N" else retention
     llm = make_llm(built, retention_interval=interval)
     prompt = random_tokens(50, 50)
-    (a,) = llm.generate([prompt], max_tokens=10, ignore_eos=True)
+    (a,) = llm.generate([prompt], max_tokens=20, ignore_eos=True)
     resend, partial, turn = llm.generate(
         [prompt, prompt[:37] + random_tokens(8, 51), prompt + a.token_ids + random_tokens(6, 52)],
         max_tokens=6, ignore_eos=True)
-    assert resend.num_cached_tokens > 0 and turn.num_cached_tokens > len(prompt)
+    assert resend.num_cached_tokens > 0 and turn.num_cached_tokens >= resend.num_cached_tokens
     assert oracle_diff(built, [a, resend, partial, turn]) <= TOL
-    if interval is None:  # dense retention keeps every aligned end: the partial match hits too
+    # every policy promises the finished request's final length (aligned down): the next
+    # turn hits into the previous answer
+    align = llm.kv_config.alignment
+    assert turn.num_cached_tokens == (len(prompt) + len(a.token_ids) - 1) // align * align
+    if interval is None:  # dense retention keeps every aligned end
         assert partial.num_cached_tokens > 0
 
 
@@ -145,3 +140,21 @@ def test_cache_salt_isolation(built: Built) -> None:
     assert d.num_cached_tokens > 0
     assert a.token_ids == b.token_ids == c.token_ids == d.token_ids
     assert oracle_diff(built, [a, b, c, d]) <= TOL
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", ["qwen2_swa", "gemma3", "gpt_oss", "deepseek"])
+def test_cuda_engine_matches_oracle(built_models: dict[str, Built], drafter_dirs, name: str) -> None:
+    """The whole engine on CUDA (model, paged cache, DFlash drafter) with prefix hits and
+    chunked prefill matches the CPU transformers oracle and the CPU engine's tokens."""
+    built = built_models[name]
+    prompts = [random_tokens(37, 170), random_tokens(37, 170)[:33] + random_tokens(6, 171)]
+    cpu = make_llm(built).generate(prompts, max_tokens=10, ignore_eos=True)
+    llm = LLM(built.path, block_size=built.arch.block_sizes, device="cuda", record_logits=True,
+              num_blocks=160, max_num_batched_tokens=16, spec="dflash:3",
+              draft_model=drafter_dirs(name, "dflash"))
+    outs = llm.generate(prompts, max_tokens=10, ignore_eos=True) + llm.generate(prompts, max_tokens=10,
+                                                                                 ignore_eos=True)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in cpu] * 2
+    assert outs[-1].num_cached_tokens > 0
+    assert oracle_diff(built, outs) <= TOL

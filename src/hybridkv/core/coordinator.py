@@ -147,6 +147,10 @@ class KVCacheCoordinator:
         # Tokens local groups keep past their window until proof blocks complete (not in vLLM).
         self.hold = 0 if vllm_compat else max(
             (bs for bs, p in zip(self.block_sizes, self.proof) if p), default=0)
+        if not vllm_compat and not retention.dense:
+            # The final length is promised at free (rounded down to the alignment): keep one
+            # alignment unit more of each window so that end's run is still in the table.
+            self.hold = max(self.hold, config.alignment)
         self.scales = [bs // hbs for bs in self.block_sizes]
         # Dense write path: every aligned end. Full groups ignore retention (see retention.py).
         self.dense = [retention.dense or r.kind == RULE_FULL for r in self.rules]

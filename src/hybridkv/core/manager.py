@@ -67,13 +67,14 @@ class KVCacheManager:
         if max_model_len is not None:
             if isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or max_model_len <= 0:
                 raise ValueError(f"max_model_len must be a positive integer, got {max_model_len!r}")
-            self._check_fits(config, max_model_len, spec_decode)
         self.config = config
         self.spec_decode = spec_decode
         self.retention_interval = retention_interval
         self.enable_caching = enable_caching
         self.max_model_len = max_model_len
         self.vllm_compat = vllm_compat
+        if max_model_len is not None:
+            self._check_fits(config, max_model_len)
         self.enable_events = enable_events
         self.lookahead_slots = spec_decode.lookahead_slots if spec_decode else 0
         drop_mode = bool(spec_decode and spec_decode.drops_last_block)
@@ -92,17 +93,28 @@ class KVCacheManager:
         self._cached_listeners: list[Callable[[int, list[bytes], list[int]], None]] = []
 
     @staticmethod
-    def _check_fits(config: KVCacheConfig, max_len: int, spec: SpecDecode | None) -> None:
-        # Full groups hold the whole sequence; local groups at most their window plus one
-        # block-aligned prefill chunk (chunked prefill bounds the chunk).
+    def blocks_for_request(config: KVCacheConfig, length: int, *,
+                           retention_interval: int | None = 0, vllm_compat: bool = False) -> int:
+        """Blocks one request of ``length`` tokens needs at most, across the groups.
+
+        Full groups hold the whole sequence; local groups their window (or chunk), plus the
+        alignment unit they keep for the final-length promise (default mode, retention not
+        dense), plus two blocks (one prefill chunk; chunked prefill bounds the chunk).
+        """
+        hold = 0 if vllm_compat or retention_interval is None else config.alignment
         need = 0
         for g in config.groups:
             bs = g.spec.block_size
-            blocks = -(-max_len // bs)
+            blocks = -(-length // bs)
             if g.spec.rule != RULE_FULL:
                 span = g.spec.window_tokens or g.spec.chunk_size  # type: ignore[attr-defined]
-                blocks = min(blocks, -(-span // bs) + 2)
+                blocks = min(blocks, -(-(span + hold) // bs) + 2)
             need += blocks
+        return need
+
+    def _check_fits(self, config: KVCacheConfig, max_len: int) -> None:
+        need = self.blocks_for_request(config, max_len, retention_interval=self.retention_interval,
+                                       vllm_compat=self.vllm_compat)
         if need > config.num_blocks - 1:
             raise ValueError(
                 f"the pool has {config.num_blocks - 1} usable blocks but one request of "

@@ -7,20 +7,44 @@ Typical use::
     cache = PagedKVCache(kv_config)
     logits = model([SequenceInput(token_ids, start=0, block_tables=[full_table, swa_table])], cache)
 
-Requires torch and safetensors; transformers is only used by the tests as the oracle.
+or, driven by the shared scheduler with prefix caching and speculative decoding::
+
+    llm = LLM("path/to/hf_dir", block_size=16, spec="ngram:3")
+    outs = llm.generate([[1, 2, 3]], max_tokens=32)
+
+Requires torch and safetensors; transformers is only used by the tests as the oracle (and for
+tokenizers without a ``tokenizer.json``).
 """
 
 from .config import ModelConfig, load_model_config
 from .kv_cache import NULL_BLOCK, PagedKVCache, default_device, torch_dtype
 from .kv_config import kv_cache_groups, make_kv_cache_config
 from .metadata import GroupMetadata, SequenceInput, StepMetadata, build_step_metadata
-from .models import DeepseekV3ForCausalLM, LlamaForCausalLM, PagedCausalLM, build_model, load_model
+from .block_table import BlockTableRows
+from .drafters import DFlashDrafter, Drafter, DraftModelDrafter, NgramDrafter
+from .llm import LLM, GenerationOutput, parse_spec
+from .models import (DeepseekV3ForCausalLM, Gemma3ForCausalLM, GptOssForCausalLM, LlamaForCausalLM,
+                     PagedCausalLM, build_model, load_model)
+from .models.dflash import DFlashDraftModel, load_dflash
+from .runner import EngineCore, EngineStats
 
 __all__ = [
     "NULL_BLOCK",
+    "BlockTableRows",
+    "DFlashDraftModel",
+    "DFlashDrafter",
     "DeepseekV3ForCausalLM",
+    "DraftModelDrafter",
+    "Drafter",
+    "EngineCore",
+    "EngineStats",
+    "Gemma3ForCausalLM",
+    "GenerationOutput",
+    "GptOssForCausalLM",
     "GroupMetadata",
+    "LLM",
     "LlamaForCausalLM",
+    "NgramDrafter",
     "ModelConfig",
     "PagedCausalLM",
     "PagedKVCache",
@@ -30,8 +54,10 @@ __all__ = [
     "build_step_metadata",
     "default_device",
     "kv_cache_groups",
+    "load_dflash",
     "load_model",
     "load_model_config",
+    "parse_spec",
     "make_kv_cache_config",
     "torch_dtype",
 ]

@@ -25,7 +25,7 @@ import torch
 from hybridkv.core.manager import KVCacheManager
 from hybridkv.core.request import Request
 from hybridkv.core.spec_decode import SpecDecode
-from hybridkv.core.specs import RULE_FULL, KVCacheConfig
+from hybridkv.core.specs import KVCacheConfig
 from hybridkv.sched import EngineRequest, Scheduler, SchedulerConfig
 
 from .drafters import DFlashDrafter, DraftModelDrafter, Drafter, NgramDrafter
@@ -137,22 +137,20 @@ def eos_token_ids(model_dir: str | Path) -> tuple[int, ...]:
     return ()
 
 
-def max_len_that_fits(config: KVCacheConfig, cap: int) -> int:
-    """The largest max_model_len <= cap one request of which fits the pool (the manager's rule:
-    full groups hold the sequence, local groups their window plus two blocks)."""
+def max_len_that_fits(config: KVCacheConfig, cap: int, *, retention_interval: int | None = 0,
+                      vllm_compat: bool = False) -> int:
+    """The largest max_model_len <= cap one request of which fits the pool (0 if none), by the
+    manager's own rule (:meth:`KVCacheManager.blocks_for_request`)."""
     usable = config.num_blocks - 1  # type: ignore[operator]
-    local = sum(min(-(-cap // g.spec.block_size), -(-(g.spec.window_tokens or cap) // g.spec.block_size) + 2)
-                for g in config.groups if g.spec.rule != RULE_FULL)
-    full = [g.spec.block_size for g in config.groups if g.spec.rule == RULE_FULL]
-    if not full:
-        return cap if local <= usable else 0
+
+    def need(length: int) -> int:
+        return KVCacheManager.blocks_for_request(config, length, retention_interval=retention_interval,
+                                                 vllm_compat=vllm_compat)
+
     lo, hi = 0, cap
-    while lo < hi:  # need(L) is monotone in L
+    while lo < hi:  # need() is non-decreasing in the length
         mid = (lo + hi + 1) // 2
-        need = sum(-(-mid // bs) for bs in full) + sum(
-            min(-(-mid // g.spec.block_size), -(-(g.spec.window_tokens or mid) // g.spec.block_size) + 2)
-            for g in config.groups if g.spec.rule != RULE_FULL)
-        if need <= usable:
+        if need(mid) <= usable:
             lo = mid
         else:
             hi = mid - 1
@@ -218,14 +216,12 @@ class LLM:
         self.kv_config = KVCacheConfig(groups, num_blocks=int(num_blocks))
         if max_model_len is None:
             cap = min(self.model.config.max_position_embeddings, 4096)
-            max_model_len = max_len_that_fits(self.kv_config, cap)
+            max_model_len = max_len_that_fits(self.kv_config, cap, retention_interval=retention_interval,
+                                              vllm_compat=vllm_compat)
             if max_model_len < 2:
                 raise ValueError(f"the pool of {num_blocks} blocks cannot hold even a 2-token request")
         self.max_model_len = max_model_len
-        has_local = any(g.spec.rule != RULE_FULL for g in groups)
-        self.kv = KVCacheManager(self.kv_config, spec_decode=self.spec,
-                                 retention_interval=retention_interval if has_local else (
-                                     None if retention_interval is None else 0),
+        self.kv = KVCacheManager(self.kv_config, spec_decode=self.spec, retention_interval=retention_interval,
                                  enable_caching=enable_prefix_caching, hash_algo=hash_algo,
                                  max_model_len=max_model_len, vllm_compat=vllm_compat)
         self.scheduler = Scheduler(self.kv, SchedulerConfig(

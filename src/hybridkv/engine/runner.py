@@ -38,7 +38,7 @@ class EngineStats:
     """Counters of one engine's life."""
 
     steps: int = 0
-    prefill_tokens: int = 0      # known tokens computed (prompts, recomputes, last tokens)
+    computed_tokens: int = 0     # known tokens computed: prompts, recomputes, decode inputs
     draft_tokens: int = 0        # draft tokens verified by the target
     accepted_tokens: int = 0     # of those, accepted
     preemptions: int = 0
@@ -132,9 +132,7 @@ class EngineCore:
             self.rows.release(r.request_id)
         self.stats.preemptions += len(out.preempted)
         if not out.scheduled:
-            if sched.has_unfinished() and not out.preempted:
-                raise RuntimeError("the scheduler scheduled nothing while requests are unfinished")
-            return []
+            return sched.update(out, {})  # every schedule() is answered by one update()
         self.stats.steps += 1
         seqs = []
         for s in out.scheduled:
@@ -169,7 +167,7 @@ class EngineCore:
             my_logits = logits[offset:offset + (b - a)]
             offset += b - a
             known = s.num_new_tokens - s.num_draft_tokens
-            self.stats.prefill_tokens += known
+            self.stats.computed_tokens += known
             req = s.req.request
             toks: list[int] = []
             accepted = 0
@@ -214,10 +212,15 @@ class EngineCore:
     def run(self, max_steps: int | None = None) -> list[EngineRequest]:
         """Step until every request finished (or ``max_steps``); returns the finished ones."""
         done: list[EngineRequest] = []
-        n = 0
+        n = idle = 0
         while self.has_unfinished() and (max_steps is None or n < max_steps):
+            before = self.stats.steps
             done.extend(self.step())
             n += 1
+            idle = idle + 1 if self.stats.steps == before else 0
+            if idle > 1000:
+                raise RuntimeError("the scheduler scheduled nothing for 1000 steps while requests "
+                                   "are unfinished")
         return done
 
     def generate_ids(self, requests: Sequence[EngineRequest]) -> dict[object, list[int]]:

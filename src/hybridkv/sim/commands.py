@@ -218,7 +218,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps(res.to_json(), indent=2) + "\n")
         print(f"wrote {args.json}")
     if args.plot:
-        plot_run(res, args.plot, title=describe(cfg, args, len(items)).split(": ", 1)[1][:90])
+        plot_run(res, args.plot, title=describe(cfg, args, len(items)).split(": ", 1)[1])
         print(f"wrote {args.plot}")
     return 0
 

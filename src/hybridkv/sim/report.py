@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Sequence
 
@@ -68,7 +69,7 @@ def plot_run(res: SimResult, path: str | Path, title: str = "") -> None:
     ax2.set_ylabel("cache usage")
     ax2.set_ylim(0, 1.05)
     ax2.set_xlabel("request" if res.config.get("sequential") else "simulated time (s)")
-    fig.suptitle(title or "hybridkv simulate")
+    fig.suptitle(textwrap.fill(title or "hybridkv simulate", 80), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

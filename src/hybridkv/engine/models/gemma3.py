@@ -12,6 +12,9 @@ What differs from Llama (transformers ``Gemma3ForCausalLM`` semantics):
 * embeddings multiplied by ``sqrt(hidden_size)`` (rounded to the weight dtype);
 * sliding layers use their own RoPE base (``rope_parameters["sliding_attention"]``);
 * optional final logit soft-capping ``cap * tanh(logits / cap)``.
+
+``attn_logit_softcapping`` is ignored, as transformers' Gemma 3 ignores it (Gemma 3 checkpoints
+set it to null; it was Gemma 2's).
 """
 
 from __future__ import annotations
