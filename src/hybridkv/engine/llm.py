@@ -21,7 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import xxhash
 
+from hybridkv.connectors.connector import KVConnector
+from hybridkv.connectors.layout import KVLayout
+from hybridkv.connectors.stores.base import KVStore
+from hybridkv.connectors.transfer import KVTransfer
 from hybridkv.core.manager import KVCacheManager
 from hybridkv.core.request import Request
 from hybridkv.core.spec_decode import SpecDecode
@@ -71,6 +76,7 @@ class GenerationOutput:
         finish_reason: "length", "stop", "max_model_len" or "aborted".
         num_cached_tokens: prefix-cache hit at the request's first admission.
         num_preemptions: times the request was preempted and recomputed.
+        num_external_tokens: tokens loaded from the KV store instead of computed.
         logits: with ``record_logits``: (positions, ``[n, vocab]`` fp32) of every computed
             real position (recomputed positions repeat).
     """
@@ -83,6 +89,7 @@ class GenerationOutput:
     num_cached_tokens: int
     num_preemptions: int
     logits: tuple[list[int], torch.Tensor] | None = field(default=None, repr=False)
+    num_external_tokens: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {"request_id": self.request_id, "prompt_token_ids": self.prompt_token_ids,
@@ -137,6 +144,24 @@ def eos_token_ids(model_dir: str | Path) -> tuple[int, ...]:
     return ()
 
 
+SHARED_HASH_SEED = "hybridkv-shared-v1"
+"""Block-hash seed of engines that share a KV store (their hashes must agree)."""
+
+
+def model_namespace(model_dir: str | Path) -> str:
+    """A digest of a model directory's config and weight files (names, sizes, first bytes):
+    engines with different weights never share KV through a store."""
+    d = Path(model_dir)
+    h = xxhash.xxh3_64()
+    h.update((d / "config.json").read_bytes())
+    for f in sorted(d.glob("*.safetensors")):
+        h.update(f.name.encode())
+        h.update(str(f.stat().st_size).encode())
+        with open(f, "rb") as fh:
+            h.update(fh.read(1 << 20))
+    return f"model-{h.hexdigest()}"
+
+
 def max_len_that_fits(config: KVCacheConfig, cap: int, *, retention_interval: int | None = 0,
                       vllm_compat: bool = False) -> int:
     """The largest max_model_len <= cap one request of which fits the pool (0 if none), by the
@@ -182,6 +207,13 @@ class LLM:
         record_logits: keep every computed position's logits (``GenerationOutput.logits``).
         check_draft_slots: make a draft write outside a request's blocks raise (default: it
             lands wherever the persistent block-table row points, as on a GPU).
+        kv_store: an external KV tier (``LocalCPUStore``, ``MooncakeStore``): computed blocks
+            are saved to it and prefixes found in it are loaded instead of recomputed.
+        kv_namespace: what must match for two engines to share KV (default: a digest of the
+            model directory's config and weight files).
+        hash_seed: the block-hash seed; engines sharing a store need the same one (default
+            with a store: a fixed seed; without: a random one).
+        kv_load, kv_save: load from / save to the store.
     """
 
     def __init__(self, model: str | Path, *, spec: str | SpecDecode | None = None,
@@ -195,7 +227,9 @@ class LLM:
                  vllm_compat: bool = False, ngram_sizes: tuple[int, int] = (1, 4),
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None,
                  kv_cache_dtype: str | None = None, record_logits: bool = False,
-                 check_draft_slots: bool = False) -> None:
+                 check_draft_slots: bool = False, kv_store: KVStore | None = None,
+                 kv_namespace: str | None = None, hash_seed: str | None = None,
+                 kv_load: bool = True, kv_save: bool = True) -> None:
         self.model_dir = Path(model)
         self.device = torch.device(device) if device is not None else default_device()
         self.model = load_model(self.model_dir, device=self.device, dtype=dtype)
@@ -221,16 +255,29 @@ class LLM:
             if max_model_len < 2:
                 raise ValueError(f"the pool of {num_blocks} blocks cannot hold even a 2-token request")
         self.max_model_len = max_model_len
+        if hash_seed is None and kv_store is not None:
+            hash_seed = SHARED_HASH_SEED
         self.kv = KVCacheManager(self.kv_config, spec_decode=self.spec, retention_interval=retention_interval,
                                  enable_caching=enable_prefix_caching, hash_algo=hash_algo,
-                                 max_model_len=max_model_len, vllm_compat=vllm_compat)
+                                 hash_seed=hash_seed, max_model_len=max_model_len,
+                                 vllm_compat=vllm_compat)
+        self.cache = PagedKVCache(self.kv_config, device=self.device)
+        self.connector: KVConnector | None = None
+        if kv_store is not None:
+            layout = KVLayout.register({n: self.cache.layer(n) for n in self.cache.layer_names},
+                                       self.kv_config)
+            transfer = KVTransfer(layout, kv_store,
+                                  namespace=kv_namespace if kv_namespace is not None
+                                  else model_namespace(self.model_dir))
+            self.connector = KVConnector(self.kv, transfer, load=kv_load, save=kv_save)
         self.scheduler = Scheduler(self.kv, SchedulerConfig(
             max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
             max_model_len=max_model_len, enable_chunked_prefill=enable_chunked_prefill,
-            long_prefill_token_threshold=long_prefill_token_threshold, policy=policy))
-        self.cache = PagedKVCache(self.kv_config, device=self.device)
+            long_prefill_token_threshold=long_prefill_token_threshold, policy=policy),
+            connector=self.connector)
         self.engine = EngineCore(self.model, self.kv, self.scheduler, self.cache, self.drafter,
-                                 record_logits=record_logits, check_draft_slots=check_draft_slots)
+                                 record_logits=record_logits, check_draft_slots=check_draft_slots,
+                                 connector=self.connector)
         self.tokenizer = Tokenizer.from_dir(self.model_dir)
         self.eos_token_ids = eos_token_ids(self.model_dir)
         self._next_id = 0
@@ -335,6 +382,7 @@ class LLM:
             num_cached_tokens=max(r.num_cached_tokens, 0),
             num_preemptions=r.request.num_preemptions,
             logits=record.stacked() if record is not None else None,
+            num_external_tokens=r.num_external_tokens,
         )
 
     # ---- introspection ------------------------------------------------------------------------

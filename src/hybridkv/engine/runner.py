@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from hybridkv.connectors.connector import KVConnector
 from hybridkv.core.manager import KVCacheManager
 from hybridkv.sched import EngineRequest, RequestStatus, Scheduler
 
@@ -79,11 +80,13 @@ class EngineCore:
         record_logits: keep every computed position's logits per request (tests, debugging).
         check_draft_slots: make draft writes past a request's blocks raise instead of landing
             in whatever block the persistent row still names (the GPU-like default).
+        connector: the KV connector (the scheduler's), whose worker side runs around each
+            forward pass: saves of earlier-cached blocks, loads, forward, saves of this step.
     """
 
     def __init__(self, model: PagedCausalLM, kv: KVCacheManager, scheduler: Scheduler,
                  cache: PagedKVCache, drafter: Drafter | None = None, *, record_logits: bool = False,
-                 check_draft_slots: bool = False) -> None:
+                 check_draft_slots: bool = False, connector: KVConnector | None = None) -> None:
         spec = kv.spec_decode
         if (drafter is None) != (spec is None):
             raise ValueError("give a drafter exactly when the manager has a SpecDecode config")
@@ -101,6 +104,9 @@ class EngineCore:
         self.device = model.device
         self.record_logits = record_logits
         self.check_draft_slots = check_draft_slots
+        if connector is not None and scheduler.connector is not connector:
+            raise ValueError("the connector must be the scheduler's (Scheduler(..., connector=...))")
+        self.connector = connector
         self.k = spec.num_speculative_tokens if spec is not None else 0
         self.target_groups = model.group_indices(cache)
         self.rows = BlockTableRows(len(kv.config.groups), scheduler.config.max_num_seqs)
@@ -131,8 +137,12 @@ class EngineCore:
         for r in out.preempted:
             self.rows.release(r.request_id)
         self.stats.preemptions += len(out.preempted)
+        loaded: dict[object, bool] = {}
+        if self.connector is not None:
+            self.connector.run_saves(out.saves_before)   # before this step may overwrite them
+            loaded = self.connector.run_loads(out.loads)
         if not out.scheduled:
-            return sched.update(out, {})  # every schedule() is answered by one update()
+            return sched.update(out, {}, loaded)  # every schedule() is answered by one update()
         self.stats.steps += 1
         seqs = []
         for s in out.scheduled:
@@ -188,7 +198,9 @@ class EngineCore:
                                          self._max_drafts(s.req, len(all_tokens)) if toks else 0))
 
         drafts = self.drafter.propose(step_reqs, hidden, captured) if self.drafter is not None else {}
-        finished = sched.update(out, sampled)
+        if self.connector is not None:
+            self.connector.run_saves(out.saves_after)
+        finished = sched.update(out, sampled, loaded)
         for r in finished:
             self.rows.release(r.request_id)
         self.stats.finished += len(finished)
@@ -221,6 +233,8 @@ class EngineCore:
             if idle > 1000:
                 raise RuntimeError("the scheduler scheduled nothing for 1000 steps while requests "
                                    "are unfinished")
+        if self.connector is not None and not self.has_unfinished():
+            self.connector.flush()  # blocks cached when the last requests finished
         return done
 
     def generate_ids(self, requests: Sequence[EngineRequest]) -> dict[object, list[int]]:
