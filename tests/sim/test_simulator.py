@@ -110,3 +110,12 @@ def test_optimum_matches_the_simulators_accounting() -> None:
     res = _run("llama-3.1-8b", items, 200)
     assert res.optimal_hit_blocks == optimal_hit_blocks(items, 16, 199)
     assert res.prompt_blocks == sum(-(-it.prompt_len // 16) for it in items)
+
+
+def test_prompts_longer_than_max_model_len_are_rejected_and_counted() -> None:
+    items = items_from_mooncake(str(TRACES / "mooncake_conversation.jsonl"), 200)
+    too_long = sum(1 for it in items if it.prompt_len >= 16384)
+    res = _run("llama-3.1-8b", items, 50_000, max_model_len=16384,
+               sched=SchedulerConfig(max_model_len=16384))
+    assert too_long > 0 and res.rejected == too_long
+    assert res.prompt_tokens == sum(it.prompt_len for it in items if it.prompt_len < 16384)

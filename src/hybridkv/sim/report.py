@@ -22,7 +22,8 @@ def summary_table(res: SimResult) -> str:
     d = res.to_json()
     frac = d["fraction_of_optimal"]
     rows = [
-        ("requests", _fmt(d["requests"])),
+        ("requests", _fmt(d["requests"]) + (f"  ({d['rejected']} rejected: prompt >= max_model_len)"
+                                             if d["rejected"] else "")),
         ("prompt tokens", _fmt(d["prompt_tokens"])),
         ("token hit rate", f"{d['hit_rate']:.4f}  ({d['hit_tokens']} hit tokens)"),
         ("block hit rate", f"{d['block_hit_rate']:.4f}"),

@@ -130,6 +130,7 @@ class SimResult:
     """Measured results of one simulation (see :meth:`to_json` for the stable keys)."""
 
     requests: int = 0
+    rejected: int = 0
     prompt_tokens: int = 0
     hit_tokens: int = 0
     prompt_blocks: int = 0
@@ -170,6 +171,7 @@ class SimResult:
         opt = self.optimal_block_hit_rate
         return {
             "requests": self.requests,
+            "rejected": self.rejected,
             "prompt_tokens": self.prompt_tokens,
             "hit_tokens": self.hit_tokens,
             "hit_rate": self.hit_rate,
@@ -334,6 +336,16 @@ class Simulator:
         er.user_data = _Live(item)
         return er
 
+    def _admit(self, er: EngineRequest, res: SimResult) -> bool:
+        """Queue a request; one whose prompt leaves no room under max_model_len is rejected
+        and counted, as a serving engine would refuse it."""
+        max_len = self.scheduler.max_model_len
+        if max_len is not None and er.num_prompt_tokens >= max_len:
+            res.rejected += 1
+            return False
+        self.scheduler.add_request(er)
+        return True
+
     def _on_admitted(self, er: EngineRequest, res: SimResult) -> None:
         """First admission: count prompt tokens and blocks and the hit."""
         bs = self.key_block
@@ -346,7 +358,8 @@ class Simulator:
         sched = self.scheduler
         for n, item in enumerate(items):
             er = self._new_request(item)
-            sched.add_request(er)
+            if not self._admit(er, res):
+                continue
             while sched.has_unfinished():
                 out = sched.schedule()
                 for r in out.admitted:
@@ -369,7 +382,7 @@ class Simulator:
         done = 0
         while nxt < total or sched.has_unfinished():
             while nxt < total and items[nxt].arrival_s <= clock:
-                sched.add_request(self._new_request(items[nxt]))
+                self._admit(self._new_request(items[nxt]), res)
                 nxt += 1
             if not sched.has_unfinished():
                 clock = items[nxt].arrival_s
