@@ -13,7 +13,6 @@ from __future__ import annotations
 import zlib
 
 import pytest
-import torch
 
 from hybridkv import KVCacheManager, Request
 from hybridkv.connectors.connector import KVConnector

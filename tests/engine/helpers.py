@@ -7,7 +7,6 @@ the null block 0, so any read outside what a sequence owns turns its logits into
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 import torch
 
 from hybridkv.core.manager import KVCacheManager
+from hybridkv.engine.checkpoints import randomize
 from hybridkv.core.specs import KVCacheConfig
 from hybridkv.engine import PagedCausalLM, PagedKVCache, SequenceInput, load_model, make_kv_cache_config
 
@@ -100,20 +100,9 @@ SMALL_DRAFT = Arch("small_draft", "LlamaConfig", "LlamaForCausalLM", dict(
 
 
 def randomize_(module: torch.nn.Module, seed: int) -> None:
-    """Give every parameter a distinctive value (norm weights around 1, unit-gain matrices), so
+    """Give every parameter a distinctive value (the engine's own checkpoint randomizer), so
     swapped or skipped parameters change the logits clearly."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            noise = torch.randn(p.shape, generator=g)
-            if "norm" in name:
-                p.copy_(1.0 + 0.2 * noise)
-            elif p.dim() == 1:
-                p.copy_(0.2 * noise)
-            elif "embed" in name:
-                p.copy_(noise)
-            else:
-                p.copy_(noise / math.sqrt(p.shape[1]))
+    randomize(module, seed)
 
 
 @dataclass

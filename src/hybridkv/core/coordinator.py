@@ -166,7 +166,6 @@ class KVCacheCoordinator:
         """The longest prefix of at most ``max_tokens`` tokens every group can serve."""
         hashes = request.block_hashes
         n_fine = len(hashes)
-        pool_index = self.pool.index
         found: list[dict[int, tuple[int, ...]]] = [dict() for _ in self.units]
 
         def make_probe(u: int) -> Callable[[int], object]:

@@ -199,7 +199,8 @@ class LLM:
             reduced to what one request can hold in the pool.
         max_num_batched_tokens, max_num_seqs, enable_chunked_prefill,
         long_prefill_token_threshold, policy: the scheduler's limits.
-        enable_prefix_caching, retention_interval, hash_algo, vllm_compat: the manager's options.
+        enable_prefix_caching, retention_interval, hash_algo, vllm_compat: the manager's options
+            (``hash_algo`` defaults to xxh3_128, or sha256 when a ``kv_store`` is shared).
         ngram_sizes: (min n, max n) of the n-gram drafter.
         device: default CUDA when available, else CPU.
         dtype: weight / compute dtype (default: the checkpoint's); the KV cache uses it too
@@ -223,7 +224,7 @@ class LLM:
                  max_num_batched_tokens: int = 2048, max_num_seqs: int = 64,
                  enable_chunked_prefill: bool = True, long_prefill_token_threshold: int = 0,
                  policy: str = "fcfs", enable_prefix_caching: bool = True,
-                 retention_interval: int | None = 0, hash_algo: str = "xxh3_128",
+                 retention_interval: int | None = 0, hash_algo: str | None = None,
                  vllm_compat: bool = False, ngram_sizes: tuple[int, int] = (1, 4),
                  device: torch.device | str | None = None, dtype: torch.dtype | None = None,
                  kv_cache_dtype: str | None = None, record_logits: bool = False,
@@ -257,6 +258,8 @@ class LLM:
         self.max_model_len = max_model_len
         if hash_seed is None and kv_store is not None:
             hash_seed = SHARED_HASH_SEED
+        if hash_algo is None:  # keys shared across processes and tenants: a cryptographic hash
+            hash_algo = "sha256" if kv_store is not None else "xxh3_128"
         self.kv = KVCacheManager(self.kv_config, spec_decode=self.spec, retention_interval=retention_interval,
                                  enable_caching=enable_prefix_caching, hash_algo=hash_algo,
                                  hash_seed=hash_seed, max_model_len=max_model_len,

@@ -312,7 +312,7 @@ class Scheduler:
                 if new_blocks is not None:
                     break
                 victim = self._choose_victim(i)
-                if victim is r and len(running) == 1 and not scheduled:
+                if victim is r and len(running) == 1 and not scheduled and not self.loading:
                     raise RuntimeError(self._too_small(r))
                 self._preempt(victim, out)
                 if victim is r:
@@ -367,7 +367,7 @@ class Scheduler:
                 num_new = budget
             new_blocks = kv.allocate(req, num_new, hit)
             if new_blocks is None:
-                if not self.running and not out.scheduled:
+                if not self.running and not out.scheduled and not self.loading:
                     raise RuntimeError(self._too_small(r))
                 return budget
             self._pop_waiting()

@@ -24,7 +24,7 @@ import dataclasses
 import multiprocessing as mp
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable
 
 import numpy as np
 
