@@ -9,9 +9,11 @@ import pytest
 
 
 def _trace_dir() -> Path | None:
-    """The Mooncake trace folder: $HYBRIDKV_TRACES, <repo>/shared/traces or /work/shared/traces."""
+    """The Mooncake trace folder: $HYBRIDKV_TRACES, <repo>/../shared/traces, <repo>/shared/traces
+    or /work/shared/traces."""
     repo = Path(__file__).resolve().parents[2]
-    candidates = [os.environ.get("HYBRIDKV_TRACES"), repo / "shared" / "traces", "/work/shared/traces"]
+    candidates = [os.environ.get("HYBRIDKV_TRACES"), repo.parent / "shared" / "traces",
+                  repo / "shared" / "traces", "/work/shared/traces"]
     for c in candidates:
         if c and (Path(c) / "mooncake_conversation.jsonl").is_file():
             return Path(c)

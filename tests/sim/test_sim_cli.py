@@ -11,7 +11,6 @@ import pytest
 
 from hybridkv.cli import main
 
-TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
 JSON_KEYS = {"requests", "prompt_tokens", "hit_tokens", "hit_rate", "block_hit_rate",
              "optimal_block_hit_rate", "ttft_p50_s", "ttft_p99_s", "throughput_tok_s",
              "preemptions", "wall_s"}
@@ -25,9 +24,9 @@ def test_simulate_without_arguments_prints_a_summary() -> None:
     assert "TTFT p50 / p90 / p99" in out.stdout
 
 
-def test_simulate_json_and_plot(tmp_path: Path) -> None:
+def test_simulate_json_and_plot(tmp_path: Path, trace_dir: Path) -> None:
     js, png = tmp_path / "r.json", tmp_path / "r.png"
-    rc = main(["simulate", "--trace", str(TRACES / "mooncake_synthetic.jsonl"), "--limit", "60",
+    rc = main(["simulate", "--trace", str(trace_dir / "mooncake_synthetic.jsonl"), "--limit", "60",
                "--preset", "gemma-3-27b", "--cache-tokens", "200k", "--spec", "eagle:3",
                "--json", str(js), "--plot", str(png), "--no-progress"])
     assert rc == 0
@@ -82,9 +81,9 @@ def test_errors_are_clear(argv, message, capsys) -> None:
     assert message in capsys.readouterr().err
 
 
-def test_a_bad_trace_line_is_named(tmp_path: Path, capsys) -> None:
+def test_a_bad_trace_line_is_named(tmp_path: Path, capsys, trace_dir: Path) -> None:
     bad = tmp_path / "bad.jsonl"
-    lines = (TRACES / "mooncake_conversation.jsonl").read_text().splitlines()[:3]
+    lines = (trace_dir / "mooncake_conversation.jsonl").read_text().splitlines()[:3]
     bad.write_text("\n".join(lines + ['{"timestamp": 5, "input_length": 10}']) + "\n")
     assert main(["simulate", "--trace", str(bad), "--no-progress"]) == 2
     assert f"{bad}:4: missing field 'output_length'" in capsys.readouterr().err

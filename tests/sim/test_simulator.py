@@ -18,7 +18,6 @@ from hybridkv.sim.simulator import (SimConfig, Simulator, items_from_mooncake, i
                                     optimal_hit_blocks)
 from hybridkv.sim.traces import TraceRequest, get_workload, replay_microbenchmark
 
-TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
 H100 = get_gpu("h100")
 
 
@@ -68,11 +67,11 @@ def test_the_offline_optimum_bounds_every_online_run(reqs, num_blocks, sequentia
 
 
 @pytest.mark.parametrize("capacity", [500, 2000])
-def test_sequential_manager_equals_an_independent_lru_model_on_the_mooncake_trace(capacity) -> None:
+def test_sequential_manager_equals_an_independent_lru_model_on_the_mooncake_trace(capacity, trace_dir) -> None:
     """At 512-token blocks, one request at a time, the real manager's hits equal a block-level
     LRU over the same blocks (the harness of the traces README), request by request."""
     items = [dataclasses.replace(it, output_len=0)
-             for it in items_from_mooncake(str(TRACES / "mooncake_conversation.jsonl"), 1500)]
+             for it in items_from_mooncake(str(trace_dir / "mooncake_conversation.jsonl"), 1500)]
     p = get_preset("llama-3.1-8b").with_block_size(512)
     res = Simulator(SimConfig(p, H100, num_blocks=capacity + 1, sequential=True)).run(items)
     keys = [it.source.hash_ids[:(it.prompt_len - 1) // 512] for it in items]
@@ -112,8 +111,8 @@ def test_optimum_matches_the_simulators_accounting() -> None:
     assert res.prompt_blocks == sum(-(-it.prompt_len // 16) for it in items)
 
 
-def test_prompts_longer_than_max_model_len_are_rejected_and_counted() -> None:
-    items = items_from_mooncake(str(TRACES / "mooncake_conversation.jsonl"), 200)
+def test_prompts_longer_than_max_model_len_are_rejected_and_counted(trace_dir) -> None:
+    items = items_from_mooncake(str(trace_dir / "mooncake_conversation.jsonl"), 200)
     too_long = sum(1 for it in items if it.prompt_len >= 16384)
     res = _run("llama-3.1-8b", items, 50_000, max_model_len=16384,
                sched=SchedulerConfig(max_model_len=16384))
