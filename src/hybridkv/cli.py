@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from hybridkv import (FullAttention, KVCacheConfig, KVCacheGroup, KVCacheManager, Request,
@@ -104,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, RuntimeError) as exc:
         print(f"hybridkv {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # piped into a reader that stopped early (e.g. `| head`)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

@@ -87,3 +87,13 @@ def test_a_bad_trace_line_is_named(tmp_path: Path, capsys, trace_dir: Path) -> N
     bad.write_text("\n".join(lines + ['{"timestamp": 5, "input_length": 10}']) + "\n")
     assert main(["simulate", "--trace", str(bad), "--no-progress"]) == 2
     assert f"{bad}:4: missing field 'output_length'" in capsys.readouterr().err
+
+
+def test_the_presets_speculative_method_is_the_default(tmp_path: Path) -> None:
+    js = tmp_path / "r.json"
+    assert main(["simulate", "--preset", "deepseek-v4-style", "--workload", "replay", "--json", str(js),
+                 "--no-progress"]) == 0
+    assert json.loads(js.read_text())["config"]["spec"] == "mtp:1"
+    assert main(["simulate", "--preset", "deepseek-v4-style", "--workload", "replay", "--spec", "none",
+                 "--json", str(js), "--no-progress"]) == 0
+    assert json.loads(js.read_text())["config"]["spec"] is None

@@ -55,8 +55,13 @@ def parse_retention(text: str) -> int | None:
     return v
 
 
-def parse_spec(text: str) -> SpecDecode:
-    """``METHOD:K``, e.g. ``eagle:3``, ``mtp:1``, ``dflash:7``."""
+SPEC_OFF = "none"
+
+
+def parse_spec(text: str) -> SpecDecode | str:
+    """``METHOD:K``, e.g. ``eagle:3``, ``mtp:1``, ``dflash:7``; ``none`` turns a preset's off."""
+    if text.strip().lower() == SPEC_OFF:
+        return SPEC_OFF
     method, sep, k = text.partition(":")
     if not sep:
         raise argparse.ArgumentTypeError(
@@ -80,7 +85,9 @@ def add_common_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-size", type=int, help="tokens per block of the main group (preset default otherwise)")
     p.add_argument("--retention-interval", type=parse_retention, default=0,
                    help="sliding-window retention: none (dense), 0 (replay boundaries, default) or N")
-    p.add_argument("--spec", type=parse_spec, help="speculative decoding METHOD:K, e.g. eagle:3")
+    p.add_argument("--spec", type=parse_spec,
+                   help="speculative decoding METHOD:K, e.g. eagle:3 (default: the preset's, "
+                        "e.g. mtp:1 for deepseek-v4-style); none turns it off")
     p.add_argument("--acceptance-rate", type=float, default=0.7,
                    help="per-draft acceptance probability of the seeded acceptance model (0.7)")
     p.add_argument("--max-num-batched-tokens", type=int, default=8192, help="token budget per step")
@@ -157,6 +164,10 @@ def build_config(args: argparse.Namespace, num_blocks: int | None = None,
     if num_blocks is None:
         num_blocks = capacity_blocks(args, preset)
     spec = args.spec
+    if spec is None and preset.spec_decode is not None:
+        spec = SpecDecode(*preset.spec_decode)
+    elif spec == SPEC_OFF:
+        spec = None
     sched = SchedulerConfig(max_num_batched_tokens=args.max_num_batched_tokens,
                             max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)
     return SimConfig(preset=preset, gpu=gpu, num_blocks=num_blocks,
