@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from hybridkv.core.spec_decode import SpecDecode
 from hybridkv.sched import SchedulerConfig
 from hybridkv.sim.costmodel import CostModel
 from hybridkv.sim.optimal import lru_block_hit_rate
@@ -29,7 +30,6 @@ def test_same_seed_same_result() -> None:
     items = items_from_trace(get_workload("chat", num_conversations=12, turns=3, seed=3))
     a = _run("gemma-3-27b", items, 400, spec=None, seed=5).to_json()
     b = _run("gemma-3-27b", items, 400, spec=None, seed=5).to_json()
-    from hybridkv.core.spec_decode import SpecDecode
     c = _run("llama-3.1-8b", items, 300, spec=SpecDecode("eagle", 3), seed=5).to_json()
     d = _run("llama-3.1-8b", items, 300, spec=SpecDecode("eagle", 3), seed=5).to_json()
     for x, y in ((a, b), (c, d)):
@@ -80,13 +80,15 @@ def test_sequential_manager_equals_an_independent_lru_model_on_the_mooncake_trac
     assert res.hit_tokens == 512 * lru.block_hits
 
 
-def test_replay_microbenchmark_shows_the_43447_effect_on_deepseek_v4_style() -> None:
+@pytest.mark.parametrize("spec", [None, SpecDecode("mtp", 1)])
+def test_replay_microbenchmark_shows_the_43447_effect_on_deepseek_v4_style(spec) -> None:
     """Send A, an unrelated B, replay A. Caching every sliding-window block (vLLM's dense
     behaviour) lets B's window churn evict A; retention 0 with scratch-first reuse keeps it."""
     items = items_from_trace(replay_microbenchmark(a_tokens=8192, b_tokens=8192))
     sched = SchedulerConfig(max_num_batched_tokens=2048)
-    dense = _run("deepseek-v4-style", items, 1000, vllm_compat=True, retention_interval=None, sched=sched)
-    kept = _run("deepseek-v4-style", items, 1000, retention_interval=0, sched=sched)
+    dense = _run("deepseek-v4-style", items, 1000, vllm_compat=True, retention_interval=None,
+                 sched=sched, spec=spec)
+    kept = _run("deepseek-v4-style", items, 1000, retention_interval=0, sched=sched, spec=spec)
     assert dense.hit_tokens == 0 and dense.evictions > 0          # A2 misses after B
     assert kept.hit_tokens == 8192 - 256 and kept.evictions == 0   # A2 hits (256-token alignment)
     assert kept.retained_blocks["swa128"] < dense.retained_blocks["swa128"]
