@@ -1,8 +1,9 @@
 """The storage-tier interface of the KV connector.
 
 A :class:`KVStore` holds opaque byte payloads under opaque ``bytes`` keys. The connector uses
-``key = block hash bytes + group index`` and one payload per (block, group) page, but a store
-knows nothing about blocks: it only moves bytes.
+``key = "<block hash hex>/<group name>/<layout fingerprint>"`` and one payload per (block, group)
+(see :mod:`hybridkv.connectors.transfer`), but a store knows nothing about blocks: it only moves
+bytes.
 
 Two ways to move data::
 
