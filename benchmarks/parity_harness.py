@@ -31,7 +31,9 @@ preemptions, re-admissions and evictions.
 
 from __future__ import annotations
 
+import hashlib
 import heapq
+import json
 import math
 import time
 from collections import deque
@@ -187,6 +189,13 @@ SCALE_KEY = {"chat": ("conversations", 12), "system": ("requests", 40), "agent":
              "tree": ("roots", 5)}
 
 
+def trace_fingerprint(trace: list[Item]) -> str:
+    """A short digest of a trace: the replay test checks that regeneration is unchanged."""
+    rows = [[it.rid, len(it.prompt), sum(it.prompt), len(it.answer), sum(it.answer), it.after,
+             it.arrival, list(it.chunks)] for it in trace]
+    return hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:16]
+
+
 # ---- cases --------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Case:
@@ -310,6 +319,18 @@ def build_matrix(scale: int = 1) -> list[Case]:
         ("eagle-swa swa256 N512 la4", (F, S(256)), 512, "swa", 4),
         ("eagle-all swa32blk r0 la3", (F, S(1024, 32)), 0, "all", 3),
         ("eagle-all siblings r0 la1", (F, S(1024), S(1024)), 0, "all", 1),
+        ("full la4", (F,), 0, None, 4),
+        ("full eagle la0", (F,), 0, "all", 0),
+        ("swa128 r0", (F, S(128)), 0, None, 0),
+        ("swa512 N1024", (F, S(512)), 1024, None, 0),
+        ("swa1024 N1024", (F, S(1024)), 1024, None, 0),
+        ("swa32blk N512", (F, S(1024, 32)), 512, None, 0),
+        ("siblings dense", (F, S(1024), S(1024)), None, None, 0),
+        ("pure swa32blk r0", (S(1024, 32),), 0, None, 0),
+        ("pure swa32blk N2048", (S(1024, 32),), 2048, None, 0),
+        ("eagle-swa siblings r0 la3", (F, S(1024), S(1024)), 0, "swa", 3),
+        ("eagle-full swa256 dense la4", (F, S(256)), None, "full", 4),
+        ("eagle-all swa1024 N512 la1", (F, S(1024)), 512, "all", 1),
     ]
     workloads = list(WORKLOADS)
     cases = []
