@@ -24,21 +24,51 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import parity_harness as P  # noqa: E402
+import parity_repros as R  # noqa: E402
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "vllm_0_33.json.gz"
 
 # Diagnoses: docs/parity.md (each with a minimal repro and vLLM's code path).
-PERIODIC = ("issue 10 D1: periodic retention N; vLLM's reachable_block_mask keeps the last "
-            "`need` blocks of every N-token segment (including the request's unfinished one) "
-            "as a block mask; hybridkv promises hit ends at multiples of N")
-SLIDE_ON_FAIL = ("issue 10 D2: vLLM's allocate_slots runs remove_skipped_blocks before its "
-                 "capacity check, so a failed allocation still frees out-of-window blocks "
-                 "(and frees before caching); hybridkv frees only when the allocation succeeds")
-READMIT_EAGLE = ("issue 10 D3: single-group EAGLE re-admission of a block-aligned sequence; "
-                 "vLLM's unitary coordinator caches the block past num_tokens - 1 that "
-                 "hybridkv's drop-mode write path leaves unhashed")
+D1 = ("issue 10 D1: periodic retention N; vLLM's SlidingWindowManager.reachable_block_mask "
+      "caches, block by block, the last `need` blocks of every N-token segment (also the "
+      "segment a request never completes); hybridkv only caches complete runs of promised "
+      "ends at multiples of N")
+D3 = ("issue 10 D3: EAGLE drop mode; after adopting a hit of e blocks vLLM caches the "
+      "recomputed proof block e as soon as it is full; hybridkv marks end e done at adoption "
+      "and leaves the new copy of block e unhashed, so eviction order and later hits differ")
+D4 = ("issue 10 D4: hybrid EAGLE drop mode with alignment > full block size; vLLM's "
+      "HybridKVCacheCoordinator.get_num_cacheable_tokens caches an EAGLE full group up to "
+      "align(n) + block_size; hybridkv caches its full group only at aligned ends")
+D5 = ("issue 10 D5: EAGLE on the full group only; vLLM pins the junction - block_size tail "
+      "only in EAGLE managers (cache_blocks, use_eagle); hybridkv promises junction - A to "
+      "the (non-EAGLE) sliding-window group too")
 
-KNOWN: dict[str, str] = {}
+KNOWN: dict[str, str] = {
+    "full eagle la4 / small / chat": D3,
+    "full eagle la0 / small / chat": D3,
+    "eagle-all swa32blk r0 la3 / small / system": D4,
+    "eagle-full swa1024 r0 la1 / small / agent": D5,
+    "swa1024 N512 / large / chat": D1,
+    "swa1024 N512 / small / system": D1,
+    "swa1024 N2048 / small / agent": D1,
+    "swa256 N1024 / large / agent": D1,
+    "swa256 N1024 / small / tree": D1,
+    "swa32blk N1024 / large / tree": D1,
+    "swa32blk N1024 / small / chat": D1,
+    "siblings N2048 / small / agent": D1,
+    "eagle-all swa1024 N2048 la2 / large / chat": D1,
+    "eagle-all swa1024 N2048 la2 / small / system": D1,
+    "eagle-swa swa256 N512 la4 / large / tree": D1,
+    "eagle-swa swa256 N512 la4 / small / chat": D1,
+    "swa512 N1024 / small / agent": D1,
+    "swa1024 N1024 / large / agent": D1,
+    "swa1024 N1024 / small / tree": D1,
+    "swa32blk N512 / large / tree": D1,
+    "swa32blk N512 / small / chat": D1,
+    "pure swa32blk N2048 / large / agent": D1,
+    "pure swa32blk N2048 / small / tree": D1,
+    "eagle-all swa1024 N512 la1 / small / agent": D1,
+}
 
 
 def _load() -> list[dict]:
@@ -93,3 +123,19 @@ def test_replay_matches_vllm(rec):
     shown = [f"{what}: hybridkv {a}, vLLM {b}" for what, a, b in diff.counts]
     shown += [f"{rid}: hybridkv {a}, vLLM {b}" for rid, a, b in diff.requests[:6]]
     assert diff.exact, f"{case.name} differs from vLLM 0.33:\n" + "\n".join(shown)
+
+
+# vLLM 0.33's hit tokens per admission on the minimal repros (``python
+# benchmarks/parity_repros.py`` in the vLLM venv prints them).
+REPRO_VLLM = {
+    "D1": {"A": [0], "B": [112]},
+    "D3": {"R1": [0], "X": [0], "R2": [32], "F": [0], "R3": [32]},
+}
+
+
+@pytest.mark.parametrize("repro", [
+    pytest.param(r, id=r.diagnosis, marks=pytest.mark.xfail(strict=True, reason={"D1": D1, "D3": D3}[r.diagnosis]))
+    for r in R.REPROS])
+def test_minimal_repro_matches_vllm(repro):
+    res = repro.run(lambda c, g: P.HybridkvSide(c, g))
+    assert res.hits == REPRO_VLLM[repro.diagnosis]
