@@ -78,7 +78,31 @@ D3 = Repro(
     max_model_len=128,
 )
 
-REPROS = [D1, D3]
+# D4: hybrid EAGLE (all groups), full block 16 + window block 32 (alignment 32). A computes
+# 100 tokens: vLLM caches full-group blocks 0..5 (up to align(100) + 16 = 112, capped at 100
+# -> 6 full blocks), hybridkv 0..4 (aligned ends only: 64, whose run with its proof block is
+# [0, 5)). F then takes every free block: vLLM evicts one cached block more.
+D4 = Repro(
+    "D4 EAGLE full group cached past the aligned end", "D4",
+    _case("D4", (F16, ("swa", 32, 64)), 0, "all", 0), 24,
+    _seq(("A", _toks(1, 100), 1), ("F", _toks(7000, 150), 1)), max_model_len=160,
+)
+
+# D5: EAGLE on the full group only, window 64. A caches its whole prompt in the full group
+# and the replay tails in the window group. B shares A's first 150 tokens: the full group hits
+# 144 but the window group nothing, so B's hit is 0 and its junction 144; hybridkv promises
+# the junction and 144 - 16 = 128 to the window group, vLLM adds ``boundary - block_size``
+# only in EAGLE managers (here the full group, which caches every block anyway). C shares
+# A's first 130 tokens and hits 112 only in hybridkv (its window run lies in the extra tail).
+_A5 = _toks(1, 200)
+D5 = Repro(
+    "D5 junction - block promised to a non-EAGLE window group", "D5",
+    _case("D5", (F16, ("swa", 16, 64)), 0, "full", 0), 200,
+    _seq(("A", _A5, 1), ("B", _A5[:150] + _toks(5000, 60), 1),
+         ("C", _A5[:130] + _toks(6000, 60), 1)),
+)
+
+REPROS = [D1, D3, D4, D5]
 
 
 def main() -> int:
