@@ -13,7 +13,6 @@ pickled tuples: vLLM's default) is timed apart from manager calls.
 from __future__ import annotations
 
 import logging
-import math
 import time
 
 from parity_harness import Case, Geometry, ReqState
@@ -162,6 +161,3 @@ class VllmSide:
     def evictions(self) -> int:
         return self.n_evicted
 
-
-def check_geometry(geo: Geometry) -> None:
-    assert geo.alignment == math.lcm(*geo.block_sizes)
