@@ -90,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--record", nargs="?", const=str(FIXTURE), default=None, metavar="PATH",
                     help=f"write vLLM's results as the replay fixture (default {FIXTURE})")
     ap.add_argument("--max-diffs", type=int, default=4, help="per-request differences shown per case")
+    ap.add_argument("--default-mode", action="store_true",
+                    help="also run hybridkv's default mode (untimed) and compare its hit tokens")
     args = ap.parse_args(argv)
     if args.record and args.scale != 1:
         ap.error("--record writes the CI fixture: use the default --scale 1")
@@ -117,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     by_class: dict[str, list[float]] = {}
     exact = 0
     details = []
+    default_hits: dict[str, list[int]] = {}
     for case in cases:
         trace = case.trace()
         geo = P.geometry(case, trace)
@@ -133,6 +136,15 @@ def main(argv: list[str] | None = None) -> int:
             hbest = min(hbest, hr.mgr_s + hr.hash_s)
         d = P.compare(h, v.hits, v.summary())
         exact += d.exact
+        if args.default_mode:
+            dm = P.run_case(case, trace, P.HybridkvSide(case, geo, compat=False,
+                                                        reserve=args.hk_reserve))
+            acc = default_hits.setdefault(case.klass, [0, 0, 0, 0, 0])
+            acc[0] += sum(x[0] for x in v.hits.values())
+            acc[1] += sum(x[0] for x in dm.hits.values())
+            acc[2] += v.preemptions
+            acc[3] += dm.preemptions
+            acc[4] += sum(1 for rid, x in dm.hits.items() if rid in v.hits and x[0] < v.hits[rid][0])
         cls = by_class.setdefault(case.klass, [0.0, 0.0, 0, 0])
         cls[0] += vbest
         cls[1] += hbest
@@ -176,6 +188,16 @@ def main(argv: list[str] | None = None) -> int:
     vs = sum(c[0] for c in by_class.values())
     hs = sum(c[1] for c in by_class.values())
     print(f"{'whole matrix':<26}{len(cases):>6}{exact:>6}{vs:>9.3f}{hs:>9.3f}{vs / hs:>9.2f}x")
+    if default_hits:
+        print()
+        print("hybridkv default mode (vllm_compat=False) vs vLLM: first-admission hit tokens, "
+              "preemptions, requests whose first hit is lower than vLLM's")
+        print(f"{'class':<26}{'vLLM hits':>12}{'default hits':>14}{'gain':>8}{'preempt':>12}"
+              f"{'lower':>7}")
+        for name in sorted(default_hits):
+            vh, dh, vp, dp, low = default_hits[name]
+            print(f"{name:<26}{vh:>12,}{dh:>14,}{(dh - vh) / max(vh, 1):>+8.1%}{vp:>6}/{dp:<5}"
+                  f"{low:>7}")
     if args.record:
         path = Path(args.record)
         path.parent.mkdir(parents=True, exist_ok=True)
