@@ -38,7 +38,7 @@ from hybridkv.sim.costmodel import CostModel
 from hybridkv.sim.optimal import belady_block_hit_rate
 from hybridkv.sim.presets import GpuPreset, ModelPreset
 from hybridkv.sim.traces import (MOONCAKE_BLOCK_TOKENS, MooncakeRecord, TraceRequest,
-                                 expand_block_ids, iter_mooncake_records)
+                                 expand_block_ids, iter_mooncake_records, trace_stem)
 
 _OUTPUT_TOKEN_BASE = 1 << 40  # pseudo output tokens live above every prompt token id
 _PARALLEL_OPTIMUM_TOKENS = 20_000_000  # above this many prompt tokens, compute the bound in a child
@@ -80,7 +80,7 @@ def items_from_trace(requests: Iterable[TraceRequest]) -> list[WorkItem]:
 
 def items_from_mooncake(path: str, limit: int | None = None) -> list[WorkItem]:
     """Work items of a Mooncake JSONL trace; tokens are expanded lazily (512 per hash id)."""
-    stem = str(path).rsplit("/", 1)[-1].rsplit(".", 1)[0]
+    stem = trace_stem(path)
     items = [WorkItem(f"{stem}-{i}", rec.timestamp_ms / 1000.0, rec.input_length,
                       rec.output_length, rec)
              for i, rec in enumerate(iter_mooncake_records(path, limit))]
@@ -198,20 +198,67 @@ class SimResult:
         }
 
 
-def optimal_hit_blocks(items: Iterable[WorkItem], block_size: int, capacity_blocks: int) -> int:
+@dataclass(frozen=True, slots=True)
+class ServedItem:
+    """A work item the online run serves, with the output length it is allowed to generate."""
+
+    item: WorkItem
+    max_tokens: int
+
+
+def served_workload(items: Iterable[WorkItem], max_model_len: int | None) -> tuple[list[ServedItem], int]:
+    """The requests a run serves and how many it rejects: the one rule for ``max_model_len``.
+
+    A request whose prompt alone reaches ``max_model_len`` (``prompt_len >= max_model_len``) is
+    rejected and counted, as a serving engine refuses it; the others generate
+    ``min(max(1, output_len), max_model_len - prompt_len)`` tokens. The online run and the
+    offline optimum both use this list, so the bound is computed on exactly the served workload.
+    """
+    served: list[ServedItem] = []
+    rejected = 0
+    for it in items:
+        max_tokens = max(1, it.output_len)
+        if max_model_len is not None:
+            if it.prompt_len >= max_model_len:
+                rejected += 1
+                continue
+            max_tokens = min(max_tokens, max_model_len - it.prompt_len)
+        served.append(ServedItem(it, max_tokens))
+    return served, rejected
+
+
+def optimum_capacity_blocks(kv_config, num_blocks: int, key_block: int) -> int:
+    """Pool capacity in key blocks for the offline bound.
+
+    Caching ``key_block`` tokens of a prefix takes ``key_block / block_size`` blocks in every
+    full-attention-type group (all of them must hold the prefix for a hit), so the bound gets
+    ``(num_blocks - 1) // sum_g(key_block / block_size_g)`` key blocks. Window groups are left
+    out (they may keep as little as one window per hit end), which keeps it an upper bound.
+    """
+    units = sum(max(1, key_block // g.spec.block_size) for g in kv_config.groups
+                if g.spec.rule == RULE_FULL)
+    return (num_blocks - 1) // max(1, units)
+
+
+def optimal_hit_blocks(items: Iterable[WorkItem | ServedItem], block_size: int,
+                       capacity_blocks: int) -> int:
     """Prompt blocks the offline optimum (Belady with bypass) hits, one request at a time.
 
     Keys are plain chained block hashes (no lookahead, no salt), computed independently of
     the simulated manager. A request may hit its prompt's first ``(prompt_len - 1) //
     block_size`` blocks (the last token is always recomputed, online and here); after it,
     its blocks are inserted, including those of its output when the workload knows the
-    output tokens (the next turn of a chat repeats them).
+    output tokens (the next turn of a chat repeats them), cut to the ``max_tokens`` the
+    online run generated for a :class:`ServedItem`.
     """
     hasher = BlockHasher(block_size)
     keys: list[list[bytes]] = []
     limits: list[int] = []
-    for it in items:
+    for entry in items:
+        it, max_out = (entry.item, entry.max_tokens) if isinstance(entry, ServedItem) else (entry, None)
         out = it.output_ids
+        if out is not None and max_out is not None:
+            out = out[:max_out]
         tokens = it.prompt() if out is None or not len(out) else np.concatenate([it.prompt(), out])
         req = Request(it.request_id, tokens)
         hasher.update(req)
@@ -221,7 +268,7 @@ def optimal_hit_blocks(items: Iterable[WorkItem], block_size: int, capacity_bloc
     return belady_block_hit_rate(keys, capacity_blocks, limits).block_hits
 
 
-def _optimum_child(items: list[WorkItem], block_size: int, capacity: int, conn) -> None:
+def _optimum_child(items: list[ServedItem], block_size: int, capacity: int, conn) -> None:
     try:
         conn.send(optimal_hit_blocks(items, block_size, capacity))
     except BaseException as exc:  # report, never hang the parent
@@ -273,6 +320,7 @@ class Simulator:
         groups = kv_config.groups
         full = [g.spec.block_size for g in groups if g.spec.rule == RULE_FULL]
         self.key_block = max(full) if full else kv_config.alignment
+        self.optimum_capacity = optimum_capacity_blocks(kv_config, config.num_blocks, self.key_block)
 
     # ---- the run ------------------------------------------------------------------------------
     def run(self, items: Iterable[WorkItem]) -> SimResult:
@@ -281,21 +329,22 @@ class Simulator:
         cfg = self.config
         res = SimResult()
         t0 = time.perf_counter()
-        capacity = cfg.num_blocks - 1
+        capacity = self.optimum_capacity
+        served, res.rejected = served_workload(items, self.scheduler.max_model_len)
         child = conn = None
-        if cfg.optimum and sum(it.prompt_len for it in items) > _PARALLEL_OPTIMUM_TOKENS \
+        if cfg.optimum and sum(s.item.prompt_len for s in served) > _PARALLEL_OPTIMUM_TOKENS \
                 and "fork" in mp.get_all_start_methods():
             # The bound needs no simulation state: compute it on another core meanwhile.
             ctx = mp.get_context("fork")
             conn, child_conn = ctx.Pipe(duplex=False)
             child = ctx.Process(target=_optimum_child, daemon=True,
-                                args=(items, self.key_block, capacity, child_conn))
+                                args=(served, self.key_block, capacity, child_conn))
             child.start()
             child_conn.close()
         if cfg.sequential:
-            self._run_sequential(items, res)
+            self._run_sequential(served, res)
         else:
-            self._run_timed(items, res)
+            self._run_timed(served, res)
         kv = self.kv
         stats = kv.stats()
         res.requests = len(items)
@@ -313,10 +362,16 @@ class Simulator:
                 raise got
             res.optimal_hit_blocks = got
         elif cfg.optimum:
-            res.optimal_hit_blocks = optimal_hit_blocks(items, self.key_block, capacity)
+            res.optimal_hit_blocks = optimal_hit_blocks(served, self.key_block, capacity)
+        if res.optimal_hit_blocks is not None and not res.hit_blocks <= res.optimal_hit_blocks <= res.prompt_blocks:
+            raise RuntimeError(  # a bug in the simulator or the bound, never a result to print
+                f"offline optimum {res.optimal_hit_blocks} blocks outside [online hits "
+                f"{res.hit_blocks}, prompt blocks {res.prompt_blocks}]; please report this workload")
         res.wall_s = time.perf_counter() - t0
         res.config = {"preset": cfg.preset.name, "gpu": cfg.gpu.name, "num_gpus": cfg.num_gpus,
                       "num_blocks": cfg.num_blocks, "block_size": cfg.preset.block_size,
+                      "optimum_capacity_blocks": capacity, "key_block_size": self.key_block,
+                      "max_model_len": self.scheduler.max_model_len,
                       "retention_interval": cfg.retention_interval,
                       "spec": (f"{cfg.spec.method}:{cfg.spec.num_speculative_tokens}"
                                if cfg.spec else None),
@@ -327,24 +382,12 @@ class Simulator:
                       "max_num_seqs": self.scheduler.config.max_num_seqs}
         return res
 
-    def _new_request(self, item: WorkItem) -> EngineRequest:
+    def _new_request(self, served: ServedItem) -> EngineRequest:
+        item = served.item
         req = Request(item.request_id, item.prompt())
-        max_tokens = max(1, item.output_len)
-        if self.scheduler.max_model_len is not None:
-            max_tokens = min(max_tokens, max(1, self.scheduler.max_model_len - item.prompt_len))
-        er = EngineRequest(req, max_tokens, arrival_time=item.arrival_s)
+        er = EngineRequest(req, served.max_tokens, arrival_time=item.arrival_s)
         er.user_data = _Live(item)
         return er
-
-    def _admit(self, er: EngineRequest, res: SimResult) -> bool:
-        """Queue a request; one whose prompt leaves no room under max_model_len is rejected
-        and counted, as a serving engine would refuse it."""
-        max_len = self.scheduler.max_model_len
-        if max_len is not None and er.num_prompt_tokens >= max_len:
-            res.rejected += 1
-            return False
-        self.scheduler.add_request(er)
-        return True
 
     def _on_admitted(self, er: EngineRequest, res: SimResult) -> None:
         """First admission: count prompt tokens and blocks and the hit."""
@@ -354,12 +397,11 @@ class Simulator:
         res.prompt_blocks += -(-p // bs)
         res.hit_blocks += er.num_cached_tokens // bs
 
-    def _run_sequential(self, items: list[WorkItem], res: SimResult) -> None:
+    def _run_sequential(self, items: list[ServedItem], res: SimResult) -> None:
         sched = self.scheduler
         for n, item in enumerate(items):
             er = self._new_request(item)
-            if not self._admit(er, res):
-                continue
+            sched.add_request(er)
             while sched.has_unfinished():
                 out = sched.schedule()
                 for r in out.admitted:
@@ -371,9 +413,11 @@ class Simulator:
             res.output_tokens += er.num_output_tokens
             if self.progress and n % 256 == 0:
                 self.progress(n, len(items))
+        if self.progress:
+            self.progress(len(items), len(items))
         self._finish_usage(res)
 
-    def _run_timed(self, items: list[WorkItem], res: SimResult) -> None:
+    def _run_timed(self, items: list[ServedItem], res: SimResult) -> None:
         sched = self.scheduler
         cost = self.cost
         clock = 0.0
@@ -381,11 +425,11 @@ class Simulator:
         total = len(items)
         done = 0
         while nxt < total or sched.has_unfinished():
-            while nxt < total and items[nxt].arrival_s <= clock:
-                self._admit(self._new_request(items[nxt]), res)
+            while nxt < total and items[nxt].item.arrival_s <= clock:
+                sched.add_request(self._new_request(items[nxt]))
                 nxt += 1
             if not sched.has_unfinished():
-                clock = items[nxt].arrival_s
+                clock = items[nxt].item.arrival_s
                 continue
             out = sched.schedule()
             for r in out.admitted:
@@ -399,6 +443,8 @@ class Simulator:
             done += self._update(out, res, clock)
             if self.progress and res.steps % 2048 == 0:
                 self.progress(done, total)
+        if self.progress:
+            self.progress(total, total)
         res.makespan_s = clock
         self._finish_usage(res)
 
