@@ -40,7 +40,7 @@ def test_simulate_json_and_plot(tmp_path: Path, trace_dir: Path) -> None:
 
 def test_sequential_mode_reports_no_latency(tmp_path: Path) -> None:
     js = tmp_path / "r.json"
-    assert main(["simulate", "--workload", "replay", "--sequential", "--json", str(js),
+    assert main(["simulate", "--preset", "llama-3.1-8b", "--workload", "replay", "--sequential", "--json", str(js),
                  "--no-progress"]) == 0
     d = json.loads(js.read_text())
     assert d["requests"] == 3 and d["ttft_p50_s"] is None and d["hit_tokens"] == 8192 - 16
@@ -49,7 +49,7 @@ def test_sequential_mode_reports_no_latency(tmp_path: Path) -> None:
 
 def test_sweep_over_capacities_and_retention(tmp_path: Path, capsys) -> None:
     png, js = tmp_path / "s.png", tmp_path / "s.json"
-    assert main(["sweep", "--workload", "system-prompt", "--cache-tokens-list", "20k,80k,300k",
+    assert main(["sweep", "--preset", "llama-3.1-8b", "--workload", "system-prompt", "--cache-tokens-list", "20k,80k,300k",
                  "--plot", str(png), "--json", str(js), "--no-progress"]) == 0
     rows = json.loads(js.read_text())
     assert [r["value"] for r in rows] == [20_000, 80_000, 300_000]
@@ -72,7 +72,7 @@ def test_presets_lists_kv_bytes_per_token(capsys) -> None:
 
 @pytest.mark.parametrize("argv, message", [
     (["simulate", "--preset", "llama-9"], "unknown model preset 'llama-9'; valid presets: llama-3.1-8b"),
-    (["simulate", "--workload", "chat", "--num-blocks", "20"], "cannot hold request"),
+    (["simulate", "--workload", "chat", "--num-blocks", "20", "--preset", "llama-3.1-8b"], "cannot hold request"),
     (["simulate", "--gpu-memory-fraction", "0.1", "--preset", "deepseek-v3"], "do not fit in 10%"),
     (["simulate", "--trace", "/nonexistent.jsonl"], "does not exist"),
 ])
