@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from hybridkv.cli import main
+from hybridkv.sim.traces import open_trace_text
 
 JSON_KEYS = {"requests", "prompt_tokens", "hit_tokens", "hit_rate", "block_hit_rate",
              "optimal_block_hit_rate", "ttft_p50_s", "ttft_p99_s", "throughput_tok_s",
@@ -26,7 +27,7 @@ def test_simulate_without_arguments_prints_a_summary() -> None:
 
 def test_simulate_json_and_plot(tmp_path: Path, trace_dir: Path) -> None:
     js, png = tmp_path / "r.json", tmp_path / "r.png"
-    rc = main(["simulate", "--trace", str(trace_dir / "mooncake_synthetic.jsonl"), "--limit", "60",
+    rc = main(["simulate", "--trace", str(trace_dir / "mooncake_synthetic.jsonl.xz"), "--limit", "60",
                "--preset", "gemma-3-27b", "--cache-tokens", "200k", "--spec", "eagle:3",
                "--json", str(js), "--plot", str(png), "--no-progress"])
     assert rc == 0
@@ -83,7 +84,8 @@ def test_errors_are_clear(argv, message, capsys) -> None:
 
 def test_a_bad_trace_line_is_named(tmp_path: Path, capsys, trace_dir: Path) -> None:
     bad = tmp_path / "bad.jsonl"
-    lines = (trace_dir / "mooncake_conversation.jsonl").read_text().splitlines()[:3]
+    with open_trace_text(trace_dir / "mooncake_conversation.jsonl.xz") as f:
+        lines = [next(f).rstrip("\n") for _ in range(3)]
     bad.write_text("\n".join(lines + ['{"timestamp": 5, "input_length": 10}']) + "\n")
     assert main(["simulate", "--trace", str(bad), "--no-progress"]) == 2
     assert f"{bad}:4: missing field 'output_length'" in capsys.readouterr().err

@@ -104,7 +104,7 @@ def test_load_mooncake_trace(tmp_path: Path) -> None:
 
 
 def test_real_mooncake_head_loads(trace_dir: Path) -> None:
-    path = trace_dir / "mooncake_conversation.jsonl"
+    path = trace_dir / "mooncake_conversation.jsonl.xz"
     reqs = load_mooncake_trace(path, limit=50)
     recs = list(iter_mooncake_records(path, limit=50))
     assert len(reqs) == 50

@@ -56,6 +56,7 @@ __all__ = [
     "load_mooncake_trace",
     "load_token_trace",
     "multi_turn_chat",
+    "open_trace_text",
     "replay_microbenchmark",
     "resolve_trace",
     "shared_system_prompt",
