@@ -104,7 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("demo", help="walk through prefix caching on a hybrid model")
     p.add_argument("--json", action="store_true", help="print the numbers as JSON")
     p.set_defaults(func=_cmd_demo)
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "accepts_any_arguments", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     return run_command(args)
 
 
@@ -146,12 +148,11 @@ def _add_generate_stub(sub: argparse._SubParsersAction, exc: ImportError) -> Non
     p = sub.add_parser("generate", help="greedy generation with the reference engine "
                                         '(needs pip install "hybridkv[engine]")',
                        description=message)
-    p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
 
     def unavailable(args: argparse.Namespace) -> int:
         print(f"hybridkv generate: error: {message}", file=sys.stderr)
         return 2
-    p.set_defaults(func=unavailable)
+    p.set_defaults(func=unavailable, accepts_any_arguments=True)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

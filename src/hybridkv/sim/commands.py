@@ -341,12 +341,11 @@ def capacity_blocks(args: argparse.Namespace, preset, cache_tokens: int | None =
     if cache_tokens < 1:
         raise ValueError(f"cache size must be >= 1 token, got {cache_tokens}")
     per_token = preset.kv_bytes_per_token()["total"]
-    blocks = preset.kv_config(memory_bytes=cache_tokens * per_token).num_blocks
-    if blocks < 1:
-        block_tokens = preset.kv_config(num_blocks=2).block_bytes // per_token
+    block_bytes = preset.kv_config(num_blocks=2).block_bytes
+    if cache_tokens * per_token < 2 * block_bytes:
         raise ValueError(f"a cache of {cache_tokens:,} tokens holds no block of {preset.name} "
-                         f"(one block holds ~{block_tokens:,} tokens of every group)")
-    return blocks + 1  # + the null block
+                         f"(give at least {-(-2 * block_bytes // per_token):,} tokens)")
+    return preset.kv_config(memory_bytes=cache_tokens * per_token).num_blocks + 1  # + the null block
 
 
 def build_config(args: argparse.Namespace, num_blocks: int | None = None,
