@@ -86,6 +86,20 @@ def test_bad_options_get_one_clear_line(argv, message, capsys) -> None:
     assert "Traceback" not in err and "hybridkv simulate: " not in out  # nothing ran
 
 
+@pytest.mark.parametrize("name, data, message", [
+    ("t.jsonl.xz", b"not xz at all", "cannot read the trace"),
+    ("t.jsonl.gz", b"not gzip", "cannot read the trace"),
+    ("t.jsonl", b"", "the trace is empty"),
+    ("t.jsonl", b'{"prompt_token_ids": [1, 2], "output_len": -1}\n', "'output_len' must be >= 0"),
+])
+def test_unreadable_traces_are_named(tmp_path: Path, name, data, message, capsys) -> None:
+    path = tmp_path / name
+    path.write_bytes(data)
+    assert run_main(["simulate", "--trace", str(path), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert str(path) in err and message in err and "Traceback" not in err
+
+
 def test_no_traceback_reaches_the_user_of_the_command() -> None:
     for argv in (["simulate", "--cache-tokens", "nan"], ["simulate", "--json", "/nonexistent/x.json"],
                  ["sweep", "--cache-tokens-list", "1M,,3M"], ["simulate", "--max-model-len", "100"]):

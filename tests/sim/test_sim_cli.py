@@ -23,6 +23,12 @@ def test_simulate_without_arguments_prints_a_summary() -> None:
     assert out.returncode == 0, out.stderr
     assert "token hit rate" in out.stdout and "offline optimum" in out.stdout
     assert "TTFT p50 / p90 / p99" in out.stdout
+    # the default shows the product: a hybrid model with speculative decoding under pressure
+    assert "deepseek-v4-style" in out.stdout and "spec mtp:1" in out.stdout
+    assert "retained blocks per group  mla=" in out.stdout and "swa512=" in out.stdout
+    evictions = int(next(l for l in out.stdout.splitlines() if l.strip().startswith("evictions")).split()[-1])
+    assert evictions > 0
+    assert "why online < optimum" in out.stdout and "eviction:" in out.stdout
 
 
 def test_simulate_json_and_plot(tmp_path: Path, trace_dir: Path) -> None:

@@ -200,7 +200,14 @@ def trace_stem(path: str | Path) -> str:
 def _iter_json_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield (1-based line number, object) for each non-blank line; bad JSON raises ValueError."""
     with open_trace_text(path) as fh:
-        for lineno, line in enumerate(fh, start=1):
+        lines = enumerate(fh, start=1)
+        while True:
+            try:
+                lineno, line = next(lines)
+            except StopIteration:
+                return
+            except (OSError, EOFError, lzma.LZMAError, UnicodeDecodeError) as exc:
+                raise ValueError(f"{path}: cannot read the trace ({exc})") from None
             if not line.strip():
                 continue
             try:
@@ -494,7 +501,7 @@ def trace_format(path: str | Path) -> str:
     with open_trace_text(path) as fh:
         try:
             first = next((line for line in fh if line.strip()), "")
-        except (OSError, EOFError, UnicodeDecodeError) as exc:
+        except (OSError, EOFError, lzma.LZMAError, UnicodeDecodeError) as exc:
             raise ValueError(f"{path}: cannot read the trace ({exc})") from None
     if not first:
         raise ValueError(f"{path}: the trace is empty")
