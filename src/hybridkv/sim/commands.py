@@ -3,8 +3,8 @@
 
 Capacity, in order of precedence: ``--num-blocks`` (pool blocks), ``--cache-tokens`` (KV memory
 for that many tokens of the preset, all groups counted), ``--gpu-memory-fraction`` (that share
-of the GPUs' memory minus the weights). The default is DEFAULT_SIMULATE_CACHE_TOKENS tokens of
-cache for ``simulate`` and DEFAULT_CACHE_TOKENS for a retention sweep.
+of the GPUs' memory minus the weights). The default is 150k tokens for ``simulate`` (the default
+chat workload's working set does not fit, so eviction shows) and 3M for a retention sweep.
 
 Every option is validated where it is parsed (the "Validation" section: one argparse type per
 kind of value, each naming the bad value and the valid range) or, for rules that involve
