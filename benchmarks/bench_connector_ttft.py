@@ -137,9 +137,8 @@ def main() -> None:
         if not args.no_local:
             stores.append(("local", LocalCPUStore(2 << 30)))
         if not args.no_mooncake:
-            from hybridkv.connectors.stores import (MooncakeCluster, MooncakeStore,
-                                                    MooncakeStoreConfig)
-            from hybridkv.connectors.stores.netns import loopback_netns
+            from hybridkv.connectors.stores import MooncakeStore, MooncakeStoreConfig
+            from hybridkv.testing import MooncakeCluster, loopback_netns
 
             stack.enter_context(loopback_netns())
             cluster = stack.enter_context(MooncakeCluster([1 << 30]))

@@ -69,8 +69,7 @@ def local_mooncake(storage_bytes: int = 256 << 20, isolate: bool = True) -> Iter
     ``lo``; the cluster and every child started from this thread live there. Without the
     privilege for that (not root) it says so and runs on the host's loopback instead.
     """
-    from hybridkv.connectors.stores import MooncakeCluster
-    from hybridkv.connectors.stores.netns import NetnsUnavailable, loopback_netns
+    from hybridkv.testing import MooncakeCluster, NetnsUnavailable, loopback_netns
 
     with contextlib.ExitStack() as stack:
         if isolate:

@@ -230,7 +230,8 @@ def test_corrupt_payload_is_rejected_and_recomputed(model: Path, damage: str, mo
 
 # ------------------------------------------------------------------------- Mooncake master
 def test_mooncake_master_killed_mid_run_then_restarted(loopback: None, model: Path) -> None:
-    from hybridkv.connectors.stores import MooncakeCluster, MooncakeStore, MooncakeStoreConfig
+    from hybridkv.connectors.stores import MooncakeStore, MooncakeStoreConfig
+    from hybridkv.testing import MooncakeCluster
 
     with MooncakeCluster([32 << 20], client_ttl_s=2) as cluster:
         cfg = MooncakeStoreConfig(master_address=cluster.master_address, key_prefix="faults/",
