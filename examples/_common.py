@@ -145,5 +145,7 @@ def serve(llm: Any, prompt: list[int], max_tokens: int) -> tuple[Any, float, flo
 
 def engine_kwargs(job: dict[str, Any]) -> dict[str, Any]:
     """LLM arguments every process of an example uses (same block size and pool)."""
-    return dict(device="cpu", block_size=job["block_size"],
-                kv_cache_bytes=job["kv_cache_mib"] << 20)
+    from hybridkv.engine import CacheConfig, RuntimeConfig
+
+    return dict(runtime=RuntimeConfig(device="cpu"),
+                cache=CacheConfig(block_size=job["block_size"], kv_cache_bytes=job["kv_cache_mib"] << 20))
