@@ -17,7 +17,7 @@ from hybridkv.engine import BlockTableRows, SequenceInput, build_step_metadata
 from hybridkv.engine.generate_cli import add_generate_parser, main, run_generate
 from hybridkv.core.spec_decode import SpecDecode
 from hybridkv.engine.llm import LLM, max_len_that_fits
-from hybridkv.engine.llm_config import ENGINE_SCHEDULER, CacheConfig, RuntimeConfig
+from hybridkv.engine.llm_config import ENGINE_SCHEDULER, CacheConfig, RuntimeConfig, StoreConfig
 from tests.engine.helpers import Built, build_llm, random_tokens
 
 
@@ -154,6 +154,8 @@ def test_llm_options_are_grouped_in_config_objects(built_models: dict[str, Built
         RuntimeConfig(ngram_sizes=(3, 1))
     with pytest.raises(ValueError, match="drafts with ngram, draft_model, dflash; 'eagle' is not implemented"):
         LLM(built.path, spec="eagle:3", runtime=RuntimeConfig(device="cpu"))
+    with pytest.raises(ValueError, match="give kv_store too"):
+        LLM(built.path, store=StoreConfig(save=False))
     with pytest.raises(TypeError):
         LLM(built.path, num_blocks=64)  # type: ignore[call-arg]  # flat options are gone
 

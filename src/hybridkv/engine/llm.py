@@ -214,11 +214,13 @@ class LLM:
         cache = _config("cache", cache, CacheConfig)
         scheduler = _config("scheduler", scheduler, SchedulerConfig, ENGINE_SCHEDULER)
         runtime = _config("runtime", runtime, RuntimeConfig)
+        if store is not None and kv_store is None:
+            raise ValueError(f"store={store!r} configures sharing through a kv_store; give kv_store too")
         store = _config("store", store, StoreConfig)
+        self.spec = engine_spec(spec)
         self.model_dir = Path(model)
         self.device = torch.device(runtime.device) if runtime.device is not None else default_device()
         self.model = load_model(self.model_dir, device=self.device, dtype=runtime.dtype)
-        self.spec = engine_spec(spec)
         self.drafter = self._make_drafter(self.spec, draft_model, runtime.ngram_sizes, runtime.dtype)
         kinds = set(self.model.config.layer_kinds)
         if isinstance(cache.block_size, Mapping):
