@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from hybridkv import KVCacheManager, Request, SpecDecode
 from hybridkv.sched import (POLICIES, AcceptanceModel, EngineRequest, FCFSQueue, PriorityQueue, RequestStatus,
-                            Scheduler, SchedulerConfig)
+                            Scheduler, SchedulerConfig, useful_drafts)
 from tests.core.helpers import FA, SWA, config
 
 
@@ -355,3 +355,14 @@ def test_acceptance_model_is_seeded_and_matches_its_distribution() -> None:
     with pytest.raises(ValueError, match="exactly one"):
         AcceptanceModel(2)
     random.seed(0)
+
+
+def test_useful_drafts_is_the_one_draft_count_rule() -> None:
+    # prompt 10, max_tokens 6, max_model_len 20: drafts + the bonus token must fit both limits
+    r = _engine_request("r", list(range(10)), 6)
+    assert useful_drafts(r, 3, None) == 3                 # 6 outputs left: 3 drafts + bonus fit
+    assert useful_drafts(r, 0, None) == 0                 # no speculative method
+    assert useful_drafts(r, 3, None, num_tokens=13) == 2  # 3 outputs left: 2 drafts + bonus
+    assert useful_drafts(r, 3, None, num_tokens=15) == 0  # 1 output left: the bonus alone
+    assert useful_drafts(r, 3, 12) == 1                   # 2 positions left under max_model_len
+    assert useful_drafts(r, 3, 11) == 0 and useful_drafts(r, 3, 10) == 0   # never negative
