@@ -11,9 +11,9 @@ import torch
 
 from hybridkv.connectors.layout import KVLayout
 from hybridkv.connectors.stores import MooncakeStore, MooncakeStoreConfig
-from hybridkv.testing import MooncakeCluster
 from hybridkv.connectors.transfer import KVTransfer
 from hybridkv.core.specs import FullAttention, KVCacheConfig, KVCacheGroup
+from hybridkv.testing import MooncakeCluster
 
 from .kv_helpers import alloc, engine, h, mixed_config, refs, same_block, scramble, snapshot
 

@@ -63,7 +63,6 @@ class KVLoad:
         self.blocks = blocks
 
 
-
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
     """Batching limits.
