@@ -26,8 +26,8 @@ Two ways to move bytes, picked per call (``mode="auto"``)::
         (calls larger than the staging buffer are split into as few calls as fit)
 
 Blocks are named by :class:`~hybridkv.core.blockref.BlockRef` ``(group, block_id, block_hash)``
-(the group's index in the layout's ``KVCacheConfig``); a call may mix groups and moves one
-batch per group.
+(the group's index in the layout's ``KVCacheConfig``); a call may mix groups and makes one
+store batch per run of consecutive blocks of one group.
 
 Failure contract: store-side failures never raise. A store that is full or down drops saves
 (``save`` returns False for them) and turns loads into misses; ``load`` returns how many
