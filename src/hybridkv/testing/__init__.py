@@ -16,7 +16,15 @@ Each module imports ``mooncake`` lazily, so this package imports without it.
 
 from .mooncake_cluster import MooncakeCluster, find_mooncake_binary, free_port
 from .netns import NetnsUnavailable, loopback_netns, netns_supported, non_loopback_interfaces
-from .store_bench import bench_zero_copy
+
+
+def __getattr__(name: str):
+    # store_bench is also run as ``python -m``: import it on first use, not with the package
+    if name == "bench_zero_copy":
+        from .store_bench import bench_zero_copy
+        return bench_zero_copy
+    raise AttributeError(f"module 'hybridkv.testing' has no attribute {name!r}")
+
 
 __all__ = ["MooncakeCluster", "NetnsUnavailable", "bench_zero_copy", "find_mooncake_binary",
            "free_port", "loopback_netns", "netns_supported", "non_loopback_interfaces"]
