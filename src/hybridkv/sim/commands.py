@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from hybridkv.core.spec_decode import SPEC_METHODS, SpecDecode
+from hybridkv.core.spec_decode import SPEC_OFF, SpecDecode, parse_spec
 from hybridkv.sched import SchedulerConfig
 from hybridkv.sim.presets import GPU_PRESETS, MODEL_PRESETS, get_gpu, get_preset
 from hybridkv.sim.simulator import (SimConfig, SimResult, Simulator, WorkItem, items_from_mooncake,
@@ -231,28 +231,17 @@ def parse_retention(text: str) -> int | None:
     return v
 
 
-SPEC_OFF = "none"
-
-
-def parse_spec(text: str) -> SpecDecode | str:
-    """``METHOD:K``, e.g. ``eagle:3``, ``mtp:1``, ``dflash:7``; ``none`` turns a preset's off."""
-    if text.strip().lower() == SPEC_OFF:
-        return SPEC_OFF
-    method, sep, k = text.partition(":")
-    if not sep:
-        raise argparse.ArgumentTypeError(
-            f"--spec wants METHOD:K (methods: {', '.join(SPEC_METHODS)}), got {text!r}")
+def spec_argument(text: str) -> SpecDecode | str:
+    """``--spec``: :func:`hybridkv.core.spec_decode.parse_spec`'s grammar; ``none`` stays
+    :data:`SPEC_OFF` here (it turns a preset's method off; no option means the preset's)."""
     try:
-        n = int(k)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: K must be an integer in [1, {MAX_SPEC_TOKENS}]") from None
-    if not 1 <= n <= MAX_SPEC_TOKENS:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: K (speculative tokens per step) must be in [1, {MAX_SPEC_TOKENS}]")
-    try:
-        return SpecDecode(method.strip(), n)
+        spec = parse_spec(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+    if spec is not None and not 1 <= spec.num_speculative_tokens <= MAX_SPEC_TOKENS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: K (speculative tokens per step) must be in [1, {MAX_SPEC_TOKENS}]")
+    return SPEC_OFF if spec is None else spec
 
 
 def add_common_options(p: argparse.ArgumentParser) -> None:
@@ -274,7 +263,7 @@ def add_common_options(p: argparse.ArgumentParser) -> None:
                         "(preset default otherwise)")
     p.add_argument("--retention-interval", type=parse_retention, default=0,
                    help="sliding-window retention: none (dense), 0 (replay boundaries, default) or N")
-    p.add_argument("--spec", type=parse_spec,
+    p.add_argument("--spec", type=spec_argument,
                    help="speculative decoding METHOD:K, e.g. eagle:3 (default: the preset's, "
                         "e.g. mtp:1 for deepseek-v4-style); none turns it off")
     p.add_argument("--acceptance-rate", type=fraction(lo_open=False),

@@ -34,7 +34,7 @@ from hybridkv.core.manager import KVCacheManager
 from hybridkv.core.request import Request
 from hybridkv.core.spec_decode import SpecDecode
 from hybridkv.core.specs import RULE_FULL
-from hybridkv.sched import AcceptanceModel, EngineRequest, Scheduler, SchedulerConfig
+from hybridkv.sched import AcceptanceModel, EngineRequest, Scheduler, SchedulerConfig, useful_drafts
 from hybridkv.sim.costmodel import CostModel
 from hybridkv.sim.optimal import belady_block_hit_rate
 from hybridkv.sim.presets import GpuPreset, ModelPreset
@@ -591,9 +591,7 @@ class Simulator:
             for r in self.scheduler.running:
                 req = r.request
                 if req.num_computed_tokens + 1 == req.num_tokens:  # decoding
-                    n = min(k, r.max_tokens - r.num_output_tokens - 1)
-                    if max_len is not None:
-                        n = min(n, max_len - req.num_tokens - 1)
+                    n = useful_drafts(r, k, max_len)
                     if n > 0:
                         r.spec_token_ids = [0] * n
         return len(finished)
