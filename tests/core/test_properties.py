@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 
 from hybridkv import (MLA, ChunkedLocal, FullAttention, KVCacheConfig, KVCacheGroup,
                       KVCacheManager, Request, SlidingWindow, SpecDecode)
-from tests.core.oracle import CacheMirror, hash_index, oracle_hit, proof_groups
+from tests.core.oracle import (CacheMirror, drop_mode, hash_block_size, hash_index, key_of,
+                               oracle_hit, proof_groups)
 from tests.hypothesis_budget import budgeted, examples, is_deep, note
 
 DEEP = is_deep()
@@ -120,6 +121,30 @@ class Model:
     def sync(self) -> None:
         self.mirror.feed(self.kv.take_events())
 
+    def check_fresh(self, req: Request, upto: int) -> None:
+        """Write-path freshness (reference §1.10): an allocation that brings ``req`` to ``upto``
+        computed tokens caches, in full-attention-only configs without the EAGLE drop, every
+        block of the aligned prefix it completed (both modes; compat caches per group up to
+        its own hashes, default mode promises a common end, so check the common part)."""
+        cfg = self.cfg
+        if drop_mode(self.spec) or any(g.spec.rule != "full" for g in cfg.groups):
+            return
+        upto = min(upto, req.num_tokens)
+        hbs = hash_block_size(cfg)
+        # a block's hash exists once the L tokens after it exist (L = 1: lookahead hashing)
+        la = 1 if self.spec is not None and self.spec.hash_lookahead else 0
+        self.kv.lookup(req)                      # side-effect free; brings the hashes up to date
+        assert len(req.block_hashes) == max(0, req.num_tokens - la) // hbs
+        limit = min(min(upto, len(req.block_hashes) // (g.spec.block_size // hbs) * g.spec.block_size)
+                    for g in cfg.groups)
+        limit = limit // cfg.alignment * cfg.alignment
+        self.sync()
+        for g, group in enumerate(cfg.groups):
+            for j in range(limit // group.spec.block_size):
+                assert key_of(cfg, req, g, j) in self.mirror, \
+                    f"group {g} block {j} of {req.request_id} not cached after computing {upto}"
+        note("write-path freshness checks")
+
     def record_written(self, req: Request) -> None:
         cfg = self.cfg
         tables = self.kv.block_ids(req)
@@ -166,6 +191,7 @@ class Model:
             note("admissions refused (pool full)")
             return
         self.forget(new)
+        self.check_fresh(req, hit.num_tokens + n)
         req.num_computed_tokens = hit.num_tokens + n
         self.record_written(req)
         self.running[rid] = req
@@ -186,6 +212,7 @@ class Model:
             self.preempt(rid)
             return
         self.forget(new)
+        self.check_fresh(req, req.num_computed_tokens + n)
         req.num_computed_tokens += n
         self.record_written(req)
 
