@@ -12,8 +12,7 @@ import itertools
 
 import pytest
 
-from hybridkv import (BlockStored, KVCacheManager, MultiModalItem, Request, SlidingWindow,
-                      SpecDecode)
+from hybridkv import BlockStored, KVCacheManager, MultiModalItem, Request, SpecDecode
 from tests.core.helpers import FA, SWA, config
 from tests.core.oracle import CacheMirror, oracle_hit
 
