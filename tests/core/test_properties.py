@@ -229,7 +229,7 @@ class Model:
 
 @settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(configs(), st.binary(min_size=4 * MIN_OPS, max_size=4 * MAX_OPS).map(decode_ops))
-@budgeted(0.6)
+@budgeted(0.55)
 def test_random_operations_keep_invariants(cfg_args, ops):
     cfg, retention, spec, compat = cfg_args
     kv = KVCacheManager(cfg, retention_interval=retention, spec_decode=spec, vllm_compat=compat,
