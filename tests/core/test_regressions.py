@@ -53,7 +53,7 @@ def test_fixed_point_needs_a_second_pass_local_cache() -> None:
     """W=8 and W=4 sliding groups, LRU evictions leave holes: W=8 lacks block 3, W=4 lacks
     blocks 0, 3 and 5 of the query. By hand: e=6 fails (W=4 lacks 5), e=5 fails (W=8 lacks 3),
     e=4 fails (W=4 lacks 3), e=3 works (W=8 has 1, 2; W=4 has 2): 12 tokens. One pass of the
-    fixed point (W=8 then W=4) stops at 20 (and reads block 3 of W=4, which is not cached)."""
+    fixed point (W=8 then W=4) stops at 20, whose W=8 window needs block 3, which is not cached."""
     kv = KVCacheManager(config(SWA(4, 8), SWA(4, 4), num_blocks=15), retention_interval=0,
                         enable_events=True)
     base = list(range(100, 140))
