@@ -6,7 +6,6 @@ Every test here requests the package-scoped ``loopback`` fixture (directly or th
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -184,14 +183,16 @@ def test_master_killed_mid_run_then_restarted(own_cluster: MooncakeCluster) -> N
     own_cluster.kill_master()
     assert store.batch_exists(keys) == [False] * n          # no exception escapes
     assert not store.healthy                                 # RPC failure marks it unhealthy
-    t0 = time.monotonic()
+    before = store.stats
     assert store.batch_get_into(keys, dst, offsets, [size] * n) == [MISS] * n
     assert store.batch_put_from(keys, src, offsets, [size] * n) == [False] * n
     assert store.batch_get(keys) == [None] * n
     assert store.remove(keys) == 0
-    assert time.monotonic() - t0 < 1.0                       # answered without RPC timeouts
     st = store.stats
-    assert st.errors > 0 and st.unavailable > 0 and st.drops == n
+    # answered without contacting the master (so without RPC timeouts): every key of the three
+    # calls is counted unavailable and none as a new store error
+    assert st.unavailable - before.unavailable == 3 * n and st.errors == before.errors
+    assert st.errors > 0 and st.drops == n
 
     own_cluster.restart_master()                             # node remounts its segment
     assert store.wait_healthy(10.0)
@@ -211,14 +212,15 @@ def test_hung_master_costs_one_rpc_timeout(own_cluster: MooncakeCluster) -> None
     assert store.batch_put([key(1)], [b"x" * 1000]) == [True]
     own_cluster.pause_master()
     try:
-        t0 = time.monotonic()
+        before = store.stats
         assert store.batch_exists([key(1)]) == [False]       # waits one RPC timeout
-        assert time.monotonic() - t0 < 5.0
         assert not store.healthy
-        t0 = time.monotonic()
-        assert store.batch_get([key(1)], [1000]) == [None]   # then answers at once
+        mid = store.stats
+        assert mid.errors == before.errors + 1               # that call paid for the failure
+        assert store.batch_get([key(1)], [1000]) == [None]   # then answers at once:
         assert store.batch_put([key(2)], [b"y"]) == [False]
-        assert time.monotonic() - t0 < 0.5
+        after = store.stats                                  # no RPC, no further error
+        assert after.errors == mid.errors and after.unavailable == mid.unavailable + 2
     finally:
         own_cluster.resume_master()
     assert store.wait_healthy(10.0)
@@ -228,11 +230,10 @@ def test_hung_master_costs_one_rpc_timeout(own_cluster: MooncakeCluster) -> None
 
 def test_master_down_at_start_fails_fast_then_recovers(loopback: None) -> None:
     port = free_port()
-    t0 = time.monotonic()
     store = MooncakeStore(MooncakeStoreConfig(master_address=f"127.0.0.1:{port}",
                                               retry_backoff_s=0.2, max_backoff_s=0.5))
-    assert time.monotonic() - t0 < 3.0
-    assert not store.healthy
+    # fails fast: the closed port is found by a TCP probe, no Mooncake client is set up
+    assert not store.healthy and store.clients_created == 0
     assert store.batch_exists([key(0)]) == [False]
     assert store.batch_put([key(0)], [b"x"]) == [False]
     assert store.batch_get([key(0)]) == [None]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterator
 
@@ -125,13 +124,14 @@ def test_master_killed_saves_dropped_loads_zero(own_cluster: MooncakeCluster) ->
         assert all(tr.save(refs(tr, "mla", [(h(1), 1), (h(2), 2)])))
         own_cluster.kill_master()
         before = snapshot(kv)
-        t0 = time.monotonic()
         assert tr.save(refs(tr, "mla", [(h(3), 3), (h(4), 4)])) == [False, False]
+        assert not store.healthy
+        marked = store.stats
         assert tr.load(refs(tr, "mla", [(h(1), 5), (h(2), 6)])) == 0
         assert tr.lookup("mla", [h(1)]) == 0
         assert tr.save(refs(tr, "draft", [(h(5), 7)])) == [False]
-        assert time.monotonic() - t0 < 10.0
-        assert not store.healthy
+        # once the first failure marked the store unhealthy, nothing else contacts the master
+        assert store.stats.errors == marked.errors and store.stats.unavailable > marked.unavailable
         assert all(torch.equal(before[n].view(torch.int16), kv[n].view(torch.int16)) for n in kv)
         st = tr.stats
         assert (st.saved, st.save_dropped, st.loaded, st.load_failed) == (2, 3, 0, 2)

@@ -200,9 +200,10 @@ def test_bad_calls():
     with pytest.raises(ValueError, match="needs num_new_tokens > 0 or a hit"):
         kv.allocate(r, 0)
     kv.allocate(r, 9)
+    hit = kv.lookup(Request("q", list(range(9))))
+    assert hit.num_tokens == 8                     # r's two full blocks are cached
     with pytest.raises(ValueError, match="already holds blocks"):
-        kv.allocate(r, 1, kv.lookup(Request("q", list(range(9)))) if False else
-                    type(kv.lookup(r))(4, ((1,),)))
+        kv.allocate(r, 1, hit)
     other = manager(FA(4), num_blocks=10)
     with pytest.raises(ValueError, match="another manager's hasher"):
         other.lookup(r)

@@ -4,10 +4,15 @@ After every step:
 * ``check_integrity()`` (pool, free queue, index, ref counts, cached hashes of held blocks);
 * every hit block holds exactly the request's tokens for its position, according to a shadow
   record of what each block was last written with (independent of hashing);
-* the hit length equals a brute-force search over all aligned ends, written here from the
-  attention definitions, over what the index holds.
+* the hit length equals the independent oracle (``tests/core/oracle.py``): a brute-force search
+  over aligned ends, from the attention definitions, over what the manager's KV events say
+  is cached. Nothing of the implementation's lookup or rules is reused.
 Principle 1: after a request is freed, every block it cached is read by some hit that a
 replay of its own tokens gets (the write path keeps only what the read path can use).
+
+Profiles: the default budget keeps the suite fast; ``--hypothesis-profile=deep`` runs 5,000+
+examples per test, longer sequences, weighted to hybrids and speculative decoding
+(``tests/hypothesis_budget.py``, TESTING.md).
 """
 
 from __future__ import annotations
@@ -15,85 +20,134 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hybridkv import (ChunkedLocal, FullAttention, KVCacheConfig, KVCacheGroup, KVCacheManager,
-                      Request, SlidingWindow, SpecDecode)
+from hybridkv import (MLA, ChunkedLocal, FullAttention, KVCacheConfig, KVCacheGroup,
+                      KVCacheManager, Request, SlidingWindow, SpecDecode)
+from tests.core.oracle import (CacheMirror, drop_mode, hash_block_size, hash_index, key_of,
+                               oracle_hit, proof_groups)
+from tests.hypothesis_budget import budgeted, examples, is_deep, note
+
+DEEP = is_deep()
+MIN_OPS, MAX_OPS = (30, 150) if DEEP else (8, 40)
+
+SPECS_PLAIN = [None, SpecDecode("eagle", 2), SpecDecode("eagle", 1, hash_lookahead=False),
+               SpecDecode("dflash", 2), SpecDecode("ngram", 3)]
+# deep: weighted to speculative decoding (EAGLE lookahead and drop, MTP, DFlash)
+SPECS_DEEP = [None, SpecDecode("eagle", 2), SpecDecode("eagle", 1, hash_lookahead=False),
+              SpecDecode("eagle3", 3, hash_lookahead=False), SpecDecode("mtp", 1),
+              SpecDecode("mtp", 2, hash_lookahead=False), SpecDecode("dflash", 2),
+              SpecDecode("dflash", 4), SpecDecode("draft_model", 2), SpecDecode("ngram", 3)]
+
+
+# Strategies are built once (building one inside a draw costs more than the draw).
+_KIND = st.sampled_from(["full", "mla", "swa", "swa", "swa", "chunked"] if DEEP else
+                        ["full", "swa", "swa", "chunked"])
+_HEAD_KIND = st.sampled_from(["full", "mla"])
+_N_GROUPS = st.sampled_from([1, 2, 2, 2, 3, 3, 3, 4]) if DEEP else st.integers(1, 3)
+_BLOCK = st.sampled_from([2, 4, 8])
+_WINDOW = st.integers(1, 24)
+_CHUNK_BLOCKS = st.integers(1, 4)
+_POOL = st.integers(12, 60)
+_SPEC = st.sampled_from(SPECS_DEEP if DEEP else SPECS_PLAIN)
+_GROUP = st.integers(0, 3)
+
+
+def _spec(draw, kind: str, bs: int):
+    if kind == "full":
+        return FullAttention(block_size=bs, num_kv_heads=1, head_dim=4)
+    if kind == "mla":
+        return MLA(block_size=bs)
+    if kind == "swa":
+        return SlidingWindow(block_size=bs, num_kv_heads=1, head_dim=4, window=draw(_WINDOW))
+    return ChunkedLocal(block_size=bs, num_kv_heads=1, head_dim=4, chunk_size=bs * draw(_CHUNK_BLOCKS))
 
 
 @st.composite
 def configs(draw):
-    n = draw(st.integers(1, 3))
-    specs = []
-    for _ in range(n):
-        kind = draw(st.sampled_from(["full", "swa", "swa", "chunked"]))
-        bs = draw(st.sampled_from([2, 4, 8]))
-        if kind == "full":
-            specs.append(FullAttention(block_size=bs, num_kv_heads=1, head_dim=4))
-        elif kind == "swa":
-            specs.append(SlidingWindow(block_size=bs, num_kv_heads=1, head_dim=4,
-                                       window=draw(st.integers(1, 24))))
-        else:
-            specs.append(ChunkedLocal(block_size=bs, num_kv_heads=1, head_dim=4,
-                                      chunk_size=bs * draw(st.integers(1, 4))))
-    drafts = draw(st.sets(st.integers(0, n - 1), max_size=1))
-    groups = tuple(KVCacheGroup(f"g{i}", s, (f"l{i}",), is_draft=i in drafts)
+    n = draw(_N_GROUPS)
+    kinds = [draw(_KIND) for _ in range(n)]
+    if DEEP and n > 1 and draw(_GROUP):
+        # mostly multi-group hybrids: a full (or MLA) group plus local groups
+        kinds[0] = draw(_HEAD_KIND)
+    specs = [_spec(draw, k, draw(_BLOCK)) for k in kinds]
+    if DEEP and n > 1 and specs[-1].rule != "full" and draw(st.booleans()):
+        specs[-2] = specs[-1]                       # identical siblings: one lookup unit
+    draft = draw(_GROUP)
+    groups = tuple(KVCacheGroup(f"g{i}", s, (f"l{i}",), is_draft=i == draft)
                    for i, s in enumerate(specs))
-    cfg = KVCacheConfig(groups, num_blocks=draw(st.integers(12, 60)))
+    cfg = KVCacheConfig(groups, num_blocks=draw(_POOL))
     has_local = any(s.rule != "full" for s in specs)
     retention = draw(st.sampled_from([None, 0] + ([cfg.alignment, 2 * cfg.alignment] if has_local else [])))
-    spec = draw(st.sampled_from([None, SpecDecode("eagle", 2), SpecDecode("eagle", 1, hash_lookahead=False),
-                                 SpecDecode("dflash", 2), SpecDecode("ngram", 3)]))
+    spec = draw(_SPEC)
     compat = draw(st.booleans())
     return cfg, retention, spec, compat
 
 
-def brute_force_hit(kv: KVCacheManager, req: Request) -> int:
-    """Largest aligned t <= num_tokens - 1 such that every group has the blocks its attention
-    needs for a query at t (plus the block after t for draft groups in drop mode)."""
-    cfg = kv.config
-    hashes = req.block_hashes
-    a = cfg.alignment
-    coord = kv.coordinator
-    for t in range((req.num_tokens - 1) // a * a, 0, -a):
-        ok = True
-        for g, group in enumerate(cfg.groups):
-            spec = group.spec
-            bs = spec.block_size
-            scale = bs // cfg.hash_block_size
-            e = t // bs
-            if spec.rule == "full":
-                lo = 0
-            elif spec.rule == "sliding":
-                lo = max(0, (t - spec.window + 1) // bs)
-            else:
-                lo = t // spec.chunk_size * spec.chunk_size // bs
-            hi = e + (1 if coord.proof[g] else 0)
-            if kv.vllm_compat and len(cfg.groups) == 1 and hi > (req.num_tokens - 1) // bs:
-                ok = False
-                break
-            for j in range(lo, hi):
-                k = (j + 1) * scale - 1
-                if k >= len(hashes) or kv.pool.cached_block(g, hashes[k]) is None:
-                    ok = False
-                    break
-            if not ok:
-                break
-        if ok:
-            return t
-    return 0
+def config_kind(cfg: KVCacheConfig, spec: SpecDecode | None, compat: bool) -> list[str]:
+    rules = sorted({g.spec.rule for g in cfg.groups})
+    kinds = [f"config: {len(cfg.groups)} group(s), {'+'.join(rules)}"]
+    if len({g.spec for g in cfg.groups}) < len(cfg.groups):
+        kinds.append("config: identical siblings")
+    if spec is None:
+        kinds.append("spec: none")
+    else:
+        mode = "drop" if spec.hash_lookahead is False and spec.needs_boundary_proof else "lookahead" \
+            if spec.needs_boundary_proof else "slots"
+        kinds.append(f"spec: {spec.method} ({mode})")
+    kinds.append("mode: vllm_compat" if compat else "mode: default")
+    return kinds
+
+
+def decode_ops(raw: bytes) -> list[tuple[int, int]]:
+    """Operations from bytes, 4 per op: (kind 0..7, argument < 2**24). One byte string is
+    one Hypothesis draw (cheap to generate for long sequences) and shrinks well. Kinds:
+    0-1 admit a request, 2-4 step a running one, 5-6 finish one, 7 reset the prefix cache
+    (admit instead of step/finish when nothing runs)."""
+    return [(raw[i] % 8, int.from_bytes(raw[i + 1:i + 4], "little")) for i in range(0, len(raw) - 3, 4)]
 
 
 class Model:
-    """Drives a manager and keeps the shadow record of block contents."""
+    """Drives a manager and keeps the shadow record of block contents and the event mirror."""
 
-    def __init__(self, kv: KVCacheManager):
+    def __init__(self, kv: KVCacheManager, spec: SpecDecode | None, compat: bool):
         self.kv = kv
+        self.cfg = kv.config
+        self.spec = spec
+        self.compat = compat
+        self.mirror = CacheMirror()
         self.running: dict[str, Request] = {}
         self.written: dict[tuple[int, int], tuple] = {}   # (group, block) -> (salt, tokens)
         self.prompts: list[list[int]] = []
         self.counter = 0
 
+    def sync(self) -> None:
+        self.mirror.feed(self.kv.take_events())
+
+    def check_fresh(self, req: Request, upto: int) -> None:
+        """Write-path freshness (reference §1.10): an allocation that brings ``req`` to ``upto``
+        computed tokens caches, in full-attention-only configs without the EAGLE drop, every
+        block of the aligned prefix it completed (both modes; compat caches per group up to
+        its own hashes, default mode promises a common end, so check the common part)."""
+        cfg = self.cfg
+        if drop_mode(self.spec) or any(g.spec.rule != "full" for g in cfg.groups):
+            return
+        upto = min(upto, req.num_tokens)
+        hbs = hash_block_size(cfg)
+        # a block's hash exists once the L tokens after it exist (L = 1: lookahead hashing)
+        la = 1 if self.spec is not None and self.spec.hash_lookahead else 0
+        self.kv.lookup(req)                      # side-effect free; brings the hashes up to date
+        assert len(req.block_hashes) == max(0, req.num_tokens - la) // hbs
+        limit = min(min(upto, len(req.block_hashes) // (g.spec.block_size // hbs) * g.spec.block_size)
+                    for g in cfg.groups)
+        limit = limit // cfg.alignment * cfg.alignment
+        self.sync()
+        for g, group in enumerate(cfg.groups):
+            for j in range(limit // group.spec.block_size):
+                assert key_of(cfg, req, g, j) in self.mirror, \
+                    f"group {g} block {j} of {req.request_id} not cached after computing {upto}"
+        note("write-path freshness checks")
+
     def record_written(self, req: Request) -> None:
-        cfg = self.kv.config
+        cfg = self.cfg
         tables = self.kv.block_ids(req)
         for g, table in enumerate(tables):
             bs = cfg.groups[g].spec.block_size
@@ -104,11 +158,11 @@ class Model:
     def forget(self, new_blocks) -> None:
         for g, ids in enumerate(new_blocks):
             for b in ids:
-                for gg in range(len(self.kv.config.groups)):
+                for gg in range(len(self.cfg.groups)):
                     self.written.pop((gg, b), None)
 
     def check_hit(self, req: Request, hit) -> None:
-        cfg = self.kv.config
+        cfg = self.cfg
         assert hit.num_tokens % cfg.alignment == 0 and hit.num_tokens <= req.num_tokens - 1
         for g, ids in enumerate(hit.block_ids):
             bs = cfg.groups[g].spec.block_size
@@ -117,8 +171,14 @@ class Model:
                 if b:
                     want = (req.cache_salt, tuple(req.token_ids[j * bs:(j + 1) * bs]))
                     assert self.written.get((g, b)) == want, f"hit block {b} holds other tokens"
-        if not req.skip_prefix_cache:
-            assert hit.num_tokens == brute_force_hit(self.kv, req)
+        self.sync()
+        assert hit.num_tokens == oracle_hit(cfg, self.spec, self.compat, req, self.mirror)
+        note("lookups")
+        if hit.num_tokens:
+            note("lookups with a non-zero hit")
+            note("hit tokens", hit.num_tokens)
+        if hit.shared_prefix_boundary:
+            note("lookups reporting a shared-prefix junction")
 
     def admit(self, tokens, salt, chunk) -> None:
         rid = f"r{self.counter}"
@@ -129,8 +189,10 @@ class Model:
         n = min(chunk, req.num_tokens - hit.num_tokens)
         new = self.kv.allocate(req, n, hit)
         if new is None:
+            note("admissions refused (pool full)")
             return
         self.forget(new)
+        self.check_fresh(req, hit.num_tokens + n)
         req.num_computed_tokens = hit.num_tokens + n
         self.record_written(req)
         self.running[rid] = req
@@ -140,14 +202,18 @@ class Model:
         req = self.running[rid]
         if req.num_computed_tokens < req.num_tokens:      # continue the prefill
             n = min(7, req.num_tokens - req.num_computed_tokens)
+            note("prefill chunks")
         else:                                            # decode: the new token is computed next
             req.append_tokens([token])
             n = 1
+            note("decode steps")
         new = self.kv.allocate(req, n)
         if new is None:
+            note("preemptions")
             self.preempt(rid)
             return
         self.forget(new)
+        self.check_fresh(req, req.num_computed_tokens + n)
         req.num_computed_tokens += n
         self.record_written(req)
 
@@ -158,45 +224,55 @@ class Model:
     def finish(self, rid: str) -> None:
         req = self.running.pop(rid)
         self.kv.free(req)
+        note("requests finished")
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(configs(), st.lists(st.tuples(st.integers(0, 5), st.integers(0, 10**6)), min_size=1, max_size=40))
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(configs(), st.binary(min_size=4 * MIN_OPS, max_size=4 * MAX_OPS).map(decode_ops))
+@budgeted(0.55)
 def test_random_operations_keep_invariants(cfg_args, ops):
     cfg, retention, spec, compat = cfg_args
-    kv = KVCacheManager(cfg, retention_interval=retention, spec_decode=spec, vllm_compat=compat)
-    m = Model(kv)
+    kv = KVCacheManager(cfg, retention_interval=retention, spec_decode=spec, vllm_compat=compat,
+                        enable_events=True)
+    for kind in config_kind(cfg, spec, compat):
+        note(kind)
+    m = Model(kv, spec, compat)
     for op, x in ops:
-        if op <= 1 or not m.running:
+        if op == 7:
+            # a reset succeeds exactly when no request holds blocks
+            if not m.running:
+                assert kv.reset_prefix_cache()
+                note("prefix-cache resets")
+            else:
+                assert not kv.reset_prefix_cache()
+        elif op <= 1 or not m.running:
             base = m.prompts[x % len(m.prompts)] if m.prompts and x % 3 else []
             keep = base[: (x // 7) % (len(base) + 1)]
             tokens = keep + [(x >> k) % 5 for k in range(1 + x % 13)]
             salt = "s" if x % 11 == 0 else None
             m.admit(tokens, salt, chunk=1 + x % 40)
-        elif op == 2 or op == 3:
+        elif op <= 4:
             rid = sorted(m.running)[x % len(m.running)]
             m.step(rid, x % 5)
-        elif op == 4:
-            m.finish(sorted(m.running)[x % len(m.running)])
         else:
-            if not m.running:
-                assert kv.reset_prefix_cache()
-            else:
-                assert not kv.reset_prefix_cache()
+            m.finish(sorted(m.running)[x % len(m.running)])
         kv.check_integrity()
+    note("evictions", kv.stats().evictions)
     for rid in list(m.running):
         m.finish(rid)
     kv.check_integrity()
     assert kv.num_free_blocks == cfg.num_blocks - 1
+    note("operations", len(ops))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(configs(), st.lists(st.integers(0, 3), min_size=4, max_size=60), st.integers(1, 30))
+@budgeted(0.25)
 def test_write_path_keeps_only_what_read_path_uses(cfg_args, tokens, chunk):
     """Principle 1: every block a request caches is read by some hit a replay of it gets."""
     cfg, retention, spec, compat = cfg_args
     kv = KVCacheManager(cfg.__class__(cfg.groups, num_blocks=400), retention_interval=retention,
-                        spec_decode=spec, vllm_compat=compat)
+                        spec_decode=spec, vllm_compat=compat, enable_events=True)
     req = Request("r", tokens)
     kv.lookup(req)
     done = 0
@@ -206,28 +282,31 @@ def test_write_path_keeps_only_what_read_path_uses(cfg_args, tokens, chunk):
         done += n
         req.num_computed_tokens = done
     kv.free(req)
-    cached = {b for b in range(1, kv.pool.num_blocks) if kv.pool.block_hash[b] is not None}
-    read: set[int] = set()
+    mirror = CacheMirror()
+    mirror.feed(kv.take_events())
+    cached = mirror.cached()
+    read: set[tuple[int, bytes]] = set()
     a = cfg.alignment
+    proofs = proof_groups(cfg, spec)
     for t in range(a, len(tokens) + 1, a):
-        # a replay that asks for a hit of exactly t tokens, knowing what the original knew
-        # past t: the lookahead token, or the proof block in drop mode
-        extra = max(kv.coordinator.hold, kv.hasher.lookahead, 1)
-        probe_tokens = tokens[:t + extra]
+        # a replay asking for a hit of exactly t tokens that knows the next alignment unit
+        # (the lookahead token, the proof block in drop mode): at most t aligned tokens hit
+        probe_tokens = tokens[:t + a]
         if len(probe_tokens) <= t:
             probe_tokens = probe_tokens + [99]
         probe = Request(f"p{t}", probe_tokens)
         hit = kv.lookup(probe)
-        read.update(b for ids in hit.block_ids for b in ids if b)
-        if hit.num_tokens:  # drop mode: draft groups also read the proof block after the hit
-            for g, group in enumerate(cfg.groups):
-                if kv.coordinator.proof[g]:
-                    bs = group.spec.block_size
-                    k = (hit.num_tokens // bs + 1) * (bs // cfg.hash_block_size) - 1
-                    read.add(kv.pool.cached_block(g, probe.block_hashes[k]))
+        assert hit.num_tokens == oracle_hit(cfg, spec, compat, probe, mirror)
+        for g, ids in enumerate(hit.block_ids):
+            read.update((g, probe.block_hashes[hash_index(cfg, g, j)]) for j, b in enumerate(ids) if b)
+        if hit.num_tokens:  # drop mode: proof groups also read the block after the hit
+            for g in proofs:
+                k = hash_index(cfg, g, hit.num_tokens // cfg.groups[g].spec.block_size)
+                read.add((g, probe.block_hashes[k]))
+    note("write-path replays", len(tokens) // a)
     if compat:
         # vLLM keeps some blocks no aligned hit reads (full groups cache every block, the
         # eagle +1 tail); only require that what is read is cached.
         assert read <= cached
     else:
-        assert cached == read, f"cached but never read: {sorted(cached - read)}"
+        assert cached == read, f"cached but never read: {len(cached - read)} keys"

@@ -106,7 +106,7 @@ def test_add_generate_parser_registers_a_subcommand() -> None:
                               "--block-size", "full=16,sliding=8", "--json"])
     assert args.command == "generate" and args.prompt_ids == [[1, 2, 3]] and args.json
     assert args.block_size == {"full": 16, "sliding": 8}
-    assert callable(run_generate)
+    assert args.func is run_generate                  # the subcommand dispatches to it
 
 
 def test_llm_stop_tokens_salts_and_batching(built_models: dict[str, Built]) -> None:

@@ -35,7 +35,9 @@ def test_same_seed_same_result() -> None:
     for x, y in ((a, b), (c, d)):
         x.pop("wall_s"), y.pop("wall_s")
         assert x == y
-    assert a["requests"] == 36 and a["hit_tokens"] > 0 and a["preemptions"] >= 0
+    assert a["requests"] == 36 and a["hit_tokens"] > 0
+    # 400 blocks are few enough that the run preempts: determinism covers preemption too
+    assert a["preemptions"] > 0
     # chat turns repeat the previous answer: the optimum inserts outputs too and still bounds
     for x in (a, c):
         assert x["block_hit_rate"] <= x["optimal_block_hit_rate"]

@@ -1,0 +1,158 @@
+"""An independent model of prefix-cache hits, for tests.
+
+Nothing here calls into the implementation's lookup, rules or coordinator: the model is written
+from the hit rules of DESIGN.md §2 and the vLLM reference (shared/reference/vllm-kv-core.md
+§1.8, §1.9, §1.12), and it learns what is cached only from the manager's public KV events.
+
+* :class:`CacheMirror` rebuilds the set of cached ``(group, hash)`` keys from ``BlockStored``,
+  ``BlockRemoved`` and ``AllBlocksCleared`` events, as an external indexer would.
+* :func:`needed_blocks` states, per attention type, which blocks of a group a hit ending at
+  token ``t`` reads:
+
+  ===============  ===========================================================
+  full / MLA       tokens ``[0, t)``
+  sliding (W)      tokens ``[max(0, t - W + 1), t)`` (the query at t reads W tokens)
+  chunked (C)      tokens ``[floor(t / C) * C, t)`` (only the query's own chunk)
+  proof (drop)     plus the block that starts at t (EAGLE legacy drop mode, draft groups)
+  ===============  ===========================================================
+
+* :func:`oracle_hit` is a brute-force search: the largest multiple of the alignment (LCM of the
+  block sizes), at most ``num_tokens - 1``, whose needed blocks are all hashed and cached in
+  every group. Identical sibling groups need no special case: each one must hold its own
+  blocks, which is what probing them together means.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from functools import reduce
+from typing import Iterable
+
+from hybridkv import (AllBlocksCleared, BlockRemoved, BlockStored, KVCacheConfig, Request,
+                      SpecDecode)
+
+PROOF_METHODS = ("eagle", "eagle3", "mtp")
+
+
+class CacheMirror:
+    """The multiset of cached ``(group, hash)`` keys, rebuilt from KV events only.
+
+    A key can be held by several blocks at once (two requests computed the same content), so
+    keys are counted: a ``BlockRemoved`` for one of them leaves the others cached.
+    """
+
+    def __init__(self) -> None:
+        self.keys: Counter[tuple[int, bytes]] = Counter()
+
+    def feed(self, events: Iterable[object]) -> None:
+        for ev in events:
+            if isinstance(ev, BlockStored):
+                for h in ev.block_hashes:
+                    self.keys[(ev.group_idx, h)] += 1
+            elif isinstance(ev, BlockRemoved):
+                for h in ev.block_hashes:
+                    key = (ev.group_idx, h)
+                    assert self.keys[key] > 0, f"BlockRemoved for a key never stored: group {key[0]}"
+                    self.keys[key] -= 1
+                    if not self.keys[key]:
+                        del self.keys[key]
+            elif isinstance(ev, AllBlocksCleared):
+                self.keys.clear()
+            else:
+                raise AssertionError(f"unknown event {ev!r}")
+
+    def __contains__(self, key: tuple[int, bytes]) -> bool:
+        return self.keys.get(key, 0) > 0
+
+    def cached(self) -> set[tuple[int, bytes]]:
+        return set(self.keys)
+
+
+def alignment(cfg: KVCacheConfig) -> int:
+    return reduce(lambda a, b: a * b // math.gcd(a, b), (g.spec.block_size for g in cfg.groups))
+
+
+def hash_block_size(cfg: KVCacheConfig) -> int:
+    return reduce(math.gcd, (g.spec.block_size for g in cfg.groups))
+
+
+def drop_mode(spec: SpecDecode | None) -> bool:
+    """vLLM's legacy EAGLE semantics: a proof method with lookahead hashing turned off."""
+    return spec is not None and spec.method in PROOF_METHODS and spec.hash_lookahead is False
+
+
+def proof_groups(cfg: KVCacheConfig, spec: SpecDecode | None) -> set[int]:
+    """Groups that need the block after a hit (reference §1.9 and #44082).
+
+    Draft groups in drop mode; every group when none is marked draft (vLLM's fallback); and
+    every group with the same spec as a draft group (identical siblings share one mask).
+    """
+    if not drop_mode(spec):
+        return set()
+    drafts = {i for i, g in enumerate(cfg.groups) if g.is_draft}
+    if not drafts:
+        return set(range(len(cfg.groups)))
+    draft_specs = {cfg.groups[i].spec for i in drafts}
+    return {i for i, g in enumerate(cfg.groups) if g.spec in draft_specs}
+
+
+def needed_blocks(cfg: KVCacheConfig, group: int, t: int, proof: bool) -> range:
+    """Block indices of ``group`` a hit ending at token ``t`` reads (see the module table)."""
+    spec = cfg.groups[group].spec
+    bs = spec.block_size
+    rule = spec.rule
+    if rule == "full":
+        first_token = 0
+    elif rule == "sliding":
+        first_token = max(0, t - spec.window + 1)
+    elif rule == "chunked":
+        first_token = t // spec.chunk_size * spec.chunk_size
+    else:
+        raise AssertionError(f"the oracle does not know rule {rule!r}")
+    return range(first_token // bs, t // bs + (1 if proof else 0))
+
+
+def hash_index(cfg: KVCacheConfig, group: int, j: int) -> int:
+    """Index in ``request.block_hashes`` of the hash that keys block j of ``group``: the last
+    fine hash inside the block (reference §1.3, coarse views)."""
+    return (j + 1) * (cfg.groups[group].spec.block_size // hash_block_size(cfg)) - 1
+
+
+def key_of(cfg: KVCacheConfig, req: Request, group: int, j: int) -> tuple[int, bytes] | None:
+    k = hash_index(cfg, group, j)
+    return (group, req.block_hashes[k]) if k < len(req.block_hashes) else None
+
+
+def serves(cfg: KVCacheConfig, spec: SpecDecode | None, compat: bool, req: Request,
+           cached: CacheMirror | set, t: int, cap: int) -> bool:
+    """Whether every group holds the blocks a hit ending at ``t`` reads."""
+    proofs = proof_groups(cfg, spec)
+    single = len(cfg.groups) == 1
+    for g in range(len(cfg.groups)):
+        bs = cfg.groups[g].spec.block_size
+        for j in needed_blocks(cfg, g, t, g in proofs):
+            if compat and single and (j + 1) * bs > cap:
+                # vLLM's single-group coordinator looks up at most `cap` tokens and gives the
+                # drop no margin (reference §1.12 "Unitary: no margin"): the proof block must
+                # lie inside the capped range too.
+                return False
+            key = key_of(cfg, req, g, j)
+            if key is None or key not in cached:
+                return False
+    return True
+
+
+def oracle_hit(cfg: KVCacheConfig, spec: SpecDecode | None, compat: bool, req: Request,
+               cached: CacheMirror | set, max_model_len: int | None = None) -> int:
+    """The longest servable hit of ``req`` (tokens) given the cached ``(group, hash)`` keys."""
+    if req.skip_prefix_cache:
+        return 0
+    cap = req.num_tokens - 1
+    if max_model_len is not None:
+        cap = min(cap, max_model_len - 1)
+    a = alignment(cfg)
+    for t in range(cap // a * a, 0, -a):
+        if serves(cfg, spec, compat, req, cached, t, cap):
+            return t
+    return 0
