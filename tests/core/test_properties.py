@@ -38,7 +38,7 @@ def configs(draw):
     groups = tuple(KVCacheGroup(f"g{i}", s, (f"l{i}",), is_draft=i in drafts)
                    for i, s in enumerate(specs))
     cfg = KVCacheConfig(groups, num_blocks=draw(st.integers(12, 60)))
-    has_local = any(s.rule != "full" for s in specs)
+    has_local = any(not isinstance(s, FullAttention) for s in specs)
     retention = draw(st.sampled_from([None, 0] + ([cfg.alignment, 2 * cfg.alignment] if has_local else [])))
     spec = draw(st.sampled_from([None, SpecDecode("eagle", 2), SpecDecode("eagle", 1, hash_lookahead=False),
                                  SpecDecode("dflash", 2), SpecDecode("ngram", 3)]))
@@ -60,9 +60,10 @@ def brute_force_hit(kv: KVCacheManager, req: Request) -> int:
             bs = spec.block_size
             scale = bs // cfg.hash_block_size
             e = t // bs
-            if spec.rule == "full":
+            # written from the attention definitions, independently of core.rules
+            if isinstance(spec, FullAttention):
                 lo = 0
-            elif spec.rule == "sliding":
+            elif isinstance(spec, SlidingWindow):
                 lo = max(0, (t - spec.window + 1) // bs)
             else:
                 lo = t // spec.chunk_size * spec.chunk_size // bs

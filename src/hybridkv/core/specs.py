@@ -1,9 +1,10 @@
 """Attention specs, KV-cache groups and the cache configuration.
 
 A *spec* says how one layer stores KV: its block size (tokens per block), its per-token bytes
-and which *hit rule* applies (see :mod:`hybridkv.core.rules`). A *group* is a set of layers that
-share one block table. The :class:`KVCacheConfig` lists the groups and the number of blocks of
-the single pool they all draw from.
+and the parameters of its attention type; :mod:`hybridkv.core.rules` maps each spec type to
+the *hit rule* every consumer asks (which blocks a hit needs, which keys a query reads). A
+*group* is a set of layers that share one block table. The :class:`KVCacheConfig` lists the
+groups and the number of blocks of the single pool they all draw from.
 
 Pool layout (one block id = one page in every layer slot)::
 
@@ -36,10 +37,6 @@ DTYPE_BYTES: dict[str, float] = {
     "fp4": 0.5,
 }
 
-RULE_FULL = "full"
-RULE_SLIDING = "sliding"
-RULE_CHUNKED = "chunked"
-
 
 def _check_positive_int(owner: str, name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -58,7 +55,9 @@ def dtype_bytes(dtype: str) -> float:
 
 @dataclass(frozen=True, slots=True)
 class AttentionSpec:
-    """Base of every attention spec. Subclasses set ``rule`` and the per-token byte count.
+    """Base of every attention spec: storage facts only (sizes, dtype, page layout).
+
+    Each concrete subclass has a hit rule registered in :mod:`hybridkv.core.rules`.
 
     Attributes:
         block_size: tokens per KV block of this group (> 0).
@@ -72,7 +71,11 @@ class AttentionSpec:
     head_dim: int = 128
     dtype: str = "bfloat16"
 
-    rule: ClassVar[str] = RULE_FULL
+    #: page layout: 2 = separate K and V halves (``[2, block_size, heads, head_dim]``),
+    #: 1 = one latent vector per stored position (MLA)
+    kv_parts: ClassVar[int] = 2
+    #: tokens per stored position (MLA compressed attention keeps one per ``compress_ratio``)
+    compress_ratio: ClassVar[int] = 1
 
     def __post_init__(self) -> None:
         name = type(self).__name__
@@ -101,8 +104,6 @@ class AttentionSpec:
 class FullAttention(AttentionSpec):
     """Causal attention over every earlier token: a hit at t needs blocks covering [0, t)."""
 
-    rule: ClassVar[str] = RULE_FULL
-
 
 @dataclass(frozen=True, slots=True)
 class SlidingWindow(AttentionSpec):
@@ -112,7 +113,6 @@ class SlidingWindow(AttentionSpec):
     """
 
     window: int = 4096
-    rule: ClassVar[str] = RULE_SLIDING
 
     def __post_init__(self) -> None:
         AttentionSpec.__post_init__(self)
@@ -131,7 +131,6 @@ class ChunkedLocal(AttentionSpec):
     """
 
     chunk_size: int = 8192
-    rule: ClassVar[str] = RULE_CHUNKED
 
     def __post_init__(self) -> None:
         AttentionSpec.__post_init__(self)
@@ -150,7 +149,8 @@ class MLA(AttentionSpec):
     A token stores ``kv_lora_rank + qk_rope_head_dim`` values and no separate V;
     ``num_kv_heads``/``head_dim`` are unused. ``compress_ratio`` > 1 models DeepSeek-V4-style
     compressed attention that keeps one latent per ``compress_ratio`` tokens. The hit rule is
-    full attention's; pass ``window`` to model an MLA sliding-window layer.
+    full attention's (MLA has no window field; model a windowed latent layer as a
+    ``SlidingWindow`` group with the latent's bytes).
     """
 
     kv_lora_rank: int = 512
@@ -158,7 +158,7 @@ class MLA(AttentionSpec):
     compress_ratio: int = 1
     num_kv_heads: int = 1
     head_dim: int = 576
-    rule: ClassVar[str] = RULE_FULL
+    kv_parts: ClassVar[int] = 1
 
     def __post_init__(self) -> None:
         AttentionSpec.__post_init__(self)

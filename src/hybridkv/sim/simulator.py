@@ -32,7 +32,7 @@ from hybridkv.core.hashing import BlockHasher
 from hybridkv.core.manager import KVCacheManager
 from hybridkv.core.request import Request
 from hybridkv.core.spec_decode import SpecDecode
-from hybridkv.core.specs import RULE_FULL
+from hybridkv.core.rules import make_rule
 from hybridkv.sched import AcceptanceModel, EngineRequest, Scheduler, SchedulerConfig
 from hybridkv.sim.costmodel import CostModel
 from hybridkv.sim.optimal import belady_block_hit_rate
@@ -271,7 +271,7 @@ class Simulator:
         # Block counts and the optimum use the block size of the full-attention groups (or
         # the alignment when there are none).
         groups = kv_config.groups
-        full = [g.spec.block_size for g in groups if g.spec.rule == RULE_FULL]
+        full = [g.spec.block_size for g in groups if make_rule(g.spec).downward_closed]
         self.key_block = max(full) if full else kv_config.alignment
 
     # ---- the run ------------------------------------------------------------------------------
