@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import reduce
-from typing import ClassVar
 
 DTYPE_BYTES: dict[str, float] = {
     "float32": 4,
@@ -71,11 +70,6 @@ class AttentionSpec:
     head_dim: int = 128
     dtype: str = "bfloat16"
 
-    #: page layout: 2 = separate K and V halves (``[2, block_size, heads, head_dim]``),
-    #: 1 = one latent vector per stored position (MLA)
-    kv_parts: ClassVar[int] = 2
-    #: tokens per stored position (MLA compressed attention keeps one per ``compress_ratio``)
-    compress_ratio: ClassVar[int] = 1
 
     def __post_init__(self) -> None:
         name = type(self).__name__
@@ -98,6 +92,17 @@ class AttentionSpec:
     def window_tokens(self) -> int | None:
         """Tokens before the query that attention can read (None = unbounded)."""
         return None
+
+    @property
+    def kv_parts(self) -> int:
+        """Page layout: 2 = separate K and V halves (``[2, block_size, heads, head_dim]``),
+        1 = one latent vector per stored position (MLA)."""
+        return 2
+
+    @property
+    def compress_ratio(self) -> int:
+        """Tokens per stored position (MLA compressed attention keeps one per ratio)."""
+        return 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +163,6 @@ class MLA(AttentionSpec):
     compress_ratio: int = 1
     num_kv_heads: int = 1
     head_dim: int = 576
-    kv_parts: ClassVar[int] = 1
 
     def __post_init__(self) -> None:
         AttentionSpec.__post_init__(self)
@@ -174,6 +178,10 @@ class MLA(AttentionSpec):
                 f"MLA.block_size ({self.block_size}) must be a multiple of "
                 f"compress_ratio ({self.compress_ratio})"
             )
+
+    @property
+    def kv_parts(self) -> int:
+        return 1
 
     @property
     def latent_dim(self) -> int:
