@@ -138,21 +138,41 @@ def test_stale_or_foreign_plan_is_refused() -> None:
         kv.coordinator.commit(b, plan_b)                 # planned before a's commit
     big = kv.coordinator.plan(b, 100, None, 0)
     assert not big.fits and big.num_needed == 25 and big.num_available == 16
-    with pytest.raises(ValueError, match="needs 25 blocks but 16 are available"):
+    with pytest.raises(ValueError, match=r"needs 25 blocks \(\+0 reserved\) but 16 are available"):
         kv.coordinator.commit(b, big)
     kv.check_integrity()
 
 
-def test_reserve_tokens_plans_a_longer_sequence() -> None:
-    """The admission seam: the same plan for a bigger token count, without allocating it."""
+def test_reserve_tokens_counts_the_peak_without_allocating_it() -> None:
+    """The admission seam: the same plan plus the blocks a longer sequence would peak at."""
     kv = KVCacheManager(config(FA(4), SWA(4, 8), num_blocks=40), retention_interval=None)
     r = Request("r", list(range(20)))
     kv.lookup(r)
     now = kv.coordinator.plan(r, 20, None, 0)
     whole = kv.coordinator.plan(r, 20, None, 0, reserve_tokens=60)
-    assert [g.new_blocks for g in now.groups] == [5, 5]
-    assert [g.new_blocks for g in whole.groups] == [15, 15]
+    assert [g.new_blocks for g in now.groups] == [5, 5] and now.num_reserved == 0
+    assert [g.new_blocks for g in whole.groups] == [5, 5]
+    # full: 15 blocks for 60 tokens; sliding: its window (2 blocks) + 2 in flight = 4 <= 5 held
+    assert whole.num_reserved == 10 and whole.fits
+    assert not kv.coordinator.plan(r, 20, None, 0, reserve_tokens=140).fits   # 35 + 5 > 39
     assert kv.num_free_blocks == 39
+
+
+@pytest.mark.parametrize("retention", [None, 0])
+def test_full_sequence_must_fit(retention) -> None:
+    kv = KVCacheManager(config(FA(4), SWA(4, 8), num_blocks=21), retention_interval=retention)
+    long = Request("long", list(range(72)))             # full group alone needs 18 blocks
+    hit = kv.lookup(long)
+    before = (kv.num_free_blocks, kv.stats())
+    assert kv.allocate(long, 16, hit, full_sequence_must_fit=True) is None
+    assert (kv.num_free_blocks, kv.stats()) == before and "long" not in kv.coordinator.reqs
+    assert kv.coordinator.plan(long, 16, hit, 0).fits    # without the reservation it fits
+    short = Request("short", list(range(40)))           # 10 full blocks + a few sliding ones
+    new = kv.allocate(short, 16, kv.lookup(short), full_sequence_must_fit=True)
+    assert new is not None and [len(ids) for ids in new] == [4, 4]   # only this chunk's blocks
+    short.num_computed_tokens = 16
+    assert kv.allocate(short, 16, full_sequence_must_fit=True) is not None
+    kv.check_integrity()
 
 
 def test_drop_mode_decode_takes_the_fast_path() -> None:

@@ -126,6 +126,8 @@ class AllocationPlan:
         groups: per group, a :class:`GroupPlan`.
         num_free: free blocks when planned.
         epoch: the coordinator's state version when planned.
+        num_reserved: blocks an admission reservation wants kept available beyond the
+            commit's (``plan(..., reserve_tokens=)``); never allocated by the commit.
     """
 
     request_id: object
@@ -136,6 +138,7 @@ class AllocationPlan:
     groups: tuple[GroupPlan, ...]
     num_free: int
     epoch: int
+    num_reserved: int = 0
 
     @property
     def num_needed(self) -> int:
@@ -149,7 +152,8 @@ class AllocationPlan:
 
     @property
     def fits(self) -> bool:
-        return self.num_needed <= self.num_available
+        """The commit's blocks, and any reservation on top, are available."""
+        return self.num_needed + self.num_reserved <= self.num_available
 
 
 class _ReqBlocks:
@@ -423,10 +427,10 @@ class KVCacheCoordinator:
              external: ExternalHit | None = None, reserve_tokens: int = 0) -> AllocationPlan:
         """Count what :meth:`allocate` would do; changes nothing.
 
-        ``reserve_tokens`` makes the plan cover at least that many tokens (an admission check
-        that wants a longer sequence to fit); :meth:`commit` then allocates that many too, so
-        plan with 0 and compare :attr:`AllocationPlan.num_needed` of both plans to reserve
-        without allocating.
+        ``reserve_tokens`` (an admission check): the plan fits only if, after the commit, a
+        sequence of that many tokens (capped at max_model_len) could still grow to its peak
+        footprint, ``rule.max_blocks`` per group; the blocks beyond the commit's are counted
+        in :attr:`AllocationPlan.num_reserved` and are not allocated.
 
         Raises:
             ValueError: a different Request object holds the id, or an adopted hit block no
@@ -437,8 +441,6 @@ class KVCacheCoordinator:
         hit_tokens = hit.num_tokens if hit is not None else 0
         computed = request.num_computed_tokens + hit_tokens
         slots = max(computed + num_new_tokens, external.num_tokens if external else 0) + lookahead
-        if reserve_tokens > slots:
-            slots = reserve_tokens
         if self.max_model_len is not None:
             slots = min(slots, self.max_model_len)
         ref = self.pool.ref_cnt
@@ -472,8 +474,19 @@ class KVCacheCoordinator:
                 freed = sum(1 for j in released if ref[table[j]] == 1) if released else 0
                 want = -(-slots // bs)
                 groups.append(GroupPlan(max(want - len(table), 0), 0, released, freed))
+        reserved = 0
+        if reserve_tokens > slots:
+            if self.max_model_len is not None:
+                reserve_tokens = min(reserve_tokens, self.max_model_len)
+            for g, gp in enumerate(groups):
+                ids = hit.block_ids[g] if new_request and hit is not None else \
+                    (state.tables[g] if state is not None else ())
+                held = len(ids) - ids.count(NULL_BLOCK) - len(gp.released) + gp.new_blocks
+                peak = self.rules[g].max_blocks(reserve_tokens, self.hold)
+                if peak > held:
+                    reserved += peak - held
         return AllocationPlan(request.request_id, new_request, computed, computed + num_new_tokens,
-                              slots, tuple(groups), self.pool.num_free, self.epoch)
+                              slots, tuple(groups), self.pool.num_free, self.epoch, reserved)
 
     def commit(self, request: Request, plan: AllocationPlan, hit: CacheHit | None = None
                ) -> list[list[int]]:
@@ -490,7 +503,7 @@ class KVCacheCoordinator:
         if not plan.fits:
             raise ValueError(
                 f"allocation plan for request {request.request_id!r} needs {plan.num_needed} "
-                f"blocks but {plan.num_available} are available")
+                f"blocks (+{plan.num_reserved} reserved) but {plan.num_available} are available")
         pool = self.pool
         self.epoch += 1
         computed = plan.num_computed
@@ -531,15 +544,16 @@ class KVCacheCoordinator:
         return new_blocks
 
     def allocate(self, request: Request, num_new_tokens: int, hit: CacheHit | None,
-                 lookahead: int, external: ExternalHit | None = None) -> list[list[int]] | None:
+                 lookahead: int, external: ExternalHit | None = None,
+                 reserve_tokens: int = 0) -> list[list[int]] | None:
         """Blocks for ``num_new_tokens`` more tokens (+ lookahead slots); None if they don't fit.
 
         :meth:`plan` then :meth:`commit`. ``external`` (a new request only) also reserves
         blocks up to its end; they are neither computed nor cached until
-        :meth:`commit_external`. Returns the newly allocated block ids per group. On None
-        nothing changed.
+        :meth:`commit_external`. ``reserve_tokens``: see :meth:`plan`. Returns the newly
+        allocated block ids per group. On None nothing changed.
         """
-        plan = self.plan(request, num_new_tokens, hit, lookahead, external)
+        plan = self.plan(request, num_new_tokens, hit, lookahead, external, reserve_tokens)
         if not plan.fits:
             return None
         return self.commit(request, plan, hit)

@@ -218,7 +218,8 @@ class KVCacheManager:
 
     def allocate(self, request: Request, num_new_tokens: int, hit: CacheHit | None = None,
                  num_lookahead_tokens: int | None = None,
-                 external: ExternalHit | None = None) -> list[list[int]] | None:
+                 external: ExternalHit | None = None,
+                 full_sequence_must_fit: bool = False) -> list[list[int]] | None:
         """Make room for ``num_new_tokens`` more tokens of ``request``.
 
         Args:
@@ -230,6 +231,13 @@ class KVCacheManager:
                 spec-decode's (k, or k+1 for DFlash). Never cached.
             external: an :meth:`lookup_external` result for this (new) request: blocks up to
                 its end are reserved for loading; see :meth:`commit_external`.
+            full_sequence_must_fit: admission reservation (the idea of vLLM's
+                ``scheduler_reserve_full_isl``; default mode, not claimed block-exact with
+                vLLM): succeed only if, after this step's blocks, the pool could still give
+                the request's whole sequence (``request.num_tokens`` + lookahead, capped at
+                max_model_len) its peak footprint in every group (sliding/chunked groups:
+                their window or chunk, see ``HitRule.max_blocks``). Only this step's blocks
+                are allocated.
 
         Returns:
             The newly allocated block ids per group, or None if the pool cannot supply them;
@@ -242,8 +250,8 @@ class KVCacheManager:
         """
         if not isinstance(request, Request):
             raise ValueError(f"allocate needs a Request, got {type(request).__name__}")
-        if hit is None and external is None and num_new_tokens.__class__ is int \
-                and num_new_tokens >= 0:
+        if hit is None and external is None and not full_sequence_must_fit \
+                and num_new_tokens.__class__ is int and num_new_tokens >= 0:
             # Fast path: a step that needs no new block, no caching and no window slide (most
             # decode steps); the coordinator answers from thresholds it keeps per request.
             la = self.lookahead_slots if num_lookahead_tokens is None else num_lookahead_tokens
@@ -288,7 +296,8 @@ class KVCacheManager:
         if isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 0:
             raise ValueError(f"num_lookahead_tokens must be a non-negative integer, got {lookahead!r}")
         self._sync_hashes(request)
-        blocks = self.coordinator.allocate(request, num_new_tokens, hit, lookahead, external)
+        reserve = request.num_tokens + lookahead if full_sequence_must_fit else 0
+        blocks = self.coordinator.allocate(request, num_new_tokens, hit, lookahead, external, reserve)
         if blocks is not None and not known:
             self._requests[request.request_id] = request
             self._record(request, hit.num_tokens if hit is not None else 0)
