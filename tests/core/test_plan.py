@@ -113,7 +113,7 @@ def test_plan_is_pure_and_counts_what_commit_does(cfg_args, ops) -> None:
             plan = coord.plan(req, 1 + x % 9, None, la)
             assert isinstance(plan, AllocationPlan) and all(isinstance(g, GroupPlan) for g in plan.groups)
             assert observable(kv, d.running, d.prompts) == before        # planning changes nothing
-            assert plan.num_free == kv.num_free_blocks
+            assert plan.num_available == kv.num_free_blocks + sum(g.freed for g in plan.groups)
             if plan.fits and req.num_computed_tokens + 1 + x % 9 <= req.num_tokens:
                 free = kv.num_free_blocks
                 new = coord.commit(req, plan)

@@ -124,10 +124,13 @@ class AllocationPlan:
         slots: tokens every group's table covers after the commit (scheduled tokens,
             lookahead slots and an external load's reservation, capped at max_model_len).
         groups: per group, a :class:`GroupPlan`.
-        num_free: free blocks when planned.
-        epoch: the coordinator's state version when planned.
+        num_needed: blocks the commit takes out of the free queue (new blocks plus touched
+            hit blocks, summed over the groups).
+        num_available: free blocks when planned plus the blocks the window releases before
+            new ones are popped.
         num_reserved: blocks an admission reservation wants kept available beyond the
             commit's (``plan(..., reserve_tokens=)``); never allocated by the commit.
+        epoch: the coordinator's state version when planned.
     """
 
     request_id: object
@@ -136,19 +139,10 @@ class AllocationPlan:
     num_tokens: int
     slots: int
     groups: tuple[GroupPlan, ...]
-    num_free: int
+    num_needed: int
+    num_available: int
+    num_reserved: int
     epoch: int
-    num_reserved: int = 0
-
-    @property
-    def num_needed(self) -> int:
-        """Blocks the commit takes out of the free queue: new blocks plus touched hit blocks."""
-        return sum(g.new_blocks + g.touched for g in self.groups)
-
-    @property
-    def num_available(self) -> int:
-        """Free blocks plus the blocks the window releases before new ones are popped."""
-        return self.num_free + sum(g.freed for g in self.groups)
 
     @property
     def fits(self) -> bool:
@@ -204,6 +198,7 @@ class KVCacheCoordinator:
         self.compat = vllm_compat
         self.caching = caching
         self.max_model_len = max_model_len
+        self.len_cap = max_model_len if max_model_len is not None else math.inf
         self.on_stored = on_stored
         self.alignment = config.alignment
         hbs = config.hash_block_size
@@ -408,8 +403,8 @@ class KVCacheCoordinator:
             return False
         computed = request.num_computed_tokens
         slots = computed + num_new_tokens + lookahead
-        if self.max_model_len is not None and slots > self.max_model_len:
-            slots = self.max_model_len
+        if slots > self.len_cap:
+            slots = self.len_cap
         return slots <= state.slots and computed < state.slide_until \
             and computed + num_new_tokens < state.quiet_until
 
@@ -470,10 +465,12 @@ class KVCacheCoordinator:
         else:
             for g, bs in enumerate(self.block_sizes):
                 table = state.tables[g]
-                released = self._released(table, self.rules[g], computed)
+                rule = self.rules[g]
+                released = () if rule.downward_closed else self._released(table, rule, computed)
                 freed = sum(1 for j in released if ref[table[j]] == 1) if released else 0
                 want = -(-slots // bs)
-                groups.append(GroupPlan(max(want - len(table), 0), 0, released, freed))
+                groups.append(GroupPlan(want - len(table) if want > len(table) else 0, 0,
+                                        released, freed))
         reserved = 0
         if reserve_tokens > slots:
             if self.max_model_len is not None:
@@ -485,8 +482,13 @@ class KVCacheCoordinator:
                 peak = self.rules[g].max_blocks(reserve_tokens, self.hold)
                 if peak > held:
                     reserved += peak - held
+        needed = available = 0
+        for gp in groups:
+            needed += gp.new_blocks + gp.touched
+            available += gp.freed
         return AllocationPlan(request.request_id, new_request, computed, computed + num_new_tokens,
-                              slots, tuple(groups), self.pool.num_free, self.epoch, reserved)
+                              slots, tuple(groups), needed, self.pool.num_free + available,
+                              reserved, self.epoch)
 
     def commit(self, request: Request, plan: AllocationPlan, hit: CacheHit | None = None
                ) -> list[list[int]]:
