@@ -108,9 +108,9 @@ class GroupPlan(NamedTuple):
     freed: int
 
 
-@dataclass(frozen=True, slots=True)
-class AllocationPlan:
-    """What an allocation would do, counted without mutating anything.
+class AllocationPlan(NamedTuple):
+    """What an allocation would do, counted without mutating anything (a NamedTuple: built
+    on every slow-path allocation, where a frozen dataclass costs microseconds).
 
     A plan is valid for the coordinator state it was made against (``epoch``): commit it
     before any other allocation, free or load commit, or plan again.
@@ -118,6 +118,7 @@ class AllocationPlan:
     Attributes:
         request_id: the request planned for.
         new_request: the request holds no blocks yet (the commit adopts ``hit``).
+        hit: the lookup result a new request adopts (None: none).
         num_computed: tokens with KV after adopting the hit.
         num_tokens: ``num_computed`` + the scheduled tokens; the commit caches promised ends
             up to ``min(num_tokens, request.num_tokens)``.
@@ -135,6 +136,7 @@ class AllocationPlan:
 
     request_id: object
     new_request: bool
+    hit: CacheHit | None
     num_computed: int
     num_tokens: int
     slots: int
@@ -226,6 +228,7 @@ class KVCacheCoordinator:
         self.scales = [bs // hbs for bs in self.block_sizes]
         # Dense write path: every aligned end. Downward-closed (full) groups ignore retention.
         self.dense = [retention.dense or r.downward_closed for r in self.rules]
+        self.releasing = [r for r in self.rules if not r.downward_closed]
         # cache(n) can reach a promised end t only once n >= t + delay: the proof block(s)
         # must be computed too (per group in compat mode, for all groups at once otherwise)
         delays = [r.proof * r.block_size for r in self.rules]
@@ -431,15 +434,22 @@ class KVCacheCoordinator:
             ValueError: a different Request object holds the id, or an adopted hit block no
                 longer carries the request's hash for its position (a stale or foreign hit).
         """
-        state = self._state(request)
+        state = self.reqs.get(request.request_id)
+        if state is not None and state.owner is not request:
+            self._state(request)                                  # raises
         new_request = state is None
-        hit_tokens = hit.num_tokens if hit is not None else 0
-        computed = request.num_computed_tokens + hit_tokens
-        slots = max(computed + num_new_tokens, external.num_tokens if external else 0) + lookahead
-        if self.max_model_len is not None:
-            slots = min(slots, self.max_model_len)
+        computed = request.num_computed_tokens
+        if hit is not None:
+            computed += hit.num_tokens
+        slots = computed + num_new_tokens
+        if external is not None and external.num_tokens > slots:
+            slots = external.num_tokens
+        slots += lookahead
+        if slots > self.len_cap:
+            slots = self.len_cap
         ref = self.pool.ref_cnt
         groups = []
+        needed = freed_total = 0
         if new_request:
             block_hash = self.pool.block_hash
             block_group = self.pool.block_group
@@ -460,17 +470,28 @@ class KVCacheCoordinator:
                             "looked up for another request; look up again")
                     if ref[b] == 0:
                         touched.add(b)
-                want = -(-slots // bs)
-                groups.append(GroupPlan(max(want - len(ids), 0), len(touched), (), 0))
+                new = -(-slots // bs) - len(ids)
+                if new < 0:
+                    new = 0
+                needed += new + len(touched)
+                groups.append(GroupPlan(new, len(touched), (), 0))
         else:
+            tables = state.tables
+            rules = self.rules
             for g, bs in enumerate(self.block_sizes):
-                table = state.tables[g]
-                rule = self.rules[g]
-                released = () if rule.downward_closed else self._released(table, rule, computed)
+                table = tables[g]
+                new = -(-slots // bs) - len(table)
+                if new < 0:
+                    new = 0
+                needed += new
+                rule = rules[g]
+                if rule.downward_closed:                          # never releases a block
+                    groups.append(GroupPlan(new, 0, (), 0))
+                    continue
+                released = self._released(table, rule, computed)
                 freed = sum(1 for j in released if ref[table[j]] == 1) if released else 0
-                want = -(-slots // bs)
-                groups.append(GroupPlan(want - len(table) if want > len(table) else 0, 0,
-                                        released, freed))
+                freed_total += freed
+                groups.append(GroupPlan(new, 0, released, freed))
         reserved = 0
         if reserve_tokens > slots:
             if self.max_model_len is not None:
@@ -482,17 +503,13 @@ class KVCacheCoordinator:
                 peak = self.rules[g].max_blocks(reserve_tokens, self.hold)
                 if peak > held:
                     reserved += peak - held
-        needed = available = 0
-        for gp in groups:
-            needed += gp.new_blocks + gp.touched
-            available += gp.freed
-        return AllocationPlan(request.request_id, new_request, computed, computed + num_new_tokens,
-                              slots, tuple(groups), needed, self.pool.num_free + available,
+        return AllocationPlan(request.request_id, new_request, hit if new_request else None,
+                              computed, computed + num_new_tokens,
+                              slots, tuple(groups), needed, self.pool.num_free + freed_total,
                               reserved, self.epoch)
 
-    def commit(self, request: Request, plan: AllocationPlan, hit: CacheHit | None = None
-               ) -> list[list[int]]:
-        """Apply ``plan`` (made by :meth:`plan` for this request and ``hit``, and fitting).
+    def commit(self, request: Request, plan: AllocationPlan) -> list[list[int]]:
+        """Apply ``plan`` (made by :meth:`plan` for this request, and fitting).
 
         Order: adopt the hit (touch every group's blocks, then fill the tables), or for a
         running request cache pending ends and free the blocks that left the window (back to
@@ -509,6 +526,7 @@ class KVCacheCoordinator:
         pool = self.pool
         self.epoch += 1
         computed = plan.num_computed
+        hit = plan.hit
         if plan.new_request:
             state = _ReqBlocks(request, len(self.block_sizes))
             self.reqs[request.request_id] = state
@@ -541,7 +559,7 @@ class KVCacheCoordinator:
         self.cache(request, min(plan.num_tokens, request.num_tokens))
         state.slots = min(len(t) * bs for t, bs in zip(state.tables, self.block_sizes))
         if not plan.new_request:
-            state.slide_until = min((r.next_skip_growth(computed, self.hold) for r in self.rules),
+            state.slide_until = min((r.next_skip_growth(computed, self.hold) for r in self.releasing),
                                     default=math.inf)
         return new_blocks
 
@@ -558,7 +576,7 @@ class KVCacheCoordinator:
         plan = self.plan(request, num_new_tokens, hit, lookahead, external, reserve_tokens)
         if not plan.fits:
             return None
-        return self.commit(request, plan, hit)
+        return self.commit(request, plan)
 
     def _boundaries(self, request: Request, hit: CacheHit | None) -> tuple[int, ...]:
         if self.retention.dense:
