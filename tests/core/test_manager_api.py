@@ -98,3 +98,24 @@ def test_impossible_lookahead_is_rejected_at_construction() -> None:
     with pytest.raises(ValueError, match="no speculative decoding fits"):
         KVCacheManager(config(FA(4), num_blocks=100), spec_decode=SpecDecode("dflash", 1), max_model_len=2)
     KVCacheManager(cfg, spec_decode=SpecDecode("ngram", 10**6))       # n-gram reserves no slots
+
+
+def test_hit_checked_block_by_block_once_the_state_moved() -> None:
+    kv = hybrid()
+    kv.free(computed(kv, "old", list(range(30))))
+    other = computed(kv, "other", [9] * 30)
+    a = Request("a", list(range(30)) + [1])
+    hit = kv.lookup(a)
+    kv.free(computed(kv, "unrelated", [4] * 12))        # the state moved, a's blocks did not
+    assert hit.epoch != kv.coordinator.epoch
+    assert kv.allocate(a, 3, hit) is not None             # verified block by block, still valid
+    kv.free(a)
+    # a hand-made hit (no request id, no epoch) naming blocks of other content is refused
+    from hybridkv.core.coordinator import CacheHit
+    forged = CacheHit(28, tuple(tuple(ids[:7]) for ids in kv.block_ids(other)))
+    b = Request("b", list(range(30)) + [1])
+    kv.lookup(b)
+    before = snapshot(kv, b, other)
+    with pytest.raises(ValueError, match="the hit's block .* no longer holds request 'b'.s tokens"):
+        kv.allocate(b, 3, forged)
+    assert snapshot(kv, b, other) == before

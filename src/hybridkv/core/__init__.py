@@ -6,7 +6,7 @@ from hybridkv.core.hashing import BlockHasher
 from hybridkv.core.manager import KVCacheManager
 from hybridkv.core.pool import NULL_BLOCK, BlockPool, FreeBlockQueue
 from hybridkv.core.request import LoRA, MultiModalItem, Request
-from hybridkv.core.rules import HitRule
+from hybridkv.core.rules import HitRule, make_rule
 from hybridkv.core.spec_decode import SPEC_METHODS, SpecDecode
 from hybridkv.core.specs import (MLA, AttentionSpec, ChunkedLocal, FullAttention, KVCacheConfig,
                                  KVCacheGroup, SlidingWindow)
@@ -14,6 +14,6 @@ from hybridkv.core.specs import (MLA, AttentionSpec, ChunkedLocal, FullAttention
 __all__ = [
     "AllBlocksCleared", "AttentionSpec", "BlockHasher", "BlockPool", "BlockRemoved", "BlockStored",
     "CacheHit", "ChunkedLocal", "ExternalHit", "FreeBlockQueue", "FullAttention", "HitRule", "KVCacheConfig",
-    "KVCacheGroup", "KVCacheManager", "LoRA", "MLA", "MultiModalItem", "NULL_BLOCK",
+    "KVCacheGroup", "KVCacheManager", "LoRA", "MLA", "MultiModalItem", "NULL_BLOCK", "make_rule",
     "PrefixCacheStats", "Request", "SPEC_METHODS", "SlidingWindow", "SpecDecode",
 ]

@@ -52,14 +52,17 @@ class CacheHit:
     in some group but not servable by all: allocating this hit then promises that boundary,
     so the prefix becomes reusable (Marconi-style junction). ``request_id`` names the request
     the hit was looked up for (None for a hand-made hit); only that request can adopt it.
-    A hit is a snapshot: allocate it before other requests allocate, or look up again (an
-    adopted block that no longer carries the request's hash for its position is refused).
+    A hit is a snapshot of the coordinator state ``epoch``: allocate it before other requests
+    allocate, or look up again. A hit adopted after the state changed (or hand-made, epoch -1)
+    is verified block by block; a block that no longer carries the request's hash for its
+    position is refused.
     """
 
     num_tokens: int
     block_ids: tuple[tuple[int, ...], ...]
     shared_prefix_boundary: int = 0
     request_id: object = None
+    epoch: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,7 +247,10 @@ class KVCacheCoordinator:
 
     def holds(self, request: Request) -> bool:
         """Whether ``request`` holds blocks; raises if a different Request object holds its id."""
-        return self._state(request) is not None
+        state = self.reqs.get(request.request_id)
+        if state is not None and state.owner is not request:
+            self._state(request)                                  # raises
+        return state is not None
 
     def _state(self, request: Request) -> _ReqBlocks | None:
         """The request's bookkeeping; raises if another Request object holds its id."""
@@ -290,7 +296,8 @@ class KVCacheCoordinator:
         t = max(t, 0)
         rid = request.request_id
         if t == 0:
-            return CacheHit(0, tuple(() for _ in self.config.groups), max(longest, 0), rid)
+            return CacheHit(0, tuple(() for _ in self.config.groups), max(longest, 0), rid,
+                            self.epoch)
         block_ids: list[tuple[int, ...]] = [()] * len(self.config.groups)
         for u, unit in enumerate(self.units):
             e = t // unit.rule.block_size
@@ -299,7 +306,7 @@ class KVCacheCoordinator:
             for k, g in enumerate(unit.groups):
                 block_ids[g] = (NULL_BLOCK,) * lo + tuple(memo[j][k] for j in range(lo, e))
         boundary = longest if longest > t else 0
-        return CacheHit(t, tuple(block_ids), boundary, rid)
+        return CacheHit(t, tuple(block_ids), boundary, rid, self.epoch)
 
     def _fixed_point(self, probes: list[Callable[[int], object]], n_fine: int,
                      max_tokens: int) -> tuple[int, int]:
@@ -451,25 +458,11 @@ class KVCacheCoordinator:
         groups = []
         needed = freed_total = 0
         if new_request:
-            block_hash = self.pool.block_hash
-            block_group = self.pool.block_group
-            hashes = request.block_hashes
-            n_fine = len(hashes)
+            if hit is not None and hit.num_tokens and hit.epoch != self.epoch:
+                self._verify_hit(request, hit)
             for g, bs in enumerate(self.block_sizes):
                 ids = hit.block_ids[g] if hit is not None else ()
-                scale = self.scales[g]
-                touched = set()
-                for j, b in enumerate(ids):
-                    if not b:
-                        continue
-                    k = (j + 1) * scale - 1
-                    if k >= n_fine or block_hash[b] != hashes[k] or block_group[b] != g:
-                        raise ValueError(
-                            f"the hit's block {b} (group {g}, position {j}) no longer holds "
-                            f"request {request.request_id!r}'s tokens: the hit is stale or was "
-                            "looked up for another request; look up again")
-                    if ref[b] == 0:
-                        touched.add(b)
+                touched = {b for b in ids if b and ref[b] == 0}
                 new = -(-slots // bs) - len(ids)
                 if new < 0:
                     new = 0
@@ -507,6 +500,24 @@ class KVCacheCoordinator:
                               computed, computed + num_new_tokens,
                               slots, tuple(groups), needed, self.pool.num_free + freed_total,
                               reserved, self.epoch)
+
+    def _verify_hit(self, request: Request, hit: CacheHit) -> None:
+        """Raise unless every block of ``hit`` still holds the request's tokens."""
+        block_hash = self.pool.block_hash
+        block_group = self.pool.block_group
+        hashes = request.block_hashes
+        n_fine = len(hashes)
+        for g, ids in enumerate(hit.block_ids):
+            scale = self.scales[g]
+            for j, b in enumerate(ids):
+                if not b:
+                    continue
+                k = (j + 1) * scale - 1
+                if k >= n_fine or block_hash[b] != hashes[k] or block_group[b] != g:
+                    raise ValueError(
+                        f"the hit's block {b} (group {g}, position {j}) no longer holds "
+                        f"request {request.request_id!r}'s tokens: the hit is stale or was "
+                        "looked up for another request; look up again")
 
     def commit(self, request: Request, plan: AllocationPlan) -> list[list[int]]:
         """Apply ``plan`` (made by :meth:`plan` for this request, and fitting).

@@ -178,7 +178,8 @@ class KVCacheManager:
             raise ValueError(f"lookup needs a Request, got {type(request).__name__}")
         self._sync_hashes(request)
         if not self.enable_caching or request.skip_prefix_cache:
-            return CacheHit(0, tuple(() for _ in self.config.groups), 0, request.request_id)
+            return CacheHit(0, tuple(() for _ in self.config.groups), 0, request.request_id,
+                            self.coordinator.epoch)
         max_tokens = request.num_tokens - 1
         if self.max_model_len is not None:
             max_tokens = min(max_tokens, self.max_model_len - 1)
@@ -241,12 +242,13 @@ class KVCacheManager:
 
         Returns:
             The newly allocated block ids per group, or None if the pool cannot supply them;
-            on None nothing changed.
+            on None nothing changed. Full blocks of promised hit ends up to
+            ``min(computed + num_new_tokens, request.num_tokens)`` are cached.
 
         Raises:
             ValueError: bad counts; ``hit`` looked up for another request, stale, or given to a
-                request that already holds blocks; a different Request object holds this id. Full blocks of promised hit ends up to
-            ``min(computed + num_new_tokens, request.num_tokens)`` are cached.
+                request that already holds blocks; a different Request object holds this id.
+                Nothing changes.
         """
         if not isinstance(request, Request):
             raise ValueError(f"allocate needs a Request, got {type(request).__name__}")
