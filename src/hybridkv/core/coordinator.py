@@ -155,6 +155,11 @@ class AllocationPlan(NamedTuple):
         return self.num_needed + self.num_reserved <= self.num_available
 
 
+# Builds a NamedTuple from a tuple of all its fields in order without the generated
+# keyword-handling __new__ (half the cost; plans are built on every slow-path allocation).
+_make = tuple.__new__
+
+
 class _ReqBlocks:
     """Per-request bookkeeping: tables, and how far the write path has gone per group."""
 
@@ -467,7 +472,7 @@ class KVCacheCoordinator:
                 if new < 0:
                     new = 0
                 needed += new + len(touched)
-                groups.append(GroupPlan(new, len(touched), (), 0))
+                groups.append(_make(GroupPlan, (new, len(touched), (), 0)))
         else:
             tables = state.tables
             rules = self.rules
@@ -479,12 +484,12 @@ class KVCacheCoordinator:
                 needed += new
                 rule = rules[g]
                 if rule.downward_closed:                          # never releases a block
-                    groups.append(GroupPlan(new, 0, (), 0))
+                    groups.append(_make(GroupPlan, (new, 0, (), 0)))
                     continue
                 released = self._released(table, rule, computed)
                 freed = sum(1 for j in released if ref[table[j]] == 1) if released else 0
                 freed_total += freed
-                groups.append(GroupPlan(new, 0, released, freed))
+                groups.append(_make(GroupPlan, (new, 0, released, freed)))
         reserved = 0
         if reserve_tokens > slots:
             if self.max_model_len is not None:
@@ -496,10 +501,10 @@ class KVCacheCoordinator:
                 peak = self.rules[g].max_blocks(reserve_tokens, self.hold)
                 if peak > held:
                     reserved += peak - held
-        return AllocationPlan(request.request_id, new_request, hit if new_request else None,
-                              computed, computed + num_new_tokens,
-                              slots, tuple(groups), needed, self.pool.num_free + freed_total,
-                              reserved, self.epoch)
+        return _make(AllocationPlan, (request.request_id, new_request, hit if new_request else None,
+                                      computed, computed + num_new_tokens, slots, tuple(groups),
+                                      needed, self.pool.num_free + freed_total, reserved,
+                                      self.epoch))
 
     def _verify_hit(self, request: Request, hit: CacheHit) -> None:
         """Raise unless every block of ``hit`` still holds the request's tokens."""
@@ -530,7 +535,7 @@ class KVCacheCoordinator:
         """
         if plan.epoch != self.epoch or plan.request_id != request.request_id:
             raise ValueError(f"stale allocation plan for request {request.request_id!r}; plan again")
-        if not plan.fits:
+        if plan.num_needed + plan.num_reserved > plan.num_available:          # not plan.fits
             raise ValueError(
                 f"allocation plan for request {request.request_id!r} needs {plan.num_needed} "
                 f"blocks (+{plan.num_reserved} reserved) but {plan.num_available} are available")
@@ -585,7 +590,7 @@ class KVCacheCoordinator:
         allocated block ids per group. On None nothing changed.
         """
         plan = self.plan(request, num_new_tokens, hit, lookahead, external, reserve_tokens)
-        if not plan.fits:
+        if plan.num_needed + plan.num_reserved > plan.num_available:          # not plan.fits
             return None
         return self.commit(request, plan)
 
