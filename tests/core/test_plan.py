@@ -1,8 +1,8 @@
 """Allocation as a pure plan plus a commit, and the coordinator's decode fast path.
 
 * a plan changes nothing, and its counts are exactly what the commit then does to the pool;
-* the fast path is exact: a manager that never takes it (every step planned and committed)
-  behaves identically, step by step, whether the lookahead is implicit or passed explicitly;
+* the fast paths are exact: a manager that never takes them (every step planned and
+  committed, every cache pass walked; no cache-only shortcut) behaves identically, step by step, whether the lookahead is implicit or passed explicitly;
 * in EAGLE drop mode decode steps now take the fast path between block boundaries.
 """
 
@@ -39,6 +39,12 @@ class Driver:
             # the reference: every step planned and committed, every cache pass walked
             coord = self.kv.coordinator
             coord.step_is_quiet = lambda *a: False
+
+            def planned(request, n, hit, lookahead, external=None, reserve_tokens=0):
+                plan = coord.plan(request, n, hit, lookahead, external, reserve_tokens)
+                return coord.commit(request, plan) if plan.fits else None
+
+            coord.allocate = planned
             cache = coord.cache
 
             def walk(request, num_tokens, final=False):

@@ -589,6 +589,21 @@ class KVCacheCoordinator:
         :meth:`commit_external`. ``reserve_tokens``: see :meth:`plan`. Returns the newly
         allocated block ids per group. On None nothing changed.
         """
+        if hit is None and external is None and not reserve_tokens:
+            state = self.reqs.get(request.request_id)
+            if state is not None and state.owner is request:
+                computed = request.num_computed_tokens
+                slots = computed + num_new_tokens + lookahead
+                if slots > self.len_cap:
+                    slots = self.len_cap
+                if slots <= state.slots and computed < state.slide_until:
+                    # Cache-only step (a block just completed): no block to pop or release,
+                    # so the commit reduces to its two cache passes; skip building the plan.
+                    self.epoch += 1
+                    num_tokens = request.num_tokens
+                    self.cache(request, min(computed, num_tokens))
+                    self.cache(request, min(computed + num_new_tokens, num_tokens))
+                    return [[] for _ in self.block_sizes]
         plan = self.plan(request, num_new_tokens, hit, lookahead, external, reserve_tokens)
         if plan.num_needed + plan.num_reserved > plan.num_available:          # not plan.fits
             return None
