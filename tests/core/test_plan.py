@@ -118,6 +118,9 @@ def test_plan_is_pure_and_counts_what_commit_does(cfg_args, ops) -> None:
             before = observable(kv, d.running, d.prompts)
             plan = coord.plan(req, 1 + x % 9, None, la)
             assert isinstance(plan, AllocationPlan) and all(isinstance(g, GroupPlan) for g in plan.groups)
+            # records are built positionally (tuple.__new__): every field must be there
+            assert len(plan) == len(AllocationPlan._fields)
+            assert all(len(g) == len(GroupPlan._fields) for g in plan.groups)
             assert observable(kv, d.running, d.prompts) == before        # planning changes nothing
             assert plan.num_available == kv.num_free_blocks + sum(g.freed for g in plan.groups)
             if plan.fits and req.num_computed_tokens + 1 + x % 9 <= req.num_tokens:
