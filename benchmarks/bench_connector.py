@@ -4,7 +4,7 @@ For each store (LocalCPUStore, and Mooncake on a local master + storage node ins
 loopback-only network namespace) and each cache layout, times:
 
 * raw:   ``batch_put_from`` / ``batch_get_into`` of N payloads of the connector's payload size
-         from / into a registered contiguous host buffer (``stores.bench``'s method);
+         from / into a registered contiguous host buffer (``hybridkv.testing.store_bench``'s method);
 * save:  ``KVTransfer.save`` of N blocks of a paged cache (gather + checksum + one store call);
 * load:  ``KVTransfer.load`` of the same N blocks into other block ids (one store call +
          verification + scatter).
@@ -32,6 +32,7 @@ from hybridkv.connectors.layout import KVLayout
 from hybridkv.connectors.stores import LocalCPUStore
 from hybridkv.connectors.stores.base import KVStore
 from hybridkv.connectors.transfer import TRAILER_BYTES, KVTransfer
+from hybridkv.core.blockref import BlockRef
 from hybridkv.core.specs import MLA, FullAttention, KVCacheConfig, KVCacheGroup
 from hybridkv.engine import PagedKVCache
 
@@ -121,10 +122,10 @@ class ConnectorBench:
     def once(self, r: int) -> tuple[float, float]:
         hashes = [r.to_bytes(4, "big") + i.to_bytes(12, "big") for i in range(self.n)]
         t0 = time.perf_counter()
-        ok = self.tr.save(self.group, list(zip(hashes, self.src_ids)))
+        ok = self.tr.save([BlockRef(0, b, h) for h, b in zip(hashes, self.src_ids)])
         save = time.perf_counter() - t0
         t0 = time.perf_counter()
-        loaded = self.tr.load(self.group, list(zip(hashes, self.dst_ids)))
+        loaded = self.tr.load([BlockRef(0, b, h) for h, b in zip(hashes, self.dst_ids)])
         load = time.perf_counter() - t0
         assert all(ok) and loaded == self.n, f"connector: {sum(ok)} saved, {loaded} loaded"
         assert self.layout.gather(self.src_ids[:8]).equal(self.layout.gather(self.dst_ids[:8]))
@@ -174,8 +175,8 @@ def main() -> None:
         "local", LocalCPUStore(2 * largest), kinds, n, args.repeats,
         ["direct", "direct-nv", "staged"])
     if not args.no_mooncake:
-        from hybridkv.connectors.stores import MooncakeCluster, MooncakeStore, MooncakeStoreConfig
-        from hybridkv.connectors.stores.netns import loopback_netns
+        from hybridkv.connectors.stores import MooncakeStore, MooncakeStoreConfig
+        from hybridkv.testing import MooncakeCluster, loopback_netns
 
         with loopback_netns(), MooncakeCluster([largest + (256 << 20)]) as cluster:
             store = MooncakeStore(MooncakeStoreConfig(master_address=cluster.master_address))

@@ -28,6 +28,7 @@ import json
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -40,13 +41,15 @@ from hybridkv.connectors.stores import LocalCPUStore  # noqa: E402
 from hybridkv.connectors.stores.base import KVStore  # noqa: E402
 from hybridkv.engine.checkpoints import random_model  # noqa: E402
 from hybridkv.engine.llm import LLM  # noqa: E402
+from hybridkv.engine.llm_config import ENGINE_SCHEDULER, CacheConfig, RuntimeConfig  # noqa: E402
 
 MODELS = {"small": ("llama (full)", SMALL), "hybrid": ("qwen2 (full + sliding)", HYBRID)}
 
 
 def make(path: Path, store: KVStore | None = None) -> LLM:
-    return LLM(path, device="cpu", block_size=16, num_blocks=1024, max_num_batched_tokens=4096,
-               kv_store=store)
+    return LLM(path, kv_store=store, cache=CacheConfig(block_size=16, num_blocks=1024),
+               scheduler=replace(ENGINE_SCHEDULER, max_num_batched_tokens=4096),
+               runtime=RuntimeConfig(device="cpu"))
 
 
 def first_token(llm: LLM, prompt: list[int]) -> dict[str, Any]:
@@ -137,9 +140,8 @@ def main() -> None:
         if not args.no_local:
             stores.append(("local", LocalCPUStore(2 << 30)))
         if not args.no_mooncake:
-            from hybridkv.connectors.stores import (MooncakeCluster, MooncakeStore,
-                                                    MooncakeStoreConfig)
-            from hybridkv.connectors.stores.netns import loopback_netns
+            from hybridkv.connectors.stores import MooncakeStore, MooncakeStoreConfig
+            from hybridkv.testing import MooncakeCluster, loopback_netns
 
             stack.enter_context(loopback_netns())
             cluster = stack.enter_context(MooncakeCluster([1 << 30]))

@@ -31,6 +31,8 @@ import torch
 
 from hybridkv.engine.checkpoints import random_model
 from hybridkv.engine.llm import LLM
+from hybridkv.engine.llm_config import CacheConfig, RuntimeConfig
+from hybridkv.sched import SchedulerConfig
 
 SMALL = dict(model_type="llama", vocab_size=8192, hidden_size=256, intermediate_size=1024,
              num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
@@ -44,9 +46,10 @@ def tokens(n: int, seed: int, vocab: int = 8192) -> list[int]:
     return torch.randint(0, vocab, (n,), generator=g).tolist()
 
 
-def make(path: Path, **kw) -> LLM:
-    kw.setdefault("num_blocks", 2048)
-    return LLM(path, block_size=16, device="cpu", max_num_batched_tokens=4096, max_num_seqs=32, **kw)
+def make(path: Path, enable_prefix_caching: bool = True) -> LLM:
+    return LLM(path, cache=CacheConfig(block_size=16, num_blocks=2048, enable_prefix_caching=enable_prefix_caching),
+               scheduler=SchedulerConfig(max_num_batched_tokens=4096, max_num_seqs=32),
+               runtime=RuntimeConfig(device="cpu"))
 
 
 def best(fn, repeat: int = 3) -> float:

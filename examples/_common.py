@@ -69,8 +69,7 @@ def local_mooncake(storage_bytes: int = 256 << 20, isolate: bool = True) -> Iter
     ``lo``; the cluster and every child started from this thread live there. Without the
     privilege for that (not root) it says so and runs on the host's loopback instead.
     """
-    from hybridkv.connectors.stores import MooncakeCluster
-    from hybridkv.connectors.stores.netns import NetnsUnavailable, loopback_netns
+    from hybridkv.testing import MooncakeCluster, NetnsUnavailable, loopback_netns
 
     with contextlib.ExitStack() as stack:
         if isolate:
@@ -146,5 +145,7 @@ def serve(llm: Any, prompt: list[int], max_tokens: int) -> tuple[Any, float, flo
 
 def engine_kwargs(job: dict[str, Any]) -> dict[str, Any]:
     """LLM arguments every process of an example uses (same block size and pool)."""
-    return dict(device="cpu", block_size=job["block_size"],
-                kv_cache_bytes=job["kv_cache_mib"] << 20)
+    from hybridkv.engine import CacheConfig, RuntimeConfig
+
+    return dict(runtime=RuntimeConfig(device="cpu"),
+                cache=CacheConfig(block_size=job["block_size"], kv_cache_bytes=job["kv_cache_mib"] << 20))

@@ -16,10 +16,14 @@ def __getattr__(name: str):
     if name in ("LLM", "GenerationOutput"):
         from hybridkv.engine import llm
         return getattr(llm, name)
+    if name in ("CacheConfig", "RuntimeConfig", "StoreConfig"):
+        from hybridkv.engine import llm_config
+        return getattr(llm_config, name)
     raise AttributeError(f"module 'hybridkv' has no attribute {name!r}")
 
 __all__ = [
-    "AllBlocksCleared", "BlockRemoved", "ExternalHit", "GenerationOutput", "LLM", "BlockStored", "CacheHit", "ChunkedLocal",
+    "AllBlocksCleared", "BlockRemoved", "CacheConfig", "ExternalHit", "GenerationOutput", "LLM",
+    "RuntimeConfig", "StoreConfig", "BlockStored", "CacheHit", "ChunkedLocal",
     "FullAttention", "KVCacheConfig", "KVCacheGroup", "KVCacheManager", "LoRA", "MLA",
     "MultiModalItem", "PrefixCacheStats", "Request", "SlidingWindow", "SpecDecode",
 ]

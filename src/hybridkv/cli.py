@@ -4,9 +4,14 @@ Subcommands:
     simulate  trace-driven simulation of a model's prefix cache and latency (the main job)
     sweep     hit rate against cache size or retention interval, with the offline optimum
     presets   model and GPU presets with their KV bytes per token
+    traces    the request traces bundled with the package (Mooncake, Apache-2.0)
     generate  greedy generation with the reference engine (paged attention over the manager)
     demo      a short printed walk-through of prefix caching on a hybrid full + sliding-window
               model (retention, the scratch-first free queue, speculative decoding).
+
+Errors are one line on stderr: exit status 2 for bad input (options, files, sizes), 1 for a
+failure while running (out of memory, an unwritable file, an internal error; set
+HYBRIDKV_DEBUG=1 to see the traceback of an internal error), 130 when interrupted.
 """
 
 from __future__ import annotations
@@ -92,22 +97,62 @@ def main(argv: list[str] | None = None) -> int:
     add_parsers(sub)
     try:
         from hybridkv.engine.generate_cli import add_generate_parser
-    except ImportError:  # torch / safetensors not installed: no generate subcommand
-        add_generate_parser = None
-    if add_generate_parser is not None:
+    except ImportError as exc:  # torch / safetensors not installed: say how to get them
+        _add_generate_stub(sub, exc)
+    else:
         add_generate_parser(sub)
     p = sub.add_parser("demo", help="walk through prefix caching on a hybrid model")
     p.add_argument("--json", action="store_true", help="print the numbers as JSON")
     p.set_defaults(func=_cmd_demo)
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "accepts_any_arguments", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return run_command(args)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run a parsed command; every error becomes one line on stderr and an exit status."""
+    def fail(status: int, message: str) -> int:
+        print(f"hybridkv {args.command}: error: {message}", file=sys.stderr)
+        return status
     try:
         return args.func(args)
-    except (ValueError, RuntimeError) as exc:
-        print(f"hybridkv {args.command}: error: {exc}", file=sys.stderr)
-        return 2
     except BrokenPipeError:  # piped into a reader that stopped early (e.g. `| head`)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except ValueError as exc:                 # bad input: a usage error
+        return fail(2, str(exc))
+    except MemoryError:
+        return fail(1, "out of memory; use a smaller --cache-tokens / --num-blocks, --limit or "
+                       "a shorter trace")
+    except OSError as exc:
+        where = f" {exc.filename!r}" if getattr(exc, "filename", None) else ""
+        return fail(1, f"{exc.strerror or exc}{where}")
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return fail(130, "interrupted")
+    except RuntimeError as exc:               # e.g. a workload that cannot run as configured
+        return fail(2, str(exc))
+    except Exception as exc:  # noqa: BLE001 - the last line of defence: no traceback for users
+        if os.environ.get("HYBRIDKV_DEBUG"):
+            raise
+        return fail(1, f"internal error {type(exc).__name__}: {exc} (please report it; "
+                       "HYBRIDKV_DEBUG=1 shows the traceback)")
+
+
+def _add_generate_stub(sub: argparse._SubParsersAction, exc: ImportError) -> None:
+    """``generate`` without the engine extras: the subcommand stays and says what to install."""
+    missing = getattr(exc, "name", None) or str(exc)
+    message = (f"hybridkv generate needs the engine extras (missing: {missing}): "
+               'pip install "hybridkv[engine]"')
+    p = sub.add_parser("generate", help="greedy generation with the reference engine "
+                                        '(needs pip install "hybridkv[engine]")',
+                       description=message)
+
+    def unavailable(args: argparse.Namespace) -> int:
+        print(f"hybridkv generate: error: {message}", file=sys.stderr)
+        return 2
+    p.set_defaults(func=unavailable, accepts_any_arguments=True)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

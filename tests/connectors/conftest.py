@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from hybridkv.connectors.stores.netns import (
+from hybridkv.testing.netns import (
     NetnsUnavailable,
     loopback_netns,
     non_loopback_interfaces,
@@ -25,7 +25,7 @@ from hybridkv.connectors.stores.netns import (
 
 if TYPE_CHECKING:
     from hybridkv.connectors.stores.mooncake import MooncakeStore
-    from hybridkv.connectors.stores.mooncake_server import MooncakeCluster
+    from hybridkv.testing.mooncake_cluster import MooncakeCluster
 
 
 def _mooncake_or_fail() -> None:
@@ -52,7 +52,7 @@ def loopback() -> Iterator[None]:
 @pytest.fixture(scope="package")
 def cluster(loopback: None) -> Iterator[MooncakeCluster]:
     """A shared master + one 128 MiB storage node for tests that do not break it."""
-    from hybridkv.connectors.stores.mooncake_server import MooncakeCluster
+    from hybridkv.testing.mooncake_cluster import MooncakeCluster
 
     with MooncakeCluster([128 << 20]) as c:
         yield c

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from hybridkv.core.blockref import BlockRef
 from hybridkv.core.specs import MLA, FullAttention, KVCacheConfig, KVCacheGroup, SlidingWindow
 from hybridkv.engine import PagedKVCache
 
@@ -128,3 +129,9 @@ def same_block(kv, ref, layers, dst: int, src: int, kind: str = "kv_first",
     """Block ``dst`` of ``kv`` holds what block ``src`` of ``ref`` held, in every layer."""
     return all(block_bytes(kv[n], dst, kind, mla) == block_bytes(ref[n], src, kind, mla)
                for n in layers)
+
+
+def refs(transfer, group: str, pairs) -> list[BlockRef]:
+    """``[(block_hash, block_id), ...]`` of the group named ``group`` as BlockRefs."""
+    gi = [g.name for g in transfer.layout.config.groups].index(group)
+    return [BlockRef(gi, block_id, block_hash) for block_hash, block_id in pairs]

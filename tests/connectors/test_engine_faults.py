@@ -23,6 +23,7 @@ from hybridkv.connectors.stores.local import LocalCPUStore
 from hybridkv.connectors.transfer import TRAILER_BYTES
 from hybridkv.engine.checkpoints import random_model
 from hybridkv.engine.llm import LLM
+from tests.engine.helpers import build_llm
 
 BS = 8
 MAX_TOKENS = 8
@@ -48,7 +49,7 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 def engine(model: Path, store=None, **kw) -> LLM:
-    return LLM(model, device="cpu", block_size=BS, num_blocks=160, kv_store=store, **kw)
+    return build_llm(model, device="cpu", block_size=BS, num_blocks=160, kv_store=store, **kw)
 
 
 _COLD: dict[tuple[int, ...], list[int]] = {}
@@ -129,7 +130,7 @@ def test_evicted_block_recompute_starts_at_the_local_hit(model: Path) -> None:
     """B already holds a prefix locally; the tier would extend it; the load fails -> B
     recomputes from its own hit, which it keeps."""
     store = LocalCPUStore(64 << 20)
-    a, b = engine(model, store), engine(model, store, kv_save=False)
+    a, b = engine(model, store), engine(model, store, save=False)
     serve(a, P1)
     # B computes P1's first 64 tokens itself (the store cannot serve that prefix: A kept its
     # sliding-window blocks only where A's own requests may be replayed)
@@ -230,7 +231,8 @@ def test_corrupt_payload_is_rejected_and_recomputed(model: Path, damage: str, mo
 
 # ------------------------------------------------------------------------- Mooncake master
 def test_mooncake_master_killed_mid_run_then_restarted(loopback: None, model: Path) -> None:
-    from hybridkv.connectors.stores import MooncakeCluster, MooncakeStore, MooncakeStoreConfig
+    from hybridkv.connectors.stores import MooncakeStore, MooncakeStoreConfig
+    from hybridkv.testing import MooncakeCluster
 
     with MooncakeCluster([32 << 20], client_ttl_s=2) as cluster:
         cfg = MooncakeStoreConfig(master_address=cluster.master_address, key_prefix="faults/",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hybridkv.connectors.stores import MISS, LocalCPUStore
+from hybridkv.connectors.stores import MISS, WRONG_SIZE, LocalCPUStore
 
 
 def k(i: int) -> bytes:
@@ -74,7 +74,8 @@ def test_zero_copy_default_path() -> None:
     assert got == [1024, 1024, 1024, 1024, MISS]
     # blocks come back in reverse order
     assert np.array_equal(dst.reshape(4, 1024), src.reshape(4, 1024)[::-1])
-    assert s.batch_get_into([k(0)], dst, [0], [512]) == [MISS]  # stored 1024 B, asked 512 B
+    assert s.batch_get_into([k(0)], dst, [0], [512]) == [WRONG_SIZE]  # stored 1024 B, asked 512 B
+    assert s.stats.size_mismatches == 1
 
 
 def test_caller_errors_raise() -> None:

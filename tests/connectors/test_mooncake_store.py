@@ -12,10 +12,8 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from hybridkv.connectors.stores import MISS, MooncakeCluster, MooncakeStore, MooncakeStoreConfig
-from hybridkv.connectors.stores.bench import bench_zero_copy
-from hybridkv.connectors.stores.mooncake_server import free_port
-from hybridkv.connectors.stores.netns import non_loopback_interfaces
+from hybridkv.connectors.stores import MISS, WRONG_SIZE, MooncakeStore, MooncakeStoreConfig
+from hybridkv.testing import MooncakeCluster, bench_zero_copy, free_port, non_loopback_interfaces
 
 KIB = 1 << 10
 MIB = 1 << 20
@@ -117,13 +115,14 @@ def test_size_mismatch_rejected(store: MooncakeStore) -> None:
     store.register_buffer(buf)
     buf[:1000] = 7
     assert store.batch_put_from([key(1)], buf, [0], [1000]) == [True]
-    # larger and smaller expectations than the stored 1000 bytes are both misses
-    assert store.batch_get_into([key(1), key(1)], buf, [2000, 4000], [2000, 500]) == [MISS, MISS]
+    # larger and smaller expectations than the stored 1000 bytes are both rejected, and said so
+    got = store.batch_get_into([key(1), key(1), key(2)], buf, [2000, 4000, 6000], [2000, 500, 10])
+    assert got == [WRONG_SIZE, WRONG_SIZE, MISS]
     assert store.batch_get_into([key(1)], buf, [4000], [1000]) == [1000]
     assert (buf[4000:5000] == 7).all()
     assert store.batch_get([key(1), key(1)], expected_sizes=[999, 1000]) == [None, b"\x07" * 1000]
     st = store.stats
-    assert st.size_mismatches == 3 and st.errors == 0
+    assert st.size_mismatches == 3 and st.errors == 0 and st.misses == 4
 
 
 def test_caller_errors_raise(store: MooncakeStore) -> None:

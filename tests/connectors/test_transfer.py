@@ -14,7 +14,9 @@ from hybridkv.connectors.stores import LocalCPUStore
 from hybridkv.connectors.stores.base import KVStore
 from hybridkv.connectors.transfer import TRAILER_BYTES, KVTransfer
 
-from .kv_helpers import (alloc, engine, gqa_config, h, mixed_config, raw, same_block, scramble,
+from hybridkv.core.blockref import BlockRef
+
+from .kv_helpers import (alloc, engine, gqa_config, h, mixed_config, raw, refs, same_block, scramble,
                          snapshot)
 
 MODES = [("direct", "python"), ("staged", "python"), ("staged", "torch")]
@@ -60,15 +62,15 @@ def test_mixed_mla_eagle_round_trip(mode: str, copy_mode: str) -> None:
     ref = snapshot(kv)
     mla_blocks = [(h(i), b) for i, b in enumerate([3, 1, 7])]
     draft_blocks = [(h(i), b) for i, b in enumerate([5, 9])]  # same hashes, other group
-    assert tr.save("mla", mla_blocks) == [True] * 3
-    assert tr.save("draft", draft_blocks) == [True] * 2
+    assert tr.save(refs(tr, "mla", mla_blocks)) == [True] * 3
+    assert tr.save(refs(tr, "draft", draft_blocks)) == [True] * 2
     put = "batch_put" if mode == "direct" else "batch_put_from"
     assert store.calls == {put: 2}  # one store call per save
     assert len(store) == 5
     scramble(kv, seed=2)
     # load into other block ids than they were saved from
-    assert tr.load("mla", [(h(0), 2), (h(1), 4), (h(2), 6)]) == 3
-    assert tr.load("draft", [(h(0), 8), (h(1), 10)]) == 2
+    assert tr.load(refs(tr, "mla", [(h(0), 2), (h(1), 4), (h(2), 6)])) == 3
+    assert tr.load(refs(tr, "draft", [(h(0), 8), (h(1), 10)])) == 2
     get = "batch_get" if mode == "direct" else "batch_get_into"
     assert store.calls == {put: 2, get: 2}  # one store call per load
     for src, dst in [(3, 2), (1, 4), (7, 6)]:
@@ -83,6 +85,29 @@ def test_mixed_mla_eagle_round_trip(mode: str, copy_mode: str) -> None:
     assert store.used_bytes == 3 * (mla_bytes + TRAILER_BYTES) + 2 * (draft_bytes + TRAILER_BYTES)
 
 
+@pytest.mark.parametrize("mode, copy_mode", MODES[:2])
+def test_one_call_may_mix_groups_one_store_batch_per_run(mode: str, copy_mode: str) -> None:
+    cfg = mixed_config(num_blocks=12)
+    kv = engine(cfg, seed=1)
+    store = CountingStore(1 << 24)
+    tr = KVTransfer(KVLayout.register(kv, cfg), store, mode=mode, copy_mode=copy_mode)
+    ref = snapshot(kv)
+    assert tr.save(refs(tr, "mla", [(h(0), 3), (h(1), 1)]) + refs(tr, "draft", [(h(0), 5)])) == [True] * 3
+    put = "batch_put" if mode == "direct" else "batch_put_from"
+    get = "batch_get" if mode == "direct" else "batch_get_into"
+    assert store.calls == {put: 2}
+    scramble(kv, seed=2)
+    loads = refs(tr, "mla", [(h(0), 2), (h(1), 4)]) + refs(tr, "draft", [(h(0), 8)])
+    assert tr.load(loads) == 3 and store.calls[get] == 2
+    assert same_block(kv, ref, ("m0", "m1", "m2"), 4, 1, mla=True)
+    assert same_block(kv, ref, ("eagle.0",), 8, 5)
+    # a miss in the first run: the draft run is not even read, and counts as failed
+    store.remove([tr.key("mla", h(1))])
+    assert tr.load(loads) == 1 and store.calls[get] == 3
+    st = tr.stats
+    assert (st.loaded, st.load_failed, st.load_misses) == (4, 2, 1)
+
+
 @pytest.mark.parametrize("mode, copy_mode", MODES)
 def test_load_returns_leading_prefix_and_writes_nothing_after_a_miss(mode, copy_mode) -> None:
     cfg = gqa_config(num_blocks=10)
@@ -90,19 +115,19 @@ def test_load_returns_leading_prefix_and_writes_nothing_after_a_miss(mode, copy_
     store = LocalCPUStore(1 << 24)
     tr = KVTransfer(KVLayout.register(kv, cfg), store, mode=mode, copy_mode=copy_mode)
     ref = snapshot(kv)
-    assert all(tr.save("full", [(h(i), i + 1) for i in range(4)]))
+    assert all(tr.save(refs(tr, "full", [(h(i), i + 1) for i in range(4)])))
     store.remove([tr.key("full", h(2))])
     assert tr.lookup("full", [h(0), h(1), h(2), h(3)]) == 2
     scramble(kv, seed=4)
     after = snapshot(kv)
-    assert tr.load("full", [(h(i), i + 5) for i in range(4)]) == 2
+    assert tr.load(refs(tr, "full", [(h(i), i + 5) for i in range(4)])) == 2
     layers = ("f0", "f1")
     assert same_block(kv, ref, layers, 5, 1, "hnd") and same_block(kv, ref, layers, 6, 2, "hnd")
     # blocks 7 (missing) and 8 (present, but after the miss) are untouched
     assert same_block(kv, after, layers, 7, 7, "hnd") and same_block(kv, after, layers, 8, 8, "hnd")
     st = tr.stats
     assert (st.loaded, st.load_failed, st.load_misses, st.corrupt) == (2, 2, 1, 0)
-    assert tr.load("full", [(h(99), 1)]) == 0
+    assert tr.load(refs(tr, "full", [(h(99), 1)])) == 0
 
 
 def _store_payload(store: KVStore, key: bytes) -> bytes:
@@ -119,7 +144,7 @@ def test_corrupt_payload_rejected_and_counted(mode, copy_mode, damage) -> None:
     kv = engine(cfg, seed=5)
     store = LocalCPUStore(1 << 24)
     tr = KVTransfer(KVLayout.register(kv, cfg), store, mode=mode, copy_mode=copy_mode)
-    assert all(tr.save("mla", [(h(1), 1), (h(2), 2), (h(3), 3)]))
+    assert all(tr.save(refs(tr, "mla", [(h(1), 1), (h(2), 2), (h(3), 3)])))
     key = tr.key("mla", h(2))
     good = bytearray(_store_payload(store, key))
     if damage == "flip data":
@@ -135,7 +160,7 @@ def test_corrupt_payload_rejected_and_counted(mode, copy_mode, damage) -> None:
     store.remove([key])
     assert store.batch_put([key], [bytes(good)]) == [True]
     before = snapshot(kv)
-    assert tr.load("mla", [(h(1), 4), (h(2), 5), (h(3), 6)]) == 1
+    assert tr.load(refs(tr, "mla", [(h(1), 4), (h(2), 5), (h(3), 6)])) == 1
     assert same_block(kv, before, ("m0", "m1", "m2"), 5, 5, mla=True)  # not written
     st = tr.stats
     assert (st.loaded, st.load_failed, st.corrupt, st.load_misses) == (1, 2, 1, 0)
@@ -147,7 +172,7 @@ def test_foreign_namespace_rank_and_layout_never_read() -> None:
     store = LocalCPUStore(1 << 24)
     layout = KVLayout.register(kv, cfg)
     tr = KVTransfer(layout, store, namespace="llama-3-8b@abc")
-    assert all(tr.save("full", [(h(1), 1), (h(2), 2)]))
+    assert all(tr.save(refs(tr, "full", [(h(1), 1), (h(2), 2)])))
     same = KVTransfer(layout, store, namespace="llama-3-8b@abc")
     assert same.key("full", h(1)) == tr.key("full", h(1))
     others = [
@@ -158,13 +183,13 @@ def test_foreign_namespace_rank_and_layout_never_read() -> None:
     for other in others:
         assert other.key("full", h(1)) != tr.key("full", h(1))
         assert other.lookup("full", [h(1)]) == 0
-        assert other.load("full", [(h(1), 3), (h(2), 4)]) == 0
+        assert other.load(refs(other, "full", [(h(1), 3), (h(2), 4)])) == 0
         assert other.stats.load_misses == 2 and other.stats.corrupt == 0
-    assert same.load("full", [(h(1), 3), (h(2), 4)]) == 2
+    assert same.load(refs(same, "full", [(h(1), 3), (h(2), 4)])) == 2
     # same key text but another layout behind it (a misconfigured peer): the trailer says so
     forged = KVTransfer(KVLayout.register(alloc(cfg, "hnd"), cfg), store, namespace="x")
     forged._fingerprints["full"] = same._fingerprints["full"] ^ 1
-    assert forged.load("full", [(h(1), 3)]) == 0
+    assert forged.load(refs(forged, "full", [(h(1), 3)])) == 0
 
 
 def test_key_format() -> None:
@@ -182,14 +207,14 @@ def test_full_store_drops_are_counted_not_raised() -> None:
     layout = KVLayout.register(kv, cfg)
     payload = layout["mla"].block_bytes + TRAILER_BYTES
     tiny = KVTransfer(layout, LocalCPUStore(payload - 1))  # no block fits at all
-    assert tiny.save("mla", [(h(1), 1), (h(2), 2)]) == [False, False]
+    assert tiny.save(refs(tiny, "mla", [(h(1), 1), (h(2), 2)])) == [False, False]
     assert (tiny.stats.saved, tiny.stats.save_dropped, tiny.stats.saved_bytes) == (0, 2, 0)
-    assert tiny.load("mla", [(h(1), 1)]) == 0
+    assert tiny.load(refs(tiny, "mla", [(h(1), 1)])) == 0
     # room for two blocks: an LRU store evicts the oldest; loads then miss them
     small = KVTransfer(layout, LocalCPUStore(2 * payload), mode="staged")
-    assert small.save("mla", [(h(i), i) for i in range(1, 5)]) == [True] * 4
-    assert small.load("mla", [(h(1), 5), (h(2), 6)]) == 0
-    assert small.load("mla", [(h(3), 5), (h(4), 6)]) == 2
+    assert small.save(refs(small, "mla", [(h(i), i) for i in range(1, 5)])) == [True] * 4
+    assert small.load(refs(small, "mla", [(h(1), 5), (h(2), 6)])) == 0
+    assert small.load(refs(small, "mla", [(h(3), 5), (h(4), 6)])) == 2
 
 
 def test_calls_larger_than_staging_are_split() -> None:
@@ -200,15 +225,15 @@ def test_calls_larger_than_staging_are_split() -> None:
     slot = -(-(layout["mla"].block_bytes + TRAILER_BYTES) // 64) * 64
     tr = KVTransfer(layout, store, staging_bytes=3 * slot, mode="staged")
     ref = snapshot(kv)
-    assert tr.save("mla", [(h(i), i) for i in range(1, 8)]) == [True] * 7
+    assert tr.save(refs(tr, "mla", [(h(i), i) for i in range(1, 8)])) == [True] * 7
     assert store.calls["batch_put_from"] == 3  # 3 + 3 + 1
     scramble(kv, seed=9)
-    assert tr.load("mla", [(h(i), 12 - i) for i in range(1, 8)]) == 7
+    assert tr.load(refs(tr, "mla", [(h(i), 12 - i) for i in range(1, 8)])) == 7
     assert store.calls["batch_get_into"] == 3
     assert all(same_block(kv, ref, ("m0", "m1", "m2"), 12 - i, i, mla=True) for i in range(1, 8))
     # a miss in the first chunk stops before the next chunks are fetched
     store.remove([tr.key("mla", h(2))])
-    assert tr.load("mla", [(h(i), 12 - i) for i in range(1, 8)]) == 1
+    assert tr.load(refs(tr, "mla", [(h(i), 12 - i) for i in range(1, 8)])) == 1
     assert store.calls["batch_get_into"] == 4
 
 
@@ -249,8 +274,8 @@ def test_failing_store_never_raises(mode: str) -> None:
     store = BrokenStore()
     tr = KVTransfer(KVLayout.register(kv, cfg), store, mode=mode)
     before = snapshot(kv)
-    assert tr.save("full", [(h(1), 1), (h(2), 2)]) == [False, False]
-    assert tr.load("full", [(h(1), 3)]) == 0
+    assert tr.save(refs(tr, "full", [(h(1), 1), (h(2), 2)])) == [False, False]
+    assert tr.load(refs(tr, "full", [(h(1), 3)])) == 0
     assert tr.lookup("full", [h(1)]) == 0
     assert all(torch.equal(before[n].view(torch.int16), kv[n].view(torch.int16)) for n in kv)
     st = tr.stats
@@ -263,18 +288,22 @@ def test_caller_errors_raise() -> None:
     cfg = gqa_config()
     tr = KVTransfer(KVLayout.register(alloc(cfg), cfg), LocalCPUStore(1 << 20))
     with pytest.raises(ValueError, match="null block"):
-        tr.save("full", [(h(1), 0)])
+        tr.save(refs(tr, "full", [(h(1), 0)]))
     with pytest.raises(ValueError, match="out of range"):
-        tr.load("full", [(h(1), 8)])
-    with pytest.raises(ValueError, match="no KV-cache group named 'nope'"):
-        tr.save("nope", [(h(1), 1)])
+        tr.load(refs(tr, "full", [(h(1), 8)]))
+    with pytest.raises(ValueError, match=r"group must be an index into the config's 2 groups \['full', 'swa'\]"):
+        tr.save([BlockRef(2, 1, h(1))])
     with pytest.raises(ValueError, match="non-empty bytes"):
-        tr.save("full", [("abc", 1)])  # type: ignore[list-item]
-    with pytest.raises(ValueError, match="pairs"):
-        tr.load("full", [h(1)])  # type: ignore[list-item]
+        tr.save(refs(tr, "full", [("abc", 1)]))  # type: ignore[list-item]
+    with pytest.raises(ValueError, match=r"BlockRef\(group, block_id, block_hash\)"):
+        tr.load([(h(1), 1)])  # type: ignore[list-item]
+    # one bad block in a call stores nothing
+    with pytest.raises(ValueError, match="null block"):
+        tr.save(refs(tr, "full", [(h(1), 1), (h(2), 0)]))
+    assert tr.stats.saved == 0
     with pytest.raises(ValueError, match="mode"):
         KVTransfer(tr.layout, LocalCPUStore(1 << 20), mode="fast")  # type: ignore[arg-type]
-    assert tr.save("full", []) == [] and tr.load("full", []) == 0
+    assert tr.save([]) == [] and tr.load([]) == 0
     assert tr.stats.as_dict() == {k: 0 for k in tr.stats.as_dict()}
 
 
@@ -291,11 +320,11 @@ def test_kernel_paged_cache_round_trip(mode: str, copy_mode: str) -> None:
     tr = KVTransfer(KVLayout.register(kv, cfg, kernel_blocks=plan), store, mode=mode,
                     copy_mode=copy_mode)
     ref = snapshot(kv)
-    assert all(tr.save("draft", [(h(1), 1), (h(2), 4)]))
-    assert all(tr.save("mla", [(h(1), 2)]))
+    assert all(tr.save(refs(tr, "draft", [(h(1), 1), (h(2), 4)])))
+    assert all(tr.save(refs(tr, "mla", [(h(1), 2)])))
     scramble(kv, seed=21)
-    assert tr.load("draft", [(h(1), 5), (h(2), 3)]) == 2
-    assert tr.load("mla", [(h(1), 1)]) == 1
+    assert tr.load(refs(tr, "draft", [(h(1), 5), (h(2), 3)])) == 2
+    assert tr.load(refs(tr, "mla", [(h(1), 1)])) == 1
     # kernel pages 4b..4b+3 of the draft layer, 2b..2b+1 of each MLA layer
     for src, dst in [(1, 5), (4, 3)]:
         got, want = kv["eagle.0"][:, 4 * dst:4 * dst + 4], ref["eagle.0"][:, 4 * src:4 * src + 4]
@@ -303,7 +332,7 @@ def test_kernel_paged_cache_round_trip(mode: str, copy_mode: str) -> None:
     assert all(raw(kv[n][2:4]) == raw(ref[n][4:6]) for n in ("m0", "m1", "m2"))
     # the same blocks paged at the logical size are another layout: they do not read these
     logical = KVTransfer(KVLayout.register(alloc(cfg, "kv_first", seed=22), cfg), store)
-    assert logical.load("draft", [(h(1), 1)]) == 0
+    assert logical.load(refs(logical, "draft", [(h(1), 1)])) == 0
 
 
 def test_verify_false_keeps_size_and_trailer_checks_only() -> None:
@@ -311,11 +340,11 @@ def test_verify_false_keeps_size_and_trailer_checks_only() -> None:
     kv = engine(cfg, seed=23)
     store = LocalCPUStore(1 << 24)
     tr = KVTransfer(KVLayout.register(kv, cfg), store, verify=False)
-    assert all(tr.save("mla", [(h(1), 1), (h(2), 2)]))
+    assert all(tr.save(refs(tr, "mla", [(h(1), 1), (h(2), 2)])))
     good = _store_payload(store, tr.key("mla", h(1)))
     flipped = bytearray(good)
     flipped[5] ^= 1
     store.batch_put([tr.key("mla", h(7)), tr.key("mla", h(8))], [bytes(flipped), good[:-1]])
-    assert tr.load("mla", [(h(7), 3)]) == 1  # a flipped data bit is not seen without the checksum
-    assert tr.load("mla", [(h(8), 3)]) == 0  # a truncated payload still is
+    assert tr.load(refs(tr, "mla", [(h(7), 3)])) == 1  # a flipped data bit is not seen without the checksum
+    assert tr.load(refs(tr, "mla", [(h(8), 3)])) == 0  # a truncated payload still is
     assert tr.stats.corrupt == 1

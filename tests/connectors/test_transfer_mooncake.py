@@ -10,11 +10,12 @@ import pytest
 import torch
 
 from hybridkv.connectors.layout import KVLayout
-from hybridkv.connectors.stores import MooncakeCluster, MooncakeStore, MooncakeStoreConfig
+from hybridkv.connectors.stores import MooncakeStore, MooncakeStoreConfig
 from hybridkv.connectors.transfer import KVTransfer
 from hybridkv.core.specs import FullAttention, KVCacheConfig, KVCacheGroup
+from hybridkv.testing import MooncakeCluster
 
-from .kv_helpers import alloc, engine, h, mixed_config, same_block, scramble, snapshot
+from .kv_helpers import alloc, engine, h, mixed_config, refs, same_block, scramble, snapshot
 
 MIB = 1 << 20
 
@@ -48,8 +49,8 @@ def test_mixed_round_trip_between_two_workers(store: MooncakeStore,
     kv_a = engine(cfg, seed=11)
     a = KVTransfer(KVLayout.register(kv_a, cfg), store, namespace="ds-v3")
     assert a.mode == "staged"  # Mooncake has a zero-copy path
-    assert a.save("mla", [(h(1), 3), (h(2), 1), (h(3), 7)]) == [True] * 3
-    assert a.save("draft", [(h(1), 5), (h(2), 9)]) == [True] * 2
+    assert a.save(refs(a, "mla", [(h(1), 3), (h(2), 1), (h(3), 7)])) == [True] * 3
+    assert a.save(refs(a, "draft", [(h(1), 5), (h(2), 9)])) == [True] * 2
     assert store.stats.puts == 5
 
     other = client(cluster, store.config.key_prefix)
@@ -57,8 +58,8 @@ def test_mixed_round_trip_between_two_workers(store: MooncakeStore,
         kv_b = engine(cfg, seed=12)
         b = KVTransfer(KVLayout.register(kv_b, cfg), other, namespace="ds-v3")
         assert b.lookup("mla", [h(1), h(2), h(3), h(4)]) == 3
-        assert b.load("mla", [(h(1), 2), (h(2), 4), (h(3), 6), (h(4), 8)]) == 3
-        assert b.load("draft", [(h(1), 10), (h(2), 11)]) == 2
+        assert b.load(refs(b, "mla", [(h(1), 2), (h(2), 4), (h(3), 6), (h(4), 8)])) == 3
+        assert b.load(refs(b, "draft", [(h(1), 10), (h(2), 11)])) == 2
         for src, dst in [(3, 2), (1, 4), (7, 6)]:
             assert same_block(kv_b, kv_a, ("m0", "m1", "m2"), dst, src, mla=True)
         for src, dst in [(5, 10), (9, 11)]:
@@ -67,7 +68,7 @@ def test_mixed_round_trip_between_two_workers(store: MooncakeStore,
         assert (st.loaded, st.load_failed, st.load_misses, st.corrupt) == (5, 1, 1, 0)
         # a worker of another model finds nothing under the same hashes
         c = KVTransfer(b.layout, other, namespace="llama")
-        assert c.load("mla", [(h(1), 2)]) == 0
+        assert c.load(refs(c, "mla", [(h(1), 2)])) == 0
     finally:
         other.close()
 
@@ -76,7 +77,7 @@ def test_corrupt_and_truncated_payloads_rejected(store: MooncakeStore) -> None:
     cfg = mixed_config()
     kv = engine(cfg, seed=13)
     tr = KVTransfer(KVLayout.register(kv, cfg), store)
-    assert all(tr.save("mla", [(h(1), 1), (h(2), 2)]))
+    assert all(tr.save(refs(tr, "mla", [(h(1), 1), (h(2), 2)])))
     (good,) = store.batch_get([tr.key("mla", h(2))])
     assert good is not None and len(good) == tr.payload_bytes("mla")
     flipped = bytearray(good)
@@ -85,8 +86,8 @@ def test_corrupt_and_truncated_payloads_rejected(store: MooncakeStore) -> None:
     assert store.batch_put([tr.key("mla", h(8)), tr.key("mla", h(9))],
                            [bytes(flipped), good[:-7]]) == [True, True]
     before = snapshot(kv)
-    assert tr.load("mla", [(h(1), 4), (h(8), 5)]) == 1
-    assert tr.load("mla", [(h(9), 6), (h(2), 7)]) == 0
+    assert tr.load(refs(tr, "mla", [(h(1), 4), (h(8), 5)])) == 1
+    assert tr.load(refs(tr, "mla", [(h(9), 6), (h(2), 7)])) == 0
     assert same_block(kv, before, ("m0", "m1", "m2"), 5, 5, mla=True)
     assert same_block(kv, before, ("m0", "m1", "m2"), 6, 6, mla=True)
     st = tr.stats
@@ -100,14 +101,14 @@ def test_full_store_drops_saves_and_reads_stay_exact(own_cluster: MooncakeCluste
         kv = alloc(cfg, seed=14)
         tr = KVTransfer(KVLayout.register(kv, cfg), store, staging_bytes=32 * MIB)
         blocks = [(h(i), i + 1) for i in range(96)]  # 24 MiB offered to a 16 MiB node
-        ok = tr.save("full", blocks)
+        ok = tr.save(refs(tr, "full", blocks))
         assert any(ok) and not all(ok)
         st = tr.stats
         assert st.save_dropped == ok.count(False) and st.saved == ok.count(True)
         kept = [blk for blk, good in zip(blocks, ok) if good]
         ref = snapshot(kv)
         scramble(kv, seed=15)
-        n = tr.load("full", kept)
+        n = tr.load(refs(tr, "full", kept))
         assert n > 0
         for (_, b) in kept[:n]:
             assert same_block(kv, ref, cfg.groups[0].layer_names, b, b)
@@ -121,14 +122,14 @@ def test_master_killed_saves_dropped_loads_zero(own_cluster: MooncakeCluster) ->
         cfg = mixed_config()
         kv = engine(cfg, seed=16)
         tr = KVTransfer(KVLayout.register(kv, cfg), store)
-        assert all(tr.save("mla", [(h(1), 1), (h(2), 2)]))
+        assert all(tr.save(refs(tr, "mla", [(h(1), 1), (h(2), 2)])))
         own_cluster.kill_master()
         before = snapshot(kv)
         t0 = time.monotonic()
-        assert tr.save("mla", [(h(3), 3), (h(4), 4)]) == [False, False]
-        assert tr.load("mla", [(h(1), 5), (h(2), 6)]) == 0
+        assert tr.save(refs(tr, "mla", [(h(3), 3), (h(4), 4)])) == [False, False]
+        assert tr.load(refs(tr, "mla", [(h(1), 5), (h(2), 6)])) == 0
         assert tr.lookup("mla", [h(1)]) == 0
-        assert tr.save("draft", [(h(5), 7)]) == [False]
+        assert tr.save(refs(tr, "draft", [(h(5), 7)])) == [False]
         assert time.monotonic() - t0 < 10.0
         assert not store.healthy
         assert all(torch.equal(before[n].view(torch.int16), kv[n].view(torch.int16)) for n in kv)
@@ -146,9 +147,9 @@ def test_uuid_namespaced_keys_do_not_collide(store: MooncakeStore) -> None:
     layout = KVLayout.register(kv, cfg)
     x = KVTransfer(layout, store, namespace=uuid.uuid4().hex)
     y = KVTransfer(layout, store, namespace=uuid.uuid4().hex)
-    assert x.save("draft", [(h(1), 1)]) == [True]
-    assert y.save("draft", [(h(1), 2)]) == [True]  # a new object, not "already exists"
+    assert x.save(refs(x, "draft", [(h(1), 1)])) == [True]
+    assert y.save(refs(y, "draft", [(h(1), 2)])) == [True]  # a new object, not "already exists"
     ref = snapshot(kv)
     scramble(kv, seed=18)
-    assert x.load("draft", [(h(1), 3)]) == 1 and y.load("draft", [(h(1), 4)]) == 1
+    assert x.load(refs(x, "draft", [(h(1), 3)])) == 1 and y.load(refs(y, "draft", [(h(1), 4)])) == 1
     assert same_block(kv, ref, ("eagle.0",), 3, 1) and same_block(kv, ref, ("eagle.0",), 4, 2)

@@ -264,3 +264,32 @@ def null_block_is_nan(cache: PagedKVCache) -> bool:
         if not torch.isnan(page).all():
             return False
     return True
+
+
+# --------------------------------------------------------------------------- LLM options
+def llm_options(**options: Any) -> dict[str, Any]:
+    """Short test call sites: route flat option names (``num_blocks=64, device="cpu"``) to the
+    LLM's config objects by their field names; ``spec``, ``draft_model`` and ``kv_store`` pass
+    through. An unknown name raises (so a typo is not silently ignored)."""
+    from dataclasses import fields, replace
+
+    from hybridkv.engine.llm_config import ENGINE_SCHEDULER, CacheConfig, RuntimeConfig, StoreConfig
+
+    out: dict[str, Any] = {}
+    for arg, default in (("cache", CacheConfig()), ("scheduler", ENGINE_SCHEDULER),
+                         ("runtime", RuntimeConfig()), ("store", StoreConfig())):
+        names = {f.name for f in fields(default)}
+        mine = {k: options.pop(k) for k in list(options) if k in names}
+        if mine:
+            out[arg] = replace(default, **mine)
+    unknown = set(options) - {"spec", "draft_model", "kv_store"}
+    if unknown:
+        raise TypeError(f"unknown LLM options {sorted(unknown)}")
+    return {**out, **options}
+
+
+def build_llm(path: Any, **options: Any):
+    """``LLM(path, ...)`` from flat options (see :func:`llm_options`)."""
+    from hybridkv.engine.llm import LLM
+
+    return LLM(path, **llm_options(**options))

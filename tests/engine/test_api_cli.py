@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,8 +15,10 @@ import torch
 from hybridkv.core.specs import FullAttention, KVCacheConfig, KVCacheGroup
 from hybridkv.engine import BlockTableRows, SequenceInput, build_step_metadata
 from hybridkv.engine.generate_cli import add_generate_parser, main, run_generate
+from hybridkv.core.spec_decode import SpecDecode
 from hybridkv.engine.llm import LLM, max_len_that_fits
-from tests.engine.helpers import Built, random_tokens
+from hybridkv.engine.llm_config import ENGINE_SCHEDULER, CacheConfig, RuntimeConfig, StoreConfig
+from tests.engine.helpers import Built, build_llm, random_tokens
 
 
 def cli(argv: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str, str]:
@@ -47,7 +50,7 @@ def test_cli_json_prompt_ids_and_prefix_hits(built_models: dict[str, Built], cap
     result = json.loads(out)
     outs = result["outputs"]
     assert [o["prompt_token_ids"] for o in outs] == [a, b]
-    want = LLM(built.path, block_size={"full": 16, "sliding": 8}, device="cpu").generate(
+    want = build_llm(built.path, block_size={"full": 16, "sliding": 8}, device="cpu").generate(
         [a, b], max_tokens=6, ignore_eos=True)
     assert [o["token_ids"] for o in outs] == [w.token_ids for w in want]
     assert outs[0]["prefix_cache_hit_tokens"] == 0 and outs[1]["prefix_cache_hit_tokens"] == 32
@@ -108,7 +111,7 @@ def test_add_generate_parser_registers_a_subcommand() -> None:
 
 def test_llm_stop_tokens_salts_and_batching(built_models: dict[str, Built]) -> None:
     built = built_models["gemma3"]
-    llm = LLM(built.path, block_size=8, device="cpu", num_blocks=64)
+    llm = build_llm(built.path, block_size=8, device="cpu", num_blocks=64)
     prompt = random_tokens(20, 140)
     (free,) = llm.generate([prompt], max_tokens=5, ignore_eos=True)
     (stopped,) = llm.generate([prompt], max_tokens=5, stop_token_ids=[free.token_ids[0]], ignore_eos=True)
@@ -122,13 +125,39 @@ def test_llm_stop_tokens_salts_and_batching(built_models: dict[str, Built]) -> N
 
 def test_default_max_model_len_fits_the_pool(built_models: dict[str, Built]) -> None:
     built = built_models["qwen2_swa"]
-    llm = LLM(built.path, block_size={"full": 16, "sliding": 8}, device="cpu", num_blocks=20)
+    llm = build_llm(built.path, block_size={"full": 16, "sliding": 8}, device="cpu", num_blocks=20)
     assert llm.max_model_len == max_len_that_fits(llm.kv_config, 4096)
     # one full block per 16 tokens plus the sliding window's blocks (window + one alignment
     # unit kept for the final-length promise + a chunk): 19 usable blocks
     assert 16 * 12 <= llm.max_model_len <= 16 * 17
     out = llm.generate([random_tokens(30, 150)], max_tokens=4, ignore_eos=True)[0]
     assert len(out.token_ids) == 4
+
+
+def test_llm_options_are_grouped_in_config_objects(built_models: dict[str, Built]) -> None:
+    built = built_models["qwen2_swa"]
+    # the short path: a model directory (and a speculative method), every other option defaulted
+    llm = LLM(built.path, spec="ngram:2", runtime=RuntimeConfig(device="cpu"))
+    assert llm.scheduler.config == replace(ENGINE_SCHEDULER, max_model_len=llm.max_model_len)
+    assert llm.cache_config == CacheConfig() and llm.spec == SpecDecode("ngram", 2)
+    assert len(llm.generate([random_tokens(12, 160)], max_tokens=3, ignore_eos=True)[0].token_ids) == 3
+    # bad options are caught before the model loads, naming the option and the valid range
+    with pytest.raises(ValueError, match="cache must be a CacheConfig, got dict"):
+        LLM(built.path, cache={"block_size": 16})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"CacheConfig.num_blocks must be None or an integer >= 2, got 1"):
+        CacheConfig(num_blocks=1)
+    with pytest.raises(ValueError, match=r"CacheConfig.block_size must be an integer >= 1, got 0"):
+        CacheConfig(block_size={"full": 16, "sliding": 0})
+    with pytest.raises(ValueError, match="hash_algo must be one of xxh3_128, sha256, got 'md5'"):
+        CacheConfig(hash_algo="md5")
+    with pytest.raises(ValueError, match=r"ngram_sizes must be \(min_n, max_n\) with 1 <= min_n <= max_n"):
+        RuntimeConfig(ngram_sizes=(3, 1))
+    with pytest.raises(ValueError, match="drafts with ngram, draft_model, dflash; 'eagle' is not implemented"):
+        LLM(built.path, spec="eagle:3", runtime=RuntimeConfig(device="cpu"))
+    with pytest.raises(ValueError, match="give kv_store too"):
+        LLM(built.path, store=StoreConfig(save=False))
+    with pytest.raises(TypeError):
+        LLM(built.path, num_blocks=64)  # type: ignore[call-arg]  # flat options are gone
 
 
 # --------------------------------------------------------------------------- rows & metadata

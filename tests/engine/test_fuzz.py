@@ -11,7 +11,7 @@ import random
 import pytest
 
 from hybridkv.engine.llm import LLM
-from tests.engine.helpers import TOL, Built, blocks_for, oracle_diff, random_tokens
+from tests.engine.helpers import TOL, Built, blocks_for, build_llm, oracle_diff, random_tokens
 
 MAX_LEN = 72
 
@@ -51,7 +51,7 @@ def run_interleaved(llm: LLM, reqs: list[tuple[list[int], int, str | None, int]]
 
 
 def cold_outputs(built: Built, reqs, **kw) -> list[list[int]]:
-    llm = LLM(built.path, block_size=built.arch.block_sizes, device="cpu", num_blocks=512,
+    llm = build_llm(built.path, block_size=built.arch.block_sizes, device="cpu", num_blocks=512,
               enable_prefix_caching=False, **kw)
     outs = llm.generate([r[0] for r in reqs], [r[1] for r in reqs], ignore_eos=True)
     return [o.token_ids for o in outs]
@@ -70,9 +70,9 @@ def test_fuzz_shared_prefixes_tiny_pool(built_models: dict[str, Built], drafter_
     if method is not None:
         kind = {"ngram": None, "dflash": "dflash", "draft_model": "copy"}[method]
         kw = dict(spec=f"{method}:3", draft_model=drafter_dirs(name, kind) if kind else None)
-    probe = LLM(built.path, block_size=built.arch.block_sizes, device="cpu", num_blocks=512, **kw)
+    probe = build_llm(built.path, block_size=built.arch.block_sizes, device="cpu", num_blocks=512, **kw)
     pool = blocks_for(probe, MAX_LEN) + 3 * len(probe.kv_config.groups)  # room for one prefill chunk
-    llm = LLM(built.path, block_size=built.arch.block_sizes, device="cpu", num_blocks=pool,
+    llm = build_llm(built.path, block_size=built.arch.block_sizes, device="cpu", num_blocks=pool,
               max_model_len=MAX_LEN, max_num_batched_tokens=24, long_prefill_token_threshold=10,
               record_logits=True, **kw)
     outs = run_interleaved(llm, reqs)

@@ -15,7 +15,7 @@ import torch
 
 from hybridkv.core.rules import make_rule
 from hybridkv.engine.llm import LLM
-from tests.engine.helpers import ARCHS, TOL, Built, blocks_for, oracle_diff, random_tokens
+from tests.engine.helpers import ARCHS, TOL, Built, blocks_for, build_llm, oracle_diff, random_tokens
 
 SLIDING = {"qwen2_swa", "qwen3_swa", "mistral", "gemma3", "gpt_oss"}
 
@@ -23,7 +23,7 @@ SLIDING = {"qwen2_swa", "qwen3_swa", "mistral", "gemma3", "gpt_oss"}
 def make_llm(built: Built, **kw) -> LLM:
     kw.setdefault("num_blocks", 160)
     kw.setdefault("max_num_batched_tokens", 256)
-    return LLM(built.path, block_size=built.arch.block_sizes, device="cpu", record_logits=True, **kw)
+    return build_llm(built.path, block_size=built.arch.block_sizes, device="cpu", record_logits=True, **kw)
 
 
 def test_cold(built: Built) -> None:
@@ -150,7 +150,7 @@ def test_cuda_engine_matches_oracle(built_models: dict[str, Built], drafter_dirs
     built = built_models[name]
     prompts = [random_tokens(37, 170), random_tokens(37, 170)[:33] + random_tokens(6, 171)]
     cpu = make_llm(built).generate(prompts, max_tokens=10, ignore_eos=True)
-    llm = LLM(built.path, block_size=built.arch.block_sizes, device="cuda", record_logits=True,
+    llm = build_llm(built.path, block_size=built.arch.block_sizes, device="cuda", record_logits=True,
               num_blocks=160, max_num_batched_tokens=16, spec="dflash:3",
               draft_model=drafter_dirs(name, "dflash"))
     outs = llm.generate(prompts, max_tokens=10, ignore_eos=True) + llm.generate(prompts, max_tokens=10,

@@ -18,9 +18,10 @@ import torch
 
 from hybridkv.engine import build_step_metadata
 from hybridkv.engine.drafters import DFlashDrafter, StepRequest
-from hybridkv.engine.llm import LLM, parse_spec
+from hybridkv.core.spec_decode import parse_spec
+from hybridkv.engine.llm import LLM
 from hybridkv.engine.rope import apply_rope_half
-from tests.engine.helpers import TOL, Allocator, Built, TableOwner, blocks_for, oracle_diff, random_tokens
+from tests.engine.helpers import TOL, Allocator, Built, TableOwner, blocks_for, build_llm, oracle_diff, random_tokens
 
 K = 3
 
@@ -33,7 +34,7 @@ def prompts() -> list[list[int]]:
 
 def make(built: Built, spec: str | None = None, draft=None, **kw) -> LLM:
     kw.setdefault("num_blocks", 192)
-    return LLM(built.path, block_size=built.arch.block_sizes, device="cpu", spec=spec,
+    return build_llm(built.path, block_size=built.arch.block_sizes, device="cpu", spec=spec,
                draft_model=draft, record_logits=True, **kw)
 
 
@@ -219,7 +220,7 @@ def _lookahead_scenario(built: Built, dflash_dir, cut_to_k: bool, check_draft_sl
     Returns the outputs of B, A and C and the corrupted block id.
     """
     bs = built.arch.block_sizes["full"]
-    llm = LLM(built.path, block_size=bs, num_blocks=64, device="cpu", spec=f"dflash:{K}",
+    llm = build_llm(built.path, block_size=bs, num_blocks=64, device="cpu", spec=f"dflash:{K}",
               draft_model=dflash_dir, record_logits=True, max_num_seqs=4,
               check_draft_slots=check_draft_slots)
     if cut_to_k:

@@ -9,7 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hybridkv import KVCacheManager, Request, SpecDecode
-from hybridkv.sched import AcceptanceModel, EngineRequest, RequestStatus, Scheduler, SchedulerConfig
+from hybridkv.sched import (POLICIES, AcceptanceModel, EngineRequest, FCFSQueue, PriorityQueue, RequestStatus,
+                            Scheduler, SchedulerConfig, useful_drafts)
 from tests.core.helpers import FA, SWA, config
 
 
@@ -109,6 +110,15 @@ def test_scheduler_invariants_under_random_workloads(w) -> None:
                 assert len(t) * g.spec.block_size >= need
         for r in out.preempted:
             assert r.request_id not in kv.coordinator.reqs and r.num_computed_tokens == 0
+        # every unfinished request is in exactly one of waiting / running / loading, under
+        # both policies; the waiting queue lists its requests in the order it admits them
+        waiting = list(s.waiting)
+        assert len(waiting) == s.num_waiting == len(s.waiting)
+        assert sorted(map(id, waiting + s.running + s.loading)) == sorted(map(id, s.requests.values()))
+        assert s.waiting.peek() is (waiting[0] if waiting else None)
+        if sched_cfg.policy == "priority":
+            keys = [(r.priority, r.arrival_time, r._seq) for r in waiting]
+            assert keys == sorted(keys)
         kv.check_integrity()
 
     finished = _drive(sched, acc, arrivals, check=check)
@@ -197,6 +207,57 @@ def test_priority_policy_orders_admission_and_preempts_the_lowest_priority() -> 
     preempted = []
     _drive(sched, None, {}, check=lambda s, o: preempted.extend(r.request_id for r in o.preempted))
     assert "high" not in preempted
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_both_policies_expose_their_waiting_requests_in_admission_order(policy: str) -> None:
+    # one seat: everything but the running request waits; a preempted one waits again
+    kv = _kv(num_blocks=10)
+    sched = Scheduler(kv, SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=1, policy=policy))
+    reqs = [_engine_request("a", list(range(16)), 8, priority=2, arrival_time=0.0),
+            _engine_request("b", list(range(100, 104)), 2, priority=0, arrival_time=1.0),
+            _engine_request("c", list(range(200, 204)), 2, priority=1, arrival_time=2.0),
+            _engine_request("d", list(range(300, 304)), 2, priority=1, arrival_time=2.0)]
+    for r in reqs:
+        sched.add_request(r)
+    expect = ["a", "b", "c", "d"] if policy == "fcfs" else ["b", "c", "d", "a"]
+    assert [r.request_id for r in sched.waiting] == expect
+    assert sched.num_waiting == len(sched.waiting) == 4 and bool(sched.waiting)
+    assert sched.waiting.peek().request_id == expect[0] and reqs[2] in sched.waiting
+    out = sched.schedule()
+    assert [x.req.request_id for x in out.scheduled] == expect[:1]
+    assert [r.request_id for r in sched.waiting] == expect[1:]
+    sched.abort_request(expect[2])
+    assert [r.request_id for r in sched.waiting] == expect[1:2] + expect[3:]
+    with pytest.raises(ValueError):
+        sched.waiting.remove(sched.running[0])  # running, not waiting
+    sched.update(out, {expect[0]: [1]})
+    order = []
+    for _ in range(100):
+        if not sched.has_unfinished():
+            break
+        out = sched.schedule()
+        order += [r.request_id for r in out.admitted]
+        sched.update(out, {x.req.request_id: [1] for x in out.scheduled if x.samples})
+    assert order == expect[1:2] + expect[3:]
+    assert not sched.waiting and sched.waiting.peek() is None and list(sched.waiting) == []
+
+
+def test_preempted_requests_go_back_by_policy() -> None:
+    running = [_engine_request(x, [1, 2], 1, priority=p, arrival_time=t)
+               for x, p, t in (("x", 0, 0.0), ("y", 3, 1.0), ("z", 1, 2.0))]
+    for i, r in enumerate(running):
+        r._seq = i
+    assert FCFSQueue.victim(running).request_id == "z"
+    assert PriorityQueue.victim(running).request_id == "y"
+    fcfs, prio = FCFSQueue(), PriorityQueue()
+    for q in (fcfs, prio):
+        q.push(running[0])
+        q.push_preempted(running[1])
+    assert [r.request_id for r in fcfs] == ["y", "x"]   # FCFS: a preempted request resumes first
+    assert [r.request_id for r in prio] == ["x", "y"]   # priority: by its key as always
+    with pytest.raises(ValueError, match="unknown scheduling policy 'lifo'; valid: fcfs, priority"):
+        SchedulerConfig(policy="lifo")
 
 
 def test_spec_decode_steps_verify_drafts_and_roll_back_rejections() -> None:
@@ -294,3 +355,14 @@ def test_acceptance_model_is_seeded_and_matches_its_distribution() -> None:
     with pytest.raises(ValueError, match="exactly one"):
         AcceptanceModel(2)
     random.seed(0)
+
+
+def test_useful_drafts_is_the_one_draft_count_rule() -> None:
+    # prompt 10, max_tokens 6, max_model_len 20: drafts + the bonus token must fit both limits
+    r = _engine_request("r", list(range(10)), 6)
+    assert useful_drafts(r, 3, None) == 3                 # 6 outputs left: 3 drafts + bonus fit
+    assert useful_drafts(r, 0, None) == 0                 # no speculative method
+    assert useful_drafts(r, 3, None, num_tokens=13) == 2  # 3 outputs left: 2 drafts + bonus
+    assert useful_drafts(r, 3, None, num_tokens=15) == 0  # 1 output left: the bonus alone
+    assert useful_drafts(r, 3, 12) == 1                   # 2 positions left under max_model_len
+    assert useful_drafts(r, 3, 11) == 0 and useful_drafts(r, 3, 10) == 0   # never negative

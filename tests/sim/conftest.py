@@ -7,22 +7,20 @@ from pathlib import Path
 
 import pytest
 
+from hybridkv.sim.traces import BUNDLED_TRACES
 
-def _trace_dir() -> Path | None:
-    """The Mooncake trace folder: $HYBRIDKV_TRACES, <repo>/../shared/traces, <repo>/shared/traces
-    or /work/shared/traces."""
-    repo = Path(__file__).resolve().parents[2]
-    candidates = [os.environ.get("HYBRIDKV_TRACES"), repo.parent / "shared" / "traces",
-                  repo / "shared" / "traces", "/work/shared/traces"]
-    for c in candidates:
-        if c and (Path(c) / "mooncake_conversation.jsonl").is_file():
-            return Path(c)
-    return None
+TRACE_DIR = Path(__file__).resolve().parents[2] / "src" / "hybridkv" / "sim" / "data"
+"""The bundled Mooncake traces, inside the repository (``mooncake_<name>.jsonl.xz``)."""
 
 
 @pytest.fixture(scope="session")
 def trace_dir() -> Path:
-    d = _trace_dir()
-    if d is None:
-        pytest.skip("Mooncake traces not found (set HYBRIDKV_TRACES)")
-    return d
+    """The folder of the bundled traces. A missing file skips locally and fails under CI=true
+    (CI must never pass by skipping the real-trace tests)."""
+    missing = [t.file for t in BUNDLED_TRACES.values() if not (TRACE_DIR / t.file).is_file()]
+    if missing:
+        message = f"bundled traces missing from {TRACE_DIR}: {', '.join(missing)}"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return TRACE_DIR

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from hybridkv.cli import main
+from hybridkv.sim.traces import open_trace_text
 
 JSON_KEYS = {"requests", "prompt_tokens", "hit_tokens", "hit_rate", "block_hit_rate",
              "optimal_block_hit_rate", "ttft_p50_s", "ttft_p99_s", "throughput_tok_s",
@@ -22,11 +23,17 @@ def test_simulate_without_arguments_prints_a_summary() -> None:
     assert out.returncode == 0, out.stderr
     assert "token hit rate" in out.stdout and "offline optimum" in out.stdout
     assert "TTFT p50 / p90 / p99" in out.stdout
+    # the default shows the product: a hybrid model with speculative decoding under pressure
+    assert "deepseek-v4-style" in out.stdout and "spec mtp:1" in out.stdout
+    assert "retained blocks per group  mla=" in out.stdout and "swa512=" in out.stdout
+    evictions = int(next(l for l in out.stdout.splitlines() if l.strip().startswith("evictions")).split()[-1])
+    assert evictions > 0
+    assert "why online < optimum" in out.stdout and "eviction:" in out.stdout
 
 
 def test_simulate_json_and_plot(tmp_path: Path, trace_dir: Path) -> None:
     js, png = tmp_path / "r.json", tmp_path / "r.png"
-    rc = main(["simulate", "--trace", str(trace_dir / "mooncake_synthetic.jsonl"), "--limit", "60",
+    rc = main(["simulate", "--trace", str(trace_dir / "mooncake_synthetic.jsonl.xz"), "--limit", "60",
                "--preset", "gemma-3-27b", "--cache-tokens", "200k", "--spec", "eagle:3",
                "--json", str(js), "--plot", str(png), "--no-progress"])
     assert rc == 0
@@ -40,7 +47,7 @@ def test_simulate_json_and_plot(tmp_path: Path, trace_dir: Path) -> None:
 
 def test_sequential_mode_reports_no_latency(tmp_path: Path) -> None:
     js = tmp_path / "r.json"
-    assert main(["simulate", "--workload", "replay", "--sequential", "--json", str(js),
+    assert main(["simulate", "--preset", "llama-3.1-8b", "--workload", "replay", "--sequential", "--json", str(js),
                  "--no-progress"]) == 0
     d = json.loads(js.read_text())
     assert d["requests"] == 3 and d["ttft_p50_s"] is None and d["hit_tokens"] == 8192 - 16
@@ -49,7 +56,7 @@ def test_sequential_mode_reports_no_latency(tmp_path: Path) -> None:
 
 def test_sweep_over_capacities_and_retention(tmp_path: Path, capsys) -> None:
     png, js = tmp_path / "s.png", tmp_path / "s.json"
-    assert main(["sweep", "--workload", "system-prompt", "--cache-tokens-list", "20k,80k,300k",
+    assert main(["sweep", "--preset", "llama-3.1-8b", "--workload", "system-prompt", "--cache-tokens-list", "20k,80k,300k",
                  "--plot", str(png), "--json", str(js), "--no-progress"]) == 0
     rows = json.loads(js.read_text())
     assert [r["value"] for r in rows] == [20_000, 80_000, 300_000]
@@ -72,7 +79,7 @@ def test_presets_lists_kv_bytes_per_token(capsys) -> None:
 
 @pytest.mark.parametrize("argv, message", [
     (["simulate", "--preset", "llama-9"], "unknown model preset 'llama-9'; valid presets: llama-3.1-8b"),
-    (["simulate", "--workload", "chat", "--num-blocks", "20"], "cannot hold request"),
+    (["simulate", "--workload", "chat", "--num-blocks", "20", "--preset", "llama-3.1-8b"], "cannot hold request"),
     (["simulate", "--gpu-memory-fraction", "0.1", "--preset", "deepseek-v3"], "do not fit in 10%"),
     (["simulate", "--trace", "/nonexistent.jsonl"], "does not exist"),
 ])
@@ -83,7 +90,8 @@ def test_errors_are_clear(argv, message, capsys) -> None:
 
 def test_a_bad_trace_line_is_named(tmp_path: Path, capsys, trace_dir: Path) -> None:
     bad = tmp_path / "bad.jsonl"
-    lines = (trace_dir / "mooncake_conversation.jsonl").read_text().splitlines()[:3]
+    with open_trace_text(trace_dir / "mooncake_conversation.jsonl.xz") as f:
+        lines = [next(f).rstrip("\n") for _ in range(3)]
     bad.write_text("\n".join(lines + ['{"timestamp": 5, "input_length": 10}']) + "\n")
     assert main(["simulate", "--trace", str(bad), "--no-progress"]) == 2
     assert f"{bad}:4: missing field 'output_length'" in capsys.readouterr().err

@@ -18,7 +18,7 @@ from hybridkv.sim.optimal import (
 )
 from hybridkv.sim.traces import iter_mooncake_records
 
-# /work/shared/traces/README.md: hit rate at capacity (tokens, M = 10**6) with 512-token blocks.
+# src/hybridkv/sim/data/README.md (the traces README of the Mooncake copies): hit rate at capacity (tokens, M = 10**6) with 512-token blocks.
 CAPACITIES = [500_000, 1_000_000, 3_000_000, 10_000_000, 50_000_000]
 TABLE = {
     ("conversation", "lru"): [0.044, 0.053, 0.136, 0.285, 0.364],
@@ -31,7 +31,7 @@ INFINITE = {"conversation": 0.366, "synthetic": 0.640}
 
 @lru_cache(maxsize=None)
 def _hash_ids(trace_dir: Path, name: str) -> tuple[tuple[int, ...], ...]:
-    path = trace_dir / f"mooncake_{name}.jsonl"
+    path = trace_dir / f"mooncake_{name}.jsonl.xz"
     return tuple(rec.hash_ids for rec in iter_mooncake_records(path))
 
 

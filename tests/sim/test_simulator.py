@@ -71,7 +71,7 @@ def test_sequential_manager_equals_an_independent_lru_model_on_the_mooncake_trac
     """At 512-token blocks, one request at a time, the real manager's hits equal a block-level
     LRU over the same blocks (the harness of the traces README), request by request."""
     items = [dataclasses.replace(it, output_len=0)
-             for it in items_from_mooncake(str(trace_dir / "mooncake_conversation.jsonl"), 1500)]
+             for it in items_from_mooncake(str(trace_dir / "mooncake_conversation.jsonl.xz"), 1500)]
     p = get_preset("llama-3.1-8b").with_block_size(512)
     res = Simulator(SimConfig(p, H100, num_blocks=capacity + 1, sequential=True)).run(items)
     keys = [it.source.hash_ids[:(it.prompt_len - 1) // 512] for it in items]
@@ -114,7 +114,7 @@ def test_optimum_matches_the_simulators_accounting() -> None:
 
 
 def test_prompts_longer_than_max_model_len_are_rejected_and_counted(trace_dir) -> None:
-    items = items_from_mooncake(str(trace_dir / "mooncake_conversation.jsonl"), 200)
+    items = items_from_mooncake(str(trace_dir / "mooncake_conversation.jsonl.xz"), 200)
     too_long = sum(1 for it in items if it.prompt_len >= 16384)
     res = _run("llama-3.1-8b", items, 50_000, max_model_len=16384,
                sched=SchedulerConfig(max_model_len=16384))

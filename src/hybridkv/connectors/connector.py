@@ -27,10 +27,10 @@ counted (:class:`ConnectorStats` of the transfer, plus the counters here).
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
 from dataclasses import dataclass
 from typing import Sequence
 
+from hybridkv.core.blockref import BlockRef
 from hybridkv.core.coordinator import CacheHit, ExternalHit
 from hybridkv.core.manager import KVCacheManager
 from hybridkv.core.request import Request
@@ -76,16 +76,16 @@ class KVConnector:
         self.load_enabled = load
         self.save_enabled = save
         self.stats = ExternalStats()
-        self._pending: list[tuple[int, bytes, int]] = []
+        self._pending: list[BlockRef] = []
         if save:
             kv.add_cached_listener(self._on_cached)
 
     # ---- scheduler side -----------------------------------------------------------------------
     def _on_cached(self, group: int, hashes: list[bytes], blocks: list[int]) -> None:
-        self._pending.extend(zip([group] * len(blocks), hashes, blocks))
+        self._pending.extend(BlockRef(group, b, h) for h, b in zip(hashes, blocks))
 
-    def take_saves(self) -> list[tuple[int, bytes, int]]:
-        """Drain the ``(group, hash, block_id)`` triples cached since the last call."""
+    def take_saves(self) -> list[BlockRef]:
+        """Drain the blocks cached since the last call."""
         out, self._pending = self._pending, []
         return out
 
@@ -126,14 +126,7 @@ class KVConnector:
         """Load each request's blocks; request id -> True iff every block verified."""
         result: dict[object, bool] = {}
         for load in loads:
-            by_group: dict[int, list[tuple[bytes, int]]] = defaultdict(list)
-            for g, block_id, h in load.blocks:
-                by_group[g].append((h, block_id))
-            ok = True
-            for g, blocks in by_group.items():
-                if self.transfer.load(self.group_names[g], blocks) != len(blocks):
-                    ok = False
-                    break
+            ok = self.transfer.load(load.blocks) == len(load.blocks)
             rid = load.req.request_id
             result[rid] = ok
             ext = load.external
@@ -149,14 +142,8 @@ class KVConnector:
         cached when the last requests finished are otherwise saved only by the next step)."""
         return self.run_saves(self.take_saves())
 
-    def run_saves(self, saves: Sequence[tuple[int, bytes, int]]) -> int:
-        """Save blocks (grouped into one batch per group); returns how many were stored."""
+    def run_saves(self, saves: Sequence[BlockRef]) -> int:
+        """Save blocks (one batch per group); returns how many were stored."""
         if not saves or not self.save_enabled:
             return 0
-        by_group: dict[int, list[tuple[bytes, int]]] = defaultdict(list)
-        for g, h, block_id in saves:
-            by_group[g].append((h, block_id))
-        stored = 0
-        for g, blocks in by_group.items():
-            stored += sum(self.transfer.save(self.group_names[g], blocks))
-        return stored
+        return sum(self.transfer.save(sorted(saves, key=lambda ref: ref.group)))

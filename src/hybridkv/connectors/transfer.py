@@ -25,11 +25,17 @@ Two ways to move bytes, picked per call (``mode="auto"``)::
         load  ONE batch_get_into into staging rows; verify; scatter the good prefix
         (calls larger than the staging buffer are split into as few calls as fit)
 
+Blocks are named by :class:`~hybridkv.core.blockref.BlockRef` ``(group, block_id, block_hash)``
+(the group's index in the layout's ``KVCacheConfig``); a call may mix groups and makes one
+store batch per run of consecutive blocks of one group.
+
 Failure contract: store-side failures never raise. A store that is full or down drops saves
 (``save`` returns False for them) and turns loads into misses; ``load`` returns how many
 *leading* blocks were verified and copied, and never writes a block after the first failure.
-Everything is counted in :class:`ConnectorStats`. Caller errors (unknown group, block id out of
-range, the null block 0, a hash that is not bytes) raise ``ValueError``.
+A payload the store holds with the wrong size (:data:`~.stores.base.WRONG_SIZE`: truncated or
+foreign) counts as corrupt, not as a miss. Everything is counted in :class:`ConnectorStats`.
+Caller errors (not a BlockRef, unknown group, block id out of range, the null block 0, a hash
+that is not bytes) raise ``ValueError``.
 """
 
 from __future__ import annotations
@@ -39,13 +45,16 @@ import struct
 import threading
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from itertools import groupby
 from typing import Literal
 
 import torch
 import xxhash
 
+from hybridkv.core.blockref import BlockRef
+
 from .layout import GroupLayout, KVLayout
-from .stores.base import MISS, HostBuffer, KVStore
+from .stores.base import MISS, WRONG_SIZE, HostBuffer, KVStore
 
 __all__ = ["ConnectorStats", "KVTransfer", "TRAILER_BYTES"]
 
@@ -140,6 +149,7 @@ class KVTransfer:
                 f"{namespace}\x00{self.rank}\x00{g.description}".encode())
             for name, g in layout.groups.items()
         }
+        self._names = [g.name for g in layout.config.groups]  # BlockRef.group -> group name
         slot = max(_slot_bytes(g.block_bytes) for g in layout.groups.values())
         self._staging_bytes = max(int(staging_bytes), slot)
         self._staging: torch.Tensor | None = None
@@ -179,23 +189,30 @@ class KVTransfer:
                 f"no KV-cache group named {group!r}; groups: {list(self.layout.groups)}"
             ) from None
 
-    def _prepare(self, group: str, blocks: Sequence[tuple[bytes, int]]
-                 ) -> tuple[GroupLayout, list[bytes], list[int]]:
-        g = self._group(group)
-        keys, ids = [], []
+    def _runs(self, blocks: Sequence[BlockRef]
+              ) -> list[tuple[str, GroupLayout, list[bytes], list[int]]]:
+        """Validate ``blocks`` and split them into runs of one group (in the given order):
+        per run the group's name, layout, store keys and block ids."""
         for item in blocks:
-            try:
-                block_hash, block_id = item
-            except (TypeError, ValueError):
-                raise ValueError(
-                    f"blocks must be (block_hash, block_id) pairs, got {item!r}") from None
-            block_id = int(block_id)
-            if block_id == 0:
-                raise ValueError("block 0 is the null block; it is never saved or loaded")
-            keys.append(self._key(group, _check_hash(block_hash)))
-            ids.append(block_id)
-        g._check_ids(ids)
-        return g, keys, ids
+            if not isinstance(item, BlockRef):
+                raise ValueError(f"blocks must be BlockRef(group, block_id, block_hash), got {item!r}")
+            if not (isinstance(item.group, int) and 0 <= item.group < len(self._names)):
+                raise ValueError(f"{item!r}: group must be an index into the config's "
+                                 f"{len(self._names)} groups {self._names}")
+        runs = []
+        for gi, run in groupby(blocks, key=lambda ref: ref.group):
+            name = self._names[gi]
+            g = self._group(name)
+            keys, ids = [], []
+            for ref in run:
+                block_id = int(ref.block_id)
+                if block_id == 0:
+                    raise ValueError("block 0 is the null block; it is never saved or loaded")
+                keys.append(self._key(name, _check_hash(ref.block_hash)))
+                ids.append(block_id)
+            g._check_ids(ids)
+            runs.append((name, g, keys, ids))
+        return runs
 
     # ----------------------------------------------------------- checksums
     def _trailer(self, group: str, digest: int, nbytes: int) -> bytes:
@@ -226,29 +243,31 @@ class KVTransfer:
         return self._staging, self._staging_hb
 
     # ---------------------------------------------------------------- save
-    def save(self, group: str, blocks: Sequence[tuple[bytes, int]]) -> list[bool]:
-        """Store blocks ``[(block_hash, block_id), ...]`` of ``group``.
+    def save(self, blocks: Sequence[BlockRef]) -> list[bool]:
+        """Store the given blocks (one store batch per run of one group).
 
         Returns:
             per block, whether the store accepted it. False (dropped, counted) when the store is
             full, down or failing; never raises for those.
 
         Raises:
-            ValueError: unknown group, bad block id (out of range or the null block 0) or hash.
+            ValueError: not a BlockRef, unknown group, bad block id (out of range or the null
+                block 0) or hash; nothing is stored then.
         """
-        g, keys, ids = self._prepare(group, blocks)
-        if not ids:
-            return []
+        runs = self._runs(blocks)
+        out: list[bool] = []
         with self._lock:
-            if self.mode == "direct":
-                ok = self._save_direct(group, g, keys, ids)
-            else:
-                ok = self._save_staged(group, g, keys, ids)
-            n_ok = sum(ok)
-            self._stats.saved += n_ok
-            self._stats.save_dropped += len(ok) - n_ok
-            self._stats.saved_bytes += n_ok * g.block_bytes
-        return ok
+            for group, g, keys, ids in runs:
+                if self.mode == "direct":
+                    ok = self._save_direct(group, g, keys, ids)
+                else:
+                    ok = self._save_staged(group, g, keys, ids)
+                n_ok = sum(ok)
+                self._stats.saved += n_ok
+                self._stats.save_dropped += len(ok) - n_ok
+                self._stats.saved_bytes += n_ok * g.block_bytes
+                out.extend(ok)
+        return out
 
     def _save_direct(self, group: str, g: GroupLayout, keys: list[bytes],
                      ids: list[int]) -> list[bool]:
@@ -299,28 +318,33 @@ class KVTransfer:
         return out
 
     # ---------------------------------------------------------------- load
-    def load(self, group: str, blocks: Sequence[tuple[bytes, int]]) -> int:
-        """Load blocks ``[(block_hash, block_id), ...]`` of ``group`` into the cache.
+    def load(self, blocks: Sequence[BlockRef]) -> int:
+        """Load the given blocks into the cache (one store batch per run of one group).
 
         Returns:
             the number of leading blocks that were read, verified and copied into their block
-            ids; blocks from the first failure on are not written. 0 when the store is down.
+            ids; blocks from the first failure on are not written (later runs are not even
+            read, and count as failed). 0 when the store is down.
 
         Raises:
-            ValueError: unknown group, bad block id (out of range or the null block 0) or hash.
+            ValueError: not a BlockRef, unknown group, bad block id (out of range or the null
+                block 0) or hash; nothing is loaded then.
         """
-        g, keys, ids = self._prepare(group, blocks)
-        if not ids:
-            return 0
+        runs = self._runs(blocks)
+        loaded = 0
         with self._lock:
-            if self.mode == "direct":
-                n_ok = self._load_direct(group, g, keys, ids)
-            else:
-                n_ok = self._load_staged(group, g, keys, ids)
-            self._stats.loaded += n_ok
-            self._stats.load_failed += len(ids) - n_ok
-            self._stats.loaded_bytes += n_ok * g.block_bytes
-        return n_ok
+            for group, g, keys, ids in runs:
+                if self.mode == "direct":
+                    n_ok = self._load_direct(group, g, keys, ids)
+                else:
+                    n_ok = self._load_staged(group, g, keys, ids)
+                self._stats.loaded += n_ok
+                self._stats.loaded_bytes += n_ok * g.block_bytes
+                loaded += n_ok
+                if n_ok < len(ids):
+                    break
+            self._stats.load_failed += len(blocks) - loaded
+        return loaded
 
     def _load_direct(self, group: str, g: GroupLayout, keys: list[bytes], ids: list[int]) -> int:
         try:
@@ -364,14 +388,12 @@ class KVTransfer:
             chunk_keys, chunk_ids = keys[lo : lo + per_call], ids[lo : lo + per_call]
             n = len(chunk_ids)
             offsets = [i * slot for i in range(n)]
-            mismatches0 = _size_mismatches(self.store)
             try:
                 got = self.store.batch_get_into(chunk_keys, hb, offsets, [size] * n)
             except Exception:  # noqa: BLE001
                 log.exception("store batch_get_into failed; %d blocks not loaded", n)
                 self._stats.store_errors += 1
                 got = [MISS] * n
-            truncated = max(0, _size_mismatches(self.store) - mismatches0)
             n_good = 0
             prefix = True
             for key, off, result in zip(chunk_keys, offsets, got):
@@ -384,9 +406,9 @@ class KVTransfer:
                     continue
                 if prefix:
                     n_good += 1
-            misses = sum(1 for r in got if r != size)
-            self._stats.corrupt += min(truncated, misses)
-            self._stats.load_misses += misses - min(truncated, misses)
+            wrong_size = sum(1 for r in got if r == WRONG_SIZE)
+            self._stats.corrupt += wrong_size
+            self._stats.load_misses += sum(1 for r in got if r != size) - wrong_size
             if n_good:
                 rows = staging[: n_good * slot].view(n_good, slot)
                 g.scatter(chunk_ids[:n_good], rows, self.copy_mode)
@@ -428,9 +450,3 @@ def _check_hash(block_hash: object) -> bytes:
         raise ValueError(f"block hash must be non-empty bytes, got {type(block_hash).__name__}")
     return bytes(block_hash)
 
-
-def _size_mismatches(store: KVStore) -> int:
-    try:
-        return store.stats.size_mismatches
-    except Exception:  # noqa: BLE001
-        return 0

@@ -1,5 +1,6 @@
 """The pure bookkeeping core: block ids, hashes and counts; no tensors, no engine."""
 
+from hybridkv.core.blockref import BlockRef, TableRef
 from hybridkv.core.coordinator import CacheHit, ExternalHit
 from hybridkv.core.events import AllBlocksCleared, BlockRemoved, BlockStored, PrefixCacheStats
 from hybridkv.core.hashing import BlockHasher
@@ -7,13 +8,13 @@ from hybridkv.core.manager import KVCacheManager
 from hybridkv.core.pool import NULL_BLOCK, BlockPool, FreeBlockQueue
 from hybridkv.core.request import LoRA, MultiModalItem, Request
 from hybridkv.core.rules import HitRule, make_rule
-from hybridkv.core.spec_decode import SPEC_METHODS, SpecDecode
+from hybridkv.core.spec_decode import SPEC_METHODS, SpecDecode, parse_spec
 from hybridkv.core.specs import (MLA, AttentionSpec, ChunkedLocal, FullAttention, KVCacheConfig,
                                  KVCacheGroup, SlidingWindow)
 
 __all__ = [
-    "AllBlocksCleared", "AttentionSpec", "BlockHasher", "BlockPool", "BlockRemoved", "BlockStored",
+    "AllBlocksCleared", "AttentionSpec", "BlockHasher", "BlockPool", "BlockRef", "BlockRemoved", "BlockStored",
     "CacheHit", "ChunkedLocal", "ExternalHit", "FreeBlockQueue", "FullAttention", "HitRule", "KVCacheConfig",
     "KVCacheGroup", "KVCacheManager", "LoRA", "MLA", "MultiModalItem", "NULL_BLOCK", "make_rule",
-    "PrefixCacheStats", "Request", "SPEC_METHODS", "SlidingWindow", "SpecDecode",
+    "PrefixCacheStats", "Request", "SPEC_METHODS", "SlidingWindow", "SpecDecode", "TableRef", "parse_spec",
 ]

@@ -35,6 +35,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
+from hybridkv.core.blockref import TableRef
 from hybridkv.core.hashing import BlockHasher
 from hybridkv.core.pool import NULL_BLOCK, BlockPool
 from hybridkv.core.request import Request
@@ -71,14 +72,14 @@ class ExternalHit:
 
     ``num_tokens`` (> the local hit) is the end of the combined hit: the same per-type rules
     and alignment as a local hit, with each needed block either held by the local hit or
-    present in the tier. ``loads`` lists ``(group, position, hash)`` of every block to load:
+    present in the tier. ``loads`` lists a :class:`TableRef` for every block to load:
     the blocks past the local hit that the hit rule needs (for a sliding window, only the
     window before ``num_tokens``).
     """
 
     num_tokens: int
     local_tokens: int
-    loads: tuple[tuple[int, int, bytes], ...]
+    loads: tuple[TableRef, ...]
 
 
 class _Unit:
@@ -379,7 +380,7 @@ class KVCacheCoordinator:
             e = t // bs
             scale = self.scales[g]
             for j in range(max(rule.lo(e), held // bs), e):
-                loads.append((g, j, hashes[(j + 1) * scale - 1]))
+                loads.append(TableRef(g, j, hashes[(j + 1) * scale - 1]))
         return ExternalHit(t, held, tuple(loads))
 
     def commit_external(self, request: Request, ext: ExternalHit, ok: bool) -> None:

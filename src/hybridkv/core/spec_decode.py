@@ -102,3 +102,35 @@ class SpecDecode:
                 f"one step queries k draft positions plus the bonus token, so the window must be "
                 f">= {need}"
             )
+
+
+SPEC_OFF = "none"
+_METHOD_ALIASES = {"draft": "draft_model", "draft-model": "draft_model", "draftmodel": "draft_model"}
+
+
+def parse_spec(text: str) -> SpecDecode | None:
+    """The one grammar of speculative decoding on a command line or in a string option.
+
+    ``METHOD:K`` -> ``SpecDecode(METHOD, K)``, where METHOD is one of :data:`SPEC_METHODS`
+    (case-insensitive; ``draft`` and ``draft-model`` mean ``draft_model``) and K >= 1 is the
+    number of draft tokens per step, e.g. ``eagle:3``, ``mtp:1``, ``dflash:7``, ``ngram:4``.
+    ``none`` -> None (no speculative decoding).
+
+    Raises:
+        ValueError: naming the text and what is valid (the grammar, the methods, K's range).
+    """
+    if not isinstance(text, str):
+        raise ValueError(f"speculative decoding is a string METHOD:K or 'none', got {text!r}")
+    if text.strip().lower() == SPEC_OFF:
+        return None
+    method, sep, k = text.partition(":")
+    method = method.strip().lower()
+    method = _METHOD_ALIASES.get(method, method)
+    if not sep:
+        raise ValueError(f"speculative decoding is METHOD:K (methods: {', '.join(SPEC_METHODS)}; "
+                         f"K >= 1 draft tokens per step) or 'none', got {text!r}")
+    try:
+        num = int(k.strip())
+    except ValueError:
+        raise ValueError(f"speculative decoding {text!r}: K must be an integer >= 1, got {k.strip()!r}") from None
+    return SpecDecode(method, num)

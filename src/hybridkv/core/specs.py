@@ -154,8 +154,8 @@ class MLA(AttentionSpec):
     A token stores ``kv_lora_rank + qk_rope_head_dim`` values and no separate V;
     ``num_kv_heads``/``head_dim`` are unused. ``compress_ratio`` > 1 models DeepSeek-V4-style
     compressed attention that keeps one latent per ``compress_ratio`` tokens. The hit rule is
-    full attention's (MLA has no window field; model a windowed latent layer as a
-    ``SlidingWindow`` group with the latent's bytes).
+    full attention's. An MLA layer with a sliding window is a :class:`SlidingWindow` whose
+    ``num_kv_heads=1`` and ``head_dim`` is the latent width (see the deepseek-v4-style preset).
     """
 
     kv_lora_rank: int = 512

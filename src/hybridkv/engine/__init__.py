@@ -9,7 +9,7 @@ Typical use::
 
 or, driven by the shared scheduler with prefix caching and speculative decoding::
 
-    llm = LLM("path/to/hf_dir", block_size=16, spec="ngram:3")
+    llm = LLM("path/to/hf_dir", spec="ngram:3", cache=CacheConfig(block_size=16))
     outs = llm.generate([[1, 2, 3]], max_tokens=32)
 
 Requires torch and safetensors; transformers is only used by the tests as the oracle (and for
@@ -22,7 +22,8 @@ from .kv_config import kv_cache_groups, make_kv_cache_config
 from .metadata import GroupMetadata, SequenceInput, StepMetadata, build_step_metadata
 from .block_table import BlockTableRows
 from .drafters import DFlashDrafter, Drafter, DraftModelDrafter, NgramDrafter
-from .llm import LLM, GenerationOutput, parse_spec
+from .llm import LLM, GenerationOutput, engine_spec
+from .llm_config import ENGINE_SCHEDULER, CacheConfig, RuntimeConfig, StoreConfig
 from .models import (DeepseekV3ForCausalLM, Gemma3ForCausalLM, GptOssForCausalLM, LlamaForCausalLM,
                      PagedCausalLM, build_model, load_model)
 from .models.dflash import DFlashDraftModel, load_dflash
@@ -31,6 +32,8 @@ from .runner import EngineCore, EngineStats
 __all__ = [
     "NULL_BLOCK",
     "BlockTableRows",
+    "CacheConfig",
+    "ENGINE_SCHEDULER",
     "DFlashDraftModel",
     "DFlashDrafter",
     "DeepseekV3ForCausalLM",
@@ -48,8 +51,10 @@ __all__ = [
     "ModelConfig",
     "PagedCausalLM",
     "PagedKVCache",
+    "RuntimeConfig",
     "SequenceInput",
     "StepMetadata",
+    "StoreConfig",
     "build_model",
     "build_step_metadata",
     "default_device",
@@ -57,7 +62,7 @@ __all__ = [
     "load_dflash",
     "load_model",
     "load_model_config",
-    "parse_spec",
+    "engine_spec",
     "make_kv_cache_config",
     "torch_dtype",
 ]

@@ -28,19 +28,38 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from hybridkv.core.specs import KVCacheGroup
 from hybridkv.sched import ScheduledRequest
 
+from .block_table import BlockTableRows
+from .kv_cache import PagedKVCache
 from .metadata import SequenceInput, build_step_metadata
 
 if TYPE_CHECKING:  # pragma: no cover
     from .models.base import PagedCausalLM
     from .models.dflash import DFlashDraftModel
-    from .runner import EngineCore
+
+
+class DraftHost(Protocol):
+    """What a drafter reads from the engine it is bound to (``EngineCore`` is one).
+
+    Attributes:
+        model: the target model (DFlash embeds tokens and computes logits with it).
+        cache: the paged KV tensors of the target and drafter groups.
+        rows: the engine's persistent block-table rows (draft writes go through them).
+        device: where the step's tensors live.
+        check_draft_slots: whether draft writes past a request's blocks must raise.
+    """
+
+    model: PagedCausalLM
+    cache: PagedKVCache
+    rows: BlockTableRows
+    device: torch.device
+    check_draft_slots: bool
 
 
 @dataclass
@@ -98,13 +117,13 @@ class Drafter(ABC):
     capture_layers: tuple[int, ...] = ()
 
     def __init__(self) -> None:
-        self.engine: EngineCore | None = None
+        self.engine: DraftHost | None = None
 
     def kv_cache_groups(self, block_sizes: dict[str, int], dtype: str) -> tuple[KVCacheGroup, ...]:
         """The drafter's KV-cache groups (none by default)."""
         return ()
 
-    def bind(self, engine: EngineCore) -> None:
+    def bind(self, engine: DraftHost) -> None:
         """Attach to the engine (its cache, block-table rows, device)."""
         self.engine = engine
 

@@ -77,7 +77,10 @@ def run_generate(args: argparse.Namespace) -> int:
     """Run the ``generate`` subcommand; returns the exit status."""
     import torch
 
+    from hybridkv.sched import SchedulerConfig
+
     from .llm import LLM
+    from .llm_config import ENGINE_SCHEDULER, CacheConfig, RuntimeConfig
 
     if args.max_tokens < 1:
         print("error: --max-tokens must be >= 1", file=sys.stderr)
@@ -85,10 +88,14 @@ def run_generate(args: argparse.Namespace) -> int:
     retention = None if str(args.retention).lower() == "none" else int(args.retention)
     dtype = getattr(torch, args.dtype) if args.dtype else None
     try:
-        llm = LLM(args.model, spec=args.spec, draft_model=args.draft_model, block_size=args.block_size,
-                  num_blocks=args.num_blocks, max_model_len=args.max_model_len,
-                  max_num_batched_tokens=args.max_num_batched_tokens, retention_interval=retention,
-                  enable_prefix_caching=not args.no_prefix_caching, device=args.device, dtype=dtype)
+        llm = LLM(args.model, spec=args.spec, draft_model=args.draft_model,
+                  cache=CacheConfig(block_size=args.block_size, num_blocks=args.num_blocks,
+                                    retention_interval=retention,
+                                    enable_prefix_caching=not args.no_prefix_caching),
+                  scheduler=SchedulerConfig(max_num_batched_tokens=args.max_num_batched_tokens,
+                                            max_num_seqs=ENGINE_SCHEDULER.max_num_seqs,
+                                            max_model_len=args.max_model_len),
+                  runtime=RuntimeConfig(device=args.device, dtype=dtype))
         prompts = args.prompt if args.prompt is not None else args.prompt_ids
         t0 = time.perf_counter()
         outs = llm.generate(prompts, args.max_tokens, cache_salt=args.cache_salt, ignore_eos=args.ignore_eos)

@@ -1,6 +1,6 @@
 """``LLM``: batch generation on the reference engine, driven by the shared scheduler.
 
-    llm = LLM("path/to/hf_dir", block_size=16, num_blocks=512, spec="ngram:3")
+    llm = LLM("path/to/hf_dir", spec="ngram:3", cache=CacheConfig(block_size=16, num_blocks=512))
     outs = llm.generate([[1, 2, 3], "a prompt"], max_tokens=32)
     outs[0].token_ids, outs[0].num_cached_tokens
 
@@ -9,14 +9,15 @@ Everything lives in one process: the model (plain torch, CPU or CUDA), a
 the drafter's, marked ``is_draft``), a :class:`~hybridkv.engine.kv_cache.PagedKVCache` sized
 from that config, a :class:`~hybridkv.sched.Scheduler` and an
 :class:`~hybridkv.engine.runner.EngineCore`. The prefix cache persists across ``generate``
-calls. Sampling is greedy.
+calls. Sampling is greedy. The options are grouped in config objects
+(:mod:`hybridkv.engine.llm_config`).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,39 +30,33 @@ from hybridkv.connectors.stores.base import KVStore
 from hybridkv.connectors.transfer import KVTransfer
 from hybridkv.core.manager import KVCacheManager
 from hybridkv.core.request import Request
-from hybridkv.core.spec_decode import SpecDecode
+from hybridkv.core.spec_decode import SpecDecode, parse_spec
 from hybridkv.core.specs import KVCacheConfig
 from hybridkv.sched import EngineRequest, Scheduler, SchedulerConfig
 
 from .drafters import DFlashDrafter, DraftModelDrafter, Drafter, NgramDrafter
 from .kv_cache import PagedKVCache, default_device
 from .kv_config import kv_cache_groups
+from .llm_config import DEFAULT_KV_CACHE_BYTES, ENGINE_SCHEDULER, CacheConfig, RuntimeConfig, StoreConfig
 from .models import load_model
 from .models.dflash import load_dflash
 from .runner import EngineCore, EngineStats
 
 ENGINE_SPEC_METHODS = ("ngram", "draft_model", "dflash")
-_SPEC_ALIASES = {"draft": "draft_model", "draft-model": "draft_model", "draftmodel": "draft_model"}
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
-DEFAULT_KV_CACHE_BYTES = 128 << 20
 
 
-def parse_spec(spec: str | SpecDecode | None) -> SpecDecode | None:
-    """``"METHOD:K"`` (ngram, draft_model, dflash) -> SpecDecode; None stays None."""
-    if spec is None or isinstance(spec, SpecDecode):
-        if isinstance(spec, SpecDecode) and spec.method not in ENGINE_SPEC_METHODS:
-            raise ValueError(f"the reference engine drafts with {', '.join(ENGINE_SPEC_METHODS)}; "
-                             f"{spec.method!r} is not implemented")
-        return spec
-    method, sep, k = str(spec).partition(":")
-    method = _SPEC_ALIASES.get(method.strip().lower(), method.strip().lower())
-    if not sep or not k.strip().isdigit():
-        raise ValueError(f"speculative decoding is METHOD:K (e.g. ngram:3, draft_model:4, dflash:7), "
-                         f"got {spec!r}")
-    if method not in ENGINE_SPEC_METHODS:
-        raise ValueError(f"unknown speculative method {method!r}; the engine implements "
-                         f"{', '.join(ENGINE_SPEC_METHODS)}")
-    return SpecDecode(method, int(k))
+def engine_spec(spec: str | SpecDecode | None) -> SpecDecode | None:
+    """``spec`` (a :func:`~hybridkv.core.spec_decode.parse_spec` string, a SpecDecode or None)
+    as a SpecDecode the reference engine can draft with (ngram, draft_model, dflash), or None."""
+    if isinstance(spec, str):
+        spec = parse_spec(spec)
+    elif spec is not None and not isinstance(spec, SpecDecode):
+        raise ValueError(f"spec must be a string METHOD:K, a SpecDecode or None, got {spec!r}")
+    if spec is not None and spec.method not in ENGINE_SPEC_METHODS:
+        raise ValueError(f"the reference engine drafts with {', '.join(ENGINE_SPEC_METHODS)}; "
+                         f"{spec.method!r} is not implemented")
+    return spec
 
 
 @dataclass
@@ -182,105 +177,98 @@ def max_len_that_fits(config: KVCacheConfig, cap: int, *, retention_interval: in
     return lo
 
 
+def _config(name: str, value: Any, cls: type, default: Any = None) -> Any:
+    """``value`` if it is a ``cls``; its default when None; else a clear error."""
+    if value is None:
+        return default if default is not None else cls()
+    if not isinstance(value, cls):
+        raise ValueError(f"{name} must be a {cls.__name__}, got {type(value).__name__}: {value!r}")
+    return value
+
+
 class LLM:
     """Greedy batch generation with paged attention, prefix caching and speculative decoding.
 
     Args:
         model: an HF-format directory (``config.json`` + ``*.safetensors``).
-        spec: speculative decoding, ``"ngram:K"``, ``"draft_model:K"`` or ``"dflash:K"`` (or a
-            :class:`SpecDecode`); draft_model and dflash need ``draft_model``.
+        spec: speculative decoding, ``"ngram:K"``, ``"draft_model:K"`` or ``"dflash:K"`` (the
+            grammar of :func:`~hybridkv.core.spec_decode.parse_spec`), or a :class:`SpecDecode`;
+            draft_model and dflash need ``draft_model``.
         draft_model: the drafter's directory: a small causal LM with the target's vocabulary
             (draft_model) or a DFlash drafter (dflash).
-        block_size: tokens per block, for every group or per layer kind ("full", "sliding",
-            "mla"); drafter groups use the "full" size (or the smallest).
-        num_blocks: pool size including the null block; default from ``kv_cache_bytes``.
-        kv_cache_bytes: KV budget when ``num_blocks`` is not given (default 128 MiB).
-        max_model_len: tokens per request; default ``min(max_position_embeddings, 4096)``
-            reduced to what one request can hold in the pool.
-        max_num_batched_tokens, max_num_seqs, enable_chunked_prefill,
-        long_prefill_token_threshold, policy: the scheduler's limits.
-        enable_prefix_caching, retention_interval, hash_algo, vllm_compat: the manager's options
-            (``hash_algo`` defaults to xxh3_128, or sha256 when a ``kv_store`` is shared).
-        ngram_sizes: (min n, max n) of the n-gram drafter.
-        device: default CUDA when available, else CPU.
-        dtype: weight / compute dtype (default: the checkpoint's); the KV cache uses it too
-            unless ``kv_cache_dtype`` is given.
-        record_logits: keep every computed position's logits (``GenerationOutput.logits``).
-        check_draft_slots: make a draft write outside a request's blocks raise (default: it
-            lands wherever the persistent block-table row points, as on a GPU).
         kv_store: an external KV tier (``LocalCPUStore``, ``MooncakeStore``): computed blocks
             are saved to it and prefixes found in it are loaded instead of recomputed.
-        kv_namespace: what must match for two engines to share KV (default: a digest of the
-            model directory's config and weight files).
-        hash_seed: the block-hash seed; engines sharing a store need the same one (default
-            with a store: a fixed seed; without: a random one).
-        kv_load, kv_save: load from / save to the store.
+        cache: block sizes, pool size, prefix caching, retention, hashing (:class:`CacheConfig`).
+        scheduler: batching limits (:class:`~hybridkv.sched.SchedulerConfig`; default
+            :data:`~hybridkv.engine.llm_config.ENGINE_SCHEDULER`). ``max_model_len=None``:
+            ``min(max_position_embeddings, 4096)`` reduced to what one request can hold.
+        runtime: device, dtype, n-gram sizes, logits recording, draft-slot checks
+            (:class:`RuntimeConfig`).
+        store: namespace, load and save switches of the ``kv_store`` (:class:`StoreConfig`).
     """
 
     def __init__(self, model: str | Path, *, spec: str | SpecDecode | None = None,
-                 draft_model: str | Path | None = None,
-                 block_size: int | Mapping[str, int] = 16, num_blocks: int | None = None,
-                 kv_cache_bytes: int | None = None, max_model_len: int | None = None,
-                 max_num_batched_tokens: int = 2048, max_num_seqs: int = 64,
-                 enable_chunked_prefill: bool = True, long_prefill_token_threshold: int = 0,
-                 policy: str = "fcfs", enable_prefix_caching: bool = True,
-                 retention_interval: int | None = 0, hash_algo: str | None = None,
-                 vllm_compat: bool = False, ngram_sizes: tuple[int, int] = (1, 4),
-                 device: torch.device | str | None = None, dtype: torch.dtype | None = None,
-                 kv_cache_dtype: str | None = None, record_logits: bool = False,
-                 check_draft_slots: bool = False, kv_store: KVStore | None = None,
-                 kv_namespace: str | None = None, hash_seed: str | None = None,
-                 kv_load: bool = True, kv_save: bool = True) -> None:
+                 draft_model: str | Path | None = None, kv_store: KVStore | None = None,
+                 cache: CacheConfig | None = None, scheduler: SchedulerConfig | None = None,
+                 runtime: RuntimeConfig | None = None, store: StoreConfig | None = None) -> None:
+        cache = _config("cache", cache, CacheConfig)
+        scheduler = _config("scheduler", scheduler, SchedulerConfig, ENGINE_SCHEDULER)
+        runtime = _config("runtime", runtime, RuntimeConfig)
+        if store is not None and kv_store is None:
+            raise ValueError(f"store={store!r} configures sharing through a kv_store; give kv_store too")
+        store = _config("store", store, StoreConfig)
+        self.spec = engine_spec(spec)
         self.model_dir = Path(model)
-        self.device = torch.device(device) if device is not None else default_device()
-        self.model = load_model(self.model_dir, device=self.device, dtype=dtype)
-        self.spec = parse_spec(spec)
-        self.drafter = self._make_drafter(self.spec, draft_model, ngram_sizes, dtype)
+        self.device = torch.device(runtime.device) if runtime.device is not None else default_device()
+        self.model = load_model(self.model_dir, device=self.device, dtype=runtime.dtype)
+        self.drafter = self._make_drafter(self.spec, draft_model, runtime.ngram_sizes, runtime.dtype)
         kinds = set(self.model.config.layer_kinds)
-        if isinstance(block_size, Mapping):
-            sizes = {k: int(v) for k, v in block_size.items()}
+        if isinstance(cache.block_size, Mapping):
+            sizes = {k: int(v) for k, v in cache.block_size.items()}
         else:
-            sizes = {kind: int(block_size) for kind in kinds | {"full"}}
-        cache_dtype = kv_cache_dtype or _DTYPE_NAMES.get(self.model.dtype, "float32")
+            sizes = {kind: int(cache.block_size) for kind in kinds | {"full"}}
+        cache_dtype = cache.kv_cache_dtype or _DTYPE_NAMES.get(self.model.dtype, "float32")
         groups = kv_cache_groups(self.model, sizes, cache_dtype)
         if self.drafter is not None:
             groups = groups + self.drafter.kv_cache_groups(sizes, cache_dtype)
+        num_blocks = cache.num_blocks
         if num_blocks is None:
             probe = KVCacheConfig(groups, num_blocks=2)
-            num_blocks = max(2, (kv_cache_bytes or DEFAULT_KV_CACHE_BYTES) // probe.block_bytes)
+            num_blocks = max(2, (cache.kv_cache_bytes or DEFAULT_KV_CACHE_BYTES) // probe.block_bytes)
         self.kv_config = KVCacheConfig(groups, num_blocks=int(num_blocks))
+        max_model_len = scheduler.max_model_len
         if max_model_len is None:
             cap = min(self.model.config.max_position_embeddings, 4096)
-            max_model_len = max_len_that_fits(self.kv_config, cap, retention_interval=retention_interval,
-                                              vllm_compat=vllm_compat)
+            max_model_len = max_len_that_fits(self.kv_config, cap, retention_interval=cache.retention_interval,
+                                              vllm_compat=cache.vllm_compat)
             if max_model_len < 2:
                 raise ValueError(f"the pool of {num_blocks} blocks cannot hold even a 2-token request")
+            scheduler = replace(scheduler, max_model_len=max_model_len)
         self.max_model_len = max_model_len
+        hash_seed = cache.hash_seed
         if hash_seed is None and kv_store is not None:
             hash_seed = SHARED_HASH_SEED
+        hash_algo = cache.hash_algo
         if hash_algo is None:  # keys shared across processes and tenants: a cryptographic hash
             hash_algo = "sha256" if kv_store is not None else "xxh3_128"
-        self.kv = KVCacheManager(self.kv_config, spec_decode=self.spec, retention_interval=retention_interval,
-                                 enable_caching=enable_prefix_caching, hash_algo=hash_algo,
+        self.cache_config, self.scheduler_config, self.runtime, self.store_config = cache, scheduler, runtime, store
+        self.kv = KVCacheManager(self.kv_config, spec_decode=self.spec, retention_interval=cache.retention_interval,
+                                 enable_caching=cache.enable_prefix_caching, hash_algo=hash_algo,
                                  hash_seed=hash_seed, max_model_len=max_model_len,
-                                 vllm_compat=vllm_compat)
+                                 vllm_compat=cache.vllm_compat)
         self.cache = PagedKVCache(self.kv_config, device=self.device)
         self.connector: KVConnector | None = None
         if kv_store is not None:
             layout = KVLayout.register({n: self.cache.layer(n) for n in self.cache.layer_names},
                                        self.kv_config)
             transfer = KVTransfer(layout, kv_store,
-                                  namespace=kv_namespace if kv_namespace is not None
+                                  namespace=store.namespace if store.namespace is not None
                                   else model_namespace(self.model_dir))
-            self.connector = KVConnector(self.kv, transfer, load=kv_load, save=kv_save)
-        self.scheduler = Scheduler(self.kv, SchedulerConfig(
-            max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
-            max_model_len=max_model_len, enable_chunked_prefill=enable_chunked_prefill,
-            long_prefill_token_threshold=long_prefill_token_threshold, policy=policy),
-            connector=self.connector)
+            self.connector = KVConnector(self.kv, transfer, load=store.load, save=store.save)
+        self.scheduler = Scheduler(self.kv, scheduler, connector=self.connector)
         self.engine = EngineCore(self.model, self.kv, self.scheduler, self.cache, self.drafter,
-                                 record_logits=record_logits, check_draft_slots=check_draft_slots,
-                                 connector=self.connector)
+                                 record_logits=runtime.record_logits,
+                                 check_draft_slots=runtime.check_draft_slots, connector=self.connector)
         self.tokenizer = Tokenizer.from_dir(self.model_dir)
         self.eos_token_ids = eos_token_ids(self.model_dir)
         self._next_id = 0
@@ -330,7 +318,7 @@ class LLM:
             max_tokens: output tokens per request (one value or one per prompt).
             cache_salt: per-request (or shared) salt; requests only share cache within a salt.
             stop_token_ids: extra stop tokens; the model's EOS ids stop too unless ``ignore_eos``.
-            priority: per-request priority (``policy="priority"``).
+            priority: per-request priority (``scheduler=SchedulerConfig(policy="priority")``).
         """
         reqs = self.submit(prompts, max_tokens, cache_salt=cache_salt, stop_token_ids=stop_token_ids,
                            ignore_eos=ignore_eos, priority=priority)

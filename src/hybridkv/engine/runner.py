@@ -25,7 +25,7 @@ import torch
 
 from hybridkv.connectors.connector import KVConnector
 from hybridkv.core.manager import KVCacheManager
-from hybridkv.sched import EngineRequest, RequestStatus, Scheduler
+from hybridkv.sched import EngineRequest, RequestStatus, Scheduler, useful_drafts
 
 from .block_table import BlockTableRows
 from .drafters import Drafter, StepRequest
@@ -195,7 +195,8 @@ class EngineCore:
                     s.start, my_logits[:known + accepted])
             all_tokens = list(req.token_ids) + toks
             step_reqs.append(StepRequest(s, meta.seq_rows[i], all_tokens, toks,
-                                         self._max_drafts(s.req, len(all_tokens)) if toks else 0))
+                                         useful_drafts(s.req, self.k, sched.max_model_len, len(all_tokens))
+                                         if toks else 0))
 
         drafts = self.drafter.propose(step_reqs, hidden, captured) if self.drafter is not None else {}
         if self.connector is not None:
@@ -209,17 +210,6 @@ class EngineCore:
             if r.status is RequestStatus.RUNNING and drafts.get(r.request_id):
                 r.spec_token_ids = list(drafts[r.request_id][:self.k])
         return finished
-
-    def _max_drafts(self, r: EngineRequest, num_tokens: int) -> int:
-        """Drafts worth proposing for a request that will hold ``num_tokens`` tokens: at most k,
-        no more than its remaining outputs minus the bonus, and none past max_model_len."""
-        if not self.k:
-            return 0
-        room = r.max_tokens - (num_tokens - r.num_prompt_tokens) - 1
-        max_len = self.scheduler.max_model_len
-        if max_len is not None:
-            room = min(room, max_len - num_tokens)
-        return max(0, min(self.k, room))
 
     def run(self, max_steps: int | None = None) -> list[EngineRequest]:
         """Step until every request finished (or ``max_steps``); returns the finished ones."""

@@ -1,9 +1,11 @@
 """Continuous-batching scheduler shared by the simulator and the reference engine."""
 
 from hybridkv.sched.acceptance import AcceptanceModel
-from hybridkv.sched.request import EngineRequest, RequestStatus
-from hybridkv.sched.scheduler import (POLICIES, ExternalKV, KVLoad, ScheduledRequest, Scheduler,
-                                      SchedulerConfig, SchedulerOutput)
+from hybridkv.sched.queues import POLICIES, FCFSQueue, PriorityQueue, WaitingQueue
+from hybridkv.sched.request import EngineRequest, RequestStatus, useful_drafts
+from hybridkv.sched.scheduler import (ExternalKV, KVLoad, ScheduledRequest, Scheduler, SchedulerConfig,
+                                      SchedulerOutput)
 
-__all__ = ["AcceptanceModel", "EngineRequest", "ExternalKV", "KVLoad", "POLICIES", "RequestStatus", "ScheduledRequest",
-           "Scheduler", "SchedulerConfig", "SchedulerOutput"]
+__all__ = ["AcceptanceModel", "EngineRequest", "ExternalKV", "FCFSQueue", "KVLoad", "POLICIES",
+           "PriorityQueue", "RequestStatus", "ScheduledRequest", "Scheduler", "SchedulerConfig",
+           "SchedulerOutput", "WaitingQueue", "useful_drafts"]

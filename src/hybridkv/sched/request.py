@@ -105,3 +105,27 @@ class EngineRequest:
     def __repr__(self) -> str:
         return (f"EngineRequest({self.request_id!r}, {self.status.value}, tokens={self.num_tokens}, "
                 f"computed={self.num_computed_tokens}, outputs={self.num_output_tokens}/{self.max_tokens})")
+
+
+def useful_drafts(r: EngineRequest, k: int, max_model_len: int | None,
+                  num_tokens: int | None = None) -> int:
+    """How many draft tokens to propose for ``r``'s next step: the one rule of the engine and
+    the simulator.
+
+    A verify step appends the accepted drafts plus one bonus token, so drafts are worth
+    proposing only while drafts + bonus still fit under both limits: at most ``k``, at most the
+    request's remaining outputs minus one, and at most ``max_model_len - num_tokens - 1``.
+    Never negative.
+
+    Args:
+        r: the request.
+        k: the speculative method's draft tokens per step (0: no drafting).
+        max_model_len: the scheduler's cap on tokens per request, or None.
+        num_tokens: the request's token count after the step just sampled (default: its
+            current count, i.e. after ``Scheduler.update``).
+    """
+    n = r.num_tokens if num_tokens is None else num_tokens
+    room = r.max_tokens - (n - r.num_prompt_tokens)
+    if max_model_len is not None and max_model_len - n < room:
+        room = max_model_len - n
+    return max(0, min(k, room - 1))

@@ -26,15 +26,15 @@ exactly one of ``waiting`` and ``running`` until it finishes.
 
 from __future__ import annotations
 
-import heapq
 import itertools
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Mapping, Protocol, Sequence
 
+from hybridkv.core.blockref import BlockRef
 from hybridkv.core.coordinator import CacheHit, ExternalHit
 from hybridkv.core.manager import KVCacheManager
 from hybridkv.core.request import Request
+from hybridkv.sched.queues import POLICIES, WaitingQueue, make_waiting_queue
 from hybridkv.sched.request import EngineRequest, RequestStatus
 
 
@@ -43,27 +43,24 @@ class ExternalKV(Protocol):
 
     ``match`` answers how far an external tier extends a local hit (normally through
     :meth:`KVCacheManager.lookup_external`, so the core's hit rules apply). ``take_saves``
-    drains the ``(group, block_hash, block_id)`` triples the manager cached since the last
-    call (the connector subscribes with :meth:`KVCacheManager.add_cached_listener`).
+    drains the blocks the manager cached since the last call (the connector subscribes with
+    :meth:`KVCacheManager.add_cached_listener`).
     """
 
     def match(self, request: Request, hit: CacheHit) -> ExternalHit | None: ...
 
-    def take_saves(self) -> list[tuple[int, bytes, int]]: ...
+    def take_saves(self) -> list[BlockRef]: ...
 
 
 class KVLoad:
-    """One request's external load this step: ``blocks`` = ``(group, block_id, hash)``."""
+    """One request's external load this step: the pool ``blocks`` to fill from the tier."""
 
     __slots__ = ("req", "external", "blocks")
 
-    def __init__(self, req: EngineRequest, external: ExternalHit,
-                 blocks: list[tuple[int, int, bytes]]) -> None:
+    def __init__(self, req: EngineRequest, external: ExternalHit, blocks: list[BlockRef]) -> None:
         self.req = req
         self.external = external
         self.blocks = blocks
-
-POLICIES = ("fcfs", "priority")
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +74,8 @@ class SchedulerConfig:
         enable_chunked_prefill: split prompts longer than the remaining budget.
         long_prefill_token_threshold: cap on one request's prefill chunk (0: none), so long
             prompts do not starve decodes.
-        policy: ``fcfs`` or ``priority`` (lower ``priority`` first; preempts the highest).
+        policy: ``fcfs`` or ``priority`` (lower ``priority`` first; preempts the highest); see
+            :mod:`hybridkv.sched.queues`.
     """
 
     max_num_batched_tokens: int = 8192
@@ -163,8 +161,8 @@ class SchedulerOutput:
     preempted: list[EngineRequest] = field(default_factory=list)
     admitted: list[EngineRequest] = field(default_factory=list)
     loads: list[KVLoad] = field(default_factory=list)
-    saves_before: list[tuple[int, bytes, int]] = field(default_factory=list)
-    saves_after: list[tuple[int, bytes, int]] = field(default_factory=list)
+    saves_before: list[BlockRef] = field(default_factory=list)
+    saves_after: list[BlockRef] = field(default_factory=list)
 
 
 class Scheduler:
@@ -196,8 +194,7 @@ class Scheduler:
         spec = kv.spec_decode
         self.max_drafts = spec.num_speculative_tokens if spec else 0
         self.drafter_window = spec.drafter_window if spec and spec.method == "dflash" else None
-        self.waiting: deque[EngineRequest] = deque()
-        self._waiting_heap: list[tuple[int, float, int, EngineRequest]] = []
+        self.waiting: WaitingQueue = make_waiting_queue(config.policy)
         self.running: list[EngineRequest] = []
         self.loading: list[EngineRequest] = []   # admitted, waiting for their external KV
         self.requests: dict[object, EngineRequest] = {}
@@ -221,30 +218,11 @@ class Scheduler:
         req._seq = next(self._seq)
         req.status = RequestStatus.WAITING
         self.requests[req.request_id] = req
-        self._push_waiting(req, front=False)
-
-    def _push_waiting(self, req: EngineRequest, front: bool) -> None:
-        if self.config.policy == "priority":
-            heapq.heappush(self._waiting_heap, (req.priority, req.arrival_time, req._seq, req))
-        elif front:
-            self.waiting.appendleft(req)
-        else:
-            self.waiting.append(req)
-
-    def _peek_waiting(self) -> EngineRequest | None:
-        if self.config.policy == "priority":
-            return self._waiting_heap[0][3] if self._waiting_heap else None
-        return self.waiting[0] if self.waiting else None
-
-    def _pop_waiting(self) -> None:
-        if self.config.policy == "priority":
-            heapq.heappop(self._waiting_heap)
-        else:
-            self.waiting.popleft()
+        self.waiting.push(req)
 
     @property
     def num_waiting(self) -> int:
-        return len(self._waiting_heap) if self.config.policy == "priority" else len(self.waiting)
+        return len(self.waiting)
 
     @property
     def num_running(self) -> int:
@@ -262,9 +240,6 @@ class Scheduler:
             self.running.remove(req)
         elif req in self.loading:
             self.loading.remove(req)
-        elif self.config.policy == "priority":
-            self._waiting_heap = [e for e in self._waiting_heap if e[3] is not req]
-            heapq.heapify(self._waiting_heap)
         else:
             self.waiting.remove(req)
         self._finish(req, RequestStatus.FINISHED_ABORTED)
@@ -338,7 +313,7 @@ class Scheduler:
         kv = self.kv
         threshold = cfg.long_prefill_token_threshold
         while budget > 0 and len(self.running) + len(self.loading) < cfg.max_num_seqs:
-            r = self._peek_waiting()
+            r = self.waiting.peek()
             if r is None:
                 return budget
             req = r.request
@@ -348,7 +323,7 @@ class Scheduler:
                 if ext is not None:
                     if kv.allocate(req, 0, hit, external=ext) is None:
                         return budget
-                    self._pop_waiting()
+                    self.waiting.pop()
                     if r.num_cached_tokens < 0:
                         r.num_cached_tokens = hit.num_tokens
                     req.num_computed_tokens = hit.num_tokens
@@ -356,7 +331,7 @@ class Scheduler:
                     r.pending_external = ext
                     self.loading.append(r)
                     tables = kv.block_ids(req)
-                    out.loads.append(KVLoad(r, ext, [(g, tables[g][j], h) for g, j, h in ext.loads]))
+                    out.loads.append(KVLoad(r, ext, [ref.resolve(tables) for ref in ext.loads]))
                     continue
             num_new = req.num_tokens - hit.num_tokens
             if not cfg.enable_chunked_prefill and num_new > budget:
@@ -370,7 +345,7 @@ class Scheduler:
                 if not self.running and not out.scheduled and not self.loading:
                     raise RuntimeError(self._too_small(r))
                 return budget
-            self._pop_waiting()
+            self.waiting.pop()
             if r.num_cached_tokens < 0:
                 r.num_cached_tokens = hit.num_tokens
             r.status = RequestStatus.RUNNING
@@ -399,9 +374,7 @@ class Scheduler:
 
     def _choose_victim(self, i: int) -> EngineRequest:
         """The request to preempt among running[i:] (not yet scheduled this step)."""
-        if self.config.policy == "priority":
-            return max(self.running[i:], key=lambda q: (q.priority, q.arrival_time, q._seq))
-        return self.running[-1]
+        return self.waiting.victim(self.running[i:])
 
     def _preempt(self, r: EngineRequest, out: SchedulerOutput) -> None:
         self.running.remove(r)
@@ -412,7 +385,7 @@ class Scheduler:
         r.status = RequestStatus.PREEMPTED
         self.num_preemptions += 1
         out.preempted.append(r)
-        self._push_waiting(r, front=True)
+        self.waiting.push_preempted(r)
 
     # ---- results ------------------------------------------------------------------------------
     def update(self, out: SchedulerOutput, sampled: Mapping[object, Sequence[int]],

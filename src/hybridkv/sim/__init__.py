@@ -1,9 +1,19 @@
 """Trace-driven simulator: workloads, model/GPU presets, cost model and offline-optimal bounds.
 
-Submodules (import them directly; this package imports nothing eagerly):
+The simulator itself is exported here (``from hybridkv.sim import Simulator, SimConfig,
+items_from_trace``); the submodules:
 
-* :mod:`hybridkv.sim.traces` — real traces (Mooncake, token JSONL) and seeded generators.
+* :mod:`hybridkv.sim.simulator` — :class:`Simulator`, :class:`SimConfig`, :class:`SimResult`
+  and the work items (:func:`items_from_trace` for in-memory requests,
+  :func:`items_from_mooncake` for a Mooncake file).
+* :mod:`hybridkv.sim.traces` — real traces (bundled Mooncake copies, token JSONL) and seeded
+  generators.
 * :mod:`hybridkv.sim.optimal` — block-level LRU and Belady (offline optimum) simulations.
 * :mod:`hybridkv.sim.presets` — model presets (KV-cache groups) and GPU presets.
 * :mod:`hybridkv.sim.costmodel` — roofline per-step time.
 """
+
+from hybridkv.sim.simulator import (SimConfig, SimResult, Simulator, WorkItem, items_from_mooncake,
+                                    items_from_trace)
+
+__all__ = ["SimConfig", "SimResult", "Simulator", "WorkItem", "items_from_mooncake", "items_from_trace"]

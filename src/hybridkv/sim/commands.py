@@ -1,33 +1,61 @@
-"""The ``simulate``, ``sweep`` and ``presets`` commands: options -> :class:`SimConfig` -> report.
+"""The ``simulate``, ``sweep``, ``presets`` and ``traces`` commands: options -> :class:`SimConfig`
+-> report.
 
 Capacity, in order of precedence: ``--num-blocks`` (pool blocks), ``--cache-tokens`` (KV memory
 for that many tokens of the preset, all groups counted), ``--gpu-memory-fraction`` (that share
-of the GPUs' memory minus the weights). The default is 3M tokens of cache.
+of the GPUs' memory minus the weights). The default is 150k tokens for ``simulate`` (the default
+chat workload's working set does not fit, so eviction shows) and 3M for a retention sweep.
+
+Every option is validated where it is parsed (the "Validation" section: one argparse type per
+kind of value, each naming the bad value and the valid range) or, for rules that involve
+several options, in :func:`check_options` before anything runs; output paths are checked
+before a run and a finished result is never lost (:func:`write_output`). Errors are
+``ValueError`` (a usage error: exit 2 in :mod:`hybridkv.cli`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Callable
 
-from hybridkv.core.spec_decode import SPEC_METHODS, SpecDecode
+from hybridkv.core.spec_decode import SPEC_OFF, SpecDecode, parse_spec
 from hybridkv.sched import SchedulerConfig
 from hybridkv.sim.presets import GPU_PRESETS, MODEL_PRESETS, get_gpu, get_preset
 from hybridkv.sim.simulator import (SimConfig, SimResult, Simulator, WorkItem, items_from_mooncake,
                                     items_from_trace)
-from hybridkv.sim.traces import WORKLOADS, get_workload, load_token_trace
+from hybridkv.sim.traces import (BUNDLED_TRACES, WORKLOADS, get_workload, load_token_trace,
+                                 resolve_trace, trace_format)
 
-DEFAULT_PRESET = "llama-3.1-8b"
+DEFAULT_PRESET = "deepseek-v4-style"
 DEFAULT_WORKLOAD = "chat"
 DEFAULT_CACHE_TOKENS = 3_000_000
-_SUFFIX = {"k": 10**3, "m": 10**6, "g": 10**9}
+DEFAULT_SIMULATE_CACHE_TOKENS = 150_000
+"""The default ``simulate`` run: the chat workload's working set (~300k tokens) does not fit,
+so eviction and per-group retention show (pass ``--cache-tokens`` or ``--gpu-memory-fraction``
+for a real deployment's size)."""
+DEFAULT_ACCEPTANCE_RATE = 0.7
+MAX_SPEC_TOKENS = 64
+"""Largest ``--spec METHOD:K`` (EAGLE uses 1-5, DFlash 7-15; each token is a lookahead slot
+that every running request holds in every group)."""
+MAX_BLOCK_SIZE = 4096
+_SUFFIX = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+
+
+# ---- Validation: one argparse type per kind of value -------------------------------------------
 
 
 def parse_count(text: str) -> int:
-    """``"3M"`` -> 3000000, ``"500k"`` -> 500000, ``"1.5G"``; plain integers too."""
+    """``"3M"`` -> 3000000, ``"500k"`` -> 500000, ``"1.5G"``, ``"1e9"``; plain integers too.
+
+    Refuses non-numbers, NaN, infinities, negative and fractional counts (0 is allowed here;
+    :func:`positive_count` refuses it).
+    """
     t = text.strip().lower().replace("_", "")
     mult = 1
     if t and t[-1] in _SUFFIX:
@@ -36,10 +64,158 @@ def parse_count(text: str) -> int:
     try:
         value = float(t) * mult
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a count: {text!r} (examples: 4096, 500k, 3M)") from None
+        raise argparse.ArgumentTypeError(f"not a count: {text!r} (examples: 4096, 500k, 3M, 1e9)") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"not a finite count: {text!r}")
     if value < 0 or value != int(value):
         raise argparse.ArgumentTypeError(f"not a non-negative whole count: {text!r}")
     return int(value)
+
+
+def positive_count(text: str) -> int:
+    """:func:`parse_count` that also refuses 0 (a size the user gives is never replaced)."""
+    value = parse_count(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
+    return value
+
+
+def int_in(lo: int, hi: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer in ``[lo, hi]`` (``hi`` None: no upper bound)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < lo or (hi is not None and value > hi):
+            rng = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
+            raise argparse.ArgumentTypeError(f"must be an integer {rng}, got {text!r}")
+        return value
+    parse.__name__ = "integer"
+    return parse
+
+
+def fraction(lo_open: bool) -> Callable[[str], float]:
+    """An argparse type: a float in ``(0, 1]`` (``lo_open``) or ``[0, 1]``."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        ok = (0 < value <= 1) if lo_open else (0 <= value <= 1)
+        if not ok:  # NaN fails both comparisons
+            raise argparse.ArgumentTypeError(f"must be in {'(0, 1]' if lo_open else '[0, 1]'}, got {text!r}")
+        return value
+    parse.__name__ = "fraction"
+    return parse
+
+
+def parse_block_size(text: str) -> int:
+    """A power of two in ``[1, MAX_BLOCK_SIZE]``."""
+    value = int_in(1, MAX_BLOCK_SIZE)(text)
+    if value & (value - 1):
+        raise argparse.ArgumentTypeError(
+            f"must be a power of two in [1, {MAX_BLOCK_SIZE}] (e.g. 16, 64, 256), got {text!r}")
+    return value
+
+
+def parse_count_list(text: str) -> list[int]:
+    """``"1M,3M,10M"`` -> sizes (each >= 1); an empty item is named."""
+    items = text.split(",")
+    out = []
+    for i, item in enumerate(items, 1):
+        if not item.strip():
+            raise argparse.ArgumentTypeError(f"item {i} of {text!r} is empty (example: 1M,3M,10M)")
+        try:
+            out.append(positive_count(item))
+        except argparse.ArgumentTypeError as exc:
+            raise argparse.ArgumentTypeError(f"item {i} of {text!r}: {exc}") from None
+    return out
+
+
+def parse_retention_list(text: str) -> list[int | None]:
+    """``"none,0,1024"`` -> retention intervals; an empty item is named."""
+    out = []
+    for i, item in enumerate(text.split(","), 1):
+        if not item.strip():
+            raise argparse.ArgumentTypeError(f"item {i} of {text!r} is empty (example: none,0,1024)")
+        out.append(parse_retention(item))
+    return out
+
+
+def check_output_path(path: str | None, option: str) -> None:
+    """Refuse, before a run, an output path that cannot be written (missing folder, a folder)."""
+    if path is None:
+        return
+    p = Path(path)
+    parent = p.parent if str(p.parent) else Path(".")
+    if p.is_dir():
+        raise ValueError(f"{option} {path!r} is a folder; give a file name")
+    if not parent.is_dir():
+        raise ValueError(f"{option} {path!r}: folder {str(parent)!r} does not exist")
+    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise ValueError(f"{option} {path!r} is not writable")
+
+
+def write_output(path: str, write: Callable[[str], None], what: str) -> str:
+    """Write a finished result with ``write(path)``; if that fails, write it to a temporary file
+    instead and say where (a finished run is never lost). Returns the path written."""
+    try:
+        write(path)
+        return path
+    except OSError as exc:
+        fd, fallback = tempfile.mkstemp(prefix="hybridkv-", suffix=Path(path).suffix or ".out")
+        os.close(fd)
+        write(fallback)
+        print(f"hybridkv: could not write {what} to {path!r} ({exc.strerror or exc}); "
+              f"saved it to {fallback}", file=sys.stderr)
+        return fallback
+
+
+def default_gpus(preset, gpu) -> int:
+    """The fewest GPUs (a power of two) whose memory, less 10%, holds the preset's weights."""
+    n = 1
+    while n < 1024 and preset.weight_bytes > 0.9 * n * gpu.memory_bytes:
+        n *= 2
+    return n
+
+
+def check_options(args: argparse.Namespace) -> None:
+    """Rules involving several options, checked before anything runs (``ValueError``)."""
+    for option in ("json", "plot"):
+        value = getattr(args, option, None)
+        if isinstance(value, str):
+            check_output_path(value, f"--{option}")
+    if getattr(args, "plot", None):
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise ValueError('--plot needs matplotlib: pip install "hybridkv[sim]"') from None
+    if args.acceptance_rate is not None:
+        preset = get_preset(args.preset)
+        if args.spec == SPEC_OFF or (args.spec is None and preset.spec_decode is None):
+            why = ("--spec none turns it off" if args.spec == SPEC_OFF
+                   else f"{preset.name} has no default method")
+            raise ValueError(f"--acceptance-rate {args.acceptance_rate} has no effect without "
+                             f"speculative decoding ({why}); add --spec METHOD:K, e.g. eagle:3")
+
+
+def check_spec_fits(cfg: SimConfig) -> None:
+    """Refuse a speculative decoding whose lookahead slots alone cannot fit (before allocating)."""
+    spec = cfg.spec
+    if spec is None:
+        return
+    need = sum(-(-(spec.num_speculative_tokens + 1) // g.spec.block_size) for g in cfg.preset.groups)
+    if need > cfg.num_blocks - 1:
+        raise ValueError(
+            f"--spec {spec.method}:{spec.num_speculative_tokens}: one request's lookahead needs "
+            f"{need} blocks but the pool has {cfg.num_blocks - 1}; use fewer speculative tokens "
+            "or a larger cache")
+    max_len = cfg.max_model_len
+    if max_len is not None and spec.num_speculative_tokens + 1 >= max_len:
+        raise ValueError(
+            f"--spec {spec.method}:{spec.num_speculative_tokens} needs more than "
+            f"--max-model-len {max_len} tokens per request")
 
 
 def parse_retention(text: str) -> int | None:
@@ -55,21 +231,17 @@ def parse_retention(text: str) -> int | None:
     return v
 
 
-SPEC_OFF = "none"
-
-
-def parse_spec(text: str) -> SpecDecode | str:
-    """``METHOD:K``, e.g. ``eagle:3``, ``mtp:1``, ``dflash:7``; ``none`` turns a preset's off."""
-    if text.strip().lower() == SPEC_OFF:
-        return SPEC_OFF
-    method, sep, k = text.partition(":")
-    if not sep:
-        raise argparse.ArgumentTypeError(
-            f"--spec wants METHOD:K (methods: {', '.join(SPEC_METHODS)}), got {text!r}")
+def spec_argument(text: str) -> SpecDecode | str:
+    """``--spec``: :func:`hybridkv.core.spec_decode.parse_spec`'s grammar; ``none`` stays
+    :data:`SPEC_OFF` here (it turns a preset's method off; no option means the preset's)."""
     try:
-        return SpecDecode(method.strip(), int(k))
+        spec = parse_spec(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+    if spec is not None and not 1 <= spec.num_speculative_tokens <= MAX_SPEC_TOKENS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: K (speculative tokens per step) must be in [1, {MAX_SPEC_TOKENS}]")
+    return SPEC_OFF if spec is None else spec
 
 
 def add_common_options(p: argparse.ArgumentParser) -> None:
@@ -78,51 +250,52 @@ def add_common_options(p: argparse.ArgumentParser) -> None:
                    help=f"model preset (default {DEFAULT_PRESET}; see `hybridkv presets`)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--workload", help=f"built-in workload: {', '.join(WORKLOADS)} (default {DEFAULT_WORKLOAD})")
-    src.add_argument("--trace", type=Path, help="a JSONL trace: Mooncake format (hash_ids) or token ids")
-    p.add_argument("--limit", type=parse_count, help="use only the first N requests of the trace")
+    src.add_argument("--trace", help="a bundled trace (" + ", ".join(BUNDLED_TRACES) + "; see "
+                     "`hybridkv traces`) or a JSONL file (.gz/.xz too): Mooncake format (hash_ids) "
+                     "or token ids (prompt_token_ids)")
+    p.add_argument("--limit", type=positive_count, help="use only the first N requests of the trace")
     p.add_argument("--gpu", default="h100", help=f"GPU preset for the cost model: {', '.join(GPU_PRESETS)}")
-    p.add_argument("--gpus", type=int, default=1, help="GPUs serving the model (ideal tensor parallel)")
-    p.add_argument("--block-size", type=int, help="tokens per block of the main group (preset default otherwise)")
+    p.add_argument("--gpus", type=int_in(1, 1024),
+                   help="GPUs serving the model, ideal tensor parallel (default: the fewest, a "
+                        "power of two, whose memory less 10%% holds the weights)")
+    p.add_argument("--block-size", type=parse_block_size,
+                   help=f"tokens per block of the main group, a power of two in [1, {MAX_BLOCK_SIZE}] "
+                        "(preset default otherwise)")
     p.add_argument("--retention-interval", type=parse_retention, default=0,
                    help="sliding-window retention: none (dense), 0 (replay boundaries, default) or N")
-    p.add_argument("--spec", type=parse_spec,
+    p.add_argument("--spec", type=spec_argument,
                    help="speculative decoding METHOD:K, e.g. eagle:3 (default: the preset's, "
                         "e.g. mtp:1 for deepseek-v4-style); none turns it off")
-    p.add_argument("--acceptance-rate", type=float, default=0.7,
-                   help="per-draft acceptance probability of the seeded acceptance model (0.7)")
-    p.add_argument("--max-num-batched-tokens", type=int, default=8192, help="token budget per step")
-    p.add_argument("--max-num-seqs", type=int, default=256, help="requests running at once")
-    p.add_argument("--max-model-len", type=int, help="tokens per request (prompt + output)")
+    p.add_argument("--acceptance-rate", type=fraction(lo_open=False),
+                   help=f"per-draft acceptance probability in [0, 1] of the seeded acceptance model "
+                        f"(default {DEFAULT_ACCEPTANCE_RATE}); needs speculative decoding")
+    p.add_argument("--max-num-batched-tokens", type=int_in(1), default=8192, help="token budget per step")
+    p.add_argument("--max-num-seqs", type=int_in(1), default=256, help="requests running at once")
+    p.add_argument("--max-model-len", type=int_in(2),
+                   help="tokens per request (prompt + output); a request whose prompt reaches it is "
+                        "rejected and counted, the others' outputs are cut to fit")
     p.add_argument("--sequential", action="store_true", help="one request at a time, no timing")
     p.add_argument("--vllm-compat", action="store_true", help="run the manager in vLLM-0.33-compatible mode")
     p.add_argument("--no-optimum", action="store_true", help="skip the offline (Belady) bound")
-    p.add_argument("--seed", type=int, default=0, help="seed of generators and the acceptance model")
+    p.add_argument("--seed", type=int_in(0), default=0, help="seed of generators and the acceptance model")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def add_capacity_options(p: argparse.ArgumentParser) -> None:
     cap = p.add_mutually_exclusive_group()
-    cap.add_argument("--cache-tokens", type=parse_count,
-                     help=f"KV cache size in tokens, e.g. 3M (default {DEFAULT_CACHE_TOKENS:,})")
-    cap.add_argument("--num-blocks", type=parse_count, help="KV cache size in blocks")
-    cap.add_argument("--gpu-memory-fraction", type=float,
-                     help="cache = this share of GPU memory minus the weights")
+    cap.add_argument("--cache-tokens", type=positive_count,
+                     help=f"KV cache size in tokens, e.g. 3M or 1e9 (default {DEFAULT_SIMULATE_CACHE_TOKENS:,})")
+    cap.add_argument("--num-blocks", type=positive_count, help="KV cache size in blocks (>= 2, the null block included)")
+    cap.add_argument("--gpu-memory-fraction", type=fraction(lo_open=True),
+                     help="cache = this share in (0, 1] of GPU memory minus the weights")
 
 
 def load_items(args: argparse.Namespace) -> list[WorkItem]:
     """The workload of the options: a trace file or a built-in generator."""
     limit = args.limit
     if args.trace is not None:
-        path = args.trace
-        if not path.is_file():
-            raise ValueError(f"trace file {str(path)!r} does not exist")
-        first = ""
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                if line.strip():
-                    first = line
-                    break
-        if '"hash_ids"' in first:
+        path = resolve_trace(args.trace)
+        if trace_format(path) == "mooncake":
             return items_from_mooncake(str(path), limit)
         items = items_from_trace(load_token_trace(path))
         return items[:limit] if limit is not None else items
@@ -141,6 +314,8 @@ def capacity_blocks(args: argparse.Namespace, preset, cache_tokens: int | None =
         if not 0 < frac <= 1:
             raise ValueError(f"--gpu-memory-fraction must be in (0, 1], got {frac}")
         gpu = get_gpu(args.gpu)
+        if args.gpus is None:
+            args.gpus = default_gpus(preset, gpu)
         memory = frac * gpu.memory_bytes * args.gpus - preset.weight_bytes
         if memory <= 0:
             raise ValueError(
@@ -148,10 +323,18 @@ def capacity_blocks(args: argparse.Namespace, preset, cache_tokens: int | None =
                 f"{frac:.0%} of {args.gpus} x {gpu.name} ({gpu.memory_bytes / 1e9:.0f} GB); "
                 "raise --gpus or --gpu-memory-fraction")
         return preset.kv_config(memory_bytes=int(memory)).num_blocks
-    tokens = cache_tokens if cache_tokens is not None else (
-        getattr(args, "cache_tokens", None) or DEFAULT_CACHE_TOKENS)
+    if cache_tokens is None:
+        cache_tokens = getattr(args, "cache_tokens", None)
+        if cache_tokens is None:  # only an absent option takes the default, never a given 0
+            cache_tokens = DEFAULT_SIMULATE_CACHE_TOKENS
+    if cache_tokens < 1:
+        raise ValueError(f"cache size must be >= 1 token, got {cache_tokens}")
     per_token = preset.kv_bytes_per_token()["total"]
-    return preset.kv_config(memory_bytes=tokens * per_token).num_blocks + 1  # + the null block
+    block_bytes = preset.kv_config(num_blocks=2).block_bytes
+    if cache_tokens * per_token < 2 * block_bytes:
+        raise ValueError(f"a cache of {cache_tokens:,} tokens holds no block of {preset.name} "
+                         f"(give at least {-(-2 * block_bytes // per_token):,} tokens)")
+    return preset.kv_config(memory_bytes=cache_tokens * per_token).num_blocks + 1  # + the null block
 
 
 def build_config(args: argparse.Namespace, num_blocks: int | None = None,
@@ -161,6 +344,8 @@ def build_config(args: argparse.Namespace, num_blocks: int | None = None,
     if args.block_size is not None:
         preset = preset.with_block_size(args.block_size)
     gpu = get_gpu(args.gpu)
+    if args.gpus is None:
+        args.gpus = default_gpus(preset, gpu)
     if num_blocks is None:
         num_blocks = capacity_blocks(args, preset)
     spec = args.spec
@@ -170,12 +355,15 @@ def build_config(args: argparse.Namespace, num_blocks: int | None = None,
         spec = None
     sched = SchedulerConfig(max_num_batched_tokens=args.max_num_batched_tokens,
                             max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)
-    return SimConfig(preset=preset, gpu=gpu, num_blocks=num_blocks,
-                     retention_interval=args.retention_interval if retention == "args" else retention,
-                     spec=spec, acceptance_rate=args.acceptance_rate, sched=sched,
-                     sequential=args.sequential, seed=args.seed, vllm_compat=args.vllm_compat,
-                     max_model_len=args.max_model_len, optimum=not args.no_optimum,
-                     num_gpus=args.gpus)
+    rate = args.acceptance_rate if args.acceptance_rate is not None else DEFAULT_ACCEPTANCE_RATE
+    cfg = SimConfig(preset=preset, gpu=gpu, num_blocks=num_blocks,
+                    retention_interval=args.retention_interval if retention == "args" else retention,
+                    spec=spec, acceptance_rate=rate, sched=sched,
+                    sequential=args.sequential, seed=args.seed, vllm_compat=args.vllm_compat,
+                    max_model_len=args.max_model_len, optimum=not args.no_optimum,
+                    num_gpus=args.gpus)
+    check_spec_fits(cfg)
+    return cfg
 
 
 def _progress(enabled: bool, label: str) -> tuple[Callable[[int, int], None] | None, Callable[[], None]]:
@@ -206,7 +394,7 @@ def run_one(cfg: SimConfig, items: list[WorkItem], show_progress: bool, label: s
 
 
 def describe(cfg: SimConfig, args: argparse.Namespace, n_items: int) -> str:
-    source = str(args.trace) if args.trace else f"workload {args.workload or DEFAULT_WORKLOAD}"
+    source = f"trace {args.trace}" if args.trace else f"workload {args.workload or DEFAULT_WORKLOAD}"
     k = cfg.preset.kv_config(num_blocks=cfg.num_blocks)
     tokens = (cfg.num_blocks - 1) * k.block_bytes // cfg.preset.kv_bytes_per_token()["total"]
     spec = f", spec {cfg.spec.method}:{cfg.spec.num_speculative_tokens}" if cfg.spec else ""
@@ -217,7 +405,8 @@ def describe(cfg: SimConfig, args: argparse.Namespace, n_items: int) -> str:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from hybridkv.sim.report import plot_run, summary_table
+    from hybridkv.sim.report import explain_gap, plot_run, summary_table
+    check_options(args)
     items = load_items(args)
     if not items:
         raise ValueError("the workload has no requests")
@@ -225,17 +414,36 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     print(describe(cfg, args, len(items)))
     res = run_one(cfg, items, not args.no_progress, "simulate")
     print(summary_table(res))
+    why = explain_gap(res)
+    if why:
+        print(why)
+    if res.rejected == res.requests:
+        print(f"hybridkv simulate: warning: all {res.requests} requests were rejected "
+              f"(prompt >= --max-model-len {cfg.max_model_len})", file=sys.stderr)
     if args.json:
-        Path(args.json).write_text(json.dumps(res.to_json(), indent=2) + "\n")
-        print(f"wrote {args.json}")
+        text = json.dumps(res.to_json(), indent=2) + "\n"
+        print(f"wrote {write_output(args.json, lambda p: Path(p).write_text(text), 'the JSON result')}")
     if args.plot:
-        plot_run(res, args.plot, title=describe(cfg, args, len(items)).split(": ", 1)[1])
-        print(f"wrote {args.plot}")
+        title = describe(cfg, args, len(items)).split(": ", 1)[1]
+        print(f"wrote {write_output(args.plot, lambda p: plot_run(res, p, title=title), 'the plot')}")
     return 0
+
+
+def check_sweep_options(args: argparse.Namespace) -> None:
+    """A sweep varies sizes (``--cache-tokens-list``) or retention (``--retention-intervals``,
+    at one ``--cache-tokens``); refuse options the chosen sweep would ignore."""
+    if args.retention_intervals is None and args.cache_tokens is not None:
+        raise ValueError("--cache-tokens sets the cache size of a retention sweep "
+                         "(--retention-intervals); to sweep sizes use --cache-tokens-list, e.g. 1M,3M")
+    if args.retention_intervals is not None and args.cache_tokens_list is not None:
+        raise ValueError("sweep one thing at a time: --cache-tokens-list or --retention-intervals "
+                         "(with --cache-tokens for its size)")
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from hybridkv.sim.report import plot_sweep
+    check_options(args)
+    check_sweep_options(args)
     items = load_items(args)
     if not items:
         raise ValueError("the workload has no requests")
@@ -243,13 +451,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.block_size is not None:
         preset = preset.with_block_size(args.block_size)
     runs: list[tuple[object, SimConfig]] = []
-    if args.retention_intervals:
-        values = [parse_retention(v) for v in args.retention_intervals.split(",")]
-        blocks = capacity_blocks(args, preset, args.cache_tokens or DEFAULT_CACHE_TOKENS)
+    if args.retention_intervals is not None:
+        values = args.retention_intervals
+        blocks = capacity_blocks(args, preset, args.cache_tokens if args.cache_tokens is not None
+                                 else DEFAULT_CACHE_TOKENS)
         runs = [(v, build_config(args, num_blocks=blocks, retention=v)) for v in values]
         xlabel = "retention interval (tokens; none plotted as 0)"
     else:
-        sizes = [parse_count(v) for v in (args.cache_tokens_list or "1M,3M,10M").split(",")]
+        sizes = args.cache_tokens_list if args.cache_tokens_list is not None else [10**6, 3 * 10**6, 10**7]
         runs = [(s, build_config(args, num_blocks=capacity_blocks(args, preset, s))) for s in sizes]
         xlabel = "KV cache size (tokens)"
     results = []
@@ -266,13 +475,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
               f"TTFT p50 {d['ttft_p50_s'] if d['ttft_p50_s'] is None else round(d['ttft_p50_s'], 3)} s, "
               f"wall {d['wall_s']:.1f} s", flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
-        print(f"wrote {args.json}")
+        text = json.dumps(rows, indent=2) + "\n"
+        print(f"wrote {write_output(args.json, lambda p: Path(p).write_text(text), 'the JSON rows')}")
     if args.plot:
         xs = [0 if v is None else v for v, _ in runs]
-        plot_sweep(xs, results, args.plot, xlabel, title=f"{preset.name}",
-                   log_x=not args.retention_intervals)
-        print(f"wrote {args.plot}")
+        print("wrote " + write_output(args.plot, lambda p: plot_sweep(
+            xs, results, p, xlabel, title=f"{preset.name}", log_x=args.retention_intervals is None),
+            "the plot"))
     return 0
 
 
@@ -307,8 +516,26 @@ def cmd_presets(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_traces(args: argparse.Namespace) -> int:
+    """List the bundled traces: name, requests, compressed size, licence, source."""
+    rows = [{"name": t.name, "requests": t.requests, "bytes": t.path.stat().st_size if t.path.is_file() else None,
+             "format": "mooncake", "licence": t.licence, "description": t.description,
+             "source": t.source, "path": str(t.path)} for t in BUNDLED_TRACES.values()]
+    if args.json:
+        json.dump(rows, sys.stdout, indent=2)
+        print()
+        return 0
+    print(f"{'name':<24} {'requests':>9} {'size':>9}  {'licence':<11} description")
+    for r in rows:
+        size = "missing" if r["bytes"] is None else f"{r['bytes'] / 1e3:,.0f} kB"
+        print(f"{r['name']:<24} {r['requests']:>9,} {size:>9}  {r['licence']:<11} {r['description']}")
+    print("source: " + BUNDLED_TRACES[next(iter(BUNDLED_TRACES))].source.split(" conversation")[0]
+          + "; use a name with --trace, e.g. hybridkv simulate --trace mooncake-conversation --limit 500")
+    return 0
+
+
 def add_parsers(sub: argparse._SubParsersAction) -> None:
-    """Register ``simulate``, ``sweep`` and ``presets``."""
+    """Register ``simulate``, ``sweep``, ``presets`` and ``traces``."""
     p = sub.add_parser("simulate", help="trace-driven simulation: hit rates, latency, the optimum",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_options(p)
@@ -319,9 +546,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("sweep", help="hit rate against cache size or retention interval")
     add_common_options(p)
-    p.add_argument("--cache-tokens-list", help="comma-separated cache sizes (default 1M,3M,10M)")
-    p.add_argument("--retention-intervals", help="comma-separated intervals, e.g. none,0,1024")
-    p.add_argument("--cache-tokens", type=parse_count, help="cache size for a retention sweep")
+    p.add_argument("--cache-tokens-list", type=parse_count_list,
+                   help="comma-separated cache sizes (default 1M,3M,10M)")
+    p.add_argument("--retention-intervals", type=parse_retention_list,
+                   help="comma-separated intervals, e.g. none,0,1024")
+    p.add_argument("--cache-tokens", type=positive_count,
+                   help=f"cache size of a retention sweep (default {DEFAULT_CACHE_TOKENS:,})")
     p.add_argument("--json", help="write the rows as JSON to this path")
     p.add_argument("--plot", help="write a PNG of hit rate against the swept value")
     p.set_defaults(func=cmd_sweep)
@@ -329,3 +559,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("presets", help="list model and GPU presets with KV bytes per token")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_presets)
+
+    p = sub.add_parser("traces", help="list the request traces bundled with the package")
+    p.add_argument("--json", action="store_true", help="print the list as JSON")
+    p.set_defaults(func=cmd_traces)

@@ -29,6 +29,8 @@ def summary_table(res: SimResult) -> str:
         ("block hit rate", f"{d['block_hit_rate']:.4f}"),
         ("offline optimum (Belady)", _fmt(d["optimal_block_hit_rate"])
          + (f"  (online = {frac:.1%} of it)" if frac is not None else "")),
+        ("unlimited cache", _fmt(d["unlimited_cache_block_hit_rate"])
+         + ("  (one request at a time, same requests)" if d["gap"] else "")),
         ("TTFT p50 / p90 / p99", " / ".join(_fmt(d[k], " s") for k in
                                             ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s"))),
         ("inter-token latency", _fmt(d["itl_mean_s"], " s")),
@@ -42,6 +44,30 @@ def summary_table(res: SimResult) -> str:
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
+
+
+def explain_gap(res: SimResult) -> str:
+    """Why the online block hit rate is below the optimum, from the measured
+    :class:`~hybridkv.sim.simulator.GapReport` ("" when there is no gap or no report)."""
+    g = res.gap
+    if g is None or res.prompt_blocks == 0 or g.online_blocks >= g.optimum_blocks:
+        return ""
+    pb = res.prompt_blocks
+    lines = [f"why online < optimum ({g.online_blocks:,} vs {g.optimum_blocks:,} of {pb:,} prompt "
+             f"blocks hit; an unlimited cache would hit {g.ceiling_blocks:,}):"]
+    if g.ceiling_blocks > g.optimum_blocks:
+        lines.append(f"  cache size: even the optimum misses {g.ceiling_blocks - g.optimum_blocks:,} "
+                     f"blocks ({(g.ceiling_blocks - g.optimum_blocks) / pb:.1%}) an unlimited cache hits")
+    if g.in_flight_blocks:
+        lines.append(f"  timing: {g.in_flight_blocks:,} blocks ({g.in_flight_blocks / pb:.1%}) missed by "
+                     f"{g.in_flight_requests:,} requests admitted before the request that first "
+                     "computed them had finished (concurrent serving; the bounds serve one at a time)")
+    if g.evicted_blocks:
+        lines.append(f"  eviction: {g.evicted_blocks:,} blocks ({g.evicted_blocks / pb:.1%}) missed by "
+                     f"{g.evicted_requests:,} requests because they had been cached and were gone "
+                     f"(evicted, or not retained by a sliding-window group; {res.evictions:,} "
+                     "evictions in all)")
+    return "\n".join(lines)
 
 
 def _pyplot():

@@ -21,6 +21,7 @@ request (they enter block hashes like real ones but never match another prompt).
 from __future__ import annotations
 
 import dataclasses
+import math
 import multiprocessing as mp
 import time
 from dataclasses import dataclass, field
@@ -33,12 +34,12 @@ from hybridkv.core.manager import KVCacheManager
 from hybridkv.core.request import Request
 from hybridkv.core.spec_decode import SpecDecode
 from hybridkv.core.rules import make_rule
-from hybridkv.sched import AcceptanceModel, EngineRequest, Scheduler, SchedulerConfig
+from hybridkv.sched import AcceptanceModel, EngineRequest, Scheduler, SchedulerConfig, useful_drafts
 from hybridkv.sim.costmodel import CostModel
 from hybridkv.sim.optimal import belady_block_hit_rate
 from hybridkv.sim.presets import GpuPreset, ModelPreset
 from hybridkv.sim.traces import (MOONCAKE_BLOCK_TOKENS, MooncakeRecord, TraceRequest,
-                                 expand_block_ids, iter_mooncake_records)
+                                 expand_block_ids, iter_mooncake_records, trace_stem)
 
 _OUTPUT_TOKEN_BASE = 1 << 40  # pseudo output tokens live above every prompt token id
 _PARALLEL_OPTIMUM_TOKENS = 20_000_000  # above this many prompt tokens, compute the bound in a child
@@ -80,7 +81,7 @@ def items_from_trace(requests: Iterable[TraceRequest]) -> list[WorkItem]:
 
 def items_from_mooncake(path: str, limit: int | None = None) -> list[WorkItem]:
     """Work items of a Mooncake JSONL trace; tokens are expanded lazily (512 per hash id)."""
-    stem = str(path).rsplit("/", 1)[-1].rsplit(".", 1)[0]
+    stem = trace_stem(path)
     items = [WorkItem(f"{stem}-{i}", rec.timestamp_ms / 1000.0, rec.input_length,
                       rec.output_length, rec)
              for i, rec in enumerate(iter_mooncake_records(path, limit))]
@@ -137,6 +138,7 @@ class SimResult:
     hit_blocks: int = 0
     output_tokens: int = 0
     optimal_hit_blocks: int | None = None
+    gap: GapReport | None = None
     ttft_s: list[float] = field(default_factory=list)
     itl_s: list[float] = field(default_factory=list)
     makespan_s: float = 0.0
@@ -180,6 +182,9 @@ class SimResult:
             "block_hit_rate": self.block_hit_rate,
             "optimal_block_hit_rate": opt,
             "fraction_of_optimal": (self.block_hit_rate / opt) if opt else None,
+            "unlimited_cache_block_hit_rate": (self.gap.ceiling_blocks / self.prompt_blocks
+                                               if self.gap and self.prompt_blocks else None),
+            "gap": dataclasses.asdict(self.gap) if self.gap else None,
             "output_tokens": self.output_tokens,
             "ttft_p50_s": pct(50),
             "ttft_p90_s": pct(90),
@@ -198,32 +203,172 @@ class SimResult:
         }
 
 
-def optimal_hit_blocks(items: Iterable[WorkItem], block_size: int, capacity_blocks: int) -> int:
-    """Prompt blocks the offline optimum (Belady with bypass) hits, one request at a time.
+@dataclass(frozen=True, slots=True)
+class ServedItem:
+    """A work item the online run serves, with the output length it is allowed to generate."""
 
-    Keys are plain chained block hashes (no lookahead, no salt), computed independently of
-    the simulated manager. A request may hit its prompt's first ``(prompt_len - 1) //
-    block_size`` blocks (the last token is always recomputed, online and here); after it,
-    its blocks are inserted, including those of its output when the workload knows the
-    output tokens (the next turn of a chat repeats them).
+    item: WorkItem
+    max_tokens: int
+
+
+def served_workload(items: Iterable[WorkItem], max_model_len: int | None) -> tuple[list[ServedItem], int]:
+    """The requests a run serves and how many it rejects: the one rule for ``max_model_len``.
+
+    A request whose prompt alone reaches ``max_model_len`` (``prompt_len >= max_model_len``) is
+    rejected and counted, as a serving engine refuses it; the others generate
+    ``min(max(1, output_len), max_model_len - prompt_len)`` tokens. The online run and the
+    offline optimum both use this list, so the bound is computed on exactly the served workload.
     """
+    served: list[ServedItem] = []
+    rejected = 0
+    for it in items:
+        max_tokens = max(1, it.output_len)
+        if max_model_len is not None:
+            if it.prompt_len >= max_model_len:
+                rejected += 1
+                continue
+            max_tokens = min(max_tokens, max_model_len - it.prompt_len)
+        served.append(ServedItem(it, max_tokens))
+    return served, rejected
+
+
+def optimum_capacity_blocks(kv_config, num_blocks: int, key_block: int) -> int:
+    """Pool capacity in key blocks for the offline bound.
+
+    Caching ``key_block`` tokens of a prefix takes ``key_block / block_size`` blocks in every
+    full-attention-type group (all of them must hold the prefix for a hit), so the bound gets
+    ``(num_blocks - 1) // sum_g(key_block / block_size_g)`` key blocks. Window groups are left
+    out (they may keep as little as one window per hit end), which keeps it an upper bound.
+    """
+    units = sum(max(1, key_block // g.spec.block_size) for g in kv_config.groups
+                if make_rule(g.spec).downward_closed)
+    return (num_blocks - 1) // max(1, units)
+
+
+def _bound_keys(items: Iterable[WorkItem | ServedItem], block_size: int) -> tuple[list[list[bytes]], list[int]]:
+    """Per request: its plain chained key-block hashes (prompt + served output) and hit limit."""
     hasher = BlockHasher(block_size)
     keys: list[list[bytes]] = []
     limits: list[int] = []
-    for it in items:
+    for entry in items:
+        it, max_out = (entry.item, entry.max_tokens) if isinstance(entry, ServedItem) else (entry, None)
         out = it.output_ids
+        if out is not None and max_out is not None:
+            out = out[:max_out]
         tokens = it.prompt() if out is None or not len(out) else np.concatenate([it.prompt(), out])
         req = Request(it.request_id, tokens)
         hasher.update(req)
         del req.block_hashes[(len(tokens) - 1) // block_size:]
         keys.append(req.block_hashes)
         limits.append((it.prompt_len - 1) // block_size)
+    return keys, limits
+
+
+def optimal_hit_blocks(items: Iterable[WorkItem | ServedItem], block_size: int,
+                       capacity_blocks: int) -> int:
+    """Prompt blocks the offline optimum (Belady with bypass) hits, one request at a time.
+
+    Keys are plain chained block hashes (no lookahead, no salt), computed independently of
+    the simulated manager. A request may hit its prompt's first ``(prompt_len - 1) //
+    block_size`` blocks (the last token is always recomputed, online and here); after it,
+    its blocks are inserted, including those of its output when the workload knows the
+    output tokens (the next turn of a chat repeats them), cut to the ``max_tokens`` the
+    online run generated for a :class:`ServedItem`.
+    """
+    keys, limits = _bound_keys(items, block_size)
     return belady_block_hit_rate(keys, capacity_blocks, limits).block_hits
 
 
-def _optimum_child(items: list[WorkItem], block_size: int, capacity: int, conn) -> None:
+@dataclass(frozen=True, slots=True)
+class OnlineHits:
+    """Per served request (in served order): what the online run measured, for :class:`GapReport`.
+
+    ``hit_blocks[r]``: leading key blocks hit at first admission; ``admitted_t[r]`` /
+    ``finished_t[r]``: the clock then and when it finished (sequential mode: its index).
+    """
+
+    hit_blocks: list[int]
+    admitted_t: list[float]
+    finished_t: list[float]
+
+
+@dataclass(frozen=True, slots=True)
+class GapReport:
+    """Why the online run hits fewer blocks than an unlimited cache, measured per request.
+
+    For each request, the blocks an unlimited cache serving requests one at a time would hit
+    (``ceiling_blocks`` in total) minus the blocks the online run hit are charged to one cause,
+    read at the first block the online run missed:
+
+    * ``in_flight_blocks``: the request that first produced that block had not finished when
+      this one was admitted (the engine's concurrency: a follow-up arrived too early);
+    * ``evicted_blocks``: it had finished, so the block had been cached and was gone
+      (evicted, or not retained by a sliding-window group).
+
+    ``optimum_blocks`` is the Belady bound at the pool's size; ``ceiling_blocks -
+    optimum_blocks`` is what the cache size costs any policy.
+    """
+
+    ceiling_blocks: int
+    optimum_blocks: int
+    online_blocks: int
+    in_flight_blocks: int
+    evicted_blocks: int
+    in_flight_requests: int
+    evicted_requests: int
+
+
+def gap_report(keys: list[list[bytes]], limits: list[int], optimum_blocks: int,
+               online: OnlineHits) -> GapReport:
+    """Attribute the online run's missed blocks (see :class:`GapReport`)."""
+    seen: set[bytes] = set()
+    ceiling: list[int] = []
+    for ks, lim in zip(keys, limits):
+        h = 0
+        for k in ks[:lim]:
+            if k not in seen:
+                break
+            h += 1
+        ceiling.append(h)
+        seen.update(ks)
+    del seen
+    wanted: dict[bytes, list[int]] = {}   # first missed key -> requests that missed it
+    for r, (c, h) in enumerate(zip(ceiling, online.hit_blocks)):
+        if h < c:
+            wanted.setdefault(keys[r][h], []).append(r)
+    producer: dict[bytes, int] = {}
+    for j, ks in enumerate(keys):
+        if len(producer) == len(wanted):
+            break
+        for k in ks:
+            if k in wanted and k not in producer:
+                producer[k] = j
+    in_flight = evicted = n_flight = n_evicted = 0
+    for key, rs in wanted.items():
+        j = producer[key]
+        for r in rs:
+            lost = ceiling[r] - online.hit_blocks[r]
+            if online.finished_t[j] > online.admitted_t[r]:
+                in_flight += lost
+                n_flight += 1
+            else:
+                evicted += lost
+                n_evicted += 1
+    return GapReport(sum(ceiling), optimum_blocks, sum(online.hit_blocks), in_flight, evicted,
+                     n_flight, n_evicted)
+
+
+def _bound_and_gap(items: list[ServedItem], block_size: int, capacity: int,
+                   get_online: Callable[[], OnlineHits]) -> tuple[int, GapReport]:
+    """The Belady bound, then (once the online run is done) the gap attribution."""
+    keys, limits = _bound_keys(items, block_size)
+    opt = belady_block_hit_rate(keys, capacity, limits).block_hits
+    return opt, gap_report(keys, limits, opt, get_online())
+
+
+def _optimum_child(items: list[ServedItem], block_size: int, capacity: int, conn) -> None:
     try:
-        conn.send(optimal_hit_blocks(items, block_size, capacity))
+        conn.send(_bound_and_gap(items, block_size, capacity, conn.recv))
     except BaseException as exc:  # report, never hang the parent
         conn.send(exc)
     finally:
@@ -233,10 +378,11 @@ def _optimum_child(items: list[WorkItem], block_size: int, capacity: int, conn) 
 class _Live:
     """Per-request measurement state (kept on ``EngineRequest.user_data``)."""
 
-    __slots__ = ("item", "first_token_t", "outputs")
+    __slots__ = ("item", "index", "first_token_t", "outputs")
 
-    def __init__(self, item: WorkItem) -> None:
+    def __init__(self, item: WorkItem, index: int) -> None:
         self.item = item
+        self.index = index  # position in the served workload
         self.first_token_t = -1.0
         ids = item.output_ids
         self.outputs: list[int] | None = ids.tolist() if ids is not None else None
@@ -273,6 +419,7 @@ class Simulator:
         groups = kv_config.groups
         full = [g.spec.block_size for g in groups if make_rule(g.spec).downward_closed]
         self.key_block = max(full) if full else kv_config.alignment
+        self.optimum_capacity = optimum_capacity_blocks(kv_config, config.num_blocks, self.key_block)
 
     # ---- the run ------------------------------------------------------------------------------
     def run(self, items: Iterable[WorkItem]) -> SimResult:
@@ -281,21 +428,29 @@ class Simulator:
         cfg = self.config
         res = SimResult()
         t0 = time.perf_counter()
-        capacity = cfg.num_blocks - 1
+        capacity = self.optimum_capacity
+        served, res.rejected = served_workload(items, self.scheduler.max_model_len)
         child = conn = None
-        if cfg.optimum and sum(it.prompt_len for it in items) > _PARALLEL_OPTIMUM_TOKENS \
+        if cfg.optimum and sum(s.item.prompt_len for s in served) > _PARALLEL_OPTIMUM_TOKENS \
                 and "fork" in mp.get_all_start_methods():
             # The bound needs no simulation state: compute it on another core meanwhile.
             ctx = mp.get_context("fork")
-            conn, child_conn = ctx.Pipe(duplex=False)
+            conn, child_conn = ctx.Pipe()
             child = ctx.Process(target=_optimum_child, daemon=True,
-                                args=(items, self.key_block, capacity, child_conn))
+                                args=(served, self.key_block, capacity, child_conn))
             child.start()
             child_conn.close()
-        if cfg.sequential:
-            self._run_sequential(items, res)
-        else:
-            self._run_timed(items, res)
+        n = len(served)
+        self._online = OnlineHits([0] * n, [0.0] * n, [math.inf] * n)
+        try:
+            if cfg.sequential:
+                self._run_sequential(served, res)
+            else:
+                self._run_timed(served, res)
+        except BaseException:
+            if child is not None:
+                child.kill()
+            raise
         kv = self.kv
         stats = kv.stats()
         res.requests = len(items)
@@ -307,16 +462,24 @@ class Simulator:
                                            if pool.block_hash[b] is not None and pool.block_group[b] == i)
                                for i, g in enumerate(kv.config.groups)}
         if child is not None:
+            conn.send(self._online)
             got = conn.recv()
             child.join()
             if isinstance(got, BaseException):
                 raise got
-            res.optimal_hit_blocks = got
+            res.optimal_hit_blocks, res.gap = got
         elif cfg.optimum:
-            res.optimal_hit_blocks = optimal_hit_blocks(items, self.key_block, capacity)
+            res.optimal_hit_blocks, res.gap = _bound_and_gap(served, self.key_block, capacity,
+                                                             lambda: self._online)
+        if res.optimal_hit_blocks is not None and not res.hit_blocks <= res.optimal_hit_blocks <= res.prompt_blocks:
+            raise RuntimeError(  # a bug in the simulator or the bound, never a result to print
+                f"offline optimum {res.optimal_hit_blocks} blocks outside [online hits "
+                f"{res.hit_blocks}, prompt blocks {res.prompt_blocks}]; please report this workload")
         res.wall_s = time.perf_counter() - t0
         res.config = {"preset": cfg.preset.name, "gpu": cfg.gpu.name, "num_gpus": cfg.num_gpus,
                       "num_blocks": cfg.num_blocks, "block_size": cfg.preset.block_size,
+                      "optimum_capacity_blocks": capacity, "key_block_size": self.key_block,
+                      "max_model_len": self.scheduler.max_model_len,
                       "retention_interval": cfg.retention_interval,
                       "spec": (f"{cfg.spec.method}:{cfg.spec.num_speculative_tokens}"
                                if cfg.spec else None),
@@ -327,53 +490,46 @@ class Simulator:
                       "max_num_seqs": self.scheduler.config.max_num_seqs}
         return res
 
-    def _new_request(self, item: WorkItem) -> EngineRequest:
+    def _new_request(self, served: ServedItem, index: int) -> EngineRequest:
+        item = served.item
         req = Request(item.request_id, item.prompt())
-        max_tokens = max(1, item.output_len)
-        if self.scheduler.max_model_len is not None:
-            max_tokens = min(max_tokens, max(1, self.scheduler.max_model_len - item.prompt_len))
-        er = EngineRequest(req, max_tokens, arrival_time=item.arrival_s)
-        er.user_data = _Live(item)
+        er = EngineRequest(req, served.max_tokens, arrival_time=item.arrival_s)
+        er.user_data = _Live(item, index)
         return er
 
-    def _admit(self, er: EngineRequest, res: SimResult) -> bool:
-        """Queue a request; one whose prompt leaves no room under max_model_len is rejected
-        and counted, as a serving engine would refuse it."""
-        max_len = self.scheduler.max_model_len
-        if max_len is not None and er.num_prompt_tokens >= max_len:
-            res.rejected += 1
-            return False
-        self.scheduler.add_request(er)
-        return True
-
-    def _on_admitted(self, er: EngineRequest, res: SimResult) -> None:
+    def _on_admitted(self, er: EngineRequest, res: SimResult, clock: float) -> None:
         """First admission: count prompt tokens and blocks and the hit."""
         bs = self.key_block
         p = er.request.num_prompt_tokens
         res.prompt_tokens += p
         res.prompt_blocks += -(-p // bs)
-        res.hit_blocks += er.num_cached_tokens // bs
+        hit = er.num_cached_tokens // bs
+        res.hit_blocks += hit
+        i = er.user_data.index  # type: ignore[union-attr]
+        self._online.hit_blocks[i] = hit
+        self._online.admitted_t[i] = clock
 
-    def _run_sequential(self, items: list[WorkItem], res: SimResult) -> None:
+    def _run_sequential(self, items: list[ServedItem], res: SimResult) -> None:
         sched = self.scheduler
         for n, item in enumerate(items):
-            er = self._new_request(item)
-            if not self._admit(er, res):
-                continue
+            er = self._new_request(item, n)
+            sched.add_request(er)
             while sched.has_unfinished():
                 out = sched.schedule()
                 for r in out.admitted:
                     if r.request.num_preemptions == 0:
-                        self._on_admitted(r, res)
+                        self._on_admitted(r, res, float(n))
                 res.steps += 1
                 self._sample_usage(res, float(n))
-                self._update(out, res, 0.0)
+                self._update(out, res, float(n))
             res.output_tokens += er.num_output_tokens
             if self.progress and n % 256 == 0:
                 self.progress(n, len(items))
+        if self.progress:
+            self.progress(len(items), len(items))
         self._finish_usage(res)
 
-    def _run_timed(self, items: list[WorkItem], res: SimResult) -> None:
+    def _run_timed(self, items: list[ServedItem], res: SimResult) -> None:
         sched = self.scheduler
         cost = self.cost
         clock = 0.0
@@ -381,16 +537,16 @@ class Simulator:
         total = len(items)
         done = 0
         while nxt < total or sched.has_unfinished():
-            while nxt < total and items[nxt].arrival_s <= clock:
-                self._admit(self._new_request(items[nxt]), res)
+            while nxt < total and items[nxt].item.arrival_s <= clock:
+                sched.add_request(self._new_request(items[nxt], nxt))
                 nxt += 1
             if not sched.has_unfinished():
-                clock = items[nxt].arrival_s
+                clock = items[nxt].item.arrival_s
                 continue
             out = sched.schedule()
             for r in out.admitted:
                 if r.request.num_preemptions == 0:
-                    self._on_admitted(r, res)
+                    self._on_admitted(r, res, clock)
             sc = out.scheduled
             clock += cost.step_time_arrays(np.fromiter((s.num_new_tokens for s in sc), np.float64, len(sc)),
                                            np.fromiter((s.start for s in sc), np.float64, len(sc)))
@@ -399,6 +555,8 @@ class Simulator:
             done += self._update(out, res, clock)
             if self.progress and res.steps % 2048 == 0:
                 self.progress(done, total)
+        if self.progress:
+            self.progress(total, total)
         res.makespan_s = clock
         self._finish_usage(res)
 
@@ -423,6 +581,7 @@ class Simulator:
         finished = self.scheduler.update(out, sampled)
         for r in finished:
             live = r.user_data  # type: ignore[assignment]
+            self._online.finished_t[live.index] = clock
             res.output_tokens += r.num_output_tokens if not self.config.sequential else 0
             if r.num_output_tokens > 1 and clock > live.first_token_t >= 0:
                 res.itl_s.append((clock - live.first_token_t) / (r.num_output_tokens - 1))
@@ -432,9 +591,7 @@ class Simulator:
             for r in self.scheduler.running:
                 req = r.request
                 if req.num_computed_tokens + 1 == req.num_tokens:  # decoding
-                    n = min(k, r.max_tokens - r.num_output_tokens - 1)
-                    if max_len is not None:
-                        n = min(n, max_len - req.num_tokens - 1)
+                    n = useful_drafts(r, k, max_len)
                     if n > 0:
                         r.spec_token_ids = [0] * n
         return len(finished)

@@ -11,6 +11,10 @@ Loaders (every malformed line raises ``ValueError("<file>:<line>: <what is wrong
 * :func:`load_token_trace` — ``{"prompt_token_ids": [...], "output_len": m, "arrival_s"?: s,
   "session"?: str, "request_id"?: str}``.
 
+Trace files may be plain, gzip (``.gz``) or xz (``.xz``) compressed. Public traces ship inside
+the package (:data:`BUNDLED_TRACES`, e.g. ``"mooncake-conversation"``); :func:`resolve_trace`
+turns a bundled name or a path into a file and :func:`trace_format` tells the two formats apart.
+
 Generators (deterministic for a given seed; numpy ``Generator``):
 
 * :func:`multi_turn_chat` — conversations whose turn k prompt is turn k-1's prompt + answer +
@@ -25,17 +29,23 @@ builds one by name with keyword overrides.
 
 from __future__ import annotations
 
+import gzip
 import json
+import lzma
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, NamedTuple
 
 import numpy as np
 
+from hybridkv.core.request import INT64_MAX, INT64_MIN
+
 __all__ = [
+    "BUNDLED_TRACES",
     "MOONCAKE_BLOCK_TOKENS",
+    "BundledTrace",
     "WORKLOADS",
     "MooncakeRecord",
     "TraceRequest",
@@ -46,8 +56,12 @@ __all__ = [
     "load_mooncake_trace",
     "load_token_trace",
     "multi_turn_chat",
+    "open_trace_text",
     "replay_microbenchmark",
+    "resolve_trace",
     "shared_system_prompt",
+    "trace_format",
+    "trace_stem",
 ]
 
 MOONCAKE_BLOCK_TOKENS = 512
@@ -164,10 +178,36 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def open_trace_text(path: str | Path) -> IO[str]:
+    """Open a trace for reading text, decompressing ``.xz`` and ``.gz`` files transparently."""
+    path = Path(path)
+    if path.suffix == ".xz":
+        return lzma.open(path, "rt", encoding="utf-8")
+    if path.suffix == ".gz":
+        return gzip.open(path, "rt", encoding="utf-8")
+    return path.open("r", encoding="utf-8")
+
+
+def trace_stem(path: str | Path) -> str:
+    """The file name without ``.jsonl`` and compression suffixes (request ids are built on it)."""
+    name = Path(path).name
+    for suffix in (".xz", ".gz", ".jsonl", ".json"):
+        if name.endswith(suffix) and len(name) > len(suffix):
+            name = name[: -len(suffix)]
+    return name
+
+
 def _iter_json_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield (1-based line number, object) for each non-blank line; bad JSON raises ValueError."""
-    with path.open("r", encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
+    with open_trace_text(path) as fh:
+        lines = enumerate(fh, start=1)
+        while True:
+            try:
+                lineno, line = next(lines)
+            except StopIteration:
+                return
+            except (OSError, EOFError, lzma.LZMAError, UnicodeDecodeError) as exc:
+                raise ValueError(f"{path}: cannot read the trace ({exc})") from None
             if not line.strip():
                 continue
             try:
@@ -329,7 +369,7 @@ def load_mooncake_trace(
         prompt.flags.writeable = False  # TraceRequest keeps a read-only int64 array as is
         out.append(
             TraceRequest(
-                request_id=f"{path.stem}-{i}",
+                request_id=f"{trace_stem(path)}-{i}",
                 arrival_s=rec.timestamp_ms / 1000.0,
                 prompt=prompt,
                 output_len=rec.output_length,
@@ -349,7 +389,9 @@ def load_token_trace(path: str | Path) -> list[TraceRequest]:
 
     Raises:
         ValueError: naming the file and 1-based line of the first bad line: bad JSON, a missing
-            field, an empty prompt or non-integer / negative / >= 2**31 token ids, a negative or
+            field, an empty prompt or token ids that are not int64 integers (the rule of
+            :class:`~hybridkv.core.request.Request`: any int64 value, negative ones included,
+            is an opaque token the cache hashes; the engine checks the vocabulary), a negative or
             non-integer output_len, a negative or non-finite arrival_s, a non-string session or
             request_id, or a duplicate request_id.
     """
@@ -366,10 +408,10 @@ def load_token_trace(path: str | Path) -> list[TraceRequest]:
             prompt = np.asarray([], dtype=object)
         if prompt.ndim != 1 or prompt.dtype.kind not in "iu":
             raise ValueError(f"{path}:{lineno}: 'prompt_token_ids' must be a flat list of integers")
-        if prompt.min() < 0 or prompt.max() >= TOKEN_ID_LIMIT:
+        if int(prompt.min()) < INT64_MIN or int(prompt.max()) > INT64_MAX:
             raise ValueError(
-                f"{path}:{lineno}: token ids must be in [0, 2**31), got range "
-                f"[{prompt.min()}, {prompt.max()}]"
+                f"{path}:{lineno}: token ids must be int64 values (the rule of Request), got "
+                f"range [{prompt.min()}, {prompt.max()}]"
             )
         output_len = _nonneg_int(path, lineno, obj, "output_len")
         arrival = obj.get("arrival_s", 0.0)
@@ -379,7 +421,7 @@ def load_token_trace(path: str | Path) -> list[TraceRequest]:
         session = obj.get("session")
         if session is not None and not isinstance(session, str):
             raise ValueError(f"{path}:{lineno}: 'session' must be a string, got {session!r}")
-        request_id = obj.get("request_id", f"{path.stem}-{len(out)}")
+        request_id = obj.get("request_id", f"{trace_stem(path)}-{len(out)}")
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"{path}:{lineno}: 'request_id' must be a non-empty string, got {request_id!r}")
         if request_id in seen_ids:
@@ -389,6 +431,81 @@ def load_token_trace(path: str | Path) -> list[TraceRequest]:
             TraceRequest(request_id, float(arrival), prompt.astype(np.int64), output_len, session)
         )
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# Bundled traces
+# --------------------------------------------------------------------------------------------
+
+
+class BundledTrace(NamedTuple):
+    """A public trace shipped inside the package (``hybridkv/sim/data``)."""
+
+    name: str          # what ``--trace`` accepts
+    file: str          # file name under ``hybridkv/sim/data``
+    requests: int      # lines (checked by the tests)
+    description: str
+    source: str
+    licence: str
+
+    @property
+    def path(self) -> Path:
+        """The compressed JSONL file of this trace (inside the installed package)."""
+        return _DATA_DIR / self.file
+
+
+_DATA_DIR = Path(__file__).resolve().parent / "data"
+_MOONCAKE_SOURCE = "Mooncake FAST'25 release (github.com/kvcache-ai/Mooncake, FAST25-release/traces)"
+
+BUNDLED_TRACES: dict[str, BundledTrace] = {t.name: t for t in (
+    BundledTrace("mooncake-conversation", "mooncake_conversation.jsonl.xz", 12_031,
+                 "one hour of online chat traffic (Kimi), timestamps in ms",
+                 _MOONCAKE_SOURCE + " conversation_trace.jsonl", "Apache-2.0"),
+    BundledTrace("mooncake-synthetic", "mooncake_synthetic.jsonl.xz", 3_993,
+                 "Poisson arrivals built from public datasets, multi-turn order kept",
+                 _MOONCAKE_SOURCE + " synthetic_trace.jsonl", "Apache-2.0"),
+)}
+"""Traces shipped with the package, by name (Mooncake JSONL format, xz-compressed)."""
+
+
+def resolve_trace(trace: str | Path) -> Path:
+    """The file of ``trace``: a bundled trace's name (:data:`BUNDLED_TRACES`) or a path.
+
+    An existing file wins over a bundled name of the same spelling.
+
+    Raises:
+        ValueError: neither an existing file nor a bundled name (the names are listed).
+    """
+    path = Path(trace)
+    if path.is_file():
+        return path
+    bundled = BUNDLED_TRACES.get(str(trace))
+    if bundled is not None:
+        if not bundled.path.is_file():
+            raise ValueError(f"bundled trace {bundled.name!r} is missing from the installed package "
+                             f"({bundled.path}); reinstall hybridkv")
+        return bundled.path
+    if path.exists():
+        raise ValueError(f"trace {str(trace)!r} is not a file")
+    raise ValueError(f"trace file {str(trace)!r} does not exist (bundled traces: "
+                     f"{', '.join(BUNDLED_TRACES)}; see `hybridkv traces`)")
+
+
+def trace_format(path: str | Path) -> str:
+    """``"mooncake"`` when the first non-blank line has ``hash_ids``, else ``"tokens"`` (whose
+    loader then names whatever is wrong with the line).
+
+    Raises:
+        ValueError: an empty or unreadable file (the path is named).
+    """
+    with open_trace_text(path) as fh:
+        try:
+            first = next((line for line in fh if line.strip()), "")
+        except (OSError, EOFError, lzma.LZMAError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{path}: cannot read the trace ({exc})") from None
+    if not first:
+        raise ValueError(f"{path}: the trace is empty")
+    return "mooncake" if '"hash_ids"' in first else "tokens"
 
 
 # --------------------------------------------------------------------------------------------

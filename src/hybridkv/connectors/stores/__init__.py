@@ -3,27 +3,24 @@
 * :class:`KVStore` - the interface and its contracts (:mod:`.base`).
 * :class:`LocalCPUStore` - embedded in-process LRU tier with a byte budget (:mod:`.local`).
 * :class:`MooncakeStore` - Mooncake Store over TCP (:mod:`.mooncake`; needs the ``mooncake``
-  extra); :class:`MooncakeCluster` starts a local master and storage nodes
-  (:mod:`.mooncake_server`).
-* :func:`loopback_netns` - run Mooncake isolated from every interface but loopback (:mod:`.netns`).
+  extra).
 
-The Mooncake modules import ``mooncake`` lazily, so this package imports without it.
+Test infrastructure (a local Mooncake cluster, a loopback-only network namespace, a raw store
+benchmark) lives in :mod:`hybridkv.testing`. The Mooncake module imports ``mooncake`` lazily,
+so this package imports without it.
 """
 
-from .base import MISS, HostBuffer, KVStore, StoreStats
+from .base import MISS, WRONG_SIZE, HostBuffer, KVStore, StoreStats
 from .local import LocalCPUStore
 from .mooncake import MooncakeStore, MooncakeStoreConfig
-from .mooncake_server import MooncakeCluster
-from .netns import loopback_netns
 
 __all__ = [
     "MISS",
+    "WRONG_SIZE",
     "HostBuffer",
     "KVStore",
     "LocalCPUStore",
-    "MooncakeCluster",
     "MooncakeStore",
     "MooncakeStoreConfig",
     "StoreStats",
-    "loopback_netns",
 ]

@@ -25,9 +25,11 @@ Contracts shared by every store:
   invalid configuration.
 * **Every read may miss.** A store may evict any entry at any time, silently; ``batch_exists``
   returning ``True`` does not promise that a following get hits.
-* **A size mismatch is a miss.** When the caller states the size it expects (always on the
-  zero-copy path, optionally on ``batch_get``), a stored payload of any other size is rejected and
-  counted in ``stats.size_mismatches``; on that miss the destination bytes are unspecified.
+* **A size mismatch is not a hit, and is reported as such.** When the caller states the size it
+  expects (always on the zero-copy path, optionally on ``batch_get``), a stored payload of any
+  other size is rejected and counted in ``stats.size_mismatches``: ``batch_get_into`` answers
+  :data:`WRONG_SIZE` for it (``batch_get`` answers ``None``), so a caller can tell a truncated
+  or foreign payload from a plain miss; the destination bytes are then unspecified.
 * **Putting an existing key is not an error.** The store may keep the old payload or replace it;
   either way the put reports success.
 """
@@ -41,11 +43,14 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["MISS", "HostBuffer", "KVStore", "StoreStats", "Payload"]
+__all__ = ["MISS", "WRONG_SIZE", "HostBuffer", "KVStore", "StoreStats", "Payload"]
 
-#: Result of :meth:`KVStore.batch_get_into` for a key that was not read (missing, evicted, size
-#: mismatch or store failure).
+#: Result of :meth:`KVStore.batch_get_into` for a key that was not read (missing, evicted or
+#: store failure).
 MISS = -1
+#: Result of :meth:`KVStore.batch_get_into` for a key that is stored with a payload of another
+#: size than asked (truncated or foreign); counted in ``stats.size_mismatches``.
+WRONG_SIZE = -2
 
 Payload = bytes | bytearray | memoryview
 
@@ -265,19 +270,26 @@ class KVStore(ABC):
     ) -> list[int]:
         """Read ``keys[i]`` into ``buffer[offsets[i] : offsets[i] + sizes[i]]``.
 
-        Returns ``sizes[i]`` for a hit and :data:`MISS` otherwise (missing, evicted, stored size
-        differs from ``sizes[i]``, store failure). On a miss the region's bytes are unspecified.
+        Returns ``sizes[i]`` for a hit, :data:`WRONG_SIZE` when the stored payload has another
+        size, and :data:`MISS` otherwise (missing, evicted, store failure). When it is not a
+        hit the region's bytes are unspecified.
         """
         hb, _ = self._resolve_regions(keys, buffer, offsets, sizes)
         view = hb.view()
         out: list[int] = []
-        for payload, off, size in zip(self.batch_get(keys, sizes), offsets, sizes):
-            if payload is None:
-                out.append(MISS)
+        for got, off, size in zip(self._get_sized(keys, sizes), offsets, sizes):
+            if isinstance(got, int):
+                out.append(got)
             else:
-                view[off : off + size] = payload
+                view[off : off + size] = got
                 out.append(size)
         return out
+
+    def _get_sized(self, keys: Sequence[bytes], sizes: Sequence[int]) -> list[bytes | int]:
+        """Read keys of known sizes (counted like ``batch_get(keys, sizes)``): per key the
+        payload, :data:`WRONG_SIZE` or :data:`MISS`. This default cannot tell a size mismatch
+        from a miss (it answers MISS for both); stores that can override it."""
+        return [MISS if p is None else p for p in self.batch_get(keys, sizes)]
 
     # ------------------------------------------------------------- lifecycle
     def close(self) -> None:

@@ -6,7 +6,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from .base import KVStore, Payload
+from .base import MISS, WRONG_SIZE, KVStore, Payload
 
 __all__ = ["LocalCPUStore"]
 
@@ -89,21 +89,30 @@ class LocalCPUStore(KVStore):
     ) -> list[bytes | None]:
         if expected_sizes is not None:
             self._check_lengths(keys, expected_sizes, "expected_sizes")
-        out: list[bytes | None] = []
+        return [None if isinstance(p, int) else p for p in self._read(keys, expected_sizes)]
+
+    def _get_sized(self, keys: Sequence[bytes], sizes: Sequence[int]) -> list[bytes | int]:
+        return self._read(keys, sizes)
+
+    def _read(self, keys: Sequence[bytes], expected_sizes: Sequence[int] | None
+              ) -> list[bytes | int]:
+        """Per key its payload, :data:`MISS`, or :data:`WRONG_SIZE` (counted)."""
+        out: list[bytes | int] = []
         hits = hit_bytes = mismatches = 0
         with self._lock:
             for i, key in enumerate(keys):
                 key = bytes(key)
                 payload = self._entries.get(key)
-                if payload is not None and expected_sizes is not None:
-                    if len(payload) != expected_sizes[i]:
-                        mismatches += 1
-                        payload = None
-                if payload is not None:
+                if payload is None:
+                    out.append(MISS)
+                elif expected_sizes is not None and len(payload) != expected_sizes[i]:
+                    mismatches += 1
+                    out.append(WRONG_SIZE)
+                else:
                     self._entries.move_to_end(key)
                     hits += 1
                     hit_bytes += len(payload)
-                out.append(payload)
+                    out.append(payload)
         self._count(
             gets=len(keys), hits=hits, misses=len(keys) - hits, get_bytes=hit_bytes,
             size_mismatches=mismatches,

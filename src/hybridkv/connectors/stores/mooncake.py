@@ -1,7 +1,8 @@
 """A :class:`KVStore` on Mooncake Store (``mooncake.store.MooncakeDistributedStore``) over TCP.
 
 This process is a *pure client* by default (it contributes no RAM, ``global_segment_bytes=0``):
-objects live in separate storage nodes (see :mod:`.mooncake_server`), so they survive this
+objects live in separate storage nodes (for tests, :mod:`hybridkv.testing.mooncake_cluster`
+starts them), so they survive this
 process. Metadata goes through the master with ``P2PHANDSHAKE`` (no etcd, no HTTP metadata).
 
 Keys: ``key_prefix + key.hex()`` (Mooncake keys are strings).
@@ -38,18 +39,27 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .base import MISS, HostBuffer, KVStore, Payload
-from .mooncake_server import probe_tcp
+from .base import MISS, WRONG_SIZE, HostBuffer, KVStore, Payload
 
-__all__ = ["MooncakeStore", "MooncakeStoreConfig"]
+__all__ = ["MooncakeStore", "MooncakeStoreConfig", "probe_tcp"]
 
 log = logging.getLogger(__name__)
+
+
+def probe_tcp(host: str, port: int, timeout_s: float = 1.0) -> bool:
+    """Whether a TCP connection to ``host:port`` opens within ``timeout_s`` (then closed)."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
 
 _OK_EXISTS = -705
 _NOT_FOUND = -704
@@ -493,36 +503,38 @@ class MooncakeStore(KVStore):
                     offsets.append(used)
                     used += sizes[i]
                     i += 1
-                hits = self._read_ptrs(
+                got = self._read_ptrs(
                     client, [keys[j] for j in batch], [base + o for o in offsets],
                     [sizes[j] for j in batch],
                 )
-                for j, off, hit in zip(batch, offsets, hits):
-                    if hit:
+                for j, off, result in zip(batch, offsets, got):
+                    if result == sizes[j]:
                         out[j] = staging[off : off + sizes[j]].tobytes()
         return out
 
     def _read_ptrs(
         self, client: Any, keys: Sequence[bytes], ptrs: list[int], sizes: Sequence[int]
-    ) -> list[bool]:
-        """One ``batch_get_into``; classify and count each key; True for a hit."""
+    ) -> list[int]:
+        """One ``batch_get_into``; classify and count each key: its size for a hit, else
+        :data:`WRONG_SIZE` (stored with another size) or :data:`MISS`."""
         try:
             codes = client.batch_get_into([self._key(k) for k in keys], ptrs, list(sizes))
         except Exception:  # noqa: BLE001
             log.exception("Mooncake batch_get_into failed")
             codes = [_RPC_FAILURE_MAX] * len(keys)
         self._note_codes(codes)
-        hit = [code == size for code, size in zip(codes, sizes)]
-        mismatches = sum(1 for c, h in zip(codes, hit)
-                         if not h and (c >= 0 or c == _BUFFER_TOO_SMALL))
-        errors = sum(1 for c, h in zip(codes, hit)
-                     if not h and c < 0 and c not in (_BUFFER_TOO_SMALL, _NOT_FOUND))
+        out = [size if code == size
+               else WRONG_SIZE if code >= 0 or code == _BUFFER_TOO_SMALL
+               else MISS for code, size in zip(codes, sizes)]
+        hits = sum(1 for r, size in zip(out, sizes) if r == size)
+        errors = sum(1 for c, r in zip(codes, out)
+                     if r == MISS and c not in (_BUFFER_TOO_SMALL, _NOT_FOUND))
         self._count(
-            gets=len(keys), hits=sum(hit), misses=len(keys) - sum(hit),
-            size_mismatches=mismatches, errors=errors,
-            get_bytes=sum(s for s, h in zip(sizes, hit) if h),
+            gets=len(keys), hits=hits, misses=len(keys) - hits,
+            size_mismatches=sum(1 for r in out if r == WRONG_SIZE), errors=errors,
+            get_bytes=sum(s for s, r in zip(sizes, out) if r == s),
         )
-        return hit
+        return out
 
     def remove(self, keys: Sequence[bytes]) -> int:
         client = self._acquire()
@@ -580,8 +592,7 @@ class MooncakeStore(KVStore):
             return [MISS] * len(keys)
         if not keys:
             return []
-        hits = self._read_ptrs(client, keys, ptrs, sizes)
-        return [size if hit else MISS for size, hit in zip(sizes, hits)]
+        return self._read_ptrs(client, keys, ptrs, sizes)
 
     # -------------------------------------------------------------- lifecycle
     def close(self) -> None:

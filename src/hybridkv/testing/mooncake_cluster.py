@@ -1,6 +1,6 @@
 """Start a small Mooncake Store cluster (master + storage nodes) as local subprocesses.
 
-Used by tests, benchmarks and single-machine setups::
+Test infrastructure (tests, examples, benchmarks; never imported by production modules)::
 
     with loopback_netns(), MooncakeCluster(storage_bytes=[256 << 20]) as cluster:
         store = MooncakeStore(MooncakeStoreConfig(master_address=cluster.master_address))
@@ -14,7 +14,7 @@ Processes::
 
 The binaries are the ELF files shipped inside the ``mooncake`` Python package
 (``mooncake-transfer-engine-non-cuda``). Every address is 127.0.0.1, but Mooncake's transfer
-ports still listen on all interfaces: run the cluster inside :func:`..netns.loopback_netns`
+ports still listen on all interfaces: run the cluster inside :func:`hybridkv.testing.netns.loopback_netns`
 unless the machine's other interfaces are trusted.
 
 Readiness is observed through the master's Prometheus endpoint
@@ -39,7 +39,9 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-__all__ = ["MooncakeCluster", "find_mooncake_binary", "free_port", "probe_tcp"]
+from hybridkv.connectors.stores.mooncake import probe_tcp
+
+__all__ = ["MooncakeCluster", "find_mooncake_binary", "free_port"]
 
 _HOST = "127.0.0.1"
 
@@ -86,15 +88,6 @@ def free_port(host: str = _HOST) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
-
-
-def probe_tcp(host: str, port: int, timeout_s: float = 1.0) -> bool:
-    """Whether a TCP connection to ``host:port`` succeeds within ``timeout_s``."""
-    try:
-        with socket.create_connection((host, port), timeout=timeout_s):
-            return True
-    except OSError:
-        return False
 
 
 class MooncakeCluster:

@@ -1,6 +1,6 @@
 """Raw throughput of a store's zero-copy path, the baseline the connector is compared with.
 
-    python -m hybridkv.connectors.stores.bench [--blocks 1000] [--block-kib 256] [--repeats 3]
+    python -m hybridkv.testing.store_bench [--blocks 1000] [--block-kib 256] [--repeats 3]
 
 starts a Mooncake master and one storage node inside a loopback-only network namespace (needs
 root) and prints JSON. :func:`bench_zero_copy` measures any :class:`KVStore`.
@@ -13,7 +13,7 @@ import json
 import time
 from typing import Any
 
-from .base import KVStore
+from hybridkv.connectors.stores.base import KVStore
 
 __all__ = ["bench_zero_copy"]
 
@@ -75,8 +75,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--block-kib", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
-    from .mooncake import MooncakeStore, MooncakeStoreConfig
-    from .mooncake_server import MooncakeCluster
+    from hybridkv.connectors.stores.mooncake import MooncakeStore, MooncakeStoreConfig
+
+    from .mooncake_cluster import MooncakeCluster
     from .netns import loopback_netns
 
     block = args.block_kib << 10
