@@ -52,8 +52,8 @@ def run_main(argv: list[str]) -> int:
     (["simulate", "--retention-interval", "-1"], "'none' or an integer >= 0, got '-1'"),
     # speculative decoding
     (["simulate", "--spec", "eagle:1000000000000"], "K (speculative tokens per step) must be in [1, 64]"),
-    (["simulate", "--spec", "eagle:0"], "must be in [1, 64]"),
-    (["simulate", "--spec", "eagle"], "--spec wants METHOD:K"),
+    (["simulate", "--spec", "eagle:0"], "must be an integer >= 1, got 0"),
+    (["simulate", "--spec", "eagle"], "speculative decoding is METHOD:K"),
     (["simulate", "--spec", "magic:3"], "magic"),
     (["simulate", "--spec", "eagle:64", "--num-blocks", "4"], "one request's lookahead needs"),
     (["simulate", "--spec", "eagle:8", "--max-model-len", "9"], "needs more than --max-model-len 9"),
