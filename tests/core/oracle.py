@@ -97,11 +97,24 @@ def proof_groups(cfg: KVCacheConfig, spec: SpecDecode | None) -> set[int]:
     return {i for i, g in enumerate(cfg.groups) if g.spec in draft_specs}
 
 
+def attention_kind(spec) -> str:
+    """``full``, ``sliding`` or ``chunked``: which attention definition a spec follows, read
+    from the spec's own class (independently of :mod:`hybridkv.core.rules`)."""
+    from hybridkv.core.specs import MLA, ChunkedLocal, FullAttention, SlidingWindow
+    if isinstance(spec, (FullAttention, MLA)):
+        return "full"
+    if isinstance(spec, SlidingWindow):
+        return "sliding"
+    if isinstance(spec, ChunkedLocal):
+        return "chunked"
+    raise AssertionError(f"the oracle does not know spec type {type(spec).__name__}")
+
+
 def needed_blocks(cfg: KVCacheConfig, group: int, t: int, proof: bool) -> range:
     """Block indices of ``group`` a hit ending at token ``t`` reads (see the module table)."""
     spec = cfg.groups[group].spec
     bs = spec.block_size
-    rule = spec.rule
+    rule = attention_kind(spec)
     if rule == "full":
         first_token = 0
     elif rule == "sliding":

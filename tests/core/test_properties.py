@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from hybridkv import (MLA, ChunkedLocal, FullAttention, KVCacheConfig, KVCacheGroup,
                       KVCacheManager, Request, SlidingWindow, SpecDecode)
-from tests.core.oracle import (CacheMirror, drop_mode, hash_block_size, hash_index, key_of,
+from tests.core.oracle import (CacheMirror, attention_kind, drop_mode, hash_block_size, hash_index, key_of,
                                oracle_hit, proof_groups)
 from tests.hypothesis_budget import budgeted, examples, is_deep, note
 
@@ -69,13 +69,13 @@ def configs(draw):
         # mostly multi-group hybrids: a full (or MLA) group plus local groups
         kinds[0] = draw(_HEAD_KIND)
     specs = [_spec(draw, k, draw(_BLOCK)) for k in kinds]
-    if DEEP and n > 1 and specs[-1].rule != "full" and draw(st.booleans()):
+    if DEEP and n > 1 and attention_kind(specs[-1]) != "full" and draw(st.booleans()):
         specs[-2] = specs[-1]                       # identical siblings: one lookup unit
     draft = draw(_GROUP)
     groups = tuple(KVCacheGroup(f"g{i}", s, (f"l{i}",), is_draft=i == draft)
                    for i, s in enumerate(specs))
     cfg = KVCacheConfig(groups, num_blocks=draw(_POOL))
-    has_local = any(s.rule != "full" for s in specs)
+    has_local = any(attention_kind(s) != "full" for s in specs)
     retention = draw(st.sampled_from([None, 0] + ([cfg.alignment, 2 * cfg.alignment] if has_local else [])))
     spec = draw(_SPEC)
     compat = draw(st.booleans())
@@ -83,7 +83,7 @@ def configs(draw):
 
 
 def config_kind(cfg: KVCacheConfig, spec: SpecDecode | None, compat: bool) -> list[str]:
-    rules = sorted({g.spec.rule for g in cfg.groups})
+    rules = sorted({attention_kind(g.spec) for g in cfg.groups})
     kinds = [f"config: {len(cfg.groups)} group(s), {'+'.join(rules)}"]
     if len({g.spec for g in cfg.groups}) < len(cfg.groups):
         kinds.append("config: identical siblings")
@@ -128,7 +128,7 @@ class Model:
         block of the aligned prefix it completed (both modes; compat caches per group up to
         its own hashes, default mode promises a common end, so check the common part)."""
         cfg = self.cfg
-        if drop_mode(self.spec) or any(g.spec.rule != "full" for g in cfg.groups):
+        if drop_mode(self.spec) or any(attention_kind(g.spec) != "full" for g in cfg.groups):
             return
         upto = min(upto, req.num_tokens)
         hbs = hash_block_size(cfg)

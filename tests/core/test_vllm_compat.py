@@ -7,7 +7,7 @@ orders are vLLM's; Mamba and DCP scenarios are out of scope.
 import pytest
 
 from hybridkv import Request, SpecDecode
-from hybridkv.core import HitRule
+from hybridkv.core.rules import HitRule, make_rule
 from tests.core.helpers import (C3, FA, SWA, cached_positions, evict, hash_cached, manager,
                                 run_prompt)
 
@@ -204,7 +204,7 @@ def _pattern_hit(rule: HitRule, pattern, max_blocks: int, step: int = 1) -> int:
     ([1, 1, 0, 1, 0, 0, 1, 1, 0, 0, 0, 1], 8),
 ])
 def test_sliding_window_lookup_patterns(pattern, expected):  # scenario 19
-    rule = HitRule(SWA(2, 4))
+    rule = make_rule(SWA(2, 4))
     assert _pattern_hit(rule, [bool(x) for x in pattern], len(pattern)) == expected
 
 
@@ -219,7 +219,7 @@ def test_chunked_local_lookup_patterns(tail_pattern, tail, expected):  # scenari
     from hybridkv import ChunkedLocal
     rng = random.Random(len(tail_pattern) * 7 + tail)
     pattern = [rng.random() < 0.5 if x == 9 else bool(x) for x in tail_pattern]
-    rule = HitRule(ChunkedLocal(block_size=2, chunk_size=4, num_kv_heads=1, head_dim=8))
+    rule = make_rule(ChunkedLocal(block_size=2, chunk_size=4, num_kv_heads=1, head_dim=8))
     max_len = len(pattern) * 2 + tail
     assert _pattern_hit(rule, pattern, max_len // 2) == expected
 
@@ -284,10 +284,9 @@ def test_prefill_hybrid_model():  # scenario 31
     ]
     for evictions, blocks in cases:
         k2 = manager(FA(16), SWA(16, 32), SWA(16, 32), num_blocks=21)
-        for rid in ("r0", "r1"):
-            req, _ = run_prompt(k2, rid, C3 + [3] * (7 if rid == "r0" else 5))
-        for rid in list(k2.coordinator.reqs):
-            k2.free(Request(rid, [0]))
+        held = [run_prompt(k2, rid, C3 + [3] * (7 if rid == "r0" else 5))[0] for rid in ("r0", "r1")]
+        for req in held:
+            k2.free(req)
         q = Request("q", C3 + [3] * 5)
         k2.lookup(q)
         for g, j in evictions:

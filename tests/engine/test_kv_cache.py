@@ -36,6 +36,18 @@ def test_mla_latent_shape() -> None:
     assert cache.nbytes == 5 * cache.config.block_bytes
 
 
+def test_layout_comes_from_the_spec_not_its_type() -> None:
+    """Storage asks the spec (K/V halves or one latent, compression), never its class: a
+    chunked-local group is laid out like any K/V group; compressed MLA is refused by name."""
+    from hybridkv.core.specs import ChunkedLocal
+    chunked = ChunkedLocal(block_size=4, num_kv_heads=2, head_dim=8, dtype="float32", chunk_size=8)
+    cache = PagedKVCache(KVCacheConfig(KVCacheGroup("c", chunked, ("a",)), num_blocks=6))
+    assert cache.layer("a").shape == (2, 6, 4, 2, 8)
+    mla = MLA(block_size=8, kv_lora_rank=32, qk_rope_head_dim=8, compress_ratio=4)
+    with pytest.raises(ValueError, match="MLA compress_ratio=4 is not supported by the reference engine"):
+        PagedKVCache(KVCacheConfig(KVCacheGroup("m", mla, ("a",)), num_blocks=6))
+
+
 def test_groups_share_layer_slots() -> None:
     """Layer j of every group lives in slot j: one block id is one page in each slot, so
     block 3 of l0 (full) and block 3 of l1 (sliding) are the same bytes."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hybridkv.core.specs import RULE_FULL
+from hybridkv.core.rules import make_rule
 from hybridkv.engine.llm import LLM
 from tests.engine.helpers import ARCHS, TOL, Built, blocks_for, build_llm, oracle_diff, random_tokens
 
@@ -77,7 +77,7 @@ def test_sliding_window_boundary(built_sliding: Built) -> None:
     built = built_sliding
     llm = make_llm(built, max_num_batched_tokens=9, retention_interval=None)
     window = built.model.config.sliding_window
-    sliding = [g for g, grp in enumerate(llm.kv_config.groups) if grp.spec.rule != RULE_FULL]
+    sliding = [g for g, grp in enumerate(llm.kv_config.groups) if not make_rule(grp.spec).downward_closed]
     assert window is not None and sliding
     prompt = random_tokens(3 * window + 5, 40)
     reqs = llm.submit([prompt], max_tokens=2 * window, ignore_eos=True)

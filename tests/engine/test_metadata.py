@@ -65,3 +65,19 @@ def test_table_count_must_match_groups() -> None:
         build_step_metadata([SequenceInput([1], 0, [[3]])], CONFIG)
     with pytest.raises(ValueError, match="no block table for group 'swa'"):
         build_step_metadata([SequenceInput([1], 0, {"full": [3]})], CONFIG)
+
+
+def test_chunked_local_reads_and_mask_come_from_its_rule() -> None:
+    """Chunked-local attention (chunk 4): a query reads only its own chunk, so the first new
+    query at 6 reads from 4, and query 8 starts a new chunk."""
+    from hybridkv.core.specs import ChunkedLocal
+    chunked = ChunkedLocal(block_size=2, num_kv_heads=1, head_dim=8, dtype="float32", chunk_size=4)
+    cfg = KVCacheConfig((KVCacheGroup("c", chunked, ("a",)),), num_blocks=20)
+    meta = build_step_metadata([SequenceInput([1, 2, 3], start=6, block_tables=[[0, 0, 7, 8, 9]])], cfg)
+    g = meta.groups[0]
+    assert g.chunk == 4 and g.window is None
+    s = g.sequences[0]
+    assert s.key_blocks.tolist() == [7, 7, 8, 8, 9]        # positions 4..8; blocks 0-1 never read
+    assert s.mask.tolist() == [[True, True, True, False, False],
+                               [True, True, True, True, False],
+                               [False, False, False, False, True]]

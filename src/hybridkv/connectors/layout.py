@@ -49,7 +49,7 @@ from typing import Literal
 import torch
 import xxhash
 
-from hybridkv.core.specs import MLA, AttentionSpec, KVCacheConfig, KVCacheGroup
+from hybridkv.core.specs import AttentionSpec, KVCacheConfig, KVCacheGroup
 
 from .kernel_blocks import KernelBlockMap
 
@@ -583,8 +583,7 @@ class KVLayout:
                     f"{km.logical_block_size}, the group's block size is {spec.block_size}"
                 )
             ratio = km.ratio
-            if spec.page_size_bytes % ratio or (isinstance(spec, MLA)
-                                                and km.kernel_block_size % spec.compress_ratio):
+            if spec.page_size_bytes % ratio or km.kernel_block_size % spec.compress_ratio:
                 raise ValueError(
                     f"group {group.name!r}: a page of {spec.page_size_bytes} bytes "
                     f"({spec.block_size} tokens) cannot be split into kernel blocks of "
@@ -592,7 +591,7 @@ class KVLayout:
                 )
             kpage = spec.page_size_bytes // ratio
             nkb = num_blocks * ratio
-            parts = 1 if isinstance(spec, MLA) else 2
+            parts = spec.kv_parts            # K and V halves, or one latent (MLA)
             layers = []
             for name in group.layer_names:
                 t = kv_caches[name]

@@ -14,9 +14,16 @@ answer, so the loop ends at the largest hit all groups serve. Full attention is
 downward-closed and answers once; identical sibling groups (same spec) are probed together
 (a block counts as cached only if every sibling has it).
 
-**Allocation** counts first and mutates only if everything fits: new blocks for the scheduled
-tokens and lookahead slots, plus free hit blocks that a touch takes out of the free queue,
-against the free blocks plus the blocks that sliding out of the window releases.
+**Allocation** is a pure plan and a commit. :meth:`KVCacheCoordinator.plan` counts, per
+group, the new blocks for the scheduled tokens and lookahead slots, the free (evictable) hit
+blocks a touch takes out of the free queue, and the blocks that sliding out of the window
+releases; the :class:`AllocationPlan` says whether that fits. :meth:`KVCacheCoordinator.commit`
+applies a plan that fits; nothing is mutated before it. An admission check that reserves more
+than it allocates (vLLM's full-sequence reservation) is a plan for a larger token count.
+
+**Decode fast path**: :meth:`KVCacheCoordinator.step_is_quiet` answers, from three thresholds
+kept per request, whether a step needs no new block, caches nothing and releases nothing; then
+the allocation is a no-op and is skipped.
 
 **Caching** walks the promised hit ends (:mod:`hybridkv.core.retention`) and gives each group
 the hashes of exactly the runs its rule needs for them (:mod:`hybridkv.core.rules`).
@@ -26,15 +33,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from hybridkv.core.blockref import TableRef
 from hybridkv.core.hashing import BlockHasher
 from hybridkv.core.pool import NULL_BLOCK, BlockPool
 from hybridkv.core.request import Request
 from hybridkv.core.retention import Retention, multiples_between, replay_boundaries
-from hybridkv.core.rules import HitRule
-from hybridkv.core.specs import RULE_FULL, KVCacheConfig
+from hybridkv.core.rules import HitRule, make_rule
+from hybridkv.core.specs import KVCacheConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,13 +51,19 @@ class CacheHit:
     ``block_ids[g]`` has ``num_tokens // block_size_g`` entries; 0 marks a block outside the
     group's window (not needed). ``shared_prefix_boundary`` > 0 when a longer prefix is cached
     in some group but not servable by all: allocating this hit then promises that boundary,
-    so the prefix becomes reusable (Marconi-style junction). A hit is a snapshot: allocate it
-    before other requests allocate, or look up again.
+    so the prefix becomes reusable (Marconi-style junction). ``request_id`` names the request
+    the hit was looked up for (None for a hand-made hit); only that request can adopt it.
+    A hit is a snapshot of the coordinator state ``epoch``: allocate it before other requests
+    allocate, or look up again. A hit adopted after the state changed (or hand-made, epoch -1)
+    is verified block by block; a block that no longer carries the request's hash for its
+    position is refused.
     """
 
     num_tokens: int
     block_ids: tuple[tuple[int, ...], ...]
     shared_prefix_boundary: int = 0
+    request_id: object = None
+    epoch: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,13 +94,81 @@ class _Unit:
         self.step = step    # alignment / group block size
 
 
+class GroupPlan(NamedTuple):
+    """One group's share of an :class:`AllocationPlan`.
+
+    Attributes:
+        new_blocks: blocks the commit pops from the pool for this group's table.
+        touched: free (evictable) blocks of the adopted hit that the commit takes out of the
+            free queue.
+        released: table positions that left the window, back to front; the commit frees
+            them (before it pops new blocks) and nulls the entries.
+        freed: how many of the released blocks go back to the free queue (last reference).
+    """
+
+    new_blocks: int
+    touched: int
+    released: tuple[int, ...]
+    freed: int
+
+
+class AllocationPlan(NamedTuple):
+    """What an allocation would do, counted without mutating anything (a NamedTuple: built
+    on every slow-path allocation, where a frozen dataclass costs microseconds).
+
+    A plan is valid for the coordinator state it was made against (``epoch``): commit it
+    before any other allocation, free or load commit, or plan again.
+
+    Attributes:
+        request_id: the request planned for.
+        new_request: the request holds no blocks yet (the commit adopts ``hit``).
+        hit: the lookup result a new request adopts (None: none).
+        num_computed: tokens with KV after adopting the hit.
+        num_tokens: ``num_computed`` + the scheduled tokens; the commit caches promised ends
+            up to ``min(num_tokens, request.num_tokens)``.
+        slots: tokens every group's table covers after the commit (scheduled tokens,
+            lookahead slots and an external load's reservation, capped at max_model_len).
+        groups: per group, a :class:`GroupPlan`.
+        num_needed: blocks the commit takes out of the free queue (new blocks plus touched
+            hit blocks, summed over the groups).
+        num_available: free blocks when planned plus the blocks the window releases before
+            new ones are popped.
+        num_reserved: blocks an admission reservation wants kept available beyond the
+            commit's (``plan(..., reserve_tokens=)``); never allocated by the commit.
+        epoch: the coordinator's state version when planned.
+    """
+
+    request_id: object
+    new_request: bool
+    hit: CacheHit | None
+    num_computed: int
+    num_tokens: int
+    slots: int
+    groups: tuple[GroupPlan, ...]
+    num_needed: int
+    num_available: int
+    num_reserved: int
+    epoch: int
+
+    @property
+    def fits(self) -> bool:
+        """The commit's blocks, and any reservation on top, are available."""
+        return self.num_needed + self.num_reserved <= self.num_available
+
+
+# Builds a NamedTuple from a tuple of all its fields in order without the generated
+# keyword-handling __new__ (half the cost; plans are built on every slow-path allocation).
+_make = tuple.__new__
+
+
 class _ReqBlocks:
     """Per-request bookkeeping: tables, and how far the write path has gone per group."""
 
-    __slots__ = ("tables", "cached_hi", "done_t", "boundaries", "quiet_until", "slots",
+    __slots__ = ("owner", "tables", "cached_hi", "done_t", "boundaries", "quiet_until", "slots",
                  "slide_until")
 
-    def __init__(self, num_groups: int) -> None:
+    def __init__(self, owner: Request, num_groups: int) -> None:
+        self.owner = owner                  # the Request object that holds these blocks
         self.tables: list[list[int]] = [[] for _ in range(num_groups)]
         self.cached_hi = [0] * num_groups   # blocks below were decided (cached or scratch)
         self.done_t = [0] * num_groups      # promised ends <= done_t were processed
@@ -128,6 +209,7 @@ class KVCacheCoordinator:
         self.compat = vllm_compat
         self.caching = caching
         self.max_model_len = max_model_len
+        self.len_cap = max_model_len if max_model_len is not None else math.inf
         self.on_stored = on_stored
         self.alignment = config.alignment
         hbs = config.hash_block_size
@@ -143,7 +225,7 @@ class KVCacheCoordinator:
             draft = drop_mode and (not any_draft or any(groups[i].is_draft for i in ids))
             for i in ids:
                 self.proof[i] = draft
-        self.rules = [HitRule(g.spec, self.proof[i]) for i, g in enumerate(groups)]
+        self.rules: list[HitRule] = [make_rule(g.spec, self.proof[i]) for i, g in enumerate(groups)]
         self.block_sizes = [g.spec.block_size for g in groups]
         # Tokens local groups keep past their window until proof blocks complete (not in vLLM).
         self.hold = 0 if vllm_compat else max(
@@ -153,14 +235,37 @@ class KVCacheCoordinator:
             # alignment unit more of each window so that end's run is still in the table.
             self.hold = max(self.hold, config.alignment)
         self.scales = [bs // hbs for bs in self.block_sizes]
-        # Dense write path: every aligned end. Full groups ignore retention (see retention.py).
-        self.dense = [retention.dense or r.kind == RULE_FULL for r in self.rules]
-        ordered = sorted(by_spec.values(), key=lambda ids: self.rules[ids[0]].kind != RULE_FULL)
+        # Dense write path: every aligned end. Downward-closed (full) groups ignore retention.
+        self.dense = [retention.dense or r.downward_closed for r in self.rules]
+        self.releasing = [r for r in self.rules if not r.downward_closed]
+        # cache(n) can reach a promised end t only once n >= t + delay: the proof block(s)
+        # must be computed too (per group in compat mode, for all groups at once otherwise)
+        delays = [r.proof * r.block_size for r in self.rules]
+        self.cache_delay = delays if vllm_compat else [max(delays)] * len(delays)
+        ordered = sorted(by_spec.values(), key=lambda ids: not self.rules[ids[0]].downward_closed)
         self.units = [
             _Unit(ids, self.rules[ids[0]], self.scales[ids[0]], self.alignment // self.block_sizes[ids[0]])
             for ids in ordered
         ]
         self.reqs: dict[object, _ReqBlocks] = {}
+        # bumped by every mutation; a plan or hit made before it is stale
+        self.epoch = 0
+
+    def holds(self, request: Request) -> bool:
+        """Whether ``request`` holds blocks; raises if a different Request object holds its id."""
+        state = self.reqs.get(request.request_id)
+        if state is not None and state.owner is not request:
+            self._state(request)                                  # raises
+        return state is not None
+
+    def _state(self, request: Request) -> _ReqBlocks | None:
+        """The request's bookkeeping; raises if another Request object holds its id."""
+        state = self.reqs.get(request.request_id)
+        if state is not None and state.owner is not request:
+            raise ValueError(
+                f"request id {request.request_id!r} already holds blocks for a different Request "
+                "object; free that request first or use a unique id")
+        return state
 
     # ---- lookup -----------------------------------------------------------------------------
     def find_longest_hit(self, request: Request, max_tokens: int) -> CacheHit:
@@ -195,8 +300,10 @@ class KVCacheCoordinator:
         probes = [make_probe(u) for u in range(len(self.units))]
         t, longest = self._fixed_point(probes, n_fine, max_tokens)
         t = max(t, 0)
+        rid = request.request_id
         if t == 0:
-            return CacheHit(0, tuple(() for _ in self.config.groups), max(longest, 0))
+            return CacheHit(0, tuple(() for _ in self.config.groups), max(longest, 0), rid,
+                            self.epoch)
         block_ids: list[tuple[int, ...]] = [()] * len(self.config.groups)
         for u, unit in enumerate(self.units):
             e = t // unit.rule.block_size
@@ -205,7 +312,7 @@ class KVCacheCoordinator:
             for k, g in enumerate(unit.groups):
                 block_ids[g] = (NULL_BLOCK,) * lo + tuple(memo[j][k] for j in range(lo, e))
         boundary = longest if longest > t else 0
-        return CacheHit(t, tuple(block_ids), boundary)
+        return CacheHit(t, tuple(block_ids), boundary, rid, self.epoch)
 
     def _fixed_point(self, probes: list[Callable[[int], object]], n_fine: int,
                      max_tokens: int) -> tuple[int, int]:
@@ -228,7 +335,7 @@ class KVCacheCoordinator:
                     break
                 bs = unit.rule.block_size
                 e_max = min(t // bs, e_cap[u])
-                if unit.rule.kind == RULE_FULL:
+                if unit.rule.downward_closed:
                     # downward-closed: one scan at the first candidate answers every later one
                     if u not in full_answer:
                         full_answer[u] = unit.rule.longest_hit(probes[u], e_max, unit.step) * bs
@@ -279,8 +386,10 @@ class KVCacheCoordinator:
     def commit_external(self, request: Request, ext: ExternalHit, ok: bool) -> None:
         """After the loads of ``ext``: on success cache the loaded blocks under their hashes
         and count the tokens as computed; on failure change nothing (they are recomputed)."""
-        state = self.reqs[request.request_id]
+        state = self._state(request)
+        assert state is not None
         state.quiet_until = 0
+        self.epoch += 1
         if not ok:
             return
         pool = self.pool
@@ -297,100 +406,209 @@ class KVCacheCoordinator:
         request.num_computed_tokens = t
 
     # ---- allocation -------------------------------------------------------------------------
-    def _slide_plan(self, state: _ReqBlocks, num_computed: int) -> list[tuple[int, list[int]]]:
-        """Per local group, the table positions that left the window (back to front)."""
-        plan = []
-        for g, rule in enumerate(self.rules):
-            if rule.kind == RULE_FULL:
-                continue
-            table = state.tables[g]
-            nskip = min(rule.skipped_tokens(num_computed, self.hold) // rule.block_size, len(table))
-            pos = []
-            j = nskip - 1
-            while j >= 0 and table[j] != NULL_BLOCK:
-                pos.append(j)
-                j -= 1
-            if pos:
-                plan.append((g, pos))
-        return plan
+    def step_is_quiet(self, request: Request, num_new_tokens: int, lookahead: int) -> bool:
+        """True iff allocating ``num_new_tokens`` more tokens (+ ``lookahead`` slots) for this
+        request would change nothing: no new block, nothing to cache, no block leaving a window.
 
-    def allocate(self, request: Request, num_new_tokens: int, hit: CacheHit | None,
-                 lookahead: int, external: ExternalHit | None = None) -> list[list[int]] | None:
-        """Blocks for ``num_new_tokens`` more tokens (+ lookahead slots); None if they don't fit.
-
-        ``external`` (a new request only) also reserves blocks up to its end; they are
-        neither computed nor cached until :meth:`commit_external`.
-        Returns the newly allocated block ids per group. On None nothing changed.
+        The decode fast path: three comparisons against thresholds the last commit and cache
+        pass left (``slots``, ``quiet_until``, ``slide_until``). False for an unknown request
+        or a different Request object with a known id (the slow path then raises).
         """
         state = self.reqs.get(request.request_id)
+        if state is None or state.owner is not request:
+            return False
+        computed = request.num_computed_tokens
+        slots = computed + num_new_tokens + lookahead
+        if slots > self.len_cap:
+            slots = self.len_cap
+        return slots <= state.slots and computed < state.slide_until \
+            and computed + num_new_tokens < state.quiet_until
+
+    def _released(self, table: list[int], rule: HitRule, num_computed: int) -> tuple[int, ...]:
+        """Table positions that left the window of ``rule`` at ``num_computed`` (back to front)."""
+        nskip = min(rule.skipped_tokens(num_computed, self.hold) // rule.block_size, len(table))
+        pos = []
+        j = nskip - 1
+        while j >= 0 and table[j] != NULL_BLOCK:
+            pos.append(j)
+            j -= 1
+        return tuple(pos)
+
+    def plan(self, request: Request, num_new_tokens: int, hit: CacheHit | None, lookahead: int,
+             external: ExternalHit | None = None, reserve_tokens: int = 0) -> AllocationPlan:
+        """Count what :meth:`allocate` would do; changes nothing.
+
+        ``reserve_tokens`` (an admission check): the plan fits only if, after the commit, a
+        sequence of that many tokens (capped at max_model_len) could still grow to its peak
+        footprint, ``rule.max_blocks`` per group; the blocks beyond the commit's are counted
+        in :attr:`AllocationPlan.num_reserved` and are not allocated.
+
+        Raises:
+            ValueError: a different Request object holds the id, or an adopted hit block no
+                longer carries the request's hash for its position (a stale or foreign hit).
+        """
+        state = self.reqs.get(request.request_id)
+        if state is not None and state.owner is not request:
+            self._state(request)                                  # raises
         new_request = state is None
-        hit_tokens = hit.num_tokens if hit is not None else 0
-        computed = request.num_computed_tokens + hit_tokens
-        slots = max(computed + num_new_tokens, external.num_tokens if external else 0) + lookahead
-        if self.max_model_len is not None:
-            slots = min(slots, self.max_model_len)
-        pool = self.pool
-        ref = pool.ref_cnt
-        need = 0
-        releasable = 0
-        slide = [] if new_request else self._slide_plan(state, computed)
-        if not new_request:
-            for g, pos in slide:
-                table = state.tables[g]
-                releasable += sum(1 for j in pos if ref[table[j]] == 1)
-        for g, bs in enumerate(self.block_sizes):
-            if not new_request:
-                have = len(state.tables[g])
-            else:
-                have = len(hit.block_ids[g]) if hit is not None else 0
-            want = -(-slots // bs)
-            if want > have:
-                need += want - have
-        if new_request and hit is not None:
-            touched: set[int] = set()
-            for ids in hit.block_ids:
-                for b in ids:
-                    if b and ref[b] == 0 and b not in touched:
-                        touched.add(b)
-            need += len(touched)
-        if need > pool.num_free + releasable:
-            return None
-        # ---- commit ----
+        computed = request.num_computed_tokens
+        if hit is not None:
+            computed += hit.num_tokens
+        slots = computed + num_new_tokens
+        if external is not None and external.num_tokens > slots:
+            slots = external.num_tokens
+        slots += lookahead
+        if slots > self.len_cap:
+            slots = self.len_cap
+        ref = self.pool.ref_cnt
+        groups = []
+        needed = freed_total = 0
         if new_request:
-            state = _ReqBlocks(len(self.block_sizes))
+            if hit is not None and hit.num_tokens and hit.epoch != self.epoch:
+                self._verify_hit(request, hit)
+            for g, bs in enumerate(self.block_sizes):
+                ids = hit.block_ids[g] if hit is not None else ()
+                touched = {b for b in ids if b and ref[b] == 0}
+                new = -(-slots // bs) - len(ids)
+                if new < 0:
+                    new = 0
+                needed += new + len(touched)
+                groups.append(_make(GroupPlan, (new, len(touched), (), 0)))
+        else:
+            tables = state.tables
+            rules = self.rules
+            for g, bs in enumerate(self.block_sizes):
+                table = tables[g]
+                new = -(-slots // bs) - len(table)
+                if new < 0:
+                    new = 0
+                needed += new
+                rule = rules[g]
+                if rule.downward_closed:                          # never releases a block
+                    groups.append(_make(GroupPlan, (new, 0, (), 0)))
+                    continue
+                released = self._released(table, rule, computed)
+                freed = sum(1 for j in released if ref[table[j]] == 1) if released else 0
+                freed_total += freed
+                groups.append(_make(GroupPlan, (new, 0, released, freed)))
+        reserved = 0
+        if reserve_tokens > slots:
+            if self.max_model_len is not None:
+                reserve_tokens = min(reserve_tokens, self.max_model_len)
+            for g, gp in enumerate(groups):
+                ids = hit.block_ids[g] if new_request and hit is not None else \
+                    (state.tables[g] if state is not None else ())
+                held = len(ids) - ids.count(NULL_BLOCK) - len(gp.released) + gp.new_blocks
+                peak = self.rules[g].max_blocks(reserve_tokens, self.hold)
+                if peak > held:
+                    reserved += peak - held
+        return _make(AllocationPlan, (request.request_id, new_request, hit if new_request else None,
+                                      computed, computed + num_new_tokens, slots, tuple(groups),
+                                      needed, self.pool.num_free + freed_total, reserved,
+                                      self.epoch))
+
+    def _verify_hit(self, request: Request, hit: CacheHit) -> None:
+        """Raise unless every block of ``hit`` still holds the request's tokens."""
+        block_hash = self.pool.block_hash
+        block_group = self.pool.block_group
+        hashes = request.block_hashes
+        n_fine = len(hashes)
+        for g, ids in enumerate(hit.block_ids):
+            scale = self.scales[g]
+            for j, b in enumerate(ids):
+                if not b:
+                    continue
+                k = (j + 1) * scale - 1
+                if k >= n_fine or block_hash[b] != hashes[k] or block_group[b] != g:
+                    raise ValueError(
+                        f"the hit's block {b} (group {g}, position {j}) no longer holds "
+                        f"request {request.request_id!r}'s tokens: the hit is stale or was "
+                        "looked up for another request; look up again")
+
+    def commit(self, request: Request, plan: AllocationPlan) -> list[list[int]]:
+        """Apply ``plan`` (made by :meth:`plan` for this request, and fitting).
+
+        Order: adopt the hit (touch every group's blocks, then fill the tables), or for a
+        running request cache pending ends and free the blocks that left the window (back to
+        front); then pop the new blocks; then cache up to ``min(plan.num_tokens,
+        request.num_tokens)`` (lookahead slots are never cached).
+        Returns the newly allocated block ids per group.
+        """
+        if plan.epoch != self.epoch or plan.request_id != request.request_id:
+            raise ValueError(f"stale allocation plan for request {request.request_id!r}; plan again")
+        if plan.num_needed + plan.num_reserved > plan.num_available:          # not plan.fits
+            raise ValueError(
+                f"allocation plan for request {request.request_id!r} needs {plan.num_needed} "
+                f"blocks (+{plan.num_reserved} reserved) but {plan.num_available} are available")
+        pool = self.pool
+        self.epoch += 1
+        computed = plan.num_computed
+        hit = plan.hit
+        if plan.new_request:
+            state = _ReqBlocks(request, len(self.block_sizes))
             self.reqs[request.request_id] = state
             state.boundaries = self._boundaries(request, hit)
-            if hit is not None and hit_tokens:
+            if hit is not None and hit.num_tokens:
                 for ids in hit.block_ids:                        # phase 1: touch every hit
                     pool.touch(ids)
                 for g, ids in enumerate(hit.block_ids):
                     state.tables[g] = list(ids)
                     state.cached_hi[g] = len(ids)
-                    state.done_t[g] = hit_tokens
+                    state.done_t[g] = hit.num_tokens
         else:
+            state = self.reqs[request.request_id]
             self.cache(request, min(computed, request.num_tokens))
-            for g, pos in slide:
-                table = state.tables[g]
-                freed = [table[j] for j in pos]
-                for j in pos:
-                    table[j] = NULL_BLOCK
-                pool.free(freed)
+            for g, gp in enumerate(plan.groups):
+                if gp.released:
+                    table = state.tables[g]
+                    freed = [table[j] for j in gp.released]
+                    for j in gp.released:
+                        table[j] = NULL_BLOCK
+                    pool.free(freed)
         new_blocks: list[list[int]] = []
-        for g, bs in enumerate(self.block_sizes):
-            table = state.tables[g]
-            want = -(-slots // bs)
-            if want > len(table):
-                ids = pool.allocate(want - len(table))
-                table.extend(ids)
+        for g, gp in enumerate(plan.groups):
+            if gp.new_blocks:
+                ids = pool.allocate(gp.new_blocks)
+                state.tables[g].extend(ids)
                 new_blocks.append(ids)
             else:
                 new_blocks.append([])
-        self.cache(request, min(computed + num_new_tokens, request.num_tokens))
+        self.cache(request, min(plan.num_tokens, request.num_tokens))
         state.slots = min(len(t) * bs for t, bs in zip(state.tables, self.block_sizes))
-        if not new_request:
-            state.slide_until = min((r.next_skip_growth(computed, self.hold) for r in self.rules),
+        if not plan.new_request:
+            state.slide_until = min((r.next_skip_growth(computed, self.hold) for r in self.releasing),
                                     default=math.inf)
         return new_blocks
+
+    def allocate(self, request: Request, num_new_tokens: int, hit: CacheHit | None,
+                 lookahead: int, external: ExternalHit | None = None,
+                 reserve_tokens: int = 0) -> list[list[int]] | None:
+        """Blocks for ``num_new_tokens`` more tokens (+ lookahead slots); None if they don't fit.
+
+        :meth:`plan` then :meth:`commit`. ``external`` (a new request only) also reserves
+        blocks up to its end; they are neither computed nor cached until
+        :meth:`commit_external`. ``reserve_tokens``: see :meth:`plan`. Returns the newly
+        allocated block ids per group. On None nothing changed.
+        """
+        if hit is None and external is None and not reserve_tokens:
+            state = self.reqs.get(request.request_id)
+            if state is not None and state.owner is request:
+                computed = request.num_computed_tokens
+                slots = computed + num_new_tokens + lookahead
+                if slots > self.len_cap:
+                    slots = self.len_cap
+                if slots <= state.slots and computed < state.slide_until:
+                    # Cache-only step (a block just completed): no block to pop or release,
+                    # so the commit reduces to its two cache passes; skip building the plan.
+                    self.epoch += 1
+                    num_tokens = request.num_tokens
+                    self.cache(request, min(computed, num_tokens))
+                    self.cache(request, min(computed + num_new_tokens, num_tokens))
+                    return [[] for _ in self.block_sizes]
+        plan = self.plan(request, num_new_tokens, hit, lookahead, external, reserve_tokens)
+        if plan.num_needed + plan.num_reserved > plan.num_available:          # not plan.fits
+            return None
+        return self.commit(request, plan)
 
     def _boundaries(self, request: Request, hit: CacheHit | None) -> tuple[int, ...]:
         if self.retention.dense:
@@ -440,7 +658,7 @@ class KVCacheCoordinator:
                 continue
             if self.dense[g]:
                 ends = multiples_between(done, t_limit, self.alignment)
-                if rule.kind == RULE_FULL:
+                if rule.downward_closed:
                     # runs [0, e + proof) are nested: the last end's run covers them all
                     ends = ends[-1:]
             else:
@@ -473,16 +691,18 @@ class KVCacheCoordinator:
         if not final:
             # every group's limit is <= num_tokens, so nothing happens before the next end
             a = self.alignment
+            delay = self.cache_delay
             state.quiet_until = min(
-                (done // a + 1) * a if self.dense[g] else self.retention.next_end(done, extra)
-                for g, done in enumerate(state.done_t))
+                ((done // a + 1) * a if self.dense[g] else self.retention.next_end(done, extra))
+                + delay[g] for g, done in enumerate(state.done_t))
 
     # ---- free -------------------------------------------------------------------------------
     def free(self, request: Request) -> None:
         """Release every block of the request: each group's table tail first, group by group."""
-        state = self.reqs.get(request.request_id)
+        state = self._state(request)
         if state is None:
             return
+        self.epoch += 1
         if self.caching and not self.compat:
             self.cache(request, min(request.num_computed_tokens, request.num_tokens), final=True)
         del self.reqs[request.request_id]

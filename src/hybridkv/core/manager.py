@@ -27,8 +27,17 @@ from hybridkv.core.hashing import BlockHasher
 from hybridkv.core.pool import NULL_BLOCK, BlockPool
 from hybridkv.core.request import Request
 from hybridkv.core.retention import Retention, validate_retention_interval
-from hybridkv.core.specs import RULE_FULL, KVCacheConfig
+from hybridkv.core.rules import make_rule
+from hybridkv.core.specs import KVCacheConfig
 from hybridkv.core.spec_decode import SpecDecode
+
+
+def _no_new_blocks(num_groups: int) -> Callable[[], list[list[int]]]:
+    """A function returning ``num_groups`` fresh empty lists (the fast path's result; a list
+    literal costs less than a comprehension, which matters at a few hundred ns per step)."""
+    literal = {1: lambda: [[]], 2: lambda: [[], []], 3: lambda: [[], [], []],
+               4: lambda: [[], [], [], []]}
+    return literal.get(num_groups) or (lambda: [[] for _ in range(num_groups)])
 
 
 class KVCacheManager:
@@ -62,7 +71,7 @@ class KVCacheManager:
             raise ValueError(f"config must be a KVCacheConfig, got {type(config).__name__}")
         if spec_decode is not None and not isinstance(spec_decode, SpecDecode):
             raise ValueError(f"spec_decode must be a SpecDecode or None, got {spec_decode!r}")
-        has_local = any(g.spec.rule != RULE_FULL for g in config.groups)
+        has_local = any(not make_rule(g.spec).downward_closed for g in config.groups)
         validate_retention_interval(retention_interval, config.alignment, has_local)
         if max_model_len is not None:
             if isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or max_model_len <= 0:
@@ -77,6 +86,8 @@ class KVCacheManager:
             self._check_fits(config, max_model_len)
         self.enable_events = enable_events
         self.lookahead_slots = spec_decode.lookahead_slots if spec_decode else 0
+        if spec_decode is not None:
+            self._check_lookahead(config, spec_decode, max_model_len)
         drop_mode = bool(spec_decode and spec_decode.drops_last_block)
         self.hasher = BlockHasher(config.hash_block_size, hash_algo, hash_seed,
                                   spec_decode.hash_lookahead_tokens if spec_decode else 0)
@@ -89,7 +100,7 @@ class KVCacheManager:
             max_model_len=max_model_len, on_stored=self._on_stored if enable_events else None)
         self._stats = PrefixCacheStats()
         self._requests: dict[object, Request] = {}
-        self._group_ids = range(len(config.groups))
+        self._no_new_blocks = _no_new_blocks(len(config.groups))
         self._cached_listeners: list[Callable[[int, list[bytes], list[int]], None]] = []
 
     @staticmethod
@@ -102,15 +113,38 @@ class KVCacheManager:
         dense), plus two blocks (one prefill chunk; chunked prefill bounds the chunk).
         """
         hold = 0 if vllm_compat or retention_interval is None else config.alignment
-        need = 0
-        for g in config.groups:
-            bs = g.spec.block_size
-            blocks = -(-length // bs)
-            if g.spec.rule != RULE_FULL:
-                span = g.spec.window_tokens or g.spec.chunk_size  # type: ignore[attr-defined]
-                blocks = min(blocks, -(-(span + hold) // bs) + 2)
-            need += blocks
-        return need
+        return sum(make_rule(g.spec).max_blocks(length, hold) for g in config.groups)
+
+    @staticmethod
+    def _check_lookahead(config: KVCacheConfig, spec: SpecDecode, max_model_len: int | None) -> None:
+        """Reject lookahead slots no request could ever hold: a first step of one token plus
+        the slots must fit the pool (every group allocates them) and stay below max_model_len."""
+        def first_step(la: int) -> int:
+            return sum(-(-(1 + la) // g.spec.block_size) for g in config.groups)
+
+        usable = config.num_blocks - 1
+        la = spec.lookahead_slots
+        limit = 0                                 # the largest lookahead that fits the pool
+        hi = usable * max(g.spec.block_size for g in config.groups)
+        while limit < hi:                         # first_step is non-decreasing in la
+            mid = (limit + hi + 1) // 2
+            if first_step(mid) <= usable:
+                limit = mid
+            else:
+                hi = mid - 1
+        why = f"the pool's {usable} usable blocks"
+        if max_model_len is not None and max_model_len - 1 < limit:
+            limit, why = max_model_len - 1, f"max_model_len={max_model_len}"
+        if la > limit:
+            extra = la - spec.num_speculative_tokens   # DFlash: one slot more than k
+            raise ValueError(
+                f"SpecDecode({spec.method!r}, {spec.num_speculative_tokens}) needs {la} lookahead "
+                f"slots per request, more than {why} allow ({limit}); valid "
+                f"num_speculative_tokens: 1..{limit - extra}"
+                if limit - extra >= 1 else
+                f"SpecDecode({spec.method!r}, {spec.num_speculative_tokens}) needs {la} lookahead "
+                f"slots per request and {why} allow {limit}: no speculative decoding fits; give "
+                "more blocks or a larger max_model_len")
 
     def _check_fits(self, config: KVCacheConfig, max_len: int) -> None:
         need = self.blocks_for_request(config, max_len, retention_interval=self.retention_interval,
@@ -152,7 +186,8 @@ class KVCacheManager:
             raise ValueError(f"lookup needs a Request, got {type(request).__name__}")
         self._sync_hashes(request)
         if not self.enable_caching or request.skip_prefix_cache:
-            return CacheHit(0, tuple(() for _ in self.config.groups))
+            return CacheHit(0, tuple(() for _ in self.config.groups), 0, request.request_id,
+                            self.coordinator.epoch)
         max_tokens = request.num_tokens - 1
         if self.max_model_len is not None:
             max_tokens = min(max_tokens, self.max_model_len - 1)
@@ -181,7 +216,7 @@ class KVCacheManager:
         """Finish an external load: ``ok`` caches the loaded blocks and sets
         ``num_computed_tokens`` to ``external.num_tokens``; a failed load changes nothing (the
         tokens are recomputed from the local hit). Returns ``num_computed_tokens``."""
-        if request.request_id not in self.coordinator.reqs:
+        if not self.coordinator.holds(request):
             raise ValueError(f"request {request.request_id!r} holds no blocks; allocate it first")
         if request.num_computed_tokens != external.local_tokens:
             raise ValueError(
@@ -192,7 +227,8 @@ class KVCacheManager:
 
     def allocate(self, request: Request, num_new_tokens: int, hit: CacheHit | None = None,
                  num_lookahead_tokens: int | None = None,
-                 external: ExternalHit | None = None) -> list[list[int]] | None:
+                 external: ExternalHit | None = None,
+                 full_sequence_must_fit: bool = False) -> list[list[int]] | None:
         """Make room for ``num_new_tokens`` more tokens of ``request``.
 
         Args:
@@ -204,31 +240,39 @@ class KVCacheManager:
                 spec-decode's (k, or k+1 for DFlash). Never cached.
             external: an :meth:`lookup_external` result for this (new) request: blocks up to
                 its end are reserved for loading; see :meth:`commit_external`.
+            full_sequence_must_fit: admission reservation (the idea of vLLM's
+                ``scheduler_reserve_full_isl``; default mode, not claimed block-exact with
+                vLLM): succeed only if, after this step's blocks, the pool could still give
+                the request's whole sequence (``request.num_tokens`` + lookahead, capped at
+                max_model_len) its peak footprint in every group (sliding/chunked groups:
+                their window or chunk, see ``HitRule.max_blocks``). Only this step's blocks
+                are allocated.
 
         Returns:
             The newly allocated block ids per group, or None if the pool cannot supply them;
             on None nothing changed. Full blocks of promised hit ends up to
             ``min(computed + num_new_tokens, request.num_tokens)`` are cached.
+
+        Raises:
+            ValueError: bad counts; ``hit`` looked up for another request, stale, or given to a
+                request that already holds blocks; a different Request object holds this id.
+                Nothing changes.
         """
         if not isinstance(request, Request):
             raise ValueError(f"allocate needs a Request, got {type(request).__name__}")
-        if hit is None and num_lookahead_tokens is None and external is None \
-                and num_new_tokens.__class__ is int \
-                and num_new_tokens >= 0:
+        if hit is None and external is None and not full_sequence_must_fit \
+                and num_new_tokens.__class__ is int and num_new_tokens >= 0:
             # Fast path: a step that needs no new block, no caching and no window slide (most
-            # decode steps). The coordinator keeps the three thresholds per request.
-            state = self.coordinator.reqs.get(request.request_id)
-            if state is not None:
-                computed = request.num_computed_tokens
-                slots = computed + num_new_tokens + self.lookahead_slots
-                if self.max_model_len is not None and slots > self.max_model_len:
-                    slots = self.max_model_len
-                if slots <= state.slots and computed < state.slide_until \
-                        and computed + num_new_tokens < state.quiet_until:
-                    return [[] for _ in self._group_ids]
+            # decode steps); the coordinator answers from thresholds it keeps per request.
+            if num_lookahead_tokens is None:
+                if self.coordinator.step_is_quiet(request, num_new_tokens, self.lookahead_slots):
+                    return self._no_new_blocks()
+            elif num_lookahead_tokens.__class__ is int and num_lookahead_tokens >= 0 \
+                    and self.coordinator.step_is_quiet(request, num_new_tokens, num_lookahead_tokens):
+                return self._no_new_blocks()
         if isinstance(num_new_tokens, bool) or not isinstance(num_new_tokens, int) or num_new_tokens < 0:
             raise ValueError(f"num_new_tokens must be a non-negative integer, got {num_new_tokens!r}")
-        known = request.request_id in self.coordinator.reqs
+        known = self.coordinator.holds(request)     # raises for another object with this id
         if known and hit is not None and hit.num_tokens:
             raise ValueError(
                 f"request {request.request_id!r} already holds blocks; a hit can only be adopted "
@@ -237,6 +281,10 @@ class KVCacheManager:
         if hit is not None:
             if not isinstance(hit, CacheHit) or len(hit.block_ids) != len(self.config.groups):
                 raise ValueError(f"hit must be a CacheHit from this manager's lookup, got {hit!r}")
+            if hit.request_id is not None and hit.request_id != request.request_id:
+                raise ValueError(
+                    f"the hit was looked up for request {hit.request_id!r}, not "
+                    f"{request.request_id!r}; call lookup(request) for the request you allocate")
             if hit.num_tokens + request.num_computed_tokens > request.num_tokens:
                 raise ValueError(
                     f"hit of {hit.num_tokens} tokens exceeds request {request.request_id!r}'s "
@@ -260,7 +308,8 @@ class KVCacheManager:
         if isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 0:
             raise ValueError(f"num_lookahead_tokens must be a non-negative integer, got {lookahead!r}")
         self._sync_hashes(request)
-        blocks = self.coordinator.allocate(request, num_new_tokens, hit, lookahead, external)
+        reserve = request.num_tokens + lookahead if full_sequence_must_fit else 0
+        blocks = self.coordinator.allocate(request, num_new_tokens, hit, lookahead, external, reserve)
         if blocks is not None and not known:
             self._requests[request.request_id] = request
             self._record(request, hit.num_tokens if hit is not None else 0)
@@ -298,6 +347,7 @@ class KVCacheManager:
         if self.coordinator.reqs or self.pool.num_free != self.pool.num_blocks - 1:
             return False
         self.pool.reset_hashes()
+        self.coordinator.epoch += 1                 # hits and plans made before are stale
         if self.enable_events:
             self._events.append(AllBlocksCleared())
         return True

@@ -1,9 +1,10 @@
 """Attention specs, KV-cache groups and the cache configuration.
 
 A *spec* says how one layer stores KV: its block size (tokens per block), its per-token bytes
-and which *hit rule* applies (see :mod:`hybridkv.core.rules`). A *group* is a set of layers that
-share one block table. The :class:`KVCacheConfig` lists the groups and the number of blocks of
-the single pool they all draw from.
+and the parameters of its attention type; :mod:`hybridkv.core.rules` maps each spec type to
+the *hit rule* every consumer asks (which blocks a hit needs, which keys a query reads). A
+*group* is a set of layers that share one block table. The :class:`KVCacheConfig` lists the
+groups and the number of blocks of the single pool they all draw from.
 
 Pool layout (one block id = one page in every layer slot)::
 
@@ -22,7 +23,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import reduce
-from typing import ClassVar
 
 DTYPE_BYTES: dict[str, float] = {
     "float32": 4,
@@ -35,10 +35,6 @@ DTYPE_BYTES: dict[str, float] = {
     "uint8": 1,
     "fp4": 0.5,
 }
-
-RULE_FULL = "full"
-RULE_SLIDING = "sliding"
-RULE_CHUNKED = "chunked"
 
 
 def _check_positive_int(owner: str, name: str, value: object) -> None:
@@ -58,7 +54,9 @@ def dtype_bytes(dtype: str) -> float:
 
 @dataclass(frozen=True, slots=True)
 class AttentionSpec:
-    """Base of every attention spec. Subclasses set ``rule`` and the per-token byte count.
+    """Base of every attention spec: storage facts only (sizes, dtype, page layout).
+
+    Each concrete subclass has a hit rule registered in :mod:`hybridkv.core.rules`.
 
     Attributes:
         block_size: tokens per KV block of this group (> 0).
@@ -72,7 +70,6 @@ class AttentionSpec:
     head_dim: int = 128
     dtype: str = "bfloat16"
 
-    rule: ClassVar[str] = RULE_FULL
 
     def __post_init__(self) -> None:
         name = type(self).__name__
@@ -96,12 +93,21 @@ class AttentionSpec:
         """Tokens before the query that attention can read (None = unbounded)."""
         return None
 
+    @property
+    def kv_parts(self) -> int:
+        """Page layout: 2 = separate K and V halves (``[2, block_size, heads, head_dim]``),
+        1 = one latent vector per stored position (MLA)."""
+        return 2
+
+    @property
+    def compress_ratio(self) -> int:
+        """Tokens per stored position (MLA compressed attention keeps one per ratio)."""
+        return 1
+
 
 @dataclass(frozen=True, slots=True)
 class FullAttention(AttentionSpec):
     """Causal attention over every earlier token: a hit at t needs blocks covering [0, t)."""
-
-    rule: ClassVar[str] = RULE_FULL
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +118,6 @@ class SlidingWindow(AttentionSpec):
     """
 
     window: int = 4096
-    rule: ClassVar[str] = RULE_SLIDING
 
     def __post_init__(self) -> None:
         AttentionSpec.__post_init__(self)
@@ -131,7 +136,6 @@ class ChunkedLocal(AttentionSpec):
     """
 
     chunk_size: int = 8192
-    rule: ClassVar[str] = RULE_CHUNKED
 
     def __post_init__(self) -> None:
         AttentionSpec.__post_init__(self)
@@ -159,7 +163,6 @@ class MLA(AttentionSpec):
     compress_ratio: int = 1
     num_kv_heads: int = 1
     head_dim: int = 576
-    rule: ClassVar[str] = RULE_FULL
 
     def __post_init__(self) -> None:
         AttentionSpec.__post_init__(self)
@@ -175,6 +178,10 @@ class MLA(AttentionSpec):
                 f"MLA.block_size ({self.block_size}) must be a multiple of "
                 f"compress_ratio ({self.compress_ratio})"
             )
+
+    @property
+    def kv_parts(self) -> int:
+        return 1
 
     @property
     def latent_dim(self) -> int:

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 
 import torch
 
-from hybridkv.core.specs import MLA, AttentionSpec, ChunkedLocal, KVCacheConfig, KVCacheGroup
+from hybridkv.core.specs import AttentionSpec, KVCacheConfig, KVCacheGroup
 
 NULL_BLOCK = 0
 
@@ -79,18 +79,18 @@ class PagedKVCache:
                 self._group_of[name] = gi
 
     def _view(self, buffer: torch.Tensor, spec: AttentionSpec, page: int) -> torch.Tensor:
-        if isinstance(spec, ChunkedLocal):
-            raise ValueError("ChunkedLocal layers are not supported by the reference engine")
-        if isinstance(spec, MLA) and spec.compress_ratio != 1:
-            raise ValueError(f"MLA compress_ratio={spec.compress_ratio} is not supported; use 1")
+        if spec.compress_ratio != 1:
+            raise ValueError(
+                f"{type(spec).__name__} compress_ratio={spec.compress_ratio} is not supported by "
+                "the reference engine; use 1")
         dtype = torch_dtype(spec.dtype)
         itemsize = torch.empty((), dtype=dtype).element_size()
         if page % itemsize:
             raise ValueError(f"max page size {page} bytes is not a multiple of {dtype} ({itemsize} bytes)")
         pages = buffer.view(self.num_blocks, page)[:, : spec.page_size_bytes].view(dtype)
         bs = spec.block_size
-        if isinstance(spec, MLA):
-            return pages.view(self.num_blocks, bs, spec.latent_dim)
+        if spec.kv_parts == 1:                          # one latent per token (MLA)
+            return pages.view(self.num_blocks, bs, -1)
         kv = pages.view(self.num_blocks, 2, bs, spec.num_kv_heads, spec.head_dim)
         return kv.permute(1, 0, 2, 3, 4)
 

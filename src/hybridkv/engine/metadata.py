@@ -5,13 +5,15 @@ A step packs the new tokens of several sequences into one flat batch of ``T`` to
     packed tokens:  [ seq 0 new tokens | seq 1 new tokens | ... ]      T = sum(len(new))
     seq i:          cached tokens [0, start)  +  new tokens [start, start + n)
 
-For every KV-cache group ``g`` (block size ``bs``, window ``W`` or None) the metadata holds:
+For every KV-cache group ``g`` (block size ``bs``; its hit rule, :mod:`hybridkv.core.rules`,
+says which keys a query at q reads: ``[first_key(q), q]``) the metadata holds:
 
 * ``write_blocks/write_offsets`` ``[T]``: where each new token's K/V goes,
   ``block = table[pos // bs]``, ``offset = pos % bs`` (slot ``block * bs + offset``);
-* per sequence, the key positions it reads, ``[lo, start + n)`` with ``lo = 0`` (full) or
-  ``max(0, start - W + 1)`` (sliding: the first new query reads back ``W - 1`` tokens), their
-  pages, and the causal/window mask ``k <= q and k > q - W``.
+* per sequence, the key positions it reads, ``[lo, start + n)`` with
+  ``lo = max(0, first_key(start))`` (0 for full attention, ``start - W + 1`` for a sliding
+  window, the chunk start for chunked-local attention), their pages, and the mask
+  ``first_key(q) <= k <= q``.
 
 Contract with the block manager: every table entry that covers a written or read position must
 be a real block (``1 <= id < num_blocks``); entries for positions no query reads (before ``lo``)
@@ -34,6 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
+from hybridkv.core.rules import make_rule
 from hybridkv.core.specs import KVCacheConfig
 
 from .kv_cache import NULL_BLOCK
@@ -90,6 +93,7 @@ class GroupMetadata:
     write_blocks: torch.Tensor
     write_offsets: torch.Tensor
     sequences: tuple[SequenceAttention, ...]
+    chunk: int | None = None
 
     @property
     def slot_mapping(self) -> torch.Tensor:
@@ -188,7 +192,8 @@ def build_step_metadata(
     groups: list[GroupMetadata | None] = [None] * len(config.groups)
     for gi in wanted:
         group = config.groups[gi]
-        bs, window = group.spec.block_size, group.spec.window_tokens
+        rule = make_rule(group.spec)
+        bs = rule.block_size
         write_blocks: list[torch.Tensor] = []
         write_offsets: list[torch.Tensor] = []
         per_seq: list[SequenceAttention] = []
@@ -198,14 +203,14 @@ def build_step_metadata(
                             check_blocks)
             write_blocks.append(wb)
             write_offsets.append(wo)
-            lo = 0 if window is None else max(0, seq.start - window + 1)
+            lo = max(0, rule.first_key(seq.start))
             rb, ro = _pages(table, lo, seq.end, bs, num_blocks, "read", si, group.name, check_blocks)
             q = torch.arange(seq.start, seq.end, device=device)[:, None]
             k = torch.arange(lo, seq.end, device=device)[None, :]
             # causal: key <= query; a non-causal block sees every new token of its sequence
             mask = k <= q if seq.causal else k < seq.end
-            if window is not None:
-                mask &= k > q - window
+            if not rule.downward_closed:
+                mask &= k >= rule.first_key(q)
             per_seq.append(SequenceAttention(
                 rows=rows[si],
                 key_blocks=rb.to(device),
@@ -217,7 +222,8 @@ def build_step_metadata(
             raise ValueError(f"group {group.name!r}: two new tokens of this step map to the same slot")
         groups[gi] = GroupMetadata(
             block_size=bs,
-            window=window,
+            window=rule.window,
+            chunk=rule.chunk,
             write_blocks=blocks.to(device),
             write_offsets=offsets.to(device),
             sequences=tuple(per_seq),

@@ -33,56 +33,37 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
-from hybridkv.core.specs import MLA, ChunkedLocal, SlidingWindow
+from hybridkv.core.rules import HitRule, make_rule
+from hybridkv.core.specs import AttentionSpec
 
 from hybridkv.sim.presets import GpuPreset, ModelPreset
 
 __all__ = ["CostModel", "StepCost", "attention_keys", "kv_span"]
 
 
-def _pairs_full(x: int) -> int:
-    """Σ_{p<x} (p + 1)."""
-    return x * (x + 1) // 2
+@lru_cache(maxsize=256)
+def _rule(spec: AttentionSpec) -> HitRule:
+    """The spec's hit rule (specs are frozen and hashable; rules are pure)."""
+    return make_rule(spec)
 
 
-def _pairs_window(x: int, w: int) -> int:
-    """Σ_{p<x} min(p + 1, w)."""
-    if x <= w:
-        return _pairs_full(x)
-    return _pairs_full(w) + (x - w) * w
-
-
-def _pairs_chunked(x: int, c: int) -> int:
-    """Σ_{p<x} (p mod c + 1)."""
-    q, r = divmod(x, c)
-    return q * _pairs_full(c) + _pairs_full(r)
-
-
-def attention_keys(spec: object, new_tokens: int, context: int) -> int:
+def attention_keys(spec: AttentionSpec, new_tokens: int, context: int) -> int:
     """(query, key) pairs one layer of ``spec`` computes for tokens ``[context, context + new_tokens)``.
 
-    Full attention (and MLA) sees every earlier token and itself, a sliding window the last
-    ``window`` tokens, chunked-local attention its own chunk up to itself.
+    The spec's hit rule says which keys a query reads (:meth:`HitRule.attention_keys`): full
+    attention (and MLA) every earlier token and itself, a sliding window the last ``window``
+    tokens, chunked-local attention its own chunk up to itself.
     """
-    end = context + new_tokens
-    if isinstance(spec, SlidingWindow):
-        return _pairs_window(end, spec.window) - _pairs_window(context, spec.window)
-    if isinstance(spec, ChunkedLocal):
-        return _pairs_chunked(end, spec.chunk_size) - _pairs_chunked(context, spec.chunk_size)
-    return _pairs_full(end) - _pairs_full(context)
+    return _rule(spec).attention_keys(new_tokens, context)
 
 
-def kv_span(spec: object, new_tokens: int, context: int) -> int:
+def kv_span(spec: AttentionSpec, new_tokens: int, context: int) -> int:
     """Distinct cached/new KV positions tokens ``[context, context + new_tokens)`` read in one layer."""
-    end = context + new_tokens
-    if isinstance(spec, SlidingWindow):
-        return min(end, new_tokens + spec.window - 1)
-    if isinstance(spec, ChunkedLocal):
-        return end - spec.chunk_size * (context // spec.chunk_size)
-    return end
+    return _rule(spec).kv_span(new_tokens, context)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,8 +136,8 @@ class CostModel:
         """
         m = self.model
         groups = [
-            (g.spec, len(g.layer_names), g.spec.bytes_per_token * len(g.layer_names),
-             g.spec.compress_ratio if isinstance(g.spec, MLA) else 1)
+            (_rule(g.spec), len(g.layer_names), g.spec.bytes_per_token * len(g.layer_names),
+             g.spec.compress_ratio)
             for g in m.groups
         ]
         total_new = 0
@@ -168,9 +149,9 @@ class CostModel:
             if new == 0:
                 continue
             total_new += new
-            for spec, layers, bpt, ratio in groups:
-                attn_flops += 4.0 * m.attn_width * layers * attention_keys(spec, new, ctx) / ratio
-                kv_bytes += bpt * (kv_span(spec, new, ctx) + new)
+            for rule, layers, bpt, ratio in groups:
+                attn_flops += 4.0 * m.attn_width * layers * rule.attention_keys(new, ctx) / ratio
+                kv_bytes += bpt * (rule.kv_span(new, ctx) + new)
         if total_new == 0:
             return StepCost(0.0, 0.0, 0.0, 0.0, 0.0)
         flops = 2.0 * m.active_params * total_new + attn_flops
@@ -201,19 +182,10 @@ class CostModel:
         for g in m.groups:
             spec = g.spec
             layers = len(g.layer_names)
-            ratio = spec.compress_ratio if isinstance(spec, MLA) else 1
-            if isinstance(spec, SlidingWindow):
-                w = float(spec.window)
-                keys = _np_pairs_window(end, w) - _np_pairs_window(ctx, w)
-                span = np.minimum(end, new + w - 1)
-            elif isinstance(spec, ChunkedLocal):
-                c = float(spec.chunk_size)
-                keys = _np_pairs_chunked(end, c) - _np_pairs_chunked(ctx, c)
-                span = end - c * np.floor(ctx / c)
-            else:
-                keys = end * (end + 1) / 2 - ctx * (ctx + 1) / 2
-                span = end
-            attn_flops += 4.0 * m.attn_width * layers * float(keys.sum()) / ratio
+            rule = _rule(spec)               # its formulas are plain arithmetic: arrays work
+            keys = rule.attention_keys(new, ctx)
+            span = rule.kv_span(new, ctx)
+            attn_flops += 4.0 * m.attn_width * layers * float(keys.sum()) / spec.compress_ratio
             kv_bytes += spec.bytes_per_token * layers * float((span + new).sum())
         flops = 2.0 * m.active_params * total_new + attn_flops
         nbytes = self.weight_bytes(int(total_new)) + kv_bytes
@@ -221,13 +193,3 @@ class CostModel:
         memory_s = nbytes / (self.num_gpus * self.gpu.mem_bw * self.mbu)
         return max(compute_s, memory_s) + self.step_overhead_s
 
-
-def _np_pairs_window(x: np.ndarray, w: float) -> np.ndarray:
-    full = x * (x + 1) / 2
-    return np.where(x <= w, full, w * (w + 1) / 2 + (x - w) * w)
-
-
-def _np_pairs_chunked(x: np.ndarray, c: float) -> np.ndarray:
-    q = np.floor(x / c)
-    r = x - q * c
-    return q * (c * (c + 1) / 2) + r * (r + 1) / 2

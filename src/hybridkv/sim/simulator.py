@@ -33,7 +33,7 @@ from hybridkv.core.hashing import BlockHasher
 from hybridkv.core.manager import KVCacheManager
 from hybridkv.core.request import Request
 from hybridkv.core.spec_decode import SpecDecode
-from hybridkv.core.specs import RULE_FULL
+from hybridkv.core.rules import make_rule
 from hybridkv.sched import AcceptanceModel, EngineRequest, Scheduler, SchedulerConfig, useful_drafts
 from hybridkv.sim.costmodel import CostModel
 from hybridkv.sim.optimal import belady_block_hit_rate
@@ -241,7 +241,7 @@ def optimum_capacity_blocks(kv_config, num_blocks: int, key_block: int) -> int:
     out (they may keep as little as one window per hit end), which keeps it an upper bound.
     """
     units = sum(max(1, key_block // g.spec.block_size) for g in kv_config.groups
-                if g.spec.rule == RULE_FULL)
+                if make_rule(g.spec).downward_closed)
     return (num_blocks - 1) // max(1, units)
 
 
@@ -417,7 +417,7 @@ class Simulator:
         # Block counts and the optimum use the block size of the full-attention groups (or
         # the alignment when there are none).
         groups = kv_config.groups
-        full = [g.spec.block_size for g in groups if g.spec.rule == RULE_FULL]
+        full = [g.spec.block_size for g in groups if make_rule(g.spec).downward_closed]
         self.key_block = max(full) if full else kv_config.alignment
         self.optimum_capacity = optimum_capacity_blocks(kv_config, config.num_blocks, self.key_block)
 

@@ -1,0 +1,51 @@
+"""Chunked local attention (Llama 4): a query reads only its own chunk of ``C`` tokens, so a
+hit at e needs the blocks from the start of e's chunk."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from hybridkv.core.rules.base import HitRule
+from hybridkv.core.specs import AttentionSpec
+
+
+class ChunkedRule(HitRule):
+    """Chunk ``C`` = ``spec.chunk_size`` (a multiple of the block size)."""
+
+    kind: ClassVar[str] = "chunked"
+    __slots__ = ("_chunk", "chunk_blocks")
+
+    def __init__(self, spec: AttentionSpec, proof: bool = False) -> None:
+        super().__init__(spec, proof)
+        self._chunk: int = spec.chunk_size  # type: ignore[attr-defined]
+        self.chunk_blocks = self._chunk // self.block_size
+
+    @property
+    def chunk(self) -> int:
+        return self._chunk
+
+    def lo(self, e: int) -> int:
+        return e // self.chunk_blocks * self.chunk_blocks
+
+    def skipped_tokens(self, num_computed: int, hold: int = 0) -> int:
+        c = self._chunk
+        return max(0, num_computed - hold) // c * c
+
+    def next_skip_growth(self, num_computed: int, hold: int = 0) -> float:
+        bs = self.block_size
+        c = self._chunk
+        target = (self.skipped_tokens(num_computed, hold) // bs + 1) * bs
+        return -(-target // c) * c + hold
+
+    def max_blocks(self, length: int, hold: int = 0) -> int:
+        return min(-(-length // self.block_size), -(-(self._chunk + hold) // self.block_size) + 2)
+
+    def first_key(self, q: Any) -> Any:
+        return q // self._chunk * self._chunk
+
+    def key_pairs(self, x: Any) -> Any:
+        # Σ_{q<x} (q mod C + 1)
+        c = self._chunk
+        n = x // c
+        r = x - n * c
+        return n * (c * (c + 1) // 2) + r * (r + 1) // 2

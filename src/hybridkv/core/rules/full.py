@@ -1,0 +1,34 @@
+"""Full attention (and MLA, compressed or not): a hit at e needs every block ``[0, e)``."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, ClassVar
+
+from hybridkv.core.rules.base import HitRule
+
+
+class FullRule(HitRule):
+    """Every earlier token is read: runs are nested, so the lookup scans left to right once."""
+
+    kind: ClassVar[str] = "full"
+    downward_closed: ClassVar[bool] = True
+    __slots__ = ()
+
+    def lo(self, e: int) -> int:
+        return 0
+
+    def key_pairs(self, x: Any) -> Any:
+        return x * (x + 1) // 2
+
+    def longest_hit(self, probe: Callable[[int], object], e_max: int, step: int) -> int:
+        # [0, e + proof) cached: scan left to right to the first miss.
+        proof = self.proof
+        e = e_max // step * step
+        if e <= 0:
+            return 0
+        j = 0
+        limit = e + proof
+        while j < limit and probe(j):
+            j += 1
+        e = (j - proof) // step * step
+        return e if e > 0 else 0

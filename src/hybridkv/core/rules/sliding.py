@@ -1,0 +1,48 @@
+"""Sliding-window attention: a query at q reads ``(q - W, q]``, so a hit at e needs the
+``need = cdiv(W - 1, bs)`` blocks before e."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from hybridkv.core.rules.base import HitRule
+from hybridkv.core.specs import AttentionSpec
+
+
+class SlidingRule(HitRule):
+    """Window ``W`` = ``spec.window_tokens``."""
+
+    kind: ClassVar[str] = "sliding"
+    __slots__ = ("_window", "need")
+
+    def __init__(self, spec: AttentionSpec, proof: bool = False) -> None:
+        super().__init__(spec, proof)
+        self._window: int = spec.window_tokens  # type: ignore[assignment]
+        self.need = -(-(self._window - 1) // self.block_size)
+
+    @property
+    def window(self) -> int:
+        return self._window
+
+    def lo(self, e: int) -> int:
+        return e - self.need if e > self.need else 0
+
+    def skipped_tokens(self, num_computed: int, hold: int = 0) -> int:
+        return max(0, num_computed - self._window + 1 - hold)
+
+    def next_skip_growth(self, num_computed: int, hold: int = 0) -> float:
+        bs = self.block_size
+        target = (self.skipped_tokens(num_computed, hold) // bs + 1) * bs
+        return target + self._window - 1 + hold
+
+    def max_blocks(self, length: int, hold: int = 0) -> int:
+        return min(-(-length // self.block_size), -(-(self._window + hold) // self.block_size) + 2)
+
+    def first_key(self, q: Any) -> Any:
+        return q - self._window + 1
+
+    def key_pairs(self, x: Any) -> Any:
+        # Σ_{q<x} min(q + 1, W): written without min() so arrays work elementwise
+        w = self._window
+        m = x - (x - w) * (x > w)
+        return m * (m + 1) // 2 + (x - m) * w
