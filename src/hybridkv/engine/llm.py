@@ -215,6 +215,9 @@ class LLM:
         hash_seed: the block-hash seed; engines sharing a store need the same one (default
             with a store: a fixed seed; without: a random one).
         kv_load, kv_save: load from / save to the store.
+        kv_events: publish KV events after every step in vLLM 0.33's ZMQ format: a
+            ``hybridkv.events.KVEventsConfig`` (a publisher is started; :meth:`close` stops
+            it), or any object with ``publish(batch)``. Hashes default to sha256 then.
     """
 
     def __init__(self, model: str | Path, *, spec: str | SpecDecode | None = None,
@@ -230,7 +233,7 @@ class LLM:
                  kv_cache_dtype: str | None = None, record_logits: bool = False,
                  check_draft_slots: bool = False, kv_store: KVStore | None = None,
                  kv_namespace: str | None = None, hash_seed: str | None = None,
-                 kv_load: bool = True, kv_save: bool = True) -> None:
+                 kv_load: bool = True, kv_save: bool = True, kv_events: Any = None) -> None:
         self.model_dir = Path(model)
         self.device = torch.device(device) if device is not None else default_device()
         self.model = load_model(self.model_dir, device=self.device, dtype=dtype)
@@ -259,11 +262,11 @@ class LLM:
         if hash_seed is None and kv_store is not None:
             hash_seed = SHARED_HASH_SEED
         if hash_algo is None:  # keys shared across processes and tenants: a cryptographic hash
-            hash_algo = "sha256" if kv_store is not None else "xxh3_128"
+            hash_algo = "sha256" if kv_store is not None or kv_events is not None else "xxh3_128"
         self.kv = KVCacheManager(self.kv_config, spec_decode=self.spec, retention_interval=retention_interval,
                                  enable_caching=enable_prefix_caching, hash_algo=hash_algo,
                                  hash_seed=hash_seed, max_model_len=max_model_len,
-                                 vllm_compat=vllm_compat)
+                                 vllm_compat=vllm_compat, enable_events=kv_events is not None)
         self.cache = PagedKVCache(self.kv_config, device=self.device)
         self.connector: KVConnector | None = None
         if kv_store is not None:
@@ -284,6 +287,10 @@ class LLM:
         self.tokenizer = Tokenizer.from_dir(self.model_dir)
         self.eos_token_ids = eos_token_ids(self.model_dir)
         self._next_id = 0
+        self.kv_events = None
+        if kv_events is not None:
+            from hybridkv.events.stream import attach_kv_events
+            self.kv_events = attach_kv_events(self.kv, self.engine.step_hooks, kv_events)
 
     def _make_drafter(self, spec: SpecDecode | None, draft_dir: str | Path | None,
                       ngram_sizes: tuple[int, int], dtype: torch.dtype | None) -> Drafter | None:
@@ -401,6 +408,11 @@ class LLM:
 
     def reset_prefix_cache(self) -> bool:
         return self.kv.reset_prefix_cache()
+
+    def close(self) -> None:
+        """Publish the last KV events and stop the publisher this LLM started (if any)."""
+        if self.kv_events is not None:
+            self.kv_events.close()
 
     def __repr__(self) -> str:
         spec = f", spec={self.spec.method}:{self.spec.num_speculative_tokens}" if self.spec else ""

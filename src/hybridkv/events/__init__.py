@@ -30,13 +30,33 @@ form, so those blocks are recomputed only by a consumer that knows the tags.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from hybridkv.core.hashing import BlockHasher
 from hybridkv.events.index import KVEventIndex
-from hybridkv.events.publisher import (DEFAULT_ENDPOINT, END_SEQ, KVEventsConfig, ZmqEventPublisher,
-                                       check_endpoint, is_bind_endpoint, offset_endpoint)
-from hybridkv.events.stream import KVEventStream
-from hybridkv.events.wire import (AllBlocksCleared, BlockRemoved, BlockStored, EventBatch,
-                                  KVEventBatch, WireMapper, decode_batch, encode_batch, spec_kind)
+
+if TYPE_CHECKING:
+    from hybridkv.events.wire import BlockStored
+
+# The wire and ZMQ parts need the ``events`` extra (msgspec, pyzmq): imported on first use, so
+# the index (used by the simulator's routers) works without them.
+_LAZY = {
+    "DEFAULT_ENDPOINT": "publisher", "END_SEQ": "publisher", "KVEventsConfig": "publisher",
+    "ZmqEventPublisher": "publisher", "check_endpoint": "publisher",
+    "is_bind_endpoint": "publisher", "offset_endpoint": "publisher",
+    "KVEventStream": "stream", "attach_kv_events": "stream",
+    "AllBlocksCleared": "wire", "BlockRemoved": "wire", "BlockStored": "wire",
+    "EventBatch": "wire", "KVEventBatch": "wire", "WireMapper": "wire", "decode_batch": "wire",
+    "encode_batch": "wire", "spec_kind": "wire",
+}
+
+
+def __getattr__(name: str):
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'hybridkv.events' has no attribute {name!r}")
+    import importlib
+    return getattr(importlib.import_module(f"hybridkv.events.{mod}"), name)
 
 
 def recompute_block_hashes(event: BlockStored, hash_block_size: int | None = None,
@@ -68,7 +88,7 @@ def recompute_block_hashes(event: BlockStored, hash_block_size: int | None = Non
 
 
 __all__ = [
-    "AllBlocksCleared", "BlockRemoved", "BlockStored", "DEFAULT_ENDPOINT", "END_SEQ", "EventBatch",
+    "attach_kv_events", "AllBlocksCleared", "BlockRemoved", "BlockStored", "DEFAULT_ENDPOINT", "END_SEQ", "EventBatch",
     "KVEventBatch", "KVEventIndex", "KVEventStream", "KVEventsConfig", "WireMapper",
     "ZmqEventPublisher", "check_endpoint", "decode_batch", "encode_batch", "is_bind_endpoint",
     "offset_endpoint", "recompute_block_hashes", "spec_kind",

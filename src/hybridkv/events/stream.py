@@ -46,3 +46,43 @@ class KVEventStream:
         self.batches += 1
         self.events += len(events)
         return len(events)
+
+
+class AttachedKVEvents:
+    """A stream flushed by an engine's step hook, and the publisher it may own."""
+
+    __slots__ = ("stream", "publisher")
+
+    def __init__(self, stream: KVEventStream, publisher: object | None) -> None:
+        self.stream = stream
+        self.publisher = publisher  # started here, so shut down by :meth:`close`
+
+    @property
+    def published(self) -> int:
+        """Batches the owned publisher sent (or the batches handed to a foreign sink)."""
+        return getattr(self.publisher, "published", self.stream.batches)
+
+    def close(self) -> None:
+        self.stream.flush()
+        if self.publisher is not None:
+            self.publisher.shutdown()  # type: ignore[attr-defined]
+            self.publisher = None
+
+
+def attach_kv_events(kv: KVCacheManager, step_hooks: list, kv_events: object) -> AttachedKVEvents:
+    """Publish ``kv``'s events after every step: ``kv_events`` is a ``KVEventsConfig`` or an
+    endpoint string (a :class:`ZmqEventPublisher` is started) or an object with ``publish``."""
+    from hybridkv.events.publisher import KVEventsConfig, ZmqEventPublisher
+    owned = None
+    if isinstance(kv_events, str):
+        kv_events = KVEventsConfig(endpoint=kv_events)
+    if isinstance(kv_events, KVEventsConfig):
+        owned = sink = ZmqEventPublisher(kv_events)
+    elif callable(getattr(kv_events, "publish", None)):
+        sink = kv_events  # type: ignore[assignment]
+    else:
+        raise ValueError(f"kv_events must be a KVEventsConfig, an endpoint string or an object "
+                         f"with publish(batch), got {kv_events!r}")
+    stream = KVEventStream(kv, sink)  # type: ignore[arg-type]
+    step_hooks.append(lambda: stream.flush())
+    return AttachedKVEvents(stream, owned)

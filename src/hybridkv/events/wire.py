@@ -10,10 +10,9 @@ Events are msgspec structs with ``tag=True`` (the tag field ``"type"`` holds the
 and ``omit_defaults=True``: a field is left out of the map when it equals its default, so
 ``extra_keys``, ``group_idx``, ``kv_cache_spec_kind`` ... appear only when set, while the
 required fields (``lora_id``, ``medium``, ``lora_name`` ...) are always present, even when
-None. ``EventBatch`` is ``array_like`` with ``omit_defaults`` too, so a trailing
-``data_parallel_rank`` of None would be dropped; the publisher always sets it (0 by default),
-as vLLM's does. Field order below is vLLM's declaration order (it fixes the map's key order and
-the batch's array positions).
+None. ``EventBatch`` is ``array_like``: always three items (msgspec writes a None rank as nil);
+the publisher stamps the rank (0 by default), as vLLM's does. Field order below is vLLM's
+declaration order (it fixes the map's key order and the batch's array positions).
 
 Block hashes are the manager's raw digests (``bytes``; vLLM's default ``ExternalBlockHash``
 form). How a consumer recomputes them from ``token_ids`` is stated in :mod:`hybridkv.events`.
