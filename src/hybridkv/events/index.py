@@ -5,8 +5,12 @@ cache group, ``block hash -> set of instances``, plus each instance's own set so
 ``AllBlocksCleared`` drops exactly that instance's entries. A router asks
 :meth:`KVEventIndex.prefix_match` how many leading blocks of a request each instance holds.
 
-Invariants (checked by :meth:`check`): an instance is listed under ``(group, hash)`` iff that
-pair is in the instance's own set; no empty holder sets are kept.
+An instance may store the same content twice (two requests computed it at once: two blocks,
+two ``BlockStored``, later two ``BlockRemoved``), so each instance counts its copies and stops
+being a holder when the count reaches zero; a set would drop the block at the first removal.
+
+Invariants (checked by :meth:`check`): an instance is listed under ``(group, hash)`` iff it
+holds at least one copy; no empty holder sets are kept.
 
 Events are applied by duck typing on the class name and the fields ``block_hashes`` and
 ``group_idx`` (``None`` is its own group), so wire structs decoded by
@@ -29,23 +33,25 @@ class KVEventIndex:
 
     def __init__(self) -> None:
         self._where: dict[Key, set[Instance]] = {}
-        self._held: dict[Instance, set[Key]] = {}
+        self._held: dict[Instance, dict[Key, int]] = {}
         self.kinds: dict[int | None, tuple[str | None, int | None]] = {}
         self.last_seq: dict[Instance, int] = {}
         self.gaps = 0
 
     # ---- feeding ----------------------------------------------------------------------------
     def add(self, instance: Instance, group: int | None, hashes: Iterable[object]) -> None:
-        held = self._held.setdefault(instance, set())
+        held = self._held.setdefault(instance, {})
         where = self._where
         for h in hashes:
             key = (group, h)
-            s = where.get(key)
-            if s is None:
-                where[key] = {instance}
-            else:
-                s.add(instance)
-            held.add(key)
+            n = held.get(key, 0)
+            held[key] = n + 1
+            if not n:
+                s = where.get(key)
+                if s is None:
+                    where[key] = {instance}
+                else:
+                    s.add(instance)
 
     def remove(self, instance: Instance, group: int | None, hashes: Iterable[object]) -> None:
         held = self._held.get(instance)
@@ -54,8 +60,11 @@ class KVEventIndex:
         where = self._where
         for h in hashes:
             key = (group, h)
-            if key in held:
-                held.discard(key)
+            n = held.get(key, 0)
+            if n > 1:
+                held[key] = n - 1
+            elif n == 1:
+                del held[key]
                 s = where[key]
                 s.discard(instance)
                 if not s:
@@ -63,7 +72,7 @@ class KVEventIndex:
 
     def clear(self, instance: Instance) -> None:
         """Forget everything ``instance`` holds (its ``AllBlocksCleared``, or it went away)."""
-        held = self._held.pop(instance, set())
+        held = self._held.pop(instance, {})
         where = self._where
         for key in held:
             s = where[key]
@@ -137,7 +146,8 @@ class KVEventIndex:
         """Raise AssertionError if the two maps disagree."""
         n = 0
         for inst, held in self._held.items():
-            for key in held:
+            for key, copies in held.items():
+                assert copies > 0, f"{inst!r} keeps a zero count for {key!r}"
                 assert inst in self._where.get(key, ()), f"{inst!r} holds {key!r} unindexed"
             n += len(held)
         assert n == sum(len(s) for s in self._where.values()), "index has extra entries"

@@ -6,11 +6,17 @@ length and a :class:`InstanceLoad` per instance, and returns a :class:`RouteDeci
 * ``round-robin`` — instances in turn.
 * ``least-loaded`` — the fewest outstanding prefill tokens (then the fewest requests).
 * ``kv-aware`` — a :class:`~hybridkv.events.KVEventIndex` fed by the instances' KV events says
-  how many leading blocks each instance holds; the router picks the least estimated work
-  before this request's first token: ``outstanding prefill tokens + overlap_weight * tokens this
-  request still has to compute there`` (Dynamo's cost shape: overlap-weighted prefill plus load).
-  Pure longest-prefix routing would send every request that shares block 0 to one instance;
-  the load term spreads them.
+  how many leading blocks each instance holds; the router picks the least
+  ``queued + overlap_weight * uncached`` (in tokens; Dynamo's cost shape, overlap-weighted
+  prefill plus load): ``uncached`` is what this request would still compute there (its prompt
+  minus the prefix the index says the instance holds), ``queued`` the instance's outstanding
+  prefill. ``overlap_weight`` > 1 values a hit above its own prefill time: a request sent away
+  from its prefix also duplicates that prefix there and evicts other blocks. Pure
+  longest-prefix routing would send every request that shares block 0 to one instance; the
+  queue term spreads them once an instance is busy. (A decode-load term — the KV its running
+  requests hold, Dynamo's "active blocks" — was measured too and lowered both hit rate and
+  TTFT on the Mooncake trace, so it is not used; under light load, kv-aware therefore keeps
+  sessions where their prefix is even when other instances idle.)
 * ``approximate`` — the same score, but the held prefixes are *predicted* from the router's own
   routing history (no events): each instance gets an LRU of the block hashes routed to it,
   sized to its cache (llm-d's "approximate" / Dynamo's ``--no-kv-events`` mode).
