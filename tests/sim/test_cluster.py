@@ -64,8 +64,9 @@ def test_approximate_router_keeps_its_history_within_capacity() -> None:
     d1 = r.route(hs, 8 * 16, loads)
     assert d1.predicted_hit_tokens == 0
     assert r.index.num_blocks(d1.instance) == 5       # only the 5 most recent are predicted
-    d2 = r.route(hs[:3] + [b"x" * 4], 4 * 16, loads)  # its prefix was evicted from the LRU
-    assert d2.predicted_hit_tokens == 0
+    busy = [InstanceLoad(d1.instance, 10**6, 1), InstanceLoad(1 - d1.instance, 0, 0)]
+    d2 = r.route(hs[:3] + [b"x" * 4], 4 * 16, busy)   # its prefix left the LRU: no prediction
+    assert d2.predicted_hit_tokens == 0 and d2.instance != d1.instance
     d3 = r.route(hs[3:], 5 * 16, loads)
     assert d3.instance == d1.instance and d3.predicted_hit_tokens == 4 * 16
 
