@@ -7,6 +7,13 @@ Above the core (imports only :mod:`hybridkv.core`)::
                                                                                           |  ZMQ
     router <-- prefix_match -- KVEventIndex <-- apply_batch <-- decode_batch <------------+
 
+Stream invariants (tests/events/test_stream.py checks them on the decoded ZMQ stream of real
+scheduler runs): sequence numbers are contiguous from 0; in a full-attention group every
+``BlockStored``'s parent was stored before and is still held; every ``BlockRemoved`` names a
+block stored and not yet removed; replaying the events gives exactly the pool's cached blocks
+(as a multiset: two requests may cache the same content in two blocks). Window and chunked
+groups keep only the blocks some promised hit reads, so their parents may never be cached.
+
 Recomputing a block hash from an event (what a consumer needs to match its own prompts)
 ---------------------------------------------------------------------------------------
 Hashes on the wire are the manager's raw digests (``bytes``). Run the manager with
