@@ -73,7 +73,7 @@ def main() -> None:
           "| imbalance | wall s |")
     print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     with mp.get_context("fork").Pool(args.jobs) as pool:
-        for row in pool.imap(run_one, jobs):
+        for row in pool.imap_unordered(run_one, jobs):
             rows.append(row)
             print(f"| {row['trace']} | {row['instances']} | {row['router']} | {row['hit_rate']:.4f} "
                   f"| {row['ttft_p50_s']:.3f} | {row['ttft_p99_s']:.2f} | {row['queue_p50_s']:.3f} "

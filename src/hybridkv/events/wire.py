@@ -136,7 +136,7 @@ class WireMapper:
             kind, window = self._kinds[event.group_idx]
             return BlockStored(
                 block_hashes=list(event.block_hashes), parent_block_hash=event.parent_block_hash,
-                token_ids=[int(t) for t in event.token_ids], block_size=event.block_size,
+                token_ids=event.token_ids, block_size=event.block_size,
                 lora_id=None, medium=event.medium or self.medium, lora_name=event.lora_name,
                 extra_keys=list(event.extra_keys) if event.extra_keys is not None else None,
                 group_idx=event.group_idx, kv_cache_spec_kind=kind,
