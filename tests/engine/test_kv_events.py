@@ -12,14 +12,14 @@ from hybridkv.engine import LLM  # noqa: E402
 from hybridkv.events import KVEventsConfig, recompute_block_hashes  # noqa: E402
 from hybridkv.events.wire import decode_batch  # noqa: E402
 from tests.engine.helpers import ARCHS, build  # noqa: E402
-from tests.events.spec_decoder import decode_message  # noqa: E402
-from tests.events.test_publisher import Listener  # noqa: E402
+from tests.events.spec_decoder import Listener, decode_message  # noqa: E402
 
 
 def test_llm_publishes_recomputable_events(tmp_path) -> None:
     built = build(ARCHS["qwen2_swa"], tmp_path / "model")
     endpoint = f"ipc://{tmp_path}/events.sock"
     ctx = zmq.Context()
+    listener = None
     try:
         sub = ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
@@ -40,6 +40,8 @@ def test_llm_publishes_recomputable_events(tmp_path) -> None:
             time.sleep(0.05)
         frames = list(listener.frames)
     finally:
+        if listener is not None:
+            listener.stop()
         ctx.destroy(linger=0)
     assert len(frames) == pub.published             # none lost
     assert [decode_message(f)[1] for f in frames] == list(range(len(frames)))

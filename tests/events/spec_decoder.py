@@ -10,6 +10,8 @@ plain ``msgpack`` library (no msgspec, nothing from hybridkv.events):
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass, field
 
 import msgpack
@@ -79,3 +81,37 @@ def decode_message(frames: list[bytes]) -> tuple[bytes, int, Batch]:
     if len(frames) != 3 or len(frames[1]) != 8:
         raise ValueError(f"expected (topic, 8-byte seq, payload), got {len(frames)} frames")
     return frames[0], int.from_bytes(frames[1], "big", signed=True), decode_payload(frames[2])
+
+
+# ---- a subscriber for the tests ----------------------------------------------------------
+def receive(sub, n: int, timeout_s: float = 20.0, out: list | None = None,
+            stop: threading.Event | None = None) -> list[list[bytes]]:
+    """Up to ``n`` messages (appended to ``out`` as they come), within ``timeout_s``."""
+    out = [] if out is None else out
+    deadline = time.monotonic() + timeout_s
+    while len(out) < n and time.monotonic() < deadline and not (stop and stop.is_set()):
+        if sub.poll(100):
+            out.append(sub.recv_multipart())
+    return out
+
+
+class Listener:
+    """A subscriber already listening: a thread in a receive loop (ZMQ sends a bound SUB's
+    subscription to a new peer only while the owning thread works the socket, as a real
+    consumer's loop does)."""
+
+    def __init__(self, sub, n: int) -> None:
+        self.frames: list[list[bytes]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=receive, args=(sub, n, 20.0, self.frames, self._stop),
+                                        daemon=True)
+        self._thread.start()
+
+    def join(self) -> list[list[bytes]]:
+        self._thread.join(30)
+        return self.frames
+
+    def stop(self) -> list[list[bytes]]:
+        """Stop listening (before the socket's context goes away)."""
+        self._stop.set()
+        return self.join()

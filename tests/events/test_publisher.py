@@ -4,7 +4,6 @@ subscriber that goes away, a full queue. Payloads are decoded by the independent
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
@@ -16,7 +15,7 @@ pytest.importorskip("msgpack")
 from hybridkv.events.publisher import (END_SEQ, KVEventsConfig, ZmqEventPublisher,  # noqa: E402
                                        check_endpoint, is_bind_endpoint, offset_endpoint)
 from hybridkv.events.wire import BlockRemoved, BlockStored, EventBatch  # noqa: E402
-from tests.events.spec_decoder import decode_message, decode_payload  # noqa: E402
+from tests.events.spec_decoder import Listener, decode_message, decode_payload, receive  # noqa: E402
 
 
 def batch(i: int) -> EventBatch:
@@ -33,30 +32,6 @@ def bound_sub(ctx) -> tuple[object, str]:
     sub.setsockopt(zmq.RCVHWM, 0)
     sub.bind("tcp://127.0.0.1:0")
     return sub, sub.getsockopt_string(zmq.LAST_ENDPOINT)
-
-
-def receive(sub, n: int, timeout_s: float = 20.0) -> list[list[bytes]]:
-    out = []
-    deadline = time.monotonic() + timeout_s
-    while len(out) < n and time.monotonic() < deadline:
-        if sub.poll(100):
-            out.append(sub.recv_multipart())
-    return out
-
-
-class Listener:
-    """A subscriber already listening: a thread in a receive loop (ZMQ sends a bound SUB's
-    subscription to a new peer only while the owning thread works the socket, as a real
-    consumer's loop does)."""
-
-    def __init__(self, sub, n: int) -> None:
-        self.frames: list[list[bytes]] = []
-        self._thread = threading.Thread(target=lambda: self.frames.extend(receive(sub, n)))
-        self._thread.start()
-
-    def join(self) -> list[list[bytes]]:
-        self._thread.join(30)
-        return self.frames
 
 
 def wait_published(pub: ZmqEventPublisher, n: int, timeout_s: float = 20.0) -> None:

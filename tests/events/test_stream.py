@@ -20,8 +20,7 @@ from hybridkv.events.wire import decode_batch  # noqa: E402
 from hybridkv.sim.presets import get_gpu, get_preset  # noqa: E402
 from hybridkv.sim.simulator import SimConfig, Simulator, items_from_trace  # noqa: E402
 from hybridkv.sim.traces import get_workload  # noqa: E402
-from tests.events.spec_decoder import decode_message  # noqa: E402
-from tests.events.test_publisher import Listener  # noqa: E402
+from tests.events.spec_decoder import Listener, decode_message  # noqa: E402
 
 
 class MirrorConsumer:
@@ -72,6 +71,7 @@ def test_simulator_stream_over_zmq_mirrors_the_pool(preset, blocks, tmp_path) ->
     endpoint = f"ipc://{tmp_path}/kv.sock"
     pub = ZmqEventPublisher(KVEventsConfig(endpoint=endpoint, subscriber_wait_s=10))
     ctx = zmq.Context()
+    listener = None
     try:
         sub = ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
@@ -85,6 +85,8 @@ def test_simulator_stream_over_zmq_mirrors_the_pool(preset, blocks, tmp_path) ->
         assert pub.published == stream.batches > 0 and pub.dropped == 0
         frames = _collect(listener, stream.batches)
     finally:
+        if listener is not None:
+            listener.stop()
         ctx.destroy(linger=0)
     consumer = MirrorConsumer(full)
     index = KVEventIndex()
