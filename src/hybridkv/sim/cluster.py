@@ -28,7 +28,7 @@ from hybridkv.core.request import Request
 from hybridkv.core.specs import RULE_FULL
 from hybridkv.events.index import KVEventIndex
 from hybridkv.sched import EngineRequest
-from hybridkv.sim.routing import InstanceLoad, make_router
+from hybridkv.sim.routing import DEFAULT_OVERLAP_WEIGHT, InstanceLoad, make_router
 from hybridkv.sim.simulator import SimConfig, SimResult, Simulator, WorkItem
 
 CLUSTER_HASH_SEED = "hybridkv-cluster"
@@ -210,13 +210,13 @@ class ClusterSimulator:
         num_instances: >= 1.
         router: routing policy name.
         overlap_weight: the kv-aware/approximate routers' weight of a request's own prefill.
-        event_sinks: optional per-instance callables ``sink(instance_index, start, end, events)``
-            receiving each step's core KV events (a ZMQ publisher per instance, for example).
+        event_sinks: optional per-instance callables ``sink(start_s, end_s, events)`` receiving
+            each step's core KV events (a ZMQ publisher per instance, for example).
         progress: ``progress(done, total)`` now and then.
     """
 
     def __init__(self, config: SimConfig, num_instances: int, router: str = "kv-aware",
-                 overlap_weight: float = 1.0,
+                 overlap_weight: float = DEFAULT_OVERLAP_WEIGHT,
                  event_sinks: Sequence[Callable[[float, float, list], None]] | None = None,
                  progress: Callable[[int, int], None] | None = None) -> None:
         if isinstance(num_instances, bool) or not isinstance(num_instances, int) or num_instances < 1:
@@ -231,12 +231,13 @@ class ClusterSimulator:
         self.key_group = full[0] if full else 0
         self.key_block = groups[self.key_group].spec.block_size
         self.index = KVEventIndex()
-        probe = make_router(router, num_instances=num_instances, block_size=self.key_block,
-                            capacity_blocks=max(1, config.num_blocks - 1), index=self.index,
-                            group=self.key_group, overlap_weight=overlap_weight)
-        self.router = probe
+        # the approximate router's LRU: the pool's share of one group (exact for one group)
+        self.router = make_router(router, num_instances=num_instances, block_size=self.key_block,
+                                  capacity_blocks=max(1, (config.num_blocks - 1) // len(groups)),
+                                  index=self.index, group=self.key_group,
+                                  overlap_weight=overlap_weight)
         self.event_sinks = list(event_sinks) if event_sinks is not None else None
-        wants_events = probe.needs_events or self.event_sinks is not None
+        wants_events = self.router.needs_events or self.event_sinks is not None
         cfg = dataclasses.replace(config, hash_seed=config.hash_seed or CLUSTER_HASH_SEED,
                                   enable_events=wants_events or config.enable_events,
                                   optimum=False)

@@ -17,11 +17,10 @@ from pathlib import Path
 from typing import Iterator
 
 from hybridkv.sim.cluster import ClusterResult, ClusterSimulator, OfferedLoad, offered_load
-from hybridkv.sim.routing import ROUTERS
+from hybridkv.sim.routing import DEFAULT_OVERLAP_WEIGHT, ROUTERS
 from hybridkv.sim.simulator import SimConfig, Simulator, WorkItem
 
 DEFAULT_ROUTER = "kv-aware"
-DEFAULT_OVERLAP_WEIGHT = 4.0
 
 
 def add_cluster_options(p: argparse.ArgumentParser) -> None:
