@@ -51,6 +51,9 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--router-overlap-weight must be >= 0, got {args.router_overlap_weight}")
     if args.kv_events_replay_endpoint and not args.kv_events_endpoint:
         raise ValueError("--kv-events-replay-endpoint needs --kv-events-endpoint")
+    if is_cluster(args) and getattr(args, "plot", None):
+        raise ValueError("--plot draws one instance's run; it does not apply with --instances "
+                         "or --router (use --json for the per-instance results)")
     if (args.kv_events_endpoint or is_cluster(args)) and args.sequential:
         raise ValueError("--sequential has no clock: it applies neither to --instances nor to "
                          "--kv-events-endpoint")
