@@ -282,7 +282,7 @@ def llm_options(**options: Any) -> dict[str, Any]:
         mine = {k: options.pop(k) for k in list(options) if k in names}
         if mine:
             out[arg] = replace(default, **mine)
-    unknown = set(options) - {"spec", "draft_model", "kv_store"}
+    unknown = set(options) - {"spec", "draft_model", "kv_store", "kv_events"}
     if unknown:
         raise TypeError(f"unknown LLM options {sorted(unknown)}")
     return {**out, **options}

@@ -205,12 +205,16 @@ class LLM:
         runtime: device, dtype, n-gram sizes, logits recording, draft-slot checks
             (:class:`RuntimeConfig`).
         store: namespace, load and save switches of the ``kv_store`` (:class:`StoreConfig`).
+        kv_events: publish KV events after every step in vLLM 0.33's ZMQ format: a
+            ``hybridkv.events.KVEventsConfig`` (a publisher is started; :meth:`close` stops
+            it), or any object with ``publish(batch)``. Hashes default to sha256 then.
     """
 
     def __init__(self, model: str | Path, *, spec: str | SpecDecode | None = None,
                  draft_model: str | Path | None = None, kv_store: KVStore | None = None,
                  cache: CacheConfig | None = None, scheduler: SchedulerConfig | None = None,
-                 runtime: RuntimeConfig | None = None, store: StoreConfig | None = None) -> None:
+                 runtime: RuntimeConfig | None = None, store: StoreConfig | None = None,
+                 kv_events: Any = None) -> None:
         cache = _config("cache", cache, CacheConfig)
         scheduler = _config("scheduler", scheduler, SchedulerConfig, ENGINE_SCHEDULER)
         runtime = _config("runtime", runtime, RuntimeConfig)
@@ -250,12 +254,12 @@ class LLM:
             hash_seed = SHARED_HASH_SEED
         hash_algo = cache.hash_algo
         if hash_algo is None:  # keys shared across processes and tenants: a cryptographic hash
-            hash_algo = "sha256" if kv_store is not None else "xxh3_128"
+            hash_algo = "sha256" if kv_store is not None or kv_events is not None else "xxh3_128"
         self.cache_config, self.scheduler_config, self.runtime, self.store_config = cache, scheduler, runtime, store
         self.kv = KVCacheManager(self.kv_config, spec_decode=self.spec, retention_interval=cache.retention_interval,
                                  enable_caching=cache.enable_prefix_caching, hash_algo=hash_algo,
                                  hash_seed=hash_seed, max_model_len=max_model_len,
-                                 vllm_compat=cache.vllm_compat)
+                                 vllm_compat=cache.vllm_compat, enable_events=kv_events is not None)
         self.cache = PagedKVCache(self.kv_config, device=self.device)
         self.connector: KVConnector | None = None
         if kv_store is not None:
@@ -272,6 +276,10 @@ class LLM:
         self.tokenizer = Tokenizer.from_dir(self.model_dir)
         self.eos_token_ids = eos_token_ids(self.model_dir)
         self._next_id = 0
+        self.kv_events = None
+        if kv_events is not None:
+            from hybridkv.events.stream import attach_kv_events
+            self.kv_events = attach_kv_events(self.kv, self.engine.step_hooks, kv_events)
 
     def _make_drafter(self, spec: SpecDecode | None, draft_dir: str | Path | None,
                       ngram_sizes: tuple[int, int], dtype: torch.dtype | None) -> Drafter | None:
@@ -389,6 +397,11 @@ class LLM:
 
     def reset_prefix_cache(self) -> bool:
         return self.kv.reset_prefix_cache()
+
+    def close(self) -> None:
+        """Publish the last KV events and stop the publisher this LLM started (if any)."""
+        if self.kv_events is not None:
+            self.kv_events.close()
 
     def __repr__(self) -> str:
         spec = f", spec={self.spec.method}:{self.spec.num_speculative_tokens}" if self.spec else ""

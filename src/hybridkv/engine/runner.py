@@ -18,7 +18,7 @@ decoding of the target, whatever the drafter proposes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -112,6 +112,7 @@ class EngineCore:
         self.rows = BlockTableRows(len(kv.config.groups), scheduler.config.max_num_seqs)
         self.records: dict[object, LogitsRecord] = {}
         self.stats = EngineStats()
+        self.step_hooks: list[Callable[[], None]] = []
         if drafter is not None:
             limit = drafter.max_draft_tokens()
             if limit is not None and self.k > limit:
@@ -129,9 +130,16 @@ class EngineCore:
         return self.scheduler.has_unfinished()
 
     # ---- one step ---------------------------------------------------------------------------
-    @torch.no_grad()
     def step(self) -> list[EngineRequest]:
-        """Schedule, compute, verify, draft, update. Returns the requests that finished."""
+        """Schedule, compute, verify, draft, update. Returns the requests that finished.
+        Then calls every ``step_hooks`` entry (the KV events publisher, for one)."""
+        finished = self._step()
+        for hook in self.step_hooks:
+            hook()
+        return finished
+
+    @torch.no_grad()
+    def _step(self) -> list[EngineRequest]:
         sched = self.scheduler
         out = sched.schedule()
         for r in out.preempted:

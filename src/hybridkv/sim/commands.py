@@ -384,10 +384,14 @@ def _progress(enabled: bool, label: str) -> tuple[Callable[[int, int], None] | N
     return update, bar.close
 
 
-def run_one(cfg: SimConfig, items: list[WorkItem], show_progress: bool, label: str) -> SimResult:
+def run_one(cfg: SimConfig, items: list[WorkItem], show_progress: bool, label: str,
+            setup: Callable[[Simulator], None] | None = None) -> SimResult:
     progress, close = _progress(show_progress, label)
     try:
-        res = Simulator(cfg, progress=progress).run(items)
+        sim = Simulator(cfg, progress=progress)
+        if setup is not None:
+            setup(sim)
+        res = sim.run(items)
     finally:
         close()
     return res
@@ -411,8 +415,25 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if not items:
         raise ValueError("the workload has no requests")
     cfg = build_config(args)
+    # -- cluster and KV events (hybridkv.sim.cluster_cli) --
+    from hybridkv.sim import cluster_cli
+    cluster_cli.check_args(args)
+    if cluster_cli.is_cluster(args):
+        progress, close = _progress(not args.no_progress, "simulate")
+        try:
+            return cluster_cli.cmd_cluster(args, cfg, items, progress)
+        finally:
+            close()
     print(describe(cfg, args, len(items)))
-    res = run_one(cfg, items, not args.no_progress, "simulate")
+    load = cluster_cli.warn_capacity(cfg, items, 1)
+    with cluster_cli.publishers(args, 1) as pubs:
+        res = run_one(cluster_cli.events_config(cfg, args), items, not args.no_progress, "simulate",
+                      setup=(lambda sim: cluster_cli.attach_single(sim, pubs[0])) if pubs else None)
+    extra = {"kv_events_published": pubs[0].published if pubs else 0,
+             "offered_load": load.to_json() if load else None}
+    if pubs:
+        print(f"  KV events: {extra['kv_events_published']} batches published")
+    # -- end cluster and KV events --
     print(summary_table(res))
     why = explain_gap(res)
     if why:
@@ -421,7 +442,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(f"hybridkv simulate: warning: all {res.requests} requests were rejected "
               f"(prompt >= --max-model-len {cfg.max_model_len})", file=sys.stderr)
     if args.json:
-        text = json.dumps(res.to_json(), indent=2) + "\n"
+        text = json.dumps({**res.to_json(), **extra}, indent=2) + "\n"
         print(f"wrote {write_output(args.json, lambda p: Path(p).write_text(text), 'the JSON result')}")
     if args.plot:
         title = describe(cfg, args, len(items)).split(": ", 1)[1]
@@ -542,6 +563,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     add_capacity_options(p)
     p.add_argument("--json", help="write the results as JSON to this path")
     p.add_argument("--plot", help="write a PNG of hit rate and cache usage over time")
+    from hybridkv.sim.cluster_cli import add_cluster_options
+    add_cluster_options(p)
     p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser("sweep", help="hit rate against cache size or retention interval")

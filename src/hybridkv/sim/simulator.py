@@ -108,6 +108,10 @@ class SimConfig:
         optimum: compute the offline (Belady) bound.
         timeline_points: at most this many samples of the timeline.
         num_gpus: GPUs of the cost model (ideal tensor parallelism).
+        hash_algo, hash_seed: the manager's hashing (instances of a cluster share a seed, so
+            an index built from their events matches a router's own hashes; published events
+            use sha256, which a consumer can recompute).
+        enable_events: record KV events (for a publisher or an index; see ``step_hooks``).
     """
 
     preset: ModelPreset
@@ -124,6 +128,9 @@ class SimConfig:
     optimum: bool = True
     timeline_points: int = 2000
     num_gpus: int = 1
+    hash_algo: str = "xxh3_128"
+    hash_seed: str | None = None
+    enable_events: bool = False
 
 
 @dataclass(slots=True)
@@ -404,7 +411,9 @@ class Simulator:
         self.kv = KVCacheManager(kv_config, spec_decode=config.spec,
                                  retention_interval=config.retention_interval,
                                  max_model_len=config.max_model_len,
-                                 vllm_compat=config.vllm_compat)
+                                 vllm_compat=config.vllm_compat, hash_algo=config.hash_algo,
+                                 hash_seed=config.hash_seed,
+                                 enable_events=config.enable_events)
         sched_cfg = config.sched
         if config.sequential:
             sched_cfg = dataclasses.replace(sched_cfg, max_num_seqs=1)
@@ -420,6 +429,8 @@ class Simulator:
         full = [g.spec.block_size for g in groups if make_rule(g.spec).downward_closed]
         self.key_block = max(full) if full else kv_config.alignment
         self.optimum_capacity = optimum_capacity_blocks(kv_config, config.num_blocks, self.key_block)
+        # Called as hook(start_s, end_s, output) after every timed step (event publishers).
+        self.step_hooks: list[Callable[[float, float, object], None]] = []
 
     # ---- the run ------------------------------------------------------------------------------
     def run(self, items: Iterable[WorkItem]) -> SimResult:
@@ -531,7 +542,6 @@ class Simulator:
 
     def _run_timed(self, items: list[ServedItem], res: SimResult) -> None:
         sched = self.scheduler
-        cost = self.cost
         clock = 0.0
         nxt = 0
         total = len(items)
@@ -543,22 +553,33 @@ class Simulator:
             if not sched.has_unfinished():
                 clock = items[nxt].item.arrival_s
                 continue
-            out = sched.schedule()
-            for r in out.admitted:
-                if r.request.num_preemptions == 0:
-                    self._on_admitted(r, res, clock)
-            sc = out.scheduled
-            clock += cost.step_time_arrays(np.fromiter((s.num_new_tokens for s in sc), np.float64, len(sc)),
-                                           np.fromiter((s.start for s in sc), np.float64, len(sc)))
-            res.steps += 1
-            self._sample_usage(res, clock)
-            done += self._update(out, res, clock)
+            clock, finished = self.step(res, clock)
+            done += finished
             if self.progress and res.steps % 2048 == 0:
                 self.progress(done, total)
         if self.progress:
             self.progress(total, total)
         res.makespan_s = clock
         self._finish_usage(res)
+
+    def step(self, res: SimResult, clock: float) -> tuple[float, int]:
+        """One timed step starting at ``clock`` (the scheduler has work): schedule, advance the
+        clock by the cost model, sample. Returns the new clock and how many requests finished."""
+        out = self.scheduler.schedule()
+        for r in out.admitted:
+            if r.request.num_preemptions == 0:
+                self._on_admitted(r, res, clock)
+        sc = out.scheduled
+        start = clock
+        clock += self.cost.step_time_arrays(
+            np.fromiter((s.num_new_tokens for s in sc), np.float64, len(sc)),
+            np.fromiter((s.start for s in sc), np.float64, len(sc)))
+        res.steps += 1
+        self._sample_usage(res, clock)
+        finished = self._update(out, res, clock)
+        for hook in self.step_hooks:
+            hook(start, clock, out)
+        return clock, finished
 
     def _update(self, out, res: SimResult, clock: float) -> int:
         """Sample tokens for the step, apply them, propose drafts; returns finished count."""

@@ -1,0 +1,335 @@
+"""A simulated cluster: N engine instances behind one router.
+
+Each instance is a :class:`~hybridkv.sim.simulator.Simulator` (its own scheduler, manager and
+cost model; the same step as a single-instance run). One event loop takes the requests in
+arrival order; before routing a request that arrives at ``t`` it advances every instance until
+its clock reaches ``t`` (an idle instance jumps to ``t``), so the router sees each instance's
+queue as it is at ``t``. After every step an instance's KV events go to the cluster's
+:class:`~hybridkv.events.KVEventIndex` (in process; the same events a ZMQ publisher would send)
+when the router needs them, and to a publisher when one is attached.
+
+Reported per instance and overall: token and block hit rates, TTFT p50/p99, queueing (arrival
+to first scheduled step) p50/p99, requests and prompt tokens routed, and load imbalance (the
+busiest instance's prompt tokens over the mean).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from hybridkv.core.hashing import BlockHasher, coarse_view
+from hybridkv.core.request import Request
+from hybridkv.core.specs import RULE_FULL
+from hybridkv.events.index import KVEventIndex
+from hybridkv.sched import EngineRequest
+from hybridkv.sim.routing import DEFAULT_OVERLAP_WEIGHT, InstanceLoad, make_router
+from hybridkv.sim.simulator import SimConfig, SimResult, Simulator, WorkItem
+
+CLUSTER_HASH_SEED = "hybridkv-cluster"
+
+
+def _pct(xs: Sequence[float], q: float) -> float | None:
+    return float(np.percentile(xs, q)) if len(xs) else None
+
+
+@dataclass(frozen=True, slots=True)
+class OfferedLoad:
+    """The workload's prompt-token arrival rate against what the instances can prefill.
+
+    ``capacity_tok_s`` is one instance's prefill rate: a full step of the token budget at the
+    context of the middle of a mean prompt, by the cost model. ``needed_hit_rate`` is the
+    prefix-hit rate at which the uncached prompt tokens just match the capacity.
+    """
+
+    requests: int
+    duration_s: float
+    arrival_rate_req_s: float
+    prompt_tok_s: float
+    instances: int
+    capacity_tok_s: float
+
+    @property
+    def cluster_capacity_tok_s(self) -> float:
+        return self.instances * self.capacity_tok_s
+
+    @property
+    def needed_hit_rate(self) -> float:
+        if self.prompt_tok_s <= 0:
+            return 0.0
+        return max(0.0, 1.0 - self.cluster_capacity_tok_s / self.prompt_tok_s)
+
+    @property
+    def overloaded(self) -> bool:
+        return self.prompt_tok_s > self.cluster_capacity_tok_s
+
+    def warning(self) -> str | None:
+        """A warning sentence when prompts arrive faster than the instances prefill them."""
+        if not self.overloaded:
+            return None
+        need = self.needed_hit_rate
+        return (f"warning: offered load exceeds capacity: {self.requests:,} requests over "
+                f"{self.duration_s:,.0f} s = {self.arrival_rate_req_s:.2f} req/s, "
+                f"{self.prompt_tok_s:,.0f} prompt tok/s; {self.instances} instance(s) prefill "
+                f"about {self.cluster_capacity_tok_s:,.0f} tok/s ({self.capacity_tok_s:,.0f} each). "
+                + (f"Only a prefix-hit rate above {need:.0%} keeps up; " if need < 1 else "")
+                + "otherwise queues grow for the whole run and TTFT measures the backlog "
+                  "(add instances with --instances, or GPUs with --gpus).")
+
+    def to_json(self) -> dict:
+        return {"requests": self.requests, "duration_s": self.duration_s,
+                "arrival_rate_req_s": self.arrival_rate_req_s, "prompt_tok_s": self.prompt_tok_s,
+                "instances": self.instances, "capacity_tok_s_per_instance": self.capacity_tok_s,
+                "cluster_capacity_tok_s": self.cluster_capacity_tok_s,
+                "needed_hit_rate": self.needed_hit_rate, "overloaded": self.overloaded}
+
+
+def offered_load(cfg: SimConfig, items: Sequence[WorkItem], instances: int) -> OfferedLoad:
+    """:class:`OfferedLoad` of ``items`` on ``instances`` instances of ``cfg``."""
+    from hybridkv.sim.costmodel import CostModel
+    n = len(items)
+    total = sum(it.prompt_len for it in items)
+    duration = (items[-1].arrival_s - items[0].arrival_s) if n > 1 else 0.0
+    budget = cfg.sched.max_num_batched_tokens
+    mean_prompt = total / n if n else 0.0
+    cost = CostModel(cfg.preset, cfg.gpu, num_gpus=cfg.num_gpus)
+    step = cost.step_time_arrays(np.array([float(budget)]), np.array([mean_prompt / 2]))
+    capacity = budget / step if step > 0 else math.inf
+    rate = total / duration if duration > 0 else 0.0
+    return OfferedLoad(n, duration, n / duration if duration > 0 else 0.0, rate, instances, capacity)
+
+
+@dataclass(slots=True)
+class ClusterResult:
+    """Per-instance results plus routing and queueing measurements."""
+
+    router: str
+    instances: list[SimResult]
+    queue_s: list[list[float]]
+    routed_requests: list[int]
+    routed_prompt_tokens: list[int]
+    predicted_hit_tokens: int = 0
+    offered: OfferedLoad | None = None
+    kv_events_published: int = 0
+    index_blocks: int = 0
+    wall_s: float = 0.0
+    config: dict = field(default_factory=dict)
+
+    def _summary(self, rs: Sequence[SimResult], queues: Sequence[float]) -> dict:
+        prompt = sum(r.prompt_tokens for r in rs)
+        hits = sum(r.hit_tokens for r in rs)
+        pblocks = sum(r.prompt_blocks for r in rs)
+        hblocks = sum(r.hit_blocks for r in rs)
+        ttft = [t for r in rs for t in r.ttft_s]
+        return {"requests": sum(r.requests for r in rs), "prompt_tokens": prompt,
+                "hit_tokens": hits, "hit_rate": hits / prompt if prompt else 0.0,
+                "block_hit_rate": hblocks / pblocks if pblocks else 0.0,
+                "ttft_p50_s": _pct(ttft, 50), "ttft_p99_s": _pct(ttft, 99),
+                "queue_p50_s": _pct(queues, 50), "queue_p99_s": _pct(queues, 99),
+                "queue_mean_s": float(np.mean(queues)) if len(queues) else None,
+                "preemptions": sum(r.preemptions for r in rs),
+                "makespan_s": max((r.makespan_s for r in rs), default=0.0)}
+
+    @property
+    def load_imbalance(self) -> float:
+        """Busiest instance's routed prompt tokens over the mean (1.0 = perfectly even)."""
+        toks = self.routed_prompt_tokens
+        mean = sum(toks) / len(toks) if toks else 0.0
+        return max(toks) / mean if mean else 1.0
+
+    def to_json(self) -> dict:
+        overall = self._summary(self.instances, [q for qs in self.queue_s for q in qs])
+        overall["load_imbalance"] = self.load_imbalance
+        per = []
+        for i, (r, qs) in enumerate(zip(self.instances, self.queue_s)):
+            d = self._summary([r], qs)
+            d["instance"] = i
+            d["routed_requests"] = self.routed_requests[i]
+            d["routed_prompt_tokens"] = self.routed_prompt_tokens[i]
+            per.append(d)
+        return {"router": self.router, "num_instances": len(self.instances), "overall": overall,
+                "per_instance": per, "predicted_hit_tokens": self.predicted_hit_tokens,
+                "offered_load": self.offered.to_json() if self.offered else None,
+                "kv_events_published": self.kv_events_published, "wall_s": self.wall_s,
+                "config": dict(self.config)}
+
+
+class _Instance:
+    """One engine of the cluster: a Simulator stepped by the cluster's loop."""
+
+    __slots__ = ("idx", "sim", "res", "clock", "queue_s", "pending", "routed", "routed_tokens")
+
+    def __init__(self, idx: int, sim: Simulator) -> None:
+        self.idx = idx
+        self.sim = sim
+        self.res = SimResult()
+        self.clock = 0.0
+        self.queue_s: list[float] = []
+        self.pending: list[tuple[EngineRequest, int]] = []  # (request, predicted uncached tokens)
+        self.routed = 0
+        self.routed_tokens = 0
+
+    def advance(self, t: float) -> None:
+        """Step until the clock reaches ``t`` or the instance runs out of work."""
+        sched = self.sim.scheduler
+        while self.clock < t and sched.has_unfinished():
+            self.clock, _ = self.sim.step(self.res, self.clock)
+        if not sched.has_unfinished() and self.clock < t:
+            self.clock = t
+
+    def drain(self) -> None:
+        """Step until every request has finished."""
+        sched = self.sim.scheduler
+        while sched.has_unfinished():
+            self.clock, _ = self.sim.step(self.res, self.clock)
+
+    def outstanding(self) -> int:
+        """Uncomputed prompt tokens of requests that have not produced their first token."""
+        keep = []
+        total = 0
+        for er, predicted in self.pending:
+            if er.num_output_tokens > 0 or er.status.finished:
+                continue
+            keep.append((er, predicted))
+            done = er.num_computed_tokens
+            total += predicted if done == 0 else max(0, er.num_prompt_tokens - done)
+        self.pending = keep
+        return total
+
+
+class ClusterSimulator:
+    """N instances of ``config`` behind the router ``router`` (a name in ``ROUTERS``).
+
+    Args:
+        config: each instance's configuration (cache size, model, GPU, batching).
+        num_instances: >= 1.
+        router: routing policy name.
+        overlap_weight: the kv-aware/approximate routers' weight of a request's own prefill.
+        event_sinks: optional per-instance callables ``sink(start_s, end_s, events)`` receiving
+            each step's core KV events (a ZMQ publisher per instance, for example).
+        progress: ``progress(done, total)`` now and then.
+    """
+
+    def __init__(self, config: SimConfig, num_instances: int, router: str = "kv-aware",
+                 overlap_weight: float = DEFAULT_OVERLAP_WEIGHT,
+                 event_sinks: Sequence[Callable[[float, float, list], None]] | None = None,
+                 progress: Callable[[int, int], None] | None = None) -> None:
+        if isinstance(num_instances, bool) or not isinstance(num_instances, int) or num_instances < 1:
+            raise ValueError(f"--instances must be an integer >= 1, got {num_instances!r}")
+        if config.sequential:
+            raise ValueError("a cluster simulation is timed; --sequential does not apply")
+        if event_sinks is not None and len(event_sinks) != num_instances:
+            raise ValueError(f"need one event sink per instance ({num_instances}), got {len(event_sinks)}")
+        kv_cfg = config.preset.kv_config(num_blocks=config.num_blocks)
+        groups = kv_cfg.groups
+        full = [i for i, g in enumerate(groups) if g.spec.rule == RULE_FULL and not g.is_draft]
+        self.key_group = full[0] if full else 0
+        self.key_block = groups[self.key_group].spec.block_size
+        self.index = KVEventIndex()
+        # the approximate router's LRU: the pool's share of one group (exact for one group)
+        self.router = make_router(router, num_instances=num_instances, block_size=self.key_block,
+                                  capacity_blocks=max(1, (config.num_blocks - 1) // len(groups)),
+                                  index=self.index, group=self.key_group,
+                                  overlap_weight=overlap_weight)
+        self.event_sinks = list(event_sinks) if event_sinks is not None else None
+        wants_events = self.router.needs_events or self.event_sinks is not None
+        cfg = dataclasses.replace(config, hash_seed=config.hash_seed or CLUSTER_HASH_SEED,
+                                  enable_events=wants_events or config.enable_events,
+                                  optimum=False)
+        self.config = cfg
+        self.progress = progress
+        self.instances = [_Instance(i, Simulator(cfg)) for i in range(num_instances)]
+        kv0 = self.instances[0].sim.kv
+        h = kv0.hasher
+        self.hasher = BlockHasher(h.block_size, h.algo, h.seed, h.lookahead)
+        self.scale = self.key_block // kv_cfg.hash_block_size
+        for inst in self.instances:
+            inst.sim.step_hooks.append(self._hook(inst))
+
+    def _hook(self, inst: _Instance) -> Callable[[float, float, object], None]:
+        index = self.index if self.router.needs_events else None
+        key_group = self.key_group
+        sink = self.event_sinks[inst.idx] if self.event_sinks is not None else None
+        kv = inst.sim.kv
+        idx = inst.idx
+
+        def on_step(start: float, end: float, out) -> None:
+            for r in out.admitted:
+                if r.request.num_preemptions == 0:
+                    inst.queue_s.append(start - r.arrival_time)
+            if index is None and sink is None:
+                return
+            events = kv.take_events()
+            if not events:
+                return
+            if index is not None:
+                for ev in events:
+                    g = getattr(ev, "group_idx", key_group)
+                    if g == key_group:
+                        index.apply(idx, ev)
+                    elif type(ev).__name__ == "AllBlocksCleared":
+                        index.clear(idx)
+            if sink is not None:
+                sink(start, end, events)
+        return on_step
+
+    def _hashes(self, item: WorkItem) -> tuple[Request, list[bytes]]:
+        req = Request(item.request_id, item.prompt())
+        self.hasher.update(req)
+        return req, list(coarse_view(req.block_hashes, self.scale))
+
+    def run(self, items: Sequence[WorkItem]) -> ClusterResult:
+        """Route and simulate ``items`` (sorted by arrival) to completion."""
+        t0 = time.perf_counter()
+        items = list(items)
+        insts = self.instances
+        router = self.router
+        predicted_total = 0
+        for n, item in enumerate(items):
+            t = item.arrival_s
+            for inst in insts:
+                inst.advance(t)
+            _, hashes = self._hashes(item)
+            loads = [InstanceLoad(i.idx, i.outstanding(), len(i.pending)) for i in insts]
+            d = router.route(hashes, item.prompt_len, loads)
+            inst = insts[d.instance]
+            er = inst.sim._new_request(item)
+            if inst.sim._admit(er, inst.res):
+                inst.pending.append((er, max(0, item.prompt_len - d.predicted_hit_tokens)))
+                inst.routed += 1
+                inst.routed_tokens += item.prompt_len
+                predicted_total += d.predicted_hit_tokens
+            if self.progress and n % 256 == 0:
+                self.progress(n, len(items))
+        for inst in insts:
+            inst.drain()
+        results = []
+        for inst in insts:
+            res = inst.res
+            sim = inst.sim
+            res.makespan_s = inst.clock if res.steps else 0.0
+            sim._finish_usage(res)
+            stats = sim.kv.stats()
+            res.requests = inst.routed
+            res.hit_tokens = stats.hits
+            res.preemptions = sim.scheduler.num_preemptions
+            res.evictions = stats.evictions
+            results.append(res)
+        cfg = self.config
+        return ClusterResult(
+            router=router.name, instances=results, queue_s=[i.queue_s for i in insts],
+            routed_requests=[i.routed for i in insts],
+            routed_prompt_tokens=[i.routed_tokens for i in insts],
+            predicted_hit_tokens=predicted_total, index_blocks=sum(
+                self.index.num_blocks(i.idx) for i in insts),
+            wall_s=time.perf_counter() - t0,
+            config={"preset": cfg.preset.name, "gpu": cfg.gpu.name, "num_gpus": cfg.num_gpus,
+                    "num_blocks_per_instance": cfg.num_blocks, "block_size": cfg.preset.block_size,
+                    "instances": len(insts), "router": router.name,
+                    "max_num_batched_tokens": cfg.sched.max_num_batched_tokens,
+                    "max_num_seqs": cfg.sched.max_num_seqs, "seed": cfg.seed})
