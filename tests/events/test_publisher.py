@@ -15,7 +15,7 @@ pytest.importorskip("msgpack")
 from hybridkv.events.publisher import (END_SEQ, KVEventsConfig, ZmqEventPublisher,  # noqa: E402
                                        check_endpoint, is_bind_endpoint, offset_endpoint)
 from hybridkv.events.wire import BlockRemoved, BlockStored, EventBatch  # noqa: E402
-from tests.events.spec_decoder import Listener, decode_message, decode_payload, receive  # noqa: E402
+from tests.events.spec_decoder import Listener, decode_message, decode_payload  # noqa: E402
 
 
 def batch(i: int) -> EventBatch:

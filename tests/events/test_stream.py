@@ -19,6 +19,7 @@ from hybridkv.events.stream import KVEventStream, attach_kv_events  # noqa: E402
 from hybridkv.events.wire import decode_batch  # noqa: E402
 from hybridkv.sim.presets import get_gpu, get_preset  # noqa: E402
 from hybridkv.sim.simulator import SimConfig, Simulator, items_from_trace  # noqa: E402
+from hybridkv.core.rules import make_rule  # noqa: E402
 from hybridkv.sim.traces import get_workload  # noqa: E402
 from tests.events.spec_decoder import Listener, decode_message  # noqa: E402
 
@@ -67,7 +68,7 @@ def test_simulator_stream_over_zmq_mirrors_the_pool(preset, blocks, tmp_path) ->
     cfg = SimConfig(preset=get_preset(preset), gpu=get_gpu("h100"), num_blocks=blocks,
                     optimum=False, enable_events=True, hash_algo="sha256")
     sim = Simulator(cfg)
-    full = {i for i, g in enumerate(sim.kv.config.groups) if g.spec.rule == "full"}
+    full = {i for i, g in enumerate(sim.kv.config.groups) if make_rule(g.spec).downward_closed}
     endpoint = f"ipc://{tmp_path}/kv.sock"
     pub = ZmqEventPublisher(KVEventsConfig(endpoint=endpoint, subscriber_wait_s=10))
     ctx = zmq.Context()

@@ -25,11 +25,11 @@ import numpy as np
 
 from hybridkv.core.hashing import BlockHasher, coarse_view
 from hybridkv.core.request import Request
-from hybridkv.core.specs import RULE_FULL
+from hybridkv.core.rules import make_rule
 from hybridkv.events.index import KVEventIndex
 from hybridkv.sched import EngineRequest
 from hybridkv.sim.routing import DEFAULT_OVERLAP_WEIGHT, InstanceLoad, make_router
-from hybridkv.sim.simulator import SimConfig, SimResult, Simulator, WorkItem
+from hybridkv.sim.simulator import OnlineHits, SimConfig, SimResult, Simulator, WorkItem, served_workload
 
 CLUSTER_HASH_SEED = "hybridkv-cluster"
 
@@ -227,7 +227,7 @@ class ClusterSimulator:
             raise ValueError(f"need one event sink per instance ({num_instances}), got {len(event_sinks)}")
         kv_cfg = config.preset.kv_config(num_blocks=config.num_blocks)
         groups = kv_cfg.groups
-        full = [i for i, g in enumerate(groups) if g.spec.rule == RULE_FULL and not g.is_draft]
+        full = [i for i, g in enumerate(groups) if make_rule(g.spec).downward_closed and not g.is_draft]
         self.key_group = full[0] if full else 0
         self.key_block = groups[self.key_group].spec.block_size
         self.index = KVEventIndex()
@@ -290,7 +290,15 @@ class ClusterSimulator:
         insts = self.instances
         router = self.router
         predicted_total = 0
-        for n, item in enumerate(items):
+        # The one max_model_len rule of the single simulator: over-long prompts are rejected
+        # (counted on instance 0), the rest are routed with their allowed output length.
+        served, rejected = served_workload(items, insts[0].sim.scheduler.max_model_len)
+        insts[0].res.rejected = rejected
+        for inst in insts:   # per-request online record, indexed by the served position
+            inst.sim._online = OnlineHits([0] * len(served), [0.0] * len(served),
+                                          [math.inf] * len(served))
+        for n, s_item in enumerate(served):
+            item = s_item.item
             t = item.arrival_s
             for inst in insts:
                 inst.advance(t)
@@ -298,14 +306,14 @@ class ClusterSimulator:
             loads = [InstanceLoad(i.idx, i.outstanding(), len(i.pending)) for i in insts]
             d = router.route(hashes, item.prompt_len, loads)
             inst = insts[d.instance]
-            er = inst.sim._new_request(item)
-            if inst.sim._admit(er, inst.res):
-                inst.pending.append((er, max(0, item.prompt_len - d.predicted_hit_tokens)))
-                inst.routed += 1
-                inst.routed_tokens += item.prompt_len
-                predicted_total += d.predicted_hit_tokens
+            er = inst.sim._new_request(s_item, n)
+            inst.sim.scheduler.add_request(er)
+            inst.pending.append((er, max(0, item.prompt_len - d.predicted_hit_tokens)))
+            inst.routed += 1
+            inst.routed_tokens += item.prompt_len
+            predicted_total += d.predicted_hit_tokens
             if self.progress and n % 256 == 0:
-                self.progress(n, len(items))
+                self.progress(n, len(served))
         for inst in insts:
             inst.drain()
         results = []
@@ -315,7 +323,7 @@ class ClusterSimulator:
             res.makespan_s = inst.clock if res.steps else 0.0
             sim._finish_usage(res)
             stats = sim.kv.stats()
-            res.requests = inst.routed
+            res.requests = inst.routed + res.rejected
             res.hit_tokens = stats.hits
             res.preemptions = sim.scheduler.num_preemptions
             res.evictions = stats.evictions
