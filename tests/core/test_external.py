@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from hybridkv import KVCacheManager, Request, SpecDecode
 from tests.core.helpers import FA, SWA, config
-from tests.core.oracle import oracle_hit
+from tests.core.oracle import CacheMirror, oracle_hit
 from tests.hypothesis_budget import budgeted, examples, note
 
 
@@ -43,7 +43,7 @@ def test_external_hits_follow_the_same_rules_as_local_hits(hybrid, bs, window, r
     b = a[:keep] + [1000 + i for i in range(n_b)] if keep < n_a else a + [1000 + i for i in range(n_b)]
     if not b:
         b = [7]
-    consumer = KVCacheManager(config(*specs, num_blocks=200), **kw)
+    consumer = KVCacheManager(config(*specs, num_blocks=200), enable_events=True, **kw)
     req = Request("b", b)
     hit = consumer.lookup(req)
     assert hit.num_tokens == 0
@@ -62,6 +62,10 @@ def test_external_hits_follow_the_same_rules_as_local_hits(hybrid, bs, window, r
     consumer.check_integrity()
     assert consumer.commit_external(req, ext, ok=True) == ext.num_tokens
     consumer.check_integrity()
+    # a consumer-side index learns the adopted blocks from the KV events, and only them
+    mirror = CacheMirror()
+    mirror.feed(consumer.take_events())
+    assert mirror.cached() == {(g, h) for g, j, h in ext.loads}
     rest = len(b) - req.num_computed_tokens
     assert consumer.allocate(req, rest) is not None
     req.num_computed_tokens = len(b)

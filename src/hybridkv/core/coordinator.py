@@ -211,6 +211,9 @@ class KVCacheCoordinator:
         self.max_model_len = max_model_len
         self.len_cap = max_model_len if max_model_len is not None else math.inf
         self.on_stored = on_stored
+        #: ``(group, request, first_block, blocks)`` for each run that :meth:`commit_external`
+        #: caches (loaded from a tier, not computed here): KV events only, never saves.
+        self.on_adopted: Callable[[int, Request, int, list[int]], None] | None = None
         self.alignment = config.alignment
         hbs = config.hash_block_size
         groups = config.groups
@@ -393,10 +396,23 @@ class KVCacheCoordinator:
         if not ok:
             return
         pool = self.pool
+        adopted: list[tuple[int, int, int]] = []   # (group, position, block) newly cached
         for g, j, h in ext.loads:
             b = state.tables[g][j]
             if self.caching and pool.block_hash[b] is None:
                 pool.insert(g, h, b)
+                adopted.append((g, j, b))
+        if adopted and self.on_adopted is not None:
+            # report each group's consecutive positions as one run (a KV event per run)
+            adopted.sort()
+            g0, first, run = adopted[0][0], adopted[0][1], [adopted[0][2]]
+            for g, j, b in adopted[1:]:
+                if g == g0 and j == first + len(run):
+                    run.append(b)
+                    continue
+                self.on_adopted(g0, request, first, run)
+                g0, first, run = g, j, [b]
+            self.on_adopted(g0, request, first, run)
         t = ext.num_tokens
         for g, bs in enumerate(self.block_sizes):
             # ends below t are skipped (a window group loaded only t's run); t itself stays

@@ -98,6 +98,8 @@ class KVCacheManager:
             config, self.pool, self.hasher, Retention(retention_interval, config.alignment),
             drop_mode=drop_mode, vllm_compat=vllm_compat, caching=enable_caching,
             max_model_len=max_model_len, on_stored=self._on_stored if enable_events else None)
+        if enable_events:   # blocks loaded from an external tier are stored blocks too
+            self.coordinator.on_adopted = self._record_stored
         self._stats = PrefixCacheStats()
         self._requests: dict[object, Request] = {}
         self._no_new_blocks = _no_new_blocks(len(config.groups))
@@ -370,21 +372,28 @@ class KVCacheManager:
     def add_cached_listener(self, listener: Callable[[int, list[bytes], list[int]], None]) -> None:
         """Call ``listener(group, hashes, block_ids)`` for every run of blocks the write path
         caches (the same write mask as the prefix cache; blocks adopted by
-        :meth:`commit_external` are not reported). A KV connector saves exactly these."""
+        :meth:`commit_external` are not reported here, they came from the tier, but they do
+        produce ``BlockStored`` events). A KV connector saves exactly these."""
         self._cached_listeners.append(listener)
         self.coordinator.on_stored = self._on_stored
 
     def _on_stored(self, group: int, request: Request, first: int, blocks: list[int]) -> None:
-        bs = self.config.groups[group].spec.block_size
-        hbs = self.config.hash_block_size
-        scale = bs // hbs
-        hashes = request.block_hashes
+        """A run the write path cached: tell the cached listeners (saves), record the event."""
         if self._cached_listeners:
+            scale = self.config.groups[group].spec.block_size // self.config.hash_block_size
+            hashes = request.block_hashes
             run = [hashes[(j + 1) * scale - 1] for j in range(first, first + len(blocks))]
             for listener in self._cached_listeners:
                 listener(group, run, list(blocks))
-            if not self.enable_events:
-                return
+        if self.enable_events:
+            self._record_stored(group, request, first, blocks)
+
+    def _record_stored(self, group: int, request: Request, first: int, blocks: list[int]) -> None:
+        """Record one ``BlockStored`` event for the cached run ``blocks`` (positions from
+        ``first``): computed here (:meth:`_on_stored`) or loaded from a tier (commit_external)."""
+        bs = self.config.groups[group].spec.block_size
+        scale = bs // self.config.hash_block_size
+        hashes = request.block_hashes
         n = len(blocks)
         la = self.hasher.lookahead
         toks = request.token_ids
