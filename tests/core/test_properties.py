@@ -206,7 +206,7 @@ def test_write_path_keeps_only_what_read_path_uses(cfg_args, tokens, chunk):
         done += n
         req.num_computed_tokens = done
     kv.free(req)
-    cached = {b for b in range(1, kv.pool.num_blocks) if kv.pool.block_hash[b] is not None}
+    cached = {b for b, h in enumerate(kv.pool.block_hash) if h is not None}
     read: set[int] = set()
     a = cfg.alignment
     for t in range(a, len(tokens) + 1, a):

@@ -302,10 +302,9 @@ class Simulator:
         res.hit_tokens = stats.hits
         res.preemptions = self.scheduler.num_preemptions
         res.evictions = stats.evictions
-        pool = kv.pool
-        res.retained_blocks = {g.name: sum(1 for b in range(1, pool.num_blocks)
-                                           if pool.block_hash[b] is not None and pool.block_group[b] == i)
-                               for i, g in enumerate(kv.config.groups)}
+        res.retained_blocks = {g.name: sum(1 if v.__class__ is int else len(v)
+                                           for v in kv.pool.index[i].values())
+                               for i, g in enumerate(kv.config.groups)}   # hashed blocks per group
         if child is not None:
             got = conn.recv()
             child.join()
