@@ -107,6 +107,8 @@ class SimConfig:
         optimum: compute the offline (Belady) bound.
         timeline_points: at most this many samples of the timeline.
         num_gpus: GPUs of the cost model (ideal tensor parallelism).
+        parallel_optimum: compute a large workload's optimum in a forked child while the
+            simulation runs (a second core); False computes it inline (sweep workers).
     """
 
     preset: ModelPreset
@@ -123,6 +125,7 @@ class SimConfig:
     optimum: bool = True
     timeline_points: int = 2000
     num_gpus: int = 1
+    parallel_optimum: bool = True
 
 
 @dataclass(slots=True)
@@ -283,7 +286,8 @@ class Simulator:
         t0 = time.perf_counter()
         capacity = cfg.num_blocks - 1
         child = conn = None
-        if cfg.optimum and sum(it.prompt_len for it in items) > _PARALLEL_OPTIMUM_TOKENS \
+        if cfg.optimum and cfg.parallel_optimum \
+                and sum(it.prompt_len for it in items) > _PARALLEL_OPTIMUM_TOKENS \
                 and "fork" in mp.get_all_start_methods():
             # The bound needs no simulation state: compute it on another core meanwhile.
             ctx = mp.get_context("fork")
