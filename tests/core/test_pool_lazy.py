@@ -85,7 +85,7 @@ def test_lazy_pool_matches_eager_pool(n, groups, data):
         b.check()
         assert _state(a, n) == _state(b, n)
         assert ev_lazy == ev_eager
-        assert len(a.ref_cnt) == a.next_fresh <= n
+        assert a.next_fresh <= len(a.ref_cnt) == a.queue.capacity <= max(2 * a.next_fresh, 64)
 
 
 def test_free_of_a_fresh_id_is_the_same_error():
@@ -166,14 +166,18 @@ def test_pool_for_a_trillion_tokens_is_small():
         kv.free(req)
     used = pool.next_fresh
     assert 2 < used < 2 * 20 * 200 // 16 + 2
-    assert len(pool.ref_cnt) == used and len(pool.queue._next) == used + 3
+    cap = pool.queue.capacity
+    assert used <= cap <= max(2 * used, 64)
+    assert len(pool.ref_cnt) == cap and len(pool.queue._next) == cap + 3
     assert pool.num_free == num_blocks - 1
     kv.check_integrity()
 
 
 CORRUPTIONS = [  # (what the error names, how to break a pool)
-    ("fresh mark", lambda p: setattr(p.queue, "next_fresh", p.queue.next_fresh + 1)),
+    ("counts", lambda p: setattr(p.queue, "next_fresh", p.queue.next_fresh + 1)),
+    ("capacity 1000 outside", lambda p: setattr(p.queue, "capacity", 1000)),
     ("ref_cnt holds", lambda p: p.ref_cnt.append(0)),
+    ("fresh block 30 .* has state", lambda p: p.ref_cnt.__setitem__(30, 1)),
     ("gap node", lambda p: (p.queue._next.__setitem__(lazy._HEAD, lazy._TAIL),
                             p.queue._prev.__setitem__(lazy._TAIL, lazy._HEAD))),
     ("counts", lambda p: setattr(p.queue, "num_free", p.queue.num_free + 1)),

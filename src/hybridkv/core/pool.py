@@ -7,9 +7,10 @@ allocated, freed, hashed or counted.
 
 **The pool costs what it has used, not what it could hold.** Ids are handed out for the first
 time in increasing order, so the ids at or above the *fresh mark* ``next_fresh`` have never
-been used: their state is implicit (ref 0, no hash, group 0, free) and takes no memory. The
-per-block lists hold exactly ids ``0 .. next_fresh-1``; they grow when a fresh id is first
-handed out. A pool of 10^11 blocks therefore builds in microseconds and holds only what it
+been used: their state is implicit (ref 0, no hash, group 0, free). The per-block lists cover
+ids ``0 .. capacity-1`` only, where ``next_fresh <= capacity <= max(2 * next_fresh, 64)``
+(they double when a fresh id beyond them is handed out; slots past the fresh mark hold the
+fresh state). A pool of 10^11 blocks therefore builds in microseconds and holds only what it
 has touched.
 
 Free queue (an intrusive doubly linked list: the links are two lists indexed by block id)::
@@ -18,7 +19,8 @@ Free queue (an intrusive doubly linked list: the links are two lists indexed by 
              ^ allocation pops here (reused first)                ^ cached blocks appended here
 
 The never-used region is the implicit run ``next_fresh .. num_blocks-1``; one *gap* node stands
-for it in the linked list, between the other two regions (which are linked explicitly).
+for it in the linked list, between the other two regions (which are linked explicitly). Once
+every id has been used the gap leaves the list and the queue is a plain linked list again.
 
 * ``allocate`` pops from the head: the unhashed region first, then fresh ids in id order,
   then the hashed region. A popped block that still has a hash loses it now (*lazy
@@ -37,7 +39,8 @@ Index: per group, ``hash -> block id``; when the same content was computed twice
 requests) the value becomes a dict of block ids, so block tables stay append-only.
 
 Invariants (checked by :meth:`BlockPool.check`, in O(ids used + index)):
-    len(ref_cnt) == len(block_hash) == len(block_group) == next_fresh
+    len(ref_cnt) == len(block_hash) == len(block_group) == capacity >= next_fresh
+    ids in [next_fresh, capacity): ref 0, no hash, group 0, not linked
     ref_cnt[b] == 0  <=>  b is in the free queue          (for every b != 0)
     block_hash[b] is not None  <=>  b is in index[block_group[b]][block_hash[b]]
 """
@@ -57,9 +60,9 @@ class FreeBlockQueue:
     """Doubly linked list of block ids with O(1) popleft/append/prepend/remove per block.
 
     Ids ``next_fresh .. num_blocks-1`` are implicit: they sit, in id order, where the gap
-    node is (between the prepended and the appended blocks) and need no link slot. Three
-    sentinels (head, gap, tail) make every operation branch-free except a pop that reaches
-    the gap.
+    node is (between the prepended and the appended blocks) and need no link slot. The gap is
+    linked exactly while fresh ids remain. Two sentinels (head, tail) make every operation
+    branch-free except a pop that reaches the gap.
 
     Args:
         num_blocks: ids are ``< num_blocks``.
@@ -68,18 +71,23 @@ class FreeBlockQueue:
             ``num_blocks``; link memory is O(num_blocks)).
     """
 
-    __slots__ = ("_prev", "_next", "num_blocks", "next_fresh", "num_free")
+    __slots__ = ("_prev", "_next", "num_blocks", "next_fresh", "capacity", "num_free")
 
     def __init__(self, num_blocks: int, initial: Iterable[int] | None = None) -> None:
         self.num_blocks = num_blocks
-        self.next_fresh = 1 if initial is None else num_blocks
-        self._prev = [0] * (self.next_fresh + 3)
-        self._next = [0] * (self.next_fresh + 3)
-        self._next[_HEAD] = _GAP
-        self._prev[_GAP] = _HEAD
-        self._next[_GAP] = _TAIL
-        self._prev[_TAIL] = _GAP
+        self.next_fresh = self.capacity = 1 if initial is None else num_blocks
+        self._prev = [0] * (self.capacity + 3)    # ids 0 .. capacity-1, then the sentinels
+        self._next = [0] * (self.capacity + 3)
         self.num_free = num_blocks - self.next_fresh
+        if self.num_free > 0:                     # the gap is linked while fresh ids remain
+            self._next[_HEAD] = _GAP
+            self._prev[_GAP] = _HEAD
+            self._next[_GAP] = _TAIL
+            self._prev[_TAIL] = _GAP
+        else:
+            self._next[_HEAD] = _TAIL
+            self._prev[_TAIL] = _HEAD
+            self.num_free = 0
         if initial is not None:
             self.append_n(list(initial))
 
@@ -90,20 +98,23 @@ class FreeBlockQueue:
         """The queue in pop order (fresh ids included: O(num_free))."""
         nxt = self._next
         b = nxt[_HEAD]
-        while b != _GAP:
-            yield b
-            b = nxt[b]
-        yield from range(self.next_fresh, self.num_blocks)
-        b = nxt[_GAP]
         while b != _TAIL:
-            yield b
+            if b == _GAP:
+                yield from range(self.next_fresh, self.num_blocks)
+            else:
+                yield b
             b = nxt[b]
 
     def _grow(self, n: int) -> None:
-        """Give the next ``n`` fresh ids link slots (they are not linked)."""
-        self._next[_HEAD:_HEAD] = [0] * n
-        self._prev[_HEAD:_HEAD] = [0] * n
+        """Hand the next ``n`` fresh ids out of the implicit region (not linked); their link
+        slots exist afterwards (capacity doubles, at most to ``num_blocks``)."""
         self.next_fresh += n
+        if self.next_fresh > self.capacity:
+            cap = min(self.num_blocks, max(self.next_fresh, 2 * self.capacity, 64))
+            more = [0] * (cap - self.capacity)
+            self._next[_HEAD:_HEAD] = more
+            self._prev[_HEAD:_HEAD] = more
+            self.capacity = cap
 
     def materialize(self, end: int) -> None:
         """Make fresh ids ``next_fresh .. end-1`` explicit, linked just before the gap
@@ -116,6 +127,10 @@ class FreeBlockQueue:
         self._grow(end - start)
         self.num_free -= end - start          # _link_run counts them again
         self._link_run(list(range(start, end)), self._prev[_GAP], _GAP)
+        if end == self.num_blocks:            # no fresh id left: the gap leaves the list
+            p, n = self._prev[_GAP], self._next[_GAP]
+            self._next[p] = n
+            self._prev[n] = p
 
     def popleft_n(self, n: int) -> list[int]:
         """Remove and return the first ``n`` blocks (``n <= num_free``)."""
@@ -134,22 +149,25 @@ class FreeBlockQueue:
             self._prev[b] = _HEAD
             self.num_free -= n
             return out
-        nxt[_HEAD] = _GAP
-        self._prev[_GAP] = _HEAD
+        # b is the gap: the unhashed region is used up; fresh ids come next, in id order
+        prv = self._prev
         k = n - len(out)
-        fresh = min(k, self.num_blocks - self.next_fresh)
-        if fresh:
-            start = self.next_fresh
-            out.extend(range(start, start + fresh))
-            self._grow(fresh)
-            k -= fresh
-        if k:                  # then the hashed region, least recently used first
+        start = self.next_fresh
+        left = self.num_blocks - start            # > 0 while the gap is linked
+        if k < left:
+            out.extend(range(start, start + k))
+            self._grow(k)
+            nxt[_HEAD] = _GAP
+            prv[_GAP] = _HEAD
+        else:                                     # the last fresh ids: the gap leaves the list
+            out.extend(range(start, start + left))
+            self._grow(left)
             b = nxt[_GAP]
-            for _ in range(k):
+            for _ in range(k - left):             # then the hashed region, LRU first
                 out.append(b)
                 b = nxt[b]
-            nxt[_GAP] = b
-            self._prev[b] = _GAP
+            nxt[_HEAD] = b
+            prv[b] = _HEAD
         self.num_free -= n
         return out
 
@@ -190,8 +208,8 @@ class BlockPool:
     """All blocks of all groups, with ref counts, the free queue and the cache index.
 
     Memory and setup time are proportional to the ids ever used, not to ``num_blocks``
-    (see the module docstring); ``ref_cnt``, ``block_hash`` and ``block_group`` have length
-    ``next_fresh`` and ids beyond them are free, unhashed and unreferenced.
+    (see the module docstring); ``ref_cnt``, ``block_hash`` and ``block_group`` cover ids
+    ``0 .. capacity-1`` and ids beyond them are free, unhashed and unreferenced.
 
     Args:
         num_blocks: pool size including the null block 0 (>= 2).
@@ -230,8 +248,8 @@ class BlockPool:
         return 1.0 - self.queue.num_free / (self.num_blocks - 1)
 
     def _sync(self) -> None:
-        """Extend the per-block lists to the queue's fresh mark (new ids: ref 0, no hash)."""
-        grow = self.queue.next_fresh - len(self.ref_cnt)
+        """Extend the per-block lists to the queue's capacity (new ids: ref 0, no hash)."""
+        grow = self.queue.capacity - len(self.ref_cnt)
         if grow > 0:
             self.ref_cnt.extend([0] * grow)
             self.block_hash.extend([None] * grow)
@@ -254,7 +272,7 @@ class BlockPool:
 
     def insert(self, group: int, h: bytes, b: int) -> None:
         """Register block ``b`` (which must have no hash) as holding ``h`` in ``group``."""
-        if b >= len(self.block_hash):
+        if b >= self.queue.next_fresh:
             self._materialize(b)
         idx = self.index[group]
         v = idx.get(h)
@@ -269,11 +287,11 @@ class BlockPool:
 
     def drop_hash(self, b: int) -> None:
         """Forget block ``b``'s hash (its content stays; the index no longer finds it)."""
-        if b >= len(self.block_hash):
-            return                                 # a fresh id has no hash
-        h = self.block_hash[b]
-        if h is None:
-            return
+        bh = self.block_hash
+        if b < len(bh) and bh[b] is not None:      # a fresh id has no hash
+            self._drop(b, bh[b])
+
+    def _drop(self, b: int, h: bytes) -> None:
         g = self.block_group[b]
         idx = self.index[g]
         v = idx[h]
@@ -292,13 +310,14 @@ class BlockPool:
         """Pop ``n`` free blocks from the head, evicting their hashes; each gets ref 1."""
         blocks = self.queue.popleft_n(n)
         ref, bh = self.ref_cnt, self.block_hash
-        if self.queue.next_fresh != len(ref):
+        if self.queue.capacity != len(ref):
             self._sync()
         evicted = 0
         for b in blocks:
             ref[b] = 1
-            if bh[b] is not None:
-                self.drop_hash(b)
+            h = bh[b]
+            if h is not None:
+                self._drop(b, h)
                 evicted += 1
         self.num_evictions += evicted
         return blocks
@@ -307,10 +326,12 @@ class BlockPool:
         """Take a reference on each non-null block, pulling free ones out of the queue."""
         ref = self.ref_cnt
         remove = self.queue.remove
+        used = len(ref)
         for b in blocks:
             if b:
-                if b >= len(ref):
+                if b >= used:
                     self._materialize(b)
+                    used = len(ref)
                 if ref[b] == 0:
                     remove(b)
                 ref[b] += 1
@@ -350,11 +371,17 @@ class BlockPool:
         n = q.next_fresh
         if not 1 <= n <= self.num_blocks or q.num_blocks != self.num_blocks:
             raise AssertionError(f"fresh mark {n} outside [1, {self.num_blocks}]")
+        cap = q.capacity
+        if not n <= cap <= min(self.num_blocks, max(2 * n, 64)):
+            raise AssertionError(f"capacity {cap} outside [{n}, max(2 x fresh mark {n}, 64)]")
         for name in ("ref_cnt", "block_hash", "block_group"):
-            if len(getattr(self, name)) != n:
-                raise AssertionError(f"{name} holds {len(getattr(self, name))} ids, fresh mark is {n}")
-        if len(q._next) != n + 3 or len(q._prev) != n + 3:
-            raise AssertionError(f"free queue links hold {len(q._next) - 3} ids, fresh mark is {n}")
+            if len(getattr(self, name)) != cap:
+                raise AssertionError(f"{name} holds {len(getattr(self, name))} ids, capacity is {cap}")
+        if len(q._next) != cap + 3 or len(q._prev) != cap + 3:
+            raise AssertionError(f"free queue links hold {len(q._next) - 3} ids, capacity is {cap}")
+        for b in range(n, cap):
+            if self.ref_cnt[b] or self.block_hash[b] is not None or self.block_group[b]:
+                raise AssertionError(f"fresh block {b} (fresh mark {n}) has state")
         in_queue = [False] * n
         count = 0
         prev = _HEAD
@@ -376,8 +403,9 @@ class BlockPool:
                 raise AssertionError(f"free queue back-link of block {b} is broken")
             prev = b
             b = q._next[b]
-        if not seen_gap:
-            raise AssertionError("free queue lost its gap node")
+        if seen_gap != (n < self.num_blocks):
+            raise AssertionError(f"free queue {'holds' if seen_gap else 'lost'} its gap node with "
+                                 f"{self.num_blocks - n} fresh ids")
         if q._prev[_TAIL] != prev:
             raise AssertionError("free queue tail link is broken")
         if count + self.num_blocks - n != q.num_free:
