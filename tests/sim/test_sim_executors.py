@@ -98,3 +98,18 @@ def test_cli_rejects_bad_executor_options(capsys):
     assert "want an integer >= 1, got '0'" in capsys.readouterr().err
     assert main(["sweep", "--workload", "replay", "--ray-address", "auto", "--no-progress"]) == 2
     assert "needs executor 'ray'" in capsys.readouterr().err
+
+
+def test_optimum_keys_are_reused_across_capacities(sweep, monkeypatch):
+    import hybridkv.sim.simulator as sim
+    _, items = sweep
+    monkeypatch.setattr(sim, "_OPTIMUM_KEYS", None)
+    first = [sim.optimal_hit_blocks(items, 16, c) for c in (30, 300, 3000)]
+    assert sim._OPTIMUM_KEYS is not None and sim._OPTIMUM_KEYS[0] is items
+    fresh = []
+    for c in (30, 300, 3000):                  # a new list each time: nothing is reused
+        monkeypatch.setattr(sim, "_OPTIMUM_KEYS", None)
+        fresh.append(sim.optimal_hit_blocks(list(items), 16, c))
+    assert first == fresh and first[0] < first[1] <= first[2]
+    assert sim.optimal_hit_blocks(items, 32, 300) <= first[1] * 2   # another block size: recomputed
+    assert sim._OPTIMUM_KEYS[1] == 32

@@ -35,7 +35,7 @@ from hybridkv.core.spec_decode import SpecDecode
 from hybridkv.core.specs import RULE_FULL
 from hybridkv.sched import AcceptanceModel, EngineRequest, Scheduler, SchedulerConfig
 from hybridkv.sim.costmodel import CostModel
-from hybridkv.sim.optimal import belady_block_hit_rate
+from hybridkv.sim.optimal import belady_block_hit_rate, next_use_indices
 from hybridkv.sim.presets import GpuPreset, ModelPreset
 from hybridkv.sim.traces import (MOONCAKE_BLOCK_TOKENS, MooncakeRecord, TraceRequest,
                                  expand_block_ids, iter_mooncake_records)
@@ -209,7 +209,27 @@ def optimal_hit_blocks(items: Iterable[WorkItem], block_size: int, capacity_bloc
     block_size`` blocks (the last token is always recomputed, online and here); after it,
     its blocks are inserted, including those of its output when the workload knows the
     output tokens (the next turn of a chat repeats them).
+
+    The keys and their next uses do not depend on the capacity: the last workload's are kept
+    (by identity of ``items``), so a sweep worker computes them once for all its capacities.
     """
+    global _OPTIMUM_KEYS
+    memo = _OPTIMUM_KEYS
+    if memo is not None and memo[0] is items and memo[1] == block_size:
+        keys, limits, uses = memo[2:]
+    else:
+        _OPTIMUM_KEYS = None                 # free the previous workload's keys first
+        keys, limits = _optimum_keys(items, block_size)
+        uses = next_use_indices(keys)
+        if isinstance(items, list):
+            _OPTIMUM_KEYS = (items, block_size, keys, limits, uses)
+    return belady_block_hit_rate(keys, capacity_blocks, limits, next_uses=uses).block_hits
+
+
+_OPTIMUM_KEYS: tuple | None = None   # (items, block_size, keys, limits, next uses) of the last call
+
+
+def _optimum_keys(items: Iterable[WorkItem], block_size: int) -> tuple[list[list[bytes]], list[int]]:
     hasher = BlockHasher(block_size)
     keys: list[list[bytes]] = []
     limits: list[int] = []
@@ -221,7 +241,7 @@ def optimal_hit_blocks(items: Iterable[WorkItem], block_size: int, capacity_bloc
         del req.block_hashes[(len(tokens) - 1) // block_size:]
         keys.append(req.block_hashes)
         limits.append((it.prompt_len - 1) // block_size)
-    return belady_block_hit_rate(keys, capacity_blocks, limits).block_hits
+    return keys, limits
 
 
 def _optimum_child(items: list[WorkItem], block_size: int, capacity: int, conn) -> None:
