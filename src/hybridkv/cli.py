@@ -89,13 +89,19 @@ def demo(as_json: bool = False) -> dict:
     return out
 
 
+_NO_ENGINE_COMMANDS = ("simulate", "sweep", "presets", "demo")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="hybridkv", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     from hybridkv.sim.commands import add_parsers
     add_parsers(sub)
-    try:
+    given = sys.argv[1:] if argv is None else argv
+    try:  # torch loads in ~1.5 s: only for commands that may need the engine
+        if given and given[0] in _NO_ENGINE_COMMANDS:
+            raise ImportError("not needed")
         from hybridkv.engine.generate_cli import add_generate_parser
     except ImportError as exc:  # torch / safetensors not installed: say how to get them
         _add_generate_stub(sub, exc)

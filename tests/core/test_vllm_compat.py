@@ -450,7 +450,7 @@ def test_retention_survives_recycling():  # scenario 48
     first = list(range(4096))
     r, used1 = _fill(kv, "fill1", first)
     kv.free(r)
-    retained = {b for b in range(1, kv.pool.num_blocks) if kv.pool.block_hash[b] is not None}
+    retained = {b for b, h in enumerate(kv.pool.block_hash) if h is not None}
     hit = kv.lookup(Request("replay", first[:1800]))
     assert hit.num_tokens == 1024 and [len(b) for b in hit.block_ids] == [4, 16, 128, 256]
     r2, used2 = _fill(kv, "fill2", list(range(10**6, 10**6 + 4096)))

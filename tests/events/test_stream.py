@@ -58,7 +58,7 @@ class MirrorConsumer:
 
 def pool_contents(kv) -> Counter:
     pool = kv.pool
-    return Counter((pool.block_group[b], pool.block_hash[b]) for b in range(1, pool.num_blocks)
+    return Counter((pool.block_group[b], pool.block_hash[b]) for b in range(1, len(pool.block_hash))
                    if pool.block_hash[b] is not None)
 
 

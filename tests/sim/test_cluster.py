@@ -44,7 +44,7 @@ def test_kv_aware_index_mirrors_every_instance_and_beats_round_robin() -> None:
     kv = sim.run(items)
     for inst in sim.instances:                       # in-process events == the pool, per instance
         pool = inst.sim.kv.pool
-        want = Counter(pool.block_hash[b] for b in range(1, pool.num_blocks)
+        want = Counter(pool.block_hash[b] for b in range(1, len(pool.block_hash))
                        if pool.block_hash[b] is not None and pool.block_group[b] == sim.key_group)
         assert sim.index.num_blocks(inst.idx) == len(want)
         for x in want:

@@ -414,10 +414,10 @@ class KVCacheManager:
 
     # ---- integrity ----------------------------------------------------------------------------
     def check_integrity(self) -> None:
-        """Raise AssertionError naming the first broken invariant (O(pool + tables))."""
+        """Raise AssertionError naming the first broken invariant (O(blocks used + tables))."""
         pool = self.pool
         pool.check()
-        refs = [0] * pool.num_blocks
+        refs = [0] * len(pool.ref_cnt)        # ids beyond were never handed out
         hbs = self.config.hash_block_size
         for rid, state in self.coordinator.reqs.items():
             req = self._requests.get(rid)
@@ -426,6 +426,9 @@ class KVCacheManager:
                 for j, b in enumerate(table):
                     if b == NULL_BLOCK:
                         continue
+                    if not 0 < b < len(refs):
+                        raise AssertionError(f"request {rid!r} group {g} holds block {b}, which the "
+                                             "pool never handed out")
                     refs[b] += 1
                     h = pool.block_hash[b]
                     if h is None or req is None:
@@ -438,6 +441,6 @@ class KVCacheManager:
                         raise AssertionError(
                             f"request {rid!r} group {g} position {j}: block {b} is cached under a "
                             "hash that is not the request's hash for that position")
-        for b in range(1, pool.num_blocks):
+        for b in range(1, len(refs)):
             if refs[b] != pool.ref_cnt[b]:
                 raise AssertionError(f"block {b}: ref_cnt {pool.ref_cnt[b]} but {refs[b]} table references")

@@ -1,26 +1,46 @@
 """The block pool: ref counts, the free queue, and the hash -> block index.
 
-Blocks are plain integer ids ``0 .. num_blocks-1``; their state lives in parallel arrays
+Blocks are plain integer ids ``0 .. num_blocks-1``; their state lives in parallel lists
 (``ref_cnt``, ``block_hash``, ``block_group``), so the hot path allocates no objects.
 Block 0 is the *null block*: it pads block tables below a sliding window and is never
 allocated, freed, hashed or counted.
 
-Free queue (an intrusive doubly linked list: the links are two arrays indexed by block id)::
+**The pool costs what it has used, not what it could hold.** Ids are handed out for the first
+time in increasing order, so the ids at or above the *fresh mark* ``next_fresh`` have never
+been used: their state is implicit (ref 0, no hash, group 0, free). The per-block lists cover
+ids ``0 .. capacity-1`` only, where ``next_fresh <= capacity <= max(2 * next_fresh, 64)``
+(they double when a fresh id beyond them is handed out; slots past the fresh mark hold the
+fresh state). A pool of 10^11 blocks therefore builds in microseconds and holds only what it
+has touched.
+
+Free queue (an intrusive doubly linked list: the links are two lists indexed by block id)::
 
     head -> [unhashed, freed last ... first] [never used, by id] [hashed, LRU ... MRU] <- tail
              ^ allocation pops here (reused first)                ^ cached blocks appended here
 
-* ``allocate`` pops from the head. A popped block that still has a hash loses it now
-  (*lazy eviction*): until then a freed cached block can be revived by a hit.
+The never-used region is the implicit run ``next_fresh .. num_blocks-1``; one *gap* node stands
+for it in the linked list, between the other two regions (which are linked explicitly). Once
+every id has been used the gap leaves the list and the queue is a plain linked list again.
+
+* ``allocate`` pops from the head: the unhashed region first, then fresh ids in id order,
+  then the hashed region. A popped block that still has a hash loses it now (*lazy
+  eviction*): until then a freed cached block can be revived by a hit.
 * ``touch`` (a cache hit) takes a free block out of the queue in O(1).
 * ``free`` prepends blocks that reach ref 0 without a hash and appends hashed ones, each batch
   in the caller's order (callers free a request's blocks tail first, so a chain's tail is
   evicted before its prefix).
 
+This order is vLLM 0.33's (``tests/core/test_vllm_compat.py`` pins block ids and queue orders).
+Every method accepts any id in ``1 .. num_blocks-1``; one that names a fresh id other than
+through ``allocate`` (a touch or insert by id) first makes the fresh ids up to it explicit, at
+the end of the unhashed region, which is where they already were in the queue order.
+
 Index: per group, ``hash -> block id``; when the same content was computed twice (concurrent
 requests) the value becomes a dict of block ids, so block tables stay append-only.
 
-Invariants (checked by :meth:`BlockPool.check`):
+Invariants (checked by :meth:`BlockPool.check`, in O(ids used + index)):
+    len(ref_cnt) == len(block_hash) == len(block_group) == capacity >= next_fresh
+    ids in [next_fresh, capacity): ref 0, no hash, group 0, not linked
     ref_cnt[b] == 0  <=>  b is in the free queue          (for every b != 0)
     block_hash[b] is not None  <=>  b is in index[block_group[b]][block_hash[b]]
 """
@@ -31,34 +51,86 @@ from typing import Callable, Iterable, Iterator
 
 NULL_BLOCK = 0
 
+# Sentinel node ids of the free queue: the last three slots of the link lists. Negative ids
+# keep naming the same slots while the lists grow (fresh ids are inserted before them).
+_HEAD, _GAP, _TAIL = -3, -2, -1
+
 
 class FreeBlockQueue:
     """Doubly linked list of block ids with O(1) popleft/append/prepend/remove per block.
 
-    Two sentinels (ids ``n`` and ``n+1``) make every operation branch-free.
+    Ids ``next_fresh .. num_blocks-1`` are implicit: they sit, in id order, where the gap
+    node is (between the prepended and the appended blocks) and need no link slot. The gap is
+    linked exactly while fresh ids remain. Two sentinels (head, tail) make every operation
+    branch-free except a pop that reaches the gap.
+
+    Args:
+        num_blocks: ids are ``< num_blocks``.
+        initial: None (the default): the queue holds ``1 .. num_blocks-1``, all implicit.
+            Otherwise exactly these blocks, in order, all explicit (``next_fresh`` is
+            ``num_blocks``; link memory is O(num_blocks)).
     """
 
-    __slots__ = ("_prev", "_next", "_head", "_tail", "num_free")
+    __slots__ = ("_prev", "_next", "num_blocks", "next_fresh", "capacity", "num_free")
 
-    def __init__(self, num_blocks: int, initial: Iterable[int]) -> None:
-        self._head = num_blocks
-        self._tail = num_blocks + 1
-        self._prev = [0] * (num_blocks + 2)
-        self._next = [0] * (num_blocks + 2)
-        self._next[self._head] = self._tail
-        self._prev[self._tail] = self._head
-        self.num_free = 0
-        self.append_n(list(initial))
+    def __init__(self, num_blocks: int, initial: Iterable[int] | None = None) -> None:
+        self.num_blocks = num_blocks
+        self.next_fresh = self.capacity = 1 if initial is None else num_blocks
+        self._prev = [0] * (self.capacity + 3)    # ids 0 .. capacity-1, then the sentinels
+        self._next = [0] * (self.capacity + 3)
+        self.num_free = num_blocks - self.next_fresh
+        if self.num_free > 0:                     # the gap is linked while fresh ids remain
+            self._next[_HEAD] = _GAP
+            self._prev[_GAP] = _HEAD
+            self._next[_GAP] = _TAIL
+            self._prev[_TAIL] = _GAP
+        else:
+            self._next[_HEAD] = _TAIL
+            self._prev[_TAIL] = _HEAD
+            self.num_free = 0
+        if initial is not None:
+            self.append_n(list(initial))
 
     def __len__(self) -> int:
         return self.num_free
 
     def __iter__(self) -> Iterator[int]:
+        """The queue in pop order (fresh ids included: O(num_free))."""
         nxt = self._next
-        b = nxt[self._head]
-        while b != self._tail:
-            yield b
+        b = nxt[_HEAD]
+        while b != _TAIL:
+            if b == _GAP:
+                yield from range(self.next_fresh, self.num_blocks)
+            else:
+                yield b
             b = nxt[b]
+
+    def _grow(self, n: int) -> None:
+        """Hand the next ``n`` fresh ids out of the implicit region (not linked); their link
+        slots exist afterwards (capacity doubles, at most to ``num_blocks``)."""
+        self.next_fresh += n
+        if self.next_fresh > self.capacity:
+            cap = min(self.num_blocks, max(self.next_fresh, 2 * self.capacity, 64))
+            more = [0] * (cap - self.capacity)
+            self._next[_HEAD:_HEAD] = more
+            self._prev[_HEAD:_HEAD] = more
+            self.capacity = cap
+
+    def materialize(self, end: int) -> None:
+        """Make fresh ids ``next_fresh .. end-1`` explicit, linked just before the gap
+        (their place in the queue order does not change)."""
+        start = self.next_fresh
+        if end <= start:
+            return
+        if end > self.num_blocks:
+            raise ValueError(f"block id {end - 1} out of range [1, {self.num_blocks})")
+        self._grow(end - start)
+        self.num_free -= end - start          # _link_run counts them again
+        self._link_run(list(range(start, end)), self._prev[_GAP], _GAP)
+        if end == self.num_blocks:            # no fresh id left: the gap leaves the list
+            p, n = self._prev[_GAP], self._next[_GAP]
+            self._next[p] = n
+            self._prev[n] = p
 
     def popleft_n(self, n: int) -> list[int]:
         """Remove and return the first ``n`` blocks (``n <= num_free``)."""
@@ -66,12 +138,36 @@ class FreeBlockQueue:
             raise ValueError(f"cannot pop {n} blocks, only {self.num_free} are free")
         nxt = self._next
         out = []
-        b = nxt[self._head]
+        b = nxt[_HEAD]
         for _ in range(n):
+            if b < 0:          # reached the gap: the unhashed region is used up
+                break
             out.append(b)
             b = nxt[b]
-        nxt[self._head] = b
-        self._prev[b] = self._head
+        else:
+            nxt[_HEAD] = b
+            self._prev[b] = _HEAD
+            self.num_free -= n
+            return out
+        # b is the gap: the unhashed region is used up; fresh ids come next, in id order
+        prv = self._prev
+        k = n - len(out)
+        start = self.next_fresh
+        left = self.num_blocks - start            # > 0 while the gap is linked
+        if k < left:
+            out.extend(range(start, start + k))
+            self._grow(k)
+            nxt[_HEAD] = _GAP
+            prv[_GAP] = _HEAD
+        else:                                     # the last fresh ids: the gap leaves the list
+            out.extend(range(start, start + left))
+            self._grow(left)
+            b = nxt[_GAP]
+            for _ in range(k - left):             # then the hashed region, LRU first
+                out.append(b)
+                b = nxt[b]
+            nxt[_HEAD] = b
+            prv[b] = _HEAD
         self.num_free -= n
         return out
 
@@ -87,17 +183,20 @@ class FreeBlockQueue:
         self.num_free += len(blocks)
 
     def append_n(self, blocks: list[int]) -> None:
-        """Insert ``blocks`` at the tail, in order (the last one becomes the tail)."""
+        """Insert ``blocks`` (explicit ids, not in the queue) at the tail, in order."""
         if blocks:
-            self._link_run(blocks, self._prev[self._tail], self._tail)
+            self._link_run(blocks, self._prev[_TAIL], _TAIL)
 
     def prepend_n(self, blocks: list[int]) -> None:
-        """Insert ``blocks`` at the head, in order (``blocks[0]`` becomes the head)."""
+        """Insert ``blocks`` (explicit ids, not in the queue) at the head, in order
+        (``blocks[0]`` becomes the head)."""
         if blocks:
-            self._link_run(blocks, self._head, self._next[self._head])
+            self._link_run(blocks, _HEAD, self._next[_HEAD])
 
     def remove(self, b: int) -> None:
-        """Unlink block ``b`` (which must be in the queue)."""
+        """Unlink block ``b`` (which must be in the queue; a fresh id is made explicit first)."""
+        if b >= self.next_fresh:
+            self.materialize(b + 1)
         p = self._prev[b]
         n = self._next[b]
         self._next[p] = n
@@ -107,6 +206,10 @@ class FreeBlockQueue:
 
 class BlockPool:
     """All blocks of all groups, with ref counts, the free queue and the cache index.
+
+    Memory and setup time are proportional to the ids ever used, not to ``num_blocks``
+    (see the module docstring); ``ref_cnt``, ``block_hash`` and ``block_group`` cover ids
+    ``0 .. capacity-1`` and ids beyond them are free, unhashed and unreferenced.
 
     Args:
         num_blocks: pool size including the null block 0 (>= 2).
@@ -121,10 +224,10 @@ class BlockPool:
     def __init__(self, num_blocks: int, num_groups: int,
                  on_evict: Callable[[int, bytes], None] | None = None) -> None:
         self.num_blocks = num_blocks
-        self.ref_cnt = [0] * num_blocks
-        self.block_hash: list[bytes | None] = [None] * num_blocks
-        self.block_group = [0] * num_blocks
-        self.queue = FreeBlockQueue(num_blocks, range(1, num_blocks))
+        self.queue = FreeBlockQueue(num_blocks)
+        self.ref_cnt = [0]                        # ids 0 .. next_fresh-1 (the null block only)
+        self.block_hash: list[bytes | None] = [None]
+        self.block_group = [0]
         self.index: list[dict[bytes, int | dict[int, None]]] = [{} for _ in range(num_groups)]
         self.on_evict = on_evict
         self.num_evictions = 0
@@ -135,9 +238,29 @@ class BlockPool:
         return self.queue.num_free
 
     @property
+    def next_fresh(self) -> int:
+        """The lowest id never handed out; ids from here on hold no state."""
+        return self.queue.next_fresh
+
+    @property
     def usage(self) -> float:
         """Fraction of usable blocks (all but the null block) that are referenced."""
         return 1.0 - self.queue.num_free / (self.num_blocks - 1)
+
+    def _sync(self) -> None:
+        """Extend the per-block lists to the queue's capacity (new ids: ref 0, no hash)."""
+        grow = self.queue.capacity - len(self.ref_cnt)
+        if grow > 0:
+            self.ref_cnt.extend([0] * grow)
+            self.block_hash.extend([None] * grow)
+            self.block_group.extend([0] * grow)
+
+    def _materialize(self, b: int) -> None:
+        """Give block ``b`` (a fresh id, still free) explicit state."""
+        if not 0 < b < self.num_blocks:
+            raise ValueError(f"block id {b} out of range [1, {self.num_blocks})")
+        self.queue.materialize(b + 1)
+        self._sync()
 
     # ---- index ------------------------------------------------------------------------------
     def cached_block(self, group: int, h: bytes) -> int | None:
@@ -149,6 +272,8 @@ class BlockPool:
 
     def insert(self, group: int, h: bytes, b: int) -> None:
         """Register block ``b`` (which must have no hash) as holding ``h`` in ``group``."""
+        if b >= self.queue.next_fresh:
+            self._materialize(b)
         idx = self.index[group]
         v = idx.get(h)
         if v is None:
@@ -162,9 +287,11 @@ class BlockPool:
 
     def drop_hash(self, b: int) -> None:
         """Forget block ``b``'s hash (its content stays; the index no longer finds it)."""
-        h = self.block_hash[b]
-        if h is None:
-            return
+        bh = self.block_hash
+        if b < len(bh) and bh[b] is not None:      # a fresh id has no hash
+            self._drop(b, bh[b])
+
+    def _drop(self, b: int, h: bytes) -> None:
         g = self.block_group[b]
         idx = self.index[g]
         v = idx[h]
@@ -183,11 +310,14 @@ class BlockPool:
         """Pop ``n`` free blocks from the head, evicting their hashes; each gets ref 1."""
         blocks = self.queue.popleft_n(n)
         ref, bh = self.ref_cnt, self.block_hash
+        if self.queue.capacity != len(ref):
+            self._sync()
         evicted = 0
         for b in blocks:
             ref[b] = 1
-            if bh[b] is not None:
-                self.drop_hash(b)
+            h = bh[b]
+            if h is not None:
+                self._drop(b, h)
                 evicted += 1
         self.num_evictions += evicted
         return blocks
@@ -196,8 +326,12 @@ class BlockPool:
         """Take a reference on each non-null block, pulling free ones out of the queue."""
         ref = self.ref_cnt
         remove = self.queue.remove
+        used = len(ref)
         for b in blocks:
             if b:
+                if b >= used:
+                    self._materialize(b)
+                    used = len(ref)
                 if ref[b] == 0:
                     remove(b)
                 ref[b] += 1
@@ -207,15 +341,19 @@ class BlockPool:
         ref, bh = self.ref_cnt, self.block_hash
         scratch: list[int] = []
         cached: list[int] = []
-        for b in blocks:
-            if b:
-                r = ref[b] - 1
-                ref[b] = r
-                if r == 0:
-                    (scratch if bh[b] is None else cached).append(b)
-                elif r < 0:
-                    ref[b] = 0
-                    raise AssertionError(f"block {b} freed more often than it was referenced")
+        b = 0
+        try:
+            for b in blocks:
+                if b:
+                    r = ref[b] - 1
+                    ref[b] = r
+                    if r == 0:
+                        (scratch if bh[b] is None else cached).append(b)
+                    elif r < 0:
+                        ref[b] = 0
+                        raise AssertionError(f"block {b} freed more often than it was referenced")
+        except IndexError:                         # a fresh id: never referenced
+            raise AssertionError(f"block {b} freed more often than it was referenced") from None
         self.queue.prepend_n(scratch)
         self.queue.append_n(cached)
 
@@ -224,31 +362,55 @@ class BlockPool:
         for idx in self.index:
             idx.clear()
         bh = self.block_hash
-        for b in range(self.num_blocks):
-            bh[b] = None
+        bh[:] = [None] * len(bh)
 
     # ---- integrity --------------------------------------------------------------------------
     def check(self) -> None:
-        """Raise AssertionError if a pool invariant is broken (O(num_blocks))."""
-        n = self.num_blocks
+        """Raise AssertionError if a pool invariant is broken (O(ids used + index))."""
+        q = self.queue
+        n = q.next_fresh
+        if not 1 <= n <= self.num_blocks or q.num_blocks != self.num_blocks:
+            raise AssertionError(f"fresh mark {n} outside [1, {self.num_blocks}]")
+        cap = q.capacity
+        if not n <= cap <= min(self.num_blocks, max(2 * n, 64)):
+            raise AssertionError(f"capacity {cap} outside [{n}, max(2 x fresh mark {n}, 64)]")
+        for name in ("ref_cnt", "block_hash", "block_group"):
+            if len(getattr(self, name)) != cap:
+                raise AssertionError(f"{name} holds {len(getattr(self, name))} ids, capacity is {cap}")
+        if len(q._next) != cap + 3 or len(q._prev) != cap + 3:
+            raise AssertionError(f"free queue links hold {len(q._next) - 3} ids, capacity is {cap}")
+        for b in range(n, cap):
+            if self.ref_cnt[b] or self.block_hash[b] is not None or self.block_group[b]:
+                raise AssertionError(f"fresh block {b} (fresh mark {n}) has state")
         in_queue = [False] * n
         count = 0
-        q = self.queue
-        prev = q._head
-        for b in q:
-            if not 0 < b < n:
-                raise AssertionError(f"free queue holds invalid block id {b}")
-            if in_queue[b]:
+        prev = _HEAD
+        b = q._next[_HEAD]
+        seen_gap = False
+        while b != _TAIL:
+            if b == _GAP:
+                if seen_gap:
+                    raise AssertionError("free queue holds the gap node twice")
+                seen_gap = True
+            elif not 0 < b < n:
+                raise AssertionError(f"free queue holds invalid block id {b} (explicit ids < {n})")
+            elif in_queue[b]:
                 raise AssertionError(f"block {b} is in the free queue twice")
+            else:
+                in_queue[b] = True
+                count += 1
             if q._prev[b] != prev:
                 raise AssertionError(f"free queue back-link of block {b} is broken")
-            in_queue[b] = True
             prev = b
-            count += 1
-        if q._prev[q._tail] != prev:
+            b = q._next[b]
+        if seen_gap != (n < self.num_blocks):
+            raise AssertionError(f"free queue {'holds' if seen_gap else 'lost'} its gap node with "
+                                 f"{self.num_blocks - n} fresh ids")
+        if q._prev[_TAIL] != prev:
             raise AssertionError("free queue tail link is broken")
-        if count != q.num_free:
-            raise AssertionError(f"free queue holds {count} blocks but counts {q.num_free}")
+        if count + self.num_blocks - n != q.num_free:
+            raise AssertionError(f"free queue holds {count} + {self.num_blocks - n} fresh blocks "
+                                 f"but counts {q.num_free}")
         if self.ref_cnt[NULL_BLOCK] != 0 or self.block_hash[NULL_BLOCK] is not None:
             raise AssertionError("the null block was referenced or hashed")
         for b in range(1, n):
@@ -265,6 +427,8 @@ class BlockPool:
                     raise AssertionError(f"group {g}: empty duplicate set for a hash")
                 for b in ids:
                     indexed += 1
+                    if not 0 < b < n:
+                        raise AssertionError(f"group {g}: the index names block {b}, which has no state")
                     if self.block_hash[b] != h or self.block_group[b] != g:
                         raise AssertionError(f"index entry for block {b} disagrees with the block")
         hashed = sum(1 for h in self.block_hash if h is not None)

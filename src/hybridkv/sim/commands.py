@@ -290,6 +290,29 @@ def add_capacity_options(p: argparse.ArgumentParser) -> None:
                      help="cache = this share in (0, 1] of GPU memory minus the weights")
 
 
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"want an integer >= 1, got {text!r}")
+    return v
+
+
+def add_executor_options(p: argparse.ArgumentParser) -> None:
+    """Where ``sweep`` runs its configurations (see :mod:`hybridkv.sim.executors`)."""
+    from hybridkv.sim.executors import EXECUTORS
+    p.add_argument("--executor", choices=EXECUTORS, default="serial",
+                   help="serial (default): one configuration after another; processes: local "
+                        "processes; ray: one Ray task per configuration (pip install 'hybridkv[ray]')")
+    p.add_argument("--workers", type=_positive_int,
+                   help="processes, or local Ray CPUs (default: the usable cores)")
+    p.add_argument("--ray-address",
+                   help="Ray cluster to submit to (ray.init address, e.g. auto or ray://HOST:10001); "
+                        "default: a local Ray")
+
+
 def load_items(args: argparse.Namespace) -> list[WorkItem]:
     """The workload of the options: a trace file or a built-in generator."""
     limit = args.limit
@@ -482,28 +505,62 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         sizes = args.cache_tokens_list if args.cache_tokens_list is not None else [10**6, 3 * 10**6, 10**7]
         runs = [(s, build_config(args, num_blocks=capacity_blocks(args, preset, s))) for s in sizes]
         xlabel = "KV cache size (tokens)"
-    results = []
-    rows = []
-    for value, cfg in runs:
-        res = run_one(cfg, items, not args.no_progress, f"sweep {value}")
-        results.append(res)
-        d = res.to_json()
-        d["value"] = value
-        rows.append(d)
-        opt = d["optimal_block_hit_rate"]
-        print(f"  {str(value):>10}: block hit rate {d['block_hit_rate']:.4f}, token hit rate "
-              f"{d['hit_rate']:.4f}, optimum {opt if opt is None else round(opt, 4)}, "
-              f"TTFT p50 {d['ttft_p50_s'] if d['ttft_p50_s'] is None else round(d['ttft_p50_s'], 3)} s, "
-              f"wall {d['wall_s']:.1f} s", flush=True)
+    rows, results, failed = _run_sweep(args, runs, items)
     if args.json:
         text = json.dumps(rows, indent=2) + "\n"
         print(f"wrote {write_output(args.json, lambda p: Path(p).write_text(text), 'the JSON rows')}")
-    if args.plot:
-        xs = [0 if v is None else v for v, _ in runs]
+    if args.plot and results:
+        order = sorted(results)
+        xs = [0 if runs[i][0] is None else runs[i][0] for i in order]
         print("wrote " + write_output(args.plot, lambda p: plot_sweep(
-            xs, results, p, xlabel, title=f"{preset.name}", log_x=args.retention_intervals is None),
-            "the plot"))
+            xs, [results[i] for i in order], p, xlabel, title=f"{preset.name}",
+            log_x=args.retention_intervals is None), "the plot"))
+    if failed:
+        print(f"hybridkv sweep: {failed} of {len(runs)} configurations failed (see above)", file=sys.stderr)
+        return 1
     return 0
+
+
+def _run_sweep(args: argparse.Namespace, runs: list[tuple[object, SimConfig]],
+               items: list[WorkItem]) -> tuple[list[dict], dict[int, SimResult], int]:
+    """Run the sweep on the chosen executor; print each row as it finishes. Returns the JSON
+    rows in configuration order (a failed one is ``{"value", "error"}``), the results by index
+    and the number of failures."""
+    from hybridkv.sim.executors import execute
+    serial = args.executor == "serial"
+    show = not args.no_progress
+    inner, close_inner = _progress(show and serial, "sweep")
+    bar, close_bar = _progress(show and not serial, f"sweep ({args.executor})")
+    rows: list[dict] = [{} for _ in runs]
+    results: dict[int, SimResult] = {}
+    failed = 0
+    try:
+        if bar:
+            bar(0, len(runs))
+        outcomes = execute([cfg for _, cfg in runs], items, args.executor, args.workers,
+                           args.ray_address, progress=inner)
+        for done, out in enumerate(outcomes, 1):
+            value = runs[out.index][0]
+            if out.result is None:
+                failed += 1
+                rows[out.index] = {"value": value, "error": out.error}
+                print(f"  {str(value):>10}: error: {out.error}", file=sys.stderr, flush=True)
+            else:
+                results[out.index] = out.result
+                d = out.result.to_json()
+                d["value"] = value
+                rows[out.index] = d
+                opt = d["optimal_block_hit_rate"]
+                print(f"  {str(value):>10}: block hit rate {d['block_hit_rate']:.4f}, token hit rate "
+                      f"{d['hit_rate']:.4f}, optimum {opt if opt is None else round(opt, 4)}, "
+                      f"TTFT p50 {d['ttft_p50_s'] if d['ttft_p50_s'] is None else round(d['ttft_p50_s'], 3)} s, "
+                      f"wall {d['wall_s']:.1f} s", flush=True)
+            if bar:
+                bar(done, len(runs))
+    finally:
+        close_inner()
+        close_bar()
+    return rows, results, failed
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
@@ -577,6 +634,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help=f"cache size of a retention sweep (default {DEFAULT_CACHE_TOKENS:,})")
     p.add_argument("--json", help="write the rows as JSON to this path")
     p.add_argument("--plot", help="write a PNG of hit rate against the swept value")
+    add_executor_options(p)
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("presets", help="list model and GPU presets with KV bytes per token")

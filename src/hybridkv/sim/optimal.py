@@ -42,6 +42,7 @@ __all__ = [
     "capacity_blocks_for_tokens",
     "infinite_block_hit_rate",
     "lru_block_hit_rate",
+    "next_use_indices",
 ]
 
 _NEVER = math.inf  # next-use index of a block that is not referenced again
@@ -136,7 +137,7 @@ def lru_block_hit_rate(
     return BlockCacheResult("lru", capacity_blocks, hits, refs, tuple(hits_per_request))
 
 
-def _next_uses(requests: Sequence[Sequence[Hashable]]) -> list[list[float]]:
+def next_use_indices(requests: Sequence[Sequence[Hashable]]) -> list[list[float]]:
     """For every (request i, position p): index of the next request after i using that key."""
     last_seen: dict[Hashable, int] = {}
     out: list[list[float]] = [[] for _ in requests]
@@ -151,6 +152,7 @@ def _next_uses(requests: Sequence[Sequence[Hashable]]) -> list[list[float]]:
 def belady_block_hit_rate(
     requests: Sequence[Sequence[Hashable]], capacity_blocks: int,
     hit_limits: Sequence[int] | None = None,
+    next_uses: Sequence[Sequence[float]] | None = None,
 ) -> BlockCacheResult:
     """Simulate the offline-optimal (Belady, with bypass) block cache over ``requests``.
 
@@ -165,13 +167,16 @@ def belady_block_hit_rate(
         capacity_blocks: cache capacity in blocks (>= 0).
         hit_limits: per request, at most this many leading blocks count (and are referenced),
             e.g. the prompt's blocks when ``requests`` also holds the output's blocks.
+        next_uses: :func:`next_use_indices` of ``requests`` when the caller already has them (they
+            do not depend on the capacity, so a sweep computes them once).
 
     Returns:
         The hits and references; the input is not modified.
     """
     _check_capacity(capacity_blocks)
     n_req = len(requests)
-    next_uses = _next_uses(requests)
+    if next_uses is None:
+        next_uses = next_use_indices(requests)
     # Heap entries are single ints (fast to compare), smallest = evicted first:
     #     ((n_req - next_use) * depth_span + (depth_span - 1 - depth)) * seq_span + seq
     # i.e. latest next use first (never used again = n_req), then deepest first. ``seq`` names
@@ -192,7 +197,10 @@ def belady_block_hit_rate(
         hits += h
         refs += limit
         for depth, (key, nu) in enumerate(zip(keys, next_uses[i])):
-            nu_i = n_req if nu == _NEVER else int(nu)
+            if nu == _NEVER:   # never used again: it would be evicted first and never hit, so
+                cache.pop(key, None)   # bypassing it now changes no other block's fate
+                continue
+            nu_i = int(nu)
             cache[key] = seq
             seq_key.append(key)
             push(heap, ((n_req - nu_i) * depth_span + depth_span - 1 - depth) * seq_span + seq)

@@ -36,7 +36,7 @@ from hybridkv.core.spec_decode import SpecDecode
 from hybridkv.core.rules import make_rule
 from hybridkv.sched import AcceptanceModel, EngineRequest, Scheduler, SchedulerConfig, useful_drafts
 from hybridkv.sim.costmodel import CostModel
-from hybridkv.sim.optimal import belady_block_hit_rate
+from hybridkv.sim.optimal import belady_block_hit_rate, next_use_indices
 from hybridkv.sim.presets import GpuPreset, ModelPreset
 from hybridkv.sim.traces import (MOONCAKE_BLOCK_TOKENS, MooncakeRecord, TraceRequest,
                                  expand_block_ids, iter_mooncake_records, trace_stem)
@@ -112,6 +112,8 @@ class SimConfig:
             an index built from their events matches a router's own hashes; published events
             use sha256, which a consumer can recompute).
         enable_events: record KV events (for a publisher or an index; see ``step_hooks``).
+        parallel_optimum: compute a large workload's optimum in a forked child while the
+            simulation runs (a second core); False computes it inline (sweep workers).
     """
 
     preset: ModelPreset
@@ -131,6 +133,7 @@ class SimConfig:
     hash_algo: str = "xxh3_128"
     hash_seed: str | None = None
     enable_events: bool = False
+    parallel_optimum: bool = True
 
 
 @dataclass(slots=True)
@@ -226,6 +229,10 @@ def served_workload(items: Iterable[WorkItem], max_model_len: int | None) -> tup
     ``min(max(1, output_len), max_model_len - prompt_len)`` tokens. The online run and the
     offline optimum both use this list, so the bound is computed on exactly the served workload.
     """
+    global _SERVED
+    memo = _SERVED
+    if memo is not None and memo[0] is items and memo[1] == max_model_len:
+        return memo[2], memo[3]
     served: list[ServedItem] = []
     rejected = 0
     for it in items:
@@ -236,7 +243,11 @@ def served_workload(items: Iterable[WorkItem], max_model_len: int | None) -> tup
                 continue
             max_tokens = min(max_tokens, max_model_len - it.prompt_len)
         served.append(ServedItem(it, max_tokens))
+    _SERVED = (items, max_model_len, served, rejected) if isinstance(items, list) else None
     return served, rejected
+
+
+_SERVED: tuple | None = None   # (items, max_model_len, served, rejected) of the last call
 
 
 def optimum_capacity_blocks(kv_config, num_blocks: int, key_block: int) -> int:
@@ -252,7 +263,8 @@ def optimum_capacity_blocks(kv_config, num_blocks: int, key_block: int) -> int:
     return (num_blocks - 1) // max(1, units)
 
 
-def _bound_keys(items: Iterable[WorkItem | ServedItem], block_size: int) -> tuple[list[list[bytes]], list[int]]:
+def _compute_bound_keys(items: Iterable[WorkItem | ServedItem],
+                        block_size: int) -> tuple[list[list[bytes]], list[int]]:
     """Per request: its plain chained key-block hashes (prompt + served output) and hit limit."""
     hasher = BlockHasher(block_size)
     keys: list[list[bytes]] = []
@@ -271,6 +283,30 @@ def _bound_keys(items: Iterable[WorkItem | ServedItem], block_size: int) -> tupl
     return keys, limits
 
 
+def _bound_keys(items: Iterable[WorkItem | ServedItem],
+                block_size: int) -> tuple[list[list[bytes]], list[int], list]:
+    """Keys, hit limits and Belady next uses of ``items``.
+
+    They do not depend on the capacity: the last workload's are kept (by identity of the
+    ``items`` list and the block size), so a sweep worker computes them once for all its
+    capacities. :func:`served_workload` keeps its last answer the same way, so the per-run
+    served list is the same object across runs over one workload.
+    """
+    global _OPTIMUM_KEYS
+    memo = _OPTIMUM_KEYS
+    if memo is not None and memo[0] is items and memo[1] == block_size:
+        return memo[2], memo[3], memo[4]
+    _OPTIMUM_KEYS = None                     # free the previous workload's keys first
+    keys, limits = _compute_bound_keys(items, block_size)
+    uses = next_use_indices(keys)
+    if isinstance(items, list):
+        _OPTIMUM_KEYS = (items, block_size, keys, limits, uses)
+    return keys, limits, uses
+
+
+_OPTIMUM_KEYS: tuple | None = None   # (items, block_size, keys, limits, next uses) of the last call
+
+
 def optimal_hit_blocks(items: Iterable[WorkItem | ServedItem], block_size: int,
                        capacity_blocks: int) -> int:
     """Prompt blocks the offline optimum (Belady with bypass) hits, one request at a time.
@@ -282,8 +318,8 @@ def optimal_hit_blocks(items: Iterable[WorkItem | ServedItem], block_size: int,
     output tokens (the next turn of a chat repeats them), cut to the ``max_tokens`` the
     online run generated for a :class:`ServedItem`.
     """
-    keys, limits = _bound_keys(items, block_size)
-    return belady_block_hit_rate(keys, capacity_blocks, limits).block_hits
+    keys, limits, uses = _bound_keys(items, block_size)
+    return belady_block_hit_rate(keys, capacity_blocks, limits, next_uses=uses).block_hits
 
 
 @dataclass(frozen=True, slots=True)
@@ -368,8 +404,8 @@ def gap_report(keys: list[list[bytes]], limits: list[int], optimum_blocks: int,
 def _bound_and_gap(items: list[ServedItem], block_size: int, capacity: int,
                    get_online: Callable[[], OnlineHits]) -> tuple[int, GapReport]:
     """The Belady bound, then (once the online run is done) the gap attribution."""
-    keys, limits = _bound_keys(items, block_size)
-    opt = belady_block_hit_rate(keys, capacity, limits).block_hits
+    keys, limits, uses = _bound_keys(items, block_size)
+    opt = belady_block_hit_rate(keys, capacity, limits, next_uses=uses).block_hits
     return opt, gap_report(keys, limits, opt, get_online())
 
 
@@ -435,14 +471,15 @@ class Simulator:
     # ---- the run ------------------------------------------------------------------------------
     def run(self, items: Iterable[WorkItem]) -> SimResult:
         """Simulate ``items`` (sorted by arrival) to completion and return the measurements."""
-        items = list(items)
+        items = items if isinstance(items, list) else list(items)   # identity keeps the memos
         cfg = self.config
         res = SimResult()
         t0 = time.perf_counter()
         capacity = self.optimum_capacity
         served, res.rejected = served_workload(items, self.scheduler.max_model_len)
         child = conn = None
-        if cfg.optimum and sum(s.item.prompt_len for s in served) > _PARALLEL_OPTIMUM_TOKENS \
+        if cfg.optimum and cfg.parallel_optimum \
+                and sum(s.item.prompt_len for s in served) > _PARALLEL_OPTIMUM_TOKENS \
                 and "fork" in mp.get_all_start_methods():
             # The bound needs no simulation state: compute it on another core meanwhile.
             ctx = mp.get_context("fork")
@@ -468,10 +505,9 @@ class Simulator:
         res.hit_tokens = stats.hits
         res.preemptions = self.scheduler.num_preemptions
         res.evictions = stats.evictions
-        pool = kv.pool
-        res.retained_blocks = {g.name: sum(1 for b in range(1, pool.num_blocks)
-                                           if pool.block_hash[b] is not None and pool.block_group[b] == i)
-                               for i, g in enumerate(kv.config.groups)}
+        res.retained_blocks = {g.name: sum(1 if v.__class__ is int else len(v)
+                                           for v in kv.pool.index[i].values())
+                               for i, g in enumerate(kv.config.groups)}   # hashed blocks per group
         if child is not None:
             conn.send(self._online)
             got = conn.recv()
