@@ -221,6 +221,8 @@ class LLM:
         self.model_dir = Path(model)
         self.device = torch.device(runtime.device) if runtime.device is not None else default_device()
         self.model = load_model(self.model_dir, device=self.device, dtype=runtime.dtype)
+        if self.model.has_state:
+            cache = self._state_model_cache(cache, kv_store)
         self.drafter = self._make_drafter(self.spec, draft_model, runtime.ngram_sizes, runtime.dtype)
         kinds = set(self.model.config.layer_kinds)
         if isinstance(cache.block_size, Mapping):
@@ -272,6 +274,19 @@ class LLM:
         self.tokenizer = Tokenizer.from_dir(self.model_dir)
         self.eos_token_ids = eos_token_ids(self.model_dir)
         self._next_id = 0
+
+    def _state_model_cache(self, cache: CacheConfig, kv_store: KVStore | None) -> CacheConfig:
+        """A state model (recurrent layers: qwen3_next, nemotron_h) runs with prefix caching
+        off until the core has state groups (docs/state-groups.md): a KV-block hit cannot restore
+        a recurrent state. Speculative decoding and a KV store are refused for the same reason."""
+        kind = self.model.config.model_type
+        if self.spec is not None:
+            raise ValueError(f"speculative decoding ({self.spec.method}) is not supported for {kind}: "
+                             "rejected drafts would advance its recurrent state; use spec=None")
+        if kv_store is not None:
+            raise ValueError(f"a kv_store is not supported for {kind}: loaded KV blocks cannot restore "
+                             "its recurrent state")
+        return replace(cache, enable_prefix_caching=False)
 
     def _make_drafter(self, spec: SpecDecode | None, draft_dir: str | Path | None,
                       ngram_sizes: tuple[int, int], dtype: torch.dtype | None) -> Drafter | None:

@@ -96,6 +96,12 @@ class EngineCore:
         if cache.config is not kv.config:
             raise ValueError("the paged cache must be built from the manager's KVCacheConfig")
         model.check_kv_cache(cache)
+        if model.has_state and drafter is not None:
+            raise ValueError(f"speculative decoding is not supported for {model.config.model_type} "
+                             "(recurrent layers): rejected drafts would advance the recurrent state")
+        if model.has_state and kv.enable_caching:
+            raise ValueError(f"prefix caching must be off for {model.config.model_type}: its recurrent "
+                             "layers cannot resume from cached KV blocks (state groups are not implemented)")
         self.model = model
         self.kv = kv
         self.scheduler = scheduler
@@ -136,6 +142,7 @@ class EngineCore:
         out = sched.schedule()
         for r in out.preempted:
             self.rows.release(r.request_id)
+            self.model.release_state(r.request_id)  # a preempted request recomputes from 0
         self.stats.preemptions += len(out.preempted)
         loaded: dict[object, bool] = {}
         if self.connector is not None:
@@ -148,7 +155,7 @@ class EngineCore:
         for s in out.scheduled:
             tables = self.kv.block_ids(s.req.request)
             self.rows.write(s.req.request_id, tables)
-            seqs.append(SequenceInput(s.token_ids(), s.start, tables))
+            seqs.append(SequenceInput(s.token_ids(), s.start, tables, state_key=s.req.request_id))
         meta = build_step_metadata(seqs, self.kv.config, self.device, group_indices=self.target_groups)
         capture = self.drafter.capture_layers if self.drafter is not None else ()
         hidden, captured = self.model.run(meta, self.cache, capture)
@@ -204,6 +211,7 @@ class EngineCore:
         finished = sched.update(out, sampled, loaded)
         for r in finished:
             self.rows.release(r.request_id)
+            self.model.release_state(r.request_id)
         self.stats.finished += len(finished)
         for s in out.scheduled:
             r = s.req

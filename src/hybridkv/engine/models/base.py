@@ -122,6 +122,9 @@ class PagedCausalLM(nn.Module, ABC):
     """
 
     kv_prefix: str = ""
+    has_state: bool = False
+    """True for models with per-request recurrent state (:mod:`.recurrent`): prefix caching and
+    speculative decoding are off for them until the core has state groups."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -201,6 +204,9 @@ class PagedCausalLM(nn.Module, ABC):
             raise ValueError(f"logits must be 'last', 'all' or 'none', got {logits!r}")
         out = self.compute_logits(torch.cat(rows, dim=0))
         return list(out.split([r.shape[0] for r in rows]))
+
+    def release_state(self, key: object) -> None:
+        """Forget the per-request state of ``key`` (attention-only models keep none)."""
 
     def group_indices(self, kv_cache: PagedKVCache) -> tuple[int, ...]:
         """Indices of the KV-cache groups holding this model's layers (ascending)."""
