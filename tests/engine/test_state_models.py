@@ -180,6 +180,25 @@ def test_preemption_recomputes_from_zero(sbuilt: Built) -> None:
     llm.kv.check_integrity()
 
 
+def test_abort_releases_state(sbuilt: Built) -> None:
+    """An aborted request's recurrent state is dropped with its blocks; the others finish
+    exactly."""
+    llm = make_llm(sbuilt, max_num_batched_tokens=8)
+    prompts = [random_tokens(20, 70), random_tokens(15, 71)]
+    reqs = llm.submit(prompts, max_tokens=4, ignore_eos=True)
+    for _ in range(3):
+        llm.engine.step()
+    victim = reqs[0].request_id
+    assert victim in llm.model.states
+    llm.engine.abort_request(victim)
+    assert victim not in llm.model.states
+    llm.engine.run()
+    out = llm.collect(reqs)[1]
+    assert out.token_ids == hf_greedy(sbuilt, prompts[1], 4)
+    assert len(llm.model.states) == 0
+    llm.kv.check_integrity()
+
+
 # --------------------------------------------------------------------------- the state store
 def _step(model, cache, owner: TableOwner, n: int, key: object):
     seq = owner.step(n)

@@ -131,6 +131,13 @@ class EngineCore:
         if self.record_logits:
             self.records.setdefault(req.request_id, LogitsRecord())
 
+    def abort_request(self, request_id: object) -> None:
+        """Abort a request: the scheduler frees its blocks; its block-table row and any
+        recurrent state (state models) are released too. Unknown ids: no-op."""
+        self.scheduler.abort_request(request_id)
+        self.rows.release(request_id)
+        self.model.release_state(request_id)
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
