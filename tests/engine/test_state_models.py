@@ -5,9 +5,10 @@ its own cached decode path with its recurrent kernels, float64). Logits must be 
 float64 transformers or, at rows where transformers' own fp32 forward is further off than that
 (a Qwen3-Next row of an 85-token sequence: transformers fp32 1.95e-3 from float64, the engine
 1.56e-3), within twice transformers' own fp32 error (:func:`oracle_excess`). Until the core has
-state groups the engine runs these models with prefix caching off and refuses speculative
-decoding and KV stores; those refusals, and the state store's refusal to resume from a state
-it does not hold, are tested here as behaviour, not skipped.
+state groups the engine runs these models with prefix caching off and refuses KV stores and
+DFlash; those refusals, and the state store's refusal to resume from a state it does not hold,
+are tested here as behaviour, not skipped. n-gram and draft-model speculative decoding work:
+rejected drafts are rewound out of the state (property-tested).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from collections.abc import Sequence
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from hybridkv.core.manager import KVCacheManager
 from hybridkv.engine import PagedKVCache, SequenceInput
@@ -28,6 +31,7 @@ from hybridkv.engine.models import StateMissingError
 from hybridkv.engine.runner import EngineCore
 from hybridkv.sched import Scheduler
 from tests.engine.helpers import (
+    SMALL_DRAFT,
     STATE_ARCHS,
     TOL,
     Allocator,
@@ -255,12 +259,99 @@ def test_missing_state_fails_loudly(sbuilt: Built) -> None:
     model.states.clear()
 
 
+# --------------------------------------------------------------------------- speculative decoding
+@pytest.fixture(scope="module")
+def small_drafter(tmp_path_factory: pytest.TempPathFactory):
+    return build(SMALL_DRAFT, tmp_path_factory.mktemp("small_draft"), seed=5).path
+
+
+def test_spec_decode_accepts_and_rejects(sbuilt: Built) -> None:
+    """The n-gram drafter's lookup is replaced by an oracle that proposes the true greedy
+    continuation with one wrong token every few steps, so steps accept all, some and none of
+    their drafts (asserted); the tokens stay exactly greedy and the recorded logits exact."""
+    llm = make_llm(sbuilt, spec="ngram:3", max_num_batched_tokens=16)
+    prompts = [random_tokens(13, 93), random_tokens(21, 94)]
+    full = [p + hf_greedy(sbuilt, p, 24) for p in prompts]
+    calls = []
+
+    def oracle_lookup(tokens, k):
+        calls.append(len(tokens))
+        for f in full:
+            if list(tokens) == f[:len(tokens)]:
+                drafts = list(f[len(tokens):len(tokens) + k])
+                if drafts and len(calls) % 3 == 0:
+                    drafts[len(calls) % len(drafts)] = (drafts[len(calls) % len(drafts)] + 1) % 128
+                return drafts
+        return []
+
+    llm.drafter.lookup = oracle_lookup
+    outs = llm.generate(prompts, max_tokens=24, ignore_eos=True)
+    st = llm.stats
+    assert st.draft_tokens > st.accepted_tokens > 0, (st.draft_tokens, st.accepted_tokens)
+    assert [o.token_ids for o in outs] == [f[len(p):] for f, p in zip(full, prompts)]
+    assert oracle_excess(sbuilt, outs) <= 0
+    assert len(llm.model.states) == 0
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_spec_decode_equals_greedy(sbuilt: Built, method: str, small_drafter) -> None:
+    """Real n-gram and draft-model (a random 1-layer Llama) drafters: mostly rejected drafts,
+    exactly the greedy tokens."""
+    kw = {"draft_model": small_drafter} if method == "draft_model" else {}
+    llm = make_llm(sbuilt, spec=f"{method}:3", max_num_batched_tokens=16, **kw)
+    motif = random_tokens(6, 90)
+    prompts = [motif * 4 + random_tokens(3, 91), random_tokens(9, 92) + motif * 3]
+    outs = llm.generate(prompts, max_tokens=16, ignore_eos=True)
+    assert llm.stats.draft_tokens > 0
+    assert [o.token_ids for o in outs] == [hf_greedy(sbuilt, p, 16) for p in prompts]
+    assert oracle_excess(sbuilt, outs) <= 0
+    assert len(llm.model.states) == 0
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_rejected_drafts_never_advance_state(state_models: dict[str, StateBuilt], data) -> None:
+    """Property: after any sequence of verify steps (1 known token + d drafts, a random number
+    of them accepted), the stored state equals the state of the accepted tokens alone (one pass
+    from 0), layer by layer, and a rewind to an unmarked length raises."""
+    built = state_models[data.draw(st.sampled_from(sorted(state_models)), label="arch")]
+    model = built.model
+    cache, alloc = new_cache(built)
+    tokens = random_tokens(5, data.draw(st.integers(0, 99), label="seed"))
+    owner = TableOwner(alloc, tokens=list(tokens))
+    _step(model, cache, owner, len(tokens), "spec")
+    for _ in range(data.draw(st.integers(1, 5), label="steps")):
+        d = data.draw(st.integers(1, 4), label="drafts")
+        proposal = data.draw(st.lists(st.integers(0, 127), min_size=d + 1, max_size=d + 1), label="tokens")
+        start = owner.computed
+        owner.tokens = owner.tokens[:start] + proposal
+        seq = owner.step(d + 1)
+        model([SequenceInput(seq.token_ids, start, seq.block_tables, state_key="spec",
+                             snapshot_from=start + 1)], cache, logits="none")
+        accepted = data.draw(st.integers(0, d), label="accepted")
+        model.accept_state("spec", start + 1 + accepted)
+        owner.computed = start + 1 + accepted
+        owner.tokens = owner.tokens[:owner.computed]
+    with pytest.raises(StateMissingError):
+        model.accept_state("spec", owner.computed - 1)  # snapshots are gone after a rewind
+    ref = TableOwner(alloc, tokens=list(owner.tokens))
+    _step(model, cache, ref, len(owner.tokens), "ref")
+    a, b = model.states._states["spec"], model.states._states["ref"]
+    assert a.position == b.position == len(owner.tokens)
+    for layer in b.ssm:
+        assert max_diff(a.ssm[layer], b.ssm[layer]) <= TOL
+        assert max_diff(a.conv[layer], b.conv[layer]) <= TOL
+    model.states.clear()
+
+
 # --------------------------------------------------------------------------- refusals
-def test_spec_decode_and_kv_store_refused(sbuilt: Built) -> None:
+def test_dflash_draft_state_model_and_kv_store_refused(sbuilt: Built) -> None:
     from hybridkv.connectors.stores.local import LocalCPUStore
 
-    with pytest.raises(ValueError, match="speculative decoding .* not supported for"):
-        make_llm(sbuilt, spec="ngram:3")
+    with pytest.raises(ValueError, match="'dflash' is not supported for"):
+        make_llm(sbuilt, spec="dflash:3", draft_model=sbuilt.path)
+    with pytest.raises(ValueError, match="a draft model must be attention-only"):
+        make_llm(sbuilt, spec="draft_model:3", draft_model=sbuilt.path)
     with pytest.raises(ValueError, match="kv_store is not supported"):
         make_llm(sbuilt, kv_store=LocalCPUStore(1 << 20))
 
@@ -298,6 +389,9 @@ def test_cli_generate(sbuilt: Built, capsys: pytest.CaptureFixture) -> None:
     outs = json.loads(capsys.readouterr().out)["outputs"]
     assert [o["token_ids"] for o in outs] == [hf_greedy(sbuilt, a, 6), hf_greedy(sbuilt, b, 6)]
     assert [o["prefix_cache_hit_tokens"] for o in outs] == [0, 0]
-    assert main(argv + ["--spec", "ngram:3"]) != 0
+    assert main(argv + ["--spec", "ngram:3"]) == 0
+    spec_outs = json.loads(capsys.readouterr().out)["outputs"]
+    assert [o["token_ids"] for o in spec_outs] == [o["token_ids"] for o in outs]
+    assert main(argv + ["--spec", "dflash:3", "--draft-model", str(sbuilt.path)]) != 0
     err = capsys.readouterr().err
-    assert "speculative decoding" in err and "Traceback" not in err
+    assert "'dflash' is not supported" in err and "Traceback" not in err

@@ -278,11 +278,13 @@ class LLM:
     def _state_model_cache(self, cache: CacheConfig, kv_store: KVStore | None) -> CacheConfig:
         """A state model (recurrent layers: qwen3_next, nemotron_h) runs with prefix caching
         off until the core has state groups (docs/state-groups.md): a KV-block hit cannot restore
-        a recurrent state. Speculative decoding and a KV store are refused for the same reason."""
+        a recurrent state, so a KV store is refused too. Speculative decoding works with ngram
+        and draft_model (rejected drafts are rewound out of the state); dflash is refused (it
+        reads target layer features)."""
         kind = self.model.config.model_type
-        if self.spec is not None:
-            raise ValueError(f"speculative decoding ({self.spec.method}) is not supported for {kind}: "
-                             "rejected drafts would advance its recurrent state; use spec=None")
+        if self.spec is not None and self.spec.method == "dflash":
+            raise ValueError(f"speculative method 'dflash' is not supported for {kind}; use ngram or "
+                             "draft_model")
         if kv_store is not None:
             raise ValueError(f"a kv_store is not supported for {kind}: loaded KV blocks cannot restore "
                              "its recurrent state")
@@ -309,6 +311,9 @@ class LLM:
                                  f"({self.model.config.num_hidden_layers} layers)")
             return DFlashDrafter(drafter_model)
         small = load_model(draft_dir, device=self.device, dtype=dtype or self.model.dtype)
+        if small.has_state:
+            raise ValueError(f"draft model {str(draft_dir)!r} is a {small.config.model_type} (recurrent "
+                             "layers); a draft model must be attention-only")
         if small.config.vocab_size != self.model.config.vocab_size:
             raise ValueError(f"draft model vocab_size {small.config.vocab_size} differs from the "
                              f"target's {self.model.config.vocab_size}")

@@ -96,9 +96,9 @@ class EngineCore:
         if cache.config is not kv.config:
             raise ValueError("the paged cache must be built from the manager's KVCacheConfig")
         model.check_kv_cache(cache)
-        if model.has_state and drafter is not None:
-            raise ValueError(f"speculative decoding is not supported for {model.config.model_type} "
-                             "(recurrent layers): rejected drafts would advance the recurrent state")
+        if model.has_state and drafter is not None and drafter.capture_layers:
+            raise ValueError(f"{drafter.method} reads target layer features, which "
+                             f"{model.config.model_type} (recurrent layers) does not expose")
         if model.has_state and kv.enable_caching:
             raise ValueError(f"prefix caching must be off for {model.config.model_type}: its recurrent "
                              "layers cannot resume from cached KV blocks (state groups are not implemented)")
@@ -162,7 +162,9 @@ class EngineCore:
         for s in out.scheduled:
             tables = self.kv.block_ids(s.req.request)
             self.rows.write(s.req.request_id, tables)
-            seqs.append(SequenceInput(s.token_ids(), s.start, tables, state_key=s.req.request_id))
+            known = s.num_new_tokens - s.num_draft_tokens
+            seqs.append(SequenceInput(s.token_ids(), s.start, tables, state_key=s.req.request_id,
+                                      snapshot_from=s.start + known if s.num_draft_tokens else None))
         meta = build_step_metadata(seqs, self.kv.config, self.device, group_indices=self.target_groups)
         capture = self.drafter.capture_layers if self.drafter is not None else ()
         hidden, captured = self.model.run(meta, self.cache, capture)
@@ -201,6 +203,8 @@ class EngineCore:
                 while accepted < len(drafts) and drafts[accepted] == g[accepted]:
                     accepted += 1
                 toks = drafts[:accepted] + [g[accepted]]
+                if drafts:  # recurrent state: keep only the accepted tokens
+                    self.model.accept_state(s.req.request_id, s.start + known + accepted)
                 sampled[s.req.request_id] = toks
                 self.stats.draft_tokens += len(drafts)
                 self.stats.accepted_tokens += accepted

@@ -208,6 +208,9 @@ class PagedCausalLM(nn.Module, ABC):
     def release_state(self, key: object) -> None:
         """Forget the per-request state of ``key`` (attention-only models keep none)."""
 
+    def accept_state(self, key: object, position: int) -> None:
+        """Drop the per-request state past ``position`` tokens (rejected drafts; no-op here)."""
+
     def group_indices(self, kv_cache: PagedKVCache) -> tuple[int, ...]:
         """Indices of the KV-cache groups holding this model's layers (ascending)."""
         return tuple(sorted({kv_cache.group_index(name) for name in self.layer_names}))

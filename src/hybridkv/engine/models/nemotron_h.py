@@ -26,7 +26,7 @@ from ..attention import paged_attention, write_kv
 from ..config import ModelConfig
 from ..metadata import GroupMetadata
 from .base import PagedAttentionLayer, RMSNorm
-from .recurrent import HybridStateLM, StepContext, attention_call, causal_conv, per_sequence
+from .recurrent import HybridStateLM, StepContext, attention_call, causal_conv, conv_state_after, per_sequence
 
 
 class PlainAttention(PagedAttentionLayer):
@@ -101,10 +101,11 @@ class Mamba2Mixer(nn.Module):
         A = -self.A_log.float().exp()
         D = self.D.float()
         rep = self.heads // self.groups
+        k_len = self.conv1d.weight.shape[-1]
         y = torch.empty((x.shape[0], self.heads, self.head_dim), dtype=torch.float32, device=x.device)
         for rows, state in per_sequence(ctx):
-            conv_out, state.conv[self.layer_index] = causal_conv(
-                xbc[rows], state.conv.get(self.layer_index), self.conv1d.weight, self.conv1d.bias)
+            conv_out, inputs = causal_conv(xbc[rows], state.conv.get(self.layer_index), self.conv1d.weight,
+                                           self.conv1d.bias)
             h, B, C = conv_out.float().split([self.inner, self.groups * self.n, self.groups * self.n], dim=-1)
             n = h.shape[0]
             h = h.view(n, self.heads, self.head_dim)
@@ -117,7 +118,10 @@ class Mamba2Mixer(nn.Module):
             for i in range(n):
                 S = S * decay[i][:, None, None] + (d[i][:, None] * h[i])[:, :, None] * B[i][:, None, :]
                 y[rows.start + i] = (S * C[i][:, None, :]).sum(-1) + D[:, None] * h[i]
+                if state.position + i + 1 in state.marks:
+                    state.snapshot(state.position + i + 1, self.layer_index, conv_state_after(inputs, i + 1, k_len), S)
             state.ssm[self.layer_index] = S
+            state.conv[self.layer_index] = conv_state_after(inputs, n, k_len)
         out = self.norm(y.reshape(x.shape[0], self.inner).to(x.dtype), z)
         return self.out_proj(out.to(x.dtype))
 

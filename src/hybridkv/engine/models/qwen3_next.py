@@ -35,6 +35,7 @@ from .recurrent import (
     ZeroCenteredRMSNorm,
     attention_call,
     causal_conv,
+    conv_state_after,
     per_sequence,
 )
 
@@ -135,9 +136,9 @@ class GatedDeltaNet(nn.Module):
         g = (-self.A_log.float().exp() * nn.functional.softplus(a.float() + self.dt_bias)).exp()
         out = torch.empty((x.shape[0], self.nv, self.dv), dtype=torch.float32, device=x.device)
         rep = self.nv // self.nk
+        k_len = self.conv1d.weight.shape[-1]
         for rows, state in per_sequence(ctx):
-            conv_out, state.conv[self.layer_index] = causal_conv(
-                mixed[rows], state.conv.get(self.layer_index), self.conv1d.weight, None)
+            conv_out, inputs = causal_conv(mixed[rows], state.conv.get(self.layer_index), self.conv1d.weight, None)
             q, k, v = conv_out.float().split([self.nk * self.dk, self.nk * self.dk, self.nv * self.dv], dim=-1)
             n = q.shape[0]
             q = l2_normalize(q.view(n, self.nk, self.dk)).repeat_interleave(rep, dim=1) * self.dk ** -0.5
@@ -151,7 +152,10 @@ class GatedDeltaNet(nn.Module):
                 delta = (v[i] - (S * k[i][:, :, None]).sum(-2)) * bt[i][:, None]
                 S = S + k[i][:, :, None] * delta[:, None, :]
                 out[rows.start + i] = (S * q[i][:, :, None]).sum(-2)
+                if state.position + i + 1 in state.marks:
+                    state.snapshot(state.position + i + 1, self.layer_index, conv_state_after(inputs, i + 1, k_len), S)
             state.ssm[self.layer_index] = S
+            state.conv[self.layer_index] = conv_state_after(inputs, n, k_len)
         y = self.norm(out.to(x.dtype), z)
         return self.out_proj(y.reshape(x.shape[0], self.nv * self.dv))
 

@@ -16,8 +16,13 @@ sequence's ``state_key`` (the request id), not in the paged KV cache:
 * :meth:`RecurrentStateStore.release` drops a request's state (finish, abort, preemption: a
   preempted request is recomputed from position 0).
 
+Speculative decoding: a verify step marks its acceptable lengths (``SequenceInput.snapshot_from``);
+the layers keep the state after each of them and, once the drafts are verified,
+:meth:`HybridStateLM.accept_state` rewinds to the accepted length, so rejected drafts never stay
+in the state (docs/state-groups.md §2.7, choice (b)).
+
 Until the core has state groups (docs/state-groups.md) the engine runs these models with prefix
-caching off and without speculative decoding (:mod:`hybridkv.engine.llm`).
+caching off (:mod:`hybridkv.engine.llm`).
 
 The recurrences run token by token in fp32 (the reference engine favours exactness over speed:
 chunk boundaries anywhere give the same state as one pass).
@@ -55,9 +60,17 @@ class RequestState:
     position: int
     conv: dict[int, torch.Tensor] = field(default_factory=dict)
     ssm: dict[int, torch.Tensor] = field(default_factory=dict)
+    marks: frozenset[int] = frozenset()
+    snaps: dict[int, tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]] = field(default_factory=dict)
 
     def copy(self) -> RequestState:
+        """A working copy (snapshots of an earlier step are dropped)."""
         return RequestState(self.position, dict(self.conv), dict(self.ssm))
+
+    def snapshot(self, position: int, layer: int, conv: torch.Tensor, ssm: torch.Tensor) -> None:
+        """Keep ``layer``'s states after ``position`` tokens (a length a verify may accept)."""
+        c, s = self.snaps.setdefault(position, ({}, {}))
+        c[layer], s[layer] = conv, ssm
 
 
 class RecurrentStateStore:
@@ -90,6 +103,24 @@ class RecurrentStateStore:
                 "for state models until the core has state groups)")
         return state.copy()
 
+    def rewind(self, key: object, position: int) -> None:
+        """Keep ``key``'s state after ``position`` tokens, dropping the tokens after it
+        (rejected drafts). ``position`` must be the stored position or one the last step
+        snapshotted (``SequenceInput.snapshot_from``); anything else raises
+        :class:`StateMissingError`, so a rejected draft can never stay in the state."""
+        state = self._states.get(key)
+        if state is None:
+            raise StateMissingError(f"sequence {key!r} has no recurrent state to rewind to {position}")
+        if position != state.position:
+            snap = state.snaps.get(position)
+            if snap is None:
+                raise StateMissingError(
+                    f"sequence {key!r}: no recurrent state at position {position} (stored "
+                    f"{state.position}, snapshots {sorted(state.snaps)})")
+            state.conv, state.ssm = dict(snap[0]), dict(snap[1])
+            state.position = position
+        state.snaps = {}
+
     def commit(self, key: object, state: RequestState) -> None:
         """Store ``state`` for ``key`` (a ``None`` key is a one-shot sequence: nothing stored)."""
         if key is not None:
@@ -115,15 +146,21 @@ def causal_conv(u: torch.Tensor, prev: torch.Tensor | None, weight: torch.Tensor
                 bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Depthwise causal conv + SiLU of ``u`` ``[n, C]`` continuing from ``prev`` ``[K-1, C]``.
 
-    ``weight`` is an ``nn.Conv1d`` weight ``[C, 1, K]``. Returns ``(out [n, C], new_prev)``: the
-    output of each new step and the last ``K - 1`` inputs (the next call's ``prev``).
+    ``weight`` is an ``nn.Conv1d`` weight ``[C, 1, K]``. Returns ``(out [n, C], inputs)``: the
+    output of each new step and ``[prev; u]``, whose rows ``[j, j + K - 1)`` are the conv state
+    after ``j`` of the new steps (:func:`conv_state_after`).
     """
     k = weight.shape[-1]
     if prev is None:
         prev = u.new_zeros((k - 1, u.shape[1]))
     full = torch.cat((prev.to(u.dtype), u), dim=0)
     out = nn.functional.conv1d(full.t()[None], weight, bias, groups=u.shape[1])[0].t()
-    return nn.functional.silu(out), full[full.shape[0] - (k - 1):].clone()
+    return nn.functional.silu(out), full
+
+
+def conv_state_after(inputs: torch.Tensor, j: int, kernel: int) -> torch.Tensor:
+    """The conv state (last ``kernel - 1`` inputs) after ``j`` new steps of :func:`causal_conv`."""
+    return inputs[j:j + kernel - 1].clone()
 
 
 class ZeroCenteredRMSNorm(nn.Module):
@@ -190,6 +227,10 @@ class HybridStateLM(PagedCausalLM):
         """Drop ``key``'s recurrent state (finished, aborted or preempted request)."""
         self.states.release(key)
 
+    def accept_state(self, key: object, position: int) -> None:
+        """After verification: keep the state after ``position`` tokens (rejected drafts out)."""
+        self.states.rewind(key, position)
+
     # ---- forward -----------------------------------------------------------------------------
     def run(self, meta: StepMetadata, kv_cache: PagedKVCache,
             capture: Sequence[int] = ()) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -200,6 +241,10 @@ class HybridStateLM(PagedCausalLM):
         if len({k for k in keys if k is not None}) != sum(k is not None for k in keys):
             raise ValueError(f"a step holds one sequence per state key, got {list(keys)}")
         states = [self.states.begin(k, s) for k, s in zip(keys, starts)]
+        snap_from = meta.snapshot_from or (None,) * len(states)
+        for state, lo, rows in zip(states, snap_from, meta.seq_rows):
+            if lo is not None:  # verify step: keep the state after every acceptable length
+                state.marks = frozenset(range(lo, state.position + rows.stop - rows.start))
         x = self.embed(meta.token_ids)
         ctx = StepContext(self.rope_tables(meta.positions, x.dtype), meta.seq_rows, states)
         for i, block in enumerate(self.blocks):
