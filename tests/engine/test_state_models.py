@@ -34,7 +34,6 @@ from tests.engine.helpers import (
     SMALL_DRAFT,
     STATE_ARCHS,
     TOL,
-    Allocator,
     Built,
     TableOwner,
     blocks_for,
@@ -42,7 +41,6 @@ from tests.engine.helpers import (
     build_llm,
     max_diff,
     new_cache,
-    oracle_diff,
     random_tokens,
 )
 

@@ -123,8 +123,8 @@ class PagedCausalLM(nn.Module, ABC):
 
     kv_prefix: str = ""
     has_state: bool = False
-    """True for models with per-request recurrent state (:mod:`.recurrent`): prefix caching and
-    speculative decoding are off for them until the core has state groups."""
+    """True for models with per-request recurrent state (:mod:`.recurrent`): prefix caching is
+    off for them until the core has state groups (docs/state-groups.md)."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
