@@ -164,8 +164,8 @@ _make = tuple.__new__
 class _ReqBlocks:
     """Per-request bookkeeping: tables, and how far the write path has gone per group."""
 
-    __slots__ = ("owner", "tables", "cached_hi", "done_t", "boundaries", "quiet_until", "slots",
-                 "slide_until")
+    __slots__ = ("owner", "tables", "cached_hi", "done_t", "boundaries", "mask_ends",
+                 "quiet_until", "slots", "slide_until")
 
     def __init__(self, owner: Request, num_groups: int) -> None:
         self.owner = owner                  # the Request object that holds these blocks
@@ -173,6 +173,8 @@ class _ReqBlocks:
         self.cached_hi = [0] * num_groups   # blocks below were decided (cached or scratch)
         self.done_t = [0] * num_groups      # promised ends <= done_t were processed
         self.boundaries: tuple[int, ...] = ()
+        # compat block-mask groups: per group, the request's boundary ends in that group's blocks
+        self.mask_ends: list[tuple[int, ...]] = []
         # cache() is a no-op below this many tokens: no group has a promised end in
         # (done_t, num_tokens] (a decode step between block boundaries skips the walk)
         self.quiet_until: float = 0
@@ -238,6 +240,18 @@ class KVCacheCoordinator:
         # Dense write path: every aligned end. Downward-closed (full) groups ignore retention.
         self.dense = [retention.dense or r.downward_closed for r in self.rules]
         self.releasing = [r for r in self.rules if not r.downward_closed]
+        # Compat mode, sparse retention: window groups write vLLM's per-block mask
+        # (Retention.next_masked_block) instead of the runs of completed promised ends.
+        self.masked = [vllm_compat and not retention.dense and r.window is not None
+                       for r in self.rules]
+        # Compat mode: vLLM's hybrid coordinator caches a group only up to its cacheable
+        # prefix (get_num_cacheable_tokens): align(n), or for an EAGLE group
+        # min(n, align(n) + block_size); the unitary coordinator caches all n.
+        self.hybrid_limit = vllm_compat and len(groups) > 1
+        # Next-end step of the dense write path: downward-closed groups in compat mode end
+        # on any block boundary (their cacheable prefix need not be aligned), else A.
+        self.dense_step = [r.block_size if (vllm_compat and r.downward_closed) else config.alignment
+                           for r in self.rules]
         # cache(n) can reach a promised end t only once n >= t + delay: the proof block(s)
         # must be computed too (per group in compat mode, for all groups at once otherwise)
         delays = [r.proof * r.block_size for r in self.rules]
@@ -548,13 +562,18 @@ class KVCacheCoordinator:
             state = _ReqBlocks(request, len(self.block_sizes))
             self.reqs[request.request_id] = state
             state.boundaries = self._boundaries(request, hit)
+            if any(self.masked):
+                state.mask_ends = self._mask_ends(request, hit)
             if hit is not None and hit.num_tokens:
                 for ids in hit.block_ids:                        # phase 1: touch every hit
                     pool.touch(ids)
                 for g, ids in enumerate(hit.block_ids):
                     state.tables[g] = list(ids)
                     state.cached_hi[g] = len(ids)
-                    state.done_t[g] = hit.num_tokens
+                    # Compat (vLLM): the hit's proof block was dropped, so this request's
+                    # copy of block e is written as soon as it is full: end e stays open.
+                    state.done_t[g] = hit.num_tokens - (
+                        self.cache_delay[g] if self.compat else 0)
         else:
             state = self.reqs[request.request_id]
             self.cache(request, min(computed, request.num_tokens))
@@ -625,6 +644,40 @@ class KVCacheCoordinator:
                 ends.add(junction - a)
         return tuple(sorted(ends))
 
+    def _mask_ends(self, request: Request, hit: CacheHit | None) -> list[tuple[int, ...]]:
+        """Per group, the boundary ends (in the group's blocks) of vLLM's block mask: its
+        replay boundaries (0 kept), the junction, and junction - block_size in EAGLE groups
+        only (SingleTypeKVCacheManager.cache_blocks), each aligned down to A."""
+        a = self.alignment
+        p = request.num_prompt_tokens
+        if self.drop_mode:
+            base = [max((p - 1) // a * a - a, 0), max(p // a * a - a, 0)]
+        else:
+            base = [p - 1]
+        junction = hit.shared_prefix_boundary if hit is not None else 0
+        if junction:
+            base.append(junction)
+        out = []
+        for g, rule in enumerate(self.rules):
+            ends = list(base)
+            if junction and rule.proof:
+                ends.append(junction - rule.block_size)
+            bs = rule.block_size
+            out.append(tuple(sorted({e // a * a // bs for e in ends if e >= 0})))
+        return out
+
+    def _cacheable_blocks(self, g: int, num_tokens: int, n_fine: int) -> int:
+        """Compat mode: the blocks of group g vLLM's coordinator lets cache_blocks write."""
+        bs = self.block_sizes[g]
+        if self.hybrid_limit:
+            a = self.alignment
+            aligned = num_tokens // a * a
+            if self.proof[g] and aligned > 0:
+                num_tokens = min(num_tokens, aligned + bs)
+            else:
+                num_tokens = aligned
+        return min(num_tokens // bs, n_fine // self.scales[g])
+
     # ---- caching ----------------------------------------------------------------------------
     def cache(self, request: Request, num_tokens: int, final: bool = False) -> None:
         """Cache the runs of every promised end reachable with ``num_tokens`` computed tokens.
@@ -643,8 +696,13 @@ class KVCacheCoordinator:
             extra = extra + (num_tokens // self.alignment * self.alignment,)
         pool = self.pool
         # An end t is cacheable in a group once its run [lo, hi) is computed and hashed.
-        limits = [(min(num_tokens // r.block_size, n_fine // self.scales[g]) - r.proof) * r.block_size
-                  for g, r in enumerate(self.rules)]
+        if self.compat:
+            limits = [(self._cacheable_blocks(g, num_tokens, n_fine) - r.proof) * r.block_size
+                      for g, r in enumerate(self.rules)]
+        else:
+            limits = [(min(num_tokens // r.block_size, n_fine // self.scales[g]) - r.proof)
+                      * r.block_size for g, r in enumerate(self.rules)]
+        masked = self.masked
         if not self.compat:
             # an end serves a hit only if every group holds its run: promise it to all at once
             common = min(limits)
@@ -652,12 +710,15 @@ class KVCacheCoordinator:
         for g, rule in enumerate(self.rules):
             bs = rule.block_size
             scale = self.scales[g]
+            if masked[g]:
+                self._write_mask(g, request, state, limits[g] // bs + rule.proof, hashes)
+                continue
             t_limit = limits[g]
             done = state.done_t[g]
             if t_limit <= done:
                 continue
             if self.dense[g]:
-                ends = multiples_between(done, t_limit, self.alignment)
+                ends = multiples_between(done, t_limit, self.dense_step[g])
                 if rule.downward_closed:
                     # runs [0, e + proof) are nested: the last end's run covers them all
                     ends = ends[-1:]
@@ -690,11 +751,53 @@ class KVCacheCoordinator:
                         run_start = k
         if not final:
             # every group's limit is <= num_tokens, so nothing happens before the next end
-            a = self.alignment
             delay = self.cache_delay
-            state.quiet_until = min(
-                ((done // a + 1) * a if self.dense[g] else self.retention.next_end(done, extra))
-                + delay[g] for g, done in enumerate(state.done_t))
+            step = self.dense_step
+            nxt = math.inf
+            for g, done in enumerate(state.done_t):
+                if masked[g]:
+                    # the next masked block must be full (a lower bound on the tokens)
+                    i = self.retention.next_masked_block(self.rules[g], state.cached_hi[g],
+                                                         state.mask_ends[g])
+                    t = (i + 1) * self.block_sizes[g]
+                elif self.dense[g]:
+                    t = (done // step[g] + 1) * step[g] + delay[g]
+                else:
+                    t = self.retention.next_end(done, extra) + delay[g]
+                if t < nxt:
+                    nxt = t
+            state.quiet_until = nxt
+
+    def _write_mask(self, g: int, request: Request, state: _ReqBlocks, hi: int,
+                    hashes: list) -> None:
+        """Compat, sparse retention: cache the masked blocks of ``[cached_hi, hi)`` and mark
+        the range decided (vLLM's ``num_cached_block``), masked or not."""
+        j = state.cached_hi[g]
+        if hi <= j:
+            return
+        rule = self.rules[g]
+        ends = state.mask_ends[g]
+        nxt = self.retention.next_masked_block
+        table = state.tables[g]
+        pool = self.pool
+        block_hash = pool.block_hash
+        scale = self.scales[g]
+        positions = []
+        j = nxt(rule, j, ends)
+        while j < hi:
+            b = table[j]
+            if b != NULL_BLOCK and block_hash[b] is None:
+                pool.insert(g, hashes[(j + 1) * scale - 1], b)
+                positions.append(j)
+            j = nxt(rule, j + 1, ends)
+        state.cached_hi[g] = hi
+        if positions and self.on_stored is not None:
+            run_start = 0
+            for k in range(1, len(positions) + 1):
+                if k == len(positions) or positions[k] != positions[k - 1] + 1:
+                    self.on_stored(g, request, positions[run_start],
+                                   [table[j] for j in positions[run_start:k]])
+                    run_start = k
 
     # ---- free -------------------------------------------------------------------------------
     def free(self, request: Request) -> None:
