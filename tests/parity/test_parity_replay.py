@@ -75,7 +75,7 @@ def test_replay_matches_vllm(rec):
     geo = P.geometry(case, trace)
     assert (geo.num_blocks, geo.max_model_len) == (rec["geometry"]["num_blocks"],
                                                    rec["geometry"]["max_model_len"])
-    side = P.HybridkvSide(case, geo, compat=True, reserve="emulated")
+    side = P.HybridkvSide(case, geo, compat=True, reserve="api")
     res = P.run_case(case, trace, side)
     side.kv.check_integrity()
     ref = rec["vllm"]

@@ -197,13 +197,18 @@ class KVCacheCoordinator:
             below-boundary or final-length promises).
         caching: prefix caching enabled.
         on_stored: event callback ``(group, request, first_block, blocks)`` for each cached run.
+        max_in_flight_tokens: tokens scheduled but not yet computed at most (vLLM's
+            ``max_in_flight_tokens``); caps a window group's admission reservation in compat
+            mode (None: only max_model_len caps it).
     """
 
     def __init__(self, config: KVCacheConfig, pool: BlockPool, hasher: BlockHasher,
                  retention: Retention, drop_mode: bool, vllm_compat: bool, caching: bool,
                  max_model_len: int | None,
-                 on_stored: Callable[[int, Request, int, list[int]], None] | None = None) -> None:
+                 on_stored: Callable[[int, Request, int, list[int]], None] | None = None,
+                 max_in_flight_tokens: int | None = None) -> None:
         self.config = config
+        self.max_in_flight_tokens = max_in_flight_tokens
         self.pool = pool
         self.hasher = hasher
         self.retention = retention
@@ -506,7 +511,15 @@ class KVCacheCoordinator:
                 freed_total += freed
                 groups.append(_make(GroupPlan, (new, 0, released, freed)))
         reserved = 0
-        if reserve_tokens > slots:
+        if reserve_tokens and self.compat:
+            # vLLM 0.33's full_sequence_must_fit: its count must fit the free blocks as they
+            # are before the window frees (kv_cache_manager.allocate_slots)
+            want = self._vllm_admission_blocks(state, hit if new_request else None,
+                                               reserve_tokens, computed)
+            reserved = want + freed_total - needed
+            if reserved < 0:
+                reserved = 0
+        elif reserve_tokens > slots:
             if self.max_model_len is not None:
                 reserve_tokens = min(reserve_tokens, self.max_model_len)
             for g, gp in enumerate(groups):
@@ -520,6 +533,36 @@ class KVCacheCoordinator:
                                       computed, computed + num_new_tokens, slots, tuple(groups),
                                       needed, self.pool.num_free + freed_total, reserved,
                                       self.epoch))
+
+    def _vllm_admission_blocks(self, state: _ReqBlocks | None, hit: CacheHit | None,
+                               num_tokens: int, num_computed: int) -> int:
+        """vLLM 0.33's admission count (``get_num_blocks_to_allocate(...,
+        apply_admission_cap=True)`` summed over groups): per group ``cdiv(n, bs)`` blocks
+        (n = num_tokens capped at max_model_len), capped by the rule's
+        :meth:`~hybridkv.core.rules.base.HitRule.admission_cap`; a new request subtracts
+        its hit blocks or its out-of-window blocks, whichever is more, and adds the hit
+        blocks a touch takes out of the free queue; a running request subtracts its table."""
+        n = num_tokens if num_tokens < self.len_cap else self.max_model_len
+        ref = self.pool.ref_cnt
+        total = 0
+        for g, rule in enumerate(self.rules):
+            bs = rule.block_size
+            required = -(-n // bs)
+            cap = rule.admission_cap(self.max_in_flight_tokens, self.len_cap)
+            if cap is not None and cap < required:
+                required = cap
+            if state is not None:
+                held = len(state.tables[g])
+                if required > held:
+                    total += required - held
+                continue
+            ids = hit.block_ids[g] if hit is not None else ()
+            skipped = rule.skipped_tokens(num_computed) // bs
+            new = required - (skipped if skipped > len(ids) else len(ids))
+            if new > 0:
+                total += new
+            total += sum(1 for b in ids[skipped:] if b and ref[b] == 0)
+        return total
 
     def _verify_hit(self, request: Request, hit: CacheHit) -> None:
         """Raise unless every block of ``hit`` still holds the request's tokens."""
@@ -576,14 +619,7 @@ class KVCacheCoordinator:
                         self.cache_delay[g] if self.compat else 0)
         else:
             state = self.reqs[request.request_id]
-            self.cache(request, min(computed, request.num_tokens))
-            for g, gp in enumerate(plan.groups):
-                if gp.released:
-                    table = state.tables[g]
-                    freed = [table[j] for j in gp.released]
-                    for j in gp.released:
-                        table[j] = NULL_BLOCK
-                    pool.free(freed)
+            self._release(request, state, plan)
         new_blocks: list[list[int]] = []
         for g, gp in enumerate(plan.groups):
             if gp.new_blocks:
@@ -599,6 +635,19 @@ class KVCacheCoordinator:
                                     default=math.inf)
         return new_blocks
 
+    def _release(self, request: Request, state: _ReqBlocks, plan: AllocationPlan) -> None:
+        """A running request's first commit phase: cache pending ends, then free the blocks
+        that left the window (back to front) and null their table entries."""
+        self.cache(request, min(plan.num_computed, request.num_tokens))
+        pool = self.pool
+        for g, gp in enumerate(plan.groups):
+            if gp.released:
+                table = state.tables[g]
+                freed = [table[j] for j in gp.released]
+                for j in gp.released:
+                    table[j] = NULL_BLOCK
+                pool.free(freed)
+
     def allocate(self, request: Request, num_new_tokens: int, hit: CacheHit | None,
                  lookahead: int, external: ExternalHit | None = None,
                  reserve_tokens: int = 0) -> list[list[int]] | None:
@@ -607,7 +656,8 @@ class KVCacheCoordinator:
         :meth:`plan` then :meth:`commit`. ``external`` (a new request only) also reserves
         blocks up to its end; they are neither computed nor cached until
         :meth:`commit_external`. ``reserve_tokens``: see :meth:`plan`. Returns the newly
-        allocated block ids per group. On None nothing changed.
+        allocated block ids per group. On None nothing changed, except in compat mode, where
+        (as in vLLM) the blocks that left the window of a running request are still freed.
         """
         if hit is None and external is None and not reserve_tokens:
             state = self.reqs.get(request.request_id)
@@ -626,6 +676,12 @@ class KVCacheCoordinator:
                     return [[] for _ in self.block_sizes]
         plan = self.plan(request, num_new_tokens, hit, lookahead, external, reserve_tokens)
         if plan.num_needed + plan.num_reserved > plan.num_available:          # not plan.fits
+            if self.compat and not plan.new_request and any(gp.released for gp in plan.groups):
+                # vLLM runs remove_skipped_blocks before its capacity check: a failed
+                # allocation still frees the blocks that left the window (docs/parity.md D2)
+                self.epoch += 1
+                self._release(request, self.reqs[request.request_id], plan)
+                self.reqs[request.request_id].slide_until = 0
             return None
         return self.commit(request, plan)
 

@@ -404,7 +404,8 @@ class Simulator:
         self.kv = KVCacheManager(kv_config, spec_decode=config.spec,
                                  retention_interval=config.retention_interval,
                                  max_model_len=config.max_model_len,
-                                 vllm_compat=config.vllm_compat)
+                                 vllm_compat=config.vllm_compat,
+                                 max_in_flight_tokens=config.sched.max_num_batched_tokens)
         sched_cfg = config.sched
         if config.sequential:
             sched_cfg = dataclasses.replace(sched_cfg, max_num_seqs=1)
