@@ -156,6 +156,10 @@ class AllocationPlan(NamedTuple):
         return self.num_needed + self.num_reserved <= self.num_available
 
 
+def _both(x: bool, y: bool) -> bool:
+    return x and y
+
+
 # Builds a NamedTuple from a tuple of all its fields in order without the generated
 # keyword-handling __new__ (half the cost; plans are built on every slow-path allocation).
 _make = tuple.__new__
@@ -288,35 +292,26 @@ class KVCacheCoordinator:
 
     # ---- lookup -----------------------------------------------------------------------------
     def find_longest_hit(self, request: Request, max_tokens: int) -> CacheHit:
-        """The longest prefix of at most ``max_tokens`` tokens every group can serve."""
+        """The longest prefix of at most ``max_tokens`` tokens every group can serve.
+
+        Each unit's "is block j cached" answers are computed up front for every hashed
+        block, in C (``map`` of the index's ``__contains__``): a dict membership test per
+        block is far cheaper than the Python-level probes the rules' scans would otherwise
+        make (a small-pool waiting request is looked up every step). Block ids are read
+        from the index only for the blocks of the final hit.
+        """
         hashes = request.block_hashes
         n_fine = len(hashes)
-        found: list[dict[int, tuple[int, ...]]] = [dict() for _ in self.units]
-
-        def make_probe(u: int) -> Callable[[int], object]:
-            unit = self.units[u]
-            memo = found[u]
+        index = self.pool.index
+        probes = []
+        for unit in self.units:
             scale = unit.scale
-            gids = unit.groups
-            cached = self.pool.cached_block
-
-            def probe(j: int) -> object:
-                hit = memo.get(j)
-                if hit is not None:
-                    return hit
-                h = hashes[(j + 1) * scale - 1]
-                ids = []
-                for g in gids:
-                    b = cached(g, h)
-                    if b is None:
-                        return None
-                    ids.append(b)
-                hit = memo[j] = tuple(ids)
-                return hit
-
-            return probe
-
-        probes = [make_probe(u) for u in range(len(self.units))]
+            # blocks past max_tokens (plus a proof block) can never be part of the hit
+            hs = hashes[scale - 1:(max_tokens // unit.rule.block_size + 1) * scale:scale]
+            flags = list(map(index[unit.groups[0]].__contains__, hs))
+            for g in unit.groups[1:]:
+                flags = list(map(_both, flags, map(index[g].__contains__, hs)))
+            probes.append(flags.__getitem__)
         t, longest = self._fixed_point(probes, n_fine, max_tokens)
         t = max(t, 0)
         rid = request.request_id
@@ -324,12 +319,16 @@ class KVCacheCoordinator:
             return CacheHit(0, tuple(() for _ in self.config.groups), max(longest, 0), rid,
                             self.epoch)
         block_ids: list[tuple[int, ...]] = [()] * len(self.config.groups)
-        for u, unit in enumerate(self.units):
+        for unit in self.units:
             e = t // unit.rule.block_size
             lo = unit.rule.lo(e)
-            memo = found[u]
-            for k, g in enumerate(unit.groups):
-                block_ids[g] = (NULL_BLOCK,) * lo + tuple(memo[j][k] for j in range(lo, e))
+            scale = unit.scale
+            hs = hashes[(lo + 1) * scale - 1:e * scale:scale]
+            for g in unit.groups:
+                ids = tuple(map(index[g].__getitem__, hs))
+                if dict in set(map(type, ids)):          # a duplicated hash: its first block
+                    ids = tuple(v if v.__class__ is int else next(iter(v)) for v in ids)
+                block_ids[g] = (NULL_BLOCK,) * lo + ids
         boundary = longest if longest > t else 0
         return CacheHit(t, tuple(block_ids), boundary, rid, self.epoch)
 
