@@ -44,10 +44,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-try:
-    import hybridkv  # noqa: F401
-except ImportError:  # a checkout without the package installed
-    sys.path.insert(0, str(HERE.parent / "src"))
+# measure the checkout this script lives in, even where another copy is installed
+sys.path.insert(0, str(HERE.parent / "src"))
 
 import parity_harness as P  # noqa: E402
 

@@ -271,6 +271,8 @@ class KVCacheCoordinator:
             for ids in ordered
         ]
         self.reqs: dict[object, _ReqBlocks] = {}
+        # request id -> (request, index version, hashes, max_tokens, hit) of its last lookup
+        self._lookups: dict[object, tuple] = {}
         # bumped by every mutation; a plan or hit made before it is stale
         self.epoch = 0
 
@@ -300,6 +302,26 @@ class KVCacheCoordinator:
         make (a small-pool waiting request is looked up every step). Block ids are read
         from the index only for the blocks of the final hit.
         """
+        hashes = request.block_hashes
+        n_fine = len(hashes)
+        version = self.pool.index_version
+        memo = self._lookups.get(request.request_id)
+        if memo is not None and memo[0] is request and memo[1] == version \
+                and memo[2] == n_fine and memo[3] == max_tokens:
+            # nothing was cached or evicted since this request's last lookup (a waiting
+            # request is looked up every step): the same hit, valid now
+            hit = memo[4]
+            if hit.epoch != self.epoch:
+                hit = CacheHit(hit.num_tokens, hit.block_ids, hit.shared_prefix_boundary,
+                               hit.request_id, self.epoch)
+            return hit
+        hit = self._find_longest_hit(request, max_tokens)
+        if len(self._lookups) >= 4096:
+            self._lookups.clear()
+        self._lookups[request.request_id] = (request, version, n_fine, max_tokens, hit)
+        return hit
+
+    def _find_longest_hit(self, request: Request, max_tokens: int) -> CacheHit:
         hashes = request.block_hashes
         n_fine = len(hashes)
         index = self.pool.index
@@ -601,6 +623,7 @@ class KVCacheCoordinator:
         computed = plan.num_computed
         hit = plan.hit
         if plan.new_request:
+            self._lookups.pop(request.request_id, None)
             state = _ReqBlocks(request, len(self.block_sizes))
             self.reqs[request.request_id] = state
             state.boundaries = self._boundaries(request, hit)
@@ -857,6 +880,7 @@ class KVCacheCoordinator:
     # ---- free -------------------------------------------------------------------------------
     def free(self, request: Request) -> None:
         """Release every block of the request: each group's table tail first, group by group."""
+        self._lookups.pop(request.request_id, None)
         state = self._state(request)
         if state is None:
             return
