@@ -107,3 +107,34 @@ def test_scheduler_reserves_the_full_sequence_by_default() -> None:
         sched.add_request(EngineRequest(Request("a", list(range(100))), 4))
         sched.schedule()
         assert calls and all(fs == flag for admit, fs in calls if admit)
+
+
+@pytest.mark.parametrize("compat", [False, True])
+def test_lookup_memo_follows_the_index(compat: bool) -> None:
+    """A repeated lookup of a waiting request is served from a memo while the pool's index
+    is unchanged; any insert or eviction makes it look again, and the hit it returns is
+    always adoptable (stamped with the current epoch)."""
+    kv = KVCacheManager(config(FA(16), SWA(16, 32), num_blocks=40), retention_interval=None,
+                        vllm_compat=compat)
+    a = Request("a", list(range(100)))
+    w = Request("w", list(range(100)) + [7] * 30)
+    assert kv.lookup(w).num_tokens == 0
+    assert kv.allocate(a, 100, kv.lookup(a)) is not None     # caches a's blocks
+    first = kv.lookup(w)
+    assert first.num_tokens > 0
+    other = Request("o", [5] * 20)
+    assert kv.allocate(other, 20, kv.lookup(other)) is not None  # epoch moves, index too
+    again = kv.lookup(w)
+    assert (again.num_tokens, again.block_ids) == (first.num_tokens, first.block_ids)
+    assert again.epoch == kv.coordinator.epoch
+    kv.free(a)
+    hog = Request("hog", [9] * 16 * 15)                        # evicts some of a's blocks
+    assert kv.allocate(hog, len(hog.token_ids), kv.lookup(hog)) is not None
+    fresh = kv.coordinator._find_longest_hit(w, 129)           # no memo
+    got = kv.lookup(w)
+    assert (got.num_tokens, got.block_ids) == (fresh.num_tokens, fresh.block_ids)
+    assert got.num_tokens < first.num_tokens
+    kv.free(hog)
+    got = kv.lookup(w)
+    assert kv.allocate(w, 130 - got.num_tokens, got) is not None
+    kv.check_integrity()

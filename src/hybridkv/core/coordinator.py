@@ -270,6 +270,8 @@ class KVCacheCoordinator:
             _Unit(ids, self.rules[ids[0]], self.scales[ids[0]], self.alignment // self.block_sizes[ids[0]])
             for ids in ordered
         ]
+        self.admission_caps = [r.admission_cap(max_in_flight_tokens, self.len_cap)
+                               for r in self.rules]
         self.reqs: dict[object, _ReqBlocks] = {}
         # request id -> (request, index version, hashes, max_tokens, hit) of its last lookup
         self._lookups: dict[object, tuple] = {}
@@ -508,12 +510,12 @@ class KVCacheCoordinator:
                 self._verify_hit(request, hit)
             for g, bs in enumerate(self.block_sizes):
                 ids = hit.block_ids[g] if hit is not None else ()
-                touched = {b for b in ids if b and ref[b] == 0}
+                touched = self._num_evictable(ids)
                 new = -(-slots // bs) - len(ids)
                 if new < 0:
                     new = 0
-                needed += new + len(touched)
-                groups.append(_make(GroupPlan, (new, len(touched), (), 0)))
+                needed += new + touched
+                groups.append(_make(GroupPlan, (new, touched, (), 0)))
         else:
             tables = state.tables
             rules = self.rules
@@ -564,12 +566,11 @@ class KVCacheCoordinator:
         its hit blocks or its out-of-window blocks, whichever is more, and adds the hit
         blocks a touch takes out of the free queue; a running request subtracts its table."""
         n = num_tokens if num_tokens < self.len_cap else self.max_model_len
-        ref = self.pool.ref_cnt
         total = 0
         for g, rule in enumerate(self.rules):
             bs = rule.block_size
             required = -(-n // bs)
-            cap = rule.admission_cap(self.max_in_flight_tokens, self.len_cap)
+            cap = self.admission_caps[g]
             if cap is not None and cap < required:
                 required = cap
             if state is not None:
@@ -582,8 +583,19 @@ class KVCacheCoordinator:
             new = required - (skipped if skipped > len(ids) else len(ids))
             if new > 0:
                 total += new
-            total += sum(1 for b in ids[skipped:] if b and ref[b] == 0)
+            total += self._num_evictable(ids[skipped:])
         return total
+
+    def _num_evictable(self, ids: tuple[int, ...]) -> int:
+        """The non-null blocks of ``ids`` nobody references (in the free queue: a touch
+        takes them out). Counted in C; a table never holds a block twice."""
+        if not ids:
+            return 0
+        ref = self.pool.ref_cnt
+        n = list(map(ref.__getitem__, ids)).count(0)
+        if ref[NULL_BLOCK] == 0:
+            n -= ids.count(NULL_BLOCK)
+        return n
 
     def _verify_hit(self, request: Request, hit: CacheHit) -> None:
         """Raise unless every block of ``hit`` still holds the request's tokens."""
