@@ -46,6 +46,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 # measure the checkout this script lives in, even where another copy is installed
 sys.path.insert(0, str(HERE.parent / "src"))
+import hybridkv  # noqa: E402,F401
 
 import parity_harness as P  # noqa: E402
 
