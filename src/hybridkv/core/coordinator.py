@@ -32,6 +32,7 @@ the hashes of exactly the runs its rule needs for them (:mod:`hybridkv.core.rule
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
@@ -154,10 +155,6 @@ class AllocationPlan(NamedTuple):
     def fits(self) -> bool:
         """The commit's blocks, and any reservation on top, are available."""
         return self.num_needed + self.num_reserved <= self.num_available
-
-
-def _both(x: bool, y: bool) -> bool:
-    return x and y
 
 
 # Builds a NamedTuple from a tuple of all its fields in order without the generated
@@ -299,7 +296,7 @@ class KVCacheCoordinator:
         """The longest prefix of at most ``max_tokens`` tokens every group can serve.
 
         Each unit's "is block j cached" answers are computed up front for every hashed
-        block, in C (``map`` of the index's ``__contains__``): a dict membership test per
+        block up to ``max_tokens``, in C (``map`` of the index's ``__contains__``): a dict membership test per
         block is far cheaper than the Python-level probes the rules' scans would otherwise
         make (a small-pool waiting request is looked up every step). Block ids are read
         from the index only for the blocks of the final hit.
@@ -334,7 +331,7 @@ class KVCacheCoordinator:
             hs = hashes[scale - 1:(max_tokens // unit.rule.block_size + 1) * scale:scale]
             flags = list(map(index[unit.groups[0]].__contains__, hs))
             for g in unit.groups[1:]:
-                flags = list(map(_both, flags, map(index[g].__contains__, hs)))
+                flags = list(map(operator.and_, flags, map(index[g].__contains__, hs)))
             probes.append(flags.__getitem__)
         t, longest = self._fixed_point(probes, n_fine, max_tokens)
         t = max(t, 0)
