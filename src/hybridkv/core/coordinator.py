@@ -254,6 +254,7 @@ class KVCacheCoordinator:
         # prefix (get_num_cacheable_tokens): align(n), or for an EAGLE group
         # min(n, align(n) + block_size); the unitary coordinator caches all n.
         self.hybrid_limit = vllm_compat and len(groups) > 1
+        self.aligned_limit = [self.hybrid_limit and not p for p in self.proof]
         # Next-end step of the dense write path: downward-closed groups in compat mode end
         # on any block boundary (their cacheable prefix need not be aligned), else A.
         self.dense_step = [r.block_size if (vllm_compat and r.downward_closed) else config.alignment
@@ -840,6 +841,8 @@ class KVCacheCoordinator:
             # every group's limit is <= num_tokens, so nothing happens before the next end
             delay = self.cache_delay
             step = self.dense_step
+            aligned = self.aligned_limit
+            a = self.alignment
             nxt = math.inf
             for g, done in enumerate(state.done_t):
                 if masked[g]:
@@ -851,6 +854,9 @@ class KVCacheCoordinator:
                     t = (done // step[g] + 1) * step[g] + delay[g]
                 else:
                     t = self.retention.next_end(done, extra) + delay[g]
+                if aligned[g] and t < math.inf:
+                    # compat hybrid, no proof: the group caches up to align(n) only
+                    t = -(-t // a) * a
                 if t < nxt:
                     nxt = t
             state.quiet_until = nxt
