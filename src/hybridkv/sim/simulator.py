@@ -449,7 +449,8 @@ class Simulator:
                                  max_model_len=config.max_model_len,
                                  vllm_compat=config.vllm_compat, hash_algo=config.hash_algo,
                                  hash_seed=config.hash_seed,
-                                 enable_events=config.enable_events)
+                                 enable_events=config.enable_events,
+                                 max_in_flight_tokens=config.sched.max_num_batched_tokens)
         sched_cfg = config.sched
         if config.sequential:
             sched_cfg = dataclasses.replace(sched_cfg, max_num_seqs=1)
