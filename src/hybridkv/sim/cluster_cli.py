@@ -11,9 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
 import sys
-from pathlib import Path
 from typing import Iterator
 
 from hybridkv.sim.cluster import ClusterResult, ClusterSimulator, OfferedLoad, offered_load
@@ -125,10 +123,10 @@ def format_cluster(res: ClusterResult) -> str:
     return "\n".join(lines)
 
 
-def cmd_cluster(args: argparse.Namespace, cfg: SimConfig, items: list[WorkItem],
-                progress=None) -> int:
-    """``simulate --instances N --router R``: run, print the per-instance table, write JSON."""
-    check_args(args)
+def run_cluster(args: argparse.Namespace, cfg: SimConfig, items: list[WorkItem],
+                progress=None) -> ClusterResult:
+    """``simulate --instances N --router R``: run and print the per-instance table (the caller
+    writes ``--json``)."""
     router = args.router or DEFAULT_ROUTER
     n = args.instances
     k = cfg.preset.kv_config(num_blocks=cfg.num_blocks)
@@ -153,7 +151,4 @@ def cmd_cluster(args: argparse.Namespace, cfg: SimConfig, items: list[WorkItem],
     print(format_cluster(res))
     if pubs is not None:
         print(f"  KV events: {res.kv_events_published} batches published")
-    if args.json:
-        Path(args.json).write_text(json.dumps(res.to_json(), indent=2) + "\n")
-        print(f"wrote {args.json}")
-    return 0
+    return res

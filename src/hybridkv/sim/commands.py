@@ -290,23 +290,13 @@ def add_capacity_options(p: argparse.ArgumentParser) -> None:
                      help="cache = this share in (0, 1] of GPU memory minus the weights")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        v = 0
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"want an integer >= 1, got {text!r}")
-    return v
-
-
 def add_executor_options(p: argparse.ArgumentParser) -> None:
     """Where ``sweep`` runs its configurations (see :mod:`hybridkv.sim.executors`)."""
     from hybridkv.sim.executors import EXECUTORS
     p.add_argument("--executor", choices=EXECUTORS, default="serial",
                    help="serial (default): one configuration after another; processes: local "
                         "processes; ray: one Ray task per configuration (pip install 'hybridkv[ray]')")
-    p.add_argument("--workers", type=_positive_int,
+    p.add_argument("--workers", type=int_in(1),
                    help="processes, or local Ray CPUs (default: the usable cores)")
     p.add_argument("--ray-address",
                    help="Ray cluster to submit to (ray.init address, e.g. auto or ray://HOST:10001); "
@@ -444,9 +434,13 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if cluster_cli.is_cluster(args):
         progress, close = _progress(not args.no_progress, "simulate")
         try:
-            return cluster_cli.cmd_cluster(args, cfg, items, progress)
+            cluster = cluster_cli.run_cluster(args, cfg, items, progress)
         finally:
             close()
+        if args.json:
+            text = json.dumps(cluster.to_json(), indent=2) + "\n"
+            print(f"wrote {write_output(args.json, lambda p: Path(p).write_text(text), 'the JSON result')}")
+        return 0
     print(describe(cfg, args, len(items)))
     load = cluster_cli.warn_capacity(cfg, items, 1)
     with cluster_cli.publishers(args, 1) as pubs:
@@ -551,9 +545,10 @@ def _run_sweep(args: argparse.Namespace, runs: list[tuple[object, SimConfig]],
                 d["value"] = value
                 rows[out.index] = d
                 opt = d["optimal_block_hit_rate"]
+                ttft = "n/a" if d["ttft_p50_s"] is None else f"{d['ttft_p50_s']:.3f} s"   # None: --sequential
                 print(f"  {str(value):>10}: block hit rate {d['block_hit_rate']:.4f}, token hit rate "
                       f"{d['hit_rate']:.4f}, optimum {opt if opt is None else round(opt, 4)}, "
-                      f"TTFT p50 {d['ttft_p50_s'] if d['ttft_p50_s'] is None else round(d['ttft_p50_s'], 3)} s, "
+                      f"TTFT p50 {ttft}, "
                       f"wall {d['wall_s']:.1f} s", flush=True)
             if bar:
                 bar(done, len(runs))

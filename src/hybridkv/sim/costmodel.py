@@ -176,7 +176,6 @@ class CostModel:
         if total_new == 0:
             return 0.0
         m = self.model
-        end = ctx + new
         attn_flops = 0.0
         kv_bytes = 0.0
         for g in m.groups:
