@@ -96,6 +96,11 @@ def test_cli_errors(built_models: dict[str, Built], capsys) -> None:
     assert rc == 2 and "needs draft_model=DIR" in err
     with pytest.raises(SystemExit):
         main(["generate", "--model", path, "--prompt-ids", "1,x"])
+    with pytest.raises(SystemExit):
+        main(["generate", "--model", path, "--prompt-ids", "1", "--retention", "x"])
+    assert "--retention is none or an integer >= 0, got 'x'" in capsys.readouterr().err
+    rc, _, err = cli(["generate", "--model", path, "--prompt-ids", "1", "--max-tokens", "0"], capsys)
+    assert rc == 2 and err.startswith("hybridkv generate: error: --max-tokens must be an integer >= 1, got 0")
 
 
 def test_add_generate_parser_registers_a_subcommand() -> None:
