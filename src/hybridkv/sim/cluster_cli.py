@@ -129,8 +129,7 @@ def run_cluster(args: argparse.Namespace, cfg: SimConfig, items: list[WorkItem],
     writes ``--json``)."""
     router = args.router or DEFAULT_ROUTER
     n = args.instances
-    k = cfg.preset.kv_config(num_blocks=cfg.num_blocks)
-    tokens = (cfg.num_blocks - 1) * k.block_bytes // cfg.preset.kv_bytes_per_token()["total"]
+    tokens = cfg.cache_tokens
     print(f"hybridkv simulate: {n} x {cfg.preset.name} on {cfg.num_gpus} x {cfg.gpu.name} each, "
           f"~{tokens:,} cache tokens each, router {router}, {len(items)} requests")
     load = warn_capacity(cfg, items, n)

@@ -412,8 +412,7 @@ def run_one(cfg: SimConfig, items: list[WorkItem], show_progress: bool, label: s
 
 def describe(cfg: SimConfig, args: argparse.Namespace, n_items: int) -> str:
     source = f"trace {args.trace}" if args.trace else f"workload {args.workload or DEFAULT_WORKLOAD}"
-    k = cfg.preset.kv_config(num_blocks=cfg.num_blocks)
-    tokens = (cfg.num_blocks - 1) * k.block_bytes // cfg.preset.kv_bytes_per_token()["total"]
+    tokens = cfg.cache_tokens
     spec = f", spec {cfg.spec.method}:{cfg.spec.num_speculative_tokens}" if cfg.spec else ""
     mode = "sequential" if cfg.sequential else f"{cfg.num_gpus} x {cfg.gpu.name}"
     return (f"hybridkv simulate: {cfg.preset.name} on {source} ({n_items} requests), "
