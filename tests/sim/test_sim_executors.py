@@ -103,11 +103,11 @@ def test_cli_rejects_bad_executor_options(capsys):
     assert "needs executor 'processes' or 'ray'" in capsys.readouterr().err
 
 
-def test_cli_sweep_row_of_a_sequential_run_has_no_ttft(capsys):
-    assert main(["sweep", "--workload", "replay", "--limit", "5", "--sequential",
+def test_cli_sweep_row_says_n_a_for_what_was_not_measured(capsys):
+    assert main(["sweep", "--workload", "replay", "--limit", "5", "--sequential", "--no-optimum",
                  "--cache-tokens-list", "1M", "--no-progress"]) == 0
     out = capsys.readouterr().out
-    assert "TTFT p50 n/a" in out and "None" not in out
+    assert "optimum n/a" in out and "TTFT p50 n/a" in out and "None" not in out
 
 
 def test_optimum_keys_are_reused_across_capacities(sweep, monkeypatch):

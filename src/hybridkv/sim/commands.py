@@ -544,9 +544,9 @@ def _run_sweep(args: argparse.Namespace, runs: list[tuple[object, SimConfig]],
                 d["value"] = value
                 rows[out.index] = d
                 opt = d["optimal_block_hit_rate"]
-                ttft = "n/a" if d["ttft_p50_s"] is None else f"{d['ttft_p50_s']:.3f} s"   # None: --sequential
+                ttft = "n/a" if d["ttft_p50_s"] is None else f"{d['ttft_p50_s']:.3f} s"   # --sequential
                 print(f"  {str(value):>10}: block hit rate {d['block_hit_rate']:.4f}, token hit rate "
-                      f"{d['hit_rate']:.4f}, optimum {opt if opt is None else round(opt, 4)}, "
+                      f"{d['hit_rate']:.4f}, optimum {'n/a' if opt is None else f'{opt:.4f}'}, "
                       f"TTFT p50 {ttft}, "
                       f"wall {d['wall_s']:.1f} s", flush=True)
             if bar:
