@@ -422,14 +422,14 @@ def describe(cfg: SimConfig, args: argparse.Namespace, n_items: int) -> str:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from hybridkv.sim.report import explain_gap, plot_run, summary_table
+    from hybridkv.sim import cluster_cli
     check_options(args)
+    cluster_cli.check_args(args)              # before the trace is read
     items = load_items(args)
     if not items:
         raise ValueError("the workload has no requests")
     cfg = build_config(args)
     # -- cluster and KV events (hybridkv.sim.cluster_cli) --
-    from hybridkv.sim import cluster_cli
-    cluster_cli.check_args(args)
     if cluster_cli.is_cluster(args):
         progress, close = _progress(not args.no_progress, "simulate")
         try:
