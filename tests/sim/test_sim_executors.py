@@ -68,7 +68,7 @@ def test_ray_matches_serial(sweep, serial):
 
 @pytest.mark.parametrize("kw, message", [
     (dict(executor="threads"), "unknown executor 'threads'; choose one of serial, processes, ray"),
-    (dict(executor="processes", workers=0), "workers must be an integer >= 1, got 0"),
+    (dict(executor="processes", workers=0), "workers must be None or an integer >= 1, got 0"),
     (dict(executor="processes", ray_address="auto"), "needs executor 'ray'"),
     (dict(executor="serial", workers=2), "needs executor 'processes' or 'ray'"),
 ])

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from multiprocessing import get_context
 from typing import Callable, Iterator, Sequence
 
+from hybridkv.core.validation import check_int
 from hybridkv.sim.simulator import SimConfig, SimResult, Simulator, WorkItem
 
 EXECUTORS = ("serial", "processes", "ray")
@@ -93,8 +94,7 @@ def execute(configs: Sequence[SimConfig], items: Sequence[WorkItem], executor: s
     """
     if executor not in EXECUTORS:
         raise ValueError(f"unknown executor {executor!r}; choose one of {', '.join(EXECUTORS)}")
-    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
-        raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
+    check_int("workers", workers, 1, optional=True)
     if workers is not None and executor == "serial":
         raise ValueError(f"workers ({workers}) needs executor 'processes' or 'ray', got 'serial'")
     if ray_address is not None and executor != "ray":
