@@ -602,7 +602,8 @@ def cmd_traces(args: argparse.Namespace) -> int:
         size = "missing" if r["bytes"] is None else f"{r['bytes'] / 1e3:,.0f} kB"
         print(f"{r['name']:<24} {r['requests']:>9,} {size:>9}  {r['licence']:<11} {r['description']}")
     print("source: " + BUNDLED_TRACES[next(iter(BUNDLED_TRACES))].source.split(" conversation")[0]
-          + "; use a name with --trace, e.g. hybridkv simulate --trace mooncake-conversation --limit 500")
+          + "; use a name with --trace, e.g. hybridkv simulate --trace mooncake-conversation "
+            "--preset llama-3.1-8b --cache-tokens 3M --limit 500")
     return 0
 
 
