@@ -5,8 +5,10 @@ For each trace and each instance count N: N instances of Llama-3.1-8B on one H10
 one instance with N times the cache and N GPUs (the same total memory and compute), whose hit
 rate the kv-aware router is measured against.
 
-    python benchmarks/bench_cluster.py --traces ../shared/traces/mooncake_conversation.jsonl \
+    python benchmarks/bench_cluster.py --traces mooncake-conversation \
         --instances 4 --jobs 2 --json cluster.json
+
+``--traces`` takes bundled trace names (``hybridkv traces``) or paths to Mooncake JSONL files.
 
 Prints one markdown row per run (and the ratios kv-aware / pooled and kv-aware / round-robin).
 """
@@ -23,6 +25,7 @@ from hybridkv.sim.cluster import ClusterSimulator
 from hybridkv.sim.presets import get_gpu, get_preset
 from hybridkv.sim.routing import ROUTERS
 from hybridkv.sim.simulator import SimConfig, items_from_mooncake
+from hybridkv.sim.traces import resolve_trace
 
 POOLED = "pooled"
 
@@ -37,7 +40,7 @@ def _config(cache_tokens: float, gpus: int) -> SimConfig:
 
 def run_one(job: tuple[str, int, str, float, float, int | None]) -> dict:
     trace, n, router, cache_tokens, weight, limit = job
-    items = items_from_mooncake(trace, limit)
+    items = items_from_mooncake(str(resolve_trace(trace)), limit)
     t0 = time.perf_counter()
     if router == POOLED:
         res = ClusterSimulator(_config(cache_tokens * n, n), 1, "round-robin").run(items)
@@ -45,7 +48,7 @@ def run_one(job: tuple[str, int, str, float, float, int | None]) -> dict:
         res = ClusterSimulator(_config(cache_tokens, 1), n, router, overlap_weight=weight).run(items)
     d = res.to_json()
     o = d["overall"]
-    return {"trace": Path(trace).stem, "instances": n, "router": router,
+    return {"trace": Path(trace).stem.removesuffix(".jsonl").replace("-", "_"), "instances": n, "router": router,
             "hit_rate": o["hit_rate"], "block_hit_rate": o["block_hit_rate"],
             "ttft_p50_s": o["ttft_p50_s"], "ttft_p99_s": o["ttft_p99_s"],
             "queue_p50_s": o["queue_p50_s"], "queue_p99_s": o["queue_p99_s"],

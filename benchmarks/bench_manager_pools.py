@@ -22,18 +22,7 @@ from hybridkv import (FullAttention, KVCacheConfig, KVCacheGroup, KVCacheManager
                       SlidingWindow)
 from hybridkv.sim.traces import multi_turn_chat
 
-
-def answers(trace):
-    """Per request, the answer tokens the same session's next turn contains."""
-    last = {}
-    out = {}
-    for r in trace:
-        prev = last.get(r.session)
-        if prev is not None:
-            n = len(prev.prompt)
-            out[prev.request_id] = r.prompt[n:n + prev.output_len].tolist()
-        last[r.session] = r
-    return out
+from bench_manager import answers  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 
 def run(groups, num_blocks, trace, ans, pool_cls) -> tuple[float, float, int, float]:

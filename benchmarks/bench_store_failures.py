@@ -27,9 +27,8 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
-    from hybridkv.connectors.stores import MooncakeCluster, MooncakeStore, MooncakeStoreConfig
-    from hybridkv.connectors.stores.mooncake_server import free_port
-    from hybridkv.connectors.stores.netns import loopback_netns
+    from hybridkv.connectors.stores import MooncakeStore, MooncakeStoreConfig
+    from hybridkv.testing import MooncakeCluster, free_port, loopback_netns
 
     keys = [i.to_bytes(16, "little") + b"\0" for i in range(8)]
     out: dict[str, float] = {}

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-TRACE = "mooncake-conversation"   # bundled with the package (or give a path)
+TRACE = "mooncake-conversation"          # bundled (``hybridkv traces``); or a path
 
 
 def run(executor: str, args: argparse.Namespace, out: Path) -> tuple[float, float, int]:
@@ -51,7 +51,7 @@ def run(executor: str, args: argparse.Namespace, out: Path) -> tuple[float, floa
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--trace", default=TRACE)
+    ap.add_argument("--trace", default=TRACE, help=f"bundled trace name or path (default {TRACE})")
     ap.add_argument("--preset", default="llama-3.1-8b", help="model preset (default llama-3.1-8b)")
     ap.add_argument("--limit", type=int, default=2000, help="first N requests (0: all)")
     ap.add_argument("--sizes", default=",".join(f"{m}M" for m in range(1, 13)))
@@ -59,7 +59,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     args = ap.parse_args()
     executors = args.executors.split(",")
-    print(f"sweep: {args.trace.name}, limit {args.limit or 'none'}, sizes {args.sizes}, "
+    print(f"sweep: {Path(args.trace).name}, limit {args.limit or 'none'}, sizes {args.sizes}, "
           f"workers {args.workers}; {os.cpu_count()} cores, load average {os.getloadavg()}")
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:

@@ -242,7 +242,7 @@ def new_cache(built: Built, num_blocks: int = 96) -> tuple[PagedKVCache, Allocat
 
 def oracle_diff(built: Built, outputs: Sequence[Any]) -> float:
     """Largest |engine - transformers| over every logits row the engine computed for the
-    outputs of an ``LLM(record_logits=True)`` (recomputed positions included). Also checks that
+    outputs of an ``LLM(runtime=RuntimeConfig(record_logits=True))`` (recomputed positions included). Also checks that
     each generated token is the oracle's argmax wherever the oracle's top-2 margin is clear."""
     worst = 0.0
     for out in outputs:

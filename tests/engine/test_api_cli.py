@@ -96,6 +96,17 @@ def test_cli_errors(built_models: dict[str, Built], capsys) -> None:
     assert rc == 2 and "needs draft_model=DIR" in err
     with pytest.raises(SystemExit):
         main(["generate", "--model", path, "--prompt-ids", "1,x"])
+    with pytest.raises(SystemExit):
+        main(["generate", "--model", path, "--prompt-ids", "1", "--retention", "x"])
+    assert "--retention is none or an integer >= 0, got 'x'" in capsys.readouterr().err
+    rc, _, err = cli(["generate", "--model", path, "--prompt-ids", "1", "--max-tokens", "0"], capsys)
+    assert rc == 2 and err.startswith("hybridkv generate: error: --max-tokens must be an integer >= 1, got 0")
+
+
+def test_cli_names_a_model_directory_that_is_not_one(tmp_path: Path, capsys) -> None:
+    for model, what in ((tmp_path / "absent", "is not a directory"), (tmp_path, "has no config.json")):
+        rc, _, err = cli(["generate", "--model", str(model), "--prompt-ids", "1"], capsys)
+        assert rc == 2 and f"model {str(model)!r} {what}" in err
 
 
 def test_add_generate_parser_registers_a_subcommand() -> None:

@@ -86,7 +86,7 @@ def test_kv_aware_weighs_prefix_against_load() -> None:
 
 
 def test_bad_arguments() -> None:
-    with pytest.raises(ValueError, match="--instances must be an integer >= 1, got 0"):
+    with pytest.raises(ValueError, match="num_instances must be an integer >= 1, got 0"):
         ClusterSimulator(config(100), 0)
     with pytest.raises(ValueError, match="unknown router 'nope'; valid: round-robin"):
         ClusterSimulator(config(100), 2, "nope")

@@ -68,8 +68,9 @@ def test_ray_matches_serial(sweep, serial):
 
 @pytest.mark.parametrize("kw, message", [
     (dict(executor="threads"), "unknown executor 'threads'; choose one of serial, processes, ray"),
-    (dict(executor="processes", workers=0), "workers must be an integer >= 1, got 0"),
+    (dict(executor="processes", workers=0), "workers must be None or an integer >= 1, got 0"),
     (dict(executor="processes", ray_address="auto"), "needs executor 'ray'"),
+    (dict(executor="serial", workers=2), "needs executor 'processes' or 'ray'"),
 ])
 def test_bad_arguments_are_named(sweep, kw, message):
     configs, items = sweep
@@ -88,16 +89,25 @@ def test_cli_sweep_processes_streams_and_keeps_failures(tmp_path: Path, trace_di
     assert main(argv + ["--json", str(js["processes"]), "--executor", "processes", "--workers", "2"]) == 1
     rows = {e: [_without_wall(r) for r in json.loads(p.read_text())] for e, p in js.items()}
     assert rows["serial"] == rows["processes"]
-    assert [r["value"] for r in rows["serial"]] == [100_000, 3_000, 1_000_000]
+    assert [r["value"] for r in rows["serial"]] == [300_000, 3_000, 1_000_000]
     assert set(rows["serial"][1]) == {"value", "error"} and rows["serial"][0]["requests"] == 30
 
 
 def test_cli_rejects_bad_executor_options(capsys):
     with pytest.raises(SystemExit):
         main(["sweep", "--workers", "0"])
-    assert "want an integer >= 1, got '0'" in capsys.readouterr().err
+    assert "must be an integer >= 1, got '0'" in capsys.readouterr().err
     assert main(["sweep", "--workload", "replay", "--ray-address", "auto", "--no-progress"]) == 2
     assert "needs executor 'ray'" in capsys.readouterr().err
+    assert main(["sweep", "--workload", "replay", "--workers", "2", "--no-progress"]) == 2
+    assert "needs executor 'processes' or 'ray'" in capsys.readouterr().err
+
+
+def test_cli_sweep_row_says_n_a_for_what_was_not_measured(capsys):
+    assert main(["sweep", "--workload", "replay", "--limit", "5", "--sequential", "--no-optimum",
+                 "--cache-tokens-list", "1M", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "optimum n/a" in out and "TTFT p50 n/a" in out and "None" not in out
 
 
 def test_optimum_keys_are_reused_across_capacities(sweep, monkeypatch):

@@ -484,7 +484,15 @@ def _parse_rope(raw: dict[str, Any]) -> RopeConfig:
 
 
 def load_model_config(model_dir: str | Path) -> ModelConfig:
-    """Read ``<model_dir>/config.json`` into a :class:`ModelConfig`."""
+    """Read ``<model_dir>/config.json`` into a :class:`ModelConfig`.
+
+    Raises:
+        FileNotFoundError: ``model_dir`` is not a directory or has no ``config.json``.
+    """
     path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        what = "is not a directory" if not Path(model_dir).is_dir() else "has no config.json"
+        raise FileNotFoundError(f"model {str(model_dir)!r} {what} (want a Hugging Face checkpoint "
+                                "directory: config.json and *.safetensors)")
     with path.open() as f:
         return ModelConfig.from_dict(json.load(f))

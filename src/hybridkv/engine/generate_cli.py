@@ -28,6 +28,19 @@ def _parse_ids(text: str) -> list[int]:
     return ids
 
 
+def _parse_retention(text: str) -> int | None:
+    """``none`` (dense retention), ``0`` or an interval N >= 1."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"--retention is none or an integer >= 0, got {text!r}")
+    return value
+
+
 def _parse_block_size(text: str) -> int | dict[str, int]:
     """``16`` or ``full=16,sliding=8``."""
     if text.isdigit():
@@ -61,7 +74,7 @@ def add_generate_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--num-blocks", type=int, default=None, help="KV pool size in blocks (default from 128 MiB)")
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    p.add_argument("--retention", default="0", metavar="none|0|N",
+    p.add_argument("--retention", type=_parse_retention, default=0, metavar="none|0|N",
                    help="sliding-window retention interval (default 0)")
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--cache-salt", default=None)
@@ -83,9 +96,10 @@ def run_generate(args: argparse.Namespace) -> int:
     from .llm_config import ENGINE_SCHEDULER, CacheConfig, RuntimeConfig
 
     if args.max_tokens < 1:
-        print("error: --max-tokens must be >= 1", file=sys.stderr)
+        print(f"hybridkv generate: error: --max-tokens must be an integer >= 1, got {args.max_tokens}",
+              file=sys.stderr)
         return 2
-    retention = None if str(args.retention).lower() == "none" else int(args.retention)
+    retention = args.retention
     dtype = getattr(torch, args.dtype) if args.dtype else None
     try:
         llm = LLM(args.model, spec=args.spec, draft_model=args.draft_model,
@@ -101,7 +115,7 @@ def run_generate(args: argparse.Namespace) -> int:
         outs = llm.generate(prompts, args.max_tokens, cache_salt=args.cache_salt, ignore_eos=args.ignore_eos)
         elapsed = time.perf_counter() - t0
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"hybridkv generate: error: {exc}", file=sys.stderr)
         return 2
     stats = llm.stats
     if args.json:

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hybridkv.core.validation import check_int
 from hybridkv.sched import SchedulerConfig
 
 __all__ = ["CacheConfig", "ENGINE_SCHEDULER", "RuntimeConfig", "StoreConfig"]
@@ -34,11 +35,7 @@ ENGINE_SCHEDULER = SchedulerConfig(max_num_batched_tokens=2048, max_num_seqs=64)
 
 
 def _int_at_least(owner: str, name: str, value: Any, low: int, *, optional: bool = False) -> None:
-    if optional and value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        none = "None or " if optional else ""
-        raise ValueError(f"{owner}.{name} must be {none}an integer >= {low}, got {value!r}")
+    check_int(f"{owner}.{name}", value, low, optional=optional)
 
 
 @dataclass(frozen=True, slots=True)

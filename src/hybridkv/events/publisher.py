@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 import zmq
 
+from hybridkv.core.validation import check_int
 from hybridkv.events.wire import EventBatch, encode_batch
 
 logger = logging.getLogger(__name__)
@@ -90,12 +91,8 @@ class KVEventsConfig:
                     f"replay_endpoint {self.replay_endpoint!r} must be one this process can bind "
                     "(tcp://*:PORT, tcp://0.0.0.0:PORT, ipc://PATH or inproc://NAME)")
         for name in ("buffer_steps", "hwm", "max_queue_size"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"KVEventsConfig.{name} must be an integer >= 1, got {v!r}")
-        r = self.data_parallel_rank
-        if isinstance(r, bool) or not isinstance(r, int) or r < 0:
-            raise ValueError(f"KVEventsConfig.data_parallel_rank must be an integer >= 0, got {r!r}")
+            check_int(f"KVEventsConfig.{name}", getattr(self, name), 1)
+        check_int("KVEventsConfig.data_parallel_rank", self.data_parallel_rank, 0)
         for name in ("subscriber_wait_s", "drain_timeout_s", "linger_s"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or v < 0:

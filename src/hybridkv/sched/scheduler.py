@@ -34,6 +34,7 @@ from hybridkv.core.blockref import BlockRef
 from hybridkv.core.coordinator import CacheHit, ExternalHit
 from hybridkv.core.manager import KVCacheManager
 from hybridkv.core.request import Request
+from hybridkv.core.validation import check_int
 from hybridkv.sched.queues import POLICIES, WaitingQueue, make_waiting_queue
 from hybridkv.sched.request import EngineRequest, RequestStatus
 
@@ -92,15 +93,9 @@ class SchedulerConfig:
 
     def __post_init__(self) -> None:
         for name in ("max_num_batched_tokens", "max_num_seqs"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
-        v = self.max_model_len
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 2):
-            raise ValueError(f"max_model_len must be None or an integer >= 2, got {v!r}")
-        v = self.long_prefill_token_threshold
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise ValueError(f"long_prefill_token_threshold must be an integer >= 0, got {v!r}")
+            check_int(name, getattr(self, name), 1)
+        check_int("max_model_len", self.max_model_len, 2, optional=True)
+        check_int("long_prefill_token_threshold", self.long_prefill_token_threshold, 0)
         if not isinstance(self.reserve_full_sequence, bool):
             raise ValueError(
                 f"reserve_full_sequence must be True or False, got {self.reserve_full_sequence!r}")

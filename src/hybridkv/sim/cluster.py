@@ -26,6 +26,7 @@ import numpy as np
 from hybridkv.core.hashing import BlockHasher, coarse_view
 from hybridkv.core.request import Request
 from hybridkv.core.rules import make_rule
+from hybridkv.core.validation import check_int
 from hybridkv.events.index import KVEventIndex
 from hybridkv.sched import EngineRequest
 from hybridkv.sim.routing import DEFAULT_OVERLAP_WEIGHT, InstanceLoad, make_router
@@ -219,8 +220,7 @@ class ClusterSimulator:
                  overlap_weight: float = DEFAULT_OVERLAP_WEIGHT,
                  event_sinks: Sequence[Callable[[float, float, list], None]] | None = None,
                  progress: Callable[[int, int], None] | None = None) -> None:
-        if isinstance(num_instances, bool) or not isinstance(num_instances, int) or num_instances < 1:
-            raise ValueError(f"--instances must be an integer >= 1, got {num_instances!r}")
+        check_int("num_instances", num_instances, 1)
         if config.sequential:
             raise ValueError("a cluster simulation is timed; --sequential does not apply")
         if event_sinks is not None and len(event_sinks) != num_instances:

@@ -11,9 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
 import sys
-from pathlib import Path
 from typing import Iterator
 
 from hybridkv.sim.cluster import ClusterResult, ClusterSimulator, OfferedLoad, offered_load
@@ -125,14 +123,13 @@ def format_cluster(res: ClusterResult) -> str:
     return "\n".join(lines)
 
 
-def cmd_cluster(args: argparse.Namespace, cfg: SimConfig, items: list[WorkItem],
-                progress=None) -> int:
-    """``simulate --instances N --router R``: run, print the per-instance table, write JSON."""
-    check_args(args)
+def run_cluster(args: argparse.Namespace, cfg: SimConfig, items: list[WorkItem],
+                progress=None) -> ClusterResult:
+    """``simulate --instances N --router R``: run and print the per-instance table (the caller
+    writes ``--json``)."""
     router = args.router or DEFAULT_ROUTER
     n = args.instances
-    k = cfg.preset.kv_config(num_blocks=cfg.num_blocks)
-    tokens = (cfg.num_blocks - 1) * k.block_bytes // cfg.preset.kv_bytes_per_token()["total"]
+    tokens = cfg.cache_tokens
     print(f"hybridkv simulate: {n} x {cfg.preset.name} on {cfg.num_gpus} x {cfg.gpu.name} each, "
           f"~{tokens:,} cache tokens each, router {router}, {len(items)} requests")
     load = warn_capacity(cfg, items, n)
@@ -153,7 +150,4 @@ def cmd_cluster(args: argparse.Namespace, cfg: SimConfig, items: list[WorkItem],
     print(format_cluster(res))
     if pubs is not None:
         print(f"  KV events: {res.kv_events_published} batches published")
-    if args.json:
-        Path(args.json).write_text(json.dumps(res.to_json(), indent=2) + "\n")
-        print(f"wrote {args.json}")
-    return 0
+    return res

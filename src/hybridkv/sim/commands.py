@@ -290,23 +290,13 @@ def add_capacity_options(p: argparse.ArgumentParser) -> None:
                      help="cache = this share in (0, 1] of GPU memory minus the weights")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        v = 0
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"want an integer >= 1, got {text!r}")
-    return v
-
-
 def add_executor_options(p: argparse.ArgumentParser) -> None:
     """Where ``sweep`` runs its configurations (see :mod:`hybridkv.sim.executors`)."""
     from hybridkv.sim.executors import EXECUTORS
     p.add_argument("--executor", choices=EXECUTORS, default="serial",
                    help="serial (default): one configuration after another; processes: local "
                         "processes; ray: one Ray task per configuration (pip install 'hybridkv[ray]')")
-    p.add_argument("--workers", type=_positive_int,
+    p.add_argument("--workers", type=int_in(1),
                    help="processes, or local Ray CPUs (default: the usable cores)")
     p.add_argument("--ray-address",
                    help="Ray cluster to submit to (ray.init address, e.g. auto or ray://HOST:10001); "
@@ -422,8 +412,7 @@ def run_one(cfg: SimConfig, items: list[WorkItem], show_progress: bool, label: s
 
 def describe(cfg: SimConfig, args: argparse.Namespace, n_items: int) -> str:
     source = f"trace {args.trace}" if args.trace else f"workload {args.workload or DEFAULT_WORKLOAD}"
-    k = cfg.preset.kv_config(num_blocks=cfg.num_blocks)
-    tokens = (cfg.num_blocks - 1) * k.block_bytes // cfg.preset.kv_bytes_per_token()["total"]
+    tokens = cfg.cache_tokens
     spec = f", spec {cfg.spec.method}:{cfg.spec.num_speculative_tokens}" if cfg.spec else ""
     mode = "sequential" if cfg.sequential else f"{cfg.num_gpus} x {cfg.gpu.name}"
     return (f"hybridkv simulate: {cfg.preset.name} on {source} ({n_items} requests), "
@@ -433,20 +422,24 @@ def describe(cfg: SimConfig, args: argparse.Namespace, n_items: int) -> str:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from hybridkv.sim.report import explain_gap, plot_run, summary_table
+    from hybridkv.sim import cluster_cli
     check_options(args)
+    cluster_cli.check_args(args)              # before the trace is read
     items = load_items(args)
     if not items:
         raise ValueError("the workload has no requests")
     cfg = build_config(args)
     # -- cluster and KV events (hybridkv.sim.cluster_cli) --
-    from hybridkv.sim import cluster_cli
-    cluster_cli.check_args(args)
     if cluster_cli.is_cluster(args):
         progress, close = _progress(not args.no_progress, "simulate")
         try:
-            return cluster_cli.cmd_cluster(args, cfg, items, progress)
+            cluster = cluster_cli.run_cluster(args, cfg, items, progress)
         finally:
             close()
+        if args.json:
+            text = json.dumps(cluster.to_json(), indent=2) + "\n"
+            print(f"wrote {write_output(args.json, lambda p: Path(p).write_text(text), 'the JSON result')}")
+        return 0
     print(describe(cfg, args, len(items)))
     load = cluster_cli.warn_capacity(cfg, items, 1)
     with cluster_cli.publishers(args, 1) as pubs:
@@ -551,9 +544,10 @@ def _run_sweep(args: argparse.Namespace, runs: list[tuple[object, SimConfig]],
                 d["value"] = value
                 rows[out.index] = d
                 opt = d["optimal_block_hit_rate"]
+                ttft = "n/a" if d["ttft_p50_s"] is None else f"{d['ttft_p50_s']:.3f} s"   # --sequential
                 print(f"  {str(value):>10}: block hit rate {d['block_hit_rate']:.4f}, token hit rate "
-                      f"{d['hit_rate']:.4f}, optimum {opt if opt is None else round(opt, 4)}, "
-                      f"TTFT p50 {d['ttft_p50_s'] if d['ttft_p50_s'] is None else round(d['ttft_p50_s'], 3)} s, "
+                      f"{d['hit_rate']:.4f}, optimum {'n/a' if opt is None else f'{opt:.4f}'}, "
+                      f"TTFT p50 {ttft}, "
                       f"wall {d['wall_s']:.1f} s", flush=True)
             if bar:
                 bar(done, len(runs))
@@ -608,7 +602,8 @@ def cmd_traces(args: argparse.Namespace) -> int:
         size = "missing" if r["bytes"] is None else f"{r['bytes'] / 1e3:,.0f} kB"
         print(f"{r['name']:<24} {r['requests']:>9,} {size:>9}  {r['licence']:<11} {r['description']}")
     print("source: " + BUNDLED_TRACES[next(iter(BUNDLED_TRACES))].source.split(" conversation")[0]
-          + "; use a name with --trace, e.g. hybridkv simulate --trace mooncake-conversation --limit 500")
+          + "; use a name with --trace, e.g. hybridkv simulate --trace mooncake-conversation "
+            "--preset llama-3.1-8b --cache-tokens 3M --limit 500")
     return 0
 
 

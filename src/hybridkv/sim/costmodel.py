@@ -39,6 +39,7 @@ import numpy as np
 
 from hybridkv.core.rules import HitRule, make_rule
 from hybridkv.core.specs import AttentionSpec
+from hybridkv.core.validation import check_int
 
 from hybridkv.sim.presets import GpuPreset, ModelPreset
 
@@ -117,8 +118,7 @@ class CostModel:
                 raise ValueError(f"CostModel.{name} must be in (0, 1], got {value!r}")
         if self.step_overhead_s < 0:
             raise ValueError(f"CostModel.step_overhead_s must be >= 0, got {self.step_overhead_s!r}")
-        if isinstance(self.num_gpus, bool) or not isinstance(self.num_gpus, int) or self.num_gpus < 1:
-            raise ValueError(f"CostModel.num_gpus must be an integer >= 1, got {self.num_gpus!r}")
+        check_int("CostModel.num_gpus", self.num_gpus, 1)
 
     def weight_bytes(self, num_tokens: int) -> float:
         """Weight bytes a step of ``num_tokens`` tokens reads (MoE: expected experts touched)."""
@@ -176,7 +176,6 @@ class CostModel:
         if total_new == 0:
             return 0.0
         m = self.model
-        end = ctx + new
         attn_flops = 0.0
         kv_bytes = 0.0
         for g in m.groups:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from multiprocessing import get_context
 from typing import Callable, Iterator, Sequence
 
+from hybridkv.core.validation import check_int
 from hybridkv.sim.simulator import SimConfig, SimResult, Simulator, WorkItem
 
 EXECUTORS = ("serial", "processes", "ray")
@@ -87,13 +88,15 @@ def execute(configs: Sequence[SimConfig], items: Sequence[WorkItem], executor: s
         progress: ``serial`` only: per-request progress of the running configuration.
 
     Raises:
-        ValueError: an unknown executor, ``workers < 1``, or an address without ``ray``.
+        ValueError: an unknown executor, ``workers < 1``, ``workers`` with ``serial``, or an
+            address without ``ray``.
         RuntimeError: ``ray`` without Ray installed, or a cluster that cannot be reached.
     """
     if executor not in EXECUTORS:
         raise ValueError(f"unknown executor {executor!r}; choose one of {', '.join(EXECUTORS)}")
-    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
-        raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
+    check_int("workers", workers, 1, optional=True)
+    if workers is not None and executor == "serial":
+        raise ValueError(f"workers ({workers}) needs executor 'processes' or 'ray', got 'serial'")
     if ray_address is not None and executor != "ray":
         raise ValueError(f"a Ray address ({ray_address!r}) needs executor 'ray', got {executor!r}")
     items = list(items)

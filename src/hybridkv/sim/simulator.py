@@ -135,6 +135,12 @@ class SimConfig:
     enable_events: bool = False
     parallel_optimum: bool = True
 
+    @property
+    def cache_tokens(self) -> int:
+        """Tokens the pool holds (the null block excluded), at the preset's bytes per token."""
+        k = self.preset.kv_config(num_blocks=self.num_blocks)
+        return (self.num_blocks - 1) * k.block_bytes // self.preset.kv_bytes_per_token()["total"]
+
 
 @dataclass(slots=True)
 class SimResult:

@@ -41,6 +41,7 @@ from typing import IO, Any, NamedTuple
 import numpy as np
 
 from hybridkv.core.request import INT64_MAX, INT64_MIN
+from hybridkv.core.validation import check_int
 
 __all__ = [
     "BUNDLED_TRACES",
@@ -514,8 +515,7 @@ def trace_format(path: str | Path) -> str:
 
 
 def _check_count(name: str, value: int, minimum: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    check_int(name, value, minimum)
 
 
 def _draw_len(rng: np.random.Generator, name: str, spec: LengthSpec, minimum: int = 0) -> int:
