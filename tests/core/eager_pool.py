@@ -126,7 +126,7 @@ class BlockPool:
     """
 
     __slots__ = ("num_blocks", "ref_cnt", "block_hash", "block_group", "queue", "index",
-                 "on_evict", "num_evictions")
+                 "on_evict", "num_evictions", "index_version")
 
     def __init__(self, num_blocks: int, num_groups: int,
                  on_evict: Callable[[int, bytes], None] | None = None) -> None:
@@ -138,6 +138,7 @@ class BlockPool:
         self.index: list[dict[bytes, int | dict[int, None]]] = [{} for _ in range(num_groups)]
         self.on_evict = on_evict
         self.num_evictions = 0
+        self.index_version = 0   # bumped on every index change (the lookup memo reads it)
 
     # ---- capacity ---------------------------------------------------------------------------
     @property
@@ -168,6 +169,7 @@ class BlockPool:
         else:
             v[b] = None
         self.block_hash[b] = h
+        self.index_version += 1
         self.block_group[b] = group
 
     def drop_hash(self, b: int) -> None:
@@ -185,6 +187,7 @@ class BlockPool:
             if len(v) == 1:
                 idx[h] = next(iter(v))
         self.block_hash[b] = None
+        self.index_version += 1
         if self.on_evict is not None:
             self.on_evict(g, h)
 
@@ -231,6 +234,7 @@ class BlockPool:
 
     def reset_hashes(self) -> None:
         """Drop every hash (no events, no eviction count). Callers check nothing is in use."""
+        self.index_version += 1
         for idx in self.index:
             idx.clear()
         bh = self.block_hash
