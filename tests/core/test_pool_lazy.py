@@ -114,8 +114,9 @@ def eager_manager(monkeypatch):
 @given(configs(), st.lists(st.tuples(st.integers(0, 4), st.integers(0, 10**6)), min_size=1, max_size=40))
 def test_manager_with_lazy_pool_matches_eager_pool(eager_manager, cfg_args, ops):
     cfg, retention, spec, compat = cfg_args
-    kw = dict(retention_interval=retention, spec_decode=spec, vllm_compat=compat)
-    models = [Model(KVCacheManager(cfg, **kw)), Model(eager_manager(cfg, **kw))]
+    kw = dict(retention_interval=retention, spec_decode=spec, vllm_compat=compat, enable_events=True,
+              hash_seed="same")
+    models = [Model(KVCacheManager(cfg, **kw), spec, compat), Model(eager_manager(cfg, **kw), spec, compat)]
     assert isinstance(models[0].kv.pool, lazy.BlockPool)
     assert isinstance(models[1].kv.pool, eager.BlockPool)
     for op, x in ops:
@@ -130,6 +131,7 @@ def test_manager_with_lazy_pool_matches_eager_pool(eager_manager, cfg_args, ops)
                 m.finish(sorted(m.running)[x % len(m.running)])
             m.kv.check_integrity()
         lz, eg = (m.kv for m in models)
+        assert models[0].mirror.cached() == models[1].mirror.cached()   # the same KV events
         assert list(lz.pool.queue) == list(eg.pool.queue)
         assert sorted(models[0].running) == sorted(models[1].running)
         for rid in models[0].running:

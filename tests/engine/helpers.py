@@ -92,6 +92,27 @@ ARCHS: dict[str, Arch] = {
 }
 
 
+# State models (recurrent layers + paged full attention): kept out of ARCHS because the engine
+# runs them with prefix caching and speculative decoding off (tests/engine/test_state_models.py).
+STATE_ARCHS: dict[str, Arch] = {
+    # Qwen3-Next: gated delta net layers (2 key heads serving 4 value heads), gated attention with
+    # partial RoPE (factor 0.25), MoE (top-2 of 4 + shared expert) except on mlp_only layer 2.
+    "qwen3_next": Arch("qwen3_next", "Qwen3NextConfig", "Qwen3NextForCausalLM", dict(
+        COMMON, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=12,
+        linear_conv_kernel_dim=4, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+        shared_expert_intermediate_size=48, decoder_sparse_step=1, mlp_only_layers=[2],
+    ), {"full": 8}),
+    # Nemotron-H: Mamba2 (4 heads, 2 B/C groups), MLP-only layers, one attention layer (no RoPE).
+    "nemotron_h": Arch("nemotron_h", "NemotronHConfig", "NemotronHForCausalLM", dict(
+        COMMON, num_hidden_layers=5, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        layers_block_type=["linear_attention", "mlp", "full_attention", "linear_attention", "mlp"],
+        mamba_num_heads=4, mamba_head_dim=8, n_groups=2, ssm_state_size=8, conv_kernel=4, chunk_size=16,
+    ), {"full": 8}),
+}
+
+
 # A drafter for the draft-model tests: one Llama layer, the shared vocabulary.
 SMALL_DRAFT = Arch("small_draft", "LlamaConfig", "LlamaForCausalLM", dict(
     COMMON, hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2,

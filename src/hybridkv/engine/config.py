@@ -18,7 +18,12 @@ gemma3_text     ``layer_types`` if given; else every ``sliding_window_pattern``-
                 6th) ``full``, the others ``sliding`` (Gemma 3)
 gpt_oss         ``layer_types`` if given; else even layers ``sliding``, odd layers ``full``
 deepseek_v3     every layer ``mla``
+qwen3_next      ``layer_types``: ``full`` (gated attention) or ``linear`` (gated delta net)
+nemotron_h      ``layers_block_type``: ``full`` (attention), ``linear`` (Mamba2) or ``mlp``
 ==============  ==============================================================================
+
+``linear`` layers keep a recurrent state per request instead of KV pages and ``mlp`` layers
+have no token mixer; neither has a KV-cache group (see :mod:`hybridkv.engine.models.recurrent`).
 
 A sliding layer with window ``W`` lets the query at position ``t`` read keys ``[t - W + 1, t]``
 (``W`` tokens including itself), the transformers mask ``kv_idx > q_idx - W``.
@@ -31,13 +36,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-LayerKind = Literal["full", "sliding", "mla"]
+LayerKind = Literal["full", "sliding", "mla", "linear", "mlp"]
 
 LLAMA_FAMILY = ("llama", "qwen2", "qwen3", "mistral")
 GEMMA_FAMILY = ("gemma3_text",)
 GPT_OSS_FAMILY = ("gpt_oss",)
 MLA_FAMILY = ("deepseek_v3",)
-SUPPORTED_MODEL_TYPES = LLAMA_FAMILY + GEMMA_FAMILY + GPT_OSS_FAMILY + MLA_FAMILY
+STATE_FAMILY = ("qwen3_next", "nemotron_h")
+SUPPORTED_MODEL_TYPES = LLAMA_FAMILY + GEMMA_FAMILY + GPT_OSS_FAMILY + MLA_FAMILY + STATE_FAMILY
+STATE_LAYER_KINDS = ("linear", "mlp")
+"""Layer kinds without KV pages (no KV-cache group)."""
 
 # Activations of the gated MLP, by their transformers names.
 SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
@@ -90,6 +98,7 @@ class ModelConfig:
         final_logit_softcapping: ``cap * tanh(logits / cap)`` on the output logits (Gemma).
         num_local_experts, num_experts_per_tok, swiglu_alpha, swiglu_limit: gpt-oss MoE.
         attention_sinks: one learned sink logit per query head joins every softmax (gpt-oss).
+        state: the recurrent layers and MoE of a state model (``qwen3_next``, ``nemotron_h``).
     """
 
     model_type: str
@@ -126,6 +135,7 @@ class ModelConfig:
     swiglu_alpha: float = 1.702
     swiglu_limit: float = 7.0
     attention_sinks: bool = False
+    state: StateLayerConfig | None = None
 
     @property
     def is_mla(self) -> bool:
@@ -139,6 +149,8 @@ class ModelConfig:
             raise ValueError(
                 f"unsupported model_type {model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
             )
+        if model_type in STATE_FAMILY:
+            return _state_model_from_dict(cls, raw)
         hidden = int(raw["hidden_size"])
         heads = int(raw["num_attention_heads"])
         layers = int(raw["num_hidden_layers"])
@@ -290,6 +302,136 @@ class ModelConfig:
             rope_interleave=bool(raw.get("rope_interleave", True)),
             attention_bias=bool(raw.get("attention_bias", False)),
         )
+
+
+@dataclass(frozen=True)
+class StateLayerConfig:
+    """Recurrent-layer and MoE fields of the state models (transformers names).
+
+    Gated delta net (qwen3_next): ``linear_num_key_heads`` / ``linear_num_value_heads`` heads of
+    ``linear_key_head_dim`` / ``linear_value_head_dim``; recurrent state per layer
+    ``[value_heads, key_head_dim, value_head_dim]`` fp32. Mamba2 (nemotron_h): ``mamba_num_heads``
+    heads of ``mamba_head_dim``, ``n_groups`` B/C groups of ``ssm_state_size``; state
+    ``[heads, head_dim, ssm_state_size]``. Both: a depthwise causal conv of ``conv_kernel`` taps
+    over ``conv_dim`` channels whose state is the last ``conv_kernel - 1`` inputs.
+    """
+
+    conv_kernel: int
+    conv_dim: int
+    num_k_heads: int = 0          # GDN
+    num_v_heads: int = 0
+    k_head_dim: int = 0
+    v_head_dim: int = 0
+    mamba_heads: int = 0          # Mamba2
+    mamba_head_dim: int = 0
+    n_groups: int = 0
+    ssm_state_size: int = 0
+    conv_bias: bool = False
+    proj_bias: bool = False
+    time_step_min: float = 0.0
+    norm_eps: float = 1e-6
+    partial_rotary_factor: float = 1.0
+    num_experts: int = 0          # MoE (qwen3_next: every layer with num_experts > 0)
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    norm_topk_prob: bool = True
+    moe_layers: tuple[int, ...] = ()
+    mlp_act: str = "silu"
+
+    @property
+    def state_shape(self) -> tuple[int, int, int]:
+        """Per-layer recurrent state shape of one request."""
+        if self.num_v_heads:
+            return (self.num_v_heads, self.k_head_dim, self.v_head_dim)
+        return (self.mamba_heads, self.mamba_head_dim, self.ssm_state_size)
+
+
+_STATE_LAYER_TYPES: dict[str, LayerKind] = {
+    "full_attention": "full", "attention": "full", "linear_attention": "linear", "mamba": "linear",
+    "mlp": "mlp",
+}
+_NEMOTRON_PATTERN: dict[str, str] = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
+
+
+def _state_model_from_dict(cls: type[ModelConfig], raw: dict[str, Any]) -> ModelConfig:
+    """qwen3_next / nemotron_h: layer kinds, attention fields and :class:`StateLayerConfig`."""
+    model_type = raw["model_type"]
+    layers = int(raw["num_hidden_layers"]) if "num_hidden_layers" in raw else None
+    if model_type == "qwen3_next":
+        types = list(raw["layer_types"])
+    else:
+        types = raw.get("layers_block_type")
+        if types is None:
+            types = [_NEMOTRON_PATTERN.get(c, c) for c in str(raw.get("hybrid_override_pattern", ""))]
+    if layers is None:
+        layers = len(types)
+    if len(types) != layers:
+        raise ValueError(f"{model_type}: {len(types)} layer types for {layers} layers")
+    bad = [t for t in types if t not in _STATE_LAYER_TYPES]
+    if bad:
+        raise ValueError(f"{model_type}: unsupported layer type {bad[0]!r}; supported: "
+                         f"{', '.join(sorted(_STATE_LAYER_TYPES))} (MoE layers of nemotron_h are not implemented)")
+    kinds = tuple(_STATE_LAYER_TYPES[t] for t in types)
+    hidden = int(raw["hidden_size"])
+    heads = int(raw["num_attention_heads"])
+    head_dim = int(raw.get("head_dim") or hidden // heads)
+    if model_type == "qwen3_next":
+        act = raw.get("hidden_act", "silu")
+        if act != "silu":
+            raise ValueError(f"unsupported hidden_act {act!r} for qwen3_next; only 'silu' is implemented")
+        rope = _parse_rope(raw)
+        factor = float(rope.params.pop("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)))
+        nk, nv = int(raw["linear_num_key_heads"]), int(raw["linear_num_value_heads"])
+        dk, dv = int(raw["linear_key_head_dim"]), int(raw["linear_value_head_dim"])
+        if nv % nk:
+            raise ValueError(f"linear_num_value_heads {nv} must be a multiple of linear_num_key_heads {nk}")
+        experts = int(raw.get("num_experts") or 0)
+        step = int(raw.get("decoder_sparse_step") or 1)
+        only = set(raw.get("mlp_only_layers") or [])
+        state = StateLayerConfig(
+            conv_kernel=int(raw.get("linear_conv_kernel_dim", 4)), conv_dim=2 * nk * dk + nv * dv,
+            num_k_heads=nk, num_v_heads=nv, k_head_dim=dk, v_head_dim=dv,
+            norm_eps=float(raw.get("rms_norm_eps", 1e-6)), partial_rotary_factor=factor,
+            num_experts=experts, num_experts_per_tok=int(raw.get("num_experts_per_tok") or 0),
+            moe_intermediate_size=int(raw.get("moe_intermediate_size") or 0),
+            shared_expert_intermediate_size=int(raw.get("shared_expert_intermediate_size") or 0),
+            norm_topk_prob=bool(raw.get("norm_topk_prob", True)),
+            moe_layers=tuple(i for i in range(layers) if experts > 0 and i not in only and (i + 1) % step == 0),
+        )
+        eps = float(raw.get("rms_norm_eps", 1e-6))
+        bias = bool(raw.get("attention_bias", False))
+    else:
+        act = raw.get("mlp_hidden_act", "relu2")
+        if act not in ("relu2", "silu"):
+            raise ValueError(f"unsupported mlp_hidden_act {act!r} for nemotron_h; supported: 'relu2', 'silu'")
+        if raw.get("mamba_hidden_act", "silu") != "silu":
+            raise ValueError(f"unsupported mamba_hidden_act {raw.get('mamba_hidden_act')!r}; only 'silu'")
+        mh, md = int(raw["mamba_num_heads"]), int(raw["mamba_head_dim"])
+        ng, ns = int(raw["n_groups"]), int(raw["ssm_state_size"])
+        if mh % ng:
+            raise ValueError(f"mamba_num_heads {mh} must be a multiple of n_groups {ng}")
+        if raw.get("sliding_window") is not None:
+            raise ValueError("nemotron_h with sliding_window is not supported")
+        eps = float(raw.get("layer_norm_epsilon", 1e-5))
+        state = StateLayerConfig(
+            conv_kernel=int(raw.get("conv_kernel", 4)), conv_dim=mh * md + 2 * ng * ns,
+            mamba_heads=mh, mamba_head_dim=md, n_groups=ng, ssm_state_size=ns,
+            conv_bias=bool(raw.get("use_conv_bias", True)), proj_bias=bool(raw.get("use_bias", False)),
+            time_step_min=float(raw.get("time_step_min", 0.0)), norm_eps=eps, mlp_act=act,
+        )
+        rope = RopeConfig()
+        bias = bool(raw.get("attention_bias", False))
+    return cls(
+        model_type=model_type, vocab_size=int(raw["vocab_size"]), hidden_size=hidden,
+        intermediate_size=int(raw["intermediate_size"]), num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
+        head_dim=head_dim, rms_norm_eps=eps, tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        rope=rope, layer_kinds=kinds, hidden_act="silu",
+        max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
+        qkv_bias=bias, o_bias=bias, mlp_bias=bool(raw.get("mlp_bias", False)),
+        qk_norm=model_type == "qwen3_next", state=state,
+    )
 
 
 def _layer_kinds_or_pattern(raw: dict[str, Any], layers: int, pattern: int) -> tuple[LayerKind, ...]:

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 from hybridkv.core.specs import KVCacheConfig, KVCacheGroup
 
-from .config import LayerKind
+from .config import STATE_LAYER_KINDS, LayerKind
 from .models.base import PagedCausalLM
 
 GROUP_NAMES: dict[LayerKind, str] = {
@@ -37,6 +37,8 @@ def kv_cache_groups(model: PagedCausalLM, block_size: int | Mapping[str, int], d
     """
     by_kind: dict[LayerKind, list[int]] = {}
     for i, kind in enumerate(model.config.layer_kinds):
+        if kind in STATE_LAYER_KINDS:  # recurrent / MLP-only layers own no KV pages
+            continue
         by_kind.setdefault(kind, []).append(i)
     groups: list[KVCacheGroup] = []
     for kind, layers in by_kind.items():

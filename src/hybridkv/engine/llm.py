@@ -225,6 +225,8 @@ class LLM:
         self.model_dir = Path(model)
         self.device = torch.device(runtime.device) if runtime.device is not None else default_device()
         self.model = load_model(self.model_dir, device=self.device, dtype=runtime.dtype)
+        if self.model.has_state:
+            cache = self._state_model_cache(cache, kv_store)
         self.drafter = self._make_drafter(self.spec, draft_model, runtime.ngram_sizes, runtime.dtype)
         kinds = set(self.model.config.layer_kinds)
         if isinstance(cache.block_size, Mapping):
@@ -281,6 +283,21 @@ class LLM:
             from hybridkv.events.stream import attach_kv_events
             self.kv_events = attach_kv_events(self.kv, self.engine.step_hooks, kv_events)
 
+    def _state_model_cache(self, cache: CacheConfig, kv_store: KVStore | None) -> CacheConfig:
+        """A state model (recurrent layers: qwen3_next, nemotron_h) runs with prefix caching
+        off until the core has state groups (docs/state-groups.md): a KV-block hit cannot restore
+        a recurrent state, so a KV store is refused too. Speculative decoding works with ngram
+        and draft_model (rejected drafts are rewound out of the state); dflash is refused (it
+        reads target layer features)."""
+        kind = self.model.config.model_type
+        if self.spec is not None and self.spec.method == "dflash":
+            raise ValueError(f"speculative method 'dflash' is not supported for {kind}; use ngram or "
+                             "draft_model")
+        if kv_store is not None:
+            raise ValueError(f"a kv_store is not supported for {kind}: loaded KV blocks cannot restore "
+                             "its recurrent state")
+        return replace(cache, enable_prefix_caching=False)
+
     def _make_drafter(self, spec: SpecDecode | None, draft_dir: str | Path | None,
                       ngram_sizes: tuple[int, int], dtype: torch.dtype | None) -> Drafter | None:
         if spec is None:
@@ -302,6 +319,9 @@ class LLM:
                                  f"({self.model.config.num_hidden_layers} layers)")
             return DFlashDrafter(drafter_model)
         small = load_model(draft_dir, device=self.device, dtype=dtype or self.model.dtype)
+        if small.has_state:
+            raise ValueError(f"draft model {str(draft_dir)!r} is a {small.config.model_type} (recurrent "
+                             "layers); a draft model must be attention-only")
         if small.config.vocab_size != self.model.config.vocab_size:
             raise ValueError(f"draft model vocab_size {small.config.vocab_size} differs from the "
                              f"target's {self.model.config.vocab_size}")

@@ -56,12 +56,18 @@ class SequenceInput:
             Entry ``j`` holds tokens ``[j * bs, (j + 1) * bs)``; 0 = null (never read). A table
             may be a 1-D integer tensor.
         causal: False lets the new tokens attend to each other bidirectionally.
+        state_key: the owner of the sequence's recurrent state in a state model (the request
+            id; :mod:`hybridkv.engine.models.recurrent`); ignored by attention-only models.
+        snapshot_from: a verify step's first acceptable length: state models keep their state
+            after every length in ``[snapshot_from, end)`` so rejected drafts can be dropped.
     """
 
     token_ids: Sequence[int]
     start: int
     block_tables: BlockTables
     causal: bool = True
+    state_key: object = None
+    snapshot_from: int | None = None
 
     @property
     def end(self) -> int:
@@ -109,6 +115,9 @@ class StepMetadata:
     positions: torch.Tensor
     groups: tuple[GroupMetadata | None, ...]
     seq_rows: tuple[slice, ...]
+    starts: tuple[int, ...] = ()
+    state_keys: tuple[object, ...] = ()
+    snapshot_from: tuple[int | None, ...] = ()
 
 
 def _table_for(seq: SequenceInput, config: KVCacheConfig, gi: int, si: int) -> Sequence[int]:
@@ -233,4 +242,7 @@ def build_step_metadata(
         positions=torch.tensor(positions, dtype=torch.long, device=device),
         groups=tuple(groups),
         seq_rows=tuple(rows),
+        starts=tuple(seq.start for seq in seqs),
+        state_keys=tuple(seq.state_key for seq in seqs),
+        snapshot_from=tuple(seq.snapshot_from for seq in seqs),
     )

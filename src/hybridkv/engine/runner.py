@@ -96,6 +96,12 @@ class EngineCore:
         if cache.config is not kv.config:
             raise ValueError("the paged cache must be built from the manager's KVCacheConfig")
         model.check_kv_cache(cache)
+        if model.has_state and drafter is not None and drafter.capture_layers:
+            raise ValueError(f"{drafter.method} reads target layer features, which "
+                             f"{model.config.model_type} (recurrent layers) does not expose")
+        if model.has_state and kv.enable_caching:
+            raise ValueError(f"prefix caching must be off for {model.config.model_type}: its recurrent "
+                             "layers cannot resume from cached KV blocks (state groups are not implemented)")
         self.model = model
         self.kv = kv
         self.scheduler = scheduler
@@ -126,6 +132,13 @@ class EngineCore:
         if self.record_logits:
             self.records.setdefault(req.request_id, LogitsRecord())
 
+    def abort_request(self, request_id: object) -> None:
+        """Abort a request: the scheduler frees its blocks; its block-table row and any
+        recurrent state (state models) are released too. Unknown ids: no-op."""
+        self.scheduler.abort_request(request_id)
+        self.rows.release(request_id)
+        self.model.release_state(request_id)
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
@@ -144,6 +157,7 @@ class EngineCore:
         out = sched.schedule()
         for r in out.preempted:
             self.rows.release(r.request_id)
+            self.model.release_state(r.request_id)  # a preempted request recomputes from 0
         self.stats.preemptions += len(out.preempted)
         loaded: dict[object, bool] = {}
         if self.connector is not None:
@@ -156,7 +170,9 @@ class EngineCore:
         for s in out.scheduled:
             tables = self.kv.block_ids(s.req.request)
             self.rows.write(s.req.request_id, tables)
-            seqs.append(SequenceInput(s.token_ids(), s.start, tables))
+            known = s.num_new_tokens - s.num_draft_tokens
+            seqs.append(SequenceInput(s.token_ids(), s.start, tables, state_key=s.req.request_id,
+                                      snapshot_from=s.start + known if s.num_draft_tokens else None))
         meta = build_step_metadata(seqs, self.kv.config, self.device, group_indices=self.target_groups)
         capture = self.drafter.capture_layers if self.drafter is not None else ()
         hidden, captured = self.model.run(meta, self.cache, capture)
@@ -195,6 +211,8 @@ class EngineCore:
                 while accepted < len(drafts) and drafts[accepted] == g[accepted]:
                     accepted += 1
                 toks = drafts[:accepted] + [g[accepted]]
+                if drafts:  # recurrent state: keep only the accepted tokens
+                    self.model.accept_state(s.req.request_id, s.start + known + accepted)
                 sampled[s.req.request_id] = toks
                 self.stats.draft_tokens += len(drafts)
                 self.stats.accepted_tokens += accepted
@@ -212,6 +230,7 @@ class EngineCore:
         finished = sched.update(out, sampled, loaded)
         for r in finished:
             self.rows.release(r.request_id)
+            self.model.release_state(r.request_id)
         self.stats.finished += len(finished)
         for s in out.scheduled:
             r = s.req

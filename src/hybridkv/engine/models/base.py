@@ -122,6 +122,9 @@ class PagedCausalLM(nn.Module, ABC):
     """
 
     kv_prefix: str = ""
+    has_state: bool = False
+    """True for models with per-request recurrent state (:mod:`.recurrent`): prefix caching is
+    off for them until the core has state groups (docs/state-groups.md)."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -201,6 +204,12 @@ class PagedCausalLM(nn.Module, ABC):
             raise ValueError(f"logits must be 'last', 'all' or 'none', got {logits!r}")
         out = self.compute_logits(torch.cat(rows, dim=0))
         return list(out.split([r.shape[0] for r in rows]))
+
+    def release_state(self, key: object) -> None:
+        """Forget the per-request state of ``key`` (attention-only models keep none)."""
+
+    def accept_state(self, key: object, position: int) -> None:
+        """Drop the per-request state past ``position`` tokens (rejected drafts; no-op here)."""
 
     def group_indices(self, kv_cache: PagedKVCache) -> tuple[int, ...]:
         """Indices of the KV-cache groups holding this model's layers (ascending)."""

@@ -14,6 +14,8 @@ from .deepseek import DeepseekV3ForCausalLM
 from .gemma3 import Gemma3ForCausalLM
 from .gpt_oss import GptOssForCausalLM
 from .llama import LlamaForCausalLM
+from .nemotron_h import NemotronHForCausalLM
+from .qwen3_next import Qwen3NextForCausalLM
 
 MODEL_CLASSES: dict[str, type[PagedCausalLM]] = {
     "llama": LlamaForCausalLM,
@@ -23,6 +25,8 @@ MODEL_CLASSES: dict[str, type[PagedCausalLM]] = {
     "gemma3_text": Gemma3ForCausalLM,
     "gpt_oss": GptOssForCausalLM,
     "deepseek_v3": DeepseekV3ForCausalLM,
+    "qwen3_next": Qwen3NextForCausalLM,
+    "nemotron_h": NemotronHForCausalLM,
 }
 
 _LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.")

@@ -1,0 +1,273 @@
+"""State models: decoders mixing paged full attention with recurrent (linear-attention / SSM) layers.
+
+A recurrent layer keeps, per request, a **conv state** (the last ``conv_kernel - 1`` inputs of
+its depthwise causal convolution, ``[conv_kernel - 1, conv_dim]``) and a **recurrent state**
+(gated delta net ``[v_heads, k_head_dim, v_head_dim]``, Mamba2 ``[heads, head_dim, ssm_state]``,
+fp32). Those states live in a :class:`RecurrentStateStore` owned by the model, keyed by the
+sequence's ``state_key`` (the request id), not in the paged KV cache:
+
+* a sequence starting at position 0 starts from zero states;
+* a sequence starting at ``start > 0`` needs the store to hold its state at exactly ``start``
+  (the previous chunk or decode step); anything else raises :class:`StateMissingError` — a
+  prefix-cache hit or a rewind cannot be served from KV pages alone, so it fails loudly instead
+  of continuing from a wrong state;
+* a step computes on a working copy and commits every sequence's state at ``start + n`` only
+  after the whole forward pass succeeded;
+* :meth:`RecurrentStateStore.release` drops a request's state (finish, abort, preemption: a
+  preempted request is recomputed from position 0).
+
+Speculative decoding: a verify step marks its acceptable lengths (``SequenceInput.snapshot_from``);
+the layers keep the state after each of them and, once the drafts are verified,
+:meth:`HybridStateLM.accept_state` rewinds to the accepted length, so rejected drafts never stay
+in the state (docs/state-groups.md §2.7, choice (b)).
+
+Until the core has state groups (docs/state-groups.md) the engine runs these models with prefix
+caching off (:mod:`hybridkv.engine.llm`).
+
+The recurrences run token by token in fp32 (the reference engine favours exactness over speed:
+chunk boundaries anywhere give the same state as one pass).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+from hybridkv.core.specs import AttentionSpec, FullAttention
+
+from ..config import ModelConfig
+from ..kv_cache import PagedKVCache
+from ..metadata import GroupMetadata, StepMetadata
+from .base import LayerRope, PagedCausalLM
+
+
+class StateMissingError(RuntimeError):
+    """A sequence continues at a position the state store holds no state for."""
+
+
+@dataclass(slots=True)
+class RequestState:
+    """One request's recurrent-layer states after ``position`` tokens.
+
+    ``conv`` / ``ssm`` map a layer index to its tensor; a missing layer means zeros (position 0).
+    Layers replace tensors (never write in place), so a shallow copy is a safe working copy.
+    """
+
+    position: int
+    conv: dict[int, torch.Tensor] = field(default_factory=dict)
+    ssm: dict[int, torch.Tensor] = field(default_factory=dict)
+    marks: frozenset[int] = frozenset()
+    snaps: dict[int, tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]] = field(default_factory=dict)
+
+    def copy(self) -> RequestState:
+        """A working copy (snapshots of an earlier step are dropped)."""
+        return RequestState(self.position, dict(self.conv), dict(self.ssm))
+
+    def snapshot(self, position: int, layer: int, conv: torch.Tensor, ssm: torch.Tensor) -> None:
+        """Keep ``layer``'s states after ``position`` tokens (a length a verify may accept)."""
+        c, s = self.snaps.setdefault(position, ({}, {}))
+        c[layer], s[layer] = conv, ssm
+
+
+class RecurrentStateStore:
+    """Per-request recurrent states of one model (see the module docstring for the contract)."""
+
+    def __init__(self) -> None:
+        self._states: dict[object, RequestState] = {}
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._states
+
+    def position(self, key: object) -> int | None:
+        """Tokens the stored state of ``key`` covers (None: no state)."""
+        state = self._states.get(key)
+        return None if state is None else state.position
+
+    def begin(self, key: object, start: int) -> RequestState:
+        """A working copy of ``key``'s state at ``start`` (fresh zeros when ``start == 0``)."""
+        if start == 0:
+            return RequestState(0)
+        state = self._states.get(key) if key is not None else None
+        if state is None or state.position != start:
+            have = "no state" if state is None else f"a state at position {state.position}"
+            raise StateMissingError(
+                f"sequence {key!r} continues at position {start} but the recurrent state store holds "
+                f"{have}; recurrent layers cannot resume from KV pages (prefix caching must be off "
+                "for state models until the core has state groups)")
+        return state.copy()
+
+    def rewind(self, key: object, position: int) -> None:
+        """Keep ``key``'s state after ``position`` tokens, dropping the tokens after it
+        (rejected drafts). ``position`` must be the stored position or one the last step
+        snapshotted (``SequenceInput.snapshot_from``); anything else raises
+        :class:`StateMissingError`, so a rejected draft can never stay in the state."""
+        state = self._states.get(key)
+        if state is None:
+            raise StateMissingError(f"sequence {key!r} has no recurrent state to rewind to {position}")
+        if position != state.position:
+            snap = state.snaps.get(position)
+            if snap is None:
+                raise StateMissingError(
+                    f"sequence {key!r}: no recurrent state at position {position} (stored "
+                    f"{state.position}, snapshots {sorted(state.snaps)})")
+            state.conv, state.ssm = dict(snap[0]), dict(snap[1])
+            state.position = position
+        state.snaps = {}
+
+    def commit(self, key: object, state: RequestState) -> None:
+        """Store ``state`` for ``key`` (a ``None`` key is a one-shot sequence: nothing stored)."""
+        if key is not None:
+            self._states[key] = state
+
+    def release(self, key: object) -> None:
+        """Forget ``key``'s state (no-op when absent)."""
+        self._states.pop(key, None)
+
+    def clear(self) -> None:
+        self._states.clear()
+
+
+class StepContext(NamedTuple):
+    """What a layer needs besides its cache: RoPE tables, per-sequence rows and states."""
+
+    rope: LayerRope | None
+    seq_rows: tuple[slice, ...]
+    states: list[RequestState]
+
+
+def causal_conv(u: torch.Tensor, prev: torch.Tensor | None, weight: torch.Tensor,
+                bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Depthwise causal conv + SiLU of ``u`` ``[n, C]`` continuing from ``prev`` ``[K-1, C]``.
+
+    ``weight`` is an ``nn.Conv1d`` weight ``[C, 1, K]``. Returns ``(out [n, C], inputs)``: the
+    output of each new step and ``[prev; u]``, whose rows ``[j, j + K - 1)`` are the conv state
+    after ``j`` of the new steps (:func:`conv_state_after`).
+    """
+    k = weight.shape[-1]
+    if prev is None:
+        prev = u.new_zeros((k - 1, u.shape[1]))
+    full = torch.cat((prev.to(u.dtype), u), dim=0)
+    out = nn.functional.conv1d(full.t()[None], weight, bias, groups=u.shape[1])[0].t()
+    return nn.functional.silu(out), full
+
+
+def conv_state_after(inputs: torch.Tensor, j: int, kernel: int) -> torch.Tensor:
+    """The conv state (last ``kernel - 1`` inputs) after ``j`` new steps of :func:`causal_conv`."""
+    return inputs[j:j + kernel - 1].clone()
+
+
+class ZeroCenteredRMSNorm(nn.Module):
+    """``norm(x) * (1 + weight)`` in fp32, cast back (Qwen3-Next's RMSNorm; weight starts at 0)."""
+
+    def __init__(self, size: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x.float()
+        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (y * (1.0 + self.weight.float())).type_as(x)
+
+
+class HybridStateLM(PagedCausalLM):
+    """Base of the state models: full-attention layers on paged KV, recurrent layers on the
+    :class:`RecurrentStateStore`, every layer a ``forward(x, ctx, cache, meta)`` block.
+
+    Subclasses build ``self.model`` / ``self.lm_head`` (or their own names with :meth:`embed`,
+    :meth:`final_norm` and :attr:`blocks`) in ``__init__`` after calling this one.
+    """
+
+    has_state = True
+
+    def __init__(self, config: ModelConfig) -> None:  # noqa: D107 - builds no layers itself
+        nn.Module.__init__(self)
+        self.config = config
+        self.states = RecurrentStateStore()
+
+    # ---- layout ------------------------------------------------------------------------------
+    @property
+    def blocks(self) -> Sequence[nn.Module]:
+        return self.model.layers
+
+    def final_norm(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model.norm(x)
+
+    def attention_layers(self) -> list[int]:
+        return [i for i, k in enumerate(self.config.layer_kinds) if k == "full"]
+
+    def make_attention(self, layer_index: int):  # pragma: no cover - layers are built by subclasses
+        raise NotImplementedError
+
+    def attention_spec(self, layer_index: int, block_size: int, dtype: str = "float32") -> AttentionSpec:
+        c = self.config
+        return FullAttention(block_size=block_size, num_kv_heads=c.num_key_value_heads, head_dim=c.head_dim,
+                             dtype=dtype)
+
+    def check_kv_cache(self, kv_cache: PagedKVCache) -> None:
+        for i in self.attention_layers():
+            name = self.layer_names[i]
+            try:
+                spec = kv_cache.group(name).spec
+            except KeyError:
+                raise ValueError(f"the KV cache has no layer {name!r}") from None
+            self.blocks[i].attention.check_spec(spec)
+
+    def group_indices(self, kv_cache: PagedKVCache) -> tuple[int, ...]:
+        return tuple(sorted({kv_cache.group_index(self.layer_names[i]) for i in self.attention_layers()}))
+
+    def release_state(self, key: object) -> None:
+        """Drop ``key``'s recurrent state (finished, aborted or preempted request)."""
+        self.states.release(key)
+
+    def accept_state(self, key: object, position: int) -> None:
+        """After verification: keep the state after ``position`` tokens (rejected drafts out)."""
+        self.states.rewind(key, position)
+
+    # ---- forward -----------------------------------------------------------------------------
+    def run(self, meta: StepMetadata, kv_cache: PagedKVCache,
+            capture: Sequence[int] = ()) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        if capture:
+            raise ValueError(f"{type(self).__name__} does not expose layer features (capture={capture!r})")
+        keys = meta.state_keys or (None,) * len(meta.seq_rows)
+        starts = meta.starts or tuple(int(meta.positions[r.start]) for r in meta.seq_rows)
+        if len({k for k in keys if k is not None}) != sum(k is not None for k in keys):
+            raise ValueError(f"a step holds one sequence per state key, got {list(keys)}")
+        states = [self.states.begin(k, s) for k, s in zip(keys, starts)]
+        snap_from = meta.snapshot_from or (None,) * len(states)
+        for state, lo, rows in zip(states, snap_from, meta.seq_rows):
+            if lo is not None:  # verify step: keep the state after every acceptable length
+                state.marks = frozenset(range(lo, state.position + rows.stop - rows.start))
+        x = self.embed(meta.token_ids)
+        ctx = StepContext(self.rope_tables(meta.positions, x.dtype), meta.seq_rows, states)
+        for i, block in enumerate(self.blocks):
+            if self.config.layer_kinds[i] == "full":
+                name = self.layer_names[i]
+                gi = kv_cache.group_index(name)
+                x = block(x, ctx, kv_cache.layer(name), meta.groups[gi])
+            else:
+                x = block(x, ctx, None, None)
+        for key, state, rows in zip(keys, states, meta.seq_rows):
+            state.position += rows.stop - rows.start
+            self.states.commit(key, state)
+        return self.final_norm(x), []
+
+
+def per_sequence(ctx: StepContext) -> list[tuple[slice, RequestState]]:
+    """``(rows, state)`` of every sequence of the step."""
+    return list(zip(ctx.seq_rows, ctx.states))
+
+
+def attention_call(attn: nn.Module, x: torch.Tensor, ctx: StepContext, cache: torch.Tensor | None,
+                   meta: GroupMetadata | None) -> torch.Tensor:
+    """Run a paged attention module; a full-attention layer always has a cache and metadata."""
+    if cache is None or meta is None:
+        raise ValueError(f"layer {attn.layer_index}: attention needs its KV-cache group metadata")
+    return attn(x, ctx.rope, cache, meta)
