@@ -512,7 +512,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if getattr(args, "eviction_policies", None):              # -- eviction policies --
         from hybridkv.sim.eviction_cli import sweep_policies
         rows, failed = sweep_policies(args, runs, items, _run_sweep)
-        results = {}
+        results, runs = {}, runs * len(args.eviction_policies)   # no plot; counts all runs
     else:
         rows, results, failed = _run_sweep(args, runs, items)
     if args.json:
