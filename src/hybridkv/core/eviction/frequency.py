@@ -5,8 +5,10 @@ Both keep the held blocks in a binary heap keyed by ``(priority, seq)`` with laz
 so every operation is O(log n) amortized.
 
 Tail before prefix: ``seq`` grows in free order, so among equal priorities the block freed first
-(a chain's tail) goes first; a hit on a block is a hit on its whole prefix, so within one group a
-prefix's priority is never below its tail's.
+(a chain's tail) goes first. In a full-attention group a hit on a block is a hit on its whole
+prefix, so when a request releases its chain in one call (same age) the prefix's priority is never
+below its tail's. Blocks a sliding window released earlier carry their own (older) age, as they
+sit older in LRU; a local group's hit does not need them.
 """
 
 from __future__ import annotations

@@ -18,8 +18,9 @@ Victims come from ``small`` while it is over its target (or ``main`` is empty), 
 (CLOCK-like second chance). Every step is O(1) amortized.
 
 Tail before prefix: each queue is FIFO in free order, so among blocks of one queue a chain's
-tail goes first. A hit on a block is also a hit on its whole prefix, so a prefix never has fewer
-hits than its tail and is never in ``small`` while its tail is in ``main``.
+tail goes first. In a full-attention group a hit on a block is also a hit on its whole prefix, so
+a prefix never has fewer hits than its tail and is not in ``small`` while its tail is in ``main``
+(a ghost re-admission can put a recomputed tail in ``main`` first: not guaranteed there).
 """
 
 from __future__ import annotations
