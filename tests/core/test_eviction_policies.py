@@ -123,3 +123,48 @@ def test_cost_policy_keeps_full_attention_over_sliding_window():
     kv = KVCacheManager(_cfg(8, full, swa), eviction_policy="cost")
     w = kv.pool.policy.weights
     assert w[0] == 1.0 and 0 < w[1] < w[0]
+
+
+@pytest.mark.parametrize("policy", NON_LRU)
+@settings(max_examples=examples(80), deadline=None)
+@given(num_blocks=st.integers(2, 40),
+       ops=st.lists(st.tuples(st.integers(0, 5), st.integers(0, 10**6)), max_size=80))
+def test_policy_pool_keeps_the_region_order(policy, num_blocks, ops):
+    """Pool level, every step checked: scratch and never-used blocks are always reused before
+    any cached block is evicted, a hit takes exactly its block back, and ``check()`` holds."""
+    pool = PolicyBlockPool(num_blocks, 1, make_policy(policy))
+    held: list[int] = []
+    h = 0
+    for op, x in ops:
+        if op <= 1 and pool.num_free:
+            k = 1 + x % pool.num_free
+            uncached = pool.num_free - len(pool.policy)
+            before = pool.num_evictions
+            got = pool.allocate(k)
+            assert len(set(got)) == k and all(pool.ref_cnt[b] == 1 for b in got)
+            assert pool.num_evictions - before <= max(0, k - uncached)
+            for b in got[: x % 3]:
+                h += 1
+                pool.insert(0, h.to_bytes(8, "little"), b)
+            held.extend(got)
+        elif op == 2 and held:
+            i = x % len(held)
+            run = held[i:i + 1 + x % 4]
+            del held[i:i + len(run)]
+            pool.free(run[::-1])
+        elif op == 3 and h:
+            b = pool.cached_block(0, (1 + x % h).to_bytes(8, "little"))
+            if b is not None:
+                free = pool.ref_cnt[b] == 0
+                n = pool.num_free
+                pool.touch([b])
+                assert pool.num_free == n - free and b not in pool.policy
+                held.append(b)
+        elif op == 4 and held:
+            pool.drop_hash(held[x % len(held)])
+        elif op == 5 and not held:
+            pool.reset_hashes()
+        pool.check()
+    pool.free(held)
+    pool.check()
+    assert pool.num_free == num_blocks - 1

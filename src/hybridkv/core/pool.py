@@ -47,7 +47,10 @@ Invariants (checked by :meth:`BlockPool.check`, in O(ids used + index)):
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
+
+if TYPE_CHECKING:
+    from hybridkv.core.eviction.base import EvictionPolicy
 
 NULL_BLOCK = 0
 
@@ -453,7 +456,7 @@ class PolicyBlockPool(BlockPool):
 
     __slots__ = ("policy",)
 
-    def __init__(self, num_blocks: int, num_groups: int, policy,
+    def __init__(self, num_blocks: int, num_groups: int, policy: EvictionPolicy,
                  on_evict: Callable[[int, bytes], None] | None = None) -> None:
         super().__init__(num_blocks, num_groups, on_evict)
         self.policy = policy
