@@ -47,10 +47,7 @@ Invariants (checked by :meth:`BlockPool.check`, in O(ids used + index)):
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator
-
-if TYPE_CHECKING:
-    from hybridkv.core.eviction.base import EvictionPolicy
+from typing import Any, Callable, Iterable, Iterator
 
 NULL_BLOCK = 0
 
@@ -451,12 +448,13 @@ class PolicyBlockPool(BlockPool):
     ``policy`` instead of the queue's tail, and ``allocate`` asks the policy for victims once
     the queue is empty (see :mod:`hybridkv.core.eviction.base` for the contract). A free block
     is in exactly one of the two. ``BlockPool`` itself (LRU) is left untouched, so LRU pays
-    nothing for the seam.
+    nothing for the seam. ``policy`` is a :class:`hybridkv.core.eviction.base.EvictionPolicy`
+    (not imported here: the policies read the pool, the pool only calls them).
     """
 
     __slots__ = ("policy",)
 
-    def __init__(self, num_blocks: int, num_groups: int, policy: EvictionPolicy,
+    def __init__(self, num_blocks: int, num_groups: int, policy: Any,
                  on_evict: Callable[[int, bytes], None] | None = None) -> None:
         super().__init__(num_blocks, num_groups, on_evict)
         self.policy = policy
