@@ -26,11 +26,11 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-TRACE = REPO.parent / "shared" / "traces" / "mooncake_conversation.jsonl"
+TRACE = "mooncake-conversation"   # bundled with the package (or give a path)
 
 
 def run(executor: str, args: argparse.Namespace, out: Path) -> tuple[float, float, int]:
-    cmd = [sys.executable, "-m", "hybridkv.cli", "sweep", "--trace", str(args.trace),
+    cmd = [sys.executable, "-m", "hybridkv.cli", "sweep", "--trace", str(args.trace), "--preset", args.preset,
            "--cache-tokens-list", args.sizes, "--executor", executor, "--no-progress",
            "--json", str(out)]
     if args.limit:
@@ -51,7 +51,8 @@ def run(executor: str, args: argparse.Namespace, out: Path) -> tuple[float, floa
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--trace", type=Path, default=TRACE)
+    ap.add_argument("--trace", default=TRACE)
+    ap.add_argument("--preset", default="llama-3.1-8b", help="model preset (default llama-3.1-8b)")
     ap.add_argument("--limit", type=int, default=2000, help="first N requests (0: all)")
     ap.add_argument("--sizes", default=",".join(f"{m}M" for m in range(1, 13)))
     ap.add_argument("--executors", default="serial,processes,ray")

@@ -15,9 +15,9 @@ vLLM / hybridkv (manager calls + request hashing, best of ``--repeats``, sides a
 garbage collector paused); then the ratio per class (plain/EAGLE x full/hybrid x pool) and
 over the whole matrix.
 
-hybridkv has no admission reservation yet (issue 10), so by default the harness applies
-vLLM's ``full_sequence_must_fit`` rule on hybridkv's behalf (``--hk-reserve emulated``,
-counted in hybridkv's manager time); ``--hk-reserve none`` shows what hybridkv does alone.
+Both sides admit with vLLM's admission reservation, as vLLM's scheduler does by default
+(hybridkv: ``allocate(..., full_sequence_must_fit=True)``, ``--hk-reserve api``);
+``--hk-reserve none`` shows hybridkv admitting on the first chunk alone.
 
 vLLM is a benchmark-only dependency in a separate venv (shared/reference/vllm-cpu-baseline.md):
 
@@ -44,10 +44,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-try:
-    import hybridkv  # noqa: F401
-except ImportError:  # a checkout without the package installed
-    sys.path.insert(0, str(HERE.parent / "src"))
+# measure the checkout this script lives in, even where another copy is installed
+sys.path.insert(0, str(HERE.parent / "src"))
+import hybridkv  # noqa: E402,F401
 
 import parity_harness as P  # noqa: E402
 
@@ -85,8 +84,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="trace size multiplier (conversations, requests, loops, roots)")
     ap.add_argument("--repeats", type=int, default=1, help="timed runs per side and case (best)")
     ap.add_argument("--only", default="", help="run the cases whose name contains this")
-    ap.add_argument("--hk-reserve", choices=("emulated", "none"), default="emulated",
-                    help="apply vLLM's admission reservation for hybridkv (default) or not")
+    ap.add_argument("--hk-reserve", choices=("api", "none"), default="api",
+                    help="hybridkv admits with full_sequence_must_fit (default) or not")
     ap.add_argument("--record", nargs="?", const=str(FIXTURE), default=None, metavar="PATH",
                     help=f"write vLLM's results as the replay fixture (default {FIXTURE})")
     ap.add_argument("--max-diffs", type=int, default=4, help="per-request differences shown per case")

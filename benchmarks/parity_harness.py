@@ -518,38 +518,16 @@ def run_case(case: Case, trace: list[Item], side: Side) -> RunResult:
 
 
 # ---- the hybridkv side --------------------------------------------------------------------------
-def vllm_admission_blocks(kv, geo: Geometry, case: Case, num_tokens: int, hit) -> int:
-    """vLLM 0.33's ``full_sequence_must_fit`` count, computed from hybridkv's state.
-
-    Per group: ``cdiv(min(num_tokens, max_model_len), bs)`` blocks, capped for sliding-window
-    groups at ``cdiv(min(W - 1 + max_in_flight_tokens, max_model_len), bs) + 1``, minus the hit
-    blocks (nulls below the window included), plus the hit blocks that sit in the free queue
-    (a touch takes them out). hybridkv has no such admission reservation yet (issue 10), so
-    the harness applies vLLM's rule on its behalf (``reserve="emulated"``).
-    """
-    need = 0
-    ref = kv.pool.ref_cnt
-    n = min(num_tokens, geo.max_model_len)
-    for g, (kind, bs, w) in enumerate(case.groups):
-        req = -(-n // bs)
-        if kind == "swa":
-            req = min(req, -(-min(w - 1 + case.budget, geo.max_model_len) // bs) + 1)
-        ids = hit.block_ids[g]
-        skipped = max(0, hit.num_tokens - w + 1) // bs if kind == "swa" else 0
-        need += max(req - max(skipped, len(ids)), 0)
-        need += sum(1 for b in ids[skipped:] if b and ref[b] == 0)
-    return need
-
-
 class HybridkvSide:
     """hybridkv's KVCacheManager through the loop.
 
-    reserve: "emulated" applies vLLM's admission reservation (:func:`vllm_admission_blocks`)
-    before hybridkv's allocate; "none" admits whatever hybridkv's allocate accepts.
+    reserve: "api" admits with ``allocate(..., full_sequence_must_fit=True)`` (vLLM's
+    admission reservation, as its scheduler does by default); "none" admits whatever
+    hybridkv's allocate accepts for the first chunk.
     """
 
     def __init__(self, case: Case, geo: Geometry, *, compat: bool = True,
-                 reserve: str = "emulated") -> None:
+                 reserve: str = "api") -> None:
         from hybridkv import (FullAttention, KVCacheConfig, KVCacheGroup, KVCacheManager,
                               SlidingWindow, SpecDecode)
         from hybridkv import Request
@@ -569,7 +547,8 @@ class HybridkvSide:
             sd = None
         self.kv = KVCacheManager(KVCacheConfig(tuple(groups), num_blocks=geo.num_blocks),
                                  spec_decode=sd, retention_interval=case.retention,
-                                 max_model_len=geo.max_model_len, vllm_compat=compat)
+                                 max_model_len=geo.max_model_len, vllm_compat=compat,
+                                 max_in_flight_tokens=case.budget)
         # the manager's default lookahead is the spec-decode's; pass it only when it differs
         self.la_kw = ({} if self.kv.lookahead_slots == case.lookahead
                       else {"num_lookahead_tokens": case.lookahead})
@@ -606,11 +585,8 @@ class HybridkvSide:
     def admit(self, st: ReqState, num_new: int) -> bool:
         hit = self.hits.pop(st.item.rid)
         t0 = time.perf_counter()
-        if self.reserve == "emulated" and vllm_admission_blocks(
-                self.kv, self.geo, self.case, st.num_tokens, hit) > self.kv.num_free_blocks:
-            ok = False
-        else:
-            ok = self.kv.allocate(st.handle, num_new, hit, **self.la_kw) is not None
+        ok = self.kv.allocate(st.handle, num_new, hit, **self.la_kw,
+                              full_sequence_must_fit=self.reserve == "api") is not None
         self.mgr_s += time.perf_counter() - t0
         return ok
 
@@ -639,7 +615,7 @@ class HybridkvSide:
         return self.kv.pool.num_evictions
 
 
-def run_hybridkv(case: Case, *, compat: bool = True, reserve: str = "emulated",
+def run_hybridkv(case: Case, *, compat: bool = True, reserve: str = "api",
                  check: bool = False) -> RunResult:
     """Generate the case's trace and run hybridkv through the loop (``check``: integrity
     check at the end)."""

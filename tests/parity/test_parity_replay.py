@@ -28,47 +28,8 @@ import parity_repros as R  # noqa: E402
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "vllm_0_33.json.gz"
 
-# Diagnoses: docs/parity.md (each with a minimal repro and vLLM's code path).
-D1 = ("issue 10 D1: periodic retention N; vLLM's SlidingWindowManager.reachable_block_mask "
-      "caches, block by block, the last `need` blocks of every N-token segment (also the "
-      "segment a request never completes); hybridkv only caches complete runs of promised "
-      "ends at multiples of N")
-D3 = ("issue 10 D3: EAGLE drop mode; after adopting a hit of e blocks vLLM caches the "
-      "recomputed proof block e as soon as it is full; hybridkv marks end e done at adoption "
-      "and leaves the new copy of block e unhashed, so eviction order and later hits differ")
-D4 = ("issue 10 D4: hybrid EAGLE drop mode with alignment > full block size; vLLM's "
-      "HybridKVCacheCoordinator.get_num_cacheable_tokens caches an EAGLE full group up to "
-      "align(n) + block_size; hybridkv caches its full group only at aligned ends")
-D5 = ("issue 10 D5: EAGLE on the full group only; vLLM pins the junction - block_size tail "
-      "only in EAGLE managers (cache_blocks, use_eagle); hybridkv promises junction - A to "
-      "the (non-EAGLE) sliding-window group too")
-
-KNOWN: dict[str, str] = {
-    "full eagle la4 / small / chat": D3,
-    "full eagle la0 / small / chat": D3,
-    "eagle-all swa32blk r0 la3 / small / system": D4,
-    "eagle-full swa1024 r0 la1 / small / agent": D5,
-    "swa1024 N512 / large / chat": D1,
-    "swa1024 N512 / small / system": D1,
-    "swa1024 N2048 / small / agent": D1,
-    "swa256 N1024 / large / agent": D1,
-    "swa256 N1024 / small / tree": D1,
-    "swa32blk N1024 / large / tree": D1,
-    "swa32blk N1024 / small / chat": D1,
-    "siblings N2048 / small / agent": D1,
-    "eagle-all swa1024 N2048 la2 / large / chat": D1,
-    "eagle-all swa1024 N2048 la2 / small / system": D1,
-    "eagle-swa swa256 N512 la4 / large / tree": D1,
-    "eagle-swa swa256 N512 la4 / small / chat": D1,
-    "swa512 N1024 / small / agent": D1,
-    "swa1024 N1024 / large / agent": D1,
-    "swa1024 N1024 / small / tree": D1,
-    "swa32blk N512 / large / tree": D1,
-    "swa32blk N512 / small / chat": D1,
-    "pure swa32blk N2048 / large / agent": D1,
-    "pure swa32blk N2048 / small / tree": D1,
-    "eagle-all swa1024 N512 la1 / small / agent": D1,
-}
+# Cases hybridkv does not reproduce yet (name -> diagnosis). Empty: every case is exact.
+KNOWN: dict[str, str] = {}
 
 
 def _load() -> list[dict]:
@@ -114,7 +75,7 @@ def test_replay_matches_vllm(rec):
     geo = P.geometry(case, trace)
     assert (geo.num_blocks, geo.max_model_len) == (rec["geometry"]["num_blocks"],
                                                    rec["geometry"]["max_model_len"])
-    side = P.HybridkvSide(case, geo, compat=True, reserve="emulated")
+    side = P.HybridkvSide(case, geo, compat=True, reserve="api")
     res = P.run_case(case, trace, side)
     side.kv.check_integrity()
     ref = rec["vllm"]
@@ -135,13 +96,10 @@ REPRO_VLLM = {
 }
 # vLLM's eviction counts where the hits alone do not show the difference.
 REPRO_VLLM_EVICTIONS = {"D1": 0, "D3": 4, "D4": 1, "D5": 0}
-REASONS = {"D1": D1, "D3": D3, "D4": D4, "D5": D5}
 
 
 @pytest.mark.parametrize("repro", [
-    pytest.param(r, id=r.diagnosis,
-                 marks=pytest.mark.xfail(strict=True, reason=REASONS[r.diagnosis]))
-    for r in R.REPROS])
+    pytest.param(r, id=r.diagnosis) for r in R.REPROS])
 def test_minimal_repro_matches_vllm(repro):
     res = repro.run(lambda c, g: P.HybridkvSide(c, g))
     assert (res.hits, res.evictions) == (REPRO_VLLM[repro.diagnosis],

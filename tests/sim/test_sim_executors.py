@@ -78,8 +78,8 @@ def test_bad_arguments_are_named(sweep, kw, message):
 
 
 def test_cli_sweep_processes_streams_and_keeps_failures(tmp_path: Path, trace_dir: Path, capsys):
-    argv = ["sweep", "--trace", str(trace_dir / "mooncake_conversation.jsonl"), "--limit", "30",
-            "--cache-tokens-list", "100k,3k,1M", "--no-progress"]
+    argv = ["sweep", "--trace", "mooncake-conversation", "--limit", "30",
+            "--cache-tokens-list", "100k,3k,1M", "--no-progress", "--preset", "llama-3.1-8b"]
     js = {e: tmp_path / f"{e}.json" for e in ("serial", "processes")}
     assert main(argv + ["--json", str(js["serial"])]) == 1            # 3k tokens cannot hold one
     err = capsys.readouterr().err

@@ -32,6 +32,7 @@ the hashes of exactly the runs its rule needs for them (:mod:`hybridkv.core.rule
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
@@ -164,8 +165,8 @@ _make = tuple.__new__
 class _ReqBlocks:
     """Per-request bookkeeping: tables, and how far the write path has gone per group."""
 
-    __slots__ = ("owner", "tables", "cached_hi", "done_t", "boundaries", "quiet_until", "slots",
-                 "slide_until")
+    __slots__ = ("owner", "tables", "cached_hi", "done_t", "boundaries", "mask_ends",
+                 "quiet_until", "slots", "slide_until")
 
     def __init__(self, owner: Request, num_groups: int) -> None:
         self.owner = owner                  # the Request object that holds these blocks
@@ -173,6 +174,8 @@ class _ReqBlocks:
         self.cached_hi = [0] * num_groups   # blocks below were decided (cached or scratch)
         self.done_t = [0] * num_groups      # promised ends <= done_t were processed
         self.boundaries: tuple[int, ...] = ()
+        # compat block-mask groups: per group, the request's boundary ends in that group's blocks
+        self.mask_ends: list[tuple[int, ...]] = []
         # cache() is a no-op below this many tokens: no group has a promised end in
         # (done_t, num_tokens] (a decode step between block boundaries skips the walk)
         self.quiet_until: float = 0
@@ -195,13 +198,18 @@ class KVCacheCoordinator:
             below-boundary or final-length promises).
         caching: prefix caching enabled.
         on_stored: event callback ``(group, request, first_block, blocks)`` for each cached run.
+        max_in_flight_tokens: tokens scheduled but not yet computed at most (vLLM's
+            ``max_in_flight_tokens``); caps a window group's admission reservation in compat
+            mode (None: only max_model_len caps it).
     """
 
     def __init__(self, config: KVCacheConfig, pool: BlockPool, hasher: BlockHasher,
                  retention: Retention, drop_mode: bool, vllm_compat: bool, caching: bool,
                  max_model_len: int | None,
-                 on_stored: Callable[[int, Request, int, list[int]], None] | None = None) -> None:
+                 on_stored: Callable[[int, Request, int, list[int]], None] | None = None,
+                 max_in_flight_tokens: int | None = None) -> None:
         self.config = config
+        self.max_in_flight_tokens = max_in_flight_tokens
         self.pool = pool
         self.hasher = hasher
         self.retention = retention
@@ -241,6 +249,19 @@ class KVCacheCoordinator:
         # Dense write path: every aligned end. Downward-closed (full) groups ignore retention.
         self.dense = [retention.dense or r.downward_closed for r in self.rules]
         self.releasing = [r for r in self.rules if not r.downward_closed]
+        # Compat mode, sparse retention: window groups write vLLM's per-block mask
+        # (Retention.next_masked_block) instead of the runs of completed promised ends.
+        self.masked = [vllm_compat and not retention.dense and r.window is not None
+                       for r in self.rules]
+        # Compat mode: vLLM's hybrid coordinator caches a group only up to its cacheable
+        # prefix (get_num_cacheable_tokens): align(n), or for an EAGLE group
+        # min(n, align(n) + block_size); the unitary coordinator caches all n.
+        self.hybrid_limit = vllm_compat and len(groups) > 1
+        self.aligned_limit = [self.hybrid_limit and not p for p in self.proof]
+        # Next-end step of the dense write path: downward-closed groups in compat mode end
+        # on any block boundary (their cacheable prefix need not be aligned), else A.
+        self.dense_step = [r.block_size if (vllm_compat and r.downward_closed) else config.alignment
+                           for r in self.rules]
         # cache(n) can reach a promised end t only once n >= t + delay: the proof block(s)
         # must be computed too (per group in compat mode, for all groups at once otherwise)
         delays = [r.proof * r.block_size for r in self.rules]
@@ -250,7 +271,11 @@ class KVCacheCoordinator:
             _Unit(ids, self.rules[ids[0]], self.scales[ids[0]], self.alignment // self.block_sizes[ids[0]])
             for ids in ordered
         ]
+        self.admission_caps = [r.admission_cap(max_in_flight_tokens, self.len_cap)
+                               for r in self.rules]
         self.reqs: dict[object, _ReqBlocks] = {}
+        # request id -> (request, index version, hashes, max_tokens, hit) of its last lookup
+        self._lookups: dict[object, tuple] = {}
         # bumped by every mutation; a plan or hit made before it is stale
         self.epoch = 0
 
@@ -272,35 +297,46 @@ class KVCacheCoordinator:
 
     # ---- lookup -----------------------------------------------------------------------------
     def find_longest_hit(self, request: Request, max_tokens: int) -> CacheHit:
-        """The longest prefix of at most ``max_tokens`` tokens every group can serve."""
+        """The longest prefix of at most ``max_tokens`` tokens every group can serve.
+
+        Each unit's "is block j cached" answers are computed up front for every hashed
+        block up to ``max_tokens``, in C (``map`` of the index's ``__contains__``): a dict membership test per
+        block is far cheaper than the Python-level probes the rules' scans would otherwise
+        make (a small-pool waiting request is looked up every step). Block ids are read
+        from the index only for the blocks of the final hit.
+        """
         hashes = request.block_hashes
         n_fine = len(hashes)
-        found: list[dict[int, tuple[int, ...]]] = [dict() for _ in self.units]
+        version = self.pool.index_version
+        memo = self._lookups.get(request.request_id)
+        if memo is not None and memo[0] is request and memo[1] == version \
+                and memo[2] == n_fine and memo[3] == max_tokens:
+            # nothing was cached or evicted since this request's last lookup (a waiting
+            # request is looked up every step): the same hit, valid now
+            hit = memo[4]
+            if hit.epoch != self.epoch:
+                hit = CacheHit(hit.num_tokens, hit.block_ids, hit.shared_prefix_boundary,
+                               hit.request_id, self.epoch)
+            return hit
+        hit = self._find_longest_hit(request, max_tokens)
+        if len(self._lookups) >= 4096:
+            self._lookups.clear()
+        self._lookups[request.request_id] = (request, version, n_fine, max_tokens, hit)
+        return hit
 
-        def make_probe(u: int) -> Callable[[int], object]:
-            unit = self.units[u]
-            memo = found[u]
+    def _find_longest_hit(self, request: Request, max_tokens: int) -> CacheHit:
+        hashes = request.block_hashes
+        n_fine = len(hashes)
+        index = self.pool.index
+        probes = []
+        for unit in self.units:
             scale = unit.scale
-            gids = unit.groups
-            cached = self.pool.cached_block
-
-            def probe(j: int) -> object:
-                hit = memo.get(j)
-                if hit is not None:
-                    return hit
-                h = hashes[(j + 1) * scale - 1]
-                ids = []
-                for g in gids:
-                    b = cached(g, h)
-                    if b is None:
-                        return None
-                    ids.append(b)
-                hit = memo[j] = tuple(ids)
-                return hit
-
-            return probe
-
-        probes = [make_probe(u) for u in range(len(self.units))]
+            # blocks past max_tokens (plus a proof block) can never be part of the hit
+            hs = hashes[scale - 1:(max_tokens // unit.rule.block_size + 1) * scale:scale]
+            flags = list(map(index[unit.groups[0]].__contains__, hs))
+            for g in unit.groups[1:]:
+                flags = list(map(operator.and_, flags, map(index[g].__contains__, hs)))
+            probes.append(flags.__getitem__)
         t, longest = self._fixed_point(probes, n_fine, max_tokens)
         t = max(t, 0)
         rid = request.request_id
@@ -308,12 +344,16 @@ class KVCacheCoordinator:
             return CacheHit(0, tuple(() for _ in self.config.groups), max(longest, 0), rid,
                             self.epoch)
         block_ids: list[tuple[int, ...]] = [()] * len(self.config.groups)
-        for u, unit in enumerate(self.units):
+        for unit in self.units:
             e = t // unit.rule.block_size
             lo = unit.rule.lo(e)
-            memo = found[u]
-            for k, g in enumerate(unit.groups):
-                block_ids[g] = (NULL_BLOCK,) * lo + tuple(memo[j][k] for j in range(lo, e))
+            scale = unit.scale
+            hs = hashes[(lo + 1) * scale - 1:e * scale:scale]
+            for g in unit.groups:
+                ids = tuple(map(index[g].__getitem__, hs))
+                if dict in set(map(type, ids)):          # a duplicated hash: its first block
+                    ids = tuple(v if v.__class__ is int else next(iter(v)) for v in ids)
+                block_ids[g] = (NULL_BLOCK,) * lo + ids
         boundary = longest if longest > t else 0
         return CacheHit(t, tuple(block_ids), boundary, rid, self.epoch)
 
@@ -484,12 +524,12 @@ class KVCacheCoordinator:
                 self._verify_hit(request, hit)
             for g, bs in enumerate(self.block_sizes):
                 ids = hit.block_ids[g] if hit is not None else ()
-                touched = {b for b in ids if b and ref[b] == 0}
+                touched = self._num_evictable(ids)
                 new = -(-slots // bs) - len(ids)
                 if new < 0:
                     new = 0
-                needed += new + len(touched)
-                groups.append(_make(GroupPlan, (new, len(touched), (), 0)))
+                needed += new + touched
+                groups.append(_make(GroupPlan, (new, touched, (), 0)))
         else:
             tables = state.tables
             rules = self.rules
@@ -508,7 +548,15 @@ class KVCacheCoordinator:
                 freed_total += freed
                 groups.append(_make(GroupPlan, (new, 0, released, freed)))
         reserved = 0
-        if reserve_tokens > slots:
+        if reserve_tokens and self.compat:
+            # vLLM 0.33's full_sequence_must_fit: its count must fit the free blocks as they
+            # are before the window frees (kv_cache_manager.allocate_slots)
+            want = self._vllm_admission_blocks(state, hit if new_request else None,
+                                               reserve_tokens, computed)
+            reserved = want + freed_total - needed
+            if reserved < 0:
+                reserved = 0
+        elif reserve_tokens > slots:
             if self.max_model_len is not None:
                 reserve_tokens = min(reserve_tokens, self.max_model_len)
             for g, gp in enumerate(groups):
@@ -522,6 +570,46 @@ class KVCacheCoordinator:
                                       computed, computed + num_new_tokens, slots, tuple(groups),
                                       needed, self.pool.num_free + freed_total, reserved,
                                       self.epoch))
+
+    def _vllm_admission_blocks(self, state: _ReqBlocks | None, hit: CacheHit | None,
+                               num_tokens: int, num_computed: int) -> int:
+        """vLLM 0.33's admission count (``get_num_blocks_to_allocate(...,
+        apply_admission_cap=True)`` summed over groups): per group ``cdiv(n, bs)`` blocks
+        (n = num_tokens capped at max_model_len), capped by the rule's
+        :meth:`~hybridkv.core.rules.base.HitRule.admission_cap`; a new request subtracts
+        its hit blocks or its out-of-window blocks, whichever is more, and adds the hit
+        blocks a touch takes out of the free queue; a running request subtracts its table."""
+        n = num_tokens if num_tokens < self.len_cap else self.max_model_len
+        total = 0
+        for g, rule in enumerate(self.rules):
+            bs = rule.block_size
+            required = -(-n // bs)
+            cap = self.admission_caps[g]
+            if cap is not None and cap < required:
+                required = cap
+            if state is not None:
+                held = len(state.tables[g])
+                if required > held:
+                    total += required - held
+                continue
+            ids = hit.block_ids[g] if hit is not None else ()
+            skipped = rule.skipped_tokens(num_computed) // bs
+            new = required - (skipped if skipped > len(ids) else len(ids))
+            if new > 0:
+                total += new
+            total += self._num_evictable(ids[skipped:])
+        return total
+
+    def _num_evictable(self, ids: tuple[int, ...]) -> int:
+        """The non-null blocks of ``ids`` nobody references (in the free queue: a touch
+        takes them out). Counted in C; a table never holds a block twice."""
+        if not ids:
+            return 0
+        ref = self.pool.ref_cnt
+        n = list(map(ref.__getitem__, ids)).count(0)
+        if ref[NULL_BLOCK] == 0:
+            n -= ids.count(NULL_BLOCK)
+        return n
 
     def _verify_hit(self, request: Request, hit: CacheHit) -> None:
         """Raise unless every block of ``hit`` still holds the request's tokens."""
@@ -561,26 +649,25 @@ class KVCacheCoordinator:
         computed = plan.num_computed
         hit = plan.hit
         if plan.new_request:
+            self._lookups.pop(request.request_id, None)
             state = _ReqBlocks(request, len(self.block_sizes))
             self.reqs[request.request_id] = state
             state.boundaries = self._boundaries(request, hit)
+            if any(self.masked):
+                state.mask_ends = self._mask_ends(request, hit)
             if hit is not None and hit.num_tokens:
                 for ids in hit.block_ids:                        # phase 1: touch every hit
                     pool.touch(ids)
                 for g, ids in enumerate(hit.block_ids):
                     state.tables[g] = list(ids)
                     state.cached_hi[g] = len(ids)
-                    state.done_t[g] = hit.num_tokens
+                    # Compat (vLLM): the hit's proof block was dropped, so this request's
+                    # copy of block e is written as soon as it is full: end e stays open.
+                    state.done_t[g] = hit.num_tokens - (
+                        self.cache_delay[g] if self.compat else 0)
         else:
             state = self.reqs[request.request_id]
-            self.cache(request, min(computed, request.num_tokens))
-            for g, gp in enumerate(plan.groups):
-                if gp.released:
-                    table = state.tables[g]
-                    freed = [table[j] for j in gp.released]
-                    for j in gp.released:
-                        table[j] = NULL_BLOCK
-                    pool.free(freed)
+            self._release(request, state, plan)
         new_blocks: list[list[int]] = []
         for g, gp in enumerate(plan.groups):
             if gp.new_blocks:
@@ -596,6 +683,19 @@ class KVCacheCoordinator:
                                     default=math.inf)
         return new_blocks
 
+    def _release(self, request: Request, state: _ReqBlocks, plan: AllocationPlan) -> None:
+        """A running request's first commit phase: cache pending ends, then free the blocks
+        that left the window (back to front) and null their table entries."""
+        self.cache(request, min(plan.num_computed, request.num_tokens))
+        pool = self.pool
+        for g, gp in enumerate(plan.groups):
+            if gp.released:
+                table = state.tables[g]
+                freed = [table[j] for j in gp.released]
+                for j in gp.released:
+                    table[j] = NULL_BLOCK
+                pool.free(freed)
+
     def allocate(self, request: Request, num_new_tokens: int, hit: CacheHit | None,
                  lookahead: int, external: ExternalHit | None = None,
                  reserve_tokens: int = 0) -> list[list[int]] | None:
@@ -604,7 +704,8 @@ class KVCacheCoordinator:
         :meth:`plan` then :meth:`commit`. ``external`` (a new request only) also reserves
         blocks up to its end; they are neither computed nor cached until
         :meth:`commit_external`. ``reserve_tokens``: see :meth:`plan`. Returns the newly
-        allocated block ids per group. On None nothing changed.
+        allocated block ids per group. On None nothing changed, except in compat mode, where
+        (as in vLLM) the blocks that left the window of a running request are still freed.
         """
         if hit is None and external is None and not reserve_tokens:
             state = self.reqs.get(request.request_id)
@@ -623,6 +724,12 @@ class KVCacheCoordinator:
                     return [[] for _ in self.block_sizes]
         plan = self.plan(request, num_new_tokens, hit, lookahead, external, reserve_tokens)
         if plan.num_needed + plan.num_reserved > plan.num_available:          # not plan.fits
+            if self.compat and not plan.new_request and any(gp.released for gp in plan.groups):
+                # vLLM runs remove_skipped_blocks before its capacity check: a failed
+                # allocation still frees the blocks that left the window (docs/parity.md D2)
+                self.epoch += 1
+                self._release(request, self.reqs[request.request_id], plan)
+                self.reqs[request.request_id].slide_until = 0
             return None
         return self.commit(request, plan)
 
@@ -640,6 +747,40 @@ class KVCacheCoordinator:
                 # servable end is one unit lower; default mode: the #57610 unit below.
                 ends.add(junction - a)
         return tuple(sorted(ends))
+
+    def _mask_ends(self, request: Request, hit: CacheHit | None) -> list[tuple[int, ...]]:
+        """Per group, the boundary ends (in the group's blocks) of vLLM's block mask: its
+        replay boundaries (0 kept), the junction, and junction - block_size in EAGLE groups
+        only (SingleTypeKVCacheManager.cache_blocks), each aligned down to A."""
+        a = self.alignment
+        p = request.num_prompt_tokens
+        if self.drop_mode:
+            base = [max((p - 1) // a * a - a, 0), max(p // a * a - a, 0)]
+        else:
+            base = [p - 1]
+        junction = hit.shared_prefix_boundary if hit is not None else 0
+        if junction:
+            base.append(junction)
+        out = []
+        for g, rule in enumerate(self.rules):
+            ends = list(base)
+            if junction and rule.proof:
+                ends.append(junction - rule.block_size)
+            bs = rule.block_size
+            out.append(tuple(sorted({e // a * a // bs for e in ends if e >= 0})))
+        return out
+
+    def _cacheable_blocks(self, g: int, num_tokens: int, n_fine: int) -> int:
+        """Compat mode: the blocks of group g vLLM's coordinator lets cache_blocks write."""
+        bs = self.block_sizes[g]
+        if self.hybrid_limit:
+            a = self.alignment
+            aligned = num_tokens // a * a
+            if self.proof[g] and aligned > 0:
+                num_tokens = min(num_tokens, aligned + bs)
+            else:
+                num_tokens = aligned
+        return min(num_tokens // bs, n_fine // self.scales[g])
 
     # ---- caching ----------------------------------------------------------------------------
     def cache(self, request: Request, num_tokens: int, final: bool = False) -> None:
@@ -659,8 +800,13 @@ class KVCacheCoordinator:
             extra = extra + (num_tokens // self.alignment * self.alignment,)
         pool = self.pool
         # An end t is cacheable in a group once its run [lo, hi) is computed and hashed.
-        limits = [(min(num_tokens // r.block_size, n_fine // self.scales[g]) - r.proof) * r.block_size
-                  for g, r in enumerate(self.rules)]
+        if self.compat:
+            limits = [(self._cacheable_blocks(g, num_tokens, n_fine) - r.proof) * r.block_size
+                      for g, r in enumerate(self.rules)]
+        else:
+            limits = [(min(num_tokens // r.block_size, n_fine // self.scales[g]) - r.proof)
+                      * r.block_size for g, r in enumerate(self.rules)]
+        masked = self.masked
         if not self.compat:
             # an end serves a hit only if every group holds its run: promise it to all at once
             common = min(limits)
@@ -668,12 +814,15 @@ class KVCacheCoordinator:
         for g, rule in enumerate(self.rules):
             bs = rule.block_size
             scale = self.scales[g]
+            if masked[g]:
+                self._write_mask(g, request, state, limits[g] // bs + rule.proof, hashes)
+                continue
             t_limit = limits[g]
             done = state.done_t[g]
             if t_limit <= done:
                 continue
             if self.dense[g]:
-                ends = multiples_between(done, t_limit, self.alignment)
+                ends = multiples_between(done, t_limit, self.dense_step[g])
                 if rule.downward_closed:
                     # runs [0, e + proof) are nested: the last end's run covers them all
                     ends = ends[-1:]
@@ -706,15 +855,63 @@ class KVCacheCoordinator:
                         run_start = k
         if not final:
             # every group's limit is <= num_tokens, so nothing happens before the next end
-            a = self.alignment
             delay = self.cache_delay
-            state.quiet_until = min(
-                ((done // a + 1) * a if self.dense[g] else self.retention.next_end(done, extra))
-                + delay[g] for g, done in enumerate(state.done_t))
+            step = self.dense_step
+            aligned = self.aligned_limit
+            a = self.alignment
+            nxt = math.inf
+            for g, done in enumerate(state.done_t):
+                if masked[g]:
+                    # the next masked block must be full (a lower bound on the tokens)
+                    i = self.retention.next_masked_block(self.rules[g], state.cached_hi[g],
+                                                         state.mask_ends[g])
+                    t = (i + 1) * self.block_sizes[g]
+                elif self.dense[g]:
+                    t = (done // step[g] + 1) * step[g] + delay[g]
+                else:
+                    t = self.retention.next_end(done, extra) + delay[g]
+                if aligned[g] and t < math.inf:
+                    # compat hybrid, no proof: the group caches up to align(n) only
+                    t = -(-t // a) * a
+                if t < nxt:
+                    nxt = t
+            state.quiet_until = nxt
+
+    def _write_mask(self, g: int, request: Request, state: _ReqBlocks, hi: int,
+                    hashes: list) -> None:
+        """Compat, sparse retention: cache the masked blocks of ``[cached_hi, hi)`` and mark
+        the range decided (vLLM's ``num_cached_block``), masked or not."""
+        j = state.cached_hi[g]
+        if hi <= j:
+            return
+        rule = self.rules[g]
+        ends = state.mask_ends[g]
+        nxt = self.retention.next_masked_block
+        table = state.tables[g]
+        pool = self.pool
+        block_hash = pool.block_hash
+        scale = self.scales[g]
+        positions = []
+        j = nxt(rule, j, ends)
+        while j < hi:
+            b = table[j]
+            if b != NULL_BLOCK and block_hash[b] is None:
+                pool.insert(g, hashes[(j + 1) * scale - 1], b)
+                positions.append(j)
+            j = nxt(rule, j + 1, ends)
+        state.cached_hi[g] = hi
+        if positions and self.on_stored is not None:
+            run_start = 0
+            for k in range(1, len(positions) + 1):
+                if k == len(positions) or positions[k] != positions[k - 1] + 1:
+                    self.on_stored(g, request, positions[run_start],
+                                   [table[j] for j in positions[run_start:k]])
+                    run_start = k
 
     # ---- free -------------------------------------------------------------------------------
     def free(self, request: Request) -> None:
         """Release every block of the request: each group's table tail first, group by group."""
+        self._lookups.pop(request.request_id, None)
         state = self._state(request)
         if state is None:
             return

@@ -113,8 +113,8 @@ class BlockHasher:
         bs = self.block_size
         la = self.lookahead
         start = len(hashes) * bs
-        limit = request.num_tokens - la  # a block ending at e is hashable iff e <= limit
-        if start + bs > limit:
+        limit = len(request.token_ids) - la  # a block ending at e is hashable iff e <= limit
+        if start + bs > limit:             # most calls (a decode step inside a block)
             return
         nblocks = (limit - start) // bs
         end = start + nblocks * bs

@@ -57,6 +57,9 @@ class KVCacheManager:
         enable_events: record KV events for :meth:`take_events`.
         vllm_compat: reproduce vLLM 0.33's semantics (hit lengths, cached blocks, eviction
             and block-id order): full groups cache every block and no extra boundaries.
+        max_in_flight_tokens: vLLM's ``max_in_flight_tokens`` (tokens scheduled but not yet
+            computed; its scheduler's token budget): caps a window group's compat-mode
+            admission reservation. None: only max_model_len caps it.
         eviction_policy: the order cached free blocks are reused in, one of
             :data:`hybridkv.core.eviction.POLICIES` (``lru``, the default, is vLLM's order;
             ``recommended`` resolves to :data:`~hybridkv.core.eviction.RECOMMENDED`). The
@@ -71,13 +74,19 @@ class KVCacheManager:
                  retention_interval: int | None = 0, enable_caching: bool = True,
                  hash_algo: str = "xxh3_128", hash_seed: str | None = None,
                  max_model_len: int | None = None, enable_events: bool = False,
-                 vllm_compat: bool = False, eviction_policy: str = "lru") -> None:
+                 vllm_compat: bool = False, max_in_flight_tokens: int | None = None,
+                 eviction_policy: str = "lru") -> None:
         if not isinstance(config, KVCacheConfig):
             raise ValueError(f"config must be a KVCacheConfig, got {type(config).__name__}")
         if spec_decode is not None and not isinstance(spec_decode, SpecDecode):
             raise ValueError(f"spec_decode must be a SpecDecode or None, got {spec_decode!r}")
         has_local = any(not make_rule(g.spec).downward_closed for g in config.groups)
         validate_retention_interval(retention_interval, config.alignment, has_local)
+        if max_in_flight_tokens is not None and (
+                isinstance(max_in_flight_tokens, bool) or not isinstance(max_in_flight_tokens, int)
+                or max_in_flight_tokens <= 0):
+            raise ValueError(
+                f"max_in_flight_tokens must be None or a positive integer, got {max_in_flight_tokens!r}")
         if max_model_len is not None:
             if isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or max_model_len <= 0:
                 raise ValueError(f"max_model_len must be a positive integer, got {max_model_len!r}")
@@ -109,7 +118,8 @@ class KVCacheManager:
         self.coordinator = KVCacheCoordinator(
             config, self.pool, self.hasher, Retention(retention_interval, config.alignment),
             drop_mode=drop_mode, vllm_compat=vllm_compat, caching=enable_caching,
-            max_model_len=max_model_len, on_stored=self._on_stored if enable_events else None)
+            max_model_len=max_model_len, on_stored=self._on_stored if enable_events else None,
+            max_in_flight_tokens=max_in_flight_tokens)
         if enable_events:   # blocks loaded from an external tier are stored blocks too
             self.coordinator.on_adopted = self._record_stored
         self._stats = PrefixCacheStats()
@@ -254,9 +264,12 @@ class KVCacheManager:
                 spec-decode's (k, or k+1 for DFlash). Never cached.
             external: an :meth:`lookup_external` result for this (new) request: blocks up to
                 its end are reserved for loading; see :meth:`commit_external`.
-            full_sequence_must_fit: admission reservation (the idea of vLLM's
-                ``scheduler_reserve_full_isl``; default mode, not claimed block-exact with
-                vLLM): succeed only if, after this step's blocks, the pool could still give
+            full_sequence_must_fit: admission reservation (vLLM's
+                ``scheduler_reserve_full_isl``). In compat mode vLLM 0.33's count exactly:
+                per group ``cdiv(min(request.num_tokens, max_model_len), bs)`` blocks (window
+                groups capped at ``cdiv(min(W - 1 + max_in_flight_tokens, max_model_len), bs)
+                + 1``), minus the hit or out-of-window blocks, whichever is more, plus the
+                evictable hit blocks, must not exceed the free blocks. Default mode: succeed only if, after this step's blocks, the pool could still give
                 the request's whole sequence (``request.num_tokens`` + lookahead, capped at
                 max_model_len) its peak footprint in every group (sliding/chunked groups:
                 their window or chunk, see ``HitRule.max_blocks``). Only this step's blocks
@@ -322,7 +335,12 @@ class KVCacheManager:
         if isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 0:
             raise ValueError(f"num_lookahead_tokens must be a non-negative integer, got {lookahead!r}")
         self._sync_hashes(request)
-        reserve = request.num_tokens + lookahead if full_sequence_must_fit else 0
+        if not full_sequence_must_fit:
+            reserve = 0
+        elif self.vllm_compat:
+            reserve = request.num_tokens            # vLLM counts the sequence without lookahead
+        else:
+            reserve = request.num_tokens + lookahead
         blocks = self.coordinator.allocate(request, num_new_tokens, hit, lookahead, external, reserve)
         if blocks is not None and not known:
             self._requests[request.request_id] = request

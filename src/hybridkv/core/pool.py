@@ -219,7 +219,7 @@ class BlockPool:
     """
 
     __slots__ = ("num_blocks", "ref_cnt", "block_hash", "block_group", "queue", "index",
-                 "on_evict", "num_evictions")
+                 "on_evict", "num_evictions", "index_version")
 
     def __init__(self, num_blocks: int, num_groups: int,
                  on_evict: Callable[[int, bytes], None] | None = None) -> None:
@@ -231,6 +231,9 @@ class BlockPool:
         self.index: list[dict[bytes, int | dict[int, None]]] = [{} for _ in range(num_groups)]
         self.on_evict = on_evict
         self.num_evictions = 0
+        # bumped by every change of the index (insert, drop, reset): a lookup made at the
+        # same version finds the same blocks
+        self.index_version = 0
 
     # ---- capacity ---------------------------------------------------------------------------
     @property
@@ -284,6 +287,7 @@ class BlockPool:
             v[b] = None
         self.block_hash[b] = h
         self.block_group[b] = group
+        self.index_version += 1
 
     def drop_hash(self, b: int) -> None:
         """Forget block ``b``'s hash (its content stays; the index no longer finds it)."""
@@ -302,6 +306,7 @@ class BlockPool:
             if len(v) == 1:
                 idx[h] = next(iter(v))
         self.block_hash[b] = None
+        self.index_version += 1
         if self.on_evict is not None:
             self.on_evict(g, h)
 
@@ -359,6 +364,7 @@ class BlockPool:
 
     def reset_hashes(self) -> None:
         """Drop every hash (no events, no eviction count). Callers check nothing is in use."""
+        self.index_version += 1
         for idx in self.index:
             idx.clear()
         bh = self.block_hash

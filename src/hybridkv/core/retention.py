@@ -120,6 +120,32 @@ class Retention:
         return nxt
 
 
+    def next_masked_block(self, rule, j: int, ends: tuple[int, ...]) -> float:
+        """vLLM 0.33's per-block write mask (compat mode, sparse retention): the smallest
+        block ``i >= j`` inside ``rule.span(e)`` for a promised end ``e`` (in the rule's
+        blocks): every multiple of the interval (block count ``N // block_size``, k >= 1)
+        and the request's boundary ``ends``. ``inf`` if none.
+
+        vLLM (``SlidingWindowManager.reachable_block_mask``) applies this mask block by
+        block as blocks fill, so the tail of a segment the request never completes is
+        cached too; hybridkv's default mode caches an end's run only once it is complete.
+        """
+        proof = rule.proof
+        best = math.inf
+        if self.interval:
+            per = self.interval // rule.block_size
+            k = max((j - proof) // per + 1, 1)       # smallest k >= 1 with k*per + proof > j
+            lo = rule.lo(k * per)
+            best = lo if lo > j else j
+        for e in ends:
+            if e + proof > j:
+                lo = rule.lo(e)
+                i = lo if lo > j else j
+                if i < best:
+                    best = i
+        return best
+
+
 def multiples_between(after: int, upto: int, step: int) -> range:
     """The multiples t of ``step`` with ``after < t <= upto``."""
     return range((after // step + 1) * step, upto + 1, step)

@@ -261,7 +261,8 @@ class LLM:
         self.kv = KVCacheManager(self.kv_config, spec_decode=self.spec, retention_interval=cache.retention_interval,
                                  enable_caching=cache.enable_prefix_caching, hash_algo=hash_algo,
                                  hash_seed=hash_seed, max_model_len=max_model_len,
-                                 vllm_compat=cache.vllm_compat, enable_events=kv_events is not None)
+                                 vllm_compat=cache.vllm_compat, enable_events=kv_events is not None,
+                                 max_in_flight_tokens=scheduler.max_num_batched_tokens)
         self.cache = PagedKVCache(self.kv_config, device=self.device)
         self.connector: KVConnector | None = None
         if kv_store is not None:

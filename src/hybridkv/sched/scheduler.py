@@ -76,6 +76,10 @@ class SchedulerConfig:
             prompts do not starve decodes.
         policy: ``fcfs`` or ``priority`` (lower ``priority`` first; preempts the highest); see
             :mod:`hybridkv.sched.queues`.
+        reserve_full_sequence: admit a waiting request only if its whole current sequence
+            fits (``KVCacheManager.allocate(..., full_sequence_must_fit=True)``; vLLM's
+            ``scheduler_reserve_full_isl``, on by default there too), so admitted requests
+            are rarely preempted later. False: admit when the first chunk fits.
     """
 
     max_num_batched_tokens: int = 8192
@@ -84,6 +88,7 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0
     policy: str = "fcfs"
+    reserve_full_sequence: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_num_batched_tokens", "max_num_seqs"):
@@ -96,6 +101,9 @@ class SchedulerConfig:
         v = self.long_prefill_token_threshold
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise ValueError(f"long_prefill_token_threshold must be an integer >= 0, got {v!r}")
+        if not isinstance(self.reserve_full_sequence, bool):
+            raise ValueError(
+                f"reserve_full_sequence must be True or False, got {self.reserve_full_sequence!r}")
         if self.policy not in POLICIES:
             raise ValueError(f"unknown scheduling policy {self.policy!r}; valid: {', '.join(POLICIES)}")
 
@@ -321,7 +329,8 @@ class Scheduler:
             if self.connector is not None:
                 ext = self.connector.match(req, hit)
                 if ext is not None:
-                    if kv.allocate(req, 0, hit, external=ext) is None:
+                    if kv.allocate(req, 0, hit, external=ext,
+                                   full_sequence_must_fit=cfg.reserve_full_sequence) is None:
                         return budget
                     self.waiting.pop()
                     if r.num_cached_tokens < 0:
@@ -340,7 +349,8 @@ class Scheduler:
                 num_new = threshold
             if num_new > budget:
                 num_new = budget
-            new_blocks = kv.allocate(req, num_new, hit)
+            new_blocks = kv.allocate(req, num_new, hit,
+                                     full_sequence_must_fit=cfg.reserve_full_sequence)
             if new_blocks is None:
                 if not self.running and not out.scheduled and not self.loading:
                     raise RuntimeError(self._too_small(r))

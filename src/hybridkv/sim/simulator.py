@@ -452,6 +452,7 @@ class Simulator:
                                  vllm_compat=config.vllm_compat, hash_algo=config.hash_algo,
                                  hash_seed=config.hash_seed,
                                  enable_events=config.enable_events,
+                                 max_in_flight_tokens=config.sched.max_num_batched_tokens,
                                  eviction_policy=config.eviction_policy)
         sched_cfg = config.sched
         if config.sequential:

@@ -130,6 +130,12 @@ class HitRule:
         """
         return -(-length // self.block_size)
 
+    def admission_cap(self, max_in_flight_tokens: int | None, max_len: float) -> int | None:
+        """vLLM 0.33's per-request admission cap in blocks (``max_admission_blocks_per_request``
+        of its spec), used by compat mode's full-sequence reservation; None: uncapped.
+        ``max_in_flight_tokens`` None: only ``max_len`` (max_model_len, or inf) caps it."""
+        return None
+
     # ---- cost: which keys a query reads -----------------------------------------------------
     def first_key(self, q: Any) -> Any:
         """The first key position a query at position ``q`` reads (<= 0 means 0).

@@ -24,6 +24,15 @@ class ChunkedRule(HitRule):
     def chunk(self) -> int:
         return self._chunk
 
+    def admission_cap(self, max_in_flight_tokens: int | None, max_len: float) -> int | None:
+        # vLLM: one chunk plus the in-flight tokens
+        reach = self._chunk + max_in_flight_tokens if max_in_flight_tokens is not None \
+            else max_len
+        reach = min(reach, max_len)
+        if reach == float("inf"):
+            return None
+        return -(-int(reach) // self.block_size)
+
     def lo(self, e: int) -> int:
         return e // self.chunk_blocks * self.chunk_blocks
 

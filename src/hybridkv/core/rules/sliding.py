@@ -38,6 +38,16 @@ class SlidingRule(HitRule):
     def max_blocks(self, length: int, hold: int = 0) -> int:
         return min(-(-length // self.block_size), -(-(self._window + hold) // self.block_size) + 2)
 
+    def admission_cap(self, max_in_flight_tokens: int | None, max_len: float) -> int | None:
+        # vLLM: the last W - 1 tokens plus the in-flight tokens, plus one block (a chunk
+        # boundary need not be block-aligned)
+        reach = self._window - 1 + max_in_flight_tokens if max_in_flight_tokens is not None \
+            else max_len
+        reach = min(reach, max_len)
+        if reach == float("inf"):
+            return None
+        return -(-int(reach) // self.block_size) + 1
+
     def first_key(self, q: Any) -> Any:
         return q - self._window + 1
 
