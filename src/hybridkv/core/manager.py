@@ -24,7 +24,8 @@ from hybridkv.core.coordinator import CacheHit, ExternalHit, KVCacheCoordinator
 from hybridkv.core.events import (AllBlocksCleared, BlockRemoved, BlockStored, KVEvent,
                                   PrefixCacheStats, untag_extra_keys)
 from hybridkv.core.hashing import BlockHasher
-from hybridkv.core.pool import NULL_BLOCK, BlockPool
+from hybridkv.core.eviction import make_policy, resolve_policy
+from hybridkv.core.pool import NULL_BLOCK, BlockPool, PolicyBlockPool
 from hybridkv.core.request import Request
 from hybridkv.core.retention import Retention, validate_retention_interval
 from hybridkv.core.rules import make_rule
@@ -59,6 +60,10 @@ class KVCacheManager:
         max_in_flight_tokens: vLLM's ``max_in_flight_tokens`` (tokens scheduled but not yet
             computed; its scheduler's token budget): caps a window group's compat-mode
             admission reservation. None: only max_model_len caps it.
+        eviction_policy: the order cached free blocks are reused in, one of
+            :data:`hybridkv.core.eviction.POLICIES` (``lru``, the default, is vLLM's order;
+            ``recommended`` resolves to :data:`~hybridkv.core.eviction.RECOMMENDED`). The
+            resolved name is ``self.eviction_policy``. Only ``lru`` is allowed with vllm_compat.
 
     Invariants (:meth:`check_integrity`): every block is free xor referenced; ref counts equal
     the references in request tables; the free queue and the hash index agree with the blocks;
@@ -69,7 +74,8 @@ class KVCacheManager:
                  retention_interval: int | None = 0, enable_caching: bool = True,
                  hash_algo: str = "xxh3_128", hash_seed: str | None = None,
                  max_model_len: int | None = None, enable_events: bool = False,
-                 vllm_compat: bool = False, max_in_flight_tokens: int | None = None) -> None:
+                 vllm_compat: bool = False, max_in_flight_tokens: int | None = None,
+                 eviction_policy: str = "lru") -> None:
         if not isinstance(config, KVCacheConfig):
             raise ValueError(f"config must be a KVCacheConfig, got {type(config).__name__}")
         if spec_decode is not None and not isinstance(spec_decode, SpecDecode):
@@ -100,8 +106,15 @@ class KVCacheManager:
         self.hasher = BlockHasher(config.hash_block_size, hash_algo, hash_seed,
                                   spec_decode.hash_lookahead_tokens if spec_decode else 0)
         self._events: list[KVEvent] = []
-        self.pool = BlockPool(config.num_blocks, len(config.groups),
-                              on_evict=self._on_evict if enable_events else None)
+        self.eviction_policy = resolve_policy(eviction_policy)
+        if vllm_compat and self.eviction_policy != "lru":
+            raise ValueError(f"vllm_compat pins vLLM's LRU order; eviction_policy must be 'lru', "
+                             f"got {eviction_policy!r}")
+        policy = make_policy(self.eviction_policy, [make_rule(g.spec) for g in config.groups])
+        on_evict = self._on_evict if enable_events else None
+        self.pool = (BlockPool(config.num_blocks, len(config.groups), on_evict=on_evict)
+                     if policy is None else
+                     PolicyBlockPool(config.num_blocks, len(config.groups), policy, on_evict=on_evict))
         self.coordinator = KVCacheCoordinator(
             config, self.pool, self.hasher, Retention(retention_interval, config.alignment),
             drop_mode=drop_mode, vllm_compat=vllm_compat, caching=enable_caching,

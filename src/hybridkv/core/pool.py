@@ -47,7 +47,7 @@ Invariants (checked by :meth:`BlockPool.check`, in O(ids used + index)):
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 NULL_BLOCK = 0
 
@@ -417,6 +417,7 @@ class BlockPool:
         if count + self.num_blocks - n != q.num_free:
             raise AssertionError(f"free queue holds {count} + {self.num_blocks - n} fresh blocks "
                                  f"but counts {q.num_free}")
+        self._check_held(in_queue)
         if self.ref_cnt[NULL_BLOCK] != 0 or self.block_hash[NULL_BLOCK] is not None:
             raise AssertionError("the null block was referenced or hashed")
         for b in range(1, n):
@@ -440,3 +441,110 @@ class BlockPool:
         hashed = sum(1 for h in self.block_hash if h is not None)
         if hashed != indexed:
             raise AssertionError(f"{hashed} blocks have a hash but the index holds {indexed}")
+
+    def _check_held(self, in_queue: list[bool]) -> None:
+        """Mark the free blocks held outside the queue (none here; see PolicyBlockPool)."""
+
+
+class PolicyBlockPool(BlockPool):
+    """A :class:`BlockPool` whose cached free blocks are ordered by an eviction policy.
+
+    Scratch blocks (no hash) and never-used ids stay in the free queue and are reused first,
+    exactly as in :class:`BlockPool`; a block that reaches ref 0 *with* a hash goes to
+    ``policy`` instead of the queue's tail, and ``allocate`` asks the policy for victims once
+    the queue is empty (see :mod:`hybridkv.core.eviction.base` for the contract). A free block
+    is in exactly one of the two. ``BlockPool`` itself (LRU) is left untouched, so LRU pays
+    nothing for the seam. ``policy`` is a :class:`hybridkv.core.eviction.base.EvictionPolicy`
+    (not imported here: the policies read the pool, the pool only calls them).
+    """
+
+    __slots__ = ("policy",)
+
+    def __init__(self, num_blocks: int, num_groups: int, policy: Any,
+                 on_evict: Callable[[int, bytes], None] | None = None) -> None:
+        super().__init__(num_blocks, num_groups, on_evict)
+        self.policy = policy
+        policy.attach(self)
+
+    @property
+    def num_free(self) -> int:
+        return self.queue.num_free + len(self.policy)
+
+    @property
+    def usage(self) -> float:
+        return 1.0 - self.num_free / (self.num_blocks - 1)
+
+    def allocate(self, n: int) -> list[int]:
+        q, pol = self.queue, self.policy
+        if n > q.num_free + len(pol):
+            raise ValueError(f"cannot pop {n} blocks, only {q.num_free + len(pol)} are free")
+        k = min(n, q.num_free)
+        blocks = q.popleft_n(k) if k else []
+        if n > k:
+            blocks += pol.pop(n - k)
+        ref, bh = self.ref_cnt, self.block_hash
+        if q.capacity != len(ref):
+            self._sync()
+        evicted = 0
+        for b in blocks:
+            ref[b] = 1
+            h = bh[b]
+            if h is not None:
+                self._drop(b, h)
+                evicted += 1
+        pol.forget(blocks)
+        self.num_evictions += evicted
+        return blocks
+
+    def touch(self, blocks: Iterable[int]) -> None:
+        ref, bh, pol = self.ref_cnt, self.block_hash, self.policy
+        remove = self.queue.remove
+        used = len(ref)
+        for b in blocks:
+            if b:
+                if b >= used:
+                    self._materialize(b)
+                    used = len(ref)
+                if ref[b] == 0:
+                    if b in pol:
+                        pol.on_hit(b, True)
+                    else:
+                        remove(b)
+                elif bh[b] is not None:
+                    pol.on_hit(b, False)
+                ref[b] += 1
+
+    def free(self, blocks: Iterable[int]) -> None:
+        ref, bh = self.ref_cnt, self.block_hash
+        scratch: list[int] = []
+        cached: list[int] = []
+        b = 0
+        try:
+            for b in blocks:
+                if b:
+                    r = ref[b] - 1
+                    ref[b] = r
+                    if r == 0:
+                        (scratch if bh[b] is None else cached).append(b)
+                    elif r < 0:
+                        ref[b] = 0
+                        raise AssertionError(f"block {b} freed more often than it was referenced")
+        except IndexError:                         # a fresh id: never referenced
+            raise AssertionError(f"block {b} freed more often than it was referenced") from None
+        self.queue.prepend_n(scratch)
+        if cached:
+            self.policy.on_free(cached)
+
+    def _check_held(self, in_queue: list[bool]) -> None:
+        n = len(in_queue)
+        count = 0
+        for b in self.policy:
+            count += 1
+            if not 0 < b < n:
+                raise AssertionError(f"eviction policy holds invalid block id {b} (explicit ids < {n})")
+            if in_queue[b]:
+                raise AssertionError(f"block {b} is held by the eviction policy and the free queue")
+            in_queue[b] = True
+        if count != len(self.policy):
+            raise AssertionError(f"eviction policy iterates {count} blocks but counts {len(self.policy)}")
+        self.policy.check()

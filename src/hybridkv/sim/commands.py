@@ -182,6 +182,8 @@ def default_gpus(preset, gpu) -> int:
 
 def check_options(args: argparse.Namespace) -> None:
     """Rules involving several options, checked before anything runs (``ValueError``)."""
+    from hybridkv.sim.eviction_cli import check_args as check_policy_args
+    check_policy_args(args)
     for option in ("json", "plot"):
         value = getattr(args, option, None)
         if isinstance(value, str):
@@ -279,6 +281,8 @@ def add_common_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-optimum", action="store_true", help="skip the offline (Belady) bound")
     p.add_argument("--seed", type=int_in(0), default=0, help="seed of generators and the acceptance model")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    from hybridkv.sim.eviction_cli import add_policy_option   # -- eviction policies --
+    add_policy_option(p)
 
 
 def add_capacity_options(p: argparse.ArgumentParser) -> None:
@@ -374,7 +378,7 @@ def build_config(args: argparse.Namespace, num_blocks: int | None = None,
                     spec=spec, acceptance_rate=rate, sched=sched,
                     sequential=args.sequential, seed=args.seed, vllm_compat=args.vllm_compat,
                     max_model_len=args.max_model_len, optimum=not args.no_optimum,
-                    num_gpus=args.gpus)
+                    num_gpus=args.gpus, eviction_policy=getattr(args, "eviction_policy", "lru"))
     check_spec_fits(cfg)
     return cfg
 
@@ -498,7 +502,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         sizes = args.cache_tokens_list if args.cache_tokens_list is not None else [10**6, 3 * 10**6, 10**7]
         runs = [(s, build_config(args, num_blocks=capacity_blocks(args, preset, s))) for s in sizes]
         xlabel = "KV cache size (tokens)"
-    rows, results, failed = _run_sweep(args, runs, items)
+    if getattr(args, "eviction_policies", None):              # -- eviction policies --
+        from hybridkv.sim.eviction_cli import sweep_policies
+        rows, failed = sweep_policies(args, runs, items, _run_sweep)
+        results, runs = {}, runs * len(args.eviction_policies)   # no plot; counts all runs
+    else:
+        rows, results, failed = _run_sweep(args, runs, items)
     if args.json:
         text = json.dumps(rows, indent=2) + "\n"
         print(f"wrote {write_output(args.json, lambda p: Path(p).write_text(text), 'the JSON rows')}")
@@ -630,6 +639,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", help="write the rows as JSON to this path")
     p.add_argument("--plot", help="write a PNG of hit rate against the swept value")
     add_executor_options(p)
+    from hybridkv.sim.eviction_cli import add_sweep_option
+    add_sweep_option(p)
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("presets", help="list model and GPU presets with KV bytes per token")

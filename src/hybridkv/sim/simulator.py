@@ -114,6 +114,7 @@ class SimConfig:
         enable_events: record KV events (for a publisher or an index; see ``step_hooks``).
         parallel_optimum: compute a large workload's optimum in a forked child while the
             simulation runs (a second core); False computes it inline (sweep workers).
+        eviction_policy: the manager's eviction policy (``hybridkv.core.eviction.POLICIES``).
     """
 
     preset: ModelPreset
@@ -134,6 +135,7 @@ class SimConfig:
     hash_seed: str | None = None
     enable_events: bool = False
     parallel_optimum: bool = True
+    eviction_policy: str = "lru"
 
     @property
     def cache_tokens(self) -> int:
@@ -456,7 +458,8 @@ class Simulator:
                                  vllm_compat=config.vllm_compat, hash_algo=config.hash_algo,
                                  hash_seed=config.hash_seed,
                                  enable_events=config.enable_events,
-                                 max_in_flight_tokens=config.sched.max_num_batched_tokens)
+                                 max_in_flight_tokens=config.sched.max_num_batched_tokens,
+                                 eviction_policy=config.eviction_policy)
         sched_cfg = config.sched
         if config.sequential:
             sched_cfg = dataclasses.replace(sched_cfg, max_num_seqs=1)
@@ -540,6 +543,7 @@ class Simulator:
                       "acceptance_rate": cfg.acceptance_rate if cfg.spec else None,
                       "sequential": cfg.sequential, "seed": cfg.seed,
                       "vllm_compat": cfg.vllm_compat,
+                      "eviction_policy": self.kv.eviction_policy,
                       "max_num_batched_tokens": self.scheduler.config.max_num_batched_tokens,
                       "max_num_seqs": self.scheduler.config.max_num_seqs}
         return res

@@ -1,0 +1,46 @@
+"""Eviction policies: the order in which the pool reuses cached free blocks.
+
+``lru`` (the default) is the pool's own free queue, bit-identical to vLLM 0.33. The others plug
+into the seam of :mod:`hybridkv.core.eviction.base`. :func:`make_policy` is the one place that
+maps a name to a policy; :data:`POLICIES` lists the valid names.
+"""
+
+from __future__ import annotations
+
+from hybridkv.core.eviction.base import EvictionPolicy
+from hybridkv.core.eviction.frequency import CostAwarePolicy, LFUPolicy
+from hybridkv.core.eviction.s3fifo import S3FIFOPolicy
+
+#: Valid policy names, ``recommended`` included (it resolves to :data:`RECOMMENDED`).
+POLICIES = ("lru", "s3fifo", "lfu", "cost", "recommended")
+#: The policy ``recommended`` resolves to (see BENCHMARKS.md, "Eviction policies", for why).
+RECOMMENDED = "lru"
+#: Depth (tokens of prefix) at which the cost-aware policy values a block's recompute work.
+COST_REFERENCE_TOKENS = 16384
+
+
+def resolve_policy(name: object) -> str:
+    """The concrete policy name for ``name`` (``recommended`` resolved); ValueError if unknown."""
+    if not isinstance(name, str) or name not in POLICIES:
+        raise ValueError(f"unknown eviction policy {name!r}; valid: {', '.join(POLICIES)}")
+    return RECOMMENDED if name == "recommended" else name
+
+
+def make_policy(name: str, rules=()) -> EvictionPolicy | None:
+    """The policy object for ``name`` (None for ``lru``: the pool's own list).
+
+    ``rules``: the hit rules of the KV-cache groups, in group order (the cost-aware policy
+    weighs groups by their :meth:`recompute_cost`)."""
+    name = resolve_policy(name)
+    if name == "lru":
+        return None
+    if name == "s3fifo":
+        return S3FIFOPolicy()
+    if name == "lfu":
+        return LFUPolicy()
+    weights = [max(1, r.recompute_cost(COST_REFERENCE_TOKENS // r.block_size)) for r in rules]
+    return CostAwarePolicy(weights or (1.0,))
+
+
+__all__ = ["POLICIES", "RECOMMENDED", "EvictionPolicy", "S3FIFOPolicy", "LFUPolicy",
+           "CostAwarePolicy", "make_policy", "resolve_policy"]

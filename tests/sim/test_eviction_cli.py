@@ -1,0 +1,50 @@
+"""`--eviction-policy` / `--eviction-policies` on `hybridkv simulate` and `sweep`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hybridkv.cli import main
+from hybridkv.core.eviction import RECOMMENDED
+
+BASE = ["--workload", "chat", "--preset", "llama-3.1-8b", "--sequential", "--limit", "40",
+        "--no-progress"]
+
+
+@pytest.mark.parametrize("name,resolved", [("s3fifo", "s3fifo"), ("recommended", RECOMMENDED),
+                                           ("lru", "lru")])
+def test_simulate_json_carries_the_resolved_policy(tmp_path, capsys, name, resolved):
+    out = tmp_path / "r.json"
+    assert main(["simulate", *BASE, "--cache-tokens", "20k", "--eviction-policy", name,
+                 "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["config"]["eviction_policy"] == resolved
+
+
+def test_sweep_policies_table_and_rows(tmp_path, capsys):
+    out = tmp_path / "rows.json"
+    assert main(["sweep", *BASE, "--cache-tokens-list", "20k,60k", "--eviction-policies", "lru,lfu",
+                 "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert [(r["config"]["eviction_policy"], r["value"]) for r in rows] == \
+        [("lru", 20000), ("lru", 60000), ("lfu", 20000), ("lfu", 60000)]
+    text = capsys.readouterr().out
+    assert "hit rate / of optimum" in text and "\n     lfu " in text
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["simulate", "--eviction-policy", "fifo"], "unknown eviction policy 'fifo'; valid: lru, s3fifo"),
+    (["sweep", "--eviction-policies", "lru,mru"], "unknown eviction policy 'mru'"),
+    (["simulate", "--eviction-policy", "lfu", "--vllm-compat"], "--vllm-compat pins vLLM's LRU order"),
+    (["sweep", "--eviction-policies", "all", "--retention-intervals", "0,none", "--cache-tokens", "1M"],
+     "--eviction-policies sweeps cache sizes"),
+])
+def test_bad_policy_options(capsys, argv, msg):
+    try:                              # argparse errors exit; option-rule errors return 2
+        rc = main([*argv, "--no-progress"])
+    except SystemExit as exc:
+        rc = exc.code
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert msg in err and "Traceback" not in err
