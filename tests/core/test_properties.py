@@ -79,6 +79,16 @@ def configs(draw):
     retention = draw(st.sampled_from([None, 0] + ([cfg.alignment, 2 * cfg.alignment] if has_local else [])))
     spec = draw(_SPEC)
     compat = draw(st.booleans())
+    # A pool too small for one request's lookahead slots is refused at construction (its own
+    # test: tests/core/test_manager_api.py); grow such a pool until the manager accepts it.
+    while True:
+        try:
+            KVCacheManager(cfg, retention_interval=retention, spec_decode=spec, vllm_compat=compat)
+            break
+        except ValueError as exc:
+            if "lookahead" not in str(exc) or cfg.num_blocks > 10_000:
+                raise
+            cfg = KVCacheConfig(groups, num_blocks=2 * cfg.num_blocks)
     return cfg, retention, spec, compat
 
 
