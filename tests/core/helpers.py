@@ -43,6 +43,15 @@ def run_prompt(kv: KVCacheManager, rid, tokens, chunk: int | None = None, **req_
     return req, hit
 
 
+def serve(kv: KVCacheManager, rid, tokens, chunk: int | None = None, free: bool = True,
+          **req_kw) -> Request:
+    """:func:`run_prompt`, then free the request unless ``free`` is False; returns it."""
+    req, _ = run_prompt(kv, rid, tokens, chunk, **req_kw)
+    if free:
+        kv.free(req)
+    return req
+
+
 def cached_positions(kv: KVCacheManager, req: Request, group: int) -> set[int]:
     """Table positions of ``req``'s group whose block is cached under the request's hash."""
     pool = kv.pool

@@ -13,26 +13,9 @@ import itertools
 import pytest
 
 from hybridkv import BlockStored, KVCacheManager, MultiModalItem, Request, SpecDecode
-from tests.core.helpers import FA, SWA, config
+from tests.core.helpers import FA, SWA, config, serve
 from tests.core.oracle import CacheMirror, oracle_hit
 
-
-def serve(kv: KVCacheManager, rid: str, tokens: list[int], chunk: int | None = None,
-          free: bool = True, **req_kw) -> Request:
-    """Look up, allocate and compute ``tokens`` (in chunks), then free unless told not to."""
-    req = Request(rid, tokens, **req_kw)
-    hit = kv.lookup(req)
-    done = hit.num_tokens
-    first = True
-    while done < len(tokens) or first:
-        n = len(tokens) - done if chunk is None else min(chunk, len(tokens) - done)
-        assert kv.allocate(req, n, hit if first else None) is not None
-        first = False
-        done += n
-        req.num_computed_tokens = done
-    if free:
-        kv.free(req)
-    return req
 
 
 def stored_positions(events, req: Request, group: int, bs: int, hbs: int) -> set[int]:

@@ -13,22 +13,8 @@ from __future__ import annotations
 import pytest
 
 from hybridkv import (MLA, BlockStored, ChunkedLocal, KVCacheManager, Request, SpecDecode)
-from tests.core.helpers import C3, FA, SWA, config
+from tests.core.helpers import C3, FA, SWA, config, serve
 
-
-def _serve(kv: KVCacheManager, rid: str, tokens, chunk: int | None = None, free: bool = True):
-    req = Request(rid, tokens)
-    hit = kv.lookup(req)
-    done, first = hit.num_tokens, True
-    while done < len(tokens):
-        n = len(tokens) - done if chunk is None else min(chunk, len(tokens) - done)
-        assert kv.allocate(req, n, hit if first else None) is not None
-        first = False
-        done += n
-        req.num_computed_tokens = done
-    if free:
-        kv.free(req)
-    return req
 
 
 # ---- 21: a sliding group coarser than the hash block is keyed by its last fine hash -------------
@@ -64,7 +50,7 @@ def test_allocation_counts_new_blocks_and_free_hit_blocks(spec, taken) -> None:
     kv = KVCacheManager(config(spec, num_blocks=1 + taken + 11), vllm_compat=True,
                         retention_interval=None)
     prompt = list(range(100, 121))                      # 21 tokens: blocks 0..9 cached
-    _serve(kv, "a", prompt)
+    serve(kv, "a", prompt)
     assert kv.num_free_blocks == taken + 11
     # two holders take 12 blocks from the head of the free queue (a's scratch tail block and
     # never-used blocks; a's cached blocks sit behind them) and leave taken - 1 free
@@ -129,7 +115,7 @@ def test_hybrid_combinations_hit_the_shared_prefix(name: str, compat: bool) -> N
     default retention 0 where 48 is the first request's replay boundary)."""
     kv = KVCacheManager(config(*COMBOS[name], num_blocks=60), vllm_compat=compat,
                         retention_interval=None if compat else 0)
-    _serve(kv, "r0", C3 + [3] * 7, chunk=48, free=False)
+    serve(kv, "r0", C3 + [3] * 7, chunk=48, free=False)
     assert kv.lookup(Request("r1", C3 + [4] * 5)).num_tokens == 48
 
 
@@ -146,10 +132,10 @@ def test_local_and_external_hit_allocate_unique_referenced_blocks(groups: int) -
                               retention_interval=None)
     tier: set = set()
     producer.add_cached_listener(lambda g, hashes, blocks: tier.update((g, h) for h in hashes))
-    _serve(producer, "p", tokens)
+    serve(producer, "p", tokens)
     consumer = KVCacheManager(config(*specs, num_blocks=1 + 8 * groups), hash_seed="s",
                               vllm_compat=True, retention_interval=None)
-    _serve(consumer, "local", tokens[:21])              # 5 cached blocks per group
+    serve(consumer, "local", tokens[:21])              # 5 cached blocks per group
     for round_ in range(2):
         req = Request(f"b{round_}", tokens)
         hit = consumer.lookup(req)
@@ -237,14 +223,14 @@ def test_eagle_drop_of_one_unit() -> None:
         for spec, want in ((None, 8), (SpecDecode("eagle", 1, hash_lookahead=False), 4)):
             kv = KVCacheManager(config(FA(4), num_blocks=10), spec_decode=spec, vllm_compat=compat,
                                 retention_interval=None)
-            _serve(kv, "a", tokens + [4])
+            serve(kv, "a", tokens + [4])
             hit = kv.lookup(Request("b", tokens + [4]))
             assert (hit.num_tokens, len(hit.block_ids[0])) == (want, want // 4), (compat, spec)
     # hash unit 2 (a FA(2) group sets the GCD): still a whole alignment unit (4) is dropped
     kv = KVCacheManager(config(FA(4), FA(2), num_blocks=20),
                         spec_decode=SpecDecode("eagle", 1, hash_lookahead=False), retention_interval=None)
-    _serve(kv, "a", tokens + [4])
+    serve(kv, "a", tokens + [4])
     assert kv.lookup(Request("b", tokens + [4])).num_tokens == 4
     kv = KVCacheManager(config(FA(4), num_blocks=10), spec_decode=SpecDecode("eagle", 1))
-    _serve(kv, "a", tokens + [4, 5])
+    serve(kv, "a", tokens + [4, 5])
     assert kv.lookup(Request("b", tokens + [4, 5])).num_tokens == 8

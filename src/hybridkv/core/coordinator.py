@@ -83,6 +83,17 @@ class ExternalHit:
     loads: tuple[TableRef, ...]
 
 
+def _report_runs(report: Callable[[int, Request, int, list[int]], None], group: int,
+                 request: Request, table: list[int], positions: list[int]) -> None:
+    """Call ``report(group, request, first, blocks)`` once per run of consecutive ``positions``
+    (ascending), with the run's block ids from ``table``."""
+    start = 0
+    for k in range(1, len(positions) + 1):
+        if k == len(positions) or positions[k] != positions[k - 1] + 1:
+            report(group, request, positions[start], [table[j] for j in positions[start:k]])
+            start = k
+
+
 class _Unit:
     """Groups looked up together: one spec and one hit rule."""
 
@@ -436,23 +447,15 @@ class KVCacheCoordinator:
         if not ok:
             return
         pool = self.pool
-        adopted: list[tuple[int, int, int]] = []   # (group, position, block) newly cached
+        adopted: dict[int, list[int]] = {}   # group -> positions newly cached
         for g, j, h in ext.loads:
             b = state.tables[g][j]
             if self.caching and pool.block_hash[b] is None:
                 pool.insert(g, h, b)
-                adopted.append((g, j, b))
-        if adopted and self.on_adopted is not None:
-            # report each group's consecutive positions as one run (a KV event per run)
-            adopted.sort()
-            g0, first, run = adopted[0][0], adopted[0][1], [adopted[0][2]]
-            for g, j, b in adopted[1:]:
-                if g == g0 and j == first + len(run):
-                    run.append(b)
-                    continue
-                self.on_adopted(g0, request, first, run)
-                g0, first, run = g, j, [b]
-            self.on_adopted(g0, request, first, run)
+                adopted.setdefault(g, []).append(j)
+        if self.on_adopted is not None:
+            for g, positions in adopted.items():   # one KV event per run of positions
+                _report_runs(self.on_adopted, g, request, state.tables[g], sorted(positions))
         t = ext.num_tokens
         for g, bs in enumerate(self.block_sizes):
             # ends below t are skipped (a window group loaded only t's run); t itself stays
@@ -847,12 +850,7 @@ class KVCacheCoordinator:
                     lo_prev = hi
             state.cached_hi[g] = lo_prev
             if positions and self.on_stored is not None:
-                run_start = 0
-                for k in range(1, len(positions) + 1):
-                    if k == len(positions) or positions[k] != positions[k - 1] + 1:
-                        self.on_stored(g, request, positions[run_start],
-                                       [table[j] for j in positions[run_start:k]])
-                        run_start = k
+                _report_runs(self.on_stored, g, request, table, positions)
         if not final:
             # every group's limit is <= num_tokens, so nothing happens before the next end
             delay = self.cache_delay
@@ -901,12 +899,7 @@ class KVCacheCoordinator:
             j = nxt(rule, j + 1, ends)
         state.cached_hi[g] = hi
         if positions and self.on_stored is not None:
-            run_start = 0
-            for k in range(1, len(positions) + 1):
-                if k == len(positions) or positions[k] != positions[k - 1] + 1:
-                    self.on_stored(g, request, positions[run_start],
-                                   [table[j] for j in positions[run_start:k]])
-                    run_start = k
+            _report_runs(self.on_stored, g, request, table, positions)
 
     # ---- free -------------------------------------------------------------------------------
     def free(self, request: Request) -> None:

@@ -343,6 +343,14 @@ class BlockPool:
 
     def free(self, blocks: Iterable[int]) -> None:
         """Drop a reference on each non-null block, in the given order (see module doc)."""
+        scratch, cached = self._release(blocks)
+        self.queue.prepend_n(scratch)
+        self.queue.append_n(cached)
+
+    def _release(self, blocks: Iterable[int]) -> tuple[list[int], list[int]]:
+        """Drop a reference on each non-null block; return the blocks that became free, split
+        into scratch (no hash) and cached, each in the given order. Raises AssertionError for a
+        block freed more often than it was referenced."""
         ref, bh = self.ref_cnt, self.block_hash
         scratch: list[int] = []
         cached: list[int] = []
@@ -359,8 +367,7 @@ class BlockPool:
                         raise AssertionError(f"block {b} freed more often than it was referenced")
         except IndexError:                         # a fresh id: never referenced
             raise AssertionError(f"block {b} freed more often than it was referenced") from None
-        self.queue.prepend_n(scratch)
-        self.queue.append_n(cached)
+        return scratch, cached
 
     def reset_hashes(self) -> None:
         """Drop every hash (no events, no eviction count). Callers check nothing is in use."""
@@ -515,22 +522,8 @@ class PolicyBlockPool(BlockPool):
                 ref[b] += 1
 
     def free(self, blocks: Iterable[int]) -> None:
-        ref, bh = self.ref_cnt, self.block_hash
-        scratch: list[int] = []
-        cached: list[int] = []
-        b = 0
-        try:
-            for b in blocks:
-                if b:
-                    r = ref[b] - 1
-                    ref[b] = r
-                    if r == 0:
-                        (scratch if bh[b] is None else cached).append(b)
-                    elif r < 0:
-                        ref[b] = 0
-                        raise AssertionError(f"block {b} freed more often than it was referenced")
-        except IndexError:                         # a fresh id: never referenced
-            raise AssertionError(f"block {b} freed more often than it was referenced") from None
+        """As :meth:`BlockPool.free`, but cached blocks go to the eviction policy."""
+        scratch, cached = self._release(blocks)
         self.queue.prepend_n(scratch)
         if cached:
             self.policy.on_free(cached)

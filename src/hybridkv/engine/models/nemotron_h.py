@@ -20,13 +20,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hybridkv.core.specs import AttentionSpec, FullAttention
+from hybridkv.core.specs import AttentionSpec
 
 from ..attention import paged_attention, write_kv
 from ..config import ModelConfig
 from ..metadata import GroupMetadata
 from .base import PagedAttentionLayer, RMSNorm
-from .recurrent import HybridStateLM, StepContext, attention_call, causal_conv, conv_state_after, per_sequence
+from .recurrent import (HybridStateLM, StepContext, attention_call, causal_conv, check_full_attention_spec,
+                        conv_state_after, per_sequence)
 
 
 class PlainAttention(PagedAttentionLayer):
@@ -50,12 +51,7 @@ class PlainAttention(PagedAttentionLayer):
         return self.o_proj(paged_attention(q, cache, meta, d ** -0.5).reshape(t, self.num_heads * d))
 
     def check_spec(self, spec: AttentionSpec) -> None:
-        name = f"model.layers.{self.layer_index}.self_attn"
-        if not isinstance(spec, FullAttention) or spec.window_tokens is not None:
-            raise ValueError(f"layer {name!r} needs a FullAttention spec, got {type(spec).__name__}")
-        if (spec.num_kv_heads, spec.head_dim) != (self.num_kv_heads, self.head_dim):
-            raise ValueError(f"layer {name!r} has {self.num_kv_heads} KV heads of {self.head_dim}, spec has "
-                             f"{spec.num_kv_heads} of {spec.head_dim}")
+        check_full_attention_spec(self, spec)
 
 
 class GroupGatedRMSNorm(nn.Module):

@@ -22,18 +22,19 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hybridkv.core.specs import AttentionSpec, FullAttention
+from hybridkv.core.specs import AttentionSpec
 
 from ..attention import paged_attention, write_kv
 from ..config import ModelConfig
 from ..metadata import GroupMetadata
 from ..rope import Rotary, apply_rope_half
 from .base import Backbone, GatedMLP, PagedAttentionLayer
+from .gemma3 import GemmaRMSNorm  # norm(x) * (1 + weight), fp32: the same norm as Qwen3-Next
 from .recurrent import (
     HybridStateLM,
     StepContext,
-    ZeroCenteredRMSNorm,
     attention_call,
+    check_full_attention_spec,
     causal_conv,
     conv_state_after,
     per_sequence,
@@ -57,8 +58,8 @@ class GatedAttention(PagedAttentionLayer):
         self.k_proj = nn.Linear(h, self.num_kv_heads * d, bias=config.qkv_bias)
         self.v_proj = nn.Linear(h, self.num_kv_heads * d, bias=config.qkv_bias)
         self.o_proj = nn.Linear(self.num_heads * d, h, bias=config.o_bias)
-        self.q_norm = ZeroCenteredRMSNorm(d, config.rms_norm_eps)
-        self.k_norm = ZeroCenteredRMSNorm(d, config.rms_norm_eps)
+        self.q_norm = GemmaRMSNorm(d, config.rms_norm_eps)
+        self.k_norm = GemmaRMSNorm(d, config.rms_norm_eps)
 
     @staticmethod
     def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -78,12 +79,7 @@ class GatedAttention(PagedAttentionLayer):
         return self.o_proj(out)
 
     def check_spec(self, spec: AttentionSpec) -> None:
-        name = f"model.layers.{self.layer_index}.self_attn"
-        if not isinstance(spec, FullAttention) or spec.window_tokens is not None:
-            raise ValueError(f"layer {name!r} needs a FullAttention spec, got {type(spec).__name__}")
-        if (spec.num_kv_heads, spec.head_dim) != (self.num_kv_heads, self.head_dim):
-            raise ValueError(f"layer {name!r} has {self.num_kv_heads} KV heads of {self.head_dim}, spec has "
-                             f"{spec.num_kv_heads} of {spec.head_dim}")
+        check_full_attention_spec(self, spec)
 
 
 class GatedRMSNorm(nn.Module):
@@ -203,12 +199,12 @@ class Qwen3NextDecoderLayer(nn.Module):
         s = config.state
         assert s is not None
         self.kind = config.layer_kinds[layer_index]
-        self.input_layernorm = ZeroCenteredRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.input_layernorm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
         if self.kind == "full":
             self.self_attn = GatedAttention(config, layer_index)
         else:
             self.linear_attn = GatedDeltaNet(config, layer_index)
-        self.post_attention_layernorm = ZeroCenteredRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = SparseMoE(config) if layer_index in s.moe_layers else GatedMLP(
             config.hidden_size, config.intermediate_size)
 
@@ -236,7 +232,7 @@ class Qwen3NextForCausalLM(HybridStateLM):
         assert s is not None
         layers = [Qwen3NextDecoderLayer(config, i) for i in range(config.num_hidden_layers)]
         self.model = Backbone(config, layers)  # type: ignore[arg-type]
-        self.model.norm = ZeroCenteredRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.model.norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight

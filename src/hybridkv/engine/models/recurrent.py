@@ -163,20 +163,6 @@ def conv_state_after(inputs: torch.Tensor, j: int, kernel: int) -> torch.Tensor:
     return inputs[j:j + kernel - 1].clone()
 
 
-class ZeroCenteredRMSNorm(nn.Module):
-    """``norm(x) * (1 + weight)`` in fp32, cast back (Qwen3-Next's RMSNorm; weight starts at 0)."""
-
-    def __init__(self, size: int, eps: float = 1e-6) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = x.float()
-        y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (y * (1.0 + self.weight.float())).type_as(x)
-
-
 class HybridStateLM(PagedCausalLM):
     """Base of the state models: full-attention layers on paged KV, recurrent layers on the
     :class:`RecurrentStateStore`, every layer a ``forward(x, ctx, cache, meta)`` block.
@@ -271,3 +257,14 @@ def attention_call(attn: nn.Module, x: torch.Tensor, ctx: StepContext, cache: to
     if cache is None or meta is None:
         raise ValueError(f"layer {attn.layer_index}: attention needs its KV-cache group metadata")
     return attn(x, ctx.rope, cache, meta)
+
+
+def check_full_attention_spec(layer: nn.Module, spec: AttentionSpec) -> None:
+    """The check_spec of a state model's attention layer: a FullAttention spec (no window)
+    with the layer's KV heads and head dim. Raises ValueError naming the layer."""
+    name = f"model.layers.{layer.layer_index}.self_attn"
+    if not isinstance(spec, FullAttention) or spec.window_tokens is not None:
+        raise ValueError(f"layer {name!r} needs a FullAttention spec, got {type(spec).__name__}")
+    if (spec.num_kv_heads, spec.head_dim) != (layer.num_kv_heads, layer.head_dim):
+        raise ValueError(f"layer {name!r} has {layer.num_kv_heads} KV heads of {layer.head_dim}, spec has "
+                         f"{spec.num_kv_heads} of {spec.head_dim}")
