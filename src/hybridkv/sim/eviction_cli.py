@@ -10,7 +10,9 @@ from typing import Callable
 
 from hybridkv.core.eviction import POLICIES, RECOMMENDED, resolve_policy
 
-CONCRETE = tuple(p for p in POLICIES if p != "recommended")
+# ``all``: the policies that order on their own (``priority`` without retention configs is LRU;
+# it is swept with ``--prefix-retention`` and ``--eviction-policies priority``).
+CONCRETE = tuple(p for p in POLICIES if p not in ("recommended", "priority"))
 
 
 def parse_policy(text: str) -> str:

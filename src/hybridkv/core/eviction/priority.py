@@ -95,14 +95,26 @@ class PriorityPolicy(EvictionPolicy):
         ``positions`` of one group: each gets the ``marks`` whose ``num_blocks`` exceed its
         position, expiring ``ttl_s`` from now."""
         now = self.clock()
-        timed = [(m.num_blocks, m.priority, _INF if m.ttl_s is None else now + m.ttl_s) for m in marks]
+        timed = sorted(((m.num_blocks, m.priority, _INF if m.ttl_s is None else now + m.ttl_s)
+                        for m in marks), reverse=True)            # reach descending
+        fresh: dict[int, list[tuple[int, float]]] = {}           # count of marks -> their list
         table = self.marks
         for b, j in zip(blocks, positions):
+            n = len(timed)
+            while n and timed[n - 1][0] <= j:                     # the first n marks reach j
+                n -= 1
+            if not n:
+                continue
             lst = table.get(b)
-            if lst is None:
-                lst = table[b] = []
-            for k, p, e in timed:
-                if j < k:
+            if lst is None:                                       # the usual case: build once
+                band = fresh.get(n)
+                if band is None:
+                    band = fresh[n] = []
+                    for _, p, e in timed[:n]:
+                        _merge(band, p, e)
+                table[b] = band.copy()
+            else:
+                for _, p, e in timed[:n]:
                     _merge(lst, p, e)
 
     def level(self, b: int, now: float) -> tuple[int, float]:
@@ -172,10 +184,16 @@ class PriorityPolicy(EvictionPolicy):
             mask = self.mask
             lv = (mask & -mask).bit_length() - 1
             f, m = fifo[lv], moved[lv]
-            while f and (seq_of.get(f[0][1]) != f[0][0] or level_of[f[0][1]] != lv):
+            while f:                                 # drop dead entries at the heads
+                s, b = f[0]
+                if seq_of.get(b) == s and level_of[b] == lv:
+                    break
                 f.popleft()
                 dead += 1
-            while m and (seq_of.get(m[0][1]) != m[0][0] or level_of[m[0][1]] != lv):
+            while m:
+                s, b = m[0]
+                if seq_of.get(b) == s and level_of[b] == lv:
+                    break
                 heapq.heappop(m)
                 dead += 1
             if not f and not m:
