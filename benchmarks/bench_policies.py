@@ -59,13 +59,13 @@ def factory(name: str):
 
 
 def main() -> None:
-    print(f"{'blocks':>10}" + "".join(f"{n + ' ms':>12}{'/lru':>7}" for n in NAMES))
+    print(f"{'blocks':>10}" + "".join(f"{n + ' ms':>16}{'/lru':>7}" for n in NAMES))
     for n in (10_000, 1_000_000):
         best = {name: float("inf") for name in NAMES}
         for _ in range(7):
             for name in NAMES:
                 best[name] = min(best[name], workload(factory(name), n))
-        print(f"{n:>10}" + "".join(f"{best[k] * 1e3:>12.1f}{best[k] / best['lru']:>7.2f}" for k in NAMES))
+        print(f"{n:>10}" + "".join(f"{best[k] * 1e3:>16.1f}{best[k] / best['lru']:>7.2f}" for k in NAMES))
 
 
 if __name__ == "__main__":
