@@ -505,6 +505,9 @@ class Simulator:
                                  eviction_policy=config.eviction_policy,
                                  clock=self._clock)
         self.now = 0.0      # the retention clock: simulated time (sequential: arrival times)
+        if config.prefix_retention is not None and not self.kv.uses_retention:
+            raise ValueError(f"prefix_retention needs eviction_policy='priority', got "
+                             f"{config.eviction_policy!r} (it ignores retention configs)")
         sched_cfg = config.sched
         if config.sequential:
             sched_cfg = dataclasses.replace(sched_cfg, max_num_seqs=1)
