@@ -410,3 +410,20 @@ def test_eviction_order_matches_a_brute_force_model(num_blocks, ops):
             held.extend([b, b])
             pool.touch([b])                              # a second reference
         pool.check()
+
+
+@pytest.mark.parametrize("policy, t, want", [("priority", 599.0, 16), ("priority", 600.0, 8),
+                                             ("lru", 0.0, 8)])
+def test_after_its_ttl_the_system_prompt_goes_first_tail_first(policy, t, want):
+    """Pinned at t=0 for 600 s, then a flood of newer one-off prompts: a request that needs two
+    evictions takes two flood blocks while the pin holds (t=599), and the prompt's two tail
+    blocks once it lapsed (t=600): they are the least recently used, and tail before prefix."""
+    clock = Clock()
+    kv = KVCacheManager(_cfg(24), eviction_policy=policy, clock=clock)
+    pin = RetentionConfig((TokenRange(0, 16, 100, ttl_s=600.0),)) if policy == "priority" else None
+    _serve(kv, "a", SYSTEM + [1], pin)
+    _flood(kv, "f", 5)                                   # 15 cached blocks, newer than the prompt
+    clock.t = t
+    k = kv.pool.queue.num_free + 2                       # every scratch/fresh block, then 2 evictions
+    _serve(kv, "big", [90_000 + i for i in range(4 * k - 2)])
+    assert _serve(kv, "probe", SYSTEM + [3]) == want
