@@ -424,6 +424,9 @@ def test_after_its_ttl_the_system_prompt_goes_first_tail_first(policy, t, want):
     _serve(kv, "a", SYSTEM + [1], pin)
     _flood(kv, "f", 5)                                   # 15 cached blocks, newer than the prompt
     clock.t = t
-    k = kv.pool.queue.num_free + 2                       # every scratch/fresh block, then 2 evictions
+    pool = kv.pool
+    uncached = pool.num_blocks - pool.next_fresh + sum(
+        1 for b in range(1, pool.next_fresh) if pool.ref_cnt[b] == 0 and pool.block_hash[b] is None)
+    k = uncached + 2                                     # every scratch/fresh block, then 2 evictions
     _serve(kv, "big", [90_000 + i for i in range(4 * k - 2)])
     assert _serve(kv, "probe", SYSTEM + [3]) == want
