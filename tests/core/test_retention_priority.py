@@ -61,7 +61,7 @@ class RetentionModel(Model):
 
 @settings(max_examples=examples(250), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cfg_args=configs(), ops=st.binary(min_size=4 * MIN_OPS, max_size=4 * MAX_OPS).map(decode_ops))
-@budgeted(0.15)
+@budgeted(0.05)
 def test_random_operations_with_retention_keep_invariants(cfg_args, ops):
     cfg, retention, spec, _ = cfg_args
     clock = Clock()
@@ -92,7 +92,7 @@ def test_random_operations_with_retention_keep_invariants(cfg_args, ops):
 
 @settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cfg_args=configs(), ops=st.binary(min_size=4 * MIN_OPS, max_size=4 * MAX_OPS).map(decode_ops))
-@budgeted(0.1)
+@budgeted(0.05)
 def test_without_retention_configs_the_order_is_lru(cfg_args, ops):
     """The same operations on an LRU manager and a priority manager give the same block ids,
     hits and events at every step."""
@@ -347,6 +347,7 @@ def test_make_policy_registers_priority():
 @settings(max_examples=examples(150), deadline=None)
 @given(num_blocks=st.integers(2, 30),
        ops=st.lists(st.tuples(st.integers(0, 5), st.integers(0, 10**6)), min_size=10, max_size=120))
+@budgeted(0.03)
 def test_eviction_order_matches_a_brute_force_model(num_blocks, ops):
     """Pool level, against a brute-force model: every victim is the held block with the lowest
     (highest live mark at now, else the default; free order), every step ``check()``s."""
