@@ -94,15 +94,17 @@ def test_random_operations_with_retention_keep_invariants(cfg_args, ops):
 @given(cfg_args=configs(), ops=st.binary(min_size=4 * MIN_OPS, max_size=4 * MAX_OPS).map(decode_ops))
 @budgeted(0.05)
 def test_without_retention_configs_the_order_is_lru(cfg_args, ops):
-    """The same operations on an LRU manager and a priority manager give the same block ids,
-    hits and events at every step."""
+    """The same operations (prefix-cache resets included) on an LRU manager and a priority
+    manager give the same block ids, hits and events at every step."""
     cfg, retention, spec, _ = cfg_args
     pair = [KVCacheManager(cfg, retention_interval=retention, spec_decode=spec, enable_events=True, hash_seed="s",
                            eviction_policy=p, clock=Clock()) for p in ("lru", "priority")]
     models = [Model(kv, spec, False) for kv in pair]
     for op, x in ops:
         for m in models:
-            if op <= 1 or not m.running:
+            if op == 7:
+                assert m.kv.reset_prefix_cache() == (not m.running)
+            elif op <= 1 or not m.running:
                 base = m.prompts[x % len(m.prompts)] if m.prompts and x % 3 else []
                 tokens = base[: (x // 7) % (len(base) + 1)] + [(x >> k) % 5 for k in range(1 + x % 13)]
                 m.admit(tokens, None, chunk=1 + x % 40)
@@ -431,3 +433,19 @@ def test_after_its_ttl_the_system_prompt_goes_first_tail_first(policy, t, want):
     k = uncached + 2                                     # every scratch/fresh block, then 2 evictions
     _serve(kv, "big", [90_000 + i for i in range(4 * k - 2)])
     assert _serve(kv, "probe", SYSTEM + [3]) == want
+
+
+@pytest.mark.parametrize("policy", ["priority", "s3fifo", "lfu", "cost"])
+def test_a_prefix_cache_reset_empties_the_policy(policy):
+    """After a reset no block has a hash, so the policy holds none (pinned junk would otherwise
+    outrank every block cached later); the blocks sit where LRU keeps them, and serving goes on."""
+    kv = KVCacheManager(_cfg(24), eviction_policy=policy, clock=Clock())
+    pin = RetentionConfig((TokenRange(0, 16, 100),)) if policy == "priority" else None
+    _serve(kv, "a", SYSTEM + [1], pin)
+    assert len(kv.pool.policy) == 4
+    assert kv.reset_prefix_cache()
+    kv.check_integrity()
+    assert len(kv.pool.policy) == 0 and not getattr(kv.pool.policy, "marks", None)
+    assert kv.num_free_blocks == 23
+    _flood(kv, "f")
+    assert _serve(kv, "b", SYSTEM + [2]) == 0
