@@ -190,10 +190,14 @@ class Model:
         if hit.shared_prefix_boundary:
             note("lookups reporting a shared-prefix junction")
 
+    def make_request(self, rid: str, tokens, salt) -> Request:
+        """The Request ``admit`` submits (subclasses add per-request options)."""
+        return Request(rid, tokens, cache_salt=salt)
+
     def admit(self, tokens, salt, chunk) -> None:
         rid = f"r{self.counter}"
         self.counter += 1
-        req = Request(rid, tokens, cache_salt=salt)
+        req = self.make_request(rid, tokens, salt)
         hit = self.kv.lookup(req)
         self.check_hit(req, hit)
         n = min(chunk, req.num_tokens - hit.num_tokens)

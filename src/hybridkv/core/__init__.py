@@ -7,6 +7,7 @@ from hybridkv.core.hashing import BlockHasher
 from hybridkv.core.manager import KVCacheManager
 from hybridkv.core.pool import NULL_BLOCK, BlockPool, FreeBlockQueue
 from hybridkv.core.request import LoRA, MultiModalItem, Request
+from hybridkv.core.retention_config import RetentionConfig, TokenRange
 from hybridkv.core.rules import HitRule, make_rule
 from hybridkv.core.spec_decode import SPEC_METHODS, SpecDecode, parse_spec
 from hybridkv.core.specs import (MLA, AttentionSpec, ChunkedLocal, FullAttention, KVCacheConfig,
@@ -16,5 +17,5 @@ __all__ = [
     "AllBlocksCleared", "AttentionSpec", "BlockHasher", "BlockPool", "BlockRef", "BlockRemoved", "BlockStored",
     "CacheHit", "ChunkedLocal", "ExternalHit", "FreeBlockQueue", "FullAttention", "HitRule", "KVCacheConfig",
     "KVCacheGroup", "KVCacheManager", "LoRA", "MLA", "MultiModalItem", "NULL_BLOCK", "make_rule",
-    "PrefixCacheStats", "Request", "SPEC_METHODS", "SlidingWindow", "SpecDecode", "TableRef", "parse_spec",
+    "PrefixCacheStats", "Request", "RetentionConfig", "SPEC_METHODS", "SlidingWindow", "SpecDecode", "TableRef", "TokenRange", "parse_spec",
 ]

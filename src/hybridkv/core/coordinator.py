@@ -41,6 +41,7 @@ from hybridkv.core.hashing import BlockHasher
 from hybridkv.core.pool import NULL_BLOCK, BlockPool
 from hybridkv.core.request import Request
 from hybridkv.core.retention import Retention, multiples_between, replay_boundaries
+from hybridkv.core.retention_config import block_marks
 from hybridkv.core.rules import HitRule, make_rule
 from hybridkv.core.specs import KVCacheConfig
 
@@ -695,6 +696,8 @@ class KVCacheCoordinator:
             if gp.released:
                 table = state.tables[g]
                 freed = [table[j] for j in gp.released]
+                if request.retention is not None:
+                    self._retain(request, g, table, gp.released)
                 for j in gp.released:
                     table[j] = NULL_BLOCK
                 pool.free(freed)
@@ -912,5 +915,15 @@ class KVCacheCoordinator:
         if self.caching and not self.compat:
             self.cache(request, min(request.num_computed_tokens, request.num_tokens), final=True)
         del self.reqs[request.request_id]
+        if request.retention is not None:
+            for g, table in enumerate(state.tables):
+                self._retain(request, g, table, range(len(table)))
         for table in state.tables:
             self.pool.free(reversed(table))
+
+    def _retain(self, request: Request, g: int, table: list[int], positions) -> None:
+        """Give the request's retention marks to group ``g``'s blocks at ``positions`` (about
+        to be released); see :mod:`hybridkv.core.retention_config`."""
+        marks = block_marks(request.retention, self.block_sizes[g], request.num_prompt_tokens,
+                            request.num_tokens)
+        self.pool.retain(table, positions, marks)

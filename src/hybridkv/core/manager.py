@@ -18,6 +18,7 @@ Block layout of one group's table as a request runs (``bs`` = 4, 2 lookahead slo
 
 from __future__ import annotations
 
+import time
 from typing import Callable
 
 from hybridkv.core.coordinator import CacheHit, ExternalHit, KVCacheCoordinator
@@ -28,6 +29,7 @@ from hybridkv.core.eviction import make_policy, resolve_policy
 from hybridkv.core.pool import NULL_BLOCK, BlockPool, PolicyBlockPool
 from hybridkv.core.request import Request
 from hybridkv.core.retention import Retention, validate_retention_interval
+from hybridkv.core.retention_config import RetentionConfig
 from hybridkv.core.rules import make_rule
 from hybridkv.core.specs import KVCacheConfig
 from hybridkv.core.spec_decode import SpecDecode
@@ -64,6 +66,10 @@ class KVCacheManager:
             :data:`hybridkv.core.eviction.POLICIES` (``lru``, the default, is vLLM's order;
             ``recommended`` resolves to :data:`~hybridkv.core.eviction.RECOMMENDED`). The
             resolved name is ``self.eviction_policy``. Only ``lru`` is allowed with vllm_compat.
+            ``priority`` orders by the requests' retention configs (``Request(retention=...)``);
+            the other policies refuse a request that carries one.
+        clock: seconds, non-decreasing, for retention TTLs (default ``time.monotonic``; the
+            simulator passes its virtual time). Read only by the ``priority`` policy.
 
     Invariants (:meth:`check_integrity`): every block is free xor referenced; ref counts equal
     the references in request tables; the free queue and the hash index agree with the blocks;
@@ -75,7 +81,7 @@ class KVCacheManager:
                  hash_algo: str = "xxh3_128", hash_seed: str | None = None,
                  max_model_len: int | None = None, enable_events: bool = False,
                  vllm_compat: bool = False, max_in_flight_tokens: int | None = None,
-                 eviction_policy: str = "lru") -> None:
+                 eviction_policy: str = "lru", clock: Callable[[], float] | None = None) -> None:
         if not isinstance(config, KVCacheConfig):
             raise ValueError(f"config must be a KVCacheConfig, got {type(config).__name__}")
         if spec_decode is not None and not isinstance(spec_decode, SpecDecode):
@@ -110,7 +116,11 @@ class KVCacheManager:
         if vllm_compat and self.eviction_policy != "lru":
             raise ValueError(f"vllm_compat pins vLLM's LRU order; eviction_policy must be 'lru', "
                              f"got {eviction_policy!r}")
-        policy = make_policy(self.eviction_policy, [make_rule(g.spec) for g in config.groups])
+        if clock is not None and not callable(clock):
+            raise ValueError(f"clock must be None or a callable returning seconds, got {clock!r}")
+        policy = make_policy(self.eviction_policy, [make_rule(g.spec) for g in config.groups],
+                             clock or time.monotonic)
+        self.uses_retention = policy is not None and policy.uses_retention
         on_evict = self._on_evict if enable_events else None
         self.pool = (BlockPool(config.num_blocks, len(config.groups), on_evict=on_evict)
                      if policy is None else
@@ -327,6 +337,8 @@ class KVCacheManager:
                 raise ValueError(
                     f"external must be lookup_external's result for new request "
                     f"{request.request_id!r} and its hit, got {external!r}")
+        if not known and request.retention is not None:
+            self._check_retention(request)
         if num_new_tokens == 0 and not known and not (hit and hit.num_tokens) and external is None:
             raise ValueError(
                 f"allocate for new request {request.request_id!r} needs num_new_tokens > 0 or a hit"
@@ -346,6 +358,18 @@ class KVCacheManager:
             self._requests[request.request_id] = request
             self._record(request, hit.num_tokens if hit is not None else 0)
         return blocks
+
+    def _check_retention(self, request: Request) -> None:
+        """ValueError unless this manager's policy can honour ``request.retention``."""
+        if not self.uses_retention:
+            raise ValueError(
+                f"request {request.request_id!r} carries a retention config, which "
+                f"eviction_policy={self.eviction_policy!r} ignores; use eviction_policy='priority' "
+                "(the only policy that reads retention configs) or drop the config")
+        if not isinstance(request.retention, RetentionConfig):
+            raise ValueError(f"request {request.request_id!r}: retention must be a RetentionConfig "
+                             f"or None, got {request.retention!r}")
+        request.retention.check_prompt(request.num_prompt_tokens, f"request {request.request_id!r}")
 
     def _record(self, request: Request, hit_tokens: int) -> None:
         if not self.enable_caching or request.skip_prefix_cache:

@@ -528,6 +528,26 @@ class PolicyBlockPool(BlockPool):
         if cached:
             self.policy.on_free(cached)
 
+    def reset_hashes(self) -> None:
+        """As :meth:`BlockPool.reset_hashes`; the policy's blocks, hash-less now, leave it for
+        the queue's tail in the policy's order (where LRU's hashed region was: the same
+        layout as :class:`BlockPool`), so a policy never holds a block without a hash."""
+        super().reset_hashes()
+        pol = self.policy
+        if len(pol):
+            blocks = pol.pop(len(pol))
+            pol.forget(blocks)
+            self.queue.append_n(blocks)
+
+    def retain(self, table: list[int], positions: Iterable[int], marks: Any) -> None:
+        """Pass a request's retention ``marks`` for the blocks at ``positions`` of one group's
+        ``table`` to the policy (before they are freed); null and hash-less blocks are skipped
+        (they are never cached). See :mod:`hybridkv.core.retention_config`."""
+        bh = self.block_hash
+        pos = [j for j in positions if table[j] and bh[table[j]] is not None]
+        if pos:
+            self.policy.retain([table[j] for j in pos], pos, marks)
+
     def _check_held(self, in_queue: list[bool]) -> None:
         n = len(in_queue)
         count = 0

@@ -16,6 +16,8 @@ from array import array
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+from hybridkv.core.retention_config import RetentionConfig
+
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
@@ -66,15 +68,19 @@ class Request:
         mm_items: multimodal items, sorted by offset, inside the prompt.
         skip_prefix_cache: do not read the prefix cache (e.g. prompt logprobs are requested);
             the request's blocks are still cached for others.
+        retention: how long its blocks should stay cached after release (priority + TTL per
+            prompt token range, :class:`~hybridkv.core.retention_config.RetentionConfig`);
+            needs a manager with ``eviction_policy="priority"``. Ranges must lie in the prompt.
     """
 
     __slots__ = ("request_id", "token_ids", "num_prompt_tokens", "num_computed_tokens",
                  "cache_salt", "lora", "mm_items", "skip_prefix_cache", "block_hashes",
-                 "hasher", "num_preemptions", "__weakref__")
+                 "hasher", "num_preemptions", "retention", "__weakref__")
 
     def __init__(self, request_id: object, token_ids: Iterable[int], *,
                  cache_salt: str | None = None, lora: LoRA | None = None,
-                 mm_items: Sequence[MultiModalItem] = (), skip_prefix_cache: bool = False) -> None:
+                 mm_items: Sequence[MultiModalItem] = (), skip_prefix_cache: bool = False,
+                 retention: RetentionConfig | None = None) -> None:
         tokens = _as_token_array(token_ids, f"request {request_id!r}")
         if len(tokens) == 0:
             raise ValueError(f"request {request_id!r} has an empty prompt; give at least one token")
@@ -99,6 +105,11 @@ class Request:
                     f"overlap; {item.identifier!r} starts at {item.offset} < {prev_end}"
                 )
             prev_end = item.offset + item.length
+        if retention is not None:
+            if not isinstance(retention, RetentionConfig):
+                raise ValueError(f"request {request_id!r}: retention must be a RetentionConfig or None, "
+                                 f"got {retention!r}")
+            retention.check_prompt(len(tokens), f"request {request_id!r}")
         self.request_id = request_id
         self.token_ids = tokens  # array('q'): prompt then outputs; grow only via append_tokens
         self.num_prompt_tokens = len(tokens)
@@ -110,6 +121,7 @@ class Request:
         self.block_hashes: list[bytes] = []
         self.hasher = None  # the BlockHasher that produced block_hashes (set by the manager)
         self.num_preemptions = 0
+        self.retention = retention
 
     # ---- tokens -------------------------------------------------------------------------
     @property

@@ -30,6 +30,7 @@ from hybridkv.connectors.stores.base import KVStore
 from hybridkv.connectors.transfer import KVTransfer
 from hybridkv.core.manager import KVCacheManager
 from hybridkv.core.request import Request
+from hybridkv.core.retention_config import RetentionConfig
 from hybridkv.core.spec_decode import SpecDecode, parse_spec
 from hybridkv.core.specs import KVCacheConfig
 from hybridkv.sched import EngineRequest, Scheduler, SchedulerConfig
@@ -262,7 +263,8 @@ class LLM:
                                  enable_caching=cache.enable_prefix_caching, hash_algo=hash_algo,
                                  hash_seed=hash_seed, max_model_len=max_model_len,
                                  vllm_compat=cache.vllm_compat, enable_events=kv_events is not None,
-                                 max_in_flight_tokens=scheduler.max_num_batched_tokens)
+                                 max_in_flight_tokens=scheduler.max_num_batched_tokens,
+                                 eviction_policy=cache.eviction_policy)
         self.cache = PagedKVCache(self.kv_config, device=self.device)
         self.connector: KVConnector | None = None
         if kv_store is not None:
@@ -339,7 +341,9 @@ class LLM:
     def generate(self, prompts: Sequence[str | Sequence[int]] | str, max_tokens: int | Sequence[int] = 16,
                  *, cache_salt: str | None | Sequence[str | None] = None,
                  stop_token_ids: Sequence[int] | None = None, ignore_eos: bool = False,
-                 priority: Sequence[int] | None = None) -> list[GenerationOutput]:
+                 priority: Sequence[int] | None = None,
+                 retention: RetentionConfig | None | Sequence[RetentionConfig | None] = None,
+                 ) -> list[GenerationOutput]:
         """Generate greedily for every prompt (one batch, continuous batching); outputs in order.
 
         Args:
@@ -347,17 +351,23 @@ class LLM:
             max_tokens: output tokens per request (one value or one per prompt).
             cache_salt: per-request (or shared) salt; requests only share cache within a salt.
             stop_token_ids: extra stop tokens; the model's EOS ids stop too unless ``ignore_eos``.
-            priority: per-request priority (``scheduler=SchedulerConfig(policy="priority")``).
+            priority: per-request *scheduling* priority, as in vLLM (lower runs first under
+                ``scheduler=SchedulerConfig(policy="priority")``); it does not touch the cache.
+            retention: how long each request's blocks stay cached (one
+                :class:`~hybridkv.core.retention_config.RetentionConfig` for every prompt, or
+                one per prompt, None for none); needs ``CacheConfig(eviction_policy="priority")``.
         """
         reqs = self.submit(prompts, max_tokens, cache_salt=cache_salt, stop_token_ids=stop_token_ids,
-                           ignore_eos=ignore_eos, priority=priority)
+                           ignore_eos=ignore_eos, priority=priority, retention=retention)
         self.engine.run()
         return self.collect(reqs)
 
     def submit(self, prompts: Sequence[str | Sequence[int]] | str, max_tokens: int | Sequence[int] = 16,
                *, cache_salt: str | None | Sequence[str | None] = None,
                stop_token_ids: Sequence[int] | None = None, ignore_eos: bool = False,
-               priority: Sequence[int] | None = None) -> list[EngineRequest]:
+               priority: Sequence[int] | None = None,
+               retention: RetentionConfig | None | Sequence[RetentionConfig | None] = None,
+               ) -> list[EngineRequest]:
         """Queue requests without running them (drive ``llm.engine.step()`` yourself, then
         :meth:`collect`). Arguments as for :meth:`generate`."""
         if isinstance(prompts, str):
@@ -366,8 +376,12 @@ class LLM:
         limits = [max_tokens] * n if isinstance(max_tokens, int) else list(max_tokens)
         salts = list(cache_salt) if isinstance(cache_salt, (list, tuple)) else [cache_salt] * n
         prios = list(priority) if priority is not None else [0] * n
-        if not len(limits) == len(salts) == len(prios) == n:
-            raise ValueError("max_tokens, cache_salt and priority need one entry per prompt")
+        keep = list(retention) if isinstance(retention, (list, tuple)) else [retention] * n
+        if not len(limits) == len(salts) == len(prios) == len(keep) == n:
+            raise ValueError("max_tokens, cache_salt, priority and retention need one entry per prompt")
+        if any(r is not None for r in keep) and not self.kv.uses_retention:
+            raise ValueError(f"retention needs CacheConfig(eviction_policy='priority'); this LLM "
+                             f"uses eviction_policy={self.kv.eviction_policy!r}, which ignores it")
         stops = set(stop_token_ids or ())
         if not ignore_eos:
             stops |= set(self.eos_token_ids)
@@ -375,7 +389,7 @@ class LLM:
         for i, p in enumerate(prompts):
             rid = f"req-{self._next_id}"
             self._next_id += 1
-            core = Request(rid, self.encode(p), cache_salt=salts[i])
+            core = Request(rid, self.encode(p), cache_salt=salts[i], retention=keep[i])
             reqs.append(EngineRequest(core, int(limits[i]), priority=int(prios[i]),
                                       arrival_time=float(self._next_id), stop_token_ids=stops))
         for r in reqs:

@@ -55,6 +55,9 @@ class CacheConfig:
         hash_seed: the block-hash seed; engines sharing a store need the same one (default
             with a store: a fixed shared seed; without: a random one).
         vllm_compat: run the manager in vLLM-0.33-compatible mode.
+        eviction_policy: the order cached free blocks are reused in (``lru``, vLLM's, by
+            default; ``priority`` honours ``LLM.generate(retention=...)``; see
+            :data:`hybridkv.core.eviction.POLICIES`). Retention TTLs use the wall clock.
     """
 
     block_size: int | Mapping[str, int] = 16
@@ -66,8 +69,11 @@ class CacheConfig:
     hash_algo: str | None = None
     hash_seed: str | None = None
     vllm_compat: bool = False
+    eviction_policy: str = "lru"
 
     def __post_init__(self) -> None:
+        from hybridkv.core.eviction import resolve_policy
+        resolve_policy(self.eviction_policy)     # ValueError naming the valid policies
         sizes = self.block_size.values() if isinstance(self.block_size, Mapping) else [self.block_size]
         if not sizes:
             raise ValueError("CacheConfig.block_size must name at least one layer kind")

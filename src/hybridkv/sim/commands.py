@@ -378,7 +378,8 @@ def build_config(args: argparse.Namespace, num_blocks: int | None = None,
                     spec=spec, acceptance_rate=rate, sched=sched,
                     sequential=args.sequential, seed=args.seed, vllm_compat=args.vllm_compat,
                     max_model_len=args.max_model_len, optimum=not args.no_optimum,
-                    num_gpus=args.gpus, eviction_policy=getattr(args, "eviction_policy", "lru"))
+                    num_gpus=args.gpus, eviction_policy=getattr(args, "eviction_policy", "lru"),
+                    prefix_retention=getattr(args, "prefix_retention", None))
     check_spec_fits(cfg)
     return cfg
 

@@ -10,7 +10,9 @@ from typing import Callable
 
 from hybridkv.core.eviction import POLICIES, RECOMMENDED, resolve_policy
 
-CONCRETE = tuple(p for p in POLICIES if p != "recommended")
+# ``all``: the policies that order on their own (``priority`` without retention configs is LRU;
+# it is swept with ``--prefix-retention`` and ``--eviction-policies priority``).
+CONCRETE = tuple(p for p in POLICIES if p not in ("recommended", "priority"))
 
 
 def parse_policy(text: str) -> str:
@@ -39,6 +41,24 @@ def add_policy_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eviction-policy", type=parse_policy, default="lru", metavar="NAME",
                    help=f"order cached free blocks are reused in: {', '.join(POLICIES)} "
                         f"(default lru, vLLM's; recommended = {RECOMMENDED})")
+    add_retention_option(p)
+
+
+def parse_prefix_retention(text: str):
+    """``TOKENS:PRIORITY[:TTL_S]`` -> :class:`~hybridkv.sim.simulator.PrefixRetention`."""
+    from hybridkv.sim.simulator import PrefixRetention
+    try:
+        return PrefixRetention.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_retention_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prefix-retention", type=parse_prefix_retention, metavar="TOKENS:PRIORITY[:TTL_S]",
+                   help="give every request's first TOKENS prompt tokens PRIORITY (0..100, default "
+                        "35; lower is evicted first) for TTL_S simulated seconds after each use "
+                        "(none: no expiry), e.g. 2048:100:600 pins a system prompt for 10 minutes; "
+                        "needs --eviction-policy priority")
 
 
 def add_sweep_option(p: argparse.ArgumentParser) -> None:
@@ -50,6 +70,9 @@ def add_sweep_option(p: argparse.ArgumentParser) -> None:
 def check_args(args: argparse.Namespace) -> None:
     """Option rules (ValueError): compat mode is LRU only; several policies sweep sizes only."""
     names = getattr(args, "eviction_policies", None) or [resolve_policy(args.eviction_policy)]
+    if getattr(args, "prefix_retention", None) is not None and any(n != "priority" for n in names):
+        raise ValueError(f"--prefix-retention needs --eviction-policy priority (the only policy that "
+                         f"reads retention); got {', '.join(names)}")
     if args.vllm_compat and any(n != "lru" for n in names):
         raise ValueError(f"--vllm-compat pins vLLM's LRU order; drop it or use --eviction-policy lru "
                          f"(got {', '.join(names)})")

@@ -32,6 +32,7 @@ import numpy as np
 from hybridkv.core.hashing import BlockHasher
 from hybridkv.core.manager import KVCacheManager
 from hybridkv.core.request import Request
+from hybridkv.core.retention_config import RetentionConfig, TokenRange
 from hybridkv.core.spec_decode import SpecDecode
 from hybridkv.core.rules import make_rule
 from hybridkv.sched import AcceptanceModel, EngineRequest, Scheduler, SchedulerConfig, useful_drafts
@@ -90,6 +91,44 @@ def items_from_mooncake(path: str, limit: int | None = None) -> list[WorkItem]:
 
 
 @dataclass(frozen=True, slots=True)
+class PrefixRetention:
+    """Every request's first ``tokens`` prompt tokens get ``priority`` for ``ttl_s`` seconds
+    after each release (None: no expiry): pins a workload's shared system prompt. The CLI
+    spelling is ``TOKENS:PRIORITY[:TTL_S]`` (:meth:`parse`, :meth:`__str__`)."""
+
+    tokens: int
+    priority: int
+    ttl_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.tokens, bool) or not isinstance(self.tokens, int) or self.tokens < 1:
+            raise ValueError(f"prefix retention tokens must be a positive integer, got {self.tokens!r}")
+        TokenRange(0, self.tokens, self.priority, self.ttl_s)     # priority and TTL checks
+
+    @classmethod
+    def parse(cls, text: str) -> PrefixRetention:
+        parts = text.split(":")
+        if len(parts) not in (2, 3):
+            raise ValueError(f"prefix retention must be TOKENS:PRIORITY[:TTL_S] (e.g. 2048:100:600), "
+                             f"got {text!r}")
+        try:
+            tokens, priority = int(parts[0]), int(parts[1])
+            ttl = float(parts[2]) if len(parts) == 3 else None
+        except ValueError:
+            raise ValueError(f"prefix retention must be TOKENS:PRIORITY[:TTL_S] with integer tokens "
+                             f"and priority and a number of seconds, got {text!r}") from None
+        return cls(tokens, priority, ttl)
+
+    def __str__(self) -> str:
+        ttl = "" if self.ttl_s is None else f":{self.ttl_s:g}"
+        return f"{self.tokens}:{self.priority}{ttl}"
+
+    def config(self, prompt_len: int) -> RetentionConfig:
+        """The request's retention config (the range is clipped to its prompt)."""
+        return RetentionConfig((TokenRange(0, min(self.tokens, prompt_len), self.priority, self.ttl_s),))
+
+
+@dataclass(frozen=True, slots=True)
 class SimConfig:
     """What to simulate.
 
@@ -115,6 +154,9 @@ class SimConfig:
         parallel_optimum: compute a large workload's optimum in a forked child while the
             simulation runs (a second core); False computes it inline (sweep workers).
         eviction_policy: the manager's eviction policy (``hybridkv.core.eviction.POLICIES``).
+        prefix_retention: give every request this retention config for its first tokens
+            (needs ``eviction_policy="priority"``); TTLs run on the simulated clock (sequential
+            mode: the requests' arrival times).
     """
 
     preset: ModelPreset
@@ -136,6 +178,7 @@ class SimConfig:
     enable_events: bool = False
     parallel_optimum: bool = True
     eviction_policy: str = "lru"
+    prefix_retention: PrefixRetention | None = None
 
     @property
     def cache_tokens(self) -> int:
@@ -459,7 +502,12 @@ class Simulator:
                                  hash_seed=config.hash_seed,
                                  enable_events=config.enable_events,
                                  max_in_flight_tokens=config.sched.max_num_batched_tokens,
-                                 eviction_policy=config.eviction_policy)
+                                 eviction_policy=config.eviction_policy,
+                                 clock=self._clock)
+        self.now = 0.0      # the retention clock: simulated time (sequential: arrival times)
+        if config.prefix_retention is not None and not self.kv.uses_retention:
+            raise ValueError(f"prefix_retention needs eviction_policy='priority', got "
+                             f"{config.eviction_policy!r} (it ignores retention configs)")
         sched_cfg = config.sched
         if config.sequential:
             sched_cfg = dataclasses.replace(sched_cfg, max_num_seqs=1)
@@ -477,6 +525,9 @@ class Simulator:
         self.optimum_capacity = optimum_capacity_blocks(kv_config, config.num_blocks, self.key_block)
         # Called as hook(start_s, end_s, output) after every timed step (event publishers).
         self.step_hooks: list[Callable[[float, float, object], None]] = []
+
+    def _clock(self) -> float:
+        return self.now
 
     # ---- the run ------------------------------------------------------------------------------
     def run(self, items: Iterable[WorkItem]) -> SimResult:
@@ -544,13 +595,18 @@ class Simulator:
                       "sequential": cfg.sequential, "seed": cfg.seed,
                       "vllm_compat": cfg.vllm_compat,
                       "eviction_policy": self.kv.eviction_policy,
+                      "prefix_retention": (None if cfg.prefix_retention is None
+                                           else str(cfg.prefix_retention)),
                       "max_num_batched_tokens": self.scheduler.config.max_num_batched_tokens,
                       "max_num_seqs": self.scheduler.config.max_num_seqs}
         return res
 
     def _new_request(self, served: ServedItem, index: int) -> EngineRequest:
         item = served.item
-        req = Request(item.request_id, item.prompt())
+        pin = self.config.prefix_retention
+        prompt = item.prompt()
+        req = Request(item.request_id, prompt,
+                      retention=None if pin is None else pin.config(len(prompt)))
         er = EngineRequest(req, served.max_tokens, arrival_time=item.arrival_s)
         er.user_data = _Live(item, index)
         return er
@@ -570,6 +626,7 @@ class Simulator:
     def _run_sequential(self, items: list[ServedItem], res: SimResult) -> None:
         sched = self.scheduler
         for n, item in enumerate(items):
+            self.now = max(self.now, item.item.arrival_s)
             er = self._new_request(item, n)
             sched.add_request(er)
             while sched.has_unfinished():
@@ -612,6 +669,7 @@ class Simulator:
     def step(self, res: SimResult, clock: float) -> tuple[float, int]:
         """One timed step starting at ``clock`` (the scheduler has work): schedule, advance the
         clock by the cost model, sample. Returns the new clock and how many requests finished."""
+        self.now = clock
         out = self.scheduler.schedule()
         for r in out.admitted:
             if r.request.num_preemptions == 0:

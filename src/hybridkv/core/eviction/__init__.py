@@ -7,12 +7,16 @@ maps a name to a policy; :data:`POLICIES` lists the valid names.
 
 from __future__ import annotations
 
+import time
+from typing import Callable
+
 from hybridkv.core.eviction.base import EvictionPolicy
 from hybridkv.core.eviction.frequency import CostAwarePolicy, LFUPolicy
+from hybridkv.core.eviction.priority import PriorityPolicy
 from hybridkv.core.eviction.s3fifo import S3FIFOPolicy
 
 #: Valid policy names, ``recommended`` included (it resolves to :data:`RECOMMENDED`).
-POLICIES = ("lru", "s3fifo", "lfu", "cost", "recommended")
+POLICIES = ("lru", "s3fifo", "lfu", "cost", "priority", "recommended")
 #: The policy ``recommended`` resolves to (see BENCHMARKS.md, "Eviction policies", for why).
 RECOMMENDED = "lru"
 #: Depth (tokens of prefix) at which the cost-aware policy values a block's recompute work.
@@ -26,14 +30,17 @@ def resolve_policy(name: object) -> str:
     return RECOMMENDED if name == "recommended" else name
 
 
-def make_policy(name: str, rules=()) -> EvictionPolicy | None:
+def make_policy(name: str, rules=(), clock: Callable[[], float] = time.monotonic) -> EvictionPolicy | None:
     """The policy object for ``name`` (None for ``lru``: the pool's own list).
 
     ``rules``: the hit rules of the KV-cache groups, in group order (the cost-aware policy
-    weighs groups by their :meth:`recompute_cost`)."""
+    weighs groups by their :meth:`recompute_cost`). ``clock``: seconds, for the TTLs of the
+    ``priority`` policy."""
     name = resolve_policy(name)
     if name == "lru":
         return None
+    if name == "priority":
+        return PriorityPolicy(clock)
     if name == "s3fifo":
         return S3FIFOPolicy()
     if name == "lfu":
@@ -43,4 +50,4 @@ def make_policy(name: str, rules=()) -> EvictionPolicy | None:
 
 
 __all__ = ["POLICIES", "RECOMMENDED", "EvictionPolicy", "S3FIFOPolicy", "LFUPolicy",
-           "CostAwarePolicy", "make_policy", "resolve_policy"]
+           "CostAwarePolicy", "PriorityPolicy", "make_policy", "resolve_policy"]

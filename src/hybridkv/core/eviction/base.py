@@ -23,6 +23,11 @@ Contract (every call is O(1) or O(log n) amortized, n = blocks held):
   their hashes after the call (``pool.block_hash[b]`` is still readable inside it).
 * ``forget(blocks)``: these ids were just allocated (new content); per-id history must go.
 * ``__len__``, ``__contains__``, ``__iter__`` (the held ids, any order) and ``check()``.
+* ``retain(blocks, positions, marks)`` (only policies with ``uses_retention``, called through
+  :meth:`PolicyBlockPool.retain`): a request with a retention config is about to release these
+  held, cached blocks (table ``positions`` of one group); see
+  :mod:`hybridkv.core.retention_config`. The manager refuses retention configs under a policy
+  without ``uses_retention``.
 
 A policy may read ``pool.block_hash`` / ``pool.block_group`` of the pool it is attached to
 (:meth:`attach`) but never writes pool state. Only online information is used: nothing here
@@ -41,6 +46,8 @@ class EvictionPolicy:
     """Base class of non-LRU policies (see the module docstring for the contract)."""
 
     name: ClassVar[str] = ""
+    #: whether :meth:`retain` is implemented (requests' retention configs order eviction)
+    uses_retention: ClassVar[bool] = False
     __slots__ = ("pool",)
 
     def __init__(self) -> None:
@@ -71,6 +78,9 @@ class EvictionPolicy:
         raise NotImplementedError
 
     def forget(self, blocks: Sequence[int]) -> None:
+        raise NotImplementedError
+
+    def retain(self, blocks: Sequence[int], positions: Sequence[int], marks: Sequence) -> None:
         raise NotImplementedError
 
     def check(self) -> None:
