@@ -89,7 +89,7 @@ def demo(as_json: bool = False) -> dict:
     return out
 
 
-_NO_ENGINE_COMMANDS = ("simulate", "sweep", "presets", "demo")
+_NO_ENGINE_COMMANDS = ("simulate", "sweep", "presets", "traces", "demo")
 
 
 def main(argv: list[str] | None = None) -> int:
