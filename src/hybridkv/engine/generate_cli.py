@@ -110,7 +110,8 @@ def add_generate_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--draft-model", default=None, metavar="DIR",
                    help="drafter directory for draft_model / dflash")
     p.add_argument("--block-size", type=_parse_block_size, default=16,
-                   help="tokens per KV block: N, or per layer kind, e.g. full=16,sliding=8")
+                   help="tokens per KV block, an integer >= 1: N, or per layer kind (full, "
+                        "sliding, mla), e.g. full=16,sliding=8 (default 16)")
     p.add_argument("--num-blocks", type=int_in(2), default=None,
                    help="KV pool size in blocks, >= 2 with the null block (default from 128 MiB)")
     p.add_argument("--max-model-len", type=int_in(2), default=None,

@@ -64,15 +64,15 @@ def check_endpoints(endpoint: str, replay: str | None) -> None:
     except ImportError as exc:
         raise ValueError(f"--kv-events-endpoint needs the events extras (missing: "
                          f"{exc.name or exc}): pip install \"hybridkv[events]\"") from None
-    for option, fields in (("--kv-events-endpoint", {"endpoint": endpoint}),
-                           ("--kv-events-replay-endpoint", {"endpoint": endpoint,
-                                                            "replay_endpoint": replay})):
-        if fields.get("replay_endpoint", "") is None:
-            continue
+    try:
+        KVEventsConfig(endpoint=endpoint)
+    except ValueError as exc:
+        raise ValueError(f"--kv-events-endpoint: {exc}") from None
+    if replay is not None:
         try:
-            KVEventsConfig(**fields)
+            KVEventsConfig(endpoint=endpoint, replay_endpoint=replay)
         except ValueError as exc:
-            raise ValueError(f"{option}: {exc}") from None
+            raise ValueError(f"--kv-events-replay-endpoint: {exc}") from None
 
 
 def warn_capacity(cfg: SimConfig, items: list[WorkItem], instances: int) -> OfferedLoad | None:

@@ -299,9 +299,7 @@ def load_items(args: argparse.Namespace) -> list[WorkItem]:
 def capacity_blocks(args: argparse.Namespace, preset, cache_tokens: int | None = None) -> int:
     """Pool size in blocks (including the null block) from the capacity options."""
     if cache_tokens is None and getattr(args, "num_blocks", None) is not None:
-        if args.num_blocks < 2:
-            raise ValueError(f"--num-blocks must be >= 2, got {args.num_blocks}")
-        return args.num_blocks
+        return args.num_blocks                  # >= 2: check_options
     if cache_tokens is None and getattr(args, "gpu_memory_fraction", None) is not None:
         frac = args.gpu_memory_fraction
         if not 0 < frac <= 1:
