@@ -90,7 +90,7 @@ def test_bad_options_get_one_clear_line(argv, message, capsys) -> None:
     ("t.jsonl.xz", b"not xz at all", "cannot read the trace"),
     ("t.jsonl.gz", b"not gzip", "cannot read the trace"),
     ("t.jsonl", b"", "the trace is empty"),
-    ("t.jsonl", b'{"prompt_token_ids": [1, 2], "output_len": -1}\n', "'output_len' must be >= 0"),
+    ("t.jsonl", b'{"prompt_token_ids": [1, 2], "output_len": -1}\n', "'output_len' must be an integer >= 0, got -1"),
 ])
 def test_unreadable_traces_are_named(tmp_path: Path, name, data, message, capsys) -> None:
     path = tmp_path / name

@@ -231,10 +231,7 @@ def _field(path: Path, lineno: int, obj: dict[str, Any], name: str) -> Any:
 
 def _nonneg_int(path: Path, lineno: int, obj: dict[str, Any], name: str) -> int:
     value = _field(path, lineno, obj, name)
-    if not _is_int(value):
-        raise ValueError(f"{path}:{lineno}: {name!r} must be an integer, got {value!r}")
-    if value < 0:
-        raise ValueError(f"{path}:{lineno}: {name!r} must be >= 0, got {value}")
+    check_int(f"{path}:{lineno}: {name!r}", value, 0)
     return value
 
 
