@@ -356,3 +356,11 @@ def test_traces_and_sweep_labels(capsys) -> None:
     assert res.returncode == 0, res.stderr
     assert main(["sweep", "--retention-intervals", "none,0", "--cache-tokens", "150k", *FAST]) == 0
     assert "      none: block hit rate" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [["simulate", "--gpus", "0"], ["sweep", "--workers", "x"],
+                                  ["simulate", "--bogus"], ["nope"]])
+def test_a_bad_option_is_one_line_not_a_usage_block(argv, capsys) -> None:
+    assert run_main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and ": error: " in err and "--help)" in err, err
