@@ -5,8 +5,9 @@ A request that cannot fit even alone stops a run (the scheduler raises once it m
 by ``max_model_len``) with a whole prefill chunk of ``max_num_batched_tokens`` in flight: full
 and MLA groups hold every token, local groups their window (or chunk) plus the chunk, plus the
 lookahead slots of speculative decoding. It is each group's hit rule's ``max_blocks``, so it
-errs high by at most the chunk's block rounding (a few percent: on the default preset the
-longest conversation request runs from 1,857 blocks and the bound says 1,902).
+errs high, by a few percent: on the default preset, conversation request 11 (87,571 tokens)
+runs alone from 1,857 blocks (bisected) and the bound says 1,902; ``tests/test_bad_inputs.py``
+checks that the bound suffices.
 """
 
 from __future__ import annotations
