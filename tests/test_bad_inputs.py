@@ -90,7 +90,7 @@ def test_bad_options_get_one_clear_line(argv, message, capsys) -> None:
     ("t.jsonl.xz", b"not xz at all", "cannot read the trace"),
     ("t.jsonl.gz", b"not gzip", "cannot read the trace"),
     ("t.jsonl", b"", "the trace is empty"),
-    ("t.jsonl", b'{"prompt_token_ids": [1, 2], "output_len": -1}\n', "'output_len' must be >= 0"),
+    ("t.jsonl", b'{"prompt_token_ids": [1, 2], "output_len": -1}\n', "'output_len' must be an integer >= 0, got -1"),
 ])
 def test_unreadable_traces_are_named(tmp_path: Path, name, data, message, capsys) -> None:
     path = tmp_path / name
@@ -212,3 +212,155 @@ def test_the_wheel_ships_the_traces(tmp_path: Path) -> None:
     for t in BUNDLED_TRACES.values():
         assert f"hybridkv/sim/data/{t.file}" in names
     assert "hybridkv/sim/data/README.md" in names
+
+
+# ---- a workload the cache cannot hold, generate's options, checks before the trace ----------
+
+
+def test_the_default_cache_names_the_size_a_trace_needs(capsys) -> None:
+    """The default 150k-token cache cannot hold the conversation trace's longest request: the
+    run is refused before it starts, with the --cache-tokens to give."""
+    assert run_main(["simulate", "--trace", "mooncake-conversation", "--no-progress"]) == 2
+    out, err = capsys.readouterr()
+    assert "the default cache (149,916 tokens, 1,612 blocks) is too small for this workload" in err
+    assert "request 'mooncake_conversation-11192' (126,527 tokens with its output)" in err
+    assert "give --cache-tokens 210k or more" in err and "--max-num-batched-tokens" in err
+    assert err.count("\n") == 1 and "Traceback" not in err and "hybridkv simulate: " not in out
+
+
+def test_the_size_it_names_is_enough_and_a_given_size_only_warns(capsys) -> None:
+    """The bound errs high only: a pool of its size runs the longest request alone, and a size
+    the user gives below it is warned about, not refused (175k runs; 1,857 blocks suffice)."""
+    import dataclasses
+
+    from hybridkv.sim import workload_fit
+    from hybridkv.sim.simulator import Simulator, items_from_mooncake
+    items = items_from_mooncake(str(resolve_trace("mooncake-conversation")), 12)
+    parser = commands.argparse.ArgumentParser()
+    commands.add_parsers(parser.add_subparsers())
+    cfg = commands.build_config(parser.parse_args(["simulate", "--no-optimum"]))
+    need = workload_fit.largest_need(cfg, items)
+    assert need.request_id == "mooncake_conversation-11" and need.blocks == 1902
+    assert workload_fit.round_up(need.cache_tokens) == "180k"
+    longest = [it for it in items if it.request_id == need.request_id]
+    Simulator(dataclasses.replace(cfg, num_blocks=need.blocks + 1)).run(longest)  # fits
+    assert run_main(["simulate", "--trace", "mooncake-conversation", "--limit", "12",
+                     "--cache-tokens", "175k", "--no-progress", "--no-optimum"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: request 'mooncake_conversation-11'" in err and "--cache-tokens 180k" in err
+
+
+@pytest.mark.parametrize("n, text", [(999, "999"), (1000, "1k"), (177_123, "180k"),
+                                     (1_234_567, "1.3M"), (3_000_000, "3M"), (10**12 + 1, "1.1T")])
+def test_sizes_round_up_to_what_cache_tokens_takes(n: int, text: str) -> None:
+    from hybridkv.sim.workload_fit import round_up
+    assert round_up(n) == text and commands.parse_count(text) >= n
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--max-tokens", "0"], "argument --max-tokens: must be an integer >= 1, got '0'"),
+    (["--block-size", "0"], "argument --block-size: must be an integer >= 1, got '0'"),
+    (["--block-size", "full=0"], "argument --block-size: N or KIND=N,... with KIND in full, sliding, mla"),
+    (["--block-size", "foo=16"], "got 'foo=16'"),
+    (["--num-blocks", "1"], "argument --num-blocks: must be an integer >= 2, got '1'"),
+    (["--max-model-len", "1"], "argument --max-model-len: must be an integer >= 2, got '1'"),
+    (["--max-num-batched-tokens", "0"], "argument --max-num-batched-tokens: must be an integer >= 1"),
+    (["--retention", "-1"], "argument --retention: retention interval must be 'none' or an integer >= 0"),
+    (["--spec", "eagle:3"], "argument --spec: METHOD:K with METHOD in ngram, draft_model, dflash"),
+    (["--spec", "ngram:0"], "and K an integer >= 1, or none, got 'ngram:0'"),
+    (["--device", "tpu"], "--device 'tpu' is not a torch device"),
+])
+def test_generate_errors_name_the_option_and_its_range(argv, message, capsys) -> None:
+    pytest.importorskip("torch")
+    rc = run_main(["generate", "--model", "/nonexistent", "--prompt-ids", "1,2", *argv])
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err and "Traceback" not in err, err
+    assert "CacheConfig" not in err and "max_model_len" not in err
+
+
+def test_engine_errors_are_told_in_the_options_of_generate() -> None:
+    pytest.importorskip("torch")
+    from hybridkv.engine.generate_cli import name_options
+    assert name_options("request 'r' has 3 prompt tokens; max_model_len=3 leaves no room") == \
+        "request 'r' has 3 prompt tokens; --max-model-len 3 leaves no room"
+    assert name_options("speculative method 'dflash' needs draft_model=DIR") == \
+        "speculative method 'dflash' needs --draft-model DIR"
+    assert name_options("CacheConfig.num_blocks must be None or an integer >= 2, got 1") == \
+        "--num-blocks must be None or an integer >= 2, got 1"
+    assert name_options("a smaller max_num_batched_tokens") == "a smaller --max-num-batched-tokens"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["simulate", "--instances", "0"], "argument --instances: must be an integer >= 1, got '0'"),
+    (["simulate", "--router-overlap-weight", "nan"], "must be a finite number >= 0, got 'nan'"),
+    (["simulate", "--router-overlap-weight", "-1"], "must be a finite number >= 0, got '-1'"),
+    (["simulate", "--kv-events-endpoint", "tcp://nowhere"],
+     "--kv-events-endpoint: malformed KV events endpoint 'tcp://nowhere'"),
+    (["simulate", "--kv-events-endpoint", "tcp://*:5557", "--kv-events-replay-endpoint", "tcp://h:5558"],
+     "--kv-events-replay-endpoint: replay_endpoint 'tcp://h:5558' must be one this process can bind"),
+    (["simulate", "--num-blocks", "1"], "--num-blocks must be >= 2, got 1"),
+    (["sweep", "--workers", "2"], "--workers 2 needs --executor processes or ray"),
+    (["sweep", "--ray-address", "auto"], "--ray-address auto needs --executor ray"),
+])
+def test_options_are_checked_before_the_trace_is_read(argv, message, capsys) -> None:
+    """A trace that does not exist would be the error if the options were checked after it."""
+    pytest.importorskip("zmq") if "--kv-events-endpoint" in argv else None
+    rc = run_main([*argv, "--trace", "/nonexistent/t.jsonl", "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err and "nonexistent" not in err, err
+
+
+def test_kv_events_without_the_events_extras_say_what_to_install(monkeypatch, capsys) -> None:
+    monkeypatch.setitem(sys.modules, "zmq", None)                  # import zmq -> ImportError
+    monkeypatch.delitem(sys.modules, "hybridkv.events.publisher", raising=False)
+    rc = run_main(["simulate", "--kv-events-endpoint", "tcp://*:5557", "--trace", "/nonexistent"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.strip() == ('hybridkv simulate: error: --kv-events-endpoint needs the '
+                                       'events extras (missing: zmq): pip install "hybridkv[events]"')
+
+
+def test_the_ray_executor_without_ray_says_what_to_install(monkeypatch, capsys) -> None:
+    monkeypatch.setattr(commands.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "ray" else __import__("importlib").util.find_spec(name))
+    assert run_main(["sweep", "--executor", "ray", "--trace", "/nonexistent"]) == 2
+    assert '--executor ray needs Ray: pip install "hybridkv[ray]"' in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: __import__("hybridkv.sched", fromlist=["x"]).EngineRequest(
+        __import__("hybridkv").Request("r", [1]), True), "request 'r': max_tokens must be an integer >= 1, got True"),
+    (lambda: __import__("hybridkv.sched", fromlist=["x"]).AcceptanceModel(2.0, rate=0.5),
+     "num_speculative_tokens must be an integer >= 1, got 2.0"),
+    (lambda: __import__("hybridkv.sim.optimal", fromlist=["x"]).belady_block_hit_rate([], -1),
+     "capacity_blocks must be an integer >= 0, got -1"),
+    (lambda: __import__("hybridkv.sim.presets", fromlist=["x"]).get_preset("llama-3.1-8b").with_block_size(16.0),
+     "block_size must be an integer >= 1, got 16.0"),
+    (lambda: __import__("hybridkv.sim.routing", fromlist=["x"]).make_router(
+        "approximate", num_instances=1, block_size=16, capacity_blocks=0), "capacity_blocks must be an integer >= 1, got 0"),
+    (lambda: list(__import__("hybridkv.sim.traces", fromlist=["x"]).iter_mooncake_records("x", limit=-1)),
+     "limit must be None or an integer >= 0, got -1"),
+    (lambda: __import__("hybridkv.connectors.kernel_blocks", fromlist=["x"]).KernelBlockMap(16, True),
+     "KernelBlockMap.kernel_block_size must be an integer >= 1, got True"),
+])
+def test_integer_arguments_outside_core_use_the_one_check(make, message) -> None:
+    with pytest.raises(ValueError) as exc:
+        make()
+    assert str(exc.value) == message
+
+
+def test_traces_and_sweep_labels(capsys) -> None:
+    res = subprocess.run([sys.executable, "-c", "import sys; from hybridkv.cli import main; "
+                          "main(['traces']); assert 'torch' not in sys.modules, 'torch loaded'"],
+                         capture_output=True, text=True, timeout=120,
+                         env={**__import__("os").environ, "PYTHONPATH": str(REPO / "src")})
+    assert res.returncode == 0, res.stderr
+    assert main(["sweep", "--retention-intervals", "none,0", "--cache-tokens", "150k", *FAST]) == 0
+    assert "      none: block hit rate" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [["simulate", "--gpus", "0"], ["sweep", "--workers", "x"],
+                                  ["simulate", "--bogus"], ["nope"]])
+def test_a_bad_option_is_one_line_not_a_usage_block(argv, capsys) -> None:
+    assert run_main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and ": error: " in err and "--help)" in err, err

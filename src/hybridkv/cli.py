@@ -89,11 +89,18 @@ def demo(as_json: bool = False) -> dict:
     return out
 
 
-_NO_ENGINE_COMMANDS = ("simulate", "sweep", "presets", "demo")
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse with a one-line usage error (the subcommands' parsers inherit it)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+_NO_ENGINE_COMMANDS = ("simulate", "sweep", "presets", "traces", "demo")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="hybridkv", description=__doc__,
+    parser = _OneLineParser(prog="hybridkv", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     from hybridkv.sim.commands import add_parsers

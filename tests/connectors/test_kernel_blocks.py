@@ -50,7 +50,7 @@ def test_invalid_backend_sizes_raise(sizes: dict) -> None:
 
 @pytest.mark.parametrize("logical", [0, -32, 1.5, True])
 def test_invalid_logical_size_raises(logical: object) -> None:
-    with pytest.raises(ValueError, match="positive integer"):
+    with pytest.raises(ValueError, match="logical block size must be an integer >= 1"):
         choose_kernel_block_size(logical, BACKENDS)  # type: ignore[arg-type]
 
 
@@ -92,7 +92,7 @@ def test_kernel_ids_are_a_bijection() -> None:
 def test_kernel_size_must_divide_logical() -> None:
     with pytest.raises(ValueError, match="does not divide"):
         KernelBlockMap(48, 32)
-    with pytest.raises(ValueError, match="positive integer"):
+    with pytest.raises(ValueError, match="KernelBlockMap.logical_block_size must be an integer >= 1, got 0"):
         KernelBlockMap(0, 16)
 
 

@@ -93,14 +93,17 @@ def test_cli_errors(built_models: dict[str, Built], capsys) -> None:
     assert rc == 2 and "has no tokenizer" in err
     rc, _, err = cli(["generate", "--model", path, "--prompt-ids", "1,2", "--spec", "dflash:3",
                       "--device", "cpu"], capsys)
-    assert rc == 2 and "needs draft_model=DIR" in err
+    assert rc == 2 and "needs --draft-model DIR" in err
     with pytest.raises(SystemExit):
         main(["generate", "--model", path, "--prompt-ids", "1,x"])
     with pytest.raises(SystemExit):
         main(["generate", "--model", path, "--prompt-ids", "1", "--retention", "x"])
-    assert "--retention is none or an integer >= 0, got 'x'" in capsys.readouterr().err
-    rc, _, err = cli(["generate", "--model", path, "--prompt-ids", "1", "--max-tokens", "0"], capsys)
-    assert rc == 2 and err.startswith("hybridkv generate: error: --max-tokens must be an integer >= 1, got 0")
+    assert "argument --retention: retention interval must be 'none' or an integer >= 0, got 'x'" \
+        in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["generate", "--model", path, "--prompt-ids", "1", "--max-tokens", "0"])
+    assert exit_.value.code == 2
+    assert "argument --max-tokens: must be an integer >= 1, got '0'" in capsys.readouterr().err
 
 
 def test_cli_names_a_model_directory_that_is_not_one(tmp_path: Path, capsys) -> None:

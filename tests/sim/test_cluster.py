@@ -117,8 +117,10 @@ def test_cli_cluster_json_and_errors(tmp_path, capsys) -> None:
         assert key in d["overall"]
     assert d["kv_events_published"] == 0
     capsys.readouterr()
-    assert main(["simulate", "--instances", "0"]) == 2
-    assert "--instances must be an integer >= 1, got 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["simulate", "--instances", "0"])
+    assert exit_.value.code == 2
+    assert "--instances: must be an integer >= 1, got '0'" in capsys.readouterr().err
     assert main(["simulate", "--kv-events-endpoint", "tcp://nowhere", "--limit", "2"]) == 2
     assert "malformed KV events endpoint 'tcp://nowhere'" in capsys.readouterr().err
     with pytest.raises(SystemExit):

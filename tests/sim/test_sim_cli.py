@@ -105,3 +105,22 @@ def test_the_presets_speculative_method_is_the_default(tmp_path: Path) -> None:
     assert main(["simulate", "--preset", "deepseek-v4-style", "--workload", "replay", "--spec", "none",
                  "--json", str(js), "--no-progress"]) == 0
     assert json.loads(js.read_text())["config"]["spec"] is None
+
+
+def test_a_sweeps_progress_bar_starts_over_for_each_run(capsys) -> None:
+    """One bar serves every configuration of a serial sweep: when a run starts (done falls
+    back) its count, clock and rate start over, so the ETA is the running configuration's."""
+    pytest.importorskip("tqdm")
+    from hybridkv.sim import commands
+    update, close = commands._progress(True, "sweep")
+    bar = update.__closure__[0].cell_contents
+    clock = [1000.0]
+    bar._time = lambda: clock[0]                       # tqdm's clock, made ours
+    update(0, 100)
+    clock[0] = 1100.0
+    update(90, 100)
+    clock[0] = 1200.0
+    update(5, 100)                                     # the next configuration
+    assert bar.n == 5 and bar.total == 100
+    assert bar.format_dict["elapsed"] == 0             # 200 s if the clock kept running
+    close()

@@ -98,9 +98,9 @@ def test_cli_rejects_bad_executor_options(capsys):
         main(["sweep", "--workers", "0"])
     assert "must be an integer >= 1, got '0'" in capsys.readouterr().err
     assert main(["sweep", "--workload", "replay", "--ray-address", "auto", "--no-progress"]) == 2
-    assert "needs executor 'ray'" in capsys.readouterr().err
+    assert "--ray-address auto needs --executor ray" in capsys.readouterr().err
     assert main(["sweep", "--workload", "replay", "--workers", "2", "--no-progress"]) == 2
-    assert "needs executor 'processes' or 'ray'" in capsys.readouterr().err
+    assert "--workers 2 needs --executor processes or ray" in capsys.readouterr().err
 
 
 def test_cli_sweep_row_says_n_a_for_what_was_not_measured(capsys):

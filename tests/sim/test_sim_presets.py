@@ -74,7 +74,7 @@ def test_with_block_size() -> None:
         get_preset("deepseek-v4-style").with_block_size(48)
     with pytest.raises(ValueError, match="chunk_size"):
         get_preset("llama-4-scout").with_block_size(3000)
-    with pytest.raises(ValueError, match="positive integer"):
+    with pytest.raises(ValueError, match="block_size must be an integer >= 1, got 0"):
         get_preset("llama-3.1-8b").with_block_size(0)
 
 

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from hybridkv.core.specs import KVCacheConfig
+from hybridkv.core.validation import check_int
 
 __all__ = ["KernelBlockMap", "choose_kernel_block_size", "plan_kernel_blocks"]
 
@@ -32,10 +33,7 @@ def _positive_sizes(backend: str, sizes: Iterable[int]) -> list[int]:
     if not out:
         raise ValueError(f"backend {backend!r} lists no supported kernel block sizes")
     for s in out:
-        if isinstance(s, bool) or not isinstance(s, int) or s <= 0:
-            raise ValueError(
-                f"backend {backend!r}: kernel block sizes must be positive integers, got {s!r}"
-            )
+        check_int(f"backend {backend!r}: a kernel block size", s, 1)
     return out
 
 
@@ -55,10 +53,7 @@ def choose_kernel_block_size(
             (the message names the logical size and every backend's sizes).
     """
     where = f" of group {group!r}" if group else ""
-    if isinstance(logical_block_size, bool) or not isinstance(logical_block_size, int) \
-            or logical_block_size <= 0:
-        raise ValueError(f"logical block size{where} must be a positive integer, "
-                         f"got {logical_block_size!r}")
+    check_int(f"logical block size{where}", logical_block_size, 1)
     if not backend_block_sizes:
         raise ValueError("backend_block_sizes is empty; give at least one backend's sizes")
     per_backend = {name: _positive_sizes(name, sizes)
@@ -90,9 +85,7 @@ class KernelBlockMap:
 
     def __post_init__(self) -> None:
         for name in ("logical_block_size", "kernel_block_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"KernelBlockMap.{name} must be a positive integer, got {value!r}")
+            check_int(f"KernelBlockMap.{name}", getattr(self, name), 1)
         if self.logical_block_size % self.kernel_block_size:
             raise ValueError(
                 f"kernel block size {self.kernel_block_size} does not divide logical block size "

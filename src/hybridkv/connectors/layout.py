@@ -131,10 +131,6 @@ class LayerLayout:
     run_bytes: int
     inner: tuple[int, ...] = ()
 
-    @property
-    def kernel_block_bytes(self) -> int:
-        return self.parts * self.run_bytes
-
 
 @dataclass(frozen=True, slots=True)
 class _Run:

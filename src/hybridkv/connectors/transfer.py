@@ -52,6 +52,7 @@ import torch
 import xxhash
 
 from hybridkv.core.blockref import BlockRef
+from hybridkv.core.validation import check_int
 
 from .layout import GroupLayout, KVLayout
 from .stores.base import MISS, WRONG_SIZE, HostBuffer, KVStore
@@ -133,8 +134,7 @@ class KVTransfer:
             raise ValueError(f"mode must be 'auto', 'direct' or 'staged', got {mode!r}")
         if mode == "direct" and layout.device.type != "cpu":
             raise ValueError(f"mode 'direct' needs a CPU cache, the cache is on {layout.device}")
-        if staging_bytes <= 0:
-            raise ValueError(f"staging_bytes must be positive, got {staging_bytes}")
+        check_int("staging_bytes", staging_bytes, 1)
         self.layout = layout
         self.store = store
         self.namespace = namespace

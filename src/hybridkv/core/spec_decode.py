@@ -75,11 +75,6 @@ class SpecDecode:
         return k + 1 if self.method == "dflash" else k
 
     @property
-    def query_tokens_per_step(self) -> int:
-        """Tokens the target verifies per decode step: the last token plus k drafts."""
-        return 1 + self.num_speculative_tokens
-
-    @property
     def needs_boundary_proof(self) -> bool:
         return self.method in _PROOF_METHODS
 

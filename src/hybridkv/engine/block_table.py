@@ -25,6 +25,8 @@ from collections.abc import Sequence
 
 import torch
 
+from hybridkv.core.validation import check_int
+
 
 class BlockTableRows:
     """One ``[rows, width]`` int64 table per KV-cache group; rows are reused, never cleared.
@@ -36,8 +38,7 @@ class BlockTableRows:
     """
 
     def __init__(self, num_groups: int, num_rows: int, width: int = 16) -> None:
-        if num_rows < 1:
-            raise ValueError(f"num_rows must be >= 1, got {num_rows}")
+        check_int("num_rows", num_rows, 1)
         self.num_rows = num_rows
         self.tables = [torch.zeros((num_rows, max(width, 1)), dtype=torch.long) for _ in range(num_groups)]
         self._free = list(range(num_rows))

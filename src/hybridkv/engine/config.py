@@ -137,10 +137,6 @@ class ModelConfig:
     attention_sinks: bool = False
     state: StateLayerConfig | None = None
 
-    @property
-    def is_mla(self) -> bool:
-        return self.model_type in MLA_FAMILY
-
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
         """Build from a parsed ``config.json``; raises ValueError on unsupported models."""

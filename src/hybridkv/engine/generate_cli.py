@@ -13,9 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from typing import Any
+
+from hybridkv.core.spec_decode import parse_spec
+from hybridkv.options import int_in, parse_retention
 
 
 def _parse_ids(text: str) -> list[int]:
@@ -28,30 +32,66 @@ def _parse_ids(text: str) -> list[int]:
     return ids
 
 
-def _parse_retention(text: str) -> int | None:
-    """``none`` (dense retention), ``0`` or an interval N >= 1."""
-    if text.strip().lower() == "none":
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"--retention is none or an integer >= 0, got {text!r}")
-    return value
+BLOCK_SIZE_KINDS = ("full", "sliding", "mla")
 
 
 def _parse_block_size(text: str) -> int | dict[str, int]:
-    """``16`` or ``full=16,sliding=8``."""
-    if text.isdigit():
-        return int(text)
+    """``16`` or ``full=16,sliding=8``: every size an integer >= 1, kinds from
+    :data:`BLOCK_SIZE_KINDS`."""
+    usage = f"N or KIND=N,... with KIND in {', '.join(BLOCK_SIZE_KINDS)} and N an integer >= 1"
+    if "=" not in text:
+        try:
+            return int_in(1)(text)
+        except argparse.ArgumentTypeError as exc:
+            raise argparse.ArgumentTypeError(f"{exc} ({usage})") from None
     sizes: dict[str, int] = {}
     for part in text.split(","):
-        kind, sep, value = part.partition("=")
-        if not sep or not value.strip().isdigit():
-            raise argparse.ArgumentTypeError(f"--block-size is N or KIND=N,... (full, sliding, mla), got {text!r}")
-        sizes[kind.strip()] = int(value)
+        kind, _, value = (t.strip() for t in part.partition("="))
+        if kind not in BLOCK_SIZE_KINDS or not value.isdigit() or int(value) < 1:
+            raise argparse.ArgumentTypeError(f"{usage}, got {text!r}")
+        sizes[kind] = int(value)
     return sizes
+
+
+def _parse_spec(text: str) -> str:
+    """``METHOD:K`` with a method the reference engine drafts with, or ``none``."""
+    from .llm import ENGINE_SPEC_METHODS
+    usage = f"METHOD:K with METHOD in {', '.join(ENGINE_SPEC_METHODS)} and K an integer >= 1, or none"
+    try:
+        spec = parse_spec(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{usage}, got {text!r}") from None
+    if spec is not None and spec.method not in ENGINE_SPEC_METHODS:
+        raise argparse.ArgumentTypeError(f"{usage}, got {text!r} (the reference engine does not "
+                                         f"implement {spec.method!r})")
+    return text
+
+
+#: The engine's names for what ``generate`` options set, as its errors spell them.
+_OPTIONS = {"block_size": "--block-size", "num_blocks": "--num-blocks",
+            "max_model_len": "--max-model-len", "max_num_batched_tokens": "--max-num-batched-tokens",
+            "retention_interval": "--retention", "draft_model": "--draft-model"}
+_OPTION_RE = re.compile(r"\b(?:CacheConfig\.|SchedulerConfig\.)?(" + "|".join(_OPTIONS) + r")\b(=)?")
+
+
+def name_options(message: str) -> str:
+    """An engine error with its config field names replaced by the options that set them
+    (``max_model_len=3`` -> ``--max-model-len 3``)."""
+    return _OPTION_RE.sub(lambda m: _OPTIONS[m[1]] + (" " if m[2] else ""), message)
+
+
+def _device(torch, name: str | None):
+    """``--device`` as a ``torch.device`` (None: the engine's default); ``ValueError`` naming
+    the option for a name torch does not know or a device this machine lacks."""
+    if name is None:
+        return None
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"--device {name!r} is not a torch device (e.g. cpu, cuda, cuda:1)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: this PyTorch sees no CUDA device; use --device cpu")
+    return device
 
 
 def add_generate_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -64,17 +104,21 @@ def add_generate_parser(subparsers: Any) -> argparse.ArgumentParser:
     src.add_argument("--prompt", action="append", help="prompt text (needs a tokenizer in --model); repeatable")
     src.add_argument("--prompt-ids", action="append", type=_parse_ids, metavar="1,2,3",
                      help="prompt token ids, comma-separated; repeatable")
-    p.add_argument("--max-tokens", type=int, default=16, help="output tokens per prompt (default 16)")
-    p.add_argument("--spec", default=None, metavar="METHOD:K",
+    p.add_argument("--max-tokens", type=int_in(1), default=16, help="output tokens per prompt (default 16)")
+    p.add_argument("--spec", type=_parse_spec, default=None, metavar="METHOD:K",
                    help="speculative decoding: ngram:K, draft_model:K or dflash:K")
     p.add_argument("--draft-model", default=None, metavar="DIR",
                    help="drafter directory for draft_model / dflash")
     p.add_argument("--block-size", type=_parse_block_size, default=16,
-                   help="tokens per KV block: N, or per layer kind, e.g. full=16,sliding=8")
-    p.add_argument("--num-blocks", type=int, default=None, help="KV pool size in blocks (default from 128 MiB)")
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    p.add_argument("--retention", type=_parse_retention, default=0, metavar="none|0|N",
+                   help="tokens per KV block, an integer >= 1: N, or per layer kind (full, "
+                        "sliding, mla), e.g. full=16,sliding=8 (default 16)")
+    p.add_argument("--num-blocks", type=int_in(2), default=None,
+                   help="KV pool size in blocks, >= 2 with the null block (default from 128 MiB)")
+    p.add_argument("--max-model-len", type=int_in(2), default=None,
+                   help="tokens per request, >= 2 (default: the model's, capped at 4096)")
+    p.add_argument("--max-num-batched-tokens", type=int_in(1), default=2048,
+                   help="token budget per engine step (default 2048)")
+    p.add_argument("--retention", type=parse_retention, default=0, metavar="none|0|N",
                    help="sliding-window retention interval (default 0)")
     p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--cache-salt", default=None)
@@ -95,13 +139,10 @@ def run_generate(args: argparse.Namespace) -> int:
     from .llm import LLM
     from .llm_config import ENGINE_SCHEDULER, CacheConfig, RuntimeConfig
 
-    if args.max_tokens < 1:
-        print(f"hybridkv generate: error: --max-tokens must be an integer >= 1, got {args.max_tokens}",
-              file=sys.stderr)
-        return 2
     retention = args.retention
     dtype = getattr(torch, args.dtype) if args.dtype else None
     try:
+        device = _device(torch, args.device)
         llm = LLM(args.model, spec=args.spec, draft_model=args.draft_model,
                   cache=CacheConfig(block_size=args.block_size, num_blocks=args.num_blocks,
                                     retention_interval=retention,
@@ -109,13 +150,13 @@ def run_generate(args: argparse.Namespace) -> int:
                   scheduler=SchedulerConfig(max_num_batched_tokens=args.max_num_batched_tokens,
                                             max_num_seqs=ENGINE_SCHEDULER.max_num_seqs,
                                             max_model_len=args.max_model_len),
-                  runtime=RuntimeConfig(device=args.device, dtype=dtype))
+                  runtime=RuntimeConfig(device=device, dtype=dtype))
         prompts = args.prompt if args.prompt is not None else args.prompt_ids
         t0 = time.perf_counter()
         outs = llm.generate(prompts, args.max_tokens, cache_salt=args.cache_salt, ignore_eos=args.ignore_eos)
         elapsed = time.perf_counter() - t0
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
-        print(f"hybridkv generate: error: {exc}", file=sys.stderr)
+        print(f"hybridkv generate: error: {name_options(str(exc))}", file=sys.stderr)
         return 2
     stats = llm.stats
     if args.json:

@@ -18,7 +18,7 @@ decoding of the target, whatever the drafter proposes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -253,10 +253,3 @@ class EngineCore:
         if self.connector is not None and not self.has_unfinished():
             self.connector.flush()  # blocks cached when the last requests finished
         return done
-
-    def generate_ids(self, requests: Sequence[EngineRequest]) -> dict[object, list[int]]:
-        """Run ``requests`` to completion; their output token ids by request id."""
-        for r in requests:
-            self.add_request(r)
-        self.run()
-        return {r.request_id: r.output_token_ids for r in requests}

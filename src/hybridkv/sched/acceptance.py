@@ -17,6 +17,8 @@ from typing import Sequence
 
 import numpy as np
 
+from hybridkv.core.validation import check_int
+
 
 class AcceptanceModel:
     """Accepted draft tokens per step, drawn from a fixed distribution.
@@ -33,8 +35,7 @@ class AcceptanceModel:
     def __init__(self, num_speculative_tokens: int, *, rate: float | None = None,
                  probs: Sequence[float] | None = None, seed: int = 0) -> None:
         k = num_speculative_tokens
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"num_speculative_tokens must be an integer >= 1, got {k!r}")
+        check_int("num_speculative_tokens", k, 1)
         if (rate is None) == (probs is None):
             raise ValueError("give exactly one of rate (per-token acceptance) or probs (P(a=0..k))")
         if rate is not None:

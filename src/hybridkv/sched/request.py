@@ -17,6 +17,7 @@ import enum
 from typing import Iterable
 
 from hybridkv.core.request import Request
+from hybridkv.core.validation import check_int
 
 
 class RequestStatus(enum.Enum):
@@ -59,9 +60,7 @@ class EngineRequest:
                  arrival_time: float = 0.0, stop_token_ids: Iterable[int] = ()) -> None:
         if not isinstance(request, Request):
             raise ValueError(f"EngineRequest needs a core Request, got {type(request).__name__}")
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise ValueError(
-                f"request {request.request_id!r}: max_tokens must be an integer >= 1, got {max_tokens!r}")
+        check_int(f"request {request.request_id!r}: max_tokens", max_tokens, 1)
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise ValueError(f"request {request.request_id!r}: priority must be an integer, got {priority!r}")
         self.request = request

@@ -123,10 +123,6 @@ class ScheduledRequest:
         self.new_block_ids = new_block_ids
         self.samples = start + num_new_tokens - num_draft_tokens >= len(req.request.token_ids)
 
-    @property
-    def is_prefill(self) -> bool:
-        return self.start + 1 < self.req.request.num_tokens
-
     def token_ids(self) -> list[int]:
         """The tokens to compute: known tokens, then drafts."""
         end = self.start + self.num_new_tokens - self.num_draft_tokens
@@ -226,10 +222,6 @@ class Scheduler:
     @property
     def num_waiting(self) -> int:
         return len(self.waiting)
-
-    @property
-    def num_running(self) -> int:
-        return len(self.running)
 
     def has_unfinished(self) -> bool:
         return bool(self.requests)

@@ -14,6 +14,7 @@ import dataclasses
 import sys
 from typing import Iterator
 
+from hybridkv.options import int_in, non_negative_number
 from hybridkv.sim.cluster import ClusterResult, ClusterSimulator, OfferedLoad, offered_load
 from hybridkv.sim.routing import DEFAULT_OVERLAP_WEIGHT, ROUTERS
 from hybridkv.sim.simulator import SimConfig, Simulator, WorkItem
@@ -24,11 +25,11 @@ DEFAULT_ROUTER = "kv-aware"
 def add_cluster_options(p: argparse.ArgumentParser) -> None:
     """The cluster and KV-events options of ``simulate``."""
     g = p.add_argument_group("cluster and KV events")
-    g.add_argument("--instances", type=int, default=1,
+    g.add_argument("--instances", type=int_in(1), default=1,
                    help="engine instances behind one router (default 1)")
     g.add_argument("--router", choices=ROUTERS,
                    help=f"routing policy with --instances (default {DEFAULT_ROUTER})")
-    g.add_argument("--router-overlap-weight", type=float, default=DEFAULT_OVERLAP_WEIGHT,
+    g.add_argument("--router-overlap-weight", type=non_negative_number, default=DEFAULT_OVERLAP_WEIGHT,
                    help="kv-aware/approximate: weight of a request's uncached prefill against "
                         f"queued prefill tokens (default {DEFAULT_OVERLAP_WEIGHT:g})")
     g.add_argument("--kv-events-endpoint",
@@ -43,18 +44,35 @@ def is_cluster(args: argparse.Namespace) -> bool:
 
 
 def check_args(args: argparse.Namespace) -> None:
-    if args.instances < 1:
-        raise ValueError(f"--instances must be an integer >= 1, got {args.instances}")
-    if args.router_overlap_weight < 0:
-        raise ValueError(f"--router-overlap-weight must be >= 0, got {args.router_overlap_weight}")
+    """Every rule of these options, checked before the trace is read (``ValueError``)."""
     if args.kv_events_replay_endpoint and not args.kv_events_endpoint:
         raise ValueError("--kv-events-replay-endpoint needs --kv-events-endpoint")
+    if args.kv_events_endpoint:
+        check_endpoints(args.kv_events_endpoint, args.kv_events_replay_endpoint)
     if is_cluster(args) and getattr(args, "plot", None):
         raise ValueError("--plot draws one instance's run; it does not apply with --instances "
                          "or --router (use --json for the per-instance results)")
     if (args.kv_events_endpoint or is_cluster(args)) and args.sequential:
         raise ValueError("--sequential has no clock: it applies neither to --instances nor to "
                          "--kv-events-endpoint")
+
+
+def check_endpoints(endpoint: str, replay: str | None) -> None:
+    """The events extras are installed and both endpoints are well formed, naming the option."""
+    try:
+        from hybridkv.events.publisher import KVEventsConfig
+    except ImportError as exc:
+        raise ValueError(f"--kv-events-endpoint needs the events extras (missing: "
+                         f"{exc.name or exc}): pip install \"hybridkv[events]\"") from None
+    try:
+        KVEventsConfig(endpoint=endpoint)
+    except ValueError as exc:
+        raise ValueError(f"--kv-events-endpoint: {exc}") from None
+    if replay is not None:
+        try:
+            KVEventsConfig(endpoint=endpoint, replay_endpoint=replay)
+        except ValueError as exc:
+            raise ValueError(f"--kv-events-replay-endpoint: {exc}") from None
 
 
 def warn_capacity(cfg: SimConfig, items: list[WorkItem], instances: int) -> OfferedLoad | None:

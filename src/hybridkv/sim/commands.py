@@ -16,6 +16,7 @@ before a run and a finished result is never lost (:func:`write_output`). Errors 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Callable
 
 from hybridkv.core.spec_decode import SPEC_OFF, SpecDecode, parse_spec
+from hybridkv.options import int_in, parse_retention
 from hybridkv.sched import SchedulerConfig
 from hybridkv.sim.presets import GPU_PRESETS, MODEL_PRESETS, get_gpu, get_preset
 from hybridkv.sim.simulator import (SimConfig, SimResult, Simulator, WorkItem, items_from_mooncake,
@@ -78,21 +80,6 @@ def positive_count(text: str) -> int:
     if value == 0:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {text!r}")
     return value
-
-
-def int_in(lo: int, hi: int | None = None) -> Callable[[str], int]:
-    """An argparse type: an integer in ``[lo, hi]`` (``hi`` None: no upper bound)."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text.strip())
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if value < lo or (hi is not None and value > hi):
-            rng = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
-            raise argparse.ArgumentTypeError(f"must be an integer {rng}, got {text!r}")
-        return value
-    parse.__name__ = "integer"
-    return parse
 
 
 def fraction(lo_open: bool) -> Callable[[str], float]:
@@ -184,6 +171,8 @@ def check_options(args: argparse.Namespace) -> None:
     """Rules involving several options, checked before anything runs (``ValueError``)."""
     from hybridkv.sim.eviction_cli import check_args as check_policy_args
     check_policy_args(args)
+    if getattr(args, "num_blocks", None) is not None and args.num_blocks < 2:
+        raise ValueError(f"--num-blocks must be >= 2, got {args.num_blocks}")
     for option in ("json", "plot"):
         value = getattr(args, option, None)
         if isinstance(value, str):
@@ -218,19 +207,6 @@ def check_spec_fits(cfg: SimConfig) -> None:
         raise ValueError(
             f"--spec {spec.method}:{spec.num_speculative_tokens} needs more than "
             f"--max-model-len {max_len} tokens per request")
-
-
-def parse_retention(text: str) -> int | None:
-    """``none`` -> None (dense); an integer >= 0 otherwise."""
-    if text.strip().lower() in ("none", "dense"):
-        return None
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"retention interval must be 'none' or an integer >= 0, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"retention interval must be 'none' or an integer >= 0, got {text!r}")
-    return v
 
 
 def spec_argument(text: str) -> SpecDecode | str:
@@ -323,9 +299,7 @@ def load_items(args: argparse.Namespace) -> list[WorkItem]:
 def capacity_blocks(args: argparse.Namespace, preset, cache_tokens: int | None = None) -> int:
     """Pool size in blocks (including the null block) from the capacity options."""
     if cache_tokens is None and getattr(args, "num_blocks", None) is not None:
-        if args.num_blocks < 2:
-            raise ValueError(f"--num-blocks must be >= 2, got {args.num_blocks}")
-        return args.num_blocks
+        return args.num_blocks                  # >= 2: check_options
     if cache_tokens is None and getattr(args, "gpu_memory_fraction", None) is not None:
         frac = args.gpu_memory_fraction
         if not 0 < frac <= 1:
@@ -393,10 +367,11 @@ def _progress(enabled: bool, label: str) -> tuple[Callable[[int, int], None] | N
         def report(done: int, total: int) -> None:
             print(f"\r{label}: {done}/{total} requests", end="", file=sys.stderr, flush=True)
         return report, lambda: print(file=sys.stderr)
-    bar = tqdm(desc=label, unit="req", file=sys.stderr, leave=False)
+    bar = tqdm(desc=label, unit="req", file=sys.stderr, leave=False, delay=0.5)  # after the header
 
     def update(done: int, total: int) -> None:
-        bar.total = total
+        if done < bar.n or total != bar.total:   # the next run of a sweep: its own rate and ETA
+            bar.reset(total=total)
         bar.n = done
         bar.refresh()
     return update, bar.close
@@ -434,6 +409,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if not items:
         raise ValueError("the workload has no requests")
     cfg = build_config(args)
+    from hybridkv.sim.workload_fit import check_fits   # the longest request fits, before a run
+    default_capacity = all(getattr(args, o) is None
+                           for o in ("cache_tokens", "num_blocks", "gpu_memory_fraction"))
+    warning = check_fits(cfg, items, default_capacity)
+    if warning:
+        print(f"hybridkv simulate: {warning}", file=sys.stderr)
     # -- cluster and KV events (hybridkv.sim.cluster_cli) --
     if cluster_cli.is_cluster(args):
         progress, close = _progress(not args.no_progress, "simulate")
@@ -480,6 +461,12 @@ def check_sweep_options(args: argparse.Namespace) -> None:
     if args.retention_intervals is not None and args.cache_tokens_list is not None:
         raise ValueError("sweep one thing at a time: --cache-tokens-list or --retention-intervals "
                          "(with --cache-tokens for its size)")
+    if args.workers is not None and args.executor == "serial":    # -- executors, before the trace --
+        raise ValueError(f"--workers {args.workers} needs --executor processes or ray")
+    if args.ray_address is not None and args.executor != "ray":
+        raise ValueError(f"--ray-address {args.ray_address} needs --executor ray")
+    if args.executor == "ray" and importlib.util.find_spec("ray") is None:
+        raise ValueError('--executor ray needs Ray: pip install "hybridkv[ray]"')
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -547,7 +534,7 @@ def _run_sweep(args: argparse.Namespace, runs: list[tuple[object, SimConfig]],
             if out.result is None:
                 failed += 1
                 rows[out.index] = {"value": value, "error": out.error}
-                print(f"  {str(value):>10}: error: {out.error}", file=sys.stderr, flush=True)
+                print(f"  {_label(value):>10}: error: {out.error}", file=sys.stderr, flush=True)
             else:
                 results[out.index] = out.result
                 d = out.result.to_json()
@@ -555,7 +542,7 @@ def _run_sweep(args: argparse.Namespace, runs: list[tuple[object, SimConfig]],
                 rows[out.index] = d
                 opt = d["optimal_block_hit_rate"]
                 ttft = "n/a" if d["ttft_p50_s"] is None else f"{d['ttft_p50_s']:.3f} s"   # --sequential
-                print(f"  {str(value):>10}: block hit rate {d['block_hit_rate']:.4f}, token hit rate "
+                print(f"  {_label(value):>10}: block hit rate {d['block_hit_rate']:.4f}, token hit rate "
                       f"{d['hit_rate']:.4f}, optimum {'n/a' if opt is None else f'{opt:.4f}'}, "
                       f"TTFT p50 {ttft}, "
                       f"wall {d['wall_s']:.1f} s", flush=True)
@@ -565,6 +552,11 @@ def _run_sweep(args: argparse.Namespace, runs: list[tuple[object, SimConfig]],
         close_inner()
         close_bar()
     return rows, results, failed
+
+
+def _label(value: object) -> str:
+    """A swept value as the option spells it (retention None is ``none``)."""
+    return "none" if value is None else str(value)
 
 
 def cmd_presets(args: argparse.Namespace) -> int:

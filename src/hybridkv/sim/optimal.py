@@ -36,6 +36,8 @@ from collections import OrderedDict
 from collections.abc import Container, Hashable, Sequence
 from dataclasses import dataclass
 
+from hybridkv.core.validation import check_int
+
 __all__ = [
     "BlockCacheResult",
     "belady_block_hit_rate",
@@ -82,8 +84,7 @@ def capacity_blocks_for_tokens(capacity_tokens: int, block_tokens: int = 512) ->
 
 
 def _check_capacity(capacity_blocks: int) -> None:
-    if isinstance(capacity_blocks, bool) or not isinstance(capacity_blocks, int) or capacity_blocks < 0:
-        raise ValueError(f"capacity_blocks must be a non-negative integer, got {capacity_blocks!r}")
+    check_int("capacity_blocks", capacity_blocks, 0)
 
 
 def _leading_hits(keys: Sequence[Hashable], cache: Container[Hashable]) -> int:

@@ -25,6 +25,7 @@ from hybridkv.core.specs import (
     KVCacheGroup,
     SlidingWindow,
 )
+from hybridkv.core.validation import check_int
 
 __all__ = [
     "GPU_PRESETS",
@@ -100,8 +101,7 @@ class ModelPreset:
             ValueError: if a scaled size is not a positive integer, or the new sizes break a
                 spec's constraint (chunk or MLA compression divisibility).
         """
-        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
-            raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
+        check_int("block_size", block_size, 1)
         new_groups = []
         for g in self.groups:
             scaled = g.spec.block_size * block_size

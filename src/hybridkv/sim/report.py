@@ -60,14 +60,18 @@ def explain_gap(res: SimResult) -> str:
                      f"blocks ({(g.ceiling_blocks - g.optimum_blocks) / pb:.1%}) an unlimited cache hits")
     if g.in_flight_blocks:
         lines.append(f"  timing: {g.in_flight_blocks:,} blocks ({g.in_flight_blocks / pb:.1%}) missed by "
-                     f"{g.in_flight_requests:,} requests admitted before the request that first "
+                     f"{_requests(g.in_flight_requests)} admitted before the request that first "
                      "computed them had finished (concurrent serving; the bounds serve one at a time)")
     if g.evicted_blocks:
         lines.append(f"  eviction: {g.evicted_blocks:,} blocks ({g.evicted_blocks / pb:.1%}) missed by "
-                     f"{g.evicted_requests:,} requests because they had been cached and were gone "
+                     f"{_requests(g.evicted_requests)} because they had been cached and were gone "
                      f"(evicted, or not retained by a sliding-window group; {res.evictions:,} "
                      "evictions in all)")
     return "\n".join(lines)
+
+
+def _requests(n: int) -> str:
+    return f"{n:,} request" + ("" if n == 1 else "s")
 
 
 def _pyplot():

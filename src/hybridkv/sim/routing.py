@@ -32,6 +32,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Sequence
 
+from hybridkv.core.validation import check_int
 from hybridkv.events.index import KVEventIndex
 
 ROUTERS = ("round-robin", "least-loaded", "kv-aware", "approximate")
@@ -129,8 +130,7 @@ class ApproximateRouter(KVAwareRouter):
 
     def __init__(self, num_instances: int, capacity_blocks: int, block_size: int,
                  overlap_weight: float = DEFAULT_OVERLAP_WEIGHT) -> None:
-        if capacity_blocks < 1:
-            raise ValueError(f"capacity_blocks must be >= 1, got {capacity_blocks!r}")
+        check_int("capacity_blocks", capacity_blocks, 1)
         super().__init__(KVEventIndex(), block_size, 0, overlap_weight)
         self.capacity = capacity_blocks
         self._lru: list[OrderedDict[bytes, None]] = [OrderedDict() for _ in range(num_instances)]

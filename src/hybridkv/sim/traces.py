@@ -231,10 +231,7 @@ def _field(path: Path, lineno: int, obj: dict[str, Any], name: str) -> Any:
 
 def _nonneg_int(path: Path, lineno: int, obj: dict[str, Any], name: str) -> int:
     value = _field(path, lineno, obj, name)
-    if not _is_int(value):
-        raise ValueError(f"{path}:{lineno}: {name!r} must be an integer, got {value!r}")
-    if value < 0:
-        raise ValueError(f"{path}:{lineno}: {name!r} must be >= 0, got {value}")
+    check_int(f"{path}:{lineno}: {name!r}", value, 0)
     return value
 
 
@@ -268,10 +265,8 @@ def iter_mooncake_records(
             ``hash_ids`` whose length is not ``ceil(input_length / block_tokens)``.
     """
     path = Path(path)
-    if limit is not None and limit < 0:
-        raise ValueError(f"limit must be >= 0 or None, got {limit}")
-    if block_tokens <= 0:
-        raise ValueError(f"block_tokens must be > 0, got {block_tokens}")
+    check_int("limit", limit, 0, optional=True)
+    check_int("block_tokens", block_tokens, 1)
     count = 0
     for lineno, obj in _iter_json_lines(path):
         if limit is not None and count >= limit:

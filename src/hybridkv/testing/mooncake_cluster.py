@@ -40,6 +40,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from hybridkv.connectors.stores.mooncake import probe_tcp
+from hybridkv.core.validation import check_int
 
 __all__ = ["MooncakeCluster", "find_mooncake_binary", "free_port"]
 
@@ -123,8 +124,7 @@ class MooncakeCluster:
         """
         if any(int(b) <= 0 for b in storage_bytes):
             raise ValueError(f"storage sizes must be positive, got {list(storage_bytes)}")
-        if client_ttl_s < 1:
-            raise ValueError(f"client_ttl_s must be >= 1, got {client_ttl_s}")
+        check_int("client_ttl_s", client_ttl_s, 1)
         self.storage_bytes = [int(b) for b in storage_bytes]
         self.client_ttl_s = client_ttl_s
         self.eviction_high_watermark = eviction_high_watermark

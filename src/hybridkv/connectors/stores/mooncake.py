@@ -46,6 +46,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from hybridkv.core.validation import check_int
+
 from .base import MISS, WRONG_SIZE, HostBuffer, KVStore, Payload
 
 __all__ = ["MooncakeStore", "MooncakeStoreConfig", "probe_tcp"]
@@ -111,13 +113,11 @@ class MooncakeStoreConfig:
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise ValueError(f"master_address must be 'host:port', got {self.master_address!r}")
         for name in ("global_segment_bytes", "local_buffer_bytes", "staging_bytes"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+            check_int(name, getattr(self, name), 0)
         for name in ("setup_timeout_s", "probe_timeout_s", "retry_backoff_s", "max_backoff_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.rpc_timeout_ms is not None and self.rpc_timeout_ms <= 0:
-            raise ValueError(f"rpc_timeout_ms must be positive or None, got {self.rpc_timeout_ms}")
+        check_int("rpc_timeout_ms", self.rpc_timeout_ms, 1, optional=True)
 
     @property
     def master_host_port(self) -> tuple[str, int]:

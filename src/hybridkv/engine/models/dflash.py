@@ -125,15 +125,6 @@ class DFlashDraftModel(nn.Module):
         return self.norm(x)
 
 
-def is_dflash_dir(model_dir: str | Path) -> bool:
-    """True when ``model_dir/config.json`` describes a DFlash drafter."""
-    path = Path(model_dir) / "config.json"
-    if not path.is_file():
-        return False
-    raw = json.loads(path.read_text())
-    return "dflash_config" in raw or "DFlashDraftModel" in (raw.get("architectures") or [])
-
-
 def dflash_config_from_dict(raw: dict[str, Any]) -> tuple[ModelConfig, tuple[int, ...], int, int]:
     """Parse a DFlash ``config.json``: (layer config, target layer ids, mask token id, block size)."""
     dflash = raw.get("dflash_config") or {}
