@@ -168,3 +168,69 @@ def test_policy_pool_keeps_the_region_order(policy, num_blocks, ops):
     pool.free(held)
     pool.check()
     assert pool.num_free == num_blocks - 1
+
+
+# ---- eva: learned hit density by age ----------------------------------------------------------
+
+def _key(t: int) -> bytes:
+    return t.to_bytes(8, "little")
+
+
+def _eviction_order(pool: PolicyBlockPool, evicted: list[bytes]) -> list[int]:
+    """Allocate every free block; the hashes the policy gave up, first victim first."""
+    evicted.clear()
+    pool.allocate(pool.num_free)
+    pool.check()
+    return [int.from_bytes(h, "little") for h in evicted]
+
+
+def test_eva_without_statistics_is_lru_by_batch():
+    """Before it has learned anything every value is 0, and ties go oldest bucket first: with
+    one bucket per freed block that is exactly LRU, each batch tail first."""
+    from hybridkv.core.eviction.eva import EVAPolicy
+    evicted: list[bytes] = []
+    pool = PolicyBlockPool(16, 1, EVAPolicy(ages=64, width=1, min_events=10**9),
+                           on_evict=lambda g, h: evicted.append(h))
+    chains = [[0, 1, 2], [3, 4], [5, 6, 7, 8]]
+    for chain in chains:
+        blocks = pool.allocate(len(chain))
+        for b, t in zip(blocks, chain):
+            pool.insert(0, _key(t), b)
+        pool.free(blocks[::-1])                      # tail first, as the coordinator frees
+    hit = pool.cached_block(0, _key(3))              # a hit makes block 3 the newest
+    pool.touch([hit])
+    pool.free([hit])
+    assert _eviction_order(pool, evicted) == [2, 1, 0, 4, 8, 7, 6, 5, 3]
+
+
+def test_eva_learns_a_dead_time():
+    """Every block is read again about 7 buckets after it was freed, never earlier and never
+    twice. The policy learns it: blocks past the reuse age go first (oldest first), then the
+    youngest (furthest from their reuse), and the block about to be reused goes last — the
+    opposite of LRU among the young ones."""
+    from hybridkv.core.eviction.eva import EVAPolicy
+    evicted: list[bytes] = []
+    pol = EVAPolicy(ages=16, width=1, min_events=4)
+    pool = PolicyBlockPool(200, 1, pol, on_evict=lambda g, h: evicted.append(h))
+    for t in range(60):
+        b, = pool.allocate(1)
+        pool.insert(0, _key(t), b)
+        pool.free([b])
+        if t >= 3:                                   # content t-3 comes back now
+            c = pool.cached_block(0, _key(t - 3))
+            pool.touch([c])
+            pool.free([c])
+        pool.check()
+    ages = {int.from_bytes(pool.block_hash[b], "little"): pol._age(k[1]) for b, k in pol.where.items()}
+    young = sorted((t for t, a in ages.items() if a <= 7), key=lambda t: ages[t])
+    assert [ages[t] for t in young] == [1, 2, 3, 4, 5, 6, 7]
+    order = _eviction_order(pool, evicted)
+    assert order[-7:] == young                       # youngest first, the one due next last
+    assert sorted(order[:-7], key=lambda t: -ages[t]) == order[:-7]   # past the reuse age: oldest first
+
+
+def test_eva_bad_arguments():
+    from hybridkv.core.eviction.eva import EVAPolicy
+    for kw in ({"ages": 1}, {"ages": 2.5}, {"width": 0}, {"min_events": 0}):
+        with pytest.raises(ValueError, match=next(iter(kw))):
+            EVAPolicy(**kw)

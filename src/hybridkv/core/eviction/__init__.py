@@ -8,11 +8,12 @@ maps a name to a policy; :data:`POLICIES` lists the valid names.
 from __future__ import annotations
 
 from hybridkv.core.eviction.base import EvictionPolicy
+from hybridkv.core.eviction.eva import EVAPolicy
 from hybridkv.core.eviction.frequency import CostAwarePolicy, LFUPolicy
 from hybridkv.core.eviction.s3fifo import S3FIFOPolicy
 
 #: Valid policy names, ``recommended`` included (it resolves to :data:`RECOMMENDED`).
-POLICIES = ("lru", "s3fifo", "lfu", "cost", "recommended")
+POLICIES = ("lru", "s3fifo", "lfu", "cost", "eva", "recommended")
 #: The policy ``recommended`` resolves to (see BENCHMARKS.md, "Eviction policies", for why).
 RECOMMENDED = "lru"
 #: Depth (tokens of prefix) at which the cost-aware policy values a block's recompute work.
@@ -38,9 +39,11 @@ def make_policy(name: str, rules=()) -> EvictionPolicy | None:
         return S3FIFOPolicy()
     if name == "lfu":
         return LFUPolicy()
+    if name == "eva":
+        return EVAPolicy()
     weights = [max(1, r.recompute_cost(COST_REFERENCE_TOKENS // r.block_size)) for r in rules]
     return CostAwarePolicy(weights or (1.0,))
 
 
 __all__ = ["POLICIES", "RECOMMENDED", "EvictionPolicy", "S3FIFOPolicy", "LFUPolicy",
-           "CostAwarePolicy", "make_policy", "resolve_policy"]
+           "CostAwarePolicy", "EVAPolicy", "make_policy", "resolve_policy"]

@@ -1,0 +1,290 @@
+"""Learned value by age: hit density per chain class (after EVA, Beckmann & Sanchez, HPCA 2017,
+and LHD, Beckmann et al., NSDI 2018), learned online.
+
+Assumes traffic whose reuse *timing* is regular enough to learn: a conversation comes back after
+a think time, so a block that was just freed is unlikely to be read in the next few requests,
+one of a middle age is the likeliest, and one older than most think times is unlikely again.
+LRU keeps exactly the wrong ones under such a "dead time" (the newest). This policy learns, from
+what it sees, how many reuses a block of a given *age* (clock time since it was last freed) and
+*class* still has ahead per unit of space-time it will hold, and evicts the lowest.
+
+Clock: the number of blocks freed to the policy so far (one unit = one block of new cache
+demand). Ages are counted in buckets of ``W = max(1, capacity // WIDTH_DIV)`` clock units,
+``AGES`` of them (older blocks share the last bucket): the horizon is ``AGES / WIDTH_DIV`` = 4
+times the cache.
+
+Class of a block: set when it is freed, for the whole batch freed together (a request's chain,
+tail first): the reuse count of the deepest block of the batch that was ever reused (a hit, or
+its content recomputed while remembered as a ghost), bucketed 0 / 1 / 2 / 3-7 / 8+. A
+conversation's next turn reuses its previous turn's last block once, so its chain, new tail
+included, lands in class 1; a first turn only reuses the shared system prompt (reused by
+everyone: class 8+). Classes are labels the statistics tell apart; nothing here hard-codes which
+one is valuable.
+
+Learning (uncensored up to the horizon): a hit on a free cached block records a reuse at its
+age; an evicted block leaves a *ghost* (its hash, class, free time and reuse count) so that when
+the same content is computed and freed again the reuse is recorded at the age it would have had;
+a ghost older than the horizon records "not reused". Per class, for age bucket ``a``::
+
+    density(a) = R / (sum over those reuses of their remaining age + D * (AGES - a) + ...)
+
+with ``R`` the reuses at ages ``>= a`` and ``D`` the "not reused" count (they hold space to the
+horizon). A class with fewer than ``MIN_EVENTS`` events at ages ``>= a`` uses the curve pooled
+over all classes there; with too few events in all, the value is 0. Counts halve once per
+horizon, so the curves follow drifting traffic.
+
+**Ties fall back to LRU**: equal values (and missing statistics) are broken oldest bucket first,
+so before it has learned anything it evicts in LRU order by bucket. It is *not* guaranteed to
+match LRU's hit rate once it has learned (see BENCHMARKS.md, "Eviction policies").
+
+Order and cost: every (class, bucket) is a FIFO in free order, so a chain freed in one batch
+leaves tail first. The queues (at most ``CLASSES x (AGES + 1)``) are ranked by value once per
+clock bucket and victims come from the best-ranked non-empty queue through a cursor, so each
+operation is O(1) amortized. A prefix re-freed later by another request sits in a younger
+bucket than the tails it was freed with before; if younger buckets are worth less, that prefix
+can leave before those tails (a soft order, like S3-FIFO's ghost re-admission).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Iterator, Sequence
+
+from hybridkv.core.eviction.base import EvictionPolicy
+
+#: Age buckets (the last one holds every older block).
+AGES = 32
+#: Bucket width: the cache's capacity in blocks over this (the horizon is ``AGES / WIDTH_DIV``
+#: times the cache).
+WIDTH_DIV = 8
+#: Events (reuses + not reused) a curve needs at an age before it is trusted there.
+MIN_EVENTS = 128
+#: Chain classes: bucket of the deepest hit block's hit count (0, 1, 2, 3-7, 8+).
+CLASSES = 5
+_CLASS_OF_HITS = (0, 1, 2, 3, 3, 3, 3, 3)
+#: Ghost entries kept at most (each is a hash and two ints).
+MAX_GHOSTS = 1 << 21
+_OLD = -1   # epoch key of the queue holding blocks older than the last bucket
+
+
+def chain_class(hits: int) -> int:
+    """Class of a batch whose deepest hit block has ``hits`` hits."""
+    return _CLASS_OF_HITS[hits] if hits < len(_CLASS_OF_HITS) else CLASSES - 1
+
+
+class EVAPolicy(EvictionPolicy):
+    """See the module docstring. ``ages``, ``width`` and ``min_events`` override the bucket
+    count, the bucket width and the events a curve needs (tests use small ones); the width
+    defaults to the pool's capacity over ``WIDTH_DIV``, read at :meth:`attach`."""
+
+    name = "eva"
+    __slots__ = ("ages", "width", "clock", "epoch", "queues", "where", "hits", "ghost",
+                 "hit_n", "dead_n", "value", "ranking", "rank_of", "cursor",
+                 "_next_decay", "_width_arg", "_dirty", "min_events")
+
+    def __init__(self, ages: int = AGES, width: int | None = None,
+                 min_events: float = MIN_EVENTS) -> None:
+        super().__init__()
+        if not isinstance(ages, int) or ages < 2:
+            raise ValueError(f"ages must be an integer >= 2, got {ages!r}")
+        if width is not None and (not isinstance(width, int) or width < 1):
+            raise ValueError(f"width must be a positive integer or None, got {width!r}")
+        if not min_events > 0:
+            raise ValueError(f"min_events must be > 0, got {min_events!r}")
+        self.ages = ages
+        self.min_events = min_events
+        self._width_arg = width
+        self.width = width or 1
+        self.clock = 0                    # blocks freed so far
+        self.epoch = 0                    # clock // width
+        # (class, epoch or _OLD) -> blocks in free order
+        self.queues: dict[tuple[int, int], OrderedDict[int, None]] = {}
+        self.where: dict[int, tuple[int, int]] = {}      # held block -> its queue key
+        self.hits: dict[int, int] = {}                   # block -> hits since its content
+        self.ghost: OrderedDict[object, tuple[int, int]] = OrderedDict()   # hash -> (class, epoch)
+        self.hit_n = [[0.0] * ages for _ in range(CLASSES)]   # reuses per class and age bucket
+        self.dead_n = [0.0] * CLASSES                          # "not reused within the horizon"
+        self.value = [[0.0] * ages for _ in range(CLASSES)]
+        self.ranking: list[tuple[int, int]] = []
+        self.rank_of: dict[tuple[int, int], int] = {}
+        self.cursor = 0
+        self._next_decay = 0
+        self._dirty = True
+
+    def attach(self, pool) -> None:
+        super().attach(pool)
+        if self._width_arg is None:
+            self.width = max(1, (pool.num_blocks - 1) // WIDTH_DIV)
+        self._next_decay = self.width * self.ages
+
+    # ---- container protocol -----------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.where)
+
+    def __contains__(self, b: int) -> bool:
+        return b in self.where
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.where)
+
+    # ---- events -----------------------------------------------------------------------------
+    def _age(self, e: int) -> int:
+        return self.ages - 1 if e == _OLD else min(self.ages - 1, self.epoch - e)
+
+    def on_free(self, blocks: Sequence[int]) -> None:
+        if not blocks:
+            return
+        hits = self.hits
+        ghost, bh = self.ghost, self.pool.block_hash
+        if ghost:
+            for b in blocks:
+                g = ghost.pop(bh[b], None)
+                if g is not None:                  # evicted content computed again: a reuse
+                    self.hit_n[g[0]][self._age(g[1])] += 1
+                    hits[b] = g[2] + 1
+        deepest = 0
+        for b in blocks:                           # tail first: the first reused one is the deepest
+            deepest = hits.get(b, 0)
+            if deepest:
+                break
+        c = chain_class(deepest)
+        key = (c, self.epoch)
+        q = self.queues.get(key)
+        if q is None:
+            q = self.queues[key] = OrderedDict()
+            self._dirty = True
+        elif self.rank_of.get(key, self.cursor) < self.cursor:
+            self.cursor = self.rank_of[key]
+        where = self.where
+        for b in blocks:
+            q[b] = None
+            where[b] = key
+        self.clock += len(blocks)
+        if self.clock // self.width != self.epoch:
+            self._advance()
+
+    def on_hit(self, b: int, held: bool) -> None:
+        if held:
+            key = self.where.pop(b)
+            del self.queues[key][b]
+            self.hit_n[key[0]][self._age(key[1])] += 1
+        self.hits[b] = self.hits.get(b, 0) + 1
+
+    def forget(self, blocks: Sequence[int]) -> None:
+        hits = self.hits
+        for b in blocks:
+            hits.pop(b, None)
+
+    # ---- eviction ---------------------------------------------------------------------------
+    def pop(self, n: int) -> list[int]:
+        if self._dirty:
+            self._rank()
+        out: list[int] = []
+        queues, ranking, where = self.queues, self.ranking, self.where
+        ghost, bh = self.ghost, self.pool.block_hash
+        i = self.cursor
+        while len(out) < n:
+            key = ranking[i]
+            q = queues[key]
+            if not q:
+                i += 1
+                continue
+            b, _ = q.popitem(last=False)
+            del where[b]
+            h = bh[b]
+            if h is not None:
+                ghost[h] = (key[0], key[1] if key[1] != _OLD else self.epoch - self.ages + 1,
+                            self.hits.get(b, 0))
+            out.append(b)
+        self.cursor = i
+        while len(ghost) > MAX_GHOSTS:
+            self._expire_one()
+        return out
+
+    def _expire_one(self) -> None:
+        _, g = self.ghost.popitem(last=False)
+        self.dead_n[g[0]] += 1
+
+    def _advance(self) -> None:
+        """The clock entered a new bucket: age the queues, expire ghosts, decay, re-rank."""
+        self.epoch = self.clock // self.width
+        oldest = self.epoch - self.ages + 1        # epochs at or below this are in the last bucket
+        queues = self.queues
+        for key in [k for k in queues if k[1] != _OLD and k[1] <= oldest]:
+            q = queues.pop(key)
+            old = queues.get((key[0], _OLD))
+            if old is None:
+                queues[(key[0], _OLD)] = q
+            else:
+                where = self.where
+                for b in q:
+                    old[b] = None
+                    where[b] = (key[0], _OLD)
+                continue
+            where = self.where
+            for b in q:
+                where[b] = (key[0], _OLD)
+        for key in [k for k, q in queues.items() if not q]:
+            del queues[key]
+        ghost = self.ghost
+        while ghost and next(iter(ghost.values()))[1] < oldest:
+            self._expire_one()
+        if self.clock >= self._next_decay:
+            self._next_decay = self.clock + self.width * self.ages
+            for row in self.hit_n:
+                for a in range(self.ages):
+                    row[a] *= 0.5
+            for c in range(CLASSES):
+                self.dead_n[c] *= 0.5
+        self._values()
+        self._dirty = True
+
+    def _values(self) -> None:
+        """Recompute ``value[class][age]`` from the decayed counts (see the module docstring)."""
+        A = self.ages
+        m = self.min_events
+        pooled = self._density([sum(row[a] for row in self.hit_n) for a in range(A)],
+                               sum(self.dead_n), m)
+        for c in range(CLASSES):
+            mine = self._density(self.hit_n[c], self.dead_n[c], m)
+            row = self.value[c]
+            for a in range(A):
+                v = mine[a] if mine[a] is not None else pooled[a]
+                row[a] = 0.0 if v is None else v
+
+    @staticmethod
+    def _density(hits: list[float], dead: float, min_events: float) -> list[float | None]:
+        """Per age bucket ``a``: reuses still ahead of a block of age ``a`` per bucket of space
+        it will hold until then (None without events)."""
+        A = len(hits)
+        out: list[float | None] = [None] * A
+        hs = life = 0.0
+        for a in range(A - 1, -1, -1):
+            life += hs                        # every later reuse is one bucket further away
+            hs += hits[a]
+            span = (A - a) if a < A - 1 else A          # the last bucket is open-ended
+            total = life + 0.5 * hits[a] + dead * span
+            out[a] = hs / total if hs + dead >= min_events and total > 0 else None
+        return out
+
+    def _rank(self) -> None:
+        """Order the non-empty queues by value, oldest bucket first among equals."""
+        value = self.value
+        keys = [k for k, q in self.queues.items() if q]
+        keys.sort(key=lambda k: (value[k[0]][self._age(k[1])], -self._age(k[1]), k[0]))
+        self.ranking = keys
+        self.rank_of = {k: i for i, k in enumerate(keys)}
+        self.cursor = 0
+        self._dirty = False
+
+    def check(self) -> None:
+        count = 0
+        for key, q in self.queues.items():
+            for b in q:
+                if self.where.get(b) != key:
+                    raise AssertionError(f"eva: block {b} in queue {key} but recorded in {self.where.get(b)}")
+                count += 1
+        if count != len(self.where):
+            raise AssertionError(f"eva: {len(self.where)} held blocks but {count} queued")
+        if len(self.ghost) > MAX_GHOSTS:
+            raise AssertionError("eva: ghost table over its capacity")
