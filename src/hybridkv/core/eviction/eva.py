@@ -152,9 +152,11 @@ class EVAPolicy(EvictionPolicy):
         q = self.queues.get(key)
         if q is None:
             q = self.queues[key] = OrderedDict()
+        r = self.rank_of.get(key)
+        if r is None:                              # not ranked (new, or empty when ranked)
             self._dirty = True
-        elif self.rank_of.get(key, self.cursor) < self.cursor:
-            self.cursor = self.rank_of[key]
+        elif r < self.cursor:
+            self.cursor = r
         where = self.where
         for b in blocks:
             q[b] = None
