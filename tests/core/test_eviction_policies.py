@@ -204,10 +204,10 @@ def test_eva_without_statistics_is_lru_by_batch():
 
 
 def test_eva_learns_a_dead_time():
-    """Every block is read again about 7 buckets after it was freed, never earlier and never
-    twice. The policy learns it: blocks past the reuse age go first (oldest first), then the
-    youngest (furthest from their reuse), and the block about to be reused goes last — the
-    opposite of LRU among the young ones."""
+    """Every block is read again about 7 buckets after it was first freed, never earlier and
+    never a second time. The policy learns both: blocks already reused once (class 1, never
+    reused again) go first, oldest first; the blocks still waiting for their reuse go last,
+    youngest first (the furthest from their reuse) — the opposite of LRU."""
     from hybridkv.core.eviction.eva import EVAPolicy
     evicted: list[bytes] = []
     pol = EVAPolicy(ages=16, width=1, min_events=4)
@@ -221,12 +221,15 @@ def test_eva_learns_a_dead_time():
             pool.touch([c])
             pool.free([c])
         pool.check()
-    ages = {int.from_bytes(pool.block_hash[b], "little"): pol._age(k[1]) for b, k in pol.where.items()}
-    young = sorted((t for t, a in ages.items() if a <= 7), key=lambda t: ages[t])
-    assert [ages[t] for t in young] == [1, 2, 3, 4, 5, 6, 7]
+    state = {int.from_bytes(pool.block_hash[b], "little"): (k[0], pol._age(k[1]))
+             for b, k in pol.where.items()}
+    waiting = sorted((t for t, (c, _) in state.items() if c == 0), key=lambda t: state[t][1])
+    assert waiting == [59, 58, 57] and [state[t][1] for t in waiting] == [2, 4, 6]
     order = _eviction_order(pool, evicted)
-    assert order[-7:] == young                       # youngest first, the one due next last
-    assert sorted(order[:-7], key=lambda t: -ages[t]) == order[:-7]   # past the reuse age: oldest first
+    assert order[-3:] == waiting                     # youngest first, the one due next last
+    done = order[:-3]
+    assert all(state[t][0] == 1 for t in done)
+    assert [state[t][1] for t in done] == sorted((state[t][1] for t in done), reverse=True)
 
 
 def test_eva_bad_arguments():

@@ -7,13 +7,14 @@ maps a name to a policy; :data:`POLICIES` lists the valid names.
 
 from __future__ import annotations
 
+from hybridkv.core.eviction.arc import ChainARCPolicy
 from hybridkv.core.eviction.base import EvictionPolicy
 from hybridkv.core.eviction.eva import EVAPolicy
 from hybridkv.core.eviction.frequency import CostAwarePolicy, LFUPolicy
 from hybridkv.core.eviction.s3fifo import S3FIFOPolicy
 
 #: Valid policy names, ``recommended`` included (it resolves to :data:`RECOMMENDED`).
-POLICIES = ("lru", "s3fifo", "lfu", "cost", "eva", "recommended")
+POLICIES = ("lru", "s3fifo", "lfu", "cost", "eva", "arc", "recommended")
 #: The policy ``recommended`` resolves to (see BENCHMARKS.md, "Eviction policies", for why).
 RECOMMENDED = "lru"
 #: Depth (tokens of prefix) at which the cost-aware policy values a block's recompute work.
@@ -41,9 +42,11 @@ def make_policy(name: str, rules=()) -> EvictionPolicy | None:
         return LFUPolicy()
     if name == "eva":
         return EVAPolicy()
+    if name == "arc":
+        return ChainARCPolicy()
     weights = [max(1, r.recompute_cost(COST_REFERENCE_TOKENS // r.block_size)) for r in rules]
     return CostAwarePolicy(weights or (1.0,))
 
 
 __all__ = ["POLICIES", "RECOMMENDED", "EvictionPolicy", "S3FIFOPolicy", "LFUPolicy",
-           "CostAwarePolicy", "EVAPolicy", "make_policy", "resolve_policy"]
+           "CostAwarePolicy", "EVAPolicy", "ChainARCPolicy", "make_policy", "resolve_policy"]

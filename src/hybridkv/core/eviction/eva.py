@@ -10,7 +10,7 @@ what it sees, how many reuses a block of a given *age* (clock time since it was 
 
 Clock: the number of blocks freed to the policy so far (one unit = one block of new cache
 demand). Ages are counted in buckets of ``W = max(1, capacity // WIDTH_DIV)`` clock units,
-``AGES`` of them (older blocks share the last bucket): the horizon is ``AGES / WIDTH_DIV`` = 4
+``AGES`` of them (older blocks share the last bucket): the horizon is ``AGES / WIDTH_DIV`` = 8
 times the cache.
 
 Class of a block: set when it is freed, for the whole batch freed together (a request's chain,
@@ -21,17 +21,16 @@ included, lands in class 1; a first turn only reuses the shared system prompt (r
 everyone: class 8+). Classes are labels the statistics tell apart; nothing here hard-codes which
 one is valuable.
 
-Learning (uncensored up to the horizon): a hit on a free cached block records a reuse at its
-age; an evicted block leaves a *ghost* (its hash, class, free time and reuse count) so that when
-the same content is computed and freed again the reuse is recorded at the age it would have had;
-a ghost older than the horizon records "not reused". Per class, for age bucket ``a``::
-
-    density(a) = R / (sum over those reuses of their remaining age + D * (AGES - a) + ...)
-
-with ``R`` the reuses at ages ``>= a`` and ``D`` the "not reused" count (they hold space to the
-horizon). A class with fewer than ``MIN_EVENTS`` events at ages ``>= a`` uses the curve pooled
-over all classes there; with too few events in all, the value is 0. Counts halve once per
-horizon, so the curves follow drifting traffic.
+Learning (survival statistics, uncensored up to the horizon): per class and age bucket, ``E``
+counts the blocks that entered that age still waiting for their next reuse (held, or evicted
+and remembered as a *ghost*: hash, class, free time, reuse count) and ``H`` the reuses at that
+age (a hit on a free cached block, or a ghost's content computed and freed again). The reuse
+probability of a bucket is ``H / E``; from it, for a block of age ``a``, the expected reuses
+until its next one and the buckets of space it holds until then follow by the usual backward
+recursion (the open-ended last bucket keeps its probability for ever), and the value is their
+ratio: reuses per unit of space-time. A class with fewer than ``MIN_EVENTS`` entries at an age
+uses the counts pooled over all classes there; counts halve once per horizon, so the curves
+follow drifting traffic.
 
 **Ties fall back to LRU**: equal values (and missing statistics) are broken oldest bucket first,
 so before it has learned anything it evicts in LRU order by bucket. It is *not* guaranteed to
@@ -56,7 +55,7 @@ from hybridkv.core.eviction.base import EvictionPolicy
 AGES = 32
 #: Bucket width: the cache's capacity in blocks over this (the horizon is ``AGES / WIDTH_DIV``
 #: times the cache).
-WIDTH_DIV = 8
+WIDTH_DIV = 4
 #: Events (reuses + not reused) a curve needs at an age before it is trusted there.
 MIN_EVENTS = 128
 #: Chain classes: bucket of the deepest hit block's hit count (0, 1, 2, 3-7, 8+).
@@ -79,7 +78,7 @@ class EVAPolicy(EvictionPolicy):
 
     name = "eva"
     __slots__ = ("ages", "width", "clock", "epoch", "queues", "where", "hits", "ghost",
-                 "hit_n", "dead_n", "value", "ranking", "rank_of", "cursor",
+                 "hit_n", "exp_n", "ghost_groups", "value", "ranking", "rank_of", "cursor",
                  "_next_decay", "_width_arg", "_dirty", "min_events")
 
     def __init__(self, ages: int = AGES, width: int | None = None,
@@ -101,9 +100,11 @@ class EVAPolicy(EvictionPolicy):
         self.queues: dict[tuple[int, int], OrderedDict[int, None]] = {}
         self.where: dict[int, tuple[int, int]] = {}      # held block -> its queue key
         self.hits: dict[int, int] = {}                   # block -> hits since its content
-        self.ghost: OrderedDict[object, tuple[int, int]] = OrderedDict()   # hash -> (class, epoch)
+        # evicted hash -> (class, epoch, reuses); and how many ghosts each (class, epoch) has
+        self.ghost: OrderedDict[object, tuple[int, int, int]] = OrderedDict()
+        self.ghost_groups: dict[tuple[int, int], int] = {}
         self.hit_n = [[0.0] * ages for _ in range(CLASSES)]   # reuses per class and age bucket
-        self.dead_n = [0.0] * CLASSES                          # "not reused within the horizon"
+        self.exp_n = [[0.0] * ages for _ in range(CLASSES)]   # blocks that entered that age
         self.value = [[0.0] * ages for _ in range(CLASSES)]
         self.ranking: list[tuple[int, int]] = []
         self.rank_of: dict[tuple[int, int], int] = {}
@@ -140,8 +141,9 @@ class EVAPolicy(EvictionPolicy):
             for b in blocks:
                 g = ghost.pop(bh[b], None)
                 if g is not None:                  # evicted content computed again: a reuse
-                    self.hit_n[g[0]][self._age(g[1])] += 1
                     hits[b] = g[2] + 1
+                    if self._unghost(g):
+                        self.hit_n[g[0]][self.epoch - g[1]] += 1
         deepest = 0
         for b in blocks:                           # tail first: the first reused one is the deepest
             deepest = hits.get(b, 0)
@@ -161,6 +163,7 @@ class EVAPolicy(EvictionPolicy):
         for b in blocks:
             q[b] = None
             where[b] = key
+        self.exp_n[c][0] += len(blocks)
         self.clock += len(blocks)
         if self.clock // self.width != self.epoch:
             self._advance()
@@ -183,7 +186,7 @@ class EVAPolicy(EvictionPolicy):
             self._rank()
         out: list[int] = []
         queues, ranking, where = self.queues, self.ranking, self.where
-        ghost, bh = self.ghost, self.pool.block_hash
+        ghost, bh, groups = self.ghost, self.pool.block_hash, self.ghost_groups
         i = self.cursor
         while len(out) < n:
             key = ranking[i]
@@ -195,78 +198,99 @@ class EVAPolicy(EvictionPolicy):
             del where[b]
             h = bh[b]
             if h is not None:
-                ghost[h] = (key[0], key[1] if key[1] != _OLD else self.epoch - self.ages + 1,
-                            self.hits.get(b, 0))
+                gk = (key[0], key[1] if key[1] != _OLD else self.epoch - self.ages + 1)
+                ghost[h] = (gk[0], gk[1], self.hits.get(b, 0))
+                groups[gk] = groups.get(gk, 0) + 1
             out.append(b)
         self.cursor = i
-        while len(ghost) > MAX_GHOSTS:
-            self._expire_one()
+        cap = self._ghost_cap()
+        while len(ghost) > cap:
+            self._unghost(ghost.popitem(last=False)[1])
         return out
 
-    def _expire_one(self) -> None:
-        _, g = self.ghost.popitem(last=False)
-        self.dead_n[g[0]] += 1
+    def _ghost_cap(self) -> int:
+        return min(MAX_GHOSTS, max(64, self.ages * self.width))
+
+    def _unghost(self, g: tuple[int, int, int]) -> bool:
+        """Take ghost ``g`` out of its group; False if the group already left the horizon."""
+        gk = (g[0], g[1])
+        left = self.ghost_groups.get(gk)
+        if left is None:
+            return False
+        if left > 1:
+            self.ghost_groups[gk] = left - 1
+        else:
+            del self.ghost_groups[gk]
+        return True
 
     def _advance(self) -> None:
-        """The clock entered a new bucket: age the queues, expire ghosts, decay, re-rank."""
-        self.epoch = self.clock // self.width
-        oldest = self.epoch - self.ages + 1        # epochs at or below this are in the last bucket
-        queues = self.queues
+        """The clock entered a new bucket: every pending block (held or ghost) enters the next
+        age; age the queues, drop ghosts past the horizon, decay, re-value, re-rank."""
+        new = self.clock // self.width
+        A = self.ages
+        exp_n, queues, groups = self.exp_n, self.queues, self.ghost_groups
+        for step in range(max(self.epoch + 1, new - A), new + 1):
+            for (c, e), q in queues.items():
+                if q:
+                    exp_n[c][A - 1 if e == _OLD else min(A - 1, step - e)] += len(q)
+            for gk in list(groups):
+                age = step - gk[1]
+                if age >= A:
+                    del groups[gk]                 # not reused within the horizon
+                else:
+                    exp_n[gk[0]][age] += groups[gk]
+        self.epoch = new
+        oldest = new - A + 1                       # epochs at or below this are in the last bucket
         for key in [k for k in queues if k[1] != _OLD and k[1] <= oldest]:
             q = queues.pop(key)
-            old = queues.get((key[0], _OLD))
-            if old is None:
-                queues[(key[0], _OLD)] = q
-            else:
-                where = self.where
-                for b in q:
-                    old[b] = None
-                    where[b] = (key[0], _OLD)
-                continue
+            okey = (key[0], _OLD)
+            old = queues.setdefault(okey, OrderedDict())
             where = self.where
             for b in q:
-                where[b] = (key[0], _OLD)
+                old[b] = None
+                where[b] = okey
         for key in [k for k, q in queues.items() if not q]:
             del queues[key]
-        ghost = self.ghost
-        while ghost and next(iter(ghost.values()))[1] < oldest:
-            self._expire_one()
         if self.clock >= self._next_decay:
-            self._next_decay = self.clock + self.width * self.ages
-            for row in self.hit_n:
-                for a in range(self.ages):
-                    row[a] *= 0.5
-            for c in range(CLASSES):
-                self.dead_n[c] *= 0.5
+            self._next_decay = self.clock + self.width * A
+            for rows in (self.hit_n, self.exp_n):
+                for row in rows:
+                    for a in range(A):
+                        row[a] *= 0.5
         self._values()
         self._dirty = True
 
     def _values(self) -> None:
         """Recompute ``value[class][age]`` from the decayed counts (see the module docstring)."""
-        A = self.ages
-        m = self.min_events
-        pooled = self._density([sum(row[a] for row in self.hit_n) for a in range(A)],
-                               sum(self.dead_n), m)
+        A, m = self.ages, self.min_events
+        pooled_h = [sum(row[a] for row in self.hit_n) for a in range(A)]
+        pooled_e = [sum(row[a] for row in self.exp_n) for a in range(A)]
         for c in range(CLASSES):
-            mine = self._density(self.hit_n[c], self.dead_n[c], m)
-            row = self.value[c]
+            hazard = []
             for a in range(A):
-                v = mine[a] if mine[a] is not None else pooled[a]
-                row[a] = 0.0 if v is None else v
+                h, e = self.hit_n[c][a], self.exp_n[c][a]
+                if e < m:
+                    h, e = pooled_h[a], pooled_e[a]
+                hazard.append(min(1.0, h / e) if e >= m else None)
+            self.value[c] = self._density(hazard)
 
     @staticmethod
-    def _density(hits: list[float], dead: float, min_events: float) -> list[float | None]:
-        """Per age bucket ``a``: reuses still ahead of a block of age ``a`` per bucket of space
-        it will hold until then (None without events)."""
-        A = len(hits)
-        out: list[float | None] = [None] * A
-        hs = life = 0.0
-        for a in range(A - 1, -1, -1):
-            life += hs                        # every later reuse is one bucket further away
-            hs += hits[a]
-            span = (A - a) if a < A - 1 else A          # the last bucket is open-ended
-            total = life + 0.5 * hits[a] + dead * span
-            out[a] = hs / total if hs + dead >= min_events and total > 0 else None
+    def _density(hazard: list[float | None]) -> list[float]:
+        """Per age bucket ``a``: reuses ahead of a block of age ``a`` (until its next reuse) per
+        bucket of space it holds until then, from the per-bucket reuse probabilities (None:
+        unknown, counted as 0; the open-ended last bucket keeps its probability for ever)."""
+        A = len(hazard)
+        if all(h is None for h in hazard):
+            return [0.0] * A
+        out = [0.0] * A
+        h = hazard[-1] or 0.0
+        reuse, space = (1.0, 1.0 / h) if h > 0 else (0.0, float(A))
+        out[-1] = reuse / space
+        for a in range(A - 2, -1, -1):
+            h = hazard[a] or 0.0
+            reuse = h + (1 - h) * reuse
+            space = 1.0 + (1 - h) * space
+            out[a] = reuse / space
         return out
 
     def _rank(self) -> None:
@@ -288,5 +312,5 @@ class EVAPolicy(EvictionPolicy):
                 count += 1
         if count != len(self.where):
             raise AssertionError(f"eva: {len(self.where)} held blocks but {count} queued")
-        if len(self.ghost) > MAX_GHOSTS:
+        if len(self.ghost) > self._ghost_cap():
             raise AssertionError("eva: ghost table over its capacity")
