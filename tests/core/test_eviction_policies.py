@@ -268,3 +268,144 @@ def test_seeded_operation_mix(policy):
         pool.free(run)
     pool.check()
     assert pool.num_free == 299
+
+
+# ---- arc and adaptive: chains that come back ------------------------------------------------
+
+def _serve_chain(pool: BlockPool, chain: list[int]) -> int:
+    """One request at the pool level: hit the cached leading blocks of ``chain`` (content
+    keys), compute the rest, free it all tail first. Returns the leading hits."""
+    held = []
+    for t in chain:
+        b = pool.cached_block(0, _key(t))
+        if b is None:
+            break
+        held.append(b)
+    pool.touch(held)
+    new = pool.allocate(len(chain) - len(held))
+    for b, t in zip(new, chain[len(held):]):
+        pool.insert(0, _key(t), b)
+    pool.free((held + new)[::-1])
+    pool.check()
+    return len(held)
+
+
+def _conversation_vs_flood(pool: BlockPool) -> int:
+    """A shared root hit by 8 first turns, a conversation that comes back once, then a flood of
+    first turns larger than the cache; returns the conversation's hits on its third turn."""
+    for i in range(8):
+        _serve_chain(pool, [0, 1000 + i])
+    _serve_chain(pool, [0, 1, 2])
+    assert _serve_chain(pool, [0, 1, 2, 3]) == 3
+    for i in range(40):
+        _serve_chain(pool, [0, 2000 + 2 * i, 2001 + 2 * i])
+    return _serve_chain(pool, [0, 1, 2, 3, 4])
+
+
+def test_arc_keeps_a_returning_conversation_through_a_flood():
+    """LRU loses the conversation to 40 one-off first turns (80 blocks > 30); chain ARC files
+    the returning chain in t2 and the one-off tails in t1, which alone are evicted."""
+    from hybridkv.core.eviction.arc import ChainARCPolicy
+    assert _conversation_vs_flood(BlockPool(31, 1)) == 1          # only the shared root survives
+    pol = ChainARCPolicy()
+    pool = PolicyBlockPool(31, 1, pol)
+    assert _conversation_vs_flood(pool) == 4
+    t2 = {int.from_bytes(pool.block_hash[b], "little") for b in pol.t2}
+    assert {0, 1, 2, 3, 4} <= t2 and all(t >= 2000 for t in
+                                         (int.from_bytes(pool.block_hash[b], "little") for b in pol.t1))
+
+
+def test_arc_order_tail_first_within_a_list():
+    from hybridkv.core.eviction.arc import ChainARCPolicy
+    evicted: list[bytes] = []
+    pool = PolicyBlockPool(12, 1, ChainARCPolicy(), on_evict=lambda g, h: evicted.append(h))
+    _serve_chain(pool, [10, 11, 12])
+    _serve_chain(pool, [20, 21])
+    assert _eviction_order(pool, evicted) == [12, 11, 10, 21, 20]
+
+
+def _rounds(pool: BlockPool, n: int = 8) -> list[int]:
+    """Two conversations come back once per round, each after a flood of 12 one-off first
+    turns (24 blocks, most of the 30-block cache); per round, the conversations' hits."""
+    for i in range(8):
+        _serve_chain(pool, [0, 1000 + i])                         # the root becomes shared
+    convs = {1: [0, 10, 11], 2: [0, 20, 21]}
+    for c in convs.values():
+        _serve_chain(pool, c)
+    out, f = [], 0
+    for r in range(n):
+        for _ in range(12):
+            _serve_chain(pool, [0, 5000 + f, 5001 + f])
+            f += 2
+        hits = 0
+        for k, c in convs.items():
+            c.append(100 * k + r)
+            hits += _serve_chain(pool, c)
+        out.append(hits)
+    return out
+
+
+def test_adaptive_switches_to_arc_when_its_shadow_is_ahead():
+    """Exactly LRU while the shadows are level or LRU leads; once ARC's shadow is ahead, the
+    real cache evicts like chain ARC and hits what ARC hits."""
+    from hybridkv.core.eviction.adaptive import AdaptivePolicy
+    from hybridkv.core.eviction.arc import ChainARCPolicy
+    lru = _rounds(BlockPool(31, 1))
+    arc = _rounds(PolicyBlockPool(31, 1, ChainARCPolicy()))
+    pol = AdaptivePolicy()
+    adaptive = _rounds(PolicyBlockPool(31, 1, pol))
+    assert lru == [6, 5, 3, 2, 2, 2, 2, 2] and arc == [2, 8, 10, 9, 14, 16, 18, 20]
+    assert adaptive[:4] == lru[:4] and adaptive[4:] == arc[4:]
+    assert pol.use_arc and pol.score_arc > pol.score_lru
+
+
+def test_bad_policy_arguments():
+    from hybridkv.core.eviction.adaptive import AdaptivePolicy
+    from hybridkv.core.eviction.arc import ChainARCPolicy
+    for bad in (0, -1.0, "2"):
+        with pytest.raises(ValueError, match="ghost_ratio"):
+            ChainARCPolicy(ghost_ratio=bad)
+    for bad in (-0.1, 1.0, None):
+        with pytest.raises(ValueError, match="margin"):
+            AdaptivePolicy(margin=bad)
+
+
+@settings(max_examples=examples(60), deadline=None)
+@given(num_blocks=st.integers(2, 40),
+       ops=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 10**6)), min_size=1, max_size=120))
+def test_adaptive_is_exactly_lru_while_lru_leads(num_blocks, ops):
+    """The same operations on plain LRU and on ``adaptive``: while ARC's shadow has never been
+    ahead, every allocation returns the same blocks (victims included) and every lookup hits
+    the same block."""
+    from hybridkv.core.eviction.adaptive import AdaptivePolicy
+    pol = AdaptivePolicy()
+    pools = (BlockPool(num_blocks, 1), PolicyBlockPool(num_blocks, 1, pol))
+    held: list[list[int]] = []
+    h = 0
+    for op, x in ops:
+        if pol.use_arc:
+            break
+        if op <= 1 and pools[0].num_free:
+            k = 1 + x % pools[0].num_free
+            got = [p.allocate(k) for p in pools]
+            assert got[0] == got[1]
+            for b in got[0][: 1 + x % 3]:
+                h += 1
+                for p in pools:
+                    p.insert(0, h.to_bytes(8, "little"), b)
+            held.append(got[0])
+        elif op == 2 and held:
+            run = held.pop(x % len(held))
+            for p in pools:
+                p.free(run[::-1])
+        elif op == 3 and h:
+            key = (1 + x % h).to_bytes(8, "little")
+            b = pools[0].cached_block(0, key)
+            assert b == pools[1].cached_block(0, key)
+            if b is not None:
+                for p in pools:
+                    p.touch([b])
+                held.append([b])
+        for p in pools:
+            p.check()
+        assert pools[0].num_free == pools[1].num_free

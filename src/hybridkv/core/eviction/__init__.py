@@ -7,6 +7,7 @@ maps a name to a policy; :data:`POLICIES` lists the valid names.
 
 from __future__ import annotations
 
+from hybridkv.core.eviction.adaptive import AdaptivePolicy
 from hybridkv.core.eviction.arc import ChainARCPolicy
 from hybridkv.core.eviction.base import EvictionPolicy
 from hybridkv.core.eviction.eva import EVAPolicy
@@ -14,7 +15,7 @@ from hybridkv.core.eviction.frequency import CostAwarePolicy, LFUPolicy
 from hybridkv.core.eviction.s3fifo import S3FIFOPolicy
 
 #: Valid policy names, ``recommended`` included (it resolves to :data:`RECOMMENDED`).
-POLICIES = ("lru", "s3fifo", "lfu", "cost", "eva", "arc", "recommended")
+POLICIES = ("lru", "s3fifo", "lfu", "cost", "eva", "arc", "adaptive", "recommended")
 #: The policy ``recommended`` resolves to (see BENCHMARKS.md, "Eviction policies", for why).
 RECOMMENDED = "lru"
 #: Depth (tokens of prefix) at which the cost-aware policy values a block's recompute work.
@@ -44,9 +45,11 @@ def make_policy(name: str, rules=()) -> EvictionPolicy | None:
         return EVAPolicy()
     if name == "arc":
         return ChainARCPolicy()
+    if name == "adaptive":
+        return AdaptivePolicy()
     weights = [max(1, r.recompute_cost(COST_REFERENCE_TOKENS // r.block_size)) for r in rules]
     return CostAwarePolicy(weights or (1.0,))
 
 
 __all__ = ["POLICIES", "RECOMMENDED", "EvictionPolicy", "S3FIFOPolicy", "LFUPolicy",
-           "CostAwarePolicy", "EVAPolicy", "ChainARCPolicy", "make_policy", "resolve_policy"]
+           "CostAwarePolicy", "EVAPolicy", "ChainARCPolicy", "AdaptivePolicy", "make_policy", "resolve_policy"]

@@ -123,6 +123,20 @@ class ChainARCPolicy(EvictionPolicy):
         for b in blocks:
             reuses.pop(b, None)
 
+    def discard(self, b: int) -> None:
+        """Block ``b`` (held) is evicted by someone else's choice: drop it and remember its ghost."""
+        if b in self.t1:
+            del self.t1[b]
+            ghost = self.b1
+        else:
+            del self.t2[b]
+            ghost = self.b2
+        h = self.pool.block_hash[b]
+        if h is not None:
+            ghost[h] = self.reuses.get(b, 0)
+            if len(ghost) > self._ghost_cap():
+                ghost.popitem(last=False)
+
     def pop(self, n: int) -> list[int]:
         t1, t2, bh, reuses = self.t1, self.t2, self.pool.block_hash, self.reuses
         gcap = self._ghost_cap()
