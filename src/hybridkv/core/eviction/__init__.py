@@ -52,4 +52,5 @@ def make_policy(name: str, rules=()) -> EvictionPolicy | None:
 
 
 __all__ = ["POLICIES", "RECOMMENDED", "EvictionPolicy", "S3FIFOPolicy", "LFUPolicy",
-           "CostAwarePolicy", "EVAPolicy", "ChainARCPolicy", "AdaptivePolicy", "make_policy", "resolve_policy"]
+           "CostAwarePolicy", "EVAPolicy", "ChainARCPolicy", "AdaptivePolicy", "make_policy",
+           "resolve_policy"]

@@ -4,13 +4,13 @@ Assumes nothing about traffic; it is for traffic nobody has measured. Two *shado
 pool's capacity run beside the real one on content hashes only (no blocks): an LRU and a chain
 ARC (:mod:`hybridkv.core.eviction.arc`). Every batch the pool frees (a request's chain, tail
 first) is served to both: each counts its leading hits (from the chain's head), then takes the
-batch in as the pool would. Their hit counts halve every ``DECAY_CAPACITIES`` x ``capacity`` blocks freed. The real cache
-evicts like the shadow that is ahead: chain ARC's choice while its count is above LRU's by more
-than ``margin`` (relative), else **exactly LRU's** (one list of the held blocks in free order,
-the pool's own LRU order), which it also does until the first shadow hit.
+batch in as the pool would. Their hit counts halve every ``DECAY_CAPACITIES`` x ``capacity``
+blocks freed. The real cache evicts like the shadow that is ahead: chain ARC's choice while its
+count exceeds ``(1 + margin)`` x LRU's count + 1, else **exactly LRU's** (one list of the held
+blocks in free order: the pool's own LRU order), as it does from the start.
 
-What that guarantees: whenever LRU's shadow is ahead or level, the victims are the blocks
-plain LRU would evict from this cache's current contents. A run in which ARC's shadow is never
+What that guarantees: whenever ARC's shadow is not ahead by that margin, the victims are the
+blocks plain LRU would evict from this cache's current contents. A run in which ARC's shadow is never
 ahead is identical to plain LRU (a test checks it); one in which it is ahead has switched
 because, on the recent past, ARC would have hit more. It cannot guarantee that the past
 predicts the future: a workload that changes faster than the decay can make it switch too
