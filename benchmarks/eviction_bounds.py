@@ -8,6 +8,10 @@ trace's own chained block ids. Prints
 * structure: requests, block references, distinct blocks and how many are ever reused, the
   conversations (requests grouped by their second block id: the first is the system prompt all
   share), how often a conversation comes back after its k-th turn and after how many requests;
+* how well what a policy can see predicts whether a conversation comes back: requests are
+  put in cells by (turn index, requests since the previous turn, output length, prompt length)
+  and the share of prompt blocks in cells (of 20+ requests) whose return rate is below 0.2 or
+  above 0.8 is printed — the blocks an online policy could confidently call dead or alive;
 * per cache size, as hit rates: the infinite cache (the reuse ceiling); Belady with bypass (the
   offline optimum the simulator reports); Belady under the pool's footprint (a running request's
   misses hold blocks of their own: a tighter bound on every policy, online or not,
@@ -42,7 +46,7 @@ def parse_size(text: str) -> int:
 
 
 def load(trace: str):
-    keys, limits, footprints, sessions = [], [], [], []
+    keys, limits, footprints, sessions, outputs = [], [], [], [], []
     for rec in iter_mooncake_records(resolve_trace(trace)):
         chain, k = [], ()
         for h in rec.hash_ids[: rec.input_length // BLOCK]:   # full blocks only are cached
@@ -52,7 +56,8 @@ def load(trace: str):
         limits.append((rec.input_length - 1) // BLOCK)
         footprints.append(-(-(rec.input_length + rec.output_length) // BLOCK))
         sessions.append(rec.hash_ids[1] if len(rec.hash_ids) > 1 else None)
-    return keys, limits, footprints, sessions
+        outputs.append(rec.output_length)
+    return keys, limits, footprints, sessions, outputs
 
 
 def lru_dead_oracle(keys, limits, capacity: int) -> float:
@@ -84,7 +89,7 @@ def main() -> None:
     ap.add_argument("--trace", default="mooncake-conversation")
     ap.add_argument("--sizes", default="1M,3M,10M")
     args = ap.parse_args()
-    keys, limits, fps, sessions = load(args.trace)
+    keys, limits, fps, sessions, outputs = load(args.trace)
     uses = Counter(k for ks in keys for k in ks)
     print(f"{args.trace}: {len(keys)} requests, {sum(map(len, keys))} cached-block references, "
           f"{len(uses)} distinct blocks, {sum(1 for v in uses.values() if v > 1)} reused")
@@ -102,6 +107,18 @@ def main() -> None:
         mean_blocks = sum(map(len, keys)) / len(keys)
         print(f"requests between two turns: p10 {pct[0]:.0f}, p50 {pct[1]:.0f}, p90 {pct[2]:.0f} "
               f"(one request adds {mean_blocks:.1f} blocks on average)")
+    cells: dict = defaultdict(lambda: [0, 0, 0])     # cell -> requests, returns, blocks
+    for v in turns.values():
+        for j, i in enumerate(v):
+            gap = None if j == 0 else min((v[j] - v[j - 1]) // 200, 5)
+            cell = (min(j, 5), gap, min(outputs[i] // 200, 5), min(len(keys[i]) // 16, 6))
+            c = cells[cell]
+            c[0] += 1
+            c[1] += j + 1 < len(v)
+            c[2] += len(keys[i])
+    sure = sum(c[2] for c in cells.values() if c[0] >= 20 and not 0.2 <= c[1] / c[0] <= 0.8)
+    print(f"prompt blocks whose return an online policy can call (cells with rate < 0.2 or > 0.8): "
+          f"{sure / max(1, sum(c[2] for c in cells.values())):.3f}")
     inf = infinite_block_hit_rate(keys)
     print(f"infinite cache: {inf.hit_rate:.4f}\n")
     print(f"{'cache':>8} {'blocks':>7} {'belady':>8} {'pool-belady':>12} {'lru':>8} {'lru/belady':>11} "
