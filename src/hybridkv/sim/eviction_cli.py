@@ -64,10 +64,11 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 def sweep_policies(args: argparse.Namespace, runs: list, items: list,
-                   run_sweep: Callable) -> tuple[list[dict], int]:
+                   run_sweep: Callable, write_output: Callable | None = None) -> tuple[list[dict], int]:
     """Run ``runs`` (value, SimConfig) once per policy of ``args.eviction_policies``; print a
     policy x size table (with each policy's cost per pool operation against LRU, measured now)
-    and, with ``--plot``, draw it. Returns the JSON rows (each with ``config.eviction_policy``)
+    and, with ``--plot``, draw it (through ``write_output(path, write, what)``, the command's
+    writer that never loses a finished result). Returns the JSON rows (each with ``config.eviction_policy``)
     and the number of failed configurations."""
     names = args.eviction_policies
     all_runs = [(v, dataclasses.replace(cfg, eviction_policy=p)) for p in names for v, cfg in runs]
@@ -87,8 +88,7 @@ def sweep_policies(args: argparse.Namespace, runs: list, items: list,
                 cells.append(f"{r['block_hit_rate']:>13.4f} / {'-' if frac is None else f'{frac:.3f}':>5}")
         lines.append(f"{p:>8} " + " ".join(cells) + f"{cost[p]:>9.2f}")
     print("\n".join(lines), file=sys.stdout)
-    if getattr(args, "plot", None) and not failed:
-        from hybridkv.sim.commands import write_output
+    if getattr(args, "plot", None) and not failed and write_output is not None:
         print("wrote " + write_output(args.plot, lambda path: plot_policies(
             names, values, rows, path, title=args.trace or args.workload), "the plot"))
     return rows, failed
