@@ -17,7 +17,7 @@ from hybridkv.core.eviction.s3fifo import S3FIFOPolicy
 #: Valid policy names, ``recommended`` included (it resolves to :data:`RECOMMENDED`).
 POLICIES = ("lru", "s3fifo", "lfu", "cost", "eva", "arc", "adaptive", "recommended")
 #: The policy ``recommended`` resolves to (see BENCHMARKS.md, "Eviction policies", for why).
-RECOMMENDED = "lru"
+RECOMMENDED = "adaptive"
 #: Depth (tokens of prefix) at which the cost-aware policy values a block's recompute work.
 COST_REFERENCE_TOKENS = 16384
 
