@@ -173,10 +173,10 @@ def belady_block_hit_rate(
         footprints: per request, the blocks it occupies while it runs (prompt and output); its
             misses need ``footprint - hits`` blocks of their own, so before the request's blocks
             are inserted the cache is cut to ``capacity - (footprint - hits)`` (never below
-            the hits). A real pool has this constraint; plain Belady ignores it. The cut keeps
-            the soonest-used blocks too, so the result is the optimum under that constraint
-            too (Belady's exchange argument holds for any capacity that changes over time)
-            and a tighter upper bound on every policy of the pool, online or not.
+            the hits). A real pool has this constraint; plain Belady ignores it. The cut also
+            keeps the soonest-used blocks, so the result is the optimum under the constraint
+            (Belady's exchange argument holds for any capacity that changes over time) and a
+            tighter upper bound on every policy of the pool, online or not.
 
     Returns:
         The hits and references; the input is not modified.

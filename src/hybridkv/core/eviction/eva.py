@@ -56,18 +56,18 @@ AGES = 32
 #: Bucket width: the cache's capacity in blocks over this (the horizon is ``AGES / WIDTH_DIV``
 #: times the cache).
 WIDTH_DIV = 4
-#: Events (reuses + not reused) a curve needs at an age before it is trusted there.
+#: Entries (blocks that reached an age) a class needs there before its own rate is used.
 MIN_EVENTS = 128
-#: Chain classes: bucket of the deepest hit block's hit count (0, 1, 2, 3-7, 8+).
+#: Chain classes: bucket of the deepest reused block's reuse count (0, 1, 2, 3-7, 8+).
 CLASSES = 5
 _CLASS_OF_HITS = (0, 1, 2, 3, 3, 3, 3, 3)
-#: Ghost entries kept at most (each is a hash and two ints).
+#: Ghost entries kept at most (each is a hash and three ints; also at most one horizon's worth).
 MAX_GHOSTS = 1 << 21
 _OLD = -1   # epoch key of the queue holding blocks older than the last bucket
 
 
 def chain_class(hits: int) -> int:
-    """Class of a batch whose deepest hit block has ``hits`` hits."""
+    """Class of a batch whose deepest reused block was reused ``hits`` times."""
     return _CLASS_OF_HITS[hits] if hits < len(_CLASS_OF_HITS) else CLASSES - 1
 
 
