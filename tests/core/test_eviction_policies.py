@@ -168,3 +168,244 @@ def test_policy_pool_keeps_the_region_order(policy, num_blocks, ops):
     pool.free(held)
     pool.check()
     assert pool.num_free == num_blocks - 1
+
+
+# ---- eva: learned hit density by age ----------------------------------------------------------
+
+def _key(t: int) -> bytes:
+    return t.to_bytes(8, "little")
+
+
+def _eviction_order(pool: PolicyBlockPool, evicted: list[bytes]) -> list[int]:
+    """Allocate every free block; the hashes the policy gave up, first victim first."""
+    evicted.clear()
+    pool.allocate(pool.num_free)
+    pool.check()
+    return [int.from_bytes(h, "little") for h in evicted]
+
+
+def test_eva_without_statistics_is_lru_by_batch():
+    """Before it has learned anything every value is 0, and ties go oldest bucket first: with
+    one bucket per freed block that is exactly LRU, each batch tail first."""
+    from hybridkv.core.eviction.eva import EVAPolicy
+    evicted: list[bytes] = []
+    pool = PolicyBlockPool(16, 1, EVAPolicy(ages=64, width=1, min_events=10**9),
+                           on_evict=lambda g, h: evicted.append(h))
+    chains = [[0, 1, 2], [3, 4], [5, 6, 7, 8]]
+    for chain in chains:
+        blocks = pool.allocate(len(chain))
+        for b, t in zip(blocks, chain):
+            pool.insert(0, _key(t), b)
+        pool.free(blocks[::-1])                      # tail first, as the coordinator frees
+    hit = pool.cached_block(0, _key(3))              # a hit makes block 3 the newest
+    pool.touch([hit])
+    pool.free([hit])
+    assert _eviction_order(pool, evicted) == [2, 1, 0, 4, 8, 7, 6, 5, 3]
+
+
+def test_eva_learns_a_dead_time():
+    """Every block is read again about 7 buckets after it was first freed, never earlier and
+    never a second time. The policy learns both: blocks already reused once (class 1, never
+    reused again) go first, oldest first; the blocks still waiting for their reuse go last,
+    youngest first (the furthest from their reuse) — the opposite of LRU."""
+    from hybridkv.core.eviction.eva import EVAPolicy
+    evicted: list[bytes] = []
+    pol = EVAPolicy(ages=16, width=1, min_events=4)
+    pool = PolicyBlockPool(200, 1, pol, on_evict=lambda g, h: evicted.append(h))
+    for t in range(60):
+        b, = pool.allocate(1)
+        pool.insert(0, _key(t), b)
+        pool.free([b])
+        if t >= 3:                                   # content t-3 comes back now
+            c = pool.cached_block(0, _key(t - 3))
+            pool.touch([c])
+            pool.free([c])
+        pool.check()
+    state = {int.from_bytes(pool.block_hash[b], "little"): (k[0], pol._age(k[1]))
+             for b, k in pol.where.items()}
+    waiting = sorted((t for t, (c, _) in state.items() if c == 0), key=lambda t: state[t][1])
+    assert waiting == [59, 58, 57] and [state[t][1] for t in waiting] == [2, 4, 6]
+    order = _eviction_order(pool, evicted)
+    assert order[-3:] == waiting                     # youngest first, the one due next last
+    done = order[:-3]
+    assert all(state[t][0] == 1 for t in done)
+    assert [state[t][1] for t in done] == sorted((state[t][1] for t in done), reverse=True)
+
+
+def test_eva_bad_arguments():
+    from hybridkv.core.eviction.eva import EVAPolicy
+    for kw in ({"ages": 1}, {"ages": 2.5}, {"width": 0}, {"min_events": 0}):
+        with pytest.raises(ValueError, match=next(iter(kw))):
+            EVAPolicy(**kw)
+
+
+@pytest.mark.parametrize("policy", NON_LRU)
+def test_seeded_operation_mix(policy):
+    """The sweep's cost benchmark mix (allocate, free tail first, hits), checked every step: a
+    queue emptied by hits and refilled later must stay reachable (an eva regression)."""
+    import random
+    rng = random.Random(1)
+    pool = PolicyBlockPool(300, 1, make_policy(policy))
+    held: list[list[int]] = []
+    h = 0
+    for _ in range(3000):
+        k = rng.randrange(1, 5)
+        if pool.num_free >= k and (len(held) < 150 or rng.random() < 0.5):
+            got = pool.allocate(k)
+            for b in got[:2]:
+                h += 1
+                pool.insert(0, h.to_bytes(8, "little"), b)
+            held.append(got)
+        elif held:
+            pool.free(held.pop(rng.randrange(len(held)))[::-1])
+            if rng.random() < 0.3:
+                hb = pool.cached_block(0, rng.randrange(1, h + 1).to_bytes(8, "little"))
+                if hb is not None:
+                    pool.touch([hb])
+                    held.append([hb])
+        pool.check()
+    for run in held:
+        pool.free(run)
+    pool.check()
+    assert pool.num_free == 299
+
+
+# ---- arc and adaptive: chains that come back ------------------------------------------------
+
+def _serve_chain(pool: BlockPool, chain: list[int]) -> int:
+    """One request at the pool level: hit the cached leading blocks of ``chain`` (content
+    keys), compute the rest, free it all tail first. Returns the leading hits."""
+    held = []
+    for t in chain:
+        b = pool.cached_block(0, _key(t))
+        if b is None:
+            break
+        held.append(b)
+    pool.touch(held)
+    new = pool.allocate(len(chain) - len(held))
+    for b, t in zip(new, chain[len(held):]):
+        pool.insert(0, _key(t), b)
+    pool.free((held + new)[::-1])
+    pool.check()
+    return len(held)
+
+
+def _conversation_vs_flood(pool: BlockPool) -> int:
+    """A shared root hit by 8 first turns, a conversation that comes back once, then a flood of
+    first turns larger than the cache; returns the conversation's hits on its third turn."""
+    for i in range(8):
+        _serve_chain(pool, [0, 1000 + i])
+    _serve_chain(pool, [0, 1, 2])
+    assert _serve_chain(pool, [0, 1, 2, 3]) == 3
+    for i in range(40):
+        _serve_chain(pool, [0, 2000 + 2 * i, 2001 + 2 * i])
+    return _serve_chain(pool, [0, 1, 2, 3, 4])
+
+
+def test_arc_keeps_a_returning_conversation_through_a_flood():
+    """LRU loses the conversation to 40 one-off first turns (80 blocks > 30); chain ARC files
+    the returning chain in t2 and the one-off tails in t1, which alone are evicted."""
+    from hybridkv.core.eviction.arc import ChainARCPolicy
+    assert _conversation_vs_flood(BlockPool(31, 1)) == 1          # only the shared root survives
+    pol = ChainARCPolicy()
+    pool = PolicyBlockPool(31, 1, pol)
+    assert _conversation_vs_flood(pool) == 4
+    t2 = {int.from_bytes(pool.block_hash[b], "little") for b in pol.t2}
+    assert {0, 1, 2, 3, 4} <= t2 and all(t >= 2000 for t in
+                                         (int.from_bytes(pool.block_hash[b], "little") for b in pol.t1))
+
+
+def test_arc_order_tail_first_within_a_list():
+    from hybridkv.core.eviction.arc import ChainARCPolicy
+    evicted: list[bytes] = []
+    pool = PolicyBlockPool(12, 1, ChainARCPolicy(), on_evict=lambda g, h: evicted.append(h))
+    _serve_chain(pool, [10, 11, 12])
+    _serve_chain(pool, [20, 21])
+    assert _eviction_order(pool, evicted) == [12, 11, 10, 21, 20]
+
+
+def _rounds(pool: BlockPool, n: int = 8) -> list[int]:
+    """Two conversations come back once per round, each after a flood of 12 one-off first
+    turns (24 blocks, most of the 30-block cache); per round, the conversations' hits."""
+    for i in range(8):
+        _serve_chain(pool, [0, 1000 + i])                         # the root becomes shared
+    convs = {1: [0, 10, 11], 2: [0, 20, 21]}
+    for c in convs.values():
+        _serve_chain(pool, c)
+    out, f = [], 0
+    for r in range(n):
+        for _ in range(12):
+            _serve_chain(pool, [0, 5000 + f, 5001 + f])
+            f += 2
+        hits = 0
+        for k, c in convs.items():
+            c.append(100 * k + r)
+            hits += _serve_chain(pool, c)
+        out.append(hits)
+    return out
+
+
+def test_adaptive_switches_to_arc_when_its_shadow_is_ahead():
+    """Exactly LRU while the shadows are level or LRU leads; once ARC's shadow is ahead, the
+    real cache evicts like chain ARC and hits what ARC hits."""
+    from hybridkv.core.eviction.adaptive import AdaptivePolicy
+    from hybridkv.core.eviction.arc import ChainARCPolicy
+    lru = _rounds(BlockPool(31, 1))
+    arc = _rounds(PolicyBlockPool(31, 1, ChainARCPolicy()))
+    pol = AdaptivePolicy()
+    adaptive = _rounds(PolicyBlockPool(31, 1, pol))
+    assert lru == [6, 5, 3, 2, 2, 2, 2, 2] and arc == [2, 8, 10, 9, 14, 16, 18, 20]
+    assert adaptive[:4] == lru[:4] and adaptive[4:] == arc[4:]
+    assert pol.use_arc and pol.score_arc > pol.score_lru
+
+
+def test_bad_policy_arguments():
+    from hybridkv.core.eviction.adaptive import AdaptivePolicy
+    from hybridkv.core.eviction.arc import ChainARCPolicy
+    for bad in (0, -1.0, "2"):
+        with pytest.raises(ValueError, match="ghost_ratio"):
+            ChainARCPolicy(ghost_ratio=bad)
+    for bad in (-0.1, 1.0, None):
+        with pytest.raises(ValueError, match="margin"):
+            AdaptivePolicy(margin=bad)
+
+
+@settings(max_examples=examples(60), deadline=None)
+@given(num_blocks=st.integers(2, 40),
+       ops=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 10**6)), min_size=1, max_size=120))
+def test_adaptive_is_exactly_lru_while_lru_leads(num_blocks, ops):
+    """The same operations on plain LRU and on ``adaptive``: while ARC's shadow has never been
+    ahead, every allocation returns the same blocks (victims included) and every lookup hits
+    the same block."""
+    from hybridkv.core.eviction.adaptive import AdaptivePolicy
+    pol = AdaptivePolicy()
+    pools = (BlockPool(num_blocks, 1), PolicyBlockPool(num_blocks, 1, pol))
+    held: list[list[int]] = []
+    h = 0
+    for op, x in ops:
+        if pol.use_arc:
+            break
+        if op <= 1 and pools[0].num_free:
+            k = 1 + x % pools[0].num_free
+            got = [p.allocate(k) for p in pools]
+            assert got[0] == got[1]
+            for b in got[0][: 1 + x % 3]:
+                h += 1
+                for p in pools:
+                    p.insert(0, h.to_bytes(8, "little"), b)
+            held.append(got[0])
+        elif op == 2 and held:
+            run = held.pop(x % len(held))
+            for p in pools:
+                p.free(run[::-1])
+        elif op == 3 and h:
+            key = (1 + x % h).to_bytes(8, "little")
+            b = pools[0].cached_block(0, key)
+            assert b == pools[1].cached_block(0, key)
+            if b is not None:
+                for p in pools:
+                    p.touch([b])
+                held.append([b])
+        for p in pools:
+            p.check()
+        assert pools[0].num_free == pools[1].num_free

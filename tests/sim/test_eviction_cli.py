@@ -30,7 +30,16 @@ def test_sweep_policies_table_and_rows(tmp_path, capsys):
     assert [(r["config"]["eviction_policy"], r["value"]) for r in rows] == \
         [("lru", 20000), ("lru", 60000), ("lfu", 20000), ("lfu", 60000)]
     text = capsys.readouterr().out
-    assert "hit rate / of optimum" in text and "\n     lfu " in text
+    assert "hit rate / of optimum" in text and "\n     lfu " in text and "op cost" in text
+
+
+def test_sweep_policies_plot(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "p.png"
+    assert main(["sweep", *BASE, "--cache-tokens-list", "20k,60k", "--eviction-policies",
+                 "lru,arc,adaptive", "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    assert "wrote " + str(png) in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("argv,msg", [

@@ -155,3 +155,46 @@ def test_large_capacity_equals_infinite(requests) -> None:
     inf = infinite_block_hit_rate(requests)
     assert belady_block_hit_rate(requests, big).request_hits == inf.request_hits
     assert lru_block_hit_rate(requests, big).request_hits == inf.request_hits
+
+
+def brute_force_pool_optimum(requests: list[list[tuple[int, ...]]], capacity: int,
+                             footprints: list[int]) -> int:
+    """As :func:`brute_force_optimum`, but while request ``i`` runs its misses hold
+    ``footprints[i] - hits`` blocks of their own: the cache first shrinks to any subset that
+    keeps the hit blocks and has at most ``max(hits, capacity - (footprint - hits))`` blocks."""
+
+    @lru_cache(maxsize=None)
+    def best(i: int, cache: frozenset) -> int:
+        if i == len(requests):
+            return 0
+        keys = requests[i]
+        hits = 0
+        for k in keys:
+            if k not in cache:
+                break
+            hits += 1
+        pinned = frozenset(keys[:hits])
+        room = max(hits, capacity - (footprints[i] - hits))
+        rest = sorted(cache - pinned)
+        score = 0
+        for size in range(min(room - hits, len(rest)) + 1):
+            for kept_rest in itertools.combinations(rest, size):
+                during = pinned | frozenset(kept_rest)
+                universe = sorted(during | set(keys))
+                for n in range(min(capacity, len(universe)) + 1):
+                    for kept in itertools.combinations(universe, n):
+                        score = max(score, best(i + 1, frozenset(kept)))
+        return hits + score
+
+    return best(0, frozenset())
+
+
+@settings(max_examples=40, deadline=None)
+@given(traces(max_requests=4, max_len=3, alphabet=2), st.integers(0, 3), st.data())
+def test_pool_constrained_belady_equals_brute_force(requests, capacity, data) -> None:
+    """Belady with a running request's footprint is the optimum under that constraint (the
+    tighter bound BENCHMARKS.md reports beside plain Belady), and never above plain Belady."""
+    fps = [len(k) + data.draw(st.integers(0, 2)) for k in requests]
+    got = belady_block_hit_rate(requests, capacity, footprints=fps).block_hits
+    assert got == brute_force_pool_optimum(requests, capacity, fps)
+    assert got <= belady_block_hit_rate(requests, capacity).block_hits

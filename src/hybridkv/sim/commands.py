@@ -492,7 +492,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         xlabel = "KV cache size (tokens)"
     if getattr(args, "eviction_policies", None):              # -- eviction policies --
         from hybridkv.sim.eviction_cli import sweep_policies
-        rows, failed = sweep_policies(args, runs, items, _run_sweep)
+        rows, failed = sweep_policies(args, runs, items, _run_sweep, write_output)
         results, runs = {}, runs * len(args.eviction_policies)   # no plot; counts all runs
     else:
         rows, results, failed = _run_sweep(args, runs, items)

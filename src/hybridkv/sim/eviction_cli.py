@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
+import random
 import sys
+import time
 from typing import Callable
 
 from hybridkv.core.eviction import POLICIES, RECOMMENDED, resolve_policy
@@ -68,7 +71,8 @@ def add_sweep_option(p: argparse.ArgumentParser) -> None:
 
 
 def check_args(args: argparse.Namespace) -> None:
-    """Option rules (ValueError): compat mode is LRU only; several policies sweep sizes only."""
+    """Option rules (ValueError): compat mode is LRU only; several policies sweep sizes only
+    (``--plot`` then draws every policy)."""
     names = getattr(args, "eviction_policies", None) or [resolve_policy(args.eviction_policy)]
     if getattr(args, "prefix_retention", None) is not None and any(n != "priority" for n in names):
         raise ValueError(f"--prefix-retention needs --eviction-policy priority (the only policy that "
@@ -80,21 +84,22 @@ def check_args(args: argparse.Namespace) -> None:
         if getattr(args, "retention_intervals", None) is not None:
             raise ValueError("sweep one thing at a time: --eviction-policies sweeps cache sizes "
                              "(--cache-tokens-list), not --retention-intervals")
-        if getattr(args, "plot", None):
-            raise ValueError("--plot draws one policy; drop --plot or give one --eviction-policy")
 
 
 def sweep_policies(args: argparse.Namespace, runs: list, items: list,
-                   run_sweep: Callable) -> tuple[list[dict], int]:
+                   run_sweep: Callable, write_output: Callable | None = None) -> tuple[list[dict], int]:
     """Run ``runs`` (value, SimConfig) once per policy of ``args.eviction_policies``; print a
-    policy x size table. Returns the JSON rows (each with ``config.eviction_policy``) and the
-    number of failed configurations."""
+    policy x size table (with each policy's cost per pool operation against LRU, measured now)
+    and, with ``--plot``, draw it (through ``write_output(path, write, what)``, the command's
+    writer that never loses a finished result). Returns the JSON rows (each with ``config.eviction_policy``)
+    and the number of failed configurations."""
     names = args.eviction_policies
     all_runs = [(v, dataclasses.replace(cfg, eviction_policy=p)) for p in names for v, cfg in runs]
     rows, results, failed = run_sweep(args, all_runs, items)
     values = [v for v, _ in runs]
-    lines = ["", f"{'policy':>8} " + " ".join(f"{str(v):>22}" for v in values),
-             f"{'':>8} " + " ".join(f"{'hit rate / of optimum':>22}" for _ in values)]
+    cost = op_cost(names)
+    lines = ["", f"{'policy':>8} " + " ".join(f"{str(v):>22}" for v in values) + f"{'op cost':>9}",
+             f"{'':>8} " + " ".join(f"{'hit rate / of optimum':>22}" for _ in values) + f"{'/ lru':>9}"]
     for i, p in enumerate(names):
         cells = []
         for j in range(len(values)):
@@ -104,6 +109,79 @@ def sweep_policies(args: argparse.Namespace, runs: list, items: list,
             else:
                 frac = r["fraction_of_optimal"]
                 cells.append(f"{r['block_hit_rate']:>13.4f} / {'-' if frac is None else f'{frac:.3f}':>5}")
-        lines.append(f"{p:>8} " + " ".join(cells))
+        lines.append(f"{p:>8} " + " ".join(cells) + f"{cost[p]:>9.2f}")
     print("\n".join(lines), file=sys.stdout)
+    if getattr(args, "plot", None) and not failed and write_output is not None:
+        print("wrote " + write_output(args.plot, lambda path: plot_policies(
+            names, values, rows, path, title=args.trace or args.workload), "the plot"))
     return rows, failed
+
+
+def _op_mix(pool, steps: int, seed: int) -> float:
+    """A seeded mix of pool operations (allocate with hashes, free tail first, cache hits) on a
+    saturated pool; process CPU seconds."""
+    rng = random.Random(seed)
+    held: list[list[int]] = []
+    h = 0
+    n = pool.num_blocks
+    t0 = time.process_time()
+    for _ in range(steps):
+        k = rng.randrange(1, 5)
+        if pool.num_free >= k and (len(held) < n // 2 or rng.random() < 0.5):
+            got = pool.allocate(k)
+            for b in got[:2]:
+                h += 1
+                pool.insert(0, h.to_bytes(8, "little"), b)
+            held.append(got)
+        elif held:
+            pool.free(held.pop(rng.randrange(len(held)))[::-1])
+            if rng.random() < 0.3:
+                hb = pool.cached_block(0, rng.randrange(1, h + 1).to_bytes(8, "little"))
+                if hb is not None:
+                    pool.touch([hb])
+                    held.append([hb])
+    return time.process_time() - t0
+
+
+def op_cost(names: list[str], steps: int = 20_000, blocks: int = 4_000, rounds: int = 3) -> dict[str, float]:
+    """Per policy: CPU time of the same pool-operation mix over LRU's (best of ``rounds``,
+    alternating, in this process). ``benchmarks/bench_policies.py`` is the longer version."""
+    from hybridkv.core.eviction import make_policy
+    from hybridkv.core.pool import BlockPool, PolicyBlockPool
+    every = ["lru"] + [p for p in names if p != "lru"]
+    best = {p: math.inf for p in every}
+    for _ in range(rounds):
+        for p in every:
+            pol = make_policy(p)
+            pool = BlockPool(blocks, 1) if pol is None else PolicyBlockPool(blocks, 1, pol)
+            best[p] = min(best[p], _op_mix(pool, steps, seed=0))
+    return {p: best[p] / best["lru"] for p in every}
+
+
+def plot_policies(names: list[str], values: list, rows: list[dict], path, title: str = "") -> None:
+    """PNG: per policy, block hit rate (left, optimum dashed) and fraction of the optimum (right)
+    against the cache size."""
+    from hybridkv.sim.report import _pyplot
+    plt = _pyplot()
+    xs = list(values)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
+    for i, p in enumerate(names):
+        rs = rows[i * len(xs):(i + 1) * len(xs)]
+        ax1.plot(xs, [r["block_hit_rate"] for r in rs], marker="o", label=p)
+        ax2.plot(xs, [r["fraction_of_optimal"] or 0.0 for r in rs], marker="o", label=p)
+    ax1.plot(xs, [r["optimal_block_hit_rate"] or 0.0 for r in rows[:len(xs)]], marker="s",
+             linestyle="--", color="black", label="offline optimum (Belady)")
+    for ax, label in ((ax1, "block hit rate"), (ax2, "fraction of the offline optimum")):
+        if min(xs) > 0:
+            ax.set_xscale("log")
+        ax.set_xlabel("KV cache size (tokens)")
+        ax.set_ylabel(label)
+        ax.set_ylim(0, 1.05 if ax is ax2 else None)
+        ax.grid(alpha=0.3)
+    ax1.set_ylim(bottom=0)
+    ax2.legend(fontsize=8)
+    ax1.legend(fontsize=8)
+    fig.suptitle(f"eviction policies: {title}" if title else "eviction policies", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

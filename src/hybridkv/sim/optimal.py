@@ -154,6 +154,7 @@ def belady_block_hit_rate(
     requests: Sequence[Sequence[Hashable]], capacity_blocks: int,
     hit_limits: Sequence[int] | None = None,
     next_uses: Sequence[Sequence[float]] | None = None,
+    footprints: Sequence[int] | None = None,
 ) -> BlockCacheResult:
     """Simulate the offline-optimal (Belady, with bypass) block cache over ``requests``.
 
@@ -170,6 +171,13 @@ def belady_block_hit_rate(
             e.g. the prompt's blocks when ``requests`` also holds the output's blocks.
         next_uses: :func:`next_use_indices` of ``requests`` when the caller already has them (they
             do not depend on the capacity, so a sweep computes them once).
+        footprints: per request, the blocks it occupies while it runs (prompt and output); its
+            misses need ``footprint - hits`` blocks of their own, so before the request's blocks
+            are inserted the cache is cut to ``capacity - (footprint - hits)`` (never below
+            the hits). A real pool has this constraint; plain Belady ignores it. The cut also
+            keeps the soonest-used blocks, so the result is the optimum under the constraint
+            (Belady's exchange argument holds for any capacity that changes over time) and a
+            tighter upper bound on every policy of the pool, online or not.
 
     Returns:
         The hits and references; the input is not modified.
@@ -197,6 +205,15 @@ def belady_block_hit_rate(
         hits_per_request.append(h)
         hits += h
         refs += limit
+        if footprints is not None:
+            # the misses' own blocks: what is cached beyond the hits must make room first (the
+            # hits' entries have the soonest next use, i, so they are popped last)
+            target = max(h, capacity_blocks - (footprints[i] - h))
+            while len(cache) > target:
+                s = pop(heap) % seq_span
+                key = seq_key[s]
+                if cache.get(key) == s:
+                    del cache[key]
         for depth, (key, nu) in enumerate(zip(keys, next_uses[i])):
             if nu == _NEVER:   # never used again: it would be evicted first and never hit, so
                 cache.pop(key, None)   # bypassing it now changes no other block's fate

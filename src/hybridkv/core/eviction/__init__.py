@@ -10,15 +10,18 @@ from __future__ import annotations
 import time
 from typing import Callable
 
+from hybridkv.core.eviction.adaptive import AdaptivePolicy
+from hybridkv.core.eviction.arc import ChainARCPolicy
 from hybridkv.core.eviction.base import EvictionPolicy
+from hybridkv.core.eviction.eva import EVAPolicy
 from hybridkv.core.eviction.frequency import CostAwarePolicy, LFUPolicy
 from hybridkv.core.eviction.priority import PriorityPolicy
 from hybridkv.core.eviction.s3fifo import S3FIFOPolicy
 
 #: Valid policy names, ``recommended`` included (it resolves to :data:`RECOMMENDED`).
-POLICIES = ("lru", "s3fifo", "lfu", "cost", "priority", "recommended")
+POLICIES = ("lru", "s3fifo", "lfu", "cost", "eva", "arc", "adaptive", "priority", "recommended")
 #: The policy ``recommended`` resolves to (see BENCHMARKS.md, "Eviction policies", for why).
-RECOMMENDED = "lru"
+RECOMMENDED = "adaptive"
 #: Depth (tokens of prefix) at which the cost-aware policy values a block's recompute work.
 COST_REFERENCE_TOKENS = 16384
 
@@ -45,9 +48,16 @@ def make_policy(name: str, rules=(), clock: Callable[[], float] = time.monotonic
         return S3FIFOPolicy()
     if name == "lfu":
         return LFUPolicy()
+    if name == "eva":
+        return EVAPolicy()
+    if name == "arc":
+        return ChainARCPolicy()
+    if name == "adaptive":
+        return AdaptivePolicy()
     weights = [max(1, r.recompute_cost(COST_REFERENCE_TOKENS // r.block_size)) for r in rules]
     return CostAwarePolicy(weights or (1.0,))
 
 
 __all__ = ["POLICIES", "RECOMMENDED", "EvictionPolicy", "S3FIFOPolicy", "LFUPolicy",
-           "CostAwarePolicy", "PriorityPolicy", "make_policy", "resolve_policy"]
+           "CostAwarePolicy", "EVAPolicy", "ChainARCPolicy", "AdaptivePolicy", "PriorityPolicy",
+           "make_policy", "resolve_policy"]
