@@ -885,11 +885,31 @@ class KVCacheCoordinator:
             done = state.done_t[g]
             if t_limit <= done:
                 continue
+            if rule.downward_closed:
+                # dense; runs [0, e + proof) are nested: the last end's run covers them all
+                step = self.dense_step[g]
+                last = t_limit // step * step          # the last of multiples_between(...)
+                if last <= done:
+                    continue
+                state.done_t[g] = last
+                j = state.cached_hi[g]
+                hi = last // bs + rule.proof
+                if j < hi:
+                    state.cached_hi[g] = hi
+                    table = state.tables[g]
+                    positions = []
+                    if hi - j == 1:                   # one block (a decode step): no run
+                        b = table[j]
+                        if b != NULL_BLOCK and pool.block_hash[b] is None:
+                            pool.insert(g, hashes[hi * scale - 1], b)
+                            positions.append(j)
+                    else:
+                        self._insert_span(g, table, j, hi, hashes, scale, positions)
+                    if positions and self.on_stored is not None:
+                        _report_runs(self.on_stored, g, request, table, positions)
+                continue
             if self.dense[g]:
                 ends = multiples_between(done, t_limit, self.dense_step[g])
-                if rule.downward_closed:
-                    # runs [0, e + proof) are nested: the last end's run covers them all
-                    ends = ends[-1:]
             else:
                 ends = self.retention.ends_between(done, t_limit, extra)
             if not ends:
