@@ -715,7 +715,11 @@ class KVCacheCoordinator:
                 new_blocks.append(ids)
             else:
                 new_blocks.append([])
-        self.cache(request, min(plan.num_tokens, request.num_tokens))
+        n = len(request.token_ids)
+        if plan.num_tokens < n:
+            n = plan.num_tokens
+        if n >= state.quiet_until:                  # (cache's own first test, saving the call)
+            self.cache(request, n)
         state.slots = min(map(operator.mul, map(len, state.tables), self.block_sizes))
         if not plan.new_request:
             state.slide_until = self._slide_until(computed)
@@ -723,9 +727,12 @@ class KVCacheCoordinator:
 
     def _slide_until(self, computed: int) -> float:
         """The fewest computed tokens at which a block leaves some group's window."""
+        releasing = self.releasing
+        if len(releasing) == 1:
+            return releasing[0].next_skip_growth(computed, self.hold)
         until = math.inf
         hold = self.hold
-        for r in self.releasing:
+        for r in releasing:
             t = r.next_skip_growth(computed, hold)
             if t < until:
                 until = t
@@ -734,7 +741,11 @@ class KVCacheCoordinator:
     def _release(self, request: Request, state: _ReqBlocks, plan: AllocationPlan) -> None:
         """A running request's first commit phase: cache pending ends, then free the blocks
         that left the window (back to front) and null their table entries."""
-        self.cache(request, min(plan.num_computed, request.num_tokens))
+        n = len(request.token_ids)
+        if plan.num_computed < n:
+            n = plan.num_computed
+        if n >= state.quiet_until:                  # (cache's own first test, saving the call)
+            self.cache(request, n)
         pool = self.pool
         for g, gp in enumerate(plan.groups):
             released = gp.released
@@ -863,7 +874,6 @@ class KVCacheCoordinator:
         extra = state.boundaries
         if final and not self.compat:
             extra = extra + (num_tokens // self.alignment * self.alignment,)
-        pool = self.pool
         # An end t is cacheable in a group once its run [lo, hi) is computed and hashed.
         if self.compat:
             limits = self._compat_limits(num_tokens, n_fine)
@@ -875,82 +885,96 @@ class KVCacheCoordinator:
             # an end serves a hit only if every group holds its run: promise it to all at once
             common = min(limits)
             limits = [common] * len(limits)
+        # Each group also gives the fewest tokens at which it has work again (its next end,
+        # plus its delay); below the smallest, cache() is a no-op (state.quiet_until).
+        delay = self.cache_delay
+        dense = self.dense
+        dense_step = self.dense_step
+        aligned = self.aligned_limit
+        done_t = state.done_t
+        nxt = math.inf
         for g, rule in enumerate(self.rules):
             bs = rule.block_size
-            scale = self.scales[g]
             if masked[g]:
-                self._write_mask(g, request, state, limits[g] // bs + rule.proof, hashes)
-                continue
-            t_limit = limits[g]
-            done = state.done_t[g]
-            if t_limit <= done:
-                continue
-            if rule.downward_closed:
-                # dense; runs [0, e + proof) are nested: the last end's run covers them all
-                step = self.dense_step[g]
-                last = t_limit // step * step          # the last of multiples_between(...)
-                if last <= done:
-                    continue
-                state.done_t[g] = last
-                j = state.cached_hi[g]
-                hi = last // bs + rule.proof
-                if j < hi:
-                    state.cached_hi[g] = hi
-                    table = state.tables[g]
-                    positions = []
-                    if hi - j == 1:                   # one block (a decode step): no run
-                        b = table[j]
-                        if b != NULL_BLOCK and pool.block_hash[b] is None:
-                            pool.insert(g, hashes[hi * scale - 1], b)
-                            positions.append(j)
-                    else:
-                        self._insert_span(g, table, j, hi, hashes, scale, positions)
-                    if positions and self.on_stored is not None:
-                        _report_runs(self.on_stored, g, request, table, positions)
-                continue
-            if self.dense[g]:
-                ends = multiples_between(done, t_limit, self.dense_step[g])
+                # the next masked block must be full (a lower bound on the tokens)
+                t = (self._write_mask(g, request, state, limits[g] // bs + rule.proof, hashes)
+                     + 1) * bs
             else:
-                ends = self.retention.ends_between(done, t_limit, extra)
-            if not ends:
-                continue
-            state.done_t[g] = ends[-1]
-            table = state.tables[g]
-            lo_prev = state.cached_hi[g]
-            positions: list[int] = []
-            for t in ends:
-                lo, hi = rule.span(t // bs)
-                j = lo if lo > lo_prev else lo_prev
-                if j < hi:
-                    self._insert_span(g, table, j, hi, hashes, scale, positions)
-                if hi > lo_prev:
-                    lo_prev = hi
-            state.cached_hi[g] = lo_prev
-            if positions and self.on_stored is not None:
-                _report_runs(self.on_stored, g, request, table, positions)
-        if not final:
-            # every group's limit is <= num_tokens, so nothing happens before the next end
-            delay = self.cache_delay
-            step = self.dense_step
-            aligned = self.aligned_limit
-            a = self.alignment
-            nxt = math.inf
-            for g, done in enumerate(state.done_t):
-                if masked[g]:
-                    # the next masked block must be full (a lower bound on the tokens)
-                    i = self.retention.next_masked_block(self.rules[g], state.cached_hi[g],
-                                                         state.mask_ends[g])
-                    t = (i + 1) * self.block_sizes[g]
-                elif self.dense[g]:
-                    t = (done // step[g] + 1) * step[g] + delay[g]
+                t_limit = limits[g]
+                if t_limit > done_t[g]:
+                    if rule.downward_closed:
+                        self._cache_prefix(g, rule, request, state, t_limit, hashes)
+                    else:
+                        self._cache_ends(g, rule, request, state, t_limit, hashes, extra)
+                done = done_t[g]
+                if dense[g]:
+                    step = dense_step[g]
+                    t = (done // step + 1) * step + delay[g]
                 else:
                     t = self.retention.next_end(done, extra) + delay[g]
-                if aligned[g] and t < math.inf:
-                    # compat hybrid, no proof: the group caches up to align(n) only
-                    t = -(-t // a) * a
-                if t < nxt:
-                    nxt = t
+            if aligned[g] and t < math.inf:
+                # compat hybrid, no proof: the group caches up to align(n) only
+                a = self.alignment
+                t = -(-t // a) * a
+            if t < nxt:
+                nxt = t
+        if not final:
+            # every group's limit is <= num_tokens, so nothing happens before the next end
             state.quiet_until = nxt
+
+    def _cache_prefix(self, g: int, rule: HitRule, request: Request, state: _ReqBlocks,
+                      t_limit: int, hashes: list[bytes]) -> None:
+        """A downward-closed (dense) group: cache the run of the last end <= ``t_limit``
+        (runs ``[0, e + proof)`` are nested, so it covers every earlier end's run)."""
+        step = self.dense_step[g]
+        last = t_limit // step * step                  # the last of multiples_between(...)
+        if last <= state.done_t[g]:
+            return
+        state.done_t[g] = last
+        j = state.cached_hi[g]
+        hi = last // rule.block_size + rule.proof
+        if j >= hi:
+            return
+        state.cached_hi[g] = hi
+        table = state.tables[g]
+        positions: list[int] = []
+        if hi - j == 1:                                # one block (a decode step): no run
+            b = table[j]
+            pool = self.pool
+            if b != NULL_BLOCK and pool.block_hash[b] is None:
+                pool.insert(g, hashes[hi * self.scales[g] - 1], b)
+                positions.append(j)
+        else:
+            self._insert_span(g, table, j, hi, hashes, self.scales[g], positions)
+        if positions and self.on_stored is not None:
+            _report_runs(self.on_stored, g, request, table, positions)
+
+    def _cache_ends(self, g: int, rule: HitRule, request: Request, state: _ReqBlocks,
+                    t_limit: int, hashes: list[bytes], extra: tuple[int, ...]) -> None:
+        """A local group: cache the runs of the promised ends in ``(done_t, t_limit]``."""
+        done = state.done_t[g]
+        if self.dense[g]:
+            ends = multiples_between(done, t_limit, self.dense_step[g])
+        else:
+            ends = self.retention.ends_between(done, t_limit, extra)
+        if not ends:
+            return
+        state.done_t[g] = ends[-1]
+        table = state.tables[g]
+        lo_prev = state.cached_hi[g]
+        bs = rule.block_size
+        scale = self.scales[g]
+        positions: list[int] = []
+        for t in ends:
+            lo, hi = rule.span(t // bs)
+            j = lo if lo > lo_prev else lo_prev
+            if j < hi:
+                self._insert_span(g, table, j, hi, hashes, scale, positions)
+            if hi > lo_prev:
+                lo_prev = hi
+        state.cached_hi[g] = lo_prev
+        if positions and self.on_stored is not None:
+            _report_runs(self.on_stored, g, request, table, positions)
 
     def _insert_span(self, g: int, table: list[int], j: int, hi: int, hashes: list[bytes],
                      scale: int, positions: list[int]) -> None:
@@ -975,15 +999,16 @@ class KVCacheCoordinator:
             j += 1
 
     def _write_mask(self, g: int, request: Request, state: _ReqBlocks, hi: int,
-                    hashes: list) -> None:
+                    hashes: list) -> float:
         """Compat, sparse retention: cache the masked blocks of ``[cached_hi, hi)`` and mark
-        the range decided (vLLM's ``num_cached_block``), masked or not."""
+        the range decided (vLLM's ``num_cached_block``), masked or not. Returns the next
+        masked block at or after the new ``cached_hi`` (``inf`` if none)."""
         j = state.cached_hi[g]
-        if hi <= j:
-            return
         rule = self.rules[g]
         ends = state.mask_ends[g]
         run = self.retention.next_masked_run
+        if hi <= j:
+            return run(rule, j, ends)[0]
         table = state.tables[g]
         scale = self.scales[g]
         positions: list[int] = []
@@ -998,6 +1023,7 @@ class KVCacheCoordinator:
         state.cached_hi[g] = hi
         if positions and self.on_stored is not None:
             _report_runs(self.on_stored, g, request, table, positions)
+        return i
 
     # ---- free -------------------------------------------------------------------------------
     def free(self, request: Request) -> None:
