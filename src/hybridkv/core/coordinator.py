@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 import operator
+from itertools import compress, repeat
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
@@ -391,10 +392,11 @@ class KVCacheCoordinator:
             scale = unit.scale
             hs = hashes[(lo + 1) * scale - 1:e * scale:scale]
             for g in unit.groups:
-                ids = tuple(map(index[g].__getitem__, hs))
-                if dict in set(map(type, ids)):          # a duplicated hash: its first block
-                    ids = tuple(v if v.__class__ is int else next(iter(v)) for v in ids)
-                block_ids[g] = (NULL_BLOCK,) * lo + ids
+                ids = list(map(index[g].__getitem__, hs))
+                # a duplicated hash (a dict of block ids): its first block
+                for k in compress(range(len(ids)), map(isinstance, ids, repeat(dict))):
+                    ids[k] = next(iter(ids[k]))
+                block_ids[g] = (NULL_BLOCK,) * lo + tuple(ids)
         boundary = longest if longest > t else 0
         return CacheHit(t, tuple(block_ids), boundary, rid, self.epoch)
 
@@ -901,17 +903,22 @@ class KVCacheCoordinator:
                      + 1) * bs
             else:
                 t_limit = limits[g]
-                if t_limit > done_t[g]:
+                done = done_t[g]
+                # the next promised end after done; the group has work iff it is <= t_limit
+                if dense[g]:
+                    step = dense_step[g]
+                    t = (done // step + 1) * step
+                else:
+                    t = self.retention.next_end(done, extra)
+                if t <= t_limit:
                     if rule.downward_closed:
                         self._cache_prefix(g, rule, request, state, t_limit, hashes)
                     else:
                         self._cache_ends(g, rule, request, state, t_limit, hashes, extra)
-                done = done_t[g]
-                if dense[g]:
-                    step = dense_step[g]
-                    t = (done // step + 1) * step + delay[g]
-                else:
-                    t = self.retention.next_end(done, extra) + delay[g]
+                    done = done_t[g]
+                    t = (done // step + 1) * step if dense[g] else \
+                        self.retention.next_end(done, extra)
+                t += delay[g]
             if aligned[g] and t < math.inf:
                 # compat hybrid, no proof: the group caches up to align(n) only
                 a = self.alignment
