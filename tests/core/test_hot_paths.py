@@ -159,3 +159,23 @@ def test_append_tokens_with_a_bad_item_changes_nothing() -> None:
         assert list(r.token_ids) == [1, 2, 3]
     r.append_tokens([4, 5])
     assert list(r.token_ids) == [1, 2, 3, 4, 5]
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(9, 40), st.lists(st.integers(0, 60), max_size=12), st.integers(9, 30))
+def test_large_allocations_match_the_eager_pool(first, cached, again) -> None:
+    """Allocations of more than 8 blocks (a slice assignment when the ids are one fresh or
+    uncached run) leave the pool as the eager reference pool does, evictions included."""
+    from tests.core import eager_pool as eager
+    a, b = BlockPool(120, 1), eager.BlockPool(120, 1)
+    for p in (a, b):
+        got = p.allocate(first)
+        for k in sorted(set(cached)):
+            if k < len(got):
+                p.insert(0, bytes([k]), got[k])
+        p.free(list(reversed(got)))
+    assert a.allocate(again) == b.allocate(again)
+    assert a.allocate(min(a.num_free, 50)) == b.allocate(min(b.num_free, 50))
+    assert (a.num_evictions, list(a.queue), a.index) == (b.num_evictions, list(b.queue), b.index)
+    assert a.ref_cnt == b.ref_cnt[:len(a.ref_cnt)] and a.block_hash == b.block_hash[:len(a.block_hash)]
+    a.check()

@@ -379,6 +379,13 @@ class BlockPool:
         ref, bh = self.ref_cnt, self.block_hash
         if self.queue.capacity != len(ref):
             self._sync()
+        if n > 8:
+            lo = min(blocks)
+            if max(blocks) - lo == n - 1 and not any(bh[lo:lo + n]):
+                # n distinct ids spanning n values: exactly lo .. lo+n-1 (fresh ids, usually),
+                # none cached: nothing to evict, every ref becomes 1 in one slice assignment
+                ref[lo:lo + n] = [1] * n
+                return blocks
         evicted = 0
         for b in blocks:
             ref[b] = 1
