@@ -83,13 +83,17 @@ def test_index_changes_since_names_every_change_and_forgets_on_reset() -> None:
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.sampled_from([(FA(4),), (FA(4), SWA(4, 8)), (FA(4), SWA(8, 12))]), st.booleans(),
+@given(st.sampled_from([(FA(4),), (FA(4), SWA(4, 8)), (FA(4), SWA(8, 12))]),
+       st.sampled_from([(True, "lru"), (False, "lru"), (False, "lfu")]),
        st.integers(12, 60), st.lists(st.tuples(st.integers(0, 3), st.integers(0, 10**6)),
                                      min_size=1, max_size=40))
-def test_memoized_lookup_equals_a_fresh_one(specs, compat, num_blocks, ops) -> None:
-    """Waiting requests are looked up again and again while others run, cache and evict:
-    every answer equals a lookup made from scratch, and adopting it keeps the pool sound."""
-    kv = manager(*specs, num_blocks=num_blocks, compat=compat, retention=0 if len(specs) > 1 else None)
+def test_memoized_lookup_equals_a_fresh_one(specs, mode, num_blocks, ops) -> None:
+    """Waiting requests are looked up (and their admission planned) again and again while
+    others run, cache and evict: every answer equals one made from scratch (the hit, and the
+    count of its blocks in the free queue), and adopting it keeps the pool sound."""
+    compat, policy = mode
+    kv = manager(*specs, num_blocks=num_blocks, compat=compat, eviction_policy=policy,
+                 retention=0 if len(specs) > 1 else None)
     coord = kv.coordinator
     base = [7, 1, 7, 2, 7, 3, 7, 4, 7, 5, 7, 6, 7, 8, 7, 9]
     waiting = [Request(f"w{i}", base[: 8 + 4 * i] + [i] * (3 + i)) for i in range(3)]
@@ -118,6 +122,9 @@ def test_memoized_lookup_equals_a_fresh_one(specs, compat, num_blocks, ops) -> N
             assert (hit.num_tokens, hit.block_ids, hit.shared_prefix_boundary) == \
                 (fresh.num_tokens, fresh.block_ids, fresh.shared_prefix_boundary)
             assert hit.epoch == coord.epoch
+            plan = coord.plan(w, w.num_tokens - hit.num_tokens, hit, 0, reserve_tokens=w.num_tokens)
+            assert [gp.touched for gp in plan.groups] == \
+                [coord._num_evictable(ids) for ids in hit.block_ids]
         if op == 3:                                      # admit one waiting request now
             w = waiting[x % len(waiting)]
             hit = kv.lookup(w)

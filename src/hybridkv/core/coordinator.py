@@ -297,6 +297,8 @@ class KVCacheCoordinator:
         # request id -> [request, index version, hashes, max_tokens, hit, hash set] of its
         # last lookup (see _memo_valid)
         self._lookups: dict[object, list] = {}
+        # request id -> (hit block ids, pool free_version, counts) (see _evictable_counts)
+        self._evictable: dict[object, tuple] = {}
         # the pool's record of index changes (a pool without one: the memo needs the same
         # index version)
         self._index_changes = getattr(pool, "index_changes_since", None)
@@ -559,9 +561,10 @@ class KVCacheCoordinator:
         if new_request:
             if hit is not None and hit.num_tokens and hit.epoch != self.epoch:
                 self._verify_hit(request, hit)
+            counts = self._evictable_counts(request, hit)
             for g, bs in enumerate(self.block_sizes):
                 ids = hit.block_ids[g] if hit is not None else ()
-                touched = self._num_evictable(ids)
+                touched = counts[g]
                 new = -(-slots // bs) - len(ids)
                 if new < 0:
                     new = 0
@@ -641,6 +644,22 @@ class KVCacheCoordinator:
                 total += self._num_evictable(ids[skipped:])
         return total
 
+    def _evictable_counts(self, request: Request, hit: CacheHit | None) -> list[int]:
+        """Per group, :meth:`_num_evictable` of the hit's blocks. Memoized per request while
+        the hit is the same (a waiting request's admission is planned again every step) and
+        no cached block entered or left the free queue (``BlockPool.free_version``)."""
+        if hit is None:
+            return [0] * len(self.block_sizes)
+        version = getattr(self.pool, "free_version", None)
+        memo = self._evictable.get(request.request_id)
+        if memo is not None and memo[0] is hit.block_ids and memo[1] == version is not None:
+            return memo[2]
+        counts = [self._num_evictable(ids) for ids in hit.block_ids]
+        if len(self._evictable) >= 4096:
+            self._evictable.clear()
+        self._evictable[request.request_id] = (hit.block_ids, version, counts)
+        return counts
+
     def _num_evictable(self, ids: tuple[int, ...]) -> int:
         """The non-null blocks of ``ids`` nobody references (in the free queue: a touch
         takes them out). Counted in C; a table never holds a block twice."""
@@ -691,6 +710,7 @@ class KVCacheCoordinator:
         hit = plan.hit
         if plan.new_request:
             self._lookups.pop(request.request_id, None)
+            self._evictable.pop(request.request_id, None)
             state = _ReqBlocks(request, len(self.block_sizes))
             self.reqs[request.request_id] = state
             state.boundaries = self._boundaries(request, hit)
@@ -1036,6 +1056,7 @@ class KVCacheCoordinator:
     def free(self, request: Request) -> None:
         """Release every block of the request: each group's table tail first, group by group."""
         self._lookups.pop(request.request_id, None)
+        self._evictable.pop(request.request_id, None)
         state = self._state(request)
         if state is None:
             return

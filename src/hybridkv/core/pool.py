@@ -227,7 +227,8 @@ class BlockPool:
     """
 
     __slots__ = ("num_blocks", "ref_cnt", "block_hash", "block_group", "queue", "index",
-                 "on_evict", "num_evictions", "index_version", "_changes", "_changes_base")
+                 "on_evict", "num_evictions", "index_version", "_changes", "_changes_base",
+                 "free_version")
 
     def __init__(self, num_blocks: int, num_groups: int,
                  on_evict: Callable[[int, bytes], None] | None = None) -> None:
@@ -246,6 +247,9 @@ class BlockPool:
         # (index_version == _changes_base + len(_changes); see index_changes_since)
         self._changes: list[bytes] = []
         self._changes_base = 0
+        # bumped whenever a cached block may have entered or left the free queue (touch,
+        # free, eviction): a count of free cached blocks made at the same version still holds
+        self.free_version = 0
 
     # ---- capacity ---------------------------------------------------------------------------
     @property
@@ -393,6 +397,8 @@ class BlockPool:
             if h is not None:
                 self._drop(b, h)
                 evicted += 1
+        if evicted:
+            self.free_version += 1
         self.num_evictions += evicted
         return blocks
 
@@ -419,12 +425,16 @@ class BlockPool:
                     ref[b] = r + 1
         finally:
             q.num_free -= removed
+            if removed:
+                self.free_version += 1
 
     def free(self, blocks: Iterable[int]) -> None:
         """Drop a reference on each non-null block, in the given order (see module doc)."""
         scratch, cached = self._release(blocks)
         self.queue.prepend_n(scratch)
-        self.queue.append_n(cached)
+        if cached:
+            self.queue.append_n(cached)
+            self.free_version += 1
 
     def _release(self, blocks: Iterable[int]) -> tuple[list[int], list[int]]:
         """Drop a reference on each non-null block; return the blocks that became free, split
@@ -580,10 +590,12 @@ class PolicyBlockPool(BlockPool):
                 self._drop(b, h)
                 evicted += 1
         pol.forget(blocks)
+        self.free_version += 1
         self.num_evictions += evicted
         return blocks
 
     def touch(self, blocks: Iterable[int]) -> None:
+        self.free_version += 1
         ref, bh, pol = self.ref_cnt, self.block_hash, self.policy
         remove = self.queue.remove
         used = len(ref)
@@ -607,6 +619,7 @@ class PolicyBlockPool(BlockPool):
         self.queue.prepend_n(scratch)
         if cached:
             self.policy.on_free(cached)
+            self.free_version += 1
 
     def _check_held(self, in_queue: list[bool]) -> None:
         n = len(in_queue)
