@@ -33,8 +33,8 @@ from __future__ import annotations
 
 import math
 import operator
-from itertools import compress, repeat
 from dataclasses import dataclass
+from itertools import compress, repeat
 from typing import Callable, NamedTuple
 
 from hybridkv.core.blockref import TableRef
@@ -114,7 +114,8 @@ class GroupPlan(NamedTuple):
         new_blocks: blocks the commit pops from the pool for this group's table.
         touched: free (evictable) blocks of the adopted hit that the commit takes out of the
             free queue.
-        released: table positions that left the window, back to front; the commit frees
+        released: table positions that left the window, back to front (one run without
+            gaps: the entries below it are null already); the commit frees
             them (before it pops new blocks) and nulls the entries.
         freed: how many of the released blocks go back to the free queue (last reference).
     """
