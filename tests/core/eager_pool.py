@@ -172,6 +172,11 @@ class BlockPool:
         self.index_version += 1
         self.block_group[b] = group
 
+    def insert_run(self, group: int, hashes: list[bytes], blocks: list[int]) -> None:
+        """``insert(group, h, b)`` for each pair, in order."""
+        for h, b in zip(hashes, blocks):
+            self.insert(group, h, b)
+
     def drop_hash(self, b: int) -> None:
         """Forget block ``b``'s hash (its content stays; the index no longer finds it)."""
         h = self.block_hash[b]

@@ -48,8 +48,10 @@ class Driver:
             cache = coord.cache
 
             def walk(request, num_tokens, final=False):
-                coord.reqs[request.request_id].quiet_until = 0
+                state = coord.reqs[request.request_id]
+                state.quiet_until = 0
                 cache(request, num_tokens, final)
+                state.quiet_until = 0       # commit's own skip below it never fires either
 
             coord.cache = walk
         self.explicit = explicit

@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 import operator
 from dataclasses import dataclass
+from itertools import compress, repeat
 from typing import Callable, NamedTuple
 
 from hybridkv.core.blockref import TableRef
@@ -114,7 +115,8 @@ class GroupPlan(NamedTuple):
         new_blocks: blocks the commit pops from the pool for this group's table.
         touched: free (evictable) blocks of the adopted hit that the commit takes out of the
             free queue.
-        released: table positions that left the window, back to front; the commit frees
+        released: table positions that left the window, back to front (one run without
+            gaps: the entries below it are null already); the commit frees
             them (before it pops new blocks) and nulls the entries.
         freed: how many of the released blocks go back to the free queue (last reference).
     """
@@ -123,6 +125,10 @@ class GroupPlan(NamedTuple):
     touched: int
     released: tuple[int, ...]
     freed: int
+
+
+# The plan of a group that neither grows nor releases (shared: plans are immutable).
+_UNCHANGED = GroupPlan(0, 0, (), 0)
 
 
 class AllocationPlan(NamedTuple):
@@ -172,6 +178,10 @@ class AllocationPlan(NamedTuple):
 # Builds a NamedTuple from a tuple of all its fields in order without the generated
 # keyword-handling __new__ (half the cost; plans are built on every slow-path allocation).
 _make = tuple.__new__
+
+# Runs at least this long are cached with one BlockPool.insert_run (C-level bulk updates);
+# shorter ones block by block, which costs less for a few blocks.
+_BULK_RUN = 12
 
 
 class _ReqBlocks:
@@ -286,8 +296,14 @@ class KVCacheCoordinator:
         self.admission_caps = [r.admission_cap(max_in_flight_tokens, self.len_cap)
                                for r in self.rules]
         self.reqs: dict[object, _ReqBlocks] = {}
-        # request id -> (request, index version, hashes, max_tokens, hit) of its last lookup
-        self._lookups: dict[object, tuple] = {}
+        # request id -> [request, index version, hashes, max_tokens, hit, hash set] of its
+        # last lookup (see _memo_valid)
+        self._lookups: dict[object, list] = {}
+        # request id -> (hit block ids, pool free_version, counts) (see _evictable_counts)
+        self._evictable: dict[object, tuple] = {}
+        # the pool's record of index changes (a pool without one: the memo needs the same
+        # index version)
+        self._index_changes = getattr(pool, "index_changes_since", None)
         # bumped by every mutation; a plan or hit made before it is stale
         self.epoch = 0
 
@@ -319,12 +335,13 @@ class KVCacheCoordinator:
         """
         hashes = request.block_hashes
         n_fine = len(hashes)
-        version = self.pool.index_version
+        pool = self.pool
+        version = pool.index_version
         memo = self._lookups.get(request.request_id)
-        if memo is not None and memo[0] is request and memo[1] == version \
-                and memo[2] == n_fine and memo[3] == max_tokens:
-            # nothing was cached or evicted since this request's last lookup (a waiting
-            # request is looked up every step): the same hit, valid now
+        if memo is not None and memo[0] is request and memo[2] == n_fine \
+                and memo[3] == max_tokens and self._memo_valid(memo, hashes, version):
+            # none of this request's hashes was cached or evicted since its last lookup (a
+            # waiting request is looked up every step): the same hit, valid now
             hit = memo[4]
             if hit.epoch != self.epoch:
                 hit = CacheHit(hit.num_tokens, hit.block_ids, hit.shared_prefix_boundary,
@@ -333,8 +350,25 @@ class KVCacheCoordinator:
         hit = self._find_longest_hit(request, max_tokens)
         if len(self._lookups) >= 4096:
             self._lookups.clear()
-        self._lookups[request.request_id] = (request, version, n_fine, max_tokens, hit)
+        self._lookups[request.request_id] = [request, version, n_fine, max_tokens, hit, None]
         return hit
+
+    def _memo_valid(self, memo: list, hashes: list[bytes], version: int) -> bool:
+        """Whether a memoized lookup (``[request, index version, hashes, max_tokens, hit,
+        hash set]``) still holds: no index change since touched one of the request's hashes.
+        Moves the memo to ``version`` when it holds."""
+        if memo[1] == version:
+            return True
+        changes = self._index_changes(memo[1]) if self._index_changes is not None else None
+        if changes is None:
+            return False
+        mine = memo[5]
+        if mine is None:
+            mine = memo[5] = set(hashes)
+        if not mine.isdisjoint(changes):
+            return False
+        memo[1] = version
+        return True
 
     def _find_longest_hit(self, request: Request, max_tokens: int) -> CacheHit:
         hashes = request.block_hashes
@@ -362,10 +396,11 @@ class KVCacheCoordinator:
             scale = unit.scale
             hs = hashes[(lo + 1) * scale - 1:e * scale:scale]
             for g in unit.groups:
-                ids = tuple(map(index[g].__getitem__, hs))
-                if dict in set(map(type, ids)):          # a duplicated hash: its first block
-                    ids = tuple(v if v.__class__ is int else next(iter(v)) for v in ids)
-                block_ids[g] = (NULL_BLOCK,) * lo + ids
+                ids = list(map(index[g].__getitem__, hs))
+                # a duplicated hash (a dict of block ids): its first block
+                for k in compress(range(len(ids)), map(isinstance, ids, repeat(dict))):
+                    ids[k] = next(iter(ids[k]))
+                block_ids[g] = (NULL_BLOCK,) * lo + tuple(ids)
         boundary = longest if longest > t else 0
         return CacheHit(t, tuple(block_ids), boundary, rid, self.epoch)
 
@@ -486,13 +521,15 @@ class KVCacheCoordinator:
 
     def _released(self, table: list[int], rule: HitRule, num_computed: int) -> tuple[int, ...]:
         """Table positions that left the window of ``rule`` at ``num_computed`` (back to front)."""
-        nskip = min(rule.skipped_tokens(num_computed, self.hold) // rule.block_size, len(table))
-        pos = []
-        j = nskip - 1
+        nskip = rule.skipped_tokens(num_computed, self.hold) // rule.block_size
+        if nskip > len(table):
+            nskip = len(table)
+        if nskip <= 0 or table[nskip - 1] == NULL_BLOCK:          # nothing left the window
+            return ()
+        j = nskip - 2
         while j >= 0 and table[j] != NULL_BLOCK:
-            pos.append(j)
             j -= 1
-        return tuple(pos)
+        return tuple(range(nskip - 1, j, -1))
 
     def plan(self, request: Request, num_new_tokens: int, hit: CacheHit | None, lookahead: int,
              external: ExternalHit | None = None, reserve_tokens: int = 0) -> AllocationPlan:
@@ -526,37 +563,37 @@ class KVCacheCoordinator:
         if new_request:
             if hit is not None and hit.num_tokens and hit.epoch != self.epoch:
                 self._verify_hit(request, hit)
+            counts = self._evictable_counts(request, hit)
             for g, bs in enumerate(self.block_sizes):
                 ids = hit.block_ids[g] if hit is not None else ()
-                touched = self._num_evictable(ids)
+                touched = counts[g]
                 new = -(-slots // bs) - len(ids)
                 if new < 0:
                     new = 0
                 needed += new + touched
                 groups.append(_make(GroupPlan, (new, touched, (), 0)))
         else:
-            tables = state.tables
-            rules = self.rules
-            for g, bs in enumerate(self.block_sizes):
-                table = tables[g]
+            for table, bs, rule in zip(state.tables, self.block_sizes, self.rules):
                 new = -(-slots // bs) - len(table)
-                if new < 0:
+                if new > 0:
+                    needed += new
+                else:
                     new = 0
-                needed += new
-                rule = rules[g]
-                if rule.downward_closed:                          # never releases a block
-                    groups.append(_make(GroupPlan, (new, 0, (), 0)))
-                    continue
-                released = self._released(table, rule, computed)
-                freed = sum(1 for j in released if ref[table[j]] == 1) if released else 0
-                freed_total += freed
-                groups.append(_make(GroupPlan, (new, 0, released, freed)))
+                # a downward-closed rule never releases a block
+                released = () if rule.downward_closed else self._released(table, rule, computed)
+                if released:
+                    freed = list(map(ref.__getitem__, map(table.__getitem__, released))).count(1)
+                    freed_total += freed
+                    groups.append(_make(GroupPlan, (new, 0, released, freed)))
+                else:
+                    groups.append(_make(GroupPlan, (new, 0, (), 0)) if new else _UNCHANGED)
         reserved = 0
         if reserve_tokens and self.compat:
             # vLLM 0.33's full_sequence_must_fit: its count must fit the free blocks as they
             # are before the window frees (kv_cache_manager.allocate_slots)
             want = self._vllm_admission_blocks(state, hit if new_request else None,
-                                               reserve_tokens, computed)
+                                               reserve_tokens, computed,
+                                               [gp.touched for gp in groups] if new_request else None)
             reserved = want + freed_total - needed
             if reserved < 0:
                 reserved = 0
@@ -576,13 +613,15 @@ class KVCacheCoordinator:
                                       self.epoch))
 
     def _vllm_admission_blocks(self, state: _ReqBlocks | None, hit: CacheHit | None,
-                               num_tokens: int, num_computed: int) -> int:
+                               num_tokens: int, num_computed: int,
+                               touched: list[int] | None = None) -> int:
         """vLLM 0.33's admission count (``get_num_blocks_to_allocate(...,
         apply_admission_cap=True)`` summed over groups): per group ``cdiv(n, bs)`` blocks
         (n = num_tokens capped at max_model_len), capped by the rule's
         :meth:`~hybridkv.core.rules.base.HitRule.admission_cap`; a new request subtracts
         its hit blocks or its out-of-window blocks, whichever is more, and adds the hit
-        blocks a touch takes out of the free queue; a running request subtracts its table."""
+        blocks a touch takes out of the free queue (``touched[g]``, when given, is that count
+        for all of the hit's blocks); a running request subtracts its table."""
         n = num_tokens if num_tokens < self.len_cap else self.max_model_len
         total = 0
         for g, rule in enumerate(self.rules):
@@ -601,8 +640,27 @@ class KVCacheCoordinator:
             new = required - (skipped if skipped > len(ids) else len(ids))
             if new > 0:
                 total += new
-            total += self._num_evictable(ids[skipped:])
+            if touched is not None and (skipped <= 0 or not any(ids[:skipped])):
+                total += touched[g]              # the skipped blocks are all null: same count
+            else:
+                total += self._num_evictable(ids[skipped:])
         return total
+
+    def _evictable_counts(self, request: Request, hit: CacheHit | None) -> list[int]:
+        """Per group, :meth:`_num_evictable` of the hit's blocks. Memoized per request while
+        the hit is the same (a waiting request's admission is planned again every step) and
+        no cached block entered or left the free queue (``BlockPool.free_version``)."""
+        if hit is None:
+            return [0] * len(self.block_sizes)
+        version = getattr(self.pool, "free_version", None)
+        memo = self._evictable.get(request.request_id)
+        if memo is not None and memo[0] is hit.block_ids and memo[1] == version is not None:
+            return memo[2]
+        counts = [self._num_evictable(ids) for ids in hit.block_ids]
+        if len(self._evictable) >= 4096:
+            self._evictable.clear()
+        self._evictable[request.request_id] = (hit.block_ids, version, counts)
+        return counts
 
     def _num_evictable(self, ids: tuple[int, ...]) -> int:
         """The non-null blocks of ``ids`` nobody references (in the free queue: a touch
@@ -654,6 +712,7 @@ class KVCacheCoordinator:
         hit = plan.hit
         if plan.new_request:
             self._lookups.pop(request.request_id, None)
+            self._evictable.pop(request.request_id, None)
             state = _ReqBlocks(request, len(self.block_sizes))
             self.reqs[request.request_id] = state
             state.boundaries = self._boundaries(request, hit)
@@ -680,26 +739,50 @@ class KVCacheCoordinator:
                 new_blocks.append(ids)
             else:
                 new_blocks.append([])
-        self.cache(request, min(plan.num_tokens, request.num_tokens))
-        state.slots = min(len(t) * bs for t, bs in zip(state.tables, self.block_sizes))
+        n = len(request.token_ids)
+        if plan.num_tokens < n:
+            n = plan.num_tokens
+        if n >= state.quiet_until:                  # (cache's own first test, saving the call)
+            self.cache(request, n)
+        state.slots = min(map(operator.mul, map(len, state.tables), self.block_sizes))
         if not plan.new_request:
-            state.slide_until = min((r.next_skip_growth(computed, self.hold) for r in self.releasing),
-                                    default=math.inf)
+            state.slide_until = self._slide_until(computed)
         return new_blocks
+
+    def _slide_until(self, computed: int) -> float:
+        """The fewest computed tokens at which a block leaves some group's window."""
+        releasing = self.releasing
+        if len(releasing) == 1:
+            return releasing[0].next_skip_growth(computed, self.hold)
+        until = math.inf
+        hold = self.hold
+        for r in releasing:
+            t = r.next_skip_growth(computed, hold)
+            if t < until:
+                until = t
+        return until
 
     def _release(self, request: Request, state: _ReqBlocks, plan: AllocationPlan) -> None:
         """A running request's first commit phase: cache pending ends, then free the blocks
         that left the window (back to front) and null their table entries."""
-        self.cache(request, min(plan.num_computed, request.num_tokens))
+        n = len(request.token_ids)
+        if plan.num_computed < n:
+            n = plan.num_computed
+        if n >= state.quiet_until:                  # (cache's own first test, saving the call)
+            self.cache(request, n)
         pool = self.pool
         for g, gp in enumerate(plan.groups):
-            if gp.released:
+            released = gp.released
+            if released:
                 table = state.tables[g]
-                freed = [table[j] for j in gp.released]
+                # released positions run back to front without a gap (_released)
+                lo = released[-1]
+                hi = released[0] + 1
+                freed = table[lo:hi]
+                freed.reverse()
                 if request.retention is not None:
-                    self._retain(request, g, table, gp.released)
-                for j in gp.released:
-                    table[j] = NULL_BLOCK
+                    self._retain(request, g, table, released)
+                table[lo:hi] = [NULL_BLOCK] * (hi - lo)
                 pool.free(freed)
 
     def allocate(self, request: Request, num_new_tokens: int, hit: CacheHit | None,
@@ -776,17 +859,30 @@ class KVCacheCoordinator:
             out.append(tuple(sorted({e // a * a // bs for e in ends if e >= 0})))
         return out
 
-    def _cacheable_blocks(self, g: int, num_tokens: int, n_fine: int) -> int:
-        """Compat mode: the blocks of group g vLLM's coordinator lets cache_blocks write."""
-        bs = self.block_sizes[g]
+    def _compat_limits(self, num_tokens: int, n_fine: int) -> list[int]:
+        """Compat mode, per group: the highest end (tokens) whose run vLLM's coordinator lets
+        ``cache_blocks`` write with ``num_tokens`` computed and ``n_fine`` hashes: its
+        cacheable blocks (the hybrid coordinator's ``get_num_cacheable_tokens``: align(n), or
+        for an EAGLE group min(n, align(n) + block_size); the unitary one: all n) less the
+        proof block."""
+        limits = []
         if self.hybrid_limit:
-            a = self.alignment
-            aligned = num_tokens // a * a
-            if self.proof[g] and aligned > 0:
-                num_tokens = min(num_tokens, aligned + bs)
-            else:
-                num_tokens = aligned
-        return min(num_tokens // bs, n_fine // self.scales[g])
+            aligned = num_tokens // self.alignment * self.alignment
+            for r, scale in zip(self.rules, self.scales):
+                bs = r.block_size
+                if r.proof and aligned > 0:
+                    n = (num_tokens if num_tokens < aligned + bs else aligned + bs) // bs
+                else:
+                    n = aligned // bs
+                m = n_fine // scale
+                limits.append(((n if n < m else m) - r.proof) * bs)
+        else:
+            for r, scale in zip(self.rules, self.scales):
+                bs = r.block_size
+                n = num_tokens // bs
+                m = n_fine // scale
+                limits.append(((n if n < m else m) - r.proof) * bs)
+        return limits
 
     # ---- caching ----------------------------------------------------------------------------
     def cache(self, request: Request, num_tokens: int, final: bool = False) -> None:
@@ -804,11 +900,9 @@ class KVCacheCoordinator:
         extra = state.boundaries
         if final and not self.compat:
             extra = extra + (num_tokens // self.alignment * self.alignment,)
-        pool = self.pool
         # An end t is cacheable in a group once its run [lo, hi) is computed and hashed.
         if self.compat:
-            limits = [(self._cacheable_blocks(g, num_tokens, n_fine) - r.proof) * r.block_size
-                      for g, r in enumerate(self.rules)]
+            limits = self._compat_limits(num_tokens, n_fine)
         else:
             limits = [(min(num_tokens // r.block_size, n_fine // self.scales[g]) - r.proof)
                       * r.block_size for g, r in enumerate(self.rules)]
@@ -817,97 +911,156 @@ class KVCacheCoordinator:
             # an end serves a hit only if every group holds its run: promise it to all at once
             common = min(limits)
             limits = [common] * len(limits)
+        # Each group also gives the fewest tokens at which it has work again (its next end,
+        # plus its delay); below the smallest, cache() is a no-op (state.quiet_until).
+        delay = self.cache_delay
+        dense = self.dense
+        dense_step = self.dense_step
+        aligned = self.aligned_limit
+        done_t = state.done_t
+        nxt = math.inf
         for g, rule in enumerate(self.rules):
             bs = rule.block_size
-            scale = self.scales[g]
             if masked[g]:
-                self._write_mask(g, request, state, limits[g] // bs + rule.proof, hashes)
-                continue
-            t_limit = limits[g]
-            done = state.done_t[g]
-            if t_limit <= done:
-                continue
-            if self.dense[g]:
-                ends = multiples_between(done, t_limit, self.dense_step[g])
-                if rule.downward_closed:
-                    # runs [0, e + proof) are nested: the last end's run covers them all
-                    ends = ends[-1:]
+                # the next masked block must be full (a lower bound on the tokens)
+                t = (self._write_mask(g, request, state, limits[g] // bs + rule.proof, hashes)
+                     + 1) * bs
             else:
-                ends = self.retention.ends_between(done, t_limit, extra)
-            if not ends:
-                continue
-            state.done_t[g] = ends[-1]
-            table = state.tables[g]
-            lo_prev = state.cached_hi[g]
-            positions: list[int] = []
-            for t in ends:
-                lo, hi = rule.span(t // bs)
-                j = lo if lo > lo_prev else lo_prev
-                while j < hi:
-                    b = table[j]
-                    if b != NULL_BLOCK and pool.block_hash[b] is None:
-                        pool.insert(g, hashes[(j + 1) * scale - 1], b)
-                        positions.append(j)
-                    j += 1
-                if hi > lo_prev:
-                    lo_prev = hi
-            state.cached_hi[g] = lo_prev
-            if positions and self.on_stored is not None:
-                _report_runs(self.on_stored, g, request, table, positions)
+                t_limit = limits[g]
+                done = done_t[g]
+                # the next promised end after done; the group has work iff it is <= t_limit
+                if dense[g]:
+                    step = dense_step[g]
+                    t = (done // step + 1) * step
+                else:
+                    t = self.retention.next_end(done, extra)
+                if t <= t_limit:
+                    if rule.downward_closed:
+                        self._cache_prefix(g, rule, request, state, t_limit, hashes)
+                    else:
+                        self._cache_ends(g, rule, request, state, t_limit, hashes, extra)
+                    done = done_t[g]
+                    t = (done // step + 1) * step if dense[g] else \
+                        self.retention.next_end(done, extra)
+                t += delay[g]
+            if aligned[g] and t < math.inf:
+                # compat hybrid, no proof: the group caches up to align(n) only
+                a = self.alignment
+                t = -(-t // a) * a
+            if t < nxt:
+                nxt = t
         if not final:
             # every group's limit is <= num_tokens, so nothing happens before the next end
-            delay = self.cache_delay
-            step = self.dense_step
-            aligned = self.aligned_limit
-            a = self.alignment
-            nxt = math.inf
-            for g, done in enumerate(state.done_t):
-                if masked[g]:
-                    # the next masked block must be full (a lower bound on the tokens)
-                    i = self.retention.next_masked_block(self.rules[g], state.cached_hi[g],
-                                                         state.mask_ends[g])
-                    t = (i + 1) * self.block_sizes[g]
-                elif self.dense[g]:
-                    t = (done // step[g] + 1) * step[g] + delay[g]
-                else:
-                    t = self.retention.next_end(done, extra) + delay[g]
-                if aligned[g] and t < math.inf:
-                    # compat hybrid, no proof: the group caches up to align(n) only
-                    t = -(-t // a) * a
-                if t < nxt:
-                    nxt = t
             state.quiet_until = nxt
 
-    def _write_mask(self, g: int, request: Request, state: _ReqBlocks, hi: int,
-                    hashes: list) -> None:
-        """Compat, sparse retention: cache the masked blocks of ``[cached_hi, hi)`` and mark
-        the range decided (vLLM's ``num_cached_block``), masked or not."""
-        j = state.cached_hi[g]
-        if hi <= j:
+    def _cache_prefix(self, g: int, rule: HitRule, request: Request, state: _ReqBlocks,
+                      t_limit: int, hashes: list[bytes]) -> None:
+        """A downward-closed (dense) group: cache the run of the last end <= ``t_limit``
+        (runs ``[0, e + proof)`` are nested, so it covers every earlier end's run)."""
+        step = self.dense_step[g]
+        last = t_limit // step * step                  # the last of multiples_between(...)
+        if last <= state.done_t[g]:
             return
-        rule = self.rules[g]
-        ends = state.mask_ends[g]
-        nxt = self.retention.next_masked_block
+        state.done_t[g] = last
+        j = state.cached_hi[g]
+        hi = last // rule.block_size + rule.proof
+        if j >= hi:
+            return
+        state.cached_hi[g] = hi
         table = state.tables[g]
+        positions: list[int] = []
+        if hi - j == 1:                                # one block (a decode step): no run
+            b = table[j]
+            pool = self.pool
+            if b != NULL_BLOCK and pool.block_hash[b] is None:
+                pool.insert(g, hashes[hi * self.scales[g] - 1], b)
+                positions.append(j)
+        else:
+            self._insert_span(g, table, j, hi, hashes, self.scales[g], positions)
+        if positions and self.on_stored is not None:
+            _report_runs(self.on_stored, g, request, table, positions)
+
+    def _cache_ends(self, g: int, rule: HitRule, request: Request, state: _ReqBlocks,
+                    t_limit: int, hashes: list[bytes], extra: tuple[int, ...]) -> None:
+        """A local group: cache the runs of the promised ends in ``(done_t, t_limit]``."""
+        done = state.done_t[g]
+        if self.dense[g]:
+            ends = multiples_between(done, t_limit, self.dense_step[g])
+        else:
+            ends = self.retention.ends_between(done, t_limit, extra)
+        if not ends:
+            return
+        state.done_t[g] = ends[-1]
+        table = state.tables[g]
+        lo_prev = state.cached_hi[g]
+        bs = rule.block_size
+        scale = self.scales[g]
+        positions: list[int] = []
+        for t in ends:
+            lo, hi = rule.span(t // bs)
+            j = lo if lo > lo_prev else lo_prev
+            if j < hi:
+                self._insert_span(g, table, j, hi, hashes, scale, positions)
+            if hi > lo_prev:
+                lo_prev = hi
+        state.cached_hi[g] = lo_prev
+        if positions and self.on_stored is not None:
+            _report_runs(self.on_stored, g, request, table, positions)
+
+    def _insert_span(self, g: int, table: list[int], j: int, hi: int, hashes: list[bytes],
+                     scale: int, positions: list[int]) -> None:
+        """Cache the blocks of table positions ``[j, hi)`` of group g that are neither null
+        nor cached yet, under the request's hashes; append their positions to ``positions``.
+        A run with no null and no cached block (the usual case) goes to the pool in one call."""
         pool = self.pool
         block_hash = pool.block_hash
-        scale = self.scales[g]
-        positions = []
-        j = nxt(rule, j, ends)
+        if hi - j >= _BULK_RUN:
+            blocks = table[j:hi]
+            if NULL_BLOCK not in blocks and not any(map(block_hash.__getitem__, blocks)):
+                hs = hashes[(j + 1) * scale - 1:hi * scale:scale]
+                if len(hs) == len(blocks):
+                    pool.insert_run(g, hs, blocks)
+                    positions.extend(range(j, hi))
+                    return
         while j < hi:
             b = table[j]
             if b != NULL_BLOCK and block_hash[b] is None:
                 pool.insert(g, hashes[(j + 1) * scale - 1], b)
                 positions.append(j)
-            j = nxt(rule, j + 1, ends)
+            j += 1
+
+    def _write_mask(self, g: int, request: Request, state: _ReqBlocks, hi: int,
+                    hashes: list) -> float:
+        """Compat, sparse retention: cache the masked blocks of ``[cached_hi, hi)`` and mark
+        the range decided (vLLM's ``num_cached_block``), masked or not. Returns the next
+        masked block at or after the new ``cached_hi`` (``inf`` if none)."""
+        j = state.cached_hi[g]
+        rule = self.rules[g]
+        ends = state.mask_ends[g]
+        run = self.retention.next_masked_run
+        if hi <= j:
+            return run(rule, j, ends)[0]
+        table = state.tables[g]
+        scale = self.scales[g]
+        positions: list[int] = []
+        while True:
+            i, stop = run(rule, j, ends)
+            if i >= hi:
+                break
+            if stop > hi:
+                stop = hi
+            self._insert_span(g, table, i, stop, hashes, scale, positions)
+            j = stop
         state.cached_hi[g] = hi
         if positions and self.on_stored is not None:
             _report_runs(self.on_stored, g, request, table, positions)
+        return i
 
     # ---- free -------------------------------------------------------------------------------
     def free(self, request: Request) -> None:
         """Release every block of the request: each group's table tail first, group by group."""
         self._lookups.pop(request.request_id, None)
+        self._evictable.pop(request.request_id, None)
         state = self._state(request)
         if state is None:
             return

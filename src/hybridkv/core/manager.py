@@ -135,6 +135,7 @@ class KVCacheManager:
         self._stats = PrefixCacheStats()
         self._requests: dict[object, Request] = {}
         self._no_new_blocks = _no_new_blocks(len(config.groups))
+        self._block_sizes = tuple(g.spec.block_size for g in config.groups)
         self._cached_listeners: list[Callable[[int, list[bytes], list[int]], None]] = []
 
     @staticmethod
@@ -327,8 +328,7 @@ class KVCacheManager:
                     f"hit of {hit.num_tokens} tokens exceeds request {request.request_id!r}'s "
                     f"{request.num_tokens} tokens"
                 )
-            for g, ids in enumerate(hit.block_ids):
-                bs = self.config.groups[g].spec.block_size
+            for g, (ids, bs) in enumerate(zip(hit.block_ids, self._block_sizes)):
                 if len(ids) * bs != hit.num_tokens:
                     raise ValueError(f"hit blocks of group {g} do not cover {hit.num_tokens} tokens")
         if external is not None:
@@ -346,7 +346,11 @@ class KVCacheManager:
         lookahead = self.lookahead_slots if num_lookahead_tokens is None else num_lookahead_tokens
         if isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 0:
             raise ValueError(f"num_lookahead_tokens must be a non-negative integer, got {lookahead!r}")
-        self._sync_hashes(request)
+        if request.hasher is self.hasher:             # _sync_hashes, the usual case inlined
+            if self.enable_caching:
+                self.hasher.update(request)
+        else:
+            self._sync_hashes(request)
         if not full_sequence_must_fit:
             reserve = 0
         elif self.vllm_compat:

@@ -47,6 +47,8 @@ Invariants (checked by :meth:`BlockPool.check`, in O(ids used + index)):
 
 from __future__ import annotations
 
+from collections import deque
+from itertools import repeat
 from typing import Any, Callable, Iterable, Iterator
 
 NULL_BLOCK = 0
@@ -54,6 +56,12 @@ NULL_BLOCK = 0
 # Sentinel node ids of the free queue: the last three slots of the link lists. Negative ids
 # keep naming the same slots while the lists grow (fresh ids are inserted before them).
 _HEAD, _GAP, _TAIL = -3, -2, -1
+
+# Runs an iterator for its side effects, in C (a zero-length deque discards every item).
+_consume = deque(maxlen=0).extend
+
+# Index changes BlockPool records for the lookup memo before restarting the record.
+_MAX_CHANGES = 1 << 14
 
 
 class FreeBlockQueue:
@@ -219,7 +227,8 @@ class BlockPool:
     """
 
     __slots__ = ("num_blocks", "ref_cnt", "block_hash", "block_group", "queue", "index",
-                 "on_evict", "num_evictions", "index_version")
+                 "on_evict", "num_evictions", "index_version", "_changes", "_changes_base",
+                 "free_version")
 
     def __init__(self, num_blocks: int, num_groups: int,
                  on_evict: Callable[[int, bytes], None] | None = None) -> None:
@@ -234,6 +243,13 @@ class BlockPool:
         # bumped by every change of the index (insert, drop, reset): a lookup made at the
         # same version finds the same blocks
         self.index_version = 0
+        # the hash of every insert and drop since version _changes_base, in order
+        # (index_version == _changes_base + len(_changes); see index_changes_since)
+        self._changes: list[bytes] = []
+        self._changes_base = 0
+        # bumped whenever a cached block may have entered or left the free queue (touch,
+        # free, eviction): a count of free cached blocks made at the same version still holds
+        self.free_version = 0
 
     # ---- capacity ---------------------------------------------------------------------------
     @property
@@ -266,6 +282,21 @@ class BlockPool:
         self._sync()
 
     # ---- index ------------------------------------------------------------------------------
+    def index_changes_since(self, version: int) -> list[bytes] | None:
+        """The hashes inserted into or dropped from the index (any group) since
+        ``index_version`` was ``version``, oldest first; None when no longer known (a reset,
+        or the record was trimmed). A lookup whose hashes are all absent from the list would
+        find the same blocks now as at ``version``."""
+        k = version - self._changes_base
+        if k < 0:
+            return None
+        return self._changes[k:]
+
+    def _restart_changes(self) -> None:
+        """Forget the recorded index changes (bounds the record's memory)."""
+        self._changes.clear()
+        self._changes_base = self.index_version
+
     def cached_block(self, group: int, h: bytes) -> int | None:
         """A block holding hash ``h`` in ``group`` (the first one if duplicated), else None."""
         v = self.index[group].get(h)
@@ -287,7 +318,38 @@ class BlockPool:
             v[b] = None
         self.block_hash[b] = h
         self.block_group[b] = group
+        changes = self._changes
+        if len(changes) >= _MAX_CHANGES:
+            self._restart_changes()
+        changes.append(h)
         self.index_version += 1
+
+    def insert_run(self, group: int, hashes: list[bytes], blocks: list[int]) -> None:
+        """``insert(group, h, b)`` for each pair of ``hashes`` and ``blocks``, in order.
+
+        The blocks must be distinct, allocated and unhashed. When the hashes are distinct and
+        none is in the group's index yet (the usual case: a request's chain), the index,
+        the per-block lists and the change record are updated by C-level bulk operations;
+        otherwise (or in a subclass that overrides :meth:`insert`) pair by pair.
+        """
+        n = len(blocks)
+        if not n:
+            return
+        idx = self.index[group]
+        if n == 1 or type(self).insert is not BlockPool.insert or len(set(hashes)) != n \
+                or max(blocks) >= self.queue.next_fresh or not idx.keys().isdisjoint(hashes):
+            insert = self.insert
+            for h, b in zip(hashes, blocks):
+                insert(group, h, b)
+            return
+        idx.update(zip(hashes, blocks))
+        _consume(map(self.block_hash.__setitem__, blocks, hashes))
+        _consume(map(self.block_group.__setitem__, blocks, repeat(group, n)))
+        changes = self._changes
+        if len(changes) + n > _MAX_CHANGES:
+            self._restart_changes()
+        changes.extend(hashes)
+        self.index_version += n
 
     def drop_hash(self, b: int) -> None:
         """Forget block ``b``'s hash (its content stays; the index no longer finds it)."""
@@ -306,6 +368,10 @@ class BlockPool:
             if len(v) == 1:
                 idx[h] = next(iter(v))
         self.block_hash[b] = None
+        changes = self._changes
+        if len(changes) >= _MAX_CHANGES:
+            self._restart_changes()
+        changes.append(h)
         self.index_version += 1
         if self.on_evict is not None:
             self.on_evict(g, h)
@@ -317,6 +383,13 @@ class BlockPool:
         ref, bh = self.ref_cnt, self.block_hash
         if self.queue.capacity != len(ref):
             self._sync()
+        if n > 8:
+            lo = min(blocks)
+            if max(blocks) - lo == n - 1 and not any(bh[lo:lo + n]):
+                # n distinct ids spanning n values: exactly lo .. lo+n-1 (fresh ids, usually),
+                # none cached: nothing to evict, every ref becomes 1 in one slice assignment
+                ref[lo:lo + n] = [1] * n
+                return blocks
         evicted = 0
         for b in blocks:
             ref[b] = 1
@@ -324,28 +397,44 @@ class BlockPool:
             if h is not None:
                 self._drop(b, h)
                 evicted += 1
+        if evicted:
+            self.free_version += 1
         self.num_evictions += evicted
         return blocks
 
     def touch(self, blocks: Iterable[int]) -> None:
         """Take a reference on each non-null block, pulling free ones out of the queue."""
         ref = self.ref_cnt
-        remove = self.queue.remove
-        used = len(ref)
-        for b in blocks:
-            if b:
-                if b >= used:
-                    self._materialize(b)
-                    used = len(ref)
-                if ref[b] == 0:
-                    remove(b)
-                ref[b] += 1
+        q = self.queue
+        prv, nxt = q._prev, q._next
+        fresh = q.next_fresh
+        removed = 0
+        try:
+            for b in blocks:
+                if b:
+                    if b >= fresh:                # a fresh id: give it explicit state first
+                        self._materialize(b)
+                        fresh = q.next_fresh
+                    r = ref[b]
+                    if r == 0:                    # FreeBlockQueue.remove, inlined
+                        p = prv[b]
+                        n = nxt[b]
+                        nxt[p] = n
+                        prv[n] = p
+                        removed += 1
+                    ref[b] = r + 1
+        finally:
+            q.num_free -= removed
+            if removed:
+                self.free_version += 1
 
     def free(self, blocks: Iterable[int]) -> None:
         """Drop a reference on each non-null block, in the given order (see module doc)."""
         scratch, cached = self._release(blocks)
         self.queue.prepend_n(scratch)
-        self.queue.append_n(cached)
+        if cached:
+            self.queue.append_n(cached)
+            self.free_version += 1
 
     def _release(self, blocks: Iterable[int]) -> tuple[list[int], list[int]]:
         """Drop a reference on each non-null block; return the blocks that became free, split
@@ -372,6 +461,7 @@ class BlockPool:
     def reset_hashes(self) -> None:
         """Drop every hash (no events, no eviction count). Callers check nothing is in use."""
         self.index_version += 1
+        self._restart_changes()
         for idx in self.index:
             idx.clear()
         bh = self.block_hash
@@ -500,10 +590,12 @@ class PolicyBlockPool(BlockPool):
                 self._drop(b, h)
                 evicted += 1
         pol.forget(blocks)
+        self.free_version += 1
         self.num_evictions += evicted
         return blocks
 
     def touch(self, blocks: Iterable[int]) -> None:
+        self.free_version += 1
         ref, bh, pol = self.ref_cnt, self.block_hash, self.policy
         remove = self.queue.remove
         used = len(ref)
@@ -527,6 +619,7 @@ class PolicyBlockPool(BlockPool):
         self.queue.prepend_n(scratch)
         if cached:
             self.policy.on_free(cached)
+            self.free_version += 1
 
     def reset_hashes(self) -> None:
         """As :meth:`BlockPool.reset_hashes`; the policy's blocks, hash-less now, leave it for

@@ -134,13 +134,14 @@ class Request:
 
         ``token_ids`` (all tokens, an ``array('q')``) must not be mutated any other way.
         """
-        if token_ids.__class__ is list:
+        if token_ids.__class__ is list or token_ids.__class__ is tuple:
+            tokens = self.token_ids
+            n = len(tokens)
             try:
-                new = array("q", token_ids)  # checks every item before anything is appended
+                tokens.extend(token_ids)
             except (TypeError, OverflowError):
-                pass  # fall through for the precise error
+                del tokens[n:]  # undo a partial extend; fall through for the precise error
             else:
-                self.token_ids.extend(new)
                 return
         self.token_ids.extend(_as_token_array(token_ids, f"request {self.request_id!r}"))
 

@@ -130,20 +130,32 @@ class Retention:
         block as blocks fill, so the tail of a segment the request never completes is
         cached too; hybridkv's default mode caches an end's run only once it is complete.
         """
+        return self.next_masked_run(rule, j, ends)[0]
+
+    def next_masked_run(self, rule, j: int, ends: tuple[int, ...]) -> tuple[float, int]:
+        """``(i, stop)``: ``i`` as :meth:`next_masked_block`, and every block of ``[i, stop)``
+        is masked too (the end of the span that starts at ``i``; ``stop`` 0 when ``i`` is
+        ``inf``). The masked blocks from ``j`` on are those of the runs found from ``j``,
+        then from each run's ``stop``."""
         proof = rule.proof
         best = math.inf
+        stop = 0
         if self.interval:
             per = self.interval // rule.block_size
             k = max((j - proof) // per + 1, 1)       # smallest k >= 1 with k*per + proof > j
-            lo = rule.lo(k * per)
+            e = k * per
+            lo = rule.lo(e)
             best = lo if lo > j else j
+            stop = e + proof
         for e in ends:
-            if e + proof > j:
+            hi = e + proof
+            if hi > j:
                 lo = rule.lo(e)
                 i = lo if lo > j else j
-                if i < best:
+                if i < best or (i == best and hi > stop):
                     best = i
-        return best
+                    stop = hi
+        return best, stop
 
 
 def multiples_between(after: int, upto: int, step: int) -> range:

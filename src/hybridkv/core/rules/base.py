@@ -38,6 +38,13 @@ from typing import Any, Callable, ClassVar
 from hybridkv.core.specs import AttentionSpec
 
 
+def probe_flags(probe: Callable[[int], object]) -> list | None:
+    """The list of bools behind ``probe`` when it is that list's ``__getitem__`` (a scan may
+    then use C-level slicing, ``all`` and ``index``), else None."""
+    flags = getattr(probe, "__self__", None)
+    return flags if flags.__class__ is list else None
+
+
 class HitRule:
     """The hit rule of one group (or of identical sibling groups looked up together).
 
@@ -92,17 +99,25 @@ class HitRule:
         ``probe(i)`` returns a truthy value iff block i is cached; e_max must already respect
         the blocks that exist (``e_max + proof <= number of hashed blocks``). Each block is
         probed at most once. This default scans each candidate's run right to left and jumps
-        past a miss.
+        past a miss. A probe that is a ``list``'s ``__getitem__`` over bools (the
+        coordinator's) is scanned in C (:func:`probe_flags`), with the same answer.
         """
         proof = self.proof
         e = e_max // step * step
+        flags = probe_flags(probe)
         while e > 0:
             lo = self.lo(e)
             j = e + proof - 1
-            while j >= lo and probe(j):
-                j -= 1
-            if j < lo:
-                return e
+            if flags is not None and len(run := flags[lo:j + 1]) == j + 1 - lo:
+                if all(run):
+                    return e
+                run.reverse()
+                j -= run.index(False)                 # the rightmost miss, found in C
+            else:
+                while j >= lo and probe(j):
+                    j -= 1
+                if j < lo:
+                    return e
             # block j misses: every candidate whose run contains j fails; runs only move
             # left as e shrinks, so the next candidate must end (with its proof) at or below j.
             e = (j - proof) // step * step

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, ClassVar
 
-from hybridkv.core.rules.base import HitRule
+from hybridkv.core.rules.base import HitRule, probe_flags
 
 
 class FullRule(HitRule):
@@ -26,9 +26,14 @@ class FullRule(HitRule):
         e = e_max // step * step
         if e <= 0:
             return 0
-        j = 0
         limit = e + proof
-        while j < limit and probe(j):
-            j += 1
+        flags = probe_flags(probe)
+        if flags is not None and len(flags) >= limit:
+            run = flags[:limit]
+            j = run.index(False) if not all(run) else limit     # the first miss, in C
+        else:
+            j = 0
+            while j < limit and probe(j):
+                j += 1
         e = (j - proof) // step * step
         return e if e > 0 else 0

@@ -28,12 +28,15 @@ class SlidingRule(HitRule):
         return e - self.need if e > self.need else 0
 
     def skipped_tokens(self, num_computed: int, hold: int = 0) -> int:
-        return max(0, num_computed - self._window + 1 - hold)
+        skipped = num_computed - self._window + 1 - hold
+        return skipped if skipped > 0 else 0
 
     def next_skip_growth(self, num_computed: int, hold: int = 0) -> float:
         bs = self.block_size
-        target = (self.skipped_tokens(num_computed, hold) // bs + 1) * bs
-        return target + self._window - 1 + hold
+        skipped = num_computed - self._window + 1 - hold      # skipped_tokens, inlined
+        if skipped < 0:
+            skipped = 0
+        return (skipped // bs + 1) * bs + self._window - 1 + hold
 
     def max_blocks(self, length: int, hold: int = 0) -> int:
         return min(-(-length // self.block_size), -(-(self._window + hold) // self.block_size) + 2)
