@@ -55,6 +55,9 @@ class CacheConfig:
         hash_seed: the block-hash seed; engines sharing a store need the same one (default
             with a store: a fixed shared seed; without: a random one).
         vllm_compat: run the manager in vLLM-0.33-compatible mode.
+        state_dtype: recurrent-state dtype of state models' checkpoints and live states
+            (``float32`` default; ``bfloat16`` / ``float16`` halve their memory but round the
+            state; the core names the valid values).
     """
 
     block_size: int | Mapping[str, int] = 16
@@ -66,6 +69,7 @@ class CacheConfig:
     hash_algo: str | None = None
     hash_seed: str | None = None
     vllm_compat: bool = False
+    state_dtype: str = "float32"
 
     def __post_init__(self) -> None:
         sizes = self.block_size.values() if isinstance(self.block_size, Mapping) else [self.block_size]
