@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hybridkv.core.manager import KVCacheManager
+from hybridkv.core.specs import KVCacheConfig, is_state
 from hybridkv.engine import PagedKVCache, SequenceInput
 from hybridkv.engine.config import ModelConfig
 from hybridkv.engine.generate_cli import main
@@ -137,21 +138,61 @@ def test_alone_equals_transformers(sbuilt: Built) -> None:
     assert len(llm.model.states) == 0  # released at finish
 
 
-@pytest.mark.parametrize("block_size", [4, 16])
-def test_batched_shared_prefix_no_hits(sbuilt: Built, block_size: int) -> None:
-    """Three prompts sharing a 70-token prefix, batched, then the same three again: every token
-    equals transformers, and no request hits the cache (prefix caching is off for state models:
-    a KV-block hit cannot restore the recurrent state)."""
-    llm = make_llm(sbuilt, block_size=block_size)
-    assert not llm.kv.enable_caching and not llm.cache_config.enable_prefix_caching
+def _check_hits(llm, outs) -> None:
+    """The cached-token count each request reports is the hit the manager promised at
+    admission, and the engine really skipped those tokens: the first computed position is the
+    hit (recorded logits), so the state it continued from came from a checkpoint."""
+    for o in outs:
+        positions, _ = o.logits
+        assert min(positions) == o.num_cached_tokens, (o.request_id, min(positions), o.num_cached_tokens)
+
+
+@pytest.mark.parametrize("block_size", [4, 8, 16])
+@pytest.mark.parametrize("retention", [0, None])
+def test_batched_shared_prefix_hits(sbuilt: Built, block_size: int, retention: int | None) -> None:
+    """Three prompts sharing a 70-token prefix, batched (admitted in one step: later ones hit
+    checkpoints that earlier ones export in that very step), then the same three again (hits
+    on stored checkpoints): every token equals transformers, the later requests hit, and each
+    hit is a multiple of the checkpoint granularity the engine really skipped."""
+    llm = make_llm(sbuilt, block_size=block_size, retention_interval=retention)
+    assert llm.kv.enable_caching and llm.kv_config.has_state
     prefix = random_tokens(70, 7)
     prompts = [prefix + random_tokens(n, 8 + n) for n in (5, 9, 13)]
     first = llm.generate(prompts, max_tokens=6, ignore_eos=True)
     again = llm.generate(prompts, max_tokens=6, ignore_eos=True)
     for outs in (first, again):
-        assert [o.num_cached_tokens for o in outs] == [0, 0, 0]
         assert [o.token_ids for o in outs] == [hf_greedy(sbuilt, p, 6) for p in prompts]
+        _check_hits(llm, outs)
+        assert all(o.num_cached_tokens % block_size == 0 for o in outs)
+    assert first[0].num_cached_tokens == 0 and first[2].num_cached_tokens > 0
+    assert all(o.num_cached_tokens >= 70 // block_size * block_size for o in again)
     assert oracle_excess(sbuilt, first + again) <= 0
+    llm.kv.check_integrity()
+
+
+@pytest.mark.parametrize("block_size", [4, 16])
+def test_sequential_hits_inside_and_across_checkpoints(sbuilt: Built, block_size: int) -> None:
+    """One request at a time, so the expected hits follow from the checkpoint rule alone:
+    retention N = None (a checkpoint every block): the 2nd prompt hits the last checkpoint
+    inside the shared 70 tokens, across many earlier ones; N = 0: the 2nd prompt hits nothing
+    (no checkpoint inside the prefix yet) but leaves one at the junction, which the 3rd hits;
+    a multi-turn follow-up (prompt + answer + more) hits at least the replay boundary."""
+    prefix = random_tokens(70, 17)  # unique suffixes long enough that the replay-boundary
+    prompts = [prefix + random_tokens(n, 18 + n) for n in (40, 44, 48)]  # checkpoints lie past 70
+    junction = 70 // block_size * block_size
+    for retention, want in ((None, [0, junction, junction]), (0, [0, 0, junction])):
+        llm = make_llm(sbuilt, block_size=block_size, retention_interval=retention)
+        outs = [llm.generate([p], max_tokens=6, ignore_eos=True)[0] for p in prompts]
+        assert [o.num_cached_tokens for o in outs] == want
+        assert [o.token_ids for o in outs] == [hf_greedy(sbuilt, p, 6) for p in prompts]
+        _check_hits(llm, outs)
+        turn2 = prompts[0] + outs[0].token_ids + random_tokens(4, 40)
+        (follow,) = llm.generate([turn2], max_tokens=4, ignore_eos=True)
+        assert follow.num_cached_tokens >= (len(prompts[0]) - 1) // block_size * block_size
+        assert follow.token_ids == hf_greedy(sbuilt, turn2, 4)
+        _check_hits(llm, [follow])
+        assert oracle_excess(sbuilt, outs + [follow]) <= 0
+        llm.kv.check_integrity()
 
 
 def test_chunked_prefill(sbuilt: Built) -> None:
@@ -165,21 +206,32 @@ def test_chunked_prefill(sbuilt: Built) -> None:
     assert [o.token_ids for o in outs] == [hf_greedy(sbuilt, p, 6) for p in prompts]
 
 
-def test_preemption_recomputes_from_zero(sbuilt: Built) -> None:
-    """A pool too small for its requests: preempted requests lose their recurrent state and are
-    recomputed from position 0; recomputed logits and the tokens still match transformers."""
-    pool = blocks_for(make_llm(sbuilt), 48) + 3
-    llm = make_llm(sbuilt, num_blocks=pool, max_model_len=48, long_prefill_token_threshold=4)
-    prompts = [random_tokens(20, 30 + i) for i in range(5)]
+@pytest.mark.parametrize("retention", [0, None])
+def test_preemption_resumes_from_checkpoints(sbuilt: Built, retention: int | None) -> None:
+    """A pool too small for its requests (one request's worth of blocks + 1): preempted
+    requests lose their live state and resume from their best checkpoint hit (or 0); every
+    recomputed logit and every token still match transformers, and nothing leaks."""
+    pool = blocks_for(make_llm(sbuilt, retention_interval=retention), 48) + 1
+    llm = make_llm(sbuilt, num_blocks=pool, max_model_len=48, long_prefill_token_threshold=4,
+                   retention_interval=retention)
+    shared = random_tokens(12, 29)
+    prompts = [shared + random_tokens(8, 30 + i) for i in range(5)]
     outs = llm.generate(prompts, max_tokens=20, ignore_eos=True)
     assert llm.stats.preemptions > 0 and any(o.num_preemptions for o in outs)
+    resumed = []
     for o in outs:
-        if o.num_preemptions:
-            assert o.logits[0].count(0) == 1 + o.num_preemptions  # position 0 computed again
+        positions, _ = o.logits
+        restarts = [p for i, p in enumerate(positions) if i and p <= positions[i - 1]]
+        assert len(restarts) == o.num_preemptions  # each preemption recomputes from a hit
+        assert all(p % 8 == 0 for p in restarts)
+        resumed += restarts
+    if retention == 0 and sbuilt.arch.name == "qwen3_next":  # resumes at the checkpoint after 8
+        assert any(p > 0 for p in resumed), resumed            # (nemotron_h's 11-block pool: none)
     assert oracle_excess(sbuilt, outs) <= 0
     assert [o.token_ids for o in outs] == [hf_greedy(sbuilt, p, 20) for p in prompts]
     assert len(llm.model.states) == 0
     llm.kv.check_integrity()
+    assert llm.kv.num_free_blocks == pool - 1
 
 
 def test_abort_releases_state(sbuilt: Built) -> None:
@@ -191,9 +243,12 @@ def test_abort_releases_state(sbuilt: Built) -> None:
     for _ in range(3):
         llm.engine.step()
     victim = reqs[0].request_id
-    assert victim in llm.model.states
+    (sb,) = llm.kv.state_blocks(reqs[0].request)     # its live state is an extent of the pool
+    free = llm.kv.num_free_blocks
     llm.engine.abort_request(victim)
-    assert victim not in llm.model.states
+    assert llm.kv.num_free_blocks >= free + len(sb.live)
+    with pytest.raises(KeyError):
+        llm.kv.state_blocks(reqs[0].request)
     llm.engine.run()
     out = llm.collect(reqs)[1]
     assert out.token_ids == hf_greedy(sbuilt, prompts[1], 4)
@@ -354,11 +409,15 @@ def test_dflash_draft_state_model_and_kv_store_refused(sbuilt: Built) -> None:
         make_llm(sbuilt, kv_store=LocalCPUStore(1 << 20))
 
 
-def test_engine_core_refuses_prefix_caching(sbuilt: Built) -> None:
+def test_engine_core_needs_the_state_group(sbuilt: Built) -> None:
+    """A KV-cache config without the recurrent layers' state group is refused (the states
+    live in the pool)."""
     llm = make_llm(sbuilt)
-    kv = KVCacheManager(llm.kv_config, enable_caching=True, max_model_len=llm.max_model_len)
-    with pytest.raises(ValueError, match="prefix caching must be off"):
-        EngineCore(llm.model, kv, Scheduler(kv, llm.scheduler_config), PagedKVCache(llm.kv_config))
+    groups = tuple(g for g in llm.kv_config.groups if not is_state(g.spec))
+    cfg = KVCacheConfig(groups, num_blocks=llm.kv_config.num_blocks)
+    kv = KVCacheManager(cfg, enable_caching=True, max_model_len=llm.max_model_len)
+    with pytest.raises(ValueError, match="needs their state group"):
+        EngineCore(llm.model, kv, Scheduler(kv, llm.scheduler_config), PagedKVCache(cfg))
 
 
 def test_config_errors() -> None:
@@ -386,10 +445,25 @@ def test_cli_generate(sbuilt: Built, capsys: pytest.CaptureFixture) -> None:
     assert main(argv) == 0
     outs = json.loads(capsys.readouterr().out)["outputs"]
     assert [o["token_ids"] for o in outs] == [hf_greedy(sbuilt, a, 6), hf_greedy(sbuilt, b, 6)]
-    assert [o["prefix_cache_hit_tokens"] for o in outs] == [0, 0]
+    # b shares 36 tokens with a; a's first chunk ends at its checkpoint after 16 tokens (one
+    # unit below its replay boundary 32), which b, admitted in the same step, hits
+    assert [o["prefix_cache_hit_tokens"] for o in outs] == [0, 16]
     assert main(argv + ["--spec", "ngram:3"]) == 0
     spec_outs = json.loads(capsys.readouterr().out)["outputs"]
     assert [o["token_ids"] for o in spec_outs] == [o["token_ids"] for o in outs]
     assert main(argv + ["--spec", "dflash:3", "--draft-model", str(sbuilt.path)]) != 0
     err = capsys.readouterr().err
     assert "'dflash' is not supported" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--state-dtype", "float8_e4m3fn"], "valid dtypes: bfloat16, float16, float32"),
+    (["--num-blocks", "3"], "give num_blocks >= "),
+])
+def test_cli_state_errors(sbuilt: Built, capsys: pytest.CaptureFixture, extra: list[str], message: str) -> None:
+    """An unsupported state dtype and a pool too small for one request's state: one line on
+    stderr naming the valid values, exit status 2, no traceback."""
+    argv = ["generate", "--model", str(sbuilt.path), "--prompt-ids", "1,2,3", "--device", "cpu", *extra]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and err.count("\n") == 1, err

@@ -239,7 +239,7 @@ class LLM:
             groups = groups + self.drafter.kv_cache_groups(sizes, cache_dtype)
         num_blocks = cache.num_blocks
         if num_blocks is None:
-            probe = KVCacheConfig(groups, num_blocks=2)
+            probe = KVCacheConfig(groups, num_blocks=1 << 30)  # only its block_bytes is read
             num_blocks = max(2, (cache.kv_cache_bytes or DEFAULT_KV_CACHE_BYTES) // probe.block_bytes)
         self.kv_config = KVCacheConfig(groups, num_blocks=int(num_blocks))
         max_model_len = scheduler.max_model_len
