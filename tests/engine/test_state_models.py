@@ -361,6 +361,30 @@ def test_spec_decode_equals_greedy(sbuilt: Built, method: str, small_drafter) ->
     assert len(llm.model.states) == 0
 
 
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_spec_decode_checkpoints_hit_by_later_turns(sbuilt: Built, method: str, small_drafter) -> None:
+    """Speculative decoding with prefix caching on and a checkpoint every block (N = None):
+    checkpoints are exported during verify steps (at accepted positions only). A second turn
+    (prompt + answer + more tokens) hits a checkpoint inside the decoded answer, i.e. one a
+    verify step wrote; had a rejected draft leaked into it, its tokens would differ from
+    transformers'."""
+    kw = {"draft_model": small_drafter} if method == "draft_model" else {}
+    llm = make_llm(sbuilt, spec=f"{method}:3", max_num_batched_tokens=16, retention_interval=None,
+                   block_size=4, **kw)
+    motif = random_tokens(6, 95)
+    prompt = motif * 3 + random_tokens(2, 96)
+    (first,) = llm.generate([prompt], max_tokens=16, ignore_eos=True)
+    assert llm.stats.draft_tokens > 0
+    turn2 = prompt + first.token_ids + random_tokens(3, 97)
+    (second,) = llm.generate([turn2], max_tokens=8, ignore_eos=True)
+    assert second.num_cached_tokens > len(prompt)  # a checkpoint inside the decoded answer
+    assert first.token_ids == hf_greedy(sbuilt, prompt, 16)
+    assert second.token_ids == hf_greedy(sbuilt, turn2, 8)
+    _check_hits(llm, [first, second])
+    assert oracle_excess(sbuilt, [first, second]) <= 0
+    llm.kv.check_integrity()
+
+
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_rejected_drafts_never_advance_state(state_models: dict[str, StateBuilt], data) -> None:
