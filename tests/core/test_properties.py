@@ -88,6 +88,7 @@ def configs(draw, states: bool = True):
     while True:                  # a pool too small for one state is refused: grow it
         try:
             cfg = KVCacheConfig(groups, num_blocks=pool)
+            cfg.check_state_fits()
             break
         except ValueError as exc:
             if "state group" not in str(exc):

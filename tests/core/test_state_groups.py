@@ -61,8 +61,8 @@ def test_state_larger_than_the_pool_is_a_clear_error() -> None:
                                          r"66 blocks of 32768 B page each; one request needs 133 "
                                          r"blocks but the pool has 99 usable blocks; give "
                                          r"num_blocks >= 134"):
-        hybrid(QWEN3_NEXT, num_blocks=100)
-    hybrid(QWEN3_NEXT, num_blocks=134)                       # the minimum it names works
+        KVCacheManager(hybrid(QWEN3_NEXT, num_blocks=100))
+    KVCacheManager(hybrid(QWEN3_NEXT, num_blocks=134))       # the minimum it names works
 
 
 def test_retention_interval_not_a_multiple_of_the_alignment_is_a_clear_error() -> None:

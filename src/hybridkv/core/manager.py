@@ -94,6 +94,7 @@ class KVCacheManager:
         if max_model_len is not None:
             if isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or max_model_len <= 0:
                 raise ValueError(f"max_model_len must be a positive integer, got {max_model_len!r}")
+        config.check_state_fits()
         self.config = config
         self.spec_decode = spec_decode
         self.retention_interval = retention_interval
