@@ -80,7 +80,7 @@ def test_checkpoint_interval_sweep_cli(tmp_path: Path, capsys) -> None:
                  "--limit", "24", "--checkpoint-intervals", "0,64,1024", "--cache-tokens", "400k",
                  "--no-progress", "--json", str(js)]) == 0
     out = capsys.readouterr().out
-    assert "vLLM align (block 1056)" in out and "checkpoint GB mean" in out
+    assert "vLLM align (block 1056)" in out and "GB written" in out
     rows = json.loads(js.read_text())
     assert [r["label"] for r in rows] == ["N=0", "N=64", "N=1024", "vLLM align (block 1056)"]
     assert [r["checkpoint_interval"] for r in rows] == [0, 64, 1024, 0]
@@ -102,3 +102,16 @@ def test_checkpoint_sweep_bad_options_are_one_line_errors(argv, msg, capsys) -> 
     rc = main(["sweep", "--workload", "replay", "--checkpoint-intervals", "0,64", "--no-progress"] + argv)
     err = capsys.readouterr().err
     assert rc != 0 and msg in err and "Traceback" not in err
+
+
+def test_checkpoints_written_grow_as_the_interval_shrinks(tmp_path: Path) -> None:
+    js = tmp_path / "ckpt.json"
+    assert main(["sweep", "--preset", "qwen3-next-80b-a3b", "--workload", "system-prompt",
+                 "--limit", "16", "--checkpoint-intervals", "1024,256,64,16", "--cache-tokens", "2M",
+                 "--no-progress", "--json", str(js)]) == 0
+    rows = json.loads(js.read_text())
+    written = [r["checkpoints_written"] for r in rows[:4]]
+    assert written == sorted(written) and written[0] < written[-1]
+    assert all(r["checkpoint_bytes_written"] == r["checkpoints_written"] * r["checkpoint_bytes_per_state"]
+               for r in rows)
+    assert rows[0]["checkpoint_bytes_per_state"] == 3 * 66 * 12 * 32768     # 36 layers' states

@@ -12,8 +12,11 @@ Every configuration gets the same KV memory in bytes (``--cache-tokens`` of atte
   vLLM-compatible mode with retention 0 (checkpoints at replay boundaries and the junction,
   one state per attention page).
 
-Checkpoint memory is sampled after every step: the bytes of the checkpoints the pool holds
-(cached or being written; live states excluded), ``extent blocks x block bytes`` each.
+Checkpoint memory, two ways: *written* = every checkpoint the write path cached (exports and
+final-length states), ``extent blocks x block bytes`` each, i.e. the copy traffic and the
+memory the checkpoints claim; *resident* = the bytes of checkpoints the pool holds, sampled
+after every step (cached checkpoints live in otherwise free memory and are evicted first-come
+by LRU, so residency mostly shows how much free memory they fill).
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ class CheckpointRow:
     token_hit_rate: float
     hit_tokens: int
     prompt_tokens: int
+    checkpoints_written: int
+    checkpoint_bytes_written: int
     checkpoint_bytes_mean: float
     checkpoint_bytes_peak: int
     checkpoint_bytes_per_state: int
@@ -65,14 +70,22 @@ def run_checkpoint_config(label: str, cfg: SimConfig, items: list[WorkItem]) -> 
     sim = Simulator(cfg)
     samples: list[int] = []
     sim.step_hooks.append(lambda start, end, out: samples.append(checkpoint_bytes(sim)))
-    res = sim.run(items)
     kv_cfg = sim.kv.config
     states = [i for i, g in enumerate(kv_cfg.groups) if isinstance(g.spec, StateSpec)]
+    written = [0]
+
+    def stored(group: int, hashes: list, blocks: list) -> None:
+        if group == states[0]:          # sibling state groups write the same positions
+            written[0] += len(blocks)
+
+    sim.kv.add_cached_listener(stored)
+    res = sim.run(items)
     per_state = sum(kv_cfg.extent_blocks(i) for i in states) * kv_cfg.block_bytes
     return CheckpointRow(
         label=label, checkpoint_interval=cfg.retention_interval, block_size=cfg.preset.block_size,
         vllm_compat=cfg.vllm_compat, token_hit_rate=res.hit_rate, hit_tokens=res.hit_tokens,
-        prompt_tokens=res.prompt_tokens,
+        prompt_tokens=res.prompt_tokens, checkpoints_written=written[0],
+        checkpoint_bytes_written=written[0] * per_state,
         checkpoint_bytes_mean=sum(samples) / len(samples) if samples else 0.0,
         checkpoint_bytes_peak=max(samples, default=0), checkpoint_bytes_per_state=per_state,
         pool_bytes=(cfg.num_blocks - 1) * kv_cfg.block_bytes, evictions=res.evictions,
@@ -114,14 +127,16 @@ def sweep_checkpoints(args: argparse.Namespace, items: list[WorkItem], build_con
     runs.append((f"vLLM align (block {align})", base))
     print(f"{preset.name}: {len(items)} requests, {cache_tokens:,} tokens of attention KV "
           f"memory per configuration")
-    head = (f"  {'configuration':<26} {'token hit rate':>14} {'checkpoint GB mean':>19} "
-            f"{'peak':>7} {'GB/state':>9} {'evictions':>10}")
+    head = (f"  {'configuration':<26} {'token hit rate':>14} {'checkpoints':>11} "
+            f"{'GB written':>11} {'GB resident mean':>17} {'peak':>7} {'GB/state':>9} "
+            f"{'evictions':>10}")
     print(head, flush=True)
     rows = []
     for label, cfg in runs:
         row = run_checkpoint_config(label, cfg, items)
         rows.append(dataclasses.asdict(row))
-        print(f"  {label:<26} {row.token_hit_rate:>14.4f} {row.checkpoint_bytes_mean / 1e9:>19.2f} "
+        print(f"  {label:<26} {row.token_hit_rate:>14.4f} {row.checkpoints_written:>11} "
+              f"{row.checkpoint_bytes_written / 1e9:>11.1f} {row.checkpoint_bytes_mean / 1e9:>17.2f} "
               f"{row.checkpoint_bytes_peak / 1e9:>7.2f} {row.checkpoint_bytes_per_state / 1e9:>9.4f} "
               f"{row.evictions:>10}", flush=True)
     if args.json:
