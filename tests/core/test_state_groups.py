@@ -61,8 +61,8 @@ def test_state_larger_than_the_pool_is_a_clear_error() -> None:
                                          r"66 blocks of 32768 B page each; one request needs 133 "
                                          r"blocks but the pool has 99 usable blocks; give "
                                          r"num_blocks >= 134"):
-        hybrid(QWEN3_NEXT, num_blocks=100)
-    hybrid(QWEN3_NEXT, num_blocks=134)                       # the minimum it names works
+        KVCacheManager(hybrid(QWEN3_NEXT, num_blocks=100))
+    KVCacheManager(hybrid(QWEN3_NEXT, num_blocks=134))       # the minimum it names works
 
 
 def test_retention_interval_not_a_multiple_of_the_alignment_is_a_clear_error() -> None:
@@ -423,10 +423,10 @@ def test_fake_engine_always_restores_the_state_of_the_hit_prefix(ops, interval, 
     steps (random acceptance), preemption and eviction: every restored checkpoint holds the
     state of exactly the hit's tokens; exports are at accepted positions only."""
     attn_bs, pool = sizes
+    state = StateSpec(4 if attn_bs != 1 else 1, conv_shape=(1, 4), state_shape=(4, 4))
     cfg = KVCacheConfig((KVCacheGroup("a", FullAttention(attn_bs, num_kv_heads=1, head_dim=4), ("a",)),
-                         KVCacheGroup("s", StateSpec(4 if attn_bs != 1 else 1, conv_shape=(1, 4),
-                                                     state_shape=(4, 4)), ("s",))),
-                        num_blocks=pool * 4)
+                         KVCacheGroup("s", state, ("s",)), KVCacheGroup("t", state, ("t",))),
+                        num_blocks=pool * 6)       # two sibling state groups
     kv = KVCacheManager(cfg, retention_interval=interval, spec_decode=SpecDecode("ngram", k) if k else None)
     eng = FakeEngine(kv)
     running: dict[str, Request] = {}
@@ -469,3 +469,26 @@ def test_fake_engine_run_restores_checkpoints() -> None:
     RESTORES.clear()
     test_fake_engine_always_restores_the_state_of_the_hit_prefix()
     assert len(RESTORES) > 20 and max(RESTORES) >= 8
+
+
+def test_sibling_checkpoints_are_evicted_together() -> None:
+    """Three sibling state groups (one model's recurrent layers): evicting one group's
+    checkpoint evicts the free copies in the others, so no dead third stays cached."""
+    full = FullAttention(16, num_kv_heads=2, head_dim=256)
+    small = StateSpec(16, conv_shape=(1, 4), state_shape=(64, 128))        # 2 pages per state
+    groups = (KVCacheGroup("attn", full, ("a",)),
+              *(KVCacheGroup(f"s{i}", small, (f"s{i}",)) for i in range(3)))
+    kv = KVCacheManager(KVCacheConfig(groups, num_blocks=120), retention_interval=64,
+                        enable_events=True)
+    assert kv.pool.siblings == {1: (2, 3), 2: (1, 3), 3: (1, 2)}
+    for i in range(12):                      # distinct prompts: checkpoints churn
+        r = Request(f"r{i}", [i * 1000 + j for j in range(200)])
+        assert kv.allocate(r, 200, kv.lookup(r)) is not None
+        r.num_computed_tokens = 200
+        kv.free(r)
+        kv.check_integrity()
+        cached = [set(kv.pool.index[g]) for g in (1, 2, 3)]
+        assert cached[0] == cached[1] == cached[2], "a checkpoint survives in only some siblings"
+    assert kv.stats().evictions > 0
+    compat = KVCacheManager(KVCacheConfig(groups, num_blocks=120), vllm_compat=True)
+    assert compat.pool.siblings == {}        # vLLM evicts block by block

@@ -41,8 +41,8 @@ from hybridkv.core.hashing import BlockHasher
 from hybridkv.core.pool import NULL_BLOCK, BlockPool
 from hybridkv.core.request import Request
 from hybridkv.core.retention import Retention, multiples_between, replay_boundaries
-from hybridkv.core.rules import HitRule, make_rule
-from hybridkv.core.specs import KVCacheConfig, is_state
+from hybridkv.core.rules import HitRule, make_rule, rule_class
+from hybridkv.core.specs import KVCacheConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,7 +293,7 @@ class KVCacheCoordinator:
             for i in ids:
                 self.proof[i] = draft
         for i, g in enumerate(groups):
-            if is_state(g.spec):       # recurrent layers are never in a drafter: no proof block
+            if rule_class(g.spec).sparse:    # recurrent layers are never in a drafter: no proof
                 self.proof[i] = False
         self.rules: list[HitRule] = [make_rule(g.spec, self.proof[i]) for i, g in enumerate(groups)]
         self.block_sizes = [g.spec.block_size for g in groups]
@@ -335,7 +335,7 @@ class KVCacheCoordinator:
         # State groups (recurrent layers): block ids per state (the extent size) and the
         # group indices; empty for configs without one, whose paths never look at them.
         self.extent = [config.extent_blocks(g) for g in range(len(groups))]
-        self.state_groups = [g for g, r in enumerate(self.rules) if getattr(r, "sparse", False)]
+        self.state_groups = [g for g, r in enumerate(self.rules) if r.sparse]
         self.is_state_group = [g in self.state_groups for g in range(len(groups))]
         self.reqs: dict[object, _ReqBlocks] = {}
         # request id -> (request, index version, hashes, max_tokens, hit) of its last lookup
@@ -977,10 +977,11 @@ class KVCacheCoordinator:
         if state is None:
             return
         self.epoch += 1
+        final = True
         if state.states is not None:
-            self._free_states(request, state)
+            final = self._free_states(request, state)
         if self.caching and not self.compat:
-            self.cache(request, min(request.num_computed_tokens, request.num_tokens), final=True)
+            self.cache(request, min(request.num_computed_tokens, request.num_tokens), final=final)
         del self.reqs[request.request_id]
         for table in state.tables:
             self.pool.free(reversed(table))
@@ -1109,8 +1110,10 @@ class KVCacheCoordinator:
                     e = hit.num_tokens // a
                     st.restore, st.restore_at = table[e - 1], hit.num_tokens
                     st.held = [e - 1]
-            elif plan.groups[g].released:
-                st.held = [j for j in st.held if table[j] != NULL_BLOCK]
+            else:
+                st.restore, st.restore_at = NULL_BLOCK, 0       # restored before this step
+                if plan.groups[g].released:
+                    st.held = [j for j in st.held if table[j] != NULL_BLOCK]
             need = -(-plan.slots // a)
             if len(table) < need:
                 table.extend([NULL_BLOCK] * (need - len(table)))
@@ -1124,23 +1127,30 @@ class KVCacheCoordinator:
                 heads.append(head)
         return out
 
-    def _free_states(self, request: Request, state: _ReqBlocks) -> None:
+    def _free_states(self, request: Request, state: _ReqBlocks) -> bool:
         """At free: the live state becomes the final-length checkpoint when it sits exactly
-        on an aligned end (default mode; no copy, the extent is re-tagged), else it is freed."""
+        on an aligned end (default mode; no copy, the extent is re-tagged), else it is freed.
+        Returns whether every state group holds a checkpoint at the final aligned length, i.e.
+        whether promising that end to the other groups serves a hit (else their runs for it
+        would be cached for nothing)."""
         computed = min(request.num_computed_tokens, request.num_tokens)
-        final = self.caching and not self.compat and computed > 0 \
-            and computed % self.alignment == 0
+        end = computed // self.alignment * self.alignment
+        retag = self.caching and not self.compat and computed > 0 and computed == end
+        servable = end > 0
         live = []
         for g, st in state.states.items():
             table = state.tables[g]
-            j = computed // self.block_sizes[g] - 1
-            if final and computed > state.done_t[g] and j < len(table) \
+            j = end // self.block_sizes[g] - 1
+            if retag and computed > state.done_t[g] and j < len(table) \
                     and table[j] == NULL_BLOCK:
                 table[j] = st.live
             else:
                 live.append(st.live)
+                if j >= len(table) or table[j] == NULL_BLOCK:
+                    servable = False
             st.live = NULL_BLOCK
         self.pool.free(live)
+        return servable
 
     def state_blocks(self, request: Request) -> list[StateBlocks]:
         """Per state group, the extents the engine reads and writes for ``request`` now

@@ -94,6 +94,7 @@ class KVCacheManager:
         if max_model_len is not None:
             if isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or max_model_len <= 0:
                 raise ValueError(f"max_model_len must be a positive integer, got {max_model_len!r}")
+        config.check_state_fits()
         self.config = config
         self.spec_decode = spec_decode
         self.retention_interval = retention_interval
@@ -132,6 +133,12 @@ class KVCacheManager:
             drop_mode=drop_mode, vllm_compat=vllm_compat, caching=enable_caching,
             max_model_len=max_model_len, on_stored=self._on_stored if enable_events else None,
             max_in_flight_tokens=max_in_flight_tokens)
+        if isinstance(self.pool, ExtentBlockPool) and not vllm_compat:
+            # sibling state groups serve hits only together: evict their checkpoints together
+            states = set(self.coordinator.state_groups)
+            self.pool.siblings = {g: tuple(x for x in u.groups if x != g)
+                                  for u in self.coordinator.units if len(u.groups) > 1
+                                  for g in u.groups if g in states}
         if enable_events:   # blocks loaded from an external tier are stored blocks too
             self.coordinator.on_adopted = self._record_stored
         self._stats = PrefixCacheStats()

@@ -560,17 +560,23 @@ class ExtentBlockPool(BlockPool):
       tails become plain free blocks, used by the same allocation or prepended as scratch.
       A checkpoint is never partially evicted.
 
+    *Siblings* (``siblings[g]``: the other groups looked up together with group g, e.g. one
+    model's recurrent layers split into several state groups) serve a hit only together, so
+    evicting a checkpoint also evicts the free copies of the same hash in its siblings: no
+    dead half of a checkpoint stays cached.
+
     Invariants added to :meth:`BlockPool.check`: tails are disjoint, never heads, never
     hashed; a tail's ref is 1 iff its head's ref > 0; ``num_held`` = the tails of free heads.
     """
 
-    __slots__ = ("tails", "num_held")
+    __slots__ = ("tails", "num_held", "siblings")
 
     def __init__(self, num_blocks: int, num_groups: int,
                  on_evict: Callable[[int, bytes], None] | None = None) -> None:
         super().__init__(num_blocks, num_groups, on_evict)
         self.tails: dict[int, tuple[int, ...]] = {}
         self.num_held = 0
+        self.siblings: dict[int, tuple[int, ...]] = {}
 
     @property
     def num_free(self) -> int:
@@ -589,18 +595,32 @@ class ExtentBlockPool(BlockPool):
         if n > self.num_free:
             raise ValueError(f"cannot pop {n} blocks, only {self.num_free} are free")
         q, tails = self.queue, self.tails
+        bh, group, siblings = self.block_hash, self.block_group, self.siblings
         out: list[int] = []
         spare: list[int] = []
         while len(out) + len(spare) < n:
             k = min(n - len(out) - len(spare), q.num_free)
             if k <= 0:
                 raise AssertionError("free-block count disagrees with the queue and held tails")
-            out.extend(super().allocate(k))
-            for b in out[len(out) - k:]:
+            popped = q.popleft_n(k)
+            if q.capacity != len(self.ref_cnt):
+                self._sync()
+            ref = self.ref_cnt
+            for b in popped:               # all out of the queue before siblings are evicted
+                ref[b] = 1
+            for b in popped:
+                h = bh[b]
+                if h is not None:
+                    g = group[b]
+                    self._drop(b, h)
+                    self.num_evictions += 1
+                    for g2 in siblings.get(g, ()):
+                        self._evict_free(g2, h, spare)
                 t = tails.pop(b, None)
                 if t is not None:
                     self.num_held -= len(t)
                     spare.extend(t)
+            out.extend(popped)
         surplus = len(out) + len(spare) - n
         if surplus:
             q.prepend_n(spare[len(spare) - surplus:])
@@ -609,6 +629,24 @@ class ExtentBlockPool(BlockPool):
         for b in spare:
             ref[b] = 1
         return out + spare
+
+    def _evict_free(self, g: int, h: bytes, spare: list[int]) -> None:
+        """Evict the free blocks holding ``h`` in group ``g`` (whole extents) into ``spare``
+        (free, unhashed, out of the queue, ref 0: the caller uses or re-queues them)."""
+        v = self.index[g].get(h)
+        if v is None:
+            return
+        ref, tails = self.ref_cnt, self.tails
+        for b in ([v] if v.__class__ is int else list(v)):
+            if ref[b] == 0:
+                self.queue.remove(b)
+                self._drop(b, h)
+                self.num_evictions += 1
+                spare.append(b)
+                t = tails.pop(b, None)
+                if t is not None:
+                    self.num_held -= len(t)
+                    spare.extend(t)
 
     def allocate_extent(self, k: int) -> int:
         """Pop ``k`` free blocks as one extent (ref 1); returns its head."""

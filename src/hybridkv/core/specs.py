@@ -380,11 +380,11 @@ class KVCacheConfig:
                 + (f" from memory_bytes={self.memory_bytes} at {self.block_bytes} bytes per block"
                    if self.memory_bytes is not None else "")
             )
-        self._check_state_fits()
 
-    def _check_state_fits(self) -> None:
-        """A pool must hold, per state group, one live state and one checkpoint being written,
-        plus one block of every other group (a one-token request)."""
+    def check_state_fits(self) -> None:
+        """Raise ValueError unless the pool holds, per state group, one live state and one
+        checkpoint being written, plus one block of every other group (a one-token request).
+        The manager calls it (a config may be built only to probe its sizes)."""
         states = [i for i, g in enumerate(self.groups) if is_state(g.spec)]
         if not states:
             return

@@ -31,8 +31,7 @@ class StateRule(HitRule):
     """
 
     kind: ClassVar[str] = "state"
-    #: table entries are sparse: only positions that hold a checkpoint are non-null
-    sparse: ClassVar[bool] = True
+    sparse: ClassVar[bool] = True   # only positions that hold a checkpoint are non-null
     __slots__ = ()
 
     def lo(self, e: int) -> int:
