@@ -4,11 +4,12 @@ Oracles: transformers' full forward in float64 and transformers' ``generate`` (g
 its own cached decode path with its recurrent kernels, float64). Logits must be within TOL of
 float64 transformers or, at rows where transformers' own fp32 forward is further off than that
 (a Qwen3-Next row of an 85-token sequence: transformers fp32 1.95e-3 from float64, the engine
-1.56e-3), within twice transformers' own fp32 error (:func:`oracle_excess`). Until the core has
-state groups the engine runs these models with prefix caching off and refuses KV stores and
-DFlash; those refusals, and the state store's refusal to resume from a state it does not hold,
-are tested here as behaviour, not skipped. n-gram and draft-model speculative decoding work:
-rejected drafts are rewound out of the state (property-tested).
+1.56e-3), within twice transformers' own fp32 error (:func:`oracle_excess`). Prefix caching is
+on: recurrent states and checkpoints live in the pool (engine/state_pages.py); batched and
+sequential shared-prefix prompts hit checkpoints and still equal transformers. KV stores and
+DFlash are refused; the state store's refusal to resume from a state it does not hold is tested
+as behaviour. n-gram and draft-model speculative decoding work with prefix caching: only
+accepted tokens reach the state and its checkpoints (property-tested and oracle-tested).
 """
 
 from __future__ import annotations
@@ -480,9 +481,27 @@ def test_cli_generate(sbuilt: Built, capsys: pytest.CaptureFixture) -> None:
     assert "'dflash' is not supported" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("block_size", ["4", "16"])
+def test_cli_generate_shared_prefix(sbuilt: Built, capsys: pytest.CaptureFixture, block_size: str) -> None:
+    """``hybridkv generate --model DIR`` with three prompts sharing a 70-token prefix: the
+    greedy tokens of transformers, and the later prompts report prefix-cache hits."""
+    prefix = random_tokens(70, 130)
+    prompts = [prefix + random_tokens(n, 131 + n) for n in (5, 9, 13)]
+    argv = ["generate", "--model", str(sbuilt.path), "--max-tokens", "5", "--ignore-eos", "--device", "cpu",
+            "--json", "--block-size", block_size, "--retention", "none"]
+    for p in prompts:
+        argv += ["--prompt-ids", ",".join(map(str, p))]
+    assert main(argv) == 0
+    outs = json.loads(capsys.readouterr().out)["outputs"]
+    assert [o["token_ids"] for o in outs] == [hf_greedy(sbuilt, p, 5) for p in prompts]
+    hits = [o["prefix_cache_hit_tokens"] for o in outs]
+    assert hits[0] == 0 and all(h > 0 and h % int(block_size) == 0 for h in hits[1:]), hits
+
+
 @pytest.mark.parametrize(("extra", "message"), [
     (["--state-dtype", "float8_e4m3fn"], "valid dtypes: bfloat16, float16, float32"),
-    (["--num-blocks", "3"], "give num_blocks >= "),
+    (["--num-blocks", "2"], "give num_blocks >= 4"),
+    (["--num-blocks", "3"], "give num_blocks >= 4"),
 ])
 def test_cli_state_errors(sbuilt: Built, capsys: pytest.CaptureFixture, extra: list[str], message: str) -> None:
     """An unsupported state dtype and a pool too small for one request's state: one line on

@@ -248,7 +248,10 @@ class LLM:
             max_model_len = max_len_that_fits(self.kv_config, cap, retention_interval=cache.retention_interval,
                                               vllm_compat=cache.vllm_compat)
             if max_model_len < 2:
-                raise ValueError(f"the pool of {num_blocks} blocks cannot hold even a 2-token request")
+                need = KVCacheManager.blocks_for_request(self.kv_config, 2, retention_interval=cache.retention_interval,
+                                                         vllm_compat=cache.vllm_compat)
+                raise ValueError(f"the pool of {num_blocks} blocks cannot hold even a 2-token request; give "
+                                 f"num_blocks >= {need + 1}")
             scheduler = replace(scheduler, max_model_len=max_model_len)
         self.max_model_len = max_model_len
         hash_seed = cache.hash_seed

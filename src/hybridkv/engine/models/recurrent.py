@@ -21,8 +21,9 @@ the layers keep the state after each of them and, once the drafts are verified,
 :meth:`HybridStateLM.accept_state` rewinds to the accepted length, so rejected drafts never stay
 in the state (docs/state-groups.md §2.7, choice (b)).
 
-Until the core has state groups (docs/state-groups.md) the engine runs these models with prefix
-caching off (:mod:`hybridkv.engine.llm`).
+The engine (:mod:`hybridkv.engine.state_pages`) keeps states between steps in the pool (the
+state group's extents, with prefix-cache checkpoints) and loads a step's working copies into
+this store before the forward pass; a model used on its own keeps them here.
 
 The recurrences run token by token in fp32 (the reference engine favours exactness over speed:
 chunk boundaries anywhere give the same state as one pass).
@@ -128,8 +129,8 @@ class RecurrentStateStore:
             have = "no state" if state is None else f"a state at position {state.position}"
             raise StateMissingError(
                 f"sequence {key!r} continues at position {start} but the recurrent state store holds "
-                f"{have}; recurrent layers cannot resume from KV pages (prefix caching must be off "
-                "for state models until the core has state groups)")
+                f"{have}; recurrent layers cannot resume from KV pages (a prefix hit needs a "
+                "checkpoint of the state)")
         return state.copy()
 
     def rewind(self, key: object, position: int) -> None:
