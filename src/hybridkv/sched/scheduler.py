@@ -17,7 +17,10 @@ One step::
 The token budget (``max_num_batched_tokens``) bounds the tokens computed per step; a request
 whose prompt does not fit is split into chunks (chunked prefill) unless that is disabled.
 ``num_computed_tokens`` advances at schedule time (as in vLLM): a scheduled request's KV for
-``[start, start + num_new_tokens)`` is written by the step's forward pass.
+``[start, start + num_new_tokens)`` is written by the step's forward pass. With state groups
+(recurrent layers) a chunk also ends at the first checkpoint position inside its known tokens
+(:meth:`KVCacheManager.export_positions`), chunked prefill on or off, and each scheduled
+request carries its ``state_blocks`` (docs/state-groups.md §4).
 
 Invariants: every scheduled request holds blocks for its tokens plus lookahead slots; a
 preempted request holds no blocks and restarts from its (cached) prefix; a request is in
