@@ -422,6 +422,51 @@ def test_rejected_drafts_never_advance_state(state_models: dict[str, StateBuilt]
     model.states.clear()
 
 
+# --------------------------------------------------------------------------- differential property
+_NO_CACHE: dict = {}
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_prefix_caching_never_changes_outputs(state_models: dict[str, StateBuilt], data) -> None:
+    """Property: random prompt families (shared prefixes of random lengths), block sizes,
+    checkpoint intervals, budgets, prefill caps, pool sizes (preemption) and n-gram drafts:
+    the engine with prefix caching on produces exactly the tokens of the engine with prefix
+    caching off (itself transformers-checked above), logits within TOL, over two rounds
+    (the second hits checkpoints of the first); the pool is intact afterwards."""
+    name = data.draw(st.sampled_from(sorted(state_models)), label="arch")
+    built = state_models[name]
+    shared = random_tokens(data.draw(st.integers(0, 40), label="shared"), data.draw(st.integers(0, 99)))
+    prompts = [shared[:data.draw(st.integers(0, len(shared)))] + random_tokens(data.draw(st.integers(1, 12)), 200 + i)
+               for i in range(data.draw(st.integers(2, 4), label="prompts"))]
+    bs = data.draw(st.sampled_from([4, 8]), label="block")
+    opts = dict(block_size=bs, max_num_batched_tokens=data.draw(st.sampled_from([6, 16, 64]), label="budget"),
+                long_prefill_token_threshold=data.draw(st.sampled_from([0, 5]), label="cap"),
+                retention_interval=data.draw(st.sampled_from([0, None, 2 * bs]), label="retention"))
+    spec = data.draw(st.sampled_from([None, "ngram:2"]), label="spec")
+    if spec:
+        opts["spec"] = spec
+    small = data.draw(st.booleans(), label="small pool")
+    probe = make_llm(built, **opts)
+    if small:
+        opts.update(num_blocks=blocks_for(probe, 64) + 1, max_model_len=64)
+    on = make_llm(built, **opts)
+    outs_on = [o for _ in range(2) for o in on.generate(prompts, max_tokens=6, ignore_eos=True)]
+    key = (name, tuple(map(tuple, prompts)))
+    if key not in _NO_CACHE:
+        off = make_llm(built, enable_prefix_caching=False)
+        _NO_CACHE[key] = off.generate(prompts, max_tokens=6, ignore_eos=True)
+    ref = _NO_CACHE[key] * 2
+    assert [o.token_ids for o in outs_on] == [o.token_ids for o in ref]
+    for a, b in zip(outs_on, ref):
+        rows = dict(zip(b.logits[0], b.logits[1]))
+        for p, row in zip(*a.logits):
+            assert max_diff(row, rows[p]) <= TOL, (a.request_id, p)
+    on.kv.check_integrity()
+    assert on.kv.num_free_blocks == on.kv_config.num_blocks - 1
+    assert len(on.model.states) == 0
+
+
 # --------------------------------------------------------------------------- refusals
 def test_dflash_draft_state_model_and_kv_store_refused(sbuilt: Built) -> None:
     from hybridkv.connectors.stores.local import LocalCPUStore
