@@ -426,14 +426,16 @@ def test_rejected_drafts_never_advance_state(state_models: dict[str, StateBuilt]
 _NO_CACHE: dict = {}
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_prefix_caching_never_changes_outputs(state_models: dict[str, StateBuilt], data) -> None:
     """Property: random prompt families (shared prefixes of random lengths), block sizes,
     checkpoint intervals, budgets, prefill caps, pool sizes (preemption) and n-gram drafts:
     the engine with prefix caching on produces exactly the tokens of the engine with prefix
-    caching off (itself transformers-checked above), logits within TOL, over two rounds
-    (the second hits checkpoints of the first); the pool is intact afterwards."""
+    caching off (itself transformers-checked above), and every computed row is within the
+    transformers bound of :func:`oracle_excess` (rows of the two engines differ by fp32 noise of
+    other chunkings: 3.8e-4 measured), over two rounds (the second hits checkpoints of the
+    first); the pool is intact afterwards."""
     name = data.draw(st.sampled_from(sorted(state_models)), label="arch")
     built = state_models[name]
     shared = random_tokens(data.draw(st.integers(0, 40), label="shared"), data.draw(st.integers(0, 99)))
@@ -458,10 +460,7 @@ def test_prefix_caching_never_changes_outputs(state_models: dict[str, StateBuilt
         _NO_CACHE[key] = off.generate(prompts, max_tokens=6, ignore_eos=True)
     ref = _NO_CACHE[key] * 2
     assert [o.token_ids for o in outs_on] == [o.token_ids for o in ref]
-    for a, b in zip(outs_on, ref):
-        rows = dict(zip(b.logits[0], b.logits[1]))
-        for p, row in zip(*a.logits):
-            assert max_diff(row, rows[p]) <= TOL, (a.request_id, p)
+    assert oracle_excess(built, outs_on) <= 0  # rows vs transformers (chunkings differ: fp32 noise)
     on.kv.check_integrity()
     assert on.kv.num_free_blocks == on.kv_config.num_blocks - 1
     assert len(on.model.states) == 0
