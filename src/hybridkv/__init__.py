@@ -6,7 +6,7 @@ The public API of the core lives here; see README.md for a tour.
 from hybridkv.core import (MLA, AllBlocksCleared, BlockRemoved, BlockStored, CacheHit,
                            ChunkedLocal, ExternalHit, FullAttention, KVCacheConfig, KVCacheGroup,
                            KVCacheManager, LoRA, MultiModalItem, PrefixCacheStats, Request,
-                           SlidingWindow, SpecDecode)
+                           SlidingWindow, SpecDecode, StateSpec)
 
 __version__ = "0.1.0"
 
@@ -25,5 +25,5 @@ __all__ = [
     "AllBlocksCleared", "BlockRemoved", "CacheConfig", "ExternalHit", "GenerationOutput", "LLM",
     "RuntimeConfig", "StoreConfig", "BlockStored", "CacheHit", "ChunkedLocal",
     "FullAttention", "KVCacheConfig", "KVCacheGroup", "KVCacheManager", "LoRA", "MLA",
-    "MultiModalItem", "PrefixCacheStats", "Request", "SlidingWindow", "SpecDecode",
+    "MultiModalItem", "PrefixCacheStats", "Request", "SlidingWindow", "SpecDecode", "StateSpec",
 ]

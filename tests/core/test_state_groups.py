@@ -131,14 +131,16 @@ class ExtentPoolMachine(RuleBasedStateMachine):
 
     BLOCK_BYTES = 4096
 
-    @initialize(n=st.integers(8, 60))
-    def setup(self, n):
-        self.pool = ExtentBlockPool(n, 1)
+    @initialize(n=st.integers(8, 30), siblings=st.booleans())
+    def setup(self, n, siblings):
+        self.pool = ExtentBlockPool(n, 2)
+        if siblings:                                  # groups 0 and 1 serve hits together
+            self.pool.siblings = {0: (1,), 1: (0,)}
         self.n = n
         self.ref: dict[int, int] = {}                 # referenced ids -> model ref count
         self.extents: dict[int, tuple[int, ...]] = {}  # head -> tails (model)
         self.cached: set[int] = set()                 # hashed ids (heads or plain blocks)
-        self.counter = 0
+        self.hash_of: dict[int, tuple[int, bytes]] = {}  # cached id -> (group, hash)
 
     def free_blocks(self) -> int:
         tails = {x for t in self.extents.values() for x in t}
@@ -146,17 +148,30 @@ class ExtentPoolMachine(RuleBasedStateMachine):
         return self.n - 1 - held - sum(len(self.extents[h]) for h in self.ref if h in self.extents)
 
     def _took(self, ids):
-        """ids were just handed out: every cached extent that lost a block lost all of them."""
+        """ids were just handed out: every cached extent that lost a block lost all of them;
+        with siblings, an evicted hash leaves no free copy in the other group."""
         for b in ids:
             assert b not in self.ref, f"block {b} handed out while referenced"
         gone = set(ids)
+        bh = self.pool.block_hash
+        evicted = {b for b in self.cached if b >= len(bh) or bh[b] is None}
+        for b in evicted:
+            assert b not in self.ref, f"referenced block {b} lost its hash"
+            assert b in gone or self.pool.siblings, f"block {b} evicted without being handed out"
+            g, h = self.hash_of[b]
+            last = not any(self.hash_of[x] == (g, h) for x in self.cached - evicted - gone)
+            if self.pool.siblings and last:            # the group's last copy went
+                for b2, (g2, h2) in self.hash_of.items():
+                    if g2 != g and h2 == h and b2 not in self.ref and b2 not in evicted:
+                        raise AssertionError(f"free sibling copy {b2} of an evicted checkpoint stays")
         for h in list(self.extents):
             blocks = {h, *self.extents[h]}
-            if h not in self.ref and blocks & gone:
-                assert h in gone, f"extent {h} partially evicted"
+            if h not in self.ref and (blocks & gone or h in evicted):
+                assert h in gone or h in evicted, f"extent {h} partially evicted"
                 del self.extents[h]
-                self.cached.discard(h)
-        self.cached -= gone
+        self.cached -= gone | evicted
+        for b in gone | evicted:
+            self.hash_of.pop(b, None)
 
     @rule(n=st.integers(1, 6))
     def allocate(self, n):
@@ -182,14 +197,14 @@ class ExtentPoolMachine(RuleBasedStateMachine):
         if k > 1:
             self.extents[head] = ext[1:]
 
-    @rule(data=st.data())
-    def hash_one(self, data):
+    @rule(data=st.data(), g=st.integers(0, 1), h=st.integers(0, 2))
+    def hash_one(self, data, g, h):
         held = sorted(b for b in self.ref if b not in self.cached)
         if held:
             b = data.draw(st.sampled_from(held))
-            self.counter += 1
-            self.pool.insert(0, b"h%d" % self.counter, b)
+            self.pool.insert(g, b"h%d" % h, b)        # few hashes: siblings share them
             self.cached.add(b)
+            self.hash_of[b] = (g, b"h%d" % h)
 
     @rule(data=st.data())
     def free_one(self, data):
@@ -226,7 +241,7 @@ class ExtentPoolMachine(RuleBasedStateMachine):
 
 
 TestExtentPool = ExtentPoolMachine.TestCase
-TestExtentPool.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+TestExtentPool.settings = settings(max_examples=200, stateful_step_count=60, deadline=None)
 
 
 # ---- step 4: the manager ---------------------------------------------------------------------

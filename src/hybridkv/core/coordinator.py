@@ -1064,7 +1064,8 @@ class KVCacheCoordinator:
                 table = state.tables[g]
                 held = state.states[g].held if state.states is not None else []
                 nskip = rule.skipped_tokens(computed, self.hold) // rule.block_size
-                released = tuple(j for j in reversed(held) if j < nskip)
+                released = tuple(j for j in reversed(held)
+                                 if j < nskip and table[j] != NULL_BLOCK)
                 touched = 0
                 freed = sum(1 for j in released if ref[table[j]] == 1) * k
                 new = len(exports) * k

@@ -20,8 +20,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from hybridkv.core.coordinator import (CacheHit, ExternalHit, KVCacheCoordinator, StateBlocks,
-                                       StateExport)
+from hybridkv.core.coordinator import CacheHit, ExternalHit, KVCacheCoordinator, StateBlocks
 from hybridkv.core.events import (AllBlocksCleared, BlockRemoved, BlockStored, KVEvent,
                                   PrefixCacheStats, untag_extra_keys)
 from hybridkv.core.hashing import BlockHasher
@@ -32,9 +31,6 @@ from hybridkv.core.retention import Retention, validate_retention_interval
 from hybridkv.core.rules import make_rule
 from hybridkv.core.specs import KVCacheConfig
 from hybridkv.core.spec_decode import SpecDecode
-
-
-_EXTENTS = object()    # marker: the config has a state group, the pool hands out extents
 
 
 def _no_new_blocks(num_groups: int) -> Callable[[], list[list[int]]]:
@@ -117,14 +113,12 @@ class KVCacheManager:
                              f"got {eviction_policy!r}")
         policy = make_policy(self.eviction_policy, [make_rule(g.spec) for g in config.groups])
         on_evict = self._on_evict if enable_events else None
-        if config.has_state:
-            if policy is not None:
-                raise ValueError(
-                    f"eviction_policy {self.eviction_policy!r} does not support state groups "
-                    "(recurrent layers) yet; valid with a StateSpec group: 'lru'")
-            policy = _EXTENTS
+        if config.has_state and policy is not None:
+            raise ValueError(
+                f"eviction_policy {self.eviction_policy!r} does not support state groups "
+                "(recurrent layers) yet; valid with a StateSpec group: 'lru'")
         self.pool = (ExtentBlockPool(config.num_blocks, len(config.groups), on_evict=on_evict)
-                     if policy is _EXTENTS else
+                     if config.has_state else   # recurrent state: extents (docs/state-groups.md)
                      BlockPool(config.num_blocks, len(config.groups), on_evict=on_evict)
                      if policy is None else
                      PolicyBlockPool(config.num_blocks, len(config.groups), policy, on_evict=on_evict))

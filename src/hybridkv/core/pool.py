@@ -562,8 +562,8 @@ class ExtentBlockPool(BlockPool):
 
     *Siblings* (``siblings[g]``: the other groups looked up together with group g, e.g. one
     model's recurrent layers split into several state groups) serve a hit only together, so
-    evicting a checkpoint also evicts the free copies of the same hash in its siblings: no
-    dead half of a checkpoint stays cached.
+    evicting a group's last copy of a checkpoint also evicts the free copies of the same hash
+    in its siblings: no dead part of a checkpoint stays cached.
 
     Invariants added to :meth:`BlockPool.check`: tails are disjoint, never heads, never
     hashed; a tail's ref is 1 iff its head's ref > 0; ``num_held`` = the tails of free heads.
@@ -614,8 +614,9 @@ class ExtentBlockPool(BlockPool):
                     g = group[b]
                     self._drop(b, h)
                     self.num_evictions += 1
-                    for g2 in siblings.get(g, ()):
-                        self._evict_free(g2, h, spare)
+                    if g in siblings and h not in self.index[g]:   # its group's last copy
+                        for g2 in siblings[g]:
+                            self._evict_free(g2, h, spare)
                 t = tails.pop(b, None)
                 if t is not None:
                     self.num_held -= len(t)
