@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 from pathlib import Path
 
 from hybridkv.core.specs import StateSpec
@@ -154,6 +153,3 @@ def add_sweep_option(p: argparse.ArgumentParser, parse_list) -> None:
 
 __all__ = ["CheckpointRow", "add_sweep_option", "checkpoint_bytes", "run_checkpoint_config",
            "sweep_checkpoints"]
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit("use: hybridkv sweep --checkpoint-intervals ...")
