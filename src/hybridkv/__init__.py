@@ -6,7 +6,7 @@ The public API of the core lives here; see README.md for a tour.
 from hybridkv.core import (MLA, AllBlocksCleared, BlockRemoved, BlockStored, CacheHit,
                            ChunkedLocal, ExternalHit, FullAttention, KVCacheConfig, KVCacheGroup,
                            KVCacheManager, LoRA, MultiModalItem, PrefixCacheStats, Request,
-                           RetentionConfig, SlidingWindow, SpecDecode, TokenRange)
+                           RetentionConfig, SlidingWindow, SpecDecode, StateSpec, TokenRange)
 
 __version__ = "0.1.0"
 
@@ -26,5 +26,5 @@ __all__ = [
     "RuntimeConfig", "StoreConfig", "BlockStored", "CacheHit", "ChunkedLocal",
     "FullAttention", "KVCacheConfig", "KVCacheGroup", "KVCacheManager", "LoRA", "MLA",
     "MultiModalItem", "PrefixCacheStats", "Request", "RetentionConfig", "SlidingWindow", "SpecDecode",
-    "TokenRange",
+    "StateSpec", "TokenRange",
 ]

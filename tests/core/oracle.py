@@ -13,6 +13,9 @@ from the hit rules of DESIGN.md §2 and the vLLM reference (shared/reference/vll
   full / MLA       tokens ``[0, t)``
   sliding (W)      tokens ``[max(0, t - W + 1), t)`` (the query at t reads W tokens)
   chunked (C)      tokens ``[floor(t / C) * C, t)`` (only the query's own chunk)
+  state (a)        the checkpoint at exactly t: the group's block ``t / a - 1`` (a recurrent
+                   state after t tokens depends on all of them and cannot be assembled
+                   from other positions; never a proof block: no drafter has such layers)
   proof (drop)     plus the block that starts at t (EAGLE legacy drop mode, draft groups)
   ===============  ===========================================================
 
@@ -91,16 +94,19 @@ def proof_groups(cfg: KVCacheConfig, spec: SpecDecode | None) -> set[int]:
     if not drop_mode(spec):
         return set()
     drafts = {i for i, g in enumerate(cfg.groups) if g.is_draft}
+    states = {i for i, g in enumerate(cfg.groups) if attention_kind(g.spec) == "state"}
     if not drafts:
-        return set(range(len(cfg.groups)))
+        return set(range(len(cfg.groups))) - states
     draft_specs = {cfg.groups[i].spec for i in drafts}
-    return {i for i, g in enumerate(cfg.groups) if g.spec in draft_specs}
+    return {i for i, g in enumerate(cfg.groups) if g.spec in draft_specs} - states
 
 
 def attention_kind(spec) -> str:
-    """``full``, ``sliding`` or ``chunked``: which attention definition a spec follows, read
-    from the spec's own class (independently of :mod:`hybridkv.core.rules`)."""
-    from hybridkv.core.specs import MLA, ChunkedLocal, FullAttention, SlidingWindow
+    """``full``, ``sliding``, ``chunked`` or ``state``: which attention definition a spec
+    follows, read from the spec's own class (independently of :mod:`hybridkv.core.rules`)."""
+    from hybridkv.core.specs import MLA, ChunkedLocal, FullAttention, SlidingWindow, StateSpec
+    if isinstance(spec, StateSpec):
+        return "state"
     if isinstance(spec, (FullAttention, MLA)):
         return "full"
     if isinstance(spec, SlidingWindow):
@@ -121,6 +127,8 @@ def needed_blocks(cfg: KVCacheConfig, group: int, t: int, proof: bool) -> range:
         first_token = max(0, t - spec.window + 1)
     elif rule == "chunked":
         first_token = t // spec.chunk_size * spec.chunk_size
+    elif rule == "state":
+        return range(t // bs - 1, t // bs) if t > 0 else range(0)
     else:
         raise AssertionError(f"the oracle does not know rule {rule!r}")
     return range(first_token // bs, t // bs + (1 if proof else 0))

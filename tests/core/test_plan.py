@@ -42,6 +42,11 @@ class Driver:
 
             def planned(request, n, hit, lookahead, external=None, reserve_tokens=0):
                 plan = coord.plan(request, n, hit, lookahead, external, reserve_tokens)
+                if not plan.fits and coord.compat and not plan.new_request \
+                        and any(gp.released for gp in plan.groups):
+                    coord.epoch += 1            # vLLM: a failed step still frees its window
+                    coord._release(request, coord.reqs[request.request_id], plan)
+                    coord.reqs[request.request_id].slide_until = 0
                 return coord.commit(request, plan) if plan.fits else None
 
             coord.allocate = planned

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from hybridkv import (MLA, ChunkedLocal, FullAttention, KVCacheConfig, KVCacheGroup,
                       KVCacheManager, Request, SlidingWindow, SpecDecode)
+from hybridkv.core.specs import StateSpec
 from tests.core.oracle import (CacheMirror, attention_kind, drop_mode, hash_block_size, hash_index, key_of,
                                oracle_hit, proof_groups)
 from tests.hypothesis_budget import budgeted, examples, is_deep, note
@@ -39,8 +40,11 @@ SPECS_DEEP = [None, SpecDecode("eagle", 2), SpecDecode("eagle", 1, hash_lookahea
 
 
 # Strategies are built once (building one inside a draw costs more than the draw).
-_KIND = st.sampled_from(["full", "mla", "swa", "swa", "swa", "chunked"] if DEEP else
-                        ["full", "swa", "swa", "chunked"])
+_KIND = st.sampled_from(["full", "mla", "swa", "swa", "swa", "chunked", "state"] if DEEP else
+                        ["full", "swa", "swa", "chunked", "state"])
+_KIND_NO_STATE = _KIND.filter(lambda k: k != "state")
+# a recurrent state of 32 to 272 bytes: 1 to 9 block ids per checkpoint next to 16-byte pages
+_STATE_SHAPE = st.sampled_from([(2, 2), (2, 4), (4, 4), (4, 8), (8, 8)])
 _HEAD_KIND = st.sampled_from(["full", "mla"])
 _N_GROUPS = st.sampled_from([1, 2, 2, 2, 3, 3, 3, 4]) if DEEP else st.integers(1, 3)
 _BLOCK = st.sampled_from([2, 4, 8])
@@ -58,13 +62,18 @@ def _spec(draw, kind: str, bs: int):
         return MLA(block_size=bs)
     if kind == "swa":
         return SlidingWindow(block_size=bs, num_kv_heads=1, head_dim=4, window=draw(_WINDOW))
+    if kind == "state":
+        return StateSpec(block_size=bs, conv_shape=(1, 4), conv_dtype="float32",
+                         state_shape=draw(_STATE_SHAPE), state_dtype="float32")
     return ChunkedLocal(block_size=bs, num_kv_heads=1, head_dim=4, chunk_size=bs * draw(_CHUNK_BLOCKS))
 
 
 @st.composite
-def configs(draw):
+def configs(draw, states: bool = True):
+    """A random config; ``states=False`` leaves state groups out (non-LRU eviction policies
+    do not support them yet)."""
     n = draw(_N_GROUPS)
-    kinds = [draw(_KIND) for _ in range(n)]
+    kinds = [draw(_KIND if states else _KIND_NO_STATE) for _ in range(n)]
     if DEEP and n > 1 and draw(_GROUP):
         # mostly multi-group hybrids: a full (or MLA) group plus local groups
         kinds[0] = draw(_HEAD_KIND)
@@ -72,9 +81,19 @@ def configs(draw):
     if DEEP and n > 1 and attention_kind(specs[-1]) != "full" and draw(st.booleans()):
         specs[-2] = specs[-1]                       # identical siblings: one lookup unit
     draft = draw(_GROUP)
-    groups = tuple(KVCacheGroup(f"g{i}", s, (f"l{i}",), is_draft=i == draft)
+    groups = tuple(KVCacheGroup(f"g{i}", s, (f"l{i}",),
+                                is_draft=i == draft and attention_kind(s) != "state")
                    for i, s in enumerate(specs))
-    cfg = KVCacheConfig(groups, num_blocks=draw(_POOL))
+    pool = draw(_POOL)
+    while True:                  # a pool too small for one state is refused: grow it
+        try:
+            cfg = KVCacheConfig(groups, num_blocks=pool)
+            cfg.check_state_fits()
+            break
+        except ValueError as exc:
+            if "state group" not in str(exc):
+                raise
+            pool *= 2
     has_local = any(attention_kind(s) != "full" for s in specs)
     retention = draw(st.sampled_from([None, 0] + ([cfg.alignment, 2 * cfg.alignment] if has_local else [])))
     spec = draw(_SPEC)
@@ -164,6 +183,16 @@ class Model:
             for j, b in enumerate(table):
                 if b and (j + 1) * bs <= req.num_computed_tokens:
                     self.written[(g, b)] = (req.cache_salt, tuple(req.token_ids[j * bs:(j + 1) * bs]))
+        # state groups: the live state (after num_computed tokens) becomes the final-length
+        # checkpoint at free when it sits on a block boundary; record what it holds
+        c = req.num_computed_tokens
+        for sb in self.kv.state_blocks(req):
+            bs = cfg.groups[sb.group].spec.block_size
+            head = sb.live[0]
+            if c and c % bs == 0:
+                self.written[(sb.group, head)] = (req.cache_salt, tuple(req.token_ids[c - bs:c]))
+            else:
+                self.written.pop((sb.group, head), None)
 
     def forget(self, new_blocks) -> None:
         for g, ids in enumerate(new_blocks):
@@ -322,5 +351,13 @@ def test_write_path_keeps_only_what_read_path_uses(cfg_args, tokens, chunk):
         # vLLM keeps some blocks no aligned hit reads (full groups cache every block, the
         # eagle +1 tail); only require that what is read is cached.
         assert read <= cached
+    elif any(attention_kind(g.spec) == "state" for g in cfg.groups):
+        # Full-attention blocks past the last checkpoint stay cached on purpose: a later
+        # request finds the shared-prefix junction with them and checkpoints it (Marconi).
+        # Every other group caches only what some hit reads.
+        full = {i for i, g in enumerate(cfg.groups) if attention_kind(g.spec) == "full"}
+        assert read <= cached
+        assert {key for key in cached - read if key[0] not in full} == set(), \
+            f"cached but never read: {len(cached - read)} keys"
     else:
         assert cached == read, f"cached but never read: {len(cached - read)} keys"

@@ -57,7 +57,7 @@ def test_unregistered_spec_type_is_a_clear_error() -> None:
         pass
 
     with pytest.raises(ValueError, match="no hit rule is registered for Odd; registered spec types: "
-                                         "ChunkedLocal, FullAttention, MLA, SlidingWindow"):
+                                         "ChunkedLocal, FullAttention, MLA, SlidingWindow, StateSpec"):
         make_rule(Odd(4))
     with pytest.raises(ValueError, match="no hit rule"):
         KVCacheManager(KVCacheConfig((KVCacheGroup("o", Odd(4), ("l",)),), num_blocks=8))

@@ -1,7 +1,7 @@
 """The pure bookkeeping core: block ids, hashes and counts; no tensors, no engine."""
 
 from hybridkv.core.blockref import BlockRef, TableRef
-from hybridkv.core.coordinator import CacheHit, ExternalHit
+from hybridkv.core.coordinator import CacheHit, ExternalHit, StateBlocks, StateExport
 from hybridkv.core.events import AllBlocksCleared, BlockRemoved, BlockStored, PrefixCacheStats
 from hybridkv.core.hashing import BlockHasher
 from hybridkv.core.manager import KVCacheManager
@@ -11,11 +11,12 @@ from hybridkv.core.retention_config import RetentionConfig, TokenRange
 from hybridkv.core.rules import HitRule, make_rule
 from hybridkv.core.spec_decode import SPEC_METHODS, SpecDecode, parse_spec
 from hybridkv.core.specs import (MLA, AttentionSpec, ChunkedLocal, FullAttention, KVCacheConfig,
-                                 KVCacheGroup, SlidingWindow)
+                                 KVCacheGroup, SlidingWindow, StateSpec)
 
 __all__ = [
     "AllBlocksCleared", "AttentionSpec", "BlockHasher", "BlockPool", "BlockRef", "BlockRemoved", "BlockStored",
     "CacheHit", "ChunkedLocal", "ExternalHit", "FreeBlockQueue", "FullAttention", "HitRule", "KVCacheConfig",
     "KVCacheGroup", "KVCacheManager", "LoRA", "MLA", "MultiModalItem", "NULL_BLOCK", "make_rule",
-    "PrefixCacheStats", "Request", "RetentionConfig", "SPEC_METHODS", "SlidingWindow", "SpecDecode", "TableRef", "TokenRange", "parse_spec",
+    "PrefixCacheStats", "Request", "RetentionConfig", "SPEC_METHODS", "SlidingWindow", "SpecDecode",
+    "StateBlocks", "StateExport", "StateSpec", "TableRef", "TokenRange", "parse_spec",
 ]

@@ -43,7 +43,7 @@ from hybridkv.core.pool import NULL_BLOCK, BlockPool
 from hybridkv.core.request import Request
 from hybridkv.core.retention import Retention, multiples_between, replay_boundaries
 from hybridkv.core.retention_config import block_marks
-from hybridkv.core.rules import HitRule, make_rule
+from hybridkv.core.rules import HitRule, make_rule, rule_class
 from hybridkv.core.specs import KVCacheConfig
 
 
@@ -112,7 +112,9 @@ class GroupPlan(NamedTuple):
     """One group's share of an :class:`AllocationPlan`.
 
     Attributes:
-        new_blocks: blocks the commit pops from the pool for this group's table.
+        new_blocks: blocks the commit pops from the pool for this group's table (a state
+            group: new extents, counted by head; each takes the config's extent size in
+            block ids, which ``num_needed`` counts).
         touched: free (evictable) blocks of the adopted hit that the commit takes out of the
             free queue.
         released: table positions that left the window, back to front (one run without
@@ -184,11 +186,52 @@ _make = tuple.__new__
 _BULK_RUN = 12
 
 
+class StateExport(NamedTuple):
+    """A checkpoint the engine must write: after computing the first ``position`` tokens,
+    copy the live state into ``blocks`` (an extent: head first)."""
+
+    position: int
+    blocks: tuple[int, ...]
+
+
+class StateBlocks(NamedTuple):
+    """What the engine needs for one state group of one request (see
+    :meth:`hybridkv.core.manager.KVCacheManager.state_blocks`).
+
+    Attributes:
+        group: the state group's index.
+        live: the extent holding the request's live state (after ``num_computed_tokens``).
+        restore_from: the checkpoint extent to copy into ``live`` before the request's first
+            step (its cache hit ends at ``restore_position``); () when it has no hit.
+        restore_position: the hit's end (0 without a hit).
+        exports: the checkpoints the last allocation asked for, ascending positions.
+    """
+
+    group: int
+    live: tuple[int, ...]
+    restore_from: tuple[int, ...]
+    restore_position: int
+    exports: tuple[StateExport, ...]
+
+
+class _StateBlocks:
+    """One state group's per-request extents (heads)."""
+
+    __slots__ = ("live", "held", "restore", "restore_at", "exports")
+
+    def __init__(self) -> None:
+        self.live = NULL_BLOCK                   # head of the live extent
+        self.held: list[int] = []                # table positions holding a checkpoint
+        self.restore = NULL_BLOCK                # hit checkpoint to copy from (first step)
+        self.restore_at = 0
+        self.exports: list[tuple[int, int]] = [] # (position, head) asked by the last commit
+
+
 class _ReqBlocks:
     """Per-request bookkeeping: tables, and how far the write path has gone per group."""
 
     __slots__ = ("owner", "tables", "cached_hi", "done_t", "boundaries", "mask_ends",
-                 "quiet_until", "slots", "slide_until")
+                 "quiet_until", "slots", "slide_until", "states")
 
     def __init__(self, owner: Request, num_groups: int) -> None:
         self.owner = owner                  # the Request object that holds these blocks
@@ -205,6 +248,8 @@ class _ReqBlocks:
         # block leaves a window while num_computed < slide_until (0: not known yet)
         self.slots = 0
         self.slide_until: float = 0
+        # state groups only (None otherwise): live extents, held checkpoints, restore/exports
+        self.states: dict[int, _StateBlocks] | None = None
 
 
 class KVCacheCoordinator:
@@ -258,6 +303,9 @@ class KVCacheCoordinator:
             draft = drop_mode and (not any_draft or any(groups[i].is_draft for i in ids))
             for i in ids:
                 self.proof[i] = draft
+        for i, g in enumerate(groups):
+            if rule_class(g.spec).sparse:    # recurrent layers are never in a drafter: no proof
+                self.proof[i] = False
         self.rules: list[HitRule] = [make_rule(g.spec, self.proof[i]) for i, g in enumerate(groups)]
         self.block_sizes = [g.spec.block_size for g in groups]
         # Tokens local groups keep past their window until proof blocks complete (not in vLLM).
@@ -295,6 +343,11 @@ class KVCacheCoordinator:
         ]
         self.admission_caps = [r.admission_cap(max_in_flight_tokens, self.len_cap)
                                for r in self.rules]
+        # State groups (recurrent layers): block ids per state (the extent size) and the
+        # group indices; empty for configs without one, whose paths never look at them.
+        self.extent = [config.extent_blocks(g) for g in range(len(groups))]
+        self.state_groups = [g for g, r in enumerate(self.rules) if r.sparse]
+        self.is_state_group = [g in self.state_groups for g in range(len(groups))]
         self.reqs: dict[object, _ReqBlocks] = {}
         # request id -> [request, index version, hashes, max_tokens, hit, hash set] of its
         # last lookup (see _memo_valid)
@@ -446,6 +499,8 @@ class KVCacheCoordinator:
         the local hit holds it or the tier has it in every group of its unit. None if the
         tier adds nothing.
         """
+        if self.state_groups:
+            return None          # checkpoints are not kept in external tiers (yet)
         hashes = request.block_hashes
         held = local.num_tokens
 
@@ -607,6 +662,10 @@ class KVCacheCoordinator:
                 peak = self.rules[g].max_blocks(reserve_tokens, self.hold)
                 if peak > held:
                     reserved += peak - held
+        if self.state_groups:
+            needed, freed_total, reserved = self._plan_states(
+                request, state, hit, computed, num_new_tokens, slots, groups, needed,
+                freed_total, reserved, reserve_tokens)
         return _make(AllocationPlan, (request.request_id, new_request, hit if new_request else None,
                                       computed, computed + num_new_tokens, slots, tuple(groups),
                                       needed, self.pool.num_free + freed_total, reserved,
@@ -732,19 +791,28 @@ class KVCacheCoordinator:
             state = self.reqs[request.request_id]
             self._release(request, state, plan)
         new_blocks: list[list[int]] = []
+        is_state_group = self.is_state_group
         for g, gp in enumerate(plan.groups):
-            if gp.new_blocks:
+            if gp.new_blocks and not is_state_group[g]:
                 ids = pool.allocate(gp.new_blocks)
                 state.tables[g].extend(ids)
                 new_blocks.append(ids)
             else:
                 new_blocks.append([])
+        if self.state_groups:
+            for g, heads in self._commit_states(request, state, plan).items():
+                new_blocks[g] = heads          # a state group's new extents, by head
         n = len(request.token_ids)
         if plan.num_tokens < n:
             n = plan.num_tokens
         if n >= state.quiet_until:                  # (cache's own first test, saving the call)
             self.cache(request, n)
         state.slots = min(map(operator.mul, map(len, state.tables), self.block_sizes))
+        if self.state_groups and self.caching:
+            # the next checkpoint needs an extent: no quiet step may reach it
+            nxt = self._next_export(request, state, n)
+            if nxt - 1 < state.slots:
+                state.slots = nxt - 1
         if not plan.new_request:
             state.slide_until = self._slide_until(computed)
         return new_blocks
@@ -1065,8 +1133,11 @@ class KVCacheCoordinator:
         if state is None:
             return
         self.epoch += 1
+        final = True
+        if state.states is not None:
+            final = self._free_states(request, state)
         if self.caching and not self.compat:
-            self.cache(request, min(request.num_computed_tokens, request.num_tokens), final=True)
+            self.cache(request, min(request.num_computed_tokens, request.num_tokens), final=final)
         del self.reqs[request.request_id]
         if request.retention is not None:
             for g, table in enumerate(state.tables):
@@ -1080,3 +1151,215 @@ class KVCacheCoordinator:
         marks = block_marks(request.retention, self.block_sizes[g], request.num_prompt_tokens,
                             request.num_tokens)
         self.pool.retain(table, positions, marks)
+
+    # ---- state groups (recurrent layers; docs/state-groups.md) ------------------------------
+    # A state group's table is sparse: entry j holds the checkpoint after (j + 1) * a tokens
+    # (an extent head) or the null block. Each request also holds one live extent per state
+    # group, outside the table. Checkpoints are written ("exported") at the promised ends the
+    # write path will cache, so the extents are allocated exactly for the ends cache() hashes.
+
+    def _export_ends(self, request: Request, state: _ReqBlocks | None, hit: CacheHit | None,
+                     g: int, computed: int, num_new: int) -> list[int]:
+        """Promised ends ``t`` (tokens) in ``(max(done, computed), min(computed + num_new,
+        num_tokens)]`` whose checkpoint entry is still empty: the positions where the engine
+        must copy the live state into a new checkpoint during this step. Draft tokens are
+        never counted (``request.num_tokens`` excludes them): checkpoints are taken at
+        accepted positions only."""
+        if not self.caching:
+            return []
+        if state is None:
+            done = hit.num_tokens if hit is not None else 0
+            extra = self._boundaries(request, hit)
+            table: tuple[int, ...] | list[int] = hit.block_ids[g] if hit is not None else ()
+        else:
+            done = state.done_t[g]
+            extra = state.boundaries
+            table = state.tables[g]
+        after = done if done > computed else computed
+        limit = computed + num_new
+        if limit > request.num_tokens:
+            limit = request.num_tokens
+        if limit <= after:
+            return []
+        if self.dense[g]:
+            ends = list(multiples_between(after, limit, self.dense_step[g]))
+        else:
+            ends = self.retention.ends_between(after, limit, extra)
+        a = self.block_sizes[g]
+        return [t for t in ends if t // a - 1 >= len(table) or table[t // a - 1] == NULL_BLOCK]
+
+    def _next_export(self, request: Request, state: _ReqBlocks, after: int) -> float:
+        """The smallest promised end a state group will need a checkpoint extent for,
+        beyond ``after`` tokens (inf: none)."""
+        nxt = math.inf
+        for g in self.state_groups:
+            x = max(state.done_t[g], after)
+            if self.dense[g]:
+                t = (x // self.dense_step[g] + 1) * self.dense_step[g]
+            else:
+                t = self.retention.next_end(x, state.boundaries)
+            if t < nxt:
+                nxt = t
+        return nxt
+
+    def _plan_states(self, request: Request, state: _ReqBlocks | None, hit: CacheHit | None,
+                     computed: int, num_new: int, slots: int, groups: list, needed: int,
+                     freed_total: int, reserved: int, reserve_tokens: int) -> tuple[int, int, int]:
+        """Replace the state groups' share of a plan (counted above as if they were paged)
+        by their extents: a new request's live extent, one extent per export position, the
+        hit checkpoint a touch takes out of the queue, the checkpoints that leave the table.
+        Every count is in block ids (entries times the extent size)."""
+        ref = self.pool.ref_cnt
+        new_request = state is None
+        for g in self.state_groups:
+            gp = groups[g]
+            k = self.extent[g]
+            rule = self.rules[g]
+            needed -= gp.new_blocks + gp.touched
+            freed_total -= gp.freed
+            exports = self._export_ends(request, state, hit, g, computed, num_new)
+            if new_request:
+                ids = hit.block_ids[g] if hit is not None else ()
+                touched = self._num_evictable(ids) * k
+                released: tuple[int, ...] = ()
+                freed = 0
+                new = (1 + len(exports)) * k
+                entries = len(ids) - ids.count(NULL_BLOCK) + 1 + len(exports)
+                generic_held = len(ids) - ids.count(NULL_BLOCK)
+            else:
+                table = state.tables[g]
+                held = state.states[g].held if state.states is not None else []
+                nskip = rule.skipped_tokens(computed, self.hold) // rule.block_size
+                released = tuple(j for j in reversed(held)
+                                 if j < nskip and table[j] != NULL_BLOCK)
+                touched = 0
+                freed = sum(1 for j in released if ref[table[j]] == 1) * k
+                new = len(exports) * k
+                entries = len(held) - len(released) + 1 + len(exports)
+                generic_held = len(table) - table.count(NULL_BLOCK)
+            groups[g] = _make(GroupPlan, (new // k, touched, released, freed))
+            needed += new + touched
+            freed_total += freed
+            if reserve_tokens > slots and not self.compat:
+                # swap the paged estimate of the reservation for the extents' one
+                peak = rule.max_blocks(reserve_tokens, self.hold)
+                generic = peak - (generic_held - len(gp.released) + gp.new_blocks)
+                reserved -= generic if generic > 0 else 0
+                extra = peak * k - entries * k
+                reserved += extra if extra > 0 else 0
+        if reserve_tokens and self.compat:
+            want = self._vllm_admission_blocks(state, hit if new_request else None,
+                                               reserve_tokens, computed)
+            reserved = max(0, want + freed_total - needed)
+        return needed, freed_total, reserved
+
+    def _commit_states(self, request: Request, state: _ReqBlocks,
+                       plan: AllocationPlan) -> dict[int, list[int]]:
+        """The state groups' part of a commit, after the released checkpoints were freed:
+        a new request's live extent (and the hit checkpoint to restore from), the table
+        grown with null entries, one new extent per export position. Returns the new
+        extents' heads per state group."""
+        pool = self.pool
+        out: dict[int, list[int]] = {}
+        if state.states is None:
+            state.states = {g: _StateBlocks() for g in self.state_groups}
+        hit = plan.hit
+        for g in self.state_groups:
+            st = state.states[g]
+            k = self.extent[g]
+            a = self.block_sizes[g]
+            table = state.tables[g]
+            heads = out[g] = []
+            if plan.new_request:
+                st.live = pool.allocate_extent(k)  # type: ignore[attr-defined]
+                heads.append(st.live)
+                if hit is not None and hit.num_tokens:
+                    e = hit.num_tokens // a
+                    st.restore, st.restore_at = table[e - 1], hit.num_tokens
+                    st.held = [e - 1]
+            else:
+                st.restore, st.restore_at = NULL_BLOCK, 0       # restored before this step
+                if plan.groups[g].released:
+                    st.held = [j for j in st.held if table[j] != NULL_BLOCK]
+            need = -(-plan.slots // a)
+            if len(table) < need:
+                table.extend([NULL_BLOCK] * (need - len(table)))
+            st.exports = []
+            for t in self._export_ends(request, state, None, g, plan.num_computed,
+                                       plan.num_tokens - plan.num_computed):
+                head = pool.allocate_extent(k)  # type: ignore[attr-defined]
+                table[t // a - 1] = head
+                st.held.append(t // a - 1)
+                st.exports.append((t, head))
+                heads.append(head)
+        return out
+
+    def _free_states(self, request: Request, state: _ReqBlocks) -> bool:
+        """At free: the live state becomes the final-length checkpoint when it sits exactly
+        on an aligned end (default mode; no copy, the extent is re-tagged), else it is freed.
+        Returns whether every state group holds a checkpoint at the final aligned length, i.e.
+        whether promising that end to the other groups serves a hit (else their runs for it
+        would be cached for nothing)."""
+        computed = min(request.num_computed_tokens, request.num_tokens)
+        end = computed // self.alignment * self.alignment
+        retag = self.caching and not self.compat and computed > 0 and computed == end
+        servable = end > 0
+        live = []
+        for g, st in state.states.items():
+            table = state.tables[g]
+            j = end // self.block_sizes[g] - 1
+            if retag and computed > state.done_t[g] and j < len(table) \
+                    and table[j] == NULL_BLOCK:
+                table[j] = st.live
+            else:
+                live.append(st.live)
+                if j >= len(table) or table[j] == NULL_BLOCK:
+                    servable = False
+            st.live = NULL_BLOCK
+        self.pool.free(live)
+        return servable
+
+    def state_blocks(self, request: Request) -> list[StateBlocks]:
+        """Per state group, the extents the engine reads and writes for ``request`` now
+        (see :meth:`hybridkv.core.manager.KVCacheManager.state_blocks`)."""
+        state = self._state(request)
+        if state is None:
+            raise KeyError(f"request {request.request_id!r} holds no blocks")
+        if state.states is None:
+            return []
+        extent = self.pool.extent  # type: ignore[attr-defined]
+        computed = request.num_computed_tokens
+        out = []
+        for g, st in state.states.items():
+            restore = st.restore and computed <= st.restore_at
+            out.append(StateBlocks(
+                g, extent(st.live), extent(st.restore) if restore else (),
+                st.restore_at if restore else 0,
+                tuple(StateExport(t, extent(h)) for t, h in st.exports if t > computed)))
+        return out
+
+    def export_positions(self, request: Request, num_new_tokens: int,
+                         hit: CacheHit | None = None) -> list[int]:
+        """The positions an allocation of ``num_new_tokens`` more tokens would ask the engine
+        to checkpoint (ascending, deduplicated over state groups); pure."""
+        if not self.state_groups:
+            return []
+        state = self._state(request)
+        computed = request.num_computed_tokens + (hit.num_tokens if state is None and hit else 0)
+        out: set[int] = set()
+        for g in self.state_groups:
+            out.update(self._export_ends(request, state, hit, g, computed, num_new_tokens))
+        return sorted(out)
+
+    def state_refs(self, refs: list[int]) -> None:
+        """Add the live extents' heads and every referenced extent's tails to ``refs``
+        (``check_integrity``'s count of references per block id)."""
+        for state in self.reqs.values():
+            if state.states is not None:
+                for st in state.states.values():
+                    if st.live:
+                        refs[st.live] += 1
+        for head, tails in getattr(self.pool, "tails", {}).items():
+            if refs[head]:
+                for x in tails:
+                    refs[x] += 1

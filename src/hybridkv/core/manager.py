@@ -21,12 +21,12 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from hybridkv.core.coordinator import CacheHit, ExternalHit, KVCacheCoordinator
+from hybridkv.core.coordinator import CacheHit, ExternalHit, KVCacheCoordinator, StateBlocks
 from hybridkv.core.events import (AllBlocksCleared, BlockRemoved, BlockStored, KVEvent,
                                   PrefixCacheStats, untag_extra_keys)
 from hybridkv.core.hashing import BlockHasher
 from hybridkv.core.eviction import make_policy, resolve_policy
-from hybridkv.core.pool import NULL_BLOCK, BlockPool, PolicyBlockPool
+from hybridkv.core.pool import NULL_BLOCK, BlockPool, ExtentBlockPool, PolicyBlockPool
 from hybridkv.core.request import Request
 from hybridkv.core.retention import Retention, validate_retention_interval
 from hybridkv.core.retention_config import RetentionConfig
@@ -96,6 +96,7 @@ class KVCacheManager:
         if max_model_len is not None:
             if isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or max_model_len <= 0:
                 raise ValueError(f"max_model_len must be a positive integer, got {max_model_len!r}")
+        config.check_state_fits()
         self.config = config
         self.spec_decode = spec_decode
         self.retention_interval = retention_interval
@@ -122,7 +123,13 @@ class KVCacheManager:
                              clock or time.monotonic)
         self.uses_retention = policy is not None and policy.uses_retention
         on_evict = self._on_evict if enable_events else None
-        self.pool = (BlockPool(config.num_blocks, len(config.groups), on_evict=on_evict)
+        if config.has_state and policy is not None:
+            raise ValueError(
+                f"eviction_policy {self.eviction_policy!r} does not support state groups "
+                "(recurrent layers) yet; valid with a StateSpec group: 'lru'")
+        self.pool = (ExtentBlockPool(config.num_blocks, len(config.groups), on_evict=on_evict)
+                     if config.has_state else   # recurrent state: extents (docs/state-groups.md)
+                     BlockPool(config.num_blocks, len(config.groups), on_evict=on_evict)
                      if policy is None else
                      PolicyBlockPool(config.num_blocks, len(config.groups), policy, on_evict=on_evict))
         self.coordinator = KVCacheCoordinator(
@@ -130,6 +137,12 @@ class KVCacheManager:
             drop_mode=drop_mode, vllm_compat=vllm_compat, caching=enable_caching,
             max_model_len=max_model_len, on_stored=self._on_stored if enable_events else None,
             max_in_flight_tokens=max_in_flight_tokens)
+        if isinstance(self.pool, ExtentBlockPool) and not vllm_compat:
+            # sibling state groups serve hits only together: evict their checkpoints together
+            states = set(self.coordinator.state_groups)
+            self.pool.siblings = {g: tuple(x for x in u.groups if x != g)
+                                  for u in self.coordinator.units if len(u.groups) > 1
+                                  for g in u.groups if g in states}
         if enable_events:   # blocks loaded from an external tier are stored blocks too
             self.coordinator.on_adopted = self._record_stored
         self._stats = PrefixCacheStats()
@@ -148,7 +161,8 @@ class KVCacheManager:
         dense), plus two blocks (one prefill chunk; chunked prefill bounds the chunk).
         """
         hold = 0 if vllm_compat or retention_interval is None else config.alignment
-        return sum(make_rule(g.spec).max_blocks(length, hold) for g in config.groups)
+        return sum(make_rule(g.spec).max_blocks(length, hold) * config.extent_blocks(i)
+                   for i, g in enumerate(config.groups))
 
     @staticmethod
     def _check_lookahead(config: KVCacheConfig, spec: SpecDecode, max_model_len: int | None) -> None:
@@ -402,6 +416,41 @@ class KVCacheManager:
             raise KeyError(f"request {rid!r} holds no blocks")
         return tuple(list(t) for t in state.tables)
 
+    # ---- state groups (recurrent layers) -------------------------------------------------------
+    def state_blocks(self, request: Request) -> list[StateBlocks]:
+        """What the engine reads and writes, per state group, for ``request``'s current step.
+
+        Call it after :meth:`allocate` (empty list when the config has no state group).
+        For each state group a :class:`~hybridkv.core.coordinator.StateBlocks`:
+
+        * ``live``: the block ids (an extent: head first, ``config.extent_blocks(group)``
+          long) holding the request's live state, i.e. the state after
+          ``num_computed_tokens`` tokens. The engine reads and updates it every step.
+        * ``restore_from`` / ``restore_position``: non-empty only while the request has not
+          advanced past its cache hit: the checkpoint extent to copy into ``live`` before
+          the first step (the state after ``restore_position`` = the hit's tokens). The
+          checkpoint itself is immutable and shared.
+        * ``exports``: the positions ``t`` in ``(num_computed_tokens, num_computed_tokens +
+          scheduled]`` where this step must leave a checkpoint: after computing the first
+          ``t`` tokens, copy the live state into ``blocks``. They are already hashed (like
+          KV blocks, at allocation), so the engine must write them in this step. Only
+          accepted (non-draft) positions are ever asked for.
+
+        Each layer of a state group stores its state in its own layer slot of the extent's
+        pages, as one flat byte buffer (``cat(pages)[:spec.page_size_bytes]``: conv state,
+        then recurrent state).
+        """
+        self._sync_hashes(request)
+        return self.coordinator.state_blocks(request)
+
+    def export_positions(self, request: Request, num_new_tokens: int,
+                         hit: CacheHit | None = None) -> list[int]:
+        """The checkpoint positions an :meth:`allocate` of ``num_new_tokens`` more tokens
+        (adopting ``hit``, for a waiting request) would ask for; pure. A scheduler ends a
+        prefill chunk at the first one, so the live state is there when the step ends."""
+        self._sync_hashes(request)
+        return self.coordinator.export_positions(request, num_new_tokens, hit)
+
     def reset_prefix_cache(self) -> bool:
         """Drop every cached hash. Returns False (and changes nothing) while blocks are in use."""
         if self.coordinator.reqs or self.pool.num_free != self.pool.num_blocks - 1:
@@ -499,6 +548,8 @@ class KVCacheManager:
                         raise AssertionError(
                             f"request {rid!r} group {g} position {j}: block {b} is cached under a "
                             "hash that is not the request's hash for that position")
+        if self.coordinator.state_groups:
+            self.coordinator.state_refs(refs)
         for b in range(1, len(refs)):
             if refs[b] != pool.ref_cnt[b]:
                 raise AssertionError(f"block {b}: ref_cnt {pool.ref_cnt[b]} but {refs[b]} table references")

@@ -197,6 +197,92 @@ class MLA(AttentionSpec):
         return (self.block_size // self.compress_ratio) * int(self.latent_dim * dtype_bytes(self.dtype))
 
 
+#: dtypes a recurrent state or conv state may be stored in (torch stores them; fp8/fp4 would
+#: quantize a state that every later token reads, so they are refused).
+STATE_DTYPES: tuple[str, ...] = ("bfloat16", "float16", "float32")
+
+
+def _check_shape(owner: str, name: str, shape: object) -> tuple[int, ...]:
+    if isinstance(shape, int) and not isinstance(shape, bool):
+        shape = (shape,)
+    try:
+        dims = tuple(shape)  # type: ignore[arg-type]
+    except TypeError:
+        dims = ()
+    if not dims or any(isinstance(d, bool) or not isinstance(d, int) or d <= 0 for d in dims):
+        raise ValueError(f"{owner}.{name} must be a non-empty tuple of positive integers, got {shape!r}")
+    return dims
+
+
+@dataclass(frozen=True, slots=True)
+class StateSpec(AttentionSpec):
+    """A recurrent layer (gated delta net, Mamba2): one fixed-size state per sequence.
+
+    The layer keeps, per request, a *conv state* (the last ``conv_kernel - 1`` inputs of its
+    causal convolution) and a *recurrent state*; neither grows with the sequence. Prefix
+    caching keeps *checkpoints*: copies of the state after exactly ``t`` tokens
+    (docs/state-groups.md). ``block_size`` is the checkpoint granularity ``a``: a hit of
+    ``e * a`` tokens needs the checkpoint at exactly ``e * a`` (:class:`~hybridkv.core.rules.
+    state.StateRule`); it is chosen freely, independent of the attention block size.
+
+    ``num_kv_heads``, ``head_dim`` and ``dtype`` of the base are unused.
+
+    Attributes:
+        conv_shape: one layer's conv state, e.g. ``(conv_kernel - 1, conv_dim)``.
+        conv_dtype: its dtype, one of :data:`STATE_DTYPES`.
+        state_shape: one layer's recurrent state, e.g. ``(v_heads, k_dim, v_dim)``.
+        state_dtype: its dtype, one of :data:`STATE_DTYPES`.
+
+    ``page_size_bytes`` is one layer's state in bytes (conv + recurrent), independent of
+    ``block_size``; ``bytes_per_token`` is 0 (memory is per checkpoint, not per token). In
+    the pool a state occupies an *extent* of :meth:`KVCacheConfig.extent_blocks` block ids.
+    """
+
+    conv_shape: tuple[int, ...] = (3, 8192)
+    conv_dtype: str = "bfloat16"
+    state_shape: tuple[int, ...] = (32, 128, 128)
+    state_dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        AttentionSpec.__post_init__(self)
+        object.__setattr__(self, "conv_shape", _check_shape("StateSpec", "conv_shape", self.conv_shape))
+        object.__setattr__(self, "state_shape", _check_shape("StateSpec", "state_shape", self.state_shape))
+        for name in ("conv_dtype", "state_dtype"):
+            value = getattr(self, name)
+            if value not in STATE_DTYPES:
+                raise ValueError(
+                    f"StateSpec.{name} {value!r} is not supported for a recurrent state; valid "
+                    f"dtypes: {', '.join(STATE_DTYPES)}")
+
+    @property
+    def bytes_per_token(self) -> int:
+        return 0
+
+    @property
+    def conv_bytes(self) -> int:
+        """Bytes of one layer's conv state."""
+        return math.prod(self.conv_shape) * int(dtype_bytes(self.conv_dtype))
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes of one layer's recurrent state."""
+        return math.prod(self.state_shape) * int(dtype_bytes(self.state_dtype))
+
+    @property
+    def page_size_bytes(self) -> int:
+        """One layer's whole state (conv + recurrent), bytes."""
+        return self.conv_bytes + self.state_bytes
+
+    @property
+    def kv_parts(self) -> int:
+        return 1
+
+
+def is_state(spec: AttentionSpec) -> bool:
+    """Whether ``spec`` is a recurrent-state spec (its memory is extents, not token pages)."""
+    return isinstance(spec, StateSpec)
+
+
 @dataclass(frozen=True, slots=True)
 class KVCacheGroup:
     """Layers that share one block table.
@@ -221,7 +307,7 @@ class KVCacheGroup:
         if not isinstance(self.spec, AttentionSpec):
             raise ValueError(
                 f"KVCacheGroup {self.name!r}: spec must be FullAttention, SlidingWindow, "
-                f"ChunkedLocal or MLA, got {type(self.spec).__name__}"
+                f"ChunkedLocal, MLA or StateSpec, got {type(self.spec).__name__}"
             )
         if isinstance(self.layer_names, str):
             object.__setattr__(self, "layer_names", (self.layer_names,))
@@ -295,6 +381,23 @@ class KVCacheConfig:
                    if self.memory_bytes is not None else "")
             )
 
+    def check_state_fits(self) -> None:
+        """Raise ValueError unless the pool holds, per state group, one live state and one
+        checkpoint being written, plus one block of every other group (a one-token request).
+        The manager calls it (a config may be built only to probe its sizes)."""
+        states = [i for i, g in enumerate(self.groups) if is_state(g.spec)]
+        if not states:
+            return
+        need = sum(2 * self.extent_blocks(i) if i in states else 1 for i in range(len(self.groups)))
+        if need > self.num_blocks - 1:
+            i = max(states, key=self.extent_blocks)
+            g = self.groups[i]
+            raise ValueError(
+                f"state group {g.name!r} stores {g.spec.page_size_bytes} B of state per layer, "
+                f"{self.extent_blocks(i)} blocks of {self.max_page_bytes} B page each; one request "
+                f"needs {need} blocks but the pool has {self.num_blocks - 1} usable blocks; give "
+                f"num_blocks >= {need + 1} (memory_bytes >= {(need + 1) * self.block_bytes})")
+
     @property
     def layer_slots(self) -> int:
         """Layer slots per block id: the largest group's layer count."""
@@ -302,7 +405,24 @@ class KVCacheConfig:
 
     @property
     def max_page_bytes(self) -> int:
-        return max(g.spec.page_size_bytes for g in self.groups)
+        """Bytes of one page: the largest attention page (state groups spread a state over an
+        extent of pages, :meth:`extent_blocks`); the largest state if there is no attention."""
+        pages = [g.spec.page_size_bytes for g in self.groups if not is_state(g.spec)]
+        return max(pages) if pages else max(g.spec.page_size_bytes for g in self.groups)
+
+    def extent_blocks(self, group: int) -> int:
+        """Block ids one state (or checkpoint) of ``group`` occupies: ``ceil(state bytes /
+        page bytes)`` for a state group (each layer's state spans the same layer slot of those
+        pages), 1 for any other group."""
+        spec = self.groups[group].spec
+        if not is_state(spec):
+            return 1
+        return -(-spec.page_size_bytes // self.max_page_bytes)
+
+    @property
+    def has_state(self) -> bool:
+        """Whether any group is a recurrent-state group."""
+        return any(is_state(g.spec) for g in self.groups)
 
     @property
     def block_bytes(self) -> int:

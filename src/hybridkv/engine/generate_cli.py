@@ -121,6 +121,9 @@ def add_generate_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--retention", type=parse_retention, default=0, metavar="none|0|N",
                    help="sliding-window retention interval (default 0)")
     p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--state-dtype", default="float32",
+                   help="recurrent-state dtype of state models (qwen3_next, nemotron_h): float32 "
+                        "(default), bfloat16 or float16")
     p.add_argument("--cache-salt", default=None)
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at the model's EOS token")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
@@ -146,7 +149,8 @@ def run_generate(args: argparse.Namespace) -> int:
         llm = LLM(args.model, spec=args.spec, draft_model=args.draft_model,
                   cache=CacheConfig(block_size=args.block_size, num_blocks=args.num_blocks,
                                     retention_interval=retention,
-                                    enable_prefix_caching=not args.no_prefix_caching),
+                                    enable_prefix_caching=not args.no_prefix_caching,
+                                    state_dtype=args.state_dtype),
                   scheduler=SchedulerConfig(max_num_batched_tokens=args.max_num_batched_tokens,
                                             max_num_seqs=ENGINE_SCHEDULER.max_num_seqs,
                                             max_model_len=args.max_model_len),

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 
 import torch
 
-from hybridkv.core.specs import AttentionSpec, KVCacheConfig, KVCacheGroup
+from hybridkv.core.specs import AttentionSpec, KVCacheConfig, KVCacheGroup, is_state
 
 NULL_BLOCK = 0
 
@@ -74,6 +74,8 @@ class PagedKVCache:
         self._layers: dict[str, torch.Tensor] = {}
         self._group_of: dict[str, int] = {}
         for gi, group in enumerate(config.groups):
+            if is_state(group.spec):  # flat byte pages, read through state_pages()
+                continue
             for slot, name in enumerate(group.layer_names):
                 self._layers[name] = self._view(self._slots[slot], group.spec, page)
                 self._group_of[name] = gi
@@ -114,6 +116,16 @@ class PagedKVCache:
 
     def group(self, layer_name: str) -> KVCacheGroup:
         return self.config.groups[self.group_index(layer_name)]
+
+    def state_pages(self, group: int) -> list[torch.Tensor]:
+        """Per layer of state group ``group`` (in ``layer_names`` order), its layer slot as
+        ``[num_blocks, max_page_bytes]`` uint8: a state is the bytes of an extent's pages
+        of that slot, concatenated (:mod:`hybridkv.engine.state_pages`)."""
+        g = self.config.groups[group]
+        if not is_state(g.spec):
+            raise ValueError(f"group {g.name!r} is not a state group")
+        page = self.config.max_page_bytes
+        return [self._slots[slot].view(self.num_blocks, page) for slot in range(len(g.layer_names))]
 
     @property
     def nbytes(self) -> int:

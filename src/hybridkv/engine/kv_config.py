@@ -18,12 +18,13 @@ GROUP_NAMES: dict[LayerKind, str] = {
     "full": "full_attention",
     "sliding": "sliding_attention",
     "mla": "mla",
+    "linear": "recurrent_state",
 }
 
 
 def kv_cache_groups(model: PagedCausalLM, block_size: int | Mapping[str, int], dtype: str = "float32",
                     layers_per_group: int | None = None, name_prefix: str = "",
-                    is_draft: bool = False) -> tuple[KVCacheGroup, ...]:
+                    is_draft: bool = False, state_dtype: str = "float32") -> tuple[KVCacheGroup, ...]:
     """KV-cache groups for ``model``'s layers.
 
     Args:
@@ -34,21 +35,30 @@ def kv_cache_groups(model: PagedCausalLM, block_size: int | Mapping[str, int], d
             (named ``<kind>.<k>``); None keeps one group per kind (named by :data:`GROUP_NAMES`).
         name_prefix: prepended to every group name (a drafter's groups: ``"draft."``).
         is_draft: mark the groups as a speculative drafter's (``KVCacheGroup.is_draft``).
+        state_dtype: recurrent-state dtype of a state model's ``linear`` layers, which form
+            :class:`~hybridkv.core.specs.StateSpec` groups whose block size (the checkpoint
+            granularity) is the ``linear`` entry of ``block_size``.
     """
     by_kind: dict[LayerKind, list[int]] = {}
     for i, kind in enumerate(model.config.layer_kinds):
-        if kind in STATE_LAYER_KINDS:  # recurrent / MLP-only layers own no KV pages
+        if kind in STATE_LAYER_KINDS and kind != "linear":  # MLP-only layers own no cache
             continue
         by_kind.setdefault(kind, []).append(i)
     groups: list[KVCacheGroup] = []
     for kind, layers in by_kind.items():
         if isinstance(block_size, Mapping):
-            if kind not in block_size:
+            if kind == "linear" and kind not in block_size and "full" in block_size:
+                bs = block_size["full"]  # checkpoints at the full-attention block size
+            elif kind not in block_size:
                 raise ValueError(f"no block size for {kind!r} layers; got sizes for {sorted(block_size)}")
-            bs = block_size[kind]
+            else:
+                bs = block_size[kind]
         else:
             bs = block_size
-        spec = model.attention_spec(layers[0], bs, dtype)
+        if kind == "linear":
+            spec = model.state_spec(bs, state_dtype)  # type: ignore[attr-defined]
+        else:
+            spec = model.attention_spec(layers[0], bs, dtype)
         step = layers_per_group or len(layers)
         chunks = [layers[i:i + step] for i in range(0, len(layers), step)]
         for k, chunk in enumerate(chunks):

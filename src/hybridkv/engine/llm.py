@@ -235,12 +235,12 @@ class LLM:
         else:
             sizes = {kind: int(cache.block_size) for kind in kinds | {"full"}}
         cache_dtype = cache.kv_cache_dtype or _DTYPE_NAMES.get(self.model.dtype, "float32")
-        groups = kv_cache_groups(self.model, sizes, cache_dtype)
+        groups = kv_cache_groups(self.model, sizes, cache_dtype, state_dtype=cache.state_dtype)
         if self.drafter is not None:
             groups = groups + self.drafter.kv_cache_groups(sizes, cache_dtype)
         num_blocks = cache.num_blocks
         if num_blocks is None:
-            probe = KVCacheConfig(groups, num_blocks=2)
+            probe = KVCacheConfig(groups, num_blocks=1 << 30)  # only its block_bytes is read
             num_blocks = max(2, (cache.kv_cache_bytes or DEFAULT_KV_CACHE_BYTES) // probe.block_bytes)
         self.kv_config = KVCacheConfig(groups, num_blocks=int(num_blocks))
         max_model_len = scheduler.max_model_len
@@ -249,7 +249,10 @@ class LLM:
             max_model_len = max_len_that_fits(self.kv_config, cap, retention_interval=cache.retention_interval,
                                               vllm_compat=cache.vllm_compat)
             if max_model_len < 2:
-                raise ValueError(f"the pool of {num_blocks} blocks cannot hold even a 2-token request")
+                need = KVCacheManager.blocks_for_request(self.kv_config, 2, retention_interval=cache.retention_interval,
+                                                         vllm_compat=cache.vllm_compat)
+                raise ValueError(f"the pool of {num_blocks} blocks cannot hold even a 2-token request; give "
+                                 f"num_blocks >= {need + 1}")
             scheduler = replace(scheduler, max_model_len=max_model_len)
         self.max_model_len = max_model_len
         hash_seed = cache.hash_seed
@@ -287,11 +290,12 @@ class LLM:
             self.kv_events = attach_kv_events(self.kv, self.engine.step_hooks, kv_events)
 
     def _state_model_cache(self, cache: CacheConfig, kv_store: KVStore | None) -> CacheConfig:
-        """A state model (recurrent layers: qwen3_next, nemotron_h) runs with prefix caching
-        off until the core has state groups (docs/state-groups.md): a KV-block hit cannot restore
-        a recurrent state, so a KV store is refused too. Speculative decoding works with ngram
-        and draft_model (rejected drafts are rewound out of the state); dflash is refused (it
-        reads target layer features)."""
+        """A state model (recurrent layers: qwen3_next, nemotron_h) keeps its recurrent states
+        in a state group of the pool: live states and prefix-cache checkpoints are extents
+        (docs/state-groups.md, :mod:`hybridkv.engine.state_pages`), so prefix caching works as
+        for any model. A KV store is refused (checkpoints are not kept in external tiers).
+        Speculative decoding works with ngram and draft_model (only accepted tokens reach the
+        state and its checkpoints); dflash is refused (it reads target layer features)."""
         kind = self.model.config.model_type
         if self.spec is not None and self.spec.method == "dflash":
             raise ValueError(f"speculative method 'dflash' is not supported for {kind}; use ngram or "
@@ -299,7 +303,7 @@ class LLM:
         if kv_store is not None:
             raise ValueError(f"a kv_store is not supported for {kind}: loaded KV blocks cannot restore "
                              "its recurrent state")
-        return replace(cache, enable_prefix_caching=False)
+        return cache
 
     def _make_drafter(self, spec: SpecDecode | None, draft_dir: str | Path | None,
                       ngram_sizes: tuple[int, int], dtype: torch.dtype | None) -> Drafter | None:

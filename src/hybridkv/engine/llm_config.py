@@ -58,6 +58,9 @@ class CacheConfig:
         eviction_policy: the order cached free blocks are reused in (``lru``, vLLM's, by
             default; ``priority`` honours ``LLM.generate(retention=...)``; see
             :data:`hybridkv.core.eviction.POLICIES`). Retention TTLs use the wall clock.
+        state_dtype: recurrent-state dtype of state models' checkpoints and live states
+            (``float32`` default; ``bfloat16`` / ``float16`` halve their memory but round the
+            state; the core names the valid values).
     """
 
     block_size: int | Mapping[str, int] = 16
@@ -70,6 +73,7 @@ class CacheConfig:
     hash_seed: str | None = None
     vllm_compat: bool = False
     eviction_policy: str = "lru"
+    state_dtype: str = "float32"
 
     def __post_init__(self) -> None:
         from hybridkv.core.eviction import resolve_policy

@@ -60,6 +60,8 @@ class SequenceInput:
             id; :mod:`hybridkv.engine.models.recurrent`); ignored by attention-only models.
         snapshot_from: a verify step's first acceptable length: state models keep their state
             after every length in ``[snapshot_from, end)`` so rejected drafts can be dropped.
+        state_marks: more lengths after which a state model keeps its state this step (the
+            checkpoints the step exports, :mod:`hybridkv.engine.state_pages`).
     """
 
     token_ids: Sequence[int]
@@ -68,6 +70,7 @@ class SequenceInput:
     causal: bool = True
     state_key: object = None
     snapshot_from: int | None = None
+    state_marks: tuple[int, ...] = ()
 
     @property
     def end(self) -> int:
@@ -118,6 +121,7 @@ class StepMetadata:
     starts: tuple[int, ...] = ()
     state_keys: tuple[object, ...] = ()
     snapshot_from: tuple[int | None, ...] = ()
+    state_marks: tuple[tuple[int, ...], ...] = ()
 
 
 def _table_for(seq: SequenceInput, config: KVCacheConfig, gi: int, si: int) -> Sequence[int]:
@@ -245,4 +249,5 @@ def build_step_metadata(
         starts=tuple(seq.start for seq in seqs),
         state_keys=tuple(seq.state_key for seq in seqs),
         snapshot_from=tuple(seq.snapshot_from for seq in seqs),
+        state_marks=tuple(seq.state_marks for seq in seqs),
     )

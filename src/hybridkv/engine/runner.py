@@ -32,6 +32,7 @@ from .drafters import Drafter, StepRequest
 from .kv_cache import PagedKVCache
 from .metadata import SequenceInput, build_step_metadata
 from .models.base import PagedCausalLM
+from .state_pages import PooledStates, StatePages
 
 
 @dataclass
@@ -99,9 +100,13 @@ class EngineCore:
         if model.has_state and drafter is not None and drafter.capture_layers:
             raise ValueError(f"{drafter.method} reads target layer features, which "
                              f"{model.config.model_type} (recurrent layers) does not expose")
-        if model.has_state and kv.enable_caching:
-            raise ValueError(f"prefix caching must be off for {model.config.model_type}: its recurrent "
-                             "layers cannot resume from cached KV blocks (state groups are not implemented)")
+        self.states: PooledStates | None = None
+        if model.has_state:
+            if not kv.config.has_state:
+                raise ValueError(f"{model.config.model_type} has recurrent layers: the KV-cache config needs "
+                                 "their state group (kv_cache_groups builds it)")
+            index = {name: i for i, name in enumerate(model.layer_names)}
+            self.states = PooledStates(StatePages(cache, index), model.states)  # type: ignore[attr-defined]
         self.model = model
         self.kv = kv
         self.scheduler = scheduler
@@ -166,13 +171,15 @@ class EngineCore:
         if not out.scheduled:
             return sched.update(out, {}, loaded)  # every schedule() is answered by one update()
         self.stats.steps += 1
+        marks = self.states.begin(out.scheduled) if self.states is not None else [()] * len(out.scheduled)
         seqs = []
-        for s in out.scheduled:
+        for s, m in zip(out.scheduled, marks):
             tables = self.kv.block_ids(s.req.request)
             self.rows.write(s.req.request_id, tables)
             known = s.num_new_tokens - s.num_draft_tokens
             seqs.append(SequenceInput(s.token_ids(), s.start, tables, state_key=s.req.request_id,
-                                      snapshot_from=s.start + known if s.num_draft_tokens else None))
+                                      snapshot_from=s.start + known if s.num_draft_tokens else None,
+                                      state_marks=m))
         meta = build_step_metadata(seqs, self.kv.config, self.device, group_indices=self.target_groups)
         capture = self.drafter.capture_layers if self.drafter is not None else ()
         hidden, captured = self.model.run(meta, self.cache, capture)
@@ -211,11 +218,13 @@ class EngineCore:
                 while accepted < len(drafts) and drafts[accepted] == g[accepted]:
                     accepted += 1
                 toks = drafts[:accepted] + [g[accepted]]
-                if drafts:  # recurrent state: keep only the accepted tokens
+                if drafts and self.states is None:  # recurrent state: keep only the accepted tokens
                     self.model.accept_state(s.req.request_id, s.start + known + accepted)
                 sampled[s.req.request_id] = toks
                 self.stats.draft_tokens += len(drafts)
                 self.stats.accepted_tokens += accepted
+            if self.states is not None:  # the pool: exports + the state at the accepted length
+                self.states.finish(s, s.start + known + accepted)
             if self.record_logits:
                 self.records.setdefault(s.req.request_id, LogitsRecord()).add(
                     s.start, my_logits[:known + accepted])

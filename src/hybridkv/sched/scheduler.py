@@ -17,7 +17,10 @@ One step::
 The token budget (``max_num_batched_tokens``) bounds the tokens computed per step; a request
 whose prompt does not fit is split into chunks (chunked prefill) unless that is disabled.
 ``num_computed_tokens`` advances at schedule time (as in vLLM): a scheduled request's KV for
-``[start, start + num_new_tokens)`` is written by the step's forward pass.
+``[start, start + num_new_tokens)`` is written by the step's forward pass. With state groups
+(recurrent layers) a chunk also ends at the first checkpoint position inside its known tokens
+(:meth:`KVCacheManager.export_positions`), chunked prefill on or off, and each scheduled
+request carries its ``state_blocks`` (docs/state-groups.md §4).
 
 Invariants: every scheduled request holds blocks for its tokens plus lookahead slots; a
 preempted request holds no blocks and restarts from its (cached) prefix; a request is in
@@ -31,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Protocol, Sequence
 
 from hybridkv.core.blockref import BlockRef
-from hybridkv.core.coordinator import CacheHit, ExternalHit
+from hybridkv.core.coordinator import CacheHit, ExternalHit, StateBlocks
 from hybridkv.core.manager import KVCacheManager
 from hybridkv.core.request import Request
 from hybridkv.core.validation import check_int
@@ -109,10 +112,13 @@ class ScheduledRequest:
     The step computes the KV of ``num_new_tokens`` tokens at positions ``start ..``: the known
     tokens ``token_ids[start : start + num_new_tokens - num_draft_tokens]`` followed by the
     request's ``num_draft_tokens`` drafts. ``samples`` is True when the chunk reaches the end
-    of the known tokens, so the step samples (and verifies drafts) for it.
+    of the known tokens, so the step samples (and verifies drafts) for it. ``state_blocks``:
+    for a config with state groups, :meth:`KVCacheManager.state_blocks` taken right after the
+    allocation (live extent, restore, exports of this step); empty otherwise.
     """
 
-    __slots__ = ("req", "start", "num_new_tokens", "num_draft_tokens", "new_block_ids", "samples")
+    __slots__ = ("req", "start", "num_new_tokens", "num_draft_tokens", "new_block_ids", "samples",
+                 "state_blocks")
 
     def __init__(self, req: EngineRequest, start: int, num_new_tokens: int, num_draft_tokens: int,
                  new_block_ids: list[list[int]]) -> None:
@@ -122,6 +128,7 @@ class ScheduledRequest:
         self.num_draft_tokens = num_draft_tokens
         self.new_block_ids = new_block_ids
         self.samples = start + num_new_tokens - num_draft_tokens >= len(req.request.token_ids)
+        self.state_blocks: list[StateBlocks] = []
 
     def token_ids(self) -> list[int]:
         """The tokens to compute: known tokens, then drafts."""
@@ -258,6 +265,7 @@ class Scheduler:
         max_len = self.max_model_len
         scheduled = out.scheduled
         running = self.running
+        has_state = kv.config.has_state
         i = 0
         while i < len(running) and budget > 0:
             r = running[i]
@@ -277,6 +285,8 @@ class Scheduler:
             if num_new <= 0:
                 i += 1
                 continue
+            if has_state:
+                num_new = self._end_at_export(req, computed, num_new, min(num_tokens, computed + num_new))
             while True:
                 new_blocks = kv.allocate(req, num_new)
                 if new_blocks is not None:
@@ -290,8 +300,10 @@ class Scheduler:
             if r.status is not RequestStatus.RUNNING:
                 break  # r preempted itself: nothing after it fits either
             num_drafts = computed + num_new - num_tokens
-            scheduled.append(ScheduledRequest(r, computed, num_new, num_drafts if num_drafts > 0 else 0,
-                                              new_blocks))
+            s = ScheduledRequest(r, computed, num_new, num_drafts if num_drafts > 0 else 0, new_blocks)
+            if has_state:
+                s.state_blocks = kv.state_blocks(req)
+            scheduled.append(s)
             req.num_computed_tokens = computed + num_new
             budget -= num_new
             i += 1
@@ -336,6 +348,8 @@ class Scheduler:
                 num_new = threshold
             if num_new > budget:
                 num_new = budget
+            if kv.config.has_state:
+                num_new = self._end_at_export(req, hit.num_tokens, num_new, hit.num_tokens + num_new, hit)
             new_blocks = kv.allocate(req, num_new, hit,
                                      full_sequence_must_fit=cfg.reserve_full_sequence)
             if new_blocks is None:
@@ -348,10 +362,25 @@ class Scheduler:
             r.status = RequestStatus.RUNNING
             self.running.append(r)
             out.admitted.append(r)
-            out.scheduled.append(ScheduledRequest(r, hit.num_tokens, num_new, 0, new_blocks))
+            s = ScheduledRequest(r, hit.num_tokens, num_new, 0, new_blocks)
+            req.num_computed_tokens = hit.num_tokens
+            if kv.config.has_state:
+                s.state_blocks = kv.state_blocks(req)
+            out.scheduled.append(s)
             req.num_computed_tokens = hit.num_tokens + num_new
             budget -= num_new
         return budget
+
+    def _end_at_export(self, req: Request, computed: int, num_new: int, known_end: int,
+                       hit: CacheHit | None = None) -> int:
+        """State groups: end the chunk at the first checkpoint position strictly inside its
+        known tokens ``(computed, known_end)`` (:meth:`KVCacheManager.export_positions`), so
+        the live state sits on it when the step ends; otherwise ``num_new`` unchanged. An
+        export at ``known_end`` needs no cut (a verify step keeps the state there too)."""
+        for p in self.kv.export_positions(req, num_new, hit):
+            if computed < p < known_end:
+                return p - computed
+        return num_new
 
     def _check_drafts(self, r: EngineRequest, drafts: int) -> None:
         if drafts > self.max_drafts:

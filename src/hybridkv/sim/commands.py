@@ -455,6 +455,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 def check_sweep_options(args: argparse.Namespace) -> None:
     """A sweep varies sizes (``--cache-tokens-list``) or retention (``--retention-intervals``,
     at one ``--cache-tokens``); refuse options the chosen sweep would ignore."""
+    if getattr(args, "checkpoint_intervals", None) is not None:
+        if args.retention_intervals is not None or args.cache_tokens_list is not None:
+            raise ValueError("sweep one thing at a time: --checkpoint-intervals (with "
+                             "--cache-tokens for its size) or --retention-intervals or "
+                             "--cache-tokens-list")
+        return
     if args.retention_intervals is None and args.cache_tokens is not None:
         raise ValueError("--cache-tokens sets the cache size of a retention sweep "
                          "(--retention-intervals); to sweep sizes use --cache-tokens-list, e.g. 1M,3M")
@@ -476,6 +482,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     items = load_items(args)
     if not items:
         raise ValueError("the workload has no requests")
+    if getattr(args, "checkpoint_intervals", None) is not None:   # -- state groups --
+        from hybridkv.sim.state_sweep import sweep_checkpoints
+        return sweep_checkpoints(args, items, build_config, capacity_blocks,
+                                 args.cache_tokens if args.cache_tokens is not None
+                                 else DEFAULT_CACHE_TOKENS)
     preset = get_preset(args.preset)
     if args.block_size is not None:
         preset = preset.with_block_size(args.block_size)
@@ -629,6 +640,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="comma-separated intervals, e.g. none,0,1024")
     p.add_argument("--cache-tokens", type=positive_count,
                    help=f"cache size of a retention sweep (default {DEFAULT_CACHE_TOKENS:,})")
+    from hybridkv.sim.state_sweep import add_sweep_option as add_checkpoint_option
+    add_checkpoint_option(p, parse_retention_list)
     p.add_argument("--json", help="write the rows as JSON to this path")
     p.add_argument("--plot", help="write a PNG of hit rate against the swept value")
     add_executor_options(p)

@@ -24,6 +24,7 @@ from hybridkv.core.specs import (
     KVCacheConfig,
     KVCacheGroup,
     SlidingWindow,
+    StateSpec,
 )
 from hybridkv.core.validation import check_int
 
@@ -34,6 +35,7 @@ __all__ = [
     "ModelPreset",
     "get_gpu",
     "get_preset",
+    "vllm_align_block_size",
 ]
 
 DEFAULT_BLOCK_SIZE = 16
@@ -289,6 +291,88 @@ def deepseek_v4_style() -> ModelPreset:
     )
 
 
+def _state_groups(name: str, spec: StateSpec, indices: list[int], per_group: int) -> list[KVCacheGroup]:
+    """Recurrent layers split into groups of ``per_group`` layers (the attention group's layer
+    count, so every layer slot of a block id is used; docs/state-groups.md §2.2). The groups
+    have one spec: the manager looks them up together."""
+    return [_group(f"{name}{k}", spec, indices[i:i + per_group])
+            for k, i in enumerate(range(0, len(indices), per_group))]
+
+
+def qwen3_next_80b_a3b() -> ModelPreset:
+    """Qwen/Qwen3-Next-80B-A3B(-Instruct): 36 gated-delta-net + 12 gated full-attention layers, MoE.
+
+    The recurrent layers are state groups (checkpoint granularity = the attention block size,
+    16 tokens, independent of the state's size): a 200-token shared prompt can hit 192 tokens.
+    """
+    # config.json (= transformers' Qwen3NextConfig defaults): num_hidden_layers=48,
+    # full_attention_interval=4 (layers 3, 7, ..., 47 full attention), hidden_size=2048,
+    # num_attention_heads=16, num_key_value_heads=2, head_dim=256, linear_num_key_heads=16,
+    # linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128,
+    # linear_conv_kernel_dim=4, bf16 weights. Model card: 80B total, 3B activated.
+    # GDN state per layer: conv (k - 1) x (2*16*128 + 32*128) bf16, recurrent 32 x 128 x 128
+    # fp32 (the state dtype vLLM keeps) = 2,146,304 B.
+    full = [i for i in range(48) if i % 4 == 3]
+    gdn = [i for i in range(48) if i % 4 != 3]
+    state = StateSpec(DEFAULT_BLOCK_SIZE, conv_shape=(3, 2 * 16 * 128 + 32 * 128), conv_dtype="bfloat16",
+                      state_shape=(32, 128, 128), state_dtype="float32")
+    return ModelPreset(
+        name="qwen3-next-80b-a3b",
+        groups=(_group("full", FullAttention(DEFAULT_BLOCK_SIZE, num_kv_heads=2, head_dim=256), full),
+                *_state_groups("gdn", state, gdn, len(full))),
+        num_params=80_000_000_000,
+        active_params=3_000_000_000,
+        num_layers=48,
+        hidden_size=2048,
+        attn_width=16 * 256,
+        source="hf.co/Qwen/Qwen3-Next-80B-A3B-Instruct config.json (transformers Qwen3NextConfig "
+               "defaults); model card (80B total, 3B activated)",
+    )
+
+
+def nemotron_h_8b() -> ModelPreset:
+    """A Nemotron-H-8B-*like* hybrid: 24 Mamba2 + 4 attention layers (+ 24 MLP layers, no KV).
+
+    Per-layer shapes are transformers' ``NemotronHConfig`` defaults (Mamba2: 128 heads x 64,
+    8 groups x 128 state, conv kernel 4; attention: 32 heads, 8 KV heads x 128, no RoPE); the
+    layer counts and the 8B size follow the Nemotron-H paper (arXiv 2504.03624, 8B: 52 layers
+    of which 24 Mamba2, 4 self-attention, 24 FFN). The attention layer positions are
+    illustrative (they do not change the cache).
+    """
+    mamba_heads, head_dim, groups, state_size = 128, 64, 8, 128
+    attn = [7, 18, 29, 40]
+    mamba = [i for i in range(52) if i % 2 == 0 and i not in attn][:24]
+    state = StateSpec(DEFAULT_BLOCK_SIZE, conv_shape=(3, mamba_heads * head_dim + 2 * groups * state_size),
+                      conv_dtype="bfloat16", state_shape=(mamba_heads, head_dim, state_size),
+                      state_dtype="float32")
+    return ModelPreset(
+        name="nemotron-h-8b",
+        groups=(_group("attn", FullAttention(DEFAULT_BLOCK_SIZE, num_kv_heads=8, head_dim=128), attn),
+                *_state_groups("mamba", state, mamba, len(attn))),
+        num_params=8_000_000_000,
+        active_params=8_000_000_000,
+        num_layers=28,        # the layers that keep a cache; the 24 MLP-only blocks keep none
+        hidden_size=4096,
+        attn_width=32 * 128,
+        source="illustrative layer layout; shapes from transformers NemotronHConfig defaults, "
+               "counts from the Nemotron-H paper (arXiv 2504.03624)",
+    )
+
+
+def vllm_align_block_size(preset: ModelPreset) -> int:
+    """The attention block size vLLM 0.33 forces on a hybrid with recurrent layers ("align"
+    mode): the smallest multiple of 16 tokens whose attention page holds one layer's state
+    (``unify_kv_cache_spec_page_size``; 1056 for Qwen3-Next with fp32 state). Raises
+    ValueError for a preset without state groups."""
+    states = [g.spec.page_size_bytes for g in preset.groups if isinstance(g.spec, StateSpec)]
+    attn = [g.spec.bytes_per_token for g in preset.groups if not isinstance(g.spec, StateSpec)]
+    if not states or not attn:
+        raise ValueError(f"preset {preset.name!r} has no state group next to attention; "
+                         "vLLM's forced block size applies to hybrids with recurrent layers")
+    tokens = -(-max(states) // min(attn))
+    return -(-tokens // 16) * 16
+
+
 MODEL_PRESETS: dict[str, Callable[[], ModelPreset]] = {
     "llama-3.1-8b": llama_3_1_8b,
     "gemma-3-27b": gemma_3_27b,
@@ -296,6 +380,8 @@ MODEL_PRESETS: dict[str, Callable[[], ModelPreset]] = {
     "llama-4-scout": llama_4_scout,
     "deepseek-v3": deepseek_v3,
     "deepseek-v4-style": deepseek_v4_style,
+    "qwen3-next-80b-a3b": qwen3_next_80b_a3b,
+    "nemotron-h-8b": nemotron_h_8b,
 }
 """Model presets by name (each value builds a fresh preset)."""
 

@@ -6,6 +6,7 @@ spec                   rule            a hit ending at block boundary e needs
 FullAttention, MLA     ``FullRule``    ``[0, e)``
 SlidingWindow          ``SlidingRule`` ``[e - cdiv(W - 1, bs), e)``
 ChunkedLocal           ``ChunkedRule`` ``[chunk_start(e), e)``
+StateSpec              ``StateRule``   ``[e - 1, e)``: the checkpoint at exactly e
 =====================  ==============  ==========================================
 
 The contract is :class:`HitRule` (``base.py``). Lookup, caching, window release, pool
@@ -20,7 +21,8 @@ from hybridkv.core.rules.base import HitRule
 from hybridkv.core.rules.chunked import ChunkedRule
 from hybridkv.core.rules.full import FullRule
 from hybridkv.core.rules.sliding import SlidingRule
-from hybridkv.core.specs import MLA, AttentionSpec, ChunkedLocal, FullAttention, SlidingWindow
+from hybridkv.core.rules.state import StateRule
+from hybridkv.core.specs import MLA, AttentionSpec, ChunkedLocal, FullAttention, SlidingWindow, StateSpec
 
 _REGISTRY: dict[type, type[HitRule]] = {}
 
@@ -53,5 +55,6 @@ register(FullAttention, FullRule)
 register(MLA, FullRule)
 register(SlidingWindow, SlidingRule)
 register(ChunkedLocal, ChunkedRule)
+register(StateSpec, StateRule)
 
-__all__ = ["ChunkedRule", "FullRule", "HitRule", "SlidingRule", "make_rule", "register", "rule_class"]
+__all__ = ["ChunkedRule", "FullRule", "HitRule", "SlidingRule", "StateRule", "make_rule", "register", "rule_class"]

@@ -62,6 +62,10 @@ class HitRule:
     #: lookup scans once, the write path caches every aligned block as it is computed (no
     #: retention: the request holds those blocks anyway), and no block ever leaves the table.
     downward_closed: ClassVar[bool] = False
+    #: a recurrent-state group (:mod:`~hybridkv.core.rules.state`): table entries are sparse
+    #: checkpoints, each an extent of the pool, plus one live state per request outside the
+    #: table; never given a proof block (no drafter has recurrent layers)
+    sparse: ClassVar[bool] = False
 
     __slots__ = ("spec", "block_size", "proof")
 

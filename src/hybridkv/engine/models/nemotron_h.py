@@ -100,14 +100,14 @@ class Mamba2Mixer(nn.Module):
         k_len = self.conv1d.weight.shape[-1]
         y = torch.empty((x.shape[0], self.heads, self.head_dim), dtype=torch.float32, device=x.device)
         for rows, state in per_sequence(ctx):
-            conv_out, inputs = causal_conv(xbc[rows], state.conv.get(self.layer_index), self.conv1d.weight,
+            prev, S = state.layer(self.layer_index)
+            conv_out, inputs = causal_conv(xbc[rows], prev, self.conv1d.weight,
                                            self.conv1d.bias)
             h, B, C = conv_out.float().split([self.inner, self.groups * self.n, self.groups * self.n], dim=-1)
             n = h.shape[0]
             h = h.view(n, self.heads, self.head_dim)
             B = B.view(n, self.groups, self.n).repeat_interleave(rep, dim=1)
             C = C.view(n, self.groups, self.n).repeat_interleave(rep, dim=1)
-            S = state.ssm.get(self.layer_index)
             S = x.new_zeros((self.heads, self.head_dim, self.n), dtype=torch.float32) if S is None else S.clone()
             d = dt[rows]
             decay = (d * A).exp()

@@ -134,13 +134,13 @@ class GatedDeltaNet(nn.Module):
         rep = self.nv // self.nk
         k_len = self.conv1d.weight.shape[-1]
         for rows, state in per_sequence(ctx):
-            conv_out, inputs = causal_conv(mixed[rows], state.conv.get(self.layer_index), self.conv1d.weight, None)
+            prev, S = state.layer(self.layer_index)
+            conv_out, inputs = causal_conv(mixed[rows], prev, self.conv1d.weight, None)
             q, k, v = conv_out.float().split([self.nk * self.dk, self.nk * self.dk, self.nv * self.dv], dim=-1)
             n = q.shape[0]
             q = l2_normalize(q.view(n, self.nk, self.dk)).repeat_interleave(rep, dim=1) * self.dk ** -0.5
             k = l2_normalize(k.view(n, self.nk, self.dk)).repeat_interleave(rep, dim=1)
             v = v.view(n, self.nv, self.dv)
-            S = state.ssm.get(self.layer_index)
             S = x.new_zeros((self.nv, self.dk, self.dv), dtype=torch.float32) if S is None else S.clone()
             bt, gt = beta[rows], g[rows]
             for i in range(n):

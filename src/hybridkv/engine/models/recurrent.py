@@ -21,8 +21,9 @@ the layers keep the state after each of them and, once the drafts are verified,
 :meth:`HybridStateLM.accept_state` rewinds to the accepted length, so rejected drafts never stay
 in the state (docs/state-groups.md §2.7, choice (b)).
 
-Until the core has state groups (docs/state-groups.md) the engine runs these models with prefix
-caching off (:mod:`hybridkv.engine.llm`).
+The engine (:mod:`hybridkv.engine.state_pages`) keeps states between steps in the pool (the
+state group's extents, with prefix-cache checkpoints) and loads a step's working copies into
+this store before the forward pass; a model used on its own keeps them here.
 
 The recurrences run token by token in fp32 (the reference engine favours exactness over speed:
 chunk boundaries anywhere give the same state as one pass).
@@ -37,7 +38,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from hybridkv.core.specs import AttentionSpec, FullAttention
+from hybridkv.core.specs import AttentionSpec, FullAttention, StateSpec
 
 from ..config import ModelConfig
 from ..kv_cache import PagedKVCache
@@ -62,15 +63,44 @@ class RequestState:
     ssm: dict[int, torch.Tensor] = field(default_factory=dict)
     marks: frozenset[int] = frozenset()
     snaps: dict[int, tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]] = field(default_factory=dict)
+    sources: dict[int, tuple[object, int]] = field(default_factory=dict)
 
     def copy(self) -> RequestState:
-        """A working copy (snapshots of an earlier step are dropped)."""
-        return RequestState(self.position, dict(self.conv), dict(self.ssm))
+        """A working copy (snapshots of an earlier step are dropped; ``sources`` are kept)."""
+        return RequestState(self.position, dict(self.conv), dict(self.ssm), sources=dict(self.sources))
 
     def snapshot(self, position: int, layer: int, conv: torch.Tensor, ssm: torch.Tensor) -> None:
         """Keep ``layer``'s states after ``position`` tokens (a length a verify may accept)."""
         c, s = self.snaps.setdefault(position, ({}, {}))
         c[layer], s[layer] = conv, ssm
+
+    def layer(self, index: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """``(conv, ssm)`` of layer ``index`` before this step's tokens (None: zeros).
+
+        A layer listed in ``sources`` (set by :meth:`HybridStateLM.run` to ``(state, t)``)
+        starts from another sequence's snapshot after ``t`` tokens, taken earlier in the same
+        layer of the same step: a prefix hit on a checkpoint that an earlier sequence of the
+        batch writes in this very step. Raises :class:`StateMissingError` when it is absent."""
+        src = self.sources.get(index)
+        if src is None or index in self.ssm:
+            return self.conv.get(index), self.ssm.get(index)
+        other, t = src
+        snap = other.snaps.get(t) if isinstance(other, RequestState) else None
+        if snap is None or index not in snap[1]:
+            raise StateMissingError(f"layer {index}: the checkpoint after {t} tokens that this sequence "
+                                    "restores is not computed earlier in the step")
+        return snap[0][index], snap[1][index]
+
+    def at(self, position: int) -> tuple[dict[int, torch.Tensor], dict[int, torch.Tensor]]:
+        """Every layer's ``(conv, ssm)`` after ``position`` tokens: the state itself or a
+        snapshot this step kept; anything else raises :class:`StateMissingError`."""
+        if position == self.position:
+            return self.conv, self.ssm
+        snap = self.snaps.get(position)
+        if snap is None:
+            raise StateMissingError(f"no recurrent state after {position} tokens (state at {self.position}, "
+                                    f"snapshots {sorted(self.snaps)})")
+        return snap
 
 
 class RecurrentStateStore:
@@ -99,8 +129,8 @@ class RecurrentStateStore:
             have = "no state" if state is None else f"a state at position {state.position}"
             raise StateMissingError(
                 f"sequence {key!r} continues at position {start} but the recurrent state store holds "
-                f"{have}; recurrent layers cannot resume from KV pages (prefix caching must be off "
-                "for state models until the core has state groups)")
+                f"{have}; recurrent layers cannot resume from KV pages (a prefix hit needs a "
+                "checkpoint of the state)")
         return state.copy()
 
     def rewind(self, key: object, position: int) -> None:
@@ -120,6 +150,13 @@ class RecurrentStateStore:
             state.conv, state.ssm = dict(snap[0]), dict(snap[1])
             state.position = position
         state.snaps = {}
+
+    def get(self, key: object) -> RequestState:
+        """``key``'s stored state (after a step: with the snapshots that step kept)."""
+        state = self._states.get(key)
+        if state is None:
+            raise StateMissingError(f"sequence {key!r} has no recurrent state")
+        return state
 
     def commit(self, key: object, state: RequestState) -> None:
         """Store ``state`` for ``key`` (a ``None`` key is a one-shot sequence: nothing stored)."""
@@ -197,6 +234,18 @@ class HybridStateLM(PagedCausalLM):
         return FullAttention(block_size=block_size, num_kv_heads=c.num_key_value_heads, head_dim=c.head_dim,
                              dtype=dtype)
 
+    def state_spec(self, block_size: int, state_dtype: str = "float32") -> StateSpec:
+        """The :class:`StateSpec` of the recurrent layers: checkpoints every ``block_size``
+        tokens, conv state ``[conv_kernel - 1, conv_dim]`` in the model's dtype (it holds layer
+        inputs), recurrent state in ``state_dtype`` (computed in fp32; the core refuses dtypes
+        outside :data:`~hybridkv.core.specs.STATE_DTYPES`, naming them)."""
+        st = self.config.state
+        if st is None:  # pragma: no cover - state models always parse a StateLayerConfig
+            raise ValueError(f"{self.config.model_type} has no recurrent-layer config")
+        conv_dtype = str(self.dtype).removeprefix("torch.")
+        return StateSpec(block_size=block_size, conv_shape=(st.conv_kernel - 1, st.conv_dim),
+                         conv_dtype=conv_dtype, state_shape=st.state_shape, state_dtype=state_dtype)
+
     def check_kv_cache(self, kv_cache: PagedKVCache) -> None:
         for i in self.attention_layers():
             name = self.layer_names[i]
@@ -227,10 +276,15 @@ class HybridStateLM(PagedCausalLM):
         if len({k for k in keys if k is not None}) != sum(k is not None for k in keys):
             raise ValueError(f"a step holds one sequence per state key, got {list(keys)}")
         states = [self.states.begin(k, s) for k, s in zip(keys, starts)]
+        by_key = dict(zip(keys, states))
         snap_from = meta.snapshot_from or (None,) * len(states)
-        for state, lo, rows in zip(states, snap_from, meta.seq_rows):
+        extra = meta.state_marks or ((),) * len(states)
+        for state, lo, more, rows in zip(states, snap_from, extra, meta.seq_rows):
+            marks = set(more)  # checkpoints to export
             if lo is not None:  # verify step: keep the state after every acceptable length
-                state.marks = frozenset(range(lo, state.position + rows.stop - rows.start))
+                marks.update(range(lo, state.position + rows.stop - rows.start))
+            state.marks = frozenset(marks)
+            state.sources = {i: (by_key.get(k), t) for i, (k, t) in state.sources.items()}
         x = self.embed(meta.token_ids)
         ctx = StepContext(self.rope_tables(meta.positions, x.dtype), meta.seq_rows, states)
         for i, block in enumerate(self.blocks):

@@ -1,0 +1,117 @@
+"""State-group presets through the simulator (docs/state-groups.md plan step 8): the 200-token
+bar, vLLM's forced block size as the baseline, and the checkpoint-interval sweep CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hybridkv.cli import main
+from hybridkv.core.specs import StateSpec
+from hybridkv.sim.presets import get_gpu, get_preset, vllm_align_block_size
+from hybridkv.sim.simulator import SimConfig, Simulator, items_from_trace
+from hybridkv.sim.traces import TraceRequest
+
+H100 = get_gpu("h100")
+
+
+def test_state_presets_have_the_published_state_sizes() -> None:
+    q = get_preset("qwen3-next-80b-a3b")
+    assert [(g.name, len(g.layer_names)) for g in q.groups] == \
+        [("full", 12), ("gdn0", 12), ("gdn1", 12), ("gdn2", 12)]
+    assert q.groups[1].spec.page_size_bytes == 2_146_304
+    assert q.kv_bytes_per_token()["total"] == 12 * 2 * 2 * 256 * 2       # attention only
+    cfg = q.kv_config(num_blocks=1000)
+    assert cfg.extent_blocks(1) == 66                                     # 2,146,304 / 32,768
+    n = get_preset("nemotron-h-8b")
+    assert n.groups[1].spec.page_size_bytes == 4_255_744
+    assert n.kv_config(num_blocks=1000).extent_blocks(1) == 65           # / 65,536
+    # vLLM: the attention block grows until one page holds a state (ref §1.6)
+    assert vllm_align_block_size(q) == 1056 and vllm_align_block_size(n) == 1040
+    with pytest.raises(ValueError, match="has no state group"):
+        vllm_align_block_size(get_preset("llama-3.1-8b"))
+
+
+def _hits(preset, prompts, retention, compat=False) -> list[int]:
+    """Run the prompts one after another; per request, the tokens its lookup hit."""
+    items = items_from_trace([TraceRequest(f"r{i}", float(i), np.asarray(p), 4)
+                              for i, p in enumerate(prompts)])
+    sim = Simulator(SimConfig(preset, H100, num_blocks=20_000, retention_interval=retention,
+                              sequential=True, vllm_compat=compat, optimum=False))
+    hits = []
+    before = 0
+    for item in items:
+        sim.run([item])
+        total = sim.kv.stats().hits
+        hits.append(total - before)
+        before = total
+    return hits
+
+
+SHARED = list(range(5000, 5200))                      # a 200-token shared system prompt
+
+
+def _prompts(n: int) -> list[list[int]]:
+    return [SHARED + [100 * i + j for j in range(60)] for i in range(n)]
+
+
+def test_200_shared_tokens_hit_192_on_the_qwen3_next_preset() -> None:
+    q = get_preset("qwen3-next-80b-a3b")
+    assert _hits(q, _prompts(2), retention=64)[1] >= 192
+    assert _hits(q, _prompts(2), retention=16)[1] >= 192
+    # N = 0 (replay boundaries + junction only): the 3rd occurrence hits, as in vLLM's align
+    assert _hits(q, _prompts(3), retention=0)[1:] == [0, 192]
+
+
+def test_vllm_forced_block_makes_the_same_prompts_hit_nothing() -> None:
+    q = get_preset("qwen3-next-80b-a3b")
+    align = q.with_block_size(vllm_align_block_size(q))
+    assert all(isinstance(g.spec, StateSpec) for g in align.groups[1:])
+    assert align.block_size == 1056
+    assert _hits(align, _prompts(3), retention=0, compat=True) == [0, 0, 0]
+
+
+def test_checkpoint_interval_sweep_cli(tmp_path: Path, capsys) -> None:
+    js = tmp_path / "ckpt.json"
+    assert main(["sweep", "--preset", "qwen3-next-80b-a3b", "--workload", "system-prompt",
+                 "--limit", "24", "--checkpoint-intervals", "0,64,1024", "--cache-tokens", "400k",
+                 "--no-progress", "--json", str(js)]) == 0
+    out = capsys.readouterr().out
+    assert "vLLM align (block 1056)" in out and "GB written" in out
+    rows = json.loads(js.read_text())
+    assert [r["label"] for r in rows] == ["N=0", "N=64", "N=1024", "vLLM align (block 1056)"]
+    assert [r["checkpoint_interval"] for r in rows] == [0, 64, 1024, 0]
+    assert rows[-1]["vllm_compat"] and rows[-1]["block_size"] == 1056
+    # the same memory budget in bytes for every configuration (up to one block)
+    pools = [r["pool_bytes"] for r in rows]
+    assert max(pools) - min(pools) <= 1056 * 12 * 2048
+    assert all(0 <= r["token_hit_rate"] <= 1 and r["checkpoint_bytes_peak"] >= 0 for r in rows)
+    # 2048-token system prompts: a checkpoint at 1024 and 2048 serves every later request
+    assert rows[2]["token_hit_rate"] > rows[-1]["token_hit_rate"]
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--preset", "llama-3.1-8b"], "needs a preset with recurrent-state groups"),
+    (["--preset", "qwen3-next-80b-a3b", "--sequential"], "drop --sequential"),
+    (["--preset", "qwen3-next-80b-a3b", "--retention-intervals", "0"], "sweep one thing at a time"),
+])
+def test_checkpoint_sweep_bad_options_are_one_line_errors(argv, msg, capsys) -> None:
+    rc = main(["sweep", "--workload", "replay", "--checkpoint-intervals", "0,64", "--no-progress"] + argv)
+    err = capsys.readouterr().err
+    assert rc != 0 and msg in err and "Traceback" not in err
+
+
+def test_checkpoints_written_grow_as_the_interval_shrinks(tmp_path: Path) -> None:
+    js = tmp_path / "ckpt.json"
+    assert main(["sweep", "--preset", "qwen3-next-80b-a3b", "--workload", "system-prompt",
+                 "--limit", "16", "--checkpoint-intervals", "1024,256,64,16", "--cache-tokens", "2M",
+                 "--no-progress", "--json", str(js)]) == 0
+    rows = json.loads(js.read_text())
+    written = [r["checkpoints_written"] for r in rows[:4]]
+    assert written == sorted(written) and written[0] < written[-1]
+    assert all(r["checkpoint_bytes_written"] == r["checkpoints_written"] * r["checkpoint_bytes_per_state"]
+               for r in rows)
+    assert rows[0]["checkpoint_bytes_per_state"] == 3 * 66 * 12 * 32768     # 36 layers' states
