@@ -42,6 +42,11 @@ def register_profiles() -> None:
     settings.register_profile(
         "deep", max_examples=DEEP_EXAMPLES, deadline=None, print_blob=True,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    # Mutation testing (TESTING.md): the same examples for every mutant, no example database
+    # carried from one mutant to the next, no deadline under mutmut's trampolines.
+    settings.register_profile(
+        "mutation", derandomize=True, database=None, deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
 def is_deep() -> bool:
