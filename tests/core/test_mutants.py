@@ -93,3 +93,22 @@ def test_lookup_after_reset_does_not_reuse_a_stale_answer() -> None:
     serve(kv, "b", prompt(300, 5))
     assert kv.lookup(q).num_tokens == 0
     assert kv.lookup(Request("q2", prompt(100, 9))).num_tokens == 0
+
+
+def test_lookup_after_an_eviction_does_not_reuse_a_stale_answer() -> None:
+    """pool: BlockPool._drop — ``index_version += 1`` → ``= 1`` / ``-= 1``: after an eviction
+    the version can come back to the one q's last lookup was memoized at.
+
+    3 usable blocks, bs 4. "a" (9 tokens) caches a0, a1 (version 2); q hits 8. "z" (5 tokens)
+    pops the scratch block and a1 (LRU: a's tail first), evicting a1, and caches one block.
+    q's next lookup must see a1 gone: 4 tokens (a0 only)."""
+    kv = KVCacheManager(config(FA(4), num_blocks=4))
+    serve(kv, "a", prompt(100, 9))
+    q = Request("q", prompt(100, 9))
+    assert kv.lookup(q).num_tokens == 8
+    z = serve(kv, "z", prompt(300, 5), free=False)
+    assert kv.stats().evictions == 1
+    kv.check_integrity()
+    hit = kv.lookup(q)
+    assert hit.num_tokens == 4
+    assert hit.block_ids[0][0] not in kv.block_ids(z)[0]
