@@ -112,3 +112,44 @@ def test_lookup_after_an_eviction_does_not_reuse_a_stale_answer() -> None:
     hit = kv.lookup(q)
     assert hit.num_tokens == 4
     assert hit.block_ids[0][0] not in kv.block_ids(z)[0]
+
+
+# ---- core/coordinator.py --------------------------------------------------------------------
+
+def test_another_request_object_with_a_held_id_is_refused() -> None:
+    """coordinator: holds / plan / step_is_quiet / allocate — ``state.owner is not request``
+    inverted or the state looked up under the wrong id: a different Request object reusing
+    the id of a running request must get a ValueError (fast path and slow path alike), and
+    nothing may change."""
+    kv = KVCacheManager(config(FA(4), num_blocks=12))
+    a = serve(kv, "a", prompt(100, 6), free=False)
+    before = kv.block_ids(a)
+    twin = Request("a", prompt(100, 6))
+    twin.num_computed_tokens = 6
+    for n in (1, 5):                       # 1: a quiet decode step; 5: needs a new block
+        with pytest.raises(ValueError, match="'a'"):
+            kv.allocate(twin, n)
+    assert kv.block_ids(a) == before
+    kv.check_integrity()
+    a.append_tokens([7])
+    assert kv.allocate(a, 1) == [[]]     # the owner's own decode step still works
+
+
+def test_a_hit_made_before_an_eviction_is_refused() -> None:
+    """coordinator: free / commit — ``self.epoch += 1`` → ``self.epoch = 1``: the state
+    version comes back to the epoch a hit was made at, so a stale hit is adopted unverified.
+
+    3 usable blocks, bs 4. "a" caches a0 (5 tokens); q looks up a 4-token hit. "z" (9 tokens)
+    evicts a0 and is freed. Adopting q's old hit must raise ValueError (its block holds z's
+    tokens now), and nothing may change."""
+    kv = KVCacheManager(config(FA(4), num_blocks=4))
+    serve(kv, "a", prompt(100, 5))
+    q = Request("q", prompt(100, 5))
+    hit = kv.lookup(q)
+    assert hit.num_tokens == 4
+    serve(kv, "z", prompt(300, 9))
+    assert kv.stats().evictions == 1
+    with pytest.raises(ValueError, match="no longer holds"):
+        kv.allocate(q, 1, hit)
+    kv.check_integrity()
+    assert kv.lookup(q).num_tokens == 0
