@@ -120,9 +120,12 @@ def test_another_request_object_with_a_held_id_is_refused() -> None:
     """coordinator: holds / plan / step_is_quiet / allocate — ``state.owner is not request``
     inverted or the state looked up under the wrong id: a different Request object reusing
     the id of a running request must get a ValueError (fast path and slow path alike), and
-    nothing may change."""
+    nothing may change. "a" (6 tokens, 2 blocks) runs one decode step, so a second step of
+    one token is quiet (no block, nothing cached) for the owner: the twin must still be refused."""
     kv = KVCacheManager(config(FA(4), num_blocks=12))
     a = serve(kv, "a", prompt(100, 6), free=False)
+    a.append_tokens([7])
+    assert kv.allocate(a, 1) == [[]]
     before = kv.block_ids(a)
     twin = Request("a", prompt(100, 6))
     twin.num_computed_tokens = 6
@@ -131,8 +134,6 @@ def test_another_request_object_with_a_held_id_is_refused() -> None:
             kv.allocate(twin, n)
     assert kv.block_ids(a) == before
     kv.check_integrity()
-    a.append_tokens([7])
-    assert kv.allocate(a, 1) == [[]]     # the owner's own decode step still works
 
 
 def test_a_hit_made_before_an_eviction_is_refused() -> None:
