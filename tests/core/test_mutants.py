@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from hybridkv import BlockRemoved, BlockStored, KVCacheManager, Request
-from tests.core.helpers import FA, config, serve
+from tests.core.helpers import FA, SWA, config, serve
 
 
 def prompt(base: int, n: int) -> list[int]:
@@ -154,3 +154,24 @@ def test_a_hit_made_before_an_eviction_is_refused() -> None:
         kv.allocate(q, 1, hit)
     kv.check_integrity()
     assert kv.lookup(q).num_tokens == 0
+
+
+def test_allocating_a_hit_promises_its_junction_and_the_unit_below() -> None:
+    """coordinator: _boundaries / commit — the junction (``shared_prefix_boundary``) dropped,
+    or its end one alignment unit below (default mode, #57610) dropped or moved up.
+
+    Full (bs 4) + sliding (bs 4, W 8), default mode, retention 0. "a" (33 tokens) caches its
+    replay boundaries only (ends near 32) in the sliding group, so "b", which shares a's
+    first 20 tokens, hits 0 with junction 20 (the full group serves 20). Allocating b's hit
+    promises 20 and 16: then a 21-token prefix of a hits 20, and a 20-token one (cap 19)
+    hits 16."""
+    kv = KVCacheManager(config(FA(4), SWA(4, 8), num_blocks=64))
+    P = prompt(100, 40)
+    serve(kv, "a", P[:33])
+    b = Request("b", P[:20] + prompt(1, 9))
+    hit = kv.lookup(b)
+    assert (hit.num_tokens, hit.shared_prefix_boundary) == (0, 20)
+    serve(kv, "b", b.token_ids)
+    kv.check_integrity()
+    assert kv.lookup(Request("c21", P[:21])).num_tokens == 20
+    assert kv.lookup(Request("c20", P[:20])).num_tokens == 16
