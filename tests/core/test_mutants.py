@@ -142,7 +142,7 @@ def test_a_hit_made_before_an_eviction_is_refused() -> None:
 
     3 usable blocks, bs 4. "a" caches a0 (5 tokens); q looks up a 4-token hit. "z" (9 tokens)
     evicts a0 and is freed. Adopting q's old hit must raise ValueError (its block holds z's
-    tokens now), and nothing may change."""
+    tokens now), and nothing may change. Also pins the message's advice (``_verify_hit`` 22, 23)."""
     kv = KVCacheManager(config(FA(4), num_blocks=4))
     serve(kv, "a", prompt(100, 5))
     q = Request("q", prompt(100, 5))
@@ -150,7 +150,7 @@ def test_a_hit_made_before_an_eviction_is_refused() -> None:
     assert hit.num_tokens == 4
     serve(kv, "z", prompt(300, 9))
     assert kv.stats().evictions == 1
-    with pytest.raises(ValueError, match="no longer holds"):
+    with pytest.raises(ValueError, match="no longer holds .*look up again$"):
         kv.allocate(q, 1, hit)
     kv.check_integrity()
     assert kv.lookup(q).num_tokens == 0
@@ -175,3 +175,55 @@ def test_allocating_a_hit_promises_its_junction_and_the_unit_below() -> None:
     kv.check_integrity()
     assert kv.lookup(Request("c21", P[:21])).num_tokens == 20
     assert kv.lookup(Request("c20", P[:20])).num_tokens == 16
+
+
+def test_a_stale_sliding_hit_is_verified_past_its_null_blocks() -> None:
+    """coordinator: _verify_hit — ``continue`` → ``break`` at a null entry: a sliding
+    group's hit starts with nulls (below the window), so verification would stop there and a
+    stale hit would be adopted.
+
+    Sliding W=4, bs 4, 4 usable blocks. q's hit is 8 tokens, blocks (null, b). "z" (16
+    tokens) evicts everything cached; adopting q's old hit must raise."""
+    kv = KVCacheManager(config(SWA(4, 4), num_blocks=5))
+    serve(kv, "a", prompt(100, 9))
+    q = Request("q", prompt(100, 9))
+    hit = kv.lookup(q)
+    assert hit.num_tokens == 8 and hit.block_ids[0][0] == 0
+    serve(kv, "z", prompt(300, 16))
+    assert kv.stats().evictions == 2
+    with pytest.raises(ValueError, match="no longer holds"):
+        kv.allocate(q, 1, hit)
+    kv.check_integrity()
+
+
+def test_a_window_releases_several_blocks_in_one_step() -> None:
+    """coordinator: _released — ``j -= 1`` → ``j = 1``: releasing more than one block in one
+    step (a long prefill chunk) walks the table back to front; the mutant loops for ever.
+
+    Compat mode (no held unit), sliding W=4, bs 4, 19 usable blocks. Chunks of 4 and 16
+    tokens hold blocks 0..4; at 20 computed tokens, tokens below 17 left the window: the next
+    step releases blocks 0..3 at once (4 freed, 1 new: 14 + 4 - 1 = 17 free)."""
+    kv = KVCacheManager(config(SWA(4, 4), num_blocks=20), vllm_compat=True,
+                        retention_interval=None)
+    r = Request("r", prompt(0, 24))
+    for n in (4, 16, 4):
+        assert kv.allocate(r, n) is not None
+        r.num_computed_tokens += n
+    table = kv.block_ids(r)[0]
+    assert table[:4] == [0, 0, 0, 0] and 0 not in table[4:] and len(table) == 6
+    assert kv.num_free_blocks == 17
+    kv.check_integrity()
+
+
+def test_external_lookup_that_adds_nothing_is_none() -> None:
+    """coordinator: find_external_hit — ``t <= held`` → ``t < held``: a tier that adds no
+    token must give None (documented), not an ExternalHit with nothing to load.
+
+    "a" caches 2 blocks; q (9 tokens) hits 8 locally, the cap (num_tokens - 1 = 8): a tier that
+    holds everything cannot extend it."""
+    kv = KVCacheManager(config(FA(4), num_blocks=12))
+    serve(kv, "a", prompt(100, 9))
+    q = Request("q", prompt(100, 9))
+    hit = kv.lookup(q)
+    assert hit.num_tokens == 8
+    assert kv.lookup_external(q, hit, lambda g, h: True) is None
