@@ -227,3 +227,13 @@ def test_external_lookup_that_adds_nothing_is_none() -> None:
     hit = kv.lookup(q)
     assert hit.num_tokens == 8
     assert kv.lookup_external(q, hit, lambda g, h: True) is None
+
+
+def test_lookup_memo_is_per_request_object() -> None:
+    """coordinator: find_longest_hit — the memo check ``memo[0] is request`` inverted: a new
+    Request object reusing a looked-up id (same length, other tokens) would get the other
+    object's hit. "a" caches 2 blocks; q (a's prefix) hits 8; a new "q" with other tokens hits 0."""
+    kv = KVCacheManager(config(FA(4), num_blocks=12))
+    serve(kv, "a", prompt(100, 9))
+    assert kv.lookup(Request("q", prompt(100, 9))).num_tokens == 8
+    assert kv.lookup(Request("q", prompt(500, 9))).num_tokens == 0
