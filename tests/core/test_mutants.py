@@ -237,3 +237,17 @@ def test_lookup_memo_is_per_request_object() -> None:
     serve(kv, "a", prompt(100, 9))
     assert kv.lookup(Request("q", prompt(100, 9))).num_tokens == 8
     assert kv.lookup(Request("q", prompt(500, 9))).num_tokens == 0
+
+
+def test_lookup_memo_sees_a_longer_request() -> None:
+    """coordinator: find_longest_hit — the memo key's ``memo[3] == max_tokens`` inverted: a
+    request that grew by one token inside the same block (same hash count, larger cap) would
+    get its old, shorter hit. "a" caches 2 blocks; q = a's first 8 tokens hits 4 (cap 7);
+    after one more token of a, q hits 8."""
+    kv = KVCacheManager(config(FA(4), num_blocks=12))
+    P = prompt(100, 9)
+    serve(kv, "a", P)
+    q = Request("q", P[:8])
+    assert kv.lookup(q).num_tokens == 4
+    q.append_tokens([P[8]])
+    assert kv.lookup(q).num_tokens == 8
