@@ -7,6 +7,8 @@ Profiles (select with ``pytest --hypothesis-profile=NAME``):
 * ``deep`` — at least :data:`DEEP_EXAMPLES` examples per property test, longer operation
   sequences, configurations weighted to multi-group hybrids and EAGLE/MTP/DFlash. It is meant
   to run in CI as a second pytest invocation (``.ci/run``).
+* ``mutation`` — each test's own budget, derandomized and without the example database, so
+  every mutant meets the same examples (mutmut, TESTING.md "Mutation testing").
 
 **How the deep run stops in time.** Each property test gets a share of the budget
 ``HYBRIDKV_DEEP_BUDGET_S`` (seconds, default 360, see :func:`budget_for`). Once its share is
@@ -41,6 +43,11 @@ EXERCISED: Counter[str] = Counter()
 def register_profiles() -> None:
     settings.register_profile(
         "deep", max_examples=DEEP_EXAMPLES, deadline=None, print_blob=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    # Mutation testing (TESTING.md): the same examples for every mutant, no example database
+    # carried from one mutant to the next, no deadline under mutmut's trampolines.
+    settings.register_profile(
+        "mutation", derandomize=True, database=None, deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
