@@ -60,7 +60,7 @@ class RetentionModel(Model):
 
 
 @settings(max_examples=examples(250), deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(cfg_args=configs(), ops=st.binary(min_size=4 * MIN_OPS, max_size=4 * MAX_OPS).map(decode_ops))
+@given(cfg_args=configs(states=False), ops=st.binary(min_size=4 * MIN_OPS, max_size=4 * MAX_OPS).map(decode_ops))
 @budgeted(0.05)
 def test_random_operations_with_retention_keep_invariants(cfg_args, ops):
     cfg, retention, spec, _ = cfg_args
@@ -91,7 +91,7 @@ def test_random_operations_with_retention_keep_invariants(cfg_args, ops):
 
 
 @settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(cfg_args=configs(), ops=st.binary(min_size=4 * MIN_OPS, max_size=4 * MAX_OPS).map(decode_ops))
+@given(cfg_args=configs(states=False), ops=st.binary(min_size=4 * MIN_OPS, max_size=4 * MAX_OPS).map(decode_ops))
 @budgeted(0.05)
 def test_without_retention_configs_the_order_is_lru(cfg_args, ops):
     """The same operations (prefix-cache resets included) on an LRU manager and a priority
