@@ -546,8 +546,8 @@ def test_cli_generate_shared_prefix(sbuilt: Built, capsys: pytest.CaptureFixture
 
 @pytest.mark.parametrize(("extra", "message"), [
     (["--state-dtype", "float8_e4m3fn"], "valid dtypes: bfloat16, float16, float32"),
-    (["--num-blocks", "2"], "give num_blocks >= 4"),
-    (["--num-blocks", "3"], "give num_blocks >= 4"),
+    (["--num-blocks", "2"], "give --num-blocks >= 4"),
+    (["--num-blocks", "3"], "give --num-blocks >= 4"),
 ])
 def test_cli_state_errors(sbuilt: Built, capsys: pytest.CaptureFixture, extra: list[str], message: str) -> None:
     """An unsupported state dtype and a pool too small for one request's state: one line on
