@@ -11,7 +11,6 @@ best of 11, the two pools alternating in the same process; the eager pool is
 
 from __future__ import annotations
 
-import random
 import sys
 import time
 from pathlib import Path
@@ -20,30 +19,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from hybridkv.core.pool import BlockPool as Lazy  # noqa: E402
+from hybridkv.sim.eviction_cli import pool_op_mix  # noqa: E402
 from tests.core.eager_pool import BlockPool as Eager  # noqa: E402
 
 
 def workload(pool_cls, num_blocks: int, seed: int = 0) -> float:
-    rng = random.Random(seed)
+    """CPU seconds of 60,000 steps of the shared pool-operation mix on a fresh pool."""
     p = pool_cls(num_blocks, 1)
-    held: list[list[int]] = []
-    h = 0
     t0 = time.process_time()
-    for _ in range(60_000):
-        k = rng.randrange(1, 5)
-        if p.num_free >= k and (len(held) < num_blocks // 2 or rng.random() < 0.5):
-            got = p.allocate(k)
-            for b in got[:2]:
-                h += 1
-                p.insert(0, h.to_bytes(8, "little"), b)
-            held.append(got)
-        elif held:
-            p.free(held.pop(rng.randrange(len(held)))[::-1])
-            if rng.random() < 0.3:
-                hb = p.cached_block(0, rng.randrange(1, h + 1).to_bytes(8, "little"))
-                if hb is not None:
-                    p.touch([hb])
-                    held.append([hb])
+    pool_op_mix(p, 60_000, seed)
     return time.process_time() - t0
 
 

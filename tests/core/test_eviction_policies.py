@@ -243,27 +243,9 @@ def test_eva_bad_arguments():
 def test_seeded_operation_mix(policy):
     """The sweep's cost benchmark mix (allocate, free tail first, hits), checked every step: a
     queue emptied by hits and refilled later must stay reachable (an eva regression)."""
-    import random
-    rng = random.Random(1)
+    from hybridkv.sim.eviction_cli import pool_op_mix
     pool = PolicyBlockPool(300, 1, make_policy(policy))
-    held: list[list[int]] = []
-    h = 0
-    for _ in range(3000):
-        k = rng.randrange(1, 5)
-        if pool.num_free >= k and (len(held) < 150 or rng.random() < 0.5):
-            got = pool.allocate(k)
-            for b in got[:2]:
-                h += 1
-                pool.insert(0, h.to_bytes(8, "little"), b)
-            held.append(got)
-        elif held:
-            pool.free(held.pop(rng.randrange(len(held)))[::-1])
-            if rng.random() < 0.3:
-                hb = pool.cached_block(0, rng.randrange(1, h + 1).to_bytes(8, "little"))
-                if hb is not None:
-                    pool.touch([hb])
-                    held.append([hb])
-        pool.check()
+    held = pool_op_mix(pool, 3000, seed=1, after_step=lambda p: p.check())
     for run in held:
         pool.free(run)
     pool.check()

@@ -117,14 +117,17 @@ def sweep_policies(args: argparse.Namespace, runs: list, items: list,
     return rows, failed
 
 
-def _op_mix(pool, steps: int, seed: int) -> float:
-    """A seeded mix of pool operations (allocate with hashes, free tail first, cache hits) on a
-    saturated pool; process CPU seconds."""
+def pool_op_mix(pool, steps: int, seed: int, after_step=None) -> list[list[int]]:
+    """Run a seeded mix of pool operations on ``pool`` (allocate runs of 1-4 blocks and cache
+    their first two under fresh hashes; free a random held run tail first; after a free, 30%
+    of the time take a hit on a random earlier hash); keeps at most half the pool held unless
+    a coin says otherwise. ``after_step(pool)`` runs after every step. Returns the runs still
+    held. The same mix times every policy here and in ``benchmarks/bench_pool.py`` /
+    ``bench_policies.py``, and drives the policies' integrity test."""
     rng = random.Random(seed)
     held: list[list[int]] = []
     h = 0
     n = pool.num_blocks
-    t0 = time.process_time()
     for _ in range(steps):
         k = rng.randrange(1, 5)
         if pool.num_free >= k and (len(held) < n // 2 or rng.random() < 0.5):
@@ -140,6 +143,15 @@ def _op_mix(pool, steps: int, seed: int) -> float:
                 if hb is not None:
                     pool.touch([hb])
                     held.append([hb])
+        if after_step is not None:
+            after_step(pool)
+    return held
+
+
+def _op_mix(pool, steps: int, seed: int) -> float:
+    """:func:`pool_op_mix`'s process CPU seconds."""
+    t0 = time.process_time()
+    pool_op_mix(pool, steps, seed)
     return time.process_time() - t0
 
 
