@@ -144,12 +144,7 @@ class EVAPolicy(EvictionPolicy):
                     hits[b] = g[2] + 1
                     if self._unghost(g):
                         self.hit_n[g[0]][self.epoch - g[1]] += 1
-        deepest = 0
-        for b in blocks:                           # tail first: the first reused one is the deepest
-            deepest = hits.get(b, 0)
-            if deepest:
-                break
-        c = chain_class(deepest)
+        c = self._batch_class(blocks)
         key = (c, self.epoch)
         q = self.queues.get(key)
         if q is None:
@@ -167,6 +162,16 @@ class EVAPolicy(EvictionPolicy):
         self.clock += len(blocks)
         if self.clock // self.width != self.epoch:
             self._advance()
+
+    def _batch_class(self, blocks: Sequence[int]) -> int:
+        """The class of a batch freed together: its deepest reused block's reuse count."""
+        hits = self.hits
+        deepest = 0
+        for b in blocks:                           # tail first: the first reused one is the deepest
+            deepest = hits.get(b, 0)
+            if deepest:
+                break
+        return chain_class(deepest)
 
     def on_hit(self, b: int, held: bool) -> None:
         if held:
