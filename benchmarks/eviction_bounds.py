@@ -23,8 +23,10 @@ trace's own chained block ids. Prints
   first, where density(class, age) = P(next turn within H | idle for ``age`` requests) /
   E[requests held until then] is computed from the *whole trace's* turn gaps (the best curves
   an online learner could converge to; the best of a few horizons H): classes = the
-  conversation's turn count 0/1/2/3/4+ (what a pool can count), and the same told whether the
-  conversation comes back at all (not when: future knowledge, a reference).
+  conversation's turn count 0/1/2/3/4+ (what a pool can count); turn x requests since the
+  previous turn (none, < 300, more) x prompt blocks (< 16, < 32, more) x output tokens (< 200,
+  < 400, more), fitted in-sample on 135 cells (generous to the policy); and turn classes told
+  whether the conversation comes back at all (not when: future knowledge, a reference).
 """
 
 from __future__ import annotations
@@ -204,10 +206,17 @@ def main() -> None:
     inf = infinite_block_hit_rate(keys)
     print(f"infinite cache: {inf.hit_rate:.4f}\n")
     print(f"{'cache':>8} {'blocks':>7} {'belady':>8} {'pool-belady':>12} {'lru':>8} {'lru/belady':>11} "
-          f"{'lru+dead-oracle':>16} {'age x turn':>16} {'age x turn+returns':>19}")
+          f"{'lru+dead-oracle':>16} {'age x turn':>16} {'age x 4 features':>16} "
+          f"{'age x turn+returns':>19}")
     turn, nxt = turn_structure(sessions)
     by_turn = [min(t, 4) for t in turn]
     by_return = [2 * c + (n is not None) for c, n in zip(by_turn, nxt)]
+    last, prev_gap = {}, []
+    for i, s in enumerate(sessions):
+        prev_gap.append(0 if s not in last else 1 if i - last[s] < 300 else 2)
+        last[s] = i
+    by_features = [((t * 3 + g) * 3 + min(len(ks) // 16, 2)) * 3 + min(o // 200, 2)
+                   for t, g, ks, o in zip(by_turn, prev_gap, keys, outputs)]
     nus = next_use_indices(keys)
     for text in args.sizes.split(","):
         cap = parse_size(text) // BLOCK
@@ -217,7 +226,7 @@ def main() -> None:
         lru_rate = lru.block_hits / b.block_refs
         oracle = lru_dead_oracle(keys, limits, cap)
         ages = [max(class_age_policy(keys, limits, cap, cls, density_table(cls, nxt, hz))
-                    for hz in (800, 1600, 3200)) for cls in (by_turn, by_return)]
+                    for hz in (800, 1600, 3200)) for cls in (by_turn, by_features, by_return)]
         print(f"{text:>8} {cap:>7} {b.hit_rate:>8.4f} {f.hit_rate:>12.4f} {lru_rate:>8.4f} "
               f"{lru_rate / b.hit_rate:>11.3f} {oracle:>9.4f} ({oracle / b.hit_rate:.3f})"
               + "".join(f" {a:>9.4f} ({a / b.hit_rate:.3f})" for a in ages), flush=True)

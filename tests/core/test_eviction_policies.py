@@ -232,6 +232,36 @@ def test_eva_learns_a_dead_time():
     assert [state[t][1] for t in done] == sorted((state[t][1] for t in done), reverse=True)
 
 
+def test_eva_turns_classes_count_turns():
+    """A conversation that comes back k times is freed in class k (capped at 4); a block reused
+    SHARED_REUSES times or more (a system prompt) does not count. ``eva`` classes a first turn
+    by the system prompt (8+ reuses: its last class) and every returning conversation as 1 (its
+    deepest reused block was read once)."""
+    from hybridkv.core.eviction.eva import EVAPolicy
+    from hybridkv.core.eviction.turns import SHARED_REUSES, TurnEVAPolicy
+    classes: dict[str, list[int]] = {}
+    for policy in (TurnEVAPolicy(ages=64, width=1000), EVAPolicy(ages=64, width=1000)):
+        pool = PolicyBlockPool(64, 1, policy)
+        system = pool.allocate(1)
+        pool.insert(0, _key(0), system[0])
+        pool.free(system)
+        for _ in range(SHARED_REUSES):               # the system prompt: shared content
+            pool.touch(system)
+            pool.free(system)
+        chain, seen = list(system), []
+        for turn in range(6):                        # each turn re-reads the whole chain
+            pool.touch(chain)
+            new = pool.allocate(2)
+            for b in new:
+                pool.insert(0, _key(100 * turn + b + 1), b)
+            chain = chain + new
+            pool.free(chain[::-1])
+            seen.append(policy.where[chain[-1]][0])
+            pool.check()
+        classes[policy.name] = seen
+    assert classes == {"eva-turns": [0, 1, 2, 3, 4, 4], "eva": [4, 1, 1, 1, 1, 1]}
+
+
 def test_eva_bad_arguments():
     from hybridkv.core.eviction.eva import EVAPolicy
     for kw in ({"ages": 1}, {"ages": 2.5}, {"width": 0}, {"min_events": 0}):

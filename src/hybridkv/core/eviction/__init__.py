@@ -20,7 +20,7 @@ from hybridkv.core.eviction.s3fifo import S3FIFOPolicy
 from hybridkv.core.eviction.turns import TurnEVAPolicy
 
 #: Valid policy names, ``recommended`` included (it resolves to :data:`RECOMMENDED`).
-POLICIES = ("lru", "s3fifo", "lfu", "cost", "eva", "eva-turns", "arc", "adaptive", "priority", "recommended")
+POLICIES = ("lru", "s3fifo", "lfu", "cost", "eva", "eva-turns", "arc", "adaptive", "adaptive-turns", "priority", "recommended")
 #: The policy ``recommended`` resolves to (see BENCHMARKS.md, "Eviction policies", for why).
 RECOMMENDED = "adaptive"
 #: Depth (tokens of prefix) at which the cost-aware policy values a block's recompute work.
@@ -51,6 +51,8 @@ def make_policy(name: str, rules=(), clock: Callable[[], float] = time.monotonic
         return LFUPolicy()
     if name == "eva":
         return EVAPolicy()
+    if name == "adaptive-turns":
+        return AdaptivePolicy(challenger=TurnEVAPolicy)
     if name == "eva-turns":
         return TurnEVAPolicy()
     if name == "arc":

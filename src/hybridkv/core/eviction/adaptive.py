@@ -23,7 +23,7 @@ Cost: three structures per freed block instead of one (about 3-4x LRU's per-oper
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from hybridkv.core.eviction.arc import ChainARCPolicy
 from hybridkv.core.eviction.base import EvictionPolicy
@@ -59,15 +59,15 @@ class AdaptivePolicy(EvictionPolicy):
     __slots__ = ("fifo", "arc", "shadow_lru", "shadow_arc", "score_lru", "score_arc",
                  "margin", "use_arc", "_freed", "_cap")
 
-    def __init__(self, margin: float = 0.1) -> None:
+    def __init__(self, margin: float = 0.1, challenger: Callable[[], EvictionPolicy] = ChainARCPolicy) -> None:
         super().__init__()
         if not isinstance(margin, (int, float)) or not 0 <= margin < 1:
             raise ValueError(f"margin must be a number in [0, 1), got {margin!r}")
         self.margin = float(margin)
         self.fifo: OrderedDict[int, None] = OrderedDict()     # held blocks in free order (LRU)
-        self.arc = ChainARCPolicy()
+        self.arc = challenger()             # the challenger (chain ARC unless told otherwise)
         self.shadow_lru: OrderedDict[object, None] = OrderedDict()
-        self.shadow_arc = ChainARCPolicy()
+        self.shadow_arc = challenger()
         self.score_lru = 0.0
         self.score_arc = 0.0
         self.use_arc = False
