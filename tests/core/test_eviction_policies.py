@@ -368,7 +368,7 @@ def test_adaptive_switches_to_arc_when_its_shadow_is_ahead():
     adaptive = _rounds(PolicyBlockPool(31, 1, pol))
     assert lru == [6, 5, 3, 2, 2, 2, 2, 2] and arc == [2, 8, 10, 9, 14, 16, 18, 20]
     assert adaptive[:4] == lru[:4] and adaptive[4:] == arc[4:]
-    assert pol.use_arc and pol.score_arc > pol.score_lru
+    assert pol.use_arc and pol.scores[0] > pol.score_lru
 
 
 def test_bad_policy_arguments():

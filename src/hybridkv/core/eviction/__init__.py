@@ -52,7 +52,7 @@ def make_policy(name: str, rules=(), clock: Callable[[], float] = time.monotonic
     if name == "eva":
         return EVAPolicy()
     if name == "adaptive-turns":
-        return AdaptivePolicy(challenger=TurnEVAPolicy)
+        return AdaptivePolicy(challengers=(ChainARCPolicy, TurnEVAPolicy))
     if name == "eva-turns":
         return TurnEVAPolicy()
     if name == "arc":
