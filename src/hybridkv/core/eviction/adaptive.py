@@ -16,6 +16,14 @@ because, on the recent past, ARC would have hit more. It cannot guarantee that t
 predicts the future: a workload that changes faster than the decay can make it switch too
 late, and the contents ARC left behind are not LRU's.
 
+Challengers: chain ARC is the default (``adaptive``); ``adaptive-turns`` runs chain ARC *and*
+:mod:`~hybridkv.core.eviction.turns` (``eva-turns``) as challengers, each with its shadow and
+its copy over the real blocks, and evicts like the one whose shadow leads when it is ahead of
+LRU's by the margin (assumes, beyond ``adaptive``, that multi-turn traffic may want
+``eva-turns``' dead-time ages, and pays a third copy for it). Every challenger sees every
+freed block and drops (``discard``) the victims another one chose, so a switch finds each
+one's lists complete.
+
 Cost: three structures per freed block instead of one (about 3-4x LRU's per-operation time in
 ``bench_policies.py``); memory: two shadows of the pool's capacity plus ARC's ghosts.
 """
