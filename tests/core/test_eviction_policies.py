@@ -380,17 +380,19 @@ def test_bad_policy_arguments():
     for bad in (-0.1, 1.0, None):
         with pytest.raises(ValueError, match="margin"):
             AdaptivePolicy(margin=bad)
+    with pytest.raises(ValueError, match="challengers"):
+        AdaptivePolicy(challengers=())
 
 
+@pytest.mark.parametrize("name", ["adaptive", "adaptive-turns"])
 @settings(max_examples=examples(60), deadline=None)
 @given(num_blocks=st.integers(2, 40),
        ops=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 10**6)), min_size=1, max_size=120))
-def test_adaptive_is_exactly_lru_while_lru_leads(num_blocks, ops):
-    """The same operations on plain LRU and on ``adaptive``: while ARC's shadow has never been
-    ahead, every allocation returns the same blocks (victims included) and every lookup hits
-    the same block."""
-    from hybridkv.core.eviction.adaptive import AdaptivePolicy
-    pol = AdaptivePolicy()
+def test_adaptive_is_exactly_lru_while_lru_leads(name, num_blocks, ops):
+    """The same operations on plain LRU and on ``adaptive`` / ``adaptive-turns``: while no
+    challenger's shadow has been ahead, every allocation returns the same blocks (victims
+    included) and every lookup hits the same block."""
+    pol = make_policy(name)
     pools = (BlockPool(num_blocks, 1), PolicyBlockPool(num_blocks, 1, pol))
     held: list[list[int]] = []
     h = 0
