@@ -20,8 +20,8 @@ conversation (its previous turn's tail was read once), so it cannot tell turn 2 
 Learning, ordering and cost are ``eva``'s (see :mod:`hybridkv.core.eviction.eva`): per class
 and age bucket, reuse probabilities from survival counts (ghosts included), value = expected
 reuses per unit of space-time, the lowest-valued (class, age) FIFO goes first, oldest first
-among equals; O(1) amortized per operation. Only the classes differ. What it gains and where
-it is worse than LRU: BENCHMARKS.md, "Eviction policies".
+among equals; O(1) amortized per operation. Only the classes and the horizon (``AGES``) differ.
+What it gains and where it is worse than LRU: BENCHMARKS.md, "Eviction policies".
 """
 
 from __future__ import annotations
