@@ -18,7 +18,7 @@ trace's own chained block ids. Prints
   ``belady_block_hit_rate(..., footprints=...)``); LRU; and LRU told which blocks are never
   used again (a reference that uses the future: how much of LRU's gap is "keeping blocks that
   are dead" rather than timing);
-* two references for policies that evict by *age and class* (the shape of ``eva`` /
+* three references for policies that evict by *age and class* (the shape of ``eva`` /
   ``eva-turns``), each evicting the (request chain, age) with the lowest hit density, tail
   first, where density(class, age) = P(next turn within H | idle for ``age`` requests) /
   E[requests held until then] is computed from the *whole trace's* turn gaps (the best curves
