@@ -232,6 +232,36 @@ def test_eva_learns_a_dead_time():
     assert [state[t][1] for t in done] == sorted((state[t][1] for t in done), reverse=True)
 
 
+def test_eva_turns_classes_count_turns():
+    """A conversation that comes back k times is freed in class k (capped at 4); a block reused
+    SHARED_REUSES times or more (a system prompt) does not count. ``eva`` classes a first turn
+    by the system prompt (8+ reuses: its last class) and every returning conversation as 1 (its
+    deepest reused block was read once)."""
+    from hybridkv.core.eviction.eva import EVAPolicy
+    from hybridkv.core.eviction.turns import SHARED_REUSES, TurnEVAPolicy
+    classes: dict[str, list[int]] = {}
+    for policy in (TurnEVAPolicy(ages=64, width=1000), EVAPolicy(ages=64, width=1000)):
+        pool = PolicyBlockPool(64, 1, policy)
+        system = pool.allocate(1)
+        pool.insert(0, _key(0), system[0])
+        pool.free(system)
+        for _ in range(SHARED_REUSES):               # the system prompt: shared content
+            pool.touch(system)
+            pool.free(system)
+        chain, seen = list(system), []
+        for turn in range(6):                        # each turn re-reads the whole chain
+            pool.touch(chain)
+            new = pool.allocate(2)
+            for b in new:
+                pool.insert(0, _key(100 * turn + b + 1), b)
+            chain = chain + new
+            pool.free(chain[::-1])
+            seen.append(policy.where[chain[-1]][0])
+            pool.check()
+        classes[policy.name] = seen
+    assert classes == {"eva-turns": [0, 1, 2, 3, 4, 4], "eva": [4, 1, 1, 1, 1, 1]}
+
+
 def test_eva_bad_arguments():
     from hybridkv.core.eviction.eva import EVAPolicy
     for kw in ({"ages": 1}, {"ages": 2.5}, {"width": 0}, {"min_events": 0}):
@@ -338,7 +368,7 @@ def test_adaptive_switches_to_arc_when_its_shadow_is_ahead():
     adaptive = _rounds(PolicyBlockPool(31, 1, pol))
     assert lru == [6, 5, 3, 2, 2, 2, 2, 2] and arc == [2, 8, 10, 9, 14, 16, 18, 20]
     assert adaptive[:4] == lru[:4] and adaptive[4:] == arc[4:]
-    assert pol.use_arc and pol.score_arc > pol.score_lru
+    assert pol.use_arc and pol.scores[0] > pol.score_lru
 
 
 def test_bad_policy_arguments():
@@ -350,17 +380,19 @@ def test_bad_policy_arguments():
     for bad in (-0.1, 1.0, None):
         with pytest.raises(ValueError, match="margin"):
             AdaptivePolicy(margin=bad)
+    with pytest.raises(ValueError, match="challengers"):
+        AdaptivePolicy(challengers=())
 
 
+@pytest.mark.parametrize("name", ["adaptive", "adaptive-turns"])
 @settings(max_examples=examples(60), deadline=None)
 @given(num_blocks=st.integers(2, 40),
        ops=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 10**6)), min_size=1, max_size=120))
-def test_adaptive_is_exactly_lru_while_lru_leads(num_blocks, ops):
-    """The same operations on plain LRU and on ``adaptive``: while ARC's shadow has never been
-    ahead, every allocation returns the same blocks (victims included) and every lookup hits
-    the same block."""
-    from hybridkv.core.eviction.adaptive import AdaptivePolicy
-    pol = AdaptivePolicy()
+def test_adaptive_is_exactly_lru_while_lru_leads(name, num_blocks, ops):
+    """The same operations on plain LRU and on ``adaptive`` / ``adaptive-turns``: while no
+    challenger's shadow has been ahead, every allocation returns the same blocks (victims
+    included) and every lookup hits the same block."""
+    pol = make_policy(name)
     pools = (BlockPool(num_blocks, 1), PolicyBlockPool(num_blocks, 1, pol))
     held: list[list[int]] = []
     h = 0

@@ -17,9 +17,10 @@ from hybridkv.core.eviction.eva import EVAPolicy
 from hybridkv.core.eviction.frequency import CostAwarePolicy, LFUPolicy
 from hybridkv.core.eviction.priority import PriorityPolicy
 from hybridkv.core.eviction.s3fifo import S3FIFOPolicy
+from hybridkv.core.eviction.turns import TurnEVAPolicy
 
 #: Valid policy names, ``recommended`` included (it resolves to :data:`RECOMMENDED`).
-POLICIES = ("lru", "s3fifo", "lfu", "cost", "eva", "arc", "adaptive", "priority", "recommended")
+POLICIES = ("lru", "s3fifo", "lfu", "cost", "eva", "eva-turns", "arc", "adaptive", "adaptive-turns", "priority", "recommended")
 #: The policy ``recommended`` resolves to (see BENCHMARKS.md, "Eviction policies", for why).
 RECOMMENDED = "adaptive"
 #: Depth (tokens of prefix) at which the cost-aware policy values a block's recompute work.
@@ -50,6 +51,10 @@ def make_policy(name: str, rules=(), clock: Callable[[], float] = time.monotonic
         return LFUPolicy()
     if name == "eva":
         return EVAPolicy()
+    if name == "adaptive-turns":
+        return AdaptivePolicy(challengers=(ChainARCPolicy, TurnEVAPolicy))
+    if name == "eva-turns":
+        return TurnEVAPolicy()
     if name == "arc":
         return ChainARCPolicy()
     if name == "adaptive":
@@ -59,5 +64,5 @@ def make_policy(name: str, rules=(), clock: Callable[[], float] = time.monotonic
 
 
 __all__ = ["POLICIES", "RECOMMENDED", "EvictionPolicy", "S3FIFOPolicy", "LFUPolicy",
-           "CostAwarePolicy", "EVAPolicy", "ChainARCPolicy", "AdaptivePolicy", "PriorityPolicy",
+           "CostAwarePolicy", "EVAPolicy", "TurnEVAPolicy", "ChainARCPolicy", "AdaptivePolicy", "PriorityPolicy",
            "make_policy", "resolve_policy"]

@@ -16,6 +16,14 @@ because, on the recent past, ARC would have hit more. It cannot guarantee that t
 predicts the future: a workload that changes faster than the decay can make it switch too
 late, and the contents ARC left behind are not LRU's.
 
+Challengers: chain ARC is the default (``adaptive``); ``adaptive-turns`` runs chain ARC *and*
+:mod:`~hybridkv.core.eviction.turns` (``eva-turns``) as challengers, each with its shadow and
+its copy over the real blocks, and evicts like the one whose shadow leads when it is ahead of
+LRU's by the margin (assumes, beyond ``adaptive``, that multi-turn traffic may want
+``eva-turns``' dead-time ages, and pays a third copy for it). Every challenger sees every
+freed block and drops (``discard``) the victims another one chose, so a switch finds each
+one's lists complete.
+
 Cost: three structures per freed block instead of one (about 3-4x LRU's per-operation time in
 ``bench_policies.py``); memory: two shadows of the pool's capacity plus ARC's ghosts.
 """
@@ -23,7 +31,7 @@ Cost: three structures per freed block instead of one (about 3-4x LRU's per-oper
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from hybridkv.core.eviction.arc import ChainARCPolicy
 from hybridkv.core.eviction.base import EvictionPolicy
@@ -53,32 +61,43 @@ class _KeyPool:
 
 
 class AdaptivePolicy(EvictionPolicy):
-    """See the module docstring. ``margin``: how far (relative) ARC's shadow must be ahead."""
+    """See the module docstring. ``margin``: how far (relative) a challenger's shadow must be
+    ahead of LRU's; ``challengers``: factories of the challenger policies (chain ARC alone by
+    default), each of which must implement ``discard``."""
 
     name = "adaptive"
-    __slots__ = ("fifo", "arc", "shadow_lru", "shadow_arc", "score_lru", "score_arc",
-                 "margin", "use_arc", "_freed", "_cap")
+    __slots__ = ("fifo", "alts", "shadow_lru", "shadows", "score_lru", "scores",
+                 "margin", "mode", "_freed", "_cap")
 
-    def __init__(self, margin: float = 0.1) -> None:
+    def __init__(self, margin: float = 0.1,
+                 challengers: Sequence[Callable[[], EvictionPolicy]] = (ChainARCPolicy,)) -> None:
         super().__init__()
         if not isinstance(margin, (int, float)) or not 0 <= margin < 1:
             raise ValueError(f"margin must be a number in [0, 1), got {margin!r}")
+        if not challengers:
+            raise ValueError("challengers must name at least one policy factory")
         self.margin = float(margin)
         self.fifo: OrderedDict[int, None] = OrderedDict()     # held blocks in free order (LRU)
-        self.arc = ChainARCPolicy()
+        self.alts = [make() for make in challengers]          # the challengers on the real blocks
         self.shadow_lru: OrderedDict[object, None] = OrderedDict()
-        self.shadow_arc = ChainARCPolicy()
+        self.shadows = [make() for make in challengers]       # the challengers on hashes
         self.score_lru = 0.0
-        self.score_arc = 0.0
-        self.use_arc = False
+        self.scores = [0.0] * len(challengers)
+        self.mode = -1                      # the challenger evicting now; -1: LRU
         self._freed = 0
         self._cap = 1
+
+    @property
+    def use_arc(self) -> bool:
+        """Whether a challenger (not LRU) chooses the victims now."""
+        return self.mode >= 0
 
     def attach(self, pool) -> None:
         super().attach(pool)
         self._cap = max(1, pool.num_blocks - 1)
-        self.arc.attach(pool)
-        self.shadow_arc.attach(_KeyPool(self._cap))
+        for alt, shadow in zip(self.alts, self.shadows):
+            alt.attach(pool)
+            shadow.attach(_KeyPool(self._cap))
 
     def __len__(self) -> int:
         return len(self.fifo)
@@ -94,7 +113,8 @@ class AdaptivePolicy(EvictionPolicy):
         fifo = self.fifo
         for b in blocks:
             fifo[b] = None
-        self.arc.on_free(blocks)
+        for alt in self.alts:
+            alt.on_free(blocks)
         pool = self.pool
         bh, bg = pool.block_hash, pool.block_group
         self._shadows([bh[b] if not bg[b] else (bg[b], bh[b]) for b in blocks])
@@ -102,35 +122,43 @@ class AdaptivePolicy(EvictionPolicy):
     def on_hit(self, b: int, held: bool) -> None:
         if held:
             del self.fifo[b]
-        self.arc.on_hit(b, held)
+        for alt in self.alts:
+            alt.on_hit(b, held)
 
     def forget(self, blocks: Sequence[int]) -> None:
-        self.arc.forget(blocks)
+        for alt in self.alts:
+            alt.forget(blocks)
 
     def pop(self, n: int) -> list[int]:
         fifo = self.fifo
-        if self.use_arc:
-            out = self.arc.pop(n)
+        if self.mode >= 0:
+            out = self.alts[self.mode].pop(n)
             for b in out:
                 del fifo[b]
-            return out
-        out = [fifo.popitem(last=False)[0] for _ in range(n)]
-        discard = self.arc.discard
-        for b in out:
-            discard(b)
+        else:
+            out = [fifo.popitem(last=False)[0] for _ in range(n)]
+        for i, alt in enumerate(self.alts):
+            if i != self.mode:
+                discard = alt.discard
+                for b in out:
+                    discard(b)
         return out
 
     # ---- the shadows ------------------------------------------------------------------------
-    def _shadows(self, keys: list) -> None:
-        """Serve one freed batch (tail first) to both shadows; update the scores and the mode."""
-        cap = self._cap
-        lru = self.shadow_lru
+    @staticmethod
+    def _leading_hits(keys: list, cache) -> int:
         hits = 0
         for k in reversed(keys):                   # leading hits, from the chain's head
-            if k not in lru:
+            if k not in cache:
                 break
             hits += 1
-        self.score_lru += hits
+        return hits
+
+    def _shadows(self, keys: list) -> None:
+        """Serve one freed batch (tail first) to every shadow; update the scores and the mode."""
+        cap = self._cap
+        lru = self.shadow_lru
+        self.score_lru += self._leading_hits(keys, lru)
         for k in keys:
             if k in lru:
                 lru.move_to_end(k)
@@ -138,34 +166,28 @@ class AdaptivePolicy(EvictionPolicy):
                 lru[k] = None
         while len(lru) > cap:
             lru.popitem(last=False)
-        arc = self.shadow_arc
-        hits = 0
-        for k in reversed(keys):
-            if k not in arc:
-                break
-            hits += 1
-        self.score_arc += hits
-        fresh = []
-        for k in keys:
-            if k in arc:
-                arc.on_hit(k, True)
-            else:
-                fresh.append(k)
-        over = len(arc) + len(keys) - cap
-        if over > 0:
-            arc.forget(arc.pop(min(over, len(arc))))
-        arc.on_free(keys[-cap:] if len(keys) > cap else keys)
+        for i, shadow in enumerate(self.shadows):
+            self.scores[i] += self._leading_hits(keys, shadow)
+            for k in keys:
+                if k in shadow:
+                    shadow.on_hit(k, True)
+            over = len(shadow) + len(keys) - cap
+            if over > 0:
+                shadow.forget(shadow.pop(min(over, len(shadow))))
+            shadow.on_free(keys[-cap:] if len(keys) > cap else keys)
         self._freed += len(keys)
         if self._freed >= DECAY_CAPACITIES * cap:
             self._freed = 0
             self.score_lru *= 0.5
-            self.score_arc *= 0.5
-        self.use_arc = self.score_arc > self.score_lru * (1.0 + self.margin) + 1.0
+            self.scores = [x * 0.5 for x in self.scores]
+        best = max(range(len(self.scores)), key=self.scores.__getitem__)
+        self.mode = best if self.scores[best] > self.score_lru * (1.0 + self.margin) + 1.0 else -1
 
     def check(self) -> None:
-        self.arc.check()
-        if len(self.arc) != len(self.fifo) or any(b not in self.arc for b in self.fifo):
-            raise AssertionError(f"adaptive: LRU list ({len(self.fifo)}) and ARC lists "
-                                 f"({len(self.arc)}) hold different blocks")
-        if len(self.shadow_lru) > self._cap or len(self.shadow_arc) > self._cap:
+        for alt in self.alts:
+            alt.check()
+            if len(alt) != len(self.fifo) or any(b not in alt for b in self.fifo):
+                raise AssertionError(f"adaptive: LRU list ({len(self.fifo)}) and {alt.name} "
+                                     f"({len(alt)}) hold different blocks")
+        if len(self.shadow_lru) > self._cap or any(len(s) > self._cap for s in self.shadows):
             raise AssertionError("adaptive: a shadow is over the pool's capacity")

@@ -144,12 +144,7 @@ class EVAPolicy(EvictionPolicy):
                     hits[b] = g[2] + 1
                     if self._unghost(g):
                         self.hit_n[g[0]][self.epoch - g[1]] += 1
-        deepest = 0
-        for b in blocks:                           # tail first: the first reused one is the deepest
-            deepest = hits.get(b, 0)
-            if deepest:
-                break
-        c = chain_class(deepest)
+        c = self._batch_class(blocks)
         key = (c, self.epoch)
         q = self.queues.get(key)
         if q is None:
@@ -167,6 +162,16 @@ class EVAPolicy(EvictionPolicy):
         self.clock += len(blocks)
         if self.clock // self.width != self.epoch:
             self._advance()
+
+    def _batch_class(self, blocks: Sequence[int]) -> int:
+        """The class of a batch freed together: its deepest reused block's reuse count."""
+        hits = self.hits
+        deepest = 0
+        for b in blocks:                           # tail first: the first reused one is the deepest
+            deepest = hits.get(b, 0)
+            if deepest:
+                break
+        return chain_class(deepest)
 
     def on_hit(self, b: int, held: bool) -> None:
         if held:
@@ -186,7 +191,6 @@ class EVAPolicy(EvictionPolicy):
             self._rank()
         out: list[int] = []
         queues, ranking, where = self.queues, self.ranking, self.where
-        ghost, bh, groups = self.ghost, self.pool.block_hash, self.ghost_groups
         i = self.cursor
         while len(out) < n:
             key = ranking[i]
@@ -196,17 +200,31 @@ class EVAPolicy(EvictionPolicy):
                 continue
             b, _ = q.popitem(last=False)
             del where[b]
-            h = bh[b]
-            if h is not None:
-                gk = (key[0], key[1] if key[1] != _OLD else self.epoch - self.ages + 1)
-                ghost[h] = (gk[0], gk[1], self.hits.get(b, 0))
-                groups[gk] = groups.get(gk, 0) + 1
+            self._remember(b, key)
             out.append(b)
         self.cursor = i
-        cap = self._ghost_cap()
+        self._trim_ghosts()
+        return out
+
+    def discard(self, b: int) -> None:
+        """Block ``b`` (held) is evicted by someone else's choice: drop it, remember its ghost."""
+        key = self.where.pop(b)
+        del self.queues[key][b]
+        self._remember(b, key)
+        self._trim_ghosts()
+
+    def _remember(self, b: int, key: tuple[int, int]) -> None:
+        """Record evicted block ``b`` (from queue ``key``) as a ghost of its content."""
+        h = self.pool.block_hash[b]
+        if h is not None:
+            gk = (key[0], key[1] if key[1] != _OLD else self.epoch - self.ages + 1)
+            self.ghost[h] = (gk[0], gk[1], self.hits.get(b, 0))
+            self.ghost_groups[gk] = self.ghost_groups.get(gk, 0) + 1
+
+    def _trim_ghosts(self) -> None:
+        ghost, cap = self.ghost, self._ghost_cap()
         while len(ghost) > cap:
             self._unghost(ghost.popitem(last=False)[1])
-        return out
 
     def _ghost_cap(self) -> int:
         return min(MAX_GHOSTS, max(64, self.ages * self.width))
