@@ -250,6 +250,17 @@ def test_the_size_it_names_is_enough_and_a_given_size_only_warns(capsys) -> None
     assert "warning: request 'mooncake_conversation-11'" in err and "--cache-tokens 180k" in err
 
 
+def test_a_cache_too_small_for_one_request_is_told_in_options(capsys) -> None:
+    """The scheduler names its config fields; the simulate command turns them into options."""
+    assert run_main(["simulate", "--workload", "chat", "--cache-tokens", "2k", "--no-progress",
+                     "--no-optimum"]) == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err.startswith("hybridkv simulate: error: the KV cache cannot hold request")
+    assert "give a larger cache (--num-blocks or --cache-tokens)" in err
+    assert "a smaller --max-num-batched-tokens" in err and "a smaller --max-model-len" in err
+    assert "max_num_batched_tokens" not in err and "max_model_len" not in err
+
+
 @pytest.mark.parametrize("n, text", [(999, "999"), (1000, "1k"), (177_123, "180k"),
                                      (1_234_567, "1.3M"), (3_000_000, "3M"), (10**12 + 1, "1.1T")])
 def test_sizes_round_up_to_what_cache_tokens_takes(n: int, text: str) -> None:
@@ -280,14 +291,19 @@ def test_generate_errors_name_the_option_and_its_range(argv, message, capsys) ->
 
 def test_engine_errors_are_told_in_the_options_of_generate() -> None:
     pytest.importorskip("torch")
-    from hybridkv.engine.generate_cli import name_options
-    assert name_options("request 'r' has 3 prompt tokens; max_model_len=3 leaves no room") == \
+    from hybridkv.engine.generate_cli import OPTION_NAMES
+    from hybridkv.options import name_options
+
+    def named(message: str) -> str:
+        return name_options(message, OPTION_NAMES)
+    assert named("request 'r' has 3 prompt tokens; max_model_len=3 leaves no room") == \
         "request 'r' has 3 prompt tokens; --max-model-len 3 leaves no room"
-    assert name_options("speculative method 'dflash' needs draft_model=DIR") == \
+    assert named("speculative method 'dflash' needs draft_model=DIR") == \
         "speculative method 'dflash' needs --draft-model DIR"
-    assert name_options("CacheConfig.num_blocks must be None or an integer >= 2, got 1") == \
+    assert named("CacheConfig.num_blocks must be None or an integer >= 2, got 1") == \
         "--num-blocks must be None or an integer >= 2, got 1"
-    assert name_options("a smaller max_num_batched_tokens") == "a smaller --max-num-batched-tokens"
+    assert named("a smaller max_num_batched_tokens") == "a smaller --max-num-batched-tokens"
+    assert named("block_sizes and num_blocks_total") == "block_sizes and num_blocks_total"
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -23,6 +23,7 @@ import sys
 
 from hybridkv import (FullAttention, KVCacheConfig, KVCacheGroup, KVCacheManager, Request,
                       SlidingWindow, SpecDecode)
+from hybridkv.options import name_options
 
 
 def _serve(kv: KVCacheManager, rid: str, tokens: list[int], decode: int = 0) -> tuple[Request, int]:
@@ -126,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
 def run_command(args: argparse.Namespace) -> int:
     """Run a parsed command; every error becomes one line on stderr and an exit status."""
     def fail(status: int, message: str) -> int:
+        message = name_options(message, getattr(args, "option_names", None) or {})
         print(f"hybridkv {args.command}: error: {message}", file=sys.stderr)
         return status
     try:

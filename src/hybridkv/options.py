@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import Callable
+import re
+from typing import Callable, Mapping
 
 
 def int_in(lo: int, hi: int | None = None) -> Callable[[str], int]:
@@ -53,3 +54,15 @@ def parse_retention(text: str) -> int | None:
         raise argparse.ArgumentTypeError(
             f"retention interval must be 'none' or an integer >= 0, got {text!r}")
     return value
+
+
+def name_options(message: str, options: Mapping[str, str]) -> str:
+    """A library error with the config field names it mentions replaced by the command-line
+    options that set them (``max_model_len=3`` -> ``--max-model-len 3``; a field may be
+    prefixed by its config class, ``CacheConfig.num_blocks``). ``options`` maps field names to
+    the option text of one command: the library names its fields, each command its options."""
+    if not options:
+        return message
+    pattern = re.compile(r"\b(?:[A-Z][A-Za-z]*Config\.)?(" + "|".join(map(re.escape, options))
+                         + r")\b(=)?")
+    return pattern.sub(lambda m: options[m[1]] + (" " if m[2] else ""), message)

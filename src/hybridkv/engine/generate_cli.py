@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import time
 from typing import Any
 
 from hybridkv.core.spec_decode import parse_spec
-from hybridkv.options import int_in, parse_retention
+from hybridkv.options import int_in, name_options, parse_retention
 
 
 def _parse_ids(text: str) -> list[int]:
@@ -68,16 +67,9 @@ def _parse_spec(text: str) -> str:
 
 
 #: The engine's names for what ``generate`` options set, as its errors spell them.
-_OPTIONS = {"block_size": "--block-size", "num_blocks": "--num-blocks",
-            "max_model_len": "--max-model-len", "max_num_batched_tokens": "--max-num-batched-tokens",
-            "retention_interval": "--retention", "draft_model": "--draft-model"}
-_OPTION_RE = re.compile(r"\b(?:CacheConfig\.|SchedulerConfig\.)?(" + "|".join(_OPTIONS) + r")\b(=)?")
-
-
-def name_options(message: str) -> str:
-    """An engine error with its config field names replaced by the options that set them
-    (``max_model_len=3`` -> ``--max-model-len 3``)."""
-    return _OPTION_RE.sub(lambda m: _OPTIONS[m[1]] + (" " if m[2] else ""), message)
+OPTION_NAMES = {"block_size": "--block-size", "num_blocks": "--num-blocks",
+                "max_model_len": "--max-model-len", "max_num_batched_tokens": "--max-num-batched-tokens",
+                "retention_interval": "--retention", "draft_model": "--draft-model"}
 
 
 def _device(torch, name: str | None):
@@ -160,7 +152,7 @@ def run_generate(args: argparse.Namespace) -> int:
         outs = llm.generate(prompts, args.max_tokens, cache_salt=args.cache_salt, ignore_eos=args.ignore_eos)
         elapsed = time.perf_counter() - t0
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
-        print(f"hybridkv generate: error: {name_options(str(exc))}", file=sys.stderr)
+        print(f"hybridkv generate: error: {name_options(str(exc), OPTION_NAMES)}", file=sys.stderr)
         return 2
     stats = llm.stats
     if args.json:

@@ -394,7 +394,8 @@ class Scheduler:
 
     def _too_small(self, r: EngineRequest) -> str:
         return (f"the KV cache cannot hold request {r.request_id!r} ({r.num_tokens} tokens) even "
-                f"alone: the pool has {self.kv.config.num_blocks - 1} blocks; give a larger cache, "
+                f"alone: the pool has {self.kv.config.num_blocks - 1} blocks; give a larger cache "
+                f"(num_blocks), "
                 f"a smaller max_num_batched_tokens (sliding-window groups hold a whole prefill "
                 f"chunk) or a smaller max_model_len")
 

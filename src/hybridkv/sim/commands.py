@@ -620,6 +620,13 @@ def cmd_traces(args: argparse.Namespace) -> int:
     return 0
 
 
+#: The simulator's config field names as ``simulate`` / ``sweep`` options, for the errors of the
+#: layers below (``hybridkv.cli.run_command`` applies it; ``hybridkv.options.name_options``).
+OPTION_NAMES = {"num_blocks": "--num-blocks or --cache-tokens", "block_size": "--block-size",
+                "max_model_len": "--max-model-len", "max_num_batched_tokens": "--max-num-batched-tokens",
+                "max_num_seqs": "--max-num-seqs", "retention_interval": "--retention-interval"}
+
+
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     """Register ``simulate``, ``sweep``, ``presets`` and ``traces``."""
     p = sub.add_parser("simulate", help="trace-driven simulation: hit rates, latency, the optimum",
@@ -630,7 +637,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--plot", help="write a PNG of hit rate and cache usage over time")
     from hybridkv.sim.cluster_cli import add_cluster_options
     add_cluster_options(p)
-    p.set_defaults(func=cmd_simulate)
+    p.set_defaults(func=cmd_simulate, option_names=OPTION_NAMES)
 
     p = sub.add_parser("sweep", help="hit rate against cache size or retention interval")
     add_common_options(p)
@@ -647,7 +654,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     add_executor_options(p)
     from hybridkv.sim.eviction_cli import add_sweep_option
     add_sweep_option(p)
-    p.set_defaults(func=cmd_sweep)
+    p.set_defaults(func=cmd_sweep, option_names=OPTION_NAMES)
 
     p = sub.add_parser("presets", help="list model and GPU presets with KV bytes per token")
     p.add_argument("--json", action="store_true")

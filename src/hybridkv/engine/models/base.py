@@ -82,6 +82,19 @@ class PagedAttentionLayer(nn.Module, ABC):
     def check_spec(self, spec: AttentionSpec) -> None:
         """Raise ValueError if ``spec`` cannot hold this layer's KV."""
 
+    def add_gqa_projections(self, config: ModelConfig, layer_index: int, q_factor: int = 1) -> None:
+        """Set ``layer_index``, the head counts and the GQA projections ``q/k/v/o_proj`` (biases
+        from ``qkv_bias`` / ``o_bias``); ``q_proj`` is ``q_factor`` times wider (2: a query and
+        its output gate per head). The checkpoints' names, so weights load by name."""
+        self.layer_index = layer_index
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            config.num_attention_heads, config.num_key_value_heads, config.head_dim)
+        h, d = config.hidden_size, self.head_dim
+        self.q_proj = nn.Linear(h, self.num_heads * d * q_factor, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(h, self.num_kv_heads * d, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(h, self.num_kv_heads * d, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(self.num_heads * d, h, bias=config.o_bias)
+
 
 class DecoderLayer(nn.Module):
     """Pre-norm residual block: attention then MLP (the dense gated MLP unless one is given)."""

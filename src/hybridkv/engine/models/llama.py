@@ -29,17 +29,10 @@ class GQAAttention(PagedAttentionLayer):
 
     def __init__(self, config: ModelConfig, layer_index: int, norm: type[nn.Module] = RMSNorm) -> None:
         super().__init__()
-        self.layer_index = layer_index
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = config.head_dim
+        self.add_gqa_projections(config, layer_index)
         self.window = config.sliding_window if config.layer_kinds[layer_index] == "sliding" else None
         self.scale = config.attn_scale if config.attn_scale is not None else self.head_dim ** -0.5
-        h, d = config.hidden_size, self.head_dim
-        self.q_proj = nn.Linear(h, self.num_heads * d, bias=config.qkv_bias)
-        self.k_proj = nn.Linear(h, self.num_kv_heads * d, bias=config.qkv_bias)
-        self.v_proj = nn.Linear(h, self.num_kv_heads * d, bias=config.qkv_bias)
-        self.o_proj = nn.Linear(self.num_heads * d, h, bias=config.o_bias)
+        d = self.head_dim
         self.q_norm = norm(d, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = norm(d, config.rms_norm_eps) if config.qk_norm else None
         self.sinks = nn.Parameter(torch.zeros(self.num_heads)) if config.attention_sinks else None

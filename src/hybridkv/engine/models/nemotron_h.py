@@ -35,14 +35,7 @@ class PlainAttention(PagedAttentionLayer):
 
     def __init__(self, config: ModelConfig, layer_index: int) -> None:
         super().__init__()
-        self.layer_index = layer_index
-        self.num_heads, self.num_kv_heads, self.head_dim = (
-            config.num_attention_heads, config.num_key_value_heads, config.head_dim)
-        h, d = config.hidden_size, self.head_dim
-        self.q_proj = nn.Linear(h, self.num_heads * d, bias=config.qkv_bias)
-        self.k_proj = nn.Linear(h, self.num_kv_heads * d, bias=config.qkv_bias)
-        self.v_proj = nn.Linear(h, self.num_kv_heads * d, bias=config.qkv_bias)
-        self.o_proj = nn.Linear(self.num_heads * d, h, bias=config.o_bias)
+        self.add_gqa_projections(config, layer_index)
 
     def forward(self, x: torch.Tensor, rope: object, cache: torch.Tensor, meta: GroupMetadata) -> torch.Tensor:
         t, d = x.shape[0], self.head_dim

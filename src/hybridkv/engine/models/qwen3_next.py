@@ -50,14 +50,8 @@ class GatedAttention(PagedAttentionLayer):
 
     def __init__(self, config: ModelConfig, layer_index: int) -> None:
         super().__init__()
-        self.layer_index = layer_index
-        self.num_heads, self.num_kv_heads, self.head_dim = (
-            config.num_attention_heads, config.num_key_value_heads, config.head_dim)
-        h, d = config.hidden_size, self.head_dim
-        self.q_proj = nn.Linear(h, self.num_heads * d * 2, bias=config.qkv_bias)
-        self.k_proj = nn.Linear(h, self.num_kv_heads * d, bias=config.qkv_bias)
-        self.v_proj = nn.Linear(h, self.num_kv_heads * d, bias=config.qkv_bias)
-        self.o_proj = nn.Linear(self.num_heads * d, h, bias=config.o_bias)
+        self.add_gqa_projections(config, layer_index, q_factor=2)
+        d = self.head_dim
         self.q_norm = GemmaRMSNorm(d, config.rms_norm_eps)
         self.k_norm = GemmaRMSNorm(d, config.rms_norm_eps)
 
