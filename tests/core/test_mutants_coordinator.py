@@ -67,3 +67,67 @@ def test_export_positions_predict_every_allocation_after_a_junction_hit(chunks, 
         assert [e.position for e in kv.state_blocks(b)[0].exports] == w
         b.num_computed_tokens = (hit.num_tokens if i == 0 else b.num_computed_tokens) + n
         kv.check_integrity()
+
+
+# ---- compat admission (vLLM 0.33's full_sequence_must_fit count) ----------------------------
+
+@pytest.mark.parametrize("num_blocks, fits", [(11, True), (10, False)])
+def test_compat_admission_of_a_running_request_sums_every_group(num_blocks, fits) -> None:
+    """coordinator: _vllm_admission_blocks — a running request's count per group
+    ``cdiv(num_tokens, bs) - len(table)`` (``held`` lost, ``+=`` → ``=`` / ``-=``, ``- held`` →
+    ``+ held``, ``continue`` → ``break``: only the first or last group counted).
+
+    Compat mode, two full groups (bs 4). r (20 tokens) computed 8: 2 blocks per group. A
+    4-token step with the full-sequence reservation needs cdiv(20, 4) - 2 = 3 blocks per group,
+    6 in all, free before the step: 10 usable - 4 held = 6 fits, 9 - 4 = 5 does not."""
+    kv = KVCacheManager(config(FA(4), FA(4), num_blocks=num_blocks), vllm_compat=True)
+    r = Request("r", prompt(100, 20))
+    assert kv.allocate(r, 8, kv.lookup(r)) is not None
+    r.num_computed_tokens = 8
+    assert kv.num_free_blocks == num_blocks - 1 - 4
+    got = kv.allocate(r, 4, full_sequence_must_fit=True)
+    assert (got is not None) == fits
+    assert [len(t) for t in kv.block_ids(r)] == ([3, 3] if fits else [2, 2])
+    kv.check_integrity()
+
+
+@pytest.mark.parametrize("num_blocks, fits", [(11, True), (10, False)])
+def test_compat_admission_of_a_new_request_without_a_hit(num_blocks, fits) -> None:
+    """coordinator: _vllm_admission_blocks — ``hit.block_ids`` read without a hit
+    (``hit is not None`` → always true): a new request allocated with ``hit=None``.
+
+    Compat mode, two full groups (bs 4), r of 20 tokens, first step of 8 with the reservation:
+    cdiv(20, 4) = 5 blocks per group, 10 in all: 10 usable fits, 9 does not."""
+    kv = KVCacheManager(config(FA(4), FA(4), num_blocks=num_blocks), vllm_compat=True)
+    r = Request("r", prompt(100, 20))
+    got = kv.allocate(r, 8, None, full_sequence_must_fit=True)
+    assert (got is not None) == fits
+    kv.check_integrity()
+
+
+@pytest.mark.parametrize("filler, fits", [(False, True), (True, False)])
+def test_compat_admission_counts_the_last_new_block_and_the_touched_hit_blocks(filler, fits) -> None:
+    """coordinator: _vllm_admission_blocks — ``new > 0`` → ``new > 1`` (one missing block not
+    counted) and ``total += touched[g]`` → ``-=`` (the free hit blocks a touch takes).
+
+    Compat, one full group (bs 4), 3 usable blocks. "a" (9 tokens) caches 2 blocks and is
+    freed: 3 free (2 cached, 1 scratch). q (12 tokens) shares a's 8: hit 8 (2 blocks, both
+    free). Admitting q with 0 new tokens takes the 2 hit blocks; vLLM's count is cdiv(12, 4)
+    - 2 = 1 new block + 2 touched = 3, so it fits 3 free blocks, not 2 (a filler request holds
+    the scratch block)."""
+    kv = KVCacheManager(config(FA(4), num_blocks=4), vllm_compat=True)
+    P = prompt(100, 9)
+    a = Request("a", P)
+    assert kv.allocate(a, 9, kv.lookup(a)) is not None
+    a.num_computed_tokens = 9
+    kv.free(a)
+    if filler:
+        f = Request("f", prompt(700, 3))
+        assert kv.allocate(f, 3, kv.lookup(f)) is not None
+    q = Request("q", P[:8] + prompt(300, 4))
+    hit = kv.lookup(q)
+    assert hit.num_tokens == 8
+    assert kv.num_free_blocks == (2 if filler else 3)
+    got = kv.allocate(q, 0, hit, full_sequence_must_fit=True)
+    assert (got is not None) == fits
+    kv.check_integrity()
