@@ -131,3 +131,30 @@ def test_compat_admission_counts_the_last_new_block_and_the_touched_hit_blocks(f
     got = kv.allocate(q, 0, hit, full_sequence_must_fit=True)
     assert (got is not None) == fits
     kv.check_integrity()
+
+
+# ---- state_blocks ---------------------------------------------------------------------------
+
+def test_state_blocks_forget_the_restore_and_the_exports_once_computed() -> None:
+    """coordinator: state_blocks — ``restore_position`` reported after the request moved past
+    its hit (``st.restore_at if restore`` → always), an export at exactly the computed count
+    still listed (``t > computed`` → ``>=``), the unknown-request error without its id.
+
+    After a's checkpoints (8, 16, 20), "b" (a's first 17 tokens + 7) hits 16. Its first
+    allocation of 4 tokens (16..20) restores from the checkpoint at 16 and exports 20. Before
+    the step: restore at 16, export 20 pending. After computing to 20: no restore (position 0,
+    no blocks) and no pending export (20 is not > 20)."""
+    kv, A = _state_manager_with_a_served()
+    b = Request("b", A[:17] + prompt(500, 7))
+    hit = kv.lookup(b)
+    assert hit.num_tokens == 16
+    assert kv.allocate(b, 4, hit) is not None
+    b.num_computed_tokens = 16
+    (sb,) = kv.state_blocks(b)
+    assert (sb.restore_position, [e.position for e in sb.exports]) == (16, [20])
+    assert sb.restore_from and sb.restore_from != sb.live
+    b.num_computed_tokens = 20
+    (sb,) = kv.state_blocks(b)
+    assert (sb.restore_position, sb.restore_from, sb.exports) == (0, (), ())
+    with pytest.raises(KeyError, match="'nobody' holds no blocks"):
+        kv.state_blocks(Request("nobody", [1, 2, 3]))
