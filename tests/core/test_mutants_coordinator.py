@@ -158,3 +158,16 @@ def test_state_blocks_forget_the_restore_and_the_exports_once_computed() -> None
     assert (sb.restore_position, sb.restore_from, sb.exports) == (0, (), ())
     with pytest.raises(KeyError, match="'nobody' holds no blocks"):
         kv.state_blocks(Request("nobody", [1, 2, 3]))
+
+
+def test_export_positions_of_a_new_request_start_at_token_one() -> None:
+    """coordinator: _export_ends — a new request without a hit starts from ``done = 1``
+    instead of 0: with block size 1 (alignment 1) and retention N = 1 every token is a
+    promised end, so the first 3 tokens export 1, 2, 3 (as the allocation does)."""
+    st1 = StateSpec(block_size=1, conv_shape=(1, 4), conv_dtype="float32", state_shape=(2, 2),
+                    state_dtype="float32")
+    kv = KVCacheManager(config(FA(1), st1, num_blocks=400), retention_interval=1)
+    r = Request("r", prompt(10, 6))
+    assert kv.export_positions(r, 3) == [1, 2, 3]
+    assert kv.allocate(r, 3, None) is not None
+    assert [e.position for e in kv.state_blocks(r)[0].exports] == [1, 2, 3]
