@@ -171,3 +171,15 @@ def test_export_positions_of_a_new_request_start_at_token_one() -> None:
     assert kv.export_positions(r, 3) == [1, 2, 3]
     assert kv.allocate(r, 3, None) is not None
     assert [e.position for e in kv.state_blocks(r)[0].exports] == [1, 2, 3]
+
+
+def test_compat_admission_caps_the_sequence_at_max_model_len() -> None:
+    """coordinator: _vllm_admission_blocks — ``n = num_tokens if num_tokens < len_cap else
+    max_model_len`` with the cap dropped: the documented count is ``cdiv(min(num_tokens,
+    max_model_len), bs)``. max_model_len 8, bs 4, 3 usable blocks: a 20-token request's
+    reservation is cdiv(8, 4) = 2 blocks (not 5), so its first 4 tokens are admitted."""
+    kv = KVCacheManager(config(FA(4), num_blocks=4), vllm_compat=True, max_model_len=8)
+    r = Request("r", prompt(100, 20))
+    got = kv.allocate(r, 4, kv.lookup(r), full_sequence_must_fit=True)
+    assert got is not None and len(got[0]) == 1
+    kv.check_integrity()
