@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from hybridkv import KVCacheManager, Request, StateSpec
-from tests.core.helpers import FA, config
+from hybridkv import KVCacheManager, Request, SpecDecode, StateSpec
+from tests.core.helpers import FA, SWA, config
 
 STATE4 = StateSpec(block_size=4, conv_shape=(1, 4), conv_dtype="float32", state_shape=(2, 2),
                    state_dtype="float32")
@@ -182,4 +182,59 @@ def test_compat_admission_caps_the_sequence_at_max_model_len() -> None:
     r = Request("r", prompt(100, 20))
     got = kv.allocate(r, 4, kv.lookup(r), full_sequence_must_fit=True)
     assert got is not None and len(got[0]) == 1
+    kv.check_integrity()
+
+
+# ---- default-mode full-sequence reservation (plan's reserve_tokens) --------------------------
+
+@pytest.mark.parametrize("num_blocks, fits", [(16, True), (15, False)])
+def test_reservation_of_a_new_request_counts_each_groups_peak(num_blocks, fits) -> None:
+    """coordinator: plan — the default-mode reservation ``reserved += peak - held`` per group,
+    ``held`` = the group's non-null hit blocks - released + new blocks.
+
+    Full (bs 4) + sliding (bs 4, W 8), default mode (one held unit, A = 4): a 40-token
+    sequence peaks at cdiv(40, 4) = 10 full blocks and min(10, cdiv(8 + 4, 4) + 2) = 5 sliding
+    blocks. The first 8 tokens take 2 + 2 blocks and reserve 8 + 3 more: 15 free needed."""
+    kv = KVCacheManager(config(FA(4), SWA(4, 8), num_blocks=num_blocks))
+    r = Request("r", prompt(100, 40))
+    got = kv.allocate(r, 8, kv.lookup(r), full_sequence_must_fit=True)
+    assert (got is not None) == fits
+    if fits:
+        assert [len(x) for x in got] == [2, 2]
+    kv.check_integrity()
+
+
+@pytest.mark.parametrize("num_blocks, fits", [(16, True), (15, False)])
+def test_reservation_of_a_running_request_counts_its_table(num_blocks, fits) -> None:
+    """coordinator: plan — the running request's ``held`` (its table's non-null blocks) in the
+    default-mode reservation.
+
+    Same config; r (40 tokens) takes 8 tokens without a reservation (2 + 2 blocks), then asks
+    4 more with it: 1 + 1 new blocks (held 3 and 3), reserving 10 - 3 = 7 full and 5 - 3 = 2
+    sliding blocks: 11 of the num_blocks - 1 - 4 free."""
+    kv = KVCacheManager(config(FA(4), SWA(4, 8), num_blocks=num_blocks))
+    r = Request("r", prompt(100, 40))
+    assert kv.allocate(r, 8, kv.lookup(r)) is not None
+    r.num_computed_tokens = 8
+    got = kv.allocate(r, 4, full_sequence_must_fit=True)
+    assert (got is not None) == fits
+    assert [len(t) for t in kv.block_ids(r)] == ([3, 3] if fits else [2, 2])
+    kv.check_integrity()
+
+
+@pytest.mark.parametrize("filler, fits", [(4, True), (8, False)])
+def test_reservation_is_capped_at_max_model_len(filler, fits) -> None:
+    """coordinator: plan — ``reserve_tokens = min(reserve_tokens, max_model_len)`` dropped or
+    broken: the reserved sequence (num_tokens + lookahead) is capped at max_model_len.
+
+    Full (bs 4), n-gram with 3 lookahead slots, max_model_len 16, 5 usable blocks; a filler
+    request holds 1 or 2 of them. r (16 tokens): the first 4 tokens take cdiv(7, 4) = 2 blocks;
+    the sequence 16 + 3 = 19 capped at 16 peaks at 4 blocks: 4 free needed (5 without the cap)."""
+    kv = KVCacheManager(config(FA(4), num_blocks=6), max_model_len=16,
+                        spec_decode=SpecDecode("ngram", 3))
+    f = Request("f", prompt(700, filler))
+    assert kv.allocate(f, filler, None, num_lookahead_tokens=0) is not None
+    r = Request("r", prompt(100, 16))
+    got = kv.allocate(r, 4, kv.lookup(r), full_sequence_must_fit=True)
+    assert (got is not None) == fits
     kv.check_integrity()
