@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from hybridkv import KVCacheManager, Request, SpecDecode, StateSpec
+from hybridkv import KVCacheManager, Request, StateSpec
 from tests.core.helpers import FA, SWA, config
 
 STATE4 = StateSpec(block_size=4, conv_shape=(1, 4), conv_dtype="float32", state_shape=(2, 2),
@@ -187,17 +187,19 @@ def test_compat_admission_caps_the_sequence_at_max_model_len() -> None:
 
 # ---- default-mode full-sequence reservation (plan's reserve_tokens) --------------------------
 
+@pytest.mark.parametrize("use_hit", [True, False])
 @pytest.mark.parametrize("num_blocks, fits", [(16, True), (15, False)])
-def test_reservation_of_a_new_request_counts_each_groups_peak(num_blocks, fits) -> None:
+def test_reservation_of_a_new_request_counts_each_groups_peak(num_blocks, fits, use_hit) -> None:
     """coordinator: plan — the default-mode reservation ``reserved += peak - held`` per group,
     ``held`` = the group's non-null hit blocks - released + new blocks.
 
     Full (bs 4) + sliding (bs 4, W 8), default mode (one held unit, A = 4): a 40-token
     sequence peaks at cdiv(40, 4) = 10 full blocks and min(10, cdiv(8 + 4, 4) + 2) = 5 sliding
-    blocks. The first 8 tokens take 2 + 2 blocks and reserve 8 + 3 more: 15 free needed."""
+    blocks. The first 8 tokens take 2 + 2 blocks and reserve 8 + 3 more: 15 free needed
+    (with the lookup's empty hit or with ``hit=None``: the table read for a new request)."""
     kv = KVCacheManager(config(FA(4), SWA(4, 8), num_blocks=num_blocks))
     r = Request("r", prompt(100, 40))
-    got = kv.allocate(r, 8, kv.lookup(r), full_sequence_must_fit=True)
+    got = kv.allocate(r, 8, kv.lookup(r) if use_hit else None, full_sequence_must_fit=True)
     assert (got is not None) == fits
     if fits:
         assert [len(x) for x in got] == [2, 2]
@@ -227,14 +229,92 @@ def test_reservation_is_capped_at_max_model_len(filler, fits) -> None:
     """coordinator: plan — ``reserve_tokens = min(reserve_tokens, max_model_len)`` dropped or
     broken: the reserved sequence (num_tokens + lookahead) is capped at max_model_len.
 
-    Full (bs 4), n-gram with 3 lookahead slots, max_model_len 16, 5 usable blocks; a filler
-    request holds 1 or 2 of them. r (16 tokens): the first 4 tokens take cdiv(7, 4) = 2 blocks;
-    the sequence 16 + 3 = 19 capped at 16 peaks at 4 blocks: 4 free needed (5 without the cap)."""
-    kv = KVCacheManager(config(FA(4), num_blocks=6), max_model_len=16,
-                        spec_decode=SpecDecode("ngram", 3))
+    Full (bs 4), max_model_len 16, 5 usable blocks; a filler request holds 1 or 2 of them.
+    r (16 tokens), first step of 4 tokens with 3 lookahead slots: cdiv(7, 4) = 2 blocks; the
+    sequence 16 + 3 = 19 capped at 16 peaks at 4 blocks: 4 free needed (5 without the cap)."""
+    kv = KVCacheManager(config(FA(4), num_blocks=6), max_model_len=16)
     f = Request("f", prompt(700, filler))
-    assert kv.allocate(f, filler, None, num_lookahead_tokens=0) is not None
+    assert kv.allocate(f, filler) is not None
     r = Request("r", prompt(100, 16))
-    got = kv.allocate(r, 4, kv.lookup(r), full_sequence_must_fit=True)
+    got = kv.allocate(r, 4, kv.lookup(r), num_lookahead_tokens=3, full_sequence_must_fit=True)
+    assert (got is not None) == fits
+    kv.check_integrity()
+
+
+@pytest.mark.parametrize("num_blocks, fits", [(16, True), (15, False)])
+def test_reservation_of_a_new_request_counts_its_hit_blocks(num_blocks, fits) -> None:
+    """coordinator: plan — a new request's ``held`` counts its hit's non-null blocks
+    (``hit.block_ids[g] if new_request and hit is not None``, mutated to the empty table).
+
+    Full (bs 4) + sliding (bs 4, W 8), default mode. "a" (17 tokens) caches its ends 12 and 16;
+    q (a's first 16 tokens + 24) hits 16: 4 full blocks and (null, null, b, b) in the sliding
+    group (its window of 8 before 16). A first step to 24 tokens adds 2 + 2 blocks and touches
+    the 6 free hit blocks; held 6 full and 4 sliding against peaks 10 and 5 reserves 4 + 1:
+    10 + 5 = 15 free needed (all blocks are free)."""
+    kv = KVCacheManager(config(FA(4), SWA(4, 8), num_blocks=num_blocks))
+    P = prompt(100, 17)
+    a = Request("a", P)
+    assert kv.allocate(a, 17, kv.lookup(a)) is not None
+    a.num_computed_tokens = 17
+    kv.free(a)
+    q = Request("q", P[:16] + prompt(500, 24))
+    hit = kv.lookup(q)
+    assert hit.num_tokens == 16 and hit.block_ids[1][:2] == (0, 0) and 0 not in hit.block_ids[0]
+    got = kv.allocate(q, 8, hit, full_sequence_must_fit=True)
+    assert (got is not None) == fits
+    kv.check_integrity()
+
+
+@pytest.mark.parametrize("steps", [(8, 16, 4), (8, 16, 4, 4)])
+@pytest.mark.parametrize("num_blocks, fits", [(16, True), (15, False)])
+def test_reservation_of_a_sliding_request_counts_released_and_null_entries(steps, num_blocks,
+                                                                           fits) -> None:
+    """coordinator: plan — ``held = non-null entries - released + new``: the window's released
+    blocks added instead of subtracted, or the null entries counted as held.
+
+    Full (bs 4) + sliding (bs 4, W 8, one held unit of 4). r (40 tokens) runs 8 and 16 tokens
+    (6 + 6 blocks; num_blocks - 13 free). Step 3 (4 tokens, reserved) at 24 computed: the
+    sliding group releases 3 blocks (tokens below 24 - 7 - 4 = 13) and adds 1: held 4 of peak 5;
+    the full group holds 7 of 10: 2 new + 4 reserved <= free + 3 released iff num_blocks >= 16.
+    Step 4 (reserved; step 3 without) at 28: the table has 3 nulls, 1 more block leaves, 1 is
+    added: held 4 (reserve 1), full 8 (reserve 2): 2 + 3 <= free + 1, again iff >= 16."""
+    kv = KVCacheManager(config(FA(4), SWA(4, 8), num_blocks=num_blocks))
+    r = Request("r", prompt(100, 40))
+    for i, n in enumerate(steps):
+        last = i == len(steps) - 1
+        got = kv.allocate(r, n, kv.lookup(r) if i == 0 else None, full_sequence_must_fit=last)
+        if last:
+            assert (got is not None) == fits
+        else:
+            assert got is not None
+            r.num_computed_tokens += n
+    kv.check_integrity()
+
+
+@pytest.mark.parametrize("num_blocks, fits", [(21, True), (20, False)])
+def test_compat_admission_of_a_new_request_with_a_sliding_group(num_blocks, fits) -> None:
+    """coordinator: plan — the computed count given to vLLM's admission count (``None`` or the
+    touched list in its place): a sliding group reads it for its out-of-window blocks.
+
+    Compat, full (bs 4) + sliding (bs 4, W 8), no max_model_len nor max_in_flight_tokens (no
+    cap): a 40-token request reserves cdiv(40, 4) = 10 blocks per group: 20 free needed."""
+    kv = KVCacheManager(config(FA(4), SWA(4, 8), num_blocks=num_blocks), vllm_compat=True)
+    r = Request("r", prompt(100, 40))
+    got = kv.allocate(r, 8, kv.lookup(r), full_sequence_must_fit=True)
+    assert (got is not None) == fits
+    kv.check_integrity()
+
+
+@pytest.mark.parametrize("filler, fits", [(4, True), (8, False)])
+def test_compat_admission_below_the_steps_own_blocks_reserves_nothing(filler, fits) -> None:
+    """coordinator: plan — ``reserved = max(0, want + freed - needed)``: a negative value is
+    0, not None or 1. Compat, full (bs 4), 3 usable blocks, a filler holding 1 or 2. r (4
+    tokens) with 3 lookahead slots: the step needs cdiv(4 + 3, 4) = 2 blocks while vLLM's
+    count (no lookahead) is cdiv(4, 4) = 1: it fits 2 free blocks, not 1."""
+    kv = KVCacheManager(config(FA(4), num_blocks=4), vllm_compat=True)
+    f = Request("f", prompt(700, filler))
+    assert kv.allocate(f, filler) is not None
+    r = Request("r", prompt(100, 4))
+    got = kv.allocate(r, 4, kv.lookup(r), num_lookahead_tokens=3, full_sequence_must_fit=True)
     assert (got is not None) == fits
     kv.check_integrity()
