@@ -318,3 +318,94 @@ def test_compat_admission_below_the_steps_own_blocks_reserves_nothing(filler, fi
     got = kv.allocate(r, 4, kv.lookup(r), num_lookahead_tokens=3, full_sequence_must_fit=True)
     assert (got is not None) == fits
     kv.check_integrity()
+
+
+# ---- state groups: the plan's released checkpoints ------------------------------------------
+
+def test_a_running_state_request_releases_each_checkpoint_once_it_is_below_the_hold() -> None:
+    """coordinator: _plan_states — which held checkpoints leave the table (``j < nskip`` with
+    ``nskip = skipped_tokens(computed, hold) // a``: the held list ignored, ``<`` → ``<=``, ``//``
+    → ``/``, the hold or the computed count dropped, the null test inverted) and how many
+    block ids they free (``* k``).
+
+    Full (bs 4) + state (a = 4; a 144-byte state over 64-byte pages: extents of k = 2 block
+    ids), retention N = 8, default mode (hold 4). r (40 tokens), steps of 8, 8, 2, 6, 8:
+    1. 2 full blocks + the live extent + checkpoint 8: 6 ids; 2. 2 + checkpoint 16: 4;
+    3. at 16 computed, tokens below 16 - 4 = 12 are skipped (3 entries): checkpoint 8 (entry
+       1) leaves (+2), 1 full block (-1); 4. at 18: 14 // 4 = 3 again, nothing leaves; 1 full
+       block + checkpoint 24 (-3); 5. at 24: 20 // 4 = 5: checkpoint 16 (entry 3) leaves (+2),
+       2 full blocks + checkpoint 32 (-4)."""
+    st = StateSpec(block_size=4, conv_shape=(1, 4), conv_dtype="float32", state_shape=(4, 8),
+                   state_dtype="float32")
+    cfg = config(FA(4), st, num_blocks=200)
+    assert cfg.extent_blocks(1) == 2
+    kv = KVCacheManager(cfg, retention_interval=8)
+    r = Request("r", prompt(100, 40))
+    hit = kv.lookup(r)
+    free = kv.num_free_blocks
+    expect = [(6, [0, 1]), (4, [0, 1, 0, 1]), (1 - 2, [0, 0, 0, 1, 0]),
+              (3, [0, 0, 0, 1, 0, 1]), (4 - 2, [0, 0, 0, 0, 0, 1, 0, 1])]
+    for i, (n, (taken, held)) in enumerate(zip((8, 8, 2, 6, 8), expect)):
+        assert kv.allocate(r, n, hit if i == 0 else None) is not None
+        r.num_computed_tokens += n
+        assert [1 if b else 0 for b in kv.block_ids(r)[1]] == held
+        assert free - kv.num_free_blocks == taken
+        free = kv.num_free_blocks
+        kv.check_integrity()
+
+
+ST_K2 = StateSpec(block_size=4, conv_shape=(1, 4), conv_dtype="float32", state_shape=(4, 8),
+                  state_dtype="float32")     # 144 B over 64-byte pages: extents of 2 block ids
+
+
+def test_a_state_step_that_fits_only_with_its_released_checkpoint() -> None:
+    """coordinator: _plan_states — the released checkpoints' ids counted as available
+    (``freed = count * k`` → ``/ k``, or the ``ref == 1`` test inverted).
+
+    The steps 8, 8 of the test above use all 10 usable ids (6 + 4): the third step (2 tokens)
+    needs 1 full block with 0 free, and fits only because checkpoint 8 leaves (2 ids)."""
+    kv = KVCacheManager(config(FA(4), ST_K2, num_blocks=11), retention_interval=8)
+    r = Request("r", prompt(100, 40))
+    hit = kv.lookup(r)
+    for i, n in enumerate((8, 8)):
+        assert kv.allocate(r, n, hit if i == 0 else None) is not None
+        r.num_computed_tokens += n
+    assert kv.num_free_blocks == 0
+    assert kv.allocate(r, 2) is not None
+    assert kv.num_free_blocks == 1
+    kv.check_integrity()
+
+
+@pytest.mark.parametrize("num_blocks, fits", [(7, True), (6, False)])
+def test_a_new_state_request_needs_its_live_extent_and_its_exports(num_blocks, fits) -> None:
+    """coordinator: _plan_states — a new request's ids ``(1 + exports) * k`` (``1`` → ``2``).
+    r's first 8 tokens: 2 full blocks, the live extent (2 ids) and checkpoint 8 (2 ids): 6."""
+    kv = KVCacheManager(config(FA(4), ST_K2, num_blocks=num_blocks), retention_interval=8)
+    r = Request("r", prompt(100, 40))
+    assert (kv.allocate(r, 8, kv.lookup(r)) is not None) == fits
+    kv.check_integrity()
+
+
+def test_a_new_state_request_touching_its_hit_counts_each_block_once() -> None:
+    """coordinator: _plan_states — the paged estimate of a new request's state group removed
+    as ``needed -= new - touched`` (the touched hit blocks counted twice more).
+
+    14 usable ids. "a" (17 tokens) caches full blocks 0..3 and checkpoints 8, 12, 16 and is
+    freed; a filler (4 tokens: 1 full block + its live extent) takes 3 uncached ids: 11 free.
+    q (a's first 16 tokens + 8) hits 16 (4 full blocks + checkpoint 16, all free). Its first 4
+    tokens need 1 full block + 4 touched, the touched checkpoint (2), the live extent (2) and
+    checkpoint 20 (its replay boundary; 2): exactly 11."""
+    kv = KVCacheManager(config(FA(4), ST_K2, num_blocks=15), retention_interval=8)
+    P = prompt(100, 17)
+    a = Request("a", P)
+    assert kv.allocate(a, 17, kv.lookup(a)) is not None
+    a.num_computed_tokens = 17
+    kv.free(a)
+    f = Request("f", prompt(700, 4))
+    assert kv.allocate(f, 4, kv.lookup(f)) is not None
+    q = Request("q", P[:16] + prompt(500, 8))
+    hit = kv.lookup(q)
+    assert hit.num_tokens == 16 and kv.num_free_blocks == 11
+    assert kv.allocate(q, 4, hit) is not None
+    assert kv.num_free_blocks == 0
+    kv.check_integrity()
