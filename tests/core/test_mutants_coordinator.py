@@ -409,3 +409,42 @@ def test_a_new_state_request_touching_its_hit_counts_each_block_once() -> None:
     assert kv.allocate(q, 4, hit) is not None
     assert kv.num_free_blocks == 0
     kv.check_integrity()
+
+
+@pytest.mark.parametrize("num_blocks, fits", [(19, True), (18, False)])
+def test_reservation_of_a_new_state_request_counts_extents(num_blocks, fits) -> None:
+    """coordinator: _plan_states — the reservation's swap of the paged estimate for extents
+    (``entries`` and ``generic_held`` of a new request).
+
+    Full (bs 4) + state (k = 2), default mode (hold 4), r of 40 tokens, first 8 with the
+    reservation. Full: 2 new blocks, peak 10: 8 reserved. State: peak 1 + min(10, 1 + 2) = 4
+    entries (the live state, the hold and the one being written); the step takes 2 (live +
+    checkpoint 8): 2 more entries = 4 ids reserved. 6 taken + 12 reserved: 18 free needed."""
+    kv = KVCacheManager(config(FA(4), ST_K2, num_blocks=num_blocks), retention_interval=8)
+    r = Request("r", prompt(100, 40))
+    assert (kv.allocate(r, 8, kv.lookup(r), full_sequence_must_fit=True) is not None) == fits
+    kv.check_integrity()
+
+
+@pytest.mark.parametrize("num_blocks, fits", [(15, True), (14, False)])
+def test_reservation_of_a_new_state_request_with_a_hit_skips_its_null_entries(num_blocks,
+                                                                              fits) -> None:
+    """coordinator: _plan_states — a new request's held checkpoints are the hit's non-null
+    entries (``len(ids) - ids.count(NULL_BLOCK)``, in ``entries`` and ``generic_held``).
+
+    "a" (17 tokens) is served and freed (all num_blocks - 1 ids free). q (a's first 16 + 8)
+    hits 16: 4 full blocks and the state entries (null, null, null, checkpoint 16). Its first
+    4 tokens with the reservation take 1 + 4 touched full blocks and 2 + 2 + 2 state ids (the
+    hit checkpoint, the live extent, checkpoint 20): 11; the full group then holds 5 of its
+    peak 6 (1 reserved), the state group 3 of its 1 + min(6, 3) = 4 entries (2 ids): 14."""
+    kv = KVCacheManager(config(FA(4), ST_K2, num_blocks=num_blocks), retention_interval=8)
+    P = prompt(100, 17)
+    a = Request("a", P)
+    assert kv.allocate(a, 17, kv.lookup(a)) is not None
+    a.num_computed_tokens = 17
+    kv.free(a)
+    q = Request("q", P[:16] + prompt(500, 8))
+    hit = kv.lookup(q)
+    assert hit.num_tokens == 16 and hit.block_ids[1][:3] == (0, 0, 0)
+    assert (kv.allocate(q, 4, hit, full_sequence_must_fit=True) is not None) == fits
+    kv.check_integrity()
