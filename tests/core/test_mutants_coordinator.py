@@ -448,3 +448,41 @@ def test_reservation_of_a_new_state_request_with_a_hit_skips_its_null_entries(nu
     assert hit.num_tokens == 16 and hit.block_ids[1][:3] == (0, 0, 0)
     assert (kv.allocate(q, 4, hit, full_sequence_must_fit=True) is not None) == fits
     kv.check_integrity()
+
+
+@pytest.mark.parametrize("last", [2, 8])
+@pytest.mark.parametrize("num_blocks, fits", [(19, True), (18, False)])
+def test_reservation_of_a_running_state_request_counts_its_checkpoints(last, num_blocks,
+                                                                       fits) -> None:
+    """coordinator: _plan_states — a running request's reservation: ``entries = held -
+    released + 1 + exports`` and ``generic_held`` (its table's non-null entries).
+
+    Full (bs 4) + state (k = 2), default mode (hold 4), r of 40 tokens: steps 8 and 8 hold 4
+    full blocks and checkpoints 8, 16 plus the live extent (10 ids; num_blocks - 11 free). At
+    16 computed, checkpoint 8 leaves (2 ids back). The state peak is 4 entries (8 ids).
+    * ``last`` = 2: 1 full block (peak 10: 5 reserved); state entries 2 - 1 + 1 = 2: 4 ids
+      reserved; 1 + 9 <= free + 2 iff free >= 8.
+    * ``last`` = 8: 2 full blocks (4 reserved) and checkpoint 24 (2 ids); entries 3: 2 ids
+      reserved; 4 + 6 <= free + 2 iff free >= 8."""
+    kv = KVCacheManager(config(FA(4), ST_K2, num_blocks=num_blocks), retention_interval=8)
+    r = Request("r", prompt(100, 40))
+    hit = kv.lookup(r)
+    for i, n in enumerate((8, 8)):
+        assert kv.allocate(r, n, hit if i == 0 else None) is not None
+        r.num_computed_tokens += n
+    assert kv.num_free_blocks == num_blocks - 11
+    assert (kv.allocate(r, last, full_sequence_must_fit=True) is not None) == fits
+    kv.check_integrity()
+
+
+@pytest.mark.parametrize("num_blocks, fits", [(9, True), (8, False)])
+def test_a_state_reservation_for_exactly_the_scheduled_tokens_reserves_nothing(num_blocks,
+                                                                               fits) -> None:
+    """coordinator: _plan_states — the extents' reservation applies only when the reserved
+    sequence is longer than the step (``reserve_tokens > slots`` → ``>=``). r (8 tokens) is
+    scheduled whole: it takes 2 full blocks, its live extent and checkpoints 4 (its replay
+    boundary (8 - 1) // 4 * 4) and 8 (N): 8 ids, and reserves nothing more."""
+    kv = KVCacheManager(config(FA(4), ST_K2, num_blocks=num_blocks), retention_interval=8)
+    r = Request("r", prompt(100, 8))
+    assert (kv.allocate(r, 8, kv.lookup(r), full_sequence_must_fit=True) is not None) == fits
+    kv.check_integrity()
