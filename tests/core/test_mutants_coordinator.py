@@ -486,3 +486,25 @@ def test_a_state_reservation_for_exactly_the_scheduled_tokens_reserves_nothing(n
     r = Request("r", prompt(100, 8))
     assert (kv.allocate(r, 8, kv.lookup(r), full_sequence_must_fit=True) is not None) == fits
     kv.check_integrity()
+
+
+@pytest.mark.parametrize("num_blocks, fits", [(19, True), (18, False)])
+def test_reservation_of_a_state_request_whose_paged_view_releases_a_checkpoint(num_blocks,
+                                                                                fits) -> None:
+    """coordinator: _plan_states — the paged estimate it replaces, ``peak - (held - released +
+    new)``, with the released entries added instead of subtracted.
+
+    Steps 8, 8, 4 (checkpoint 8 leaves at 16; num_blocks - 10 free), then 4 tokens with the
+    reservation at 20 computed: checkpoint 16 (entry 3) leaves (2 ids back), checkpoint 24 is
+    written (2 ids), 1 full block (6 of peak 10: 4 reserved). The paged view held 1 - 1 + 1
+    of 4 entries (3 reserved, removed); the extents hold 1 - 1 + 1 + 1 = 2 of 4 (4 ids
+    reserved). 3 + 8 <= free + 2 iff free >= 9."""
+    kv = KVCacheManager(config(FA(4), ST_K2, num_blocks=num_blocks), retention_interval=8)
+    r = Request("r", prompt(100, 40))
+    hit = kv.lookup(r)
+    for i, n in enumerate((8, 8, 4)):
+        assert kv.allocate(r, n, hit if i == 0 else None) is not None
+        r.num_computed_tokens += n
+    assert kv.num_free_blocks == num_blocks - 10
+    assert (kv.allocate(r, 4, full_sequence_must_fit=True) is not None) == fits
+    kv.check_integrity()
