@@ -450,7 +450,7 @@ def test_reservation_of_a_new_state_request_with_a_hit_skips_its_null_entries(nu
     kv.check_integrity()
 
 
-@pytest.mark.parametrize("last", [2, 8])
+@pytest.mark.parametrize("last", [2, 8, 16])
 @pytest.mark.parametrize("num_blocks, fits", [(19, True), (18, False)])
 def test_reservation_of_a_running_state_request_counts_its_checkpoints(last, num_blocks,
                                                                        fits) -> None:
@@ -463,7 +463,10 @@ def test_reservation_of_a_running_state_request_counts_its_checkpoints(last, num
     * ``last`` = 2: 1 full block (peak 10: 5 reserved); state entries 2 - 1 + 1 = 2: 4 ids
       reserved; 1 + 9 <= free + 2 iff free >= 8.
     * ``last`` = 8: 2 full blocks (4 reserved) and checkpoint 24 (2 ids); entries 3: 2 ids
-      reserved; 4 + 6 <= free + 2 iff free >= 8."""
+      reserved; 4 + 6 <= free + 2 iff free >= 8.
+    * ``last`` = 16: 4 full blocks (2 reserved), checkpoints 24 and 32 (4 ids); entries 4 of
+      4: nothing reserved, and the paged view's surplus (2 + 4 of 4) is not a reservation
+      (``generic > 0`` dropped); 8 + 2 <= free + 2 iff free >= 8."""
     kv = KVCacheManager(config(FA(4), ST_K2, num_blocks=num_blocks), retention_interval=8)
     r = Request("r", prompt(100, 40))
     hit = kv.lookup(r)
