@@ -511,3 +511,63 @@ def test_reservation_of_a_state_request_whose_paged_view_releases_a_checkpoint(n
     assert kv.num_free_blocks == num_blocks - 10
     assert (kv.allocate(r, 4, full_sequence_must_fit=True) is not None) == fits
     kv.check_integrity()
+
+
+# ---- external loads ---------------------------------------------------------------------------
+
+def test_a_hit_made_before_an_external_load_is_still_verified() -> None:
+    """coordinator: commit_external — ``self.epoch += 1`` → ``= 1``: the state version comes
+    back to the epoch of an old hit, which is then adopted unverified.
+
+    3 usable blocks, bs 4. "a" (9 tokens) is allocated (epoch 1) and caches 2 blocks; q's
+    lookup (a's prompt) hits 8 at epoch 1. a is freed, "z" (9 other tokens) evicts a's blocks,
+    "e" loads 8 tokens from an external tier (a tier holding every block; 5 commits so far).
+    q's old hit must be refused: its blocks hold other tokens now."""
+    kv = KVCacheManager(config(FA(4), num_blocks=4))
+    a = Request("a", prompt(100, 9))
+    assert kv.allocate(a, 9, kv.lookup(a)) is not None
+    a.num_computed_tokens = 9
+    q = Request("q", prompt(100, 9))
+    hit = kv.lookup(q)
+    assert hit.num_tokens == 8
+    kv.free(a)
+    z = Request("z", prompt(300, 9))
+    assert kv.allocate(z, 9, kv.lookup(z)) is not None
+    z.num_computed_tokens = 9
+    kv.free(z)
+    assert kv.stats().evictions == 2
+    e = Request("e", prompt(500, 9))
+    local = kv.lookup(e)
+    ext = kv.lookup_external(e, local, lambda g, h: True)
+    assert ext is not None and ext.num_tokens == 8
+    assert kv.allocate(e, 0, local, external=ext) is not None
+    assert kv.commit_external(e, ext, True) == 8
+    with pytest.raises(ValueError, match="no longer holds"):
+        kv.allocate(q, 1, hit)
+    kv.check_integrity()
+
+
+def test_a_hit_made_just_before_an_external_load_that_evicts_it_is_refused() -> None:
+    """coordinator: commit_external — ``self.epoch += 1`` → ``-= 1``: the version returns to
+    the one before the load's allocation, when q looked up its (now stale) hit.
+
+    3 usable blocks, bs 4. "a" (9 tokens) caches 2 blocks and is freed; q (a's prompt) hits 8.
+    "e" reserves 2 blocks for an 8-token external load, evicting one of a's blocks (3 free:
+    the scratch block, then a's tail first). q's hit must be refused."""
+    kv = KVCacheManager(config(FA(4), num_blocks=4))
+    a = Request("a", prompt(100, 9))
+    assert kv.allocate(a, 9, kv.lookup(a)) is not None
+    a.num_computed_tokens = 9
+    kv.free(a)
+    q = Request("q", prompt(100, 9))
+    hit = kv.lookup(q)
+    assert hit.num_tokens == 8
+    e = Request("e", prompt(500, 9))
+    local = kv.lookup(e)
+    ext = kv.lookup_external(e, local, lambda g, h: True)
+    assert kv.allocate(e, 0, local, external=ext) is not None
+    assert kv.stats().evictions == 1
+    assert kv.commit_external(e, ext, True) == 8
+    with pytest.raises(ValueError, match="no longer holds"):
+        kv.allocate(q, 1, hit)
+    kv.check_integrity()
