@@ -571,3 +571,33 @@ def test_a_hit_made_just_before_an_external_load_that_evicts_it_is_refused() -> 
     with pytest.raises(ValueError, match="no longer holds"):
         kv.allocate(q, 1, hit)
     kv.check_integrity()
+
+
+@pytest.mark.parametrize("steps, num_blocks, fits", [((8,), 13, True), ((8,), 12, False),
+                                                     ((8, 8, 8), 15, True), ((8, 8, 8), 14, False)])
+def test_compat_admission_with_a_state_group(steps, num_blocks, fits) -> None:
+    """coordinator: _plan_states — compat mode's reservation from vLLM's count
+    (``_vllm_admission_blocks(state, hit, reserve_tokens, computed)``, arguments dropped or
+    swapped), ``max(0, want + freed - needed)``.
+
+    Compat, full (bs 4) + state (k = 2; vLLM's admission cap for a state group: 2 blocks),
+    retention N = 8, r of 40 tokens; only the last step reserves.
+    * (8,): vLLM's count 10 + 2 = 12; the step takes 2 full blocks, the live extent and
+      checkpoint 8 (6 ids): reserved 6, 12 free needed.
+    * (8, 8, 8): the third step (at 16) frees checkpoints 8 and 16 (compat keeps no held
+      unit: 4 ids) and takes 2 full blocks + checkpoint 24 (4); vLLM's count for a running
+      request is 10 - 4 full + 0 state (its table has 4 entries) = 6: reserved 6 + 4 - 4,
+      so 4 + 6 <= free + 4 with num_blocks - 9 free before it."""
+    kv = KVCacheManager(config(FA(4), ST_K2, num_blocks=num_blocks), retention_interval=8,
+                        vllm_compat=True)
+    r = Request("r", prompt(100, 40))
+    hit = kv.lookup(r)
+    for i, n in enumerate(steps):
+        last = i == len(steps) - 1
+        got = kv.allocate(r, n, hit if i == 0 else None, full_sequence_must_fit=last)
+        if last:
+            assert (got is not None) == fits
+        else:
+            assert got is not None
+            r.num_computed_tokens += n
+    kv.check_integrity()
