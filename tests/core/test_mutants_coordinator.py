@@ -601,3 +601,63 @@ def test_compat_admission_with_a_state_group(steps, num_blocks, fits) -> None:
             assert got is not None
             r.num_computed_tokens += n
     kv.check_integrity()
+
+
+@pytest.mark.parametrize("num_blocks, fits", [(16, True), (15, False)])
+def test_compat_admission_of_a_state_request_subtracts_a_held_hit(num_blocks, fits) -> None:
+    """coordinator: _plan_states — vLLM's count for a new request gets its hit (mutated to
+    None: the hit's blocks not subtracted).
+
+    Compat, full (bs 4) + state (k = 2), N = 8. "a" (17 tokens, steps 8 and 9) keeps running:
+    5 full blocks, its live extent, checkpoint 16 (checkpoint 8 left at 8 computed): 9 ids,
+    num_blocks - 10 free. q (a's first 16 + 24) hits 16 on blocks a holds (none evictable).
+    vLLM's count: full 10 - 4 hit blocks = 6, state min(10, 2) - 4 < 0: 6. q's first 4 tokens
+    take 1 full block and its live extent (3): reserved 6 - 3, so 6 free are needed (10
+    without the hit)."""
+    kv = KVCacheManager(config(FA(4), ST_K2, num_blocks=num_blocks), retention_interval=8,
+                        vllm_compat=True)
+    P = prompt(100, 17)
+    a = Request("a", P)
+    assert kv.allocate(a, 8, kv.lookup(a)) is not None
+    a.num_computed_tokens = 8
+    assert kv.allocate(a, 9) is not None
+    a.num_computed_tokens = 17
+    assert kv.num_free_blocks == num_blocks - 10
+    q = Request("q", P[:16] + prompt(500, 24))
+    hit = kv.lookup(q)
+    assert hit.num_tokens == 16
+    assert (kv.allocate(q, 4, hit, full_sequence_must_fit=True) is not None) == fits
+    kv.check_integrity()
+
+
+@pytest.mark.parametrize("num_blocks, fits", [(26, True), (25, False)])
+def test_a_long_state_prefill_with_a_reservation_is_refused_not_overcommitted(num_blocks,
+                                                                              fits) -> None:
+    """coordinator: _plan_states — a negative extents' reservation (more entries written in
+    this step than the state group's peak) must count as 0, not lower the reservation
+    (``extra if extra > 0`` → always ``extra``: the plan then "fits" a pool it overdraws).
+
+    Full (bs 4) + state (k = 2), default mode, N = 8, r of 44 tokens, first step 40 tokens with
+    the reservation: checkpoints 8, 16, 24, 32, 40 and 36 (the replay boundary 40 and the unit
+    below): 6 + the live extent = 7 entries, 14 ids, above the peak of 4 entries; 10 full
+    blocks (peak 11: 1 reserved). 24 + 1 = 25 free needed."""
+    kv = KVCacheManager(config(FA(4), ST_K2, num_blocks=num_blocks), retention_interval=8)
+    r = Request("r", prompt(100, 44))
+    assert kv.export_positions(r, 40) == [8, 16, 24, 32, 36, 40]
+    assert (kv.allocate(r, 40, kv.lookup(r), full_sequence_must_fit=True) is not None) == fits
+    kv.check_integrity()
+
+
+@pytest.mark.parametrize("num_blocks, fits", [(15, True), (14, False)])
+def test_a_state_reservation_of_one_block_id_counts(num_blocks, fits) -> None:
+    """coordinator: _plan_states — ``extra if extra > 0`` → ``> 1``: a reservation of exactly
+    one block id (extents of k = 1) dropped.
+
+    Full (bs 4) + state (k = 1), N = 8, r of 40 tokens, first step 16 tokens with the
+    reservation: 4 full blocks (peak 10: 6 reserved), the live state and checkpoints 8, 16
+    (3 of the peak's 4 entries: 1 reserved). 7 + 7 = 14 free needed."""
+    kv = KVCacheManager(config(FA(4), STATE4, num_blocks=num_blocks), retention_interval=8)
+    assert kv.config.extent_blocks(1) == 1
+    r = Request("r", prompt(100, 40))
+    assert (kv.allocate(r, 16, kv.lookup(r), full_sequence_must_fit=True) is not None) == fits
+    kv.check_integrity()
