@@ -661,3 +661,34 @@ def test_a_state_reservation_of_one_block_id_counts(num_blocks, fits) -> None:
     r = Request("r", prompt(100, 40))
     assert (kv.allocate(r, 16, kv.lookup(r), full_sequence_must_fit=True) is not None) == fits
     kv.check_integrity()
+
+
+@pytest.mark.parametrize("num_blocks, filler, fits", [(11, 1, True), (12, 5, False)])
+def test_a_state_step_counts_the_junction_checkpoint(num_blocks, filler, fits) -> None:
+    """coordinator: _plan_states — a running request's export count taken from a stateless
+    view (``_export_ends(request, None, ...)``): its promised junction is missed, the plan
+    counts one extent too few and the commit overdraws the pool.
+
+    As in the export-positions test (state extents of k = 1 here): b hits 8 with junction 12
+    and runs 3 tokens; a filler request holds some blocks. b's next 5 tokens (11 → 16) need
+    1 full block and checkpoints 12 (the junction) and 16: 3 ids. With 3 free they fit; with
+    2 free the allocation is refused (None), nothing is popped."""
+    kv = KVCacheManager(config(FA(4), STATE4, num_blocks=num_blocks), retention_interval=8)
+    A = prompt(100, 22)
+    a = Request("a", A)
+    hit = kv.lookup(a)
+    for n in (5, 5, 5, 7):
+        assert kv.allocate(a, n, hit if a.num_computed_tokens == 0 else None) is not None
+        a.num_computed_tokens += n
+    kv.free(a)
+    b = Request("b", A[:14] + prompt(500, 10))
+    hit = kv.lookup(b)
+    assert (hit.num_tokens, hit.shared_prefix_boundary) == (8, 12)
+    assert kv.allocate(b, 3, hit) is not None
+    b.num_computed_tokens = 11
+    f = Request("f", prompt(900, filler))
+    assert kv.allocate(f, filler, kv.lookup(f)) is not None
+    assert kv.num_free_blocks == (3 if fits else 2)
+    assert kv.export_positions(b, 5) == [12, 16]
+    assert (kv.allocate(b, 5) is not None) == fits
+    kv.check_integrity()
