@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from hybridkv import KVCacheManager, Request, StateSpec
+from hybridkv import BlockStored, KVCacheManager, Request, StateSpec
 from tests.core.helpers import FA, SWA, config
 
 STATE4 = StateSpec(block_size=4, conv_shape=(1, 4), conv_dtype="float32", state_shape=(2, 2),
@@ -691,4 +691,38 @@ def test_a_state_step_counts_the_junction_checkpoint(num_blocks, filler, fits) -
     assert kv.num_free_blocks == (3 if fits else 2)
     assert kv.export_positions(b, 5) == [12, 16]
     assert (kv.allocate(b, 5) is not None) == fits
+    kv.check_integrity()
+
+
+# ---- state groups: the final length at free ----------------------------------------------------
+
+@pytest.mark.parametrize("final, hit_after, swa_final_run", [(12, 12, True), (14, 8, False)])
+def test_free_keeps_the_live_state_only_at_an_aligned_final_length(final, hit_after,
+                                                                   swa_final_run) -> None:
+    """coordinator: _free_states — the live state becomes the final-length checkpoint only
+    when the computed count is aligned (``and`` → ``or`` in its test: a live state after 14
+    tokens filed as the checkpoint at 12), and the final length is promised to the other
+    groups only if every state group holds that checkpoint (``servable``: test inverted or
+    forced true).
+
+    Full (bs 4) + sliding (bs 4, W 8) + state (k = 1), default mode, retention 0. r (10-token
+    prompt: boundaries 8 and 4) decodes to ``final`` tokens and is freed. At 12 the live state
+    is the checkpoint at 12, the final length 12 is promised, the sliding group caches its
+    window run for 12 (positions 1, 2; 1 was cached for the boundary 8, so block 2, tokens
+    8..11, is stored at free): the same tokens + 1 then hit 12. At 14 the aligned end
+    12 has no checkpoint: nothing is promised at free (no sliding run stored) and the hit is 8."""
+    kv = KVCacheManager(config(FA(4), SWA(4, 8), STATE4, num_blocks=100), enable_events=True)
+    r = Request("r", prompt(100, 10))
+    assert kv.allocate(r, 10, kv.lookup(r)) is not None
+    r.num_computed_tokens = 10
+    while r.num_tokens < final:
+        r.append_tokens([7])
+        assert kv.allocate(r, 1) is not None
+        r.num_computed_tokens += 1
+    kv.take_events()
+    kv.free(r)
+    stored = [(ev.group_idx, ev.token_ids) for ev in kv.take_events() if isinstance(ev, BlockStored)]
+    assert ((1, list(r.token_ids[8:12])) in stored) == swa_final_run
+    q = Request("q", list(r.token_ids) + [9])
+    assert kv.lookup(q).num_tokens == hit_after
     kv.check_integrity()
