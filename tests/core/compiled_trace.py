@@ -23,7 +23,7 @@ from .helpers import FA, SWA, config
 
 
 def _case(name: str) -> KVCacheManager:
-    kw: dict = {"enable_events": True}
+    kw: dict = {"enable_events": True, "hash_seed": "compiled-vs-pure"}
     if name == "full":
         return KVCacheManager(config(FA(16), num_blocks=96), retention_interval=None, **kw)
     if name == "full_swa":

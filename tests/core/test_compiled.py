@@ -62,7 +62,8 @@ def test_compiled_equals_pure(case: str) -> None:
         compiled = run(case, seed)
         assert len(compiled) == len(pure["trace"])
         for i, (c, p) in enumerate(zip(compiled, pure["trace"])):
-            assert c == p, f"{case} seed {seed}: operation {i} differs"
+            assert c == p, (f"{case} seed {seed}: operation {i} differs (a compiled build older "
+                            "than its .py source differs too: rebuild, pip install -e .)")
 
 
 def test_pure_python_env_loads_the_source() -> None:
