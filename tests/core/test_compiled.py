@@ -40,7 +40,7 @@ def _require_compiled() -> None:
         return
     if os.environ.get("CI") == "true" and not _pure_meant():
         pytest.fail("CI=true but hybridkv.core is not compiled: the build (pip install -e .) "
-                    "should have compiled it; see its 'hybridkv: ...' notice")
+                    "should have compiled it; pip install -v -e . shows its 'hybridkv: ...' notice")
     pytest.skip("no compiled build of hybridkv.core here (pip install -e . with Cython and a C "
                 "compiler makes one; HYBRIDKV_PURE_PYTHON=1 forces the pure source)")
 
