@@ -12,6 +12,7 @@ installed (src/hybridkv/_purepy.py).
 from __future__ import annotations
 
 import os
+import re
 from glob import glob
 
 from setuptools import setup
@@ -20,6 +21,9 @@ from setuptools.command.build_ext import build_ext
 # Directives: annotations stay hints (a Cython type check would reject values the pure code
 # accepts, e.g. numpy integers), so the compiled module behaves exactly like its source.
 DIRECTIVES = {"language_level": 3, "annotation_typing": False}
+# Cython 3.0-3.3 turn `[obj and not x and y is not None for ...]` into a C int cast to an
+# object pointer (a crash); a generated file with such a cast is not compiled.
+MISCOMPILE = re.compile(r"= \(\(PyObject \*\)__pyx_t_\d+\);")
 
 
 def notice(why: str) -> None:
@@ -41,11 +45,19 @@ def extensions() -> list:
         notice("Cython is not installed, not compiling")
         return []
     try:
-        return cythonize(core_modules(), compiler_directives=DIRECTIVES, quiet=True,
+        exts = cythonize(core_modules(), compiler_directives=DIRECTIVES, quiet=True,
                          nthreads=os.cpu_count() or 1)
     except Exception as exc:                 # noqa: BLE001 - any failure: pure Python
         notice(f"Cython failed ({type(exc).__name__}: {exc})")
         return []
+    for ext in exts:
+        for c_file in ext.sources:
+            with open(c_file, encoding="utf-8", errors="replace") as fh:
+                if MISCOMPILE.search(fh.read()):
+                    notice(f"Cython cast a C int to an object in {c_file} (a known miscompile of "
+                           "'obj and not x and ...'; write bool(obj)), not compiling")
+                    return []
+    return exts
 
 
 class OptionalBuildExt(build_ext):

@@ -321,6 +321,7 @@ class KVCacheCoordinator:
         self.releasing = [r for r in self.rules if not r.downward_closed]
         # Compat mode, sparse retention: window groups write vLLM's per-block mask
         # (Retention.next_masked_block) instead of the runs of completed promised ends.
+        # (bool(): Cython miscompiles `obj and not x and ...` here; setup.py, MISCOMPILE.)
         self.masked = [bool(vllm_compat) and not retention.dense and r.window is not None
                        for r in self.rules]
         # Compat mode: vLLM's hybrid coordinator caches a group only up to its cacheable
