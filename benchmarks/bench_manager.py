@@ -7,6 +7,7 @@ the next turn contains), free. Only manager calls are timed (hashing included).
 
     python benchmarks/bench_manager.py
     python benchmarks/bench_manager.py --compare OLD/src [--rounds 5]
+    python benchmarks/bench_manager.py --compare pure        # this tree: pure Python vs compiled
 
 ``--compare`` measures this tree against another checkout's ``src`` in the same run: the two
 alternate in fresh processes, each config's time is the CPU time of its process (so other
@@ -104,7 +105,9 @@ def compare(old_src: str, rounds: int) -> None:
     results: dict[str, list[dict]] = {"old": [], "new": []}
     for i in range(rounds):
         for side, src in (("old", old_src), ("new", new_src)):
-            env = dict(os.environ, PYTHONPATH=src)
+            env = dict(os.environ, PYTHONPATH=new_src if src == "pure" else src)
+            if src == "pure":            # the old side: this tree's .py source, never compiled
+                env["HYBRIDKV_PURE_PYTHON"] = "1"
             out = subprocess.run([sys.executable, os.path.abspath(__file__), "--json"], env=env,
                                  check=True, capture_output=True, text=True).stdout
             results[side].append(json.loads(out))
@@ -124,7 +127,8 @@ def compare(old_src: str, rounds: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--compare", metavar="OLD_SRC", help="another checkout's src directory")
+    ap.add_argument("--compare", metavar="OLD_SRC",
+                    help="another checkout's src directory, or 'pure': this tree's pure Python")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -139,7 +143,9 @@ def main() -> None:
 def table() -> None:
     trace, ans, configs = setup()
     tokens = sum(len(r.prompt) for r in trace)
-    print(f"trace: {len(trace)} requests, {tokens} prompt tokens")
+    import hybridkv.core
+    print(f"trace: {len(trace)} requests, {tokens} prompt tokens; core compiled: "
+          f"{hybridkv.core.COMPILED}")
     print(f"{'config':<10}{'blocks':>10}{'hit rate':>10}{'total s':>9}{'us/request':>12}{'us/step':>9}")
     for name, groups in configs.items():
         base = None

@@ -47,6 +47,7 @@ sys.path.insert(0, str(HERE))
 # measure the checkout this script lives in, even where another copy is installed
 sys.path.insert(0, str(HERE.parent / "src"))
 import hybridkv  # noqa: E402,F401
+import hybridkv.core  # noqa: E402
 
 import parity_harness as P  # noqa: E402
 
@@ -105,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     import_s = time.perf_counter() - t
     print(f"vLLM {V.version} (import {import_s:.1f} s, not timed); hybridkv from "
           f"{Path(sys.modules['hybridkv'].__file__).parent}; hybridkv vllm_compat=True, "
-          f"admission reservation: {args.hk_reserve}")
+          f"admission reservation: {args.hk_reserve}; core compiled: {hybridkv.core.COMPILED} "
+          f"(HYBRIDKV_PURE_PYTHON=1: pure Python)")
     cases = [c for c in P.build_matrix(args.scale) if args.only in c.name]
     print(f"{len(cases)} cases, scale {args.scale}, best of {args.repeats}; ratio = vLLM "
           f"(manager calls + sha256 request hashing) / hybridkv (manager calls + xxh3 hashing)")

@@ -3,6 +3,11 @@
 The public API of the core lives here; see README.md for a tour.
 """
 
+from hybridkv import _purepy
+
+if _purepy.requested():      # HYBRIDKV_PURE_PYTHON=1: the .py source even where compiled
+    _purepy.install()
+
 from hybridkv.core import (MLA, AllBlocksCleared, BlockRemoved, BlockStored, CacheHit,
                            ChunkedLocal, ExternalHit, FullAttention, KVCacheConfig, KVCacheGroup,
                            KVCacheManager, LoRA, MultiModalItem, PrefixCacheStats, Request,

@@ -1,5 +1,8 @@
 """The pure bookkeeping core: block ids, hashes and counts; no tensors, no engine."""
 
+from importlib.machinery import EXTENSION_SUFFIXES as _EXTENSION_SUFFIXES
+
+from hybridkv.core import coordinator as _coordinator
 from hybridkv.core.blockref import BlockRef, TableRef
 from hybridkv.core.coordinator import CacheHit, ExternalHit, StateBlocks, StateExport
 from hybridkv.core.events import AllBlocksCleared, BlockRemoved, BlockStored, PrefixCacheStats
@@ -13,7 +16,12 @@ from hybridkv.core.spec_decode import SPEC_METHODS, SpecDecode, parse_spec
 from hybridkv.core.specs import (MLA, AttentionSpec, ChunkedLocal, FullAttention, KVCacheConfig,
                                  KVCacheGroup, SlidingWindow, StateSpec)
 
+#: True when the core runs from the optional compiled build (setup.py, Cython: the same .py
+#: files compiled); False for the pure-Python source (no build, or HYBRIDKV_PURE_PYTHON=1).
+COMPILED: bool = (_coordinator.__file__ or "").endswith(tuple(_EXTENSION_SUFFIXES))
+
 __all__ = [
+    "COMPILED",
     "AllBlocksCleared", "AttentionSpec", "BlockHasher", "BlockPool", "BlockRef", "BlockRemoved", "BlockStored",
     "CacheHit", "ChunkedLocal", "ExternalHit", "FreeBlockQueue", "FullAttention", "HitRule", "KVCacheConfig",
     "KVCacheGroup", "KVCacheManager", "LoRA", "MLA", "MultiModalItem", "NULL_BLOCK", "make_rule",

@@ -321,7 +321,8 @@ class KVCacheCoordinator:
         self.releasing = [r for r in self.rules if not r.downward_closed]
         # Compat mode, sparse retention: window groups write vLLM's per-block mask
         # (Retention.next_masked_block) instead of the runs of completed promised ends.
-        self.masked = [vllm_compat and not retention.dense and r.window is not None
+        # (bool(): Cython miscompiles `obj and not x and ...` here; setup.py, MISCOMPILE.)
+        self.masked = [bool(vllm_compat) and not retention.dense and r.window is not None
                        for r in self.rules]
         # Compat mode: vLLM's hybrid coordinator caches a group only up to its cacheable
         # prefix (get_num_cacheable_tokens): align(n), or for an EAGLE group

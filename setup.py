@@ -1,0 +1,87 @@
+"""Optional compiled build of ``hybridkv.core`` (everything else is in pyproject.toml).
+
+The modules of ``src/hybridkv/core`` (``__init__`` files excepted) are compiled with Cython in
+pure-Python mode: the same ``.py`` files, no ``.pyx`` copy, so the source stays the one
+reference (BENCHMARKS.md, "Compiled core", says why and what it gains). The build never fails
+for the compiled part: without Cython, without a C compiler, or on a compile error it prints
+one line and installs the pure-Python package. ``HYBRIDKV_NO_COMPILE=1`` skips compiling;
+``HYBRIDKV_PURE_PYTHON=1`` at run time loads the ``.py`` files even where compiled ones are
+installed (src/hybridkv/_purepy.py).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from glob import glob
+
+from setuptools import setup
+from setuptools.command.build_ext import build_ext
+
+# Directives: annotations stay hints (a Cython type check would reject values the pure code
+# accepts, e.g. numpy integers), so the compiled module behaves exactly like its source.
+DIRECTIVES = {"language_level": 3, "annotation_typing": False}
+# Cython 3.0-3.3 turn `[obj and not x and y is not None for ...]` into a C int cast to an
+# object pointer (a crash); a generated file with such a cast is not compiled.
+MISCOMPILE = re.compile(r"= \(\(PyObject \*\)__pyx_t_\d+\);")
+
+
+def notice(why: str) -> None:
+    print(f"hybridkv: {why}; installing the pure-Python core (same behaviour, slower)", flush=True)
+
+
+def core_modules() -> list[str]:
+    return sorted(p for p in glob("src/hybridkv/core/**/*.py", recursive=True)
+                  if os.path.basename(p) != "__init__.py")
+
+
+def extensions() -> list:
+    if os.environ.get("HYBRIDKV_NO_COMPILE", "") not in ("", "0"):
+        notice("HYBRIDKV_NO_COMPILE is set, not compiling")
+        return []
+    try:
+        from Cython.Build import cythonize
+    except ImportError:
+        notice("Cython is not installed, not compiling")
+        return []
+    try:
+        exts = cythonize(core_modules(), compiler_directives=DIRECTIVES, quiet=True,
+                         nthreads=os.cpu_count() or 1)
+    except Exception as exc:                 # noqa: BLE001 - any failure: pure Python
+        notice(f"Cython failed ({type(exc).__name__}: {exc})")
+        return []
+    for ext in exts:
+        for c_file in ext.sources:
+            with open(c_file, encoding="utf-8", errors="replace") as fh:
+                if MISCOMPILE.search(fh.read()):
+                    notice(f"Cython cast a C int to an object in {c_file} (a known miscompile of "
+                           "'obj and not x and ...'; write bool(obj)), not compiling")
+                    return []
+    return exts
+
+
+class OptionalBuildExt(build_ext):
+    """``build_ext`` that drops the compiled modules, all of them, when any fails to build:
+    a partly compiled core would mix two builds."""
+
+    def initialize_options(self) -> None:
+        super().initialize_options()
+        self.parallel = os.cpu_count() or 1
+
+    def build_extension(self, ext) -> None:
+        if self.compiler.compiler_type == "unix":     # no debug info: a tenth of the size
+            ext.extra_compile_args = [*ext.extra_compile_args, "-g0"]
+        super().build_extension(ext)
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except Exception as exc:             # noqa: BLE001 - no compiler, compile error, ...
+            for ext in self.extensions:      # remove what was built before the failure
+                path = self.get_ext_fullpath(ext.name)
+                if os.path.exists(path):
+                    os.remove(path)
+            notice(f"compiling failed ({type(exc).__name__}: {exc})")
+
+
+setup(ext_modules=extensions(), cmdclass={"build_ext": OptionalBuildExt})

@@ -1,0 +1,109 @@
+"""A deterministic random-operation trace of the manager, for the compiled-vs-pure test.
+
+``run(case, seed)`` drives one :class:`KVCacheManager` through arrivals, admissions (half of
+them with the full-sequence reservation), prefill chunks, decode steps (1-3 accepted tokens),
+preemptions of the newest running request when an allocation fails, and finishes, with
+``check_integrity`` after every operation. It returns every observable as JSON-ready lists:
+each lookup's hit length, each allocation's new block ids (or None), the free-block count,
+the eviction count, the events and the prefix-cache stats after every operation, and the
+final block tables. ``python -m tests.core.compiled_trace CASE SEED`` prints that record
+as JSON (with ``hybridkv.core.COMPILED``), so a subprocess can run it in the other mode.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+
+from hybridkv import KVCacheManager, Request, SpecDecode
+from hybridkv.core import COMPILED
+
+from .helpers import FA, SWA, config
+
+
+def _case(name: str) -> KVCacheManager:
+    kw: dict = {"enable_events": True, "hash_seed": "compiled-vs-pure"}
+    if name == "full":
+        return KVCacheManager(config(FA(16), num_blocks=96), retention_interval=None, **kw)
+    if name == "full_swa":
+        return KVCacheManager(config(FA(16), SWA(16, 64), num_blocks=160), **kw)
+    if name == "eagle":
+        return KVCacheManager(config(FA(16), SWA(16, 48), num_blocks=160, drafts=(0,)),
+                              spec_decode=SpecDecode("eagle", 3), **kw)
+    if name == "compat":
+        return KVCacheManager(config(FA(16), SWA(16, 64), num_blocks=160), vllm_compat=True,
+                              retention_interval=128, **kw)
+    if name == "compat_eagle_small":
+        return KVCacheManager(config(FA(16), SWA(16, 32), num_blocks=40, drafts=(0, 1)),
+                              vllm_compat=True, spec_decode=SpecDecode("eagle", 2), **kw)
+    if name == "small_pool":
+        return KVCacheManager(config(FA(16), SWA(16, 32), num_blocks=36), **kw)
+    if name == "retention":
+        return KVCacheManager(config(FA(16), SWA(16, 32), num_blocks=120),
+                              retention_interval=64, **kw)
+    if name in ("s3fifo", "arc", "eva"):
+        return KVCacheManager(config(FA(16), SWA(16, 48), num_blocks=64), eviction_policy=name,
+                              **kw)
+    raise ValueError(f"unknown case {name!r}")
+
+
+CASES = ("full", "full_swa", "eagle", "compat", "compat_eagle_small", "small_pool", "retention",
+         "s3fifo", "arc", "eva")
+
+
+def run(case: str, seed: int, ops: int = 400) -> list:
+    rng = random.Random(seed)
+    kv = _case(case)
+    prefixes = [[rng.randrange(40) for _ in range(rng.randrange(1, 90))] for _ in range(4)]
+    waiting: list[Request] = []
+    running: list[Request] = []
+    out: list = []
+    next_id = 0
+    for _ in range(ops):
+        r = rng.random()
+        if r < 0.2 or not (running or waiting):
+            tail = [rng.randrange(40) for _ in range(rng.randrange(1, 70))]
+            waiting.append(Request(f"r{next_id}", rng.choice(prefixes) + tail))
+            next_id += 1
+            continue
+        if r < 0.45 and waiting:
+            req = waiting[0]
+            hit = kv.lookup(req)
+            n = min(req.num_tokens - hit.num_tokens, rng.randrange(1, 80))
+            ids = kv.allocate(req, n, hit, full_sequence_must_fit=rng.random() < 0.5)
+            out.append(["admit", req.request_id, hit.num_tokens, n, ids])
+            if ids is not None:
+                waiting.pop(0)
+                req.num_computed_tokens = hit.num_tokens + n
+                running.append(req)
+        elif running:
+            req = rng.choice(running)
+            if req.num_computed_tokens < req.num_tokens:        # a prefill chunk
+                n = min(req.num_tokens - req.num_computed_tokens, rng.randrange(1, 80))
+            else:                                               # a decode step
+                req.append_tokens([rng.randrange(40) for _ in range(rng.randrange(1, 4))])
+                n = req.num_tokens - req.num_computed_tokens
+            ids = kv.allocate(req, n)
+            out.append(["alloc", req.request_id, n, ids])
+            if ids is None:                                     # preempt the newest
+                victim = running.pop()
+                kv.free(victim)
+                victim.num_computed_tokens = 0
+                waiting.insert(0, victim)
+                out.append(["preempt", victim.request_id])
+            else:
+                req.num_computed_tokens += n
+                if rng.random() < 0.1:
+                    running.remove(req)
+                    kv.free(req)
+                    out.append(["finish", req.request_id])
+        kv.check_integrity()
+        out.append(["state", kv.num_free_blocks, kv.pool.num_evictions,
+                    [repr(e) for e in kv.take_events()], repr(kv.stats())])
+    out.append(["tables", [[r.request_id, kv.block_ids(r)] for r in running]])
+    return json.loads(json.dumps(out))
+
+
+if __name__ == "__main__":
+    print(json.dumps({"compiled": COMPILED, "trace": run(sys.argv[1], int(sys.argv[2]))}))
