@@ -11,6 +11,7 @@ installed (src/hybridkv/_purepy.py).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from glob import glob
@@ -57,7 +58,24 @@ def extensions() -> list:
                     notice(f"Cython cast a C int to an object in {c_file} (a known miscompile of "
                            "'obj and not x and ...'; write bool(obj)), not compiling")
                     return []
+    write_manifest()
     return exts
+
+
+#: The source each compiled module was built from (``path sha256`` per line, paths relative to
+#: ``src/hybridkv/core``): at import, a compiled core whose sources changed since is stale and
+#: the pure-Python source runs instead (src/hybridkv/_purepy.py, :func:`stale`).
+MANIFEST = "src/hybridkv/core/_compiled_sources.txt"
+
+
+def write_manifest() -> None:
+    lines = []
+    for path in core_modules():
+        with open(path, "rb") as fh:
+            digest = hashlib.sha256(fh.read()).hexdigest()
+        lines.append(f"{os.path.relpath(path, 'src/hybridkv/core')} {digest}\n")
+    with open(MANIFEST, "w", encoding="utf-8") as fh:
+        fh.writelines(lines)
 
 
 class OptionalBuildExt(build_ext):

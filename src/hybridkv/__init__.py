@@ -7,6 +7,11 @@ from hybridkv import _purepy
 
 if _purepy.requested():      # HYBRIDKV_PURE_PYTHON=1: the .py source even where compiled
     _purepy.install()
+elif (_why := _purepy.stale()) is not None:
+    import sys as _sys
+    print(f"hybridkv: the compiled core is stale ({_why}); running the pure-Python source "
+          "(same behaviour, slower). Rebuild it with: pip install -e .", file=_sys.stderr)
+    _purepy.install()
 
 from hybridkv.core import (MLA, AllBlocksCleared, BlockRemoved, BlockStored, CacheHit,
                            ChunkedLocal, ExternalHit, FullAttention, KVCacheConfig, KVCacheGroup,

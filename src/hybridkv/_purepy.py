@@ -10,22 +10,60 @@ when :func:`requested` is true:
 * ``HYBRIDKV_PURE_PYTHON`` is set to anything but ``""`` or ``"0"``;
 * or mutmut runs the tests (``MUTANT_UNDER_TEST`` is set): its mutants are ``.py`` files that a
   compiled module would otherwise shadow.
+* or the compiled core is stale (:func:`stale`): a ``.py`` file changed since the build (an
+  edited checkout of an editable install), so the compiled module no longer is its source.
+  A one-line warning says so and how to rebuild; the whole core then runs from source (never
+  a mix of the two builds).
 
 This module is never compiled itself (setup.py compiles ``hybridkv.core`` only).
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.abc
 import importlib.util
 import os
 import sys
+from importlib.machinery import EXTENSION_SUFFIXES
+
+#: Written by setup.py next to the compiled core: ``path sha256`` of each compiled source.
+MANIFEST = "_compiled_sources.txt"
+CORE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "core")
 
 
 def requested() -> bool:
     """True when the environment asks for the pure-Python modules (see the module docstring)."""
     return os.environ.get("HYBRIDKV_PURE_PYTHON", "") not in ("", "0") \
         or "MUTANT_UNDER_TEST" in os.environ
+
+
+def stale(core: str = CORE) -> str | None:
+    """Why the compiled core beside ``core`` (a ``hybridkv/core`` directory) is not its source,
+    or None when it is, or when nothing is compiled. Stale: a compiled module whose ``.py``
+    differs from the one it was built from (its sha256 in :data:`MANIFEST`), or no manifest."""
+    compiled = []
+    for folder, _, files in os.walk(core):
+        for name in files:
+            for suffix in EXTENSION_SUFFIXES:
+                if name.endswith(suffix):
+                    compiled.append(os.path.relpath(os.path.join(folder, name[:-len(suffix)] + ".py"), core))
+    if not compiled:
+        return None
+    try:
+        with open(os.path.join(core, MANIFEST), encoding="utf-8") as fh:
+            built = dict(line.split() for line in fh if line.strip())
+    except OSError:
+        return f"no {MANIFEST} beside it"
+    for rel in sorted(compiled):
+        try:
+            with open(os.path.join(core, rel), "rb") as fh:
+                digest = hashlib.sha256(fh.read()).hexdigest()
+        except OSError:
+            continue                              # a compiled module without its source
+        if built.get(rel) != digest:
+            return f"{rel} changed since the build"
+    return None
 
 
 class PreferSource(importlib.abc.MetaPathFinder):

@@ -77,3 +77,30 @@ def test_pure_python_env_loads_the_source() -> None:
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
                          text=True, check=True)
     assert out.stdout.split() == ["False", "[]"]
+
+
+def test_a_compiled_core_older_than_its_source_is_stale(tmp_path: Path) -> None:
+    """_purepy.stale: nothing compiled -> None; compiled modules matching the manifest -> None;
+    a changed .py, or no manifest -> the reason (hybridkv then runs the pure source)."""
+    import hashlib
+    from importlib.machinery import EXTENSION_SUFFIXES
+
+    core = tmp_path / "core"
+    (core / "rules").mkdir(parents=True)
+    sources = {"pool.py": b"A = 1\n", "rules/full.py": b"B = 2\n"}
+    for rel, text in sources.items():
+        (core / rel).write_bytes(text)
+    assert _purepy.stale(str(core)) is None                       # pure only: never stale
+    for rel in sources:
+        (core / rel).with_suffix(EXTENSION_SUFFIXES[0]).write_bytes(b"")
+    assert _purepy.stale(str(core)) == f"no {_purepy.MANIFEST} beside it"
+    (core / _purepy.MANIFEST).write_text("".join(
+        f"{rel} {hashlib.sha256(text).hexdigest()}\n" for rel, text in sources.items()))
+    assert _purepy.stale(str(core)) is None
+    (core / "rules/full.py").write_bytes(b"B = 3\n")
+    assert _purepy.stale(str(core)) == "rules/full.py changed since the build"
+
+
+def test_this_checkout_is_not_stale() -> None:
+    """The build under test is its source (a stale one would run pure and warn)."""
+    assert _purepy.stale() is None
