@@ -13,7 +13,7 @@ import math
 import pytest
 
 from hybridkv import ChunkedLocal, FullAttention, SlidingWindow
-from hybridkv.core.rules import make_rule
+from hybridkv.core.rules import ChunkedRule, FullRule, SlidingRule, StateRule, make_rule
 from hybridkv.core.specs import MLA, StateSpec
 
 
@@ -131,5 +131,25 @@ def test_local_admission_caps_follow_vllm() -> None:
     assert sw.admission_cap(3, 1000) == 3 + 1          # cdiv(10, 4) + 1
     assert sw.admission_cap(100, 50) == 13 + 1
     assert sw.admission_cap(None, math.inf) is None
-    for rule in (ch, sw):
-        assert all(type(rule.admission_cap(f, 1000)) is int for f in range(0, 20))
+    for f in range(0, 20):
+        assert ch.admission_cap(f, 1000) == -(-(8 + f) // 4)
+        assert sw.admission_cap(f, 1000) == -(-(8 - 1 + f) // 4) + 1
+        assert type(ch.admission_cap(f, 1000)) is int and type(sw.admission_cap(f, 1000)) is int
+
+
+@pytest.mark.parametrize("cls, spec", [(FullRule, FullAttention(4)), (SlidingRule, SlidingWindow(4, window=8)),
+                                       (ChunkedRule, ChunkedLocal(4, chunk_size=8)), (StateRule, state(4))],
+                         ids=["full", "swa", "chunked", "state"])
+def test_rule_defaults_no_proof_and_no_hold(cls, spec) -> None:
+    """chunked (and every rule): ``__init__``'s default ``proof`` became True; ``skipped_tokens``
+    / ``next_skip_growth``'s default ``hold`` became 1. Built without ``proof`` a rule needs no
+    block after a hit (span(e) ends at e), and without ``hold`` it holds nothing back."""
+    rule = cls(spec)
+    assert rule.proof == 0 and rule.span(4) == (rule.lo(4), 4)
+    for c in range(0, 30):
+        assert rule.skipped_tokens(c) == rule.skipped_tokens(c, 0)
+        assert rule.next_skip_growth(c) == rule.next_skip_growth(c, 0)
+        assert rule.max_blocks(c + 1) == rule.max_blocks(c + 1, 0)
+    ch = make_rule(ChunkedLocal(4, chunk_size=8))
+    assert [ch.skipped_tokens(c) for c in (7, 8, 15, 16)] == [0, 8, 8, 16]
+    assert [ch.next_skip_growth(c) for c in (0, 7, 8)] == [8, 8, 16]
