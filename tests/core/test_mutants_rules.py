@@ -153,3 +153,40 @@ def test_rule_defaults_no_proof_and_no_hold(cls, spec) -> None:
     ch = make_rule(ChunkedLocal(4, chunk_size=8))
     assert [ch.skipped_tokens(c) for c in (7, 8, 15, 16)] == [0, 8, 8, 16]
     assert [ch.next_skip_growth(c) for c in (0, 7, 8)] == [8, 8, 16]
+
+
+class StrictProbe:
+    """A probe that is not a list (the rules' scan path for any callable): answers from
+    ``cached``, and fails on an index outside ``[0, n)`` or probed twice (the contract: each
+    block is probed at most once)."""
+
+    def __init__(self, cached: list[bool]) -> None:
+        self.cached = cached
+        self.seen: set[int] = set()
+
+    def __call__(self, i: int) -> bool:
+        assert 0 <= i < len(self.cached), f"probed block {i} outside [0, {len(self.cached)})"
+        assert i not in self.seen, f"block {i} probed twice"
+        self.seen.add(i)
+        return self.cached[i]
+
+
+@pytest.mark.parametrize("spec", [FullAttention(4), SlidingWindow(4, window=9),
+                                  ChunkedLocal(4, chunk_size=8)], ids=["full", "swa", "chunked"])
+@pytest.mark.parametrize("proof", [False, True])
+def test_longest_hit_with_any_probe(spec, proof) -> None:
+    """full: FullRule.longest_hit — the left-to-right scan's ``j += 1`` became ``j = 1`` / ``j -=
+    1`` (an endless loop or a probe below 0), and ``e if e > 0 else 0`` lost its guard (a
+    negative hit when block 0 misses with a proof block). Every 7-block cached pattern,
+    probed through a callable (not a list); the answer is the largest e <= e_max, a multiple
+    of step, whose run ``[lo(e), e + proof)`` is cached (the contract, brute force)."""
+    rule = make_rule(spec, proof=proof)
+    n = 7
+    for bits in range(1 << n):
+        cached = [bool(bits >> i & 1) for i in range(n)]
+        for step in (1, 2):
+            e_max = n - rule.proof
+            want = max((e for e in range(step, e_max + 1, step)
+                        if all(cached[rule.lo(e):e + rule.proof])), default=0)
+            assert rule.longest_hit(StrictProbe(cached), e_max, step) == want
+            assert rule.longest_hit(cached.__getitem__, e_max, step) == want
