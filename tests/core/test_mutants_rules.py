@@ -177,7 +177,8 @@ class StrictProbe:
 def test_longest_hit_with_any_probe(spec, proof) -> None:
     """full: FullRule.longest_hit — the left-to-right scan's ``j += 1`` became ``j = 1`` / ``j -=
     1`` (an endless loop or a probe below 0), and ``e if e > 0 else 0`` lost its guard (a
-    negative hit when block 0 misses with a proof block). Every 7-block cached pattern,
+    negative hit when block 0 misses with a proof block); base: probe_flags took the object
+    behind any bound method (not only a list's) for the flag list. Every 7-block cached pattern,
     probed through a callable (not a list); the answer is the largest e <= e_max, a multiple
     of step, whose run ``[lo(e), e + proof)`` is cached (the contract, brute force)."""
     rule = make_rule(spec, proof=proof)
@@ -189,4 +190,5 @@ def test_longest_hit_with_any_probe(spec, proof) -> None:
             want = max((e for e in range(step, e_max + 1, step)
                         if all(cached[rule.lo(e):e + rule.proof])), default=0)
             assert rule.longest_hit(StrictProbe(cached), e_max, step) == want
+            assert rule.longest_hit(StrictProbe(cached).__call__, e_max, step) == want
             assert rule.longest_hit(cached.__getitem__, e_max, step) == want
