@@ -27,6 +27,8 @@ from tests.core.helpers import FA, SWA, config
                        "block size (4), got -4"),
     (8, (FA(4),), "retention_interval=8 needs a sliding-window or chunked-local KV-cache group, "
                   "and this config has none; set it to 0 or None"),
+    (1, (FA(1),), "retention_interval=1 needs a sliding-window or chunked-local KV-cache group, "
+                  "and this config has none; set it to 0 or None"),
     (6, (FA(4), SWA(4, 8)), "retention_interval must be non-negative and a multiple of the "
                             "scheduler block size (4, the LCM of the group block sizes), got 6"),
 ])
