@@ -14,6 +14,10 @@ import math
 import pytest
 
 from hybridkv import KVCacheManager
+from hybridkv.core.blockref import BlockRef, TableRef
+from hybridkv.core.events import untag_extra_keys
+from hybridkv.core.spec_decode import SpecDecode, parse_spec
+from hybridkv.core.validation import check_int
 from hybridkv.core.retention import Retention, replay_boundaries
 from tests.core.helpers import FA, SWA, config
 
@@ -132,3 +136,72 @@ def test_masked_run_stop_is_the_longest_span_from_its_start() -> None:
     assert Retention(0, 4).next_masked_run(rule, 3, (5, 4)) == (3, 5)
     assert Retention(0, 4).next_masked_run(rule, 3, (4, 5)) == (3, 5)
     assert Retention(0, 4).next_masked_run(rule, 5, (5,)) == (math.inf, 0)   # [3, 5) ends at j
+
+
+# ---- core/spec_decode.py --------------------------------------------------------------------
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: SpecDecode("medusa", 2),
+     "unknown speculative method 'medusa'; valid: eagle, eagle3, mtp, dflash, draft_model, ngram"),
+    (lambda: SpecDecode("eagle", 2.0), "num_speculative_tokens must be an integer >= 1, got 2.0"),
+    (lambda: SpecDecode("ngram", 2, hash_lookahead=True),
+     "hash_lookahead applies to eagle, eagle3 and mtp only, not 'ngram'"),
+    (lambda: SpecDecode("eagle", 2, drafter_window=8), "drafter_window applies to dflash only, not 'eagle'"),
+    (lambda: SpecDecode("dflash", 2, drafter_window=2),
+     "dflash drafter_window 2 is too small for k=2: one step queries k draft positions plus the "
+     "bonus token, so the window must be >= 3"),
+    (lambda: SpecDecode("dflash", 2, drafter_window=4.0),
+     "dflash drafter_window 4.0 is too small for k=2: one step queries k draft positions plus the "
+     "bonus token, so the window must be >= 3"),
+    (lambda: parse_spec("eagle:3:4"), "speculative decoding 'eagle:3:4': K must be an integer >= 1, got '3:4'"),
+])
+def test_bad_spec_decode_is_refused_with_its_reason(make, message) -> None:
+    """spec_decode: SpecDecode.__post_init__ / check_drafter_window / parse_spec — each check
+    (a float k or window accepted; the window bound ``<`` became ``<=`` or inverted) and its
+    exact message; METHOD:K splits at the first colon."""
+    with pytest.raises(ValueError) as exc:
+        make()
+    assert str(exc.value) == message
+
+
+def test_dflash_window_of_exactly_k_plus_one_is_accepted() -> None:
+    """spec_decode: check_drafter_window — ``window <= need`` / ``isinstance`` inverted: the
+    smallest valid window (k + 1) and a larger one are accepted."""
+    assert SpecDecode("dflash", 2, drafter_window=3).drafter_window == 3
+    assert SpecDecode("dflash", 2, drafter_window=64).drafter_window == 64
+
+
+# ---- core/blockref.py, core/validation.py, core/events.py ------------------------------------
+
+def test_table_ref_resolves_to_the_block_at_its_position() -> None:
+    """blockref: TableRef.resolve — each field of the BlockRef (no test in tests/core resolved
+    one)."""
+    ref = TableRef(1, 2, b"h").resolve([[0, 0, 0], [5, 6, 7]])
+    assert ref == BlockRef(1, 7, b"h") and (ref.group, ref.block_id, ref.block_hash) == (1, 7, b"h")
+
+
+def test_check_int_by_hand() -> None:
+    """validation: check_int — ``optional`` defaulting to True, ``or`` / ``and`` slips (a
+    negative int or a float accepted), and the message with and without "None or "."""
+    check_int("n", 0, 0)
+    check_int("n", None, 0, optional=True)
+    check_int("n", 5, 1, optional=True)
+    for value, low, optional, message in [
+        (None, 0, False, "n must be an integer >= 0, got None"),
+        (-1, 0, False, "n must be an integer >= 0, got -1"),
+        (5.0, 0, False, "n must be an integer >= 0, got 5.0"),
+        (True, 0, False, "n must be an integer >= 0, got True"),
+        (-1, 0, True, "n must be None or an integer >= 0, got -1"),
+    ]:
+        with pytest.raises(ValueError) as exc:
+            check_int("n", value, low, optional=optional)
+        assert str(exc.value) == message
+
+
+def test_untag_extra_keys_by_hand() -> None:
+    """events: untag_extra_keys — vLLM's event form: ``("mm", id, off)`` -> ``(id, off)``, LoRA
+    -> its name, the salt -> itself; no keys -> None."""
+    keys = (("lora", "ad", "/p"), ("mm", "img", -3), ("cache_salt", "s"))
+    assert untag_extra_keys(keys) == ("ad", ("img", -3), "s")
+    assert untag_extra_keys((("mm", "a", 0),)) == (("a", 0),)
+    assert untag_extra_keys(()) is None
