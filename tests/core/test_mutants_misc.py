@@ -186,6 +186,8 @@ def test_check_int_by_hand() -> None:
     check_int("n", 0, 0)
     check_int("n", None, 0, optional=True)
     check_int("n", 5, 1, optional=True)
+    with pytest.raises(ValueError, match=r"^n must be an integer >= 0, got None$"):
+        check_int("n", None, 0)                       # not optional by default
     for value, low, optional, message in [
         (None, 0, False, "n must be an integer >= 0, got None"),
         (-1, 0, False, "n must be an integer >= 0, got -1"),
