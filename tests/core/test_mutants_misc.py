@@ -13,7 +13,7 @@ import math
 
 import pytest
 
-from hybridkv import KVCacheManager
+from hybridkv import KVCacheManager, LoRA, MultiModalItem, Request
 from hybridkv.core.blockref import BlockRef, TableRef
 from hybridkv.core.events import untag_extra_keys
 from hybridkv.core.spec_decode import SpecDecode, parse_spec
@@ -207,3 +207,36 @@ def test_untag_extra_keys_by_hand() -> None:
     assert untag_extra_keys(keys) == ("ad", ("img", -3), "s")
     assert untag_extra_keys((("mm", "a", 0),)) == (("a", 0),)
     assert untag_extra_keys(()) is None
+
+
+# ---- core/request.py ------------------------------------------------------------------------
+
+def test_numpy_prompt_of_floats_is_refused_naming_its_dtype() -> None:
+    """request: _as_token_array — the numpy branch skipped (``hasattr`` on None or a misspelt
+    attribute): a float array must be refused by its dtype, and an int array read as is."""
+    import numpy as np
+
+    with pytest.raises(ValueError, match=r"^request 'r': token ids must be integers, got dtype float64$"):
+        Request("r", np.array([1.5, 2.0]))
+    assert list(Request("r", np.array([3, 4], dtype=np.int32)).token_ids) == [3, 4]
+
+
+def test_append_tokens_takes_any_iterable_of_ints() -> None:
+    """request: Request.append_tokens — the general path (not a list or tuple) read None."""
+    import numpy as np
+
+    req = Request("r", [1, 2])
+    req.append_tokens(np.array([3, 4]))
+    req.append_tokens(range(5, 7))
+    req.append_tokens((7,))
+    req.append_tokens([8])
+    assert list(req.token_ids) == [1, 2, 3, 4, 5, 6, 7, 8] and req.num_tokens == 8
+
+
+def test_extra_keys_tag_lora_mm_and_salt() -> None:
+    """request: Request.extra_keys — the ``"lora"`` tag (it enters every block hash; the
+    hashing module's documented form is ``("lora", name, path)``)."""
+    req = Request("r", list(range(8)), lora=LoRA("ad", "/p"), cache_salt="s",
+                  mm_items=[MultiModalItem("img", 2, 3)])
+    assert req.extra_keys(0, 4) == (("lora", "ad", "/p"), ("mm", "img", 2), ("cache_salt", "s"))
+    assert req.extra_keys(4, 8) == (("lora", "ad", "/p"), ("mm", "img", -2))
