@@ -219,6 +219,7 @@ def test_numpy_prompt_of_floats_is_refused_naming_its_dtype() -> None:
     with pytest.raises(ValueError, match=r"^request 'r': token ids must be integers, got dtype float64$"):
         Request("r", np.array([1.5, 2.0]))
     assert list(Request("r", np.array([3, 4], dtype=np.int32)).token_ids) == [3, 4]
+    assert list(Request("r", np.array([-1, 2**40], dtype=np.int64)).token_ids) == [-1, 2**40]  # signed int64
 
 
 def test_append_tokens_takes_any_iterable_of_ints() -> None:
