@@ -19,6 +19,7 @@ from hybridkv.core.events import untag_extra_keys
 from hybridkv.core.spec_decode import SpecDecode, parse_spec
 from hybridkv.core.validation import check_int
 from hybridkv.core.retention import Retention, replay_boundaries
+from hybridkv.core.retention_config import RetentionConfig, TokenRange
 from tests.core.helpers import FA, SWA, config
 
 
@@ -241,3 +242,40 @@ def test_extra_keys_tag_lora_mm_and_salt() -> None:
                   mm_items=[MultiModalItem("img", 2, 3)])
     assert req.extra_keys(0, 4) == (("lora", "ad", "/p"), ("mm", "img", 2), ("cache_salt", "s"))
     assert req.extra_keys(4, 8) == (("lora", "ad", "/p"), ("mm", "img", -2))
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: Request("r", []), "request 'r' has an empty prompt; give at least one token"),
+    (lambda: Request("r", [1], cache_salt=5), "request 'r': cache_salt must be a str or None, got 5"),
+    (lambda: Request("r", [1], lora="x"), "request 'r': lora must be a LoRA(name, path), got 'x'"),
+    (lambda: Request("r", [1], mm_items=["x"]), "request 'r': mm_items must hold MultiModalItem, got 'x'"),
+    (lambda: Request("r", list(range(8)), mm_items=[MultiModalItem("img", 6, 4)]),
+     "request 'r': multimodal item 'img' at [6, 10) must have length > 0 and lie inside the prompt [0, 8)"),
+    (lambda: Request("r", list(range(8)), mm_items=[MultiModalItem("img", 2, 0)]),
+     "request 'r': multimodal item 'img' at [2, 2) must have length > 0 and lie inside the prompt [0, 8)"),
+    (lambda: Request("r", list(range(8)), mm_items=[MultiModalItem("img", -1, 2)]),
+     "request 'r': multimodal item 'img' at [-1, 1) must have length > 0 and lie inside the prompt [0, 8)"),
+    (lambda: Request("r", list(range(8)), mm_items=[MultiModalItem("a", 0, 4), MultiModalItem("b", 2, 2)]),
+     "request 'r': multimodal items must be sorted by offset and not overlap; 'b' starts at 2 < 4"),
+    (lambda: Request("r", [1], retention="x"), "request 'r': retention must be a RetentionConfig or None, got 'x'"),
+    (lambda: Request("r", list(range(8)), retention=RetentionConfig((TokenRange(4, 10, 90),))),
+     "request 'r': retention range [4, 10) lies outside the prompt [0, 8); valid ranges: 0 <= start < end <= 8"),
+])
+def test_bad_request_is_refused_with_its_reason(make, message) -> None:
+    """request: Request.__init__ — each check and its exact message (the suite matched few of
+    them)."""
+    with pytest.raises(ValueError) as exc:
+        make()
+    assert str(exc.value) == message
+
+
+def test_non_integer_token_is_refused_naming_the_request() -> None:
+    """request: _as_token_array / Request.__init__ — the message names the request and the
+    valid range."""
+    with pytest.raises(ValueError, match=r"^request 'r': token ids must be integers in "
+                                         r"\[-9223372036854775808, 9223372036854775807\] \("):
+        Request("r", [1, "a"])
+    req = Request("r", [1])
+    with pytest.raises(ValueError, match=r"^request 'r': token ids must be integers in \["):
+        req.append_tokens(iter([2**63]))
+    assert list(req.token_ids) == [1]
