@@ -279,3 +279,11 @@ def test_non_integer_token_is_refused_naming_the_request() -> None:
     with pytest.raises(ValueError, match=r"^request 'r': token ids must be integers in \["):
         req.append_tokens(iter([2**63]))
     assert list(req.token_ids) == [1]
+
+
+def test_a_fresh_request_with_a_one_token_image() -> None:
+    """request: Request.__init__ — ``length <= 1`` refused a one-token item; ``num_preemptions``
+    starts at 0 (the scheduler counts up from it); adjacent items do not overlap."""
+    req = Request("r", list(range(8)), mm_items=[MultiModalItem("a", 0, 1), MultiModalItem("b", 1, 7)])
+    assert req.num_preemptions == 0 and req.num_computed_tokens == 0 and req.num_prompt_tokens == 8
+    assert req.extra_keys(0, 4) == (("mm", "a", 0), ("mm", "b", 1))
