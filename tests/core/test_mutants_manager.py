@@ -157,9 +157,10 @@ def test_retention_errors_name_the_request_and_the_fix() -> None:
     with pytest.raises(ValueError, match=r"request 'b': retention must be a RetentionConfig or "
                        r"None, got 'pin'"):
         kv.allocate(bad, 9)
-    long = RetentionConfig((TokenRange(0, 20, 100, ttl_s=60.0),))
+    late = Request("c", prompt(0, 9))    # the constructor checks too: attach it afterwards
+    late.retention = RetentionConfig((TokenRange(0, 20, 100, ttl_s=60.0),))
     with pytest.raises(ValueError, match=r"^request 'c': retention range \[0, 20\) lies outside"):
-        kv.allocate(Request("c", prompt(0, 9), retention=long), 9)
+        kv.allocate(late, 9)
 
 
 def test_block_ids_of_an_unknown_request_names_it() -> None:
@@ -170,6 +171,28 @@ def test_block_ids_of_an_unknown_request_names_it() -> None:
 
 
 # ---- reset_prefix_cache / stats -------------------------------------------------------------
+
+def test_a_hit_made_before_a_prefix_cache_reset_is_refused() -> None:
+    """reset_prefix_cache 6, 7 — ``epoch += 1`` → ``epoch = 1`` / ``epoch -= 1``: the state
+    version comes back to the epoch a hit was made at, so the stale hit is adopted unverified.
+
+    bs 4. "a" (9 tokens) is allocated (epoch 0 → 1) and caches blocks 0–1; q looks up its
+    8-token hit at epoch 1; a is freed (→ 2); the reset drops every hash (→ 3; the mutants
+    give 1). Adopting q's hit must raise: its blocks no longer hold q's prefix."""
+    kv = KVCacheManager(config(FA(4), num_blocks=8))
+    a = Request("a", prompt(0, 9))
+    assert kv.allocate(a, 9, kv.lookup(a)) is not None
+    a.num_computed_tokens = 9
+    q = Request("q", prompt(0, 9))
+    hit = kv.lookup(q)
+    assert hit.num_tokens == 8
+    kv.free(a)
+    assert kv.reset_prefix_cache()
+    with pytest.raises(ValueError, match="no longer holds"):
+        kv.allocate(q, 1, hit)
+    kv.check_integrity()
+    assert kv.lookup(q).num_tokens == 0
+
 
 def test_stats_count_preempted_requests_apart() -> None:
     """stats 5, 6, 7 — the three preempted counters replaced by None.
