@@ -82,6 +82,64 @@ def test_no_lookahead_fits_a_pool_of_one_token_steps() -> None:
         KVCacheManager(config(FA(1), FA(1), num_blocks=4), spec_decode=SpecDecode("eagle", 1))
 
 
+def test_lookahead_limit_of_a_two_block_pool() -> None:
+    """_check_lookahead 24, 28 — the fit test made strict; the search's upper end lowered by
+    two after a miss (skipping the answer).
+
+    One full group (bs 4), 2 usable blocks: ceil((1 + la)/4) <= 2 gives la <= 7, so k = 7
+    fits (a strict test would stop at 3). Two full groups (bs 4), 2 usable blocks:
+    2 * ceil((1 + la)/4) <= 2 gives la <= 3, so k = 3 fits (the search misses at 6, then must
+    still try 3)."""
+    KVCacheManager(config(FA(4), num_blocks=3), spec_decode=SpecDecode("eagle", 7))
+    KVCacheManager(config(FA(4), FA(4), num_blocks=3), spec_decode=SpecDecode("eagle", 3))
+
+
+def test_lookahead_limit_below_max_model_len() -> None:
+    """_check_lookahead 32–37 — the ``max_model_len - 1`` cap: its condition moved by one
+    either way, its value changed or removed; the reason named in the message.
+
+    One full group (bs 4), 2 usable blocks: the pool allows la <= 7. max_model_len 7 caps it
+    at 6 (k = 6 fits, k = 7 is refused naming max_model_len=7); max_model_len 8 does not cap
+    it (7 = 7: k = 7 fits, k = 8 is refused naming the pool)."""
+    cfg = config(FA(4), num_blocks=3)
+    KVCacheManager(cfg, max_model_len=7, spec_decode=SpecDecode("eagle", 6))
+    with pytest.raises(ValueError, match=r"needs 7 lookahead slots per request, more than "
+                       r"max_model_len=7 allow \(6\); valid num_speculative_tokens: 1\.\.6$"):
+        KVCacheManager(cfg, max_model_len=7, spec_decode=SpecDecode("eagle", 7))
+    KVCacheManager(cfg, max_model_len=8, spec_decode=SpecDecode("eagle", 7))
+    with pytest.raises(ValueError, match=r"more than the pool's 2 usable blocks allow \(7\); "
+                       r"valid num_speculative_tokens: 1\.\.7$"):
+        KVCacheManager(cfg, max_model_len=8, spec_decode=SpecDecode("eagle", 8))
+
+
+def test_lookahead_messages_at_the_edge() -> None:
+    """_check_lookahead 46–49 — the "valid 1..limit" message kept down to limit 1; the advice
+    of the "nothing fits" message.
+
+    max_model_len 2 caps the lookahead at 1: k = 2 is refused with "valid 1..1";
+    max_model_len 1 caps it at 0: nothing fits."""
+    cfg = config(FA(4), num_blocks=8)
+    with pytest.raises(ValueError, match=r"allow \(1\); valid num_speculative_tokens: 1\.\.1$"):
+        KVCacheManager(cfg, max_model_len=2, spec_decode=SpecDecode("eagle", 2))
+    with pytest.raises(ValueError, match=r"max_model_len=1 allow 0: no speculative decoding fits; "
+                       r"give more blocks or a larger max_model_len$"):
+        KVCacheManager(cfg, max_model_len=1, spec_decode=SpecDecode("eagle", 1))
+
+
+def test_dflash_lookahead_message_counts_its_extra_slot() -> None:
+    """_check_lookahead 44, 45 — DFlash's extra slot added instead of subtracted in the
+    valid range, or in the test that picks the message.
+
+    DFlash takes k + 1 slots. max_model_len 3 caps the lookahead at 2: k = 2 (3 slots) is
+    refused with "valid 1..1" (2 - 1); max_model_len 2 caps it at 1: 1 - 1 = 0, nothing fits."""
+    cfg = config(FA(4), num_blocks=8)
+    with pytest.raises(ValueError, match=r"needs 3 lookahead slots .*allow \(2\); valid "
+                       r"num_speculative_tokens: 1\.\.1$"):
+        KVCacheManager(cfg, max_model_len=3, spec_decode=SpecDecode("dflash", 2, drafter_window=8))
+    with pytest.raises(ValueError, match=r"allow 1: no speculative decoding fits"):
+        KVCacheManager(cfg, max_model_len=2, spec_decode=SpecDecode("dflash", 1, drafter_window=8))
+
+
 # ---- lookup_external / commit_external ------------------------------------------------------
 
 def _everything(group: int, h: bytes) -> bool:
