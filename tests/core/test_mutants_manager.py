@@ -319,8 +319,9 @@ def test_stored_events_with_hash_lookahead_cover_the_next_token() -> None:
     list restarts at block 0 for a run that does not start there.
 
     EAGLE k=1 proves one token past each block (L = 1). bs 4, a 13-token prompt in chunks of
-    8 and 5: a block is cached once its next token is computed, so the first run is block 0
-    (token 8, block 1's proof, is not computed yet) and the second blocks 1–2. Block j carries
+    8 and 5: a block is cached once its tokens are computed and its next token is known (the
+    prompt's), so the first run is blocks 0–1 and the second block 2 (block 3 would need token
+    16, past the prompt). Block j carries
     token 4(j + 1) as its lookahead; an image at [4, 6) is in block 0's keys at offset 4
     (block 0's range with L is [0, 5)) and in block 1's at offset 0."""
     P = prompt(0, 13)
@@ -330,7 +331,7 @@ def test_stored_events_with_hash_lookahead_cover_the_next_token() -> None:
     evs = _stored(kv)
     firsts = [ev.token_ids[0] // 4 for ev in evs]
     blocks = [f + i for ev, f in zip(evs, firsts) for i in range(len(ev.block_hashes))]
-    assert firsts == [0, 1] and blocks == [0, 1, 2]
+    assert firsts == [0, 2] and blocks == [0, 1, 2]
     look = [x for ev in evs for x in ev.lookahead_token_ids]
     assert look == [[4], [8], [12]]
     keys = [x for ev in evs for x in ev.extra_keys]
