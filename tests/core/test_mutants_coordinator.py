@@ -43,6 +43,22 @@ def _state_manager_with_a_served() -> tuple[KVCacheManager, list[int]]:
     return kv, A
 
 
+def _last_step_fits(kv: KVCacheManager, r: Request, steps) -> bool:
+    """Allocate ``steps`` (token counts) for ``r``, its lookup's hit with the first; every step
+    but the last must succeed; the last asks the full sequence to fit (vLLM's admission
+    reservation). Whether it did, with the manager's integrity checked after."""
+    hit = kv.lookup(r)
+    for i, n in enumerate(steps):
+        last = i == len(steps) - 1
+        got = kv.allocate(r, n, hit if i == 0 else None, full_sequence_must_fit=last)
+        if last:
+            kv.check_integrity()
+            return got is not None
+        assert got is not None
+        r.num_computed_tokens += n
+    raise AssertionError("no steps")
+
+
 @pytest.mark.parametrize("chunks, want", [((5, 8, 8), ([12], [16, 20], [24])),
                                           ((3, 5, 8), ([], [12, 16], [20, 24]))])
 def test_export_positions_predict_every_allocation_after_a_junction_hit(chunks, want) -> None:
@@ -280,15 +296,7 @@ def test_reservation_of_a_sliding_request_counts_released_and_null_entries(steps
     added: held 4 (reserve 1), full 8 (reserve 2): 2 + 3 <= free + 1, again iff >= 16."""
     kv = KVCacheManager(config(FA(4), SWA(4, 8), num_blocks=num_blocks))
     r = Request("r", prompt(100, 40))
-    for i, n in enumerate(steps):
-        last = i == len(steps) - 1
-        got = kv.allocate(r, n, kv.lookup(r) if i == 0 else None, full_sequence_must_fit=last)
-        if last:
-            assert (got is not None) == fits
-        else:
-            assert got is not None
-            r.num_computed_tokens += n
-    kv.check_integrity()
+    assert _last_step_fits(kv, r, steps) == fits
 
 
 @pytest.mark.parametrize("num_blocks, fits", [(21, True), (20, False)])
@@ -591,16 +599,7 @@ def test_compat_admission_with_a_state_group(steps, num_blocks, fits) -> None:
     kv = KVCacheManager(config(FA(4), ST_K2, num_blocks=num_blocks), retention_interval=8,
                         vllm_compat=True)
     r = Request("r", prompt(100, 40))
-    hit = kv.lookup(r)
-    for i, n in enumerate(steps):
-        last = i == len(steps) - 1
-        got = kv.allocate(r, n, hit if i == 0 else None, full_sequence_must_fit=last)
-        if last:
-            assert (got is not None) == fits
-        else:
-            assert got is not None
-            r.num_computed_tokens += n
-    kv.check_integrity()
+    assert _last_step_fits(kv, r, steps) == fits
 
 
 @pytest.mark.parametrize("num_blocks, fits", [(16, True), (15, False)])
