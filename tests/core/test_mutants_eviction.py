@@ -1,0 +1,292 @@
+"""Tests that kill the mutants mutmut found surviving in ``src/hybridkv/core/eviction/*``
+(TESTING.md, "Mutation testing: core/eviction/*").
+
+An eviction policy decides *which* cached free block is reused next, so the observable is the
+eviction order: each test drives a :class:`PolicyBlockPool` (the pool every non-LRU policy is
+attached to) through the documented seam — compute a chain, hit its cached prefix, free it
+tail first, allocate until victims are taken — and asserts the contents evicted, first victim
+first, with the order derived by hand from the policy's documented algorithm (the comments
+walk through each derivation). Content ``t`` is stored under the key ``t.to_bytes(8)``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from hybridkv import FullAttention, SlidingWindow
+from hybridkv.core.eviction import (POLICIES, AdaptivePolicy, ChainARCPolicy, CostAwarePolicy, EVAPolicy,
+                                    LFUPolicy, PriorityPolicy, S3FIFOPolicy, TurnEVAPolicy, make_policy,
+                                    resolve_policy)
+from hybridkv.core.pool import PolicyBlockPool
+from hybridkv.core.rules import make_rule
+
+
+def _key(t: int) -> bytes:
+    return t.to_bytes(8, "little")
+
+
+class Cache:
+    """A policy pool with an eviction log (contents, first victim first)."""
+
+    def __init__(self, policy, num_blocks: int, num_groups: int = 1) -> None:
+        self.policy = policy
+        self.evicted: list[int] = []
+        self.pool = PolicyBlockPool(num_blocks, num_groups, policy,
+                                    on_evict=lambda g, h: self.evicted.append(int.from_bytes(h, "little")))
+
+    def block(self, t: int, group: int = 0) -> int | None:
+        return self.pool.cached_block(group, _key(t))
+
+    def serve(self, chain: list[int], group: int = 0) -> int:
+        """One request: hit the cached leading blocks of ``chain``, compute the rest, free it all
+        tail first. Returns the leading hits."""
+        pool = self.pool
+        held = []
+        for t in chain:
+            b = pool.cached_block(group, _key(t))
+            if b is None:
+                break
+            held.append(b)
+        pool.touch(held)
+        new = pool.allocate(len(chain) - len(held))
+        for b, t in zip(new, chain[len(held):]):
+            pool.insert(group, _key(t), b)
+        pool.free((held + new)[::-1])
+        pool.check()
+        return len(held)
+
+    def drain(self) -> list[int]:
+        """Allocate every free block (victims in the policy's order) and give them back
+        hash-less; the contents evicted by this call."""
+        n = len(self.evicted)
+        blocks = self.pool.allocate(self.pool.num_free)
+        self.pool.check()
+        self.pool.free(blocks)
+        return self.evicted[n:]
+
+
+# ---- the registry (eviction/__init__.py) and the base class --------------------------------
+
+@pytest.mark.parametrize("bad", ["LRU", "", "fifo", None, 3, "adaptive "])
+def test_unknown_policy_name_is_refused_naming_it_and_the_valid_names(bad):
+    """resolve_policy / make_policy: the message names the bad value (repr) and every valid name."""
+    msg = (f"unknown eviction policy {bad!r}; valid: lru, s3fifo, lfu, cost, eva, eva-turns, arc, "
+           "adaptive, adaptive-turns, priority, recommended")
+    for call in (resolve_policy, make_policy):
+        with pytest.raises(ValueError) as exc:
+            call(bad)
+        assert str(exc.value) == msg
+
+
+def test_each_policy_name_builds_its_policy():
+    """make_policy maps every valid name to its class (``lru``: None, the pool's own list;
+    ``recommended``: ``adaptive``); ``adaptive-turns`` challenges LRU with chain ARC and
+    eva-turns, ``adaptive`` with chain ARC alone."""
+    want = {"lru": type(None), "s3fifo": S3FIFOPolicy, "lfu": LFUPolicy, "cost": CostAwarePolicy,
+            "eva": EVAPolicy, "eva-turns": TurnEVAPolicy, "arc": ChainARCPolicy,
+            "adaptive": AdaptivePolicy, "adaptive-turns": AdaptivePolicy, "priority": PriorityPolicy,
+            "recommended": AdaptivePolicy}
+    assert set(want) == set(POLICIES)
+    for name, cls in want.items():
+        assert type(make_policy(name)) is cls, name
+        assert resolve_policy(name) == ("adaptive" if name == "recommended" else name)
+    assert [type(a) for a in make_policy("adaptive").alts] == [ChainARCPolicy]
+    assert [type(a) for a in make_policy("adaptive-turns").alts] == [ChainARCPolicy, TurnEVAPolicy]
+    assert [type(a) for a in make_policy("recommended").alts] == [ChainARCPolicy]
+    # eva-turns keeps its own horizon (64 buckets), eva its (32)
+    assert make_policy("eva-turns").ages == 64 and make_policy("eva").ages == 32
+
+
+def test_priority_policy_from_the_registry_reads_its_clock():
+    """make_policy("priority", clock=...) uses the given clock for TTLs; the default clock is
+    a working callable (time.monotonic)."""
+    from hybridkv.core.retention_config import RetentionMark
+    t = [0.0]
+    pol = make_policy("priority", clock=lambda: t[0])
+    c = Cache(pol, 4)
+    a, b, d = c.pool.allocate(3)
+    for blk, k in ((a, 1), (b, 2), (d, 3)):
+        c.pool.insert(0, _key(k), blk)
+    c.pool.retain([a, b, d], [0], [RetentionMark(1, 90, 5.0)])       # block a: priority 90 for 5 s
+    c.pool.free([a, b, d])
+    t[0] = 1.0
+    assert c.drain() == [2, 3, 1]                 # 1 still pinned at t = 1
+    default = make_policy("priority")
+    Cache(default, 4).serve([1, 2])
+    assert callable(default.clock) and isinstance(default.clock(), float)
+
+
+class _Rule:
+    """A hit rule as make_policy reads it: a block size and a recompute cost per block index."""
+
+    def __init__(self, block_size: int, cost_per_block: int) -> None:
+        self.block_size = block_size
+        self.cost = cost_per_block
+        self.asked: list = []
+
+    def recompute_cost(self, j):
+        self.asked.append(j)
+        return self.cost * j
+
+
+def test_cost_weights_value_each_group_at_the_reference_depth():
+    """make_policy("cost", rules): group weight = max(1, recompute_cost(16384 // block_size))
+    (the block at the reference depth of 16384 tokens), over the largest; no rules: one
+    group of weight 1."""
+    r5, r16, zero = _Rule(5, 2), _Rule(16, 1), _Rule(16, 0)
+    pol = make_policy("cost", [r5, r16, zero])
+    assert r5.asked == [3276] and r16.asked == [1024] and zero.asked == [1024]
+    assert pol.weights == [1.0, 1024 / 6552, 1 / 6552]
+    assert make_policy("cost").weights == [1.0]
+    assert make_policy("cost", []).weights == [1.0]
+    full = make_rule(FullAttention(block_size=16, num_kv_heads=1, head_dim=4))
+    swa = make_rule(SlidingWindow(block_size=16, num_kv_heads=1, head_dim=4, window=64))
+    pol = make_policy("cost", [full, swa])
+    w_full, w_swa = full.recompute_cost(1024), swa.recompute_cost(1024)
+    assert w_full > w_swa > 1
+    assert pol.weights == [1.0, w_swa / w_full]
+
+
+def test_a_policy_attaches_to_one_pool_only():
+    """attach: a policy already owned by a pool refuses a second pool, naming itself;
+    attaching again to its own pool is harmless (the base rule; ``adaptive`` attaches its
+    shadows once, so it is called once, as the contract says)."""
+    for name in ("s3fifo", "lfu", "arc", "eva", "adaptive", "priority"):
+        pol = make_policy(name)
+        first = PolicyBlockPool(4, 1, pol)
+        assert pol.pool is first
+        if name != "adaptive":
+            pol.attach(first)
+            assert pol.pool is first
+        with pytest.raises(ValueError) as exc:
+            PolicyBlockPool(4, 1, pol)
+        assert str(exc.value) == f"eviction policy {pol.name!r} is already attached to another pool"
+        assert pol.pool is first
+
+
+# ---- s3fifo ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("ratio", [0, 0.0, 1, 1.0, -0.5, 1.5])
+def test_s3fifo_small_ratio_must_be_a_fraction(ratio):
+    with pytest.raises(ValueError) as exc:
+        S3FIFOPolicy(small_ratio=ratio)
+    assert str(exc.value) == f"small_ratio must be in (0, 1), got {ratio!r}"
+
+
+def test_s3fifo_small_queue_goes_first_only_while_over_its_share():
+    """Victims come from ``small`` while it holds more than 10 % of the held blocks (or ``main``
+    is empty), else from ``main``, where a hit block gets a second chance (count - 1, back to
+    the end). 11 blocks: contents 1..10 hit once (main, tail first: 10, 9, .., 1), 100 never
+    hit (small). Draining: small 1 of 11 (not > 1.1) -> main: every block spends its hit going
+    round once, then 10 leaves; small 1 of 10 (not > 1.0) -> 9 leaves; small 1 of 9 (> 0.9)
+    -> 100 leaves; then main in order."""
+    c = Cache(S3FIFOPolicy(), 12)
+    chain = list(range(1, 11))
+    c.serve(chain)
+    assert c.serve(chain) == 10
+    c.serve([100])
+    assert c.drain() == [10, 9, 100, 8, 7, 6, 5, 4, 3, 2, 1]
+
+
+def test_s3fifo_small_exactly_at_its_share_is_not_over_it():
+    """small_ratio 0.5, 2 blocks in small and 2 in main: 2 is not more than half of 4, so the
+    victim comes from main (its hit spent first: both main blocks go round, then 2 leaves);
+    then small 2 of 3 is over half: 11 leaves; small 1 of 2 is not: 1 (main); then 12."""
+    c = Cache(S3FIFOPolicy(small_ratio=0.5), 5)
+    c.serve([1, 2])
+    c.serve([1, 2])                                 # main: 2, 1 (freed tail first), one hit each
+    c.serve([11])
+    c.serve([12])                                   # small: 11, 12
+    assert c.drain() == [2, 11, 1, 12]
+
+
+def test_s3fifo_hit_counts_cap_at_three():
+    """A block's hit count is capped at 3: content 1 hit 5 times and content 2 hit 3 times have
+    the same count, so in main (1 ahead of 2) they spend their three chances in turn and 1
+    leaves first. (Uncapped, 2 would run out of chances first.)"""
+    c = Cache(S3FIFOPolicy(), 3)
+    for _ in range(6):
+        c.serve([1])
+    for _ in range(4):
+        c.serve([2])
+    assert c.drain() == [1, 2]
+
+
+def test_s3fifo_counts_a_hit_on_a_block_in_use():
+    """A hit on a block another request holds counts too (on_hit with held False): content 1,
+    read twice by two overlapping requests, has 2 hits; content 2 has 1 (3 > 2 would not
+    pass with a lost hit). main: 2 then 1 (1 freed last). Drain: 2 (1 -> 0, round), 1 (2 ->
+    1, round), 2 leaves, 1 (1 -> 0, round), 1 leaves."""
+    c = Cache(S3FIFOPolicy(), 4)
+    c.serve([1])
+    c.serve([2])
+    c.serve([2])                                    # 2: one hit, main
+    b = c.block(1)
+    c.pool.touch([b])                               # request x hits 1 (leaves small)
+    c.pool.touch([b])                               # request y hits 1 while x holds it
+    c.pool.free([b])
+    c.pool.free([b])                                # now free: 2 hits -> main
+    c.pool.check()
+    assert c.drain() == [2, 1]
+    # the same with a single reader: 1 hit each, 2 ahead of 1, so the order is the same; but
+    # a third content hit once and freed between shows the count: 1 (count 2) outlives it
+    c = Cache(S3FIFOPolicy(), 5)
+    for t in (1, 2, 3):
+        c.serve([t])
+    c.serve([2])
+    b = c.block(1)
+    c.pool.touch([b])
+    c.pool.touch([b])
+    c.pool.free([b, b])
+    c.serve([3])                                    # main: 2, 1, 3 (one, two, one hits)
+    assert c.drain() == [2, 3, 1]
+
+
+def test_s3fifo_ghost_readmits_recomputed_content_to_main():
+    """Content evicted from ``small`` is remembered (ghost, up to num_blocks - 1 = 3 hashes);
+    computed again while remembered it enters ``main``, so the one-off blocks after it leave
+    first. 4 blocks (3 usable):
+
+    serve 1, 2, 3 (small 1 2 3); 4 evicts 1 (ghost 1); 5 evicts 2 (ghost 1 2); computing 1
+    again evicts 3 (ghost 1 2 3, at capacity) and 1 is readmitted to main. small 4 5, main 1:
+    6 evicts 4, 7 evicts 5, 8 evicts 6 (small 6 7 is over 10 %); the drain: 7, 8, then 1."""
+    c = Cache(S3FIFOPolicy(), 4)
+    for t in (1, 2, 3, 4, 5, 1, 6, 7, 8):
+        assert c.serve([t]) == 0
+    assert c.evicted == [1, 2, 3, 4, 5, 6]
+    assert c.drain() == [7, 8, 1]
+
+
+def test_s3fifo_ghost_forgets_beyond_num_blocks_minus_one():
+    """The ghost keeps num_blocks - 1 = 3 hashes: after 1, 2, 3, 4 were evicted from small,
+    1 is forgotten (computing it again files it in small), 2 is remembered (main).
+
+    serve 1, 2, 3; 4, 5, 6 evict 1, 2, 3 (ghost 1 2 3); computing 1 evicts 4 (ghost 2 3 4):
+    1 goes to small (5 6 1). 7 evicts 5, 8 evicts 6, 9 evicts 1 (small FIFO)."""
+    c = Cache(S3FIFOPolicy(), 4)
+    for t in (1, 2, 3, 4, 5, 6, 1, 7, 8, 9):
+        assert c.serve([t]) == 0
+    assert c.evicted == [1, 2, 3, 4, 5, 6, 1]
+
+
+def test_s3fifo_forgets_a_reallocated_blocks_hits():
+    """A block's hit count lasts until its id is reallocated (forget): block b holds content 1,
+    is hit (count 1), loses its hash while held (drop_hash) and returns as scratch; reused for
+    content 2, it is a block never hit, so it is filed in small (not main): the drain takes
+    small in FIFO order 2, 3, 4 (with the stale count, 2 would sit in main and leave last)."""
+    c = Cache(S3FIFOPolicy(), 4)
+    pool = c.pool
+    b, = pool.allocate(1)
+    pool.insert(0, _key(1), b)
+    pool.free([b])
+    pool.touch([b])
+    pool.drop_hash(b)
+    pool.free([b])
+    assert pool.allocate(1) == [b]                   # scratch is reused first
+    pool.insert(0, _key(2), b)
+    pool.free([b])
+    c.serve([3])
+    c.serve([4])
+    assert c.drain() == [2, 3, 4]
