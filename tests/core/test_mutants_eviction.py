@@ -203,15 +203,23 @@ def test_s3fifo_small_exactly_at_its_share_is_not_over_it():
 
 
 def test_s3fifo_hit_counts_cap_at_three():
-    """A block's hit count is capped at 3: content 1 hit 5 times and content 2 hit 3 times have
-    the same count, so in main (1 ahead of 2) they spend their three chances in turn and 1
-    leaves first. (Uncapped, 2 would run out of chances first.)"""
+    """A block's hit count is capped at 3 and starts at 0: content 1 hit 5 times and content 2
+    hit 3 times have the same count, so in main (1 ahead of 2) they spend their three chances
+    in turn and 1 leaves first (uncapped, 2 would run out first). Hit 3 times against twice,
+    the block behind leaves first."""
     c = Cache(S3FIFOPolicy(), 3)
     for _ in range(6):
         c.serve([1])
     for _ in range(4):
         c.serve([2])
     assert c.drain() == [1, 2]
+    # content 1 hit 3 times, content 2 twice: 2 runs out first although it is behind 1
+    c = Cache(S3FIFOPolicy(), 3)
+    for _ in range(4):
+        c.serve([1])
+    for _ in range(3):
+        c.serve([2])
+    assert c.drain() == [2, 1]
 
 
 def test_s3fifo_counts_a_hit_on_a_block_in_use():
@@ -290,3 +298,194 @@ def test_s3fifo_forgets_a_reallocated_blocks_hits():
     c.serve([3])
     c.serve([4])
     assert c.drain() == [2, 3, 4]
+
+
+# ---- lfu and cost (frequency.py) ----------------------------------------------------------
+
+def test_lfu_evicts_the_fewest_hits_first_ties_in_free_order():
+    """priority = age + 1 + hits: contents 1, 4, 3 never hit (priority 1, in free order: the
+    chain [3, 4] is freed tail first) leave before 2 (one hit: priority 2)."""
+    c = Cache(LFUPolicy(), 6)
+    c.serve([1])
+    c.serve([2])
+    assert c.serve([2]) == 1
+    c.serve([3, 4])
+    assert c.drain() == [1, 4, 3, 2]
+
+
+def test_lfu_ages_old_popularity_away():
+    """Dynamic aging: the age L becomes each victim's priority and a freed block gets L + 1 +
+    hits. 2 usable blocks. 1 is hit twice (priority 3). 2 (priority 1) is evicted by 3 (L = 1,
+    so 3 gets 2); 3 is evicted by 4 (L = 2, 4 gets 3); now 1 and 4 tie at 3 and 1 was freed
+    first: 1 leaves (L = 3), 5 gets 4. Drain: 4 (3), 5 (4). Without aging 1 would stay."""
+    c = Cache(LFUPolicy(), 3)
+    for _ in range(3):
+        c.serve([1])
+    for t in (2, 3, 4, 5):
+        assert c.serve([t]) == 0
+    assert c.evicted == [2, 3, 1]
+    assert c.drain() == [4, 5]
+    assert c.policy.age == 4
+
+
+def test_lfu_rebuilds_its_heap_without_losing_live_blocks():
+    """A block hit again and again leaves a dead heap entry per hit; once dead entries
+    outnumber live ones (by 64) the heap is rebuilt from the live entries only. After 70
+    rounds on content 3, the never-hit chain [1, 2] (freed tail first, so its entries' seqs
+    are not its block ids) still leaves first, tail first, then 3."""
+    c = Cache(LFUPolicy(), 5)
+    c.serve([1, 2])
+    for _ in range(70):
+        c.serve([3])
+    assert len(c.policy.heap) < 70                   # rebuilt at least once
+    assert c.drain() == [2, 1, 3]
+
+
+def test_lfu_hit_counts_reset_when_a_block_gets_new_content():
+    """hits count the references since the block got its content: an id reused for new
+    content starts at 0 (forget). Block b holds 1, hit twice, loses its hash while held, is
+    reused for 2: 2 has priority 1, like the never-hit 3 freed after it, and goes first."""
+    c = Cache(LFUPolicy(), 4)
+    pool = c.pool
+    b, = pool.allocate(1)
+    pool.insert(0, _key(1), b)
+    pool.free([b])
+    pool.touch([b])
+    pool.touch([b])
+    pool.drop_hash(b)
+    pool.free([b, b])
+    assert pool.allocate(1) == [b]
+    pool.insert(0, _key(2), b)
+    pool.free([b])
+    c.serve([3])
+    assert c.drain() == [2, 3]
+
+
+@pytest.mark.parametrize("weights", [(), (0,), (1.0, -1.0), (2.0, 0.0), (float("nan"),)])
+def test_cost_weights_must_be_positive(weights):
+    with pytest.raises(ValueError) as exc:
+        CostAwarePolicy(weights)
+    assert str(exc.value) == f"cost weights must be positive, got {list(weights)!r}"
+
+
+def test_cost_priority_weighs_hits_by_the_groups_cost():
+    """priority = age + (1 + hits) x weight(group), weights over the largest: (1, 4) ->
+    (0.25, 1). Group 0: 1 (0 hits: 0.25), 3 (1 hit: 0.5), 4 (4 hits: 1.25); group 1: 2 (0
+    hits: 1.0). Computing 5 (group 0) evicts 1 (L = 0.25), so 5 gets 0.25 + 0.25 = 0.5 and
+    ties with 3, freed earlier. Drain: 3, 5, 2, 4 (LFU alone would keep 2 below 3)."""
+    pol = CostAwarePolicy([1.0, 4.0])
+    assert pol.weights == [0.25, 1.0]
+    c = Cache(pol, 5, num_groups=2)
+    c.serve([1])
+    c.serve([2], group=1)
+    c.serve([3])
+    c.serve([3])
+    for _ in range(5):
+        c.serve([4])
+    c.serve([5])
+    assert c.evicted == [1]
+    assert c.drain() == [3, 5, 2, 4]
+
+
+# ---- chain ARC ------------------------------------------------------------------------------
+
+def _returning_then_one_offs(num_blocks: int, one_offs: list[int]) -> Cache:
+    """Chain [1, 2] computed, then come back as [1, 2, 3] (its deepest reused block, 2, was
+    reused once: the whole batch, new tail 3 included, goes to t2 as 3, 2, 1); then one-off
+    first turns (t1, in free order)."""
+    c = Cache(ChainARCPolicy(), num_blocks)
+    c.serve([1, 2])
+    assert c.serve([1, 2, 3]) == 2
+    for t in one_offs:
+        c.serve([t])
+    return c
+
+
+def test_arc_takes_t1_only_while_it_is_over_its_target():
+    """Victims come from t1 while it holds more than p blocks (p starts at half the capacity),
+    else from t2. Capacity 6, p = 3: t1 holds 3 (not over): t2 first (3, 2, 1: tail first),
+    then t1. Capacity 7, p = 3.5: t1 holds 4 (over): 10 leaves, then t1 holds 3: t2, then t1."""
+    assert _returning_then_one_offs(7, [10, 11, 12]).drain() == [3, 2, 1, 10, 11, 12]
+    assert _returning_then_one_offs(8, [10, 11, 12, 13]).drain() == [10, 3, 2, 1, 11, 12, 13]
+
+
+def test_arc_content_shared_by_eight_requests_marks_a_first_turn():
+    """A chain whose deepest reused block has been reused 1..7 times is a returning
+    conversation (all of it to t2); reused SHARED_REUSES = 8 times or more it is shared content
+    (a system prompt), so the chain is a first turn: its new blocks go to t1, the reused root
+    to t2. Root 0, then [0, 100 + i] for i = 0..7: tails 100..106 land in t2, 107 in t1.
+    Capacity 9, p = 4.5: t1 (1 block) is not over: t2 in order (100..106, then 0, re-freed
+    last), then 107."""
+    c = Cache(ChainARCPolicy(), 10)
+    c.serve([0])
+    for i in range(8):
+        assert c.serve([0, 100 + i]) == 1
+    assert c.drain() == [100, 101, 102, 103, 104, 105, 106, 0, 107]
+
+
+def test_arc_recomputed_t1_ghost_grows_t1s_target():
+    """Content remembered in b1 (evicted from t1) and computed again: t1 was too small, p grows
+    by max(1, |b2| / |b1|) = 1 (2 -> 3), and the content (reused once now) goes to t2.
+    Capacity 4, p = 2: 1, 2, 3, 4 in t1; 5 evicts 1; recomputing 1 evicts 2 (t1 3 > 2) and
+    finds 1 in b1: p = 3. Drain: t1 holds 3, not over 3: t2's 1 first, then 3, 4, 5. (With p
+    still 2, 3 would leave first.)"""
+    c = Cache(ChainARCPolicy(), 5)
+    for t in (1, 2, 3, 4, 5, 1):
+        assert c.serve([t]) == 0
+    assert c.evicted == [1, 2]
+    assert c.policy.p == 3
+    assert c.drain() == [1, 3, 4, 5]
+
+
+def test_arc_recomputed_t2_ghost_shrinks_t1s_target():
+    """Content remembered in b2 (evicted from t2) and computed again: p shrinks by max(1,
+    |b1| / |b2|). Capacity 4, p = 2: [1, 2] twice (t2: 2, 1); 3, 4 in t1; 5 evicts 2 (t1 2 is
+    not over 2: from t2; b2 = {2}); recomputing 2 evicts 3 (t1 3 > 2; b1 = {3}) and finds 2 in
+    b2: p = 2 - max(1, 1 / 1) = 1; 2 (reused twice) goes to t2. Drain: t1 (4, 5) is over 1:
+    4; then t1 1 is not over 1: t2 (1, 2); then 5."""
+    c = Cache(ChainARCPolicy(), 5)
+    c.serve([1, 2])
+    c.serve([1, 2])
+    for t in (3, 4, 5, 2):
+        assert c.serve([t]) == 0
+    assert c.evicted == [2, 3]
+    assert c.policy.p == 1
+    assert c.drain() == [4, 1, 2, 5]
+
+
+# ---- priority ---------------------------------------------------------------------------------
+
+def test_priority_rebuild_keeps_levels_moved_entries_and_expiries():
+    """Dead entries (one per hit) are dropped once they outnumber the live ones by 64; the
+    rebuild must keep every live entry of every level, the entries an expiry moved, and the
+    expiries still pending. 5 blocks, t = 0: 1 priority 90 until t = 10, 2 priority 60 until
+    t = 1 then 50, 3, 4, 5 default (35). At t = 2 one victim is taken: 2's mark lapses first
+    (moved to level 50), the victim is 3 (lowest level, oldest). Then 4 is hit and freed 70
+    times (a rebuild on the way), each step checked. At t = 11, 1's mark has lapsed too (to
+    the default level, keeping its free time): level 35 holds 1, 5, 4 in free order, then
+    level 50 holds 2."""
+    from hybridkv.core.retention_config import RetentionMark
+    t = [0.0]
+    pol = PriorityPolicy(lambda: t[0])
+    c = Cache(pol, 6)
+    pool = c.pool
+    blocks = pool.allocate(5)
+    for k, b in enumerate(blocks, 1):
+        pool.insert(0, _key(k), b)
+    pool.retain([blocks[0]], [0], [RetentionMark(1, 90, 10.0)])
+    pool.retain([blocks[1]], [0], [RetentionMark(1, 60, 1.0), RetentionMark(1, 50, None)])
+    pool.free(blocks)
+    t[0] = 2.0
+    victim = pool.allocate(1)
+    assert c.evicted == [3]
+    pool.free(victim)                                # back hash-less (scratch)
+    d = c.block(4)
+    entries = []
+    for _ in range(70):
+        pool.touch([d])
+        pool.free([d])
+        pool.check()
+        entries.append(pol._entries)
+    assert min(entries) < 10                         # rebuilt
+    t[0] = 11.0
+    assert c.drain() == [1, 5, 4, 2]
