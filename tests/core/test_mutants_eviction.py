@@ -457,13 +457,14 @@ def test_arc_recomputed_t2_ghost_shrinks_t1s_target():
 
 def test_priority_rebuild_keeps_levels_moved_entries_and_expiries():
     """Dead entries (one per hit) are dropped once they outnumber the live ones by 64; the
-    rebuild must keep every live entry of every level, the entries an expiry moved, and the
-    expiries still pending. 5 blocks, t = 0: 1 priority 90 until t = 10, 2 priority 60 until
-    t = 1 then 50, 3, 4, 5 default (35). At t = 2 one victim is taken: 2's mark lapses first
-    (moved to level 50), the victim is 3 (lowest level, oldest). Then 4 is hit and freed 70
-    times (a rebuild on the way), each step checked. At t = 11, 1's mark has lapsed too (to
-    the default level, keeping its free time): level 35 holds 1, 5, 4 in free order, then
-    level 50 holds 2."""
+    rebuild must keep every live entry of every level (0..100), the entries an expiry moved,
+    the expiries still pending, and the mask bit of every level that still holds entries.
+    5 blocks, freed 5 first (so no entry's seq equals its block id), t = 0: 1 priority 90
+    until t = 10, 2 priority 60 until t = 1 then 50, 3 default (35), 4 priority 100, 5
+    priority 61. At t = 2 one victim is taken: 2's mark lapses first (moved to level 50,
+    leaving a dead entry at 60), the victim is 3 (lowest level). Then 4 is hit and freed 70
+    times (a rebuild on the way), each step checked. At t = 11 1's mark has lapsed too (to
+    the default level): the drain goes level by level, 1 (35), 2 (50), 5 (61), 4 (100)."""
     from hybridkv.core.retention_config import RetentionMark
     t = [0.0]
     pol = PriorityPolicy(lambda: t[0])
@@ -472,9 +473,12 @@ def test_priority_rebuild_keeps_levels_moved_entries_and_expiries():
     blocks = pool.allocate(5)
     for k, b in enumerate(blocks, 1):
         pool.insert(0, _key(k), b)
-    pool.retain([blocks[0]], [0], [RetentionMark(1, 90, 10.0)])
-    pool.retain([blocks[1]], [0], [RetentionMark(1, 60, 1.0), RetentionMark(1, 50, None)])
-    pool.free(blocks)
+    for b, marks in zip(blocks, ([RetentionMark(1, 90, 10.0)],
+                                 [RetentionMark(1, 60, 1.0), RetentionMark(1, 50, None)], [],
+                                 [RetentionMark(1, 100, None)], [RetentionMark(1, 61, None)])):
+        if marks:
+            pool.retain([b], [0], marks)
+    pool.free(blocks[::-1])
     t[0] = 2.0
     victim = pool.allocate(1)
     assert c.evicted == [3]
@@ -488,4 +492,4 @@ def test_priority_rebuild_keeps_levels_moved_entries_and_expiries():
         entries.append(pol._entries)
     assert min(entries) < 10                         # rebuilt
     t[0] = 11.0
-    assert c.drain() == [1, 5, 4, 2]
+    assert c.drain() == [1, 2, 5, 4]
