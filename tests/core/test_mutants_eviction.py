@@ -300,6 +300,47 @@ def test_s3fifo_forgets_a_reallocated_blocks_hits():
     assert c.drain() == [2, 3, 4]
 
 
+def test_s3fifo_second_chances_carry_over_between_evictions():
+    """The hit count a main block keeps after one eviction is what it spends at the next, and
+    a ghost-readmitted block (no hits) leaves main at its turn without a chance. 3 usable
+    blocks: 1, 2, 3 (small); 4 evicts 1 (ghost); 1 again evicts 2 and is readmitted (main);
+    4 and 3 are hit (main: 1, 4, 3, one hit each for 4 and 3); 5 evicts 1 (main's head, no
+    hit); 2 again evicts 5 (small) and is readmitted to main behind 4 and 3, which still hold
+    their hit: the drain spends 4's and 3's chances, so 2 leaves first, then 4, then 3."""
+    c = Cache(S3FIFOPolicy(), 4)
+    for t in (1, 2, 3, 4, 1):
+        assert c.serve([t]) == 0
+    assert c.serve([4]) == 1
+    assert c.serve([3]) == 1
+    for t in (5, 2):
+        assert c.serve([t]) == 0
+    assert c.evicted == [1, 2, 1, 5]
+    assert c.drain() == [2, 4, 3]
+
+
+def test_s3fifo_check_rejects_a_corrupted_state():
+    """check(): a block in both queues (the first five ids named) and a ghost over
+    num_blocks - 1 hashes are reported."""
+    c = Cache(S3FIFOPolicy(), 8)
+    c.serve([1, 2, 3, 4, 5, 6, 7])
+    pol = c.policy
+    for b in list(pol.small):
+        pol.main[b] = None
+    with pytest.raises(AssertionError) as exc:
+        pol.check()
+    assert str(exc.value) == "s3fifo: blocks [1, 2, 3, 4, 5] are in both queues"
+    for n in (2, 8):
+        c = Cache(S3FIFOPolicy(), n)
+        c.serve([1])
+        for k in range(n - 1):
+            c.policy.ghost[_key(100 + k)] = None
+        c.policy.check()                                 # n - 1: at capacity
+        c.policy.ghost[_key(99)] = None
+        with pytest.raises(AssertionError) as exc:
+            c.policy.check()
+        assert str(exc.value) == "s3fifo: ghost queue over its capacity"
+
+
 # ---- lfu and cost (frequency.py) ----------------------------------------------------------
 
 def test_lfu_evicts_the_fewest_hits_first_ties_in_free_order():
@@ -493,3 +534,30 @@ def test_priority_rebuild_keeps_levels_moved_entries_and_expiries():
     assert min(entries) < 10                         # rebuilt
     t[0] = 11.0
     assert c.drain() == [1, 2, 5, 4]
+
+
+# ---- eva-turns ------------------------------------------------------------------------------
+
+def test_eva_turns_passes_its_arguments_on():
+    """TurnEVAPolicy(ages, width, min_events) overrides eva's bucket count, bucket width and
+    events per curve (the width otherwise comes from the pool at attach)."""
+    pol = TurnEVAPolicy(ages=8, width=3, min_events=5)
+    PolicyBlockPool(40, 1, pol)
+    assert (pol.ages, pol.width, pol.min_events) == (8, 3, 5)
+    pol = TurnEVAPolicy()
+    PolicyBlockPool(41, 1, pol)
+    assert (pol.ages, pol.width, pol.min_events) == (64, 10, 128)
+
+
+@pytest.mark.parametrize("reuses, cls", [(1, 1), (3, 3), (4, 4), (7, 4), (8, 0), (9, 0)])
+def test_eva_turns_ignores_blocks_reused_eight_times_or_more(reuses, cls):
+    """Class of a batch: min(4, r), r the largest reuse count below SHARED_REUSES = 8 among its
+    blocks. A new block freed with a root reused ``reuses`` times: 7 counts (class 4), 8 is
+    shared content and ignored (class 0)."""
+    pol = TurnEVAPolicy(width=1000)
+    c = Cache(pol, 16)
+    c.serve([0])
+    for _ in range(reuses - 1):
+        c.serve([0])
+    assert c.serve([0, 1]) == 1                       # the root's reuses-th hit
+    assert pol.where[c.block(1)][0] == cls
