@@ -561,3 +561,174 @@ def test_eva_turns_ignores_blocks_reused_eight_times_or_more(reuses, cls):
         c.serve([0])
     assert c.serve([0, 1]) == 1                       # the root's reuses-th hit
     assert pol.where[c.block(1)][0] == cls
+
+
+# ---- integrity checks: a deliberately corrupted policy must be rejected -------------------
+
+def _raises(check, message: str) -> None:
+    with pytest.raises(AssertionError) as exc:
+        check()
+    assert str(exc.value) == message
+
+
+@pytest.mark.parametrize("cls", [LFUPolicy, CostAwarePolicy])
+def test_lfu_check_rejects_lost_heap_entries(cls):
+    c = Cache(cls(), 4)
+    c.serve([1, 2])
+    c.policy.check()
+    c.policy.heap.clear()
+    _raises(c.policy.check, f"{c.policy.name}: 2 held blocks but 0 live heap entries")
+
+
+def test_arc_check_rejects_a_corrupted_state():
+    """Both lists holding a block; a ghost list over int(ghost_ratio x capacity); the target
+    p outside [0, capacity] (both ends allowed)."""
+    c = Cache(ChainARCPolicy(), 9)
+    c.serve(list(range(1, 8)))                       # 7 blocks in t1
+    pol = c.policy
+    for b in pol.t1:
+        pol.t2[b] = None
+    _raises(pol.check, "arc: blocks [1, 2, 3, 4, 5] are in both lists")
+    for ratio, cap in ((2.0, 16), (0.1, 1), (0.5, 4)):
+        for lst in ("b1", "b2"):
+            c = Cache(ChainARCPolicy(ghost_ratio=ratio), 9)
+            ghosts = getattr(c.policy, lst)
+            for k in range(cap):
+                ghosts[k] = 0
+            c.policy.check()
+            ghosts[cap] = 0
+            n1, n2 = len(c.policy.b1), len(c.policy.b2)
+            _raises(c.policy.check, f"arc: ghost lists {n1}, {n2} over {cap}")
+    c = Cache(ChainARCPolicy(), 9)
+    for p in (0.0, 8.0):
+        c.policy.p = p
+        c.policy.check()
+    for p in (-0.5, 8.5):
+        c.policy.p = p
+        _raises(c.policy.check, f"arc: target {p} outside [0, 8]")
+
+
+def test_eva_check_rejects_a_corrupted_state():
+    """A block queued under one key but recorded under another; a held block in no queue; a
+    ghost table over max(64, ages x width) entries."""
+    pol = EVAPolicy(ages=4, width=2)
+    c = Cache(pol, 9)
+    c.serve([1, 2])
+    b = c.block(1)
+    key = pol.where[b]
+    pol.where[b] = (3, 7)
+    _raises(pol.check, f"eva: block {b} in queue {key} but recorded in (3, 7)")
+    pol.where[b] = key
+    pol.where[99] = key
+    _raises(pol.check, "eva: 3 held blocks but 2 queued")
+    for ages, width, cap in ((4, 2, 64), (8, 10, 80)):
+        pol = EVAPolicy(ages=ages, width=width)
+        c = Cache(pol, 9)
+        for k in range(cap):
+            pol.ghost[k] = (0, 0, 0)
+        pol.check()
+        pol.ghost[cap] = (0, 0, 0)
+        _raises(pol.check, "eva: ghost table over its capacity")
+
+
+def _hold(alt, b: int, key=None) -> None:
+    """Make challenger ``alt`` hold block ``b`` too (consistently with its own check)."""
+    if isinstance(alt, ChainARCPolicy):
+        alt.t1[b] = None
+    else:
+        alt.where[b] = key
+        alt.queues[key][b] = None
+
+
+def _drop(alt, b: int):
+    if isinstance(alt, ChainARCPolicy):
+        alt.t1.pop(b, None) or alt.t2.pop(b, None)
+        return None
+    key = alt.where.pop(b)
+    del alt.queues[key][b]
+    return key
+
+
+@pytest.mark.parametrize("name", ["adaptive", "adaptive-turns"])
+def test_adaptive_check_rejects_a_corrupted_state(name):
+    """Every challenger's own check runs; each must hold the same blocks as the LRU list (the
+    same count and each block); the shadows must fit the pool's capacity."""
+    def fresh():
+        pol = make_policy(name)
+        Cache(pol, 6).serve([1, 2, 3])
+        pol.check()
+        return pol
+
+    for i in range(len(fresh().alts)):
+        pol = fresh()
+        alt = pol.alts[i]
+        _hold(alt, 99, _drop(alt, next(iter(pol.fifo))))          # same count, another block
+        _raises(pol.check, f"adaptive: LRU list (3) and {alt.name} (3) hold different blocks")
+        pol = fresh()
+        alt = pol.alts[i]
+        _hold(alt, 77, None if isinstance(alt, ChainARCPolicy) else alt.where[next(iter(pol.fifo))])
+        _raises(pol.check, f"adaptive: LRU list (3) and {alt.name} (4) hold different blocks")
+    pol = fresh()
+    arc = pol.alts[0]
+    for b in list(arc.t1):
+        arc.t2[b] = None
+    with pytest.raises(AssertionError, match="arc: blocks"):
+        pol.check()
+    for over in ("lru", "shadow"):                       # capacity 5, 3 keys in each shadow
+        pol = fresh()
+        if over == "lru":
+            def add(k):
+                pol.shadow_lru[k] = None
+        else:
+            def add(k):
+                pol.shadows[-1].on_free([k])
+        add(("x", 0))
+        add(("x", 1))
+        pol.check()                                      # 5: at the capacity
+        add(("x", 2))
+        _raises(pol.check, "adaptive: a shadow is over the pool's capacity")
+
+
+def test_priority_check_rejects_a_corrupted_state():
+    """A level holding entries with its mask bit clear; a level's FIFO out of free order;
+    more held blocks than live entries; an entry count that disagrees; seq and level tables
+    with different blocks; a block's marks that are not a Pareto list (priority descending,
+    expiry ascending). Levels 35 (the default) and 100 (the top) are both checked."""
+    from hybridkv.core.retention_config import RetentionMark
+
+    def fresh():
+        pol = PriorityPolicy(lambda: 0.0)
+        c = Cache(pol, 8)
+        blocks = c.pool.allocate(5)
+        for k, b in enumerate(blocks, 1):
+            c.pool.insert(0, _key(k), b)
+        c.pool.retain(blocks[:2], [0, 1], [RetentionMark(2, 100, None)])
+        c.pool.free(blocks)                          # 1, 2 at level 100; 3, 4, 5 at 35
+        pol.check()
+        return pol
+
+    for lv in (35, 100):
+        pol = fresh()
+        pol.mask &= ~(1 << lv)
+        _raises(pol.check, f"priority: level {lv} holds entries but its mask bit is clear")
+        pol = fresh()
+        pol.fifo[lv].reverse()
+        _raises(pol.check, f"priority: level {lv}'s FIFO is not in free order")
+    pol = fresh()
+    pol.seq_of[99] = 1000
+    pol.level_of[99] = 35
+    _raises(pol.check, "priority: 6 held blocks but 5 live entries")
+    pol = fresh()
+    pol._entries += 1
+    _raises(pol.check, "priority: counts 6 entries, holds 5")
+    pol = fresh()
+    pol.level_of[99] = 35
+    _raises(pol.check, "priority: seq and level tables disagree")
+    for marks in ([(50, 10.0), (60, 5.0)], [(60, 10.0), (50, 5.0)], [(60, 5.0), (60, 10.0)],
+                  [(60, 5.0), (50, 5.0)], [(90, 1.0), (60, 5.0), (50, 5.0)]):
+        pol = fresh()
+        pol.marks[5] = marks
+        _raises(pol.check, f"priority: block 5's marks are not a Pareto list: {marks}")
+    pol = fresh()
+    pol.marks[5] = [(90, 1.0), (60, 5.0), (50, math.inf)]
+    pol.check()
