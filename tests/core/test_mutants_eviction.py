@@ -732,3 +732,186 @@ def test_priority_check_rejects_a_corrupted_state():
     pol = fresh()
     pol.marks[5] = [(90, 1.0), (60, 5.0), (50, math.inf)]
     pol.check()
+
+
+# ---- eva and eva-turns against a brute-force model of the module docstring -----------------
+
+class EvaModel:
+    """eva / eva-turns as the module docstring states it, block by block (no queues, no
+    ranking cache, no cursor): the clock counts freed blocks, a block's age is the number of
+    buckets (``width`` clock units) since it was freed, capped at ``ages - 1``; per class and
+    age, E counts the blocks (held, or evicted and remembered as a ghost within the horizon)
+    that entered that age and H the reuses there (a hit on a free cached block, or a ghost's
+    content freed again); counts halve once per horizon; the value of an age is the expected
+    reuses until the next one over the buckets held until then, from the H / E hazards
+    (pooled over the classes where a class has fewer than ``min_events`` entries); the victim
+    is the held block of lowest (value, -age, class), oldest first."""
+
+    def __init__(self, ages: int, width: int, min_events: float, turns: bool) -> None:
+        self.A, self.W, self.m, self.turns = ages, width, min_events, turns
+        self.clock = self.epoch = self.seq = 0
+        self.held: dict[int, tuple[int, int, int]] = {}     # block -> (class, free epoch, seq)
+        self.content: dict[int, int] = {}
+        self.hits: dict[int, int] = {}
+        self.ghost: dict[int, tuple[int, int, int]] = {}    # content -> (class, epoch, reuses)
+        self.H = [[0.0] * ages for _ in range(5)]
+        self.E = [[0.0] * ages for _ in range(5)]
+        self.value = [[0.0] * ages for _ in range(5)]
+        self.next_decay = width * ages
+        self.ghost_cap = max(64, ages * width)
+
+    def age(self, e: int) -> int:
+        return min(self.A - 1, self.epoch - e)
+
+    def batch_class(self, blocks) -> int:
+        if self.turns:
+            r = max([0] + [self.hits.get(b, 0) for b in blocks if self.hits.get(b, 0) < 8])
+            return min(4, r)
+        for b in blocks:                                   # tail first: the deepest reused
+            if self.hits.get(b, 0):
+                return min(4, (0, 1, 2, 3, 3, 3, 3, 3)[self.hits[b]] if self.hits[b] < 8 else 4)
+        return 0
+
+    def hit(self, b: int, free: bool) -> None:
+        if free:
+            c, e, _ = self.held.pop(b)
+            self.H[c][self.age(e)] += 1
+        self.hits[b] = self.hits.get(b, 0) + 1
+
+    def forget(self, blocks) -> None:
+        for b in blocks:
+            self.hits.pop(b, None)
+
+    def free(self, blocks, contents) -> None:
+        for b, t in zip(blocks, contents):
+            self.content[b] = t
+            g = self.ghost.pop(t, None)
+            if g is not None:
+                self.hits[b] = g[2] + 1
+                if self.epoch - g[1] < self.A:             # still within the horizon
+                    self.H[g[0]][self.epoch - g[1]] += 1
+        c = self.batch_class(blocks)
+        for b in blocks:
+            self.seq += 1
+            self.held[b] = (c, self.epoch, self.seq)
+        self.E[c][0] += len(blocks)
+        self.clock += len(blocks)
+        new = self.clock // self.W
+        if new == self.epoch:
+            return
+        A = self.A
+        for step in range(max(self.epoch + 1, new - A), new + 1):
+            for c, e, _ in self.held.values():
+                self.E[c][min(A - 1, step - e)] += 1
+            for c, e, _ in self.ghost.values():
+                if step - e < A:
+                    self.E[c][step - e] += 1
+        self.epoch = new
+        if self.clock >= self.next_decay:
+            self.next_decay = self.clock + self.W * A
+            for rows in (self.H, self.E):
+                for row in rows:
+                    row[:] = [x / 2 for x in row]
+        for c in range(5):
+            hazard = []
+            for a in range(A):
+                h, e = self.H[c][a], self.E[c][a]
+                if e < self.m:
+                    h, e = sum(r[a] for r in self.H), sum(r[a] for r in self.E)
+                hazard.append(min(1.0, h / e) if e >= self.m else None)
+            self.value[c] = self.density(hazard)
+
+    def density(self, hazard) -> list[float]:
+        A = self.A
+        if all(h is None for h in hazard):
+            return [0.0] * A
+        h = hazard[-1] or 0.0
+        reuse, space = (1.0, 1 / h) if h else (0.0, float(A))   # the last bucket, for ever
+        out = [reuse / space]
+        for a in range(A - 2, -1, -1):
+            h = hazard[a] or 0.0
+            reuse, space = h + (1 - h) * reuse, 1 + (1 - h) * space
+            out.append(reuse / space)
+        return out[::-1]
+
+    def pop(self, n: int) -> list[int]:
+        out = []
+        for _ in range(n):
+            b = min(self.held, key=lambda x: (self.value[self.held[x][0]][self.age(self.held[x][1])],
+                                              -self.age(self.held[x][1]), self.held[x][0],
+                                              self.held[x][2]))
+            c, e, _ = self.held.pop(b)
+            self.ghost[self.content[b]] = (c, max(e, self.epoch - self.A + 1), self.hits.get(b, 0))
+            out.append(b)
+        while len(self.ghost) > self.ghost_cap:
+            del self.ghost[next(iter(self.ghost))]
+        return out
+
+
+def _eva_workload(pol, model: EvaModel, num_blocks: int, steps: int, seed: int) -> int:
+    """Conversations that come back after a think time, one-off prompts and a shared root,
+    served on the policy's pool and on the model; every victim must be the model's. Returns
+    the number of evictions compared."""
+    import random
+    rng = random.Random(seed)
+    c = Cache(pol, num_blocks)
+    pool = c.pool
+    convs: list[list[int]] = []
+    fresh = 1000
+    compared = 0
+    for _ in range(steps):
+        r = rng.random()
+        if convs and r < 0.55:
+            chain = rng.choice(convs)
+            chain += [fresh, fresh + 1][: rng.randint(1, 2)]
+            fresh += 2
+            if len(chain) > 6:
+                convs.remove(chain)
+        else:
+            chain = [0] if r < 0.8 else []
+            chain = chain + list(range(fresh, fresh + rng.randint(1, 3)))
+            fresh += 3
+            if r < 0.75:
+                convs.append(chain)
+        held = []
+        for t in chain:
+            b = c.block(t)
+            if b is None:
+                break
+            held.append(b)
+        for b in held:
+            model.hit(b, b in pol)
+            pool.touch([b])
+        n = len(chain) - len(held)
+        victims = n - (pool.num_free - len(pol))
+        want = [model.content[b] for b in model.pop(max(0, victims))]
+        before = len(c.evicted)
+        new = pool.allocate(n)
+        assert c.evicted[before:] == want
+        compared += len(want)
+        model.forget(new)
+        for b, t in zip(new, chain[len(held):]):
+            pool.insert(0, _key(t), b)
+        blocks = (held + new)[::-1]
+        model.free(blocks, chain[::-1])
+        pool.free(blocks)
+        pool.check()
+    return compared
+
+
+@pytest.mark.parametrize("cls, ages, width, min_events, num_blocks, seed", [
+    (EVAPolicy, 6, 2, 3, 13, 1),
+    (EVAPolicy, 4, 1, 2, 9, 2),
+    (EVAPolicy, 5, None, 4.5, 17, 3),
+    (TurnEVAPolicy, 6, 2, 3, 13, 4),
+    (TurnEVAPolicy, 4, 1, 2, 9, 5),
+])
+def test_eva_matches_a_brute_force_model(cls, ages, width, min_events, num_blocks, seed):
+    """Every victim, and at the end the learned counts and value curves, equal the model's."""
+    pol = cls(ages=ages, width=width, min_events=min_events)
+    model = EvaModel(ages, width or (num_blocks - 1) // 4, min_events, cls is TurnEVAPolicy)
+    assert _eva_workload(pol, model, num_blocks, 400, seed) > 300
+    for mine, theirs in ((model.E, pol.exp_n), (model.H, pol.hit_n), (model.value, pol.value)):
+        assert [x for row in mine for x in row] == pytest.approx([x for row in theirs for x in row],
+                                                                 rel=1e-9, abs=1e-12)
+    assert any(v > 0 for row in model.value for v in row)
