@@ -926,3 +926,84 @@ def test_eva_matches_a_brute_force_model(cls, ages, width, min_events, num_block
     model = EvaModel(ages, width or max(1, (num_blocks - 1) // 4), min_events, cls is TurnEVAPolicy)
     assert _eva_workload(pol, model, num_blocks, 400, seed) > 250
     assert any(v > 0 for row in model.value for v in row)
+
+
+# ---- adaptive -----------------------------------------------------------------------------------
+
+def _requests(seed: int, n: int, keys: int):
+    """One-block requests: a few popular contents, a stream of one-offs, and contents that
+    come back after a while (a skewed, drifting mix)."""
+    import random
+    rng = random.Random(seed)
+    for k in range(n):
+        r = rng.random()
+        if r < 0.3:
+            yield [rng.randint(1, 3)]
+        elif r < 0.6:
+            yield [10 + rng.randint(0, keys)]
+        elif r < 0.8:
+            yield [100 + (k // 7) % (2 * keys)]
+        else:
+            yield [1000 + k]
+
+
+@pytest.mark.parametrize("name, num_blocks, seed, switches", [
+    ("adaptive", 2, 1, False), ("adaptive", 7, 2, True), ("adaptive", 31, 3, False),
+    ("adaptive-turns", 9, 4, True), ("adaptive-turns", 31, 5, False)])
+def test_adaptive_shadows_score_what_lru_and_each_challenger_would_hit(name, num_blocks, seed, switches):
+    """The shadows are caches of the pool's capacity on content keys: after every request
+    each shadow's count equals the leading hits a real pool of that capacity (plain LRU, and
+    one per challenger policy) has had; the counts halve once DECAY_CAPACITIES = 8
+    capacities of blocks have been freed since the last halving; the policy evicts like the
+    first challenger with the top count once that count exceeds 1.1 x LRU's + 1, else LRU
+    (from the start: nothing is ahead). One-block requests, so "leading hits" and "a hit"
+    are the same thing for the shadows and the pools."""
+    from hybridkv.core.pool import BlockPool
+    pol = make_policy(name)
+    assert pol.use_arc is False and pol.mode == -1
+    real = Cache(pol, num_blocks)
+    pools = [BlockPool(num_blocks, 1)] + [
+        PolicyBlockPool(num_blocks, 1, type(a)()) for a in pol.alts]
+    cap = num_blocks - 1
+    scores = [0.0] * len(pools)
+    freed = 0
+    switched = 0
+    for chain in _requests(seed, 400, cap + 2):
+        real.serve(chain)
+        for i, p in enumerate(pools):
+            held = []
+            for t in chain:
+                b = p.cached_block(0, _key(t))
+                if b is None:
+                    break
+                held.append(b)
+            p.touch(held)
+            new = p.allocate(len(chain) - len(held))
+            for b, t in zip(new, chain[len(held):]):
+                p.insert(0, _key(t), b)
+            p.free((held + new)[::-1])
+            scores[i] += len(held)
+        freed += len(chain)
+        if freed >= 8 * cap:
+            freed = 0
+            scores = [x * 0.5 for x in scores]
+        assert [pol.score_lru] + pol.scores == scores
+        top = max(range(1, len(scores)), key=scores.__getitem__)
+        ahead = scores[top] > scores[0] * 1.1 + 1.0
+        assert pol.mode == (top - 1 if ahead else -1) and pol.use_arc == ahead
+        switched += ahead
+    assert 0 < scores[0] and (0 < switched < 400) == switches
+
+
+def test_adaptive_margin_bounds():
+    """margin must be a number in [0, 1): 0 is valid (switch as soon as a challenger leads by
+    more than one hit); the message names the bad value; challengers cannot be empty."""
+    assert AdaptivePolicy(margin=0).margin == 0.0
+    assert AdaptivePolicy(margin=0.99).margin == 0.99
+    for bad in (-0.01, 1, 1.0, "0.1", None):
+        with pytest.raises(ValueError) as exc:
+            AdaptivePolicy(margin=bad)
+        assert str(exc.value) == f"margin must be a number in [0, 1), got {bad!r}"
+    with pytest.raises(ValueError) as exc:
+        AdaptivePolicy(challengers=())
+    assert str(exc.value) == "challengers must name at least one policy factory"
