@@ -1007,3 +1007,16 @@ def test_adaptive_margin_bounds():
     with pytest.raises(ValueError) as exc:
         AdaptivePolicy(challengers=())
     assert str(exc.value) == "challengers must name at least one policy factory"
+
+
+def test_adaptive_shadows_key_content_by_group():
+    """The shadows key a block by its group and hash: the same hash in two groups (the same
+    tokens in two KV-cache groups) is two contents, not a hit."""
+    pol = AdaptivePolicy()
+    c = Cache(pol, 9, num_groups=3)
+    for g in (0, 1, 2):
+        assert c.serve([1], group=g) == 0
+    assert pol.score_lru == 0 and pol.scores == [0]
+    for g in (2, 1, 0):
+        assert c.serve([1], group=g) == 1
+    assert pol.score_lru == 3 and pol.scores == [3]
