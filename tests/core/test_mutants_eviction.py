@@ -949,17 +949,19 @@ def _requests(seed: int, n: int, keys: int):
 
 @pytest.mark.parametrize("name, num_blocks, seed, switches", [
     ("adaptive", 2, 1, False), ("adaptive", 7, 2, True), ("adaptive", 31, 3, False),
-    ("adaptive-turns", 9, 4, True), ("adaptive-turns", 31, 5, False)])
+    ("adaptive-turns", 9, 4, True), ("adaptive-turns", 31, 5, False), ("margin 0", 7, 7, True),
+    ("margin 0", 5, 6, True)])
 def test_adaptive_shadows_score_what_lru_and_each_challenger_would_hit(name, num_blocks, seed, switches):
     """The shadows are caches of the pool's capacity on content keys: after every request
     each shadow's count equals the leading hits a real pool of that capacity (plain LRU, and
     one per challenger policy) has had; the counts halve once DECAY_CAPACITIES = 8
     capacities of blocks have been freed since the last halving; the policy evicts like the
-    first challenger with the top count once that count exceeds 1.1 x LRU's + 1, else LRU
+    first challenger with the top count once that count exceeds (1 + margin) x LRU's + 1
+    (margin 0.1 by default), else LRU
     (from the start: nothing is ahead). One-block requests, so "leading hits" and "a hit"
     are the same thing for the shadows and the pools."""
     from hybridkv.core.pool import BlockPool
-    pol = make_policy(name)
+    pol = AdaptivePolicy(margin=0) if name == "margin 0" else make_policy(name)
     assert pol.use_arc is False and pol.mode == -1
     real = Cache(pol, num_blocks)
     pools = [BlockPool(num_blocks, 1)] + [
@@ -967,7 +969,7 @@ def test_adaptive_shadows_score_what_lru_and_each_challenger_would_hit(name, num
     cap = num_blocks - 1
     scores = [0.0] * len(pools)
     freed = 0
-    switched = 0
+    switched = ties = 0
     for chain in _requests(seed, 400, cap + 2):
         real.serve(chain)
         for i, p in enumerate(pools):
@@ -989,10 +991,12 @@ def test_adaptive_shadows_score_what_lru_and_each_challenger_would_hit(name, num
             scores = [x * 0.5 for x in scores]
         assert [pol.score_lru] + pol.scores == scores
         top = max(range(1, len(scores)), key=scores.__getitem__)
-        ahead = scores[top] > scores[0] * 1.1 + 1.0
+        ahead = scores[top] > scores[0] * (1.0 + pol.margin) + 1.0
+        ties += scores[top] == scores[0] * (1.0 + pol.margin) + 1.0
         assert pol.mode == (top - 1 if ahead else -1) and pol.use_arc == ahead
         switched += ahead
     assert 0 < scores[0] and (0 < switched < 400) == switches
+    assert ties or name != "margin 0"                # exactly at the threshold is not ahead
 
 
 def test_adaptive_margin_bounds():
@@ -1020,3 +1024,21 @@ def test_adaptive_shadows_key_content_by_group():
     for g in (2, 1, 0):
         assert c.serve([1], group=g) == 1
     assert pol.score_lru == 3 and pol.scores == [3]
+
+
+def test_arc_discard_remembers_the_ghost_like_an_eviction():
+    """discard(b): block b leaves its list (another policy chose it) and its content is
+    remembered in that list's ghost with its reuse count, at most int(ghost_ratio x capacity)
+    ghosts, the oldest forgotten first. Capacity 4, ghost_ratio 0.5: 2 ghosts per list."""
+    pol = ChainARCPolicy(ghost_ratio=0.5)
+    c = Cache(pol, 5)
+    c.serve([1])
+    c.serve([1])                                     # reused once: t2
+    for t in (2, 3, 4):
+        c.serve([t])                                 # t1
+    pol.discard(c.block(1))
+    assert dict(pol.b2) == {_key(1): 1} and c.block(1) not in pol
+    for t in (2, 3, 4):
+        pol.discard(c.block(t))
+    assert list(pol.b1.items()) == [(_key(3), 0), (_key(4), 0)]
+    assert len(pol) == 0
