@@ -842,6 +842,11 @@ class EvaModel:
             out.append(reuse / space)
         return out[::-1]
 
+    def compare(self, pol) -> None:
+        for mine, theirs in ((self.E, pol.exp_n), (self.H, pol.hit_n), (self.value, pol.value)):
+            assert [x for row in mine for x in row] == pytest.approx(
+                [x for row in theirs for x in row], rel=1e-9, abs=1e-12)
+
     def pop(self, n: int) -> list[int]:
         out = []
         for _ in range(n):
@@ -856,7 +861,7 @@ class EvaModel:
         return out
 
 
-def _eva_workload(pol, model: EvaModel, num_blocks: int, steps: int, seed: int) -> int:
+def _model_workload(pol, model, num_blocks: int, steps: int, seed: int) -> int:
     """Conversations that come back after a think time, one-off prompts and a shared root,
     served on the policy's pool and on the model; every victim must be the model's. Returns
     the number of evictions compared."""
@@ -904,9 +909,7 @@ def _eva_workload(pol, model: EvaModel, num_blocks: int, steps: int, seed: int) 
         model.free(blocks, chain[::-1])
         pool.free(blocks)
         pool.check()
-        for mine, theirs in ((model.E, pol.exp_n), (model.H, pol.hit_n), (model.value, pol.value)):
-            assert [x for row in mine for x in row] == pytest.approx(
-                [x for row in theirs for x in row], rel=1e-9, abs=1e-12)
+        model.compare(pol)
     return compared
 
 
@@ -924,7 +927,7 @@ def test_eva_matches_a_brute_force_model(cls, ages, width, min_events, num_block
     equal the model's. Without ``width`` the bucket is max(1, capacity // 4) blocks."""
     pol = cls(ages=ages, width=width, min_events=min_events)
     model = EvaModel(ages, width or max(1, (num_blocks - 1) // 4), min_events, cls is TurnEVAPolicy)
-    assert _eva_workload(pol, model, num_blocks, 400, seed) > 250
+    assert _model_workload(pol, model, num_blocks, 400, seed) > 250
     assert any(v > 0 for row in model.value for v in row)
 
 
@@ -1042,3 +1045,79 @@ def test_arc_discard_remembers_the_ghost_like_an_eviction():
         pol.discard(c.block(t))
     assert list(pol.b1.items()) == [(_key(3), 0), (_key(4), 0)]
     assert len(pol) == 0
+
+
+class ArcModel:
+    """Chain ARC as the module docstring states it, on plain lists: t1 / t2 in free order,
+    ghosts b1 / b2 (content, reuses) of at most int(ghost_ratio x capacity) entries, target p
+    from half the capacity, moved by recomputed ghosts; victims from t1 while it holds more
+    than p blocks (or t2 is empty)."""
+
+    def __init__(self, capacity: int, ghost_ratio: float) -> None:
+        self.cap = capacity
+        self.gcap = max(1, int(ghost_ratio * capacity))
+        self.p = capacity / 2
+        self.t1: list[int] = []
+        self.t2: list[int] = []
+        self.b1: list[list] = []                          # [content, reuses], oldest first
+        self.b2: list[list] = []
+        self.reuses: dict[int, int] = {}
+        self.content: dict[int, int] = {}
+
+    def hit(self, b: int, free: bool) -> None:
+        if free:
+            (self.t1 if b in self.t1 else self.t2).remove(b)
+        self.reuses[b] = self.reuses.get(b, 0) + 1
+
+    def forget(self, blocks) -> None:
+        for b in blocks:
+            self.reuses.pop(b, None)
+
+    @staticmethod
+    def _take(ghosts: list, t: int):
+        for i, (u, r) in enumerate(ghosts):
+            if u == t:
+                del ghosts[i]
+                return r
+        return None
+
+    def free(self, blocks, contents) -> None:
+        for b, t in zip(blocks, contents):
+            self.content[b] = t
+            r = self._take(self.b1, t)
+            if r is not None:
+                self.reuses[b] = r + 1
+                self.p = min(self.cap, self.p + max(1.0, len(self.b2) / max(1, len(self.b1))))
+                continue
+            r = self._take(self.b2, t)
+            if r is not None:
+                self.reuses[b] = r + 1
+                self.p = max(0.0, self.p - max(1.0, len(self.b1) / max(1, len(self.b2))))
+        deepest = next((self.reuses[b] for b in blocks if self.reuses.get(b)), 0)
+        for b in blocks:
+            returning = 0 < deepest < 8 or self.reuses.get(b, 0) > 0
+            (self.t2 if returning else self.t1).append(b)
+
+    def pop(self, n: int) -> list[int]:
+        out = []
+        for _ in range(n):
+            if self.t1 and (not self.t2 or len(self.t1) > self.p):
+                b, ghosts = self.t1.pop(0), self.b1
+            else:
+                b, ghosts = self.t2.pop(0), self.b2
+            ghosts.append([self.content[b], self.reuses.get(b, 0)])
+            if len(ghosts) > self.gcap:
+                del ghosts[0]
+            out.append(b)
+        return out
+
+    def compare(self, pol) -> None:
+        assert pol.p == pytest.approx(self.p)
+
+
+@pytest.mark.parametrize("num_blocks, ghost_ratio, seed", [(13, 2.0, 1), (9, 0.5, 2), (17, 1.0, 3),
+                                                           (8, 0.3, 4), (21, 2.0, 5)])
+def test_arc_matches_a_model_of_the_docstring(num_blocks, ghost_ratio, seed):
+    """Every victim, and the target p after every request, equal the model's."""
+    model = ArcModel(num_blocks - 1, ghost_ratio)
+    assert _model_workload(ChainARCPolicy(ghost_ratio), model, num_blocks, 400, seed) > 250
