@@ -1121,3 +1121,46 @@ def test_arc_matches_a_model_of_the_docstring(num_blocks, ghost_ratio, seed):
     """Every victim, and the target p after every request, equal the model's."""
     model = ArcModel(num_blocks - 1, ghost_ratio)
     assert _model_workload(ChainARCPolicy(ghost_ratio), model, num_blocks, 400, seed) > 250
+
+
+@pytest.mark.parametrize("bad", [0, 0.0, -1.0, "2", None])
+def test_arc_ghost_ratio_must_be_a_positive_number(bad):
+    with pytest.raises(ValueError) as exc:
+        ChainARCPolicy(ghost_ratio=bad)
+    assert str(exc.value) == f"ghost_ratio must be a number > 0, got {bad!r}"
+
+
+def test_arc_a_recomputed_ghost_keeps_its_reuse_count_plus_one():
+    """A recomputed ghost's block gets the ghost's reuse count + 1, so a conversation that
+    comes back is recognized as returning until its deepest reuse count reaches
+    SHARED_REUSES = 8 (then it is shared content: the new blocks go to t1).
+
+    From b1 (capacity 4, p = 2): 1..4 in t1; 5 evicts 1 (b1: 1 with 0 reuses); recomputing 1
+    evicts 2 and readmits 1 (reuses 1, p = 3, t2); five hits make 6; [1, 6] hits it (7:
+    returning) and evicts 3 from t1 (t2 is empty while 1 is held): t2 = 6, 1. Drain: t1 (4, 5)
+    is not over 3: 6, 1, then 4, 5.
+
+    From b2 (capacity 3, p = 1.5): 1 hit 5 times, 2 and 3 once (all t2); 5 evicts 1 (t1 is
+    empty; b2: 1 with 5); recomputing 1 evicts 2 (t1 holds 1, not over 1.5) and readmits 1
+    (reuses 6, p = 1.5 - 1 = 0.5); [1, 6] hits it (7: returning) and evicts 5 (t1 over 0.5):
+    t2 = 3, 6, 1. With one more hit before the eviction the count reaches 8 at [1, 6]: 6 goes
+    to t1 and leaves first."""
+    c = Cache(ChainARCPolicy(), 5)
+    for t in (1, 2, 3, 4, 5, 1):
+        assert c.serve([t]) == 0
+    for _ in range(5):
+        assert c.serve([1]) == 1
+    assert c.serve([1, 6]) == 1
+    assert c.evicted == [1, 2, 3]
+    assert c.drain() == [6, 1, 4, 5]
+    for hits, drain in ((5, [3, 6, 1]), (6, [6, 3, 1])):
+        c = Cache(ChainARCPolicy(), 4)
+        for t, n in ((1, hits), (2, 1), (3, 1)):
+            for _ in range(n + 1):
+                c.serve([t])
+        for t in (5, 1):
+            assert c.serve([t]) == 0
+        assert c.policy.p == 0.5
+        assert c.serve([1, 6]) == 1
+        assert c.evicted == [1, 2, 5]
+        assert c.drain() == drain
