@@ -1164,3 +1164,39 @@ def test_arc_a_recomputed_ghost_keeps_its_reuse_count_plus_one():
         assert c.serve([1, 6]) == 1
         assert c.evicted == [1, 2, 5]
         assert c.drain() == drain
+
+
+def test_priority_marks_reach_the_positions_below_their_block_count():
+    """retain(blocks, positions, marks): the block at table position j gets the marks with
+    j < num_blocks, whatever order the marks and the positions come in (a sliding window
+    releases its blocks back to front). Marks reaching 1, 3 and 2 blocks (priorities 90, 60,
+    75, no TTL): position 0 -> 90, 1 -> 75, 2 -> 60, 3 -> none (the default, 35). Freed in
+    position order, they leave lowest level first: 3, 2, 1, 0."""
+    from hybridkv.core.retention_config import RetentionMark
+    pol = PriorityPolicy(lambda: 0.0)
+    c = Cache(pol, 6)
+    table = c.pool.allocate(4)
+    for j, b in enumerate(table):
+        c.pool.insert(0, _key(10 + j), b)
+    c.pool.retain(table, [3, 2, 1, 0], [RetentionMark(1, 90, None), RetentionMark(3, 60, None),
+                                        RetentionMark(2, 75, None)])
+    assert [pol.level(b, 0.0)[0] for b in table] == [90, 75, 60, 35]
+    c.pool.free(table)
+    assert c.drain() == [13, 12, 11, 10]
+
+
+def test_priority_a_dominated_mark_is_not_kept():
+    """A block's marks form a Pareto list: a new mark with the same priority and an earlier
+    expiry than one it holds adds nothing (the list stays valid for check())."""
+    from hybridkv.core.retention_config import RetentionMark
+    t = [0.0]
+    pol = PriorityPolicy(lambda: t[0])
+    c = Cache(pol, 4)
+    b, = c.pool.allocate(1)
+    c.pool.insert(0, _key(1), b)
+    c.pool.retain([b], [0], [RetentionMark(1, 60, 10.0)])
+    c.pool.retain([b], [0], [RetentionMark(1, 60, 5.0)])
+    c.pool.retain([b], [0], [RetentionMark(1, 50, 8.0)])
+    assert pol.marks[b] == [(60, 10.0)]
+    c.pool.free([b])
+    c.pool.check()
