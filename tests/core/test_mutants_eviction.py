@@ -1200,3 +1200,26 @@ def test_priority_a_dominated_mark_is_not_kept():
     assert pol.marks[b] == [(60, 10.0)]
     c.pool.free([b])
     c.pool.check()
+
+
+def test_priority_a_block_steps_down_through_each_timed_mark():
+    """A block with several timed marks drops to the next live one when the first lapses, and
+    from it to the default when that one lapses too. 1: 90 until t = 5, then 60 until t = 10;
+    2: default (35); 3: 70; 4: 50 (no TTL). At t = 6 one victim: 1 is at 60 now, 2 (35)
+    leaves. At t = 11 1 is at the default: 1 (35), 4 (50), 3 (70)."""
+    from hybridkv.core.retention_config import RetentionMark
+    t = [0.0]
+    pol = PriorityPolicy(lambda: t[0])
+    c = Cache(pol, 5)
+    blocks = c.pool.allocate(4)
+    for k, b in enumerate(blocks, 1):
+        c.pool.insert(0, _key(k), b)
+    c.pool.retain(blocks[:1], [0], [RetentionMark(1, 90, 5.0), RetentionMark(1, 60, 10.0)])
+    c.pool.retain(blocks[2:3], [0], [RetentionMark(1, 70, None)])
+    c.pool.retain(blocks[3:], [0], [RetentionMark(1, 50, None)])
+    c.pool.free(blocks)
+    t[0] = 6.0
+    c.pool.free(c.pool.allocate(1))
+    assert c.evicted == [2]
+    t[0] = 11.0
+    assert c.drain() == [1, 4, 3]
