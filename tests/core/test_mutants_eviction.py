@@ -1223,3 +1223,21 @@ def test_priority_a_block_steps_down_through_each_timed_mark():
     assert c.evicted == [2]
     t[0] = 11.0
     assert c.drain() == [1, 4, 3]
+
+
+def test_priority_an_expired_block_merges_into_its_new_level_by_free_time():
+    """A block moved to a lower level by an expiry keeps its free time: within the level it
+    goes between the blocks freed before and after it. Freed in the order 1 (default), 3
+    (priority 90 until t = 5), 2 (default); the block holding 3 has the highest id. At t = 6
+    the drain is 1, 3, 2."""
+    from hybridkv.core.retention_config import RetentionMark
+    t = [0.0]
+    pol = PriorityPolicy(lambda: t[0])
+    c = Cache(pol, 4)
+    b1, b2, b3 = c.pool.allocate(3)
+    for k, b in ((1, b1), (2, b2), (3, b3)):
+        c.pool.insert(0, _key(k), b)
+    c.pool.retain([b3], [0], [RetentionMark(1, 90, 5.0)])
+    c.pool.free([b1, b3, b2])
+    t[0] = 6.0
+    assert c.drain() == [1, 3, 2]
