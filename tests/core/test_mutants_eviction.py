@@ -1241,3 +1241,32 @@ def test_priority_an_expired_block_merges_into_its_new_level_by_free_time():
     c.pool.free([b1, b3, b2])
     t[0] = 6.0
     assert c.drain() == [1, 3, 2]
+
+
+@pytest.mark.parametrize("first, second, want", [
+    ((90, 10.0), (60, 10.0), [(90, 10.0)]),                  # dominated: same expiry, lower
+    ((90, 5.0), (60, 10.0), [(90, 5.0), (60, 10.0)]),        # neither dominates: both kept
+    ((60, 5.0), (60, 10.0), [(60, 10.0)]),                   # same priority, later expiry wins
+    ((60, 10.0), (90, 10.0), [(90, 10.0)]),                  # same expiry, higher priority wins
+    ((60, 10.0), (60, 10.0), [(60, 10.0)]),
+])
+def test_priority_marks_stay_a_pareto_list(first, second, want):
+    """A block's marks (priority, expiry) keep only the ones no other mark beats on both
+    (priority descending, expiry ascending): what the block's level follows over time."""
+    from hybridkv.core.retention_config import RetentionMark
+    pol = PriorityPolicy(lambda: 0.0)
+    c = Cache(pol, 4)
+    b, = c.pool.allocate(1)
+    c.pool.insert(0, _key(1), b)
+    for p, e in (first, second):
+        c.pool.retain([b], [0], [RetentionMark(1, p, e)])
+    assert pol.marks[b] == want
+    assert pol.level(b, 0.0) == want[0]
+    c.pool.free([b])
+    c.pool.check()
+
+
+def test_priority_clock_must_be_callable():
+    with pytest.raises(ValueError) as exc:
+        PriorityPolicy(3)
+    assert str(exc.value) == "clock must be a callable returning seconds, got 3"
