@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import pytest
 
-from hybridkv import KVCacheManager, Request, SpecDecode
-from tests.core.helpers import FA, SWA, cached_positions, config, manager, run_prompt
+from hybridkv import CacheHit, KVCacheManager, Request, SlidingWindow, SpecDecode
+from tests.core.helpers import FA, SWA, cached_positions, config, evict, manager, run_prompt
 
 EAGLE_DROP = SpecDecode("eagle", 1, hash_lookahead=False)
 
@@ -72,7 +72,7 @@ def test_compat_mask_of_one_sliding_group_keeps_the_replay_windows(drop, p) -> N
 
 
 @pytest.mark.parametrize("drop", [False, True])
-@pytest.mark.parametrize("p", [9, 16, 17, 20, 24, 25, 31, 32, 33, 40])
+@pytest.mark.parametrize("p", [6, 9, 16, 17, 20, 24, 25, 31, 32, 33, 40])
 def test_compat_mask_of_a_hybrid_aligns_the_replay_windows(drop, p) -> None:
     """coordinator: _mask_ends / _compat_limits — the boundaries aligned down to A = 8 in the
     group's 4-token blocks; the hybrid coordinator's cacheable prefix (``align(n)``; an EAGLE
@@ -81,7 +81,8 @@ def test_compat_mask_of_a_hybrid_aligns_the_replay_windows(drop, p) -> None:
     Compat mode, retention 0, full (bs 8) + SWA (bs 4, W 8: need 2); drop mode with the SWA
     group as the only drafter. After a one-shot prefill of p tokens the SWA group has cached
     the masked blocks below its cacheable prefix: ``align8(p) // 4`` blocks, or with the proof
-    block ``min(p, align8(p) + 4) // 4``."""
+    block ``min(p, align8(p) + 4) // 4`` — but nothing while ``align8(p)`` is 0 (p = 6: the
+    EAGLE pair is {0, 0}, block 0 is masked, and still not cached)."""
     spec = EAGLE_DROP if drop else None
     kv = manager(FA(8), SWA(4, 8), num_blocks=60, retention=0, spec_decode=spec,
                  drafts=(1,) if drop else ())
@@ -124,3 +125,110 @@ def test_compat_mask_of_a_one_token_prompt_in_drop_mode() -> None:
         r.num_computed_tokens += 1
     assert 0 not in kv.block_ids(r)[0]
     assert cached_positions(kv, r, 0) == {0}
+
+
+@pytest.mark.parametrize("drop", [False, True])
+def test_compat_mask_pins_the_junction_and_in_eagle_groups_the_block_below(drop) -> None:
+    """coordinator: _mask_ends — ``junction - block_size`` added for every group (``and`` →
+    ``or``), not only EAGLE groups; the junction itself lost.
+
+    Compat mode, retention 0, full (bs 16) + SWA (bs 16, W 32: need 2), as vLLM's scenario 53.
+    r0 (64 shared + 20 tokens) leaves the SWA group only the window of its replay end, so r1
+    (the same 64 + 20 others) gets a hit of 0 with junction 64 (the full group's answer).
+    r1's SWA mask: its replay ends, the junction 64 (blocks [2, 4)) and, in an EAGLE group
+    only, 64 - 16 = 48 (blocks [1, 3) + its proof block)."""
+    spec = EAGLE_DROP if drop else None
+    kv = manager(FA(16), SWA(16, 32), num_blocks=80, retention=0, spec_decode=spec,
+                 drafts=(1,) if drop else ())
+    shared = prompt(1000, 64)
+    run_prompt(kv, "r0", shared + [100] * 20)
+    r1 = Request("r1", shared + [200] * 20)
+    hit = kv.lookup(r1)
+    assert (hit.num_tokens, hit.shared_prefix_boundary) == (0, 64)
+    assert kv.allocate(r1, 84, hit) is not None
+    r1.num_computed_tokens = 84
+    limit = min(84, 80 + 16) // 16 if drop else 80 // 16
+    want = {j for j in _vllm_mask(84, 16, 16, 32, int(drop), drop, junction=64) if j < limit}
+    assert cached_positions(kv, r1, 1) == want
+    assert (1 in want) == drop
+
+
+# ---- default mode: promised boundaries --------------------------------------------------------
+
+def test_a_new_request_without_a_hit_promises_only_its_replay_boundaries() -> None:
+    """coordinator: _boundaries — a new request allocated with ``hit=None`` read as a hit
+    (``hit.shared_prefix_boundary`` of None) or given junction 1 (an end at token 1, whose run
+    in an EAGLE group is block 0).
+
+    Default mode, retention 0, drop mode, SWA (bs 4, W 8: need 2) drafter; 40 tokens in one
+    step. Promised ends (ARCHITECTURE, replay boundaries with the unit below): the EAGLE pair
+    {36 - 4, 40 - 4} and one unit below each: 28, 32, 36 (blocks 7, 8, 9); their runs with
+    the proof block: [5, 8), [6, 9), [7, 10). The same with the lookup's zero hit."""
+    for use_hit in (False, True):
+        kv = manager(SWA(4, 8), num_blocks=40, compat=False, retention=0, spec_decode=EAGLE_DROP,
+                     drafts=(0,))
+        r = Request("r", prompt(100, 40))
+        hit = kv.lookup(r) if use_hit else None
+        assert kv.allocate(r, 40, hit) is not None
+        r.num_computed_tokens = 40
+        assert cached_positions(kv, r, 0) == {5, 6, 7, 8, 9}
+        kv.check_integrity()
+
+
+# ---- lookup with alignment 1 (block size 1) -------------------------------------------------
+
+def test_a_hit_of_one_token_is_returned() -> None:
+    """coordinator: _find_longest_hit — a hit of exactly one token taken for "no hit" (``t ==
+    1`` for ``t == 0``; only alignment 1 has such hits).
+
+    Full (bs 1) + MLA-free simplest case: two full groups of block size 1. "a" = [5, 6, 7] is
+    served; "b" = [5, 9, 9] shares one token: its hit is 1 token, one block per group."""
+    kv = KVCacheManager(config(FA(1), FA(1, dtype="float16"), num_blocks=20))
+    a, _ = run_prompt(kv, "a", [5, 6, 7])
+    hit = kv.lookup(Request("b", [5, 9, 9]))
+    assert hit.num_tokens == 1
+    assert hit.block_ids == (tuple(kv.block_ids(a)[0][:1]), tuple(kv.block_ids(a)[1][:1]))
+
+
+def test_lookup_checks_every_group_at_a_one_token_candidate() -> None:
+    """coordinator: _fixed_point — the unit loop stops at a candidate of 1 token (``t <= 0``
+    → ``t <= 1``) without asking the later groups: a 1-token hit the window group cannot serve
+    (then its missing block is read: KeyError).
+
+    Compat mode, retention 0, full (bs 1) + SWA (bs 1, W 3: need 2). "a" (10 tokens) leaves the
+    SWA group only the window of its replay end 9: blocks 7, 8. "b" shares a's first token:
+    the full group answers 1, the SWA group needs block 0 for it: no hit."""
+    kv = manager(FA(1), SWA(1, 3), num_blocks=40, retention=0)
+    a, _ = run_prompt(kv, "a", prompt(100, 10))
+    assert cached_positions(kv, a, 1) == {7, 8}
+    hit = kv.lookup(Request("b", [100, 7, 7, 7]))
+    assert (hit.num_tokens, hit.shared_prefix_boundary) == (0, 1)
+
+
+def _sliding_b(window: int) -> SlidingWindow:
+    """A sliding spec unequal to ``SWA(1, window)`` (another head_dim): its own lookup unit."""
+    return SlidingWindow(block_size=1, num_kv_heads=1, head_dim=4, window=window)
+
+
+def test_lookup_repeats_the_pass_that_ends_at_one_token() -> None:
+    """coordinator: _fixed_point — the fixed point stopped after a pass that lowered the
+    candidate to 1 (``t <= 0`` → ``t <= 1`` at the end of a pass, or at the start of a unit):
+    a group that served the pass's larger candidate is not asked about 1 token.
+
+    Compat mode, retention 0, full (bs 1) + two unequal SWA groups A and B (bs 1, W 2: need 1).
+    "x" = [1, 2, 3] caches full 0..2 and (replay end 2) the window block 1 in A and B; "y" =
+    [1, 4] caches block 0 in A and B. Then A's block 0 and B's block 1 are evicted. "q" = [1,
+    2, 9, 9]: the full group answers 2; A serves 2 (its block 1); B does not serve 2 (block 1
+    gone) but serves 1 (block 0). Next pass: A does not serve 1 (block 0 gone): no hit."""
+    kv = manager(_sliding_b(2), SWA(1, 2), FA(1), num_blocks=40, retention=0)
+    x, _ = run_prompt(kv, "x", [1, 2, 3])
+    y, _ = run_prompt(kv, "y", [1, 4])
+    assert cached_positions(kv, x, 0) == cached_positions(kv, x, 1) == {1}
+    assert cached_positions(kv, y, 0) == cached_positions(kv, y, 1) == {0}
+    kv.free(x)
+    kv.free(y)
+    evict(kv, y, 0, 0)        # A's block 0
+    evict(kv, x, 1, 1)        # B's block 1
+    hit = kv.lookup(Request("q", [1, 2, 9, 9]))
+    assert hit.num_tokens == 0
+    kv.check_integrity()
