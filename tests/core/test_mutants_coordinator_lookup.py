@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import pytest
 
-from hybridkv import CacheHit, KVCacheManager, Request, SlidingWindow, SpecDecode
+from hybridkv import BlockStored, KVCacheManager, Request, SlidingWindow, SpecDecode
 from tests.core.helpers import FA, SWA, cached_positions, config, evict, manager, run_prompt
 
 EAGLE_DROP = SpecDecode("eagle", 1, hash_lookahead=False)
@@ -151,6 +151,36 @@ def test_compat_mask_pins_the_junction_and_in_eagle_groups_the_block_below(drop)
     want = {j for j in _vllm_mask(84, 16, 16, 32, int(drop), drop, junction=64) if j < limit}
     assert cached_positions(kv, r1, 1) == want
     assert (1 in want) == drop
+
+
+@pytest.mark.parametrize("drop", [False, True])
+def test_compat_mask_of_a_chunked_prefill_waits_for_the_cacheable_prefix(drop) -> None:
+    """coordinator: _compat_limits — an EAGLE group's cacheable prefix ``min(n, align(n) +
+    bs)`` taken as ``align(n) + bs`` (a block not yet computed cached) or as ``n`` (uncapped).
+
+    Compat mode, retention 0, full (bs 8) + SWA (bs 2, W 8: need 4), a 40-token prompt in
+    chunks 5, 9, 7, 11, 8 (computed 5, 14, 21, 32, 40). The SWA group's stored blocks after
+    each chunk are the masked ones below its cacheable prefix, in blocks: ``align8(n) // 2``,
+    with the proof block (EAGLE drafter) ``min(n, align8(n) + 2) // 2`` (0 while align8(n) is
+    0): with the proof block 5 → 0, 14 → 5 (uncapped: 7), 21 → 9 (uncapped: 10), 32 → 16,
+    40 → 20. Read from the KV events."""
+    spec = EAGLE_DROP if drop else None
+    kv = manager(FA(8), SWA(2, 8), num_blocks=80, retention=0, spec_decode=spec,
+                 drafts=(1,) if drop else (), enable_events=True)
+    r = Request("r", prompt(100, 40))
+    mask = _vllm_mask(40, 8, 2, 8, int(drop), drop)
+    hit = kv.lookup(r)
+    stored: set[int] = set()
+    for i, n in enumerate((5, 9, 7, 11, 8)):
+        assert kv.allocate(r, n, hit if i == 0 else None) is not None
+        r.num_computed_tokens += n
+        c = r.num_computed_tokens
+        stored |= {r.block_hashes.index(h) for e in kv.take_events()
+                   if isinstance(e, BlockStored) and e.group_idx == 1 for h in e.block_hashes}
+        aligned = c // 8 * 8
+        limit = (min(c, aligned + 2) if drop and aligned else aligned) // 2
+        assert stored == {j for j in mask if j < limit}, c
+    kv.check_integrity()
 
 
 # ---- default mode: promised boundaries --------------------------------------------------------
