@@ -262,3 +262,107 @@ def test_lookup_repeats_the_pass_that_ends_at_one_token() -> None:
     hit = kv.lookup(Request("q", [1, 2, 9, 9]))
     assert hit.num_tokens == 0
     kv.check_integrity()
+
+
+# ---- hits name their request ------------------------------------------------------------------
+
+def test_a_hit_names_the_request_it_was_looked_up_for() -> None:
+    """coordinator: _find_longest_hit / find_longest_hit — the hit's ``request_id`` lost
+    (None: any request could adopt it) for a zero hit, a non-zero hit, or a memoized hit
+    refreshed after the state changed.
+
+    Default mode, full (bs 4). "a" (12 tokens) is served: "b" (its 12 tokens + 1) hits 12,
+    "c" (other tokens) hits 0. Each hit names its request, and another request adopting it is
+    refused (CacheHit docstring: only that request can adopt it). After an unrelated
+    allocation (the epoch moves; b's hashes untouched) b's lookup is answered from the memo:
+    the same hit, still b's."""
+    kv = manager(FA(4), num_blocks=40, compat=False)
+    run_prompt(kv, "a", prompt(100, 12))
+    b = Request("b", prompt(100, 13))
+    c = Request("c", prompt(500, 13))
+    hits = {"b": kv.lookup(b), "c": kv.lookup(c)}
+    assert (hits["b"].num_tokens, hits["c"].num_tokens) == (12, 0)
+    run_prompt(kv, "z", prompt(900, 9))
+    hits["b2"] = kv.lookup(b)
+    assert hits["b2"].num_tokens == 12 and hits["b2"].block_ids == hits["b"].block_ids
+    for name, hit in hits.items():
+        assert hit.request_id == name[0]
+        with pytest.raises(ValueError, match=f"looked up for request '{name[0]}'"):
+            kv.allocate(Request("other", prompt(100, 13)), 1, hit)
+    assert kv.allocate(b, 1, hits["b2"]) is not None
+    kv.check_integrity()
+
+
+# ---- the write path's bulk insert -------------------------------------------------------------
+
+@pytest.mark.parametrize("second", ["full", "sliding"])
+def test_a_long_run_of_a_larger_block_group_is_cached_under_its_own_hashes(second) -> None:
+    """coordinator: _insert_span — a run of 12 or more blocks (one bulk insert) given the
+    hashes one hash block too early (``(j + 1) * scale - 2``: with scale 2 the slice has the
+    right length and the wrong hashes).
+
+    Default mode, full (bs 4) + a second group of bs 8 (scale 2 over the hash block 4): full,
+    or SWA with W 100 (need 13 blocks). "a" = 100 tokens in one step: the bs-8 group caches
+    its 12 full blocks in one run (the SWA group: the run of its replay end 96 = blocks
+    [0, 12)). A resend hits 96 (99 aligned down to 8) with a's blocks in both groups."""
+    spec = FA(8) if second == "full" else SWA(8, 100)
+    kv = manager(FA(4), spec, num_blocks=80, compat=False)
+    a, _ = run_prompt(kv, "a", prompt(100, 100))
+    assert cached_positions(kv, a, 1) == set(range(12))
+    kv.check_integrity()
+    hit = kv.lookup(Request("b", prompt(100, 100)))
+    assert hit.num_tokens == 96
+    assert hit.block_ids == (tuple(kv.block_ids(a)[0][:24]), tuple(kv.block_ids(a)[1][:12]))
+
+
+# ---- identical siblings ------------------------------------------------------------------------
+
+def test_identical_sibling_groups_serve_a_block_only_together() -> None:
+    """coordinator: _find_longest_hit — a unit of identical sibling groups probed with the
+    first group's answers only (``groups[1:]`` → ``groups[2:]``): a block one sibling lost
+    counted as cached (its id is then read from that sibling's index: KeyError).
+
+    Default mode, dense retention, full (bs 4) + two identical SWA groups (bs 4, W 8: need 2),
+    one lookup unit. "a" (24 tokens) is served and freed; the second sibling's block 4 is
+    evicted. A resend of a's 24 tokens (candidate 20, run [3, 5)) falls back to 16 (run
+    [2, 4)), served by both siblings."""
+    kv = manager(FA(4), SWA(4, 8), SWA(4, 8), num_blocks=60, compat=False, retention=None)
+    a, _ = run_prompt(kv, "a", prompt(100, 24))
+    ids = kv.block_ids(a)
+    kv.free(a)
+    evict(kv, a, 2, 4)
+    hit = kv.lookup(Request("b", prompt(100, 24)))
+    assert hit.num_tokens == 16
+    assert hit.block_ids == (tuple(ids[0][:4]), (0, 0) + tuple(ids[1][2:4]),
+                             (0, 0) + tuple(ids[2][2:4]))
+    kv.check_integrity()
+
+
+# ---- request ownership -------------------------------------------------------------------------
+
+def test_a_different_request_object_with_a_held_id_is_refused_by_name() -> None:
+    """coordinator: holds / _state — the owner check inverted or skipped, or its message lost:
+    a second Request object reusing a running request's id must get the documented error
+    (allocate with or without a hit, free), and freeing an id nobody holds is a no-op.
+
+    Default mode, full (bs 4). "x" (12 tokens) runs; another object "x" with the same tokens
+    looks up a hit of 8 (x's cached blocks)."""
+    import re
+
+    kv = manager(FA(4), num_blocks=40, compat=False)
+    x, _ = run_prompt(kv, "x", prompt(100, 12))
+    other = Request("x", prompt(100, 12))
+    hit = kv.lookup(other)
+    assert hit.num_tokens == 8
+    msg = re.escape("request id 'x' already holds blocks for a different Request object; "
+                    "free that request first or use a unique id")
+    with pytest.raises(ValueError, match=msg):
+        kv.allocate(other, 4, hit)
+    with pytest.raises(ValueError, match=msg):
+        kv.allocate(other, 4)
+    with pytest.raises(ValueError, match=msg):
+        kv.free(other)
+    kv.free(Request("nobody", [1, 2, 3]))
+    kv.free(x)
+    assert kv.num_free_blocks == 39
+    kv.check_integrity()
