@@ -366,3 +366,31 @@ def test_a_different_request_object_with_a_held_id_is_refused_by_name() -> None:
     kv.free(x)
     assert kv.num_free_blocks == 39
     kv.check_integrity()
+
+
+def test_a_run_whose_first_block_left_the_window_caches_only_the_rest() -> None:
+    """coordinator: _insert_span — the per-block path's null check made ``or`` (the null
+    block 0 inserted under the hash of a position that left the window).
+
+    Compat mode, dense retention, drop mode, one SWA group (bs 8, W 3: need 1) as the
+    drafter: end t's run is [t/8 - 1, t/8 + 1), cached once the proof block t/8 is computed.
+    A 40-token prompt in chunks of 10: at 20 computed, end 8's run is [0, 2), but block 0 left
+    the window at 10 (skipped 10 - 3 + 1 = 8 tokens) and is null: only block 1 is cached. No
+    stored event names a hash twice, and a resend hits 24 (the unitary coordinator's cap: the
+    proof block below 39 tokens, so e <= 3) with a real block at position 2 (run [2, 4))."""
+    kv = manager(SWA(8, 3), num_blocks=40, retention=None, spec_decode=EAGLE_DROP, drafts=(0,),
+                 enable_events=True)
+    r = Request("r", prompt(100, 40))
+    hit = kv.lookup(r)
+    for i in range(4):
+        assert kv.allocate(r, 10, hit if i == 0 else None) is not None
+        r.num_computed_tokens += 10
+        kv.check_integrity()
+        if i == 1:
+            assert kv.block_ids(r)[0][0] == 0 and cached_positions(kv, r, 0) == {1}
+    stored = [b for e in kv.take_events() if isinstance(e, BlockStored) for b in e.block_hashes]
+    assert len(stored) == len(set(stored))
+    kv.free(r)
+    hit = kv.lookup(Request("s", prompt(100, 40)))
+    assert hit.num_tokens == 24 and hit.block_ids[0][:2] == (0, 0) and hit.block_ids[0][2] != 0
+    kv.check_integrity()
