@@ -267,7 +267,8 @@ def test_lookup_repeats_the_pass_that_ends_at_one_token() -> None:
 # ---- hits name their request ------------------------------------------------------------------
 
 def test_a_hit_names_the_request_it_was_looked_up_for() -> None:
-    """coordinator: _find_longest_hit / find_longest_hit — the hit's ``request_id`` lost
+    """coordinator: _find_longest_hit / find_longest_hit — the junction set to the hit's own
+    end (``longest > t`` → ``>=`` / ``or True``); the hit's ``request_id`` lost
     (None: any request could adopt it) for a zero hit, a non-zero hit, or a memoized hit
     refreshed after the state changed.
 
@@ -275,13 +276,16 @@ def test_a_hit_names_the_request_it_was_looked_up_for() -> None:
     "c" (other tokens) hits 0. Each hit names its request, and another request adopting it is
     refused (CacheHit docstring: only that request can adopt it). After an unrelated
     allocation (the epoch moves; b's hashes untouched) b's lookup is answered from the memo:
-    the same hit, still b's."""
+    the same hit, still b's. A hit every group serves in full has no junction
+    (``shared_prefix_boundary`` 0, not the hit's own end)."""
     kv = manager(FA(4), num_blocks=40, compat=False)
     run_prompt(kv, "a", prompt(100, 12))
     b = Request("b", prompt(100, 13))
     c = Request("c", prompt(500, 13))
     hits = {"b": kv.lookup(b), "c": kv.lookup(c)}
     assert (hits["b"].num_tokens, hits["c"].num_tokens) == (12, 0)
+    # one group: nothing longer is cached anywhere, so no junction (not even the hit's end)
+    assert (hits["b"].shared_prefix_boundary, hits["c"].shared_prefix_boundary) == (0, 0)
     run_prompt(kv, "z", prompt(900, 9))
     hits["b2"] = kv.lookup(b)
     assert hits["b2"].num_tokens == 12 and hits["b2"].block_ids == hits["b"].block_ids
