@@ -398,3 +398,88 @@ def test_a_run_whose_first_block_left_the_window_caches_only_the_rest() -> None:
     hit = kv.lookup(Request("s", prompt(100, 40)))
     assert hit.num_tokens == 24 and hit.block_ids[0][:2] == (0, 0) and hit.block_ids[0][2] != 0
     kv.check_integrity()
+
+
+# ---- more lookup cases -----------------------------------------------------------------------
+
+def test_a_hash_cached_twice_is_served_by_its_first_block() -> None:
+    """coordinator: _find_longest_hit — a duplicated hash (two requests computed the same
+    block) read as ``None`` instead of its first block id.
+
+    Default mode, full (bs 4). "a" and "b" (the same 9 tokens) are both looked up before
+    either is allocated (no hit), then both run: each caches its own blocks 0 and 1 under the
+    same hashes. "c" (the same 9 tokens) hits 8 with a's blocks, the first cached."""
+    kv = manager(FA(4), num_blocks=40, compat=False)
+    a, b = Request("a", prompt(100, 9)), Request("b", prompt(100, 9))
+    ha, hb = kv.lookup(a), kv.lookup(b)
+    for r, h in ((a, ha), (b, hb)):
+        assert h.num_tokens == 0 and kv.allocate(r, 9, h) is not None
+        r.num_computed_tokens = 9
+    assert kv.block_ids(a)[0][:2] != kv.block_ids(b)[0][:2]
+    hit = kv.lookup(Request("c", prompt(100, 9)))
+    assert hit.num_tokens == 8 and hit.block_ids == (tuple(kv.block_ids(a)[0][:2]),)
+    kv.check_integrity()
+
+
+@pytest.mark.parametrize("compat", [False, True])
+def test_drop_mode_hit_needs_the_proof_block_hash(compat) -> None:
+    """coordinator: _fixed_point — the largest end ``n_fine // scale - proof`` (``+ proof``:
+    a hit whose proof block has no hash), and the single-group cap of compat mode (``and``
+    → ``or``: applied in default mode or to a compat hybrid).
+
+    EAGLE drop mode, every group a drafter (proof block). "a" (20 tokens) is served. A
+    request of a's first 16 tokens: its candidate is 12 (15 aligned down), whose proof block
+    3 has a hash (4 hashed blocks) and is cached by a: the hit is 12 — in default mode with
+    one full group (bs 4) and in compat mode with two (vLLM's hybrid coordinator keeps the
+    proof margin; only its single-group coordinator caps the proof block below max_tokens).
+    A request of a's first 13 tokens has 3 hashed blocks: 12 would need block 3's hash, so 8."""
+    specs = (FA(4), FA(4, dtype="float16")) if compat else (FA(4),)
+    kv = manager(*specs, num_blocks=60, compat=compat, spec_decode=EAGLE_DROP)
+    run_prompt(kv, "a", prompt(100, 20))
+    assert kv.lookup(Request("b", prompt(100, 16))).num_tokens == 12
+    assert kv.lookup(Request("c", prompt(100, 13))).num_tokens == 8
+
+
+def test_a_running_request_is_counted_once_and_may_schedule_zero_tokens() -> None:
+    """coordinator: holds — the request's state not found (looked up as None or under id
+    None): a running request taken for a new one (counted again in the stats; refused a
+    0-token step as a new request without a hit).
+
+    Default mode, full (bs 4). r (12 tokens) runs in chunks 4, 4, 4, then a 0-token step
+    (allowed for a running request: no new block). The stats count one request of 12 query
+    tokens."""
+    kv = manager(FA(4), num_blocks=40, compat=False)
+    r = Request("r", prompt(100, 12))
+    hit = kv.lookup(r)
+    for i in range(3):
+        assert kv.allocate(r, 4, hit if i == 0 else None) is not None
+        r.num_computed_tokens += 4
+    assert kv.allocate(r, 0) == [[]]
+    s = kv.stats()
+    assert (s.requests, s.queries, s.hits) == (1, 12, 0)
+
+
+# ---- promised junction ends -------------------------------------------------------------------
+
+def test_allocating_a_junction_hit_promises_the_junction_and_the_unit_below() -> None:
+    """coordinator: _boundaries — the junction lost (None / never read), ``junction - a``
+    not promised in default mode (``or`` → ``and``, ``not compat`` dropped) or moved to
+    ``junction + a``.
+
+    Default mode, retention 0, full (bs 4) + SWA (bs 4, W 5: need 1). r0 = 12 shared + 12
+    other tokens caches the SWA windows of its ends 20, 16 (replay 23 → 20 and the unit
+    below): blocks 3, 4. r1 = the 12 shared + 12 others: the full group serves 12; the SWA
+    group would need block 2 for 12, block 1 for 8, block 0 for 4, none cached: hit 0,
+    junction 12. r1's promised ends: 20, 16 (its replay pair), 12 (junction),
+    8 (the unit below): SWA runs [4, 5), [3, 4), [2, 3), [1, 2)."""
+    kv = manager(FA(4), SWA(4, 5), num_blocks=60, compat=False, retention=0)
+    shared = prompt(1000, 12)
+    r0, _ = run_prompt(kv, "r0", shared + prompt(100, 12))
+    assert cached_positions(kv, r0, 1) == {3, 4}
+    r1 = Request("r1", shared + prompt(200, 12))
+    hit = kv.lookup(r1)
+    assert (hit.num_tokens, hit.shared_prefix_boundary) == (0, 12)
+    assert kv.allocate(r1, 24, hit) is not None
+    r1.num_computed_tokens = 24
+    assert cached_positions(kv, r1, 1) == {1, 2, 3, 4}
+    kv.check_integrity()
