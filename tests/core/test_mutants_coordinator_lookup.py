@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import pytest
 
-from hybridkv import BlockStored, KVCacheManager, Request, SlidingWindow, SpecDecode
+from hybridkv import BlockStored, KVCacheManager, Request, SlidingWindow, SpecDecode, StateSpec
 from tests.core.helpers import FA, SWA, cached_positions, config, evict, manager, run_prompt
 
 EAGLE_DROP = SpecDecode("eagle", 1, hash_lookahead=False)
@@ -483,3 +483,155 @@ def test_allocating_a_junction_hit_promises_the_junction_and_the_unit_below() ->
     r1.num_computed_tokens = 24
     assert cached_positions(kv, r1, 1) == {1, 2, 3, 4}
     kv.check_integrity()
+
+
+def test_compat_state_group_exports_the_junction_without_the_unit_below() -> None:
+    """coordinator: _boundaries — compat mode without drop mode given ``junction - a`` too
+    (``and`` → ``or``): vLLM pins only the junction (and ``junction - block_size`` under EAGLE).
+
+    Compat mode, retention 0, full (bs 4) + a state group (bs 4). r0 = 12 shared + 12 other
+    tokens; r1 = the 12 shared + 12 others: the full group serves 12, the state group has no
+    checkpoint at 12: hit 0, junction 12. r1's promised ends (compat: no unit below): its
+    replay boundary 20 and the junction 12 — the checkpoints its 24-token step exports."""
+    state = StateSpec(block_size=4, conv_shape=(1, 4), conv_dtype="float32", state_shape=(2, 2),
+                      state_dtype="float32")
+    kv = KVCacheManager(config(FA(4), state, num_blocks=200), vllm_compat=True)
+    shared = prompt(1000, 12)
+    run_prompt(kv, "r0", shared + prompt(100, 12))
+    r1 = Request("r1", shared + prompt(200, 12))
+    hit = kv.lookup(r1)
+    assert (hit.num_tokens, hit.shared_prefix_boundary) == (0, 12)
+    assert kv.export_positions(r1, 24, hit) == [12, 20]
+    assert kv.allocate(r1, 24, hit) is not None
+    assert [e.position for e in kv.state_blocks(r1)[0].exports] == [12, 20]
+
+
+# ---- the write path's timing -----------------------------------------------------------------
+
+def test_the_final_length_is_promised_at_free() -> None:
+    """coordinator: cache — the final length not promised at free in default mode (``not
+    compat`` inverted), its end made None or a float, or the free's cache pass skipped below
+    ``quiet_until`` (``not final`` → ``final``).
+
+    Default mode, retention 0, full (bs 4) + SWA (bs 4, W 8: need 2). r's prompt (10 tokens)
+    promises 8 and 4; r decodes to 21 tokens and is freed: the final length 21 → 20 is
+    promised, its SWA run [3, 5) cached. The same 21 tokens + 1 then hit 20 (else 8)."""
+    kv = manager(FA(4), SWA(4, 8), num_blocks=60, compat=False, retention=0)
+    r, _ = run_prompt(kv, "r", prompt(100, 10))
+    while r.num_tokens < 21:
+        r.append_tokens([7])
+        assert kv.allocate(r, 1) is not None
+        r.num_computed_tokens += 1
+    kv.free(r)
+    assert kv.lookup(Request("q", list(r.token_ids) + [9])).num_tokens == 20
+    kv.check_integrity()
+
+
+def test_drop_mode_caches_an_end_once_its_proof_block_is_computed() -> None:
+    """coordinator: cache / _cache_prefix — the limit ``(blocks - proof) * bs`` given ``+
+    proof`` (ends whose proof block is not computed yet), an end's run cached without its
+    proof block (``+ proof`` → ``- proof``).
+
+    Default mode, drop mode, one full group (bs 4, the drafter). A 30-token prompt in chunks
+    12, 8, 10: an end t is cached with its proof block once t + 4 tokens are computed, so the
+    cached blocks are [0, 3), [0, 5), [0, 7) (at 30: 7 hashed blocks, end 24 + block 6)."""
+    kv = manager(FA(4), num_blocks=40, compat=False, spec_decode=EAGLE_DROP)
+    r = Request("r", prompt(100, 30))
+    hit = kv.lookup(r)
+    for i, (n, want) in enumerate(((12, 3), (8, 5), (10, 7))):
+        assert kv.allocate(r, n, hit if i == 0 else None) is not None
+        r.num_computed_tokens += n
+        assert cached_positions(kv, r, 0) == set(range(want))
+
+
+def test_a_step_that_completes_a_proof_block_caches_at_once() -> None:
+    """coordinator: cache — ``quiet_until`` (the fewest tokens at which cache() has work
+    again) rounded up to the alignment for every group (``and`` → ``or``: only the compat
+    hybrid's groups without a proof block cache up to align(n)), or a step that reaches it
+    exactly skipped (``<`` → ``<=``).
+
+    Default mode, drop mode, full bs 4 (the drafter) + full bs 8: A = 8, the delay is the
+    drafter's block (4). Chunks 12, 8: at 12 the end 8 is cached (bs-4 blocks [0, 3)); the
+    next end 16 is due at 16 + 4 = 20, reached exactly by the second chunk: [0, 5)."""
+    kv = manager(FA(4), FA(8), num_blocks=60, compat=False, spec_decode=EAGLE_DROP, drafts=(0,))
+    r = Request("r", prompt(100, 30))
+    hit = kv.lookup(r)
+    for i, (n, want) in enumerate(((12, 3), (8, 5))):
+        assert kv.allocate(r, n, hit if i == 0 else None) is not None
+        r.num_computed_tokens += n
+        assert cached_positions(kv, r, 0) == set(range(want))
+        assert cached_positions(kv, r, 1) == set(range(want // 2))
+
+
+def test_compat_mask_with_retention_caches_each_masked_block_when_it_fills() -> None:
+    """coordinator: cache — the masked groups' ``quiet_until`` one block late (``+ 1`` →
+    ``+ 2``: a masked block cached a block after it filled).
+
+    Compat mode, retention 16, one SWA group (bs 4, W 8: need 2). A 5-token prompt, then one
+    token per step to 40. The mask: the replay end 4 (block 1: [0, 1)) and every multiple of
+    16 tokens (blocks [4k - 2, 4k)): 0, 2, 3, 6, 7. vLLM caches a masked block as soon as it is
+    full (blocks are registered when scheduled): after c tokens, the masked j with
+    (j + 1) * 4 <= c. Read from the KV events (the window frees the blocks)."""
+    kv = manager(SWA(4, 8), num_blocks=40, retention=16, enable_events=True)
+    r, _ = run_prompt(kv, "r", prompt(100, 5))
+    stored: set[int] = set()
+    while r.num_tokens < 40:
+        r.append_tokens([7])
+        assert kv.allocate(r, 1) is not None
+        r.num_computed_tokens += 1
+        stored |= {r.block_hashes.index(h) for e in kv.take_events()
+                   if isinstance(e, BlockStored) for h in e.block_hashes}
+        c = r.num_computed_tokens
+        assert stored == {j for j in (0, 2, 3, 6, 7) if (j + 1) * 4 <= c}, c
+
+
+def test_compat_hit_writes_its_own_copy_of_the_proof_block() -> None:
+    """coordinator: cache — the first end after an adopted hit computed with ``/`` (``done //
+    step`` → ``done / step``: the next end overshoots when ``done`` is not a multiple).
+
+    Compat mode, dense retention, full (bs 8) + SWA (bs 4, W 8: need 2) as the drafter. "a"
+    (32 tokens) is served; "b" (a's first 28 + 2 others) hits 24 (SWA run [4, 7) with its
+    proof block 6, tokens 24..27, shared). In compat mode the hit's proof block was dropped: b's end 24 stays open
+    (done 24 - 4 = 20) and b's own block 6 is cached as soon as it is full (b computes 30:
+    the EAGLE group's cacheable prefix min(30, 24 + 4) = 28 tokens, 7 blocks)."""
+    kv = manager(FA(8), SWA(4, 8), num_blocks=60, retention=None, spec_decode=EAGLE_DROP,
+                 drafts=(1,))
+    run_prompt(kv, "a", prompt(100, 32))
+    b = Request("b", prompt(100, 28) + prompt(500, 2))
+    hit = kv.lookup(b)
+    assert hit.num_tokens == 24
+    assert kv.allocate(b, 6, hit) is not None
+    b.num_computed_tokens = 30
+    assert 6 in cached_positions(kv, b, 1)
+
+
+def test_lookahead_hashing_caches_a_block_once_the_next_token_exists() -> None:
+    """coordinator: cache — the hashed-block count divided with ``/`` (a float limit: the
+    single-block write then indexes the hashes with a float).
+
+    Default mode, EAGLE with hash lookahead, full (bs 4). An 8-token prompt: block 1's hash
+    needs token 8, so only block 0 is cached; one more token caches block 1."""
+    kv = manager(FA(4), num_blocks=40, compat=False, spec_decode=SpecDecode("eagle", 1))
+    r, _ = run_prompt(kv, "r", prompt(100, 8))
+    assert cached_positions(kv, r, 0) == {0}
+    r.append_tokens([7])
+    assert kv.allocate(r, 1) is not None
+    r.num_computed_tokens += 1
+    assert cached_positions(kv, r, 0) == {0, 1}
+
+
+def test_events_of_a_long_run_not_starting_at_block_zero() -> None:
+    """coordinator: _insert_span — a bulk insert (12+ blocks) reporting positions from 0
+    (``range(j, hi)`` → ``range(hi)``) or only below j (``range(j)``).
+
+    Default mode, full (bs 4), events on. Chunks 8 then 56: the second step caches blocks
+    [2, 16) in one run; its stored event names exactly their hashes and tokens."""
+    kv = manager(FA(4), num_blocks=40, compat=False, enable_events=True)
+    r = Request("r", prompt(100, 64))
+    assert kv.allocate(r, 8, kv.lookup(r)) is not None
+    r.num_computed_tokens = 8
+    kv.take_events()
+    assert kv.allocate(r, 56) is not None
+    stored = [e for e in kv.take_events() if isinstance(e, BlockStored)]
+    assert [h for e in stored for h in e.block_hashes] == r.block_hashes[2:16]
+    assert [t for e in stored for t in e.token_ids] == prompt(108, 56)
