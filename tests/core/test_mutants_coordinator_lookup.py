@@ -15,6 +15,8 @@ each docstring. All deterministic and fast: mutmut runs them for every mutant.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from hybridkv import BlockStored, KVCacheManager, Request, SlidingWindow, SpecDecode, StateSpec
@@ -351,8 +353,6 @@ def test_a_different_request_object_with_a_held_id_is_refused_by_name() -> None:
 
     Default mode, full (bs 4). "x" (12 tokens) runs; another object "x" with the same tokens
     looks up a hit of 8 (x's cached blocks)."""
-    import re
-
     kv = manager(FA(4), num_blocks=40, compat=False)
     x, _ = run_prompt(kv, "x", prompt(100, 12))
     other = Request("x", prompt(100, 12))
