@@ -124,3 +124,50 @@ def test_integrity_rejects_a_ref_count_without_its_table_reference() -> None:
     tables[g][j] = 0
     with pytest.raises(AssertionError, match=r"^block 1: ref_cnt 1 but 0 table references$"):
         kv.check_integrity()
+
+
+# ---- __init__: bad arguments -------------------------------------------------------------------
+
+def _cfg(num_blocks: int = 16):
+    from tests.core.helpers import config
+    return config(FA(4), num_blocks=num_blocks)
+
+
+BAD_MANAGERS = [  # (keyword arguments, key parts of the message)
+    (dict(max_in_flight_tokens=0), r"\bmax_in_flight_tokens\b must be None or a positive integer, got 0$"),
+    (dict(max_in_flight_tokens=True), r"\bmax_in_flight_tokens\b.*got True$"),
+    (dict(max_in_flight_tokens=2.0), r"\bmax_in_flight_tokens\b.*got 2\.0$"),
+    (dict(max_model_len=0), r"\bmax_model_len\b must be a positive integer, got 0$"),
+    (dict(max_model_len=True), r"\bmax_model_len\b must be a positive integer, got True$"),
+    (dict(max_model_len=8.0), r"\bmax_model_len\b must be a positive integer, got 8\.0$"),
+    (dict(spec_decode="eagle"), r"\bspec_decode\b must be a SpecDecode or None, got 'eagle'$"),
+    (dict(vllm_compat=True, eviction_policy="lfu"),
+     r"\bvllm_compat\b pins vLLM's LRU order; \beviction_policy\b must be 'lru', got 'lfu'$"),
+    (dict(eviction_policy="priority", clock=5),
+     r"\bclock\b must be None or a callable returning seconds, got 5$"),
+]
+
+
+@pytest.mark.parametrize("kw,match", BAD_MANAGERS)
+def test_bad_manager_arguments_are_refused_naming_the_value(kw, match) -> None:
+    """__init__ 12–15, 26–30, 33, 35–37, 40, 82–91: each argument check (a bad value let
+    through by an ``and``/``or`` swap, bool accepted) and its message (the argument, the bad
+    value, what is valid)."""
+    with pytest.raises(ValueError, match=match):
+        KVCacheManager(_cfg(), **kw)
+
+
+def test_manager_needs_a_config() -> None:
+    """__init__ 9–11 — the config type check and its message (the type given)."""
+    with pytest.raises(ValueError, match=r"^config must be a KVCacheConfig, got dict$"):
+        KVCacheManager({"num_blocks": 4})
+
+
+def test_smallest_valid_manager_arguments_are_accepted() -> None:
+    """__init__ 31, 32, 38, 39 — max_in_flight_tokens 1 and max_model_len 1 are positive
+    integers (1 was refused, 0 accepted), and a manager with them serves a one-token request."""
+    kv = KVCacheManager(_cfg(), max_in_flight_tokens=1, max_model_len=1)
+    assert kv.max_model_len == 1
+    r = Request("r", [7])
+    assert kv.allocate(r, 1) is not None
+    kv.check_integrity()
