@@ -375,6 +375,21 @@ def test_hash_of_a_block_with_extra_keys_appends_their_encoding() -> None:
     assert lora.block_hashes == [_sha(ROOT, toks[:4], k), _sha(_sha(ROOT, toks[:4], k), toks[4:8], k)]
 
 
+def test_lookahead_hash_covers_the_extra_keys_of_its_lookahead_tokens() -> None:
+    """BlockHasher.update 56 — the extra keys of a block read over the block and its L
+    lookahead tokens (a block's hash covers them), not over a range L tokens short.
+
+    B = 4, L = 2, an image at tokens [5, 7): block 0 covers tokens [0, 6), so its keys hold
+    ("mm", "img", 5); block 1 covers [4, 10): ("mm", "img", 1)."""
+    h = BlockHasher(4, "sha256", lookahead=2)
+    toks = list(range(10))
+    req = Request("r", toks, mm_items=[MultiModalItem("img", 5, 2)])
+    h.update(req)
+    h0 = _sha(ROOT, toks[0:6], _enc(("mm", "img", 5)))
+    h1 = _sha(h0, toks[4:10], _enc(("mm", "img", 1)))
+    assert req.block_hashes == [h0, h1]
+
+
 def test_bad_hasher_arguments_are_refused_naming_the_valid_values() -> None:
     """BlockHasher.__init__ 3–19: each check, its bound (block size 1 and lookahead 0 are
     valid), the default lookahead 0, and the messages."""
@@ -471,7 +486,8 @@ def test_retention_ranges_must_lie_inside_the_prompt() -> None:
 def test_block_marks_by_hand() -> None:
     """block_marks: one mark per range (blocks up to the range's end, rounded up), one for
     the uncovered prompt (default priority, up to the last uncovered token), one for the
-    generated tokens; equal (priority, TTL) marks merged, the longest winning.
+    generated tokens; equal (priority, TTL) marks merged, the longest winning (block_marks 9:
+    the last added, shorter one won).
 
     Block size 4, prompt 20, 30 tokens. Ranges [2, 6) p 80 ttl 5 and [12, None) p 60:
     [2, 6) → ceil(6/4) = 2 blocks; [12, 20) → 5 blocks; uncovered [0, 2) and [6, 12): the last
@@ -495,6 +511,9 @@ def test_block_marks_by_hand() -> None:
     gap1 = RetentionConfig((TokenRange(1, None, 70),))
     assert set(block_marks(gap1, 4, 8, 8)) == {RetentionMark(2, 70, None),
                                                 RetentionMark(1, DEFAULT_PRIORITY, None)}
+    # a range at the default priority merges with the default mark; the longer one wins
+    same = RetentionConfig((TokenRange(4, 12, DEFAULT_PRIORITY),))
+    assert block_marks(same, 4, 12, 12) == (RetentionMark(3, DEFAULT_PRIORITY, None),)
     # touching ranges cover the prompt: no default mark
     touch = RetentionConfig((TokenRange(0, 4, 70), TokenRange(4, None, 80)))
     assert set(block_marks(touch, 4, 8, 8)) == {RetentionMark(1, 70, None), RetentionMark(2, 80, None)}
