@@ -461,3 +461,100 @@ def test_free_of_an_unknown_request_is_a_no_op_and_free_lets_the_request_go() ->
     gc.collect()
     assert ref() is None
     kv.check_integrity()
+
+
+# ---- __init__: what the manager passes on -------------------------------------------------------
+
+def test_lookahead_slots_stop_at_max_model_len() -> None:
+    """__init__ 147 — max_model_len not passed to the coordinator: slots past it allocated.
+
+    FA (bs 4), EAGLE k = 3, max_model_len 8: a 7-token prompt plus 3 lookahead slots would
+    reach 10 tokens (3 blocks); capped at 8 it takes 2."""
+    from hybridkv import SpecDecode
+    from tests.core.helpers import config
+    kv = KVCacheManager(config(FA(4), num_blocks=16), spec_decode=SpecDecode("eagle", 3),
+                        max_model_len=8)
+    assert [len(x) for x in kv.allocate(Request("r", prompt(0, 7)), 7)] == [2]
+
+
+def test_full_sequence_reservation_counts_the_lookahead_slots() -> None:
+    """allocate 107 — default mode reserves ``num_tokens + lookahead`` (not minus).
+
+    FA (bs 4), EAGLE k = 3, 2 usable blocks. A new 8-token request computing 4 tokens takes
+    ceil((4 + 3) / 4) = 2 blocks now; its whole sequence, 8 + 3 = 11 tokens, needs 3 blocks,
+    more than the pool: refused with the reservation (8 - 3 = 5 tokens would need only the 2
+    it takes), allowed without it."""
+    from hybridkv import SpecDecode
+    from tests.core.helpers import config
+    kv = KVCacheManager(config(FA(4), num_blocks=3), spec_decode=SpecDecode("eagle", 3))
+    r = Request("r", prompt(0, 8))
+    assert kv.allocate(r, 4, full_sequence_must_fit=True) is None
+    assert [len(x) for x in kv.allocate(r, 4)] == [2]
+
+
+def _state_config(num_blocks: int):
+    """Full attention (bs 4) and two state groups with the same spec (one lookup unit:
+    siblings), each state taking one block id (48 B of state, 128 B pages)."""
+    from hybridkv import KVCacheConfig, KVCacheGroup, StateSpec
+    st = StateSpec(4, conv_shape=(1, 8), state_shape=(1, 8))
+    return KVCacheConfig((KVCacheGroup("a", FA(4), ("a",)), KVCacheGroup("s1", st, ("s1",)),
+                          KVCacheGroup("s2", st, ("s2",))), num_blocks=num_blocks)
+
+
+def test_evictions_of_a_state_config_are_reported() -> None:
+    """__init__ 118, 121 — the extent pool built without the eviction callback: no
+    BlockRemoved event for any eviction of a config with a state group.
+
+    9 usable blocks; two different 9-token prompts: the second evicts cached blocks of the
+    first, and every eviction is reported."""
+    from hybridkv import BlockRemoved
+    from tests.core.helpers import serve
+    kv = KVCacheManager(_state_config(10), enable_events=True)
+    serve(kv, "a", prompt(0, 9))
+    serve(kv, "b", prompt(100, 9))
+    removed = [e for e in kv.take_events() if isinstance(e, BlockRemoved)]
+    assert kv.stats().evictions > 0
+    assert sum(len(e.block_hashes) for e in removed) == kv.stats().evictions
+
+
+def test_sibling_state_checkpoints_are_evicted_together() -> None:
+    """__init__ 174 — the siblings of a two-group unit not wired (``> 2``): evicting one state
+    group's checkpoint left its sibling's copy cached (dead: the unit's hit needs both).
+
+    9 usable blocks; an 8-token prompt caches checkpoints in both state groups; a 5-token
+    prompt then evicts some: each state checkpoint hash removed from one group is removed
+    from the other in the same step."""
+    from hybridkv import BlockRemoved
+    from tests.core.helpers import serve
+    kv = KVCacheManager(_state_config(10), enable_events=True)
+    serve(kv, "a", prompt(0, 8))
+    kv.take_events()
+    serve(kv, "b", prompt(100, 5))
+    removed = {1: set(), 2: set()}
+    for e in kv.take_events():
+        if isinstance(e, BlockRemoved) and e.group_idx in removed:
+            removed[e.group_idx].update(e.block_hashes)
+    assert removed[1] and removed[1] == removed[2]
+
+
+def test_blocks_loaded_from_an_external_tier_are_reported_stored() -> None:
+    """__init__ 176 — the adopted-blocks callback not installed with events: blocks loaded by
+    commit_external produced no BlockStored event.
+
+    A producer caches a 16-token prefix (4 blocks); a consumer with events loads all 4 from
+    the tier: its BlockStored events name exactly the loaded hashes."""
+    from hybridkv import BlockStored
+    from tests.core.helpers import config, serve
+    producer = KVCacheManager(config(FA(4), num_blocks=32), hash_seed="s")
+    tier = set()
+    producer.add_cached_listener(lambda g, hashes, blocks: tier.update((g, h) for h in hashes))
+    serve(producer, "a", prompt(0, 17))
+    kv = KVCacheManager(config(FA(4), num_blocks=32), hash_seed="s", enable_events=True)
+    b = Request("b", prompt(0, 17))
+    hit = kv.lookup(b)
+    ext = kv.lookup_external(b, hit, lambda g, h: (g, h) in tier)
+    assert kv.allocate(b, 0, hit, external=ext) is not None
+    assert kv.take_events() == []
+    assert kv.commit_external(b, ext, ok=True) == 16
+    stored = [h for e in kv.take_events() if isinstance(e, BlockStored) for h in e.block_hashes]
+    assert sorted(stored) == sorted(h for g, j, h in ext.loads) and len(stored) == 4
