@@ -16,10 +16,14 @@ the docstrings from the documented contracts.
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 
-from hybridkv import KVCacheManager, Request
-from tests.core.helpers import FA, manager, run_prompt
+from hybridkv import (BlockRemoved, BlockStored, CacheHit, ExternalHit, KVCacheConfig,
+                      KVCacheGroup, KVCacheManager, Request, SpecDecode, StateSpec)
+from tests.core.helpers import FA, config, manager, run_prompt, serve
 
 
 def prompt(base: int, n: int) -> list[int]:
@@ -129,7 +133,6 @@ def test_integrity_rejects_a_ref_count_without_its_table_reference() -> None:
 # ---- __init__: bad arguments -------------------------------------------------------------------
 
 def _cfg(num_blocks: int = 16):
-    from tests.core.helpers import config
     return config(FA(4), num_blocks=num_blocks)
 
 
@@ -175,7 +178,6 @@ def test_smallest_valid_manager_arguments_are_accepted() -> None:
 
 def test_state_groups_refuse_other_eviction_policies_naming_the_valid_one() -> None:
     """__init__ 109–112 — the message's valid value ('lru') and the StateSpec name."""
-    from hybridkv import KVCacheConfig, KVCacheGroup, StateSpec
     cfg = KVCacheConfig((KVCacheGroup("a", FA(4), ("a",)),
                          KVCacheGroup("s", StateSpec(4, conv_shape=(1, 8), state_shape=(1, 8)), ("s",))),
                         num_blocks=16)
@@ -191,8 +193,6 @@ def test_default_manager_records_no_events_and_keeps_its_spec_decode() -> None:
     A 3-block pool (2 usable, bs 4) serves two different 8-token prompts: the second evicts
     the first's cached blocks. take_events stays empty without ``enable_events``; with it, the
     evictions are reported."""
-    from hybridkv import BlockRemoved, SpecDecode
-    from tests.core.helpers import config, serve
     for events in (False, True):
         kv = KVCacheManager(config(FA(4), num_blocks=3), vllm_compat=True,
                             **({"enable_events": True} if events else {}))
@@ -214,7 +214,6 @@ def test_a_step_without_new_blocks_returns_one_empty_list_per_group(num_groups) 
 
     Full groups (bs 4): after a 5-token prompt the second block has room for 3 more tokens,
     so the next decode step needs no block."""
-    from tests.core.helpers import config
     kv = KVCacheManager(config(*[FA(4)] * num_groups, num_blocks=32))
     r = Request("r", prompt(0, 5))
     assert kv.allocate(r, 5) is not None
@@ -279,8 +278,6 @@ def test_hits_that_do_not_belong_to_the_request_are_refused() -> None:
     names the values.
 
     "a" caches 12 tokens (3 blocks of bs 4). A 13-token request with that prefix hits 12."""
-    from hybridkv import CacheHit
-    from tests.core.helpers import config, serve
     kv = KVCacheManager(config(FA(4), num_blocks=32), vllm_compat=True)
     serve(kv, "a", prompt(0, 12))
     b = Request("b", prompt(0, 12) + [99])
@@ -304,22 +301,18 @@ def test_hits_that_do_not_belong_to_the_request_are_refused() -> None:
     assert kv.allocate(whole, 0, hit) == [[]]
     assert kv.block_ids(whole) == (list(hit.block_ids[0]),)
     kv.check_integrity()
-    r = _running(kv, "r")
     r2 = Request("q", prompt(0, 12) + [5])
     h2 = kv.lookup(r2)
     assert kv.allocate(r2, 1, h2) is not None
     with pytest.raises(ValueError, match=r"^request 'q' already holds blocks; a hit can only be "
                        r"adopted by its first allocate$"):
         kv.allocate(r2, 1, h2)
-    assert r is not None
 
 
 def test_external_must_come_with_its_own_hit() -> None:
     """allocate 67–74 — the ``external`` checks: not an ExternalHit, no hit, a hit of another
     length, a running request; the message names the request and the value. A matching
     external reserves every block up to its end (allocate 113: the external not passed on)."""
-    from hybridkv import ExternalHit
-    from tests.core.helpers import config, serve
     producer = KVCacheManager(config(FA(4), num_blocks=32), hash_seed="s")
     tier = set()
     producer.add_cached_listener(lambda g, hashes, blocks: tier.update((g, h) for h in hashes))
@@ -365,7 +358,6 @@ def test_full_sequence_reservation_is_checked_on_a_quiet_step() -> None:
     one more token stays inside its first block without filling it (a quiet step), but the
     whole sequence needs 3 more blocks and only 1 is free: refused (None), while the same
     step without the reservation succeeds with no new block."""
-    from tests.core.helpers import config
     kv = KVCacheManager(config(FA(4), num_blocks=5), vllm_compat=True)
     assert kv.allocate(Request("x", prompt(500, 8)), 8) is not None
     r = Request("r", prompt(0, 16))
@@ -384,7 +376,6 @@ def test_lookup_of_a_request_longer_than_max_model_len_is_capped() -> None:
 
     max_model_len 9: "a" (9 tokens) caches 2 blocks (8 tokens); a 12-token request with that
     prefix may hit at most 8 tokens: 8. max_model_len 8: at most 7 tokens: 4."""
-    from tests.core.helpers import config, serve
     for mml, expected in ((9, 8), (8, 4)):
         kv = KVCacheManager(config(FA(4), num_blocks=32), vllm_compat=True, max_model_len=mml)
         serve(kv, "a", prompt(0, mml))
@@ -395,8 +386,6 @@ def test_a_lookup_without_caching_is_an_empty_hit_for_this_request() -> None:
     """lookup 5–19 — caching off or a request that skips the cache: a hit of 0 tokens, one
     empty tuple per group, no junction (0), named after the request (so another request
     cannot adopt it), even when the prefix is cached."""
-    from hybridkv import CacheHit
-    from tests.core.helpers import config, serve
     for caching, skip in ((False, False), (True, True)):
         kv = KVCacheManager(config(FA(4), FA(4), num_blocks=32), enable_caching=caching)
         serve(kv, "a", prompt(0, 12))
@@ -420,7 +409,6 @@ def test_stats_count_every_admitted_request_once() -> None:
     "a" (12 tokens) caches 3 blocks; "b" (13 tokens, hit 12); "c" (5 other tokens, allocated
     without a lookup: hit None); "d" skips the cache; "e" (40 tokens) does not fit; "p1", "p2"
     are preempted requests with hits 12 and 8."""
-    from tests.core.helpers import config, serve
     kv = KVCacheManager(config(FA(4), num_blocks=12), vllm_compat=True)
     serve(kv, "a", prompt(0, 12))
     serve(kv, "b", prompt(0, 13))
@@ -449,9 +437,6 @@ def test_stats_count_every_admitted_request_once() -> None:
 def test_free_of_an_unknown_request_is_a_no_op_and_free_lets_the_request_go() -> None:
     """free 5 (an unknown id raised KeyError), 3 (the manager kept every freed Request alive:
     memory grew with every request served)."""
-    import gc
-    import weakref
-    from tests.core.helpers import config, serve
     kv = KVCacheManager(config(FA(4), num_blocks=16))
     kv.free(Request("never", prompt(0, 3)))
     r = serve(kv, "a", prompt(0, 9))
@@ -470,8 +455,6 @@ def test_lookahead_slots_stop_at_max_model_len() -> None:
 
     FA (bs 4), EAGLE k = 3, max_model_len 8: a 7-token prompt plus 3 lookahead slots would
     reach 10 tokens (3 blocks); capped at 8 it takes 2."""
-    from hybridkv import SpecDecode
-    from tests.core.helpers import config
     kv = KVCacheManager(config(FA(4), num_blocks=16), spec_decode=SpecDecode("eagle", 3),
                         max_model_len=8)
     assert [len(x) for x in kv.allocate(Request("r", prompt(0, 7)), 7)] == [2]
@@ -484,8 +467,6 @@ def test_full_sequence_reservation_counts_the_lookahead_slots() -> None:
     ceil((4 + 3) / 4) = 2 blocks now; its whole sequence, 8 + 3 = 11 tokens, needs 3 blocks,
     more than the pool: refused with the reservation (8 - 3 = 5 tokens would need only the 2
     it takes), allowed without it."""
-    from hybridkv import SpecDecode
-    from tests.core.helpers import config
     kv = KVCacheManager(config(FA(4), num_blocks=3), spec_decode=SpecDecode("eagle", 3))
     r = Request("r", prompt(0, 8))
     assert kv.allocate(r, 4, full_sequence_must_fit=True) is None
@@ -495,7 +476,6 @@ def test_full_sequence_reservation_counts_the_lookahead_slots() -> None:
 def _state_config(num_blocks: int):
     """Full attention (bs 4) and two state groups with the same spec (one lookup unit:
     siblings), each state taking one block id (48 B of state, 128 B pages)."""
-    from hybridkv import KVCacheConfig, KVCacheGroup, StateSpec
     st = StateSpec(4, conv_shape=(1, 8), state_shape=(1, 8))
     return KVCacheConfig((KVCacheGroup("a", FA(4), ("a",)), KVCacheGroup("s1", st, ("s1",)),
                           KVCacheGroup("s2", st, ("s2",))), num_blocks=num_blocks)
@@ -507,8 +487,6 @@ def test_evictions_of_a_state_config_are_reported() -> None:
 
     9 usable blocks; two different 9-token prompts: the second evicts cached blocks of the
     first, and every eviction is reported."""
-    from hybridkv import BlockRemoved
-    from tests.core.helpers import serve
     kv = KVCacheManager(_state_config(10), enable_events=True)
     serve(kv, "a", prompt(0, 9))
     serve(kv, "b", prompt(100, 9))
@@ -524,8 +502,6 @@ def test_sibling_state_checkpoints_are_evicted_together() -> None:
     9 usable blocks; an 8-token prompt caches checkpoints in both state groups; a 5-token
     prompt then evicts some: each state checkpoint hash removed from one group is removed
     from the other in the same step."""
-    from hybridkv import BlockRemoved
-    from tests.core.helpers import serve
     kv = KVCacheManager(_state_config(10), enable_events=True)
     serve(kv, "a", prompt(0, 8))
     kv.take_events()
@@ -543,8 +519,6 @@ def test_blocks_loaded_from_an_external_tier_are_reported_stored() -> None:
 
     A producer caches a 16-token prefix (4 blocks); a consumer with events loads all 4 from
     the tier: its BlockStored events name exactly the loaded hashes."""
-    from hybridkv import BlockStored
-    from tests.core.helpers import config, serve
     producer = KVCacheManager(config(FA(4), num_blocks=32), hash_seed="s")
     tier = set()
     producer.add_cached_listener(lambda g, hashes, blocks: tier.update((g, h) for h in hashes))
