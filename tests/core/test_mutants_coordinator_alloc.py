@@ -48,3 +48,45 @@ def test_a_state_request_freed_after_its_first_tokens_serves_them(computed, hit_
     kv.check_integrity()
     q = Request("q", P[:computed] + prompt(500, 5))
     assert kv.lookup(q).num_tokens == hit_after
+
+
+# ---- plan: a running request ------------------------------------------------------------------
+
+def test_a_running_request_given_its_empty_hit_again_grows_as_without_it() -> None:
+    """coordinator: plan — the hit's tokens are added to the computed count
+    (``computed += hit.num_tokens``; ``=`` would restart a running request at 0 tokens).
+
+    A running request may be passed an empty hit (the manager refuses only a non-empty one).
+    Full (bs 4), nothing cached: r's lookup hits 0. Allocated 8 tokens (2 blocks) and
+    computed, its next 4 tokens with that empty hit need a third block, exactly as without
+    it (slots 12 → 3 blocks)."""
+    kv = KVCacheManager(config(FA(4), num_blocks=10))
+    r = Request("r", prompt(100, 12))
+    hit = kv.lookup(r)
+    assert hit.num_tokens == 0
+    assert kv.allocate(r, 8, hit) is not None
+    r.num_computed_tokens = 8
+    got = kv.allocate(r, 4, hit)
+    assert got is not None and len(got[0]) == 1
+    assert len(kv.block_ids(r)[0]) == 3
+    kv.check_integrity()
+
+
+def test_the_blocks_two_windows_release_in_one_step_are_all_available() -> None:
+    """coordinator: plan — ``freed_total += freed`` summed over the groups (``=`` keeps only
+    the last group's): the blocks every window releases before the step's new blocks are
+    popped count as available.
+
+    Two sliding groups (bs 4, W 5), dense retention (no hold), 4 usable blocks. r (20 tokens)
+    takes 2 blocks per group for its first 8 tokens: the pool is empty. At 8 computed each
+    window skips 8 - 5 + 1 = 4 tokens, so each group releases block 0 (last reference) and
+    needs 1 new block for tokens 8..11: 2 needed, 0 free + 2 released available → it fits."""
+    kv = KVCacheManager(config(SWA(4, 5), SWA(4, 5), num_blocks=5), retention_interval=None)
+    r = Request("r", prompt(100, 20))
+    assert kv.allocate(r, 8, kv.lookup(r)) is not None
+    r.num_computed_tokens = 8
+    assert kv.num_free_blocks == 0
+    got = kv.allocate(r, 4)
+    assert got is not None and [len(g) for g in got] == [1, 1]
+    assert [t[0] for t in kv.block_ids(r)] == [0, 0]
+    kv.check_integrity()
