@@ -90,3 +90,28 @@ def test_the_blocks_two_windows_release_in_one_step_are_all_available() -> None:
     assert got is not None and [len(g) for g in got] == [1, 1]
     assert [t[0] for t in kv.block_ids(r)] == [0, 0]
     kv.check_integrity()
+
+
+@pytest.mark.parametrize("num_blocks, fits", [(5, True), (4, False)])
+def test_compat_admission_of_a_sliding_request_counts_the_free_blocks_before_the_release(
+        num_blocks, fits) -> None:
+    """coordinator: plan — compat reservation ``want + freed_total - needed``: vLLM 0.33's
+    full-sequence count must fit the free blocks as they are before the window frees (its
+    ``get_num_blocks_to_allocate`` runs before ``remove_skipped_blocks`` frees them);
+    ``want - freed_total`` would let the blocks the step releases count twice.
+
+    Compat, one sliding group (bs 4, W 5): no hold. r (16 tokens) holds 2 blocks after 8
+    tokens; num_blocks - 3 are free. Its next 4 tokens with the reservation: the window
+    skips 8 - 5 + 1 = 4 tokens (block 0 released, last reference), 1 new block. vLLM's
+    count: cdiv(16, 4) - 2 table entries = 2 must be free before the release: fits with 2
+    free, not with 1 (then, as in vLLM, block 0 is still released)."""
+    kv = KVCacheManager(config(SWA(4, 5), num_blocks=num_blocks), vllm_compat=True)
+    r = Request("r", prompt(100, 16))
+    assert kv.allocate(r, 8, kv.lookup(r)) is not None
+    r.num_computed_tokens = 8
+    assert kv.num_free_blocks == num_blocks - 3
+    got = kv.allocate(r, 4, full_sequence_must_fit=True)
+    assert (got is not None) == fits
+    table = kv.block_ids(r)[0]
+    assert len(table) == (3 if fits else 2) and table[0] == 0
+    kv.check_integrity()
