@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from hybridkv import KVCacheManager, Request, StateSpec
+from hybridkv import BlockStored, KVCacheManager, Request, SpecDecode, StateSpec
 from tests.core.helpers import FA, SWA, config
 
 STATE1 = StateSpec(block_size=1, conv_shape=(1, 4), conv_dtype="float32", state_shape=(2, 2),
@@ -114,4 +114,97 @@ def test_compat_admission_of_a_sliding_request_counts_the_free_blocks_before_the
     assert (got is not None) == fits
     table = kv.block_ids(r)[0]
     assert len(table) == (3 if fits else 2) and table[0] == 0
+    kv.check_integrity()
+
+
+# ---- commit: adopting a hit ---------------------------------------------------------------------
+
+def test_compat_eagle_request_caches_its_copy_of_the_dropped_hit_block_once_full() -> None:
+    """coordinator: commit — in compat mode a new request adopting a hit starts its write path
+    at ``hit - cache_delay`` (``done_t``): EAGLE dropped the hit's last matched block, so the
+    request's own copy of it is cached, as in vLLM, in the step that fills it (``hit +
+    delay`` or ``hit`` would wait for one more block).
+
+    Compat, one full group (bs 4), EAGLE-3 without hash lookahead (a proof group: delay 4).
+    "a" (13 tokens) caches blocks 0-2. "b" shares a's first 8 tokens (10 tokens): the match
+    is 8, EAGLE drops its last block, the hit is 4. b computes tokens 4..9: its block 1
+    (tokens 4..7) is full, so vLLM caches it now (2 full blocks of 10 tokens): one
+    BlockStored with a's tokens 4..7."""
+    kv = KVCacheManager(config(FA(4), num_blocks=20), vllm_compat=True, enable_events=True,
+                        spec_decode=SpecDecode("eagle3", 3, hash_lookahead=False))
+    A = prompt(100, 13)
+    a = Request("a", A)
+    assert kv.allocate(a, 13, kv.lookup(a)) is not None
+    a.num_computed_tokens = 13
+    kv.take_events()
+    b = Request("b", A[:8] + [500, 501])
+    hit = kv.lookup(b)
+    assert hit.num_tokens == 4
+    assert kv.allocate(b, 6, hit) is not None
+    stored = [list(e.token_ids) for e in kv.take_events() if isinstance(e, BlockStored)]
+    assert stored == [A[4:8]]
+    kv.check_integrity()
+
+
+# ---- allocate: every state change moves the epoch on --------------------------------------------
+
+def test_a_hit_made_before_cache_only_steps_and_an_eviction_is_refused() -> None:
+    """coordinator: allocate — the cache-only fast path (a step that completes a block the
+    table already holds) bumps the epoch (``+= 1``; ``= 1`` or ``-= 1`` brings it back to
+    the epoch of an old hit, which is then adopted unverified).
+
+    Full (bs 4), 4 usable blocks. "a" (5 tokens) caches block 0; q's lookup (a's prompt)
+    hits 4 then (1 commit so far). a is freed; r (16 tokens) is admitted with 4 tokens and 12
+    lookahead slots (4 blocks: a's block 0 is evicted), steps 1 token (slow path), then 3, 4
+    and 4 tokens, each completing a block its table already holds (cache-only steps). q's
+    old hit must be refused: its block holds r's tokens now."""
+    kv = KVCacheManager(config(FA(4), num_blocks=5))
+    a = Request("a", prompt(100, 5))
+    assert kv.allocate(a, 5, kv.lookup(a)) is not None
+    a.num_computed_tokens = 5
+    q = Request("q", prompt(100, 5))
+    hit = kv.lookup(q)
+    assert hit.num_tokens == 4
+    kv.free(a)
+    r = Request("r", prompt(300, 16))
+    assert kv.allocate(r, 4, kv.lookup(r), num_lookahead_tokens=12) is not None
+    r.num_computed_tokens = 4
+    assert kv.stats().evictions == 1
+    for n in (1, 3, 4, 4):
+        assert kv.allocate(r, n, num_lookahead_tokens=0) == [[]]
+        r.num_computed_tokens += n
+    with pytest.raises(ValueError, match="no longer holds"):
+        kv.allocate(q, 1, hit)
+    kv.check_integrity()
+
+
+def test_a_hit_made_before_a_failed_compat_step_that_releases_is_refused() -> None:
+    """coordinator: allocate — a failed compat allocation that still frees the blocks that
+    left the window (vLLM frees them before its capacity check) bumps the epoch (``+= 1``;
+    ``= 1`` or ``-= 1`` brings it back to the epoch of an old hit, adopted unverified).
+
+    Compat, one sliding group (bs 4, W 5), 3 usable blocks. "a" (5 tokens) caches block 0;
+    q1 looks it up (hit 4) before a is freed, q2 after. r (20 tokens) is admitted with 12
+    tokens (3 blocks: a's block 0 is evicted); its next 4 tokens with the full-sequence
+    reservation fail (vLLM's count: cdiv(20, 4) - 3 = 2 > 0 free) but release blocks 0 and 1
+    (the window skips 12 - 5 + 1 = 8 tokens). Both old hits must be refused."""
+    kv = KVCacheManager(config(SWA(4, 5), num_blocks=4), vllm_compat=True)
+    a = Request("a", prompt(100, 5))
+    assert kv.allocate(a, 5, kv.lookup(a)) is not None
+    a.num_computed_tokens = 5
+    q1 = Request("q1", prompt(100, 5))
+    hit1 = kv.lookup(q1)
+    kv.free(a)
+    q2 = Request("q2", prompt(100, 5))
+    hit2 = kv.lookup(q2)
+    assert hit1.num_tokens == hit2.num_tokens == 4
+    r = Request("r", prompt(300, 20))
+    assert kv.allocate(r, 12, kv.lookup(r)) is not None
+    r.num_computed_tokens = 12
+    assert kv.stats().evictions == 1
+    assert kv.allocate(r, 4, full_sequence_must_fit=True) is None
+    assert kv.block_ids(r)[0][:2] == [0, 0]
+    for q, hit in ((q1, hit1), (q2, hit2)):
+        with pytest.raises(ValueError, match="no longer holds"):
+            kv.allocate(q, 1, hit)
     kv.check_integrity()
