@@ -16,6 +16,8 @@ from tests.core.helpers import FA, SWA, config
 
 STATE1 = StateSpec(block_size=1, conv_shape=(1, 4), conv_dtype="float32", state_shape=(2, 2),
                    state_dtype="float32")
+ST_K2 = StateSpec(block_size=4, conv_shape=(1, 4), conv_dtype="float32", state_shape=(4, 8),
+                  state_dtype="float32")     # 144 B over 64-byte pages: extents of 2 block ids
 STATE4 = StateSpec(block_size=4, conv_shape=(1, 4), conv_dtype="float32", state_shape=(2, 2),
                    state_dtype="float32")
 
@@ -207,4 +209,67 @@ def test_a_hit_made_before_a_failed_compat_step_that_releases_is_refused() -> No
     for q, hit in ((q1, hit1), (q2, hit2)):
         with pytest.raises(ValueError, match="no longer holds"):
             kv.allocate(q, 1, hit)
+    kv.check_integrity()
+
+
+def test_the_slots_of_a_step_are_capped_at_max_model_len() -> None:
+    """coordinator: plan — ``slots`` (scheduled tokens + lookahead slots) capped at
+    max_model_len (``slots = len_cap``; ``None`` crashes): the table never covers a position
+    past the model's length.
+
+    Full (bs 4), EAGLE with 2 speculative tokens (2 lookahead slots), max_model_len 20. A
+    20-token prompt allocated at once: min(20 + 2, 20) = 20 slots, 5 blocks (not 6)."""
+    kv = KVCacheManager(config(FA(4), num_blocks=30), spec_decode=SpecDecode("eagle", 2),
+                        max_model_len=20)
+    r = Request("r", prompt(100, 20))
+    got = kv.allocate(r, 20, kv.lookup(r))
+    assert got is not None and len(got[0]) == 5
+    kv.check_integrity()
+
+
+# ---- state groups: the commit's extents -----------------------------------------------------------
+
+def test_a_new_state_request_gets_its_live_extent_and_checkpoint_heads() -> None:
+    """coordinator: _commit_states — the new extents' heads are returned per state group (the
+    live extent's head, then one per export; ``None`` instead of a head).
+
+    Full (bs 4) + state (a = 4, extents of 2 ids), retention N = 8. r's first 8 tokens: 2
+    full blocks, and for the state group its live extent and the checkpoint at 8: the
+    allocation returns their heads, the ones ``state_blocks`` reports."""
+    kv = KVCacheManager(config(FA(4), ST_K2, num_blocks=100), retention_interval=8)
+    r = Request("r", prompt(100, 40))
+    got = kv.allocate(r, 8, kv.lookup(r))
+    assert got is not None and len(got[0]) == 2
+    (sb,) = kv.state_blocks(r)
+    assert [e.position for e in sb.exports] == [8]
+    assert got[1] == [sb.live[0], sb.exports[0].blocks[0]]
+    kv.check_integrity()
+
+
+def test_the_hit_checkpoint_leaves_the_table_once_below_the_hold() -> None:
+    """coordinator: _commit_states — the adopted hit's checkpoint is held at table entry
+    ``e - 1`` (e = hit // a), so it is released like the request's own checkpoints once the
+    request has moved a hold past it (``e + 1`` / ``e - 2``: it would stay until free).
+
+    Full (bs 4) + state (a = 4, k = 2), retention N = 8, default mode (hold 4). "a" (40
+    tokens, computed in steps of 8) leaves checkpoints at 8, 16, 24, 32. "b" shares a's first
+    17 tokens: hit 16 (checkpoint 16, entry 3). b computes 4 tokens (16..20), then at 20
+    computed 20 - 4 = 16 tokens are skipped: entry 3 leaves the table in b's next step."""
+    kv = KVCacheManager(config(FA(4), ST_K2, num_blocks=200), retention_interval=8)
+    A = prompt(100, 40)
+    a = Request("a", A)
+    hit = kv.lookup(a)
+    for i in range(5):
+        assert kv.allocate(a, 8, hit if i == 0 else None) is not None
+        a.num_computed_tokens += 8
+    kv.free(a)
+    b = Request("b", A[:17] + prompt(500, 15))
+    hit = kv.lookup(b)
+    assert hit.num_tokens == 16
+    assert kv.allocate(b, 4, hit) is not None
+    b.num_computed_tokens = 20
+    assert kv.block_ids(b)[1][3] != 0
+    assert kv.allocate(b, 4) is not None
+    b.num_computed_tokens = 24
+    assert kv.block_ids(b)[1][3] == 0
     kv.check_integrity()
