@@ -273,3 +273,78 @@ def test_the_hit_checkpoint_leaves_the_table_once_below_the_hold() -> None:
     b.num_computed_tokens = 24
     assert kv.block_ids(b)[1][3] == 0
     kv.check_integrity()
+
+
+def test_a_new_request_allocated_without_a_lookup() -> None:
+    """coordinator: allocate / commit / plan — a new request with no hit and no lookup before
+    (no memo entry to drop, no hit to verify, no fast path): 3 blocks for 9 tokens, the full
+    blocks cached (a later lookup of the same prompt hits 8)."""
+    kv = KVCacheManager(config(FA(4), num_blocks=10))
+    r = Request("r", prompt(100, 9))
+    got = kv.allocate(r, 9)
+    assert got is not None and len(got[0]) == 3
+    r.num_computed_tokens = 9
+    assert kv.lookup(Request("q", prompt(100, 9))).num_tokens == 8
+    kv.check_integrity()
+
+
+def test_a_reservation_is_checked_even_when_the_step_needs_no_new_block() -> None:
+    """coordinator: allocate — the cache-only fast path is taken only without a reservation
+    (``not reserve_tokens``): a step whose blocks the table already holds must still refuse
+    a full sequence that cannot fit.
+
+    Full (bs 4), 4 usable blocks. r (40 tokens) is admitted with 4 tokens + 4 lookahead
+    slots (2 blocks), steps 1 token (slow path). Its next token fits its table, but the full
+    sequence needs cdiv(40, 4) = 10 blocks: 2 held + 2 free < 10, refused; without the
+    reservation the step succeeds with no new block."""
+    kv = KVCacheManager(config(FA(4), num_blocks=5))
+    r = Request("r", prompt(100, 40))
+    assert kv.allocate(r, 4, kv.lookup(r), num_lookahead_tokens=4) is not None
+    r.num_computed_tokens = 4
+    assert kv.allocate(r, 1, num_lookahead_tokens=0) == [[]]
+    r.num_computed_tokens = 5
+    assert kv.allocate(r, 1, num_lookahead_tokens=0, full_sequence_must_fit=True) is None
+    assert kv.allocate(r, 1, num_lookahead_tokens=0) == [[]]
+    kv.check_integrity()
+
+
+def test_a_failed_default_mode_step_changes_nothing_even_when_the_window_slides() -> None:
+    """coordinator: allocate — only compat mode frees the blocks that left the window when an
+    allocation fails (vLLM's order); in default mode a failed allocation changes nothing
+    (``and`` → ``or`` would release them in default mode too).
+
+    One sliding group (bs 4, W 5), dense retention (no hold), 3 usable blocks. r (16 tokens)
+    holds 2 blocks after 8 tokens (1 free). Its next 4 tokens with the full-sequence
+    reservation: block 0 leaves the window, 1 new block, and the peak is min(cdiv(16, 4),
+    cdiv(5, 4) + 2) = 4 blocks, 2 held after the step: 1 + 2 reserved > 1 free + 1 released.
+    Refused, r keeps block 0 and the free count is unchanged."""
+    kv = KVCacheManager(config(SWA(4, 5), num_blocks=4), retention_interval=None)
+    r = Request("r", prompt(100, 16))
+    assert kv.allocate(r, 8, kv.lookup(r)) is not None
+    r.num_computed_tokens = 8
+    before = kv.block_ids(r)
+    assert kv.num_free_blocks == 1 and before[0][0] != 0
+    assert kv.allocate(r, 4, full_sequence_must_fit=True) is None
+    assert kv.block_ids(r) == before and kv.num_free_blocks == 1
+    kv.check_integrity()
+
+
+def test_a_compat_step_after_a_failed_one_that_released_blocks() -> None:
+    """coordinator: allocate — after a failed compat allocation that released the blocks
+    that left the window, the request's window threshold is reset (``slide_until = 0``:
+    the next step is planned, never answered from stale thresholds).
+
+    Compat, one sliding group (bs 4, W 5), 3 usable blocks. r (20 tokens) is admitted with
+    8 tokens + 4 lookahead slots (3 blocks). At 8 computed its next 4 tokens fit the table,
+    but the full sequence does not (vLLM's count cdiv(20, 4) - 3 = 2 > 0 free): refused,
+    block 0 (skipped 8 - 5 + 1 = 4 tokens) is released. The same step without the
+    reservation then succeeds with no new block."""
+    kv = KVCacheManager(config(SWA(4, 5), num_blocks=4), vllm_compat=True)
+    r = Request("r", prompt(100, 20))
+    assert kv.allocate(r, 8, kv.lookup(r), num_lookahead_tokens=4) is not None
+    r.num_computed_tokens = 8
+    assert kv.num_free_blocks == 0
+    assert kv.allocate(r, 4, num_lookahead_tokens=0, full_sequence_must_fit=True) is None
+    assert kv.block_ids(r)[0][0] == 0 and kv.num_free_blocks == 1
+    assert kv.allocate(r, 4, num_lookahead_tokens=0) == [[]]
+    kv.check_integrity()
