@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from hybridkv import BlockStored, KVCacheManager, Request, SpecDecode, StateSpec
+from hybridkv import BlockRemoved, BlockStored, KVCacheManager, Request, SpecDecode, StateSpec
 from tests.core.helpers import FA, SWA, config
 
 STATE1 = StateSpec(block_size=1, conv_shape=(1, 4), conv_dtype="float32", state_shape=(2, 2),
@@ -347,4 +347,66 @@ def test_a_compat_step_after_a_failed_one_that_released_blocks() -> None:
     assert kv.allocate(r, 4, num_lookahead_tokens=0, full_sequence_must_fit=True) is None
     assert kv.block_ids(r)[0][0] == 0 and kv.num_free_blocks == 1
     assert kv.allocate(r, 4, num_lookahead_tokens=0) == [[]]
+    kv.check_integrity()
+
+
+@pytest.mark.parametrize("num_blocks, fits", [(12, True), (11, False)])
+def test_a_new_state_request_counts_the_checkpoint_at_its_junction(num_blocks, fits) -> None:
+    """coordinator: _plan_states — a new request's exports are counted with its hit (its
+    junction is one of its promised ends; without the hit the plan misses that checkpoint
+    and the commit overdraws the pool).
+
+    Full (bs 4) + state (bs 4, extents of 1 id), retention N = 8. "a" (22 tokens, chunks 5,
+    5, 5, 7) leaves checkpoints at 8, 16 and 20 (its replay boundary), 10 ids in all, then
+    is freed; f (4 tokens: 1 full block + its live extent) takes 2 of the free ids. "b"
+    shares a's first 14 tokens: the full group serves 12, the state group 8, so the hit is
+    8 with junction 12. b's first 9 tokens (8..17) need 5 - 2 = 3 full blocks, the 3 free
+    hit blocks (touched), and for the state group the live extent and checkpoints 12 and 16:
+    9 ids. Free: num_blocks - 1 - 2, so 9 fit with 12 blocks, 8 do not."""
+    kv = KVCacheManager(config(FA(4), STATE4, num_blocks=num_blocks), retention_interval=8)
+    A = prompt(100, 22)
+    a = Request("a", A)
+    hit = kv.lookup(a)
+    for n in (5, 5, 5, 7):
+        assert kv.allocate(a, n, hit if a.num_computed_tokens == 0 else None) is not None
+        a.num_computed_tokens += n
+    kv.free(a)
+    f = Request("f", prompt(900, 4))
+    assert kv.allocate(f, 4, kv.lookup(f)) is not None
+    b = Request("b", A[:14] + prompt(500, 10))
+    hit = kv.lookup(b)
+    assert (hit.num_tokens, hit.shared_prefix_boundary) == (8, 12)
+    assert kv.num_free_blocks == num_blocks - 3
+    assert kv.export_positions(b, 9, hit) == [12, 16]
+    assert (kv.allocate(b, 9, hit) is not None) == fits
+    kv.check_integrity()
+
+
+def test_a_step_caches_its_pending_block_before_it_pops_and_evicts() -> None:
+    """coordinator: _release — a running request's commit first caches the ends its last step
+    left pending (``n >= quiet_until``: exactly at the threshold too), then pops the new
+    blocks (the commit's documented order; vLLM's ``update_from_output`` likewise caches a
+    spec-decode request's finished blocks before the next step allocates).
+
+    Full (bs 4), MTP (hash lookahead: a block's hash needs the token after it), 3 usable
+    blocks. "a" (5 tokens) is freed with block 0 cached. r (8 tokens, no lookahead slots)
+    takes the 2 other blocks; its block 1 cannot be hashed yet (token 8 unknown). With
+    token 8 appended, r's next token needs a third block: the commit stores block 1 (tokens
+    304..307), then the pop evicts a's cached block: events Stored, then Removed."""
+    kv = KVCacheManager(config(FA(4), num_blocks=4), spec_decode=SpecDecode("mtp", 1),
+                        enable_events=True)
+    a = Request("a", prompt(100, 5))
+    assert kv.allocate(a, 5, kv.lookup(a), num_lookahead_tokens=0) is not None
+    a.num_computed_tokens = 5
+    kv.free(a)
+    r = Request("r", prompt(300, 8))
+    assert kv.allocate(r, 8, kv.lookup(r), num_lookahead_tokens=0) is not None
+    r.num_computed_tokens = 8
+    assert kv.num_free_blocks == 1
+    kv.take_events()
+    r.append_tokens([400])
+    assert kv.allocate(r, 1, num_lookahead_tokens=0) is not None
+    events = kv.take_events()
+    assert [type(e) for e in events] == [BlockStored, BlockRemoved]
+    assert list(events[0].token_ids) == prompt(304, 4)
     kv.check_integrity()
