@@ -410,3 +410,26 @@ def test_a_step_caches_its_pending_block_before_it_pops_and_evicts() -> None:
     assert [type(e) for e in events] == [BlockStored, BlockRemoved]
     assert list(events[0].token_ids) == prompt(304, 4)
     kv.check_integrity()
+
+
+def test_the_decode_fast_path_stops_at_the_nearest_window_release() -> None:
+    """coordinator: _slide_until — the threshold below which no block leaves a window is the
+    smallest over all window groups (the first group's alone lets a quiet step skip the
+    second group's release).
+
+    Sliding (bs 4, W 16) + sliding (bs 4, W 7), dense retention (no hold). r (20 tokens) is
+    admitted with 9 tokens (3 blocks per group), steps to 10. At 10 computed the W 7 window
+    skips 10 - 7 + 1 = 4 tokens (its block 0 leaves) while the W 16 one skips none: the step
+    10 → 11 needs no block and caches nothing, but it must release group 1's block 0."""
+    kv = KVCacheManager(config(SWA(4, 16), SWA(4, 7), num_blocks=20), retention_interval=None)
+    r = Request("r", prompt(100, 20))
+    assert kv.allocate(r, 9, kv.lookup(r)) is not None
+    r.num_computed_tokens = 9
+    assert kv.allocate(r, 1) is not None
+    r.num_computed_tokens = 10
+    assert [t[0] != 0 for t in kv.block_ids(r)] == [True, True]
+    free = kv.num_free_blocks
+    assert kv.allocate(r, 1) == [[], []]
+    assert [t[0] != 0 for t in kv.block_ids(r)] == [True, False]
+    assert kv.num_free_blocks == free + 1
+    kv.check_integrity()
