@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from hybridkv import BlockRemoved, BlockStored, KVCacheManager, Request, SpecDecode, StateSpec
+from hybridkv import BlockRemoved, BlockStored, ChunkedLocal, KVCacheManager, Request, SpecDecode, StateSpec
 from tests.core.helpers import FA, SWA, config
 
 STATE1 = StateSpec(block_size=1, conv_shape=(1, 4), conv_dtype="float32", state_shape=(2, 2),
@@ -432,4 +432,33 @@ def test_the_decode_fast_path_stops_at_the_nearest_window_release() -> None:
     assert kv.allocate(r, 1) == [[], []]
     assert [t[0] != 0 for t in kv.block_ids(r)] == [True, False]
     assert kv.num_free_blocks == free + 1
+    kv.check_integrity()
+
+
+CHUNKED8 = ChunkedLocal(block_size=4, num_kv_heads=1, head_dim=8, chunk_size=8)
+
+
+@pytest.mark.parametrize("specs", [(FA(4), CHUNKED8), (FA(4), CHUNKED8, SWA(4, 32))],
+                         ids=["chunked", "chunked+sliding"])
+def test_the_decode_fast_path_threshold_counts_the_hold(specs) -> None:
+    """coordinator: _slide_until — each window's next release is computed with the hold (the
+    alignment unit a default-mode window keeps for the final-length promise); without it a
+    chunked window's threshold comes out too late and a quiet step skips the release (with
+    one window group or with several).
+
+    Full (bs 4) + chunked local (bs 4, chunk 8) [+ sliding (bs 4, W 32), which releases
+    nothing here],
+    default mode, retention 0: hold 4. r (30 tokens: promised ends 24 and 28 only) is
+    admitted with 10 tokens + 6 lookahead slots (4 blocks), then steps one token at a time.
+    The chunk [0, 8) leaves once 8 tokens lie below computed - hold, i.e. at 12 computed:
+    the step 12 → 13 must release blocks 0 and 1 (with the hold dropped, the next release
+    would be computed as 16)."""
+    kv = KVCacheManager(config(*specs, num_blocks=40))
+    r = Request("r", prompt(100, 30))
+    assert kv.allocate(r, 10, kv.lookup(r), num_lookahead_tokens=6) is not None
+    r.num_computed_tokens = 10
+    for computed, kept in ((10, True), (11, True), (12, False)):
+        assert kv.allocate(r, 1, num_lookahead_tokens=0) == [[]] * len(specs)
+        r.num_computed_tokens = computed + 1
+        assert (kv.block_ids(r)[1][:2] != [0, 0]) == kept
     kv.check_integrity()
