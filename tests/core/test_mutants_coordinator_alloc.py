@@ -462,3 +462,34 @@ def test_the_decode_fast_path_threshold_counts_the_hold(specs) -> None:
         r.num_computed_tokens = computed + 1
         assert (kv.block_ids(r)[1][:2] != [0, 0]) == kept
     kv.check_integrity()
+
+
+def test_a_default_mode_eagle_hit_end_is_not_cached_again() -> None:
+    """coordinator: commit — in default mode a new request adopting a hit of h tokens starts
+    its write path at ``done_t = h`` (the hit's end was processed by the request that cached
+    it); ``h - cache_delay`` or ``h - 1`` would cache the hit's end again, storing the
+    request's copy of its proof block one end early.
+
+    Default mode, one full group (bs 4), EAGLE-3 without hash lookahead (drop mode: an end t
+    is cached with the proof block after it, once t + 4 tokens are computed). "a" (17
+    tokens) caches 4 blocks. "b" shares a's first 13 tokens: the match is 12 and the hit 8
+    (its proof block 2 is cached). b's step to 12 stores nothing; its step to 16 reaches end
+    12 and stores blocks 2 and 3 (tokens 108..111 and 112, 500..502)."""
+    kv = KVCacheManager(config(FA(4), num_blocks=30), enable_events=True,
+                        spec_decode=SpecDecode("eagle3", 3, hash_lookahead=False))
+    A = prompt(100, 17)
+    a = Request("a", A)
+    assert kv.allocate(a, 17, kv.lookup(a), num_lookahead_tokens=0) is not None
+    a.num_computed_tokens = 17
+    b = Request("b", A[:13] + prompt(500, 7))
+    hit = kv.lookup(b)
+    assert hit.num_tokens == 8
+    kv.take_events()
+    assert kv.allocate(b, 4, hit, num_lookahead_tokens=0) is not None
+    b.num_computed_tokens = 12
+    assert kv.take_events() == []
+    assert kv.allocate(b, 4, num_lookahead_tokens=0) is not None
+    b.num_computed_tokens = 16
+    stored = [list(e.token_ids) for e in kv.take_events() if isinstance(e, BlockStored)]
+    assert stored == [A[8:13] + prompt(500, 3)]
+    kv.check_integrity()
