@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from hybridkv import BlockRemoved, BlockStored, ChunkedLocal, KVCacheManager, Request, SpecDecode, StateSpec
+from hybridkv.core.retention_config import RetentionConfig, TokenRange
 from tests.core.helpers import FA, SWA, config
 
 STATE1 = StateSpec(block_size=1, conv_shape=(1, 4), conv_dtype="float32", state_shape=(2, 2),
@@ -492,4 +493,35 @@ def test_a_default_mode_eagle_hit_end_is_not_cached_again() -> None:
     b.num_computed_tokens = 16
     stored = [list(e.token_ids) for e in kv.take_events() if isinstance(e, BlockStored)]
     assert stored == [A[8:13] + prompt(500, 3)]
+    kv.check_integrity()
+
+
+@pytest.mark.parametrize("priority, hits", [(100, (4, 0)), (0, (0, 4))])
+def test_a_block_leaving_the_window_keeps_its_retention_marks(priority, hits) -> None:
+    """coordinator: _release — a block that leaves the window of a request carrying a
+    retention config gets the request's marks before it is freed (the ``priority`` policy
+    then evicts by them); without them it would go in LRU order.
+
+    One sliding group (bs 4, W 5), dense retention (no hold), ``priority`` eviction, 4
+    usable blocks. r (16 tokens) marks tokens 0..3 with ``priority``; at 8 computed its
+    step to 12 releases block 0 (cached). y (4 tokens) is then served and freed (a cached
+    block, default priority, freed later). z needs one block with none fresh left: it
+    evicts y's block if r's block is pinned (100), else r's older, lower-priority one. A
+    lookup of r's first 4 tokens (+1) then hits 4 or 0, one of y's the other way round."""
+    kv = KVCacheManager(config(SWA(4, 5), num_blocks=5), eviction_policy="priority",
+                        retention_interval=None)
+    r = Request("r", prompt(100, 16), retention=RetentionConfig((TokenRange(0, 4, priority),)))
+    assert kv.allocate(r, 8, kv.lookup(r)) is not None
+    r.num_computed_tokens = 8
+    assert kv.allocate(r, 4) is not None
+    r.num_computed_tokens = 12
+    assert kv.block_ids(r)[0][0] == 0
+    y = Request("y", prompt(700, 4))
+    assert kv.allocate(y, 4, kv.lookup(y)) is not None
+    y.num_computed_tokens = 4
+    kv.free(y)
+    z = Request("z", prompt(900, 3))
+    assert kv.allocate(z, 3, kv.lookup(z)) is not None
+    assert (kv.lookup(Request("q", prompt(100, 5))).num_tokens,
+            kv.lookup(Request("q2", prompt(700, 5))).num_tokens) == hits
     kv.check_integrity()
