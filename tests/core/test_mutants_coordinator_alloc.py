@@ -525,3 +525,69 @@ def test_a_block_leaving_the_window_keeps_its_retention_marks(priority, hits) ->
     assert (kv.lookup(Request("q", prompt(100, 5))).num_tokens,
             kv.lookup(Request("q2", prompt(700, 5))).num_tokens) == hits
     kv.check_integrity()
+
+
+def test_a_decode_step_at_max_model_len_with_lookahead_slots() -> None:
+    """coordinator: allocate — the cache-only fast path caps the step's slots at
+    max_model_len too (``slots = len_cap``; ``None`` crashes the comparison).
+
+    Full (bs 4), EAGLE with 2 speculative tokens (2 lookahead slots), max_model_len 20. r
+    (18-token prompt) takes 5 blocks (min(18 + 2, 20) = 20 slots) and caches 16 tokens; its
+    next end (20) makes cache() wait until 20 tokens. The decode step to 19 is quiet; the
+    step to 20 reaches that threshold, so it goes through the coordinator's cache-only path:
+    no new block (20 + 2 slots capped at 20)."""
+    kv = KVCacheManager(config(FA(4), num_blocks=30), spec_decode=SpecDecode("eagle", 2),
+                        max_model_len=20)
+    r = Request("r", prompt(100, 18))
+    got = kv.allocate(r, 18, kv.lookup(r))
+    assert got is not None and len(got[0]) == 5
+    r.num_computed_tokens = 18
+    for t in (18, 19):
+        r.append_tokens([500 + t])
+        assert kv.allocate(r, 1) == [[]]
+        r.num_computed_tokens += 1
+    assert len(kv.block_ids(r)[0]) == 5
+    kv.check_integrity()
+
+
+@pytest.mark.parametrize("compat, retention, kept_at_12",
+                         [(True, 0, False), (False, 0, True), (False, None, True)])
+def test_only_default_mode_windows_keep_a_hold(compat, retention, kept_at_12) -> None:
+    """coordinator: __init__ — the hold (tokens a window keeps past its edge) is 0 in compat
+    mode, as in vLLM, even for a drafter's proof block; in default mode it is the proof
+    block (drop mode), and at least one alignment unit with sparse retention.
+
+    One sliding group (bs 4, W 5), EAGLE without hash lookahead (drop mode: the group
+    carries the proof; alignment 4). r (20 tokens) steps 8, 4, 4. At 8 computed vLLM skips
+    8 - 5 + 1 = 4 tokens (block 0 leaves at the step from 8); with a hold of 4 the skip
+    reaches 4 tokens at 12 computed (block 0 leaves at the step from 12)."""
+    kv = KVCacheManager(config(SWA(4, 5), num_blocks=30), vllm_compat=compat,
+                        retention_interval=retention,
+                        spec_decode=SpecDecode("eagle", 1, hash_lookahead=False))
+    r = Request("r", prompt(100, 20))
+    assert kv.allocate(r, 8, kv.lookup(r), num_lookahead_tokens=0) is not None
+    r.num_computed_tokens = 8
+    assert kv.allocate(r, 4, num_lookahead_tokens=0) is not None
+    r.num_computed_tokens = 12
+    assert (kv.block_ids(r)[0][0] != 0) == kept_at_12
+    assert kv.allocate(r, 4, num_lookahead_tokens=0) is not None
+    r.num_computed_tokens = 16
+    assert kv.block_ids(r)[0][0] == 0
+    kv.check_integrity()
+
+
+def test_a_full_group_caches_every_block_whatever_the_window_retention() -> None:
+    """coordinator: __init__ — a downward-closed (full-attention) group uses the dense write
+    path (every aligned end) even with sparse retention (``retention.dense or
+    downward_closed``; ``and`` would cache only the promised ends).
+
+    Full (bs 4), retention 0 (promised ends: the replay boundaries only, 12 and 8 for a
+    13-token prompt). "a" (13 tokens) is served: every full block is cached, so a request
+    sharing a's first 5 tokens hits 4."""
+    kv = KVCacheManager(config(FA(4), num_blocks=30), retention_interval=0)
+    a = Request("a", prompt(100, 13))
+    assert kv.allocate(a, 13, kv.lookup(a)) is not None
+    a.num_computed_tokens = 13
+    kv.free(a)
+    assert kv.lookup(Request("b", prompt(100, 5) + [1, 2])).num_tokens == 4
+    kv.check_integrity()
