@@ -591,3 +591,23 @@ def test_a_full_group_caches_every_block_whatever_the_window_retention() -> None
     kv.free(a)
     assert kv.lookup(Request("b", prompt(100, 5) + [1, 2])).num_tokens == 4
     kv.check_integrity()
+
+
+def test_compat_sliding_group_caches_each_reachable_block_when_it_fills() -> None:
+    """coordinator: __init__ — in compat mode with sparse retention a window group writes
+    vLLM's per-block mask (``masked``: compat, not dense, a window), so each block a
+    promised end will read is cached in the step that fills it, not when the end is reached.
+
+    Compat, one sliding group (bs 4, W 8), retention 0: r (13 tokens) has the replay
+    boundary 12, whose window run is blocks 1 and 2 (cdiv(7, 4) = 2 blocks before 12). Its
+    first 8 tokens fill blocks 0 and 1: vLLM's mask caches block 1 now (tokens 104..107);
+    the next 4 fill block 2 (tokens 108..111)."""
+    kv = KVCacheManager(config(SWA(4, 8), num_blocks=30), vllm_compat=True, retention_interval=0,
+                        enable_events=True)
+    r = Request("r", prompt(100, 13))
+    want = [[prompt(104, 4)], [prompt(108, 4)]]
+    for i, n in enumerate((8, 4)):
+        assert kv.allocate(r, n, kv.lookup(r) if i == 0 else None) is not None
+        r.num_computed_tokens += n
+        assert [list(e.token_ids) for e in kv.take_events() if isinstance(e, BlockStored)] == want[i]
+    kv.check_integrity()
