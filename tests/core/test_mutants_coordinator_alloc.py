@@ -611,3 +611,21 @@ def test_compat_sliding_group_caches_each_reachable_block_when_it_fills() -> Non
         r.num_computed_tokens += n
         assert [list(e.token_ids) for e in kv.take_events() if isinstance(e, BlockStored)] == want[i]
     kv.check_integrity()
+
+
+def test_an_external_load_commits_without_an_event_listener() -> None:
+    """coordinator: __init__ — ``on_adopted`` is None until the manager enables events (a
+    placeholder other than None would be called when a load is committed and crash).
+
+    Full (bs 4), events disabled. A tier holds every block hash; q (9 tokens, nothing local)
+    loads 8 tokens (2 blocks) and commits the load: the loaded blocks are cached, so another
+    request with the same prompt then hits 8 locally."""
+    kv = KVCacheManager(config(FA(4), num_blocks=20))
+    q = Request("q", prompt(100, 9))
+    hit = kv.lookup(q)
+    ext = kv.lookup_external(q, hit, lambda g, h: True)
+    assert ext is not None and ext.num_tokens == 8
+    assert kv.allocate(q, 0, hit, external=ext) is not None
+    kv.commit_external(q, ext, True)
+    assert kv.lookup(Request("p", prompt(100, 9))).num_tokens == 8
+    kv.check_integrity()
