@@ -629,3 +629,21 @@ def test_an_external_load_commits_without_an_event_listener() -> None:
     kv.commit_external(q, ext, True)
     assert kv.lookup(Request("p", prompt(100, 9))).num_tokens == 8
     kv.check_integrity()
+
+
+def test_compat_hybrid_caches_each_group_up_to_the_aligned_prefix() -> None:
+    """coordinator: __init__ — compat mode with two or more groups uses vLLM's hybrid
+    coordinator limit (``get_num_cacheable_tokens``: a group caches only up to align(n),
+    the alignment being the groups' LCM block size); one group alone caches all n.
+
+    Compat, full (bs 4) + sliding (bs 8, W 16): alignment 8. r's first 12 tokens: align(12)
+    = 8, so each group stores its blocks for tokens 0..7 only (the full group's block 2,
+    tokens 8..11, waits for the next aligned prefix)."""
+    kv = KVCacheManager(config(FA(4), SWA(8, 16), num_blocks=30), vllm_compat=True,
+                        enable_events=True)
+    r = Request("r", prompt(100, 20))
+    assert kv.allocate(r, 12, kv.lookup(r)) is not None
+    stored = [(e.group_idx, list(e.token_ids)) for e in kv.take_events()
+              if isinstance(e, BlockStored)]
+    assert stored == [(0, prompt(100, 8)), (1, prompt(100, 8))]
+    kv.check_integrity()
