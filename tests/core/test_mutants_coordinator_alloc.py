@@ -647,3 +647,25 @@ def test_compat_hybrid_caches_each_group_up_to_the_aligned_prefix() -> None:
               if isinstance(e, BlockStored)]
     assert stored == [(0, prompt(100, 8)), (1, prompt(100, 8))]
     kv.check_integrity()
+
+
+def test_a_decode_step_whose_lookahead_slots_need_a_block_is_not_quiet() -> None:
+    """coordinator: step_is_quiet — the fast path's slot count includes the lookahead slots
+    (``computed + new + lookahead``): a step whose draft slots cross into a block the table
+    lacks must allocate it.
+
+    Full (bs 4), EAGLE with 2 speculative tokens (2 lookahead slots). r (5-token prompt)
+    takes 2 blocks (7 slots) and steps to 6 (no new block). The step 6 → 7 needs 7 + 2 = 9
+    slots: a third block."""
+    kv = KVCacheManager(config(FA(4), num_blocks=20), spec_decode=SpecDecode("eagle", 2))
+    r = Request("r", prompt(100, 5))
+    assert kv.allocate(r, 5, kv.lookup(r)) is not None
+    r.num_computed_tokens = 5
+    r.append_tokens([7])
+    assert kv.allocate(r, 1) == [[]]
+    r.num_computed_tokens = 6
+    r.append_tokens([8])
+    got = kv.allocate(r, 1)
+    assert got is not None and len(got[0]) == 1
+    assert len(kv.block_ids(r)[0]) == 3
+    kv.check_integrity()
