@@ -669,3 +669,32 @@ def test_a_decode_step_whose_lookahead_slots_need_a_block_is_not_quiet() -> None
     assert got is not None and len(got[0]) == 1
     assert len(kv.block_ids(r)[0]) == 3
     kv.check_integrity()
+
+
+def test_compat_eagle_groups_are_not_clamped_to_the_aligned_prefix() -> None:
+    """coordinator: __init__ — in compat mode vLLM's hybrid limit clamps only the groups
+    without proof to align(n); an EAGLE group caches up to min(n, align(n) + block_size)
+    (``aligned_limit = hybrid and not proof``; clamping the EAGLE groups too would make the
+    decode fast path wait for the next aligned prefix).
+
+    Compat, full (bs 4) + full (bs 8), EAGLE-3 without hash lookahead (both groups carry
+    the proof: an end is cached with the block after it). Alignment 8. r (5-token prompt)
+    decodes one token at a time to 16. Group 0 caches up to min(n, align(n) + 4) tokens:
+    at 8 its blocks 0-1 (end 4 and its proof block), at 12 block 2, at 16 block 3; group 1
+    (bs 8) caches blocks 0-1 at 16."""
+    kv = KVCacheManager(config(FA(4), FA(8), num_blocks=40), vllm_compat=True,
+                        enable_events=True,
+                        spec_decode=SpecDecode("eagle3", 3, hash_lookahead=False))
+    r = Request("r", prompt(100, 5))
+    assert kv.allocate(r, 5, kv.lookup(r), num_lookahead_tokens=0) is not None
+    r.num_computed_tokens = 5
+    stored = {}
+    for t in range(5, 16):
+        r.append_tokens([200 + t])
+        assert kv.allocate(r, 1, num_lookahead_tokens=0) is not None
+        r.num_computed_tokens += 1
+        ev = [(e.group_idx, len(e.token_ids)) for e in kv.take_events() if isinstance(e, BlockStored)]
+        if ev:
+            stored[r.num_computed_tokens] = ev
+    assert stored == {8: [(0, 8)], 12: [(0, 4)], 16: [(0, 4), (1, 16)]}
+    kv.check_integrity()
