@@ -698,3 +698,16 @@ def test_compat_eagle_groups_are_not_clamped_to_the_aligned_prefix() -> None:
             stored[r.num_computed_tokens] = ev
     assert stored == {8: [(0, 8)], 12: [(0, 4)], 16: [(0, 4), (1, 16)]}
     kv.check_integrity()
+
+
+def test_an_empty_cache_reports_no_junction_whatever_the_group_order() -> None:
+    """coordinator: __init__ — lookup units are ordered full attention first (``sorted`` by
+    ``not downward_closed``): a chunked group alone answers a chunk boundary from an empty
+    cache (it needs no block before a boundary), which must not become a junction.
+
+    Chunked local (bs 4, chunk 12) listed before full attention (bs 4), nothing cached: a
+    30-token request hits 0 with no shared-prefix boundary (nothing is cached anywhere)."""
+    chunked = ChunkedLocal(block_size=4, num_kv_heads=1, head_dim=8, chunk_size=12)
+    kv = KVCacheManager(config(chunked, FA(4), num_blocks=40))
+    hit = kv.lookup(Request("r", prompt(100, 30)))
+    assert (hit.num_tokens, hit.shared_prefix_boundary) == (0, 0)
