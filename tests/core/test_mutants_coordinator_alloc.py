@@ -711,3 +711,34 @@ def test_an_empty_cache_reports_no_junction_whatever_the_group_order() -> None:
     kv = KVCacheManager(config(chunked, FA(4), num_blocks=40))
     hit = kv.lookup(Request("r", prompt(100, 30)))
     assert (hit.num_tokens, hit.shared_prefix_boundary) == (0, 0)
+
+
+def test_the_first_step_after_admission_releases_the_hit_checkpoint() -> None:
+    """coordinator: commit — only a running request's commit sets its window threshold
+    (``slide_until``); a new request keeps 0, so its next step is planned (with the
+    threshold set at admission, a quiet step would keep the adopted checkpoint).
+
+    Full (bs 4) + state (bs 4, extents of 1 id), dense retention (no hold): a state group
+    keeps only the checkpoint its live state starts from. "a" (21 tokens, steps 8, 8, 5) is
+    freed; "b" shares a's first 17 tokens: hit 16 (checkpoint 16, entry 3). b computes 1
+    token (to 17); its next token needs no block and caches nothing, but at 17 computed the
+    checkpoint at 16 is no longer needed: that step releases it (table entry 3 null, one
+    more free block)."""
+    kv = KVCacheManager(config(FA(4), STATE4, num_blocks=60), retention_interval=None)
+    A = prompt(100, 21)
+    a = Request("a", A)
+    hit = kv.lookup(a)
+    for i, n in enumerate((8, 8, 5)):
+        assert kv.allocate(a, n, hit if i == 0 else None) is not None
+        a.num_computed_tokens += n
+    kv.free(a)
+    b = Request("b", A[:17] + prompt(500, 10))
+    hit = kv.lookup(b)
+    assert hit.num_tokens == 16
+    assert kv.allocate(b, 1, hit) is not None
+    b.num_computed_tokens = 17
+    assert kv.block_ids(b)[1][3] != 0
+    free = kv.num_free_blocks
+    assert kv.allocate(b, 1) == [[], []]
+    assert kv.block_ids(b)[1][3] == 0 and kv.num_free_blocks == free + 1
+    kv.check_integrity()
