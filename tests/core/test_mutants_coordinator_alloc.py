@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from hybridkv import BlockRemoved, BlockStored, ChunkedLocal, KVCacheManager, Request, SpecDecode, StateSpec
+from hybridkv import BlockRemoved, BlockStored, CacheHit, ChunkedLocal, KVCacheManager, Request, SpecDecode, StateSpec
 from hybridkv.core.retention_config import RetentionConfig, TokenRange
 from tests.core.helpers import FA, SWA, config
 
@@ -741,4 +741,30 @@ def test_the_first_step_after_admission_releases_the_hit_checkpoint() -> None:
     free = kv.num_free_blocks
     assert kv.allocate(b, 1) == [[], []]
     assert kv.block_ids(b)[1][3] == 0 and kv.num_free_blocks == free + 1
+    kv.check_integrity()
+
+
+def test_the_free_hit_blocks_are_counted_for_the_hit_given() -> None:
+    """coordinator: _evictable_counts — the count of free hit blocks a touch takes is
+    memoized per request only for the same hit (``memo[0] is hit.block_ids``): another hit
+    for the same waiting request is counted afresh.
+
+    Full (bs 4), 4 usable blocks. "a" (9 tokens) caches blocks X0, X1 and is freed; f (8
+    tokens) takes the 2 uncached free blocks, so X0 and X1 are the only free ones. r (a's
+    prompt) looked up hits 8: 1 new block + 2 touched = 3 > 2 free, refused. A hand-made
+    hit of 4 tokens (X0 only, verified) for 1 token: 1 new block + 1 touched = 2, fits."""
+    kv = KVCacheManager(config(FA(4), num_blocks=5))
+    a = Request("a", prompt(100, 9))
+    assert kv.allocate(a, 9, kv.lookup(a)) is not None
+    a.num_computed_tokens = 9
+    kv.free(a)
+    f = Request("f", prompt(900, 8))
+    assert kv.allocate(f, 8, kv.lookup(f)) is not None
+    r = Request("r", prompt(100, 9))
+    hit = kv.lookup(r)
+    assert hit.num_tokens == 8 and kv.num_free_blocks == 2
+    assert kv.allocate(r, 1, hit) is None
+    small = CacheHit(4, (hit.block_ids[0][:1],))
+    got = kv.allocate(r, 1, small)
+    assert got is not None and kv.block_ids(r)[0][0] == hit.block_ids[0][0]
     kv.check_integrity()
