@@ -768,3 +768,30 @@ def test_the_free_hit_blocks_are_counted_for_the_hit_given() -> None:
     got = kv.allocate(r, 1, small)
     assert got is not None and kv.block_ids(r)[0][0] == hit.block_ids[0][0]
     kv.check_integrity()
+
+
+@pytest.mark.parametrize("priority, hits", [(100, (4, 0)), (0, (0, 4))])
+def test_a_freed_request_gives_its_blocks_its_retention_marks(priority, hits) -> None:
+    """coordinator: free — every table of a request carrying a retention config gives its
+    blocks the request's marks when it is freed (the ``priority`` policy then evicts by
+    them).
+
+    Full (bs 4), ``priority`` eviction, 3 usable blocks. r (5 tokens) marks tokens 0..3
+    with ``priority`` and is freed (block 0 cached). y (4 tokens) is then served and freed
+    (default priority, freed later); r's scratch block went back too. z (8 tokens) needs 2
+    blocks: the scratch one and one cached block, y's if r's is pinned (100), else r's
+    older, lower-priority one. Lookups of r's and y's prompts (+1) then hit 4 or 0."""
+    kv = KVCacheManager(config(FA(4), num_blocks=4), eviction_policy="priority")
+    r = Request("r", prompt(100, 5), retention=RetentionConfig((TokenRange(0, 4, priority),)))
+    assert kv.allocate(r, 5, kv.lookup(r)) is not None
+    r.num_computed_tokens = 5
+    kv.free(r)
+    y = Request("y", prompt(700, 4))
+    assert kv.allocate(y, 4, kv.lookup(y)) is not None
+    y.num_computed_tokens = 4
+    kv.free(y)
+    z = Request("z", prompt(900, 8))
+    assert kv.allocate(z, 8, kv.lookup(z)) is not None
+    assert (kv.lookup(Request("q", prompt(100, 5))).num_tokens,
+            kv.lookup(Request("q2", prompt(700, 5))).num_tokens) == hits
+    kv.check_integrity()
