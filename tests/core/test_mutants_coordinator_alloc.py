@@ -795,3 +795,43 @@ def test_a_freed_request_gives_its_blocks_its_retention_marks(priority, hits) ->
     assert (kv.lookup(Request("q", prompt(100, 5))).num_tokens,
             kv.lookup(Request("q2", prompt(700, 5))).num_tokens) == hits
     kv.check_integrity()
+
+
+def test_compat_free_caches_nothing() -> None:
+    """coordinator: free — only default mode caches at free (the final-length promise); in
+    compat mode, as vLLM's ``free``, freeing only releases blocks (``caching and not
+    compat``).
+
+    Compat, full (bs 4), EAGLE with hash lookahead (a block's hash needs the token after
+    it). r (8-token prompt) computes 8 tokens: block 0 is stored, block 1 cannot be hashed
+    yet. Its next token is appended (block 1 now hashable) and r is freed: nothing is
+    stored at free."""
+    kv = KVCacheManager(config(FA(4), num_blocks=30), vllm_compat=True, enable_events=True,
+                        spec_decode=SpecDecode("eagle", 1))
+    r = Request("r", prompt(100, 8))
+    assert kv.allocate(r, 8, kv.lookup(r)) is not None
+    r.num_computed_tokens = 8
+    assert [list(e.token_ids) for e in kv.take_events() if isinstance(e, BlockStored)] == \
+        [prompt(100, 4)]
+    r.append_tokens([500])
+    kv.free(r)
+    assert [e for e in kv.take_events() if isinstance(e, BlockStored)] == []
+    kv.check_integrity()
+
+
+def test_default_mode_caches_every_group_at_aligned_ends() -> None:
+    """coordinator: __init__ — in default mode the dense write path steps by the alignment
+    for every group (only compat full groups end on any block boundary), so an end is
+    cached for all groups at once.
+
+    Default mode, dense retention, full (bs 4) + sliding (bs 8, W 16): alignment 8. r's
+    first 12 tokens reach the aligned end 8 only: both groups store their blocks for tokens
+    0..7, the full group's block 2 (tokens 8..11) waits for end 16."""
+    kv = KVCacheManager(config(FA(4), SWA(8, 16), num_blocks=30), retention_interval=None,
+                        enable_events=True)
+    r = Request("r", prompt(100, 20))
+    assert kv.allocate(r, 12, kv.lookup(r)) is not None
+    stored = [(e.group_idx, list(e.token_ids)) for e in kv.take_events()
+              if isinstance(e, BlockStored)]
+    assert stored == [(0, prompt(100, 8)), (1, prompt(100, 8))]
+    kv.check_integrity()
