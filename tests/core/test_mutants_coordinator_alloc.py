@@ -822,16 +822,20 @@ def test_compat_free_caches_nothing() -> None:
 def test_default_mode_caches_every_group_at_aligned_ends() -> None:
     """coordinator: __init__ — in default mode the dense write path steps by the alignment
     for every group (only compat full groups end on any block boundary), so an end is
-    cached for all groups at once.
+    cached for all groups at once, at a multiple of the alignment.
 
-    Default mode, dense retention, full (bs 4) + sliding (bs 8, W 16): alignment 8. r's
-    first 12 tokens reach the aligned end 8 only: both groups store their blocks for tokens
-    0..7, the full group's block 2 (tokens 8..11) waits for end 16."""
-    kv = KVCacheManager(config(FA(4), SWA(8, 16), num_blocks=30), retention_interval=None,
+    Default mode, dense retention, full (bs 4) + sliding (bs 6, W 12): alignment 12. At 9
+    computed tokens the groups' common limit is 6 (the sliding group's full blocks): no
+    aligned end is reached, nothing is stored (a block-size step would store the full
+    group's block 0 and the sliding group's run for 6). At 13 the aligned end 12 is
+    stored for both groups."""
+    kv = KVCacheManager(config(FA(4), SWA(6, 12), num_blocks=30), retention_interval=None,
                         enable_events=True)
-    r = Request("r", prompt(100, 20))
-    assert kv.allocate(r, 12, kv.lookup(r)) is not None
-    stored = [(e.group_idx, list(e.token_ids)) for e in kv.take_events()
-              if isinstance(e, BlockStored)]
-    assert stored == [(0, prompt(100, 8)), (1, prompt(100, 8))]
+    r = Request("r", prompt(100, 30))
+    want = [[], [(0, prompt(100, 12)), (1, prompt(100, 12))]]
+    for i, n in enumerate((9, 4)):
+        assert kv.allocate(r, n, kv.lookup(r) if i == 0 else None) is not None
+        r.num_computed_tokens += n
+        assert [(e.group_idx, list(e.token_ids)) for e in kv.take_events()
+                if isinstance(e, BlockStored)] == want[i]
     kv.check_integrity()
