@@ -839,3 +839,22 @@ def test_default_mode_caches_every_group_at_aligned_ends() -> None:
         assert [(e.group_idx, list(e.token_ids)) for e in kv.take_events()
                 if isinstance(e, BlockStored)] == want[i]
     kv.check_integrity()
+
+
+def test_compat_state_admission_that_reserves_nothing_fits_the_free_blocks_exactly() -> None:
+    """coordinator: _plan_states — in compat mode the reservation is ``max(0, want + freed -
+    needed)``: when vLLM's full-sequence count is no more than the step's own blocks it
+    adds nothing (``max(1, ...)`` would ask for a block more).
+
+    Compat, full (bs 4) + state (bs 4, extents of 1 id), 4 usable blocks. f (4 tokens)
+    takes 2 (1 full block + its live extent). r (4 tokens) with the full-sequence
+    reservation needs 1 full block + its live extent = 2; vLLM's count is cdiv(4, 4) +
+    min(cdiv(4, 4), 2) = 2: nothing reserved beyond, so it fits the 2 free blocks."""
+    kv = KVCacheManager(config(FA(4), STATE4, num_blocks=5), vllm_compat=True)
+    f = Request("f", prompt(900, 4))
+    assert kv.allocate(f, 4, kv.lookup(f)) is not None
+    assert kv.num_free_blocks == 2
+    r = Request("r", prompt(100, 4))
+    assert kv.allocate(r, 4, kv.lookup(r), full_sequence_must_fit=True) is not None
+    assert kv.num_free_blocks == 0
+    kv.check_integrity()
