@@ -581,15 +581,20 @@ def test_a_full_group_caches_every_block_whatever_the_window_retention() -> None
     path (every aligned end) even with sparse retention (``retention.dense or
     downward_closed``; ``and`` would cache only the promised ends).
 
-    Full (bs 4), retention 0 (promised ends: the replay boundaries only, 12 and 8 for a
-    13-token prompt). "a" (13 tokens) is served: every full block is cached, so a request
-    sharing a's first 5 tokens hits 4."""
+    Full (bs 4), retention 0 (promised ends: the replay boundaries 12 and 8 of a 13-token
+    prompt, and the final length at free). "a" decodes to 20 tokens, still running: its
+    blocks 3 and 4 (ends 16, 20) are cached, so a request sharing a's first 17 tokens hits
+    16."""
     kv = KVCacheManager(config(FA(4), num_blocks=30), retention_interval=0)
     a = Request("a", prompt(100, 13))
     assert kv.allocate(a, 13, kv.lookup(a)) is not None
     a.num_computed_tokens = 13
-    kv.free(a)
-    assert kv.lookup(Request("b", prompt(100, 5) + [1, 2])).num_tokens == 4
+    for t in range(7):
+        a.append_tokens([500 + t])
+        assert kv.allocate(a, 1) is not None
+        a.num_computed_tokens += 1
+    probe = Request("b", list(a.token_ids)[:17] + [1, 2])
+    assert kv.lookup(probe).num_tokens == 16
     kv.check_integrity()
 
 
