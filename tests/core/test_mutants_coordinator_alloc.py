@@ -863,3 +863,33 @@ def test_compat_state_admission_that_reserves_nothing_fits_the_free_blocks_exact
     assert kv.allocate(r, 4, kv.lookup(r), full_sequence_must_fit=True) is not None
     assert kv.num_free_blocks == 0
     kv.check_integrity()
+
+
+def test_a_waiting_request_recounts_its_hit_once_another_request_holds_it() -> None:
+    """coordinator: _evictable_counts — the touched-block memo is used only while no cached
+    block entered or left the free queue (``memo[1] == version``): once another request
+    holds the hit's blocks, touching them takes nothing out of the free queue.
+
+    Full (bs 4), 4 usable blocks. "a" (9 tokens) caches X0, X1 and is freed; f (8 tokens)
+    takes the 2 uncached free blocks, so X0 and X1 are the only free ones. r (a's prompt,
+    hit 8) asks for 1 token: 1 new + 2 touched > 2 free, refused. q (a's prompt) adopts its
+    hit with 0 new tokens (2 touched: fits), so q holds X0 and X1 and nothing is free. r's
+    hit with 0 new tokens now touches no free block: 0 needed, it fits and shares q's
+    blocks."""
+    kv = KVCacheManager(config(FA(4), num_blocks=5))
+    a = Request("a", prompt(100, 9))
+    assert kv.allocate(a, 9, kv.lookup(a)) is not None
+    a.num_computed_tokens = 9
+    kv.free(a)
+    f = Request("f", prompt(900, 8))
+    assert kv.allocate(f, 8, kv.lookup(f)) is not None
+    r = Request("r", prompt(100, 9))
+    hit = kv.lookup(r)
+    assert hit.num_tokens == 8 and kv.num_free_blocks == 2
+    assert kv.allocate(r, 1, hit) is None
+    q = Request("q", prompt(100, 9))
+    assert kv.allocate(q, 0, kv.lookup(q)) is not None
+    assert kv.num_free_blocks == 0
+    assert kv.allocate(r, 0, hit) is not None
+    assert kv.block_ids(r) == kv.block_ids(q)
+    kv.check_integrity()
