@@ -3,15 +3,19 @@ mutmut's third coordinator run left surviving (TESTING.md, "Mutation testing: co
 allocation side (stop 21)"): ``plan``, ``commit``, ``allocate``, ``free`` and their helpers.
 
 Public API only (``KVCacheManager``, ``Request``, the specs/config, ``lookup`` / ``allocate`` /
-``free`` / ``block_ids`` / ``state_blocks`` / ``take_events`` / ``check_integrity``);
-expectations are derived by hand in the docstrings. Deterministic and fast.
+``free`` / ``block_ids`` / ``state_blocks`` / ``export_positions`` / ``take_events`` /
+``lookup_external`` / ``commit_external`` / ``stats`` / ``check_integrity``, retention configs
+with the ``priority`` policy, one hand-made ``CacheHit``); each docstring names the mutants
+(``function — the change``) and derives the expectation by hand from the documented contract
+or vLLM 0.33's semantics. Deterministic and fast (mutmut runs them for every mutant).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from hybridkv import BlockRemoved, BlockStored, CacheHit, ChunkedLocal, KVCacheManager, Request, SpecDecode, StateSpec
+from hybridkv import (BlockRemoved, BlockStored, CacheHit, ChunkedLocal, KVCacheManager, Request,
+                     SpecDecode, StateSpec)
 from hybridkv.core.retention_config import RetentionConfig, TokenRange
 from tests.core.helpers import FA, SWA, config
 
