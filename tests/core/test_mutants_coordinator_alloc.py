@@ -232,7 +232,7 @@ def test_the_slots_of_a_step_are_capped_at_max_model_len() -> None:
     kv.check_integrity()
 
 
-# ---- state groups: the commit's extents -----------------------------------------------------------
+# ---- state groups: the commit's extents ----------------------------------------------------
 
 def test_a_new_state_request_gets_its_live_extent_and_checkpoint_heads() -> None:
     """coordinator: _commit_states — the new extents' heads are returned per state group (the
@@ -618,7 +618,8 @@ def test_compat_sliding_group_caches_each_reachable_block_when_it_fills() -> Non
     for i, n in enumerate((8, 4)):
         assert kv.allocate(r, n, kv.lookup(r) if i == 0 else None) is not None
         r.num_computed_tokens += n
-        assert [list(e.token_ids) for e in kv.take_events() if isinstance(e, BlockStored)] == want[i]
+        stored = [list(e.token_ids) for e in kv.take_events() if isinstance(e, BlockStored)]
+        assert stored == want[i]
     kv.check_integrity()
 
 
@@ -702,7 +703,8 @@ def test_compat_eagle_groups_are_not_clamped_to_the_aligned_prefix() -> None:
         r.append_tokens([200 + t])
         assert kv.allocate(r, 1, num_lookahead_tokens=0) is not None
         r.num_computed_tokens += 1
-        ev = [(e.group_idx, len(e.token_ids)) for e in kv.take_events() if isinstance(e, BlockStored)]
+        ev = [(e.group_idx, len(e.token_ids)) for e in kv.take_events()
+              if isinstance(e, BlockStored)]
         if ev:
             stored[r.num_computed_tokens] = ev
     assert stored == {8: [(0, 8)], 12: [(0, 4)], 16: [(0, 4), (1, 16)]}
