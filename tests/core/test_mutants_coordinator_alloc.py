@@ -899,3 +899,27 @@ def test_a_waiting_request_recounts_its_hit_once_another_request_holds_it() -> N
     assert kv.allocate(r, 0, hit) is not None
     assert kv.block_ids(r) == kv.block_ids(q)
     kv.check_integrity()
+
+
+def test_a_quiet_step_never_reaches_the_next_checkpoint() -> None:
+    """coordinator: commit — with state groups the fast path's slot bound is lowered to one
+    token below the next checkpoint (``slots = nxt - 1`` when ``nxt - 1 < slots``): the step
+    that reaches a checkpoint position is planned, so its extent is allocated and exported.
+
+    Full (bs 4) + state (bs 4, extents of 1 id), retention N = 8, EAGLE without hash
+    lookahead (drop mode: an end is cached 4 tokens after it, so the cache pass alone would
+    let the step to 8 be quiet). r (20 tokens) is admitted with 5 tokens + 3 lookahead slots
+    (tables cover 8), then steps one token at a time without lookahead: the step 7 → 8
+    allocates the checkpoint extent for 8 and exports it."""
+    kv = KVCacheManager(config(FA(4), STATE4, num_blocks=60), retention_interval=8,
+                        spec_decode=SpecDecode("eagle", 1, hash_lookahead=False))
+    r = Request("r", prompt(100, 20))
+    assert kv.allocate(r, 5, kv.lookup(r), num_lookahead_tokens=3) is not None
+    r.num_computed_tokens = 5
+    for t in (5, 6):
+        assert kv.allocate(r, 1, num_lookahead_tokens=0) == [[], []]
+        r.num_computed_tokens += 1
+    got = kv.allocate(r, 1, num_lookahead_tokens=0)
+    assert got is not None and got[0] == [] and len(got[1]) == 1
+    assert [e.position for e in kv.state_blocks(r)[0].exports] == [8]
+    kv.check_integrity()
