@@ -9,8 +9,10 @@ attribute the coordinator's evictable-count memo relies on; expectations are der
 
 from __future__ import annotations
 
+import pytest
+
 from hybridkv.core.eviction import make_policy
-from hybridkv.core.pool import BlockPool, ExtentBlockPool, PolicyBlockPool
+from hybridkv.core.pool import _GAP, _HEAD, BlockPool, ExtentBlockPool, PolicyBlockPool
 
 
 def h(i: int) -> bytes:
@@ -99,3 +101,176 @@ def test_sibling_eviction_releases_the_evicted_extents_tails() -> None:
     assert sorted(pool.allocate(3)) == [2, 3, 4]
     assert pool.num_free == 0
     pool.check()
+
+
+# ---- integrity checker: deliberately corrupted pools check() must reject, naming the fault ----
+# (white box: each case breaks exactly one invariant of BlockPool.check / ExtentBlockPool's
+# _check_held after a few legal operations, and pins the message's named values)
+
+def _linked(q, before: int, b: int) -> None:
+    """Link id ``b`` into the free queue right after node ``before`` (no count update)."""
+    after = q._next[before]
+    q._next[before] = b
+    q._prev[b] = before
+    q._next[b] = after
+    q._prev[after] = b
+
+
+def _base_pool() -> BlockPool:
+    pool = BlockPool(100, 1)
+    pool.free(pool.allocate(1))           # block 1 explicit and free (queue: 1, gap)
+    pool.check()
+    return pool
+
+
+def _bad_fresh_mark(pool):
+    pool.queue.num_blocks += 1
+    return r"^fresh mark 2 outside \[1, 100\]$"
+
+
+def _prev_links_only(pool):
+    q = pool.queue
+    q._prev[_HEAD:_HEAD] = [0]
+    return rf"^free queue links hold {q.capacity} ids, capacity is {q.capacity}$"
+
+
+def _gap_twice(pool):
+    q = pool.queue
+    q._next[_GAP] = _GAP
+    return r"^free queue holds the gap node twice$"
+
+
+def _block_zero_queued(pool):
+    _linked(pool.queue, _HEAD, 0)
+    return r"^free queue holds invalid block id 0 \(explicit ids < 2\)$"
+
+
+def _fresh_id_queued(pool):
+    _linked(pool.queue, _HEAD, 2)         # 2 == next_fresh: no explicit state yet
+    return r"^free queue holds invalid block id 2 \(explicit ids < 2\)$"
+
+
+def _queued_twice(pool):
+    pool.queue._next[1] = 1
+    return r"^block 1 is in the free queue twice$"
+
+
+def _grow_capacity_to(pool, cap: int) -> None:
+    q = pool.queue
+    more = cap - q.capacity
+    q._next[_HEAD:_HEAD] = [0] * more
+    q._prev[_HEAD:_HEAD] = [0] * more
+    q.capacity = cap
+    pool.ref_cnt.extend([0] * more)
+    pool.block_hash.extend([None] * more)
+    pool.block_group.extend([0] * more)
+
+
+def _capacity_65(pool):
+    _grow_capacity_to(pool, 65)           # fresh mark 2: the bound is max(2 x 2, 64) = 64
+    return r"^capacity 65 outside \[2, max\(2 x fresh mark 2, 64\)\]$"
+
+
+@pytest.mark.parametrize("corrupt", [_bad_fresh_mark, _prev_links_only, _gap_twice,
+                                     _block_zero_queued, _fresh_id_queued, _queued_twice,
+                                     _capacity_65])
+def test_check_rejects_a_corrupted_free_queue(corrupt) -> None:
+    """BlockPool.check: each corruption breaks one invariant (a queue for another pool size,
+    back-link list of another length, the gap node reached twice, the null block / a fresh id /
+    a block twice in the queue, capacity past its growth bound) and must be reported by that
+    invariant's message, naming the offending values."""
+    pool = _base_pool()
+    expected = corrupt(pool)
+    with pytest.raises(AssertionError, match=expected):
+        pool.check()
+
+
+def test_check_bounds_capacity_by_twice_the_fresh_mark() -> None:
+    """BlockPool.check: past 64 ids the capacity may be at most twice the fresh mark (the
+    queue doubles). 40 ids used (fresh mark 41): capacity 83 > 2 x 41 is rejected."""
+    pool = BlockPool(200, 1)
+    pool.free(pool.allocate(40))
+    pool.check()
+    assert pool.queue.next_fresh == 41
+    _grow_capacity_to(pool, 83)
+    with pytest.raises(AssertionError, match=r"^capacity 83 outside \[41, max\(2 x fresh mark 41, 64\)\]$"):
+        pool.check()
+
+
+def _extent_pool() -> ExtentBlockPool:
+    """Extent (1, 2) referenced; block 3 allocated then freed (scratch, in the queue)."""
+    pool = ExtentBlockPool(20, 1)
+    assert pool.allocate_extent(2) == 1
+    pool.free(pool.allocate(1))
+    pool.check()
+    return pool
+
+
+def _head_zero(pool):
+    pool.tails[0] = ()
+    return r"^extent head 0 has no state$"
+
+
+def _head_past_fresh(pool):
+    n = pool.queue.next_fresh
+    pool.tails[n] = ()
+    return rf"^extent head {n} has no state$"
+
+
+def _tail_zero(pool):
+    pool.tails[1] = (2, 0)
+    return r"^extent of head 1: tail 0 is invalid or shared$"
+
+
+def _tail_past_fresh(pool):
+    n = pool.queue.next_fresh
+    pool.tails[1] = (2, n)
+    return rf"^extent of head 1: tail {n} is invalid or shared$"
+
+
+def _tail_shared(pool):
+    head = pool.allocate_extent(2)        # (4, 5)
+    pool.tails[head] = (2,)               # 2 is already extent 1's tail
+    return rf"^extent of head {head}: tail 2 is invalid or shared$"
+
+
+def _tail_hashed(pool):
+    pool.block_hash[2] = h(9)
+    return r"^tail 2 of extent 1 is hashed$"
+
+
+def _tail_queued(pool):
+    pool.tails[1] = (2, 3)                # 3 is a free scratch block in the queue
+    return r"^tail 3 of extent 1 is in the free queue$"
+
+
+def _referenced_tail_ref(pool):
+    pool.ref_cnt[2] = 2
+    return r"^tail 2 of referenced extent 1 has ref 2$"
+
+
+def _free_tail_ref(pool):
+    pool.insert(0, h(9), 1)
+    pool.free([1])                        # cached: the tail is held, ref 0
+    pool.check()
+    pool.ref_cnt[2] = 1
+    return r"^tail 2 of free extent 1 has ref 1$"
+
+
+def _num_held_off(pool):
+    pool.num_held += 1
+    return r"^0 tails of free extents are held but num_held is 1$"
+
+
+@pytest.mark.parametrize("corrupt", [_head_zero, _head_past_fresh, _tail_zero, _tail_past_fresh,
+                                     _tail_shared, _tail_hashed, _tail_queued,
+                                     _referenced_tail_ref, _free_tail_ref, _num_held_off])
+def test_extent_check_rejects_corrupted_extents(corrupt) -> None:
+    """ExtentBlockPool check (class docstring's invariants): tails are disjoint, explicit ids,
+    never heads, never hashed, never queued; a tail's ref is 1 iff its head is referenced;
+    ``num_held`` = the tails of free heads. Each corruption breaks one and must be reported by
+    its message, naming the head / tail / counts."""
+    pool = _extent_pool()
+    expected = corrupt(pool)
+    with pytest.raises(AssertionError, match=expected):
+        pool.check()
