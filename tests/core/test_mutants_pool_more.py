@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from hybridkv.core.eviction import make_policy
-from hybridkv.core.pool import _GAP, _HEAD, BlockPool, ExtentBlockPool, PolicyBlockPool
+from hybridkv.core.pool import _GAP, _HEAD, _TAIL, BlockPool, ExtentBlockPool, PolicyBlockPool
 
 
 def h(i: int) -> bytes:
@@ -171,9 +171,21 @@ def _capacity_65(pool):
     return r"^capacity 65 outside \[2, max\(2 x fresh mark 2, 64\)\]$"
 
 
+def _fresh_block_hashed(pool):
+    pool.block_hash[5] = h(9)             # 5 >= fresh mark 2: must have no state at all
+    return r"^fresh block 5 \(fresh mark 2\) has state$"
+
+
+def _gap_lost(pool):
+    q = pool.queue                        # queue: 1, gap
+    q._next[1] = _TAIL
+    q._prev[_TAIL] = 1
+    return r"^free queue lost its gap node with 98 fresh ids$"
+
+
 @pytest.mark.parametrize("corrupt", [_bad_fresh_mark, _prev_links_only, _gap_twice,
                                      _block_zero_queued, _fresh_id_queued, _queued_twice,
-                                     _capacity_65])
+                                     _capacity_65, _fresh_block_hashed, _gap_lost])
 def test_check_rejects_a_corrupted_free_queue(corrupt) -> None:
     """BlockPool.check: each corruption breaks one invariant (a queue for another pool size,
     back-link list of another length, the gap node reached twice, the null block / a fresh id /
@@ -194,6 +206,34 @@ def test_check_bounds_capacity_by_twice_the_fresh_mark() -> None:
     assert pool.queue.next_fresh == 41
     _grow_capacity_to(pool, 83)
     with pytest.raises(AssertionError, match=r"^capacity 83 outside \[41, max\(2 x fresh mark 41, 64\)\]$"):
+        pool.check()
+
+
+def test_check_rejects_a_gap_node_with_no_fresh_id_left() -> None:
+    """BlockPool.check: once every id is explicit the gap node leaves the queue; a gap linked
+    back in is reported as held with 0 fresh ids."""
+    pool = BlockPool(4, 1)
+    pool.free(pool.allocate(3))
+    pool.check()
+    _linked(pool.queue, _HEAD, _GAP)
+    with pytest.raises(AssertionError, match=r"^free queue holds its gap node with 0 fresh ids$"):
+        pool.check()
+
+
+@pytest.mark.parametrize("bad, expected", [
+    ("zero", r"^eviction policy holds invalid block id 0 \(explicit ids < 3\)$"),
+    ("fresh", r"^eviction policy holds invalid block id 3 \(explicit ids < 3\)$"),
+    ("queued", r"^block 1 is held by the eviction policy and the free queue$"),
+])
+def test_policy_check_rejects_a_policy_holding_a_wrong_block(bad, expected) -> None:
+    """PolicyBlockPool check: the policy holds only explicit, non-null ids that are not also in
+    the free queue. Blocks 1, 2 used and freed as scratch (fresh mark 3); the LFU policy is
+    then handed the null block, the fresh id 3, or the queued block 1."""
+    pool = PolicyBlockPool(20, 1, make_policy("lfu"))
+    pool.free(pool.allocate(2))
+    pool.check()
+    pool.policy.on_free([{"zero": 0, "fresh": 3, "queued": 1}[bad]])
+    with pytest.raises(AssertionError, match=expected):
         pool.check()
 
 
