@@ -1,0 +1,316 @@
+"""Tests that kill the mutants of ``core/pool.py`` that survived the stop-21 mutmut run on the
+current pool (bulk allocation fast path, ``free_version``, extent pools with siblings).
+TESTING.md, "Mutation testing: `core/pool.py`, current code (stop 21)".
+
+They drive the pools directly through their documented methods (``allocate``, ``insert``,
+``free``, ``touch``, ``allocate_extent``, ``num_free``, ``check``) and the ``free_version``
+attribute the coordinator's evictable-count memo relies on; expectations are derived by hand.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from hybridkv.core.eviction import make_policy
+from hybridkv.core.pool import _GAP, _HEAD, _TAIL, BlockPool, ExtentBlockPool, PolicyBlockPool
+
+
+def h(i: int) -> bytes:
+    return i.to_bytes(8, "little")
+
+
+def test_bulk_allocate_of_a_gappy_run_references_exactly_the_popped_blocks() -> None:
+    """BlockPool.allocate, n > 8: the one-slice fast path is only for n ids spanning exactly
+    n values. Allocate 1..20, free 1..9 and 12 (scratch, prepended in that order: the queue
+    head is 1..9, 12). ``allocate(10)`` pops exactly those ten: ids 1..12 minus the held 10,
+    11 — span 12 = n + 2, not contiguous. Every popped block must then hold one reference
+    (freeing 12 again is fine) and the pool must pass its integrity check."""
+    pool = BlockPool(64, 1)
+    held = pool.allocate(20)
+    assert held == list(range(1, 21))
+    gone = list(range(1, 10)) + [12]
+    pool.free(gone)
+    got = pool.allocate(10)
+    assert got == gone
+    assert [pool.ref_cnt[b] for b in got] == [1] * 10
+    assert pool.ref_cnt[10] == pool.ref_cnt[11] == 1
+    pool.check()
+    pool.free([12])                       # 12 had one reference: no double-free error
+    pool.check()
+
+
+def _versions_distinct(pool, policy_pool: bool) -> list[int]:
+    """Drive ``pool`` (3 usable blocks) through ops that each move a cached block into or out
+    of the free queue / policy; return ``free_version`` before and after each."""
+    seen = [pool.free_version]
+    blocks = pool.allocate(3)             # fresh ids (a policy pool counts every allocate)
+    if policy_pool:
+        seen.append(pool.free_version)
+    for i, b in enumerate(blocks):
+        pool.insert(0, h(i + 1), b)
+    pool.free(blocks)                     # three cached blocks become free
+    seen.append(pool.free_version)
+    pool.touch([blocks[0]])               # a hit takes one out again
+    seen.append(pool.free_version)
+    pool.free([blocks[0]])                # and it comes back
+    seen.append(pool.free_version)
+    pool.allocate(3)                      # evicts the three cached blocks
+    seen.append(pool.free_version)
+    pool.check()
+    return seen
+
+
+def test_free_version_never_returns_to_an_earlier_value() -> None:
+    """BlockPool / PolicyBlockPool ``free_version``: the coordinator reuses a count of free
+    cached blocks while the version *equals* the one it was made at
+    (``Coordinator._evictable_counts``), so every free, hit and eviction that moves a cached
+    block must give a version never seen before (here: no value repeats)."""
+    seen = _versions_distinct(BlockPool(4, 1), policy_pool=False)
+    assert len(set(seen)) == len(seen), seen
+    for name in ("lfu", "s3fifo", "cost"):
+        seen = _versions_distinct(PolicyBlockPool(4, 1, make_policy(name)), policy_pool=True)
+        assert len(set(seen)) == len(seen), (name, seen)
+
+
+def test_sibling_eviction_releases_the_evicted_extents_tails() -> None:
+    """ExtentBlockPool._evict_free: evicting group 0's last copy of a checkpoint also evicts
+    the free copy of the same hash in its sibling group 1 — the *whole* extent (docstring: a
+    checkpoint is never partially evicted), its tail included.
+
+    6 ids (usable 1..5). Extent (1, 2) in group 0 and (3, 4) in group 1, both hashed ``h``
+    and freed: cached, tails held, num_free 5 (fresh 5, heads 1 and 3, tails 2 and 4).
+    ``allocate(2)`` pops 5 and head 1 (LRU first): group 0's last copy goes, so 3 and its
+    tail 4 are evicted too; 1's tail 2 and the extent (3, 4) are free scratch afterwards.
+    So 3 blocks stay free, no tail is held, and allocating all 3 hands out exactly 2, 3, 4."""
+    pool = ExtentBlockPool(6, 2)
+    pool.siblings = {0: (1,), 1: (0,)}
+    a = pool.allocate_extent(2)
+    b = pool.allocate_extent(2)
+    assert pool.extent(a) == (1, 2) and pool.extent(b) == (3, 4)
+    pool.insert(0, h(7), a)
+    pool.insert(1, h(7), b)
+    pool.free([a])
+    pool.free([b])
+    assert pool.num_free == 5 and pool.num_held == 2
+    pool.check()
+    assert sorted(pool.allocate(2)) == [1, 5]
+    assert h(7) not in pool.index[0] and h(7) not in pool.index[1]
+    assert pool.num_held == 0
+    assert pool.num_free == 3
+    pool.check()
+    assert sorted(pool.allocate(3)) == [2, 3, 4]
+    assert pool.num_free == 0
+    pool.check()
+
+
+# ---- integrity checker: deliberately corrupted pools check() must reject, naming the fault ----
+# (white box: each case breaks exactly one invariant of BlockPool.check / ExtentBlockPool's
+# _check_held after a few legal operations, and pins the message's named values)
+
+def _linked(q, before: int, b: int) -> None:
+    """Link id ``b`` into the free queue right after node ``before`` (no count update)."""
+    after = q._next[before]
+    q._next[before] = b
+    q._prev[b] = before
+    q._next[b] = after
+    q._prev[after] = b
+
+
+def _base_pool() -> BlockPool:
+    pool = BlockPool(100, 1)
+    pool.free(pool.allocate(1))           # block 1 explicit and free (queue: 1, gap)
+    pool.check()
+    return pool
+
+
+def _bad_fresh_mark(pool):
+    pool.queue.num_blocks += 1
+    return r"^fresh mark 2 outside \[1, 100\]$"
+
+
+def _prev_links_only(pool):
+    q = pool.queue
+    q._prev[_HEAD:_HEAD] = [0]
+    return rf"^free queue links hold {q.capacity} ids, capacity is {q.capacity}$"
+
+
+def _gap_twice(pool):
+    q = pool.queue
+    q._next[_GAP] = _GAP
+    return r"^free queue holds the gap node twice$"
+
+
+def _block_zero_queued(pool):
+    _linked(pool.queue, _HEAD, 0)
+    return r"^free queue holds invalid block id 0 \(explicit ids < 2\)$"
+
+
+def _fresh_id_queued(pool):
+    _linked(pool.queue, _HEAD, 2)         # 2 == next_fresh: no explicit state yet
+    return r"^free queue holds invalid block id 2 \(explicit ids < 2\)$"
+
+
+def _queued_twice(pool):
+    pool.queue._next[1] = 1
+    return r"^block 1 is in the free queue twice$"
+
+
+def _grow_capacity_to(pool, cap: int) -> None:
+    q = pool.queue
+    more = cap - q.capacity
+    q._next[_HEAD:_HEAD] = [0] * more
+    q._prev[_HEAD:_HEAD] = [0] * more
+    q.capacity = cap
+    pool.ref_cnt.extend([0] * more)
+    pool.block_hash.extend([None] * more)
+    pool.block_group.extend([0] * more)
+
+
+def _capacity_65(pool):
+    _grow_capacity_to(pool, 65)           # fresh mark 2: the bound is max(2 x 2, 64) = 64
+    return r"^capacity 65 outside \[2, max\(2 x fresh mark 2, 64\)\]$"
+
+
+def _fresh_block_hashed(pool):
+    pool.block_hash[5] = h(9)             # 5 >= fresh mark 2: must have no state at all
+    return r"^fresh block 5 \(fresh mark 2\) has state$"
+
+
+def _gap_lost(pool):
+    q = pool.queue                        # queue: 1, gap
+    q._next[1] = _TAIL
+    q._prev[_TAIL] = 1
+    return r"^free queue lost its gap node with 98 fresh ids$"
+
+
+@pytest.mark.parametrize("corrupt", [_bad_fresh_mark, _prev_links_only, _gap_twice,
+                                     _block_zero_queued, _fresh_id_queued, _queued_twice,
+                                     _capacity_65, _fresh_block_hashed, _gap_lost])
+def test_check_rejects_a_corrupted_free_queue(corrupt) -> None:
+    """BlockPool.check: each corruption breaks one invariant (a queue for another pool size,
+    back-link list of another length, the gap node reached twice, the null block / a fresh id /
+    a block twice in the queue, capacity past its growth bound) and must be reported by that
+    invariant's message, naming the offending values."""
+    pool = _base_pool()
+    expected = corrupt(pool)
+    with pytest.raises(AssertionError, match=expected):
+        pool.check()
+
+
+def test_check_bounds_capacity_by_twice_the_fresh_mark() -> None:
+    """BlockPool.check: past 64 ids the capacity may be at most twice the fresh mark (the
+    queue doubles). 40 ids used (fresh mark 41): capacity 83 > 2 x 41 is rejected."""
+    pool = BlockPool(200, 1)
+    pool.free(pool.allocate(40))
+    pool.check()
+    assert pool.queue.next_fresh == 41
+    _grow_capacity_to(pool, 83)
+    with pytest.raises(AssertionError, match=r"^capacity 83 outside \[41, max\(2 x fresh mark 41, 64\)\]$"):
+        pool.check()
+
+
+def test_check_rejects_a_gap_node_with_no_fresh_id_left() -> None:
+    """BlockPool.check: once every id is explicit the gap node leaves the queue; a gap linked
+    back in is reported as held with 0 fresh ids."""
+    pool = BlockPool(4, 1)
+    pool.free(pool.allocate(3))
+    pool.check()
+    _linked(pool.queue, _HEAD, _GAP)
+    with pytest.raises(AssertionError, match=r"^free queue holds its gap node with 0 fresh ids$"):
+        pool.check()
+
+
+@pytest.mark.parametrize("bad, expected", [
+    ("zero", r"^eviction policy holds invalid block id 0 \(explicit ids < 3\)$"),
+    ("fresh", r"^eviction policy holds invalid block id 3 \(explicit ids < 3\)$"),
+    ("queued", r"^block 1 is held by the eviction policy and the free queue$"),
+])
+def test_policy_check_rejects_a_policy_holding_a_wrong_block(bad, expected) -> None:
+    """PolicyBlockPool check: the policy holds only explicit, non-null ids that are not also in
+    the free queue. Blocks 1, 2 used and freed as scratch (fresh mark 3); the LFU policy is
+    then handed the null block, the fresh id 3, or the queued block 1."""
+    pool = PolicyBlockPool(20, 1, make_policy("lfu"))
+    pool.free(pool.allocate(2))
+    pool.check()
+    pool.policy.on_free([{"zero": 0, "fresh": 3, "queued": 1}[bad]])
+    with pytest.raises(AssertionError, match=expected):
+        pool.check()
+
+
+def _extent_pool() -> ExtentBlockPool:
+    """Extent (1, 2) referenced; block 3 allocated then freed (scratch, in the queue)."""
+    pool = ExtentBlockPool(20, 1)
+    assert pool.allocate_extent(2) == 1
+    pool.free(pool.allocate(1))
+    pool.check()
+    return pool
+
+
+def _head_zero(pool):
+    pool.tails[0] = ()
+    return r"^extent head 0 has no state$"
+
+
+def _head_past_fresh(pool):
+    n = pool.queue.next_fresh
+    pool.tails[n] = ()
+    return rf"^extent head {n} has no state$"
+
+
+def _tail_zero(pool):
+    pool.tails[1] = (2, 0)
+    return r"^extent of head 1: tail 0 is invalid or shared$"
+
+
+def _tail_past_fresh(pool):
+    n = pool.queue.next_fresh
+    pool.tails[1] = (2, n)
+    return rf"^extent of head 1: tail {n} is invalid or shared$"
+
+
+def _tail_shared(pool):
+    head = pool.allocate_extent(2)        # (4, 5)
+    pool.tails[head] = (2,)               # 2 is already extent 1's tail
+    return rf"^extent of head {head}: tail 2 is invalid or shared$"
+
+
+def _tail_hashed(pool):
+    pool.block_hash[2] = h(9)
+    return r"^tail 2 of extent 1 is hashed$"
+
+
+def _tail_queued(pool):
+    pool.tails[1] = (2, 3)                # 3 is a free scratch block in the queue
+    return r"^tail 3 of extent 1 is in the free queue$"
+
+
+def _referenced_tail_ref(pool):
+    pool.ref_cnt[2] = 2
+    return r"^tail 2 of referenced extent 1 has ref 2$"
+
+
+def _free_tail_ref(pool):
+    pool.insert(0, h(9), 1)
+    pool.free([1])                        # cached: the tail is held, ref 0
+    pool.check()
+    pool.ref_cnt[2] = 1
+    return r"^tail 2 of free extent 1 has ref 1$"
+
+
+def _num_held_off(pool):
+    pool.num_held += 1
+    return r"^0 tails of free extents are held but num_held is 1$"
+
+
+@pytest.mark.parametrize("corrupt", [_head_zero, _head_past_fresh, _tail_zero, _tail_past_fresh,
+                                     _tail_shared, _tail_hashed, _tail_queued,
+                                     _referenced_tail_ref, _free_tail_ref, _num_held_off])
+def test_extent_check_rejects_corrupted_extents(corrupt) -> None:
+    """ExtentBlockPool check (class docstring's invariants): tails are disjoint, explicit ids,
+    never heads, never hashed, never queued; a tail's ref is 1 iff its head is referenced;
+    ``num_held`` = the tails of free heads. Each corruption breaks one and must be reported by
+    its message, naming the head / tail / counts."""
+    pool = _extent_pool()
+    expected = corrupt(pool)
+    with pytest.raises(AssertionError, match=expected):
+        pool.check()
