@@ -12,7 +12,8 @@ from __future__ import annotations
 import pytest
 
 from hybridkv.core.eviction import make_policy
-from hybridkv.core.pool import _GAP, _HEAD, _TAIL, BlockPool, ExtentBlockPool, PolicyBlockPool
+from hybridkv.core.pool import (_GAP, _HEAD, _MAX_CHANGES, _TAIL, BlockPool, ExtentBlockPool,
+                                FreeBlockQueue, PolicyBlockPool)
 
 
 def h(i: int) -> bytes:
@@ -183,14 +184,82 @@ def _gap_lost(pool):
     return r"^free queue lost its gap node with 98 fresh ids$"
 
 
+def _tail_link(pool):
+    pool.queue._prev[_TAIL] = 1           # queue: 1, gap; the tail's back-link must be the gap
+    return r"^free queue tail link is broken$"
+
+
+def _free_count_off(pool):
+    pool.queue.num_free += 1              # 1 explicit + 98 fresh blocks are free, not 100
+    return r"^free queue holds 1 \+ 98 fresh blocks but counts 100$"
+
+
+def _null_referenced(pool):
+    pool.ref_cnt[0] = 1
+    return r"^the null block was referenced or hashed$"
+
+
+def _null_hashed(pool):
+    pool.block_hash[0] = h(9)             # (reported before the index / hash-count checks)
+    return r"^the null block was referenced or hashed$"
+
+
+def _queued_block_referenced(pool):
+    pool.ref_cnt[1] = 1                   # block 1 (the lowest id) is in the queue
+    return r"^block 1: ref_cnt 1 but in free queue = True$"
+
+
+def _negative_ref(pool):
+    assert pool.allocate(1) == [1]        # out of the queue, ref 1
+    pool.ref_cnt[1] = -1
+    return r"^block 1 has negative ref_cnt -1$"
+
+
+def _empty_duplicate_set(pool):
+    pool.index[0][h(7)] = {}
+    return r"^group 0: empty duplicate set for a hash$"
+
+
+def _index_names_null(pool):
+    pool.index[0][h(7)] = 0
+    return r"^group 0: the index names block 0, which has no state$"
+
+
+def _index_names_fresh_mark(pool):
+    pool.index[0][h(7)] = 2               # 2 == fresh mark: no state yet
+    return r"^group 0: the index names block 2, which has no state$"
+
+
+def _index_wrong_group(pool):
+    pool.insert(0, h(7), 1)
+    pool.check()
+    pool.block_group[1] = 1               # right hash, but the block says another group
+    return r"^index entry for block 1 disagrees with the block$"
+
+
+def _index_wrong_hash(pool):
+    pool.insert(0, h(7), 1)
+    pool.check()
+    pool.block_hash[1] = h(8)             # right group, but the block holds another hash
+    return r"^index entry for block 1 disagrees with the block$"
+
+
 @pytest.mark.parametrize("corrupt", [_bad_fresh_mark, _prev_links_only, _gap_twice,
                                      _block_zero_queued, _fresh_id_queued, _queued_twice,
-                                     _capacity_65, _fresh_block_hashed, _gap_lost])
+                                     _capacity_65, _fresh_block_hashed, _gap_lost,
+                                     _tail_link, _free_count_off, _null_referenced, _null_hashed,
+                                     _queued_block_referenced, _negative_ref,
+                                     _empty_duplicate_set, _index_names_null,
+                                     _index_names_fresh_mark, _index_wrong_group,
+                                     _index_wrong_hash])
 def test_check_rejects_a_corrupted_free_queue(corrupt) -> None:
     """BlockPool.check: each corruption breaks one invariant (a queue for another pool size,
     back-link list of another length, the gap node reached twice, the null block / a fresh id /
-    a block twice in the queue, capacity past its growth bound) and must be reported by that
-    invariant's message, naming the offending values."""
+    a block twice in the queue, capacity past its growth bound, a broken tail link, a free
+    count off by one, a referenced or hashed null block, a queued block with a reference, a
+    negative reference, an index entry that is empty, names a block without state, or
+    disagrees with the block's own hash or group) and must be reported by that invariant's
+    message, naming the offending values."""
     pool = _base_pool()
     expected = corrupt(pool)
     with pytest.raises(AssertionError, match=expected):
@@ -314,3 +383,190 @@ def test_extent_check_rejects_corrupted_extents(corrupt) -> None:
     expected = corrupt(pool)
     with pytest.raises(AssertionError, match=expected):
         pool.check()
+
+
+def test_policy_check_rejects_a_policy_whose_count_disagrees_with_its_blocks() -> None:
+    """PolicyBlockPool check: the policy's ``len`` (what ``num_free`` adds to the queue's
+    count) must equal the number of blocks it iterates. An LFU policy whose ``len`` is one too
+    high (holding nothing) is reported with both numbers."""
+    pool = PolicyBlockPool(20, 1, make_policy("lfu"))
+    pool.free(pool.allocate(2))
+    pool.check()
+    base = type(pool.policy)
+
+    class Miscounting(base):
+        __slots__ = ()
+
+        def __len__(self) -> int:
+            return base.__len__(self) + 1
+
+    pool.policy.__class__ = Miscounting
+    with pytest.raises(AssertionError, match=r"^eviction policy iterates 0 blocks but counts 1$"):
+        pool.check()
+
+
+# ---- FreeBlockQueue built from explicit ids (the ``initial`` argument) ----------------------
+
+def _linked_nodes(q: FreeBlockQueue) -> list[int]:
+    """The nodes reached from the head sentinel by next-links, gap node included."""
+    out, b = [], q._next[_HEAD]
+    while b != _TAIL:
+        out.append(b)
+        b = q._next[b]
+    return out
+
+
+@pytest.mark.parametrize("num_blocks, initial", [(6, [4, 2, 5]), (6, []), (1, None), (2, [1])])
+def test_queue_from_explicit_ids_holds_exactly_them_with_no_gap(num_blocks, initial) -> None:
+    """FreeBlockQueue(num_blocks, initial): the queue holds exactly ``initial``, in order, all
+    explicit (``next_fresh == num_blocks``); ``initial=None`` holds ``1 .. num_blocks-1``
+    (none for a pool of the null block only). The gap node is linked exactly while fresh ids
+    remain, so with none left it is not in the list; the queue then pops, prepends and
+    appends as a plain linked list."""
+    q = FreeBlockQueue(num_blocks, initial)
+    want = list(range(1, num_blocks)) if initial is None else list(initial)
+    assert list(q) == want and len(q) == len(want)
+    if initial is not None or num_blocks == 1:
+        assert q.next_fresh == num_blocks
+        assert _linked_nodes(q) == want   # no gap node: every id is explicit
+    assert q.popleft_n(0) == [] and list(q) == want
+    first = q.popleft_n(len(want) // 2)
+    assert first == want[:len(want) // 2]
+    q.prepend_n(first[:1])
+    q.append_n(first[1:])
+    assert list(q) == first[:1] + want[len(want) // 2:] + first[1:]
+    assert q.popleft_n(len(want)) == first[:1] + want[len(want) // 2:] + first[1:]
+    assert list(q) == [] and len(q) == 0
+
+
+def test_pop_past_the_free_count_names_both_numbers() -> None:
+    """FreeBlockQueue.popleft_n / BlockPool.allocate with more blocks than are free: a
+    ValueError naming the request and the free count; the pool is unchanged."""
+    with pytest.raises(ValueError, match=r"^cannot pop 4 blocks, only 3 are free$"):
+        FreeBlockQueue(4).popleft_n(4)
+    pool = BlockPool(4, 1)
+    pool.allocate(1)
+    with pytest.raises(ValueError, match=r"^cannot pop 3 blocks, only 2 are free$"):
+        pool.allocate(3)
+    assert pool.num_free == 2
+    pool.check()
+
+
+def test_per_block_lists_double_only_when_a_fresh_id_passes_them() -> None:
+    """Module docstring: the per-block lists (and the queue's link lists) cover ids
+    ``0 .. capacity-1``; the first ids handed out make it ``max(used, 64)``, and later it
+    doubles (at most to ``num_blocks``) only when a fresh id at or beyond it is handed out.
+    So handing out ids up to exactly 63 keeps 64 slots, id 64 makes 128, and a small pool
+    stops at its size."""
+    pool = BlockPool(1000, 1)
+    pool.allocate(10)                      # ids 1..10: fresh mark 11
+    assert pool.queue.capacity == len(pool.ref_cnt) == 64
+    pool.allocate(53)                      # ids up to 63: fresh mark 64 == capacity
+    assert pool.queue.next_fresh == 64
+    assert pool.queue.capacity == len(pool.ref_cnt) == len(pool.block_hash) == 64
+    pool.allocate(1)                       # id 64: past the lists, they double
+    assert pool.queue.capacity == len(pool.ref_cnt) == len(pool.block_group) == 128
+    assert len(pool.queue._next) == len(pool.queue._prev) == 128 + 3
+    pool.allocate(64)                      # ids up to 128: fresh mark 129 > 128
+    assert pool.queue.capacity == 256
+    pool.check()
+    small = BlockPool(100, 1)
+    small.allocate(10)
+    assert small.queue.capacity == 64
+    small.allocate(60)                     # fresh mark 71: doubling 64 would pass 100
+    assert small.queue.capacity == len(small.ref_cnt) == 100
+    small.check()
+
+
+# ---- the index change record (``index_changes_since``) and its memory bound ----------------
+
+def _alternate(pool: BlockPool, b: int, n: int, start: int) -> list[bytes]:
+    """``n`` index changes on block ``b`` (unhashed on entry), insert and drop in turn, with
+    hashes ``h(start), h(start + 1), ...`` for the inserts; returns the recorded hashes."""
+    out = []
+    for i in range(n):
+        if i % 2 == 0:
+            pool.insert(0, h(start + i), b)
+            out.append(h(start + i))
+        else:
+            out.append(pool.block_hash[b])
+            pool.drop_hash(b)
+    return out
+
+
+@pytest.mark.parametrize("overflow", ["insert", "drop", "insert_run"])
+def test_change_record_holds_at_most_max_changes_then_restarts(overflow) -> None:
+    """BlockPool's index change record (the lookup memo's source, ``index_changes_since``)
+    keeps every change up to ``_MAX_CHANGES`` of them, oldest first; the change that would
+    pass the bound restarts it: afterwards only that change is known and any older version
+    answers None ("look up again"). Reached by a single insert, a drop, and a bulk
+    ``insert_run`` (which restarts when the whole run would not fit)."""
+    pool = BlockPool(16, 1)
+    b, c = pool.allocate(1)[0], pool.allocate(1)[0]
+    run = pool.allocate(8)
+    if overflow == "drop":                 # block c stays hashed so a drop can be the last
+        pool.insert(0, h(1 << 40), c)
+        filled = [h(1 << 40)] + _alternate(pool, b, _MAX_CHANGES - 2, 0)
+        pool.insert(0, h((1 << 40) + 1), b)
+        filled.append(h((1 << 40) + 1))
+    else:
+        filled = _alternate(pool, b, _MAX_CHANGES, 0)
+    assert pool.index_version == _MAX_CHANGES
+    assert pool.index_changes_since(0) == filled            # full, nothing forgotten
+    assert pool.index_changes_since(_MAX_CHANGES - 3) == filled[-3:]
+    if overflow == "insert":
+        pool.insert(0, h(1 << 41), c)
+        last = [h(1 << 41)]
+    elif overflow == "drop":
+        last = [pool.block_hash[b]]
+        pool.drop_hash(b)
+    else:
+        last = [h((1 << 42) + j) for j in range(8)]
+        pool.insert_run(0, last, run)
+    assert pool.index_version == _MAX_CHANGES + len(last)
+    assert pool.index_changes_since(0) is None
+    assert pool.index_changes_since(_MAX_CHANGES - 1) is None
+    assert pool.index_changes_since(_MAX_CHANGES) == last
+    pool.check()
+
+
+def test_a_bulk_run_that_exactly_fills_the_change_record_keeps_it() -> None:
+    """``insert_run`` restarts the record only when the run would *pass* ``_MAX_CHANGES``:
+    a run that fills it exactly keeps every older change known."""
+    pool = BlockPool(16, 1)
+    b = pool.allocate(1)[0]
+    run = pool.allocate(8)
+    filled = _alternate(pool, b, _MAX_CHANGES - 8, 0)
+    hashes = [h((1 << 42) + j) for j in range(8)]
+    pool.insert_run(0, hashes, run)
+    assert pool.index_changes_since(0) == filled + hashes
+    pool.check()
+
+
+def test_sibling_eviction_evicts_every_free_duplicate_and_keeps_referenced_ones() -> None:
+    """ExtentBlockPool._evict_free with a duplicated hash: group 1 holds the same checkpoint
+    twice (extents (1, 2) and (3, 4), content computed twice) and group 0 once (5, 6). With
+    (1, 2) free, (3, 4) referenced and group 0's copy free and least recently used,
+    ``allocate(2)`` pops fresh id 7 and head 5 — group 0's last copy — which evicts group 1's
+    *free* copy (1 and its tail) but leaves the referenced copy 3 indexed (the duplicate set
+    shrinks to one block). Blocks 1, 2 and 5's tail 6 are free scratch afterwards."""
+    pool = ExtentBlockPool(8, 2)
+    pool.siblings = {0: (1,), 1: (0,)}
+    a, b, c = (pool.allocate_extent(2) for _ in range(3))
+    assert (a, b, c) == (1, 3, 5)
+    pool.insert(1, h(7), a)
+    pool.insert(1, h(7), b)
+    pool.insert(0, h(7), c)
+    assert pool.index[1][h(7)] == {1: None, 3: None}
+    pool.free([c])
+    pool.free([a])
+    assert pool.num_free == 5 and pool.num_held == 2     # fresh 7, heads 5 and 1, tails 6, 2
+    pool.check()
+    assert sorted(pool.allocate(2)) == [5, 7]
+    assert h(7) not in pool.index[0]
+    assert pool.index[1][h(7)] == 3 and pool.block_hash[1] is None
+    assert pool.num_held == 0 and pool.num_free == 3
+    assert pool.num_evictions == 2
+    pool.check()
+    assert sorted(pool.allocate(3)) == [1, 2, 6]
+    pool.check()
