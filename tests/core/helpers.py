@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from hybridkv import (FullAttention, KVCacheConfig, KVCacheGroup, KVCacheManager, Request,
-                      SlidingWindow)
+from hybridkv import (CacheHit, FullAttention, KVCacheConfig, KVCacheGroup, KVCacheManager,
+                      Request, SlidingWindow)
 
 C3 = [0] * 16 + [1] * 16 + [2] * 16
 
@@ -41,6 +41,20 @@ def run_prompt(kv: KVCacheManager, rid, tokens, chunk: int | None = None, **req_
         assert kv.allocate(req, n) is not None
         req.num_computed_tokens += n
     return req, hit
+
+
+def admit(kv: KVCacheManager, req: Request, n: int, expect_hit: int = 0,
+          **allocate_kw) -> CacheHit:
+    """Admit the new request ``req``: look it up, assert the hit is ``expect_hit`` tokens,
+    allocate ``n`` new tokens with that hit (``allocate_kw``, e.g. ``num_lookahead_tokens``,
+    passed on), assert they fit, and mark them computed (``num_computed_tokens = hit + n``).
+    Returns the hit. Exactly ``kv.lookup(req)`` then ``kv.allocate(req, n, hit,
+    **allocate_kw)``: no other call to the manager."""
+    hit = kv.lookup(req)
+    assert hit.num_tokens == expect_hit, (hit.num_tokens, expect_hit)
+    assert kv.allocate(req, n, hit, **allocate_kw) is not None
+    req.num_computed_tokens = hit.num_tokens + n
+    return hit
 
 
 def serve(kv: KVCacheManager, rid, tokens, chunk: int | None = None, free: bool = True,

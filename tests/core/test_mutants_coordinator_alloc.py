@@ -17,7 +17,7 @@ import pytest
 from hybridkv import (BlockRemoved, BlockStored, CacheHit, ChunkedLocal, KVCacheManager, Request,
                      SpecDecode, StateSpec)
 from hybridkv.core.retention_config import RetentionConfig, TokenRange
-from tests.core.helpers import FA, SWA, config
+from tests.core.helpers import FA, SWA, admit, config
 
 STATE1 = StateSpec(block_size=1, conv_shape=(1, 4), conv_dtype="float32", state_shape=(2, 2),
                    state_dtype="float32")
@@ -69,10 +69,7 @@ def test_a_running_request_given_its_empty_hit_again_grows_as_without_it() -> No
     it (slots 12 → 3 blocks)."""
     kv = KVCacheManager(config(FA(4), num_blocks=10))
     r = Request("r", prompt(100, 12))
-    hit = kv.lookup(r)
-    assert hit.num_tokens == 0
-    assert kv.allocate(r, 8, hit) is not None
-    r.num_computed_tokens = 8
+    hit = admit(kv, r, 8)
     got = kv.allocate(r, 4, hit)
     assert got is not None and len(got[0]) == 1
     assert len(kv.block_ids(r)[0]) == 3
@@ -90,8 +87,7 @@ def test_the_blocks_two_windows_release_in_one_step_are_all_available() -> None:
     needs 1 new block for tokens 8..11: 2 needed, 0 free + 2 released available → it fits."""
     kv = KVCacheManager(config(SWA(4, 5), SWA(4, 5), num_blocks=5), retention_interval=None)
     r = Request("r", prompt(100, 20))
-    assert kv.allocate(r, 8, kv.lookup(r)) is not None
-    r.num_computed_tokens = 8
+    admit(kv, r, 8)
     assert kv.num_free_blocks == 0
     got = kv.allocate(r, 4)
     assert got is not None and [len(g) for g in got] == [1, 1]
@@ -114,8 +110,7 @@ def test_compat_admission_of_a_sliding_request_counts_the_free_blocks_before_the
     free, not with 1 (then, as in vLLM, block 0 is still released)."""
     kv = KVCacheManager(config(SWA(4, 5), num_blocks=num_blocks), vllm_compat=True)
     r = Request("r", prompt(100, 16))
-    assert kv.allocate(r, 8, kv.lookup(r)) is not None
-    r.num_computed_tokens = 8
+    admit(kv, r, 8)
     assert kv.num_free_blocks == num_blocks - 3
     got = kv.allocate(r, 4, full_sequence_must_fit=True)
     assert (got is not None) == fits
@@ -141,8 +136,7 @@ def test_compat_eagle_request_caches_its_copy_of_the_dropped_hit_block_once_full
                         spec_decode=SpecDecode("eagle3", 3, hash_lookahead=False))
     A = prompt(100, 13)
     a = Request("a", A)
-    assert kv.allocate(a, 13, kv.lookup(a)) is not None
-    a.num_computed_tokens = 13
+    admit(kv, a, 13)
     kv.take_events()
     b = Request("b", A[:8] + [500, 501])
     hit = kv.lookup(b)
@@ -167,15 +161,13 @@ def test_a_hit_made_before_cache_only_steps_and_an_eviction_is_refused() -> None
     old hit must be refused: its block holds r's tokens now."""
     kv = KVCacheManager(config(FA(4), num_blocks=5))
     a = Request("a", prompt(100, 5))
-    assert kv.allocate(a, 5, kv.lookup(a)) is not None
-    a.num_computed_tokens = 5
+    admit(kv, a, 5)
     q = Request("q", prompt(100, 5))
     hit = kv.lookup(q)
     assert hit.num_tokens == 4
     kv.free(a)
     r = Request("r", prompt(300, 16))
-    assert kv.allocate(r, 4, kv.lookup(r), num_lookahead_tokens=12) is not None
-    r.num_computed_tokens = 4
+    admit(kv, r, 4, num_lookahead_tokens=12)
     assert kv.stats().evictions == 1
     for n in (1, 3, 4, 4):
         assert kv.allocate(r, n, num_lookahead_tokens=0) == [[]]
@@ -197,8 +189,7 @@ def test_a_hit_made_before_a_failed_compat_step_that_releases_is_refused() -> No
     (the window skips 12 - 5 + 1 = 8 tokens). Both old hits must be refused."""
     kv = KVCacheManager(config(SWA(4, 5), num_blocks=4), vllm_compat=True)
     a = Request("a", prompt(100, 5))
-    assert kv.allocate(a, 5, kv.lookup(a)) is not None
-    a.num_computed_tokens = 5
+    admit(kv, a, 5)
     q1 = Request("q1", prompt(100, 5))
     hit1 = kv.lookup(q1)
     kv.free(a)
@@ -206,8 +197,7 @@ def test_a_hit_made_before_a_failed_compat_step_that_releases_is_refused() -> No
     hit2 = kv.lookup(q2)
     assert hit1.num_tokens == hit2.num_tokens == 4
     r = Request("r", prompt(300, 20))
-    assert kv.allocate(r, 12, kv.lookup(r)) is not None
-    r.num_computed_tokens = 12
+    admit(kv, r, 12)
     assert kv.stats().evictions == 1
     assert kv.allocate(r, 4, full_sequence_must_fit=True) is None
     assert kv.block_ids(r)[0][:2] == [0, 0]
@@ -269,10 +259,7 @@ def test_the_hit_checkpoint_leaves_the_table_once_below_the_hold() -> None:
         a.num_computed_tokens += 8
     kv.free(a)
     b = Request("b", A[:17] + prompt(500, 15))
-    hit = kv.lookup(b)
-    assert hit.num_tokens == 16
-    assert kv.allocate(b, 4, hit) is not None
-    b.num_computed_tokens = 20
+    admit(kv, b, 4, expect_hit=16)
     assert kv.block_ids(b)[1][3] != 0
     assert kv.allocate(b, 4) is not None
     b.num_computed_tokens = 24
@@ -304,8 +291,7 @@ def test_a_reservation_is_checked_even_when_the_step_needs_no_new_block() -> Non
     reservation the step succeeds with no new block."""
     kv = KVCacheManager(config(FA(4), num_blocks=5))
     r = Request("r", prompt(100, 40))
-    assert kv.allocate(r, 4, kv.lookup(r), num_lookahead_tokens=4) is not None
-    r.num_computed_tokens = 4
+    admit(kv, r, 4, num_lookahead_tokens=4)
     assert kv.allocate(r, 1, num_lookahead_tokens=0) == [[]]
     r.num_computed_tokens = 5
     assert kv.allocate(r, 1, num_lookahead_tokens=0, full_sequence_must_fit=True) is None
@@ -325,8 +311,7 @@ def test_a_failed_default_mode_step_changes_nothing_even_when_the_window_slides(
     Refused, r keeps block 0 and the free count is unchanged."""
     kv = KVCacheManager(config(SWA(4, 5), num_blocks=4), retention_interval=None)
     r = Request("r", prompt(100, 16))
-    assert kv.allocate(r, 8, kv.lookup(r)) is not None
-    r.num_computed_tokens = 8
+    admit(kv, r, 8)
     before = kv.block_ids(r)
     assert kv.num_free_blocks == 1 and before[0][0] != 0
     assert kv.allocate(r, 4, full_sequence_must_fit=True) is None
@@ -346,8 +331,7 @@ def test_a_compat_step_after_a_failed_one_that_released_blocks() -> None:
     reservation then succeeds with no new block."""
     kv = KVCacheManager(config(SWA(4, 5), num_blocks=4), vllm_compat=True)
     r = Request("r", prompt(100, 20))
-    assert kv.allocate(r, 8, kv.lookup(r), num_lookahead_tokens=4) is not None
-    r.num_computed_tokens = 8
+    admit(kv, r, 8, num_lookahead_tokens=4)
     assert kv.num_free_blocks == 0
     assert kv.allocate(r, 4, num_lookahead_tokens=0, full_sequence_must_fit=True) is None
     assert kv.block_ids(r)[0][0] == 0 and kv.num_free_blocks == 1
@@ -401,12 +385,10 @@ def test_a_step_caches_its_pending_block_before_it_pops_and_evicts() -> None:
     kv = KVCacheManager(config(FA(4), num_blocks=4), spec_decode=SpecDecode("mtp", 1),
                         enable_events=True)
     a = Request("a", prompt(100, 5))
-    assert kv.allocate(a, 5, kv.lookup(a), num_lookahead_tokens=0) is not None
-    a.num_computed_tokens = 5
+    admit(kv, a, 5, num_lookahead_tokens=0)
     kv.free(a)
     r = Request("r", prompt(300, 8))
-    assert kv.allocate(r, 8, kv.lookup(r), num_lookahead_tokens=0) is not None
-    r.num_computed_tokens = 8
+    admit(kv, r, 8, num_lookahead_tokens=0)
     assert kv.num_free_blocks == 1
     kv.take_events()
     r.append_tokens([400])
@@ -428,8 +410,7 @@ def test_the_decode_fast_path_stops_at_the_nearest_window_release() -> None:
     10 → 11 needs no block and caches nothing, but it must release group 1's block 0."""
     kv = KVCacheManager(config(SWA(4, 16), SWA(4, 7), num_blocks=20), retention_interval=None)
     r = Request("r", prompt(100, 20))
-    assert kv.allocate(r, 9, kv.lookup(r)) is not None
-    r.num_computed_tokens = 9
+    admit(kv, r, 9)
     assert kv.allocate(r, 1) is not None
     r.num_computed_tokens = 10
     assert [t[0] != 0 for t in kv.block_ids(r)] == [True, True]
@@ -460,8 +441,7 @@ def test_the_decode_fast_path_threshold_counts_the_hold(specs) -> None:
     would be computed as 16)."""
     kv = KVCacheManager(config(*specs, num_blocks=40))
     r = Request("r", prompt(100, 30))
-    assert kv.allocate(r, 10, kv.lookup(r), num_lookahead_tokens=6) is not None
-    r.num_computed_tokens = 10
+    admit(kv, r, 10, num_lookahead_tokens=6)
     for computed, kept in ((10, True), (11, True), (12, False)):
         assert kv.allocate(r, 1, num_lookahead_tokens=0) == [[]] * len(specs)
         r.num_computed_tokens = computed + 1
@@ -484,8 +464,7 @@ def test_a_default_mode_eagle_hit_end_is_not_cached_again() -> None:
                         spec_decode=SpecDecode("eagle3", 3, hash_lookahead=False))
     A = prompt(100, 17)
     a = Request("a", A)
-    assert kv.allocate(a, 17, kv.lookup(a), num_lookahead_tokens=0) is not None
-    a.num_computed_tokens = 17
+    admit(kv, a, 17, num_lookahead_tokens=0)
     b = Request("b", A[:13] + prompt(500, 7))
     hit = kv.lookup(b)
     assert hit.num_tokens == 8
@@ -515,14 +494,12 @@ def test_a_block_leaving_the_window_keeps_its_retention_marks(priority, hits) ->
     kv = KVCacheManager(config(SWA(4, 5), num_blocks=5), eviction_policy="priority",
                         retention_interval=None)
     r = Request("r", prompt(100, 16), retention=RetentionConfig((TokenRange(0, 4, priority),)))
-    assert kv.allocate(r, 8, kv.lookup(r)) is not None
-    r.num_computed_tokens = 8
+    admit(kv, r, 8)
     assert kv.allocate(r, 4) is not None
     r.num_computed_tokens = 12
     assert kv.block_ids(r)[0][0] == 0
     y = Request("y", prompt(700, 4))
-    assert kv.allocate(y, 4, kv.lookup(y)) is not None
-    y.num_computed_tokens = 4
+    admit(kv, y, 4)
     kv.free(y)
     z = Request("z", prompt(900, 3))
     assert kv.allocate(z, 3, kv.lookup(z)) is not None
@@ -569,8 +546,7 @@ def test_only_default_mode_windows_keep_a_hold(compat, retention, kept_at_12) ->
                         retention_interval=retention,
                         spec_decode=SpecDecode("eagle", 1, hash_lookahead=False))
     r = Request("r", prompt(100, 20))
-    assert kv.allocate(r, 8, kv.lookup(r), num_lookahead_tokens=0) is not None
-    r.num_computed_tokens = 8
+    admit(kv, r, 8, num_lookahead_tokens=0)
     assert kv.allocate(r, 4, num_lookahead_tokens=0) is not None
     r.num_computed_tokens = 12
     assert (kv.block_ids(r)[0][0] != 0) == kept_at_12
@@ -591,8 +567,7 @@ def test_a_full_group_caches_every_block_whatever_the_window_retention() -> None
     16."""
     kv = KVCacheManager(config(FA(4), num_blocks=30), retention_interval=0)
     a = Request("a", prompt(100, 13))
-    assert kv.allocate(a, 13, kv.lookup(a)) is not None
-    a.num_computed_tokens = 13
+    admit(kv, a, 13)
     for t in range(7):
         a.append_tokens([500 + t])
         assert kv.allocate(a, 1) is not None
@@ -669,8 +644,7 @@ def test_a_decode_step_whose_lookahead_slots_need_a_block_is_not_quiet() -> None
     slots: a third block."""
     kv = KVCacheManager(config(FA(4), num_blocks=20), spec_decode=SpecDecode("eagle", 2))
     r = Request("r", prompt(100, 5))
-    assert kv.allocate(r, 5, kv.lookup(r)) is not None
-    r.num_computed_tokens = 5
+    admit(kv, r, 5)
     r.append_tokens([7])
     assert kv.allocate(r, 1) == [[]]
     r.num_computed_tokens = 6
@@ -696,8 +670,7 @@ def test_compat_eagle_groups_are_not_clamped_to_the_aligned_prefix() -> None:
                         enable_events=True,
                         spec_decode=SpecDecode("eagle3", 3, hash_lookahead=False))
     r = Request("r", prompt(100, 5))
-    assert kv.allocate(r, 5, kv.lookup(r), num_lookahead_tokens=0) is not None
-    r.num_computed_tokens = 5
+    admit(kv, r, 5, num_lookahead_tokens=0)
     stored = {}
     for t in range(5, 16):
         r.append_tokens([200 + t])
@@ -744,15 +717,30 @@ def test_the_first_step_after_admission_releases_the_hit_checkpoint() -> None:
         a.num_computed_tokens += n
     kv.free(a)
     b = Request("b", A[:17] + prompt(500, 10))
-    hit = kv.lookup(b)
-    assert hit.num_tokens == 16
-    assert kv.allocate(b, 1, hit) is not None
-    b.num_computed_tokens = 17
+    admit(kv, b, 1, expect_hit=16)
     assert kv.block_ids(b)[1][3] != 0
     free = kv.num_free_blocks
     assert kv.allocate(b, 1) == [[], []]
     assert kv.block_ids(b)[1][3] == 0 and kv.num_free_blocks == free + 1
     kv.check_integrity()
+
+
+def _refused_hit_on_the_only_free_blocks() -> tuple[KVCacheManager, Request, CacheHit]:
+    """Full (bs 4), 4 usable blocks. "a" (9 tokens) caches blocks X0, X1 and is freed; f (8
+    tokens) takes the 2 uncached free blocks, so X0 and X1 are the only free ones. r (a's
+    prompt) looks up a hit of 8 (X0, X1); its first allocation, 1 token with that hit (1 new
+    block + 2 touched > 2 free), is refused. Returns ``(kv, r, hit)``."""
+    kv = KVCacheManager(config(FA(4), num_blocks=5))
+    a = Request("a", prompt(100, 9))
+    admit(kv, a, 9)
+    kv.free(a)
+    f = Request("f", prompt(900, 8))
+    assert kv.allocate(f, 8, kv.lookup(f)) is not None
+    r = Request("r", prompt(100, 9))
+    hit = kv.lookup(r)
+    assert hit.num_tokens == 8 and kv.num_free_blocks == 2
+    assert kv.allocate(r, 1, hit) is None
+    return kv, r, hit
 
 
 def test_the_free_hit_blocks_are_counted_for_the_hit_given() -> None:
@@ -764,17 +752,7 @@ def test_the_free_hit_blocks_are_counted_for_the_hit_given() -> None:
     tokens) takes the 2 uncached free blocks, so X0 and X1 are the only free ones. r (a's
     prompt) looked up hits 8: 1 new block + 2 touched = 3 > 2 free, refused. A hand-made
     hit of 4 tokens (X0 only, verified) for 1 token: 1 new block + 1 touched = 2, fits."""
-    kv = KVCacheManager(config(FA(4), num_blocks=5))
-    a = Request("a", prompt(100, 9))
-    assert kv.allocate(a, 9, kv.lookup(a)) is not None
-    a.num_computed_tokens = 9
-    kv.free(a)
-    f = Request("f", prompt(900, 8))
-    assert kv.allocate(f, 8, kv.lookup(f)) is not None
-    r = Request("r", prompt(100, 9))
-    hit = kv.lookup(r)
-    assert hit.num_tokens == 8 and kv.num_free_blocks == 2
-    assert kv.allocate(r, 1, hit) is None
+    kv, r, hit = _refused_hit_on_the_only_free_blocks()
     small = CacheHit(4, (hit.block_ids[0][:1],))
     got = kv.allocate(r, 1, small)
     assert got is not None and kv.block_ids(r)[0][0] == hit.block_ids[0][0]
@@ -794,12 +772,10 @@ def test_a_freed_request_gives_its_blocks_its_retention_marks(priority, hits) ->
     older, lower-priority one. Lookups of r's and y's prompts (+1) then hit 4 or 0."""
     kv = KVCacheManager(config(FA(4), num_blocks=4), eviction_policy="priority")
     r = Request("r", prompt(100, 5), retention=RetentionConfig((TokenRange(0, 4, priority),)))
-    assert kv.allocate(r, 5, kv.lookup(r)) is not None
-    r.num_computed_tokens = 5
+    admit(kv, r, 5)
     kv.free(r)
     y = Request("y", prompt(700, 4))
-    assert kv.allocate(y, 4, kv.lookup(y)) is not None
-    y.num_computed_tokens = 4
+    admit(kv, y, 4)
     kv.free(y)
     z = Request("z", prompt(900, 8))
     assert kv.allocate(z, 8, kv.lookup(z)) is not None
@@ -820,8 +796,7 @@ def test_compat_free_caches_nothing() -> None:
     kv = KVCacheManager(config(FA(4), num_blocks=30), vllm_compat=True, enable_events=True,
                         spec_decode=SpecDecode("eagle", 1))
     r = Request("r", prompt(100, 8))
-    assert kv.allocate(r, 8, kv.lookup(r)) is not None
-    r.num_computed_tokens = 8
+    admit(kv, r, 8)
     assert [list(e.token_ids) for e in kv.take_events() if isinstance(e, BlockStored)] == \
         [prompt(100, 4)]
     r.append_tokens([500])
@@ -882,17 +857,7 @@ def test_a_waiting_request_recounts_its_hit_once_another_request_holds_it() -> N
     hit with 0 new tokens (2 touched: fits), so q holds X0 and X1 and nothing is free. r's
     hit with 0 new tokens now touches no free block: 0 needed, it fits and shares q's
     blocks."""
-    kv = KVCacheManager(config(FA(4), num_blocks=5))
-    a = Request("a", prompt(100, 9))
-    assert kv.allocate(a, 9, kv.lookup(a)) is not None
-    a.num_computed_tokens = 9
-    kv.free(a)
-    f = Request("f", prompt(900, 8))
-    assert kv.allocate(f, 8, kv.lookup(f)) is not None
-    r = Request("r", prompt(100, 9))
-    hit = kv.lookup(r)
-    assert hit.num_tokens == 8 and kv.num_free_blocks == 2
-    assert kv.allocate(r, 1, hit) is None
+    kv, r, hit = _refused_hit_on_the_only_free_blocks()
     q = Request("q", prompt(100, 9))
     assert kv.allocate(q, 0, kv.lookup(q)) is not None
     assert kv.num_free_blocks == 0
@@ -914,8 +879,7 @@ def test_a_quiet_step_never_reaches_the_next_checkpoint() -> None:
     kv = KVCacheManager(config(FA(4), STATE4, num_blocks=60), retention_interval=8,
                         spec_decode=SpecDecode("eagle", 1, hash_lookahead=False))
     r = Request("r", prompt(100, 20))
-    assert kv.allocate(r, 5, kv.lookup(r), num_lookahead_tokens=3) is not None
-    r.num_computed_tokens = 5
+    admit(kv, r, 5, num_lookahead_tokens=3)
     for t in (5, 6):
         assert kv.allocate(r, 1, num_lookahead_tokens=0) == [[], []]
         r.num_computed_tokens += 1

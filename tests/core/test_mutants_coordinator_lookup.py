@@ -20,7 +20,8 @@ import re
 import pytest
 
 from hybridkv import BlockStored, KVCacheManager, Request, SlidingWindow, SpecDecode, StateSpec
-from tests.core.helpers import FA, SWA, cached_positions, config, evict, manager, run_prompt
+from tests.core.helpers import (FA, SWA, admit, cached_positions, config, evict, manager,
+                                run_prompt)
 
 EAGLE_DROP = SpecDecode("eagle", 1, hash_lookahead=False)
 
@@ -598,10 +599,7 @@ def test_compat_hit_writes_its_own_copy_of_the_proof_block() -> None:
                  drafts=(1,))
     run_prompt(kv, "a", prompt(100, 32))
     b = Request("b", prompt(100, 28) + prompt(500, 2))
-    hit = kv.lookup(b)
-    assert hit.num_tokens == 24
-    assert kv.allocate(b, 6, hit) is not None
-    b.num_computed_tokens = 30
+    admit(kv, b, 6, expect_hit=24)
     assert 6 in cached_positions(kv, b, 1)
 
 
@@ -628,8 +626,7 @@ def test_events_of_a_long_run_not_starting_at_block_zero() -> None:
     [2, 16) in one run; its stored event names exactly their hashes and tokens."""
     kv = manager(FA(4), num_blocks=40, compat=False, enable_events=True)
     r = Request("r", prompt(100, 64))
-    assert kv.allocate(r, 8, kv.lookup(r)) is not None
-    r.num_computed_tokens = 8
+    admit(kv, r, 8)
     kv.take_events()
     assert kv.allocate(r, 56) is not None
     stored = [e for e in kv.take_events() if isinstance(e, BlockStored)]

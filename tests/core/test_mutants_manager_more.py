@@ -309,18 +309,28 @@ def test_hits_that_do_not_belong_to_the_request_are_refused() -> None:
         kv.allocate(r2, 1, h2)
 
 
-def test_external_must_come_with_its_own_hit() -> None:
-    """allocate 67–74 — the ``external`` checks: not an ExternalHit, no hit, a hit of another
-    length, a running request; the message names the request and the value. A matching
-    external reserves every block up to its end (allocate 113: the external not passed on)."""
+def _tier_and_consumer(**consumer_kw) -> tuple[KVCacheManager, Request, CacheHit,
+                                                ExternalHit | None]:
+    """A producer (full attention, bs 4, hash seed "s") serves "a" (17 tokens) while a tier
+    records every (group, hash) it caches; a consumer with the same config and seed (plus
+    ``consumer_kw``) looks up "b" (a's 17 tokens), then looks it up in the tier. Returns
+    ``(consumer, b, hit, ext)``."""
     producer = KVCacheManager(config(FA(4), num_blocks=32), hash_seed="s")
     tier = set()
     producer.add_cached_listener(lambda g, hashes, blocks: tier.update((g, h) for h in hashes))
     serve(producer, "a", prompt(0, 17))
-    kv = KVCacheManager(config(FA(4), num_blocks=32), hash_seed="s")
+    kv = KVCacheManager(config(FA(4), num_blocks=32), hash_seed="s", **consumer_kw)
     b = Request("b", prompt(0, 17))
     hit = kv.lookup(b)
     ext = kv.lookup_external(b, hit, lambda g, h: (g, h) in tier)
+    return kv, b, hit, ext
+
+
+def test_external_must_come_with_its_own_hit() -> None:
+    """allocate 67–74 — the ``external`` checks: not an ExternalHit, no hit, a hit of another
+    length, a running request; the message names the request and the value. A matching
+    external reserves every block up to its end (allocate 113: the external not passed on)."""
+    kv, b, hit, ext = _tier_and_consumer()
     assert hit.num_tokens == 0 and ext is not None and ext.num_tokens == 16
     msg = r"^external must be lookup_external's result for new request 'b' and its hit, got "
     with pytest.raises(ValueError, match=msg + "'x'$"):
@@ -519,14 +529,7 @@ def test_blocks_loaded_from_an_external_tier_are_reported_stored() -> None:
 
     A producer caches a 16-token prefix (4 blocks); a consumer with events loads all 4 from
     the tier: its BlockStored events name exactly the loaded hashes."""
-    producer = KVCacheManager(config(FA(4), num_blocks=32), hash_seed="s")
-    tier = set()
-    producer.add_cached_listener(lambda g, hashes, blocks: tier.update((g, h) for h in hashes))
-    serve(producer, "a", prompt(0, 17))
-    kv = KVCacheManager(config(FA(4), num_blocks=32), hash_seed="s", enable_events=True)
-    b = Request("b", prompt(0, 17))
-    hit = kv.lookup(b)
-    ext = kv.lookup_external(b, hit, lambda g, h: (g, h) in tier)
+    kv, b, hit, ext = _tier_and_consumer(enable_events=True)
     assert kv.allocate(b, 0, hit, external=ext) is not None
     assert kv.take_events() == []
     assert kv.commit_external(b, ext, ok=True) == 16
