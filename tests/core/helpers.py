@@ -8,6 +8,11 @@ from hybridkv import (CacheHit, FullAttention, KVCacheConfig, KVCacheGroup, KVCa
 C3 = [0] * 16 + [1] * 16 + [2] * 16
 
 
+def prompt(base: int, n: int) -> list[int]:
+    """``n`` distinct tokens ``base .. base+n-1`` (prompts with different bases share none)."""
+    return list(range(base, base + n))
+
+
 def FA(bs: int, **kw) -> FullAttention:
     return FullAttention(block_size=bs, num_kv_heads=1, head_dim=8, **kw)
 

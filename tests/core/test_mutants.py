@@ -13,11 +13,7 @@ from __future__ import annotations
 import pytest
 
 from hybridkv import BlockRemoved, BlockStored, KVCacheManager, Request
-from tests.core.helpers import FA, SWA, config, serve
-
-
-def prompt(base: int, n: int) -> list[int]:
-    return list(range(base, base + n))
+from tests.core.helpers import FA, SWA, config, prompt, serve
 
 
 # ---- core/pool.py ---------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import pytest
 from hybridkv import (BlockRemoved, BlockStored, CacheHit, ChunkedLocal, KVCacheManager, Request,
                      SpecDecode, StateSpec)
 from hybridkv.core.retention_config import RetentionConfig, TokenRange
-from tests.core.helpers import FA, SWA, admit, config
+from tests.core.helpers import FA, SWA, admit, config, prompt
 
 STATE1 = StateSpec(block_size=1, conv_shape=(1, 4), conv_dtype="float32", state_shape=(2, 2),
                    state_dtype="float32")
@@ -25,10 +25,6 @@ ST_K2 = StateSpec(block_size=4, conv_shape=(1, 4), conv_dtype="float32", state_s
                   state_dtype="float32")     # 144 B over 64-byte pages: extents of 2 block ids
 STATE4 = StateSpec(block_size=4, conv_shape=(1, 4), conv_dtype="float32", state_shape=(2, 2),
                    state_dtype="float32")
-
-
-def prompt(base: int, n: int) -> list[int]:
-    return list(range(base, base + n))
 
 
 # ---- free: the final length of a state request ---------------------------------------------

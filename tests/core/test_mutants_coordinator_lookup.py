@@ -21,13 +21,9 @@ import pytest
 
 from hybridkv import BlockStored, KVCacheManager, Request, SlidingWindow, SpecDecode, StateSpec
 from tests.core.helpers import (FA, SWA, admit, cached_positions, config, evict, manager,
-                                run_prompt)
+                                prompt, run_prompt)
 
 EAGLE_DROP = SpecDecode("eagle", 1, hash_lookahead=False)
-
-
-def prompt(base: int, n: int) -> list[int]:
-    return list(range(base, base + n))
 
 
 # ---- compat mode, retention 0: vLLM's write mask ----------------------------------------------

@@ -12,13 +12,9 @@ from __future__ import annotations
 
 import pytest
 
-from hybridkv import (BlockRemoved, BlockStored, CacheHit, KVCacheManager, LoRA, MultiModalItem,
+from hybridkv import (BlockRemoved, BlockStored, KVCacheManager, LoRA, MultiModalItem,
                       Request, RetentionConfig, SpecDecode, TokenRange)
-from tests.core.helpers import FA, SWA, config, serve
-
-
-def prompt(base: int, n: int) -> list[int]:
-    return list(range(base, base + n))
+from tests.core.helpers import FA, SWA, config, prompt, serve
 
 
 # ---- blocks_for_request / _check_fits -------------------------------------------------------

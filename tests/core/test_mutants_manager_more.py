@@ -23,11 +23,7 @@ import pytest
 
 from hybridkv import (BlockRemoved, BlockStored, CacheHit, ExternalHit, KVCacheConfig,
                       KVCacheGroup, KVCacheManager, Request, SpecDecode, StateSpec)
-from tests.core.helpers import FA, config, manager, run_prompt, serve
-
-
-def prompt(base: int, n: int) -> list[int]:
-    return list(range(base, base + n))
+from tests.core.helpers import FA, config, manager, prompt, run_prompt, serve
 
 
 # ---- check_integrity: one corruption at a time -------------------------------------------------

@@ -62,12 +62,14 @@ def _versions_distinct(pool, policy_pool: bool) -> list[int]:
 
 
 def test_free_version_never_returns_to_an_earlier_value() -> None:
-    """BlockPool / PolicyBlockPool ``free_version``: the coordinator reuses a count of free
+    """BlockPool / ExtentBlockPool / PolicyBlockPool ``free_version``: the coordinator reuses a count of free
     cached blocks while the version *equals* the one it was made at
     (``Coordinator._evictable_counts``), so every free, hit and eviction that moves a cached
     block must give a version never seen before (here: no value repeats)."""
     seen = _versions_distinct(BlockPool(4, 1), policy_pool=False)
     assert len(set(seen)) == len(seen), seen
+    seen = _versions_distinct(ExtentBlockPool(4, 1), policy_pool=False)
+    assert len(set(seen)) == len(seen), ("extent", seen)
     for name in ("lfu", "s3fifo", "cost"):
         seen = _versions_distinct(PolicyBlockPool(4, 1, make_policy(name)), policy_pool=True)
         assert len(set(seen)) == len(seen), (name, seen)
@@ -570,3 +572,125 @@ def test_sibling_eviction_evicts_every_free_duplicate_and_keeps_referenced_ones(
     pool.check()
     assert sorted(pool.allocate(3)) == [1, 2, 6]
     pool.check()
+
+
+# ---- the pool classes' own contract for ids and bad calls (``hybridkv.core`` exports them) --
+
+def test_ids_past_the_pool_are_refused_with_the_valid_range() -> None:
+    """BlockPool.touch / insert and FreeBlockQueue.remove / materialize accept any id in
+    ``1 .. num_blocks-1`` (module docstring); an id at or past ``num_blocks`` is a ValueError
+    naming it and the range, and changes nothing."""
+    pool = BlockPool(10, 1)
+    pool.allocate(1)
+    for call in (lambda: pool.touch([10]), lambda: pool.insert(0, h(1), 10)):
+        with pytest.raises(ValueError, match=r"^block id 10 out of range \[1, 10\)$"):
+            call()
+        assert pool.next_fresh == 2 and pool.num_free == 8
+        pool.check()
+    q = FreeBlockQueue(10)
+    with pytest.raises(ValueError, match=r"^block id 10 out of range \[1, 10\)$"):
+        q.remove(10)
+    with pytest.raises(ValueError, match=r"^block id 11 out of range \[1, 10\)$"):
+        q.materialize(12)
+    assert q.next_fresh == 1 and list(q) == list(range(1, 10))
+
+
+@pytest.mark.parametrize("kind", ["policy", "extent"])
+def test_pools_with_held_blocks_refuse_to_pop_more_than_are_free(kind) -> None:
+    """PolicyBlockPool / ExtentBlockPool.allocate past ``num_free`` (which counts the blocks
+    the policy or the held tails hold too): a ValueError naming both numbers."""
+    if kind == "policy":
+        pool = PolicyBlockPool(4, 1, make_policy("lfu"))
+        blocks = pool.allocate(3)
+        pool.insert(0, h(1), blocks[0])
+        pool.free(blocks)                  # 2 scratch blocks in the queue, 1 in the policy
+        assert len(pool.policy) == 1
+    else:
+        pool = ExtentBlockPool(4, 1)
+        head = pool.allocate_extent(2)
+        pool.insert(0, h(1), head)
+        pool.free([head])                  # the head queued, its tail held; 1 fresh id
+        assert pool.num_held == 1
+    assert pool.num_free == 3
+    with pytest.raises(ValueError, match=r"^cannot pop 4 blocks, only 3 are free$"):
+        pool.allocate(4)
+    assert pool.num_free == 3
+    pool.check()
+
+
+def test_policy_pool_hit_on_a_queued_or_never_used_block() -> None:
+    """PolicyBlockPool.touch: a free block without a hash sits in the queue, not the policy;
+    a hit on it takes it out of the queue. A never-used id (below or at / past the per-block
+    lists' end) is first made explicit, as in BlockPool. Each ends with one reference."""
+    pool = PolicyBlockPool(200, 1, make_policy("lfu"))
+    pool.free(pool.allocate(2))            # 1, 2: scratch, queued; lists cover 64 ids
+    assert len(pool.ref_cnt) == 64
+    pool.touch([1])
+    assert pool.ref_cnt[1] == 1 and pool.num_free == 198
+    pool.check()
+    pool.touch([5])                        # fresh, below the lists' end
+    pool.touch([64, 70])                   # fresh, at and past the lists' end
+    assert [pool.ref_cnt[b] for b in (5, 64, 70)] == [1, 1, 1]
+    assert pool.num_free == 195
+    assert pool.next_fresh == 71
+    pool.check()
+    assert 5 not in pool.allocate(195)     # every other id is still free
+    pool.check()
+
+
+def test_queue_remove_of_a_fresh_id_makes_only_the_ids_up_to_it_explicit() -> None:
+    """FreeBlockQueue.remove(b) for a fresh id: ids ``next_fresh .. b`` become explicit (their
+    place in the queue order is unchanged), then b leaves the queue; the fresh mark is b + 1."""
+    q = FreeBlockQueue(10)
+    assert q.popleft_n(1) == [1]
+    q.remove(2)                            # the fresh mark itself
+    assert q.next_fresh == 3 and list(q) == list(range(3, 10)) and len(q) == 7
+    q.remove(5)
+    assert q.next_fresh == 6 and list(q) == [3, 4, 6, 7, 8, 9] and len(q) == 6
+    assert q.popleft_n(6) == [3, 4, 6, 7, 8, 9]
+
+
+def test_cached_block_of_a_duplicated_hash_is_the_first_copy() -> None:
+    """BlockPool.cached_block: when the same content was computed twice, the first block
+    registered is the one a lookup gets; after it is dropped, the other."""
+    pool = BlockPool(8, 1)
+    a, b = pool.allocate(2)
+    pool.insert(0, h(3), a)
+    pool.insert(0, h(3), b)
+    assert pool.cached_block(0, h(3)) == a
+    pool.drop_hash(a)
+    assert pool.cached_block(0, h(3)) == b
+
+
+def test_a_double_free_is_reported_and_leaves_the_pool_consistent() -> None:
+    """BlockPool.free of a block with no reference left raises AssertionError naming it; the
+    block's count stays 0 (it is still free, once) and the pool checks clean."""
+    pool = BlockPool(8, 1)
+    a, b = pool.allocate(2)
+    pool.free([a])
+    with pytest.raises(AssertionError, match=rf"^block {a} freed more often than it was referenced$"):
+        pool.free([a])
+    assert pool.ref_cnt[a] == 0 and pool.num_free == 6
+    pool.check()
+
+
+@pytest.mark.parametrize("kind", ["lru", "policy", "extent"])
+def test_a_double_free_inside_a_batch_loses_no_block(kind) -> None:
+    """A batch that frees a valid block and then one with no reference left: the error names
+    the bad block, the valid free before it takes effect (its block is free and counted, not
+    lost: ref 0 outside every free list), the blocks after it are untouched, and the pool
+    checks clean — for every pool class."""
+    pool = {"lru": lambda: BlockPool(8, 1),
+            "policy": lambda: PolicyBlockPool(8, 1, make_policy("lfu")),
+            "extent": lambda: ExtentBlockPool(8, 1)}[kind]()
+    a, b, c, d = pool.allocate(4)
+    pool.insert(0, h(5), d)                # one cached block in the batch too
+    pool.free([a])
+    with pytest.raises(AssertionError, match=rf"^block {a} freed more often than it was referenced$"):
+        pool.free([b, d, a, c])
+    assert [pool.ref_cnt[x] for x in (a, b, c, d)] == [0, 0, 1, 0]
+    assert pool.num_free == 6              # 3 fresh + a, b, d
+    pool.check()
+    pool.free([c])
+    pool.check()
+    assert sorted(pool.allocate(7)) == list(range(1, 8))

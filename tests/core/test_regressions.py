@@ -300,3 +300,35 @@ def test_no_draft_group_means_every_group_carries_the_proof() -> None:
     serve(kv, "r", tokens)
     assert kv.lookup(Request("again", tokens)).num_tokens == 12
     assert kv.lookup(Request("longer", tokens + [1, 2, 3, 4])).num_tokens == 12
+
+
+# ---- 6. a state-group pool announces frees of cached blocks to the admission memo ---------------
+# Found at stop 22 while reading pool.py's mutants: ExtentBlockPool's free and allocate did not
+# bump ``free_version``, so the coordinator's per-request memo of "hit blocks nobody holds"
+# (``_evictable_counts``) outlived a free, and a waiting request's plan undercounted the free
+# blocks its own hit would take: allocate raised "cannot pop" instead of returning None.
+
+def test_waiting_request_replanned_after_a_free_with_a_state_group() -> None:
+    from hybridkv import FullAttention, KVCacheConfig, KVCacheGroup
+    from hybridkv.core.specs import StateSpec
+
+    fa = FullAttention(block_size=4, num_kv_heads=1, head_dim=4)
+    state = StateSpec(block_size=4, conv_shape=(1, 4), conv_dtype="float32", state_shape=(2, 2),
+                      state_dtype="float32")
+    kv = KVCacheManager(KVCacheConfig((KVCacheGroup("a", fa, ("a",)),
+                                       KVCacheGroup("s", state, ("s",))), num_blocks=10))
+    shared = list(range(16))
+    a = Request("a", shared + [100])
+    assert kv.allocate(a, 17, kv.lookup(a)) is not None
+    a.num_computed_tokens = 17
+    b = Request("b", shared + list(range(200, 209)))
+    hit = kv.lookup(b)                     # 16 tokens, on a's blocks (held by a)
+    assert hit.num_tokens == 16
+    assert kv.allocate(b, 9, hit) is None  # does not fit while a runs: b waits
+    kv.free(a)                             # a's blocks become free cached blocks
+    # b is planned again with the same hit (as a scheduler does every step); taking the hit's
+    # blocks out of the free queue leaves too few for b's new ones: still no fit, no error
+    assert kv.allocate(b, 9, hit) is None
+    fresh = Request("b2", list(b.token_ids))
+    assert kv.allocate(fresh, 9, kv.lookup(fresh)) is None   # the same answer, unmemoized
+    kv.check_integrity()

@@ -64,6 +64,16 @@ _consume = deque(maxlen=0).extend
 _MAX_CHANGES = 1 << 14
 
 
+class _FreedTooOften(AssertionError):
+    """A block freed more often than it was referenced (BlockPool.free's error); carries the
+    blocks its batch released before it, which ``free`` still takes in."""
+
+    def __init__(self, b: int, scratch: list[int], cached: list[int]) -> None:
+        super().__init__(f"block {b} freed more often than it was referenced")
+        self.scratch = scratch
+        self.cached = cached
+
+
 class FreeBlockQueue:
     """Doubly linked list of block ids with O(1) popleft/append/prepend/remove per block.
 
@@ -429,8 +439,21 @@ class BlockPool:
                 self.free_version += 1
 
     def free(self, blocks: Iterable[int]) -> None:
-        """Drop a reference on each non-null block, in the given order (see module doc)."""
-        scratch, cached = self._release(blocks)
+        """Drop a reference on each non-null block, in the given order (see module doc).
+
+        A block with no reference left (a double free, or an id never handed out) raises
+        AssertionError naming it; the blocks before it in ``blocks`` are freed as asked, it
+        and the ones after it are left as they were, so no block is lost."""
+        try:
+            scratch, cached = self._release(blocks)
+        except _FreedTooOften as e:
+            self._enqueue(e.scratch, e.cached)
+            raise
+        self._enqueue(scratch, cached)
+
+    def _enqueue(self, scratch: list[int], cached: list[int]) -> None:
+        """Take in the blocks a :meth:`free` released: scratch at the queue's head, cached at
+        its tail (LRU), each batch in the given order."""
         self.queue.prepend_n(scratch)
         if cached:
             self.queue.append_n(cached)
@@ -438,8 +461,9 @@ class BlockPool:
 
     def _release(self, blocks: Iterable[int]) -> tuple[list[int], list[int]]:
         """Drop a reference on each non-null block; return the blocks that became free, split
-        into scratch (no hash) and cached, each in the given order. Raises AssertionError for a
-        block freed more often than it was referenced."""
+        into scratch (no hash) and cached, each in the given order. Raises :class:`_FreedTooOften` for a
+        block freed more often than it was referenced, carrying the blocks released before it
+        (that block keeps ref 0; the rest of ``blocks`` is not touched)."""
         ref, bh = self.ref_cnt, self.block_hash
         scratch: list[int] = []
         cached: list[int] = []
@@ -453,9 +477,9 @@ class BlockPool:
                         (scratch if bh[b] is None else cached).append(b)
                     elif r < 0:
                         ref[b] = 0
-                        raise AssertionError(f"block {b} freed more often than it was referenced")
+                        raise _FreedTooOften(b, scratch, cached)
         except IndexError:                         # a fresh id: never referenced
-            raise AssertionError(f"block {b} freed more often than it was referenced") from None
+            raise _FreedTooOften(b, scratch, cached) from None
         return scratch, cached
 
     def reset_hashes(self) -> None:
@@ -613,9 +637,8 @@ class PolicyBlockPool(BlockPool):
                     pol.on_hit(b, False)
                 ref[b] += 1
 
-    def free(self, blocks: Iterable[int]) -> None:
-        """As :meth:`BlockPool.free`, but cached blocks go to the eviction policy."""
-        scratch, cached = self._release(blocks)
+    def _enqueue(self, scratch: list[int], cached: list[int]) -> None:
+        """As :meth:`BlockPool._enqueue`, but cached blocks go to the eviction policy."""
         self.queue.prepend_n(scratch)
         if cached:
             self.policy.on_free(cached)
@@ -711,6 +734,7 @@ class ExtentBlockPool(BlockPool):
         bh, group, siblings = self.block_hash, self.block_group, self.siblings
         out: list[int] = []
         spare: list[int] = []
+        evictions = self.num_evictions
         while len(out) + len(spare) < n:
             k = min(n - len(out) - len(spare), q.num_free)
             if k <= 0:
@@ -742,6 +766,8 @@ class ExtentBlockPool(BlockPool):
         ref = self.ref_cnt
         for b in spare:
             ref[b] = 1
+        if self.num_evictions != evictions:
+            self.free_version += 1
         return out + spare
 
     def _evict_free(self, g: int, h: bytes, spare: list[int]) -> None:
@@ -781,8 +807,9 @@ class ExtentBlockPool(BlockPool):
                         ref[x] = 1
             super().touch((b,))
 
-    def free(self, blocks: Iterable[int]) -> None:
-        scratch, cached = self._release(blocks)
+    def _enqueue(self, scratch: list[int], cached: list[int]) -> None:
+        """As :meth:`BlockPool._enqueue`; a scratch head dissolves its extent (its tails go
+        back as scratch after it), a cached head's tails are held (ref 0, outside the queue)."""
         tails, ref = self.tails, self.ref_cnt
         if tails:
             out: list[int] = []
@@ -801,7 +828,9 @@ class ExtentBlockPool(BlockPool):
                         ref[x] = 0
                     self.num_held += len(t)
         self.queue.prepend_n(scratch)
-        self.queue.append_n(cached)
+        if cached:
+            self.queue.append_n(cached)
+            self.free_version += 1
 
     def _check_held(self, in_queue: list[bool]) -> None:
         ref, bh = self.ref_cnt, self.block_hash

@@ -4,8 +4,10 @@ Assumes nothing about traffic; it is for traffic nobody has measured. Two *shado
 pool's capacity run beside the real one on content hashes only (no blocks): an LRU and a chain
 ARC (:mod:`hybridkv.core.eviction.arc`). Every batch the pool frees (a request's chain, tail
 first) is served to both: each counts its leading hits (from the chain's head), then takes the
-batch in as the pool would. Their hit counts halve every ``DECAY_CAPACITIES`` x ``capacity``
-blocks freed. The real cache evicts like the shadow that is ahead: chain ARC's choice while its
+whole batch in, refreshing every key it already holds. That is exactly what a pool of that
+capacity would hit when every chain is one block long; with longer chains it is an estimate (a
+real pool reuses a chain only up to its first miss and recomputes the rest). Their hit counts
+halve every ``DECAY_CAPACITIES`` x ``capacity`` blocks freed. The real cache evicts like the shadow that is ahead: chain ARC's choice while its
 count exceeds ``(1 + margin)`` x LRU's count + 1, else **exactly LRU's** (one list of the held
 blocks in free order: the pool's own LRU order), as it does from the start.
 
