@@ -217,3 +217,48 @@ def test_drop_mode_decode_takes_the_fast_path() -> None:
         kv.check_integrity()
         # one new block per 16 tokens in each group, and the cache/slide points in between
         assert commits <= 1 + 3 * 320 // 16, commits
+
+
+def _has_state(cfg_args) -> bool:
+    from hybridkv.core.specs import StateSpec
+    return any(isinstance(g.spec, StateSpec) for g in cfg_args[0].groups)
+
+
+@pytest.mark.parametrize("cfgs", [configs(), configs().filter(_has_state)], ids=["any", "state"])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), ops=st.lists(st.tuples(st.integers(0, 5), st.integers(0, 10**6)), min_size=1,
+                                    max_size=40))
+def test_waiting_requests_plan_as_if_nothing_were_memoized(cfgs, data, ops) -> None:
+    """A scheduler looks a waiting request up once and plans its admission with that hit every
+    step; the coordinator memoizes per request what it counted of the hit's blocks
+    (``_evictable_counts``, valid while ``free_version`` holds). After any sequence of
+    admissions, steps and frees, a waiting request's plan must equal the plan of a twin
+    request with the same tokens and a copy of the hit (counted afresh), for every pool class
+    (state groups use ExtentBlockPool)."""
+    import dataclasses
+
+    cfg, retention, spec, compat = data.draw(cfgs, label="config")
+    d = Driver(cfg, retention, spec, compat, fast=True, explicit=False)
+    kv, coord = d.kv, d.kv.coordinator
+    waiting: list = []
+    fields = [f for f in AllocationPlan._fields if f not in ("request_id", "hit")]
+    for i, (op, x) in enumerate(ops):
+        d.op(op, x)
+        if d.prompts and x % 3 == 0 and len(waiting) < 4:
+            req = Request(f"w{i}", d.prompts[x % len(d.prompts)] + [x % 5])
+            waiting.append((req, kv.lookup(req)))
+        for req, hit in waiting:
+            n = req.num_tokens - hit.num_tokens
+            twin = Request(f"{req.request_id}-twin", list(req.token_ids))
+            kv.lookup(twin)                      # gives the twin its block hashes
+            copy = dataclasses.replace(hit, block_ids=tuple([*hit.block_ids]),
+                                       request_id=twin.request_id)
+            try:
+                memo = coord.plan(req, n, hit, 0)
+            except ValueError as exc:            # a stale hit is refused: so is its copy
+                with pytest.raises(ValueError):
+                    coord.plan(twin, n, copy, 0)
+                assert "stale" in str(exc)
+                continue
+            fresh = coord.plan(twin, n, copy, 0)
+            assert [getattr(memo, f) for f in fields] == [getattr(fresh, f) for f in fields]
