@@ -66,6 +66,10 @@ _GROUP = st.integers(0, 3)
 # per example: images, LoRA, max_model_len (each in 1 of 3 examples; half under deep)
 _EXTRA = st.sampled_from([False, True] if DEEP else [False, False, True])
 _MAX_LEN = st.integers(4, 64)
+# examples with images: mostly EAGLE/MTP lookahead hashing (an image starting at a block's end
+# enters that block's hash), else the drop mode or no drafter
+_SPEC_IMAGES = st.sampled_from([SpecDecode("eagle", 1), SpecDecode("mtp", 2), SpecDecode("eagle", 2),
+                                SpecDecode("eagle", 1, hash_lookahead=False), None])
 
 PLACEHOLDER = -1                                 # one token id for every image patch
 IMAGES = {"cat": 3, "cow": 3, "dog": 5, "elk": 5, "owl": 2, "emu": 2}   # id -> patches
@@ -88,9 +92,9 @@ def _spec(draw, kind: str, bs: int):
 
 
 @st.composite
-def configs(draw, states: bool = True):
+def configs(draw, states: bool = True, spec_choices=_SPEC):
     """A random config; ``states=False`` leaves state groups out (non-LRU eviction policies
-    do not support them yet)."""
+    do not support them yet); ``spec_choices`` draws the speculative decoding."""
     n = draw(_N_GROUPS)
     kinds = [draw(_KIND if states else _KIND_NO_STATE) for _ in range(n)]
     if DEEP and n > 1 and draw(_GROUP):
@@ -115,7 +119,7 @@ def configs(draw, states: bool = True):
             pool *= 2
     has_local = any(attention_kind(s) != "full" for s in specs)
     retention = draw(st.sampled_from([None, 0] + ([cfg.alignment, 2 * cfg.alignment] if has_local else [])))
-    spec = draw(_SPEC)
+    spec = draw(spec_choices)
     compat = draw(st.booleans())
     # A pool too small for one request's lookahead slots is refused at construction (its own
     # test: tests/core/test_manager_api.py); grow such a pool until the manager accepts it.
@@ -146,7 +150,8 @@ def op_configs(draw):
     """A config (:func:`configs`) and its :class:`Extras`. A drawn max_model_len the manager
     refuses (a pool too small for one request of that length, or lookahead slots past it) is
     moved until it is accepted: smaller for the pool, larger for the slots."""
-    cfg_args = draw(configs())
+    images = draw(_EXTRA)
+    cfg_args = draw(configs(spec_choices=_SPEC_IMAGES if images else _SPEC))
     cfg, retention, spec, compat = cfg_args
     max_len = draw(_MAX_LEN) if draw(_EXTRA) else None
     for _ in range(12 if max_len else 0):
@@ -163,7 +168,7 @@ def op_configs(draw):
                 raise
     else:
         max_len = None
-    return cfg_args, Extras(draw(_EXTRA), draw(_EXTRA), max_len)
+    return cfg_args, Extras(images, draw(_EXTRA), max_len)
 
 
 def config_kind(cfg: KVCacheConfig, spec: SpecDecode | None, compat: bool) -> list[str]:
@@ -205,10 +210,11 @@ def _mix(x: int) -> int:
 def next_prompt(m: "Model", x: int) -> tuple[Prompt, str | None]:
     """The next request's prompt and salt from an operation's argument: a prefix of an earlier
     prompt (its images that fit kept, the last one sometimes swapped for its twin at the same
-    positions; its LoRA mostly kept) plus new tokens, maybe with a new image (often starting
-    at a hash-block or alignment boundary, the EAGLE lookahead case), maybe cut or padded to
+    positions; or cut right before one of its images, followed by the same image or its twin;
+    its LoRA mostly kept) plus new tokens, maybe with a new image (often starting at a
+    hash-block or alignment boundary, the EAGLE lookahead case), maybe cut or padded to
     within 3 tokens of max_model_len (one over it included)."""
-    base = m.prompts[x % len(m.prompts)] if m.prompts and x % 3 else Prompt((), (), None)
+    base = m.history[x % len(m.history)] if m.history and x % 3 else Prompt((), (), None)
     keep = (x // 7) % (len(base.tokens) + 1)
     tail = [(x >> k) % 5 for k in range(1 + x % 13)]
     salt = "s" if x % 11 == 0 else None
@@ -218,19 +224,28 @@ def next_prompt(m: "Model", x: int) -> tuple[Prompt, str | None]:
     y = _mix(x)
     items = []
     if ex.images:
+        new = None                                 # (identifier, position in the new tokens)
+        if base.items and (y >> 22) % 2:
+            # cut right before one of the prompt's images: the same image or its twin follows
+            it = base.items[(y >> 5) % len(base.items)]
+            keep = it.offset
+            new = (it.identifier if (y >> 2) % 2 else TWIN[it.identifier], 0)
+            note("requests with the same or another image where their prompt's was")
         items = [it for it in base.items if it.offset + it.length <= keep]
         if items and y % 3 == 0:                   # another image at the same positions
             it = items[-1]
             items[-1] = MultiModalItem(TWIN[it.identifier], it.offset, it.length)
             note("requests with an image swapped at the same positions")
-        if (y >> 2) % 3:                           # a new image in the new tokens
-            name = IMAGE_NAMES[(y >> 4) % len(IMAGE_NAMES)]
+        if new is None and (y >> 2) % 3:           # a new image in the new tokens
             p = (y >> 7) % (len(tail) + 1)
-            unit = (hash_block_size(m.cfg), m.cfg.alignment, 0, 0)[(y >> 12) % 4]
+            unit = (hash_block_size(m.cfg), m.cfg.alignment, m.cfg.alignment, 0)[(y >> 12) % 4]
             if unit:
                 p += -(keep + p) % unit
                 tail += [(x >> k) % 5 for k in range(p - len(tail))]
                 note("requests with an image starting at a block boundary")
+            new = (IMAGE_NAMES[(y >> 4) % len(IMAGE_NAMES)], p)
+        if new is not None:
+            name, p = new
             tail[p:p] = [PLACEHOLDER] * IMAGES[name]
             items.append(MultiModalItem(name, keep + p, IMAGES[name]))
     lora = None
@@ -272,12 +287,17 @@ class Model:
         self.mirror = ContentMirror(kv.config, spec)
         self.running: dict[str, Request] = {}
         self.written: dict[tuple[int, int], tuple] = {}   # (group, block) -> block_content
-        self.prompts: list[Prompt] = []
+        self.prompts: list[list[int]] = []                 # admitted prompts' tokens
+        self.history: list[Prompt] = []                    # ... with their images and LoRA
+        self.events: list = []                             # every KV event, in order
         self.counter = 0
 
     def sync(self, writer: Request | None = None) -> None:
-        """Feed the events to the mirror; right after each allocate/free of ``writer``."""
-        self.mirror.feed(self.kv.take_events(), writer)
+        """Feed the events to the mirror (and the log ``events``); right after each allocate
+        or free of ``writer``, the request whose blocks they store."""
+        events = self.kv.take_events()
+        self.events += events
+        self.mirror.feed(events, writer)
 
     def check_fresh(self, req: Request, upto: int) -> None:
         """Write-path freshness (reference §1.10): an allocation that brings ``req`` to ``upto``
@@ -353,14 +373,16 @@ class Model:
         if hit.shared_prefix_boundary:
             note("lookups reporting a shared-prefix junction")
 
-    def make_request(self, rid: str, prompt: Prompt, salt) -> Request:
-        """The Request ``admit`` submits (subclasses add per-request options)."""
-        return Request(rid, prompt.tokens, cache_salt=salt, lora=prompt.lora, mm_items=prompt.items)
+    def make_request(self, rid: str, tokens, salt, **options) -> Request:
+        """The Request ``admit`` submits (subclasses add per-request options; ``options``:
+        ``mm_items`` and ``lora``, given only when set)."""
+        return Request(rid, tokens, cache_salt=salt, **options)
 
-    def admit(self, prompt: Prompt, salt, chunk) -> None:
+    def admit(self, tokens, salt, chunk, items=(), lora=None) -> None:
         rid = f"r{self.counter}"
         self.counter += 1
-        req = self.make_request(rid, prompt, salt)
+        options = {k: v for k, v in (("mm_items", tuple(items)), ("lora", lora)) if v}
+        req = self.make_request(rid, tokens, salt, **options)
         if req.mm_items:
             note("requests with images")
         if req.lora is not None:
@@ -387,7 +409,8 @@ class Model:
         req.num_computed_tokens = hit.num_tokens + n
         self.record_written(req)
         self.running[rid] = req
-        self.prompts.append(prompt)
+        self.prompts.append(list(tokens))
+        self.history.append(Prompt(tuple(tokens), tuple(items), lora))
 
     def step(self, rid: str, token: int) -> None:
         req = self.running[rid]
@@ -448,7 +471,7 @@ def test_random_operations_keep_invariants(cfg_args, ops):
                 assert not kv.reset_prefix_cache()
         elif op <= 1 or not m.running:
             prompt, salt = next_prompt(m, x)
-            m.admit(prompt, salt, chunk=1 + x % 40)
+            m.admit(prompt.tokens, salt, 1 + x % 40, prompt.items, prompt.lora)
         elif op <= 4:
             rid = sorted(m.running)[x % len(m.running)]
             m.step(rid, x % 5)
