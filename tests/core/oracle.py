@@ -19,6 +19,11 @@ from the hit rules of DESIGN.md §2 and the vLLM reference (shared/reference/vll
   proof (drop)     plus the block that starts at t (EAGLE legacy drop mode, draft groups)
   ===============  ===========================================================
 
+* :class:`ContentMirror` keys cached blocks by *content* instead of hash: salt, LoRA (name and
+  path), the tokens ``[0, e + L)`` and the multimodal items overlapping them, computed from the
+  Request's public fields (never with the implementation's hasher or extra-key helpers); it
+  learns which hash names which content from the BlockStored events of the request being
+  allocated, and fails when one hash names two contents.
 * :func:`oracle_hit` is a brute-force search: the largest multiple of the alignment (LCM of the
   block sizes), at most ``num_tokens - 1``, whose needed blocks are all hashed and cached in
   every group. Identical sibling groups need no special case: each one must hold its own
