@@ -173,7 +173,8 @@ def serves(cfg: KVCacheConfig, spec: SpecDecode | None, compat: bool, req: Reque
 
 def oracle_hit(cfg: KVCacheConfig, spec: SpecDecode | None, compat: bool, req: Request,
                cached: CacheMirror | ContentMirror | set, max_model_len: int | None = None) -> int:
-    """The longest servable hit of ``req`` (tokens) given the cached ``(group, hash)`` keys."""
+    """The longest servable hit of ``req`` (tokens) given the cached ``(group, hash)`` keys (or
+    a :class:`ContentMirror`'s content keys)."""
     if req.skip_prefix_cache:
         return 0
     cap = req.num_tokens - 1
