@@ -19,6 +19,11 @@ from the hit rules of DESIGN.md §2 and the vLLM reference (shared/reference/vll
   proof (drop)     plus the block that starts at t (EAGLE legacy drop mode, draft groups)
   ===============  ===========================================================
 
+* :class:`ContentMirror` keys cached blocks by *content* instead of hash: salt, LoRA (name and
+  path), the tokens ``[0, e + L)`` and the multimodal items overlapping them, computed from the
+  Request's public fields (never with the implementation's hasher or extra-key helpers); it
+  learns which hash names which content from the BlockStored events of the request being
+  allocated, and fails when one hash names two contents.
 * :func:`oracle_hit` is a brute-force search: the largest multiple of the alignment (LCM of the
   block sizes), at most ``num_tokens - 1``, whose needed blocks are all hashed and cached in
   every group. Identical sibling groups need no special case: each one must hold its own
@@ -146,8 +151,9 @@ def key_of(cfg: KVCacheConfig, req: Request, group: int, j: int) -> tuple[int, b
 
 
 def serves(cfg: KVCacheConfig, spec: SpecDecode | None, compat: bool, req: Request,
-           cached: CacheMirror | set, t: int, cap: int) -> bool:
-    """Whether every group holds the blocks a hit ending at ``t`` reads."""
+           cached: CacheMirror | ContentMirror | set, t: int, cap: int) -> bool:
+    """Whether every group holds the blocks a hit ending at ``t`` reads (keyed by content
+    with a :class:`ContentMirror`, by the request's hashes otherwise)."""
     proofs = proof_groups(cfg, spec)
     single = len(cfg.groups) == 1
     for g in range(len(cfg.groups)):
@@ -158,15 +164,17 @@ def serves(cfg: KVCacheConfig, spec: SpecDecode | None, compat: bool, req: Reque
                 # drop no margin (reference §1.12 "Unitary: no margin"): the proof block must
                 # lie inside the capped range too.
                 return False
-            key = key_of(cfg, req, g, j)
+            key = cached.key_of(req, g, j) if isinstance(cached, ContentMirror) else \
+                key_of(cfg, req, g, j)
             if key is None or key not in cached:
                 return False
     return True
 
 
 def oracle_hit(cfg: KVCacheConfig, spec: SpecDecode | None, compat: bool, req: Request,
-               cached: CacheMirror | set, max_model_len: int | None = None) -> int:
-    """The longest servable hit of ``req`` (tokens) given the cached ``(group, hash)`` keys."""
+               cached: CacheMirror | ContentMirror | set, max_model_len: int | None = None) -> int:
+    """The longest servable hit of ``req`` (tokens) given the cached ``(group, hash)`` keys (or
+    a :class:`ContentMirror`'s content keys)."""
     if req.skip_prefix_cache:
         return 0
     cap = req.num_tokens - 1
@@ -177,3 +185,111 @@ def oracle_hit(cfg: KVCacheConfig, spec: SpecDecode | None, compat: bool, req: R
         if serves(cfg, spec, compat, req, cached, t, cap):
             return t
     return 0
+
+
+# ---- content keys: what a cached block was computed from ------------------------------------
+# The mirror above trusts the request's hashes as the identity of a prefix. The content mirror
+# below does not: it keys a block by an exact, collision-free identity of everything its KV
+# depends on (reference §1.3, the hash's documented inputs), computed here from the Request's
+# public fields, and learns which hash names which content only from the BlockStored events of
+# the request being allocated. Two different contents under one hash is then a failure of its
+# own (the hash misses an input), and a hash that differs for equal contents shows up as a hit
+# the oracle finds and the manager does not.
+#
+# The KV of group g's block j (tokens [s, e), e = (j + 1) * bs) in a request depends on:
+#   * the cache salt and the LoRA adapter (name and path) of the request;
+#   * the tokens [0, e + L), L = 1 with EAGLE/EAGLE3/MTP lookahead hashing (the drafter's KV at
+#     e - 1 read token e), else 0;
+#   * every multimodal item overlapping [0, e + L), by identifier and position: an item
+#     overlaps [0, x) iff its offset is below x.
+
+
+def lookahead_tokens(spec: SpecDecode | None) -> int:
+    """L: 1 for a proof method that hashes the boundary token (its default), else 0."""
+    return 1 if spec is not None and spec.method in PROOF_METHODS and spec.hash_lookahead else 0
+
+
+class ContentMirror:
+    """The multiset of cached ``(group, content id)`` keys, rebuilt from KV events.
+
+    Content ids are small ints handed out by an interner: equal ids iff equal (salt, LoRA,
+    tokens [0, e + L), items overlapping them). ``feed(events, writer)`` must be called right
+    after each ``allocate`` / ``free`` of ``writer`` (the request whose blocks those events
+    store); ``BlockRemoved`` and ``AllBlocksCleared`` need no writer.
+    """
+
+    def __init__(self, cfg: KVCacheConfig, spec: SpecDecode | None) -> None:
+        self.cfg = cfg
+        self.hbs = hash_block_size(cfg)
+        self.la = lookahead_tokens(spec)
+        self.keys: Counter[tuple[int, int]] = Counter()
+        self.content_of: dict[tuple[int, bytes], int] = {}   # (group, hash) -> content id
+        self._ids: dict[tuple, int] = {}
+        self._chains: dict[int, tuple[Request, list[int]]] = {}
+
+    # -- content ids ------------------------------------------------------------------------
+    def _intern(self, key: tuple) -> int:
+        return self._ids.setdefault(key, len(self._ids))
+
+    def chain(self, req: Request) -> list[int]:
+        """Content ids of ``req``'s fine blocks: element i covers tokens ``[0, (i+1)*hbs + L)``;
+        one per fine block whose lookahead tokens exist. Grows as the request's tokens do."""
+        memo = self._chains.get(id(req))
+        if memo is None or memo[0] is not req:
+            lora = (req.lora.name, req.lora.path) if req.lora is not None else None
+            memo = (req, [self._intern(("root", req.cache_salt, lora))])
+            self._chains[id(req)] = memo
+        ids = memo[1]                      # ids[0] is the root; ids[i + 1] is fine block i
+        toks = req.token_ids
+        while (len(ids)) * self.hbs + self.la <= len(toks):
+            i = len(ids) - 1
+            lo = i * self.hbs + self.la if i else 0
+            hi = (i + 1) * self.hbs + self.la
+            items = tuple((it.identifier, it.offset) for it in req.mm_items if lo <= it.offset < hi)
+            ids.append(self._intern((ids[-1], tuple(toks[lo:hi]), items)))
+        return ids[1:]
+
+    def key_of(self, req: Request, group: int, j: int) -> tuple[int, int] | None:
+        """The content key of block j of ``group`` in ``req``; None while its hash cannot exist
+        (the L tokens after the block are not there yet)."""
+        k = hash_index(self.cfg, group, j)
+        if (k + 1) * self.hbs + self.la > req.num_tokens:
+            return None
+        return (group, self.chain(req)[k])
+
+    # -- events -----------------------------------------------------------------------------
+    def feed(self, events: Iterable[object], writer: Request | None = None) -> None:
+        pos = None
+        for ev in events:
+            if isinstance(ev, BlockStored):
+                if pos is None:
+                    assert writer is not None, "BlockStored outside an allocate/free of a known request"
+                    pos = {h: k for k, h in enumerate(writer.block_hashes)}
+                chain = self.chain(writer)
+                for h in ev.block_hashes:
+                    assert h in pos, f"group {ev.group_idx}: a stored hash is none of {writer!r}'s"
+                    content = chain[pos[h]]
+                    seen = self.content_of.setdefault((ev.group_idx, h), content)
+                    assert seen == content, (
+                        f"group {ev.group_idx}: one hash names two different contents (salt, "
+                        f"LoRA, tokens or multimodal items differ), the second from {writer!r}")
+                    self.keys[(ev.group_idx, content)] += 1
+            elif isinstance(ev, BlockRemoved):
+                for h in ev.block_hashes:
+                    assert (ev.group_idx, h) in self.content_of, \
+                        f"BlockRemoved for a hash never stored: group {ev.group_idx}"
+                    key = (ev.group_idx, self.content_of[(ev.group_idx, h)])
+                    assert self.keys[key] > 0, f"BlockRemoved for a key never stored: group {key[0]}"
+                    self.keys[key] -= 1
+                    if not self.keys[key]:
+                        del self.keys[key]
+            elif isinstance(ev, AllBlocksCleared):
+                self.keys.clear()
+            else:
+                raise AssertionError(f"unknown event {ev!r}")
+
+    def __contains__(self, key: tuple[int, int]) -> bool:
+        return self.keys.get(key, 0) > 0
+
+    def cached(self) -> set[tuple[int, int]]:
+        return set(self.keys)

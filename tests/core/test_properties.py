@@ -10,6 +10,14 @@ After every step:
 Principle 1: after a request is freed, every block it cached is read by some hit that a
 replay of its own tokens gets (the write path keeps only what the read path can use).
 
+Besides tokens and a cache salt, the operation sequences' requests carry, per example
+(:class:`Extras`): multimodal items (kept from the prompt they extend, swapped for another
+image at the same positions, or new, often at a block boundary), a LoRA adapter (the prompt's
+own or another one, a re-pointed path included), and the manager gets a ``max_model_len``
+with prompts drawn near and over it. The oracle then keys blocks by content
+(:class:`~tests.core.oracle.ContentMirror`: salt, LoRA, tokens and images, from the Request's
+fields), and the shadow record compares the LoRA and the image patch of every token too.
+
 Profiles: the default budget keeps the suite fast; ``--hypothesis-profile=deep`` runs 5,000+
 examples per test, longer sequences, weighted to hybrids and speculative decoding
 (``tests/hypothesis_budget.py``, TESTING.md).
@@ -17,14 +25,16 @@ examples per test, longer sequences, weighted to hybrids and speculative decodin
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hybridkv import (MLA, ChunkedLocal, FullAttention, KVCacheConfig, KVCacheGroup,
-                      KVCacheManager, Request, SlidingWindow, SpecDecode)
+                      KVCacheManager, LoRA, MultiModalItem, Request, SlidingWindow, SpecDecode)
 from hybridkv.core.specs import StateSpec
-from tests.core.oracle import (CacheMirror, attention_kind, drop_mode, hash_block_size, hash_index, key_of,
-                               oracle_hit, proof_groups)
+from tests.core.oracle import (CacheMirror, ContentMirror, attention_kind, drop_mode, hash_block_size,
+                               hash_index, oracle_hit, proof_groups)
 from tests.hypothesis_budget import budgeted, examples, is_deep, note
 
 DEEP = is_deep()
@@ -53,6 +63,19 @@ _CHUNK_BLOCKS = st.integers(1, 4)
 _POOL = st.integers(12, 60)
 _SPEC = st.sampled_from(SPECS_DEEP if DEEP else SPECS_PLAIN)
 _GROUP = st.integers(0, 3)
+# per example: images, LoRA, max_model_len (each in 1 of 3 examples; half under deep)
+_EXTRA = st.sampled_from([False, True] if DEEP else [False, False, True])
+_MAX_LEN = st.integers(4, 64)
+# examples with images: mostly EAGLE/MTP lookahead hashing (an image starting at a block's end
+# enters that block's hash), else the drop mode or no drafter
+_SPEC_IMAGES = st.sampled_from([SpecDecode("eagle", 1), SpecDecode("mtp", 2), SpecDecode("eagle", 2),
+                                SpecDecode("eagle", 1, hash_lookahead=False), None])
+
+PLACEHOLDER = -1                                 # one token id for every image patch
+IMAGES = {"cat": 3, "cow": 3, "dog": 5, "elk": 5, "owl": 2, "emu": 2}   # id -> patches
+TWIN = {"cat": "cow", "cow": "cat", "dog": "elk", "elk": "dog", "owl": "emu", "emu": "owl"}
+IMAGE_NAMES = sorted(IMAGES)
+LORAS = [None, LoRA("a"), LoRA("b"), LoRA("a", "a-v2")]   # the last: "a" re-pointed
 
 
 def _spec(draw, kind: str, bs: int):
@@ -69,9 +92,9 @@ def _spec(draw, kind: str, bs: int):
 
 
 @st.composite
-def configs(draw, states: bool = True):
+def configs(draw, states: bool = True, spec_choices=_SPEC):
     """A random config; ``states=False`` leaves state groups out (non-LRU eviction policies
-    do not support them yet)."""
+    do not support them yet); ``spec_choices`` draws the speculative decoding."""
     n = draw(_N_GROUPS)
     kinds = [draw(_KIND if states else _KIND_NO_STATE) for _ in range(n)]
     if DEEP and n > 1 and draw(_GROUP):
@@ -96,7 +119,7 @@ def configs(draw, states: bool = True):
             pool *= 2
     has_local = any(attention_kind(s) != "full" for s in specs)
     retention = draw(st.sampled_from([None, 0] + ([cfg.alignment, 2 * cfg.alignment] if has_local else [])))
-    spec = draw(_SPEC)
+    spec = draw(spec_choices)
     compat = draw(st.booleans())
     # A pool too small for one request's lookahead slots is refused at construction (its own
     # test: tests/core/test_manager_api.py); grow such a pool until the manager accepts it.
@@ -109,6 +132,43 @@ def configs(draw, states: bool = True):
                 raise
             cfg = KVCacheConfig(groups, num_blocks=2 * cfg.num_blocks)
     return cfg, retention, spec, compat
+
+
+class Extras(NamedTuple):
+    """What an example's requests carry beyond tokens and a salt (drawn once per example)."""
+
+    images: bool                 # multimodal items
+    lora: bool                   # a LoRA adapter per request
+    max_model_len: int | None    # the manager's limit; prompts drawn near and over it
+
+
+NO_EXTRAS = Extras(False, False, None)
+
+
+@st.composite
+def op_configs(draw):
+    """A config (:func:`configs`) and its :class:`Extras`. A drawn max_model_len the manager
+    refuses (a pool too small for one request of that length, or lookahead slots past it) is
+    moved until it is accepted: smaller for the pool, larger for the slots."""
+    images = draw(_EXTRA)
+    cfg_args = draw(configs(spec_choices=_SPEC_IMAGES if images else _SPEC))
+    cfg, retention, spec, compat = cfg_args
+    max_len = draw(_MAX_LEN) if draw(_EXTRA) else None
+    for _ in range(12 if max_len else 0):
+        try:
+            KVCacheManager(cfg, retention_interval=retention, spec_decode=spec, vllm_compat=compat,
+                           max_model_len=max_len)
+            break
+        except ValueError as exc:
+            if "lookahead" in str(exc):
+                max_len += 4
+            elif "max_model_len" in str(exc) and max_len > 1:
+                max_len = max(1, max_len * 2 // 3)
+            else:
+                raise
+    else:
+        max_len = None
+    return cfg_args, Extras(images, draw(_EXTRA), max_len)
 
 
 def config_kind(cfg: KVCacheConfig, spec: SpecDecode | None, compat: bool) -> list[str]:
@@ -134,22 +194,118 @@ def decode_ops(raw: bytes) -> list[tuple[int, int]]:
     return [(raw[i] % 8, int.from_bytes(raw[i + 1:i + 4], "little")) for i in range(0, len(raw) - 3, 4)]
 
 
+class Prompt(NamedTuple):
+    """An admitted prompt, for later requests to extend."""
+
+    tokens: tuple[int, ...]
+    items: tuple[MultiModalItem, ...]
+    lora: LoRA | None
+
+
+def _mix(x: int) -> int:
+    """24 more bits from an operation's argument (for the choices the extras make)."""
+    return ((x * 0x9E3779B1) & 0xFFFFFFFF) >> 8
+
+
+def next_prompt(m: "Model", x: int) -> tuple[Prompt, str | None]:
+    """The next request's prompt and salt from an operation's argument: a prefix of an earlier
+    prompt (its images that fit kept, the last one sometimes swapped for its twin at the same
+    positions; or cut right before one of its images, followed by the same image or its twin;
+    its LoRA mostly kept) plus new tokens, maybe with a new image (often starting at a
+    hash-block or alignment boundary, the EAGLE lookahead case), maybe cut or padded to
+    within 3 tokens of max_model_len (one over it included)."""
+    base = m.history[x % len(m.history)] if m.history and x % 3 else Prompt((), (), None)
+    keep = (x // 7) % (len(base.tokens) + 1)
+    tail = [(x >> k) % 5 for k in range(1 + x % 13)]
+    salt = "s" if x % 11 == 0 else None
+    ex = m.extras
+    if not (ex.images or ex.lora or ex.max_model_len):
+        return Prompt(base.tokens[:keep] + tuple(tail), (), None), salt
+    y = _mix(x)
+    items = []
+    if ex.images:
+        new = None                                 # (identifier, position in the new tokens)
+        if base.items and (y >> 22) % 2:
+            # cut right before one of the prompt's images (and the placeholder-valued text
+            # tokens before it): the same image or its twin follows, maybe moved
+            k = (y >> 5) % len(base.items)
+            it = base.items[k]
+            keep = it.offset
+            start = base.items[k - 1].offset + base.items[k - 1].length if k else 0
+            while keep > start and base.tokens[keep - 1] == PLACEHOLDER:
+                keep -= 1
+            new = (it.identifier if (y >> 2) % 2 else TWIN[it.identifier], 0)
+            note("requests with the same or another image where their prompt's was")
+        items = [it for it in base.items if it.offset + it.length <= keep]
+        if items and y % 3 == 0:                   # another image at the same positions
+            it = items[-1]
+            items[-1] = MultiModalItem(TWIN[it.identifier], it.offset, it.length)
+            note("requests with an image swapped at the same positions")
+        if new is None and (y >> 2) % 3:           # a new image in the new tokens
+            p = (y >> 7) % (len(tail) + 1)
+            unit = (hash_block_size(m.cfg), m.cfg.alignment, m.cfg.alignment, 0)[(y >> 12) % 4]
+            if unit:
+                p += -(keep + p) % unit
+                tail += [(x >> k) % 5 for k in range(p - len(tail))]
+                note("requests with an image starting at a block boundary")
+            new = (IMAGE_NAMES[(y >> 4) % len(IMAGE_NAMES)], p)
+        if new is not None:
+            # 0-2 text tokens equal to the placeholder first: the same tokens can then hold
+            # the same image at another position
+            name, p = new
+            pad = (y >> 9) % 5 // 2
+            tail[p:p] = [PLACEHOLDER] * (pad + IMAGES[name])
+            items.append(MultiModalItem(name, keep + p + pad, IMAGES[name]))
+    lora = None
+    if ex.lora:
+        lora = base.lora if base.tokens and (y >> 14) % 3 else LORAS[(y >> 16) % len(LORAS)]
+    tokens = base.tokens[:keep] + tuple(tail)
+    if ex.max_model_len and (y >> 18) % 3 == 0:    # near the limit: max_model_len - 3 .. + 1
+        target = max(1, ex.max_model_len - 3 + (y >> 20) % 5)
+        tokens = (tokens + tuple((x >> k) % 5 for k in range(target)))[:target]
+        items = [it for it in items if it.offset + it.length <= target]
+        note("requests within 3 tokens of max_model_len")
+    return Prompt(tokens, tuple(items), lora), salt
+
+
+def block_content(req: Request, lo: int, hi: int) -> tuple:
+    """What the KV of tokens ``[lo, hi)`` was computed from, for the shadow record: the salt,
+    the LoRA (name and path), the tokens, and for each token the image and patch it is
+    (``()`` when no token is an image patch)."""
+    patches = ()
+    if req.mm_items:
+        patches = tuple(next(((it.identifier, p - it.offset) for it in req.mm_items
+                              if it.offset <= p < it.offset + it.length), None) for p in range(lo, hi))
+        if not any(patches):
+            patches = ()
+    lora = (req.lora.name, req.lora.path) if req.lora is not None else None
+    return (req.cache_salt, lora, tuple(req.token_ids[lo:hi]), patches)
+
+
 class Model:
     """Drives a manager and keeps the shadow record of block contents and the event mirror."""
 
-    def __init__(self, kv: KVCacheManager, spec: SpecDecode | None, compat: bool):
+    def __init__(self, kv: KVCacheManager, spec: SpecDecode | None, compat: bool,
+                 extras: Extras = NO_EXTRAS):
         self.kv = kv
         self.cfg = kv.config
         self.spec = spec
         self.compat = compat
-        self.mirror = CacheMirror()
+        self.extras = extras
+        self.mirror = ContentMirror(kv.config, spec)
         self.running: dict[str, Request] = {}
-        self.written: dict[tuple[int, int], tuple] = {}   # (group, block) -> (salt, tokens)
-        self.prompts: list[list[int]] = []
+        self.written: dict[tuple[int, int], tuple] = {}   # (group, block) -> block_content
+        self.prompts: list[list[int]] = []                 # admitted prompts' tokens
+        self.history: list[Prompt] = []                    # ... with their images and LoRA
+        self.events: list = []                             # every KV event, in order
         self.counter = 0
 
-    def sync(self) -> None:
-        self.mirror.feed(self.kv.take_events())
+    def sync(self, writer: Request | None = None) -> None:
+        """Feed the events to the mirror (and the log ``events``); right after each allocate
+        or free of ``writer``, the request whose blocks they store."""
+        events = self.kv.take_events()
+        self.events += events
+        self.mirror.feed(events, writer)
 
     def check_fresh(self, req: Request, upto: int) -> None:
         """Write-path freshness (reference §1.10): an allocation that brings ``req`` to ``upto``
@@ -171,7 +327,7 @@ class Model:
         self.sync()
         for g, group in enumerate(cfg.groups):
             for j in range(limit // group.spec.block_size):
-                assert key_of(cfg, req, g, j) in self.mirror, \
+                assert self.mirror.key_of(req, g, j) in self.mirror, \
                     f"group {g} block {j} of {req.request_id} not cached after computing {upto}"
         note("write-path freshness checks")
 
@@ -182,7 +338,7 @@ class Model:
             bs = cfg.groups[g].spec.block_size
             for j, b in enumerate(table):
                 if b and (j + 1) * bs <= req.num_computed_tokens:
-                    self.written[(g, b)] = (req.cache_salt, tuple(req.token_ids[j * bs:(j + 1) * bs]))
+                    self.written[(g, b)] = block_content(req, j * bs, (j + 1) * bs)
         # state groups: the live state (after num_computed tokens) becomes the final-length
         # checkpoint at free when it sits on a block boundary; record what it holds
         c = req.num_computed_tokens
@@ -190,7 +346,7 @@ class Model:
             bs = cfg.groups[sb.group].spec.block_size
             head = sb.live[0]
             if c and c % bs == 0:
-                self.written[(sb.group, head)] = (req.cache_salt, tuple(req.token_ids[c - bs:c]))
+                self.written[(sb.group, head)] = block_content(req, c - bs, c)
             else:
                 self.written.pop((sb.group, head), None)
 
@@ -208,29 +364,52 @@ class Model:
             assert len(ids) * bs == hit.num_tokens
             for j, b in enumerate(ids):
                 if b:
-                    want = (req.cache_salt, tuple(req.token_ids[j * bs:(j + 1) * bs]))
-                    assert self.written.get((g, b)) == want, f"hit block {b} holds other tokens"
+                    want = block_content(req, j * bs, (j + 1) * bs)
+                    assert self.written.get((g, b)) == want, \
+                        f"hit block {b} holds other tokens (or images, LoRA, salt)"
         self.sync()
-        assert hit.num_tokens == oracle_hit(cfg, self.spec, self.compat, req, self.mirror)
+        assert hit.num_tokens == oracle_hit(cfg, self.spec, self.compat, req, self.mirror,
+                                            self.kv.max_model_len)
         note("lookups")
         if hit.num_tokens:
             note("lookups with a non-zero hit")
             note("hit tokens", hit.num_tokens)
+            if any(it.offset < hit.num_tokens for it in req.mm_items):
+                note("hits over image patches")
+            if req.lora is not None:
+                note("hits of LoRA requests")
         if hit.shared_prefix_boundary:
             note("lookups reporting a shared-prefix junction")
 
-    def make_request(self, rid: str, tokens, salt) -> Request:
-        """The Request ``admit`` submits (subclasses add per-request options)."""
-        return Request(rid, tokens, cache_salt=salt)
+    def make_request(self, rid: str, tokens, salt, **options) -> Request:
+        """The Request ``admit`` submits (subclasses add per-request options; ``options``:
+        ``mm_items`` and ``lora``, given only when set)."""
+        return Request(rid, tokens, cache_salt=salt, **options)
 
-    def admit(self, tokens, salt, chunk) -> None:
+    def admit(self, tokens, salt, chunk, items=(), lora=None) -> None:
         rid = f"r{self.counter}"
         self.counter += 1
-        req = self.make_request(rid, tokens, salt)
+        options = {k: v for k, v in (("mm_items", tuple(items)), ("lora", lora)) if v}
+        req = self.make_request(rid, tokens, salt, **options)
+        if req.mm_items:
+            note("requests with images")
+        if req.lora is not None:
+            note(f"requests with LoRA {req.lora.name}:{req.lora.path or '-'}")
+        free = self.kv.num_free_blocks
         hit = self.kv.lookup(req)
         self.check_hit(req, hit)
+        limit = self.kv.max_model_len
+        if limit is not None and req.num_tokens > limit:
+            # Over max_model_len: its lookup is capped at max_model_len - 1 (checked above
+            # against the oracle) and takes no block; it is then refused as a scheduler does
+            # (the manager's own allocate accepts part of it: test_regressions, xfail), and
+            # the next operations check that nothing of it stayed.
+            assert self.kv.num_free_blocks == free
+            note("requests over max_model_len (lookup capped, refused)")
+            return
         n = min(chunk, req.num_tokens - hit.num_tokens)
         new = self.kv.allocate(req, n, hit)
+        self.sync(req)
         if new is None:
             note("admissions refused (pool full)")
             return
@@ -240,17 +419,23 @@ class Model:
         self.record_written(req)
         self.running[rid] = req
         self.prompts.append(list(tokens))
+        self.history.append(Prompt(tuple(tokens), tuple(items), lora))
 
     def step(self, rid: str, token: int) -> None:
         req = self.running[rid]
         if req.num_computed_tokens < req.num_tokens:      # continue the prefill
             n = min(7, req.num_tokens - req.num_computed_tokens)
             note("prefill chunks")
+        elif self.kv.max_model_len is not None and req.num_tokens >= self.kv.max_model_len:
+            note("requests stopped at max_model_len")    # a scheduler finishes it here
+            self.finish(rid)
+            return
         else:                                            # decode: the new token is computed next
             req.append_tokens([token])
             n = 1
             note("decode steps")
         new = self.kv.allocate(req, n)
+        self.sync(req)
         if new is None:
             note("preemptions")
             self.preempt(rid)
@@ -263,23 +448,28 @@ class Model:
     def preempt(self, rid: str) -> None:
         req = self.running.pop(rid)
         self.kv.free(req)
+        self.sync(req)
 
     def finish(self, rid: str) -> None:
         req = self.running.pop(rid)
         self.kv.free(req)
+        self.sync(req)
         note("requests finished")
 
 
 @settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(configs(), st.binary(min_size=4 * MIN_OPS, max_size=4 * MAX_OPS).map(decode_ops))
+@given(op_configs(), st.binary(min_size=4 * MIN_OPS, max_size=4 * MAX_OPS).map(decode_ops))
 @budgeted(0.55)
 def test_random_operations_keep_invariants(cfg_args, ops):
-    cfg, retention, spec, compat = cfg_args
+    (cfg, retention, spec, compat), extras = cfg_args
     kv = KVCacheManager(cfg, retention_interval=retention, spec_decode=spec, vllm_compat=compat,
-                        enable_events=True)
+                        max_model_len=extras.max_model_len, enable_events=True)
     for kind in config_kind(cfg, spec, compat):
         note(kind)
-    m = Model(kv, spec, compat)
+    for on, kind in zip(extras, ("extras: images", "extras: LoRA", "extras: max_model_len")):
+        if on:
+            note(kind)
+    m = Model(kv, spec, compat, extras)
     for op, x in ops:
         if op == 7:
             # a reset succeeds exactly when no request holds blocks
@@ -289,11 +479,8 @@ def test_random_operations_keep_invariants(cfg_args, ops):
             else:
                 assert not kv.reset_prefix_cache()
         elif op <= 1 or not m.running:
-            base = m.prompts[x % len(m.prompts)] if m.prompts and x % 3 else []
-            keep = base[: (x // 7) % (len(base) + 1)]
-            tokens = keep + [(x >> k) % 5 for k in range(1 + x % 13)]
-            salt = "s" if x % 11 == 0 else None
-            m.admit(tokens, salt, chunk=1 + x % 40)
+            prompt, salt = next_prompt(m, x)
+            m.admit(prompt.tokens, salt, 1 + x % 40, prompt.items, prompt.lora)
         elif op <= 4:
             rid = sorted(m.running)[x % len(m.running)]
             m.step(rid, x % 5)

@@ -332,3 +332,32 @@ def test_waiting_request_replanned_after_a_free_with_a_state_group() -> None:
     fresh = Request("b2", list(b.token_ids))
     assert kv.allocate(fresh, 9, kv.lookup(fresh)) is None   # the same answer, unmemoized
     kv.check_integrity()
+
+
+# ---- 7. allocating past max_model_len (OPEN BUG, found by the max_model_len property extension) ----
+
+@pytest.mark.xfail(strict=True, reason="OPEN BUG: allocate does not refuse tokens past max_model_len "
+                   "(9 tokens: accepted silently; 12: IndexError after taking blocks); src/ not fixed here")
+@pytest.mark.parametrize("num_tokens", [9, 12])
+def test_allocating_past_max_model_len_is_refused_and_changes_nothing(num_tokens) -> None:
+    """FA(4), max_model_len 8, a new request of ``num_tokens`` > 8 tokens allocated at once.
+
+    The manager caps a step's slots at max_model_len, so tokens past it would have no slot;
+    ``allocate``'s contract is a ValueError for bad counts with nothing changed. Today: 9
+    tokens are accepted with 2 blocks (8 slots: token 8 has none, a silent wrong answer);
+    12 tokens raise IndexError from the write path (``_insert_span``) after the request took
+    2 blocks, which it still holds (``block_ids`` finds it: a failed call changed the state).
+    Expected: a ValueError naming max_model_len=8, the pool, the events and the tables as
+    before, and a following request served as if the bad one never came."""
+    kv = KVCacheManager(config(FA(4), num_blocks=32), max_model_len=8, enable_events=True)
+    bad = Request("bad", list(range(100, 100 + num_tokens)))
+    with pytest.raises(ValueError, match=r"max_model_len=8"):
+        kv.allocate(bad, num_tokens, kv.lookup(bad))
+    kv.check_integrity()
+    assert kv.num_free_blocks == 31 and kv.take_events() == []
+    with pytest.raises(KeyError):
+        kv.block_ids(bad)
+    serve(kv, "ok", list(range(100, 108)))               # at the limit: served, 2 blocks cached
+    kv.check_integrity()
+    assert kv.num_free_blocks == 31
+    assert kv.lookup(Request("again", list(range(100, 108)))).num_tokens == 4   # capped at 7
