@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -401,11 +402,14 @@ class Model:
         limit = self.kv.max_model_len
         if limit is not None and req.num_tokens > limit:
             # Over max_model_len: its lookup is capped at max_model_len - 1 (checked above
-            # against the oracle) and takes no block; it is then refused as a scheduler does
-            # (the manager's own allocate accepts part of it: test_regressions, xfail), and
-            # the next operations check that nothing of it stayed.
+            # against the oracle) and takes no block; allocating the whole prompt is a
+            # ValueError naming the limit that changes nothing (the next operations check
+            # that nothing of it stayed).
             assert self.kv.num_free_blocks == free
-            note("requests over max_model_len (lookup capped, refused)")
+            with pytest.raises(ValueError, match=rf"past max_model_len={limit}$"):
+                self.kv.allocate(req, req.num_tokens - hit.num_tokens, hit)
+            assert self.kv.num_free_blocks == free
+            note("requests over max_model_len (lookup capped, allocate refused)")
             return
         n = min(chunk, req.num_tokens - hit.num_tokens)
         new = self.kv.allocate(req, n, hit)
@@ -427,7 +431,13 @@ class Model:
             n = min(7, req.num_tokens - req.num_computed_tokens)
             note("prefill chunks")
         elif self.kv.max_model_len is not None and req.num_tokens >= self.kv.max_model_len:
-            note("requests stopped at max_model_len")    # a scheduler finishes it here
+            # a step past the limit is refused (the decode fast path included), changing
+            # nothing; a scheduler finishes the request here
+            free = self.kv.num_free_blocks
+            with pytest.raises(ValueError, match=rf"past max_model_len={self.kv.max_model_len}$"):
+                self.kv.allocate(req, 1)
+            assert self.kv.num_free_blocks == free
+            note("requests stopped at max_model_len (a step past it refused)")
             self.finish(rid)
             return
         else:                                            # decode: the new token is computed next

@@ -334,21 +334,19 @@ def test_waiting_request_replanned_after_a_free_with_a_state_group() -> None:
     kv.check_integrity()
 
 
-# ---- 7. allocating past max_model_len (OPEN BUG, found by the max_model_len property extension) ----
+# ---- 7. allocating past max_model_len (found at stop 22 by the max_model_len property extension) ----
 
-@pytest.mark.xfail(strict=True, reason="OPEN BUG: allocate does not refuse tokens past max_model_len "
-                   "(9 tokens: accepted silently; 12: IndexError after taking blocks); src/ not fixed here")
 @pytest.mark.parametrize("num_tokens", [9, 12])
 def test_allocating_past_max_model_len_is_refused_and_changes_nothing(num_tokens) -> None:
     """FA(4), max_model_len 8, a new request of ``num_tokens`` > 8 tokens allocated at once.
 
     The manager caps a step's slots at max_model_len, so tokens past it would have no slot;
-    ``allocate``'s contract is a ValueError for bad counts with nothing changed. Today: 9
-    tokens are accepted with 2 blocks (8 slots: token 8 has none, a silent wrong answer);
-    12 tokens raise IndexError from the write path (``_insert_span``) after the request took
-    2 blocks, which it still holds (``block_ids`` finds it: a failed call changed the state).
-    Expected: a ValueError naming max_model_len=8, the pool, the events and the tables as
-    before, and a following request served as if the bad one never came."""
+    ``allocate``'s contract is a ValueError for bad counts with nothing changed. Before the
+    fix, 9 tokens were accepted with 2 blocks (8 slots: token 8 had none, a silent wrong
+    answer) and 12 tokens raised IndexError from the write path (``_insert_span``) after the
+    request took 2 blocks, which it kept. Now: a ValueError naming max_model_len=8, the pool,
+    the events and the tables as before, and a following request served as if the bad one
+    never came."""
     kv = KVCacheManager(config(FA(4), num_blocks=32), max_model_len=8, enable_events=True)
     bad = Request("bad", list(range(100, 100 + num_tokens)))
     with pytest.raises(ValueError, match=r"max_model_len=8"):
@@ -361,3 +359,21 @@ def test_allocating_past_max_model_len_is_refused_and_changes_nothing(num_tokens
     kv.check_integrity()
     assert kv.num_free_blocks == 31
     assert kv.lookup(Request("again", list(range(100, 108)))).num_tokens == 4   # capped at 7
+
+
+def test_a_decode_step_past_max_model_len_is_refused_on_the_fast_path() -> None:
+    """A running request at max_model_len (6, inside its second block): one more token would
+    have no slot. The decode fast path (a step needing no new block and caching nothing: the
+    next block end, 8, is not reached) must not accept it silently: ValueError naming the
+    limit, nothing changed."""
+    kv = KVCacheManager(config(FA(4), num_blocks=32), max_model_len=6)
+    r = serve(kv, "r", list(range(100, 105)), free=False)          # 5 tokens, 2 blocks
+    r.append_tokens([5])
+    assert kv.allocate(r, 1) is not None                            # token 6: at the limit
+    r.num_computed_tokens = 6
+    r.append_tokens([6])
+    free = kv.num_free_blocks
+    with pytest.raises(ValueError, match=r"would hold 7 tokens .*past max_model_len=6$"):
+        kv.allocate(r, 1)
+    assert kv.num_free_blocks == free and r.num_computed_tokens == 6
+    kv.check_integrity()

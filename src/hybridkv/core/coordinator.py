@@ -562,8 +562,9 @@ class KVCacheCoordinator:
         request would change nothing: no new block, nothing to cache, no block leaving a window.
 
         The decode fast path: three comparisons against thresholds the last commit and cache
-        pass left (``slots``, ``quiet_until``, ``slide_until``). False for an unknown request
-        or a different Request object with a known id (the slow path then raises).
+        pass left (``slots``, ``quiet_until``, ``slide_until``). False for an unknown request,
+        a different Request object with a known id, or tokens past max_model_len (the slow
+        path then raises).
         """
         state = self.reqs.get(request.request_id)
         if state is None or state.owner is not request:
@@ -571,6 +572,8 @@ class KVCacheCoordinator:
         computed = request.num_computed_tokens
         slots = computed + num_new_tokens + lookahead
         if slots > self.len_cap:
+            if computed + num_new_tokens > self.len_cap:
+                return False                        # past max_model_len: the slow path refuses it
             slots = self.len_cap
         return slots <= state.slots and computed < state.slide_until \
             and computed + num_new_tokens < state.quiet_until

@@ -306,9 +306,11 @@ class KVCacheManager:
             ``min(computed + num_new_tokens, request.num_tokens)`` are cached.
 
         Raises:
-            ValueError: bad counts; ``hit`` looked up for another request, stale, or given to a
-                request that already holds blocks; a different Request object holds this id.
-                Nothing changes.
+            ValueError: bad counts (among them a step that would take the request past
+                ``max_model_len``: computed + hit + ``num_new_tokens``; lookahead slots are
+                capped there instead); ``hit`` looked up for another request, stale, or given
+                to a request that already holds blocks; a different Request object holds this
+                id. Nothing changes.
         """
         if not isinstance(request, Request):
             raise ValueError(f"allocate needs a Request, got {type(request).__name__}")
@@ -351,6 +353,14 @@ class KVCacheManager:
                 raise ValueError(
                     f"external must be lookup_external's result for new request "
                     f"{request.request_id!r} and its hit, got {external!r}")
+        if self.max_model_len is not None:
+            end = request.num_computed_tokens + num_new_tokens + (hit.num_tokens if hit is not None else 0)
+            if end > self.max_model_len:
+                raise ValueError(
+                    f"request {request.request_id!r} would hold {end} tokens "
+                    f"(num_computed_tokens {request.num_computed_tokens} + hit "
+                    f"{hit.num_tokens if hit is not None else 0} + num_new_tokens {num_new_tokens}), "
+                    f"past max_model_len={self.max_model_len}")
         if not known and request.retention is not None:
             self._check_retention(request)
         if num_new_tokens == 0 and not known and not (hit and hit.num_tokens) and external is None:
