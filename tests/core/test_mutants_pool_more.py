@@ -694,3 +694,19 @@ def test_a_double_free_inside_a_batch_loses_no_block(kind) -> None:
     pool.free([c])
     pool.check()
     assert sorted(pool.allocate(7)) == list(range(1, 8))
+
+
+def test_freeing_a_never_used_id_past_the_lists_loses_no_block() -> None:
+    """BlockPool.free with an id never handed out (past the per-block lists: no reference to
+    drop) after valid blocks in the same batch: the error names the id, and the valid scratch
+    and cached blocks before it are freed (queued), not lost."""
+    pool = BlockPool(200, 1)
+    a, d = pool.allocate(2)
+    pool.insert(0, h(5), d)
+    assert len(pool.ref_cnt) == 64
+    with pytest.raises(AssertionError, match=r"^block 100 freed more often than it was referenced$"):
+        pool.free([a, d, 100])
+    assert pool.ref_cnt[a] == pool.ref_cnt[d] == 0
+    assert pool.num_free == 199
+    pool.check()
+    assert pool.cached_block(0, h(5)) == d
