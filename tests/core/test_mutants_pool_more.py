@@ -710,3 +710,15 @@ def test_freeing_a_never_used_id_past_the_lists_loses_no_block() -> None:
     assert pool.num_free == 199
     pool.check()
     assert pool.cached_block(0, h(5)) == d
+
+
+def test_extent_allocate_stops_on_a_count_that_disagrees_with_the_queue() -> None:
+    """ExtentBlockPool.allocate trusts ``num_free`` (queue + held tails) only while the queue
+    and the held tails can supply it; a corrupted ``num_held`` (one tail counted that no free
+    head holds) must end in an AssertionError naming the disagreement, not a silent short
+    allocation or an endless loop."""
+    pool = ExtentBlockPool(4, 1)
+    pool.num_held += 1                     # 3 queued + 1 phantom held tail
+    assert pool.num_free == 4
+    with pytest.raises(AssertionError, match=r"^free-block count disagrees with the queue and held tails$"):
+        pool.allocate(4)

@@ -373,7 +373,24 @@ def test_a_decode_step_past_max_model_len_is_refused_on_the_fast_path() -> None:
     r.num_computed_tokens = 6
     r.append_tokens([6])
     free = kv.num_free_blocks
-    with pytest.raises(ValueError, match=r"would hold 7 tokens .*past max_model_len=6$"):
+    with pytest.raises(ValueError, match=r"^request 'r' would hold 7 tokens \(num_computed_tokens 6 \+ hit 0 "
+                                         r"\+ num_new_tokens 1\), past max_model_len=6$"):
         kv.allocate(r, 1)
     assert kv.num_free_blocks == free and r.num_computed_tokens == 6
+    kv.check_integrity()
+
+
+def test_a_prompt_past_max_model_len_is_refused_with_its_hit_counted() -> None:
+    """The limit counts the hit too: a cached 4-token prefix and 6 new tokens are 10 tokens,
+    past max_model_len 8 (the hit alone would fit). The message names every part."""
+    kv = KVCacheManager(config(FA(4), num_blocks=32), max_model_len=8)
+    serve(kv, "a", list(range(100, 105)))                 # caches the block of tokens 0..3
+    r = Request("r", list(range(100, 104)) + list(range(200, 206)))
+    hit = kv.lookup(r)
+    assert hit.num_tokens == 4
+    free = kv.num_free_blocks
+    with pytest.raises(ValueError, match=r"^request 'r' would hold 10 tokens \(num_computed_tokens 0 "
+                                         r"\+ hit 4 \+ num_new_tokens 6\), past max_model_len=8$"):
+        kv.allocate(r, 6, hit)
+    assert kv.num_free_blocks == free
     kv.check_integrity()
