@@ -54,7 +54,8 @@ class KVCacheManager:
         enable_caching: prefix caching on (hashing, lookup, caching).
         hash_algo: "xxh3_128" (default) or "sha256".
         hash_seed: the hash chain's seed; give one to share hashes across processes.
-        max_model_len: cap on tokens per request (slots past it are not allocated); also
+        max_model_len: cap on tokens per request: a step that would take a request past it
+            is refused (ValueError), and lookahead slots past it are not allocated; also
             checked against the pool: one request of this length must fit.
         enable_events: record KV events for :meth:`take_events`.
         vllm_compat: reproduce vLLM 0.33's semantics (hit lengths, cached blocks, eviction
