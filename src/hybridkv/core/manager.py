@@ -355,13 +355,13 @@ class KVCacheManager:
                     f"external must be lookup_external's result for new request "
                     f"{request.request_id!r} and its hit, got {external!r}")
         if self.max_model_len is not None:
-            end = request.num_computed_tokens + num_new_tokens + (hit.num_tokens if hit is not None else 0)
+            hit_tokens = hit.num_tokens if hit is not None else 0
+            end = request.num_computed_tokens + hit_tokens + num_new_tokens
             if end > self.max_model_len:
                 raise ValueError(
                     f"request {request.request_id!r} would hold {end} tokens "
-                    f"(num_computed_tokens {request.num_computed_tokens} + hit "
-                    f"{hit.num_tokens if hit is not None else 0} + num_new_tokens {num_new_tokens}), "
-                    f"past max_model_len={self.max_model_len}")
+                    f"(num_computed_tokens {request.num_computed_tokens} + hit {hit_tokens} + "
+                    f"num_new_tokens {num_new_tokens}), past max_model_len={self.max_model_len}")
         if not known and request.retention is not None:
             self._check_retention(request)
         if num_new_tokens == 0 and not known and not (hit and hit.num_tokens) and external is None:

@@ -461,9 +461,10 @@ class BlockPool:
 
     def _release(self, blocks: Iterable[int]) -> tuple[list[int], list[int]]:
         """Drop a reference on each non-null block; return the blocks that became free, split
-        into scratch (no hash) and cached, each in the given order. Raises :class:`_FreedTooOften` for a
-        block freed more often than it was referenced, carrying the blocks released before it
-        (that block keeps ref 0; the rest of ``blocks`` is not touched)."""
+        into scratch (no hash) and cached, each in the given order. Raises
+        :class:`_FreedTooOften` for a block freed more often than it was referenced, carrying
+        the blocks released before it (that block keeps ref 0; the rest of ``blocks`` is not
+        touched)."""
         ref, bh = self.ref_cnt, self.block_hash
         scratch: list[int] = []
         cached: list[int] = []

@@ -7,9 +7,10 @@ first) is served to both: each counts its leading hits (from the chain's head), 
 whole batch in, refreshing every key it already holds. That is exactly what a pool of that
 capacity would hit when every chain is one block long; with longer chains it is an estimate (a
 real pool reuses a chain only up to its first miss and recomputes the rest). Their hit counts
-halve every ``DECAY_CAPACITIES`` x ``capacity`` blocks freed. The real cache evicts like the shadow that is ahead: chain ARC's choice while its
-count exceeds ``(1 + margin)`` x LRU's count + 1, else **exactly LRU's** (one list of the held
-blocks in free order: the pool's own LRU order), as it does from the start.
+halve every ``DECAY_CAPACITIES`` x ``capacity`` blocks freed. The real cache evicts like the
+shadow that is ahead: chain ARC's choice while its count exceeds ``(1 + margin)`` x LRU's
+count + 1, else **exactly LRU's** (one list of the held blocks in free order: the pool's own
+LRU order), as it does from the start.
 
 What that guarantees: whenever ARC's shadow is not ahead by that margin, the victims are the
 blocks plain LRU would evict from this cache's current contents. A run in which ARC's shadow is never
