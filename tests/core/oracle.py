@@ -43,38 +43,44 @@ from hybridkv import (AllBlocksCleared, BlockRemoved, BlockStored, KVCacheConfig
 PROOF_METHODS = ("eagle", "eagle3", "mtp")
 
 
-class CacheMirror:
-    """The multiset of cached ``(group, hash)`` keys, rebuilt from KV events only.
-
-    A key can be held by several blocks at once (two requests computed the same content), so
-    keys are counted: a ``BlockRemoved`` for one of them leaves the others cached.
-    """
+class _KeyMultiset:
+    """Cached ``(group, key)`` pairs, counted: a key can be held by several blocks at once (two
+    requests computed the same content), so a ``BlockRemoved`` for one leaves the others."""
 
     def __init__(self) -> None:
-        self.keys: Counter[tuple[int, bytes]] = Counter()
+        self.keys: Counter[tuple] = Counter()
+
+    def _store(self, key: tuple) -> None:
+        self.keys[key] += 1
+
+    def _remove(self, key: tuple) -> None:
+        assert self.keys[key] > 0, f"BlockRemoved for a key never stored: group {key[0]}"
+        self.keys[key] -= 1
+        if not self.keys[key]:
+            del self.keys[key]
+
+    def __contains__(self, key: tuple) -> bool:
+        return self.keys.get(key, 0) > 0
+
+    def cached(self) -> set[tuple]:
+        return set(self.keys)
+
+
+class CacheMirror(_KeyMultiset):
+    """The multiset of cached ``(group, hash)`` keys, rebuilt from KV events only."""
 
     def feed(self, events: Iterable[object]) -> None:
         for ev in events:
             if isinstance(ev, BlockStored):
                 for h in ev.block_hashes:
-                    self.keys[(ev.group_idx, h)] += 1
+                    self._store((ev.group_idx, h))
             elif isinstance(ev, BlockRemoved):
                 for h in ev.block_hashes:
-                    key = (ev.group_idx, h)
-                    assert self.keys[key] > 0, f"BlockRemoved for a key never stored: group {key[0]}"
-                    self.keys[key] -= 1
-                    if not self.keys[key]:
-                        del self.keys[key]
+                    self._remove((ev.group_idx, h))
             elif isinstance(ev, AllBlocksCleared):
                 self.keys.clear()
             else:
                 raise AssertionError(f"unknown event {ev!r}")
-
-    def __contains__(self, key: tuple[int, bytes]) -> bool:
-        return self.keys.get(key, 0) > 0
-
-    def cached(self) -> set[tuple[int, bytes]]:
-        return set(self.keys)
 
 
 def alignment(cfg: KVCacheConfig) -> int:
@@ -209,7 +215,7 @@ def lookahead_tokens(spec: SpecDecode | None) -> int:
     return 1 if spec is not None and spec.method in PROOF_METHODS and spec.hash_lookahead else 0
 
 
-class ContentMirror:
+class ContentMirror(_KeyMultiset):
     """The multiset of cached ``(group, content id)`` keys, rebuilt from KV events.
 
     Content ids are small ints handed out by an interner: equal ids iff equal (salt, LoRA,
@@ -219,10 +225,10 @@ class ContentMirror:
     """
 
     def __init__(self, cfg: KVCacheConfig, spec: SpecDecode | None) -> None:
+        super().__init__()
         self.cfg = cfg
         self.hbs = hash_block_size(cfg)
         self.la = lookahead_tokens(spec)
-        self.keys: Counter[tuple[int, int]] = Counter()
         self.content_of: dict[tuple[int, bytes], int] = {}   # (group, hash) -> content id
         self._ids: dict[tuple, int] = {}
         self._chains: dict[int, tuple[Request, list[int]]] = {}
@@ -273,23 +279,13 @@ class ContentMirror:
                     assert seen == content, (
                         f"group {ev.group_idx}: one hash names two different contents (salt, "
                         f"LoRA, tokens or multimodal items differ), the second from {writer!r}")
-                    self.keys[(ev.group_idx, content)] += 1
+                    self._store((ev.group_idx, content))
             elif isinstance(ev, BlockRemoved):
                 for h in ev.block_hashes:
                     assert (ev.group_idx, h) in self.content_of, \
                         f"BlockRemoved for a hash never stored: group {ev.group_idx}"
-                    key = (ev.group_idx, self.content_of[(ev.group_idx, h)])
-                    assert self.keys[key] > 0, f"BlockRemoved for a key never stored: group {key[0]}"
-                    self.keys[key] -= 1
-                    if not self.keys[key]:
-                        del self.keys[key]
+                    self._remove((ev.group_idx, self.content_of[(ev.group_idx, h)]))
             elif isinstance(ev, AllBlocksCleared):
                 self.keys.clear()
             else:
                 raise AssertionError(f"unknown event {ev!r}")
-
-    def __contains__(self, key: tuple[int, int]) -> bool:
-        return self.keys.get(key, 0) > 0
-
-    def cached(self) -> set[tuple[int, int]]:
-        return set(self.keys)
