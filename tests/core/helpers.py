@@ -62,6 +62,25 @@ def admit(kv: KVCacheManager, req: Request, n: int, expect_hit: int = 0,
     return hit
 
 
+def serve_chain(pool, keys: list[bytes], group: int = 0) -> int:
+    """One request at the pool level (no manager): take the cached leading blocks of the hash
+    chain ``keys`` in ``group`` (a hit), allocate and insert the rest (computed), free all of it
+    tail first, and check the pool. Returns the number of leading hits."""
+    held = []
+    for h in keys:
+        b = pool.cached_block(group, h)
+        if b is None:
+            break
+        held.append(b)
+    pool.touch(held)
+    new = pool.allocate(len(keys) - len(held))
+    for b, h in zip(new, keys[len(held):]):
+        pool.insert(group, h, b)
+    pool.free((held + new)[::-1])
+    pool.check()
+    return len(held)
+
+
 def serve(kv: KVCacheManager, rid, tokens, chunk: int | None = None, free: bool = True,
           **req_kw) -> Request:
     """:func:`run_prompt`, then free the request unless ``free`` is False; returns it."""

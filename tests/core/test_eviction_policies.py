@@ -18,6 +18,7 @@ from hybridkv import FullAttention, KVCacheConfig, KVCacheGroup, KVCacheManager,
 from hybridkv.core.eviction import POLICIES, RECOMMENDED, make_policy, resolve_policy
 from hybridkv.core.pool import BlockPool, PolicyBlockPool
 from tests.core.test_properties import MAX_OPS, MIN_OPS, Model, configs, decode_ops
+from tests.core.helpers import serve_chain
 from tests.hypothesis_budget import budgeted, examples, note
 
 NON_LRU = [p for p in POLICIES if p not in ("lru", "recommended")]
@@ -285,21 +286,8 @@ def test_seeded_operation_mix(policy):
 # ---- arc and adaptive: chains that come back ------------------------------------------------
 
 def _serve_chain(pool: BlockPool, chain: list[int]) -> int:
-    """One request at the pool level: hit the cached leading blocks of ``chain`` (content
-    keys), compute the rest, free it all tail first. Returns the leading hits."""
-    held = []
-    for t in chain:
-        b = pool.cached_block(0, _key(t))
-        if b is None:
-            break
-        held.append(b)
-    pool.touch(held)
-    new = pool.allocate(len(chain) - len(held))
-    for b, t in zip(new, chain[len(held):]):
-        pool.insert(0, _key(t), b)
-    pool.free((held + new)[::-1])
-    pool.check()
-    return len(held)
+    """:func:`tests.core.helpers.serve_chain` of ``chain``'s content keys."""
+    return serve_chain(pool, [_key(t) for t in chain])
 
 
 def _conversation_vs_flood(pool: BlockPool) -> int:

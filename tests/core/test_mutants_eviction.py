@@ -21,6 +21,7 @@ from hybridkv.core.eviction import (POLICIES, AdaptivePolicy, ChainARCPolicy, Co
                                     resolve_policy)
 from hybridkv.core.pool import PolicyBlockPool
 from hybridkv.core.rules import make_rule
+from tests.core.helpers import serve_chain
 
 
 def _key(t: int) -> bytes:
@@ -41,21 +42,8 @@ class Cache:
 
     def serve(self, chain: list[int], group: int = 0) -> int:
         """One request: hit the cached leading blocks of ``chain``, compute the rest, free it all
-        tail first. Returns the leading hits."""
-        pool = self.pool
-        held = []
-        for t in chain:
-            b = pool.cached_block(group, _key(t))
-            if b is None:
-                break
-            held.append(b)
-        pool.touch(held)
-        new = pool.allocate(len(chain) - len(held))
-        for b, t in zip(new, chain[len(held):]):
-            pool.insert(group, _key(t), b)
-        pool.free((held + new)[::-1])
-        pool.check()
-        return len(held)
+        tail first (:func:`tests.core.helpers.serve_chain`). Returns the leading hits."""
+        return serve_chain(self.pool, [_key(t) for t in chain], group)
 
     def drain(self) -> list[int]:
         """Allocate every free block (victims in the policy's order) and give them back
@@ -976,18 +964,7 @@ def test_adaptive_shadows_score_what_lru_and_each_challenger_would_hit(name, num
     for chain in _requests(seed, 400, cap + 2):
         real.serve(chain)
         for i, p in enumerate(pools):
-            held = []
-            for t in chain:
-                b = p.cached_block(0, _key(t))
-                if b is None:
-                    break
-                held.append(b)
-            p.touch(held)
-            new = p.allocate(len(chain) - len(held))
-            for b, t in zip(new, chain[len(held):]):
-                p.insert(0, _key(t), b)
-            p.free((held + new)[::-1])
-            scores[i] += len(held)
+            scores[i] += serve_chain(p, [_key(t) for t in chain])
         freed += len(chain)
         if freed >= 8 * cap:
             freed = 0
