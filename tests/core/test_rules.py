@@ -56,15 +56,37 @@ def test_unregistered_spec_type_is_a_clear_error() -> None:
     class Odd(AttentionSpec):
         pass
 
-    with pytest.raises(ValueError, match="no hit rule is registered for Odd; registered spec types: "
-                                         "ChunkedLocal, FullAttention, MLA, SlidingWindow, StateSpec"):
+    with pytest.raises(ValueError, match="no hit rule is registered for Odd; registered: "
+                                         "FullAttention, MLA, SlidingWindow, ChunkedLocal, StateSpec"):
         make_rule(Odd(4))
     with pytest.raises(ValueError, match="no hit rule"):
         KVCacheManager(KVCacheConfig((KVCacheGroup("o", Odd(4), ("l",)),), num_blocks=8))
-    with pytest.raises(ValueError, match="AttentionSpec subclass"):
-        rules.register(int, FullRule)
-    with pytest.raises(ValueError, match="HitRule subclass"):
-        rules.register(Odd, object)
+    with pytest.raises(ValueError, match="AttentionSpec subclass, got <class 'int'>"):
+        rules.RULES.register(int, FullRule)
+    with pytest.raises(ValueError, match="HitRule subclass, got <class 'object'>"):
+        rules.RULES.register(Odd, object)
+    with pytest.raises(ValueError, match="hit rule 'FullAttention' is already registered"):
+        rules.RULES.register(FullAttention, FullRule)
+
+
+def test_a_subclass_of_a_registered_spec_inherits_its_rule_unless_it_registers_its_own(
+        monkeypatch) -> None:
+    """The registry's promise: the nearest registered base class in the MRO decides."""
+    @dataclass(frozen=True, slots=True)
+    class WideWindow(SlidingWindow):
+        pass
+
+    @dataclass(frozen=True, slots=True)
+    class WiderWindow(WideWindow):
+        pass
+
+    assert rule_class(WideWindow(16, window=64)) is SlidingRule
+    rule = make_rule(WiderWindow(16, window=64))
+    assert type(rule) is SlidingRule and rule.window == 64
+    monkeypatch.setattr(rules.RULES, "_table", dict(rules.RULES._table))
+    rules.RULES.register(WideWindow, ChunkedRule)
+    assert rule_class(WiderWindow(16, window=64)) is ChunkedRule     # nearest base wins
+    assert rule_class(SlidingWindow(16, window=64)) is SlidingRule   # the parent is untouched
 
 
 @settings(max_examples=300, deadline=None)
@@ -155,8 +177,8 @@ class CheckpointRule(HitRule):
 
 @pytest.fixture
 def checkpoint_type(monkeypatch):
-    monkeypatch.setattr(rules, "_REGISTRY", dict(rules._REGISTRY))
-    rules.register(Checkpointed, CheckpointRule)
+    monkeypatch.setattr(rules.RULES, "_table", dict(rules.RULES._table))
+    rules.RULES.register(Checkpointed, CheckpointRule)
     return Checkpointed
 
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, ClassVar
 
+from hybridkv.core.registry import Registry
 from hybridkv.core.specs import AttentionSpec
 
 
@@ -183,3 +184,8 @@ class HitRule:
         Unused by LRU; a cost-aware policy weighs it against the block's bytes."""
         bs = self.block_size
         return int(self.attention_keys(bs, j * bs))
+
+
+#: Spec type -> its rule class; a subclass of a registered spec type inherits its parent's rule.
+RULES: Registry[type[HitRule]] = Registry("hit rule", by_type=True, key_base=AttentionSpec,
+                                          value_base=HitRule)

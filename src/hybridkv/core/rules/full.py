@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Any, Callable, ClassVar
 
-from hybridkv.core.rules.base import HitRule, probe_flags
+from hybridkv.core.rules.base import RULES, HitRule, probe_flags
+from hybridkv.core.specs import MLA, FullAttention
 
 
+@RULES.register(MLA)
+@RULES.register(FullAttention)
 class FullRule(HitRule):
     """Every earlier token is read: runs are nested, so the lookup scans left to right once."""
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from hybridkv.core.rules.base import HitRule
-from hybridkv.core.specs import AttentionSpec
+from hybridkv.core.rules.base import RULES, HitRule
+from hybridkv.core.specs import AttentionSpec, SlidingWindow
 
 
+@RULES.register(SlidingWindow)
 class SlidingRule(HitRule):
     """Window ``W`` = ``spec.window_tokens``."""
 

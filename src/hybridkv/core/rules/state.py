@@ -19,9 +19,11 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from hybridkv.core.rules.base import HitRule
+from hybridkv.core.rules.base import RULES, HitRule
+from hybridkv.core.specs import StateSpec
 
 
+@RULES.register(StateSpec)
 class StateRule(HitRule):
     """The hit rule of a :class:`~hybridkv.core.specs.StateSpec` group.
 
