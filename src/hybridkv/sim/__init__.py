@@ -13,7 +13,7 @@ items_from_trace``); the submodules:
 * :mod:`hybridkv.sim.costmodel` — roofline per-step time.
 """
 
-from hybridkv.sim.simulator import (SimConfig, SimResult, Simulator, WorkItem, items_from_mooncake,
-                                    items_from_trace)
+from hybridkv.sim.simulator import SimConfig, SimResult, Simulator
+from hybridkv.sim.workitems import WorkItem, items_from_mooncake, items_from_trace
 
 __all__ = ["SimConfig", "SimResult", "Simulator", "WorkItem", "items_from_mooncake", "items_from_trace"]
