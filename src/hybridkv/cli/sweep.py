@@ -261,6 +261,6 @@ def sweep_state(args: argparse.Namespace, items: list[WorkItem], preset) -> int:
 
 COMMANDS.register("sweep", Command(
     help="hit rate against cache size or retention interval", add_arguments=add_arguments,
-    run=run, description=__doc__, option_names=OPTION_NAMES))
+    run=run, option_names=OPTION_NAMES))
 
 __all__ = ["add_arguments", "check_sweep_options", "run", "run_configs", "sweep_policies", "sweep_state"]
