@@ -24,7 +24,7 @@ from pathlib import Path
 from hybridkv.sim.cluster import ClusterSimulator
 from hybridkv.sim.presets import get_gpu, get_preset
 from hybridkv.sim.routing import ROUTERS
-from hybridkv.sim.simulator import SimConfig, items_from_mooncake
+from hybridkv.sim import SimConfig, items_from_mooncake
 from hybridkv.sim.traces import resolve_trace
 
 POOLED = "pooled"

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from hybridkv.core.pool import BlockPool as Lazy  # noqa: E402
-from hybridkv.sim.eviction_cli import pool_op_mix  # noqa: E402
+from hybridkv.sim.policy_cost import pool_op_mix  # noqa: E402
 from tests.core.eager_pool import BlockPool as Eager  # noqa: E402
 
 

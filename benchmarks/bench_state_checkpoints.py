@@ -3,7 +3,7 @@
     python benchmarks/bench_state_checkpoints.py                 # both presets, three workloads
     python benchmarks/bench_state_checkpoints.py --presets qwen3-next-80b-a3b --out /tmp/ckpt
 
-For each preset and workload it runs ``hybridkv sweep --checkpoint-intervals 0,16,64,256,1024``
+For each preset and workload it runs ``hybridkv sweep --retention-intervals 0,16,64,256,1024``
 (one process, serial), which adds vLLM 0.33's forced-block "align" mode (1056-token blocks for
 Qwen3-Next) as the baseline of the same run, at the same KV memory in bytes. Workloads: the
 built-in ``chat`` (1024-token system prompt, 6 turns) and ``system-prompt`` (8 prompts of 2048
@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 from hybridkv.cli import main
-from hybridkv.sim.traces import shared_system_prompt
+from hybridkv.sim.workloads import shared_system_prompt
 
 INTERVALS = "0,16,64,256,1024"
 
@@ -51,7 +51,7 @@ def main_(argv: list[str] | None = None) -> int:
     for preset in args.presets.split(","):
         for name, src in workloads.items():
             print(f"\n## {preset} / {name}", flush=True)
-            rc |= main(["sweep", "--preset", preset, *src, "--checkpoint-intervals", INTERVALS,
+            rc |= main(["sweep", "--preset", preset, *src, "--retention-intervals", INTERVALS,
                         "--cache-tokens", args.cache_tokens, "--no-progress",
                         "--json", str(out / f"{preset}-{name}.json")])
     print(f"\nJSON rows in {out}")

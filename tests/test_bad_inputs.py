@@ -3,6 +3,9 @@ behaviour), an exit status (2: bad input, 1: failure while running), and never a
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import importlib.util
 import json
 import subprocess
 import sys
@@ -10,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from hybridkv.cli import main
-from hybridkv.sim import commands
+from hybridkv.cli import COMMANDS, main, options, output, sim_options
+from hybridkv.cli.base import build_parser
+from hybridkv.sim.presets import get_preset
 from hybridkv.sim.traces import BUNDLED_TRACES, resolve_trace
 
 REPO = Path(__file__).resolve().parents[1]
@@ -118,13 +122,13 @@ def test_max_model_len_below_every_prompt_rejects_all_and_says_so(tmp_path: Path
 
 
 def test_a_given_zero_is_never_replaced_by_the_default() -> None:
-    args = commands.argparse.Namespace(num_blocks=None, gpu_memory_fraction=None, cache_tokens=0)
+    args = argparse.Namespace(num_blocks=None, gpu_memory_fraction=None, cache_tokens=0)
     with pytest.raises(ValueError, match=">= 1 token, got 0"):
-        commands.capacity_blocks(args, commands.get_preset("llama-3.1-8b"))
+        sim_options.capacity_blocks(args, get_preset("llama-3.1-8b"))
 
 
 def test_generate_without_the_engine_extras_says_what_to_install(monkeypatch, capsys) -> None:
-    monkeypatch.setitem(sys.modules, "hybridkv.engine.generate_cli", None)  # import -> ImportError
+    monkeypatch.setitem(sys.modules, "torch", None)  # torch is not importable
     assert main(["generate", "--model", "DIR", "--prompt", "Hello"]) == 2
     assert 'pip install "hybridkv[engine]"' in capsys.readouterr().err
     with pytest.raises(SystemExit):
@@ -139,11 +143,12 @@ def test_internal_errors_and_memory_errors_are_one_line(monkeypatch, capsys) -> 
     def oom(args):
         raise MemoryError
 
-    monkeypatch.setattr(commands, "cmd_presets", boom)
+    presets = COMMANDS.get("presets")
+    monkeypatch.setitem(COMMANDS._table, "presets", dataclasses.replace(presets, run=boom))
     assert main(["presets"]) == 1
     err = capsys.readouterr().err
     assert "internal error KeyError" in err and "Traceback" not in err
-    monkeypatch.setattr(commands, "cmd_presets", oom)
+    monkeypatch.setitem(COMMANDS._table, "presets", dataclasses.replace(presets, run=oom))
     assert main(["presets"]) == 1
     assert "out of memory" in capsys.readouterr().err
 
@@ -157,7 +162,7 @@ def test_a_finished_result_is_never_lost(tmp_path: Path, capsys) -> None:
             raise PermissionError(13, "Permission denied")
         Path(path).write_text("result")
 
-    saved = commands.write_output(str(tmp_path / "r.json"), write, "the JSON result")
+    saved = output.write_output(str(tmp_path / "r.json"), write, "the JSON result")
     assert saved != str(tmp_path / "r.json") and Path(saved).read_text() == "result"
     assert f"saved it to {saved}" in capsys.readouterr().err
     Path(saved).unlink()
@@ -234,11 +239,10 @@ def test_the_size_it_names_is_enough_and_a_given_size_only_warns(capsys) -> None
     import dataclasses
 
     from hybridkv.sim import workload_fit
-    from hybridkv.sim.simulator import Simulator, items_from_mooncake
+    from hybridkv.sim import Simulator, items_from_mooncake
     items = items_from_mooncake(str(resolve_trace("mooncake-conversation")), 12)
-    parser = commands.argparse.ArgumentParser()
-    commands.add_parsers(parser.add_subparsers())
-    cfg = commands.build_config(parser.parse_args(["simulate", "--no-optimum"]))
+    parser = build_parser("")
+    cfg = sim_options.build_config(parser.parse_args(["simulate", "--no-optimum"]))
     need = workload_fit.largest_need(cfg, items)
     assert need.request_id == "mooncake_conversation-11" and need.blocks == 1902
     assert workload_fit.round_up(need.cache_tokens) == "180k"
@@ -265,7 +269,7 @@ def test_a_cache_too_small_for_one_request_is_told_in_options(capsys) -> None:
                                      (1_234_567, "1.3M"), (3_000_000, "3M"), (10**12 + 1, "1.1T")])
 def test_sizes_round_up_to_what_cache_tokens_takes(n: int, text: str) -> None:
     from hybridkv.sim.workload_fit import round_up
-    assert round_up(n) == text and commands.parse_count(text) >= n
+    assert round_up(n) == text and options.parse_count(text) >= n
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -291,8 +295,8 @@ def test_generate_errors_name_the_option_and_its_range(argv, message, capsys) ->
 
 def test_engine_errors_are_told_in_the_options_of_generate() -> None:
     pytest.importorskip("torch")
-    from hybridkv.engine.generate_cli import OPTION_NAMES
-    from hybridkv.options import name_options
+    from hybridkv.cli.generate import OPTION_NAMES
+    from hybridkv.cli.options import name_options
 
     def named(message: str) -> str:
         return name_options(message, OPTION_NAMES)
@@ -336,8 +340,9 @@ def test_kv_events_without_the_events_extras_say_what_to_install(monkeypatch, ca
 
 
 def test_the_ray_executor_without_ray_says_what_to_install(monkeypatch, capsys) -> None:
-    monkeypatch.setattr(commands.importlib.util, "find_spec",
-                        lambda name, *a: None if name == "ray" else __import__("importlib").util.find_spec(name))
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "ray" else find_spec(name, *a))
     assert run_main(["sweep", "--executor", "ray", "--trace", "/nonexistent"]) == 2
     assert '--executor ray needs Ray: pip install "hybridkv[ray]"' in capsys.readouterr().err
 
@@ -352,7 +357,8 @@ def test_the_ray_executor_without_ray_says_what_to_install(monkeypatch, capsys) 
     (lambda: __import__("hybridkv.sim.presets", fromlist=["x"]).get_preset("llama-3.1-8b").with_block_size(16.0),
      "block_size must be an integer >= 1, got 16.0"),
     (lambda: __import__("hybridkv.sim.routing", fromlist=["x"]).make_router(
-        "approximate", num_instances=1, block_size=16, capacity_blocks=0), "capacity_blocks must be an integer >= 1, got 0"),
+        "approximate", __import__("hybridkv.sim.routing", fromlist=["x"]).RouterSetup(1, 16, 0)),
+     "capacity_blocks must be an integer >= 1, got 0"),
     (lambda: list(__import__("hybridkv.sim.traces", fromlist=["x"]).iter_mooncake_records("x", limit=-1)),
      "limit must be None or an integer >= 0, got -1"),
     (lambda: __import__("hybridkv.connectors.kernel_blocks", fromlist=["x"]).KernelBlockMap(16, True),

@@ -4,7 +4,7 @@ import json
 import subprocess
 import sys
 
-from hybridkv.cli import demo
+from hybridkv.cli.demo import demo
 
 
 def test_demo_numbers():

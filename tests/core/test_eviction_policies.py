@@ -274,7 +274,7 @@ def test_eva_bad_arguments():
 def test_seeded_operation_mix(policy):
     """The sweep's cost benchmark mix (allocate, free tail first, hits), checked every step: a
     queue emptied by hits and refilled later must stay reachable (an eva regression)."""
-    from hybridkv.sim.eviction_cli import pool_op_mix
+    from hybridkv.sim.policy_cost import pool_op_mix
     pool = PolicyBlockPool(300, 1, make_policy(policy))
     held = pool_op_mix(pool, 3000, seed=1, after_step=lambda p: p.check())
     for run in held:

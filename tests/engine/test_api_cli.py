@@ -3,7 +3,6 @@ metadata options the drafters rely on (non-causal blocks, unchecked slots)."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 from dataclasses import replace
@@ -14,7 +13,9 @@ import torch
 
 from hybridkv.core.specs import FullAttention, KVCacheConfig, KVCacheGroup
 from hybridkv.engine import BlockTableRows, SequenceInput, build_step_metadata
-from hybridkv.engine.generate_cli import add_generate_parser, main, run_generate
+from hybridkv.cli import main
+from hybridkv.cli.base import build_parser
+from hybridkv.cli.generate import run as run_generate
 from hybridkv.core.spec_decode import SpecDecode
 from hybridkv.engine.llm import LLM, max_len_that_fits
 from hybridkv.engine.llm_config import ENGINE_SCHEDULER, CacheConfig, RuntimeConfig, StoreConfig
@@ -113,9 +114,7 @@ def test_cli_names_a_model_directory_that_is_not_one(tmp_path: Path, capsys) -> 
 
 
 def test_add_generate_parser_registers_a_subcommand() -> None:
-    parser = argparse.ArgumentParser(prog="hybridkv")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_generate_parser(sub)
+    parser = build_parser("")             # every registered command, generate among them
     args = parser.parse_args(["generate", "--model", "m", "--prompt-ids", "1,2,3", "--spec", "ngram:2",
                               "--block-size", "full=16,sliding=8", "--json"])
     assert args.command == "generate" and args.prompt_ids == [[1, 2, 3]] and args.json

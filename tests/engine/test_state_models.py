@@ -28,7 +28,7 @@ from hybridkv.core.manager import KVCacheManager
 from hybridkv.core.specs import KVCacheConfig, is_state
 from hybridkv.engine import PagedKVCache, SequenceInput
 from hybridkv.engine.config import ModelConfig
-from hybridkv.engine.generate_cli import main
+from hybridkv.cli import main
 from hybridkv.engine.models import StateMissingError
 from hybridkv.engine.runner import EngineCore
 from hybridkv.sched import Scheduler

@@ -10,9 +10,9 @@ import pytest
 
 from hybridkv.sim.cluster import ClusterSimulator, offered_load
 from hybridkv.sim.presets import get_gpu, get_preset
-from hybridkv.sim.routing import ROUTERS, InstanceLoad, make_router
-from hybridkv.sim.simulator import SimConfig, Simulator, items_from_trace
-from hybridkv.sim.traces import get_workload
+from hybridkv.sim.routing import ROUTERS, InstanceLoad, RouteDecision, Router, RouterSetup, make_router
+from hybridkv.sim import SimConfig, Simulator, items_from_trace
+from hybridkv.sim.workloads import get_workload
 
 
 def config(blocks: int, **kw) -> SimConfig:
@@ -58,7 +58,7 @@ def test_kv_aware_index_mirrors_every_instance_and_beats_round_robin() -> None:
 
 
 def test_approximate_router_keeps_its_history_within_capacity() -> None:
-    r = make_router("approximate", num_instances=2, block_size=16, capacity_blocks=5)
+    r = make_router("approximate", RouterSetup(num_instances=2, block_size=16, capacity_blocks=5))
     loads = [InstanceLoad(0, 0, 0), InstanceLoad(1, 0, 0)]
     hs = [bytes([i]) * 4 for i in range(8)]
     d1 = r.route(hs, 8 * 16, loads)
@@ -76,8 +76,8 @@ def test_kv_aware_weighs_prefix_against_load() -> None:
     index = KVEventIndex()
     hs = [bytes([i]) * 4 for i in range(10)]
     index.add(1, 0, hs)
-    r = make_router("kv-aware", num_instances=3, block_size=16, capacity_blocks=100, index=index,
-                    overlap_weight=1.0)
+    r = make_router("kv-aware", RouterSetup(num_instances=3, block_size=16, capacity_blocks=100,
+                                            index=index, overlap_weight=1.0))
     idle = [InstanceLoad(i, 0, 0) for i in range(3)]
     assert r.route(hs, 161, idle).instance == 1                       # the holder, when idle
     busy = [InstanceLoad(0, 0, 0), InstanceLoad(1, 10_000, 5), InstanceLoad(2, 50, 1)]
@@ -91,7 +91,35 @@ def test_bad_arguments() -> None:
     with pytest.raises(ValueError, match="unknown router 'nope'; valid: round-robin"):
         ClusterSimulator(config(100), 2, "nope")
     with pytest.raises(ValueError, match="overlap_weight"):
-        make_router("kv-aware", num_instances=1, block_size=16, capacity_blocks=1, overlap_weight=-1)
+        make_router("kv-aware", RouterSetup(num_instances=1, block_size=16, capacity_blocks=1,
+                                            overlap_weight=-1))
+
+
+def test_a_new_router_is_one_class_and_one_registration(monkeypatch, tmp_path, capsys) -> None:
+    """A toy router registered on ROUTERS (this test's copy of the table) is known by name to
+    the cluster simulator and to ``simulate --router``, and its decisions are the ones used.
+    Guards against a router list kept apart from the registry (a name the CLI refuses, or a
+    make_router that falls through to another router)."""
+    from hybridkv.cli import main
+    monkeypatch.setattr(ROUTERS, "_table", dict(ROUTERS._table))
+
+    @ROUTERS.register("last")
+    class LastInstance(Router):
+        calls = 0
+
+        def route(self, hashes, prompt_len, loads):
+            LastInstance.calls += 1
+            return RouteDecision(len(loads) - 1, 0)
+
+    items = chat(n=8, turns=2)
+    res = ClusterSimulator(config(1500), 3, "last").run(items)
+    assert res.routed_requests == [0, 0, len(items)] and LastInstance.calls == len(items)
+    assert res.to_json()["router"] == "last"
+    out = tmp_path / "c.json"
+    assert main(["simulate", "--workload", "chat", "--limit", "10", "--instances", "2", "--router",
+                 "last", "--cache-tokens", "100k", "--no-progress", "--json", str(out)]) == 0
+    d = json.loads(out.read_text())
+    assert d["router"] == "last" and [p["routed_requests"] for p in d["per_instance"]] == [0, 10]
 
 
 def test_offered_load_warning_states_rate_and_capacity() -> None:

@@ -12,8 +12,9 @@ from hybridkv.core.spec_decode import SpecDecode
 from hybridkv.sched import SchedulerConfig
 from hybridkv.sim import SimConfig, Simulator, items_from_trace
 from hybridkv.sim.presets import get_gpu, get_preset
-from hybridkv.sim.simulator import served_workload
-from hybridkv.sim.traces import TraceRequest, get_workload
+from hybridkv.sim.workitems import served_workload
+from hybridkv.sim.traces import TraceRequest
+from hybridkv.sim.workloads import get_workload
 
 H100 = get_gpu("h100")
 

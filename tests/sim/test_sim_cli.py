@@ -111,8 +111,8 @@ def test_a_sweeps_progress_bar_starts_over_for_each_run(capsys) -> None:
     """One bar serves every configuration of a serial sweep: when a run starts (done falls
     back) its count, clock and rate start over, so the ETA is the running configuration's."""
     pytest.importorskip("tqdm")
-    from hybridkv.sim import commands
-    update, close = commands._progress(True, "sweep")
+    from hybridkv.cli.output import progress_bar
+    update, close = progress_bar(True, "sweep")
     bar = update.__closure__[0].cell_contents
     clock = [1000.0]
     bar._time = lambda: clock[0]                       # tqdm's clock, made ours

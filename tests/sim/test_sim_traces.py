@@ -8,19 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hybridkv.sim.traces import (
-    WORKLOADS,
-    TraceRequest,
-    agentic_loop,
-    expand_block_ids,
-    get_workload,
-    iter_mooncake_records,
-    load_mooncake_trace,
-    load_token_trace,
-    multi_turn_chat,
-    replay_microbenchmark,
-    shared_system_prompt,
-)
+from hybridkv.sim.traces import (TraceRequest, expand_block_ids, iter_mooncake_records,
+                                 load_mooncake_trace, load_token_trace)
+from hybridkv.sim.workloads import (WORKLOADS, agentic_loop, get_workload, multi_turn_chat,
+                                    replay_microbenchmark, shared_system_prompt)
 
 
 def _write_jsonl(path: Path, lines: list[object]) -> Path:

@@ -14,9 +14,10 @@ from hybridkv.sched import SchedulerConfig
 from hybridkv.sim.costmodel import CostModel
 from hybridkv.sim.optimal import lru_block_hit_rate
 from hybridkv.sim.presets import get_gpu, get_preset
-from hybridkv.sim.simulator import (SimConfig, Simulator, items_from_mooncake, items_from_trace,
-                                    optimal_hit_blocks)
-from hybridkv.sim.traces import TraceRequest, get_workload, replay_microbenchmark
+from hybridkv.sim import SimConfig, Simulator, items_from_mooncake, items_from_trace
+from hybridkv.sim.optimal import optimal_hit_blocks
+from hybridkv.sim.traces import TraceRequest
+from hybridkv.sim.workloads import get_workload, replay_microbenchmark
 
 H100 = get_gpu("h100")
 

@@ -1,5 +1,5 @@
 """State-group presets through the simulator (docs/state-groups.md plan step 8): the 200-token
-bar, vLLM's forced block size as the baseline, and the checkpoint-interval sweep CLI."""
+bar, vLLM's forced block size as the baseline, and the retention (checkpoint) sweep CLI."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from hybridkv.cli import main
 from hybridkv.core.specs import StateSpec
 from hybridkv.sim.presets import get_gpu, get_preset, vllm_align_block_size
-from hybridkv.sim.simulator import SimConfig, Simulator, items_from_trace
+from hybridkv.sim import SimConfig, Simulator, items_from_trace
 from hybridkv.sim.traces import TraceRequest
 
 H100 = get_gpu("h100")
@@ -75,15 +75,17 @@ def test_vllm_forced_block_makes_the_same_prompts_hit_nothing() -> None:
 
 
 def test_checkpoint_interval_sweep_cli(tmp_path: Path, capsys) -> None:
+    """On a preset with recurrent-state groups, ``--retention-intervals`` sweeps where
+    checkpoints are written, against checkpoint memory, with vLLM's align mode as baseline."""
     js = tmp_path / "ckpt.json"
     assert main(["sweep", "--preset", "qwen3-next-80b-a3b", "--workload", "system-prompt",
-                 "--limit", "24", "--checkpoint-intervals", "0,64,1024", "--cache-tokens", "400k",
+                 "--limit", "24", "--retention-intervals", "0,64,1024", "--cache-tokens", "400k",
                  "--no-progress", "--json", str(js)]) == 0
     out = capsys.readouterr().out
     assert "vLLM align (block 1056)" in out and "GB written" in out
     rows = json.loads(js.read_text())
     assert [r["label"] for r in rows] == ["N=0", "N=64", "N=1024", "vLLM align (block 1056)"]
-    assert [r["checkpoint_interval"] for r in rows] == [0, 64, 1024, 0]
+    assert [r["retention_interval"] for r in rows] == [0, 64, 1024, 0]
     assert rows[-1]["vllm_compat"] and rows[-1]["block_size"] == 1056
     # the same memory budget in bytes for every configuration (up to one block)
     pools = [r["pool_bytes"] for r in rows]
@@ -94,12 +96,13 @@ def test_checkpoint_interval_sweep_cli(tmp_path: Path, capsys) -> None:
 
 
 @pytest.mark.parametrize("argv,msg", [
-    (["--preset", "llama-3.1-8b"], "needs a preset with recurrent-state groups"),
     (["--preset", "qwen3-next-80b-a3b", "--sequential"], "drop --sequential"),
-    (["--preset", "qwen3-next-80b-a3b", "--retention-intervals", "0"], "sweep one thing at a time"),
+    (["--preset", "qwen3-next-80b-a3b", "--vllm-compat"], "drop --vllm-compat"),
+    (["--preset", "qwen3-next-80b-a3b", "--executor", "processes"], "drop --executor"),
+    (["--preset", "qwen3-next-80b-a3b", "--cache-tokens-list", "1M"], "sweep one thing at a time"),
 ])
 def test_checkpoint_sweep_bad_options_are_one_line_errors(argv, msg, capsys) -> None:
-    rc = main(["sweep", "--workload", "replay", "--checkpoint-intervals", "0,64", "--no-progress"] + argv)
+    rc = main(["sweep", "--workload", "replay", "--retention-intervals", "0,64", "--no-progress"] + argv)
     err = capsys.readouterr().err
     assert rc != 0 and msg in err and "Traceback" not in err
 
@@ -107,7 +110,7 @@ def test_checkpoint_sweep_bad_options_are_one_line_errors(argv, msg, capsys) -> 
 def test_checkpoints_written_grow_as_the_interval_shrinks(tmp_path: Path) -> None:
     js = tmp_path / "ckpt.json"
     assert main(["sweep", "--preset", "qwen3-next-80b-a3b", "--workload", "system-prompt",
-                 "--limit", "16", "--checkpoint-intervals", "1024,256,64,16", "--cache-tokens", "2M",
+                 "--limit", "16", "--retention-intervals", "1024,256,64,16", "--cache-tokens", "2M",
                  "--no-progress", "--json", str(js)]) == 0
     rows = json.loads(js.read_text())
     written = [r["checkpoints_written"] for r in rows[:4]]

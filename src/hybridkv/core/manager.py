@@ -114,10 +114,7 @@ class KVCacheManager:
         self.hasher = BlockHasher(config.hash_block_size, hash_algo, hash_seed,
                                   spec_decode.hash_lookahead_tokens if spec_decode else 0)
         self._events: list[KVEvent] = []
-        self.eviction_policy = resolve_policy(eviction_policy)
-        if vllm_compat and self.eviction_policy != "lru":
-            raise ValueError(f"vllm_compat pins vLLM's LRU order; eviction_policy must be 'lru', "
-                             f"got {eviction_policy!r}")
+        self.eviction_policy = resolve_policy(eviction_policy, vllm_compat)
         if clock is not None and not callable(clock):
             raise ValueError(f"clock must be None or a callable returning seconds, got {clock!r}")
         policy = make_policy(self.eviction_policy, [make_rule(g.spec) for g in config.groups],

@@ -29,8 +29,10 @@ from hybridkv.core.rules import make_rule
 from hybridkv.core.validation import check_int
 from hybridkv.events.index import KVEventIndex
 from hybridkv.sched import EngineRequest
-from hybridkv.sim.routing import DEFAULT_OVERLAP_WEIGHT, InstanceLoad, make_router
-from hybridkv.sim.simulator import OnlineHits, SimConfig, SimResult, Simulator, WorkItem, served_workload
+from hybridkv.sim.routing import DEFAULT_OVERLAP_WEIGHT, InstanceLoad, RouterSetup, make_router
+from hybridkv.sim.optimal import OnlineHits
+from hybridkv.sim.simulator import SimConfig, SimResult, Simulator
+from hybridkv.sim.workitems import WorkItem, served_workload
 
 CLUSTER_HASH_SEED = "hybridkv-cluster"
 
@@ -204,7 +206,8 @@ class _Instance:
 
 
 class ClusterSimulator:
-    """N instances of ``config`` behind the router ``router`` (a name in ``ROUTERS``).
+    """N instances of ``config`` behind the router ``router`` (a name in
+    :data:`~hybridkv.sim.routing.ROUTERS`).
 
     Args:
         config: each instance's configuration (cache size, model, GPU, batching).
@@ -232,10 +235,11 @@ class ClusterSimulator:
         self.key_block = groups[self.key_group].spec.block_size
         self.index = KVEventIndex()
         # the approximate router's LRU: the pool's share of one group (exact for one group)
-        self.router = make_router(router, num_instances=num_instances, block_size=self.key_block,
-                                  capacity_blocks=max(1, (config.num_blocks - 1) // len(groups)),
-                                  index=self.index, group=self.key_group,
-                                  overlap_weight=overlap_weight)
+        self.router_name = router
+        self.router = make_router(router, RouterSetup(
+            num_instances=num_instances, block_size=self.key_block,
+            capacity_blocks=max(1, (config.num_blocks - 1) // len(groups)),
+            index=self.index, group=self.key_group, overlap_weight=overlap_weight))
         self.event_sinks = list(event_sinks) if event_sinks is not None else None
         wants_events = self.router.needs_events or self.event_sinks is not None
         cfg = dataclasses.replace(config, hash_seed=config.hash_seed or CLUSTER_HASH_SEED,
@@ -330,7 +334,7 @@ class ClusterSimulator:
             results.append(res)
         cfg = self.config
         return ClusterResult(
-            router=router.name, instances=results, queue_s=[i.queue_s for i in insts],
+            router=self.router_name, instances=results, queue_s=[i.queue_s for i in insts],
             routed_requests=[i.routed for i in insts],
             routed_prompt_tokens=[i.routed_tokens for i in insts],
             predicted_hit_tokens=predicted_total, index_blocks=sum(
@@ -338,6 +342,6 @@ class ClusterSimulator:
             wall_s=time.perf_counter() - t0,
             config={"preset": cfg.preset.name, "gpu": cfg.gpu.name, "num_gpus": cfg.num_gpus,
                     "num_blocks_per_instance": cfg.num_blocks, "block_size": cfg.preset.block_size,
-                    "instances": len(insts), "router": router.name,
+                    "instances": len(insts), "router": self.router_name,
                     "max_num_batched_tokens": cfg.sched.max_num_batched_tokens,
                     "max_num_seqs": cfg.sched.max_num_seqs, "seed": cfg.seed})

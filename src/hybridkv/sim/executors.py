@@ -29,7 +29,8 @@ from multiprocessing import get_context
 from typing import Callable, Iterator, Sequence
 
 from hybridkv.core.validation import check_int
-from hybridkv.sim.simulator import SimConfig, SimResult, Simulator, WorkItem
+from hybridkv.sim.simulator import SimConfig, SimResult, Simulator
+from hybridkv.sim.workitems import WorkItem
 
 EXECUTORS = ("serial", "processes", "ray")
 

@@ -26,28 +26,47 @@ Policies:
 
 Both simulations are O(total block references · log) and run in a few seconds on the full
 Mooncake conversation trace (288,500 references).
+
+The simulator's bound (:class:`OptimumJob`, :func:`optimal_hit_blocks`) is Belady on a served
+workload's plain chained key-block hashes, at the pool's capacity in key blocks
+(:func:`optimum_capacity_blocks`); :func:`gap_report` then says why the online run hit fewer
+blocks than an unlimited cache.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+import multiprocessing as mp
 from collections import OrderedDict
-from collections.abc import Container, Hashable, Sequence
+from collections.abc import Callable, Container, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
+from hybridkv.core.hashing import BlockHasher
+from hybridkv.core.request import Request
+from hybridkv.core.rules import make_rule
 from hybridkv.core.validation import check_int
+from hybridkv.sim.workitems import ServedItem, WorkItem
 
 __all__ = [
     "BlockCacheResult",
+    "GapReport",
+    "OnlineHits",
+    "OptimumJob",
     "belady_block_hit_rate",
     "capacity_blocks_for_tokens",
+    "gap_report",
     "infinite_block_hit_rate",
     "lru_block_hit_rate",
     "next_use_indices",
+    "optimal_hit_blocks",
+    "optimum_capacity_blocks",
 ]
 
 _NEVER = math.inf  # next-use index of a block that is not referenced again
+PARALLEL_OPTIMUM_TOKENS = 20_000_000  # above this many prompt tokens, compute the bound in a child
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,3 +265,216 @@ def infinite_block_hit_rate(requests: Sequence[Sequence[Hashable]]) -> BlockCach
         refs += len(keys)
         seen.update(keys)
     return BlockCacheResult("infinite", None, hits, refs, tuple(hits_per_request))
+
+
+# ---- the bound of a simulated workload ---------------------------------------------------------
+
+
+def optimum_capacity_blocks(kv_config, num_blocks: int, key_block: int) -> int:
+    """Pool capacity in key blocks for the offline bound.
+
+    Caching ``key_block`` tokens of a prefix takes ``key_block / block_size`` blocks in every
+    full-attention-type group (all of them must hold the prefix for a hit), so the bound gets
+    ``(num_blocks - 1) // sum_g(key_block / block_size_g)`` key blocks. Window groups are left
+    out (they may keep as little as one window per hit end), which keeps it an upper bound.
+    """
+    units = sum(max(1, key_block // g.spec.block_size) for g in kv_config.groups
+                if make_rule(g.spec).downward_closed)
+    return (num_blocks - 1) // max(1, units)
+
+
+def _compute_bound_keys(items: Iterable[WorkItem | ServedItem],
+                        block_size: int) -> tuple[list[list[bytes]], list[int]]:
+    """Per request: its plain chained key-block hashes (prompt + served output) and hit limit."""
+    hasher = BlockHasher(block_size)
+    keys: list[list[bytes]] = []
+    limits: list[int] = []
+    for entry in items:
+        it, max_out = (entry.item, entry.max_tokens) if isinstance(entry, ServedItem) else (entry, None)
+        out = it.output_ids
+        if out is not None and max_out is not None:
+            out = out[:max_out]
+        tokens = it.prompt() if out is None or not len(out) else np.concatenate([it.prompt(), out])
+        req = Request(it.request_id, tokens)
+        hasher.update(req)
+        del req.block_hashes[(len(tokens) - 1) // block_size:]
+        keys.append(req.block_hashes)
+        limits.append((it.prompt_len - 1) // block_size)
+    return keys, limits
+
+
+def _bound_keys(items: Iterable[WorkItem | ServedItem],
+                block_size: int) -> tuple[list[list[bytes]], list[int], list]:
+    """Keys, hit limits and Belady next uses of ``items``.
+
+    They do not depend on the capacity: the last workload's are kept (by identity of the
+    ``items`` list and the block size), so a sweep worker computes them once for all its
+    capacities. :func:`served_workload` keeps its last answer the same way, so the per-run
+    served list is the same object across runs over one workload.
+    """
+    global _OPTIMUM_KEYS
+    memo = _OPTIMUM_KEYS
+    if memo is not None and memo[0] is items and memo[1] == block_size:
+        return memo[2], memo[3], memo[4]
+    _OPTIMUM_KEYS = None                     # free the previous workload's keys first
+    keys, limits = _compute_bound_keys(items, block_size)
+    uses = next_use_indices(keys)
+    if isinstance(items, list):
+        _OPTIMUM_KEYS = (items, block_size, keys, limits, uses)
+    return keys, limits, uses
+
+
+_OPTIMUM_KEYS: tuple | None = None   # (items, block_size, keys, limits, next uses) of the last call
+
+
+def optimal_hit_blocks(items: Iterable[WorkItem | ServedItem], block_size: int,
+                       capacity_blocks: int) -> int:
+    """Prompt blocks the offline optimum (Belady with bypass) hits, one request at a time.
+
+    Keys are plain chained block hashes (no lookahead, no salt), computed independently of
+    the simulated manager. A request may hit its prompt's first ``(prompt_len - 1) //
+    block_size`` blocks (the last token is always recomputed, online and here); after it,
+    its blocks are inserted, including those of its output when the workload knows the
+    output tokens (the next turn of a chat repeats them), cut to the ``max_tokens`` the
+    online run generated for a :class:`ServedItem`.
+    """
+    keys, limits, uses = _bound_keys(items, block_size)
+    return belady_block_hit_rate(keys, capacity_blocks, limits, next_uses=uses).block_hits
+
+
+@dataclass(frozen=True, slots=True)
+class OnlineHits:
+    """Per served request (in served order): what the online run measured, for :class:`GapReport`.
+
+    ``hit_blocks[r]``: leading key blocks hit at first admission; ``admitted_t[r]`` /
+    ``finished_t[r]``: the clock then and when it finished (sequential mode: its index).
+    """
+
+    hit_blocks: list[int]
+    admitted_t: list[float]
+    finished_t: list[float]
+
+
+@dataclass(frozen=True, slots=True)
+class GapReport:
+    """Why the online run hits fewer blocks than an unlimited cache, measured per request.
+
+    For each request, the blocks an unlimited cache serving requests one at a time would hit
+    (``ceiling_blocks`` in total) minus the blocks the online run hit are charged to one cause,
+    read at the first block the online run missed:
+
+    * ``in_flight_blocks``: the request that first produced that block had not finished when
+      this one was admitted (the engine's concurrency: a follow-up arrived too early);
+    * ``evicted_blocks``: it had finished, so the block had been cached and was gone
+      (evicted, or not retained by a sliding-window group).
+
+    ``optimum_blocks`` is the Belady bound at the pool's size; ``ceiling_blocks -
+    optimum_blocks`` is what the cache size costs any policy.
+    """
+
+    ceiling_blocks: int
+    optimum_blocks: int
+    online_blocks: int
+    in_flight_blocks: int
+    evicted_blocks: int
+    in_flight_requests: int
+    evicted_requests: int
+
+
+def gap_report(keys: list[list[bytes]], limits: list[int], optimum_blocks: int,
+               online: OnlineHits) -> GapReport:
+    """Attribute the online run's missed blocks (see :class:`GapReport`)."""
+    seen: set[bytes] = set()
+    ceiling: list[int] = []
+    for ks, lim in zip(keys, limits):
+        h = 0
+        for k in ks[:lim]:
+            if k not in seen:
+                break
+            h += 1
+        ceiling.append(h)
+        seen.update(ks)
+    del seen
+    wanted: dict[bytes, list[int]] = {}   # first missed key -> requests that missed it
+    for r, (c, h) in enumerate(zip(ceiling, online.hit_blocks)):
+        if h < c:
+            wanted.setdefault(keys[r][h], []).append(r)
+    producer: dict[bytes, int] = {}
+    for j, ks in enumerate(keys):
+        if len(producer) == len(wanted):
+            break
+        for k in ks:
+            if k in wanted and k not in producer:
+                producer[k] = j
+    in_flight = evicted = n_flight = n_evicted = 0
+    for key, rs in wanted.items():
+        j = producer[key]
+        for r in rs:
+            lost = ceiling[r] - online.hit_blocks[r]
+            if online.finished_t[j] > online.admitted_t[r]:
+                in_flight += lost
+                n_flight += 1
+            else:
+                evicted += lost
+                n_evicted += 1
+    return GapReport(sum(ceiling), optimum_blocks, sum(online.hit_blocks), in_flight, evicted,
+                     n_flight, n_evicted)
+
+
+def _bound_and_gap(items: list[ServedItem], block_size: int, capacity: int,
+                   get_online: Callable[[], OnlineHits]) -> tuple[int, GapReport]:
+    """The Belady bound, then (once the online run is done) the gap attribution."""
+    keys, limits, uses = _bound_keys(items, block_size)
+    opt = belady_block_hit_rate(keys, capacity, limits, next_uses=uses).block_hits
+    return opt, gap_report(keys, limits, opt, get_online())
+
+
+class OptimumJob:
+    """The offline bound and gap report of one run over a served workload.
+
+    Large workloads (more than :data:`PARALLEL_OPTIMUM_TOKENS` prompt tokens, with ``parallel``
+    and where ``fork`` exists) compute it in a forked child from the start, while the
+    simulation runs on this core: the bound needs no simulation state, and the child waits for
+    the online run's :class:`OnlineHits` only for the gap report. Others compute it inline in
+    :meth:`result`.
+    """
+
+    def __init__(self, served: list[ServedItem], block_size: int, capacity: int,
+                 parallel: bool = True) -> None:
+        self.served = served
+        self.block_size = block_size
+        self.capacity = capacity
+        self._child = self._conn = None
+        if parallel and sum(s.item.prompt_len for s in served) > PARALLEL_OPTIMUM_TOKENS \
+                and "fork" in mp.get_all_start_methods():
+            ctx = mp.get_context("fork")
+            self._conn, child_conn = ctx.Pipe()
+            self._child = ctx.Process(target=_optimum_child, daemon=True,
+                                      args=(served, block_size, capacity, child_conn))
+            self._child.start()
+            child_conn.close()
+
+    def result(self, online: OnlineHits) -> tuple[int, GapReport]:
+        """The bound in key blocks and the gap report, given the finished online run's hits."""
+        if self._child is None:
+            return _bound_and_gap(self.served, self.block_size, self.capacity, lambda: online)
+        self._conn.send(online)
+        got = self._conn.recv()
+        self._child.join()
+        if isinstance(got, BaseException):
+            raise got
+        return got
+
+    def cancel(self) -> None:
+        """Stop the child, if any (the run failed)."""
+        if self._child is not None:
+            self._child.kill()
+
+
+def _optimum_child(items: list[ServedItem], block_size: int, capacity: int, conn) -> None:
+    try:
+        conn.send(_bound_and_gap(items, block_size, capacity, conn.recv))
+    except BaseException as exc:  # report, never hang the parent
+        conn.send(exc)
+    finally:
+        conn.close()

@@ -127,3 +127,31 @@ def plot_sweep(xs: Sequence[float], results: Sequence[SimResult], path: str | Pa
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_policies(names: list[str], values: list, rows: list[dict], path, title: str = "") -> None:
+    """PNG: per policy, block hit rate (left, optimum dashed) and fraction of the optimum (right)
+    against the cache size."""
+    plt = _pyplot()
+    xs = list(values)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
+    for i, p in enumerate(names):
+        rs = rows[i * len(xs):(i + 1) * len(xs)]
+        ax1.plot(xs, [r["block_hit_rate"] for r in rs], marker="o", label=p)
+        ax2.plot(xs, [r["fraction_of_optimal"] or 0.0 for r in rs], marker="o", label=p)
+    ax1.plot(xs, [r["optimal_block_hit_rate"] or 0.0 for r in rows[:len(xs)]], marker="s",
+             linestyle="--", color="black", label="offline optimum (Belady)")
+    for ax, label in ((ax1, "block hit rate"), (ax2, "fraction of the offline optimum")):
+        if min(xs) > 0:
+            ax.set_xscale("log")
+        ax.set_xlabel("KV cache size (tokens)")
+        ax.set_ylabel(label)
+        ax.set_ylim(0, 1.05 if ax is ax2 else None)
+        ax.grid(alpha=0.3)
+    ax1.set_ylim(bottom=0)
+    ax2.legend(fontsize=8)
+    ax1.legend(fontsize=8)
+    fig.suptitle(f"eviction policies: {title}" if title else "eviction policies", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

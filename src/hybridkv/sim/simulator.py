@@ -13,6 +13,10 @@ Timed mode advances a clock by the cost model's step time and admits requests wh
 arrive. Sequential mode (``sequential=True``) serves one request at a time with no timing, the
 setting of the block-level harness in :mod:`hybridkv.sim.optimal`.
 
+The work items and the ``max_model_len`` rule are :mod:`hybridkv.sim.workitems`'s; the offline
+optimum and the gap report (:class:`~hybridkv.sim.optimal.OptimumJob`) are
+:mod:`hybridkv.sim.optimal`'s, computed on the same served workload.
+
 Output tokens are the workload's own (``TraceRequest.output_ids``, which the chat and agentic
 generators set so the next turn repeats the answer) or else pseudo tokens unique to their
 request (they enter block hashes like real ones but never match another prompt).
@@ -22,14 +26,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import multiprocessing as mp
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 import numpy as np
 
-from hybridkv.core.hashing import BlockHasher
 from hybridkv.core.manager import KVCacheManager
 from hybridkv.core.request import Request
 from hybridkv.core.retention_config import RetentionConfig, TokenRange
@@ -37,57 +39,11 @@ from hybridkv.core.spec_decode import SpecDecode
 from hybridkv.core.rules import make_rule
 from hybridkv.sched import AcceptanceModel, EngineRequest, Scheduler, SchedulerConfig, useful_drafts
 from hybridkv.sim.costmodel import CostModel
-from hybridkv.sim.optimal import belady_block_hit_rate, next_use_indices
+from hybridkv.sim.optimal import GapReport, OnlineHits, OptimumJob, optimum_capacity_blocks
 from hybridkv.sim.presets import GpuPreset, ModelPreset
-from hybridkv.sim.traces import (MOONCAKE_BLOCK_TOKENS, MooncakeRecord, TraceRequest,
-                                 expand_block_ids, iter_mooncake_records, trace_stem)
+from hybridkv.sim.workitems import ServedItem, WorkItem, served_workload
 
 _OUTPUT_TOKEN_BASE = 1 << 40  # pseudo output tokens live above every prompt token id
-_PARALLEL_OPTIMUM_TOKENS = 20_000_000  # above this many prompt tokens, compute the bound in a child
-
-
-@dataclass(frozen=True, slots=True)
-class WorkItem:
-    """One request of a workload, with its prompt built on demand (memory stays per-request).
-
-    ``source`` is a :class:`TraceRequest` (tokens in memory) or a :class:`MooncakeRecord`
-    (tokens expanded from its hash ids when the request arrives).
-    """
-
-    request_id: str
-    arrival_s: float
-    prompt_len: int
-    output_len: int
-    source: TraceRequest | MooncakeRecord
-
-    @property
-    def output_ids(self) -> np.ndarray | None:
-        """The workload's own output tokens, if it has them."""
-        src = self.source
-        return src.output_ids if isinstance(src, TraceRequest) else None
-
-    def prompt(self) -> np.ndarray:
-        src = self.source
-        if isinstance(src, TraceRequest):
-            return src.prompt
-        return expand_block_ids(src.hash_ids, src.input_length, MOONCAKE_BLOCK_TOKENS)
-
-
-def items_from_trace(requests: Iterable[TraceRequest]) -> list[WorkItem]:
-    """Work items of in-memory trace requests, sorted by arrival (stable)."""
-    items = [WorkItem(r.request_id, r.arrival_s, r.prompt_len, r.output_len, r) for r in requests]
-    items.sort(key=lambda it: it.arrival_s)
-    return items
-
-
-def items_from_mooncake(path: str, limit: int | None = None) -> list[WorkItem]:
-    """Work items of a Mooncake JSONL trace; tokens are expanded lazily (512 per hash id)."""
-    stem = trace_stem(path)
-    items = [WorkItem(f"{stem}-{i}", rec.timestamp_ms / 1000.0, rec.input_length,
-                      rec.output_length, rec)
-             for i, rec in enumerate(iter_mooncake_records(path, limit))]
-    items.sort(key=lambda it: it.arrival_s)
-    return items
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,211 +220,6 @@ class SimResult:
         }
 
 
-@dataclass(frozen=True, slots=True)
-class ServedItem:
-    """A work item the online run serves, with the output length it is allowed to generate."""
-
-    item: WorkItem
-    max_tokens: int
-
-
-def served_workload(items: Iterable[WorkItem], max_model_len: int | None) -> tuple[list[ServedItem], int]:
-    """The requests a run serves and how many it rejects: the one rule for ``max_model_len``.
-
-    A request whose prompt alone reaches ``max_model_len`` (``prompt_len >= max_model_len``) is
-    rejected and counted, as a serving engine refuses it; the others generate
-    ``min(max(1, output_len), max_model_len - prompt_len)`` tokens. The online run and the
-    offline optimum both use this list, so the bound is computed on exactly the served workload.
-    """
-    global _SERVED
-    memo = _SERVED
-    if memo is not None and memo[0] is items and memo[1] == max_model_len:
-        return memo[2], memo[3]
-    served: list[ServedItem] = []
-    rejected = 0
-    for it in items:
-        max_tokens = max(1, it.output_len)
-        if max_model_len is not None:
-            if it.prompt_len >= max_model_len:
-                rejected += 1
-                continue
-            max_tokens = min(max_tokens, max_model_len - it.prompt_len)
-        served.append(ServedItem(it, max_tokens))
-    _SERVED = (items, max_model_len, served, rejected) if isinstance(items, list) else None
-    return served, rejected
-
-
-_SERVED: tuple | None = None   # (items, max_model_len, served, rejected) of the last call
-
-
-def optimum_capacity_blocks(kv_config, num_blocks: int, key_block: int) -> int:
-    """Pool capacity in key blocks for the offline bound.
-
-    Caching ``key_block`` tokens of a prefix takes ``key_block / block_size`` blocks in every
-    full-attention-type group (all of them must hold the prefix for a hit), so the bound gets
-    ``(num_blocks - 1) // sum_g(key_block / block_size_g)`` key blocks. Window groups are left
-    out (they may keep as little as one window per hit end), which keeps it an upper bound.
-    """
-    units = sum(max(1, key_block // g.spec.block_size) for g in kv_config.groups
-                if make_rule(g.spec).downward_closed)
-    return (num_blocks - 1) // max(1, units)
-
-
-def _compute_bound_keys(items: Iterable[WorkItem | ServedItem],
-                        block_size: int) -> tuple[list[list[bytes]], list[int]]:
-    """Per request: its plain chained key-block hashes (prompt + served output) and hit limit."""
-    hasher = BlockHasher(block_size)
-    keys: list[list[bytes]] = []
-    limits: list[int] = []
-    for entry in items:
-        it, max_out = (entry.item, entry.max_tokens) if isinstance(entry, ServedItem) else (entry, None)
-        out = it.output_ids
-        if out is not None and max_out is not None:
-            out = out[:max_out]
-        tokens = it.prompt() if out is None or not len(out) else np.concatenate([it.prompt(), out])
-        req = Request(it.request_id, tokens)
-        hasher.update(req)
-        del req.block_hashes[(len(tokens) - 1) // block_size:]
-        keys.append(req.block_hashes)
-        limits.append((it.prompt_len - 1) // block_size)
-    return keys, limits
-
-
-def _bound_keys(items: Iterable[WorkItem | ServedItem],
-                block_size: int) -> tuple[list[list[bytes]], list[int], list]:
-    """Keys, hit limits and Belady next uses of ``items``.
-
-    They do not depend on the capacity: the last workload's are kept (by identity of the
-    ``items`` list and the block size), so a sweep worker computes them once for all its
-    capacities. :func:`served_workload` keeps its last answer the same way, so the per-run
-    served list is the same object across runs over one workload.
-    """
-    global _OPTIMUM_KEYS
-    memo = _OPTIMUM_KEYS
-    if memo is not None and memo[0] is items and memo[1] == block_size:
-        return memo[2], memo[3], memo[4]
-    _OPTIMUM_KEYS = None                     # free the previous workload's keys first
-    keys, limits = _compute_bound_keys(items, block_size)
-    uses = next_use_indices(keys)
-    if isinstance(items, list):
-        _OPTIMUM_KEYS = (items, block_size, keys, limits, uses)
-    return keys, limits, uses
-
-
-_OPTIMUM_KEYS: tuple | None = None   # (items, block_size, keys, limits, next uses) of the last call
-
-
-def optimal_hit_blocks(items: Iterable[WorkItem | ServedItem], block_size: int,
-                       capacity_blocks: int) -> int:
-    """Prompt blocks the offline optimum (Belady with bypass) hits, one request at a time.
-
-    Keys are plain chained block hashes (no lookahead, no salt), computed independently of
-    the simulated manager. A request may hit its prompt's first ``(prompt_len - 1) //
-    block_size`` blocks (the last token is always recomputed, online and here); after it,
-    its blocks are inserted, including those of its output when the workload knows the
-    output tokens (the next turn of a chat repeats them), cut to the ``max_tokens`` the
-    online run generated for a :class:`ServedItem`.
-    """
-    keys, limits, uses = _bound_keys(items, block_size)
-    return belady_block_hit_rate(keys, capacity_blocks, limits, next_uses=uses).block_hits
-
-
-@dataclass(frozen=True, slots=True)
-class OnlineHits:
-    """Per served request (in served order): what the online run measured, for :class:`GapReport`.
-
-    ``hit_blocks[r]``: leading key blocks hit at first admission; ``admitted_t[r]`` /
-    ``finished_t[r]``: the clock then and when it finished (sequential mode: its index).
-    """
-
-    hit_blocks: list[int]
-    admitted_t: list[float]
-    finished_t: list[float]
-
-
-@dataclass(frozen=True, slots=True)
-class GapReport:
-    """Why the online run hits fewer blocks than an unlimited cache, measured per request.
-
-    For each request, the blocks an unlimited cache serving requests one at a time would hit
-    (``ceiling_blocks`` in total) minus the blocks the online run hit are charged to one cause,
-    read at the first block the online run missed:
-
-    * ``in_flight_blocks``: the request that first produced that block had not finished when
-      this one was admitted (the engine's concurrency: a follow-up arrived too early);
-    * ``evicted_blocks``: it had finished, so the block had been cached and was gone
-      (evicted, or not retained by a sliding-window group).
-
-    ``optimum_blocks`` is the Belady bound at the pool's size; ``ceiling_blocks -
-    optimum_blocks`` is what the cache size costs any policy.
-    """
-
-    ceiling_blocks: int
-    optimum_blocks: int
-    online_blocks: int
-    in_flight_blocks: int
-    evicted_blocks: int
-    in_flight_requests: int
-    evicted_requests: int
-
-
-def gap_report(keys: list[list[bytes]], limits: list[int], optimum_blocks: int,
-               online: OnlineHits) -> GapReport:
-    """Attribute the online run's missed blocks (see :class:`GapReport`)."""
-    seen: set[bytes] = set()
-    ceiling: list[int] = []
-    for ks, lim in zip(keys, limits):
-        h = 0
-        for k in ks[:lim]:
-            if k not in seen:
-                break
-            h += 1
-        ceiling.append(h)
-        seen.update(ks)
-    del seen
-    wanted: dict[bytes, list[int]] = {}   # first missed key -> requests that missed it
-    for r, (c, h) in enumerate(zip(ceiling, online.hit_blocks)):
-        if h < c:
-            wanted.setdefault(keys[r][h], []).append(r)
-    producer: dict[bytes, int] = {}
-    for j, ks in enumerate(keys):
-        if len(producer) == len(wanted):
-            break
-        for k in ks:
-            if k in wanted and k not in producer:
-                producer[k] = j
-    in_flight = evicted = n_flight = n_evicted = 0
-    for key, rs in wanted.items():
-        j = producer[key]
-        for r in rs:
-            lost = ceiling[r] - online.hit_blocks[r]
-            if online.finished_t[j] > online.admitted_t[r]:
-                in_flight += lost
-                n_flight += 1
-            else:
-                evicted += lost
-                n_evicted += 1
-    return GapReport(sum(ceiling), optimum_blocks, sum(online.hit_blocks), in_flight, evicted,
-                     n_flight, n_evicted)
-
-
-def _bound_and_gap(items: list[ServedItem], block_size: int, capacity: int,
-                   get_online: Callable[[], OnlineHits]) -> tuple[int, GapReport]:
-    """The Belady bound, then (once the online run is done) the gap attribution."""
-    keys, limits, uses = _bound_keys(items, block_size)
-    opt = belady_block_hit_rate(keys, capacity, limits, next_uses=uses).block_hits
-    return opt, gap_report(keys, limits, opt, get_online())
-
-
-def _optimum_child(items: list[ServedItem], block_size: int, capacity: int, conn) -> None:
-    try:
-        conn.send(_bound_and_gap(items, block_size, capacity, conn.recv))
-    except BaseException as exc:  # report, never hang the parent
-        conn.send(exc)
-    finally:
-        conn.close()
-
-
 class _Live:
     """Per-request measurement state (kept on ``EngineRequest.user_data``)."""
 
@@ -538,17 +289,8 @@ class Simulator:
         t0 = time.perf_counter()
         capacity = self.optimum_capacity
         served, res.rejected = served_workload(items, self.scheduler.max_model_len)
-        child = conn = None
-        if cfg.optimum and cfg.parallel_optimum \
-                and sum(s.item.prompt_len for s in served) > _PARALLEL_OPTIMUM_TOKENS \
-                and "fork" in mp.get_all_start_methods():
-            # The bound needs no simulation state: compute it on another core meanwhile.
-            ctx = mp.get_context("fork")
-            conn, child_conn = ctx.Pipe()
-            child = ctx.Process(target=_optimum_child, daemon=True,
-                                args=(served, self.key_block, capacity, child_conn))
-            child.start()
-            child_conn.close()
+        optimum = (OptimumJob(served, self.key_block, capacity, cfg.parallel_optimum)
+                   if cfg.optimum else None)
         n = len(served)
         self._online = OnlineHits([0] * n, [0.0] * n, [math.inf] * n)
         try:
@@ -557,8 +299,8 @@ class Simulator:
             else:
                 self._run_timed(served, res)
         except BaseException:
-            if child is not None:
-                child.kill()
+            if optimum is not None:
+                optimum.cancel()
             raise
         kv = self.kv
         stats = kv.stats()
@@ -569,16 +311,8 @@ class Simulator:
         res.retained_blocks = {g.name: sum(1 if v.__class__ is int else len(v)
                                            for v in kv.pool.index[i].values())
                                for i, g in enumerate(kv.config.groups)}   # hashed blocks per group
-        if child is not None:
-            conn.send(self._online)
-            got = conn.recv()
-            child.join()
-            if isinstance(got, BaseException):
-                raise got
-            res.optimal_hit_blocks, res.gap = got
-        elif cfg.optimum:
-            res.optimal_hit_blocks, res.gap = _bound_and_gap(served, self.key_block, capacity,
-                                                             lambda: self._online)
+        if optimum is not None:
+            res.optimal_hit_blocks, res.gap = optimum.result(self._online)
         if res.optimal_hit_blocks is not None and not res.hit_blocks <= res.optimal_hit_blocks <= res.prompt_blocks:
             raise RuntimeError(  # a bug in the simulator or the bound, never a result to print
                 f"offline optimum {res.optimal_hit_blocks} blocks outside [online hits "

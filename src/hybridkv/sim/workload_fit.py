@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from hybridkv.core.rules import make_rule
-from hybridkv.sim.simulator import SimConfig, WorkItem
+from hybridkv.sim.simulator import SimConfig
+from hybridkv.sim.workitems import WorkItem
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,11 +27,21 @@ RECOMMENDED = "adaptive"
 COST_REFERENCE_TOKENS = 16384
 
 
-def resolve_policy(name: object) -> str:
-    """The concrete policy name for ``name`` (``recommended`` resolved); ValueError if unknown."""
+def resolve_policy(name: object, vllm_compat: bool = False) -> str:
+    """The concrete policy name for ``name`` (``recommended`` resolved): the one check of a
+    policy name, for the manager, the engine's config and the command line alike.
+
+    Raises:
+        ValueError: ``name`` is unknown (the message lists the valid names), or it is not
+            ``lru`` while ``vllm_compat`` pins vLLM's LRU order.
+    """
     if not isinstance(name, str) or name not in POLICIES:
         raise ValueError(f"unknown eviction policy {name!r}; valid: {', '.join(POLICIES)}")
-    return RECOMMENDED if name == "recommended" else name
+    concrete = RECOMMENDED if name == "recommended" else name
+    if vllm_compat and concrete != "lru":
+        raise ValueError(f"vllm_compat pins vLLM's LRU order; eviction_policy must be 'lru', "
+                         f"got {name!r}")
+    return concrete
 
 
 def make_policy(name: str, rules=(), clock: Callable[[], float] = time.monotonic) -> EvictionPolicy | None:

@@ -12,58 +12,17 @@ prefix-cache hit tokens (plus engine counters).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 import time
-from typing import Any
 
-from hybridkv.core.spec_decode import parse_spec
-from hybridkv.options import int_in, name_options, parse_retention
+from hybridkv.cli.base import COMMANDS, Command
+from hybridkv.cli.options import (engine_block_size, engine_spec_argument, int_in, name_options,
+                                  parse_retention, prompt_ids)
 
-
-def _parse_ids(text: str) -> list[int]:
-    try:
-        ids = [int(t) for t in text.replace(" ", "").split(",") if t != ""]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--prompt-ids takes comma-separated integers, got {text!r}") from None
-    if not ids:
-        raise argparse.ArgumentTypeError("--prompt-ids needs at least one token id")
-    return ids
-
-
-BLOCK_SIZE_KINDS = ("full", "sliding", "mla")
-
-
-def _parse_block_size(text: str) -> int | dict[str, int]:
-    """``16`` or ``full=16,sliding=8``: every size an integer >= 1, kinds from
-    :data:`BLOCK_SIZE_KINDS`."""
-    usage = f"N or KIND=N,... with KIND in {', '.join(BLOCK_SIZE_KINDS)} and N an integer >= 1"
-    if "=" not in text:
-        try:
-            return int_in(1)(text)
-        except argparse.ArgumentTypeError as exc:
-            raise argparse.ArgumentTypeError(f"{exc} ({usage})") from None
-    sizes: dict[str, int] = {}
-    for part in text.split(","):
-        kind, _, value = (t.strip() for t in part.partition("="))
-        if kind not in BLOCK_SIZE_KINDS or not value.isdigit() or int(value) < 1:
-            raise argparse.ArgumentTypeError(f"{usage}, got {text!r}")
-        sizes[kind] = int(value)
-    return sizes
-
-
-def _parse_spec(text: str) -> str:
-    """``METHOD:K`` with a method the reference engine drafts with, or ``none``."""
-    from .llm import ENGINE_SPEC_METHODS
-    usage = f"METHOD:K with METHOD in {', '.join(ENGINE_SPEC_METHODS)} and K an integer >= 1, or none"
-    try:
-        spec = parse_spec(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{usage}, got {text!r}") from None
-    if spec is not None and spec.method not in ENGINE_SPEC_METHODS:
-        raise argparse.ArgumentTypeError(f"{usage}, got {text!r} (the reference engine does not "
-                                         f"implement {spec.method!r})")
-    return text
+#: What ``generate`` needs installed (``pip install "hybridkv[engine]"``).
+ENGINE_MODULES = ("torch", "safetensors")
 
 
 #: The engine's names for what ``generate`` options set, as its errors spell them.
@@ -86,22 +45,42 @@ def _device(torch, name: str | None):
     return device
 
 
-def add_generate_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Register the ``generate`` subcommand on an ``argparse`` subparsers object."""
-    p = subparsers.add_parser(
-        "generate", help="greedy generation on the reference engine (paged KV, prefix cache, spec decoding)",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def missing_engine_module() -> str | None:
+    """The first module of :data:`ENGINE_MODULES` that is not installed (nothing is imported)."""
+    for name in ENGINE_MODULES:
+        try:
+            if importlib.util.find_spec(name) is None:
+                return name
+        except ValueError:           # a module set to None in sys.modules: not importable
+            return name
+    return None
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``generate``; without the engine extras, a ``generate`` that says what
+    to install (whatever its options)."""
+    missing = missing_engine_module()
+    if missing is not None:
+        message = (f"hybridkv generate needs the engine extras (missing: {missing}): "
+                   'pip install "hybridkv[engine]"')
+        p.description = message
+
+        def unavailable(args: argparse.Namespace) -> int:
+            print(f"hybridkv generate: error: {message}", file=sys.stderr)
+            return 2
+        p.set_defaults(func=unavailable, accepts_any_arguments=True)
+        return
     p.add_argument("--model", required=True, help="HF-format model directory (config.json + safetensors)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", action="append", help="prompt text (needs a tokenizer in --model); repeatable")
-    src.add_argument("--prompt-ids", action="append", type=_parse_ids, metavar="1,2,3",
+    src.add_argument("--prompt-ids", action="append", type=prompt_ids, metavar="1,2,3",
                      help="prompt token ids, comma-separated; repeatable")
     p.add_argument("--max-tokens", type=int_in(1), default=16, help="output tokens per prompt (default 16)")
-    p.add_argument("--spec", type=_parse_spec, default=None, metavar="METHOD:K",
+    p.add_argument("--spec", type=engine_spec_argument, default=None, metavar="METHOD:K",
                    help="speculative decoding: ngram:K, draft_model:K or dflash:K")
     p.add_argument("--draft-model", default=None, metavar="DIR",
                    help="drafter directory for draft_model / dflash")
-    p.add_argument("--block-size", type=_parse_block_size, default=16,
+    p.add_argument("--block-size", type=engine_block_size, default=16,
                    help="tokens per KV block, an integer >= 1: N, or per layer kind (full, "
                         "sliding, mla), e.g. full=16,sliding=8 (default 16)")
     p.add_argument("--num-blocks", type=int_in(2), default=None,
@@ -121,18 +100,16 @@ def add_generate_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     p.add_argument("--dtype", default=None, choices=("float32", "float16", "bfloat16"))
     p.add_argument("--json", action="store_true", help="print token ids and prefix-cache hits as JSON")
-    p.set_defaults(func=run_generate)
-    return p
 
 
-def run_generate(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """Run the ``generate`` subcommand; returns the exit status."""
     import torch
 
     from hybridkv.sched import SchedulerConfig
 
-    from .llm import LLM
-    from .llm_config import ENGINE_SCHEDULER, CacheConfig, RuntimeConfig
+    from hybridkv.engine.llm import LLM
+    from hybridkv.engine.llm_config import ENGINE_SCHEDULER, CacheConfig, RuntimeConfig
 
     retention = args.retention
     dtype = getattr(torch, args.dtype) if args.dtype else None
@@ -179,13 +156,8 @@ def run_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Standalone entry point (``python -m hybridkv.engine.generate_cli``)."""
-    parser = argparse.ArgumentParser(prog="hybridkv")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_generate_parser(sub)
-    return run_generate(parser.parse_args(argv))
+COMMANDS.register("generate", Command(
+    help="greedy generation on the reference engine (paged KV, prefix cache, spec decoding)",
+    add_arguments=add_arguments, run=run, description=__doc__, option_names=OPTION_NAMES))
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+__all__ = ["OPTION_NAMES", "add_arguments", "missing_engine_module", "run"]

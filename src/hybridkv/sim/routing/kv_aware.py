@@ -1,10 +1,5 @@
-"""Routers of a simulated cluster: which instance serves the next request.
+"""Routers that score prefix overlap against load.
 
-Every router sees the request's block hashes (the key group's, at its block size), its prompt
-length and a :class:`InstanceLoad` per instance, and returns a :class:`RouteDecision`.
-
-* ``round-robin`` — instances in turn.
-* ``least-loaded`` — the fewest outstanding prefill tokens (then the fewest requests).
 * ``kv-aware`` — a :class:`~hybridkv.events.KVEventIndex` fed by the instances' KV events says
   how many leading blocks each instance holds; the router picks the least
   ``queued + overlap_weight * uncached`` (in tokens; Dynamo's cost shape, overlap-weighted
@@ -20,69 +15,21 @@ length and a :class:`InstanceLoad` per instance, and returns a :class:`RouteDeci
 * ``approximate`` — the same score, but the held prefixes are *predicted* from the router's own
   routing history (no events): each instance gets an LRU of the block hashes routed to it,
   sized to its cache (llm-d's "approximate" / Dynamo's ``--no-kv-events`` mode).
-
-Load is in tokens: an instance's outstanding prefill is the uncomputed prompt tokens of the
-requests routed to it that have not produced their first token (waiting requests count their
-prompt minus the hit predicted when they were routed).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Sequence
 
 from hybridkv.core.validation import check_int
 from hybridkv.events.index import KVEventIndex
-
-ROUTERS = ("round-robin", "least-loaded", "kv-aware", "approximate")
-DEFAULT_OVERLAP_WEIGHT = 4.0  # chosen on the Mooncake conversation trace (BENCHMARKS.md)
-
-
-@dataclass(frozen=True, slots=True)
-class InstanceLoad:
-    """What a router knows of one instance when a request arrives."""
-
-    index: int
-    outstanding_tokens: int
-    requests: int
+from hybridkv.sim.routing.base import (DEFAULT_OVERLAP_WEIGHT, ROUTERS, InstanceLoad, RouteDecision,
+                                       Router, RouterSetup)
 
 
-@dataclass(frozen=True, slots=True)
-class RouteDecision:
-    instance: int
-    predicted_hit_tokens: int
-
-
-def _least(costs: Sequence[tuple[float, int, int]]) -> int:
-    """Index of the smallest (cost, requests, index) tuple."""
-    return min(costs)[2]
-
-
-class RoundRobinRouter:
-    name = "round-robin"
-    needs_events = False
-
-    def __init__(self) -> None:
-        self._next = 0
-
-    def route(self, hashes: Sequence[bytes], prompt_len: int,
-              loads: Sequence[InstanceLoad]) -> RouteDecision:
-        i = self._next % len(loads)
-        self._next += 1
-        return RouteDecision(i, 0)
-
-
-class LeastLoadedRouter:
-    name = "least-loaded"
-    needs_events = False
-
-    def route(self, hashes: Sequence[bytes], prompt_len: int,
-              loads: Sequence[InstanceLoad]) -> RouteDecision:
-        return RouteDecision(_least([(ld.outstanding_tokens, ld.requests, ld.index) for ld in loads]), 0)
-
-
-class KVAwareRouter:
+@ROUTERS.register("kv-aware")
+class KVAwareRouter(Router):
     """Scores prefix overlap from a :class:`KVEventIndex` against load (module docstring).
 
     Args:
@@ -92,7 +39,6 @@ class KVAwareRouter:
         overlap_weight: weight of the request's own uncached prefill against queued work.
     """
 
-    name = "kv-aware"
     needs_events = True
 
     def __init__(self, index: KVEventIndex, block_size: int, group: int = 0,
@@ -103,6 +49,11 @@ class KVAwareRouter:
         self.block_size = block_size
         self.group = group
         self.overlap_weight = overlap_weight
+
+    @classmethod
+    def from_setup(cls, setup: RouterSetup) -> KVAwareRouter:
+        index = setup.index if setup.index is not None else KVEventIndex()
+        return cls(index, setup.block_size, setup.group, setup.overlap_weight)
 
     def matched_blocks(self, hashes: Sequence[bytes]) -> dict:
         return self.index.prefix_match(hashes, self.group)
@@ -121,11 +72,11 @@ class KVAwareRouter:
         return RouteDecision(best[2], best[3])  # type: ignore[index]
 
 
+@ROUTERS.register("approximate")
 class ApproximateRouter(KVAwareRouter):
     """:class:`KVAwareRouter` over a predicted index: per instance, an LRU of the block hashes
     routed to it, at most ``capacity_blocks`` long (the instance's cache)."""
 
-    name = "approximate"
     needs_events = False
 
     def __init__(self, num_instances: int, capacity_blocks: int, block_size: int,
@@ -134,6 +85,10 @@ class ApproximateRouter(KVAwareRouter):
         super().__init__(KVEventIndex(), block_size, 0, overlap_weight)
         self.capacity = capacity_blocks
         self._lru: list[OrderedDict[bytes, None]] = [OrderedDict() for _ in range(num_instances)]
+
+    @classmethod
+    def from_setup(cls, setup: RouterSetup) -> ApproximateRouter:
+        return cls(setup.num_instances, setup.capacity_blocks, setup.block_size, setup.overlap_weight)
 
     def route(self, hashes: Sequence[bytes], prompt_len: int,
               loads: Sequence[InstanceLoad]) -> RouteDecision:
@@ -152,19 +107,3 @@ class ApproximateRouter(KVAwareRouter):
             gone = [lru.popitem(last=False)[0] for _ in range(over)]
             self.index.remove(d.instance, 0, gone)
         return d
-
-
-def make_router(name: str, *, num_instances: int, block_size: int, capacity_blocks: int,
-                index: KVEventIndex | None = None, group: int = 0,
-                overlap_weight: float = DEFAULT_OVERLAP_WEIGHT):
-    """A router by name; ValueError naming the valid ones otherwise."""
-    if name == "round-robin":
-        return RoundRobinRouter()
-    if name == "least-loaded":
-        return LeastLoadedRouter()
-    if name == "kv-aware":
-        return KVAwareRouter(index if index is not None else KVEventIndex(), block_size, group,
-                             overlap_weight)
-    if name == "approximate":
-        return ApproximateRouter(num_instances, capacity_blocks, block_size, overlap_weight)
-    raise ValueError(f"unknown router {name!r}; valid: {', '.join(ROUTERS)}")

@@ -1,4 +1,4 @@
-"""``hybridkv simulate`` options for clusters and KV events, and the cluster report.
+"""The cluster and KV-events options of ``hybridkv simulate``, and the cluster report.
 
 ``--instances N --router R`` simulates N instances (each with the cache, GPUs and batching of
 the other options) behind router R; ``--kv-events-endpoint EP`` publishes every instance's KV
@@ -14,10 +14,11 @@ import dataclasses
 import sys
 from typing import Iterator
 
-from hybridkv.options import int_in, non_negative_number
+from hybridkv.cli.options import int_in, non_negative_number
 from hybridkv.sim.cluster import ClusterResult, ClusterSimulator, OfferedLoad, offered_load
 from hybridkv.sim.routing import DEFAULT_OVERLAP_WEIGHT, ROUTERS
-from hybridkv.sim.simulator import SimConfig, Simulator, WorkItem
+from hybridkv.sim.simulator import SimConfig, Simulator
+from hybridkv.sim.workitems import WorkItem
 
 DEFAULT_ROUTER = "kv-aware"
 
@@ -27,7 +28,7 @@ def add_cluster_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("cluster and KV events")
     g.add_argument("--instances", type=int_in(1), default=1,
                    help="engine instances behind one router (default 1)")
-    g.add_argument("--router", choices=ROUTERS,
+    g.add_argument("--router", choices=ROUTERS.names(),
                    help=f"routing policy with --instances (default {DEFAULT_ROUTER})")
     g.add_argument("--router-overlap-weight", type=non_negative_number, default=DEFAULT_OVERLAP_WEIGHT,
                    help="kv-aware/approximate: weight of a request's uncached prefill against "

@@ -1,0 +1,95 @@
+"""The command contract: :class:`Command`, the :data:`COMMANDS` registry, and how a command's
+errors become one line on stderr and an exit status (:func:`run_command`)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+from hybridkv.cli.options import name_options
+from hybridkv.core.registry import Registry
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """One subcommand of ``hybridkv``.
+
+    Attributes:
+        help: the one-line summary ``hybridkv --help`` lists.
+        add_arguments: adds the command's options to its parser; it may also override the
+            parser's defaults (``func``: what runs, ``accepts_any_arguments``: no usage error
+            for unknown options).
+        run: runs the parsed options; returns the exit status. Errors it raises become one
+            line (see :func:`run_command`).
+        description: the text of ``hybridkv NAME --help`` (None: ``help``).
+        option_names: config field names -> the options that set them, so a library error
+            speaks in this command's options (:func:`~hybridkv.cli.options.name_options`).
+    """
+
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+    description: str | None = None
+    option_names: Mapping[str, str] = field(default_factory=dict)
+
+
+#: Every command, in the order ``hybridkv --help`` lists them. A command module registers its
+#: :class:`Command` with one line, ``COMMANDS.register("name", Command(...))``.
+COMMANDS: Registry[Command] = Registry("command")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with a one-line usage error (the subcommands' parsers inherit it)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser(description: str) -> argparse.ArgumentParser:
+    """The ``hybridkv`` parser with one subparser per registered command."""
+    parser = OneLineParser(prog="hybridkv", description=description,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, cmd in COMMANDS.items():
+        p = sub.add_parser(name, help=cmd.help, description=cmd.description or cmd.help,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.set_defaults(func=cmd.run, option_names=cmd.option_names)
+        cmd.add_arguments(p)
+    return parser
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run a parsed command; every error becomes one line on stderr and an exit status:
+    2 for bad input (``ValueError``, ``RuntimeError``: a workload that cannot run as
+    configured), 1 for a failure while running (out of memory, an unwritable file, an internal
+    error; ``HYBRIDKV_DEBUG=1`` re-raises it), 130 when interrupted."""
+    def fail(status: int, message: str) -> int:
+        message = name_options(message, getattr(args, "option_names", None) or {})
+        print(f"hybridkv {args.command}: error: {message}", file=sys.stderr)
+        return status
+    try:
+        return args.func(args)
+    except BrokenPipeError:  # piped into a reader that stopped early (e.g. `| head`)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except ValueError as exc:                 # bad input: a usage error
+        return fail(2, str(exc))
+    except MemoryError:
+        return fail(1, "out of memory; use a smaller --cache-tokens / --num-blocks, --limit or "
+                       "a shorter trace")
+    except OSError as exc:
+        where = f" {exc.filename!r}" if getattr(exc, "filename", None) else ""
+        return fail(1, f"{exc.strerror or exc}{where}")
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return fail(130, "interrupted")
+    except RuntimeError as exc:               # e.g. a workload that cannot run as configured
+        return fail(2, str(exc))
+    except Exception as exc:  # noqa: BLE001 - the last line of defence: no traceback for users
+        if os.environ.get("HYBRIDKV_DEBUG"):
+            raise
+        return fail(1, f"internal error {type(exc).__name__}: {exc} (please report it; "
+                       "HYBRIDKV_DEBUG=1 shows the traceback)")

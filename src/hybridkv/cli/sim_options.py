@@ -1,0 +1,245 @@
+"""The options ``simulate`` and ``sweep`` share, and how they become a workload and a
+:class:`~hybridkv.sim.simulator.SimConfig`.
+
+Capacity, in order of precedence: ``--num-blocks`` (pool blocks), ``--cache-tokens`` (KV memory
+for that many tokens of the preset, all groups counted), ``--gpu-memory-fraction`` (that share
+of the GPUs' memory minus the weights). The default is 150k tokens for ``simulate`` (the default
+chat workload's working set does not fit, so eviction shows) and 3M for a retention sweep.
+
+Every option is validated where it is parsed (:mod:`hybridkv.cli.options`: one argparse type per
+kind of value, each naming the bad value and the valid range) or, for rules that involve
+several options, in :func:`check_options` before anything runs. Errors are ``ValueError`` (a
+usage error: exit status 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from hybridkv.cli.options import (MAX_BLOCK_SIZE, fraction, int_in, parse_block_size,
+                                  parse_policy, parse_prefix_retention, parse_retention,
+                                  positive_count, spec_argument)
+from hybridkv.cli.output import check_output_path
+from hybridkv.core.spec_decode import SPEC_OFF, SpecDecode
+from hybridkv.sched import SchedulerConfig
+from hybridkv.sim.presets import GPU_PRESETS, default_gpus, get_gpu, get_preset
+from hybridkv.sim.simulator import SimConfig
+from hybridkv.sim.traces import BUNDLED_TRACES, load_token_trace, resolve_trace, trace_format
+from hybridkv.sim.workloads import WORKLOADS, get_workload
+from hybridkv.sim.workitems import WorkItem, items_from_mooncake, items_from_trace
+
+DEFAULT_PRESET = "deepseek-v4-style"
+DEFAULT_WORKLOAD = "chat"
+DEFAULT_CACHE_TOKENS = 3_000_000
+DEFAULT_SIMULATE_CACHE_TOKENS = 150_000
+"""The default ``simulate`` run: the chat workload's working set (~300k tokens) does not fit,
+so eviction and per-group retention show (pass ``--cache-tokens`` or ``--gpu-memory-fraction``
+for a real deployment's size)."""
+DEFAULT_ACCEPTANCE_RATE = 0.7
+
+#: The simulator's config field names as ``simulate`` / ``sweep`` options, for the errors of the
+#: layers below (:func:`hybridkv.cli.options.name_options`).
+OPTION_NAMES = {"num_blocks": "--num-blocks or --cache-tokens", "block_size": "--block-size",
+                "max_model_len": "--max-model-len", "max_num_batched_tokens": "--max-num-batched-tokens",
+                "max_num_seqs": "--max-num-seqs", "retention_interval": "--retention-interval",
+                "vllm_compat": "--vllm-compat", "eviction_policy": "--eviction-policy"}
+
+
+def add_common_options(p: argparse.ArgumentParser) -> None:
+    """Options shared by ``simulate`` and ``sweep``."""
+    from hybridkv.core.eviction import POLICIES, RECOMMENDED
+    p.add_argument("--preset", default=DEFAULT_PRESET,
+                   help=f"model preset (default {DEFAULT_PRESET}; see `hybridkv presets`)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--workload", help=f"built-in workload: {', '.join(WORKLOADS)} (default {DEFAULT_WORKLOAD})")
+    src.add_argument("--trace", help="a bundled trace (" + ", ".join(BUNDLED_TRACES) + "; see "
+                     "`hybridkv traces`) or a JSONL file (.gz/.xz too): Mooncake format (hash_ids) "
+                     "or token ids (prompt_token_ids)")
+    p.add_argument("--limit", type=positive_count, help="use only the first N requests of the trace")
+    p.add_argument("--gpu", default="h100", help=f"GPU preset for the cost model: {', '.join(GPU_PRESETS)}")
+    p.add_argument("--gpus", type=int_in(1, 1024),
+                   help="GPUs serving the model, ideal tensor parallel (default: the fewest, a "
+                        "power of two, whose memory less 10%% holds the weights)")
+    p.add_argument("--block-size", type=parse_block_size,
+                   help=f"tokens per block of the main group, a power of two in [1, {MAX_BLOCK_SIZE}] "
+                        "(preset default otherwise)")
+    p.add_argument("--retention-interval", type=parse_retention, default=0,
+                   help="retention: none (dense), 0 (replay boundaries, default) or N (every N "
+                        "tokens too); for recurrent-state groups, where checkpoints are written")
+    p.add_argument("--spec", type=spec_argument,
+                   help="speculative decoding METHOD:K, e.g. eagle:3 (default: the preset's, "
+                        "e.g. mtp:1 for deepseek-v4-style); none turns it off")
+    p.add_argument("--acceptance-rate", type=fraction(lo_open=False),
+                   help=f"per-draft acceptance probability in [0, 1] of the seeded acceptance model "
+                        f"(default {DEFAULT_ACCEPTANCE_RATE}); needs speculative decoding")
+    p.add_argument("--max-num-batched-tokens", type=int_in(1), default=8192, help="token budget per step")
+    p.add_argument("--max-num-seqs", type=int_in(1), default=256, help="requests running at once")
+    p.add_argument("--max-model-len", type=int_in(2),
+                   help="tokens per request (prompt + output); a request whose prompt reaches it is "
+                        "rejected and counted, the others' outputs are cut to fit")
+    p.add_argument("--sequential", action="store_true", help="one request at a time, no timing")
+    p.add_argument("--vllm-compat", action="store_true", help="run the manager in vLLM-0.33-compatible mode")
+    p.add_argument("--no-optimum", action="store_true", help="skip the offline (Belady) bound")
+    p.add_argument("--seed", type=int_in(0), default=0, help="seed of generators and the acceptance model")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--eviction-policy", type=parse_policy, default="lru", metavar="NAME",
+                   help=f"order cached free blocks are reused in: {', '.join(POLICIES)} "
+                        f"(default lru, vLLM's; recommended = {RECOMMENDED})")
+    p.add_argument("--prefix-retention", type=parse_prefix_retention, metavar="TOKENS:PRIORITY[:TTL_S]",
+                   help="give every request's first TOKENS prompt tokens PRIORITY (0..100, default "
+                        "35; lower is evicted first) for TTL_S simulated seconds after each use "
+                        "(none: no expiry), e.g. 2048:100:600 pins a system prompt for 10 minutes; "
+                        "needs --eviction-policy priority")
+
+
+def add_capacity_options(p: argparse.ArgumentParser) -> None:
+    cap = p.add_mutually_exclusive_group()
+    cap.add_argument("--cache-tokens", type=positive_count,
+                     help=f"KV cache size in tokens, e.g. 3M or 1e9 (default {DEFAULT_SIMULATE_CACHE_TOKENS:,})")
+    cap.add_argument("--num-blocks", type=positive_count, help="KV cache size in blocks (>= 2, the null block included)")
+    cap.add_argument("--gpu-memory-fraction", type=fraction(lo_open=True),
+                     help="cache = this share in (0, 1] of GPU memory minus the weights")
+
+
+def _reads_retention(name: str) -> bool:
+    from hybridkv.core.eviction import make_policy
+    policy = make_policy(name)
+    return policy is not None and policy.uses_retention
+
+
+def check_policy_options(args: argparse.Namespace) -> None:
+    """The eviction-policy rules: the core's (a name, and vLLM-compatible mode), then that
+    ``--prefix-retention`` needs a policy that reads retention."""
+    from hybridkv.core.eviction import POLICIES, resolve_policy
+    names = getattr(args, "eviction_policies", None) or [args.eviction_policy]
+    for name in names:
+        resolve_policy(name, args.vllm_compat)
+    if getattr(args, "prefix_retention", None) is not None:
+        readers = [n for n in POLICIES if resolve_policy(n) == n and _reads_retention(n)]
+        if not all(_reads_retention(resolve_policy(n)) for n in names):
+            raise ValueError(f"--prefix-retention needs --eviction-policy {' or '.join(readers)} "
+                             f"(the only policy that reads retention); got {', '.join(names)}")
+
+
+def check_options(args: argparse.Namespace) -> None:
+    """Rules involving several options, checked before anything runs (``ValueError``)."""
+    check_policy_options(args)
+    if getattr(args, "num_blocks", None) is not None and args.num_blocks < 2:
+        raise ValueError(f"--num-blocks must be >= 2, got {args.num_blocks}")
+    for option in ("json", "plot"):
+        value = getattr(args, option, None)
+        if isinstance(value, str):
+            check_output_path(value, f"--{option}")
+    if getattr(args, "plot", None):
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise ValueError('--plot needs matplotlib: pip install "hybridkv[sim]"') from None
+    if args.acceptance_rate is not None:
+        preset = get_preset(args.preset)
+        if args.spec == SPEC_OFF or (args.spec is None and preset.spec_decode is None):
+            why = ("--spec none turns it off" if args.spec == SPEC_OFF
+                   else f"{preset.name} has no default method")
+            raise ValueError(f"--acceptance-rate {args.acceptance_rate} has no effect without "
+                             f"speculative decoding ({why}); add --spec METHOD:K, e.g. eagle:3")
+
+
+def check_spec_fits(cfg: SimConfig) -> None:
+    """Refuse a speculative decoding whose lookahead slots alone cannot fit (before allocating)."""
+    spec = cfg.spec
+    if spec is None:
+        return
+    need = sum(-(-(spec.num_speculative_tokens + 1) // g.spec.block_size) for g in cfg.preset.groups)
+    if need > cfg.num_blocks - 1:
+        raise ValueError(
+            f"--spec {spec.method}:{spec.num_speculative_tokens}: one request's lookahead needs "
+            f"{need} blocks but the pool has {cfg.num_blocks - 1}; use fewer speculative tokens "
+            "or a larger cache")
+    max_len = cfg.max_model_len
+    if max_len is not None and spec.num_speculative_tokens + 1 >= max_len:
+        raise ValueError(
+            f"--spec {spec.method}:{spec.num_speculative_tokens} needs more than "
+            f"--max-model-len {max_len} tokens per request")
+
+
+def load_items(args: argparse.Namespace) -> list[WorkItem]:
+    """The workload of the options: a trace file or a built-in generator."""
+    limit = args.limit
+    if args.trace is not None:
+        path = resolve_trace(args.trace)
+        if trace_format(path) == "mooncake":
+            items = items_from_mooncake(str(path), limit)
+        else:
+            items = items_from_trace(load_token_trace(path))
+    else:
+        items = items_from_trace(get_workload(args.workload or DEFAULT_WORKLOAD, seed=args.seed))
+    items = items[:limit] if limit is not None else items
+    if not items:
+        raise ValueError("the workload has no requests")
+    return items
+
+
+def capacity_blocks(args: argparse.Namespace, preset, cache_tokens: int | None = None) -> int:
+    """Pool size in blocks (including the null block) from the capacity options."""
+    if cache_tokens is None and getattr(args, "num_blocks", None) is not None:
+        return args.num_blocks                  # >= 2: check_options
+    if cache_tokens is None and getattr(args, "gpu_memory_fraction", None) is not None:
+        frac = args.gpu_memory_fraction
+        if not 0 < frac <= 1:
+            raise ValueError(f"--gpu-memory-fraction must be in (0, 1], got {frac}")
+        gpu = get_gpu(args.gpu)
+        if args.gpus is None:
+            args.gpus = default_gpus(preset, gpu)
+        memory = frac * gpu.memory_bytes * args.gpus - preset.weight_bytes
+        if memory <= 0:
+            raise ValueError(
+                f"{preset.name} weights ({preset.weight_bytes / 1e9:.1f} GB) do not fit in "
+                f"{frac:.0%} of {args.gpus} x {gpu.name} ({gpu.memory_bytes / 1e9:.0f} GB); "
+                "raise --gpus or --gpu-memory-fraction")
+        return preset.kv_config(memory_bytes=int(memory)).num_blocks
+    if cache_tokens is None:
+        cache_tokens = getattr(args, "cache_tokens", None)
+        if cache_tokens is None:  # only an absent option takes the default, never a given 0
+            cache_tokens = DEFAULT_SIMULATE_CACHE_TOKENS
+    if cache_tokens < 1:
+        raise ValueError(f"cache size must be >= 1 token, got {cache_tokens}")
+    per_token = preset.kv_bytes_per_token()["total"]
+    block_bytes = preset.kv_config(num_blocks=2).block_bytes
+    if cache_tokens * per_token < 2 * block_bytes:
+        raise ValueError(f"a cache of {cache_tokens:,} tokens holds no block of {preset.name} "
+                         f"(give at least {-(-2 * block_bytes // per_token):,} tokens)")
+    return preset.kv_config(memory_bytes=cache_tokens * per_token).num_blocks + 1  # + the null block
+
+
+def options_preset(args: argparse.Namespace):
+    """The ``--preset`` with ``--block-size`` applied."""
+    preset = get_preset(args.preset)
+    return preset if args.block_size is None else preset.with_block_size(args.block_size)
+
+
+def build_config(args: argparse.Namespace, num_blocks: int | None = None,
+                 retention: object = "args") -> SimConfig:
+    """A :class:`SimConfig` from parsed options (``num_blocks``/``retention`` override them)."""
+    preset = options_preset(args)
+    gpu = get_gpu(args.gpu)
+    if args.gpus is None:
+        args.gpus = default_gpus(preset, gpu)
+    if num_blocks is None:
+        num_blocks = capacity_blocks(args, preset)
+    spec = args.spec
+    if spec is None and preset.spec_decode is not None:
+        spec = SpecDecode(*preset.spec_decode)
+    elif spec == SPEC_OFF:
+        spec = None
+    sched = SchedulerConfig(max_num_batched_tokens=args.max_num_batched_tokens,
+                            max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)
+    rate = args.acceptance_rate if args.acceptance_rate is not None else DEFAULT_ACCEPTANCE_RATE
+    cfg = SimConfig(preset=preset, gpu=gpu, num_blocks=num_blocks,
+                    retention_interval=args.retention_interval if retention == "args" else retention,
+                    spec=spec, acceptance_rate=rate, sched=sched,
+                    sequential=args.sequential, seed=args.seed, vllm_compat=args.vllm_compat,
+                    max_model_len=args.max_model_len, optimum=not args.no_optimum,
+                    num_gpus=args.gpus, eviction_policy=args.eviction_policy,
+                    prefix_retention=args.prefix_retention)
+    check_spec_fits(cfg)
+    return cfg
