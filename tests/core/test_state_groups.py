@@ -1,6 +1,6 @@
 """State groups (recurrent layers: gated delta net, Mamba2): spec bytes and errors, the hit
 rule against a brute force, pool extents against a byte model, and the manager scenarios of
-docs/state-groups.md §3 (the 200-token system prompt, the shared-prefix junction, #45238)."""
+docs/state-groups.md §2.5 (the 200-token system prompt, the shared-prefix junction, #45238)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""State-group presets through the simulator (docs/state-groups.md plan step 8): the 200-token
+"""State-group presets through the simulator (docs/state-groups.md §2.5, §2.8): the 200-token
 bar, vLLM's forced block size as the baseline, and the retention (checkpoint) sweep CLI."""
 
 from __future__ import annotations
