@@ -1,7 +1,8 @@
-"""Hit rate against checkpoint memory for recurrent-state hybrids (docs/state-groups.md, step 8).
+"""Hit rate against checkpoint memory for recurrent-state hybrids (docs/state-groups.md; the
+results are in BENCHMARKS.md).
 
     python benchmarks/bench_state_checkpoints.py                 # both presets, three workloads
-    python benchmarks/bench_state_checkpoints.py --presets qwen3-next-80b-a3b --out /tmp/ckpt
+    python benchmarks/bench_state_checkpoints.py --presets qwen3-next-80b-a3b --out ckpt
 
 For each preset and workload it runs ``hybridkv sweep --retention-intervals 0,16,64,256,1024``
 (one process, serial), which adds vLLM 0.33's forced-block "align" mode (1056-token blocks for

@@ -19,7 +19,8 @@ Both sides admit with vLLM's admission reservation, as vLLM's scheduler does by 
 (hybridkv: ``allocate(..., full_sequence_must_fit=True)``, ``--hk-reserve api``);
 ``--hk-reserve none`` shows hybridkv admitting on the first chunk alone.
 
-vLLM is a benchmark-only dependency in a separate venv (shared/reference/vllm-cpu-baseline.md):
+vLLM is a benchmark-only dependency in a separate venv (run without vLLM, the script prints
+the install steps):
 
     .venv-vllm/bin/python benchmarks/bench_vs_vllm.py                      # parity + speed
     .venv-vllm/bin/python benchmarks/bench_vs_vllm.py --record             # refresh the fixture

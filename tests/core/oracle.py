@@ -1,8 +1,11 @@
 """An independent model of prefix-cache hits, for tests.
 
 Nothing here calls into the implementation's lookup, rules or coordinator: the model is written
-from the hit rules of DESIGN.md §2 and the vLLM reference (shared/reference/vllm-kv-core.md
-§1.8, §1.9, §1.12), and it learns what is cached only from the manager's public KV events.
+from the attention definitions and vLLM 0.33's lookup (``find_longest_cache_hit`` of
+``FullAttentionManager``, ``SlidingWindowManager`` and ``ChunkedLocalAttentionManager`` in
+``vllm/v1/core/single_type_kv_cache_manager.py``; the fixed point and EAGLE margin of
+``HybridKVCacheCoordinator.find_longest_cache_hit`` in ``kv_cache_coordinator.py``), and it
+learns what is cached only from the manager's public KV events.
 
 * :class:`CacheMirror` rebuilds the set of cached ``(group, hash)`` keys from ``BlockStored``,
   ``BlockRemoved`` and ``AllBlocksCleared`` events, as an external indexer would.
@@ -97,7 +100,7 @@ def drop_mode(spec: SpecDecode | None) -> bool:
 
 
 def proof_groups(cfg: KVCacheConfig, spec: SpecDecode | None) -> set[int]:
-    """Groups that need the block after a hit (reference §1.9 and #44082).
+    """Groups that need the block after a hit (vLLM's ``is_eagle_group`` / ``use_eagle``, #44082).
 
     Draft groups in drop mode; every group when none is marked draft (vLLM's fallback); and
     every group with the same spec as a draft group (identical siblings share one mask).
@@ -147,7 +150,8 @@ def needed_blocks(cfg: KVCacheConfig, group: int, t: int, proof: bool) -> range:
 
 def hash_index(cfg: KVCacheConfig, group: int, j: int) -> int:
     """Index in ``request.block_hashes`` of the hash that keys block j of ``group``: the last
-    fine hash inside the block (reference §1.3, coarse views)."""
+    fine hash inside the block (vLLM's ``BlockHashListWithBlockSize``: hashes are chained, so the
+    last fine hash inside a coarse block is that block's hash)."""
     return (j + 1) * (cfg.groups[group].spec.block_size // hash_block_size(cfg)) - 1
 
 
@@ -167,7 +171,7 @@ def serves(cfg: KVCacheConfig, spec: SpecDecode | None, compat: bool, req: Reque
         for j in needed_blocks(cfg, g, t, g in proofs):
             if compat and single and (j + 1) * bs > cap:
                 # vLLM's single-group coordinator looks up at most `cap` tokens and gives the
-                # drop no margin (reference §1.12 "Unitary: no margin"): the proof block must
+                # drop no margin (``UnitaryKVCacheCoordinator``): the proof block must
                 # lie inside the capped range too.
                 return False
             key = cached.key_of(req, g, j) if isinstance(cached, ContentMirror) else \
@@ -196,7 +200,7 @@ def oracle_hit(cfg: KVCacheConfig, spec: SpecDecode | None, compat: bool, req: R
 # ---- content keys: what a cached block was computed from ------------------------------------
 # The mirror above trusts the request's hashes as the identity of a prefix. The content mirror
 # below does not: it keys a block by an exact, collision-free identity of everything its KV
-# depends on (reference §1.3, the hash's documented inputs), computed here from the Request's
+# depends on (vLLM's hash inputs: parent, tokens, LoRA, images, salt), computed from the Request's
 # public fields, and learns which hash names which content only from the BlockStored events of
 # the request being allocated. Two different contents under one hash is then a failure of its
 # own (the hash misses an input), and a hash that differs for equal contents shows up as a hit

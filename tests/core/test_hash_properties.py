@@ -3,8 +3,9 @@
 Two requests share a cached prefix of t tokens only if everything the KV of those t tokens (and,
 with EAGLE/MTP lookahead hashing, the drafter's KV at position t - 1, which read token t) was
 computed from is the same: the tokens ``[0, t + L)`` and the multimodal items overlapping
-``[0, t + L)``, at the same offsets (reference §1.3). The expected hit below is a brute force over
-that definition; nothing of the implementation's hasher is reused.
+``[0, t + L)``, at the same offsets (vLLM's extra keys: ``("mm", identifier, offset)``). The
+expected hit below is a brute force over that definition; nothing of the implementation's
+hasher is reused.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from hybridkv.core import BlockHasher, FreeBlockQueue
 from tests.core.helpers import FA, SWA, manager, run_prompt
 
 
-def test_chained_hash_formula_and_salt():  # scenario 1 (own formula)
+def test_chained_hash_formula_and_salt():  # vLLM: test_cache_key_salting (own formula)
     h = BlockHasher(16, "sha256")
     tokens = list(range(48))
     req = Request("r", tokens, cache_salt="salt1")
@@ -23,7 +23,7 @@ def test_chained_hash_formula_and_salt():  # scenario 1 (own formula)
     assert kv.lookup(Request("d", tokens + [2])).num_tokens == 0
 
 
-def test_multimodal_extra_keys():  # scenario 2
+def test_multimodal_extra_keys():  # vLLM: test_mm_prefix_caching
     tokens = list(range(10)) + [-1] * 10 + list(range(10, 20)) + [-1] * 18 + [-1] * 7 + [100] * 4
     items = [MultiModalItem("aaa", 11, 10), MultiModalItem("bbb", 30, 18), MultiModalItem("ccc", 48, 7)]
     req = Request("r", tokens, mm_items=items)
@@ -46,14 +46,15 @@ def test_lora_path_enters_hash():
     assert kv.lookup(Request("c", list(range(13)), lora=LoRA("ad", "/v2"))).num_tokens == 0
 
 
-def test_seeds():  # scenario 3
+def test_seeds():  # vLLM: test_kv_cache_utils.py NONE_HASH seeds
     assert BlockHasher(4, "sha256").none_hash == BlockHasher(4, "sha256").none_hash
     assert BlockHasher(4, "xxh3_128").none_hash != BlockHasher(4, "xxh3_128").none_hash
     assert BlockHasher(4, "xxh3_128", seed="x").none_hash == BlockHasher(4, "xxh3_128", seed="x").none_hash
 
 
+# vLLM: test_kv_events_reconstruct_lookahead_block_hashes
 @pytest.mark.parametrize("la", [1, 2])
-def test_lookahead_hashes_and_events_rebuild(la):  # scenario 4
+def test_lookahead_hashes_and_events_rebuild(la):
     from hybridkv import BlockStored
     h = BlockHasher(2, "sha256", lookahead=la)
     tokens = list(range(4 + la))
@@ -75,7 +76,7 @@ def test_lookahead_hashes_and_events_rebuild(la):  # scenario 4
         assert parent == hh
 
 
-def test_prepend_n_order():  # scenario 5
+def test_prepend_n_order():  # vLLM: test_free_kv_cache_block_queue_prepend_n
     q = FreeBlockQueue(8, [])
     q.append_n([7])
     q.prepend_n([4, 5])
@@ -85,7 +86,7 @@ def test_prepend_n_order():  # scenario 5
     assert q.popleft_n(5) == [1, 2, 4, 5, 7] and len(q) == 0
 
 
-def test_hash_index_duplicates():  # scenario 6
+def test_hash_index_duplicates():  # vLLM: test_maybe_evict_cached_block
     from hybridkv.core import BlockPool
     p = BlockPool(5, 1)
     p.insert(0, b"h0", 1)

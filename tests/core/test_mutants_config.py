@@ -1,6 +1,6 @@
 """Tests that kill the mutants mutmut found surviving in ``core/specs.py``, ``core/hashing.py``
-and ``core/retention_config.py`` (TESTING.md, "Mutation testing: rest of `core/manager.py`,
-`hashing.py`, `specs.py`, `retention_config.py`").
+and ``core/retention_config.py`` (TESTING.md, "Mutation testing"; the survivors left:
+docs/mutation-survivors.md).
 
 Bad input is behaviour: every constructor must refuse a bad value with a ``ValueError`` that
 names the field, the bad value and what would be valid, and must accept the values at the edge

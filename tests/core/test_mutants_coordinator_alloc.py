@@ -1,6 +1,6 @@
 """Tests that kill the allocation-side mutants of ``src/hybridkv/core/coordinator.py`` that
-mutmut's third coordinator run left surviving (TESTING.md, "Mutation testing: core/coordinator.py,
-allocation side (stop 21)"): ``plan``, ``commit``, ``allocate``, ``free`` and their helpers.
+a mutmut run left surviving (docs/mutation-survivors.md, ``core/coordinator.py``, "Allocation,
+release and the fast paths"): ``plan``, ``commit``, ``allocate``, ``free`` and their helpers.
 
 Public API only (``KVCacheManager``, ``Request``, the specs/config, ``lookup`` / ``allocate`` /
 ``free`` / ``block_ids`` / ``state_blocks`` / ``export_positions`` / ``take_events`` /

@@ -1,6 +1,6 @@
 """Tests that kill the mutants mutmut found surviving in the lookup and caching side of
-``src/hybridkv/core/coordinator.py`` (TESTING.md, "Mutation testing: core/coordinator.py,
-lookup and caching side"): ``find_longest_hit`` and its fixed point, ``find_external_hit``,
+``src/hybridkv/core/coordinator.py`` (docs/mutation-survivors.md, ``core/coordinator.py``,
+"Lookup and write path"): ``find_longest_hit`` and its fixed point, ``find_external_hit``,
 the write path (``cache``, ``_cache_prefix``, ``_cache_ends``, ``_insert_span``), vLLM's
 write mask in compat mode (``_write_mask``, ``_mask_ends``, ``_compat_limits``) and the
 promised boundaries (``_boundaries``).
@@ -9,8 +9,9 @@ Public API only (``KVCacheManager``, ``Request``, the specs, ``lookup`` / ``allo
 ``free`` / ``block_ids`` / ``take_events`` / ``lookup_external`` / ``check_integrity``; the
 cached positions are read with ``tests.core.helpers.cached_positions``, which compares a
 table's blocks with the request's hashes). Expectations are derived by hand from the
-documented contract (docstrings, ARCHITECTURE.md, /work/shared/reference/vllm-kv-core.md) in
-each docstring. All deterministic and fast: mutmut runs them for every mutant.
+documented contract (docstrings, ARCHITECTURE.md, vLLM 0.33's
+``SlidingWindowManager.reachable_block_mask`` and ``HybridKVCacheCoordinator
+.get_num_cacheable_tokens``) in each docstring. All deterministic and fast: mutmut runs them for every mutant.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ EAGLE_DROP = SpecDecode("eagle", 1, hash_lookahead=False)
 
 def _vllm_mask(p: int, a: int, bs: int, window: int, proof: int, drop: bool,
                junction: int = 0) -> set[int]:
-    """vLLM 0.33's SWA write mask for retention 0 (reference §1.13, SlidingWindowManager
-    .reachable_block_mask), written from the reference, not from hybridkv: the reachable
+    """vLLM 0.33's SWA write mask for retention 0 (``SlidingWindowManager
+    .reachable_block_mask``), written from vLLM's definition, not from hybridkv: the reachable
     boundaries are the replay boundaries (``P - 1``; EAGLE drop mode: ``max((P-1)//A*A - A, 0)``
     and ``max(P//A*A - A, 0)``), the junction and (EAGLE groups) ``junction - block_size``; each
     aligned down to A keeps the ``need = cdiv(W - 1, bs)`` blocks before it, plus the block
@@ -131,7 +132,8 @@ def test_compat_mask_pins_the_junction_and_in_eagle_groups_the_block_below(drop)
     """coordinator: _mask_ends — ``junction - block_size`` added for every group (``and`` →
     ``or``), not only EAGLE groups; the junction itself lost.
 
-    Compat mode, retention 0, full (bs 16) + SWA (bs 16, W 32: need 2), as vLLM's scenario 53.
+    Compat mode, retention 0, full (bs 16) + SWA (bs 16, W 32: need 2), as vLLM's
+    ``test_swa_shared_prefix_reuse_under_zero_retention``.
     r0 (64 shared + 20 tokens) leaves the SWA group only the window of its replay end, so r1
     (the same 64 + 20 others) gets a hit of 0 with junction 64 (the full group's answer).
     r1's SWA mask: its replay ends, the junction 64 (blocks [2, 4)) and, in an EAGLE group

@@ -1,5 +1,5 @@
 """Tests that kill the mutants mutmut found surviving in ``src/hybridkv/core/eviction/*``
-(TESTING.md, "Mutation testing: core/eviction/*").
+(TESTING.md, "Mutation testing"; the survivors left: docs/mutation-survivors.md).
 
 An eviction policy decides *which* cached free block is reused next, so the observable is the
 eviction order: each test drives a :class:`PolicyBlockPool` (the pool every non-LRU policy is

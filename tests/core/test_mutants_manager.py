@@ -1,5 +1,5 @@
 """Tests that kill the mutants mutmut found surviving in ``src/hybridkv/core/manager.py``
-(TESTING.md, "Mutation testing", manager section).
+(TESTING.md, "Mutation testing"; the survivors left: docs/mutation-survivors.md).
 
 Each test names the mutant(s) it guards (``function N — the change``). Public API only
 (``KVCacheManager``, ``Request``, specs/config, ``SpecDecode``, ``LoRA``, ``MultiModalItem``,

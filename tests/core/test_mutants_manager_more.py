@@ -1,5 +1,5 @@
 """Tests that kill the mutants mutmut found surviving in ``src/hybridkv/core/manager.py`` after
-``test_mutants_manager.py`` (TESTING.md, "Mutation testing: rest of `core/manager.py`, ...").
+``test_mutants_manager.py`` (TESTING.md, "Mutation testing"; docs/mutation-survivors.md).
 
 Two kinds of test live here:
 

@@ -1,6 +1,6 @@
-"""Tests that kill the mutants of ``core/pool.py`` that survived the stop-21 mutmut run on the
-current pool (bulk allocation fast path, ``free_version``, extent pools with siblings).
-TESTING.md, "Mutation testing: `core/pool.py`, current code (stop 21)".
+"""Tests that kill the mutants of ``core/pool.py`` that survived a mutmut run on the pool (bulk
+allocation fast path, ``free_version``, extent pools with siblings, the integrity checker).
+TESTING.md, "Mutation testing"; the survivors left: docs/mutation-survivors.md.
 
 They drive the pools directly through their documented methods (``allocate``, ``insert``,
 ``free``, ``touch``, ``allocate_extent``, ``num_free``, ``check``) and the ``free_version``

@@ -309,7 +309,7 @@ class Model:
         self.mirror.feed(events, writer)
 
     def check_fresh(self, req: Request, upto: int) -> None:
-        """Write-path freshness (reference §1.10): an allocation that brings ``req`` to ``upto``
+        """Write-path freshness (vLLM caches at every ``allocate_slots``): an allocation that brings ``req`` to ``upto``
         computed tokens caches, in full-attention-only configs without the EAGLE drop, every
         block of the aligned prefix it completed (both modes; compat caches per group up to
         its own hashes, default mode promises a common end, so check the common part)."""

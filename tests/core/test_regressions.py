@@ -1,6 +1,6 @@
 """Deterministic regression tests for bugs that once left the whole suite green.
 
-Each test here was checked against a deliberate bug (see TESTING.md, "mutation checks"): it
+Each test here was checked against a deliberate bug (TESTING.md, "Deliberate bugs"): it
 fails with the bug and passes without it. They use only the public API (manager, requests,
 events, external lookup) and compute their expectations by hand or with the independent
 oracle of ``tests/core/oracle.py``, never with the implementation's own rules.
@@ -102,7 +102,7 @@ def test_fixed_point_pattern_that_needs_three_passes_in_either_order() -> None:
 def test_decode_step_completing_a_block_caches_it(compat: bool) -> None:
     """A 5-token prompt and 3 decode steps: the third step computes token 8, which completes
     block 1 (tokens 4..7), so a resend of those 8 tokens hits 8 (vLLM caches up to
-    ``min(computed + new, num_tokens)`` at every allocation, reference §1.10)."""
+    ``min(computed + new, num_tokens)`` at every ``allocate_slots``)."""
     kv = KVCacheManager(config(FA(4), num_blocks=10), vllm_compat=compat, retention_interval=None)
     req = Request("r", [1, 2, 3, 4, 5])
     assert kv.allocate(req, 5, kv.lookup(req)) is not None
@@ -143,7 +143,8 @@ def test_lookahead_hash_covers_an_image_starting_at_the_next_block(offset: int) 
     """EAGLE lookahead hashing: block i's hash covers the token after it. When two requests
     have the same placeholder tokens but different images starting exactly at a block
     boundary, the block before the image must not match: the drafter's KV at its last
-    position was computed from the image's first embedding (reference §1.3)."""
+    position was computed from the image's first embedding (vLLM's request block hasher keeps
+    the images overlapping the lookahead tokens in the extra keys)."""
     kv = KVCacheManager(config(FA(4), num_blocks=20), spec_decode=SpecDecode("eagle", 1))
     prompt = list(range(1, offset + 1)) + [0] * 4 + [50, 51]
     a = serve(kv, "a", prompt, mm_items=[MultiModalItem("image-a", offset, 4)])
@@ -240,8 +241,8 @@ def _drop() -> SpecDecode:
 def test_sibling_of_a_draft_group_caches_the_same_blocks(retention, prompt_len) -> None:
     """FA(4) + SWA(4, W=8) "main" + SWA(4, W=8) "mtp" (draft), EAGLE drop mode. The two
     sliding groups are identical siblings: they are looked up together, so they must cache
-    the same positions, including the proof block after each promised end (vLLM #44082,
-    reference §1.9). Every cached sliding run is a window plus its proof block."""
+    the same positions, including the proof block after each promised end (vLLM #44082:
+    identical siblings are looked up together and share one cache mask). Every cached sliding run is a window plus its proof block."""
     kv = KVCacheManager(config(FA(4), SWA(4, 8), SWA(4, 8), num_blocks=90, drafts=(2,)),
                         spec_decode=_drop(), retention_interval=retention, enable_events=True)
     tokens = [4000 + i for i in range(prompt_len)]
@@ -292,7 +293,7 @@ def test_non_identical_sliding_group_does_not_carry_the_proof() -> None:
 
 
 def test_no_draft_group_means_every_group_carries_the_proof() -> None:
-    """vLLM's fallback (reference §1.9): with no group marked draft, drop mode applies to all.
+    """vLLM's fallback (``is_eagle_group``): with no group marked draft, drop mode applies to all.
     FA(4) alone, P = 17, dense: a hit at 4e needs blocks [0, e+1); the resend caps at 16,
     and the proof block of 16 (block 4) is never complete -> 12."""
     kv = KVCacheManager(config(FA(4), num_blocks=30), spec_decode=_drop(), retention_interval=None)

@@ -1,6 +1,6 @@
 """State groups (recurrent layers: gated delta net, Mamba2): spec bytes and errors, the hit
 rule against a brute force, pool extents against a byte model, and the manager scenarios of
-docs/state-groups.md §3 (the 200-token system prompt, the shared-prefix junction, #45238)."""
+docs/state-groups.md §2.5 (the 200-token system prompt, the shared-prefix junction, #45238)."""
 
 from __future__ import annotations
 
@@ -389,7 +389,7 @@ class FakeEngine:
     tokens it summarizes, written into every block id of its extent, so a checkpoint that
     was partially reused, restored from the wrong place or exported at a draft position shows
     up as wrong content. Speculative steps verify 1 + k positions and accept a random prefix;
-    the live state then holds the accepted tokens only (choice (b) of §2.7)."""
+    the live state then holds the accepted tokens only (docs/state-groups.md §2.7, choice (b))."""
 
     def __init__(self, kv: KVCacheManager) -> None:
         self.kv = kv

@@ -1,7 +1,8 @@
-"""vLLM 0.33 regression scenarios (shared/reference/vllm-kv-core.md §4.1-4.6), compat mode.
+"""vLLM 0.33's own unit tests, replayed through hybridkv's public API in compat mode.
 
-Each test names its scenario number. Block ids, hit lengths, cached indices and free-queue
-orders are vLLM's; Mamba and DCP scenarios are out of scope.
+Each test names the vLLM test it follows (``tests/v1/core/test_prefix_caching.py``,
+``test_single_type_kv_cache_manager.py``, ``test_kv_cache_utils.py``). Block ids, hit lengths,
+cached indices and free-queue orders are vLLM's; Mamba and DCP scenarios are out of scope.
 """
 
 import pytest
@@ -18,8 +19,8 @@ def queue(kv):
     return list(kv.pool.queue)
 
 
-# ---- 4.2 full attention -------------------------------------------------------------------------
-def test_prefill_queue_order():  # scenario 7
+# ---- full attention (test_prefix_caching.py) -----------------------------------------------------
+def test_prefill_queue_order():  # vLLM: test_prefill
     kv = manager(FA(16), num_blocks=11)
     r0 = Request("r0", C3 + [3] * 7)
     assert kv.lookup(r0).num_tokens == 0
@@ -50,7 +51,7 @@ def test_prefill_queue_order():  # scenario 7
     kv.check_integrity()
 
 
-def test_prefill_skip_reading_duplicates_blocks():  # scenario 8
+def test_prefill_skip_reading_duplicates_blocks():  # vLLM: test_prefill_plp
     kv = manager(FA(16), num_blocks=11)
     r0, _ = run_prompt(kv, "r0", C3 + [3] * 7, skip_prefix_cache=True)
     r2 = Request("r2", C3 + [3] * 6, skip_prefix_cache=True)
@@ -63,7 +64,7 @@ def test_prefill_skip_reading_duplicates_blocks():  # scenario 8
     kv.check_integrity()
 
 
-def test_decode_hashes_filled_block():  # scenario 9
+def test_decode_hashes_filled_block():  # vLLM: test_decode
     kv = manager(FA(16), num_blocks=11)
     r0, _ = run_prompt(kv, "r0", C3 + [3] * 7)
     assert kv.block_ids(r0)[0] == [1, 2, 3, 4]
@@ -77,7 +78,7 @@ def test_decode_hashes_filled_block():  # scenario 9
     assert kv.pool.block_hash[table[-2]] is not None and kv.pool.block_hash[table[-1]] is None
 
 
-def test_evict_order():  # scenario 10
+def test_evict_order():  # vLLM: test_evict
     kv = manager(FA(16), num_blocks=11)
     r0, _ = run_prompt(kv, "r0", list(range(87)))
     r1, _ = run_prompt(kv, "r1", list(range(87, 135)))
@@ -93,7 +94,7 @@ def test_evict_order():  # scenario 10
     assert kv.num_free_blocks == 7
 
 
-def test_reused_cached_block_loses_hash():  # scenario 11
+def test_reused_cached_block_loses_hash():  # vLLM: test_hash_block_correct_reuse
     kv = manager(FA(16), num_blocks=2)
     r0, _ = run_prompt(kv, "r0", list(range(16)))
     kv.free(r0)
@@ -102,7 +103,7 @@ def test_reused_cached_block_loses_hash():  # scenario 11
     assert kv.pool.block_hash[b] is None
 
 
-def test_hit_block_not_evicted_for_same_request():  # scenario 12
+def test_hit_block_not_evicted_for_same_request():  # vLLM: test_computed_blocks_not_evicted
     kv = manager(FA(16), num_blocks=3)
     r0, _ = run_prompt(kv, "r0", list(range(16)))
     r1, _ = run_prompt(kv, "r1", list(range(16, 32)))
@@ -115,7 +116,8 @@ def test_hit_block_not_evicted_for_same_request():  # scenario 12
     assert kv.allocate(r2, 16, hit) == [[2]]
 
 
-def test_failed_allocation_changes_nothing():  # scenario 13
+# vLLM: test_prefill_not_enough_free_blocks_with_computed_blocks
+def test_failed_allocation_changes_nothing():
     kv = manager(FA(16), num_blocks=11)
     run_prompt(kv, "r0", C3)
     r1, _ = run_prompt(kv, "r1", C3 * 2)
@@ -133,7 +135,7 @@ def test_failed_allocation_changes_nothing():  # scenario 13
     kv.check_integrity()
 
 
-def test_reset_prefix_cache():  # scenario 14
+def test_reset_prefix_cache():  # vLLM: test_reset_prefix_cache
     kv = manager(FA(16), num_blocks=11)
     r0, _ = run_prompt(kv, "r0", C3 + [1])
     assert kv.reset_prefix_cache() is False
@@ -144,7 +146,7 @@ def test_reset_prefix_cache():  # scenario 14
 
 
 @pytest.mark.parametrize("n", [2, 3, 10])
-def test_kv_cache_events(n):  # scenario 15
+def test_kv_cache_events(n):  # vLLM: test_kv_cache_events
     from hybridkv import AllBlocksCleared, BlockRemoved, BlockStored
     kv = manager(FA(16), num_blocks=n + 1, enable_events=True)
     r0 = Request("r0", list(range(n * 16)))
@@ -164,7 +166,7 @@ def test_kv_cache_events(n):  # scenario 15
     assert isinstance(kv.take_events()[-1], AllBlocksCleared)
 
 
-def test_caching_disabled():  # scenario 16
+def test_caching_disabled():  # vLLM: test_basic_prefix_caching_disabled
     kv = manager(FA(4), num_blocks=5, enable_caching=False)
     r0 = Request("r0", list(range(10)))
     assert len(kv.allocate(r0, 10, kv.lookup(r0))[0]) == 3
@@ -176,14 +178,14 @@ def test_caching_disabled():  # scenario 16
     assert kv.allocate(Request("r2", [1, 2, 3, 4]), 4) is None
 
 
-def test_allocate_with_lookahead():  # scenario 17
+def test_allocate_with_lookahead():  # vLLM: test_allocate_with_lookahead
     kv = manager(FA(4), num_blocks=11)
     assert len(kv.allocate(Request("a", [1, 2, 3]), 3, num_lookahead_tokens=2)[0]) == 2
     assert len(kv.allocate(Request("b", [1, 2, 3]), 3, num_lookahead_tokens=4)[0]) == 2
 
 
 @pytest.mark.parametrize("p", [48, 37])
-def test_eagle_identical_prompt(p):  # scenario 18
+def test_eagle_identical_prompt(p):  # vLLM: test_eagle_identical_prompt_hit
     drop = manager(FA(16), num_blocks=20, spec_decode=EAGLE_DROP)
     run_prompt(drop, "a", [0] * p)
     assert drop.lookup(Request("b", [0] * p)).num_tokens == 16
@@ -192,7 +194,7 @@ def test_eagle_identical_prompt(p):  # scenario 18
     assert la.lookup(Request("b", [0] * p)).num_tokens == 32
 
 
-# ---- 4.3 single-manager units ---------------------------------------------------------------------
+# ---- single-manager units (test_single_type_kv_cache_manager.py) ---------------------------------
 def _pattern_hit(rule: HitRule, pattern, max_blocks: int, step: int = 1) -> int:
     return rule.longest_hit(lambda j: pattern[j] if j < len(pattern) else False, max_blocks, step)
 
@@ -203,7 +205,8 @@ def _pattern_hit(rule: HitRule, pattern, max_blocks: int, step: int = 1) -> int:
     ([1, 1, 0, 1, 0, 0, 1, 1, 0, 1, 1, 1], 12), ([1, 1, 0, 1, 0, 0, 1, 1, 0, 0, 0], 8),
     ([1, 1, 0, 1, 0, 0, 1, 1, 0, 0, 0, 1], 8),
 ])
-def test_sliding_window_lookup_patterns(pattern, expected):  # scenario 19
+# vLLM: test_sliding_window_possible_cached_prefix
+def test_sliding_window_lookup_patterns(pattern, expected):
     rule = make_rule(SWA(2, 4))
     assert _pattern_hit(rule, [bool(x) for x in pattern], len(pattern)) == expected
 
@@ -214,7 +217,8 @@ def test_sliding_window_lookup_patterns(pattern, expected):  # scenario 19
     ([9] * 8 + [1], 1, 9), ([9] * 8 + [0], 1, 8), ([9] * 8 + [1, 1], 1, 10),
     ([9] * 8 + [1, 0], 0, 10), ([9] * 8 + [0, 1], 1, 10), ([9] * 8 + [0, 0], 0, 10),
 ])
-def test_chunked_local_lookup_patterns(tail_pattern, tail, expected):  # scenario 20
+# vLLM: test_chunked_local_attention_possible_cached_prefix
+def test_chunked_local_lookup_patterns(tail_pattern, tail, expected):
     import random
     from hybridkv import ChunkedLocal
     rng = random.Random(len(tail_pattern) * 7 + tail)
@@ -224,7 +228,8 @@ def test_chunked_local_lookup_patterns(tail_pattern, tail, expected):  # scenari
     assert _pattern_hit(rule, pattern, max_len // 2) == expected
 
 
-def test_sliding_window_frees_out_of_window_blocks():  # scenario 22
+# vLLM: test_sliding_window_remove_skipped_blocks
+def test_sliding_window_frees_out_of_window_blocks():
     kv = manager(SWA(2, 4), num_blocks=40)
     r = Request("r", list(range(22)))
     kv.allocate(r, 22)
@@ -240,7 +245,8 @@ def test_sliding_window_frees_out_of_window_blocks():  # scenario 22
     kv.check_integrity()
 
 
-def test_chunked_local_frees_previous_chunks():  # scenario 23
+# vLLM: test_chunked_local_attention_remove_skipped_blocks
+def test_chunked_local_frees_previous_chunks():
     from hybridkv import ChunkedLocal
     kv = manager(ChunkedLocal(block_size=2, chunk_size=4, num_kv_heads=1, head_dim=8), num_blocks=40)
     r = Request("r", list(range(22)))
@@ -252,7 +258,7 @@ def test_chunked_local_frees_previous_chunks():  # scenario 23
         assert kv.block_ids(r)[0] == [0] * nulls + base[nulls:]
 
 
-def test_evictable_hit_counted_once():  # scenario 26
+def test_evictable_hit_counted_once():  # vLLM: test_evictable_cached_blocks_not_double_allocated
     kv = manager(SWA(2, 4), num_blocks=4)
     r0, _ = run_prompt(kv, "r0", [1, 2, 3])
     kv.free(r0)
@@ -263,8 +269,8 @@ def test_evictable_hit_counted_once():  # scenario 26
     assert len(new[0]) == 1 and len(kv.block_ids(r1)[0]) == 2
 
 
-# ---- 4.4 hybrid lookup ----------------------------------------------------------------------------
-def test_prefill_hybrid_model():  # scenario 31
+# ---- hybrid lookup ----------------------------------------------------------------------------
+def test_prefill_hybrid_model():  # vLLM: test_prefill_hybrid_model
     kv = manager(FA(16), SWA(16, 32), SWA(16, 32), num_blocks=21)
     r0 = Request("r0", C3 + [3] * 7)
     assert kv.allocate(r0, 55, kv.lookup(r0)) == [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 12]]
@@ -294,7 +300,7 @@ def test_prefill_hybrid_model():  # scenario 31
         assert k2.lookup(q).num_tokens == blocks * 16, evictions
 
 
-def test_prefill_hybrid_model_eagle():  # scenario 32
+def test_prefill_hybrid_model_eagle():  # vLLM: test_prefill_hybrid_model_eagle
     prompt0 = [i for i in range(6) for _ in range(16)] + [6] * 7
     prompt1 = prompt0[:96] + [6] * 5
 
@@ -324,7 +330,7 @@ def test_prefill_hybrid_model_eagle():  # scenario 32
         assert kv.lookup(q).num_tokens == blocks * 16, evictions
 
 
-def test_hybrid_eagle_combination():  # scenario 34
+def test_hybrid_eagle_combination():  # vLLM: test_prefill_hybrid_model_combinations_eagle
     kv = manager(FA(16), SWA(16, 32), num_blocks=40, spec_decode=EAGLE_DROP)
     common = list(range(64))
     run_prompt(kv, "r0", common + [4] * 7)
@@ -332,7 +338,7 @@ def test_hybrid_eagle_combination():  # scenario 34
     assert hit.num_tokens == 48 and [len(b) for b in hit.block_ids] == [3, 3]
 
 
-def test_different_block_sizes():  # scenario 35
+def test_different_block_sizes():  # vLLM: test_different_block_size
     kv = manager(FA(32, dtype="float16"), SWA(16, 32, dtype="float32"), num_blocks=30)
     assert kv.config.hash_block_size == 16 and kv.config.alignment == 32
     tokens = [i for i in range(10) for _ in range(16)]
@@ -349,34 +355,36 @@ def test_different_block_sizes():  # scenario 35
     assert hit.num_tokens == 64 and [len(b) for b in hit.block_ids] == [2, 4]
 
 
-def test_swa_tail_window_only():  # scenario 36
+def test_swa_tail_window_only():  # vLLM: test_hybrid_cache_blocks_swa_tail_window_only
     kv = manager(FA(32), SWA(8, 8), num_blocks=30)
     r, _ = run_prompt(kv, "r", list(range(64)))
     assert cached_positions(kv, r, 1) == {3, 7}
 
 
-def test_cache_clamped_to_lcm():  # scenario 37
+def test_cache_clamped_to_lcm():  # vLLM: test_hybrid_cache_blocks_clamped_to_lcm
     kv = manager(FA(32), SWA(16, 32), num_blocks=30)
     r, _ = run_prompt(kv, "r", list(range(112)))
     assert cached_positions(kv, r, 1) == set(range(6))
     assert cached_positions(kv, r, 0) == {0, 1, 2}
 
 
-def test_eagle_swa_alignment():  # scenario 38
+def test_eagle_swa_alignment():  # vLLM: test_eagle_swa_alignment_caches_extra_block
     kv = manager(FA(32), SWA(8, 8), num_blocks=60, drafts=(1,), spec_decode=EAGLE_DROP)
     run_prompt(kv, "r", list(range(128)))
     hit = kv.lookup(Request("q", list(range(128))))
     assert hit.num_tokens > 0 and hit.num_tokens % 32 == 0
 
 
-def test_eagle_swa_post_boundary_block():  # scenario 39
+# vLLM: test_eagle_swa_boundary_caches_post_boundary_block
+def test_eagle_swa_post_boundary_block():
     kv = manager(FA(32), SWA(8, 8), num_blocks=60, drafts=(1,), spec_decode=EAGLE_DROP)
     r, _ = run_prompt(kv, "r", list(range(40)))
     assert {3, 4} <= cached_positions(kv, r, 1)
     assert kv.lookup(Request("q", list(range(40)) + [7])).num_tokens == 32
 
 
-def test_grouped_swa_siblings_share_mask():  # scenario 40
+# vLLM: test_eagle_grouped_swa_siblings_use_same_cache_mask
+def test_grouped_swa_siblings_share_mask():
     kv = manager(FA(32), SWA(8, 8), SWA(8, 8), num_blocks=60, drafts=(2,), spec_decode=EAGLE_DROP)
     r, _ = run_prompt(kv, "r", list(range(72)))
     for g in (1, 2):
@@ -385,26 +393,28 @@ def test_grouped_swa_siblings_share_mask():  # scenario 40
     assert kv.lookup(Request("q", list(range(72)) + [1])).num_tokens == 64
 
 
-# ---- 4.5 retention -------------------------------------------------------------------------------
+# ---- retention interval --------------------------------------------------------------------------
+# vLLM: test_hybrid_local_kv_retention_interval_rejects_invalid
 @pytest.mark.parametrize("interval,match", [(33, "multiple of"), (-32, "non-negative")])
-def test_retention_validation(interval, match):  # scenario 42
+def test_retention_validation(interval, match):
     with pytest.raises(ValueError, match=match):
         manager(FA(32), SWA(8, 8), num_blocks=30, retention=interval)
 
 
-def test_retention_full_attention_only():  # scenario 42
+def test_retention_full_attention_only():  # vLLM: test_zero_retention_is_ignored_for_full_attention
     assert manager(FA(32), num_blocks=30, retention=0).retention_interval == 0
     with pytest.raises(ValueError, match="sliding-window"):
         manager(FA(32), num_blocks=30, retention=16)
 
 
-def test_retention_interval_64():  # scenario 43
+def test_retention_interval_64():  # vLLM: test_hybrid_local_kv_retention_interval_aligns_in_manager
     kv = manager(FA(32), SWA(8, 8), num_blocks=60, retention=64)
     r, _ = run_prompt(kv, "r", list(range(128)))
     assert cached_positions(kv, r, 1) == {7, 11, 15}
 
 
-def test_retention_zero_latest_only():  # scenario 44
+# vLLM: test_hybrid_local_kv_retention_interval_latest_only_reuses_replay_boundary
+def test_retention_zero_latest_only():
     kv = manager(FA(32), SWA(8, 8), num_blocks=60, retention=0)
     r, _ = run_prompt(kv, "r", list(range(128)))
     assert cached_positions(kv, r, 1) == {11}
@@ -416,7 +426,8 @@ def test_retention_zero_latest_only():  # scenario 44
     assert kv.lookup(Request("q2", list(range(96)))).num_tokens == 0
 
 
-def test_retention_zero_mtp_drop():  # scenario 45
+# vLLM: test_hybrid_local_kv_retention_interval_mtp_reuses_latest_boundary
+def test_retention_zero_mtp_drop():
     kv = manager(FA(32), SWA(8, 8), num_blocks=60, retention=0, drafts=(1,), spec_decode=EAGLE_DROP)
     r, _ = run_prompt(kv, "r", list(range(127)))
     assert cached_positions(kv, r, 1) == {7, 8}
@@ -444,7 +455,8 @@ def _fill(kv, rid, tokens, chunk=512):
     return req, got
 
 
-def test_retention_survives_recycling():  # scenario 48
+# vLLM: test_hybrid_local_kv_retention_interval_survives_recycling
+def test_retention_survives_recycling():
     kv = _dsv4_like(num_blocks=600)
     assert kv.config.hash_block_size == 4 and kv.config.alignment == 256
     first = list(range(4096))
@@ -463,7 +475,7 @@ def test_retention_survives_recycling():  # scenario 48
 
 
 @pytest.mark.parametrize("interval,cached", [(64, {3, 7, 11, 14, 15}), (0, {14}), (None, set(range(16)))])
-def test_pure_swa_retention(interval, cached):  # scenario 49
+def test_pure_swa_retention(interval, cached):  # vLLM: test_pure_swa_retention_*
     kv = manager(SWA(16, 16), num_blocks=40, retention=interval)
     r, _ = run_prompt(kv, "r", list(range(256)))
     assert cached_positions(kv, r, 0) == cached
@@ -471,8 +483,9 @@ def test_pure_swa_retention(interval, cached):  # scenario 49
     assert kv.lookup(Request("q", list(range(256)))).num_tokens == 240
 
 
+# vLLM: test_swa_shared_prefix_reuse_under_zero_retention
 @pytest.mark.parametrize("pin,drop,expected", [(True, False, 64), (False, False, 0), (True, True, 48)])
-def test_shared_prefix_junction_under_zero_retention(pin, drop, expected):  # scenario 53
+def test_shared_prefix_junction_under_zero_retention(pin, drop, expected):
     kv = manager(FA(16), SWA(16, 32), num_blocks=80, retention=0, drafts=(1,) if drop else (),
                  spec_decode=EAGLE_DROP if drop else None)
     shared = list(range(64))
@@ -486,8 +499,9 @@ def test_shared_prefix_junction_under_zero_retention(pin, drop, expected):  # sc
     assert kv.lookup(Request("r2", shared + [300] * 20)).num_tokens == expected
 
 
-# ---- 4.6 free-queue split --------------------------------------------------------------------------
-def test_swa_scratch_before_cached_tails():  # scenario 55
+# ---- free-queue split --------------------------------------------------------------------------
+# vLLM: test_swa_free_split_keeps_cached_tail_ahead_of_scratch
+def test_swa_scratch_before_cached_tails():
     kv = manager(FA(32), SWA(8, 8), num_blocks=60)
     r, _ = run_prompt(kv, "r", list(range(128)))
     swa = kv.block_ids(r)[1]

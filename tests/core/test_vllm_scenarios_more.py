@@ -1,10 +1,10 @@
-"""vLLM 0.33 regression scenarios not covered by test_vllm_compat.py (non-Mamba, non-DCP):
-21, 25, 27, 33, 56, 57, 58 and 59 of shared/reference/vllm-kv-core.md §4.
+"""More of vLLM 0.33's unit tests (non-Mamba, non-DCP) through the public API: each test names
+the vLLM test it follows.
 
 vLLM's versions call internal unit functions (``get_num_blocks_to_allocate``, a manager's
 ``find_longest_cache_hit`` with hand-made inputs); these ports drive the same situations through
 the public API only (lookup, allocate, free, block_ids, num_free_blocks, events, external
-lookup) and check the numbers the reference gives. Where hybridkv differs by design, the test
+lookup) and check the numbers vLLM's tests assert. Where hybridkv differs by design, the test
 says so and checks the documented hybridkv value.
 """
 
@@ -17,11 +17,11 @@ from tests.core.helpers import C3, FA, SWA, config, serve
 
 
 
-# ---- 21: a sliding group coarser than the hash block is keyed by its last fine hash -------------
+# ---- a sliding group coarser than the hash block is keyed by its last fine hash -------------
 def test_sliding_window_with_finer_hash_keys_each_block_by_its_last_fine_hash() -> None:
-    """Scenario 21: hash block 2 (a FA(2) group sets the GCD), SWA(4, W=8). The SWA group's
-    blocks are keyed by fine hashes h1 and h3, and a hit of 8 tokens returns exactly those
-    two SWA blocks."""
+    """vLLM's test_sliding_window_cache_hit_with_finer_hash_alignment: hash block 2 (a FA(2) group
+    sets the GCD), SWA(4, W=8). The SWA group's blocks are keyed by fine hashes h1 and h3, and a hit
+    of 8 tokens returns exactly those two SWA blocks."""
     kv = KVCacheManager(config(FA(2), SWA(4, 8), num_blocks=30), vllm_compat=True,
                         retention_interval=None, enable_events=True)
     req = Request("r", [11, 12, 13, 14, 15, 16, 17, 18, 19])
@@ -36,17 +36,17 @@ def test_sliding_window_with_finer_hash_keys_each_block_by_its_last_fine_hash() 
     assert list(hit.block_ids[1]) == swa_blocks
 
 
-# ---- 25: blocks an allocation takes = new blocks + free hit blocks, nulls excluded --------------
+# ---- blocks an allocation takes = new blocks + free hit blocks, nulls excluded --------------
 @pytest.mark.parametrize("spec, taken", [
     (FA(2), 20),                           # 10 non-null hit blocks: 10 new + 10 hits touched
     (SWA(2, 10), 15),                      # need = cdiv(9, 2) = 5: [null]*5 + 5 hits -> 10 + 5
     (SWA(2, 4), 12),                       # need = 2: [null]*8 + 2 hits -> 10 + 2
 ])
 def test_allocation_counts_new_blocks_and_free_hit_blocks(spec, taken) -> None:
-    """Scenario 25: a 40-token request with a 20-token hit whose blocks are all free (cached,
-    ref 0). It needs cdiv(40, 2) - 10 = 10 new blocks plus every non-null hit block, which
-    leaves the free queue when touched; null entries cost nothing. With one block fewer free
-    the allocation returns None and changes nothing."""
+    """vLLM's test_get_num_blocks_to_allocate: a 40-token request with a 20-token hit whose blocks
+    are all free (cached, ref 0). It needs cdiv(40, 2) - 10 = 10 new blocks plus every non-null hit
+    block, which leaves the free queue when touched; null entries cost nothing. With one block fewer
+    free the allocation returns None and changes nothing."""
     kv = KVCacheManager(config(spec, num_blocks=1 + taken + 11), vllm_compat=True,
                         retention_interval=None)
     prompt = list(range(100, 121))                      # 21 tokens: blocks 0..9 cached
@@ -70,12 +70,12 @@ def test_allocation_counts_new_blocks_and_free_hit_blocks(spec, taken) -> None:
     kv.check_integrity()
 
 
-# ---- 27: what an allocation predicts is what it pulls ------------------------------------------
+# ---- what an allocation predicts is what it pulls ------------------------------------------
 def test_blocks_pulled_match_the_hand_prediction_while_the_window_slides() -> None:
-    """Scenario 27 (SWA(2, W=8), chunks of 4 up to 16 tokens, vLLM compat): each allocation
-    pulls cdiv(computed + new, 2) - len(table) blocks and releases the blocks that left the
-    window: skipped = computed - 8 + 1 tokens, whole blocks below it. The free count moves by
-    exactly pulled - released."""
+    """vLLM's test_predictor_matches_allocator_blocks_calculation_with_admission_cap (SWA(2, W=8),
+    chunks of 4 up to 16 tokens, vLLM compat): each allocation pulls cdiv(computed + new, 2) -
+    len(table) blocks and releases the blocks that left the window: skipped = computed - 8 + 1
+    tokens, whole blocks below it. The free count moves by exactly pulled - released."""
     kv = KVCacheManager(config(SWA(2, 8), num_blocks=40), vllm_compat=True, retention_interval=None)
     req = Request("r", list(range(16)))
     kv.lookup(req)
@@ -95,7 +95,7 @@ def test_blocks_pulled_match_the_hand_prediction_while_the_window_slides() -> No
     assert (table_len, nulls) == (8, 2)
 
 
-# ---- 33: hybrid combinations all hit the shared 48 tokens --------------------------------------
+# ---- hybrid combinations all hit the shared 48 tokens --------------------------------------
 COMBOS = {
     "full+sw": (FA(16), SWA(16, 32)),
     "sw+sw_large": (SWA(16, 32), SWA(16, 64)),
@@ -110,21 +110,21 @@ COMBOS = {
 @pytest.mark.parametrize("compat", [True, False], ids=["compat", "default"])
 @pytest.mark.parametrize("name", list(COMBOS))
 def test_hybrid_combinations_hit_the_shared_prefix(name: str, compat: bool) -> None:
-    """Scenario 33: prefill C3 + [3]*7 in two chunks (48, then 7); while it runs, a request
-    C3 + [4]*5 hits 48 in every combination (dense retention as in vLLM's unit tests, and the
-    default retention 0 where 48 is the first request's replay boundary)."""
+    """vLLM's test_prefill_hybrid_model_combinations: prefill C3 + [3]*7 in two chunks (48, then 7);
+    while it runs, a request C3 + [4]*5 hits 48 in every combination (dense retention as in vLLM's
+    unit tests, and the default retention 0 where 48 is the first request's replay boundary)."""
     kv = KVCacheManager(config(*COMBOS[name], num_blocks=60), vllm_compat=compat,
                         retention_interval=None if compat else 0)
     serve(kv, "r0", C3 + [3] * 7, chunk=48, free=False)
     assert kv.lookup(Request("r1", C3 + [4] * 5)).num_tokens == 48
 
 
-# ---- 56: local hit + external blocks, two-phase ---------------------------------------------------
+# ---- local hit + external blocks, two-phase ---------------------------------------------------
 @pytest.mark.parametrize("groups", [2, 3])
 def test_local_and_external_hit_allocate_unique_referenced_blocks(groups: int) -> None:
-    """Scenario 56: a request with 5 local hit blocks per group plus 2 external blocks. Every
-    block id in its tables is unique, every referenced block's ref count matches
-    (check_integrity); the same after commit, free and a second allocation. The pool is
+    """vLLM's test_cache_hit_local_and_external*: a request with 5 local hit blocks per group plus 2
+    external blocks. Every block id in its tables is unique, every referenced block's ref count
+    matches (check_integrity); the same after commit, free and a second allocation. The pool is
     exactly full, so allocating new blocks before touching the hits would evict them."""
     specs = (FA(4), SWA(4, 32), MLA(block_size=4))[:groups]
     tokens = list(range(1, 30))                         # 29 tokens: hits end at 20 and 28
@@ -159,11 +159,12 @@ def test_local_and_external_hit_allocate_unique_referenced_blocks(groups: int) -
     assert consumer.num_free_blocks == 8 * groups
 
 
-# ---- 57: the window frees on the processed basis ---------------------------------------------------
+# ---- the window frees on the processed basis ---------------------------------------------------
 def test_sliding_window_frees_five_blocks_at_the_first_decode_allocation() -> None:
-    """Scenario 57 (synchronous scheduling): prompt 100, block 16, W=16. While the prefill is
-    being computed nothing is freed; at the first decode allocation 100 - 16 + 1 = 85 tokens
-    are skipped: 5 blocks become null and return to the free queue; no double free later."""
+    """vLLM's test_swa_inflight_window_free.py (synchronous scheduling): prompt 100, block 16, W=16.
+    While the prefill is being computed nothing is freed; at the first decode allocation 100 - 16 +
+    1 = 85 tokens are skipped: 5 blocks become null and return to the free queue; no double free
+    later."""
     kv = KVCacheManager(config(SWA(16, 16), num_blocks=20), vllm_compat=True,
                         retention_interval=None)
     req = Request("r", list(range(100)))
@@ -183,15 +184,16 @@ def test_sliding_window_frees_five_blocks_at_the_first_decode_allocation() -> No
     assert kv.block_ids(req)[0].count(0) == (req.num_computed_tokens - 15) // 16
 
 
-# ---- 58: a sliding group never holds the whole sequence ----------------------------------------------
+# ---- a sliding group never holds the whole sequence ----------------------------------------------
 @pytest.mark.parametrize("compat, swa_peak", [(True, 12), (False, 13)])
 def test_sliding_window_admission_holds_a_window_not_the_sequence(compat: bool, swa_peak: int) -> None:
-    """Scenario 58: FA(16) + SWA(16, W=64), a 512-token prompt in chunks of 128 with a pool of
-    64 + 13 + 1 blocks is admitted and runs. By hand, before the chunk at c the window frees
-    floor((c - 63 - hold) / 16) blocks and the table grows to cdiv(c + 128, 16): the SWA group
-    peaks at 32 - 20 = 12 blocks (vLLM compat) or 13 (default mode keeps one alignment unit
-    more for the final-length promise, hold = 16), against vLLM's reservation cap of 13.
-    A 256-token prompt does not fit a 5-block pool and changes nothing."""
+    """vLLM's test_can_fit_full_sequence_swa_cap_admits_long_prompt: FA(16) + SWA(16, W=64), a
+    512-token prompt in chunks of 128 with a pool of 64 + 13 + 1 blocks is admitted and runs. By
+    hand, before the chunk at c the window frees floor((c - 63 - hold) / 16) blocks and the table
+    grows to cdiv(c + 128, 16): the SWA group peaks at 32 - 20 = 12 blocks (vLLM compat) or 13
+    (default mode keeps one alignment unit more for the final-length promise, hold = 16), against
+    vLLM's reservation cap of 13. A 256-token prompt does not fit a 5-block pool and changes
+    nothing."""
     kv = KVCacheManager(config(FA(16), SWA(16, 64), num_blocks=64 + 13 + 1), vllm_compat=compat,
                         retention_interval=None if compat else 0)
     usable = kv.num_free_blocks
@@ -211,13 +213,14 @@ def test_sliding_window_admission_holds_a_window_not_the_sequence(compat: bool, 
     assert small.num_free_blocks == 4
 
 
-# ---- 59: the EAGLE drop is one alignment unit (no sub-block hits in hybridkv) -------------------
+# ---- the EAGLE drop is one alignment unit (no sub-block hits in hybridkv) -------------------
 def test_eagle_drop_of_one_unit() -> None:
-    """Scenario 59: tokens [0,0,1,1,2,2,3,3], two full FA(4) blocks cached. Without the drop
-    the resend hits 8 (2 blocks). vLLM with fine-grained (hash 2) partial hits drops one hash
-    unit -> 6. hybridkv has no sub-block hits (every hit is a multiple of the LCM, like vLLM
-    with partial hits off), so the drop is one block: 4, the value of reference §1.8 step 4
-    with ``alignment == block_size``. Lookahead hashing needs no drop: 8."""
+    """vLLM's fine-grained hit tests (``tests/v1/core/prefix_cache/``): tokens [0,0,1,1,2,2,3,3],
+    two full FA(4) blocks cached. Without the drop the resend hits 8 (2 blocks). vLLM with
+    fine-grained (hash 2) partial hits drops one hash unit -> 6. hybridkv has no sub-block hits
+    (every hit is a multiple of the LCM, like vLLM with partial hits off), so the drop is one
+    block: 4, what ``FullAttentionManager.find_longest_cache_hit`` gives with ``alignment ==
+    block_size`` (``hit -= min(alignment, block_size)``). Lookahead hashing needs no drop: 8."""
     tokens = [0, 0, 1, 1, 2, 2, 3, 3]
     for compat in (True, False):
         for spec, want in ((None, 8), (SpecDecode("eagle", 1, hash_lookahead=False), 4)):

@@ -1,4 +1,4 @@
-"""StatePages: recurrent states as flat byte buffers over an extent's pages (docs/state-groups.md §2.10).
+"""StatePages: recurrent states as flat byte buffers over an extent's pages (docs/state-groups.md §2.9).
 
 Oracle: a plain dict of the states written. Random state shapes, dtypes, extent sizes and
 layer counts: every read returns exactly what was last written to that extent (bit-exact for

@@ -1,6 +1,6 @@
 """Decode hybridkv's payloads with vLLM 0.33's own ``KVEventBatch`` decoder.
 
-Runs only where vLLM is importable (the optional venv of shared/reference/vllm-cpu-baseline.md);
+Runs only where vLLM is importable (the optional vLLM venv of BENCHMARKS.md's parity section);
 it skips otherwise and is not the proof of the format: tests/events/test_wire.py and
 test_publisher.py decode with an independent decoder written from the contract.
 """

@@ -1,6 +1,6 @@
 """The scheduler with state groups: prefill chunks end at checkpoint (export) positions.
 
-Property (docs/state-groups.md plan step 5): for any workload (shared prefixes, chunked
+Property (docs/state-groups.md §3): for any workload (shared prefixes, chunked
 prefill on/off, prefill caps, budgets, speculative drafts, preemption), every checkpoint a
 step asks the engine to write lies exactly at the end of that step's known tokens (so the
 live state is there when the step ends), and a chunk that ends before the request's known

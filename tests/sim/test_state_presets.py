@@ -1,4 +1,4 @@
-"""State-group presets through the simulator (docs/state-groups.md plan step 8): the 200-token
+"""State-group presets through the simulator (docs/state-groups.md §2.5, §2.8): the 200-token
 bar, vLLM's forced block size as the baseline, and the retention (checkpoint) sweep CLI."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def test_state_presets_have_the_published_state_sizes() -> None:
     n = get_preset("nemotron-h-8b")
     assert n.groups[1].spec.page_size_bytes == 4_255_744
     assert n.kv_config(num_blocks=1000).extent_blocks(1) == 65           # / 65,536
-    # vLLM: the attention block grows until one page holds a state (ref §1.6)
+    # vLLM: the attention block grows until one page holds a state (unify_kv_cache_spec_page_size)
     assert vllm_align_block_size(q) == 1056 and vllm_align_block_size(n) == 1040
     with pytest.raises(ValueError, match="has no state group"):
         vllm_align_block_size(get_preset("llama-3.1-8b"))

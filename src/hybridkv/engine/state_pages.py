@@ -1,6 +1,6 @@
 """Recurrent states in the paged pool: live states and checkpoints as extents.
 
-The core (docs/state-groups.md §2.10) gives each running request, per state group, a *live*
+The core (docs/state-groups.md §2.9) gives each running request, per state group, a *live*
 extent (``k = config.extent_blocks(g)`` block ids) and asks for *checkpoint* extents at some
 positions. Each layer of a state group stores one state in its own layer slot of those ``k``
 pages, as one flat byte buffer ``cat(pages)[:page_size_bytes]`` = conv state, then recurrent

@@ -20,7 +20,7 @@ whose prompt does not fit is split into chunks (chunked prefill) unless that is 
 ``[start, start + num_new_tokens)`` is written by the step's forward pass. With state groups
 (recurrent layers) a chunk also ends at the first checkpoint position inside its known tokens
 (:meth:`KVCacheManager.export_positions`), chunked prefill on or off, and each scheduled
-request carries its ``state_blocks`` (docs/state-groups.md §4).
+request carries its ``state_blocks`` (docs/state-groups.md §3).
 
 Invariants: every scheduled request holds blocks for its tokens plus lookahead slots; a
 preempted request holds no blocks and restarts from its (cached) prefix; a request is in

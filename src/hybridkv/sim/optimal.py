@@ -1,6 +1,6 @@
 """Block-level cache simulations on chained block-key sequences: LRU and the Belady optimum.
 
-The model (the harness of the reference note §8.3, used as the first hit-rate regression):
+The model (the harness behind the table of ``sim/data/README.md``, the first hit-rate regression):
 
 * A workload is a sequence of requests; each request is the sequence of its *chained* block
   keys (block ``p`` of a request identifies the content of tokens ``[p*B, (p+1)*B)`` together
