@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from tests.engine.helpers import Built
-from hybridkv.engine import ModelConfig, load_model, load_model_config
-from hybridkv.engine.kv_config import make_kv_cache_config
+from hybridkv.engine import load_model, load_model_config, parse_model_config
+from hybridkv.engine.kv_groups import make_kv_cache_config
 
 BASE = dict(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=6,
             num_attention_heads=2)
@@ -26,23 +26,23 @@ def test_qwen2_layer_pattern_matches_transformers() -> None:
 
     kw = dict(BASE, use_sliding_window=True, sliding_window=5, max_window_layers=4)
     hf = Qwen2Config(**kw)
-    ours = ModelConfig.from_dict(dict(kw, model_type="qwen2"))
+    ours = parse_model_config(dict(kw, model_type="qwen2"))
     assert [{"full": "full_attention", "sliding": "sliding_attention"}[k] for k in ours.layer_kinds] \
         == hf.layer_types
     assert ours.sliding_window == 5
-    off = ModelConfig.from_dict(dict(kw, model_type="qwen2", use_sliding_window=False))
+    off = parse_model_config(dict(kw, model_type="qwen2", use_sliding_window=False))
     assert off.layer_kinds == ("full",) * 6 and off.sliding_window is None
 
 
 def test_legacy_rope_fields() -> None:
     """transformers 4.x configs keep ``rope_theta`` and ``rope_scaling`` at top level."""
-    cfg = ModelConfig.from_dict(dict(BASE, model_type="llama", rope_theta=5e5,
+    cfg = parse_model_config(dict(BASE, model_type="llama", rope_theta=5e5,
                                      rope_scaling={"type": "linear", "factor": 2.0}))
     assert (cfg.rope.rope_type, cfg.rope.theta, cfg.rope.params) == ("linear", 5e5, {"factor": 2.0})
 
 
 @pytest.mark.parametrize("raw, match", [
-    (dict(BASE, model_type="gpt2"), "unsupported model_type 'gpt2'"),
+    (dict(BASE, model_type="gpt2"), "unknown model_type 'gpt2'; valid: llama, qwen2"),
     (dict(BASE, model_type="llama", hidden_act="gelu"), "only 'silu'"),
     (dict(BASE, model_type="deepseek_v3", kv_lora_rank=8, qk_rope_head_dim=4, qk_nope_head_dim=4,
           v_head_dim=4, first_k_dense_replace=1), "MoE layers are not implemented"),
@@ -50,7 +50,7 @@ def test_legacy_rope_fields() -> None:
 ])
 def test_unsupported_configs_raise(raw: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        ModelConfig.from_dict(raw)
+        parse_model_config(raw)
 
 
 def test_loader_rejects_mismatched_checkpoint(built_models: dict[str, Built], tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from hybridkv.core.manager import KVCacheManager
 from hybridkv.core.specs import KVCacheConfig, is_state
 from hybridkv.engine import PagedKVCache, SequenceInput
-from hybridkv.engine.config import ModelConfig
+from hybridkv.engine import parse_model_config
 from hybridkv.cli import main
 from hybridkv.engine.models import StateMissingError
 from hybridkv.engine.runner import EngineCore
@@ -496,16 +496,16 @@ def test_config_errors() -> None:
                 num_attention_heads=2, head_dim=8, mamba_num_heads=2, mamba_head_dim=4, n_groups=1,
                 ssm_state_size=4)
     with pytest.raises(ValueError, match="unsupported layer type 'moe'"):
-        ModelConfig.from_dict(dict(base, layers_block_type=["mamba", "moe"]))
-    cfg = ModelConfig.from_dict(dict(base, hybrid_override_pattern="M-*"))
+        parse_model_config(dict(base, layers_block_type=["mamba", "moe"]))
+    cfg = parse_model_config(dict(base, hybrid_override_pattern="M-*"))
     assert cfg.layer_kinds == ("linear", "mlp", "full")
     with pytest.raises(ValueError, match="multiple of n_groups"):
-        ModelConfig.from_dict(dict(base, n_groups=3, layers_block_type=["mamba"]))
+        parse_model_config(dict(base, n_groups=3, layers_block_type=["mamba"]))
     q = dict(model_type="qwen3_next", vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
              num_attention_heads=2, layer_types=["linear_attention"], linear_num_key_heads=2,
              linear_num_value_heads=3, linear_key_head_dim=4, linear_value_head_dim=4)
     with pytest.raises(ValueError, match="multiple of linear_num_key_heads"):
-        ModelConfig.from_dict(q)
+        parse_model_config(q)
 
 
 # --------------------------------------------------------------------------- CLI
