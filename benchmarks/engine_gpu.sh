@@ -47,7 +47,7 @@ rc=$?
 wall=$(( $(date +%s) - start ))
 
 {
-    echo "--- tests/engine: $(grep -E '^(=+ )?[0-9]+ (passed|failed)' "$LOG" | tail -1 | tr -d '=') in ${wall}s (exit $rc)"
+    echo "--- tests/engine: $(grep -E '^(=+ )?[0-9]+ (passed|failed)' "$LOG" | tail -1 | tr -d '=' | sed -E 's/ in [0-9.]+s.*//') in ${wall}s (exit $rc)"
     if grep -q "SKIPPED.*needs CUDA" "$LOG"; then echo "CUDA tests: skipped (no CUDA device)"; fi
     fails=$(grep -E '^(FAILED|ERROR) ' "$LOG" | sed -E 's/ - .*//')
     if [ -n "$fails" ]; then
