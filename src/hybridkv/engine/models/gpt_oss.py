@@ -20,8 +20,9 @@ model of the openai/gpt-oss repository); what differs from Llama:
 
   ``limit`` is ``config.json``'s ``swiglu_limit`` (7.0 in the published checkpoints), as in the
   reference; ``alpha`` is ``swiglu_alpha`` when given, else 1.702 (the reference's constant).
-  transformers before 5.19 ignores both fields and uses 7.0 and 1.702, so on a checkpoint
-  whose ``swiglu_limit`` is not 7.0 it disagrees with the reference and with this engine.
+  transformers before 5.19 hard-codes 7.0 and 1.702 in its experts, so on a checkpoint whose
+  ``swiglu_limit`` is not 7.0 it disagrees with the reference and with this engine
+  (tests/engine/test_gpt_oss.py pins both behaviours).
 
 Expert weights keep transformers' layout: ``gate_up_proj [E, hidden, 2I]``, ``down_proj
 [E, I, hidden]`` (inputs multiply from the left), each with a bias.
