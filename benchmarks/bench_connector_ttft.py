@@ -41,7 +41,7 @@ from hybridkv.connectors.stores import LocalCPUStore  # noqa: E402
 from hybridkv.connectors.stores.base import KVStore  # noqa: E402
 from hybridkv.engine.checkpoints import random_model  # noqa: E402
 from hybridkv.engine.llm import LLM  # noqa: E402
-from hybridkv.engine.llm_config import ENGINE_SCHEDULER, CacheConfig, RuntimeConfig  # noqa: E402
+from hybridkv.engine.llm_options import ENGINE_SCHEDULER, CacheConfig, RuntimeConfig  # noqa: E402
 
 MODELS = {"small": ("llama (full)", SMALL), "hybrid": ("qwen2 (full + sliding)", HYBRID)}
 

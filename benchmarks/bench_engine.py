@@ -31,7 +31,7 @@ import torch
 
 from hybridkv.engine.checkpoints import random_model
 from hybridkv.engine.llm import LLM
-from hybridkv.engine.llm_config import CacheConfig, RuntimeConfig
+from hybridkv.engine.llm_options import CacheConfig, RuntimeConfig
 from hybridkv.sched import SchedulerConfig
 
 SMALL = dict(model_type="llama", vocab_size=8192, hidden_size=256, intermediate_size=1024,

@@ -27,8 +27,8 @@ def __getattr__(name: str):
         from hybridkv.engine import llm
         return getattr(llm, name)
     if name in ("CacheConfig", "RuntimeConfig", "StoreConfig"):
-        from hybridkv.engine import llm_config
-        return getattr(llm_config, name)
+        from hybridkv.engine import llm_options
+        return getattr(llm_options, name)
     raise AttributeError(f"module 'hybridkv' has no attribute {name!r}")
 
 __all__ = [

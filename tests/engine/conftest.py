@@ -16,6 +16,17 @@ from tests.engine.helpers import ARCHS, Built, build  # noqa: E402
 # their spin-waits make each small matmul ~50x slower. One thread keeps the suite fast and stable.
 torch.set_num_threads(1)
 
+def pytest_report_header() -> str:
+    """The oracle's version and whether it lies in the range the engine claims (a run outside it
+    is a measurement, not a proof of that claim)."""
+    import transformers
+
+    from hybridkv.engine.versions import in_tested_range, range_text
+
+    where = "in" if in_tested_range(transformers.__version__) else "OUTSIDE"
+    return f"engine oracle: transformers {transformers.__version__} ({where} the tested range {range_text()})"
+
+
 SLIDING_ARCHS = ("qwen2_swa", "qwen3_swa", "mistral", "gemma3", "gpt_oss")
 
 

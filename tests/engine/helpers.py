@@ -33,8 +33,11 @@ class Arch:
     model_cls: str
     kwargs: dict[str, Any]
     block_sizes: dict[str, int]
+    scale: dict[str, float] = field(default_factory=dict)
+    """Parameters whose name contains a key are multiplied by its value after randomizing."""
 
 
+GPT_OSS_GATE_UP_SCALE = 6.0
 COMMON = dict(vocab_size=128, hidden_size=64, intermediate_size=96, attn_implementation="eager")
 
 ARCHS: dict[str, Arch] = {
@@ -68,11 +71,15 @@ ARCHS: dict[str, Arch] = {
         layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
     ), {"full": 8, "sliding": 8}),
     # gpt-oss: alternating sliding (window 7) / full layers, attention sinks, biases, YaRN,
-    # top-2 of 4 experts with the clamped SwiGLU (a low limit so the clamp is exercised).
+    # top-2 of 4 experts with the clamped SwiGLU at the published limit 7.0, which every
+    # transformers version applies; the experts' input weights are scaled up so that the clamp
+    # cuts a good share of the activations (tests/engine/test_gpt_oss.py counts it), their output
+    # weights down so that attention still dominates (greedy text repeats: n-gram drafts hit).
     "gpt_oss": Arch("gpt_oss", "GptOssConfig", "GptOssForCausalLM", dict(
         COMMON, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=16, sliding_window=7, num_local_experts=4, num_experts_per_tok=2, swiglu_limit=0.5,
-    ), {"full": 4, "sliding": 4}),
+        head_dim=16, sliding_window=7, num_local_experts=4, num_experts_per_tok=2,
+    ), {"full": 4, "sliding": 4}, scale={"experts.gate_up_proj": GPT_OSS_GATE_UP_SCALE,
+                                         "experts.down_proj": GPT_OSS_GATE_UP_SCALE ** -2}),
     # DeepSeek-V3 MLA, no q LoRA, interleaved RoPE, dense MLPs.
     "deepseek": Arch("deepseek", "DeepseekV3Config", "DeepseekV3ForCausalLM", dict(
         COMMON, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32,
@@ -148,13 +155,33 @@ class Built:
         return make_kv_cache_config(self.model, self.arch.block_sizes, num_blocks)
 
 
+def hf_config_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` as the installed transformers spells them: 4.x has no ``rope_parameters`` (it
+    takes ``rope_theta`` plus a ``rope_scaling`` dict), so the 5.x spelling is translated."""
+    import transformers
+
+    if int(transformers.__version__.split(".")[0]) >= 5 or "rope_parameters" not in kwargs:
+        return dict(kwargs)
+    out = dict(kwargs)
+    rope = dict(out.pop("rope_parameters"))
+    out["rope_theta"] = rope.pop("rope_theta")
+    if rope.get("rope_type", "default") != "default":
+        out["rope_scaling"] = rope
+    return out
+
+
 def build(arch: Arch, directory: Path, seed: int = 0) -> Built:
     import transformers
 
     torch.manual_seed(seed)
-    config = getattr(transformers, arch.config_cls)(**arch.kwargs)
+    config = getattr(transformers, arch.config_cls)(**hf_config_kwargs(arch.kwargs))
     hf = getattr(transformers, arch.model_cls)(config).eval()
     randomize_(hf, seed)
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            for key, factor in arch.scale.items():
+                if key in name:
+                    p.mul_(factor)
     hf.save_pretrained(directory)
     return Built(arch, hf, load_model(directory), directory)
 
@@ -294,7 +321,7 @@ def llm_options(**options: Any) -> dict[str, Any]:
     through. An unknown name raises (so a typo is not silently ignored)."""
     from dataclasses import fields, replace
 
-    from hybridkv.engine.llm_config import ENGINE_SCHEDULER, CacheConfig, RuntimeConfig, StoreConfig
+    from hybridkv.engine.llm_options import ENGINE_SCHEDULER, CacheConfig, RuntimeConfig, StoreConfig
 
     out: dict[str, Any] = {}
     for arg, default in (("cache", CacheConfig()), ("scheduler", ENGINE_SCHEDULER),

@@ -18,7 +18,7 @@ from hybridkv.cli.base import build_parser
 from hybridkv.cli.generate import run as run_generate
 from hybridkv.core.spec_decode import SpecDecode
 from hybridkv.engine.llm import LLM, max_len_that_fits
-from hybridkv.engine.llm_config import ENGINE_SCHEDULER, CacheConfig, RuntimeConfig, StoreConfig
+from hybridkv.engine.llm_options import ENGINE_SCHEDULER, CacheConfig, RuntimeConfig, StoreConfig
 from tests.engine.helpers import Built, build_llm, random_tokens
 
 

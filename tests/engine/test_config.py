@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from tests.engine.helpers import Built
-from hybridkv.engine import ModelConfig, load_model, load_model_config
-from hybridkv.engine.kv_config import make_kv_cache_config
+from hybridkv.engine import load_model, load_model_config, parse_model_config
+from hybridkv.engine.kv_groups import make_kv_cache_config
 
 BASE = dict(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=6,
             num_attention_heads=2)
@@ -26,23 +26,23 @@ def test_qwen2_layer_pattern_matches_transformers() -> None:
 
     kw = dict(BASE, use_sliding_window=True, sliding_window=5, max_window_layers=4)
     hf = Qwen2Config(**kw)
-    ours = ModelConfig.from_dict(dict(kw, model_type="qwen2"))
+    ours = parse_model_config(dict(kw, model_type="qwen2"))
     assert [{"full": "full_attention", "sliding": "sliding_attention"}[k] for k in ours.layer_kinds] \
         == hf.layer_types
     assert ours.sliding_window == 5
-    off = ModelConfig.from_dict(dict(kw, model_type="qwen2", use_sliding_window=False))
+    off = parse_model_config(dict(kw, model_type="qwen2", use_sliding_window=False))
     assert off.layer_kinds == ("full",) * 6 and off.sliding_window is None
 
 
 def test_legacy_rope_fields() -> None:
     """transformers 4.x configs keep ``rope_theta`` and ``rope_scaling`` at top level."""
-    cfg = ModelConfig.from_dict(dict(BASE, model_type="llama", rope_theta=5e5,
+    cfg = parse_model_config(dict(BASE, model_type="llama", rope_theta=5e5,
                                      rope_scaling={"type": "linear", "factor": 2.0}))
     assert (cfg.rope.rope_type, cfg.rope.theta, cfg.rope.params) == ("linear", 5e5, {"factor": 2.0})
 
 
 @pytest.mark.parametrize("raw, match", [
-    (dict(BASE, model_type="gpt2"), "unsupported model_type 'gpt2'"),
+    (dict(BASE, model_type="gpt2"), "unknown model_type 'gpt2'; valid: llama, qwen2"),
     (dict(BASE, model_type="llama", hidden_act="gelu"), "only 'silu'"),
     (dict(BASE, model_type="deepseek_v3", kv_lora_rank=8, qk_rope_head_dim=4, qk_nope_head_dim=4,
           v_head_dim=4, first_k_dense_replace=1), "MoE layers are not implemented"),
@@ -50,7 +50,7 @@ def test_legacy_rope_fields() -> None:
 ])
 def test_unsupported_configs_raise(raw: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        ModelConfig.from_dict(raw)
+        parse_model_config(raw)
 
 
 def test_loader_rejects_mismatched_checkpoint(built_models: dict[str, Built], tmp_path: Path) -> None:
@@ -101,3 +101,57 @@ def test_engine_imports_without_transformers() -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))}
     result = subprocess.run([sys.executable, "-c", code], env=env, timeout=60)
     assert result.returncode == 0
+
+
+# --------------------------------------------------------------------------- model registry
+def test_a_new_family_is_one_class_and_one_registration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A toy family with GPT-2-style config names (``n_embd``, ``n_layer``, ...) registered with
+    one decorator: config parsing, building, the random checkpoint writer and the loader all find
+    it through ``MODELS``; its logits equal the Llama it renames; unknown types list it."""
+    from hybridkv.engine import MODELS, LlamaForCausalLM, ModelConfig
+    from hybridkv.engine.checkpoints import random_model
+    from hybridkv.engine.model_config import RopeConfig
+
+    monkeypatch.setattr(MODELS, "_table", dict(MODELS._table))  # the registration ends with the test
+
+    @MODELS.register("toy_gpt")
+    class ToyForCausalLM(LlamaForCausalLM):
+        @classmethod
+        def parse_config(cls, raw: dict) -> ModelConfig:
+            return ModelConfig(
+                model_type="toy_gpt", vocab_size=raw["vocab_size"], hidden_size=raw["n_embd"],
+                intermediate_size=4 * raw["n_embd"], num_hidden_layers=raw["n_layer"],
+                num_attention_heads=raw["n_head"], num_key_value_heads=raw["n_head"],
+                head_dim=raw["n_embd"] // raw["n_head"], rms_norm_eps=1e-6, tie_word_embeddings=False,
+                rope=RopeConfig(), layer_kinds=("full",) * raw["n_layer"])
+
+    toy = dict(model_type="toy_gpt", vocab_size=40, n_embd=16, n_layer=2, n_head=2)
+    assert isinstance(parse_model_config(toy), ModelConfig)
+    path = random_model(tmp_path / "toy", toy, seed=1)
+    model = load_model(path)
+    assert type(model) is ToyForCausalLM
+    llama_raw = dict(model_type="llama", vocab_size=40, hidden_size=16, intermediate_size=64,
+                     num_hidden_layers=2, num_attention_heads=2, rms_norm_eps=1e-6)
+    (tmp_path / "llama").mkdir()
+    (tmp_path / "llama" / "config.json").write_text(json.dumps(llama_raw))
+    (tmp_path / "llama" / "model.safetensors").symlink_to(path / "model.safetensors")
+    from hybridkv.engine import LLM, CacheConfig, RuntimeConfig
+    outs = [LLM(p, cache=CacheConfig(num_blocks=16), runtime=RuntimeConfig(device="cpu", record_logits=True))
+            .generate([[1, 2, 3, 4, 5]], max_tokens=4, ignore_eos=True)[0] for p in (path, tmp_path / "llama")]
+    assert outs[0].token_ids == outs[1].token_ids
+    assert torch.equal(outs[0].logits[1][-1], outs[1].logits[1][-1])
+    with pytest.raises(ValueError, match="unknown model_type 'gpt2'; valid: .*toy_gpt"):
+        parse_model_config(dict(toy, model_type="gpt2"))
+    with pytest.raises(ValueError, match="model_type 'toy_gpt' is already registered"):
+        MODELS.register("toy_gpt", ToyForCausalLM)
+
+
+def test_registered_families() -> None:
+    """Every family the engine runs, in registration order, one class per family module."""
+    from hybridkv.engine import MODELS
+
+    assert MODELS.names() == ("llama", "qwen2", "qwen3", "mistral", "gemma3_text", "gpt_oss", "deepseek_v3",
+                              "qwen3_next", "nemotron_h")
+    assert {cls.__name__ for cls in (MODELS.get(k) for k in MODELS)} == {
+        "LlamaForCausalLM", "Gemma3ForCausalLM", "GptOssForCausalLM", "DeepseekV3ForCausalLM",
+        "Qwen3NextForCausalLM", "NemotronHForCausalLM"}

@@ -181,7 +181,7 @@ def test_one_layer_per_group(built_models: dict[str, Built]) -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_matches_cpu_oracle(built_models: dict[str, Built]) -> None:
     """The same paged forward on a CUDA device (model and cache) matches the CPU oracle."""
-    for name in ("qwen2_swa", "deepseek"):
+    for name in ("qwen2_swa", "gpt_oss", "deepseek"):
         built = built_models[name]
         model = load_model(built.path, device="cuda")
         cache = PagedKVCache(built.kv_config(), device="cuda")

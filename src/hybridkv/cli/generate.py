@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     from hybridkv.sched import SchedulerConfig
 
     from hybridkv.engine.llm import LLM
-    from hybridkv.engine.llm_config import ENGINE_SCHEDULER, CacheConfig, RuntimeConfig
+    from hybridkv.engine.llm_options import ENGINE_SCHEDULER, CacheConfig, RuntimeConfig
 
     retention = args.retention
     dtype = getattr(torch, args.dtype) if args.dtype else None

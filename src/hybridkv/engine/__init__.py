@@ -13,19 +13,23 @@ or, driven by the shared scheduler with prefix caching and speculative decoding:
     outs = llm.generate([[1, 2, 3]], max_tokens=32)
 
 Requires torch and safetensors; transformers is only used by the tests as the oracle (and for
-tokenizers without a ``tokenizer.json``).
+tokenizers without a ``tokenizer.json``). The transformers versions the engine is proven equal
+to are :data:`hybridkv.engine.versions.TESTED_TRANSFORMERS`.
+
+Modules: ``model_config`` (what a model reads from ``config.json``), ``kv_groups`` (the
+KV-cache groups of a model), ``llm_options`` (the option records of :class:`LLM`).
 """
 
-from .config import ModelConfig, load_model_config
+from .model_config import ModelConfig
 from .kv_cache import NULL_BLOCK, PagedKVCache, default_device, torch_dtype
-from .kv_config import kv_cache_groups, make_kv_cache_config
+from .kv_groups import kv_cache_groups, make_kv_cache_config
 from .metadata import GroupMetadata, SequenceInput, StepMetadata, build_step_metadata
 from .block_table import BlockTableRows
 from .drafters import DFlashDrafter, Drafter, DraftModelDrafter, NgramDrafter
 from .llm import LLM, GenerationOutput, engine_spec
-from .llm_config import ENGINE_SCHEDULER, CacheConfig, RuntimeConfig, StoreConfig
-from .models import (DeepseekV3ForCausalLM, Gemma3ForCausalLM, GptOssForCausalLM, LlamaForCausalLM,
-                     PagedCausalLM, build_model, load_model)
+from .llm_options import ENGINE_SCHEDULER, CacheConfig, RuntimeConfig, StoreConfig
+from .models import (MODELS, DeepseekV3ForCausalLM, Gemma3ForCausalLM, GptOssForCausalLM, LlamaForCausalLM,
+                     PagedCausalLM, build_model, load_model, load_model_config, parse_model_config)
 from .models.dflash import DFlashDraftModel, load_dflash
 from .runner import EngineCore, EngineStats
 
@@ -46,6 +50,7 @@ __all__ = [
     "GptOssForCausalLM",
     "GroupMetadata",
     "LLM",
+    "MODELS",
     "LlamaForCausalLM",
     "NgramDrafter",
     "ModelConfig",
@@ -64,5 +69,6 @@ __all__ = [
     "load_model_config",
     "engine_spec",
     "make_kv_cache_config",
+    "parse_model_config",
     "torch_dtype",
 ]

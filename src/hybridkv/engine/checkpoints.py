@@ -16,9 +16,9 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from .config import ModelConfig
+from .model_config import ModelConfig
 from .models.dflash import DFlashDraftModel, dflash_config_from_dict
-from .models.loader import build_model
+from .models.loader import build_model, parse_model_config
 
 
 def randomize(module: nn.Module, seed: int = 0, scale: float = 1.0) -> None:
@@ -56,7 +56,7 @@ def save_checkpoint(module: nn.Module, config: dict[str, Any], directory: str | 
 
 def random_model(directory: str | Path, config: dict[str, Any], seed: int = 0) -> Path:
     """A random checkpoint for an HF ``config.json`` dict (any supported ``model_type``)."""
-    model = build_model(ModelConfig.from_dict(config))
+    model = build_model(parse_model_config(config))
     randomize(model, seed)
     if model.config.tie_word_embeddings:
         return save_checkpoint(model, config, directory, skip=("lm_head.",))

@@ -207,7 +207,7 @@ class DraftModelDrafter(Drafter):
         self.model = model
 
     def kv_cache_groups(self, block_sizes: dict[str, int], dtype: str) -> tuple[KVCacheGroup, ...]:
-        from .kv_config import kv_cache_groups
+        from .kv_groups import kv_cache_groups
 
         fallback = min(block_sizes.values())
         sizes = {kind: block_sizes.get(kind, fallback) for kind in set(self.model.config.layer_kinds)}

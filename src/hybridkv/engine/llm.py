@@ -10,7 +10,7 @@ the drafter's, marked ``is_draft``), a :class:`~hybridkv.engine.kv_cache.PagedKV
 from that config, a :class:`~hybridkv.sched.Scheduler` and an
 :class:`~hybridkv.engine.runner.EngineCore`. The prefix cache persists across ``generate``
 calls. Sampling is greedy. The options are grouped in config objects
-(:mod:`hybridkv.engine.llm_config`).
+(:mod:`hybridkv.engine.llm_options`).
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from hybridkv.sched import EngineRequest, Scheduler, SchedulerConfig
 
 from .drafters import DFlashDrafter, DraftModelDrafter, Drafter, NgramDrafter
 from .kv_cache import PagedKVCache, default_device
-from .kv_config import kv_cache_groups
-from .llm_config import DEFAULT_KV_CACHE_BYTES, ENGINE_SCHEDULER, CacheConfig, RuntimeConfig, StoreConfig
+from .kv_groups import kv_cache_groups
+from .llm_options import DEFAULT_KV_CACHE_BYTES, ENGINE_SCHEDULER, CacheConfig, RuntimeConfig, StoreConfig
 from .models import load_model
 from .models.dflash import load_dflash
 from .runner import EngineCore, EngineStats
@@ -112,8 +112,12 @@ class Tokenizer:
                 pass
         if any((d / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
                                            "vocab.json")):
-            from transformers import AutoTokenizer  # lazy: the engine does not need transformers
+            import transformers  # lazy: the engine does not need transformers
 
+            from .versions import check_installed_transformers
+
+            check_installed_transformers(transformers.__version__)
+            AutoTokenizer = transformers.AutoTokenizer
             return cls(AutoTokenizer.from_pretrained(str(d)), "transformers")
         return None
 
@@ -201,7 +205,7 @@ class LLM:
             are saved to it and prefixes found in it are loaded instead of recomputed.
         cache: block sizes, pool size, prefix caching, retention, hashing (:class:`CacheConfig`).
         scheduler: batching limits (:class:`~hybridkv.sched.SchedulerConfig`; default
-            :data:`~hybridkv.engine.llm_config.ENGINE_SCHEDULER`). ``max_model_len=None``:
+            :data:`~hybridkv.engine.llm_options.ENGINE_SCHEDULER`). ``max_model_len=None``:
             ``min(max_position_embeddings, 4096)`` reduced to what one request can hold.
         runtime: device, dtype, n-gram sizes, logits recording, draft-slot checks
             (:class:`RuntimeConfig`).

@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from .config import ModelConfig, RopeConfig
+from .model_config import ModelConfig, RopeConfig
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 

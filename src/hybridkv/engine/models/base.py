@@ -17,14 +17,15 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from typing import Literal, Union
+from typing import Any, Literal, Union
 
 import torch
 from torch import nn
 
+from hybridkv.core.registry import Registry
 from hybridkv.core.specs import AttentionSpec
 
-from ..config import ModelConfig
+from ..model_config import ModelConfig
 from ..kv_cache import PagedKVCache
 from ..metadata import GroupMetadata, SequenceInput, StepMetadata, build_step_metadata
 
@@ -40,17 +41,25 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square norm computed in fp32, scaled by ``weight`` (transformers' T5-style norm)."""
+    """Root-mean-square norm computed in fp32, scaled by ``weight``.
 
-    def __init__(self, size: int, eps: float = 1e-6) -> None:
+    Llama's order casts the normalised value back to the input dtype and then scales it;
+    ``scale_in_fp32`` scales first and casts last (gpt-oss, T5). The two agree in fp32 and
+    differ by rounding in bf16 / fp16.
+    """
+
+    def __init__(self, size: int, eps: float = 1e-6, scale_in_fp32: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
+        self.scale_in_fp32 = scale_in_fp32
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         x = x.to(torch.float32)
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.scale_in_fp32:
+            return (self.weight * x).to(dtype)
         return self.weight * x.to(dtype)
 
 
@@ -84,26 +93,29 @@ class PagedAttentionLayer(nn.Module, ABC):
 
     def add_gqa_projections(self, config: ModelConfig, layer_index: int, q_factor: int = 1) -> None:
         """Set ``layer_index``, the head counts and the GQA projections ``q/k/v/o_proj`` (biases
-        from ``qkv_bias`` / ``o_bias``); ``q_proj`` is ``q_factor`` times wider (2: a query and
+        from ``attention.qkv_bias`` / ``attention.o_bias``); ``q_proj`` is ``q_factor`` times wider (2: a query and
         its output gate per head). The checkpoints' names, so weights load by name."""
         self.layer_index = layer_index
         self.num_heads, self.num_kv_heads, self.head_dim = (
             config.num_attention_heads, config.num_key_value_heads, config.head_dim)
         h, d = config.hidden_size, self.head_dim
-        self.q_proj = nn.Linear(h, self.num_heads * d * q_factor, bias=config.qkv_bias)
-        self.k_proj = nn.Linear(h, self.num_kv_heads * d, bias=config.qkv_bias)
-        self.v_proj = nn.Linear(h, self.num_kv_heads * d, bias=config.qkv_bias)
-        self.o_proj = nn.Linear(self.num_heads * d, h, bias=config.o_bias)
+        opts = config.attention
+        self.q_proj = nn.Linear(h, self.num_heads * d * q_factor, bias=opts.qkv_bias)
+        self.k_proj = nn.Linear(h, self.num_kv_heads * d, bias=opts.qkv_bias)
+        self.v_proj = nn.Linear(h, self.num_kv_heads * d, bias=opts.qkv_bias)
+        self.o_proj = nn.Linear(self.num_heads * d, h, bias=opts.o_bias)
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm residual block: attention then MLP (the dense gated MLP unless one is given)."""
+    """Pre-norm residual block: attention then MLP (the dense gated MLP unless one is given);
+    ``norm`` builds its two norms from ``(size, eps)``."""
 
-    def __init__(self, config: ModelConfig, attn: PagedAttentionLayer, mlp: nn.Module | None = None) -> None:
+    def __init__(self, config: ModelConfig, attn: PagedAttentionLayer, mlp: nn.Module | None = None,
+                 norm: Callable[[int, float], nn.Module] = RMSNorm) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.input_layernorm = norm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = attn
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = norm(config.hidden_size, config.rms_norm_eps)
         self.mlp = mlp if mlp is not None else GatedMLP(
             config.hidden_size, config.intermediate_size, config.mlp_bias, config.hidden_act)
 
@@ -138,6 +150,12 @@ class PagedCausalLM(nn.Module, ABC):
     has_state: bool = False
     """True for models with per-request recurrent state (:mod:`.recurrent`): prefix caching is
     off for them until the core has state groups (docs/state-groups.md)."""
+
+    @classmethod
+    @abstractmethod
+    def parse_config(cls, raw: dict[str, Any]) -> ModelConfig:
+        """This family's :class:`ModelConfig` from a parsed ``config.json`` whose ``model_type``
+        the class is registered for; ValueError names what the family does not support."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -255,3 +273,10 @@ class PagedCausalLM(nn.Module, ABC):
             if i in capture:
                 captured[i] = x
         return self.model.norm(x), [captured[i] for i in capture]
+
+
+#: HF ``model_type`` -> the engine model class that runs it. A model family is one module in
+#: this package whose class (a :class:`PagedCausalLM` with ``parse_config``) is decorated with
+#: ``@MODELS.register("<model_type>")`` once per type it runs, plus its import line in
+#: ``models/__init__.py``.
+MODELS: Registry[type[PagedCausalLM]] = Registry("model_type", value_base=PagedCausalLM)

@@ -15,24 +15,27 @@ for non-default RoPE with ``mscale_all_dim`` the softmax scale is multiplied by 
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
 from hybridkv.core.specs import MLA, AttentionSpec
 
 from ..attention import paged_mla_attention, write_kv
-from ..config import ModelConfig
+from ..model_config import MLAConfig, ModelConfig, common_fields
 from ..metadata import GroupMetadata
 from ..rope import Rotary, apply_rope_half, apply_rope_interleaved, yarn_mscale
-from .base import PagedAttentionLayer, PagedCausalLM, RMSNorm
+from .base import MODELS, PagedAttentionLayer, PagedCausalLM, RMSNorm
 
 _LORA_NORM_EPS = 1e-6
 
 
 def mla_softmax_scale(config: ModelConfig) -> float:
     """``qk_head_dim ** -0.5``, times ``mscale(factor, mscale_all_dim) ** 2`` for scaled RoPE."""
-    assert config.qk_nope_head_dim is not None and config.qk_rope_head_dim is not None
-    scale = (config.qk_nope_head_dim + config.qk_rope_head_dim) ** -0.5
+    mla = config.mla
+    assert mla is not None
+    scale = (mla.qk_nope_head_dim + mla.qk_rope_head_dim) ** -0.5
     if config.rope.rope_type != "default":
         mscale_all_dim = config.rope.params.get("mscale_all_dim", 0)
         if mscale_all_dim:
@@ -46,18 +49,18 @@ class MLAAttention(PagedAttentionLayer):
 
     def __init__(self, config: ModelConfig, layer_index: int) -> None:
         super().__init__()
-        assert config.kv_lora_rank is not None and config.qk_nope_head_dim is not None
-        assert config.qk_rope_head_dim is not None and config.v_head_dim is not None
+        mla = config.mla
+        assert mla is not None
         self.layer_index = layer_index
         self.num_heads = config.num_attention_heads
-        self.kv_lora_rank = config.kv_lora_rank
-        self.nope_dim = config.qk_nope_head_dim
-        self.rope_dim = config.qk_rope_head_dim
-        self.v_dim = config.v_head_dim
-        self.q_lora_rank = config.q_lora_rank
-        self.interleave = config.rope_interleave
+        self.kv_lora_rank = mla.kv_lora_rank
+        self.nope_dim = mla.qk_nope_head_dim
+        self.rope_dim = mla.qk_rope_head_dim
+        self.v_dim = mla.v_head_dim
+        self.q_lora_rank = mla.q_lora_rank
+        self.interleave = mla.rope_interleave
         self.scale = mla_softmax_scale(config)
-        h, qk_dim, bias = config.hidden_size, self.nope_dim + self.rope_dim, config.attention_bias
+        h, qk_dim, bias = config.hidden_size, self.nope_dim + self.rope_dim, mla.attention_bias
         if self.q_lora_rank is None:
             self.q_proj = nn.Linear(h, self.num_heads * qk_dim, bias=False)
         else:
@@ -108,13 +111,43 @@ class MLAAttention(PagedAttentionLayer):
             )
 
 
+@MODELS.register("deepseek_v3")
 class DeepseekV3ForCausalLM(PagedCausalLM):
-    """DeepSeek-V3 with MLA on every layer and dense MLPs (no MoE)."""
+    """DeepSeek-V3 with MLA on every layer (``layer_kinds`` all ``mla``) and dense MLPs (no MoE)."""
+
+    @classmethod
+    def parse_config(cls, raw: dict[str, Any]) -> ModelConfig:
+        common = common_fields(raw, raw.get("hidden_act", "silu"))
+        layers = common["num_hidden_layers"]
+        first_dense = raw.get("first_k_dense_replace")
+        if first_dense is not None and int(first_dense) < layers:
+            raise ValueError(
+                f"MoE layers are not implemented: first_k_dense_replace={first_dense} < "
+                f"num_hidden_layers={layers}; set first_k_dense_replace >= num_hidden_layers"
+            )
+        if common["num_key_value_heads"] != common["num_attention_heads"]:
+            raise ValueError("MLA needs num_key_value_heads == num_attention_heads")
+        rope_dim = int(raw["qk_rope_head_dim"])
+        q_lora = raw.get("q_lora_rank")
+        return ModelConfig(
+            **common,
+            head_dim=rope_dim,
+            layer_kinds=("mla",) * layers,
+            mla=MLAConfig(
+                kv_lora_rank=int(raw["kv_lora_rank"]),
+                q_lora_rank=None if q_lora is None else int(q_lora),
+                qk_nope_head_dim=int(raw["qk_nope_head_dim"]),
+                qk_rope_head_dim=rope_dim,
+                v_head_dim=int(raw["v_head_dim"]),
+                rope_interleave=bool(raw.get("rope_interleave", True)),
+                attention_bias=bool(raw.get("attention_bias", False)),
+            ),
+        )
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)
-        assert config.qk_rope_head_dim is not None
-        self.rotary = Rotary(config, config.qk_rope_head_dim)
+        assert config.mla is not None
+        self.rotary = Rotary(config, config.mla.qk_rope_head_dim)
 
     def make_attention(self, layer_index: int) -> MLAAttention:
         return MLAAttention(self.config, layer_index)
@@ -123,7 +156,7 @@ class DeepseekV3ForCausalLM(PagedCausalLM):
         return self.rotary(positions, dtype)
 
     def attention_spec(self, layer_index: int, block_size: int, dtype: str = "float32") -> AttentionSpec:
-        c = self.config
-        assert c.kv_lora_rank is not None and c.qk_rope_head_dim is not None
-        return MLA(block_size=block_size, kv_lora_rank=c.kv_lora_rank, qk_rope_head_dim=c.qk_rope_head_dim,
-                   head_dim=c.kv_lora_rank + c.qk_rope_head_dim, dtype=dtype)
+        mla = self.config.mla
+        assert mla is not None
+        return MLA(block_size=block_size, kv_lora_rank=mla.kv_lora_rank, qk_rope_head_dim=mla.qk_rope_head_dim,
+                   head_dim=mla.kv_lora_rank + mla.qk_rope_head_dim, dtype=dtype)

@@ -35,12 +35,12 @@ from torch import nn
 
 from hybridkv.core.specs import FullAttention, KVCacheGroup
 
-from ..config import ModelConfig
+from ..model_config import ModelConfig
 from ..kv_cache import PagedKVCache
 from ..metadata import StepMetadata
 from ..rope import Rotary
 from .base import DecoderLayer, RMSNorm
-from .llama import GQAAttention
+from .llama import GQAAttention, LlamaForCausalLM
 
 DFLASH_GROUP = "dflash"
 
@@ -137,7 +137,7 @@ def dflash_config_from_dict(raw: dict[str, Any]) -> tuple[ModelConfig, tuple[int
         raise ValueError(f"DFlash block_size must be >= 2 (bonus + at least one draft), got {block}")
     fields = dict(raw, model_type="qwen3", use_sliding_window=False)
     fields.pop("layer_types", None)
-    return ModelConfig.from_dict(fields), tuple(int(i) for i in ids), int(mask), block
+    return LlamaForCausalLM.parse_config(fields), tuple(int(i) for i in ids), int(mask), block
 
 
 def load_dflash(model_dir: str | Path, device: torch.device | str = "cpu",

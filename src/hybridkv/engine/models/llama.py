@@ -2,10 +2,21 @@
 (per-head q/k RMSNorm), Mistral (every layer sliding).
 
 Attention is GQA with half-split RoPE. Each layer is "full" or "sliding" (``ModelConfig.layer_kinds``);
-a sliding layer with window ``W`` lets the query at ``t`` read ``[t - W + 1, t]``.
+a sliding layer with window ``W`` lets the query at ``t`` read ``[t - W + 1, t]``. Layer kinds:
+
+==============  ==============================================================================
+model_type      layer kinds
+==============  ==============================================================================
+llama           every layer ``full``
+qwen2, qwen3    ``layer_types`` if given; else ``sliding`` for layers ``i >= max_window_layers``
+                when ``use_sliding_window`` is true, otherwise ``full``
+mistral         every layer ``sliding`` when ``sliding_window`` is set, else ``full``
+==============  ==============================================================================
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import nn
@@ -13,29 +24,30 @@ from torch import nn
 from hybridkv.core.specs import AttentionSpec, FullAttention, SlidingWindow
 
 from ..attention import paged_attention, write_kv
-from ..config import ModelConfig
+from ..model_config import AttentionOptions, LayerKind, ModelConfig, check_window, common_fields, parse_layer_type
 from ..metadata import GroupMetadata
 from ..rope import Rotary, apply_rope_half
-from .base import PagedAttentionLayer, PagedCausalLM, RMSNorm
+from .base import MODELS, PagedAttentionLayer, PagedCausalLM, RMSNorm
 
 
 class GQAAttention(PagedAttentionLayer):
     """Grouped-query attention with ``q_proj/k_proj/v_proj/o_proj`` (transformers names).
 
-    Options read from the config: q/k/v and o biases, per-head q/k RMSNorm (Qwen3, Gemma 3;
-    ``norm`` picks the norm class), the softmax scale (``attn_scale``) and gpt-oss attention
-    sinks (a ``sinks`` parameter, one logit per query head).
+    Options read from ``config.attention``: q/k/v and o biases, per-head q/k RMSNorm (Qwen3,
+    Gemma 3; ``norm`` picks the norm class), the softmax scale and gpt-oss attention sinks (a
+    ``sinks`` parameter, one logit per query head).
     """
 
     def __init__(self, config: ModelConfig, layer_index: int, norm: type[nn.Module] = RMSNorm) -> None:
         super().__init__()
         self.add_gqa_projections(config, layer_index)
         self.window = config.sliding_window if config.layer_kinds[layer_index] == "sliding" else None
-        self.scale = config.attn_scale if config.attn_scale is not None else self.head_dim ** -0.5
+        opts = config.attention
+        self.scale = opts.scale if opts.scale is not None else self.head_dim ** -0.5
         d = self.head_dim
-        self.q_norm = norm(d, config.rms_norm_eps) if config.qk_norm else None
-        self.k_norm = norm(d, config.rms_norm_eps) if config.qk_norm else None
-        self.sinks = nn.Parameter(torch.zeros(self.num_heads)) if config.attention_sinks else None
+        self.q_norm = norm(d, config.rms_norm_eps) if opts.qk_norm else None
+        self.k_norm = norm(d, config.rms_norm_eps) if opts.qk_norm else None
+        self.sinks = nn.Parameter(torch.zeros(self.num_heads)) if opts.sinks else None
 
     def key_value(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotated keys and values ``[T, kv_heads, head_dim]`` of hidden states ``x``."""
@@ -79,9 +91,49 @@ class GQAAttention(PagedAttentionLayer):
             )
 
 
+@MODELS.register("mistral")  # decorators apply bottom-up: llama registers first
+@MODELS.register("qwen3")
+@MODELS.register("qwen2")
+@MODELS.register("llama")
 class LlamaForCausalLM(PagedCausalLM):
-    """Llama / Qwen2 / Qwen3 / Mistral (``model_type`` in :data:`~hybridkv.engine.config.LLAMA_FAMILY`);
-    the base of the Gemma 3 and gpt-oss models."""
+    """Llama / Qwen2 / Qwen3 / Mistral; the base of the Gemma 3 and gpt-oss models."""
+
+    @classmethod
+    def parse_config(cls, raw: dict[str, Any]) -> ModelConfig:
+        common = common_fields(raw, raw.get("hidden_act", "silu"))
+        model_type, layers = common["model_type"], common["num_hidden_layers"]
+        head_dim = raw.get("head_dim") or common["hidden_size"] // common["num_attention_heads"]
+        if raw.get("partial_rotary_factor", 1.0) != 1.0:
+            raise ValueError("partial_rotary_factor != 1 is not supported")
+        window: int | None = raw.get("sliding_window")
+        kinds: list[LayerKind]
+        if model_type == "llama":
+            window, kinds = None, ["full"] * layers
+        elif model_type == "mistral":
+            kinds = ["sliding" if window is not None else "full"] * layers
+        else:  # qwen2, qwen3
+            if not raw.get("use_sliding_window", False):
+                window = None
+            layer_types = raw.get("layer_types")
+            if layer_types is None:
+                first_sliding = int(raw.get("max_window_layers", 28))
+                kinds = ["sliding" if window is not None and i >= first_sliding else "full"
+                         for i in range(layers)]
+            else:
+                kinds = [parse_layer_type(t) for t in layer_types]
+        if len(kinds) != layers:
+            raise ValueError(f"layer_types has {len(kinds)} entries for {layers} layers")
+        bias = bool(raw.get("attention_bias", False))
+        return ModelConfig(
+            **common,
+            head_dim=int(head_dim),
+            layer_kinds=tuple(kinds),
+            sliding_window=check_window(kinds, window),
+            mlp_bias=bool(raw.get("mlp_bias", False)) if model_type == "llama" else False,
+            attention=AttentionOptions(qkv_bias=True if model_type == "qwen2" else bias,
+                                       o_bias=False if model_type == "qwen2" else bias,
+                                       qk_norm=model_type == "qwen3"),
+        )
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)

@@ -1,40 +1,51 @@
-"""Build an engine model from a Hugging Face-format directory (``config.json`` + safetensors)."""
+"""Build an engine model from a Hugging Face-format directory (``config.json`` + safetensors).
+
+The model family comes from :data:`~hybridkv.engine.models.base.MODELS` by ``model_type``; the
+package ``__init__`` has imported (registered) every family before any function here runs.
+"""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file
 
-from ..config import ModelConfig, load_model_config
-from .base import PagedCausalLM
-from .deepseek import DeepseekV3ForCausalLM
-from .gemma3 import Gemma3ForCausalLM
-from .gpt_oss import GptOssForCausalLM
-from .llama import LlamaForCausalLM
-from .nemotron_h import NemotronHForCausalLM
-from .qwen3_next import Qwen3NextForCausalLM
-
-MODEL_CLASSES: dict[str, type[PagedCausalLM]] = {
-    "llama": LlamaForCausalLM,
-    "qwen2": LlamaForCausalLM,
-    "qwen3": LlamaForCausalLM,
-    "mistral": LlamaForCausalLM,
-    "gemma3_text": Gemma3ForCausalLM,
-    "gpt_oss": GptOssForCausalLM,
-    "deepseek_v3": DeepseekV3ForCausalLM,
-    "qwen3_next": Qwen3NextForCausalLM,
-    "nemotron_h": NemotronHForCausalLM,
-}
+from ..model_config import ModelConfig, read_config_json
+from ..versions import check_checkpoint_version
+from .base import MODELS, PagedCausalLM
 
 _LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.")
 
 
+def parse_model_config(raw: dict[str, Any]) -> ModelConfig:
+    """The :class:`ModelConfig` of a parsed ``config.json``, read by its ``model_type``'s family.
+
+    Raises:
+        ValueError: an unknown ``model_type`` (the message lists the registered ones), or a
+            config the family does not support.
+    """
+    return MODELS.get(raw.get("model_type")).parse_config(raw)
+
+
+def load_model_config(model_dir: str | Path) -> ModelConfig:
+    """Read ``<model_dir>/config.json`` into a :class:`ModelConfig`; warns (once per version)
+    when the transformers version that wrote it is outside the tested range
+    (:mod:`hybridkv.engine.versions`).
+
+    Raises:
+        FileNotFoundError: ``model_dir`` is not a directory or has no ``config.json``.
+    """
+    raw = read_config_json(model_dir)
+    check_checkpoint_version(raw, model_dir)
+    return parse_model_config(raw)
+
+
 def build_model(config: ModelConfig) -> PagedCausalLM:
     """An uninitialised model for ``config`` (weights are whatever torch initialises)."""
-    return MODEL_CLASSES[config.model_type](config)
+    return MODELS.get(config.model_type)(config)
 
 
 def read_safetensors(model_dir: str | Path) -> dict[str, torch.Tensor]:

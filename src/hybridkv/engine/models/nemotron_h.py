@@ -17,17 +17,21 @@ MoE layers (``E`` / ``moe``) are not implemented; the config reader refuses them
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
 from hybridkv.core.specs import AttentionSpec
 
 from ..attention import paged_attention, write_kv
-from ..config import ModelConfig
+from ..model_config import ModelConfig, RopeConfig, StateLayerConfig
 from ..metadata import GroupMetadata
-from .base import PagedAttentionLayer, RMSNorm
+from .base import MODELS, PagedAttentionLayer, RMSNorm
 from .recurrent import (HybridStateLM, StepContext, attention_call, causal_conv, check_full_attention_spec,
-                        conv_state_after, per_sequence)
+                        conv_state_after, per_sequence, state_layer_kinds, state_model_config)
+
+_PATTERN: dict[str, str] = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
 
 
 class PlainAttention(PagedAttentionLayer):
@@ -169,8 +173,36 @@ class NemotronHBackbone(nn.Module):
         self.norm_f = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
+@MODELS.register("nemotron_h")
 class NemotronHForCausalLM(HybridStateLM):
-    """Nemotron-H without MoE layers."""
+    """Nemotron-H without MoE layers: ``layers_block_type`` (or ``hybrid_override_pattern``)
+    gives ``full`` (attention), ``linear`` (Mamba2) or ``mlp`` layers."""
+
+    @classmethod
+    def parse_config(cls, raw: dict[str, Any]) -> ModelConfig:
+        types = raw.get("layers_block_type")
+        if types is None:
+            types = [_PATTERN.get(c, c) for c in str(raw.get("hybrid_override_pattern", ""))]
+        kinds = state_layer_kinds(raw, list(types))
+        act = raw.get("mlp_hidden_act", "relu2")
+        if act not in ("relu2", "silu"):
+            raise ValueError(f"unsupported mlp_hidden_act {act!r} for nemotron_h; supported: 'relu2', 'silu'")
+        if raw.get("mamba_hidden_act", "silu") != "silu":
+            raise ValueError(f"unsupported mamba_hidden_act {raw.get('mamba_hidden_act')!r}; only 'silu'")
+        mh, md = int(raw["mamba_num_heads"]), int(raw["mamba_head_dim"])
+        ng, ns = int(raw["n_groups"]), int(raw["ssm_state_size"])
+        if mh % ng:
+            raise ValueError(f"mamba_num_heads {mh} must be a multiple of n_groups {ng}")
+        if raw.get("sliding_window") is not None:
+            raise ValueError("nemotron_h with sliding_window is not supported")
+        eps = float(raw.get("layer_norm_epsilon", 1e-5))
+        state = StateLayerConfig(
+            conv_kernel=int(raw.get("conv_kernel", 4)), conv_dim=mh * md + 2 * ng * ns,
+            mamba_heads=mh, mamba_head_dim=md, n_groups=ng, ssm_state_size=ns,
+            conv_bias=bool(raw.get("use_conv_bias", True)), proj_bias=bool(raw.get("use_bias", False)),
+            time_step_min=float(raw.get("time_step_min", 0.0)), norm_eps=eps, mlp_act=act,
+        )
+        return state_model_config(raw, kinds, state, RopeConfig(), eps)
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)

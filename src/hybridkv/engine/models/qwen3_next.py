@@ -19,16 +19,18 @@ Per layer (``model.layers.{i}``): ``input_layernorm`` -> token mixer -> +res ->
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
 from hybridkv.core.specs import AttentionSpec
 
 from ..attention import paged_attention, write_kv
-from ..config import ModelConfig
+from ..model_config import ModelConfig, StateLayerConfig, parse_rope
 from ..metadata import GroupMetadata
 from ..rope import Rotary, apply_rope_half
-from .base import Backbone, GatedMLP, PagedAttentionLayer
+from .base import MODELS, Backbone, GatedMLP, PagedAttentionLayer
 from .gemma3 import GemmaRMSNorm  # norm(x) * (1 + weight), fp32: the same norm as Qwen3-Next
 from .recurrent import (
     HybridStateLM,
@@ -38,6 +40,8 @@ from .recurrent import (
     causal_conv,
     conv_state_after,
     per_sequence,
+    state_layer_kinds,
+    state_model_config,
 )
 
 
@@ -217,8 +221,39 @@ class Qwen3NextDecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
+@MODELS.register("qwen3_next")
 class Qwen3NextForCausalLM(HybridStateLM):
-    """Qwen3-Next (``model_type`` ``qwen3_next``)."""
+    """Qwen3-Next (``model_type`` ``qwen3_next``): ``layer_types`` are ``full`` (gated attention)
+    or ``linear`` (gated delta net)."""
+
+    @classmethod
+    def parse_config(cls, raw: dict[str, Any]) -> ModelConfig:
+        kinds = state_layer_kinds(raw, list(raw["layer_types"]))
+        act = raw.get("hidden_act", "silu")
+        if act != "silu":
+            raise ValueError(f"unsupported hidden_act {act!r} for qwen3_next; only 'silu' is implemented")
+        rope = parse_rope(raw)
+        factor = float(rope.params.pop("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0)))
+        nk, nv = int(raw["linear_num_key_heads"]), int(raw["linear_num_value_heads"])
+        dk, dv = int(raw["linear_key_head_dim"]), int(raw["linear_value_head_dim"])
+        if nv % nk:
+            raise ValueError(f"linear_num_value_heads {nv} must be a multiple of linear_num_key_heads {nk}")
+        experts = int(raw.get("num_experts") or 0)
+        step = int(raw.get("decoder_sparse_step") or 1)
+        only = set(raw.get("mlp_only_layers") or [])
+        eps = float(raw.get("rms_norm_eps", 1e-6))
+        state = StateLayerConfig(
+            conv_kernel=int(raw.get("linear_conv_kernel_dim", 4)), conv_dim=2 * nk * dk + nv * dv,
+            num_k_heads=nk, num_v_heads=nv, k_head_dim=dk, v_head_dim=dv,
+            norm_eps=eps, partial_rotary_factor=factor,
+            num_experts=experts, num_experts_per_tok=int(raw.get("num_experts_per_tok") or 0),
+            moe_intermediate_size=int(raw.get("moe_intermediate_size") or 0),
+            shared_expert_intermediate_size=int(raw.get("shared_expert_intermediate_size") or 0),
+            norm_topk_prob=bool(raw.get("norm_topk_prob", True)),
+            moe_layers=tuple(i for i in range(len(kinds))
+                             if experts > 0 and i not in only and (i + 1) % step == 0),
+        )
+        return state_model_config(raw, kinds, state, rope, eps)
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)

@@ -33,17 +33,59 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 
 from hybridkv.core.specs import AttentionSpec, FullAttention, StateSpec
 
-from ..config import ModelConfig
+from ..model_config import AttentionOptions, LayerKind, ModelConfig, RopeConfig, StateLayerConfig
 from ..kv_cache import PagedKVCache
 from ..metadata import GroupMetadata, StepMetadata
 from .base import LayerRope, PagedCausalLM
+
+
+_STATE_LAYER_TYPES: dict[str, LayerKind] = {
+    "full_attention": "full", "attention": "full", "linear_attention": "linear", "mamba": "linear",
+    "mlp": "mlp",
+}
+
+
+def state_layer_kinds(raw: dict[str, Any], types: list[str]) -> tuple[LayerKind, ...]:
+    """A state model's per-layer types (``layer_types`` / ``layers_block_type`` entries) as kinds.
+
+    Raises:
+        ValueError: a count different from ``num_hidden_layers``, or an unsupported type.
+    """
+    model_type = raw["model_type"]
+    layers = int(raw.get("num_hidden_layers", len(types)))
+    if len(types) != layers:
+        raise ValueError(f"{model_type}: {len(types)} layer types for {layers} layers")
+    bad = [t for t in types if t not in _STATE_LAYER_TYPES]
+    if bad:
+        raise ValueError(f"{model_type}: unsupported layer type {bad[0]!r}; supported: "
+                         f"{', '.join(sorted(_STATE_LAYER_TYPES))} (MoE layers of nemotron_h are not implemented)")
+    return tuple(_STATE_LAYER_TYPES[t] for t in types)
+
+
+def state_model_config(raw: dict[str, Any], kinds: tuple[LayerKind, ...], state: StateLayerConfig,
+                       rope: RopeConfig, eps: float) -> ModelConfig:
+    """The :class:`ModelConfig` of a state model: its attention fields read the common way."""
+    hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
+    bias = bool(raw.get("attention_bias", False))
+    return ModelConfig(
+        model_type=raw["model_type"], vocab_size=int(raw["vocab_size"]), hidden_size=hidden,
+        intermediate_size=int(raw["intermediate_size"]), num_hidden_layers=len(kinds),
+        num_attention_heads=heads, num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
+        head_dim=int(raw.get("head_dim") or hidden // heads), rms_norm_eps=eps,
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        rope=rope, layer_kinds=kinds, hidden_act="silu",
+        max_position_embeddings=int(raw.get("max_position_embeddings", 4096)),
+        mlp_bias=bool(raw.get("mlp_bias", False)),
+        attention=AttentionOptions(qkv_bias=bias, o_bias=bias, qk_norm=raw["model_type"] == "qwen3_next"),
+        state=state,
+    )
 
 
 class StateMissingError(RuntimeError):

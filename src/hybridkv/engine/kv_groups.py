@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 from hybridkv.core.specs import KVCacheConfig, KVCacheGroup
 
-from .config import STATE_LAYER_KINDS, LayerKind
+from .model_config import STATE_LAYER_KINDS, LayerKind
 from .models.base import PagedCausalLM
 
 GROUP_NAMES: dict[LayerKind, str] = {
