@@ -350,8 +350,81 @@ class CalibratedCostModel:
         return self.step(work).time_s
 
     def step_time_arrays(self, new: np.ndarray, ctx: np.ndarray) -> float:
-        """:meth:`step_time` for ``work = zip(new, ctx)`` (the simulator's hot path)."""
-        return evaluate_features(self.features_arrays(new, ctx), self.calibration, self.gpu).time_s
+        """:meth:`step_time` for ``work = zip(new, ctx)`` (the simulator's hot path).
+
+        The same formula as :meth:`step` evaluated without building :class:`StepFeatures`
+        (the two agree to rounding, tested).
+        """
+        new = np.asarray(new, dtype=np.float64)
+        ctx = np.asarray(ctx, dtype=np.float64)
+        if not (new > 0).all():
+            keep = new > 0
+            new, ctx = new[keep], ctx[keep]
+        if new.size == 0:
+            return 0.0
+        cal = self.calibration
+        G = float(self.num_gpus)
+        F = self.gpu.flops * G
+        B = self.gpu.mem_bw * G
+        total = float(new.sum())
+        a = (self._tok_flops * total + self._head_flops * new.size) / (F * cal.gemm_efficiency)
+        b = self.weight_bytes(total) / (B * cal.weight_bw_efficiency)
+        p = cal.gemm_blend
+        m = a if a > b else b
+        t = m * ((a / m) ** p + (b / m) ** p) ** (1.0 / p)
+        dec = new <= DECODE_MAX_NEW
+        n_dec = int(dec.sum())
+        all_dec = n_dec == new.size
+        if not all_dec and n_dec:
+            pre_new, pre_ctx = new[~dec], ctx[~dec]
+            dec_new, dec_ctx = new[dec], ctx[dec]
+        elif all_dec:
+            dec_new, dec_ctx = new, ctx
+        else:
+            pre_new, pre_ctx = new, ctx
+        bw_a = B * cal.attn_bw_efficiency
+        sat = cal.attn_saturation_blocks * G
+        scale = cal.kind_scale
+        few = not all_dec and pre_new.size <= 8       # a few chunks: plain float arithmetic
+        if few:
+            chunks = [(n, c, (cal.attn_causal_efficiency if c == 0 else cal.attn_context_efficiency) * F,
+                       math.ceil(n / QUERY_BLOCK)) for n, c in zip(pre_new.tolist(), pre_ctx.tolist())]
+        elif not all_dec:
+            eff = np.where(pre_ctx == 0, cal.attn_causal_efficiency, cal.attn_context_efficiency) * F
+            blocks = np.ceil(pre_new / QUERY_BLOCK)
+        for g in self._groups:
+            s = g.layers * scale[g.kind]
+            if few:
+                rule = g.rule
+                for n, c, e, nb in chunks:
+                    if g.kind == _STATE:
+                        f, by = n * g.pair_flops, g.state_bytes
+                    else:
+                        f = rule.attention_keys(n, c) * g.pair_flops
+                        by = g.kv_bytes * (rule.kv_span(n, c) + n)
+                    w = f / e if f / e > by / bw_a else by / bw_a
+                    t += s * w / min(1.0, g.prefill_heads * nb / sat)
+            elif not all_dec:
+                if g.kind == _STATE:
+                    f = pre_new * g.pair_flops
+                    by = g.state_bytes
+                else:
+                    f = g.rule.attention_keys(pre_new, pre_ctx) * g.pair_flops
+                    by = g.kv_bytes * (g.rule.kv_span(pre_new, pre_ctx) + pre_new)
+                occ = np.minimum(1.0, g.prefill_heads * blocks / sat)
+                t += s * float((np.maximum(f / eff, by / bw_a) / occ).sum())
+            if n_dec:
+                if g.kind == _STATE:
+                    f = float(dec_new.sum()) * g.pair_flops
+                    by = g.state_bytes * n_dec
+                else:
+                    f = float(g.rule.attention_keys(dec_new, dec_ctx).sum()) * g.pair_flops
+                    by = g.kv_bytes * float((g.rule.kv_span(dec_new, dec_ctx) + dec_new).sum())
+                units = g.decode_heads * float(np.ceil(g.decode_group * dec_new / QUERY_BLOCK).sum())
+                occ = min(1.0, units / sat)
+                w = max(f / (F * cal.attn_context_efficiency), by / bw_a)
+                t += s * w / occ
+        return t + (cal.graph_overhead_s if all_dec else cal.eager_overhead_s)
 
 
 def blend(a: np.ndarray, b: np.ndarray, p: float) -> np.ndarray:

@@ -6,7 +6,8 @@ A profile is one JSON object (``"format": "hybridkv-profile"``, ``"version": 1``
     device     {name, kind: cuda | cpu, gpu: GPU preset name or null, memory_bytes,
                 peak_flops, peak_bw, peak_source, reference: {gemm_flops_s, copy_bytes_s}}
     software   {python, torch, cuda, hybridkv, ...}
-    model      {preset, trim: {layers_per_group, width_divisor, vocab_size}}
+    model      {preset, trim: {layers_per_group, width_divisor, vocab_size},
+                num_params, active_params}                          (of the weights built)
     method     {dtype, timer, decode, warmup, repeats, ...}      how the grid was timed
     grid       [{kind: prefill | decode | mixed, new_tokens, context, batch,
                  decode_batch, decode_context, median_s, min_s, repeats}, ...]
@@ -96,9 +97,14 @@ class Profile:
                          str(self.device.get("peak_source", "measured by hybridkv profile")))
 
     def model_preset(self) -> ModelPreset:
-        """The model the grid was measured with (the preset, trimmed as recorded)."""
+        """The model the grid was measured with: the preset, trimmed as recorded, with the
+        parameter counts of the weights the profiler built where recorded."""
         trim = Trim(**self.model.get("trim", {}))
-        return trimmed_preset(get_preset(self.model["preset"]), trim)
+        preset = trimmed_preset(get_preset(self.model["preset"]), trim)
+        if "num_params" in self.model:
+            preset = replace(preset, num_params=int(self.model["num_params"]),
+                             active_params=int(self.model.get("active_params", self.model["num_params"])))
+        return preset
 
     @property
     def label(self) -> str:

@@ -149,7 +149,9 @@ def trimmed_preset(preset, trim: Trim):
 
     Parameter counts are recomputed from the trimmed shapes (a dense SwiGLU layer, or the
     activated MoE path; attention projections of width ``heads * head_dim``). Head dims are
-    kept except that they are capped at 64; windows and chunk sizes are kept.
+    kept, except that a ``width_divisor`` above 1 also caps them at 64; windows and chunk sizes
+    are kept. The parameter counts are estimates (the profiler records the counts of the
+    weights it actually builds).
 
     Raises:
         ValueError: the preset has no shapes.
@@ -160,8 +162,9 @@ def trimmed_preset(preset, trim: Trim):
     if s is None:
         raise ValueError(f"preset {preset.name!r} has no layer shapes; it cannot be trimmed")
     d = trim.width_divisor
+    cap = 64 if d > 1 else 1 << 30            # head widths are capped only when narrowing
     heads = _div(s.num_heads, d)
-    head_dim = min(s.head_dim, 64)
+    head_dim = min(s.head_dim, cap)
     groups = []
     layer_total = 0
     for g in preset.groups:
@@ -171,15 +174,15 @@ def trimmed_preset(preset, trim: Trim):
             kv = _div(spec.num_kv_heads, d)
             while heads % kv:
                 kv -= 1
-            spec = dataclasses.replace(spec, num_kv_heads=kv, head_dim=min(spec.head_dim, 64))
+            spec = dataclasses.replace(spec, num_kv_heads=kv, head_dim=min(spec.head_dim, cap))
         elif isinstance(spec, MLA):
             spec = dataclasses.replace(spec, kv_lora_rank=_div(spec.kv_lora_rank, d),
                                        qk_rope_head_dim=_div(spec.qk_rope_head_dim, d))
         elif isinstance(spec, StateSpec) and s.state is not None:
             st = s.state
             spec = dataclasses.replace(spec, conv_shape=(spec.conv_shape[0], _div(spec.conv_shape[1], d)),
-                                       state_shape=(_div(st.num_heads, d), min(st.head_k_dim, 64),
-                                                    min(st.head_v_dim, 64)))
+                                       state_shape=(_div(st.num_heads, d), min(st.head_k_dim, cap),
+                                                    min(st.head_v_dim, cap)))
         groups.append(dataclasses.replace(g, spec=spec, layer_names=tuple(names)))
         if not g.is_draft:
             layer_total += len(names)
@@ -188,10 +191,10 @@ def trimmed_preset(preset, trim: Trim):
                                         expert_intermediate=_div(s.moe.expert_intermediate, d),
                                         shared_intermediate=(s.moe.shared_intermediate // d))
     mla = s.mla and MLAShape(_div(s.mla.q_lora_rank, d), _div(s.mla.kv_lora_rank, d),
-                             min(s.mla.qk_nope_head_dim, 64), _div(s.mla.qk_rope_head_dim, d),
-                             min(s.mla.v_head_dim, 64))
+                             min(s.mla.qk_nope_head_dim, cap), _div(s.mla.qk_rope_head_dim, d),
+                             min(s.mla.v_head_dim, cap))
     state = s.state and StateShape(s.state.kind, _div(s.state.num_heads, d),
-                                   min(s.state.head_k_dim, 64), min(s.state.head_v_dim, 64))
+                                   min(s.state.head_k_dim, cap), min(s.state.head_v_dim, cap))
     shapes = ModelShapes(
         hidden_size=heads * head_dim, num_heads=heads, head_dim=head_dim,
         intermediate_size=s.intermediate_size // d, vocab_size=trim.vocab_size or s.vocab_size,
