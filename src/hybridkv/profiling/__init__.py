@@ -4,7 +4,7 @@ fit the calibrated cost model to them (needs PyTorch).
 * :mod:`hybridkv.profiling.layers` — random-weight layers and one engine step over them;
 * :mod:`hybridkv.profiling.timing` — warm-ups, repetitions, CUDA events and CUDA graphs;
 * :mod:`hybridkv.profiling.runner` — the grid, reference rates, copies, fit, the file;
-* :mod:`hybridkv.profiling.command` — the command line (``python3 -m hybridkv.profiling``).
 
-The file format is :mod:`hybridkv.sim.profile`'s.
+The command is ``hybridkv profile`` (:mod:`hybridkv.cli.profile`); the file format is
+:mod:`hybridkv.sim.profile`'s.
 """
