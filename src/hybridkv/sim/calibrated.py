@@ -33,9 +33,11 @@ pass, and attention runs per request for a prefill chunk (one call of ``n`` quer
 writes (:meth:`HitRule.kv_span`); ``e_k`` is ``attn_causal_efficiency`` for a chunk with no
 cached context (the plain causal kernel) and ``attn_context_efficiency`` otherwise. A call's
 *units* are its kernel's blocks of work: per request, query heads times 64-query blocks for a
-prefill chunk, and for a decode the KV heads times the 64-row blocks its packed query heads
-fill (one per KV head for grouped-query attention); fewer than ``attn_saturation_blocks``
-leave streaming multiprocessors idle and the call slows in proportion. A recurrent (state)
+prefill chunk, and for a one-token decode the KV heads times the 64-row blocks its packed
+query heads fill (one per KV head for grouped-query attention); fewer than ``attn_saturation_blocks``
+leave streaming multiprocessors idle and the call slows in proportion; a decode batch with
+unequal contexts counts ``bytes / max(bytes per unit)`` units (its busiest unit bounds it, so a
+request added to a step never makes it faster). A recurrent (state)
 layer's call reads and writes its state once per request and does ``4 * state size`` FLOPs
 per token. ``s_kind`` is a per-attention-kind time multiplier (1 unless a profile measured
 that kind's kernels, see :class:`Calibration`).
@@ -105,7 +107,7 @@ class Calibration:
         attn_context_efficiency: the same after a cached context (and for decode FLOPs).
         attn_bw_efficiency: fraction of peak bandwidth attention reads KV (and state) at.
         attn_saturation_blocks: attention work blocks that keep the GPU busy (per GPU).
-        eager_overhead_s: fixed time of a step with a prefill chunk.
+        eager_overhead_s: fixed time of a step with a prefill chunk (>= ``graph_overhead_s``).
         graph_overhead_s: fixed time of a decode-only step.
         kind_scale: time multiplier per :data:`ATTENTION_KINDS` entry (1: as full attention).
     """
@@ -136,6 +138,10 @@ class Calibration:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and 0 <= value < 1):
                 raise ValueError(f"Calibration.{name} must be in [0, 1) seconds, got {value!r}")
+        if self.eager_overhead_s < self.graph_overhead_s:
+            raise ValueError(f"Calibration.eager_overhead_s ({self.eager_overhead_s!r}) must be >= "
+                             f"graph_overhead_s ({self.graph_overhead_s!r}): a step with a prefill "
+                             "is never launched faster than a decode-only step")
         scale = tuple(float(x) for x in self.kind_scale)
         if len(scale) != len(ATTENTION_KINDS) or not all(0 < x < 100 for x in scale):
             raise ValueError(f"Calibration.kind_scale must be {len(ATTENTION_KINDS)} multipliers in "
@@ -193,6 +199,14 @@ class _Group:
     prefill_heads: float      # query heads (prefill units per 64-query block)
     decode_heads: float       # KV heads a decode's queries are packed under
     decode_group: float       # query rows per KV head of one decode token
+
+
+def _decode_units(g: _Group, new: np.ndarray) -> np.ndarray:
+    """Work units of each request of a decode call: one token packs its KV head's query heads
+    into blocks of 64 rows; a few tokens (speculative verification) run one block per query
+    head and 64 tokens, as a prefill chunk does."""
+    packed = g.decode_heads * math.ceil(g.decode_group / QUERY_BLOCK)
+    return np.where(new == 1, packed, g.prefill_heads * np.ceil(new / QUERY_BLOCK))
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,10 +322,12 @@ class CalibratedCostModel:
                 causal.append(ctx[pre] == 0)
                 kinds.append(np.full(n_pre, g.kind))
             if any_dec:
-                d_units = g.decode_heads * np.ceil(g.decode_group * new[dec] / QUERY_BLOCK)
+                d_units = _decode_units(g, new[dec])
+                d_bytes = b[dec]
                 flops.append(np.array([f[dec].sum() / G]))
-                nbytes.append(np.array([b[dec].sum() / G]))
-                units.append(np.array([d_units.sum() / G]))
+                nbytes.append(np.array([d_bytes.sum() / G]))
+                # The batch's busiest unit bounds it: effective units = bytes / max bytes per unit.
+                units.append(np.array([d_bytes.sum() / float((d_bytes / d_units).max()) / G]))
                 layers.append(np.array([float(g.layers)]))
                 causal.append(np.array([False]))
                 kinds.append(np.array([g.kind]))
@@ -414,13 +430,16 @@ class CalibratedCostModel:
                 occ = np.minimum(1.0, g.prefill_heads * blocks / sat)
                 t += s * float((np.maximum(f / eff, by / bw_a) / occ).sum())
             if n_dec:
+                u = _decode_units(g, dec_new)
                 if g.kind == _STATE:
                     f = float(dec_new.sum()) * g.pair_flops
                     by = g.state_bytes * n_dec
+                    units = float(u.sum())
                 else:
                     f = float(g.rule.attention_keys(dec_new, dec_ctx).sum()) * g.pair_flops
-                    by = g.kv_bytes * float((g.rule.kv_span(dec_new, dec_ctx) + dec_new).sum())
-                units = g.decode_heads * float(np.ceil(g.decode_group * dec_new / QUERY_BLOCK).sum())
+                    b = g.kv_bytes * (g.rule.kv_span(dec_new, dec_ctx) + dec_new)
+                    by = float(b.sum())
+                    units = by / float((b / u).max())
                 occ = min(1.0, units / sat)
                 w = max(f / (F * cal.attn_context_efficiency), by / bw_a)
                 t += s * w / occ

@@ -6,7 +6,8 @@ plus a weak pull (weight :data:`PRIOR_WEIGHT` per constant) toward the generic
 :class:`~hybridkv.sim.calibrated.Calibration` defaults, so a grid that says nothing about a
 constant (no decode points, say) leaves it at its generic value instead of anywhere. Each
 constant is fitted in a space where every value is valid: efficiencies through a logistic
-map into (0, 1), the blend as ``1 + exp``, the saturation as ``exp``, overheads as a square.
+map into (0, 1), the blend as ``1 + exp``, the saturation as ``exp``, overheads as a square
+(the eager overhead as its excess over the graph overhead, so it is never the smaller).
 The minimiser is Levenberg-Marquardt with a forward-difference Jacobian, started from the
 generic values and two variants; the best end point wins.
 
@@ -48,6 +49,8 @@ def _to_theta(cal: Calibration) -> np.ndarray:
     out = []
     for name in _NAMES:
         v = getattr(cal, name)
+        if name == "eager_overhead_s":              # fitted as its excess over the graph overhead
+            v = max(v - cal.graph_overhead_s, 0.0)
         if name in _UNIT:
             v = min(max(v, 1e-6), 1 - 1e-6)
             out.append(math.log(v / (1 - v)))
@@ -71,7 +74,8 @@ def _from_theta(theta: np.ndarray, kind_scale: tuple[float, ...]) -> Calibration
         elif name == "attn_saturation_blocks":
             kw[name] = math.exp(t)
         else:
-            kw[name] = min(t * t * 1e-3, 0.999)
+            kw[name] = min(t * t * 1e-3, 0.49)
+    kw["eager_overhead_s"] += kw["graph_overhead_s"]
     return Calibration(**kw, kind_scale=kind_scale)
 
 
