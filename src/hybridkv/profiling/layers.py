@@ -311,8 +311,8 @@ class _State(_Layer):
             b = plan.decode_batch
             S = self.cache["d"]
             qd, kd, vd = (t[p:].view(b, hs, -1).float() for t in (q, k, v))
+            S.add_(torch.einsum("bhk,bhv->bhkv", kd, vd))      # the token's own update, then read
             o = torch.einsum("bhk,bhkv->bhv", qd, S)
-            S.add_(torch.einsum("bhk,bhv->bhkv", kd, vd))
             outs.append(o.to(h.dtype).reshape(b, hs * dv))
         return torch.cat(outs) if len(outs) > 1 else outs[0]
 
