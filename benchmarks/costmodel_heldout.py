@@ -99,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         out["summary"]["run_agreement"] = {"steps": len(agree), "mean_abs": float(dev.mean()),
                                            "max_abs": float(dev.max())}
     if not args.no_loo and len(prof.points) > 2:
-        ratios = leave_one_out(prof.model_preset(), prof.gpu_preset(), prof.points)
+        stored = prof.fit.get("loo", {}).get("ratios")
+        ratios = stored or leave_one_out(prof.model_preset(), prof.gpu_preset(), prof.points)
         err = np.abs(np.array(ratios) - 1)
         print(f"{'profile refit, leave-one-out':<30} {len(ratios):>3} steps: mean |error| {err.mean():.1%}, "
               f"max {err.max():.1%}")

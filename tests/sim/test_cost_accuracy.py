@@ -184,3 +184,54 @@ def test_a_profile_times_the_simulation() -> None:
     assert "profile of llama-3.1-8b" in runs["slow"].config["cost_model"]
     assert runs["slow"].makespan_s > runs["calibrated"].makespan_s
     assert runs["roofline"].makespan_s != runs["calibrated"].makespan_s
+
+
+# ---- the evaluation scripts (benchmarks/) ----------------------------------------------------------
+
+
+def _script(name: str):
+    import importlib.util
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _gpu_like_profile(tmp_path: Path, scale: dict[str, float]) -> Path:
+    """The CUDA default grid 'measured' as the shipped model predicts it, times ``scale[kind]``,
+    plus the shipped steps as measured (so some steps are repeats)."""
+    from hybridkv.sim.calibration_fit import predict_points
+    from hybridkv.sim.profile import default_profile
+    shipped = default_profile()
+    grid = [GridPoint.from_step(s) for s in ("2048@4096,1@1024x64", "8192@24576", "1@4096x64", "512@0,1@1024x32")]
+    times = predict_points(LLAMA, H100, shipped.calibration, grid)
+    pts = [dataclasses.replace(p, median_s=float(t) * scale.get(p.kind, 1.0), min_s=float(t))
+           for p, t in zip(grid, times)] + list(shipped.points[:3])
+    prof = dataclasses.replace(shipped, points=tuple(pts), kernels=())
+    path = tmp_path / "gpu.json"
+    prof.refit().save(path)
+    return path
+
+
+def test_heldout_script_passes_a_profile_the_model_predicts(tmp_path: Path, capsys) -> None:
+    path = _gpu_like_profile(tmp_path, {})
+    assert _script("costmodel_heldout").main([str(path), "--json", str(tmp_path / "o.json"), "--no-loo"]) == 0
+    text = capsys.readouterr().out
+    assert "verdict: PASS: 4 held-out steps" in text and "runs agree to +0.0%" in text
+    out = json.loads((tmp_path / "o.json").read_text())
+    assert out["summary"]["held-out mixed"]["steps"] == 2
+    assert out["summary"]["held-out long-context prefill"]["steps"] == 1
+
+
+def test_heldout_script_fails_when_a_held_out_kind_is_off(tmp_path: Path, capsys) -> None:
+    path = _gpu_like_profile(tmp_path, {"mixed": 1.25})
+    assert _script("costmodel_heldout").main([str(path)]) == 1
+    text = capsys.readouterr().out
+    assert "verdict: FAIL" in text and "profile refit, leave-one-out" in text
+
+
+def test_accuracy_script_reports_old_and_new_error(capsys) -> None:
+    assert _script("costmodel_accuracy").main([]) == 0
+    text = capsys.readouterr().out
+    assert "roofline (mfu 0.5, mbu 0.8, 2 ms)" in text and "calibrated, leave-one-out" in text

@@ -24,7 +24,7 @@ import torch
 
 from hybridkv.core.specs import FullAttention, KVCacheGroup
 from hybridkv.profiling.layers import Plan, StepModel, _Attention
-from hybridkv.profiling.timing import TimingOptions, time_call
+from hybridkv.profiling.timing import TimingOptions, attention_kernel_names, time_call
 from hybridkv.sim.calibrated import CalibratedCostModel, Calibration, attention_kind
 from hybridkv.sim.calibration_fit import KernelPoint
 from hybridkv.sim.grid import GridPoint, format_step
@@ -311,7 +311,17 @@ def run_profile(req: ProfileRequest, out: str | Path | None = None, progress: bo
                     built.allocate(plan)
                     ids, rows = built.inputs(plan)
                     graph = cuda and req.decode_graph and p.kind == "decode"
-                    t = time_call(lambda: built.forward(ids, rows, plan), device, timing, graph=graph)
+                    step = lambda: built.forward(ids, rows, plan)   # noqa: E731
+                    try:
+                        t = time_call(step, device, timing, graph=graph)
+                    except RuntimeError as exc:
+                        if not graph:
+                            raise
+                        # A step that cannot be captured is timed eagerly (and said so).
+                        method.setdefault("graph_fallbacks", []).append(
+                            {"step": label, "reason": f"{type(exc).__name__}: {str(exc)[:160]}"})
+                        torch.cuda.synchronize(device)
+                        t = time_call(step, device, timing)
                     measured.append(dataclasses.replace(p, median_s=t.median_s, min_s=t.min_s,
                                                         repeats=len(t.seconds)))
                 except (RuntimeError, torch.cuda.OutOfMemoryError) as exc:
@@ -323,6 +333,8 @@ def run_profile(req: ProfileRequest, out: str | Path | None = None, progress: bo
                 bar.step(label)
                 if out is not None:
                     snapshot().save(out)
+            if cuda:
+                method["attention_kernels"] = _which_kernels(built, device)
             for step in kernel_steps:
                 gp = GridPoint.from_step(step)
                 plan = _plan(gp)
@@ -356,6 +368,24 @@ def run_profile(req: ProfileRequest, out: str | Path | None = None, progress: bo
     if out is not None:
         prof.save(out)
     return prof
+
+
+def _which_kernels(built: StepModel, device: torch.device) -> dict:
+    """The attention kernels a fresh prefill, a prefill after a context and a decode batch run
+    (evidence of which SDPA backend the device's PyTorch dispatched to)."""
+    out = {}
+    for step in ("512@0", "512@2048", "1@2048x8"):
+        plan = _plan(GridPoint.from_step(step))
+        try:
+            built.allocate(plan)
+            ids, rows = built.inputs(plan)
+            out[step] = attention_kernel_names(lambda: built.forward(ids, rows, plan), device)
+        except (RuntimeError, torch.cuda.OutOfMemoryError) as exc:
+            out[step] = [f"{type(exc).__name__}: {str(exc)[:120]}"]
+        finally:
+            built.free()
+            torch.cuda.empty_cache()
+    return out
 
 
 _KERNEL_NOTES = {"full": "SDPA, lower-right causal mask", "sliding": "SDPA over window blocks (stand-in)",

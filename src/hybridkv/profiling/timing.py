@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Timing", "TimingOptions", "time_call"]
+__all__ = ["Timing", "TimingOptions", "attention_kernel_names", "time_call"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,3 +93,22 @@ def time_call(fn: Callable[[], object], device: torch.device, opts: TimingOption
     seconds = [first] + [_one(run, device) for _ in range(count - 1)]
     del keep
     return Timing(tuple(seconds))
+
+
+def attention_kernel_names(fn: Callable[[], object], device: torch.device) -> list[str]:
+    """Names of the GPU kernels one call of ``fn`` runs whose name says attention (flash,
+    fmha, sdpa, attention, cudnn), via ``torch.profiler``; empty off CUDA or on failure."""
+    if device.type != "cuda":
+        return []
+    try:
+        from torch.profiler import ProfilerActivity, profile
+        fn()
+        torch.cuda.synchronize(device)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn()
+            torch.cuda.synchronize(device)
+        names = {e.key for e in prof.key_averages()}
+    except Exception:  # noqa: BLE001 - evidence only; never fail a profile over it
+        return []
+    words = ("flash", "fmha", "sdpa", "attention", "attn", "cudnn")
+    return sorted(n[:120] for n in names if any(w in n.lower() for w in words))
