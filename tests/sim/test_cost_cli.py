@@ -70,3 +70,12 @@ def test_simulate_says_where_its_step_times_come_from(capsys) -> None:
                  "--no-progress", "--no-optimum", "--gpu", "h200"]) == 0
     assert "step times: calibrated: efficiencies measured on h100, carried over to h200" in \
         capsys.readouterr().out
+
+
+def test_readme_quotes_the_real_cost_output(capsys) -> None:
+    from pathlib import Path
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    head = "$ hybridkv cost --preset llama-3.1-8b --gpu h100 --step 2048@4096,1@1024x64\n"
+    quoted = readme.split(head, 1)[1].split("```", 1)[0]
+    assert main(["cost", "--preset", "llama-3.1-8b", "--gpu", "h100", "--step", "2048@4096,1@1024x64"]) == 0
+    assert capsys.readouterr().out == quoted
