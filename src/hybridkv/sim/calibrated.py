@@ -48,6 +48,7 @@ as a CUDA graph); any other step ``eager_overhead_s``. An empty step costs 0.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
@@ -276,7 +277,14 @@ class CalibratedCostModel:
                                  4.0 * model.attn_width / spec.compress_ratio,
                                  float(spec.bytes_per_token), 0.0, float(q_heads), float(kv_heads),
                                  q_heads / kv_heads))
-        self._groups = tuple(groups)
+        # Groups with one spec (a draft group beside its target, recurrent layers split into
+        # several groups) cost the same per layer: one entry with their layers summed.
+        merged: dict[tuple, _Group] = {}
+        for g, grp in zip(model.groups, groups):
+            key = (g.spec, grp.kind)
+            prev = merged.get(key)
+            merged[key] = grp if prev is None else dataclasses.replace(prev, layers=prev.layers + grp.layers)
+        self._groups = tuple(merged.values())
 
     def __repr__(self) -> str:
         return (f"CalibratedCostModel({self.model.name!r}, {self.gpu.name!r}, num_gpus={self.num_gpus}, "
@@ -373,11 +381,13 @@ class CalibratedCostModel:
         """
         new = np.asarray(new, dtype=np.float64)
         ctx = np.asarray(ctx, dtype=np.float64)
-        if not (new > 0).all():
-            keep = new > 0
-            new, ctx = new[keep], ctx[keep]
         if new.size == 0:
             return 0.0
+        if new.min() <= 0:
+            keep = new > 0
+            new, ctx = new[keep], ctx[keep]
+            if new.size == 0:
+                return 0.0
         cal = self.calibration
         G = float(self.num_gpus)
         F = self.gpu.flops * G
@@ -399,6 +409,9 @@ class CalibratedCostModel:
         else:
             pre_new, pre_ctx = new, ctx
         bw_a = B * cal.attn_bw_efficiency
+        if n_dec:
+            dec_total = float(dec_new.sum())
+            uniform = dec_new.max() == dec_new.min()
         sat = cal.attn_saturation_blocks * G
         scale = cal.kind_scale
         few = not all_dec and pre_new.size <= 8       # a few chunks: plain float arithmetic
@@ -430,16 +443,18 @@ class CalibratedCostModel:
                 occ = np.minimum(1.0, g.prefill_heads * blocks / sat)
                 t += s * float((np.maximum(f / eff, by / bw_a) / occ).sum())
             if n_dec:
-                u = _decode_units(g, dec_new)
                 if g.kind == _STATE:
-                    f = float(dec_new.sum()) * g.pair_flops
+                    f = dec_total * g.pair_flops
                     by = g.state_bytes * n_dec
-                    units = float(u.sum())
+                    units = float(_decode_units(g, dec_new).sum())
                 else:
                     f = float(g.rule.attention_keys(dec_new, dec_ctx).sum()) * g.pair_flops
-                    b = g.kv_bytes * (g.rule.kv_span(dec_new, dec_ctx) + dec_new)
-                    by = float(b.sum())
-                    units = by / float((b / u).max())
+                    span = g.rule.kv_span(dec_new, dec_ctx) + dec_new
+                    by = g.kv_bytes * float(span.sum())
+                    if uniform:        # equal units per request: bytes / max bytes per unit
+                        units = float(_decode_units(g, dec_new[:1])[0]) * by / (g.kv_bytes * float(span.max()))
+                    else:
+                        units = by / (g.kv_bytes * float((span / _decode_units(g, dec_new)).max()))
                 occ = min(1.0, units / sat)
                 w = max(f / (F * cal.attn_context_efficiency), by / bw_a)
                 t += s * w / occ

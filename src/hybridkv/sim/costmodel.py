@@ -1,4 +1,7 @@
-r"""Roofline cost model: how long one engine step takes.
+r"""Roofline cost model: how long one engine step takes, from peak rates at fixed efficiencies.
+
+The explainable fallback (``--cost-model roofline``); the default is the calibrated model of
+:mod:`hybridkv.sim.calibrated`, which this module's :class:`StepCost` also describes.
 
 A step's work is a list of ``(new_tokens, context_before)`` pairs, one per scheduled request:
 a prefill chunk computes ``new_tokens`` tokens after ``context_before`` cached/computed ones; a
@@ -26,7 +29,8 @@ random fraction ``A/P`` of the weights, so a batch of ``T`` tokens reads the exp
 Multiple GPUs (``num_gpus``) are treated as ideal tensor parallelism. An empty step costs 0.
 
 This is a first-order model: no kernel launch detail, no communication cost, no MLA
-absorption; it is meant to rank configurations and give plausible absolute numbers.
+absorption; on measured H100 steps it is off by a mean of 15 % and up to 32 %
+(docs/cost-model.md).
 """
 
 from __future__ import annotations
