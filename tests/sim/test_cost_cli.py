@@ -79,3 +79,14 @@ def test_readme_quotes_the_real_cost_output(capsys) -> None:
     quoted = readme.split(head, 1)[1].split("```", 1)[0]
     assert main(["cost", "--preset", "llama-3.1-8b", "--gpu", "h100", "--step", "2048@4096,1@1024x64"]) == 0
     assert capsys.readouterr().out == quoted
+
+
+def test_sweep_and_cluster_runs_take_a_profile(capsys) -> None:
+    from hybridkv.sim.profile import DEFAULT_PROFILE_PATH
+    assert main(["sweep", "--preset", "llama-3.1-8b", "--workload", "chat", "--limit", "10",
+                 "--cache-tokens-list", "40k", "--no-progress", "--no-optimum",
+                 "--profile", str(DEFAULT_PROFILE_PATH)]) == 0
+    assert "step times: calibrated: profile of llama-3.1-8b on NVIDIA H100" in capsys.readouterr().out
+    assert main(["simulate", "--preset", "llama-3.1-8b", "--workload", "chat", "--limit", "10",
+                 "--instances", "2", "--no-progress", "--no-optimum", "--cost-model", "roofline"]) == 0
+    assert "step times: roofline: mfu 0.5, mbu 0.8, 2 ms per step" in capsys.readouterr().out
