@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hybridkv.core.specs import FullAttention, KVCacheGroup, SlidingWindow
+from hybridkv.core.specs import KVCacheGroup, SlidingWindow
 from hybridkv.sim.calibrated import ATTENTION_KINDS, DECODE_MAX_NEW, CalibratedCostModel, Calibration
 from hybridkv.sim.calibration_fit import KernelPoint, fit_calibration, leave_one_out, predict_points
 from hybridkv.sim.grid import GridPoint, format_step, parse_step

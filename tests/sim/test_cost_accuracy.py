@@ -18,7 +18,7 @@ from hybridkv.sim.calibration_fit import leave_one_out
 from hybridkv.sim.costmodel import CostModel
 from hybridkv.sim.grid import GridPoint
 from hybridkv.sim.presets import get_gpu, get_preset
-from hybridkv.sim.profile import (DEFAULT_PROFILE_PATH, Profile, copy_points_from_jsonl, cost_model,
+from hybridkv.sim.profile import (DEFAULT_PROFILE_PATH, copy_points_from_jsonl, cost_model,
                                   default_calibration, default_profile, load_profile)
 from hybridkv.sim.transfer import DEFAULT_TRANSFER, CopyPoint, TransferModel, fit_transfer
 
