@@ -119,7 +119,8 @@ def test_no_import_circle() -> None:
     ("hybridkv.sched", ("hybridkv.sim", "hybridkv.engine", "hybridkv.connectors", "hybridkv.testing")),
     ("hybridkv.connectors", ("hybridkv.sim", "hybridkv.engine", "hybridkv.testing")),
     ("hybridkv.engine", ("hybridkv.sim", "hybridkv.testing")),
-    ("hybridkv.sim", ("hybridkv.engine", "hybridkv.connectors", "hybridkv.testing")),
+    ("hybridkv.sim", ("hybridkv.engine", "hybridkv.connectors", "hybridkv.testing", "hybridkv.profiling")),
+    ("hybridkv.profiling", ("hybridkv.cli", "hybridkv.engine", "hybridkv.connectors", "hybridkv.testing")),
 ])
 def test_imports_point_down(layer: str, forbidden: tuple[str, ...]) -> None:
     bad = sorted((m, t) for m, targets in import_graph().items() if m.startswith(layer)
@@ -129,6 +130,15 @@ def test_imports_point_down(layer: str, forbidden: tuple[str, ...]) -> None:
 
 def test_core_never_imports_torch() -> None:
     for path in (PKG / "core").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            assert not any(n.split(".")[0] == "torch" for n in names), path
+
+
+def test_sim_never_imports_torch() -> None:
+    """The simulator and the cost model run without PyTorch (only ``hybridkv profile`` needs it)."""
+    for path in (PKG / "sim").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])

@@ -4,7 +4,8 @@
 * ``bash`` blocks are split into commands (``\\`` continuations joined, ``&&`` split,
   trailing comments dropped) and each is run in an empty folder with these rewrites, all
   listed in :func:`rewrite`: ``hybridkv simulate|sweep`` gets ``--limit 40 --no-progress``
-  (small limits, same code paths); ``--model DIR`` gets a tiny checkpoint made by the test
+  (small limits, same code paths), ``hybridkv profile`` ``--no-progress`` (it must name
+  ``--device cpu``); ``--model DIR`` gets a tiny checkpoint made by the test
   (without the engine extras the command must instead say how to install them);
   ``pip install`` must name extras that pyproject.toml defines (the install itself is what
   CI and the plain-install check do); ``bash .ci/install_mooncake.sh`` must exist;
@@ -103,6 +104,9 @@ def rewrite(argv: list[str], tiny_model: Path | None) -> tuple[list[str] | None,
     cmd = [sys.executable, "-m", "hybridkv.cli", *argv[1:]]
     if argv[1] in ("simulate", "sweep"):
         cmd += ["--no-progress"] + ([] if "--limit" in argv else ["--limit", "40"])
+    if argv[1] == "profile":
+        assert "cuda" not in argv, "a README profile command runs in CI: --device cpu"
+        cmd += ["--no-progress"]
     if argv[1] == "generate":
         if tiny_model is None:
             return cmd, "engine-missing"

@@ -10,6 +10,8 @@ output.py       output-path checks, results that are never lost, JSON, progress 
 sim_options.py  the options ``simulate`` and ``sweep`` share -> a workload and a ``SimConfig``
 simulate.py     ``simulate``; cluster.py: its ``--instances``/``--router``/``--kv-events-*``
 sweep.py        ``sweep`` (sizes, retention intervals, eviction policies, state presets)
+cost.py         ``cost``: one step's time and its split under the cost model
+profile.py      ``profile``: measure a preset's steps on this machine, fit, write a profile
 catalog.py      ``presets`` and ``traces``
 generate.py     ``generate`` on the reference engine (torch is imported only when it runs)
 demo.py         ``demo``
@@ -33,7 +35,7 @@ import sys
 
 from hybridkv.cli.base import COMMANDS, Command, build_parser, run_command
 # Registration lines, in the order `hybridkv --help` lists the commands:
-from hybridkv.cli import simulate, sweep, catalog, generate, demo  # noqa: E402,F401  # isort: skip
+from hybridkv.cli import simulate, sweep, cost, profile, catalog, generate, demo  # noqa: E402,F401  # isort: skip
 
 DESCRIPTION = """\
 The ``hybridkv`` command.
@@ -41,6 +43,8 @@ The ``hybridkv`` command.
 Subcommands:
     simulate  trace-driven simulation of a model's prefix cache and latency (the main job)
     sweep     hit rate against cache size or retention interval, with the offline optimum
+    cost      what one engine step costs: time, compute / memory / attention split
+    profile   measure a preset's step times on this machine's GPU (or CPU) and fit the cost model
     presets   model and GPU presets with their KV bytes per token
     traces    the request traces bundled with the package (Mooncake, Apache-2.0)
     generate  greedy generation with the reference engine (paged attention over the manager)

@@ -15,6 +15,7 @@ import sys
 from typing import Iterator
 
 from hybridkv.cli.options import int_in, non_negative_number
+from hybridkv.cli.sim_options import cost_source
 from hybridkv.sim.cluster import ClusterResult, ClusterSimulator, OfferedLoad, offered_load
 from hybridkv.sim.routing import DEFAULT_OVERLAP_WEIGHT, ROUTERS
 from hybridkv.sim.simulator import SimConfig, Simulator
@@ -151,6 +152,7 @@ def run_cluster(args: argparse.Namespace, cfg: SimConfig, items: list[WorkItem],
     tokens = cfg.cache_tokens
     print(f"hybridkv simulate: {n} x {cfg.preset.name} on {cfg.num_gpus} x {cfg.gpu.name} each, "
           f"~{tokens:,} cache tokens each, router {router}, {len(items)} requests")
+    print(f"  step times: {cost_source(cfg)}")
     load = warn_capacity(cfg, items, n)
     cfg = events_config(cfg, args)
     with publishers(args, n) as pubs:

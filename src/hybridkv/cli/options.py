@@ -270,6 +270,27 @@ def engine_block_size(text: str) -> int | dict[str, int]:
 # ---- library errors in the words of the command line -------------------------------------------
 
 
+# ---- cost model ---------------------------------------------------------------------------------
+
+
+def step_argument(text: str) -> list[tuple[int, int]]:
+    """A step ``N@C[xB],...`` (:func:`hybridkv.sim.grid.parse_step`) as its work list."""
+    from hybridkv.sim.grid import parse_step
+    try:
+        return parse_step(text)
+    except ValueError as exc:
+        raise _type_error(exc) from None
+
+
+def profile_argument(text: str):
+    """A profile file (:func:`hybridkv.sim.profile.load_profile`), read and fitted."""
+    from hybridkv.sim.profile import load_profile
+    try:
+        return load_profile(text)
+    except ValueError as exc:
+        raise _type_error(exc) from None
+
+
 def name_options(message: str, options: Mapping[str, str]) -> str:
     """A library error with the config field names it mentions replaced by the command-line
     options that set them (``max_model_len=3`` -> ``--max-model-len 3``; a field may be

@@ -18,7 +18,7 @@ import argparse
 
 from hybridkv.cli.options import (MAX_BLOCK_SIZE, fraction, int_in, parse_block_size,
                                   parse_policy, parse_prefix_retention, parse_retention,
-                                  positive_count, spec_argument)
+                                  positive_count, profile_argument, spec_argument)
 from hybridkv.cli.output import check_output_path
 from hybridkv.core.spec_decode import SPEC_OFF, SpecDecode
 from hybridkv.sched import SchedulerConfig
@@ -57,6 +57,7 @@ def add_common_options(p: argparse.ArgumentParser) -> None:
                      "or token ids (prompt_token_ids)")
     p.add_argument("--limit", type=positive_count, help="use only the first N requests of the trace")
     p.add_argument("--gpu", default="h100", help=f"GPU preset for the cost model: {', '.join(GPU_PRESETS)}")
+    add_cost_model_options(p)
     p.add_argument("--gpus", type=int_in(1, 1024),
                    help="GPUs serving the model, ideal tensor parallel (default: the fewest, a "
                         "power of two, whose memory less 10%% holds the weights)")
@@ -92,6 +93,29 @@ def add_common_options(p: argparse.ArgumentParser) -> None:
                         "needs --eviction-policy priority")
 
 
+def add_cost_model_options(p: argparse.ArgumentParser) -> None:
+    """``--profile`` and ``--cost-model`` (simulate, sweep, cost)."""
+    from hybridkv.sim.profile import COST_MODELS
+    p.add_argument("--profile", type=profile_argument, metavar="FILE",
+                   help="step times from this profile (`hybridkv profile`): its fitted constants on "
+                        "its device's peaks (default: the shipped H100 calibration; --gpu still "
+                        "sizes memory)")
+    p.add_argument("--cost-model", choices=COST_MODELS, default="calibrated",
+                   help="calibrated (measured step times, default) or roofline (peak FLOP/s and "
+                        "bandwidth at fixed efficiencies)")
+
+
+def cost_source(cfg: SimConfig) -> str:
+    """Where the step times of ``cfg`` come from, in words (printed under a run's header)."""
+    from hybridkv.sim.profile import cost_model
+    return cost_model(cfg.preset, cfg.gpu, cfg.num_gpus, cfg.profile, cfg.cost_model).source
+
+
+def check_cost_model_options(args: argparse.Namespace) -> None:
+    if getattr(args, "profile", None) is not None and args.cost_model == "roofline":
+        raise ValueError("--profile applies to the calibrated cost model; drop --cost-model roofline")
+
+
 def add_capacity_options(p: argparse.ArgumentParser) -> None:
     cap = p.add_mutually_exclusive_group()
     cap.add_argument("--cache-tokens", type=positive_count,
@@ -124,6 +148,7 @@ def check_policy_options(args: argparse.Namespace) -> None:
 def check_options(args: argparse.Namespace) -> None:
     """Rules involving several options, checked before anything runs (``ValueError``)."""
     check_policy_options(args)
+    check_cost_model_options(args)
     if getattr(args, "num_blocks", None) is not None and args.num_blocks < 2:
         raise ValueError(f"--num-blocks must be >= 2, got {args.num_blocks}")
     for option in ("json", "plot"):
@@ -240,6 +265,7 @@ def build_config(args: argparse.Namespace, num_blocks: int | None = None,
                     sequential=args.sequential, seed=args.seed, vllm_compat=args.vllm_compat,
                     max_model_len=args.max_model_len, optimum=not args.no_optimum,
                     num_gpus=args.gpus, eviction_policy=args.eviction_policy,
-                    prefix_retention=args.prefix_retention)
+                    prefix_retention=args.prefix_retention, cost_model=args.cost_model,
+                    profile=args.profile)
     check_spec_fits(cfg)
     return cfg

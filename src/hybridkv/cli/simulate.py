@@ -20,7 +20,8 @@ from hybridkv.cli import cluster
 from hybridkv.cli.base import COMMANDS, Command
 from hybridkv.cli.output import progress_bar, write_json, write_output
 from hybridkv.cli.sim_options import (DEFAULT_WORKLOAD, OPTION_NAMES, add_capacity_options,
-                                      add_common_options, build_config, check_options, load_items)
+                                      add_common_options, build_config, check_options, cost_source,
+                                      load_items)
 from hybridkv.sim.simulator import SimConfig, SimResult, Simulator
 from hybridkv.sim.workitems import WorkItem
 
@@ -78,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
             write_json(args.json, result.to_json())
         return 0
     print(describe(cfg, args, len(items)))
+    if not cfg.sequential:
+        print(f"  step times: {cost_source(cfg)}")
     load = cluster.warn_capacity(cfg, items, 1)
     with cluster.publishers(args, 1) as pubs:
         res = run_one(cluster.events_config(cfg, args), items, not args.no_progress, "simulate",

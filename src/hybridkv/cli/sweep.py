@@ -22,7 +22,7 @@ from hybridkv.cli.options import (int_in, parse_count_list, parse_policy_list,
                                   parse_retention_list, positive_count, sweepable_policies)
 from hybridkv.cli.output import progress_bar, write_json, write_output
 from hybridkv.cli.sim_options import (DEFAULT_CACHE_TOKENS, OPTION_NAMES, add_common_options,
-                                      build_config, capacity_blocks, check_options, load_items,
+                                      build_config, capacity_blocks, check_options, cost_source, load_items,
                                       options_preset)
 from hybridkv.core.specs import StateSpec
 from hybridkv.sim.simulator import SimConfig, SimResult
@@ -101,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
         sizes = args.cache_tokens_list if args.cache_tokens_list is not None else DEFAULT_SIZES
         runs = [(s, build_config(args, num_blocks=capacity_blocks(args, preset, s))) for s in sizes]
         xlabel = "KV cache size (tokens)"
+    if runs and not runs[0][1].sequential:
+        print(f"step times: {cost_source(runs[0][1])}")
     if args.eviction_policies:
         rows, failed = sweep_policies(args, runs, items)
         results, runs = {}, runs * len(args.eviction_policies)   # no plot here; counts all runs

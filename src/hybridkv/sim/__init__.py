@@ -9,8 +9,13 @@ items_from_trace``); the submodules:
 * :mod:`hybridkv.sim.traces` — real traces (bundled Mooncake copies, token JSONL);
   :mod:`hybridkv.sim.workloads` — seeded generators.
 * :mod:`hybridkv.sim.optimal` — block-level LRU and Belady; the simulator's offline optimum.
-* :mod:`hybridkv.sim.presets` — model presets (KV-cache groups) and GPU presets.
-* :mod:`hybridkv.sim.costmodel` — roofline per-step time.
+* :mod:`hybridkv.sim.presets` — model presets (KV-cache groups, layer shapes in
+  :mod:`hybridkv.sim.shapes`) and GPU presets.
+* :mod:`hybridkv.sim.calibrated` — the calibrated per-step time (the default);
+  :mod:`hybridkv.sim.costmodel` — the roofline; :mod:`hybridkv.sim.profile` — profile files,
+  the shipped H100 calibration and :func:`~hybridkv.sim.profile.cost_model`;
+  :mod:`hybridkv.sim.calibration_fit` — the fit; :mod:`hybridkv.sim.grid` — the step syntax;
+  :mod:`hybridkv.sim.transfer` — host <-> device copy times.
 * :mod:`hybridkv.sim.cluster`, :mod:`hybridkv.sim.routing` — N instances behind a router.
 """
 

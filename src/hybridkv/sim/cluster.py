@@ -94,13 +94,13 @@ class OfferedLoad:
 
 def offered_load(cfg: SimConfig, items: Sequence[WorkItem], instances: int) -> OfferedLoad:
     """:class:`OfferedLoad` of ``items`` on ``instances`` instances of ``cfg``."""
-    from hybridkv.sim.costmodel import CostModel
+    from hybridkv.sim.profile import cost_model
     n = len(items)
     total = sum(it.prompt_len for it in items)
     duration = (items[-1].arrival_s - items[0].arrival_s) if n > 1 else 0.0
     budget = cfg.sched.max_num_batched_tokens
     mean_prompt = total / n if n else 0.0
-    cost = CostModel(cfg.preset, cfg.gpu, num_gpus=cfg.num_gpus)
+    cost = cost_model(cfg.preset, cfg.gpu, cfg.num_gpus, cfg.profile, cfg.cost_model)
     step = cost.step_time_arrays(np.array([float(budget)]), np.array([mean_prompt / 2]))
     capacity = budget / step if step > 0 else math.inf
     rate = total / duration if duration > 0 else 0.0

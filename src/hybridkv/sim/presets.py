@@ -27,6 +27,7 @@ from hybridkv.core.specs import (
     StateSpec,
 )
 from hybridkv.core.validation import check_int
+from hybridkv.sim.shapes import MLAShape, ModelShapes, MoEShape, StateShape
 
 __all__ = [
     "default_gpus",
@@ -62,6 +63,9 @@ class ModelPreset:
         weight_bytes_per_param: bytes per parameter of the released checkpoint's weights.
         spec_decode: default speculative decoding as ``(method, num_speculative_tokens)``, or None.
         source: where the numbers come from.
+        shapes: layer widths (MLP, vocabulary, MoE, MLA, recurrent heads) for the calibrated
+            cost model and the profiler, or None (the cost model then treats every parameter
+            as a per-token GEMM weight and takes the query heads from ``attn_width``).
     """
 
     name: str
@@ -74,6 +78,7 @@ class ModelPreset:
     weight_bytes_per_param: float = 2.0
     spec_decode: tuple[str, int] | None = None
     source: str = ""
+    shapes: ModelShapes | None = None
 
     def __post_init__(self) -> None:
         if not self.groups:
@@ -163,6 +168,9 @@ def llama_3_1_8b() -> ModelPreset:
         hidden_size=4096,
         attn_width=32 * 128,
         source="hf.co/meta-llama/Llama-3.1-8B config.json",
+        # config.json: intermediate_size=14336, vocab_size=128256, tie_word_embeddings=false.
+        shapes=ModelShapes(hidden_size=4096, num_heads=32, head_dim=128, intermediate_size=14336,
+                           vocab_size=128256),
     )
 
 
@@ -188,6 +196,10 @@ def gemma_3_27b() -> ModelPreset:
         hidden_size=5376,
         attn_width=32 * 128,
         source="hf.co/google/gemma-3-27b-it config.json",
+        # config.json text_config: intermediate_size=21504, vocab_size=262208; Gemma ties the
+        # LM head to the embedding.
+        shapes=ModelShapes(hidden_size=5376, num_heads=32, head_dim=128, intermediate_size=21504,
+                           vocab_size=262208, tie_word_embeddings=True),
     )
 
 
@@ -213,6 +225,9 @@ def gpt_oss_120b() -> ModelPreset:
         attn_width=64 * 64,
         weight_bytes_per_param=0.55,
         source="hf.co/openai/gpt-oss-120b config.json; OpenAI gpt-oss model card",
+        # config.json: intermediate_size=2880 (per expert), vocab_size=201088, untied.
+        shapes=ModelShapes(hidden_size=2880, num_heads=64, head_dim=64, intermediate_size=0,
+                           vocab_size=201088, moe=MoEShape(128, 4, 2880)),
     )
 
 
@@ -237,7 +252,20 @@ def llama_4_scout() -> ModelPreset:
         hidden_size=5120,
         attn_width=40 * 128,
         source="hf.co/meta-llama/Llama-4-Scout-17B-16E config.json",
+        # config.json text_config: intermediate_size=8192 (per expert, and the shared expert),
+        # num_experts_per_tok=1, vocab_size=202048, untied; every layer is MoE.
+        shapes=ModelShapes(hidden_size=5120, num_heads=40, head_dim=128, intermediate_size=0,
+                           vocab_size=202048, moe=MoEShape(16, 1, 8192, 8192)),
     )
+
+
+# DeepSeek-V3 config.json: q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
+# qk_rope_head_dim=64, v_head_dim=128, n_routed_experts=256, num_experts_per_tok=8,
+# moe_intermediate_size=2048, n_shared_experts=1, intermediate_size=18432 (the first 3 dense
+# layers; the shapes record the MoE layers), vocab_size=129280, untied.
+_DEEPSEEK_V3_SHAPES = ModelShapes(
+    hidden_size=7168, num_heads=128, head_dim=192, intermediate_size=18432, vocab_size=129280,
+    moe=MoEShape(256, 8, 2048, 2048), mla=MLAShape(1536, 512, 128, 64, 128))
 
 
 def deepseek_v3() -> ModelPreset:
@@ -257,6 +285,7 @@ def deepseek_v3() -> ModelPreset:
         attn_width=128 * (128 + 64 + 128) // 2,  # heads * mean(qk head dim 192, v head dim 128)
         weight_bytes_per_param=1.0,
         source="hf.co/deepseek-ai/DeepSeek-V3 config.json; DeepSeek-V3 technical report",
+        shapes=_DEEPSEEK_V3_SHAPES,
     )
 
 
@@ -289,6 +318,7 @@ def deepseek_v4_style() -> ModelPreset:
         weight_bytes_per_param=1.0,
         spec_decode=("mtp", 1),
         source="illustrative; sizes from DeepSeek-V3 (not an official DeepSeek-V4 config)",
+        shapes=_DEEPSEEK_V3_SHAPES,
     )
 
 
@@ -326,6 +356,11 @@ def qwen3_next_80b_a3b() -> ModelPreset:
         num_layers=48,
         hidden_size=2048,
         attn_width=16 * 256,
+        # config.json: moe_intermediate_size=512, shared_expert_intermediate_size=512,
+        # num_experts=512, num_experts_per_tok=10, vocab_size=151936, untied.
+        shapes=ModelShapes(hidden_size=2048, num_heads=16, head_dim=256, intermediate_size=0,
+                           vocab_size=151936, moe=MoEShape(512, 10, 512, 512),
+                           state=StateShape("gated-delta-net", 32, 128, 128)),
         source="hf.co/Qwen/Qwen3-Next-80B-A3B-Instruct config.json (transformers Qwen3NextConfig "
                "defaults); model card (80B total, 3B activated)",
     )
@@ -355,6 +390,11 @@ def nemotron_h_8b() -> ModelPreset:
         num_layers=28,        # the layers that keep a cache; the 24 MLP-only blocks keep none
         hidden_size=4096,
         attn_width=32 * 128,
+        # NemotronHConfig defaults: intermediate_size=21504 (squared-ReLU MLP; the profiler
+        # times a SwiGLU of the same parameter count), vocab_size=131072, untied.
+        shapes=ModelShapes(hidden_size=4096, num_heads=32, head_dim=128,
+                           intermediate_size=21504 * 2 // 3, vocab_size=131072,
+                           state=StateShape("mamba2", 128, 128, 64)),
         source="illustrative layer layout; shapes from transformers NemotronHConfig defaults, "
                "counts from the Nemotron-H paper (arXiv 2504.03624)",
     )

@@ -5,7 +5,7 @@
     workload ──► arrivals ──► Scheduler ──schedule()──► KVCacheManager (real lookups, blocks)
                                   │                          │
                                   ▼                          ▼
-                        CostModel.step(work) ──► clock   hits, usage, evictions
+                       cost model step(work) ──► clock   hits, usage, evictions
                                   │
                         update(sampled: 1 + accepted drafts per decode, AcceptanceModel)
 
@@ -38,8 +38,8 @@ from hybridkv.core.retention_config import RetentionConfig, TokenRange
 from hybridkv.core.spec_decode import SpecDecode
 from hybridkv.core.rules import make_rule
 from hybridkv.sched import AcceptanceModel, EngineRequest, Scheduler, SchedulerConfig, useful_drafts
-from hybridkv.sim.costmodel import CostModel
 from hybridkv.sim.optimal import GapReport, OnlineHits, OptimumJob, optimum_capacity_blocks
+from hybridkv.sim.profile import Profile, cost_model
 from hybridkv.sim.presets import GpuPreset, ModelPreset
 from hybridkv.sim.workitems import ServedItem, WorkItem, served_workload
 
@@ -113,6 +113,10 @@ class SimConfig:
         prefix_retention: give every request this retention config for its first tokens
             (needs ``eviction_policy="priority"``); TTLs run on the simulated clock (sequential
             mode: the requests' arrival times).
+        cost_model: ``"calibrated"`` (measured step times; :func:`hybridkv.sim.profile.cost_model`)
+            or ``"roofline"``.
+        profile: a measured profile whose constants time the steps (None: the shipped default
+            for ``gpu``).
     """
 
     preset: ModelPreset
@@ -135,6 +139,8 @@ class SimConfig:
     parallel_optimum: bool = True
     eviction_policy: str = "lru"
     prefix_retention: PrefixRetention | None = None
+    cost_model: str = "calibrated"
+    profile: Profile | None = None
 
     @property
     def cache_tokens(self) -> int:
@@ -263,7 +269,8 @@ class Simulator:
         if config.sequential:
             sched_cfg = dataclasses.replace(sched_cfg, max_num_seqs=1)
         self.scheduler = Scheduler(self.kv, sched_cfg)
-        self.cost = CostModel(config.preset, config.gpu, num_gpus=config.num_gpus)
+        self.cost = cost_model(config.preset, config.gpu, config.num_gpus, config.profile,
+                               config.cost_model)
         spec = config.spec
         self.k = spec.num_speculative_tokens if spec else 0
         self.acceptance = (AcceptanceModel(self.k, rate=config.acceptance_rate, seed=config.seed)
@@ -319,6 +326,7 @@ class Simulator:
                 f"{res.hit_blocks}, prompt blocks {res.prompt_blocks}]; please report this workload")
         res.wall_s = time.perf_counter() - t0
         res.config = {"preset": cfg.preset.name, "gpu": cfg.gpu.name, "num_gpus": cfg.num_gpus,
+                      "cost_model": self.cost.source,
                       "num_blocks": cfg.num_blocks, "block_size": cfg.preset.block_size,
                       "optimum_capacity_blocks": capacity, "key_block_size": self.key_block,
                       "max_model_len": self.scheduler.max_model_len,

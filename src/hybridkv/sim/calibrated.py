@@ -1,0 +1,500 @@
+r"""Calibrated step-time model: what one engine step costs on a measured GPU.
+
+The roofline (:mod:`hybridkv.sim.costmodel`) charges every FLOP at one efficiency and every
+byte at another and takes the larger. Measured steps do not behave that way: GEMMs reach a
+different fraction of peak than attention, attention over a cached context runs slower than
+a fresh causal prompt, a decode batch of one cannot fill the GPU, and a step pays a fixed
+overhead that depends on how it was launched. This model charges each of those separately,
+with efficiencies fitted to measured steps (:mod:`hybridkv.sim.calibration_fit`).
+
+A step's work is ``[(new_tokens, context_before), ...]`` as for the roofline. With ``T`` the
+step's new tokens, ``R`` its requests (each samples one row of logits), ``G`` GPUs, peak FLOP/s
+``F`` and bandwidth ``B`` from the GPU preset::
+
+    a      = (2 * P_tok * T + 2 * P_head * R) / (G * F * gemm_efficiency)       # GEMM compute
+    b      = weight_bytes(T) / (G * B * weight_bw_efficiency)                   # weight reads
+    gemm   = (a**p + b**p) ** (1/p),   p = gemm_blend                           # smooth roofline
+    attn   = sum over KV groups g and attention calls k of
+             L_g * s_kind(g) * max(flops_k / (G * F * e_k), bytes_k / (G * B * attn_bw_efficiency))
+                 / min(1, units_k / (G * attn_saturation_blocks))
+    time   = gemm + attn + (eager_overhead_s if the step has a prefill else graph_overhead_s)
+
+``P_tok`` are the parameters every token multiplies (active parameters less the LM head and an
+untied embedding), ``P_head`` the LM head's. The GEMM term is an efficiency that depends on
+the token count: weight-read bound for few tokens, ``gemm_efficiency`` of peak for many, with
+``gemm_blend`` saying how sharp the turn is (infinite: the plain roofline ``max``).
+
+Attention is composed the way an engine runs a step: all tokens of a step go through one GEMM
+pass, and attention runs per request for a prefill chunk (one call of ``n`` queries over
+``c + n`` keys) and as one batched call for all decodes (requests with at most
+:data:`DECODE_MAX_NEW` new tokens, speculative verification included). A call's FLOPs are its
+(query, key) pairs (:meth:`HitRule.attention_keys`: windows and chunks included) times
+``4 * attn_width`` (MLA: divided by its compression ratio), its bytes the KV it reads and
+writes (:meth:`HitRule.kv_span`); ``e_k`` is ``attn_causal_efficiency`` for a chunk with no
+cached context (the plain causal kernel) and ``attn_context_efficiency`` otherwise. A call's
+*units* are its kernel's blocks of work: per request, query heads times 64-query blocks for a
+prefill chunk, and for a one-token decode the KV heads times the 64-row blocks its packed
+query heads fill (one per KV head for grouped-query attention); fewer than ``attn_saturation_blocks``
+leave streaming multiprocessors idle and the call slows in proportion; a decode batch with
+unequal contexts counts ``bytes / max(bytes per unit)`` units (its busiest unit bounds it, so a
+request added to a step never makes it faster). A recurrent (state)
+layer's call reads and writes its state once per request and does ``4 * state size`` FLOPs
+per token. ``s_kind`` is a per-attention-kind time multiplier (1 unless a profile measured
+that kind's kernels, see :class:`Calibration`).
+
+A step whose requests are all decodes pays ``graph_overhead_s`` (engines replay decode steps
+as a CUDA graph); any other step ``eager_overhead_s``. An empty step costs 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field, fields
+from functools import lru_cache
+
+import numpy as np
+
+from hybridkv.core.rules import HitRule, make_rule
+from hybridkv.core.specs import MLA, AttentionSpec, ChunkedLocal, SlidingWindow, StateSpec
+from hybridkv.core.validation import check_int
+from hybridkv.sim.costmodel import StepCost
+from hybridkv.sim.presets import GpuPreset, ModelPreset
+
+__all__ = ["ATTENTION_KINDS", "DECODE_MAX_NEW", "Calibration", "CalibratedCostModel", "StepFeatures",
+           "attention_kind", "blend", "call_times", "evaluate_features"]
+
+ATTENTION_KINDS = ("full", "sliding", "chunked", "mla", "state")
+"""Attention kinds with their own time multiplier (:attr:`Calibration.kind_scale`)."""
+
+DECODE_MAX_NEW = 16
+"""A request with at most this many new tokens runs in the step's batched decode call."""
+
+QUERY_BLOCK = 64
+"""Queries per attention work block (the unit of :attr:`Calibration.attn_saturation_blocks`)."""
+
+_STATE = ATTENTION_KINDS.index("state")
+
+
+def attention_kind(spec: AttentionSpec) -> str:
+    """The :data:`ATTENTION_KINDS` entry of ``spec``."""
+    if isinstance(spec, StateSpec):
+        return "state"
+    if isinstance(spec, MLA):
+        return "mla"
+    if isinstance(spec, SlidingWindow):
+        return "sliding"
+    if isinstance(spec, ChunkedLocal):
+        return "chunked"
+    return "full"
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """The fitted constants of the calibrated model (formula: module docstring).
+
+    The field defaults are generic starting values (the roofline's 0.5 / 0.8, a 2 ms overhead),
+    not a measurement; :func:`hybridkv.sim.profile.default_calibration` gives the measured
+    ones.
+
+    Attributes:
+        gemm_efficiency: fraction of peak FLOP/s the GEMMs reach at large token counts.
+        weight_bw_efficiency: fraction of peak bandwidth at which weights stream at small
+            token counts.
+        gemm_blend: sharpness of the turn between the two (>= 1; large = roofline ``max``).
+        attn_causal_efficiency: fraction of peak FLOP/s of attention over a chunk with no
+            cached context.
+        attn_context_efficiency: the same after a cached context (and for decode FLOPs).
+        attn_bw_efficiency: fraction of peak bandwidth attention reads KV (and state) at.
+        attn_saturation_blocks: attention work blocks that keep the GPU busy (per GPU).
+        eager_overhead_s: fixed time of a step with a prefill chunk (>= ``graph_overhead_s``).
+        graph_overhead_s: fixed time of a decode-only step.
+        kind_scale: time multiplier per :data:`ATTENTION_KINDS` entry (1: as full attention).
+    """
+
+    gemm_efficiency: float = 0.5
+    weight_bw_efficiency: float = 0.8
+    gemm_blend: float = 4.0
+    attn_causal_efficiency: float = 0.35
+    attn_context_efficiency: float = 0.35
+    attn_bw_efficiency: float = 0.8
+    attn_saturation_blocks: float = 132.0
+    eager_overhead_s: float = 0.002
+    graph_overhead_s: float = 0.002
+    kind_scale: tuple[float, ...] = field(default=(1.0,) * len(ATTENTION_KINDS))
+
+    def __post_init__(self) -> None:
+        for name in ("gemm_efficiency", "weight_bw_efficiency", "attn_causal_efficiency",
+                     "attn_context_efficiency", "attn_bw_efficiency"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and 0 < value <= 1):
+                raise ValueError(f"Calibration.{name} must be in (0, 1], got {value!r}")
+        if not (isinstance(self.gemm_blend, (int, float)) and self.gemm_blend >= 1):
+            raise ValueError(f"Calibration.gemm_blend must be >= 1, got {self.gemm_blend!r}")
+        if not (isinstance(self.attn_saturation_blocks, (int, float)) and self.attn_saturation_blocks > 0):
+            raise ValueError(f"Calibration.attn_saturation_blocks must be > 0, got "
+                             f"{self.attn_saturation_blocks!r}")
+        for name in ("eager_overhead_s", "graph_overhead_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and 0 <= value < 1):
+                raise ValueError(f"Calibration.{name} must be in [0, 1) seconds, got {value!r}")
+        if self.eager_overhead_s < self.graph_overhead_s:
+            raise ValueError(f"Calibration.eager_overhead_s ({self.eager_overhead_s!r}) must be >= "
+                             f"graph_overhead_s ({self.graph_overhead_s!r}): a step with a prefill "
+                             "is never launched faster than a decode-only step")
+        scale = tuple(float(x) for x in self.kind_scale)
+        if len(scale) != len(ATTENTION_KINDS) or not all(0 < x < 100 for x in scale):
+            raise ValueError(f"Calibration.kind_scale must be {len(ATTENTION_KINDS)} multipliers in "
+                             f"(0, 100) for {', '.join(ATTENTION_KINDS)}, got {self.kind_scale!r}")
+        object.__setattr__(self, "kind_scale", scale)
+
+    @classmethod
+    def scalar_names(cls) -> tuple[str, ...]:
+        """The scalar fields (everything but ``kind_scale``), in order."""
+        return tuple(f.name for f in fields(cls) if f.name != "kind_scale")
+
+    def to_json(self) -> dict:
+        """A JSON object: the scalar fields and ``kind_scale`` as ``{kind: multiplier}``."""
+        out: dict = {name: getattr(self, name) for name in self.scalar_names()}
+        out["kind_scale"] = dict(zip(ATTENTION_KINDS, self.kind_scale))
+        return out
+
+    @classmethod
+    def from_json(cls, obj: dict) -> Calibration:
+        """Inverse of :meth:`to_json`; raises ValueError naming an unknown or missing field."""
+        if not isinstance(obj, dict):
+            raise ValueError(f"calibration parameters must be a JSON object, got {type(obj).__name__}")
+        known = set(cls.scalar_names()) | {"kind_scale"}
+        unknown = sorted(set(obj) - known)
+        if unknown:
+            raise ValueError(f"unknown calibration parameter(s) {', '.join(unknown)}; valid: "
+                             f"{', '.join(sorted(known))}")
+        missing = sorted(set(cls.scalar_names()) - set(obj))
+        if missing:
+            raise ValueError(f"calibration parameters lack {', '.join(missing)}")
+        scale = obj.get("kind_scale", {})
+        bad = sorted(set(scale) - set(ATTENTION_KINDS))
+        if bad:
+            raise ValueError(f"unknown attention kind(s) {', '.join(bad)} in kind_scale; valid: "
+                             f"{', '.join(ATTENTION_KINDS)}")
+        kw = {name: float(obj[name]) for name in cls.scalar_names()}
+        return cls(**kw, kind_scale=tuple(float(scale.get(k, 1.0)) for k in ATTENTION_KINDS))
+
+
+@lru_cache(maxsize=256)
+def _rule(spec: AttentionSpec) -> HitRule:
+    return make_rule(spec)
+
+
+@dataclass(frozen=True, slots=True)
+class _Group:
+    """Per KV group constants of the attention calls (per layer, before dividing by GPUs)."""
+
+    rule: HitRule
+    layers: int
+    kind: int
+    pair_flops: float         # FLOPs per (query, key) pair (state: per token)
+    kv_bytes: float           # KV bytes per cached/new position
+    state_bytes: float        # state bytes read + written per request (state groups)
+    prefill_heads: float      # query heads (prefill units per 64-query block)
+    decode_heads: float       # KV heads a decode's queries are packed under
+    decode_group: float       # query rows per KV head of one decode token
+
+
+def _decode_units(g: _Group, new: np.ndarray) -> np.ndarray:
+    """Work units of each request of a decode call: one token packs its KV head's query heads
+    into blocks of 64 rows; a few tokens (speculative verification) run one block per query
+    head and 64 tokens, as a prefill chunk does."""
+    packed = g.decode_heads * math.ceil(g.decode_group / QUERY_BLOCK)
+    return np.where(new == 1, packed, g.prefill_heads * np.ceil(new / QUERY_BLOCK))
+
+
+@dataclass(frozen=True, slots=True)
+class StepFeatures:
+    """A step's work reduced to what the calibrated formula needs (no fitted constant in it).
+
+    Every quantity is per GPU (already divided by the tensor-parallel degree). One entry per
+    attention call of one group: FLOPs, bytes and work units of one layer, the group's layer
+    count, whether it is a fresh causal chunk, and its :data:`ATTENTION_KINDS` index.
+    """
+
+    tokens: int
+    gemm_flops: float
+    weight_bytes: float
+    eager: bool
+    call_flops: np.ndarray
+    call_bytes: np.ndarray
+    call_units: np.ndarray
+    call_layers: np.ndarray
+    call_causal: np.ndarray
+    call_kind: np.ndarray
+
+
+class CalibratedCostModel:
+    """Calibrated step time for one model on ``num_gpus`` GPUs (formula: module docstring).
+
+    Args:
+        model: the model preset (its ``shapes``, when present, give the LM head and heads).
+        gpu: the GPU preset (peak FLOP/s and bandwidth the efficiencies refer to).
+        calibration: the fitted constants.
+        num_gpus: GPUs sharing the work (ideal tensor parallelism, no communication cost).
+        source: where ``calibration`` comes from (shown by ``hybridkv cost`` and in results).
+    """
+
+    kind = "calibrated"
+
+    def __init__(self, model: ModelPreset, gpu: GpuPreset, calibration: Calibration,
+                 num_gpus: int = 1, source: str = "") -> None:
+        check_int("CalibratedCostModel.num_gpus", num_gpus, 1)
+        self.model = model
+        self.gpu = gpu
+        self.calibration = calibration
+        self.num_gpus = num_gpus
+        self.source = source
+        s = model.shapes
+        head = s.head_params if s is not None else 0
+        untied = s.untied_embedding_params if s is not None else 0
+        self._tok_flops = 2.0 * max(model.active_params - head - untied, 1)
+        self._head_flops = 2.0 * head
+        self._weights = (model.num_params - untied) * model.weight_bytes_per_param
+        self._active_frac = (model.active_params - untied) / max(model.num_params - untied, 1)
+        heads = s.num_heads if s is not None else None
+        groups = []
+        for g in model.groups:
+            spec = g.spec
+            kind = attention_kind(spec)
+            if kind == "state":
+                shape = spec.state_shape
+                size = math.prod(shape)
+                groups.append(_Group(_rule(spec), len(g.layer_names), ATTENTION_KINDS.index(kind),
+                                     4.0 * size, 0.0, 2.0 * spec.page_size_bytes,
+                                     float(shape[0]), float(shape[0]), 1.0))
+                continue
+            q_heads = heads or max(1, model.attn_width // spec.head_dim)
+            kv_heads = 1 if kind == "mla" else spec.num_kv_heads
+            groups.append(_Group(_rule(spec), len(g.layer_names), ATTENTION_KINDS.index(kind),
+                                 4.0 * model.attn_width / spec.compress_ratio,
+                                 float(spec.bytes_per_token), 0.0, float(q_heads), float(kv_heads),
+                                 q_heads / kv_heads))
+        # Groups with one spec (a draft group beside its target, recurrent layers split into
+        # several groups) cost the same per layer: one entry with their layers summed.
+        merged: dict[tuple, _Group] = {}
+        for g, grp in zip(model.groups, groups):
+            key = (g.spec, grp.kind)
+            prev = merged.get(key)
+            merged[key] = grp if prev is None else dataclasses.replace(prev, layers=prev.layers + grp.layers)
+        self._groups = tuple(merged.values())
+
+    def __repr__(self) -> str:
+        return (f"CalibratedCostModel({self.model.name!r}, {self.gpu.name!r}, num_gpus={self.num_gpus}, "
+                f"source={self.source!r})")
+
+    def weight_bytes(self, num_tokens: int | float) -> float:
+        """Weight bytes a step of ``num_tokens`` tokens reads (untied embedding excluded: a
+        gather; MoE: expected experts touched, as in the roofline)."""
+        if num_tokens <= 0:
+            return 0.0
+        return self._weights * (1.0 - (1.0 - self._active_frac) ** num_tokens)
+
+    # ---- features -------------------------------------------------------------------------------
+    def features_arrays(self, new: np.ndarray, ctx: np.ndarray) -> StepFeatures:
+        """:class:`StepFeatures` of the step ``zip(new, ctx)`` (float arrays, entries with no new
+        token ignored)."""
+        new = np.asarray(new, dtype=np.float64)
+        ctx = np.asarray(ctx, dtype=np.float64)
+        keep = new > 0
+        if not keep.all():
+            new, ctx = new[keep], ctx[keep]
+        G = float(self.num_gpus)
+        total = float(new.sum())
+        rows = float(new.size)
+        dec = new <= DECODE_MAX_NEW
+        pre = ~dec
+        n_pre = int(pre.sum())
+        any_dec = n_pre < new.size
+        flops, nbytes, units, layers, causal, kinds = [], [], [], [], [], []
+        blocks = np.ceil(new[pre] / QUERY_BLOCK) if n_pre else None
+        for g in self._groups:
+            if g.kind == _STATE:
+                f = new * g.pair_flops
+                b = np.full(new.shape, g.state_bytes)
+            else:
+                f = g.rule.attention_keys(new, ctx) * g.pair_flops
+                b = g.kv_bytes * (g.rule.kv_span(new, ctx) + new)
+            if n_pre:
+                flops.append(f[pre] / G)
+                nbytes.append(b[pre] / G)
+                units.append(g.prefill_heads * blocks / G)
+                layers.append(np.full(n_pre, g.layers, dtype=np.float64))
+                causal.append(ctx[pre] == 0)
+                kinds.append(np.full(n_pre, g.kind))
+            if any_dec:
+                d_units = _decode_units(g, new[dec])
+                d_bytes = b[dec]
+                flops.append(np.array([f[dec].sum() / G]))
+                nbytes.append(np.array([d_bytes.sum() / G]))
+                # The batch's busiest unit bounds it: effective units = bytes / max bytes per unit.
+                units.append(np.array([d_bytes.sum() / float((d_bytes / d_units).max()) / G]))
+                layers.append(np.array([float(g.layers)]))
+                causal.append(np.array([False]))
+                kinds.append(np.array([g.kind]))
+        cat = np.concatenate if flops else (lambda _: np.zeros(0))
+        return StepFeatures(
+            tokens=int(total),
+            gemm_flops=(self._tok_flops * total + self._head_flops * rows) / G,
+            weight_bytes=self.weight_bytes(total) / G,
+            eager=n_pre > 0,
+            call_flops=cat(flops), call_bytes=cat(nbytes), call_units=cat(units),
+            call_layers=cat(layers), call_causal=cat(causal).astype(bool),
+            call_kind=cat(kinds).astype(np.int64))
+
+    def features(self, work: Iterable[tuple[int, int]]) -> StepFeatures:
+        """:class:`StepFeatures` of ``work = [(new_tokens, context_before), ...]``.
+
+        Raises:
+            ValueError: for a negative count.
+        """
+        pairs = list(work)
+        for new, ctx in pairs:
+            if new < 0 or ctx < 0:
+                raise ValueError(f"step work needs new_tokens >= 0 and context >= 0, got ({new}, {ctx})")
+        if not pairs:
+            return self.features_arrays(np.zeros(0), np.zeros(0))
+        new, ctx = zip(*pairs)
+        return self.features_arrays(np.array(new, dtype=np.float64), np.array(ctx, dtype=np.float64))
+
+    # ---- time -----------------------------------------------------------------------------------
+    def step(self, work: Iterable[tuple[int, int]]) -> StepCost:
+        """Cost of one step scheduling ``work`` (with the compute / memory / attention split)."""
+        return evaluate_features(self.features(work), self.calibration, self.gpu)
+
+    def step_time(self, work: Iterable[tuple[int, int]]) -> float:
+        """Seconds one step scheduling ``work`` takes."""
+        return self.step(work).time_s
+
+    def step_time_arrays(self, new: np.ndarray, ctx: np.ndarray) -> float:
+        """:meth:`step_time` for ``work = zip(new, ctx)`` (the simulator's hot path).
+
+        The same formula as :meth:`step` evaluated without building :class:`StepFeatures`
+        (the two agree to rounding, tested).
+        """
+        new = np.asarray(new, dtype=np.float64)
+        ctx = np.asarray(ctx, dtype=np.float64)
+        if new.size == 0:
+            return 0.0
+        if new.min() <= 0:
+            keep = new > 0
+            new, ctx = new[keep], ctx[keep]
+            if new.size == 0:
+                return 0.0
+        cal = self.calibration
+        G = float(self.num_gpus)
+        F = self.gpu.flops * G
+        B = self.gpu.mem_bw * G
+        total = float(new.sum())
+        a = (self._tok_flops * total + self._head_flops * new.size) / (F * cal.gemm_efficiency)
+        b = self.weight_bytes(total) / (B * cal.weight_bw_efficiency)
+        p = cal.gemm_blend
+        m = a if a > b else b
+        t = m * ((a / m) ** p + (b / m) ** p) ** (1.0 / p)
+        dec = new <= DECODE_MAX_NEW
+        n_dec = int(dec.sum())
+        all_dec = n_dec == new.size
+        if not all_dec and n_dec:
+            pre_new, pre_ctx = new[~dec], ctx[~dec]
+            dec_new, dec_ctx = new[dec], ctx[dec]
+        elif all_dec:
+            dec_new, dec_ctx = new, ctx
+        else:
+            pre_new, pre_ctx = new, ctx
+        bw_a = B * cal.attn_bw_efficiency
+        if n_dec:
+            dec_total = float(dec_new.sum())
+            uniform = dec_new.max() == dec_new.min()
+        sat = cal.attn_saturation_blocks * G
+        scale = cal.kind_scale
+        few = not all_dec and pre_new.size <= 8       # a few chunks: plain float arithmetic
+        if few:
+            chunks = [(n, c, (cal.attn_causal_efficiency if c == 0 else cal.attn_context_efficiency) * F,
+                       math.ceil(n / QUERY_BLOCK)) for n, c in zip(pre_new.tolist(), pre_ctx.tolist())]
+        elif not all_dec:
+            eff = np.where(pre_ctx == 0, cal.attn_causal_efficiency, cal.attn_context_efficiency) * F
+            blocks = np.ceil(pre_new / QUERY_BLOCK)
+        for g in self._groups:
+            s = g.layers * scale[g.kind]
+            if few:
+                rule = g.rule
+                for n, c, e, nb in chunks:
+                    if g.kind == _STATE:
+                        f, by = n * g.pair_flops, g.state_bytes
+                    else:
+                        f = rule.attention_keys(n, c) * g.pair_flops
+                        by = g.kv_bytes * (rule.kv_span(n, c) + n)
+                    w = f / e if f / e > by / bw_a else by / bw_a
+                    t += s * w / min(1.0, g.prefill_heads * nb / sat)
+            elif not all_dec:
+                if g.kind == _STATE:
+                    f = pre_new * g.pair_flops
+                    by = g.state_bytes
+                else:
+                    f = g.rule.attention_keys(pre_new, pre_ctx) * g.pair_flops
+                    by = g.kv_bytes * (g.rule.kv_span(pre_new, pre_ctx) + pre_new)
+                occ = np.minimum(1.0, g.prefill_heads * blocks / sat)
+                t += s * float((np.maximum(f / eff, by / bw_a) / occ).sum())
+            if n_dec:
+                if g.kind == _STATE:
+                    f = dec_total * g.pair_flops
+                    by = g.state_bytes * n_dec
+                    units = float(_decode_units(g, dec_new).sum())
+                else:
+                    f = float(g.rule.attention_keys(dec_new, dec_ctx).sum()) * g.pair_flops
+                    span = g.rule.kv_span(dec_new, dec_ctx) + dec_new
+                    by = g.kv_bytes * float(span.sum())
+                    if uniform:        # equal units per request: bytes / max bytes per unit
+                        units = float(_decode_units(g, dec_new[:1])[0]) * by / (g.kv_bytes * float(span.max()))
+                    else:
+                        units = by / (g.kv_bytes * float((span / _decode_units(g, dec_new)).max()))
+                occ = min(1.0, units / sat)
+                w = max(f / (F * cal.attn_context_efficiency), by / bw_a)
+                t += s * w / occ
+        return t + (cal.graph_overhead_s if all_dec else cal.eager_overhead_s)
+
+
+def blend(a: np.ndarray, b: np.ndarray, p: float) -> np.ndarray:
+    """``(a**p + b**p) ** (1/p)`` without overflow."""
+    m = np.maximum(a, b)
+    safe = np.where(m > 0, m, 1.0)
+    return np.where(m > 0, safe * ((a / safe) ** p + (b / safe) ** p) ** (1.0 / p), 0.0)
+
+
+def call_times(cal: Calibration, peak_flops: float, peak_bw: float, flops: np.ndarray,
+               nbytes: np.ndarray, units: np.ndarray, layers: np.ndarray, causal: np.ndarray,
+               kind: np.ndarray) -> np.ndarray:
+    """Seconds of each attention call (all its layers), per the formula."""
+    eff = np.where(causal, cal.attn_causal_efficiency, cal.attn_context_efficiency)
+    work = np.maximum(flops / (peak_flops * eff), nbytes / (peak_bw * cal.attn_bw_efficiency))
+    occupancy = np.minimum(1.0, units / cal.attn_saturation_blocks)
+    scale = np.asarray(cal.kind_scale)[kind]
+    return layers * scale * work / np.maximum(occupancy, 1e-12)
+
+
+def evaluate_features(f: StepFeatures, cal: Calibration, gpu: GpuPreset) -> StepCost:
+    """The :class:`StepCost` of features ``f`` under ``cal`` on ``gpu``'s peaks."""
+    if f.tokens == 0:
+        return StepCost(0.0, 0.0, 0.0, 0.0, 0.0, model="calibrated")
+    a = f.gemm_flops / (gpu.flops * cal.gemm_efficiency)
+    b = f.weight_bytes / (gpu.mem_bw * cal.weight_bw_efficiency)
+    p = cal.gemm_blend
+    m = max(a, b)
+    gemm = m * ((a / m) ** p + (b / m) ** p) ** (1.0 / p) if m > 0 else 0.0
+    attn = float(call_times(cal, gpu.flops, gpu.mem_bw, f.call_flops, f.call_bytes, f.call_units,
+                            f.call_layers, f.call_causal, f.call_kind).sum())
+    over = cal.eager_overhead_s if f.eager else cal.graph_overhead_s
+    # Split the blended GEMM time between its compute and weight-read terms in proportion.
+    share = a ** p / (a ** p + b ** p) if m > 0 else 0.0
+    attn_flops = float((f.call_flops * f.call_layers).sum())
+    attn_bytes = float((f.call_bytes * f.call_layers).sum())
+    return StepCost(f.gemm_flops + attn_flops, f.weight_bytes + attn_bytes, gemm * share,
+                    gemm * (1.0 - share), gemm + attn + over, attention_s=attn, overhead_s=over,
+                    model="calibrated")

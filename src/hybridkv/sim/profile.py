@@ -1,0 +1,308 @@
+"""Profile files: measured steps of one model on one device, the constants fitted to them, and
+host <-> device copy times; and the shipped default.
+
+A profile is one JSON object (``"format": "hybridkv-profile"``, ``"version": 1``)::
+
+    device     {name, kind: cuda | cpu, gpu: GPU preset name or null, memory_bytes,
+                peak_flops, peak_bw, peak_source, reference: {gemm_flops_s, copy_bytes_s}}
+    software   {python, torch, cuda, hybridkv, ...}
+    model      {preset, trim: {layers_per_group, width_divisor, vocab_size},
+                num_params, active_params}                          (of the weights built)
+    method     {dtype, timer, decode, warmup, repeats, ...}      how the grid was timed
+    grid       [{kind: prefill | decode | mixed, new_tokens, context, batch,
+                 decode_batch, decode_context, median_s, min_s, repeats}, ...]
+    kernels    [{kind: kernel, attention, step, flops, bytes, units, causal, median_s, ...}]
+    fit        {params: Calibration fields, max_abs_error, mean_abs_error, points, loo?}
+    transfer   {h2d_bw, d2h_bw, latency_s, per_copy_s, pageable_h2d_bw, source, points}
+
+The efficiencies in ``fit.params`` are fractions of ``device.peak_flops`` / ``peak_bw`` (a GPU
+preset's datasheet numbers where ``device.gpu`` names one, else the measured reference).
+:meth:`Profile.refit` fits again from ``grid`` and ``kernels`` alone, so a profile taken on a
+GPU can be refitted anywhere.
+
+The shipped default (``hybridkv/sim/data/h100-llama-3.1-8b.profile.json``) holds 24 steps of
+a model with Llama-3.1-8B's shapes measured on one H100 SXM with PyTorch 2.11 kernels and the
+copy measurements of :data:`~hybridkv.sim.transfer.DEFAULT_TRANSFER`. It is the default
+calibration for ``--gpu h100``; every other GPU preset gets the same efficiencies applied to
+its own datasheet peaks (:func:`default_calibration`).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from hybridkv.sim.calibrated import CalibratedCostModel, Calibration
+from hybridkv.sim.calibration_fit import KernelPoint, fit_calibration, leave_one_out
+from hybridkv.sim.costmodel import CostModel
+from hybridkv.sim.grid import GridPoint
+from hybridkv.sim.presets import GPU_PRESETS, GpuPreset, ModelPreset, get_preset
+from hybridkv.sim.shapes import Trim, trimmed_preset
+from hybridkv.sim.transfer import DEFAULT_TRANSFER, CopyPoint, TransferModel, fit_transfer
+
+__all__ = ["COST_MODELS", "DEFAULT_PROFILE_PATH", "FORMAT", "VERSION", "Profile", "copy_points_from_jsonl",
+           "cost_model", "default_calibration", "default_profile", "load_profile",
+           "profile_from_measurements", "software_versions"]
+
+FORMAT = "hybridkv-profile"
+VERSION = 1
+DEFAULT_PROFILE_PATH = Path(__file__).resolve().parent / "data" / "h100-llama-3.1-8b.profile.json"
+COST_MODELS = ("calibrated", "roofline")
+"""``cost_model`` kinds: the calibrated model (default) and the roofline fallback."""
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A profile file's content (format: module docstring).
+
+    ``calibration`` is None for a profile whose grid has not been fitted yet.
+    """
+
+    device: dict
+    model: dict
+    points: tuple[GridPoint, ...]
+    kernels: tuple[KernelPoint, ...] = ()
+    calibration: Calibration | None = None
+    fit: dict = field(default_factory=dict)
+    transfer: TransferModel = DEFAULT_TRANSFER
+    software: dict = field(default_factory=dict)
+    method: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for key in ("name", "peak_flops", "peak_bw"):
+            if key not in self.device:
+                raise ValueError(f"profile device section lacks {key!r}")
+        if not (float(self.device["peak_flops"]) > 0 and float(self.device["peak_bw"]) > 0):
+            raise ValueError("profile device peak_flops and peak_bw must be > 0")
+        gpu = self.device.get("gpu")
+        if gpu is not None and gpu not in GPU_PRESETS:
+            raise ValueError(f"profile device gpu {gpu!r} is not a GPU preset; valid: {', '.join(GPU_PRESETS)}")
+        if "preset" not in self.model:
+            raise ValueError("profile model section lacks 'preset'")
+        self.model_preset()                            # the preset exists and trims
+
+    # ---- what the profile describes ---------------------------------------------------------------
+    def gpu_preset(self) -> GpuPreset:
+        """The device as a GPU preset: the named preset, or the profile's own peaks."""
+        gpu = self.device.get("gpu")
+        if gpu is not None:
+            return GPU_PRESETS[gpu]
+        return GpuPreset(str(self.device["name"]), int(self.device.get("memory_bytes", 0)),
+                         float(self.device["peak_bw"]), float(self.device["peak_flops"]),
+                         str(self.device.get("peak_source", "measured by hybridkv profile")))
+
+    def model_preset(self) -> ModelPreset:
+        """The model the grid was measured with: the preset, trimmed as recorded, with the
+        parameter counts of the weights the profiler built where recorded."""
+        trim = Trim(**self.model.get("trim", {}))
+        preset = trimmed_preset(get_preset(self.model["preset"]), trim)
+        if "num_params" in self.model:
+            preset = replace(preset, num_params=int(self.model["num_params"]),
+                             active_params=int(self.model.get("active_params", self.model["num_params"])))
+        return preset
+
+    @property
+    def label(self) -> str:
+        """A short description: model on device."""
+        return f"{self.model['preset']} on {self.device['name']}"
+
+    # ---- fitting ---------------------------------------------------------------------------------
+    def refit(self, loo: bool = False) -> Profile:
+        """This profile with ``calibration`` and ``fit`` recomputed from its grid and kernels
+        (``loo``: also the leave-one-out ratios, one refit per point)."""
+        model, gpu = self.model_preset(), self.gpu_preset()
+        res = fit_calibration(model, gpu, self.points, self.kernels)
+        err = np.abs(np.array(res.ratios) - 1.0)
+        fit = {"params": res.calibration.to_json(), "points": len(self.points),
+               "kernels": len(self.kernels), "max_abs_error": float(err.max()),
+               "mean_abs_error": float(err.mean()), "ratios": list(res.ratios)}
+        if loo and len(self.points) > 1:
+            ratios = leave_one_out(model, gpu, self.points)
+            lerr = np.abs(np.array(ratios) - 1.0)
+            fit["loo"] = {"ratios": ratios, "max_abs_error": float(lerr.max()),
+                          "mean_abs_error": float(lerr.mean())}
+        return replace(self, calibration=res.calibration, fit=fit)
+
+    # ---- JSON ------------------------------------------------------------------------------------
+    def to_json(self) -> dict:
+        fit = dict(self.fit)
+        if self.calibration is not None:
+            fit["params"] = self.calibration.to_json()
+        return {"format": FORMAT, "version": VERSION, "device": self.device, "software": self.software,
+                "model": self.model, "method": self.method,
+                "grid": [p.to_json() for p in self.points],
+                "kernels": [k.to_json() for k in self.kernels], "fit": fit,
+                "transfer": self.transfer.to_json()}
+
+    @classmethod
+    def from_json(cls, obj: dict) -> Profile:
+        """Inverse of :meth:`to_json`.
+
+        Raises:
+            ValueError: not a profile, an unsupported version, or a bad section (named).
+        """
+        if not isinstance(obj, dict) or obj.get("format") != FORMAT:
+            raise ValueError(f"not a hybridkv profile (need \"format\": \"{FORMAT}\")")
+        if obj.get("version") != VERSION:
+            raise ValueError(f"profile version {obj.get('version')!r} is not supported; this hybridkv "
+                             f"reads version {VERSION}")
+        for key in ("device", "model", "grid"):
+            if key not in obj:
+                raise ValueError(f"profile lacks its {key!r} section")
+        fit = dict(obj.get("fit") or {})
+        cal = Calibration.from_json(fit["params"]) if "params" in fit else None
+        transfer = TransferModel.from_json(obj["transfer"]) if obj.get("transfer") else DEFAULT_TRANSFER
+        return cls(device=dict(obj["device"]), model=dict(obj["model"]),
+                   points=tuple(GridPoint.from_json(p) for p in obj["grid"]),
+                   kernels=tuple(KernelPoint.from_json(k) for k in obj.get("kernels", ())),
+                   calibration=cal, fit=fit, transfer=transfer,
+                   software=dict(obj.get("software") or {}), method=dict(obj.get("method") or {}))
+
+    def save(self, path: str | Path) -> None:
+        """Write the profile as indented JSON."""
+        Path(path).write_text(json.dumps(self.to_json(), indent=1) + "\n")
+
+
+def load_profile(path: str | Path) -> Profile:
+    """Read a profile file, fitting it when it carries no fitted constants.
+
+    Raises:
+        ValueError: one line naming the file and what is wrong with it.
+    """
+    p = Path(path)
+    try:
+        obj = json.loads(p.read_text())
+    except OSError as exc:
+        raise ValueError(f"cannot read profile {str(p)!r}: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"profile {str(p)!r} is not JSON: {exc.msg} at line {exc.lineno}") from None
+    try:
+        prof = Profile.from_json(obj)
+    except ValueError as exc:
+        raise ValueError(f"profile {str(p)!r}: {exc}") from None
+    return prof if prof.calibration is not None else prof.refit()
+
+
+@lru_cache(maxsize=1)
+def default_profile() -> Profile:
+    """The shipped H100 profile (read once)."""
+    return load_profile(DEFAULT_PROFILE_PATH)
+
+
+def default_calibration(gpu: GpuPreset) -> tuple[Calibration, str]:
+    """The calibration a GPU preset gets without a profile, and where it comes from.
+
+    ``h100``: fitted to the shipped H100 measurements. Any other GPU: the same efficiencies
+    and overheads on its own datasheet peaks (H200 has H100's compute die and faster memory;
+    for other architectures this is an assumption until a profile is measured).
+    """
+    prof = default_profile()
+    cal = prof.calibration
+    assert cal is not None                           # the shipped file is fitted
+    measured_on = prof.device.get("gpu")
+    if gpu.name == measured_on:
+        return cal, f"calibrated: fitted to {len(prof.points)} steps measured on one {prof.device['name']}"
+    return cal, (f"calibrated: efficiencies measured on {measured_on}, carried over to {gpu.name}'s "
+                 f"datasheet peaks")
+
+
+def cost_model(preset: ModelPreset, gpu: GpuPreset, num_gpus: int = 1, profile: Profile | None = None,
+               kind: str = "calibrated") -> CalibratedCostModel | CostModel:
+    """The step-time model a simulation uses.
+
+    ``kind="roofline"``: the roofline (:class:`CostModel`) on ``gpu``. ``"calibrated"``
+    (default): with a ``profile``, its fitted constants on the profile's device peaks;
+    without, :func:`default_calibration` on ``gpu``'s peaks.
+
+    Raises:
+        ValueError: an unknown ``kind``, or a profile without fitted constants.
+    """
+    if kind not in COST_MODELS:
+        raise ValueError(f"unknown cost model {kind!r}; valid: {', '.join(COST_MODELS)}")
+    if kind == "roofline":
+        return CostModel(preset, gpu, num_gpus=num_gpus)
+    if profile is not None:
+        if profile.calibration is None:
+            raise ValueError(f"profile {profile.label!r} has no fitted constants; refit it first")
+        return CalibratedCostModel(preset, profile.gpu_preset(), profile.calibration, num_gpus,
+                                   source=f"calibrated: profile of {profile.label}")
+    cal, source = default_calibration(gpu)
+    return CalibratedCostModel(preset, gpu, cal, num_gpus, source=source)
+
+
+def _read_jsonl(path: str | Path) -> list[dict]:
+    rows = []
+    for i, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{str(path)!r} line {i} is not JSON: {exc.msg}") from None
+    return rows
+
+
+def copy_points_from_jsonl(path: str | Path) -> list[CopyPoint]:
+    """Copy measurements in the published JSON-lines form: ``copy`` rows (``bytes``, ``h2d_s``,
+    ``d2h_s``), ``pageable_h2d`` rows (``bytes``, ``GBps``) and ``scattered_h2d`` rows
+    (``block_bytes``, ``blocks``, ``s``); other rows are ignored."""
+    out: list[CopyPoint] = []
+    for row in _read_jsonl(path):
+        kind = row.get("kind")
+        if kind == "copy":
+            out += [CopyPoint("h2d", int(row["bytes"]), float(row["h2d_s"])),
+                    CopyPoint("d2h", int(row["bytes"]), float(row["d2h_s"]))]
+        elif kind == "pageable_h2d":
+            out.append(CopyPoint("h2d", int(row["bytes"]), row["bytes"] / (row["GBps"] * 1e9), pinned=False))
+        elif kind == "scattered_h2d":
+            out.append(CopyPoint("h2d", int(row["block_bytes"]), float(row["s"]), copies=int(row["blocks"])))
+    return out
+
+
+def profile_from_measurements(steps: str | Path, preset: str, gpu: str, device_name: str,
+                              transfer: str | Path | None = None, transfer_source: str = "",
+                              software: dict | None = None, method: dict | None = None) -> Profile:
+    """A fitted profile from step times measured elsewhere, in JSON lines: ``prefill`` /
+    ``decode`` / ``mixed`` rows as :meth:`GridPoint.from_json` reads them, plus optional
+    reference rows ``{"kind": "gemm8192", "tflops": x}`` and ``{"kind": "copy2GiB",
+    "tb_s_read_plus_write": y}``. ``transfer``: copy rows (:func:`copy_points_from_jsonl`).
+
+    Raises:
+        ValueError: an unknown GPU preset, a bad row, or no step row.
+    """
+    if gpu not in GPU_PRESETS:
+        raise ValueError(f"unknown GPU preset {gpu!r}; valid GPUs: {', '.join(GPU_PRESETS)}")
+    g = GPU_PRESETS[gpu]
+    points, reference = [], {}
+    for row in _read_jsonl(steps):
+        kind = row.get("kind")
+        if kind in ("prefill", "decode", "mixed"):
+            points.append(GridPoint.from_json(row))
+        elif kind == "gemm8192":
+            reference["gemm_flops_s"] = float(row["tflops"]) * 1e12
+        elif kind == "copy2GiB":
+            reference["copy_bytes_s"] = float(row["tb_s_read_plus_write"]) * 1e12
+    if not points:
+        raise ValueError(f"{str(steps)!r} holds no prefill, decode or mixed row")
+    tm = (fit_transfer(copy_points_from_jsonl(transfer), transfer_source) if transfer is not None
+          else DEFAULT_TRANSFER)
+    device = {"name": device_name, "kind": "cuda", "gpu": gpu, "memory_bytes": g.memory_bytes,
+              "peak_flops": g.flops, "peak_bw": g.mem_bw, "peak_source": g.source, "reference": reference}
+    prof = Profile(device=device, model={"preset": preset, "trim": Trim().to_json()},
+                   points=tuple(points), transfer=tm, software=software or {}, method=method or {})
+    return prof.refit(loo=True)
+
+
+def software_versions() -> dict:
+    """Python, numpy and hybridkv versions (the profiler adds torch and CUDA)."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        own = version("hybridkv")
+    except PackageNotFoundError:
+        own = "unknown"
+    return {"python": platform.python_version(), "numpy": np.__version__, "hybridkv": own,
+            "platform": platform.platform()}

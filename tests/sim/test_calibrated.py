@@ -1,0 +1,245 @@
+"""The calibrated step-time model: its formula's properties, the step syntax, the fit."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hybridkv.core.specs import KVCacheGroup, SlidingWindow
+from hybridkv.sim.calibrated import ATTENTION_KINDS, DECODE_MAX_NEW, CalibratedCostModel, Calibration
+from hybridkv.sim.calibration_fit import KernelPoint, fit_calibration, leave_one_out, predict_points
+from hybridkv.sim.grid import GridPoint, format_step, parse_step
+from hybridkv.sim.presets import MODEL_PRESETS, get_gpu, get_preset
+from hybridkv.sim.profile import cost_model, default_calibration
+
+H100 = get_gpu("h100")
+
+
+def _model(name: str = "llama-3.1-8b", gpus: int = 1) -> CalibratedCostModel:
+    return cost_model(get_preset(name), H100, gpus)
+
+
+# ---- step syntax ----------------------------------------------------------------------------------
+
+
+def test_parse_step_reads_prefill_and_decode_items() -> None:
+    assert parse_step("2048@4096,1@1024x3") == [(2048, 4096), (1, 1024), (1, 1024), (1, 1024)]
+    assert parse_step(" 5@0 , 7@2x2 ") == [(5, 0), (7, 2), (7, 2)]
+
+
+@pytest.mark.parametrize("text, bad", [
+    ("2048@", "2048@"), ("2048@4096,1@1024x", "1@1024x"), ("0@5", "0@5"), ("1@5x0", "1@5x0"),
+    ("abc", "abc"), ("1@-3", "1@-3"), ("1@2,,3@4", ""), ("", "")])
+def test_bad_step_is_one_line_naming_the_item(text: str, bad: str) -> None:
+    with pytest.raises(ValueError) as err:
+        parse_step(text)
+    msg = str(err.value)
+    assert "\n" not in msg and repr(bad) in msg
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 10**6), st.integers(0, 10**6)), min_size=1, max_size=30))
+def test_format_step_round_trips(work) -> None:
+    assert parse_step(format_step(work)) == work
+
+
+def test_grid_point_kinds_and_json_round_trip() -> None:
+    for text, kind in (("2048@4096", "prefill"), ("1@1024x64", "decode"), ("512@0,1@64x8", "mixed"),
+                       ("16@32x4", "prefill")):
+        p = dataclasses.replace(GridPoint.from_step(text), median_s=0.01, min_s=0.009, repeats=6)
+        assert p.kind == kind and p.step == format_step(parse_step(text))
+        assert GridPoint.from_json(p.to_json()) == p
+    assert GridPoint.from_json({"kind": "decode", "batch": 8, "context": 2048, "median_s": 0.0077}).work() \
+        == [(1, 2048)] * 8
+    with pytest.raises(ValueError, match="mixes 2 prefill"):
+        GridPoint.from_step("512@0,256@0")
+    with pytest.raises(ValueError, match="unknown grid point kind 'train'"):
+        GridPoint.from_json({"kind": "train", "median_s": 1})
+    with pytest.raises(ValueError, match="lacks field 'context'"):
+        GridPoint.from_json({"kind": "prefill", "new_tokens": 5, "median_s": 1})
+
+
+# ---- formula properties ---------------------------------------------------------------------------
+
+WORK = st.lists(st.tuples(st.integers(1, 4096), st.integers(0, 60_000)), min_size=1, max_size=12)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(list(MODEL_PRESETS)), WORK, st.integers(1, 4))
+def test_vectorised_time_equals_the_reference(name, work, gpus) -> None:
+    m = _model(name, gpus)
+    new = np.array([n for n, _ in work], dtype=np.float64)
+    ctx = np.array([c for _, c in work], dtype=np.float64)
+    assert m.step_time_arrays(new, ctx) == pytest.approx(m.step(work).time_s, rel=1e-9)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(["llama-3.1-8b", "gemma-3-27b", "gpt-oss-120b", "deepseek-v4-style",
+                        "qwen3-next-80b-a3b", "nemotron-h-8b"]),
+       WORK, st.integers(1, 2048), st.integers(1, 20_000))
+def test_time_grows_with_work(name, work, more_new, more_ctx) -> None:
+    m = _model(name)
+    base = m.step(work).time_s
+    assert m.step(work + [(more_new, 0)]).time_s >= base          # another request
+    assert m.step(work + [(1, more_ctx)]).time_s >= base          # another decode
+    (n, c), rest = work[0], work[1:]
+    # More context never costs less (no chunked-local preset here), and neither do more new
+    # tokens on the same side of the decode threshold.
+    assert m.step([(n, c + more_ctx)] + rest).time_s >= base * (1 - 1e-12)
+    if n > DECODE_MAX_NEW:
+        assert m.step([(n + more_new, c)] + rest).time_s >= base * (1 - 1e-12)
+
+
+def test_mixed_step_shares_one_gemm_pass_and_one_overhead() -> None:
+    m = _model()
+    cal = m.calibration
+    prefill, decodes = [(2048, 4096)], [(1, 1024)] * 64
+    tp, td, tm = (m.step(w) for w in (prefill, decodes, prefill + decodes))
+    assert max(tp.time_s, td.time_s) < tm.time_s < tp.time_s + td.time_s
+    # Attention is per call: the mixed step's attention is exactly the two parts' attention.
+    assert tm.attention_s == pytest.approx(tp.attention_s + td.attention_s, rel=1e-12)
+    assert tm.overhead_s == cal.eager_overhead_s and td.overhead_s == cal.graph_overhead_s
+    # The GEMM pass over 2112 tokens costs less than a pass over 2048 plus one over 64.
+    gemm = lambda c: c.time_s - c.attention_s - c.overhead_s   # noqa: E731
+    assert gemm(tm) < gemm(tp) + gemm(td)
+
+
+def test_decode_batch_of_one_leaves_the_gpu_idle() -> None:
+    m = _model()
+    one = m.step([(1, 8192)]).attention_s
+    many = m.step([(1, 8192)] * 16).attention_s
+    assert many < 16 * one / 4           # 16 requests fill the GPU; one request does not
+
+
+def test_cached_context_runs_at_the_context_efficiency() -> None:
+    m = _model()
+    cal = m.calibration
+    assert cal.attn_context_efficiency < cal.attn_causal_efficiency
+    fresh = m.step([(2048, 0)])
+    after = m.step([(2048, 1)])               # one cached token: the context kernel path
+    assert after.attention_s / fresh.attention_s == pytest.approx(
+        cal.attn_causal_efficiency / cal.attn_context_efficiency, rel=0.01)
+
+
+def test_sliding_window_caps_attention_cost() -> None:
+    spec = SlidingWindow(16, num_kv_heads=8, head_dim=128, window=1024)
+    base = get_preset("llama-3.1-8b")
+    swa = dataclasses.replace(base, groups=(KVCacheGroup("swa", spec, base.groups[0].layer_names),))
+    m = cost_model(swa, H100)
+    assert m.step([(512, 50_000)]).time_s == pytest.approx(m.step([(512, 5_000)]).time_s, rel=1e-9)
+    assert m.step([(1, 50_000)] * 8).time_s == pytest.approx(m.step([(1, 5_000)] * 8).time_s, rel=1e-9)
+    assert _model().step([(512, 50_000)]).time_s > m.step([(512, 50_000)]).time_s
+
+
+def test_tensor_parallel_divides_the_work() -> None:
+    work = [(8192, 8192)]
+    assert _model(gpus=2).step(work).time_s < 0.6 * _model(gpus=1).step(work).time_s
+
+
+def test_empty_step_is_free() -> None:
+    m = _model()
+    assert m.step([]).time_s == 0.0 and m.step([(0, 100)]).time_s == 0.0
+    assert m.step_time_arrays(np.zeros(0), np.zeros(0)) == 0.0
+    with pytest.raises(ValueError, match="context >= 0"):
+        m.step([(1, -1)])
+
+
+def test_kind_scale_multiplies_that_kind_only() -> None:
+    gemma = get_preset("gemma-3-27b")
+    cal, _ = default_calibration(H100)
+    scale = list(cal.kind_scale)
+    scale[ATTENTION_KINDS.index("sliding")] = 2.0
+    base = CalibratedCostModel(gemma, H100, cal).step([(4096, 8192)])
+    double = CalibratedCostModel(gemma, H100, dataclasses.replace(cal, kind_scale=tuple(scale))).step(
+        [(4096, 8192)])
+    assert base.attention_s < double.attention_s < 2 * base.attention_s
+    assert double.time_s - double.attention_s == pytest.approx(base.time_s - base.attention_s)
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("gemm_efficiency", 1.5, "gemm_efficiency must be in (0, 1]"),
+    ("attn_bw_efficiency", 0, "attn_bw_efficiency must be in (0, 1]"),
+    ("gemm_blend", 0.5, "gemm_blend must be >= 1"),
+    ("attn_saturation_blocks", -1, "attn_saturation_blocks must be > 0"),
+    ("eager_overhead_s", -0.1, "eager_overhead_s must be in [0, 1)"),
+    ("kind_scale", (1.0, 2.0), "kind_scale must be 5 multipliers")])
+def test_bad_calibration_is_named(field, value, words) -> None:
+    with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        Calibration(**{field: value})
+
+
+def test_calibration_json_round_trip_and_errors() -> None:
+    cal, _ = default_calibration(H100)
+    assert Calibration.from_json(cal.to_json()) == cal
+    with pytest.raises(ValueError, match="unknown calibration parameter"):
+        Calibration.from_json({**cal.to_json(), "mfu": 0.5})
+    with pytest.raises(ValueError, match="lack gemm_blend"):
+        Calibration.from_json({k: v for k, v in cal.to_json().items() if k != "gemm_blend"})
+    with pytest.raises(ValueError, match="unknown attention kind"):
+        Calibration.from_json({**cal.to_json(), "kind_scale": {"linear": 2.0}})
+
+
+def test_step_cost_names_the_largest_term() -> None:
+    m = _model()
+    assert m.step([(1, 1024)] * 8).bound == "memory"
+    assert m.step([(8192, 0)]).bound == "compute"
+    assert m.step([(128, 30_720)]).bound == "attention"
+
+
+# ---- the fit --------------------------------------------------------------------------------------
+
+TRUE = Calibration(gemm_efficiency=0.62, weight_bw_efficiency=0.71, gemm_blend=3.0,
+                   attn_causal_efficiency=0.5, attn_context_efficiency=0.3, attn_bw_efficiency=0.85,
+                   attn_saturation_blocks=80.0, eager_overhead_s=0.0015, graph_overhead_s=0.0004)
+GRID = ["128@0", "512@0", "2048@0", "8192@0", "16384@0", "128@2048", "2048@2048", "8192@8192",
+        "512@8192", "128@30720", "2048@30720", "1@1024", "1@8192", "1@16384", "1@2048x8", "1@4096x16",
+        "1@1024x32", "1@8192x32", "1@2048x64", "1@512x256", "512@0,1@1024x32", "2048@4096,1@2048x64"]
+
+
+def _synthetic(cal: Calibration, noise: float = 0.0, seed: int = 0) -> list[GridPoint]:
+    preset = get_preset("llama-3.1-8b")
+    pts = [GridPoint.from_step(s) for s in GRID]
+    times = predict_points(preset, H100, cal, pts)
+    rng = np.random.default_rng(seed)
+    times = times * np.exp(rng.normal(0, noise, len(times)))
+    return [dataclasses.replace(p, median_s=float(t), min_s=float(t)) for p, t in zip(pts, times)]
+
+
+def test_fit_recovers_constants_it_generated() -> None:
+    res = fit_calibration(get_preset("llama-3.1-8b"), H100, _synthetic(TRUE))
+    assert max(abs(r - 1) for r in res.ratios) < 0.01      # the weak prior pulls a little
+    for name in ("gemm_efficiency", "attn_causal_efficiency", "attn_context_efficiency",
+                 "attn_bw_efficiency"):
+        assert getattr(res.calibration, name) == pytest.approx(getattr(TRUE, name), rel=0.05), name
+
+
+def test_fit_from_noisy_points_predicts_held_out_points() -> None:
+    noisy = _synthetic(TRUE, noise=0.02, seed=1)
+    ratios = leave_one_out(get_preset("llama-3.1-8b"), H100, noisy[:12] + noisy[-4:])
+    assert max(abs(r - 1) for r in ratios) < 0.12
+
+
+def test_kernel_points_set_the_kind_scale() -> None:
+    preset = get_preset("llama-3.1-8b")
+    pts = _synthetic(TRUE)
+    kernels = []
+    for kind, factor in (("full", 1.0), ("sliding", 1.7)):
+        for flops, nbytes, units in ((1e12, 1e8, 512), (5e11, 4e9, 32)):
+            base = max(flops / (H100.flops * TRUE.attn_context_efficiency),
+                       nbytes / (H100.mem_bw * TRUE.attn_bw_efficiency)) / min(1, units / TRUE.attn_saturation_blocks)
+            kernels.append(KernelPoint(kind, "x", flops, nbytes, units, False, 1.3 * factor * base, 1.3 * factor * base))
+    res = fit_calibration(preset, H100, pts, kernels)
+    scale = dict(zip(ATTENTION_KINDS, res.calibration.kind_scale))
+    assert scale["sliding"] == pytest.approx(1.7, rel=0.02)    # relative to the full-attention kernels
+    assert scale["full"] == 1.0 and scale["mla"] == 1.0
+
+
+def test_fit_needs_points() -> None:
+    with pytest.raises(ValueError, match="no measured step"):
+        fit_calibration(get_preset("llama-3.1-8b"), H100, [])
+    with pytest.raises(ValueError, match="median_s 0.0; need > 0"):
+        fit_calibration(get_preset("llama-3.1-8b"), H100, [GridPoint.from_step("1@5")])

@@ -1,0 +1,92 @@
+"""``hybridkv cost``: one step's time and split, as text and as JSON; bad steps are one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hybridkv.cli import main
+from hybridkv.sim.presets import get_gpu, get_preset
+from hybridkv.sim.profile import cost_model
+
+
+def test_cost_json_is_the_library_cost(capsys) -> None:
+    assert main(["cost", "--preset", "llama-3.1-8b", "--gpu", "h100", "--step", "2048@4096,1@1024x64",
+                 "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    work = [(2048, 4096)] + [(1, 1024)] * 64
+    expect = cost_model(get_preset("llama-3.1-8b"), get_gpu("h100")).step(work)
+    assert out["time_s"] == pytest.approx(expect.time_s, rel=1e-12)
+    step = out["steps"][0]
+    assert step["requests"] == 65 and step["new_tokens"] == 2112 and step["bound"] == expect.bound
+    assert step["compute_s"] + step["memory_s"] + step["attention_s"] + step["overhead_s"] \
+        == pytest.approx(step["time_s"], rel=1e-12)
+    assert out["cost_model"] == "calibrated" and step["roofline"]["model"] == "roofline"
+
+
+def test_cost_text_names_the_terms_and_sums_steps(capsys) -> None:
+    assert main(["cost", "--preset", "llama-3.1-8b", "--step", "1@1024x64", "--step", "8192@0"]) == 0
+    text = capsys.readouterr().out
+    assert "fitted to 24 steps measured on one NVIDIA H100" in text
+    assert "step 1@1024x64 (64 requests, 64 new tokens)" in text and "bound by memory" in text
+    assert "step 8192@0 (1 request, 8,192 new tokens)" in text and "bound by compute" in text
+    assert "roofline:" in text and "total:" in text
+
+
+def test_cost_roofline_and_tensor_parallel(capsys) -> None:
+    assert main(["cost", "--preset", "llama-3.1-8b", "--step", "4096@0", "--cost-model", "roofline",
+                 "--gpus", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    roof = cost_model(get_preset("llama-3.1-8b"), get_gpu("h100"), 2, kind="roofline")
+    assert out["num_gpus"] == 2 and out["time_s"] == pytest.approx(roof.step_time([(4096, 0)]))
+    assert out["steps"][0]["roofline"] is None
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--step", "2048@,1@1024x64"], "argument --step: bad step item '2048@' in '2048@,1@1024x64'"),
+    (["--step", "1@1024x0"], "bad step item '1@1024x0'"),
+    (["--step", "5@5", "--gpu", "tpu"], "unknown GPU preset 'tpu'"),
+    (["--step", "5@5", "--profile", "/nonexistent.json"], "cannot read profile '/nonexistent.json'"),
+])
+def test_bad_cost_input_is_one_line(capsys, args, words) -> None:
+    with pytest.raises(SystemExit) as exc:
+        rc = main(["cost", "--preset", "llama-3.1-8b", *args])
+        raise SystemExit(rc)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert words in err and len(err.splitlines()) == 1
+
+
+def test_profile_and_roofline_conflict(capsys) -> None:
+    from hybridkv.sim.profile import DEFAULT_PROFILE_PATH
+    assert main(["cost", "--step", "5@5", "--profile", str(DEFAULT_PROFILE_PATH), "--cost-model",
+                 "roofline"]) == 2
+    assert "--profile applies to the calibrated cost model" in capsys.readouterr().err
+
+
+def test_simulate_says_where_its_step_times_come_from(capsys) -> None:
+    assert main(["simulate", "--preset", "llama-3.1-8b", "--workload", "chat", "--limit", "10",
+                 "--no-progress", "--no-optimum", "--gpu", "h200"]) == 0
+    assert "step times: calibrated: efficiencies measured on h100, carried over to h200" in \
+        capsys.readouterr().out
+
+
+def test_readme_quotes_the_real_cost_output(capsys) -> None:
+    from pathlib import Path
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    head = "$ hybridkv cost --preset llama-3.1-8b --gpu h100 --step 2048@4096,1@1024x64\n"
+    quoted = readme.split(head, 1)[1].split("```", 1)[0]
+    assert main(["cost", "--preset", "llama-3.1-8b", "--gpu", "h100", "--step", "2048@4096,1@1024x64"]) == 0
+    assert capsys.readouterr().out == quoted
+
+
+def test_sweep_and_cluster_runs_take_a_profile(capsys) -> None:
+    from hybridkv.sim.profile import DEFAULT_PROFILE_PATH
+    assert main(["sweep", "--preset", "llama-3.1-8b", "--workload", "chat", "--limit", "10",
+                 "--cache-tokens-list", "40k", "--no-progress", "--no-optimum",
+                 "--profile", str(DEFAULT_PROFILE_PATH)]) == 0
+    assert "step times: calibrated: profile of llama-3.1-8b on NVIDIA H100" in capsys.readouterr().out
+    assert main(["simulate", "--preset", "llama-3.1-8b", "--workload", "chat", "--limit", "10",
+                 "--instances", "2", "--no-progress", "--no-optimum", "--cost-model", "roofline"]) == 0
+    assert "step times: roofline: mfu 0.5, mbu 0.8, 2 ms per step" in capsys.readouterr().out

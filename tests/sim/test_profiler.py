@@ -1,0 +1,151 @@
+"""``hybridkv profile`` on a CPU: the timed layers compute what they claim (against plain
+attention and recurrences written out here), and grid -> fit -> file -> ``simulate --profile``
+runs end to end."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from hybridkv.cli import main  # noqa: E402
+from hybridkv.core.specs import ChunkedLocal, FullAttention, KVCacheGroup, SlidingWindow  # noqa: E402
+from hybridkv.profiling.layers import Plan, StepModel  # noqa: E402
+from hybridkv.sim.presets import get_preset  # noqa: E402
+from hybridkv.sim.profile import load_profile  # noqa: E402
+from hybridkv.sim.shapes import Trim, trimmed_preset  # noqa: E402
+
+TINY = Trim(layers_per_group=1, width_divisor=16, vocab_size=64)
+
+
+def _model(preset: str, spec=None) -> StepModel:
+    p = trimmed_preset(get_preset(preset), TINY)
+    if spec is not None:
+        p = dataclasses.replace(p, groups=(KVCacheGroup("g", spec, ("layers.0",)),))
+    return StepModel(p, "cpu", torch.float32, seed=3)
+
+
+def _reference(q, k, v, visible) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d)) v over the (query, key) pairs ``visible(qpos, kpos)``, GQA by
+    repeating KV heads; q (B, Hq, n, D) at positions S - n .. S - 1, k/v (B, Hkv, S, D)."""
+    n, S = q.shape[2], k.shape[2]
+    rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    mask = torch.tensor([[visible(S - n + i, j) for j in range(S)] for i in range(n)])
+    scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    return torch.softmax(scores.masked_fill(~mask, float("-inf")), -1) @ v
+
+
+@pytest.mark.parametrize("spec, visible", [
+    (FullAttention(16, num_kv_heads=2, head_dim=16), lambda p, j: j <= p),
+    (ChunkedLocal(4, num_kv_heads=2, head_dim=16, chunk_size=8), lambda p, j: p - p % 8 <= j <= p),
+])
+def test_attention_layer_is_attention_over_the_cache(spec, visible) -> None:
+    m = _model("llama-3.1-8b", spec)
+    layer = m.layers[0]
+    plan = Plan(new=5, context=11, batch=2)
+    layer.allocate(plan)
+    h = torch.randn(plan.tokens, m.hidden)
+    q, k, v = layer.project(h)
+    out = layer.core((q, k, v), plan)
+    qb = q.view(2, 5, layer.heads, layer.d).transpose(1, 2)
+    ref = _reference(qb, layer.cache["kp"], layer.cache["vp"], visible)
+    assert torch.allclose(out, ref.transpose(1, 2).reshape(10, -1), atol=1e-5)
+    # the new keys were written in place after the context
+    assert torch.equal(layer.cache["kp"][:, :, 11:16], k.view(2, 5, layer.kv_heads, layer.d).transpose(1, 2))
+
+
+def test_sliding_window_decode_reads_exactly_the_window() -> None:
+    spec = SlidingWindow(16, num_kv_heads=1, head_dim=16, window=6)
+    m = _model("llama-3.1-8b", spec)
+    layer = m.layers[0]
+    plan = Plan(decode_batch=3, decode_context=20)
+    layer.allocate(plan)
+    q, k, v = layer.project(torch.randn(3, m.hidden))
+    out = layer.core((q, k, v), plan)
+    ref = _reference(q.view(3, 1, layer.heads, layer.d).transpose(1, 2), layer.cache["kd"],
+                     layer.cache["vd"], lambda p, j: p - 6 < j <= p)
+    assert torch.allclose(out, ref.transpose(1, 2).reshape(3, -1), atol=1e-5)
+
+
+def test_mla_absorbed_decode_equals_unabsorbed_attention() -> None:
+    m = _model("deepseek-v3")
+    layer = m.layers[0]
+    pre, dec = Plan(new=1, context=9, batch=2), Plan(decode_batch=2, decode_context=9)
+    h = torch.randn(2, m.hidden)
+    proj = layer.project(h)
+    layer.allocate(pre)
+    cache = layer.cache["p"].clone()
+    unabsorbed = layer.core(proj, pre)
+    layer.allocate(dec)
+    layer.cache["d"].copy_(cache)
+    absorbed = layer.core(proj, dec)
+    assert torch.allclose(unabsorbed, absorbed, atol=1e-4)
+
+
+def test_state_stand_in_prefill_equals_token_by_token_recurrence() -> None:
+    m = _model("qwen3-next-80b-a3b")
+    layer = next(lay for lay in m.layers if type(lay).__name__ == "_State")
+    n = 70                                                   # two chunks, the second padded
+    h = torch.randn(n, m.hidden)
+    proj = layer.project(h)
+    layer.allocate(Plan(new=n, batch=1))
+    s0 = layer.cache["p"].clone()
+    chunked = layer.core(proj, Plan(new=n, batch=1))
+    final = layer.cache["p"].clone()
+    layer.allocate(Plan(decode_batch=1))
+    layer.cache["d"].copy_(s0)
+    steps = [layer.core(tuple(t[i:i + 1] for t in proj), Plan(decode_batch=1)) for i in range(n)]
+    assert torch.allclose(chunked, torch.cat(steps), rtol=1e-4, atol=1e-3)
+    assert torch.allclose(final, layer.cache["d"], rtol=1e-4, atol=1e-3)
+
+
+def test_step_model_counts_what_it_built() -> None:
+    m = _model("llama-3.1-8b")
+    s = m.preset.shapes
+    per_layer = 2 * s.hidden_size * s.num_heads * s.head_dim + 2 * s.hidden_size * 1 * s.head_dim \
+        + 3 * s.hidden_size * s.intermediate_size
+    assert m.num_params == per_layer + 2 * s.vocab_size * s.hidden_size
+    plan = Plan(new=7, context=3, batch=2, decode_batch=3, decode_context=5)
+    m.allocate(plan)
+    ids, rows = m.inputs(plan)
+    assert rows.tolist() == [6, 13, 14, 15, 16]             # last prefill positions, every decode
+    assert m.forward(ids, rows, plan).shape == (5, s.vocab_size)
+
+
+def test_profile_cli_grid_fit_file_and_simulate(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "cpu.json"
+    assert main(["profile", "--preset", "gemma-3-27b", "--device", "cpu", "--out", str(out),
+                 "--no-progress", "--point", "96@32,1@64x3"]) == 0
+    text = capsys.readouterr().out
+    assert "gemma-3-27b on cpu: 18 steps, 6 kernel points" in text and f"wrote {out}" in text
+    prof = load_profile(out)
+    assert len(prof.points) == 18 and all(p.median_s > 0 for p in prof.points)
+    assert {p.kind for p in prof.points} == {"prefill", "decode", "mixed"}
+    assert {k.attention for k in prof.kernels} == {"full", "sliding"}
+    assert prof.device["kind"] == "cpu" and prof.software["torch"] == torch.__version__
+    assert prof.model["trim"] == {"layers_per_group": 2, "width_divisor": 16, "vocab_size": 512}
+    assert prof.fit["points"] == 18 and prof.calibration is not None
+    # the file carries the grid: a refit without any device gives the same constants
+    again = tmp_path / "again.json"
+    assert main(["profile", "--refit", str(out), "--out", str(again)]) == 0
+    assert load_profile(again).calibration == prof.calibration
+    # the profile times a simulation
+    assert main(["simulate", "--preset", "gemma-3-27b", "--workload", "chat", "--limit", "20",
+                 "--profile", str(out), "--no-progress", "--no-optimum", "--cache-tokens", "60k"]) == 0
+    assert "step times: calibrated: profile of gemma-3-27b on cpu" in capsys.readouterr().out
+    json.loads(out.read_text())                              # plain JSON
+
+
+def test_profile_refuses_bad_requests(tmp_path: Path, capsys) -> None:
+    assert main(["profile", "--preset", "llama-3.1-8b", "--device", "cpu", "--out", str(tmp_path / "x.json"),
+                 "--grid", "none"]) == 2
+    assert "--grid none needs at least one --point" in capsys.readouterr().err
+    assert main(["profile", "--preset", "llama-3.1-8b", "--out", str(tmp_path / "x.json"),
+                 "--point", "512@0,256@3"]) == 2
+    assert "mixes 2 prefill" in capsys.readouterr().err
