@@ -202,8 +202,8 @@ def test_pool_constrained_belady_equals_brute_force(requests, capacity, data) ->
 
 def test_the_bound_counts_a_prompt_that_ends_on_a_block_boundary() -> None:
     """A prompt of exactly 16 blocks with pseudo outputs leaves all 16 blocks computed; a later
-    request extending it hits all 16 online, so the bound must allow 16 (it allowed 15, and the
-    simulator refused its own result)."""
+    request extending it hits all 16 online, so the bound must allow 16 (below the online hits,
+    the simulator would refuse its own result)."""
     import numpy as np
 
     from hybridkv.sim import SimConfig, Simulator, items_from_trace

@@ -68,7 +68,7 @@ def test_sweep_over_cpu_tier_sizes_prints_the_table_and_draws_it(tmp_path: Path,
     assert main(["sweep", *FAST, "--cache-tokens", "14000", "--cpu-cache-tokens-list", "0,4k,1M",
                  "--plot", str(png), "--json", str(js)]) == 0
     out = capsys.readouterr().out
-    assert "CPU tier  hit rate" in out and "TTFT p50" in out
+    assert "token hit rate: all" in out and "TTFT p50" in out
     rows = json.loads(js.read_text())
     assert [r["value"] for r in rows] == [0, 4000, 10**6]
     assert rows[0]["hit_rate_by_tier"] == {"gpu": rows[0]["hit_rate"]}

@@ -146,7 +146,7 @@ def test_offload_on_evict_moves_blocks_down_on_eviction_and_up_on_a_hit() -> Non
 
 def test_a_load_that_cannot_fit_alone_is_computed_instead_of_waiting_forever() -> None:
     """The scheduler falls back to computing past the local hit when a request's load does not
-    fit the pool even with nothing else running (it used to return and retry forever)."""
+    fit the pool even with nothing else running (rather than retrying the load every step)."""
     from tests.connectors.test_tier_differential import _groups, _workload
     from hybridkv import KVCacheManager, Request
     from hybridkv.core.specs import KVCacheConfig
@@ -215,3 +215,22 @@ def test_a_tier_larger_than_its_medium_can_address_is_refused() -> None:
 def test_a_link_without_bandwidth_is_refused() -> None:
     with pytest.raises(ValueError, match="h2d_bw must be > 0"):
         link_with(DISK_LINK, bandwidth=0.0)
+
+
+def test_a_profiles_transfer_section_prices_the_cpu_tier_unless_a_link_is_given() -> None:
+    import dataclasses
+
+    from hybridkv.sim.profile import default_profile
+    preset = get_preset("llama-3.1-8b").with_block_size(512)
+    items = _evict_then_reuse(preset, 8192, 512)
+    slow = link_with(DEFAULT_TRANSFER, bandwidth=5e9)
+    profile = dataclasses.replace(default_profile(), transfer=slow)
+    cfg = SimConfig(preset, H100, _blocks(preset, 9216), sched=SchedulerConfig(max_num_batched_tokens=16384),
+                    tiers=TierConfig(cpu_cache_tokens=100_000), profile=profile)
+    res = Simulator(cfg).run(items)
+    entry = entry_bytes(preset.kv_config(num_blocks=2))[0]
+    n = res.tiers.loaded_tokens["cpu"] // 512
+    assert n > 0 and res.tiers.load_s_total == pytest.approx(slow.copy_time(entry, n, "h2d"))
+    assert res.tiers.config["cpu_link"]["h2d_bw"] == 5e9
+    given = dataclasses.replace(cfg, tiers=TierConfig(cpu_cache_tokens=100_000, cpu_link=FREE_LINK))
+    assert Simulator(given).run(items).tiers.load_s_total == 0.0

@@ -56,11 +56,12 @@ def tier_summary(res: SimResult, without: SimResult | None = None) -> str:
 
 
 def tier_sweep_table(sizes: Sequence[int], rows: Sequence[dict]) -> str:
-    """The table of a CPU tier size sweep: per size the hit rate (total, GPU, CPU), the
-    hierarchy's optimum, TTFT p50 / p99, tokens loaded and transfer time."""
-    head = (f"{'CPU tier':>9} {'hit rate':>9} {'gpu':>7} {'cpu':>7} {'optimum':>8} "
-            f"{'TTFT p50':>10} {'TTFT p99':>10} {'loaded tokens':>14} {'load s':>8}")
-    lines = [head]
+    """The table of a CPU tier size sweep: per size the token hit rate (all, GPU, CPU), the
+    block hit rate beside the hierarchy's optimum (blocks), TTFT p50 / p99, tokens loaded and
+    their transfer time."""
+    lines = [f"{'CPU tier':>9} {'token hit rate: all':>19} {'gpu':>7} {'cpu':>7}  "
+             f"{'blocks':>7} {'optimum':>8}  {'TTFT p50':>10} {'TTFT p99':>10}  "
+             f"{'tokens loaded':>14} {'load s':>8}"]
     for size, r in zip(sizes, rows):
         if "error" in r:
             lines.append(f"{_tokens(size):>9} error: {r['error']}")
@@ -70,26 +71,26 @@ def tier_sweep_table(sizes: Sequence[int], rows: Sequence[dict]) -> str:
         loaded = sum((tiers.get("loaded_tokens") or {}).values())
         opt = r["optimal_block_hit_rate"]
         p50, p99 = r["ttft_p50_s"], r["ttft_p99_s"]
-        lines.append(f"{_tokens(size):>9} {r['hit_rate']:>9.4f} {by['gpu']:>7.4f} {by.get('cpu', 0.0):>7.4f} "
-                     f"{'n/a' if opt is None else f'{opt:.4f}':>8} "
-                     f"{'n/a' if p50 is None else f'{p50:.3f} s':>10} {'n/a' if p99 is None else f'{p99:.3f} s':>10} "
+        lines.append(f"{_tokens(size):>9} {r['hit_rate']:>19.4f} {by['gpu']:>7.4f} {by.get('cpu', 0.0):>7.4f}  "
+                     f"{r['block_hit_rate']:>7.4f} {'n/a' if opt is None else f'{opt:.4f}':>8}  "
+                     f"{'n/a' if p50 is None else f'{p50:.4g} s':>10} {'n/a' if p99 is None else f'{p99:.4g} s':>10}  "
                      f"{loaded:>14,} {r['load_s_total']:>8.2f}")
     return "\n".join(lines)
 
 
 def plot_tier_sweep(sizes: Sequence[int], rows: Sequence[dict], path: str | Path, title: str = "") -> None:
-    """PNG: token hit rate (total, GPU and CPU parts, the hierarchy's optimum) and TTFT p50 /
-    p99 against the CPU tier size (x on a symmetric log scale, so size 0 shows)."""
+    """PNG: block hit rate with the hierarchy's optimum, the token hit rate's GPU and CPU parts,
+    and TTFT p50 / p99 against the CPU tier size (x on a symmetric log scale, so size 0 shows)."""
     from hybridkv.sim.report import _pyplot
     plt = _pyplot()
     ok = [(s, r) for s, r in zip(sizes, rows) if "error" not in r]
     xs = [s for s, _ in ok]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
-    ax1.plot(xs, [r["hit_rate"] for _, r in ok], marker="o", label="token hit rate (all tiers)")
+    ax1.plot(xs, [r["block_hit_rate"] for _, r in ok], marker="o", label="block hit rate (all tiers)")
     ax1.plot(xs, [r["hit_rate_by_tier"]["gpu"] for _, r in ok], marker=".", linestyle=":",
-             label="served by the GPU")
+             label="token hit rate served by the GPU")
     ax1.plot(xs, [r["hit_rate_by_tier"].get("cpu", 0.0) for _, r in ok], marker=".", linestyle=":",
-             label="loaded from the CPU tier")
+             label="token hit rate loaded from the CPU tier")
     opts = [r["optimal_block_hit_rate"] for _, r in ok]
     if opts and all(o is not None for o in opts):
         ax1.plot(xs, opts, marker="s", linestyle="--", color="tab:red",
