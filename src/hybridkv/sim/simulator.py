@@ -288,7 +288,12 @@ class Simulator:
         sched_cfg = config.sched
         if config.sequential:
             sched_cfg = dataclasses.replace(sched_cfg, max_num_seqs=1)
-        self.tiers = self._tier_runtime(config, kv_config)
+        # Block counts and the optimum use the block size of the full-attention groups (or
+        # the alignment when there are none).
+        groups = kv_config.groups
+        full = [g.spec.block_size for g in groups if make_rule(g.spec).downward_closed]
+        self.key_block = max(full) if full else kv_config.alignment
+        self.tiers = self._tier_runtime(config)
         self.scheduler = Scheduler(self.kv, sched_cfg, self.tiers)
         self.cost = cost_model(config.preset, config.gpu, config.num_gpus, config.profile,
                                config.cost_model)
@@ -296,11 +301,6 @@ class Simulator:
         self.k = spec.num_speculative_tokens if spec else 0
         self.acceptance = (AcceptanceModel(self.k, rate=config.acceptance_rate, seed=config.seed)
                            if spec else None)
-        # Block counts and the optimum use the block size of the full-attention groups (or
-        # the alignment when there are none).
-        groups = kv_config.groups
-        full = [g.spec.block_size for g in groups if make_rule(g.spec).downward_closed]
-        self.key_block = max(full) if full else kv_config.alignment
         self.optimum_capacity = optimum_capacity_blocks(kv_config, config.num_blocks, self.key_block)
         if self.tiers is not None:
             self.optimum_capacity += self.tiers.key_capacity_blocks()
@@ -310,7 +310,7 @@ class Simulator:
     def _clock(self) -> float:
         return self.now
 
-    def _tier_runtime(self, config: SimConfig, kv_config) -> TierRuntime | None:
+    def _tier_runtime(self, config: SimConfig) -> TierRuntime | None:
         tiers = config.tiers
         if tiers is None or not tiers.names:
             return None
@@ -318,10 +318,7 @@ class Simulator:
         per_token = preset.kv_bytes_per_token()["total"]
         tiers.check(per_token, preset.name)
         cpu_link = config.profile.transfer if config.profile is not None else DEFAULT_TRANSFER
-        groups = kv_config.groups
-        full = [g.spec.block_size for g in groups if make_rule(g.spec).downward_closed]
-        key_block = max(full) if full else kv_config.alignment
-        return TierRuntime(self.kv, tiers, per_token, preset.num_layers, cpu_link, key_block)
+        return TierRuntime(self.kv, tiers, per_token, preset.num_layers, cpu_link, self.key_block)
 
     # ---- the run ------------------------------------------------------------------------------
     def run(self, items: Iterable[WorkItem]) -> SimResult:
