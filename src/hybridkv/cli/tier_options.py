@@ -91,9 +91,11 @@ def add_tier_options(p: argparse.ArgumentParser, sweep: bool = False) -> None:
         g.add_argument(f"--{t}-bandwidth", type=positive_bandwidth, metavar="GB/s",
                        help=f"the {t} tier's link bandwidth, both ways (default "
                             f"{_DEFAULT_LINKS[t].h2d_bw / 1e9:.3g} GB/s toward the GPU)")
+        link = _DEFAULT_LINKS[t]
+        floor = f"; a call takes at least {link.per_copy_s * 1e6:.3g} us" if link.per_copy_s else ""
         g.add_argument(f"--{t}-latency-us", type=latency_us, metavar="US",
                        help=f"the {t} tier's latency per {'copy call' if t == 'cpu' else 'batch'} "
-                            f"(default {_DEFAULT_LINKS[t].latency_s * 1e6:.3g} us)")
+                            f"(default {link.latency_s * 1e6:.3g} us{floor})")
     g.add_argument("--free-transfers", action="store_true",
                    help="moves between tiers take no time (the hierarchy's hit rate alone)")
     if not sweep:
