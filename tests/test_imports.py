@@ -113,7 +113,9 @@ def test_no_import_circle() -> None:
 
 @pytest.mark.parametrize("layer, forbidden", [
     ("hybridkv.core", ("hybridkv.sched", "hybridkv.sim", "hybridkv.engine", "hybridkv.connectors",
-                       "hybridkv.testing", "hybridkv.cli", "hybridkv.events")),
+                       "hybridkv.testing", "hybridkv.cli", "hybridkv.events", "hybridkv.tiers")),
+    ("hybridkv.tiers", ("hybridkv.core", "hybridkv.sched", "hybridkv.sim", "hybridkv.engine",
+                        "hybridkv.connectors", "hybridkv.testing", "hybridkv.cli", "hybridkv.events")),
     ("hybridkv.events", ("hybridkv.sched", "hybridkv.sim", "hybridkv.engine", "hybridkv.connectors",
                          "hybridkv.testing", "hybridkv.cli")),
     ("hybridkv.sched", ("hybridkv.sim", "hybridkv.engine", "hybridkv.connectors", "hybridkv.testing")),

@@ -144,9 +144,9 @@ def test_a_corrupted_payload_is_rejected_and_recomputed() -> None:
         for load in loads:
             g, _, h = load.blocks[0]
             key = b.transfer.key(b.config.groups[g].name, h)
-            data = bytearray(store._entries[key])
+            data = bytearray(store._entries.peek(key)[0])
             data[5] ^= 0xFF
-            store._entries[key] = bytes(data)
+            store._entries.put(key, bytes(data), len(data))
     b.before_load = corrupt
     rb = b.serve("b", PROMPT + [77])
     assert rb.num_external_tokens == 0 and b.transfer.stats.corrupt >= 1

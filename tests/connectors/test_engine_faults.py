@@ -206,16 +206,16 @@ def test_corrupt_payload_is_rejected_and_recomputed(model: Path, damage: str, mo
         blocks = loads[0].blocks
         g, _, h = blocks[-1]
         key = key_of(b, g, h)
-        data = store._entries[key]
+        data = store._entries.peek(key)[0]
         if damage == "truncated":
             new = _truncate(data)
         elif damage == "flipped":
             new = _flip(data)
         else:  # a valid payload, but another block's: its checksum is seeded with its own key
             og, _, oh = next(x for x in blocks if x[0] == g and x[2] != h)
-            new = store._entries[key_of(b, og, oh)]
+            new = store._entries.peek(key_of(b, og, oh))[0]
         assert new != data
-        store._entries[key] = new
+        store._entries.put(key, new, len(new))
         damaged.append(key)
 
     before_loads(b, corrupt)

@@ -198,3 +198,22 @@ def test_pool_constrained_belady_equals_brute_force(requests, capacity, data) ->
     got = belady_block_hit_rate(requests, capacity, footprints=fps).block_hits
     assert got == brute_force_pool_optimum(requests, capacity, fps)
     assert got <= belady_block_hit_rate(requests, capacity).block_hits
+
+
+def test_the_bound_counts_a_prompt_that_ends_on_a_block_boundary() -> None:
+    """A prompt of exactly 16 blocks with pseudo outputs leaves all 16 blocks computed; a later
+    request extending it hits all 16 online, so the bound must allow 16 (below the online hits,
+    the simulator would refuse its own result)."""
+    import numpy as np
+
+    from hybridkv.sim import SimConfig, Simulator, items_from_trace
+    from hybridkv.sim.presets import get_gpu, get_preset
+    from hybridkv.sim.traces import TraceRequest
+    rng = np.random.default_rng(0)
+    a = rng.integers(0, 50_000, 16 * 512)
+    items = items_from_trace([TraceRequest("a", 0.0, a, 1),
+                              TraceRequest("c", 1.0, np.concatenate([a, [7, 8, 9]]), 1)])
+    preset = get_preset("llama-3.1-8b").with_block_size(512)
+    for sequential in (True, False):
+        res = Simulator(SimConfig(preset, get_gpu("h100"), 1000, sequential=sequential)).run(items)
+        assert res.hit_blocks == res.optimal_hit_blocks == 16

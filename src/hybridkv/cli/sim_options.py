@@ -20,6 +20,7 @@ from hybridkv.cli.options import (MAX_BLOCK_SIZE, fraction, int_in, parse_block_
                                   parse_policy, parse_prefix_retention, parse_retention,
                                   positive_count, profile_argument, spec_argument)
 from hybridkv.cli.output import check_output_path
+from hybridkv.cli.tier_options import TIER_OPTION_NAMES, check_tier_options, tier_config
 from hybridkv.core.spec_decode import SPEC_OFF, SpecDecode
 from hybridkv.sched import SchedulerConfig
 from hybridkv.sim.presets import GPU_PRESETS, default_gpus, get_gpu, get_preset
@@ -42,7 +43,8 @@ DEFAULT_ACCEPTANCE_RATE = 0.7
 OPTION_NAMES = {"num_blocks": "--num-blocks or --cache-tokens", "block_size": "--block-size",
                 "max_model_len": "--max-model-len", "max_num_batched_tokens": "--max-num-batched-tokens",
                 "max_num_seqs": "--max-num-seqs", "retention_interval": "--retention-interval",
-                "vllm_compat": "--vllm-compat", "eviction_policy": "--eviction-policy"}
+                "vllm_compat": "--vllm-compat", "eviction_policy": "--eviction-policy",
+                **TIER_OPTION_NAMES}
 
 
 def add_common_options(p: argparse.ArgumentParser) -> None:
@@ -149,6 +151,7 @@ def check_options(args: argparse.Namespace) -> None:
     """Rules involving several options, checked before anything runs (``ValueError``)."""
     check_policy_options(args)
     check_cost_model_options(args)
+    check_tier_options(args, options_preset(args))
     if getattr(args, "num_blocks", None) is not None and args.num_blocks < 2:
         raise ValueError(f"--num-blocks must be >= 2, got {args.num_blocks}")
     for option in ("json", "plot"):
@@ -266,6 +269,6 @@ def build_config(args: argparse.Namespace, num_blocks: int | None = None,
                     max_model_len=args.max_model_len, optimum=not args.no_optimum,
                     num_gpus=args.gpus, eviction_policy=args.eviction_policy,
                     prefix_retention=args.prefix_retention, cost_model=args.cost_model,
-                    profile=args.profile)
+                    profile=args.profile, tiers=tier_config(args, preset))
     check_spec_fits(cfg)
     return cfg

@@ -22,6 +22,7 @@ from hybridkv.cli.output import progress_bar, write_json, write_output
 from hybridkv.cli.sim_options import (DEFAULT_WORKLOAD, OPTION_NAMES, add_capacity_options,
                                       add_common_options, build_config, check_options, cost_source,
                                       load_items)
+from hybridkv.cli.tier_options import add_tier_options
 from hybridkv.sim.simulator import SimConfig, SimResult, Simulator
 from hybridkv.sim.workitems import WorkItem
 
@@ -32,6 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", help="write the results as JSON to this path")
     p.add_argument("--plot", help="write a PNG of hit rate and cache usage over time")
     cluster.add_cluster_options(p)
+    add_tier_options(p)
 
 
 def run_one(cfg: SimConfig, items: list[WorkItem], show_progress: bool, label: str,
@@ -55,6 +57,24 @@ def describe(cfg: SimConfig, args: argparse.Namespace, n_items: int) -> str:
     return (f"hybridkv simulate: {cfg.preset.name} on {source} ({n_items} requests), "
             f"{cfg.num_blocks - 1:,} blocks (~{cfg.cache_tokens:,} tokens), block {cfg.preset.block_size}, "
             f"retention {cfg.retention_interval}{spec}, {mode}")
+
+
+def tier_baseline(cfg: SimConfig, items: list[WorkItem], args: argparse.Namespace,
+                  res: SimResult) -> dict | None:
+    """With tiers: the same run without them (unless ``--no-baseline``); prints the tier table
+    and returns the baseline's hit rate and TTFT for the JSON."""
+    import dataclasses
+    from hybridkv.sim.tier_report import tier_summary
+    base = None
+    if not args.no_baseline:
+        base = run_one(dataclasses.replace(cfg, tiers=None, optimum=False), items,
+                       not args.no_progress, "without tiers")
+    print(tier_summary(res, base))
+    if base is None:
+        return None
+    d = base.to_json()
+    return {k: d[k] for k in ("hit_rate", "block_hit_rate", "ttft_p50_s", "ttft_p90_s",
+                              "ttft_p99_s", "throughput_tok_s", "makespan_s")}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -93,6 +113,8 @@ def run(args: argparse.Namespace) -> int:
     why = explain_gap(res)
     if why:
         print(why)
+    if res.tiers is not None:
+        extra["without_tiers"] = tier_baseline(cfg, items, args, res)
     if res.rejected == res.requests:
         print(f"hybridkv simulate: warning: all {res.requests} requests were rejected "
               f"(prompt >= --max-model-len {cfg.max_model_len})", file=sys.stderr)

@@ -2,8 +2,9 @@
 optimum.
 
 A sweep varies one thing: cache sizes (``--cache-tokens-list``, the default), retention
-intervals (``--retention-intervals`` at one ``--cache-tokens``), and with
-``--eviction-policies`` every size once per policy. For a preset with recurrent-state groups
+intervals (``--retention-intervals`` at one ``--cache-tokens``), the CPU tier's size
+(``--cpu-cache-tokens-list`` at one ``--cache-tokens``; :mod:`hybridkv.cli.tier_options`), and
+with ``--eviction-policies`` every size once per policy. For a preset with recurrent-state groups
 the retention interval is where checkpoints are written, so ``--retention-intervals`` measures
 hit rate against checkpoint memory, with vLLM's forced-block "align" mode as the baseline
 (:mod:`hybridkv.sim.state_sweep`). Configurations run on an executor
@@ -24,6 +25,7 @@ from hybridkv.cli.output import progress_bar, write_json, write_output
 from hybridkv.cli.sim_options import (DEFAULT_CACHE_TOKENS, OPTION_NAMES, add_common_options,
                                       build_config, capacity_blocks, check_options, cost_source, load_items,
                                       options_preset)
+from hybridkv.cli.tier_options import add_tier_options, tier_config
 from hybridkv.core.specs import StateSpec
 from hybridkv.sim.simulator import SimConfig, SimResult
 from hybridkv.sim.workitems import WorkItem
@@ -55,12 +57,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eviction-policies", type=parse_policy_list, metavar="A,B,C|all",
                    help=f"sweep these policies too (all = {','.join(sweepable_policies())}); prints "
                         "policy x cache size -> hit rate and fraction of the optimum")
+    add_tier_options(p, sweep=True)
 
 
 def check_sweep_options(args: argparse.Namespace) -> None:
     """A sweep varies sizes (``--cache-tokens-list``) or retention (``--retention-intervals``,
     at one ``--cache-tokens``); refuse options the chosen sweep would ignore."""
-    if args.retention_intervals is None and args.cache_tokens is not None:
+    tier_sweep = args.cpu_cache_tokens_list is not None
+    if tier_sweep and (args.retention_intervals is not None or args.cache_tokens_list is not None
+                       or args.eviction_policies):
+        raise ValueError("sweep one thing at a time: --cpu-cache-tokens-list sweeps the CPU tier at "
+                         "one --cache-tokens (not with --cache-tokens-list, --retention-intervals "
+                         "or --eviction-policies)")
+    if args.retention_intervals is None and args.cache_tokens is not None and not tier_sweep:
         raise ValueError("--cache-tokens sets the cache size of a retention sweep "
                          "(--retention-intervals); to sweep sizes use --cache-tokens-list, e.g. 1M,3M")
     if args.retention_intervals is not None and args.cache_tokens_list is not None:
@@ -92,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
     items = load_items(args)
     if _is_state_sweep(args, preset):
         return sweep_state(args, items, preset)
+    if args.cpu_cache_tokens_list is not None:
+        return sweep_tiers(args, items, preset)
     if args.retention_intervals is not None:
         blocks = capacity_blocks(args, preset, args.cache_tokens if args.cache_tokens is not None
                                  else DEFAULT_CACHE_TOKENS)
@@ -168,6 +179,34 @@ def run_configs(args: argparse.Namespace, runs: list[tuple[object, SimConfig]],
 def _label(value: object) -> str:
     """A swept value as the option spells it (retention None is ``none``)."""
     return "none" if value is None else str(value)
+
+
+# ---- --cpu-cache-tokens-list --------------------------------------------------------------------
+
+
+def sweep_tiers(args: argparse.Namespace, items: list[WorkItem], preset) -> int:
+    """Every CPU tier size of ``args.cpu_cache_tokens_list`` at one GPU size; print the
+    buyer's table (hit rate per tier, TTFT, loads), write ``--json`` and ``--plot``."""
+    from hybridkv.sim.tier_report import plot_tier_sweep, tier_sweep_table
+    gpu_tokens = args.cache_tokens if args.cache_tokens is not None else DEFAULT_CACHE_TOKENS
+    blocks = capacity_blocks(args, preset, gpu_tokens)
+    base = build_config(args, num_blocks=blocks)
+    sizes = args.cpu_cache_tokens_list
+    runs = [(s, dataclasses.replace(base, tiers=tier_config(args, preset, cpu_tokens=s))) for s in sizes]
+    print(f"{preset.name}: {len(items)} requests, GPU cache {gpu_tokens:,} tokens, CPU tier sizes "
+          f"{', '.join(f'{s:,}' for s in sizes)}", flush=True)
+    rows, results, failed = run_configs(args, runs, items)
+    print(tier_sweep_table(sizes, rows))
+    if args.json:
+        write_json(args.json, rows, "the JSON rows")
+    if args.plot and results:
+        title = f"{preset.name}, {args.trace or args.workload or 'chat'}, GPU {gpu_tokens:,} tokens"
+        print("wrote " + write_output(args.plot, lambda p: plot_tier_sweep(sizes, rows, p, title),
+                                      "the plot"))
+    if failed:
+        print(f"hybridkv sweep: {failed} of {len(runs)} configurations failed (see above)", file=sys.stderr)
+        return 1
+    return 0
 
 
 # ---- --eviction-policies -----------------------------------------------------------------------
@@ -265,4 +304,5 @@ COMMANDS.register("sweep", Command(
     help="hit rate against cache size or retention interval", add_arguments=add_arguments,
     run=run, option_names=OPTION_NAMES))
 
-__all__ = ["add_arguments", "check_sweep_options", "run", "run_configs", "sweep_policies", "sweep_state"]
+__all__ = ["add_arguments", "check_sweep_options", "run", "run_configs", "sweep_policies", "sweep_state",
+           "sweep_tiers"]

@@ -148,6 +148,7 @@ class KVCacheManager:
         self._no_new_blocks = _no_new_blocks(len(config.groups))
         self._block_sizes = tuple(g.spec.block_size for g in config.groups)
         self._cached_listeners: list[Callable[[int, list[bytes], list[int]], None]] = []
+        self._evicted_listeners: list[Callable[[int, bytes], None]] = []
 
     @staticmethod
     def blocks_for_request(config: KVCacheConfig, length: int, *,
@@ -482,7 +483,26 @@ class KVCacheManager:
 
     # ---- events -------------------------------------------------------------------------------
     def _on_evict(self, group: int, h: bytes) -> None:
-        self._events.append(BlockRemoved([h], "GPU", group))
+        if self.enable_events:
+            self._events.append(BlockRemoved([h], "GPU", group))
+        if self._evicted_listeners and h not in self.pool.index[group]:
+            for listener in self._evicted_listeners:
+                listener(group, h)
+
+    def holds_cached(self, group: int, block_hash: bytes) -> bool:
+        """Whether some block of the pool is cached under ``block_hash`` for ``group`` (in use
+        or free). Changes nothing."""
+        return block_hash in self.pool.index[group]
+
+    def add_evicted_listener(self, listener: Callable[[int, bytes], None]) -> None:
+        """Call ``listener(group, hash)`` when the pool stops holding any block cached under
+        ``hash`` for ``group`` (its last copy's block is reused): the content leaves the GPU
+        tier. The block's bytes are still intact during the call (the step that reuses the
+        block has not run yet), so an offload-on-evict tier copies them then. Only blocks the
+        write path cached are ever evicted, so a sliding group offers only blocks inside a
+        promised window."""
+        self._evicted_listeners.append(listener)
+        self.pool.on_evict = self._on_evict
 
     def add_cached_listener(self, listener: Callable[[int, list[bytes], list[int]], None]) -> None:
         """Call ``listener(group, hashes, block_ids)`` for every run of blocks the write path

@@ -325,22 +325,23 @@ class Scheduler:
                 return budget
             req = r.request
             hit = kv.lookup(req)
-            if self.connector is not None:
-                ext = self.connector.match(req, hit)
-                if ext is not None:
-                    if kv.allocate(req, 0, hit, external=ext,
-                                   full_sequence_must_fit=cfg.reserve_full_sequence) is None:
-                        return budget
-                    self.waiting.pop()
-                    if r.num_cached_tokens < 0:
-                        r.num_cached_tokens = hit.num_tokens
-                    req.num_computed_tokens = hit.num_tokens
-                    r.status = RequestStatus.WAITING_FOR_KV
-                    r.pending_external = ext
-                    self.loading.append(r)
-                    tables = kv.block_ids(req)
-                    out.loads.append(KVLoad(r, ext, [ref.resolve(tables) for ref in ext.loads]))
-                    continue
+            ext = self.connector.match(req, hit) if self.connector is not None else None
+            if ext is not None and kv.allocate(
+                    req, 0, hit, external=ext, full_sequence_must_fit=cfg.reserve_full_sequence) is not None:
+                self.waiting.pop()
+                if r.num_cached_tokens < 0:
+                    r.num_cached_tokens = hit.num_tokens
+                req.num_computed_tokens = hit.num_tokens
+                r.status = RequestStatus.WAITING_FOR_KV
+                r.pending_external = ext
+                self.loading.append(r)
+                tables = kv.block_ids(req)
+                out.loads.append(KVLoad(r, ext, [ref.resolve(tables) for ref in ext.loads]))
+                continue
+            if ext is not None and (self.running or out.scheduled or self.loading):
+                return budget        # the load does not fit yet: wait for blocks to be freed
+            # no load; or alone in the pool and the load cannot fit: compute past the local hit
+            # (chunked), or be refused below as too large for the pool
             num_new = req.num_tokens - hit.num_tokens
             if not cfg.enable_chunked_prefill and num_new > budget:
                 return budget

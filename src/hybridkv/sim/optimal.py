@@ -285,7 +285,11 @@ def optimum_capacity_blocks(kv_config, num_blocks: int, key_block: int) -> int:
 
 def _compute_bound_keys(items: Iterable[WorkItem | ServedItem],
                         block_size: int) -> tuple[list[list[bytes]], list[int]]:
-    """Per request: its plain chained key-block hashes (prompt + served output) and hit limit."""
+    """Per request: its plain chained key-block hashes and hit limit.
+
+    The keys are the blocks the request leaves computed: its tokens but the last sampled one
+    (prompt + served output, whose last token's KV is never written), so every full prompt
+    block when the outputs are the simulator's pseudo tokens (unique, never shared)."""
     hasher = BlockHasher(block_size)
     keys: list[list[bytes]] = []
     limits: list[int] = []
@@ -294,10 +298,11 @@ def _compute_bound_keys(items: Iterable[WorkItem | ServedItem],
         out = it.output_ids
         if out is not None and max_out is not None:
             out = out[:max_out]
-        tokens = it.prompt() if out is None or not len(out) else np.concatenate([it.prompt(), out])
+        known = out is not None and len(out) > 0
+        tokens = np.concatenate([it.prompt(), out]) if known else it.prompt()
         req = Request(it.request_id, tokens)
         hasher.update(req)
-        del req.block_hashes[(len(tokens) - 1) // block_size:]
+        del req.block_hashes[((len(tokens) - 1) if known else len(tokens)) // block_size:]
         keys.append(req.block_hashes)
         limits.append((it.prompt_len - 1) // block_size)
     return keys, limits

@@ -17,6 +17,12 @@ The work items and the ``max_model_len`` rule are :mod:`hybridkv.sim.workitems`'
 optimum and the gap report (:class:`~hybridkv.sim.optimal.OptimumJob`) are
 :mod:`hybridkv.sim.optimal`'s, computed on the same served workload.
 
+KV tiers below the GPU (``SimConfig.tiers``: CPU, disk, remote) are the scheduler's connector
+(:class:`~hybridkv.sim.tier_runtime.TierRuntime`): a hit in a lower tier is loaded, and its
+transfer time overlaps compute layer by layer (the overlap model is that module's). The
+offline optimum then bounds the whole hierarchy: Belady over the GPU's share plus the tiers'
+bytes, with free transfers.
+
 Output tokens are the workload's own (``TraceRequest.output_ids``, which the chat and agentic
 generators set so the next turn repeats the answer) or else pseudo tokens unique to their
 request (they enter block hashes like real ones but never match another prompt).
@@ -41,6 +47,9 @@ from hybridkv.sched import AcceptanceModel, EngineRequest, Scheduler, SchedulerC
 from hybridkv.sim.optimal import GapReport, OnlineHits, OptimumJob, optimum_capacity_blocks
 from hybridkv.sim.profile import Profile, cost_model
 from hybridkv.sim.presets import GpuPreset, ModelPreset
+from hybridkv.sim.tier_runtime import TierReport, TierRuntime
+from hybridkv.sim.tiers import TierConfig
+from hybridkv.sim.transfer import DEFAULT_TRANSFER
 from hybridkv.sim.workitems import ServedItem, WorkItem, served_workload
 
 _OUTPUT_TOKEN_BASE = 1 << 40  # pseudo output tokens live above every prompt token id
@@ -117,6 +126,7 @@ class SimConfig:
             or ``"roofline"``.
         profile: a measured profile whose constants time the steps (None: the shipped default
             for ``gpu``).
+        tiers: KV tiers below the GPU (:class:`~hybridkv.sim.tiers.TierConfig`), or None.
     """
 
     preset: ModelPreset
@@ -141,6 +151,7 @@ class SimConfig:
     prefix_retention: PrefixRetention | None = None
     cost_model: str = "calibrated"
     profile: Profile | None = None
+    tiers: TierConfig | None = None
 
     @property
     def cache_tokens(self) -> int:
@@ -174,6 +185,8 @@ class SimResult:
     timeline: list[tuple[float, float, float]] = field(default_factory=list)  # (t, hit rate, usage)
     wall_s: float = 0.0
     config: dict = field(default_factory=dict)
+    gpu_hit_tokens: int = 0
+    tiers: TierReport | None = None
 
     @property
     def hit_rate(self) -> float:
@@ -194,12 +207,19 @@ class SimResult:
         def pct(q: float) -> float | None:
             return float(np.percentile(self.ttft_s, q)) if self.ttft_s else None
         opt = self.optimal_block_hit_rate
+        by_tier = {"gpu": self.gpu_hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0}
+        if self.tiers is not None:
+            by_tier.update({n: v / self.prompt_tokens if self.prompt_tokens else 0.0
+                            for n, v in self.tiers.hit_tokens.items()})
         return {
             "requests": self.requests,
             "rejected": self.rejected,
             "prompt_tokens": self.prompt_tokens,
             "hit_tokens": self.hit_tokens,
             "hit_rate": self.hit_rate,
+            "hit_rate_by_tier": by_tier,
+            "load_s_total": self.tiers.load_s_total if self.tiers is not None else 0.0,
+            "tiers": self.tiers.to_json() if self.tiers is not None else None,
             "prompt_blocks": self.prompt_blocks,
             "hit_blocks": self.hit_blocks,
             "block_hit_rate": self.block_hit_rate,
@@ -268,24 +288,37 @@ class Simulator:
         sched_cfg = config.sched
         if config.sequential:
             sched_cfg = dataclasses.replace(sched_cfg, max_num_seqs=1)
-        self.scheduler = Scheduler(self.kv, sched_cfg)
+        # Block counts and the optimum use the block size of the full-attention groups (or
+        # the alignment when there are none).
+        groups = kv_config.groups
+        full = [g.spec.block_size for g in groups if make_rule(g.spec).downward_closed]
+        self.key_block = max(full) if full else kv_config.alignment
+        self.tiers = self._tier_runtime(config)
+        self.scheduler = Scheduler(self.kv, sched_cfg, self.tiers)
         self.cost = cost_model(config.preset, config.gpu, config.num_gpus, config.profile,
                                config.cost_model)
         spec = config.spec
         self.k = spec.num_speculative_tokens if spec else 0
         self.acceptance = (AcceptanceModel(self.k, rate=config.acceptance_rate, seed=config.seed)
                            if spec else None)
-        # Block counts and the optimum use the block size of the full-attention groups (or
-        # the alignment when there are none).
-        groups = kv_config.groups
-        full = [g.spec.block_size for g in groups if make_rule(g.spec).downward_closed]
-        self.key_block = max(full) if full else kv_config.alignment
         self.optimum_capacity = optimum_capacity_blocks(kv_config, config.num_blocks, self.key_block)
+        if self.tiers is not None:
+            self.optimum_capacity += self.tiers.key_capacity_blocks()
         # Called as hook(start_s, end_s, output) after every timed step (event publishers).
         self.step_hooks: list[Callable[[float, float, object], None]] = []
 
     def _clock(self) -> float:
         return self.now
+
+    def _tier_runtime(self, config: SimConfig) -> TierRuntime | None:
+        tiers = config.tiers
+        if tiers is None or not tiers.names:
+            return None
+        preset = config.preset
+        per_token = preset.kv_bytes_per_token()["total"]
+        tiers.check(per_token, preset.name)
+        cpu_link = config.profile.transfer if config.profile is not None else DEFAULT_TRANSFER
+        return TierRuntime(self.kv, tiers, per_token, preset.num_layers, cpu_link, self.key_block)
 
     # ---- the run ------------------------------------------------------------------------------
     def run(self, items: Iterable[WorkItem]) -> SimResult:
@@ -312,7 +345,12 @@ class Simulator:
         kv = self.kv
         stats = kv.stats()
         res.requests = len(items)
+        res.gpu_hit_tokens = stats.hits
         res.hit_tokens = stats.hits
+        if self.tiers is not None:
+            res.tiers = self.tiers.finish()
+            res.gpu_hit_tokens += res.tiers.gpu_hit_tokens
+            res.hit_tokens += sum(res.tiers.hit_tokens.values()) + res.tiers.gpu_hit_tokens
         res.preemptions = self.scheduler.num_preemptions
         res.evictions = stats.evictions
         res.retained_blocks = {g.name: sum(1 if v.__class__ is int else len(v)
@@ -327,7 +365,8 @@ class Simulator:
         res.wall_s = time.perf_counter() - t0
         res.config = {"preset": cfg.preset.name, "gpu": cfg.gpu.name, "num_gpus": cfg.num_gpus,
                       "cost_model": self.cost.source,
-                      "num_blocks": cfg.num_blocks, "block_size": cfg.preset.block_size,
+                      "num_blocks": cfg.num_blocks, "cache_tokens": cfg.cache_tokens,
+                      "block_size": cfg.preset.block_size,
                       "optimum_capacity_blocks": capacity, "key_block_size": self.key_block,
                       "max_model_len": self.scheduler.max_model_len,
                       "retention_interval": cfg.retention_interval,
@@ -340,7 +379,8 @@ class Simulator:
                       "prefix_retention": (None if cfg.prefix_retention is None
                                            else str(cfg.prefix_retention)),
                       "max_num_batched_tokens": self.scheduler.config.max_num_batched_tokens,
-                      "max_num_seqs": self.scheduler.config.max_num_seqs}
+                      "max_num_seqs": self.scheduler.config.max_num_seqs,
+                      "tiers": None if self.tiers is None else self.tiers.report.config}
         return res
 
     def _new_request(self, served: ServedItem, index: int) -> EngineRequest:
@@ -359,7 +399,7 @@ class Simulator:
         p = er.request.num_prompt_tokens
         res.prompt_tokens += p
         res.prompt_blocks += -(-p // bs)
-        hit = er.num_cached_tokens // bs
+        hit = (er.num_cached_tokens + er.num_external_tokens) // bs
         res.hit_blocks += hit
         i = er.user_data.index  # type: ignore[union-attr]
         self._online.hit_blocks[i] = hit
@@ -378,7 +418,9 @@ class Simulator:
                         self._on_admitted(r, res, float(n))
                 res.steps += 1
                 self._sample_usage(res, float(n))
-                self._update(out, res, float(n))
+                loaded = (self.tiers.run_step(out, 0.0, 0.0, timed=False)[1]
+                          if self.tiers is not None else None)
+                self._update(out, res, float(n), loaded)
             res.output_tokens += er.num_output_tokens
             if self.progress and n % 256 == 0:
                 self.progress(n, len(items))
@@ -418,18 +460,25 @@ class Simulator:
                 self._on_admitted(r, res, clock)
         sc = out.scheduled
         start = clock
-        clock += self.cost.step_time_arrays(
+        compute = self.cost.step_time_arrays(
             np.fromiter((s.num_new_tokens for s in sc), np.float64, len(sc)),
             np.fromiter((s.start for s in sc), np.float64, len(sc)))
+        loaded = None
+        if self.tiers is None:
+            clock += compute
+        else:
+            clock, loaded = self.tiers.run_step(out, start, compute)
         res.steps += 1
         self._sample_usage(res, clock)
-        finished = self._update(out, res, clock)
+        finished = self._update(out, res, clock, loaded)
         for hook in self.step_hooks:
             hook(start, clock, out)
         return clock, finished
 
-    def _update(self, out, res: SimResult, clock: float) -> int:
-        """Sample tokens for the step, apply them, propose drafts; returns finished count."""
+    def _update(self, out, res: SimResult, clock: float,
+                loaded: dict[object, bool] | None = None) -> int:
+        """Sample tokens for the step, apply them (and the step's tier loads), propose drafts;
+        returns finished count."""
         acc = self.acceptance
         sampled: dict[object, list[int]] = {}
         for s in out.scheduled:
@@ -446,7 +495,13 @@ class Simulator:
                 if live.first_token_t < 0 and not self.config.sequential:
                     live.first_token_t = clock
                     res.ttft_s.append(clock - live.item.arrival_s)
-        finished = self.scheduler.update(out, sampled)
+        finished = self.scheduler.update(out, sampled, loaded)
+        for load in out.loads:          # a loading request is admitted once its load ends
+            r = load.req
+            first = r.request.num_preemptions == 0
+            self.tiers.credit(r.request_id, first)      # type: ignore[union-attr]
+            if first:
+                self._on_admitted(r, res, clock)
         for r in finished:
             live = r.user_data  # type: ignore[assignment]
             self._online.finished_t[live.index] = clock

@@ -1,10 +1,15 @@
-"""An embedded in-process CPU tier: an LRU of byte payloads bounded by a byte budget."""
+"""An embedded in-process CPU tier: an LRU of byte payloads bounded by a byte budget.
+
+Its replacement rule is :class:`hybridkv.tiers.SizedLRU`'s, the same object the simulator's
+tiers hold, so the simulated CPU tier and this one keep the same blocks.
+"""
 
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from collections.abc import Sequence
+
+from hybridkv.tiers.lru import SizedLRU
 
 from .base import MISS, WRONG_SIZE, KVStore, Payload
 
@@ -17,8 +22,8 @@ class LocalCPUStore(KVStore):
     Invariants (kept under ``self._lock``):
 
     * ``used_bytes == sum(len(v) for v in entries) <= capacity_bytes``;
-    * ``_entries`` is ordered oldest-first by last put or get hit; ``batch_exists`` does not
-      reorder.
+    * ``_entries`` (a :class:`~hybridkv.tiers.lru.SizedLRU`) is ordered oldest-first by last put
+      or get hit; ``batch_exists`` and a read of the wrong size do not reorder.
 
     A put evicts least-recently-used entries until the payload fits; a payload larger than the
     whole budget is dropped without evicting anything. Re-putting a key replaces its payload and
@@ -36,14 +41,13 @@ class LocalCPUStore(KVStore):
             raise ValueError(f"capacity_bytes must be positive, got {capacity_bytes}")
         super().__init__()
         self.capacity_bytes = int(capacity_bytes)
-        self._entries: OrderedDict[bytes, bytes] = OrderedDict()
-        self._used = 0
+        self._entries: SizedLRU[bytes, bytes] = SizedLRU(self.capacity_bytes)
         self._lock = threading.Lock()
 
     @property
     def used_bytes(self) -> int:
         """Payload bytes currently held."""
-        return self._used
+        return self._entries.used
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -64,20 +68,12 @@ class LocalCPUStore(KVStore):
                 self._count(drops=len(keys), unavailable=len(keys))
                 return [False] * len(keys)
             for key, payload, size in zip(keys, payloads, sizes):
-                key = bytes(key)
-                if size > self.capacity_bytes:
+                held, victims = self._entries.put(bytes(key), bytes(payload), size)
+                if not held:
                     dropped += 1
                     results.append(False)
                     continue
-                old = self._entries.pop(key, None)
-                if old is not None:
-                    self._used -= len(old)
-                while self._used + size > self.capacity_bytes:
-                    _, victim = self._entries.popitem(last=False)
-                    self._used -= len(victim)
-                    evicted += 1
-                self._entries[key] = bytes(payload)
-                self._used += size
+                evicted += len(victims)
                 stored += 1
                 stored_bytes += size
                 results.append(True)
@@ -102,14 +98,16 @@ class LocalCPUStore(KVStore):
         with self._lock:
             for i, key in enumerate(keys):
                 key = bytes(key)
-                payload = self._entries.get(key)
-                if payload is None:
+                entry = self._entries.peek(key)
+                if entry is None:
                     out.append(MISS)
-                elif expected_sizes is not None and len(payload) != expected_sizes[i]:
+                    continue
+                payload = entry[0]
+                if expected_sizes is not None and len(payload) != expected_sizes[i]:
                     mismatches += 1
                     out.append(WRONG_SIZE)
                 else:
-                    self._entries.move_to_end(key)
+                    self._entries.touch(key)
                     hits += 1
                     hit_bytes += len(payload)
                     out.append(payload)
@@ -123,9 +121,7 @@ class LocalCPUStore(KVStore):
         removed = 0
         with self._lock:
             for key in keys:
-                payload = self._entries.pop(bytes(key), None)
-                if payload is not None:
-                    self._used -= len(payload)
+                if self._entries.pop(bytes(key)) is not None:
                     removed += 1
         self._count(removes=removed)
         return removed
@@ -134,5 +130,4 @@ class LocalCPUStore(KVStore):
         """Drop every entry; later puts are dropped and gets miss."""
         with self._lock:
             self._entries.clear()
-            self._used = 0
             super().close()
