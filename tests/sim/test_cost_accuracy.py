@@ -141,6 +141,17 @@ def test_profile_without_constants_is_fitted_on_load(tmp_path: Path) -> None:
     assert load_profile(path).calibration is not None
 
 
+def test_fit_of_an_older_model_form_is_redone_on_load(tmp_path: Path) -> None:
+    obj = default_profile().to_json()
+    params = obj["fit"]["params"]
+    obj["fit"] = {"params": {**{k: v for k, v in params.items() if k not in ("eager_host_s", "host_overlap")},
+                             "eager_overhead_s": 0.0014}}          # no model_form: the first form
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(obj))
+    prof = load_profile(path)
+    assert prof.calibration == default_profile().calibration and prof.fit["model_form"] == 2
+
+
 @pytest.mark.parametrize("edit, words", [
     (lambda o: o.update(format="other"), "not a hybridkv profile"),
     (lambda o: o.update(version=99), "profile version 99 is not supported"),
@@ -198,16 +209,18 @@ def _script(name: str):
     return mod
 
 
-def _gpu_like_profile(tmp_path: Path, scale: dict[str, float]) -> Path:
-    """The CUDA default grid 'measured' as the shipped model predicts it, times ``scale[kind]``,
-    plus the shipped steps as measured (so some steps are repeats)."""
+def _gpu_like_profile(tmp_path: Path, scale: dict[str, float], offset: float = 1.0) -> Path:
+    """A profile of the 24 shared-grid steps as measured plus new steps 'measured' as the shipped
+    calibration predicts them, times ``scale[kind]``; every time times ``offset`` (a harness
+    that is uniformly slower)."""
     from hybridkv.sim.calibration_fit import predict_points
-    from hybridkv.sim.profile import default_profile
     shipped = default_profile()
-    grid = [GridPoint.from_step(s) for s in ("2048@4096,1@1024x64", "8192@24576", "1@4096x64", "512@0,1@1024x32")]
+    grid = [GridPoint.from_step(s) for s in ("2048@4096,1@1024x64", "8192@24576", "1@4096x64",
+                                             "512@0,1@1024x32", "1@16384x8", "4096@0")]
     times = predict_points(LLAMA, H100, shipped.calibration, grid)
-    pts = [dataclasses.replace(p, median_s=float(t) * scale.get(p.kind, 1.0), min_s=float(t))
-           for p, t in zip(grid, times)] + list(shipped.points[:3])
+    pts = [dataclasses.replace(p, median_s=float(t) * scale.get(p.kind, 1.0) * offset, min_s=float(t))
+           for p, t in zip(grid, times)]
+    pts += [dataclasses.replace(p, median_s=p.median_s * offset) for p in shipped.points]
     prof = dataclasses.replace(shipped, points=tuple(pts), kernels=())
     path = tmp_path / "gpu.json"
     prof.refit().save(path)
@@ -216,19 +229,32 @@ def _gpu_like_profile(tmp_path: Path, scale: dict[str, float]) -> Path:
 
 def test_heldout_script_passes_a_profile_the_model_predicts(tmp_path: Path, capsys) -> None:
     path = _gpu_like_profile(tmp_path, {})
-    assert _script("costmodel_heldout").main([str(path), "--json", str(tmp_path / "o.json"), "--no-loo"]) == 0
+    assert _script("costmodel_heldout").main([str(path), "--json", str(tmp_path / "o.json")]) == 0
     text = capsys.readouterr().out
-    assert "verdict: PASS: 4 held-out steps" in text and "runs agree to +0.0%" in text
+    assert "verdict (a): PASS: 6 steps" in text and "verdict (b): PASS: 6 steps" in text
+    assert "refit on this profile's 24 shared-grid steps" in text
     out = json.loads((tmp_path / "o.json").read_text())
-    assert out["summary"]["held-out mixed"]["steps"] == 2
-    assert out["summary"]["held-out long-context prefill"]["steps"] == 1
+    assert out["a"]["run_offset"]["steps"] == 24 and out["a"]["run_offset"]["max"] == pytest.approx(1.0)
+    assert out["b"]["summary"]["mixed"]["steps"] == 2
+    assert out["b"]["summary"]["long-context prefill (>= 16k)"]["steps"] == 1
 
 
 def test_heldout_script_fails_when_a_held_out_kind_is_off(tmp_path: Path, capsys) -> None:
     path = _gpu_like_profile(tmp_path, {"mixed": 1.25})
-    assert _script("costmodel_heldout").main([str(path)]) == 1
+    assert _script("costmodel_heldout").main([str(path), "--quiet"]) == 1
     text = capsys.readouterr().out
-    assert "verdict: FAIL" in text and "profile refit, leave-one-out" in text
+    assert "verdict (a): FAIL: 2 of 6 steps" in text and "verdict (b): FAIL: 2 of 6 steps" in text
+    assert "2048@4096,1@1024x64 -20.0%" in text
+
+
+def test_heldout_script_separates_a_harness_offset_from_model_error(tmp_path: Path, capsys) -> None:
+    # Every step 20 % slower (another harness): the shipped model misses every new step, but
+    # the model refitted to the same harness's shared-grid steps predicts them all.
+    path = _gpu_like_profile(tmp_path, {}, offset=1.2)
+    assert _script("costmodel_heldout").main([str(path), "--quiet"]) == 0
+    text = capsys.readouterr().out
+    assert "verdict (a): FAIL: 6 of 6 steps" in text and "verdict (b): PASS" in text
+    assert "this run / shipped run on the 24 repeated steps: mean +20.0%" in text
 
 
 def test_accuracy_script_reports_old_and_new_error(capsys) -> None:

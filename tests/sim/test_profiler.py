@@ -149,3 +149,138 @@ def test_profile_refuses_bad_requests(tmp_path: Path, capsys) -> None:
     assert main(["profile", "--preset", "llama-3.1-8b", "--out", str(tmp_path / "x.json"),
                  "--point", "512@0,256@3"]) == 2
     assert "mixes 2 prefill" in capsys.readouterr().err
+
+
+# ---- the harness: same computation, fewer host ops; timing that measures the GPU ----------------
+
+
+def test_mixed_step_attends_each_part_over_its_own_cache() -> None:
+    m = _model("llama-3.1-8b", FullAttention(16, num_kv_heads=2, head_dim=16))
+    layer = m.layers[0]
+    plan = Plan(new=4, context=6, batch=2, decode_batch=3, decode_context=9)
+    layer.allocate(plan)
+    q, k, v = layer.project(torch.randn(plan.tokens, m.hidden))
+    out = layer.core((q, k, v), plan)
+    causal = lambda p, j: j <= p   # noqa: E731
+    pre = _reference(q[:8].view(2, 4, layer.heads, layer.d).transpose(1, 2), layer.cache["kp"],
+                     layer.cache["vp"], causal).transpose(1, 2).reshape(8, -1)
+    dec = _reference(q[8:].view(3, 1, layer.heads, layer.d).transpose(1, 2), layer.cache["kd"],
+                     layer.cache["vd"], causal).transpose(1, 2).reshape(3, -1)
+    assert torch.allclose(out, torch.cat([pre, dec]), atol=1e-5)
+    assert torch.equal(layer.cache["kd"][:, :, 9:10], k[8:].view(3, 1, layer.kv_heads, layer.d).transpose(1, 2))
+
+
+@pytest.mark.parametrize("n, s", [(7, 7), (1, 12), (5, 12), (1, 1)])
+def test_sdpa_is_lower_right_causal_on_every_path(n, s) -> None:
+    from hybridkv.profiling.layers import sdpa
+    g = torch.Generator().manual_seed(n * 100 + s)
+    q = torch.randn(2, 4, n, 8, generator=g)
+    k, v = torch.randn(2, 2, s, 8, generator=g), torch.randn(2, 2, s, 8, generator=g)
+    assert torch.allclose(sdpa(q, k, v), _reference(q, k, v, lambda p, j: j <= p), atol=1e-5)
+
+
+def test_rms_norm_is_the_float32_formula_in_one_op() -> None:
+    from torch.profiler import profile
+
+    from hybridkv.profiling.layers import rms_norm
+    x = torch.randn(5, 64, dtype=torch.bfloat16)
+    w = torch.rand(64, dtype=torch.bfloat16) + 0.5
+    xf = x.float()
+    want = w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5)).to(x.dtype)
+    assert torch.allclose(rms_norm(x, w).float(), want.float(), rtol=1e-2, atol=1e-2)
+    with profile() as prof:
+        rms_norm(x, w)
+    top = [e.name for e in prof.events() if e.cpu_parent is None]
+    assert top == ["aten::rms_norm"]
+
+
+def test_a_layer_issues_few_host_ops() -> None:
+    """Each op Python issues costs host time; an eager step issues every one of them. A
+    prefill or decode layer of full attention issues 25 (a mixed one 42)."""
+    from torch.profiler import profile
+    m = _model("llama-3.1-8b", FullAttention(16, num_kv_heads=2, head_dim=16))
+    layer = m.layers[0]
+    for plan, most in ((Plan(new=16, batch=1), 25), (Plan(decode_batch=4, decode_context=32), 25),
+                       (Plan(new=16, context=32, batch=1, decode_batch=4, decode_context=32), 42)):
+        layer.allocate(plan)
+        x = torch.randn(plan.tokens, m.hidden)
+        with torch.inference_mode():
+            layer.forward(x, plan)
+            with profile() as prof:
+                layer.forward(x, plan)
+        top = [e.name for e in prof.events() if e.cpu_parent is None]
+        # on a CPU a prefill after a context materialises its mask (2 ops; CUDA runs the
+        # lower-right flash kernel directly)
+        assert len([t for t in top if t not in ("aten::ones", "aten::tril", "aten::empty")]) <= most, top
+
+
+class _FakeGpu:
+    """A GPU that runs queued work in order while the host issues more: ``fn`` issues
+    ``kernels`` kernels, spending ``host_s / kernels`` host seconds on each, and each runs
+    ``gpu_s / kernels`` seconds on the GPU once the GPU reaches it."""
+
+    def __init__(self, host_s: float, gpu_s: float, kernels: int = 20) -> None:
+        import time as _time
+        self.now = _time.perf_counter
+        self.free_at = 0.0
+        self.host_s, self.gpu_s, self.kernels = host_s, gpu_s, kernels
+
+    def enqueue(self, seconds: float) -> float:
+        self.free_at = max(self.free_at, self.now()) + seconds
+        return self.free_at
+
+    def fn(self) -> None:
+        import time as _time
+        for _ in range(self.kernels):
+            end = self.now() + self.host_s / self.kernels
+            while self.now() < end:
+                pass
+            self.enqueue(self.gpu_s / self.kernels)
+
+    def install(self, monkeypatch) -> None:
+        import time as _time
+        gpu = self
+
+        class Event:
+            def __init__(self, enable_timing: bool = False) -> None:
+                self.at = None
+
+            def record(self) -> None:
+                self.at = gpu.enqueue(0.0)
+
+            def query(self) -> bool:
+                return gpu.now() >= self.at
+
+            def synchronize(self) -> None:
+                while gpu.now() < self.at:
+                    _time.sleep(0.0002)
+
+            def elapsed_time(self, end) -> float:
+                return (end.at - self.at) * 1e3
+
+        monkeypatch.setattr(torch.cuda, "Event", Event)
+        monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: gpu.enqueue(cycles / 1e9))
+        def synchronize(device=None) -> None:
+            e = Event()
+            e.record()
+            e.synchronize()
+
+        monkeypatch.setattr(torch.cuda, "synchronize", synchronize)
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+
+
+def test_queue_ahead_times_the_gpu_not_the_host(monkeypatch) -> None:
+    from hybridkv.profiling import timing
+    gpu = _FakeGpu(host_s=0.03, gpu_s=0.01)          # a host-bound eager step
+    gpu.install(monkeypatch)
+    monkeypatch.setattr(timing, "_CYCLES_PER_S", {})
+    cuda = torch.device("cuda", 0)
+    opts = timing.TimingOptions(warmup=1, min_repeats=3, max_repeats=3, target_s=0.0)
+    plain = timing.time_call(gpu.fn, cuda, dataclasses.replace(opts, queue_ahead=False))
+    ahead = timing.time_call(gpu.fn, cuda, opts)
+    # Timed from the host's first issue, the step takes the host's time (30 ms of issuing,
+    # more when this machine is loaded); queued ahead, it takes the GPU's 10 ms.
+    assert plain.median_s == pytest.approx(plain.host_s + 0.0005, rel=0.1) and plain.host_s >= 0.03
+    assert ahead.median_s == pytest.approx(0.01, rel=0.1)
+    assert ahead.host_s >= 0.03 and ahead.unqueued == 0
+    assert timing._CYCLES_PER_S[0] == pytest.approx(1e9, rel=0.1)

@@ -8,7 +8,8 @@ fits the calibrated model and writes a profile file (format: ``hybridkv.sim.prof
 
 On a CPU the preset is shrunk (2 layers per group, widths / 16, a 512-token vocabulary) unless
 ``--full-size``; the point is a quick end-to-end check, not a CPU cost model. On CUDA the full
-shapes run in bfloat16, decode steps as CUDA graphs. ``--refit FILE`` fits a profile again from
+shapes run in bfloat16, decode steps as CUDA graphs, and each timed step is queued behind a
+GPU sleep so the GPU's time is measured, not the host's issue rate. ``--refit FILE`` fits a profile again from
 its grid alone (no torch, no device).
 """
 
@@ -48,6 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-kernels", action="store_true", help="skip the attention-kernel points")
     p.add_argument("--no-transfer", action="store_true", help="skip the host <-> device copies")
     p.add_argument("--no-graph", action="store_true", help="time decode steps eagerly, not as CUDA graphs")
+    p.add_argument("--no-queue-ahead", action="store_true",
+                   help="on CUDA, start timing each step as soon as the host issues it (the host's "
+                        "issue rate then gates eager steps) instead of queueing it behind a GPU sleep")
     p.add_argument("--time-budget", type=non_negative_number, metavar="SECONDS",
                    help="start no grid point after this many seconds (the rest are recorded as skipped)")
     p.add_argument("--warmup", type=int_in(0, 100), help="warm-up runs per point (default 2; CPU 1)")
@@ -72,7 +76,8 @@ def _print_summary(prof, out: str) -> None:
     print(f"  GEMMs {cal.gemm_efficiency:.0%} of peak, weights read at {cal.weight_bw_efficiency:.0%}, "
           f"attention {cal.attn_causal_efficiency:.0%} (causal) / {cal.attn_context_efficiency:.0%} "
           f"(after a context) of peak, KV read at {cal.attn_bw_efficiency:.0%}; overhead "
-          f"{cal.eager_overhead_s * 1e3:.2f} ms eager, {cal.graph_overhead_s * 1e3:.2f} ms graph")
+          f"{cal.graph_overhead_s * 1e3:.2f} ms per step, host {cal.eager_host_s * 1e3:.2f} ms per eager "
+          f"step")
     for s in prof.method.get("skipped", []):
         print(f"  skipped {s['step']}: {s['reason']}")
     print(f"wrote {out}")
@@ -106,10 +111,11 @@ def run(args: argparse.Namespace) -> int:
     points = list(default_grid("cpu" if cpu else "cuda")) if args.grid == "default" else []
     points += [GridPoint.from_step(format_step(w)) for w in args.point]
     timing = None
-    if args.warmup is not None or args.repeats is not None:
+    if args.warmup is not None or args.repeats is not None or args.no_queue_ahead:
         d = TimingOptions(1, 3, 10, 0.05) if cpu else TimingOptions()
         lo, hi = args.repeats or (d.min_repeats, d.max_repeats)
-        timing = TimingOptions(d.warmup if args.warmup is None else args.warmup, lo, hi, d.target_s)
+        timing = TimingOptions(d.warmup if args.warmup is None else args.warmup, lo, hi, d.target_s,
+                               queue_ahead=not args.no_queue_ahead)
     req = ProfileRequest(args.preset, device=device, gpu=args.gpu, trim=trim, points=tuple(points),
                          kernels=not args.no_kernels, timing=timing, decode_graph=not args.no_graph,
                          transfer=not args.no_transfer, time_budget_s=args.time_budget,

@@ -5,11 +5,16 @@ comparable with them:
 
 * GEMMs through ``torch.nn.functional.linear`` (cuBLAS): separate Q, K, V and O projections,
   one fused gate-up projection and the down projection of a SwiGLU MLP;
-* RMSNorm and SiLU as separate PyTorch ops (RMSNorm in float32, then scaled);
+* RMSNorm and SiLU as separate PyTorch ops (``rms_norm``: computed in float32, scaled, cast
+  back; one op);
 * attention by ``scaled_dot_product_attention`` with native grouped-query attention
-  (``enable_gqa``) and a lower-right causal mask (``causal_lower_right``) over the cached
-  context plus the new tokens; the new tokens' K/V are written in place into a preallocated
-  cache (no copy of the context); no rotary embedding;
+  (``enable_gqa``) and the queries at the last positions of the keys (lower-right causal)
+  over the cached context plus the new tokens: a chunk with no context is the plain causal
+  mask (``is_causal``), a single query sees every key (no mask), and a chunk after a context
+  runs FlashAttention's lower-right causal kernel directly where it applies (the kernel the
+  ``causal_lower_right`` mask dispatches to, without the per-call mask object), else the
+  mask; the new tokens' K/V are written in place into a preallocated cache (no copy of the
+  context) through views made once per step shape; no rotary embedding;
 * the LM head on the last position of each prefill request and on every decode row.
 
 All tokens of a step go through one GEMM pass; attention runs once per layer for the prefill
@@ -68,15 +73,54 @@ class Plan:
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return w * xf.to(x.dtype)
+    """RMSNorm over the last dimension (float32 inside, the input's dtype out)."""
+    return F.rms_norm(x, (x.shape[-1],), w, eps)
+
+
+_FLASH_LOWER_RIGHT: dict[tuple, bool] = {}
+
+
+def _flash_lower_right(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether FlashAttention's causal kernel (lower-right aligned) runs these shapes; decided
+    once per device, dtype and head layout, and checked once against the masked call."""
+    if q.device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+        return False
+    key = (q.device, q.dtype, q.shape[1], k.shape[1], q.shape[-1])
+    ok = _FLASH_LOWER_RIGHT.get(key)
+    if ok is None:
+        try:
+            from torch.backends.cuda import SDPAParams, can_use_flash_attention
+            gqa = q.shape[1] != k.shape[1]
+            ok = q.shape[-1] % 8 == 0 and bool(can_use_flash_attention(
+                SDPAParams(q, k, v, None, 0.0, False, gqa)))
+            if ok:
+                want = F.scaled_dot_product_attention(
+                    q, k, v, attn_mask=causal_lower_right(q.shape[2], k.shape[2]), enable_gqa=gqa)
+                got = _flash_causal(q, k, v)
+                ok = bool(torch.allclose(got.float(), want.float(), atol=2e-2, rtol=2e-2))
+        except (RuntimeError, TypeError, ImportError):
+            ok = False
+        _FLASH_LOWER_RIGHT[key] = ok
+    return ok
+
+
+def _flash_causal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return torch.ops.aten._scaled_dot_product_flash_attention(
+        q, k, v, 0.0, is_causal=True, return_debug_mask=False, scale=1.0 / math.sqrt(q.shape[-1]))[0]
 
 
 def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Attention of ``q`` (B, Hq, n, D) over ``k``/``v`` (B, Hkv, S, D), lower-right causal."""
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(q.shape[2], k.shape[2]),
-                                          enable_gqa=q.shape[1] != k.shape[1])
+    """Attention of ``q`` (B, Hq, n, D) over ``k``/``v`` (B, Hkv, S, D), lower-right causal:
+    query ``i`` sees the keys up to position ``S - n + i``."""
+    n, s = q.shape[2], k.shape[2]
+    gqa = q.shape[1] != k.shape[1]
+    if n == s:                       # no context before the chunk: the plain causal mask
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+    if n == 1:                       # one query after every key sees them all
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
+    if _flash_lower_right(q, k, v):
+        return _flash_causal(q, k, v)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(n, s), enable_gqa=gqa)
 
 
 class _Layer:
@@ -136,16 +180,22 @@ class _Attention(_Layer):
         m = self.m
         self.cache = {}
         if plan.batch:
-            shape = (plan.batch, self.kv_heads, plan.context + plan.new, self.d)
-            self.cache["kp"], self.cache["vp"] = m.randn(shape), m.randn(shape)
+            c, n = plan.context, plan.new
+            shape = (plan.batch, self.kv_heads, c + n, self.d)
+            for name in ("kp", "vp"):
+                self.cache[name] = m.randn(shape)
+                self.cache[name + "_new"] = self.cache[name][:, :, c:c + n]      # where the chunk's K/V go
         if plan.decode_batch:
-            shape = (plan.decode_batch, self.kv_heads, plan.decode_context + 1, self.d)
-            self.cache["kd"], self.cache["vd"] = m.randn(shape), m.randn(shape)
+            c = plan.decode_context
+            shape = (plan.decode_batch, self.kv_heads, c + 1, self.d)
+            for name in ("kd", "vd"):
+                self.cache[name] = m.randn(shape)
+                self.cache[name + "_new"] = self.cache[name][:, :, c:c + 1]
 
     def _prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c: int) -> torch.Tensor:
         n = q.shape[2]
         if self.window is None and self.chunk is None:
-            return sdpa(q, k[:, :, :c + n], v[:, :, :c + n])
+            return sdpa(q, k, v)                      # the cache holds exactly c + n positions
         out = []
         pos = c
         while pos < c + n:                    # query blocks: windows, or attention chunks
@@ -165,6 +215,8 @@ class _Attention(_Layer):
             lo = max(0, c + 1 - self.window)
         elif self.chunk is not None:
             lo = c - c % self.chunk
+        if lo == 0:
+            return sdpa(q, k, v)                      # the cache holds exactly c + 1 positions
         return sdpa(q, k[:, :, lo:c + 1], v[:, :, lo:c + 1])
 
     def project(self, h: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -172,21 +224,28 @@ class _Attention(_Layer):
 
     def core(self, proj: tuple[torch.Tensor, ...], plan: Plan) -> torch.Tensor:
         q, k, v = proj
+        cache = self.cache
         outs = []
         p = plan.prefill_tokens
+        if plan.decode_batch and plan.batch:              # a mixed step: split the rows
+            parts = [(t[:p], t[p:]) for t in (q, k, v)]
+        else:
+            parts = [(t, t) for t in (q, k, v)]
         if plan.batch:
-            b, n, c = plan.batch, plan.new, plan.context
-            qp = q[:p].view(b, n, self.heads, self.d).transpose(1, 2)
-            self.cache["kp"][:, :, c:c + n] = k[:p].view(b, n, self.kv_heads, self.d).transpose(1, 2)
-            self.cache["vp"][:, :, c:c + n] = v[:p].view(b, n, self.kv_heads, self.d).transpose(1, 2)
-            o = self._prefill(qp, self.cache["kp"], self.cache["vp"], c)
+            b, n = plan.batch, plan.new
+            (qp, _), (kp, _), (vp, _) = parts
+            cache["kp_new"].copy_(kp.view(b, n, self.kv_heads, self.d).transpose(1, 2))
+            cache["vp_new"].copy_(vp.view(b, n, self.kv_heads, self.d).transpose(1, 2))
+            o = self._prefill(qp.view(b, n, self.heads, self.d).transpose(1, 2), cache["kp"], cache["vp"],
+                              plan.context)
             outs.append(o.transpose(1, 2).reshape(p, self.heads * self.d))
         if plan.decode_batch:
-            b, c = plan.decode_batch, plan.decode_context
-            qd = q[p:].view(b, 1, self.heads, self.d).transpose(1, 2)
-            self.cache["kd"][:, :, c:c + 1] = k[p:].view(b, 1, self.kv_heads, self.d).transpose(1, 2)
-            self.cache["vd"][:, :, c:c + 1] = v[p:].view(b, 1, self.kv_heads, self.d).transpose(1, 2)
-            o = self._decode(qd, self.cache["kd"], self.cache["vd"], c)
+            b = plan.decode_batch
+            (_, qd), (_, kd), (_, vd) = parts
+            cache["kd_new"].copy_(kd.view(b, 1, self.kv_heads, self.d).transpose(1, 2))
+            cache["vd_new"].copy_(vd.view(b, 1, self.kv_heads, self.d).transpose(1, 2))
+            o = self._decode(qd.view(b, 1, self.heads, self.d).transpose(1, 2), cache["kd"], cache["vd"],
+                             plan.decode_context)
             outs.append(o.transpose(1, 2).reshape(b, self.heads * self.d))
         return torch.cat(outs) if len(outs) > 1 else outs[0]
 

@@ -294,6 +294,12 @@ def run_profile(req: ProfileRequest, out: str | Path | None = None, progress: bo
     total = len(points) + len(kernel_steps) * len(kernel_layers) + (1 if cuda and req.transfer else 0)
     bar = _Progress(total, progress)
     free = (lambda: torch.cuda.mem_get_info(device)[0]) if cuda else (lambda: 1 << 62)
+    cudnn_sdp = torch.backends.cuda.cudnn_sdp_enabled()
+    if cuda:
+        # The FlashAttention backend, as the method describes (cuDNN's attention, which SDPA
+        # would otherwise prefer for some shapes, is off while the profile runs).
+        torch.backends.cuda.enable_cudnn_sdp(False)
+        software["sdpa"]["cudnn"] = False
     try:
         with torch.inference_mode():
             for p in points:
@@ -323,7 +329,9 @@ def run_profile(req: ProfileRequest, out: str | Path | None = None, progress: bo
                         torch.cuda.synchronize(device)
                         t = time_call(step, device, timing)
                     measured.append(dataclasses.replace(p, median_s=t.median_s, min_s=t.min_s,
-                                                        repeats=len(t.seconds)))
+                                                        repeats=len(t.seconds), host_s=t.host_s))
+                    if t.unqueued:
+                        method.setdefault("unqueued", []).append({"step": label, "repetitions": t.unqueued})
                 except (RuntimeError, torch.cuda.OutOfMemoryError) as exc:
                     method["skipped"].append({"step": label, "reason": f"{type(exc).__name__}: {str(exc)[:160]}"})
                 finally:
@@ -361,6 +369,7 @@ def run_profile(req: ProfileRequest, out: str | Path | None = None, progress: bo
                 method["transfer"] = "not measured (CPU device): the default copy times"
     finally:
         bar.close()
+        torch.backends.cuda.enable_cudnn_sdp(cudnn_sdp)
     if not measured:
         raise ValueError("no grid point could be measured; see the reasons above")
     method["wall_s"] = time.perf_counter() - t_start

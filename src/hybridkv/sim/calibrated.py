@@ -3,8 +3,8 @@ r"""Calibrated step-time model: what one engine step costs on a measured GPU.
 The roofline (:mod:`hybridkv.sim.costmodel`) charges every FLOP at one efficiency and every
 byte at another and takes the larger. Measured steps do not behave that way: GEMMs reach a
 different fraction of peak than attention, attention over a cached context runs slower than
-a fresh causal prompt, a decode batch of one cannot fill the GPU, and a step pays a fixed
-overhead that depends on how it was launched. This model charges each of those separately,
+a fresh causal prompt, a decode batch of one cannot fill the GPU, every step pays a fixed
+overhead, and a step launched eagerly takes at least the host's time to issue it. This model charges each of those separately,
 with efficiencies fitted to measured steps (:mod:`hybridkv.sim.calibration_fit`).
 
 A step's work is ``[(new_tokens, context_before), ...]`` as for the roofline. With ``T`` the
@@ -17,7 +17,9 @@ step's new tokens, ``R`` its requests (each samples one row of logits), ``G`` GP
     attn   = sum over KV groups g and attention calls k of
              L_g * s_kind(g) * max(flops_k / (G * F * e_k), bytes_k / (G * B * attn_bw_efficiency))
                  / min(1, units_k / (G * attn_saturation_blocks))
-    time   = gemm + attn + (eager_overhead_s if the step has a prefill else graph_overhead_s)
+    gpu    = gemm + attn + graph_overhead_s
+    time   = gpu                                       for a step whose requests are all decodes
+           = (gpu**q + eager_host_s**q) ** (1/q),  q = host_overlap       for any other step
 
 ``P_tok`` are the parameters every token multiplies (active parameters less the LM head and an
 untied embedding), ``P_head`` the LM head's. The GEMM term is an efficiency that depends on
@@ -42,8 +44,12 @@ layer's call reads and writes its state once per request and does ``4 * state si
 per token. ``s_kind`` is a per-attention-kind time multiplier (1 unless a profile measured
 that kind's kernels, see :class:`Calibration`).
 
-A step whose requests are all decodes pays ``graph_overhead_s`` (engines replay decode steps
-as a CUDA graph); any other step ``eager_overhead_s``. An empty step costs 0.
+A step whose requests are all decodes is replayed as a CUDA graph (as engines run decode
+steps): its time is the GPU's, ``graph_overhead_s`` included (the gaps between its many small
+kernels, paid by every step). Any other step is launched eagerly, kernel by kernel from the host: the GPU runs
+while the host issues the next kernels, so the step takes the larger of the GPU time and the
+host's issue time ``eager_host_s``, joined smoothly (``host_overlap``: 1 = the two add up,
+large = the plain ``max``; a step with little GPU work is host-bound). An empty step costs 0.
 """
 
 from __future__ import annotations
@@ -63,7 +69,7 @@ from hybridkv.sim.costmodel import StepCost
 from hybridkv.sim.presets import GpuPreset, ModelPreset
 
 __all__ = ["ATTENTION_KINDS", "DECODE_MAX_NEW", "Calibration", "CalibratedCostModel", "StepFeatures",
-           "attention_kind", "blend", "call_times", "evaluate_features"]
+           "attention_kind", "blend", "call_times", "evaluate_features", "host_bound"]
 
 ATTENTION_KINDS = ("full", "sliding", "chunked", "mla", "state")
 """Attention kinds with their own time multiplier (:attr:`Calibration.kind_scale`)."""
@@ -94,8 +100,8 @@ def attention_kind(spec: AttentionSpec) -> str:
 class Calibration:
     """The fitted constants of the calibrated model (formula: module docstring).
 
-    The field defaults are generic starting values (the roofline's 0.5 / 0.8, a 2 ms overhead),
-    not a measurement; :func:`hybridkv.sim.profile.default_calibration` gives the measured
+    The field defaults are generic starting values (the roofline's 0.5 / 0.8, 2 ms of overhead
+    and of host time), not a measurement; :func:`hybridkv.sim.profile.default_calibration` gives the measured
     ones.
 
     Attributes:
@@ -108,8 +114,10 @@ class Calibration:
         attn_context_efficiency: the same after a cached context (and for decode FLOPs).
         attn_bw_efficiency: fraction of peak bandwidth attention reads KV (and state) at.
         attn_saturation_blocks: attention work blocks that keep the GPU busy (per GPU).
-        eager_overhead_s: fixed time of a step with a prefill chunk (>= ``graph_overhead_s``).
-        graph_overhead_s: fixed time of a decode-only step.
+        graph_overhead_s: fixed GPU time of every step (the gaps between its kernels).
+        eager_host_s: host time to issue a step launched eagerly (one with a prefill chunk).
+        host_overlap: how the host's issue time and the GPU time combine in an eager step
+            (>= 1; 1: they add up; large: the larger of the two).
         kind_scale: time multiplier per :data:`ATTENTION_KINDS` entry (1: as full attention).
     """
 
@@ -120,8 +128,9 @@ class Calibration:
     attn_context_efficiency: float = 0.35
     attn_bw_efficiency: float = 0.8
     attn_saturation_blocks: float = 132.0
-    eager_overhead_s: float = 0.002
     graph_overhead_s: float = 0.002
+    eager_host_s: float = 0.002
+    host_overlap: float = 4.0
     kind_scale: tuple[float, ...] = field(default=(1.0,) * len(ATTENTION_KINDS))
 
     def __post_init__(self) -> None:
@@ -130,19 +139,17 @@ class Calibration:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and 0 < value <= 1):
                 raise ValueError(f"Calibration.{name} must be in (0, 1], got {value!r}")
-        if not (isinstance(self.gemm_blend, (int, float)) and self.gemm_blend >= 1):
-            raise ValueError(f"Calibration.gemm_blend must be >= 1, got {self.gemm_blend!r}")
+        for name in ("gemm_blend", "host_overlap"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and value >= 1):
+                raise ValueError(f"Calibration.{name} must be >= 1, got {value!r}")
         if not (isinstance(self.attn_saturation_blocks, (int, float)) and self.attn_saturation_blocks > 0):
             raise ValueError(f"Calibration.attn_saturation_blocks must be > 0, got "
                              f"{self.attn_saturation_blocks!r}")
-        for name in ("eager_overhead_s", "graph_overhead_s"):
+        for name in ("graph_overhead_s", "eager_host_s"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and 0 <= value < 1):
                 raise ValueError(f"Calibration.{name} must be in [0, 1) seconds, got {value!r}")
-        if self.eager_overhead_s < self.graph_overhead_s:
-            raise ValueError(f"Calibration.eager_overhead_s ({self.eager_overhead_s!r}) must be >= "
-                             f"graph_overhead_s ({self.graph_overhead_s!r}): a step with a prefill "
-                             "is never launched faster than a decode-only step")
         scale = tuple(float(x) for x in self.kind_scale)
         if len(scale) != len(ATTENTION_KINDS) or not all(0 < x < 100 for x in scale):
             raise ValueError(f"Calibration.kind_scale must be {len(ATTENTION_KINDS)} multipliers in "
@@ -458,7 +465,21 @@ class CalibratedCostModel:
                 occ = min(1.0, units / sat)
                 w = max(f / (F * cal.attn_context_efficiency), by / bw_a)
                 t += s * w / occ
-        return t + (cal.graph_overhead_s if all_dec else cal.eager_overhead_s)
+        t += cal.graph_overhead_s
+        if all_dec:
+            return t
+        h, q = cal.eager_host_s, cal.host_overlap          # host_bound(t, h, q), inlined (t > 0)
+        m = t if t > h else h
+        return m * ((t / m) ** q + (h / m) ** q) ** (1.0 / q)
+
+
+def host_bound(gpu_s: float, host_s: float, q: float) -> float:
+    """An eager step's time: GPU time ``gpu_s`` and host issue time ``host_s`` joined by
+    ``(gpu_s**q + host_s**q) ** (1/q)`` (never less than either, increasing in both)."""
+    m = gpu_s if gpu_s > host_s else host_s
+    if m <= 0.0:
+        return 0.0
+    return m * ((gpu_s / m) ** q + (host_s / m) ** q) ** (1.0 / q)
 
 
 def blend(a: np.ndarray, b: np.ndarray, p: float) -> np.ndarray:
@@ -490,11 +511,13 @@ def evaluate_features(f: StepFeatures, cal: Calibration, gpu: GpuPreset) -> Step
     gemm = m * ((a / m) ** p + (b / m) ** p) ** (1.0 / p) if m > 0 else 0.0
     attn = float(call_times(cal, gpu.flops, gpu.mem_bw, f.call_flops, f.call_bytes, f.call_units,
                             f.call_layers, f.call_causal, f.call_kind).sum())
-    over = cal.eager_overhead_s if f.eager else cal.graph_overhead_s
+    gpu_s = gemm + attn + cal.graph_overhead_s
+    total = host_bound(gpu_s, cal.eager_host_s, cal.host_overlap) if f.eager else gpu_s
+    over = total - gemm - attn if f.eager else cal.graph_overhead_s
     # Split the blended GEMM time between its compute and weight-read terms in proportion.
     share = a ** p / (a ** p + b ** p) if m > 0 else 0.0
     attn_flops = float((f.call_flops * f.call_layers).sum())
     attn_bytes = float((f.call_bytes * f.call_layers).sum())
     return StepCost(f.gemm_flops + attn_flops, f.weight_bytes + attn_bytes, gemm * share,
-                    gemm * (1.0 - share), gemm + attn + over, attention_s=attn, overhead_s=over,
+                    gemm * (1.0 - share), total, attention_s=attn, overhead_s=over,
                     model="calibrated")

@@ -6,10 +6,10 @@ plus a weak pull (weight :data:`PRIOR_WEIGHT` per constant) toward the generic
 :class:`~hybridkv.sim.calibrated.Calibration` defaults, so a grid that says nothing about a
 constant (no decode points, say) leaves it at its generic value instead of anywhere. Each
 constant is fitted in a space where every value is valid: efficiencies through a logistic
-map into (0, 1), the blend as ``1 + exp``, the saturation as ``exp``, overheads as a square
-(the eager overhead as its excess over the graph overhead, so it is never the smaller).
-The minimiser is Levenberg-Marquardt with a forward-difference Jacobian, started from the
-generic values and two variants; the best end point wins.
+map into (0, 1), the two blend exponents as ``1 + exp``, the saturation as ``exp``, the
+overhead and the host time as a square. The minimiser is Levenberg-Marquardt with a
+forward-difference Jacobian, started from the generic values and two variants; the best end
+point wins.
 
 :func:`leave_one_out` refits without each point in turn and predicts it: the error a new
 measurement of the same kind should expect, not how well the fit reproduces its own data.
@@ -34,7 +34,7 @@ from hybridkv.sim.calibrated import (ATTENTION_KINDS, CalibratedCostModel, Calib
 from hybridkv.sim.grid import GridPoint
 from hybridkv.sim.presets import GpuPreset, ModelPreset
 
-__all__ = ["FitResult", "KernelPoint", "PRIOR_WEIGHT", "fit_calibration", "leave_one_out",
+__all__ = ["FitResult", "HeldOut", "KernelPoint", "PRIOR_WEIGHT", "fit_calibration", "held_out", "leave_one_out",
            "predict_points"]
 
 PRIOR_WEIGHT = 0.02
@@ -43,22 +43,21 @@ PRIOR_WEIGHT = 0.02
 _NAMES = Calibration.scalar_names()
 _UNIT = {"gemm_efficiency", "weight_bw_efficiency", "attn_causal_efficiency",
          "attn_context_efficiency", "attn_bw_efficiency"}
+_EXPONENT = {"gemm_blend", "host_overlap"}
 
 
 def _to_theta(cal: Calibration) -> np.ndarray:
     out = []
     for name in _NAMES:
         v = getattr(cal, name)
-        if name == "eager_overhead_s":              # fitted as its excess over the graph overhead
-            v = max(v - cal.graph_overhead_s, 0.0)
         if name in _UNIT:
             v = min(max(v, 1e-6), 1 - 1e-6)
             out.append(math.log(v / (1 - v)))
-        elif name == "gemm_blend":
+        elif name in _EXPONENT:
             out.append(math.log(max(v - 1.0, 1e-6)))
         elif name == "attn_saturation_blocks":
             out.append(math.log(v))
-        else:                                   # overheads: seconds = (theta / 1000) ** 2 * 1000
+        else:                                   # seconds = theta ** 2 / 1000
             out.append(math.sqrt(v * 1e3))
     return np.array(out)
 
@@ -69,13 +68,12 @@ def _from_theta(theta: np.ndarray, kind_scale: tuple[float, ...]) -> Calibration
         t = float(np.clip(t, -30.0, 30.0))
         if name in _UNIT:
             kw[name] = min(1.0 / (1.0 + math.exp(-t)), 1.0)
-        elif name == "gemm_blend":
+        elif name in _EXPONENT:
             kw[name] = 1.0 + math.exp(t)
         elif name == "attn_saturation_blocks":
             kw[name] = math.exp(t)
         else:
             kw[name] = min(t * t * 1e-3, 0.49)
-    kw["eager_overhead_s"] += kw["graph_overhead_s"]
     return Calibration(**kw, kind_scale=kind_scale)
 
 
@@ -147,8 +145,9 @@ class _Batch:
         gemm = blend(a, b, cal.gemm_blend)
         calls = call_times(cal, gpu.flops, gpu.mem_bw, self.flops, self.bytes, self.units,
                            self.layers, self.causal, self.kind)
-        attn = np.bincount(self.step_of, weights=calls, minlength=self.n)
-        return gemm + attn + np.where(self.eager, cal.eager_overhead_s, cal.graph_overhead_s)
+        gpu_s = gemm + np.bincount(self.step_of, weights=calls, minlength=self.n) + cal.graph_overhead_s
+        host = blend(gpu_s, np.full(self.n, cal.eager_host_s), cal.host_overlap)
+        return np.where(self.eager, host, gpu_s)
 
 
 def predict_points(model: ModelPreset, gpu: GpuPreset, cal: Calibration,
@@ -259,9 +258,9 @@ def fit_calibration(model: ModelPreset, gpu: GpuPreset, points: Sequence[GridPoi
                                PRIOR_WEIGHT * (theta - theta_prior)])
 
     starts = [theta_prior]
-    for over, blend_p in ((0.0005, 2.0), (0.005, 8.0)):
-        starts.append(_to_theta(dataclasses.replace(prior, eager_overhead_s=over,
-                                                    graph_overhead_s=over, gemm_blend=blend_p)))
+    for over, host, blend_p in ((0.0005, 0.001, 2.0), (0.002, 0.01, 8.0)):
+        starts.append(_to_theta(dataclasses.replace(prior, graph_overhead_s=over, eager_host_s=host,
+                                                    gemm_blend=blend_p, host_overlap=blend_p)))
     best = min((_lm(residuals, s) for s in starts), key=lambda tc: tc[1])
     cal = _from_theta(best[0], scale)
     cal = dataclasses.replace(cal, kind_scale=_kind_scale(model, gpu, cal, kernels))
@@ -284,3 +283,45 @@ def leave_one_out(model: ModelPreset, gpu: GpuPreset, points: Sequence[GridPoint
         cal = fit_calibration(model, gpu, rest, prior=prior).calibration
         out.append(float(predict_points(model, gpu, cal, [p])[0] / p.median_s))
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class HeldOut:
+    """A fit to some measured steps and its predictions of the others.
+
+    Attributes:
+        calibration: the constants fitted to ``fit``.
+        fit, test: the steps fitted to and the steps predicted.
+        fit_ratios, test_ratios: predicted / measured time of each.
+        test_gpu_s: the predicted GPU time of each test step (no host term).
+        test_host_bound: whether a test step is eager and its predicted GPU time is below the
+            fitted host issue time (its time is then the host's, not the GPU's).
+    """
+
+    calibration: Calibration
+    fit: tuple[GridPoint, ...]
+    test: tuple[GridPoint, ...]
+    fit_ratios: tuple[float, ...]
+    test_ratios: tuple[float, ...]
+    test_gpu_s: tuple[float, ...]
+    test_host_bound: tuple[bool, ...]
+
+
+def held_out(model: ModelPreset, gpu: GpuPreset, points: Sequence[GridPoint], fit_steps: set[str],
+             prior: Calibration | None = None) -> HeldOut:
+    """Fit to the ``points`` whose step is in ``fit_steps`` and predict the others.
+
+    Raises:
+        ValueError: no point to fit or none to predict.
+    """
+    fit = tuple(p for p in points if p.step in fit_steps)
+    test = tuple(p for p in points if p.step not in fit_steps)
+    if not fit or not test:
+        raise ValueError(f"held-out split needs steps on both sides; got {len(fit)} to fit and "
+                         f"{len(test)} to predict")
+    cal = fit_calibration(model, gpu, fit, prior=prior).calibration
+    ratios = [predict_points(model, gpu, cal, ps) / np.array([p.median_s for p in ps]) for ps in (fit, test)]
+    gpu_s = predict_points(model, gpu, dataclasses.replace(cal, eager_host_s=0.0), test)
+    bound = tuple(bool(p.kind != "decode" and g < cal.eager_host_s) for p, g in zip(test, gpu_s))
+    return HeldOut(cal, fit, test, tuple(float(r) for r in ratios[0]), tuple(float(r) for r in ratios[1]),
+                   tuple(float(g) for g in gpu_s), bound)

@@ -70,6 +70,7 @@ class GridPoint:
         decode_context: cached tokens of each decode request.
         median_s, min_s: measured seconds (median and minimum of the repetitions).
         repeats: timed repetitions behind the figures.
+        host_s: median seconds the host took to issue the step's kernels (0: not recorded).
     """
 
     new_tokens: int = 0
@@ -80,6 +81,7 @@ class GridPoint:
     median_s: float = 0.0
     min_s: float = 0.0
     repeats: int = 0
+    host_s: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("new_tokens", "context", "batch", "decode_batch", "decode_context", "repeats"):
@@ -91,8 +93,9 @@ class GridPoint:
                              "(decode_batch >= 1)")
         if self.new_tokens and self.batch < 1:
             raise ValueError(f"grid point batch must be >= 1 with a prefill part, got {self.batch}")
-        if not (self.median_s >= 0 and self.min_s >= 0):
-            raise ValueError(f"grid point times must be >= 0, got {self.median_s!r}, {self.min_s!r}")
+        if not (self.median_s >= 0 and self.min_s >= 0 and self.host_s >= 0):
+            raise ValueError(f"grid point times must be >= 0, got {self.median_s!r}, {self.min_s!r}, "
+                             f"{self.host_s!r}")
 
     @property
     def kind(self) -> str:
@@ -144,6 +147,8 @@ class GridPoint:
         out.update(median_s=self.median_s, min_s=self.min_s)
         if self.repeats:
             out["repeats"] = self.repeats
+        if self.host_s:
+            out["host_s"] = self.host_s
         return out
 
     @classmethod
@@ -157,7 +162,7 @@ class GridPoint:
             kind = obj["kind"]
             median = float(obj["median_s"])
             common = dict(median_s=median, min_s=float(obj.get("min_s", median)),
-                          repeats=int(obj.get("repeats", 0)))
+                          repeats=int(obj.get("repeats", 0)), host_s=float(obj.get("host_s", 0.0)))
             if kind == "decode":
                 return cls(decode_batch=int(obj["batch"]), decode_context=int(obj["context"]), **common)
             if kind in ("prefill", "mixed"):

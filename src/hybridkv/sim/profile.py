@@ -45,12 +45,15 @@ from hybridkv.sim.presets import GPU_PRESETS, GpuPreset, ModelPreset, get_preset
 from hybridkv.sim.shapes import Trim, trimmed_preset
 from hybridkv.sim.transfer import DEFAULT_TRANSFER, CopyPoint, TransferModel, fit_transfer
 
-__all__ = ["COST_MODELS", "DEFAULT_PROFILE_PATH", "FORMAT", "VERSION", "Profile", "copy_points_from_jsonl",
+__all__ = ["COST_MODELS", "DEFAULT_PROFILE_PATH", "FORMAT", "MODEL_FORM", "VERSION", "Profile", "copy_points_from_jsonl",
            "cost_model", "default_calibration", "default_profile", "load_profile",
            "profile_from_measurements", "software_versions"]
 
 FORMAT = "hybridkv-profile"
 VERSION = 1
+MODEL_FORM = 2
+"""The calibrated model's form a profile's ``fit.params`` belong to (``fit.model_form``); a fit
+of another form is recomputed from the grid when the profile is read."""
 DEFAULT_PROFILE_PATH = Path(__file__).resolve().parent / "data" / "h100-llama-3.1-8b.profile.json"
 COST_MODELS = ("calibrated", "roofline")
 """``cost_model`` kinds: the calibrated model (default) and the roofline fallback."""
@@ -118,7 +121,7 @@ class Profile:
         model, gpu = self.model_preset(), self.gpu_preset()
         res = fit_calibration(model, gpu, self.points, self.kernels)
         err = np.abs(np.array(res.ratios) - 1.0)
-        fit = {"params": res.calibration.to_json(), "points": len(self.points),
+        fit = {"params": res.calibration.to_json(), "model_form": MODEL_FORM, "points": len(self.points),
                "kernels": len(self.kernels), "max_abs_error": float(err.max()),
                "mean_abs_error": float(err.mean()), "ratios": list(res.ratios)}
         if loo and len(self.points) > 1:
@@ -155,6 +158,8 @@ class Profile:
             if key not in obj:
                 raise ValueError(f"profile lacks its {key!r} section")
         fit = dict(obj.get("fit") or {})
+        if fit.get("model_form", 1) != MODEL_FORM:
+            fit = {}                                   # constants of another model form: refit
         cal = Calibration.from_json(fit["params"]) if "params" in fit else None
         transfer = TransferModel.from_json(obj["transfer"]) if obj.get("transfer") else DEFAULT_TRANSFER
         return cls(device=dict(obj["device"]), model=dict(obj["model"]),
