@@ -131,10 +131,9 @@ class KVCacheManager:
                      if policy is None else
                      PolicyBlockPool(config.num_blocks, len(config.groups), policy, on_evict=on_evict))
         self.coordinator = KVCacheCoordinator(
-            config, self.pool, self.hasher, Retention(retention_interval, config.alignment),
+            config, self.pool, Retention(retention_interval, config.alignment),
             drop_mode=drop_mode, vllm_compat=vllm_compat, caching=enable_caching,
-            max_model_len=max_model_len, on_stored=self._on_stored if enable_events else None,
-            max_in_flight_tokens=max_in_flight_tokens)
+            max_model_len=max_model_len, max_in_flight_tokens=max_in_flight_tokens)
         if isinstance(self.pool, ExtentBlockPool) and not vllm_compat:
             # sibling state groups serve hits only together: evict their checkpoints together
             states = set(self.coordinator.state_groups)
@@ -142,6 +141,7 @@ class KVCacheManager:
                                   for u in self.coordinator.units if len(u.groups) > 1
                                   for g in u.groups if g in states}
         if enable_events:   # blocks loaded from an external tier are stored blocks too
+            self.coordinator.on_stored = self._on_stored
             self.coordinator.on_adopted = self._record_stored
         self._stats = PrefixCacheStats()
         self._requests: dict[object, Request] = {}
