@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 from hybridkv import FullAttention, KVCacheConfig, KVCacheGroup, KVCacheManager, Request, SlidingWindow
 from hybridkv.core.eviction import POLICIES, RECOMMENDED, make_policy, resolve_policy
-from hybridkv.core.pool import BlockPool, PolicyBlockPool
+from hybridkv.core.policy_pool import PolicyBlockPool
+from hybridkv.core.pool import BlockPool
 from tests.core.test_properties import MAX_OPS, MIN_OPS, Model, configs, decode_ops
 from tests.core.helpers import serve_chain
 from tests.hypothesis_budget import budgeted, examples, note

@@ -19,7 +19,7 @@ from hybridkv import FullAttention, SlidingWindow
 from hybridkv.core.eviction import (POLICIES, AdaptivePolicy, ChainARCPolicy, CostAwarePolicy, EVAPolicy,
                                     LFUPolicy, PriorityPolicy, S3FIFOPolicy, TurnEVAPolicy, make_policy,
                                     resolve_policy)
-from hybridkv.core.pool import PolicyBlockPool
+from hybridkv.core.policy_pool import PolicyBlockPool
 from hybridkv.core.rules import make_rule
 from tests.core.helpers import serve_chain
 

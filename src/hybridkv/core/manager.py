@@ -26,7 +26,9 @@ from hybridkv.core.events import (AllBlocksCleared, BlockRemoved, BlockStored, K
                                   PrefixCacheStats, untag_extra_keys)
 from hybridkv.core.hashing import BlockHasher
 from hybridkv.core.eviction import make_policy, resolve_policy
-from hybridkv.core.pool import NULL_BLOCK, BlockPool, ExtentBlockPool, PolicyBlockPool
+from hybridkv.core.extent_pool import ExtentBlockPool
+from hybridkv.core.policy_pool import PolicyBlockPool
+from hybridkv.core.pool import NULL_BLOCK, BlockPool
 from hybridkv.core.request import Request
 from hybridkv.core.retention import Retention, validate_retention_interval
 from hybridkv.core.retention_config import RetentionConfig
