@@ -20,7 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from bench_pool import workload  # noqa: E402
 from hybridkv.core.eviction import POLICIES, make_policy  # noqa: E402
-from hybridkv.core.pool import BlockPool, PolicyBlockPool  # noqa: E402
+from hybridkv.core.policy_pool import PolicyBlockPool  # noqa: E402
+from hybridkv.core.pool import BlockPool  # noqa: E402
 from hybridkv.core.retention_config import DEFAULT_PRIORITY, RetentionMark  # noqa: E402
 
 # priority+ttl: the priority policy with retention marks on every other free (priority 90 for

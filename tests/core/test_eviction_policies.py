@@ -15,8 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hybridkv import FullAttention, KVCacheConfig, KVCacheGroup, KVCacheManager, Request, SlidingWindow
-from hybridkv.core.eviction import POLICIES, RECOMMENDED, make_policy, resolve_policy
-from hybridkv.core.pool import BlockPool, PolicyBlockPool
+from hybridkv.core.eviction import (EVICTION_POLICIES, POLICIES, RECOMMENDED, EvictionPolicy, make_policy,
+                                    policy_names, resolve_policy)
+from hybridkv.core.policy_pool import PolicyBlockPool
+from hybridkv.core.pool import BlockPool
 from tests.core.test_properties import MAX_OPS, MIN_OPS, Model, configs, decode_ops
 from tests.core.helpers import serve_chain
 from tests.hypothesis_budget import budgeted, examples, note
@@ -89,6 +91,86 @@ def test_bad_policy_names():
         KVCacheManager(_cfg(8), eviction_policy="s3fifo", vllm_compat=True)
     assert resolve_policy("recommended") == RECOMMENDED
     assert make_policy("lru") is None
+
+
+class _ToyMRU(EvictionPolicy):
+    """A toy policy for the registry test: evict the block freed last first (MRU)."""
+
+    name = "toy-mru"
+    __slots__ = ("held", "made_with")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held: dict[int, None] = {}           # in free order
+        self.made_with: tuple = ()
+
+    @classmethod
+    def create(cls, rules, clock):
+        pol = cls()
+        pol.made_with = (rules, clock)
+        return pol
+
+    def __len__(self) -> int:
+        return len(self.held)
+
+    def __contains__(self, b: int) -> bool:
+        return b in self.held
+
+    def __iter__(self):
+        return iter(self.held)
+
+    def on_free(self, blocks) -> None:
+        self.held.update(dict.fromkeys(blocks))
+
+    def on_hit(self, b: int, held: bool) -> None:
+        if held:
+            del self.held[b]
+
+    def pop(self, n: int) -> list[int]:
+        return [self.held.popitem()[0] for _ in range(n)]
+
+    def forget(self, blocks) -> None:
+        pass
+
+
+def test_a_new_policy_is_one_class_and_one_registration_line(monkeypatch):
+    """Registering a toy policy makes its name valid everywhere a name is checked (the error
+    lists it, compat mode refuses it) and the manager runs it through the one factory
+    signature, ``create(rules, clock)``: victims in the toy's order (MRU keeps the request
+    served first, LRU the one served last), integrity green. Guards against a name list or an
+    if-chain beside the registry that a new policy would also have to be added to."""
+    monkeypatch.setattr(EVICTION_POLICIES, "_table", dict(EVICTION_POLICIES._table))
+    EVICTION_POLICIES.register("toy-mru")(_ToyMRU)
+    assert resolve_policy("toy-mru") == "toy-mru" and "toy-mru" in policy_names()
+    with pytest.raises(ValueError, match=r"^unknown eviction policy 'toy'; valid: lru, .*, toy-mru, recommended$"):
+        resolve_policy("toy")
+    with pytest.raises(ValueError, match="vllm_compat pins vLLM's LRU order; eviction_policy must be 'lru', "
+                                         "got 'toy-mru'"):
+        KVCacheManager(_cfg(9), eviction_policy="toy-mru", vllm_compat=True)
+
+    def run(policy: str) -> tuple[int, int]:
+        clock = lambda: 0.0                                   # noqa: E731
+        kv = KVCacheManager(_cfg(9), eviction_policy=policy, clock=clock)
+        if policy == "toy-mru":
+            assert type(kv.pool) is PolicyBlockPool and type(kv.pool.policy) is _ToyMRU
+            rules, got_clock = kv.pool.policy.made_with
+            assert len(rules) == 1 and rules[0].block_size == 4 and got_clock is clock
+        a, b = list(range(9)), list(range(100, 109))          # 2 cached blocks each
+        _serve(kv, "a", a)
+        _serve(kv, "b", b)
+        _serve(kv, "c", list(range(200, 221)))               # 6 blocks: evicts 2 cached ones
+        kv.check_integrity()
+        return kv.lookup(Request("a2", a)).num_tokens, kv.lookup(Request("b2", b)).num_tokens
+
+    assert run("lru") == (0, 8)
+    assert run("toy-mru") == (8, 0)
+
+
+def test_every_registered_policy_carries_its_registered_name():
+    """A policy's ``name`` (in its messages) is the key it is registered under."""
+    assert len(EVICTION_POLICIES) == len(POLICIES) - 2
+    for key, cls in EVICTION_POLICIES.items():
+        assert cls.name == key and type(make_policy(key)) is cls
 
 
 @pytest.mark.parametrize("policy", ["s3fifo", "lfu", "cost"])

@@ -17,9 +17,9 @@ import pytest
 
 from hybridkv import FullAttention, SlidingWindow
 from hybridkv.core.eviction import (POLICIES, AdaptivePolicy, ChainARCPolicy, CostAwarePolicy, EVAPolicy,
-                                    LFUPolicy, PriorityPolicy, S3FIFOPolicy, TurnEVAPolicy, make_policy,
-                                    resolve_policy)
-from hybridkv.core.pool import PolicyBlockPool
+                                    LFUPolicy, PriorityPolicy, S3FIFOPolicy, TurnAdaptivePolicy, TurnEVAPolicy,
+                                    make_policy, resolve_policy)
+from hybridkv.core.policy_pool import PolicyBlockPool
 from hybridkv.core.rules import make_rule
 from tests.core.helpers import serve_chain
 
@@ -74,7 +74,7 @@ def test_each_policy_name_builds_its_policy():
     eva-turns, ``adaptive`` with chain ARC alone."""
     want = {"lru": type(None), "s3fifo": S3FIFOPolicy, "lfu": LFUPolicy, "cost": CostAwarePolicy,
             "eva": EVAPolicy, "eva-turns": TurnEVAPolicy, "arc": ChainARCPolicy,
-            "adaptive": AdaptivePolicy, "adaptive-turns": AdaptivePolicy, "priority": PriorityPolicy,
+            "adaptive": AdaptivePolicy, "adaptive-turns": TurnAdaptivePolicy, "priority": PriorityPolicy,
             "recommended": AdaptivePolicy}
     assert set(want) == set(POLICIES)
     for name, cls in want.items():

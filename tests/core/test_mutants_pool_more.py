@@ -12,8 +12,9 @@ from __future__ import annotations
 import pytest
 
 from hybridkv.core.eviction import make_policy
-from hybridkv.core.pool import (_GAP, _HEAD, _MAX_CHANGES, _TAIL, BlockPool, ExtentBlockPool,
-                                FreeBlockQueue, PolicyBlockPool)
+from hybridkv.core.extent_pool import ExtentBlockPool
+from hybridkv.core.policy_pool import PolicyBlockPool
+from hybridkv.core.pool import _GAP, _HEAD, _MAX_CHANGES, _TAIL, BlockPool, FreeBlockQueue
 
 
 def h(i: int) -> bytes:

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from hybridkv import FullAttention, KVCacheConfig, KVCacheGroup, KVCacheManager, Request
 from hybridkv.core.eviction import PriorityPolicy, make_policy
-from hybridkv.core.pool import PolicyBlockPool
+from hybridkv.core.policy_pool import PolicyBlockPool
 from hybridkv.core.retention_config import (DEFAULT_PRIORITY, RetentionConfig, RetentionMark,
                                             TokenRange, block_marks)
 from tests.core.test_properties import MAX_OPS, MIN_OPS, Model, configs, decode_ops

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from hybridkv import FullAttention, KVCacheConfig, KVCacheGroup, KVCacheManager, Request, SpecDecode
-from hybridkv.core.pool import ExtentBlockPool
+from hybridkv.core.extent_pool import ExtentBlockPool
 from hybridkv.core.rules import StateRule, make_rule
 from hybridkv.core.specs import StateSpec
 from tests.core.oracle import needed_blocks

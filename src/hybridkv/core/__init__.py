@@ -2,7 +2,7 @@
 
 from importlib.machinery import EXTENSION_SUFFIXES as _EXTENSION_SUFFIXES
 
-from hybridkv.core import coordinator as _coordinator
+from hybridkv.core import manager as _manager
 from hybridkv.core.blockref import BlockRef, TableRef
 from hybridkv.core.coordinator import CacheHit, ExternalHit, StateBlocks, StateExport
 from hybridkv.core.events import AllBlocksCleared, BlockRemoved, BlockStored, PrefixCacheStats
@@ -18,7 +18,7 @@ from hybridkv.core.specs import (MLA, AttentionSpec, ChunkedLocal, FullAttention
 
 #: True when the core runs from the optional compiled build (setup.py, Cython: the same .py
 #: files compiled); False for the pure-Python source (no build, or HYBRIDKV_PURE_PYTHON=1).
-COMPILED: bool = (_coordinator.__file__ or "").endswith(tuple(_EXTENSION_SUFFIXES))
+COMPILED: bool = (_manager.__file__ or "").endswith(tuple(_EXTENSION_SUFFIXES))
 
 __all__ = [
     "COMPILED",

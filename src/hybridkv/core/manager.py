@@ -26,7 +26,9 @@ from hybridkv.core.events import (AllBlocksCleared, BlockRemoved, BlockStored, K
                                   PrefixCacheStats, untag_extra_keys)
 from hybridkv.core.hashing import BlockHasher
 from hybridkv.core.eviction import make_policy, resolve_policy
-from hybridkv.core.pool import NULL_BLOCK, BlockPool, ExtentBlockPool, PolicyBlockPool
+from hybridkv.core.extent_pool import ExtentBlockPool
+from hybridkv.core.policy_pool import PolicyBlockPool
+from hybridkv.core.pool import NULL_BLOCK, BlockPool
 from hybridkv.core.request import Request
 from hybridkv.core.retention import Retention, validate_retention_interval
 from hybridkv.core.retention_config import RetentionConfig
@@ -131,10 +133,9 @@ class KVCacheManager:
                      if policy is None else
                      PolicyBlockPool(config.num_blocks, len(config.groups), policy, on_evict=on_evict))
         self.coordinator = KVCacheCoordinator(
-            config, self.pool, self.hasher, Retention(retention_interval, config.alignment),
+            config, self.pool, Retention(retention_interval, config.alignment),
             drop_mode=drop_mode, vllm_compat=vllm_compat, caching=enable_caching,
-            max_model_len=max_model_len, on_stored=self._on_stored if enable_events else None,
-            max_in_flight_tokens=max_in_flight_tokens)
+            max_model_len=max_model_len, max_in_flight_tokens=max_in_flight_tokens)
         if isinstance(self.pool, ExtentBlockPool) and not vllm_compat:
             # sibling state groups serve hits only together: evict their checkpoints together
             states = set(self.coordinator.state_groups)
@@ -142,6 +143,7 @@ class KVCacheManager:
                                   for u in self.coordinator.units if len(u.groups) > 1
                                   for g in u.groups if g in states}
         if enable_events:   # blocks loaded from an external tier are stored blocks too
+            self.coordinator.on_stored = self._on_stored
             self.coordinator.on_adopted = self._record_stored
         self._stats = PrefixCacheStats()
         self._requests: dict[object, Request] = {}

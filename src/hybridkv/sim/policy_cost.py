@@ -52,7 +52,8 @@ def op_cost(names: list[str], steps: int = 20_000, blocks: int = 4_000, rounds: 
     """Per policy: CPU time of the same pool-operation mix over LRU's (best of ``rounds``,
     alternating, in this process). ``benchmarks/bench_policies.py`` is the longer version."""
     from hybridkv.core.eviction import make_policy
-    from hybridkv.core.pool import BlockPool, PolicyBlockPool
+    from hybridkv.core.policy_pool import PolicyBlockPool
+    from hybridkv.core.pool import BlockPool
     every = ["lru"] + [p for p in names if p != "lru"]
     best = {p: math.inf for p in every}
     for _ in range(rounds):

@@ -1,8 +1,14 @@
 """Eviction policies: the order in which the pool reuses cached free blocks.
 
-``lru`` (the default) is the pool's own free queue, bit-identical to vLLM 0.33. The others plug
-into the seam of :mod:`hybridkv.core.eviction.base`. :func:`make_policy` is the one place that
-maps a name to a policy; :data:`POLICIES` lists the valid names.
+``lru`` (the default) is the pool's own free queue, bit-identical to vLLM 0.33. Every other
+policy is a class registered in :data:`~hybridkv.core.eviction.base.EVICTION_POLICIES` by its
+module (the contract and the registration pattern: :mod:`hybridkv.core.eviction.base`); the
+lines below import each module once. :func:`resolve_policy` is the one check of a policy name
+(the command line, the engine's config and the manager all call it), :func:`make_policy` the
+one place that builds a policy from its name.
+
+A new policy: one module here with its class decorated ``@EVICTION_POLICIES.register("name")``,
+plus one import line below.
 """
 
 from __future__ import annotations
@@ -10,42 +16,50 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from hybridkv.core.eviction.adaptive import AdaptivePolicy
-from hybridkv.core.eviction.arc import ChainARCPolicy
-from hybridkv.core.eviction.base import EvictionPolicy
-from hybridkv.core.eviction.eva import EVAPolicy
-from hybridkv.core.eviction.frequency import CostAwarePolicy, LFUPolicy
-from hybridkv.core.eviction.priority import PriorityPolicy
-from hybridkv.core.eviction.s3fifo import S3FIFOPolicy
-from hybridkv.core.eviction.turns import TurnEVAPolicy
+from hybridkv.core.eviction.base import EVICTION_POLICIES, EvictionPolicy
+# Registration lines, in the order errors list the names (a module's imports register first):
+from hybridkv.core.eviction.s3fifo import S3FIFOPolicy  # isort: skip
+from hybridkv.core.eviction.frequency import COST_REFERENCE_TOKENS, CostAwarePolicy, LFUPolicy  # isort: skip
+from hybridkv.core.eviction.eva import EVAPolicy  # isort: skip
+from hybridkv.core.eviction.turns import TurnEVAPolicy  # isort: skip
+from hybridkv.core.eviction.arc import ChainARCPolicy  # isort: skip
+from hybridkv.core.eviction.adaptive import AdaptivePolicy, TurnAdaptivePolicy  # isort: skip
+from hybridkv.core.eviction.priority import PriorityPolicy  # isort: skip
 
-#: Valid policy names, ``recommended`` included (it resolves to :data:`RECOMMENDED`).
-POLICIES = ("lru", "s3fifo", "lfu", "cost", "eva", "eva-turns", "arc", "adaptive", "adaptive-turns", "priority", "recommended")
 #: The policy ``recommended`` resolves to (see BENCHMARKS.md, "Eviction policies", for why).
 RECOMMENDED = "adaptive"
-#: Depth (tokens of prefix) at which the cost-aware policy values a block's recompute work.
-COST_REFERENCE_TOKENS = 16384
+
+
+def policy_names() -> tuple[str, ...]:
+    """Every valid policy name, in order: ``lru``, the registered policies, ``recommended``."""
+    return ("lru", *EVICTION_POLICIES.names(), "recommended")
+
+
+#: The valid policy names when the package was imported (:func:`policy_names`).
+POLICIES = policy_names()
 
 
 def resolve_policy(name: object, vllm_compat: bool = False) -> str:
-    """The concrete policy name for ``name`` (``recommended`` resolved): the one check of a
-    policy name, for the manager, the engine's config and the command line alike.
+    """The concrete policy name for ``name`` (``recommended`` resolved): the one check of an
+    eviction-policy name, wherever it comes from.
 
     Raises:
-        ValueError: ``name`` is unknown (the message lists the valid names), or it is not
-            ``lru`` while ``vllm_compat`` pins vLLM's LRU order.
+        ValueError: ``name`` is not a valid policy name (the message names every valid one),
+            or ``vllm_compat`` is set and the policy is not ``lru`` (compat mode pins vLLM's
+            LRU order).
     """
-    if not isinstance(name, str) or name not in POLICIES:
-        raise ValueError(f"unknown eviction policy {name!r}; valid: {', '.join(POLICIES)}")
-    concrete = RECOMMENDED if name == "recommended" else name
-    if vllm_compat and concrete != "lru":
+    if not isinstance(name, str) or (name not in ("lru", "recommended") and name not in EVICTION_POLICIES):
+        raise ValueError(f"unknown eviction policy {name!r}; valid: {', '.join(policy_names())}")
+    resolved = RECOMMENDED if name == "recommended" else name
+    if vllm_compat and resolved != "lru":
         raise ValueError(f"vllm_compat pins vLLM's LRU order; eviction_policy must be 'lru', "
                          f"got {name!r}")
-    return concrete
+    return resolved
 
 
 def make_policy(name: str, rules=(), clock: Callable[[], float] = time.monotonic) -> EvictionPolicy | None:
-    """The policy object for ``name`` (None for ``lru``: the pool's own list).
+    """The policy object for ``name`` (None for ``lru``: the pool's own list), built through
+    :meth:`EvictionPolicy.create`.
 
     ``rules``: the hit rules of the KV-cache groups, in group order (the cost-aware policy
     weighs groups by their :meth:`recompute_cost`). ``clock``: seconds, for the TTLs of the
@@ -53,26 +67,10 @@ def make_policy(name: str, rules=(), clock: Callable[[], float] = time.monotonic
     name = resolve_policy(name)
     if name == "lru":
         return None
-    if name == "priority":
-        return PriorityPolicy(clock)
-    if name == "s3fifo":
-        return S3FIFOPolicy()
-    if name == "lfu":
-        return LFUPolicy()
-    if name == "eva":
-        return EVAPolicy()
-    if name == "adaptive-turns":
-        return AdaptivePolicy(challengers=(ChainARCPolicy, TurnEVAPolicy))
-    if name == "eva-turns":
-        return TurnEVAPolicy()
-    if name == "arc":
-        return ChainARCPolicy()
-    if name == "adaptive":
-        return AdaptivePolicy()
-    weights = [max(1, r.recompute_cost(COST_REFERENCE_TOKENS // r.block_size)) for r in rules]
-    return CostAwarePolicy(weights or (1.0,))
+    return EVICTION_POLICIES.get(name).create(tuple(rules), clock)
 
 
-__all__ = ["POLICIES", "RECOMMENDED", "EvictionPolicy", "S3FIFOPolicy", "LFUPolicy",
-           "CostAwarePolicy", "EVAPolicy", "TurnEVAPolicy", "ChainARCPolicy", "AdaptivePolicy", "PriorityPolicy",
-           "make_policy", "resolve_policy"]
+__all__ = ["COST_REFERENCE_TOKENS", "EVICTION_POLICIES", "POLICIES", "RECOMMENDED", "EvictionPolicy",
+           "S3FIFOPolicy", "LFUPolicy", "CostAwarePolicy", "EVAPolicy", "TurnEVAPolicy", "ChainARCPolicy",
+           "AdaptivePolicy", "TurnAdaptivePolicy", "PriorityPolicy", "make_policy", "policy_names",
+           "resolve_policy"]

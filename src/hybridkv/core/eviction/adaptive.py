@@ -37,7 +37,8 @@ from collections import OrderedDict
 from typing import Callable, Iterator, Sequence
 
 from hybridkv.core.eviction.arc import ChainARCPolicy
-from hybridkv.core.eviction.base import EvictionPolicy
+from hybridkv.core.eviction.base import EVICTION_POLICIES, EvictionPolicy
+from hybridkv.core.eviction.turns import TurnEVAPolicy
 
 
 #: The shadows' hit counts halve every this many capacities of blocks freed.
@@ -63,6 +64,7 @@ class _KeyPool:
         self.block_hash = _Identity()
 
 
+@EVICTION_POLICIES.register("adaptive")
 class AdaptivePolicy(EvictionPolicy):
     """See the module docstring. ``margin``: how far (relative) a challenger's shadow must be
     ahead of LRU's; ``challengers``: factories of the challenger policies (chain ARC alone by
@@ -194,3 +196,15 @@ class AdaptivePolicy(EvictionPolicy):
                                      f"({len(alt)}) hold different blocks")
         if len(self.shadow_lru) > self._cap or any(len(s) > self._cap for s in self.shadows):
             raise AssertionError("adaptive: a shadow is over the pool's capacity")
+
+
+@EVICTION_POLICIES.register("adaptive-turns")
+class TurnAdaptivePolicy(AdaptivePolicy):
+    """``adaptive`` with chain ARC and ``eva-turns`` as challengers (see the module docstring)."""
+
+    name = "adaptive-turns"
+    __slots__ = ()
+
+    def __init__(self, margin: float = 0.1,
+                 challengers: Sequence[Callable[[], EvictionPolicy]] = (ChainARCPolicy, TurnEVAPolicy)) -> None:
+        super().__init__(margin, challengers)

@@ -33,13 +33,14 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Iterator, Sequence
 
-from hybridkv.core.eviction.base import EvictionPolicy
+from hybridkv.core.eviction.base import EVICTION_POLICIES, EvictionPolicy
 
 #: A block reused by this many requests or more is shared content (a system prompt), not a
 #: conversation's own history: a chain whose deepest reused block is that popular is a first turn.
 SHARED_REUSES = 8
 
 
+@EVICTION_POLICIES.register("arc")
 class ChainARCPolicy(EvictionPolicy):
     """See the module docstring. ``ghost_ratio``: each ghost list's size over the capacity."""
 

@@ -32,14 +32,23 @@ Contract (every call is O(1) or O(log n) amortized, n = blocks held):
 A policy may read ``pool.block_hash`` / ``pool.block_group`` of the pool it is attached to
 (:meth:`attach`) but never writes pool state. Only online information is used: nothing here
 knows the future of the request stream.
+
+Registration: a policy is a subclass of :class:`EvictionPolicy` in its own module, decorated
+with ``@EVICTION_POLICIES.register("its-name")`` (the same string as its ``name``), and one
+import line in ``eviction/__init__.py``. Every policy is built through the one factory
+signature :meth:`EvictionPolicy.create` ``(rules, clock)``; a policy that needs neither keeps
+the default, ``cls()``.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, ClassVar, Iterator, Sequence
+
+from hybridkv.core.registry import Registry
 
 if TYPE_CHECKING:
     from hybridkv.core.pool import BlockPool
+    from hybridkv.core.rules import HitRule
 
 
 class EvictionPolicy:
@@ -52,6 +61,13 @@ class EvictionPolicy:
 
     def __init__(self) -> None:
         self.pool: BlockPool | None = None
+
+    @classmethod
+    def create(cls, rules: Sequence[HitRule], clock: Callable[[], float]) -> EvictionPolicy:
+        """The policy for a manager whose KV-cache groups have these hit ``rules`` (in group
+        order) and whose retention TTLs run on ``clock`` (seconds): the one factory signature
+        every registered policy is built through. The default ignores both."""
+        return cls()
 
     def attach(self, pool: BlockPool) -> None:
         """Called once by the pool that owns this policy."""
@@ -85,3 +101,10 @@ class EvictionPolicy:
 
     def check(self) -> None:
         """Raise AssertionError if the policy's own bookkeeping is inconsistent."""
+
+
+#: Every eviction policy but ``lru`` (the pool's own free queue), by name, in the order errors
+#: list them. ``lru`` and the alias ``recommended`` are resolved in one place,
+#: :func:`hybridkv.core.eviction.resolve_policy`.
+EVICTION_POLICIES: Registry[type[EvictionPolicy]] = Registry("eviction policy",
+                                                             value_base=EvictionPolicy)

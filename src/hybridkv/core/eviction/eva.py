@@ -49,7 +49,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Iterator, Sequence
 
-from hybridkv.core.eviction.base import EvictionPolicy
+from hybridkv.core.eviction.base import EVICTION_POLICIES, EvictionPolicy
 
 #: Age buckets (the last one holds every older block).
 AGES = 32
@@ -71,6 +71,7 @@ def chain_class(hits: int) -> int:
     return _CLASS_OF_HITS[hits] if hits < len(_CLASS_OF_HITS) else CLASSES - 1
 
 
+@EVICTION_POLICIES.register("eva")
 class EVAPolicy(EvictionPolicy):
     """See the module docstring. ``ages``, ``width`` and ``min_events`` override the bucket
     count, the bucket width and the events a curve needs (tests use small ones); the width

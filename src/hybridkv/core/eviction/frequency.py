@@ -14,11 +14,18 @@ sit older in LRU; a local group's hit does not need them.
 from __future__ import annotations
 
 import heapq
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
-from hybridkv.core.eviction.base import EvictionPolicy
+from hybridkv.core.eviction.base import EVICTION_POLICIES, EvictionPolicy
+
+if TYPE_CHECKING:
+    from hybridkv.core.rules import HitRule
+
+#: Depth (tokens of prefix) at which the cost-aware policy values a block's recompute work.
+COST_REFERENCE_TOKENS = 16384
 
 
+@EVICTION_POLICIES.register("lfu")
 class LFUPolicy(EvictionPolicy):
     """LFU with dynamic aging (Arlitt et al., 2000): priority = ``L + hits``, where ``hits``
     counts the references taken on the block since it got its content and ``L`` (the age) is
@@ -96,6 +103,7 @@ class LFUPolicy(EvictionPolicy):
             raise AssertionError(f"{self.name}: {len(self.seq_of)} held blocks but {live} live heap entries")
 
 
+@EVICTION_POLICIES.register("cost")
 class CostAwarePolicy(LFUPolicy):
     """GreedyDual-Size-Frequency (Cherkasova, 1998) on recompute cost: priority =
     ``L + hits x cost(group) / bytes(group)``, the recompute work a block saves per byte it holds.
@@ -113,6 +121,13 @@ class CostAwarePolicy(LFUPolicy):
 
     name = "cost"
     __slots__ = ("weights",)
+
+    @classmethod
+    def create(cls, rules: Sequence[HitRule], clock: Callable[[], float]) -> CostAwarePolicy:
+        """Weights from the groups' rules: each one's :meth:`recompute_cost` at
+        :data:`COST_REFERENCE_TOKENS` of prefix (at least 1); no rules: one group."""
+        weights = [max(1, r.recompute_cost(COST_REFERENCE_TOKENS // r.block_size)) for r in rules]
+        return cls(weights or (1.0,))
 
     def __init__(self, weights: Sequence[float] = (1.0,)) -> None:
         super().__init__()

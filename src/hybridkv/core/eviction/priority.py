@@ -30,10 +30,13 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from typing import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
-from hybridkv.core.eviction.base import EvictionPolicy
+from hybridkv.core.eviction.base import EVICTION_POLICIES, EvictionPolicy
 from hybridkv.core.retention_config import DEFAULT_PRIORITY, MAX_PRIORITY, RetentionMark
+
+if TYPE_CHECKING:
+    from hybridkv.core.rules import HitRule
 
 _INF = math.inf
 
@@ -49,6 +52,7 @@ def _merge(marks: list[tuple[int, float]], p: int, e: float) -> None:
     marks.sort(reverse=True)
 
 
+@EVICTION_POLICIES.register("priority")
 class PriorityPolicy(EvictionPolicy):
     """Evict the lowest live priority first, LRU within a priority (see the module docstring).
 
@@ -62,6 +66,11 @@ class PriorityPolicy(EvictionPolicy):
     uses_retention = True
     __slots__ = ("clock", "marks", "seq_of", "level_of", "fifo", "moved", "expiry", "mask",
                  "_seq", "_entries")
+
+    @classmethod
+    def create(cls, rules: Sequence[HitRule], clock: Callable[[], float]) -> PriorityPolicy:
+        """The manager's clock drives the TTLs."""
+        return cls(clock)
 
     def __init__(self, clock: Callable[[], float]) -> None:
         super().__init__()

@@ -28,11 +28,12 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Iterator, Sequence
 
-from hybridkv.core.eviction.base import EvictionPolicy
+from hybridkv.core.eviction.base import EVICTION_POLICIES, EvictionPolicy
 
 _MAX_FREQ = 3
 
 
+@EVICTION_POLICIES.register("s3fifo")
 class S3FIFOPolicy(EvictionPolicy):
     name = "s3fifo"
     __slots__ = ("small", "main", "ghost", "freq", "small_ratio")

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from hybridkv.core.eviction.base import EVICTION_POLICIES
 from hybridkv.core.eviction.eva import CLASSES, MIN_EVENTS, EVAPolicy
 
 #: Age buckets: twice ``eva``'s, so the horizon (ages and ghosts) is 16 capacities of freed
@@ -38,6 +39,7 @@ AGES = 64
 SHARED_REUSES = 8
 
 
+@EVICTION_POLICIES.register("eva-turns")
 class TurnEVAPolicy(EVAPolicy):
     """``eva`` with per-turn chain classes (see the module docstring)."""
 

@@ -1,0 +1,69 @@
+"""Release: blocks a request gives back, when they leave a window and when it is freed.
+
+A released block stays cached if it has a hash (the pool queues it as evictable); a request
+with a retention config first hands the eviction policy its marks for the blocks it releases
+(:mod:`hybridkv.core.retention_config`). A request's table is freed tail first, group by
+group, so a chain's tail is evicted before its prefix.
+"""
+
+from __future__ import annotations
+
+from hybridkv.core.coordinator.base import CoordinatorBase, _ReqBlocks
+from hybridkv.core.coordinator.records import AllocationPlan
+from hybridkv.core.pool import NULL_BLOCK
+from hybridkv.core.request import Request
+from hybridkv.core.retention_config import block_marks
+
+
+
+class Release(CoordinatorBase):
+    """The coordinator's release seam: window release, free, retention marks."""
+
+    def _release(self, request: Request, state: _ReqBlocks, plan: AllocationPlan) -> None:
+        """A running request's first commit phase: cache pending ends, then free the blocks
+        that left the window (back to front) and null their table entries."""
+        n = len(request.token_ids)
+        if plan.num_computed < n:
+            n = plan.num_computed
+        if n >= state.quiet_until:                  # (cache's own first test, saving the call)
+            self.cache(request, n)
+        pool = self.pool
+        for g, gp in enumerate(plan.groups):
+            released = gp.released
+            if released:
+                table = state.tables[g]
+                # released positions run back to front without a gap (_released)
+                lo = released[-1]
+                hi = released[0] + 1
+                freed = table[lo:hi]
+                freed.reverse()
+                if request.retention is not None:
+                    self._retain(request, g, table, released)
+                table[lo:hi] = [NULL_BLOCK] * (hi - lo)
+                pool.free(freed)
+    def free(self, request: Request) -> None:
+        """Release every block of the request: each group's table tail first, group by group."""
+        self._lookups.pop(request.request_id, None)
+        self._evictable.pop(request.request_id, None)
+        state = self._state(request)
+        if state is None:
+            return
+        self.epoch += 1
+        final = True
+        if state.states is not None:
+            final = self._free_states(request, state)
+        if self.caching and not self.compat:
+            self.cache(request, min(request.num_computed_tokens, request.num_tokens), final=final)
+        del self.reqs[request.request_id]
+        if request.retention is not None:
+            for g, table in enumerate(state.tables):
+                self._retain(request, g, table, range(len(table)))
+        for table in state.tables:
+            self.pool.free(reversed(table))
+
+    def _retain(self, request: Request, g: int, table: list[int], positions) -> None:
+        """Give the request's retention marks to group ``g``'s blocks at ``positions`` (about
+        to be released); see :mod:`hybridkv.core.retention_config`."""
+        marks = block_marks(request.retention, self.block_sizes[g], request.num_prompt_tokens,
+                            request.num_tokens)
+        self.pool.retain(table, positions, marks)
