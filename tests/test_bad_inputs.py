@@ -78,7 +78,7 @@ def run_main(argv: list[str]) -> int:
     # sweeps
     (["sweep", "--cache-tokens-list", "1M,,3M"], "item 2 of '1M,,3M' is empty"),
     (["sweep", "--cache-tokens-list", "1M,0"], "item 2 of '1M,0': must be >= 1"),
-    (["sweep", "--cache-tokens", "3M"], "--cache-tokens sets the cache size of a retention sweep"),
+    (["sweep", "--cache-tokens", "3M"], "--cache-tokens sets the cache size of a retention or instances sweep"),
     (["sweep", "--retention-intervals", "none,,0"], "item 2 of 'none,,0' is empty"),
     (["sweep", "--retention-intervals", "0", "--cache-tokens-list", "1M"], "sweep one thing at a time"),
 ])
@@ -222,14 +222,17 @@ def test_the_wheel_ships_the_traces(tmp_path: Path) -> None:
 # ---- a workload the cache cannot hold, generate's options, checks before the trace ----------
 
 
-def test_the_default_cache_names_the_size_a_trace_needs(capsys) -> None:
-    """The default 150k-token cache cannot hold the conversation trace's longest request: the
-    run is refused before it starts, with the --cache-tokens to give."""
-    assert run_main(["simulate", "--trace", "mooncake-conversation", "--no-progress"]) == 2
+def test_the_default_cache_names_the_gpus_a_trace_needs(capsys) -> None:
+    """The cache 1 x H100 leaves Llama-3.1-8B at 31% of its memory (80 GB x 0.31 - 16.1 GB of
+    weights - 6.44 GB reserve = 2.30 GB: 1,095 blocks of 2 MiB, the null block one of them)
+    cannot hold the conversation trace's
+    longest request: the run is refused before it starts, with the --gpus to give."""
+    assert run_main(["simulate", "--trace", "mooncake-conversation", "--preset", "llama-3.1-8b",
+                     "--gpu-memory-fraction", "0.31", "--no-progress"]) == 2
     out, err = capsys.readouterr()
-    assert "the default cache (149,916 tokens, 1,612 blocks) is too small for this workload" in err
+    assert "the default cache (17,504 tokens, 1,094 blocks) is too small for this workload" in err
     assert "request 'mooncake_conversation-11192' (126,527 tokens with its output)" in err
-    assert "give --cache-tokens 210k or more" in err and "--max-num-batched-tokens" in err
+    assert "give --gpus 2 (the fewest h100 that hold it)" in err
     assert err.count("\n") == 1 and "Traceback" not in err and "hybridkv simulate: " not in out
 
 
@@ -311,7 +314,7 @@ def test_engine_errors_are_told_in_the_options_of_generate() -> None:
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["simulate", "--instances", "0"], "argument --instances: must be an integer >= 1, got '0'"),
+    (["simulate", "--instances", "0"], "argument --instances: must be an integer [1, 1024], got '0'"),
     (["simulate", "--router-overlap-weight", "nan"], "must be a finite number >= 0, got 'nan'"),
     (["simulate", "--router-overlap-weight", "-1"], "must be a finite number >= 0, got '-1'"),
     (["simulate", "--kv-events-endpoint", "tcp://nowhere"],

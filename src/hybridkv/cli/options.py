@@ -115,6 +115,26 @@ def parse_count_list(text: str) -> list[int]:
     return out
 
 
+def parse_int_list(lo: int, hi: int) -> Callable[[str], list[int]]:
+    """``"1,2,4"`` -> distinct integers in ``[lo, hi]``, in the given order; an item is named."""
+    one = int_in(lo, hi)
+
+    def parse(text: str) -> list[int]:
+        out: list[int] = []
+        for i, item in enumerate(text.split(","), 1):
+            if not item.strip():
+                raise argparse.ArgumentTypeError(f"item {i} of {text!r} is empty (example: 1,2,4)")
+            try:
+                value = one(item)
+            except argparse.ArgumentTypeError as exc:
+                raise argparse.ArgumentTypeError(f"item {i} of {text!r}: {exc}") from None
+            if value not in out:
+                out.append(value)
+        return out
+    parse.__name__ = "list"
+    return parse
+
+
 def parse_block_size(text: str) -> int:
     """A power of two in ``[1, MAX_BLOCK_SIZE]``."""
     value = int_in(1, MAX_BLOCK_SIZE)(text)
