@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import sys
 
-from hybridkv.cli.base import COMMANDS, Command, build_parser, run_command
+from hybridkv.cli.base import COMMANDS, Command, build_parser, run_command, unknown_options
 # Registration lines, in the order `hybridkv --help` lists the commands:
 from hybridkv.cli import simulate, sweep, cost, profile, catalog, generate, demo  # noqa: E402,F401  # isort: skip
 
@@ -63,8 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser(DESCRIPTION)
     args, extra = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     if extra and not getattr(args, "accepts_any_arguments", False):
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    return run_command(args)
+        unknown_options(parser, args.command, extra)
+    return run_command(args, own_process=argv is None)
 
 
 __all__ = ["COMMANDS", "Command", "main", "run_command"]

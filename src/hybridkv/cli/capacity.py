@@ -38,7 +38,8 @@ def add_hardware_options(p: argparse.ArgumentParser) -> None:
 def add_size_options(p: argparse.ArgumentParser, what: str = "the KV cache") -> None:
     """``--cache-tokens`` or ``--num-blocks``: ``what`` is set explicitly (checked against the
     hardware)."""
-    g = p.add_mutually_exclusive_group()
+    g = p.add_argument_group("cache size (one of them, instead of what the GPUs leave)")
+    g = g.add_mutually_exclusive_group()
     g.add_argument("--cache-tokens", type=positive_count,
                    help=f"size of {what} in tokens of the preset, e.g. 3M or 1e9 (default: what "
                         "the GPUs leave)")

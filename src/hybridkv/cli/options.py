@@ -263,6 +263,10 @@ def prompt_ids(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"--prompt-ids takes comma-separated integers, got {text!r}") from None
     if not ids:
         raise argparse.ArgumentTypeError("--prompt-ids needs at least one token id")
+    bad = next((t for t in ids if t < 0), None)
+    if bad is not None:
+        raise argparse.ArgumentTypeError(f"token ids are >= 0 (below the model's vocabulary "
+                                         f"size), got {bad} in {text!r}")
     return ids
 
 
