@@ -223,14 +223,14 @@ def test_the_wheel_ships_the_traces(tmp_path: Path) -> None:
 
 
 def test_the_default_cache_names_the_gpus_a_trace_needs(capsys) -> None:
-    """The cache 1 x H100 leaves Llama-3.1-8B at 31% of its memory (80 GB x 0.31 - 16.1 GB of
-    weights - 6.44 GB reserve = 2.30 GB: 1,095 blocks of 2 MiB, the null block one of them)
+    """The cache 1 x H100 leaves Llama-3.1-8B at 29% of its memory (85.0 GB x 0.29 - 16.1 GB of
+    weights - 6.4 GB reserve = 2.15 GB: 1,026 blocks of 2 MiB, the null block one of them)
     cannot hold the conversation trace's
     longest request: the run is refused before it starts, with the --gpus to give."""
     assert run_main(["simulate", "--trace", "mooncake-conversation", "--preset", "llama-3.1-8b",
-                     "--gpu-memory-fraction", "0.31", "--no-progress"]) == 2
+                     "--gpu-memory-fraction", "0.29", "--no-progress"]) == 2
     out, err = capsys.readouterr()
-    assert "the default cache (17,504 tokens, 1,094 blocks) is too small for this workload" in err
+    assert "the default cache (16,400 tokens, 1,025 blocks) is too small for this workload" in err
     assert "request 'mooncake_conversation-11192' (126,527 tokens with its output)" in err
     assert "give --gpus 2 (the fewest h100 that hold it)" in err
     assert err.count("\n") == 1 and "Traceback" not in err and "hybridkv simulate: " not in out

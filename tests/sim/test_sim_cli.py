@@ -27,7 +27,8 @@ def test_simulate_without_arguments_prints_a_summary() -> None:
     # GPUs leave (vLLM's rule), with why online < optimum and what to do next
     assert "deepseek-v4-style" in out.stdout and "spec mtp:1" in out.stdout
     assert "16 x h100" in out.stdout
-    assert "what the GPUs leave: 0.9 x 16 x h100 (1,152.0 GB) - weights 671.0 GB" in out.stdout
+    assert ("what the GPUs leave: 0.9 x 16 x h100 (1,224.3 GB) - weights 671.0 GB - activation "
+            "reserve 103.1 GB = 450.2 GB") in out.stdout
     assert "retained blocks per group  mla=" in out.stdout and "swa512=" in out.stdout
     assert "why online < optimum" in out.stdout and "timing:" in out.stdout
     assert "next steps:" in out.stdout and "instances: one instance keeps up" in out.stdout
@@ -83,7 +84,10 @@ def test_presets_lists_kv_bytes_per_token(capsys) -> None:
     (["simulate", "--preset", "llama-9"], "unknown model preset 'llama-9'; valid presets: llama-3.1-8b"),
     (["simulate", "--workload", "chat", "--num-blocks", "20", "--preset", "llama-3.1-8b"], "cannot hold request"),
     (["simulate", "--gpu-memory-fraction", "0.5", "--gpus", "8", "--preset", "deepseek-v3"],
-     "deepseek-v3 does not fit 8 x h100: 0.5 x 8 x h100 (320.0 GB) - weights 671.0 GB"),
+     "deepseek-v3 does not fit 8 x h100: 0.5 x 8 x h100 (340.1 GB) - weights 671.0 GB - activation "
+     "reserve 51.5 GB = -382.5 GB; use --gpus 32 (the fewest that hold it)"),
+    (["simulate", "--gpu-memory-fraction", "0.2", "--gpus", "1", "--preset", "llama-3.1-8b"],
+     "use --gpus 2 (the fewest that hold it) or --gpu-memory-fraction 0.27 or more"),
     (["simulate", "--trace", "/nonexistent.jsonl"], "does not exist"),
 ])
 def test_errors_are_clear(argv, message, capsys) -> None:

@@ -11,6 +11,7 @@ for. Weights that do not fit, or a size the GPUs cannot hold, are refused before
 from __future__ import annotations
 
 import argparse
+import math
 
 from hybridkv.cli.options import fraction, int_in, positive_count
 from hybridkv.sim.hardware import (DEFAULT_GPU_MEMORY_FRACTION, MAX_GPUS, KVBudget, fewest_gpus,
@@ -90,8 +91,11 @@ def plan_gpus(args: argparse.Namespace, preset: ModelPreset,
     if not budget.fits:
         n = fewest_gpus(preset, gpu, frac)
         fix = f"use --gpus {n} (the fewest that hold it)" if n else "use a larger --gpu"
+        need = (preset.weight_bytes + budget.reserve_bytes) / (args.gpus * gpu.memory_bytes)
+        if need < 0.995:        # a larger share of these GPUs would do
+            fix += f" or --gpu-memory-fraction {math.ceil(need * 100 + 0.5) / 100:g} or more"
         raise ValueError(f"{preset.name} does not fit {args.gpus} x {gpu.name}: {budget.describe()}; "
-                         f"{fix}, or raise --gpu-memory-fraction")
+                         f"{fix}")
     if largest and need > budget.kv_bytes:
         n = fewest_gpus(preset, gpu, frac, need)
         fix = f"use --gpus {n} or a smaller size" if n else "give a smaller size"

@@ -116,9 +116,11 @@ def _load_step(load: OfferedLoad, hit_rate: float, instances: int) -> str:
     if need <= instances:
         share = uncached / (instances * each) if each else 0.0
         who = "one instance keeps" if instances == 1 else f"{instances} instances keep"
+        fewer = (f"; {need} would do (try --instances {need})" if need < instances else "")
         return (f"instances: {who} up with this load: uncached prompt tokens arrive at "
                 f"{uncached:,.0f} tok/s ({1 - hit_rate:.0%} of {load.prompt_tok_s:,.0f}), "
-                f"{share:.0%} of the prefill rate ({each:,.0f} tok/s per instance by the cost model)")
+                f"{_share(share)} of the prefill rate ({each:,.0f} tok/s per instance by the "
+                f"cost model){fewer}")
     return (f"instances: this load needs {need} instances to keep up with prefill: uncached "
             f"prompt tokens arrive at {uncached:,.0f} tok/s ({1 - hit_rate:.0%} of "
             f"{load.prompt_tok_s:,.0f}) and one instance prefills about {each:,.0f} tok/s (the "
@@ -135,3 +137,7 @@ def _prefix_step(res: SimResult) -> str | None:
     return (f"shared prefix: {w.prefix_requests:,} requests start with the same {tokens:,}-token "
             f"prefix and {w.prefix_missed:,} of them missed part of it online; pin it with "
             f"--eviction-policy priority --prefix-retention {tokens}:100")
+
+
+def _share(x: float) -> str:
+    return "under 1%" if 0 < x < 0.01 else f"{x:.0%}"

@@ -422,6 +422,7 @@ class ClusterSimulator:
             res.hit_tokens = stats.hits
             res.preemptions = sim.scheduler.num_preemptions
             res.evictions = stats.evictions
+            res.retained_blocks = sim.retained_blocks()
             res.partial = partial
             results.append(res)
         cfg = self.config

@@ -21,9 +21,10 @@ default batching) peak activation was 4.76-7.38 GiB, non-torch memory 0.13-0.55 
 graph memory -0.88-1.03 GiB, summing to 4.4-8.5 GiB per GPU (median 5.4 GiB). A deployment
 that knows its own figure gives the cache directly (``--cache-tokens`` / ``--num-blocks``).
 
-GPU memory is the datasheet's (:data:`~hybridkv.sim.presets.GPU_PRESETS`, decimal GB); CUDA
-reports somewhat more on an H100 (79.18 GiB, 85.0 GB, in the same logs), so these caches err
-small.
+An H100's memory is what CUDA reports (79.18 GiB in the same logs), the total vLLM multiplies;
+the other GPU presets carry their datasheet figure (:data:`~hybridkv.sim.presets.GPU_PRESETS`).
+On Llama-3.1-8B and one H100 this gives 50.3 GiB of KV cache where vLLM logged 51.38 GiB
+(``tests/sim/test_planner.py`` checks it).
 """
 
 from __future__ import annotations

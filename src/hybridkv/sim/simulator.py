@@ -387,9 +387,7 @@ class Simulator:
             res.hit_tokens += sum(res.tiers.hit_tokens.values()) + res.tiers.gpu_hit_tokens
         res.preemptions = self.scheduler.num_preemptions
         res.evictions = stats.evictions
-        res.retained_blocks = {g.name: sum(1 if v.__class__ is int else len(v)
-                                           for v in kv.pool.index[i].values())
-                               for i, g in enumerate(kv.config.groups)}   # hashed blocks per group
+        res.retained_blocks = self.retained_blocks()
         res.wall_s = time.perf_counter() - t0
         res.config = {"preset": cfg.preset.name, "gpu": cfg.gpu.name, "num_gpus": cfg.num_gpus,
                       "cost_model": self.cost.source,
@@ -409,6 +407,12 @@ class Simulator:
                       "max_num_batched_tokens": self.scheduler.config.max_num_batched_tokens,
                       "max_num_seqs": self.scheduler.config.max_num_seqs,
                       "tiers": None if self.tiers is None else self.tiers.report.config}
+
+    def retained_blocks(self) -> dict[str, int]:
+        """Hashed (cached) blocks per group now."""
+        kv = self.kv
+        return {g.name: sum(1 if v.__class__ is int else len(v) for v in kv.pool.index[i].values())
+                for i, g in enumerate(kv.config.groups)}
 
     def _new_request(self, served: ServedItem, index: int) -> EngineRequest:
         item = served.item
