@@ -73,7 +73,7 @@ def unknown_options(parser: argparse.ArgumentParser, command: str, extra: list[s
     hints = []
     for word in extra:
         if word.startswith("-"):
-            close = difflib.get_close_matches(word.split("=", 1)[0], known, n=1, cutoff=0.75)
+            close = difflib.get_close_matches(word.split("=", 1)[0], known, n=1, cutoff=0.8)
             if close:
                 hints.append(f"{word}: did you mean {close[0]}?")
     more = f" ({'; '.join(hints)})" if hints else ""
