@@ -77,6 +77,9 @@ def _cache_step(res: SimResult, larger_cache: Callable[[int], str] | None) -> st
     tokens = 2 * res.config.get("cache_tokens", 0)
     how = (larger_cache(tokens) if larger_cache is not None and tokens
            else f"--cache-tokens {tokens:,}" if tokens else "twice --cache-tokens")
+    if g.online_blocks >= g.ceiling_blocks:
+        return (f"cache size: the online run already hits what an unlimited cache would "
+                f"({ceiling:.3f}); a larger cache would not raise it")
     if g.optimum_blocks >= g.ceiling_blocks:
         if res.evictions and g.retained_blocks:
             return (f"cache size: the full-attention blocks all fit at this size (the optimum "
