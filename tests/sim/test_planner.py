@@ -284,6 +284,15 @@ def test_help_is_plain_and_shows_defaults() -> None:
     assert "--gpu-memory-fraction" in sweep and "--num-blocks" in sweep and "--instances-list" in sweep
 
 
+def test_every_commands_help_is_plain_text(capsys) -> None:
+    from hybridkv.cli import COMMANDS
+    for name in ["", *COMMANDS.names()]:
+        with pytest.raises(SystemExit):
+            main([name, "--help"] if name else ["--help"])
+        text = capsys.readouterr().out
+        assert text and not any(m in text for m in (":class:", ":mod:", ":func:", ":meth:", "``")), name
+
+
 def test_process_workers_report_progress() -> None:
     from hybridkv.sim.executors import execute
     items = items_from_trace(get_workload("chat", num_conversations=8, turns=2))

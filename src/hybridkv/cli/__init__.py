@@ -42,7 +42,8 @@ The ``hybridkv`` command.
 
 Subcommands:
     simulate  trace-driven simulation of a model's prefix cache and latency (the main job)
-    sweep     hit rate against cache size or retention interval, with the offline optimum
+    sweep     hit rate against cache size, retention interval or instance count, with the
+              offline optimum
     cost      what one engine step costs: time, compute / memory / attention split
     profile   measure a preset's step times on this machine's GPU (or CPU) and fit the cost model
     presets   model and GPU presets with their KV bytes per token

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import os
+import re
 import signal
 import sys
 from dataclasses import dataclass, field
@@ -50,14 +51,25 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+def plain(text: str | None) -> str | None:
+    """A docstring as ``--help`` shows it: reST roles and literals become plain text
+    (``:class:`~a.B``` -> ``B``, double backquotes dropped)."""
+    if text is None:
+        return None
+    text = re.sub(r":\w+:`~([\w.]+)`", lambda m: m[1].rsplit(".", 1)[-1], text)
+    text = re.sub(r":\w+:`([^`]+)`", r"\1", text)
+    return text.replace("``", "")
+
+
 def build_parser(description: str) -> argparse.ArgumentParser:
-    """The ``hybridkv`` parser with one subparser per registered command."""
-    parser = OneLineParser(prog="hybridkv", description=description,
+    """The ``hybridkv`` parser with one subparser per registered command (descriptions in
+    plain text: :func:`plain`)."""
+    parser = OneLineParser(prog="hybridkv", description=plain(description),
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     parser.commands = {}                      # name -> its parser (unknown_options' errors)
     for name, cmd in COMMANDS.items():
-        p = sub.add_parser(name, help=cmd.help, description=cmd.description or cmd.help,
+        p = sub.add_parser(name, help=cmd.help, description=plain(cmd.description or cmd.help),
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         p.set_defaults(func=cmd.run, option_names=cmd.option_names)
         cmd.add_arguments(p)
