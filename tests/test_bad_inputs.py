@@ -119,6 +119,13 @@ def run_main(argv: list[str]) -> int:
     (["sweep", "--router-overlap-weight", "2"], "--router-overlap-weight 2 is read only by --router kv-aware"),
     (["simulate", "--instances", "100000"], "--instances: must be an integer [1, 1024], got '100000'"),
     (["sweep", "--instances", "2", "--sequential"], "--sequential has no clock: it does not apply to a cluster"),
+    # eviction policies on presets with recurrent-state groups: refused, naming the one that works
+    (["simulate", "--preset", "qwen3-next-80b-a3b", "--eviction-policy", "recommended"],
+     "--eviction-policy recommended (= adaptive): qwen3-next-80b-a3b has recurrent-state groups and "
+     "their checkpoints are extents of many blocks evicted whole in LRU order (vLLM's); the other "
+     "policies rank single blocks and are not defined on them; use --eviction-policy lru"),
+    (["sweep", "--preset", "nemotron-h-8b", "--eviction-policies", "lru,s3fifo"],
+     "--eviction-policies s3fifo: nemotron-h-8b has recurrent-state groups"),
 ])
 def test_bad_options_get_one_clear_line(argv, message, capsys) -> None:
     rc = run_main(argv + (["--no-progress"] if {"--trace", "--workload"} & set(argv) else FAST))

@@ -128,6 +128,16 @@ def test_windows_evicted_by_a_small_cache_are_not_called_retention(capsys) -> No
     assert "a larger cache may recover them, which only a run shows: measure it with --cache-tokens 300k" in out
 
 
+def test_all_policies_on_a_state_preset_run_the_ones_it_supports(tmp_path: Path, capsys) -> None:
+    js = tmp_path / "p.json"
+    assert main(["sweep", "--preset", "qwen3-next-80b-a3b", "--eviction-policies", "all",
+                 "--cache-tokens-list", "100k", "--json", str(js), *FAST]) == 0
+    out, err = capsys.readouterr()
+    assert "--eviction-policies all on qwen3-next-80b-a3b runs lru only" in err
+    rows = json.loads(js.read_text())
+    assert [r["config"]["eviction_policy"] for r in rows] == ["lru"] and "error" not in out + err
+
+
 # ---- what to do next ---------------------------------------------------------------------------
 
 

@@ -207,11 +207,16 @@ def sweepable_policies() -> tuple[str, ...]:
     return tuple(out)
 
 
+class AllPolicies(list):
+    """``--eviction-policies all``: the sweepable policies, remembered as "all" (a preset may
+    run only some of them)."""
+
+
 def parse_policy_list(text: str) -> list[str]:
     """``a,b,c`` or ``all`` -> distinct resolved names, in the given order."""
     from hybridkv.core.eviction import resolve_policy
     if text.strip() == "all":
-        return list(sweepable_policies())
+        return AllPolicies(sweepable_policies())
     out: list[str] = []
     for part in text.split(","):
         name = resolve_policy(parse_policy(part.strip()))

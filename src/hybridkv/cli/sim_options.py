@@ -14,14 +14,16 @@ usage error: exit status 2).
 from __future__ import annotations
 
 import argparse
+import sys
 
-from hybridkv.cli.options import (MAX_BLOCK_SIZE, fraction, int_in, parse_block_size,
+from hybridkv.cli.options import (MAX_BLOCK_SIZE, AllPolicies, fraction, int_in, parse_block_size,
                                   parse_policy, parse_prefix_retention, parse_retention,
                                   positive_count, profile_argument, spec_argument)
 from hybridkv.cli.capacity import add_hardware_options, capacity_blocks, plan_from_options
 from hybridkv.cli.output import check_output_path, check_plot_path
 from hybridkv.cli.tier_options import TIER_OPTION_NAMES, check_tier_options, tier_config
 from hybridkv.core.spec_decode import SPEC_OFF, SpecDecode
+from hybridkv.core.specs import StateSpec
 from hybridkv.sched import SchedulerConfig
 from hybridkv.sim.presets import get_gpu, get_preset
 from hybridkv.sim.simulator import SimConfig
@@ -114,6 +116,11 @@ def check_cost_model_options(args: argparse.Namespace) -> None:
         raise ValueError("--profile applies to the calibrated cost model; drop --cost-model roofline")
 
 
+STATE_POLICY = "lru"
+STATE_POLICIES_WHY = ("their checkpoints are extents of many blocks evicted whole in LRU order "
+                      "(vLLM's); the other policies rank single blocks and are not defined on them")
+
+
 def _reads_retention(name: str) -> bool:
     from hybridkv.core.eviction import make_policy
     policy = make_policy(name)
@@ -127,6 +134,18 @@ def check_policy_options(args: argparse.Namespace) -> None:
     names = getattr(args, "eviction_policies", None) or [args.eviction_policy]
     for name in names:
         resolve_policy(name, args.vllm_compat)
+    preset = get_preset(args.preset)
+    if any(isinstance(g.spec, StateSpec) for g in preset.groups):
+        if isinstance(names, AllPolicies):         # all: the ones this preset runs
+            args.eviction_policies = names = AllPolicies(n for n in names if n == STATE_POLICY)
+            print(f"hybridkv {args.command}: --eviction-policies all on {preset.name} runs "
+                  f"{STATE_POLICY} only: {STATE_POLICIES_WHY}", file=sys.stderr)
+        bad = [n for n in names if resolve_policy(n) != STATE_POLICY]
+        if bad:
+            option = "--eviction-policies" if getattr(args, "eviction_policies", None) else "--eviction-policy"
+            got = ", ".join(n if resolve_policy(n) == n else f"{n} (= {resolve_policy(n)})" for n in bad)
+            raise ValueError(f"{option} {got}: {preset.name} has recurrent-state groups and "
+                             f"{STATE_POLICIES_WHY}; use {option} {STATE_POLICY}")
     if getattr(args, "prefix_retention", None) is not None:
         readers = [n for n in POLICIES if resolve_policy(n) == n and _reads_retention(n)]
         if not all(_reads_retention(resolve_policy(n)) for n in names):

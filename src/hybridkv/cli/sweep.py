@@ -239,8 +239,9 @@ def _header(args: argparse.Namespace, preset, runs: list, n_items: int) -> str:
     cfg = runs[0][1]
     cfg = getattr(cfg, "config", cfg)
     where = f"{args.gpus} x {args.gpu}" + (" per instance" if is_cluster(args) else "")
-    return (f"hybridkv sweep: {preset.name}, {n_items} requests, {len(runs)} configurations on "
-            f"{where} ({args.executor})")
+    n = len(runs) * (len(args.eviction_policies) if args.eviction_policies else 1)
+    return (f"hybridkv sweep: {preset.name}, {n_items} requests, {n} configuration"
+            f"{'' if n == 1 else 's'} on {where} ({args.executor})")
 
 
 def run_configs(args: argparse.Namespace, runs: list[tuple[object, object]],
