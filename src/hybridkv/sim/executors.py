@@ -18,8 +18,8 @@ it runs.
   workers must be able to import hybridkv (install it there). Needs the optional extra:
   ``pip install "hybridkv[ray]"``.
 
-``progress(index, done, total)`` reports requests done in job ``index`` as it runs (serial and
-processes; a Ray task reports when it finishes). When the consumer stops early or Ctrl-C
+``progress(index, done, total)`` reports requests done in job ``index`` as it runs (a worker
+process sends it on its result queue, a Ray task through a queue actor that takes no CPU). When the consumer stops early or Ctrl-C
 arrives (``KeyboardInterrupt`` in this process, the only one that handles it), the executor
 stops what still runs before the exception leaves it: worker processes are killed and reaped,
 Ray tasks cancelled and a local Ray shut down, within seconds; nothing is left behind.
@@ -155,13 +155,7 @@ def _worker(items: list[WorkItem], tasks, results, report: bool) -> None:
             return
         index, cfg = task
         results.put(("start", index, pid))
-        last = [0.0]
-
-        def progress(done: int, total: int, index: int = index) -> None:
-            now = time.monotonic()
-            if now - last[0] >= 0.5 or done == total:
-                last[0] = now
-                results.put(("progress", index, done, total))
+        progress = _throttled(lambda done, total, index=index: results.put(("progress", index, done, total)))
         results.put(("done", run_config(index, cfg, items, progress if report else None), pid))
 
 
@@ -242,8 +236,21 @@ def _ray_module():
     return ray
 
 
-def _ray_task(index: int, cfg: Job, items: list[WorkItem]) -> Outcome:
-    return run_config(index, cfg, items)
+def _ray_task(index: int, cfg: Job, items: list[WorkItem], channel=None) -> Outcome:
+    return run_config(index, cfg, items, None if channel is None else _throttled(
+        lambda done, total: channel.put_nowait((index, done, total))))
+
+
+def _throttled(send: Callable[[int, int], None]) -> Callable[[int, int], None]:
+    """``send(done, total)`` at most every half second, and always the last call."""
+    last = [0.0]
+
+    def progress(done: int, total: int) -> None:
+        now = time.monotonic()
+        if now - last[0] >= 0.5 or done == total:
+            last[0] = now
+            send(done, total)
+    return progress
 
 
 def _run_ray(configs: list[Job], items: list[WorkItem], workers: int,
@@ -251,6 +258,7 @@ def _run_ray(configs: list[Job], items: list[WorkItem], workers: int,
     ray = _ray_module()
     started = False
     pending: dict = {}
+    channel = None
     try:
         if not ray.is_initialized():
             started = True
@@ -265,29 +273,40 @@ def _run_ray(configs: list[Job], items: list[WorkItem], workers: int,
                 raise RuntimeError(f"cannot start or reach {where}: {exc}") from None
         task = ray.remote(num_cpus=1, max_retries=0)(_ray_task)
         items_ref = ray.put(items)
-        pending = {task.remote(i, c, items_ref): i for i, c in enumerate(configs)}
+        if progress is not None:       # the tasks' progress, through a queue actor (no CPU)
+            from ray.util.queue import Queue
+            channel = Queue(actor_options={"num_cpus": 0})
+        pending = {task.remote(i, c, items_ref, channel): i for i, c in enumerate(configs)}
         while pending:
             done, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
+            if channel is not None:
+                waiting = channel.qsize()
+                for index, n, total in (channel.get_nowait_batch(waiting) if waiting else ()):
+                    progress(index, n, total)
             for ref in done:
                 index = pending.pop(ref)
                 try:
                     out = ray.get(ref)
                 except Exception as exc:  # noqa: BLE001 - the task's worker died
                     out = Outcome(index, None, _describe(exc))
-                if progress is not None:
-                    progress(index, len(items), len(items))
                 yield out
     finally:
-        _stop_ray(ray, pending, started)
+        _stop_ray(ray, pending, started, channel)
 
 
-def _stop_ray(ray, pending: dict, started: bool) -> None:
-    """Cancel the tasks still pending; shut down the Ray this sweep started."""
+def _stop_ray(ray, pending: dict, started: bool, channel=None) -> None:
+    """Cancel the tasks still pending, stop the progress queue; shut down the Ray this sweep
+    started."""
     with sigint_deferred():
-        _cancel_ray(ray, pending, started)
+        _cancel_ray(ray, pending, started, channel)
 
 
-def _cancel_ray(ray, pending: dict, started: bool) -> None:
+def _cancel_ray(ray, pending: dict, started: bool, channel) -> None:
+    if channel is not None:
+        try:
+            channel.shutdown(force=True)
+        except Exception:  # noqa: BLE001 - its actor is already gone
+            pass
     for ref in pending:
         try:
             ray.cancel(ref, force=True)
