@@ -114,9 +114,9 @@ def test_the_presets_speculative_method_is_the_default(tmp_path: Path) -> None:
     assert json.loads(js.read_text())["config"]["spec"] is None
 
 
-def test_a_sweeps_progress_bar_starts_over_for_each_run(capsys) -> None:
-    """One bar serves every configuration of a serial sweep: when a run starts (done falls
-    back) its count, clock and rate start over, so the ETA is the running configuration's."""
+def test_a_progress_bar_starts_over_when_its_count_falls_back(capsys) -> None:
+    """A bar whose count falls back (a caller reporting a new run on the same bar) starts
+    over: its count, clock and rate, so the ETA is the new run's."""
     pytest.importorskip("tqdm")
     from hybridkv.cli.output import progress_bar
     update, close = progress_bar(True, "sweep")

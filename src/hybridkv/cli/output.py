@@ -138,8 +138,8 @@ def print_json(data: object) -> None:
 
 def progress_bar(enabled: bool, label: str) -> tuple[Callable[[int, int], None] | None, Callable[[], None]]:
     """``(update(done, total), close)`` of a progress bar on stderr (tqdm when installed, a
-    counter otherwise); ``(None, no-op)`` when disabled. A ``done`` that falls back (the next
-    run of a sweep) starts the bar over, with its own rate and ETA."""
+    counter otherwise); ``(None, no-op)`` when disabled. A ``done`` that falls back (a new run
+    reported on the same bar) starts the bar over, with its own rate and ETA."""
     if not enabled:
         return None, lambda: None
     try:
