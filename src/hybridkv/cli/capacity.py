@@ -91,9 +91,9 @@ def plan_gpus(args: argparse.Namespace, preset: ModelPreset,
     if not budget.fits:
         n = fewest_gpus(preset, gpu, frac)
         fix = f"use --gpus {n} (the fewest that hold it)" if n else "use a larger --gpu"
-        need = (preset.weight_bytes + budget.reserve_bytes) / (args.gpus * gpu.memory_bytes)
-        if need < 0.995:        # a larger share of these GPUs would do
-            fix += f" or --gpu-memory-fraction {math.ceil(need * 100 + 0.5) / 100:g} or more"
+        share = (preset.weight_bytes + budget.reserve_bytes) / (args.gpus * gpu.memory_bytes)
+        if share < 0.995:        # a larger share of these GPUs would do
+            fix += f" or --gpu-memory-fraction {math.ceil(share * 100 + 0.5) / 100:g} or more"
         raise ValueError(f"{preset.name} does not fit {args.gpus} x {gpu.name}: {budget.describe()}; "
                          f"{fix}")
     if largest and need > budget.kv_bytes:
