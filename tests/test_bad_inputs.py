@@ -78,13 +78,13 @@ def run_main(argv: list[str]) -> int:
     # sweeps
     (["sweep", "--cache-tokens-list", "1M,,3M"], "item 2 of '1M,,3M' is empty"),
     (["sweep", "--cache-tokens-list", "1M,0"], "item 2 of '1M,0': must be >= 1"),
-    (["sweep", "--cache-tokens", "3M"], "--cache-tokens sets the cache size of a retention or instances sweep"),
+    (["sweep", "--cache-tokens", "3M"], "--cache-tokens sets the cache size of a retention, instances or CPU-tier sweep"),
     (["sweep", "--retention-intervals", "none,,0"], "item 2 of 'none,,0' is empty"),
     (["sweep", "--retention-intervals", "0", "--cache-tokens-list", "1M"], "sweep one thing at a time"),
     (["sweep", "--instances-list", "1,4", "--cache-tokens-list", "1M"], "sweep one thing at a time"),
     (["sweep", "--instances-list", "1,0"], "item 2 of '1,0': must be an integer [1, 1024], got '0'"),
     (["sweep", "--instances-list", "2", "--instances", "2"], "--instances-list sweeps the instance count; drop --instances"),
-    (["sweep", "--num-blocks", "4000"], "--num-blocks sets the cache size of a retention or instances sweep"),
+    (["sweep", "--num-blocks", "4000"], "--num-blocks sets the cache size of a retention, instances or CPU-tier sweep"),
     # hardware: impossible hardware is refused before any run, always
     (["simulate", "--preset", "qwen3-next-80b-a3b", "--gpus", "1"],
      "qwen3-next-80b-a3b does not fit 1 x h100: 0.9 x 1 x h100 (76.5 GB) - weights 160.0 GB - "

@@ -30,7 +30,6 @@ from hybridkv.core.validation import check_int
 from hybridkv.sim.shapes import MLAShape, ModelShapes, MoEShape, StateShape
 
 __all__ = [
-    "default_gpus",
     "GPU_PRESETS",
     "MODEL_PRESETS",
     "GpuPreset",
@@ -484,12 +483,3 @@ def get_gpu(name: str) -> GpuPreset:
         return GPU_PRESETS[name]
     except KeyError:
         raise ValueError(f"unknown GPU preset {name!r}; valid GPUs: {', '.join(GPU_PRESETS)}") from None
-
-
-def default_gpus(preset: ModelPreset, gpu: GpuPreset) -> int:
-    """The fewest GPUs (a power of two, at most 1024) whose memory, less 10%, holds the
-    preset's weights."""
-    n = 1
-    while n < 1024 and preset.weight_bytes > 0.9 * n * gpu.memory_bytes:
-        n *= 2
-    return n
