@@ -122,7 +122,7 @@ def run_main(argv: list[str]) -> int:
     # eviction policies on presets with recurrent-state groups: refused, naming the one that works
     (["simulate", "--preset", "qwen3-next-80b-a3b", "--eviction-policy", "recommended"],
      "--eviction-policy recommended (= adaptive): qwen3-next-80b-a3b has recurrent-state groups and "
-     "their checkpoints are extents of many blocks evicted whole in LRU order (vLLM's); the other "
+     "its checkpoints are extents of 66 blocks, evicted whole in LRU order (vLLM's); the other "
      "policies rank single blocks and are not defined on them; use --eviction-policy lru"),
     (["sweep", "--preset", "nemotron-h-8b", "--eviction-policies", "lru,s3fifo"],
      "--eviction-policies s3fifo: nemotron-h-8b has recurrent-state groups"),

@@ -117,8 +117,16 @@ def check_cost_model_options(args: argparse.Namespace) -> None:
 
 
 STATE_POLICY = "lru"
-STATE_POLICIES_WHY = ("their checkpoints are extents of many blocks evicted whole in LRU order "
-                      "(vLLM's); the other policies rank single blocks and are not defined on them")
+
+
+def _state_policies_why(preset) -> str:
+    """Why only LRU runs on ``preset`` (it has recurrent-state groups): the eviction-policy
+    contract (``hybridkv.core.eviction.base``) orders single blocks, and a checkpoint is an
+    extent of many, evicted whole."""
+    k = preset.kv_config(num_blocks=2)
+    blocks = max(k.extent_blocks(i) for i in range(len(k.groups)))
+    return (f"its checkpoints are extents of {blocks} blocks, evicted whole in LRU order (vLLM's); "
+            "the other policies rank single blocks and are not defined on them")
 
 
 def _reads_retention(name: str) -> bool:
@@ -139,13 +147,13 @@ def check_policy_options(args: argparse.Namespace) -> None:
         if isinstance(names, AllPolicies):         # all: the ones this preset runs
             args.eviction_policies = names = AllPolicies(n for n in names if n == STATE_POLICY)
             print(f"hybridkv {args.command}: --eviction-policies all on {preset.name} runs "
-                  f"{STATE_POLICY} only: {STATE_POLICIES_WHY}", file=sys.stderr)
+                  f"{STATE_POLICY} only: {_state_policies_why(preset)}", file=sys.stderr)
         bad = [n for n in names if resolve_policy(n) != STATE_POLICY]
         if bad:
             option = "--eviction-policies" if getattr(args, "eviction_policies", None) else "--eviction-policy"
             got = ", ".join(n if resolve_policy(n) == n else f"{n} (= {resolve_policy(n)})" for n in bad)
             raise ValueError(f"{option} {got}: {preset.name} has recurrent-state groups and "
-                             f"{STATE_POLICIES_WHY}; use {option} {STATE_POLICY}")
+                             f"{_state_policies_why(preset)}; use {option} {STATE_POLICY}")
     if getattr(args, "prefix_retention", None) is not None:
         readers = [n for n in POLICIES if resolve_policy(n) == n and _reads_retention(n)]
         if not all(_reads_retention(resolve_policy(n)) for n in names):
