@@ -47,7 +47,7 @@ def run_one(job: tuple[str, int, str, float, float, int | None]) -> dict:
     else:
         res = ClusterSimulator(_config(cache_tokens, 1), n, router, overlap_weight=weight).run(items)
     d = res.to_json()
-    o = d["overall"]
+    o = d
     return {"trace": Path(trace).stem.removesuffix(".jsonl").replace("-", "_"), "instances": n, "router": router,
             "hit_rate": o["hit_rate"], "block_hit_rate": o["block_hit_rate"],
             "ttft_p50_s": o["ttft_p50_s"], "ttft_p99_s": o["ttft_p99_s"],

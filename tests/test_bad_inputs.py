@@ -78,9 +78,54 @@ def run_main(argv: list[str]) -> int:
     # sweeps
     (["sweep", "--cache-tokens-list", "1M,,3M"], "item 2 of '1M,,3M' is empty"),
     (["sweep", "--cache-tokens-list", "1M,0"], "item 2 of '1M,0': must be >= 1"),
-    (["sweep", "--cache-tokens", "3M"], "--cache-tokens sets the cache size of a retention sweep"),
+    (["sweep", "--cache-tokens", "3M"], "--cache-tokens sets the cache size of a retention, instances or CPU-tier sweep"),
     (["sweep", "--retention-intervals", "none,,0"], "item 2 of 'none,,0' is empty"),
     (["sweep", "--retention-intervals", "0", "--cache-tokens-list", "1M"], "sweep one thing at a time"),
+    (["sweep", "--instances-list", "1,4", "--cache-tokens-list", "1M"], "sweep one thing at a time"),
+    (["sweep", "--instances-list", "1,0"], "item 2 of '1,0': must be an integer [1, 1024], got '0'"),
+    (["sweep", "--instances-list", "2", "--instances", "2"], "--instances-list sweeps the instance count; drop --instances"),
+    (["sweep", "--num-blocks", "4000"], "--num-blocks sets the cache size of a retention, instances or CPU-tier sweep"),
+    # hardware: impossible hardware is refused before any run, always
+    (["simulate", "--preset", "qwen3-next-80b-a3b", "--gpus", "1"],
+     "qwen3-next-80b-a3b does not fit 1 x h100: 0.9 x 1 x h100 (76.5 GB) - weights 160.0 GB - "
+     "activation reserve 6.4 GB = -89.9 GB; use --gpus 4 (the fewest that hold it)"),
+    (["sweep", "--preset", "qwen3-next-80b-a3b", "--gpus", "2", "--cache-tokens-list", "1M"],
+     "qwen3-next-80b-a3b does not fit 2 x h100"),
+    (["simulate", "--preset", "llama-3.1-8b", "--gpus", "1", "--cache-tokens", "1M"],
+     "--cache-tokens 1,000,000 needs 131.1 GB of KV memory but --gpus 1 leave 54.0 GB (412,098 "
+     "tokens: 0.9 x 1 x h100 (76.5 GB) - weights 16.1 GB - activation reserve 6.4 GB = 54.0 GB); "
+     "use --gpus 4 or a smaller size"),
+    (["simulate", "--preset", "llama-3.1-8b", "--gpus", "1", "--num-blocks", "30000"],
+     "--num-blocks 30,000 needs 62.9 GB of KV memory but --gpus 1 leave 54.0 GB"),
+    (["sweep", "--cache-tokens-list", "1M,1G"],
+     "--cache-tokens-list item 1,000,000,000 needs 98,304.0 GB of KV memory: even 1024 x h100 leave"),
+    (["sweep", "--retention-intervals", "0", "--preset", "llama-3.1-8b", "--gpus", "1",
+      "--cache-tokens", "1M"], "--cache-tokens 1,000,000 needs 131.1 GB of KV memory but --gpus 1 leave"),
+    # plots and JSON, checked before the run
+    (["simulate", "--plot", "out.txt"], "--plot 'out.txt': matplotlib cannot write '.txt' files; use one of"),
+    (["simulate", "--plot", "same.json", "--json", "same.json"], "matplotlib cannot write '.json' files"),
+    (["simulate", "--plot", "same.png", "--json", "./same.png"],
+     "--plot 'same.png' is also the --json path; give them different files"),
+    (["simulate", "--plot", "/proc/version"], "--plot '/proc/version' is not writable"),
+    (["simulate", "--plot", "-"], "--plot '-': this output is a file, not standard output; give a file name"),
+    (["simulate", "--json", ""], "--json '': give a file name"),
+    (["sweep", "--plot", "p.txt"], "--plot 'p.txt': matplotlib cannot write '.txt' files"),
+    # clusters: options that would be ignored, sizes that print a wall of rows
+    (["simulate", "--router-overlap-weight", "2"],
+     "--router-overlap-weight 2 is read only by --router kv-aware or approximate with --instances N; got one instance"),
+    (["simulate", "--router-overlap-weight", "2", "--instances", "2", "--router", "round-robin"],
+     "--router-overlap-weight 2 is read only by --router kv-aware or approximate with --instances N; "
+     "got --router round-robin"),
+    (["sweep", "--router-overlap-weight", "2"], "--router-overlap-weight 2 is read only by --router kv-aware"),
+    (["simulate", "--instances", "100000"], "--instances: must be an integer [1, 1024], got '100000'"),
+    (["sweep", "--instances", "2", "--sequential"], "--sequential has no clock: it does not apply to a cluster"),
+    # eviction policies on presets with recurrent-state groups: refused, naming the one that works
+    (["simulate", "--preset", "qwen3-next-80b-a3b", "--eviction-policy", "recommended"],
+     "--eviction-policy recommended (= adaptive): qwen3-next-80b-a3b has recurrent-state groups and "
+     "its checkpoints are extents of 66 blocks, evicted whole in LRU order (vLLM's); the other "
+     "policies rank single blocks and are not defined on them; use --eviction-policy lru"),
+    (["sweep", "--preset", "nemotron-h-8b", "--eviction-policies", "lru,s3fifo"],
+     "--eviction-policies s3fifo: nemotron-h-8b has recurrent-state groups"),
 ])
 def test_bad_options_get_one_clear_line(argv, message, capsys) -> None:
     rc = run_main(argv + (["--no-progress"] if {"--trace", "--workload"} & set(argv) else FAST))
@@ -95,6 +140,8 @@ def test_bad_options_get_one_clear_line(argv, message, capsys) -> None:
     ("t.jsonl.gz", b"not gzip", "cannot read the trace"),
     ("t.jsonl", b"", "the trace is empty"),
     ("t.jsonl", b'{"prompt_token_ids": [1, 2], "output_len": -1}\n', "'output_len' must be an integer >= 0, got -1"),
+    ("t.jsonl", b'{"prompt_token_ids": "abc\n', "t.jsonl:1: bad JSON (Unterminated string starting at column 22)"),
+    ("t.jsonl", b'{"prompt_token_ids": [1, 2]\n', "t.jsonl:1: bad JSON (Expecting ',' delimiter at column 28)"),
 ])
 def test_unreadable_traces_are_named(tmp_path: Path, name, data, message, capsys) -> None:
     path = tmp_path / name
@@ -222,14 +269,17 @@ def test_the_wheel_ships_the_traces(tmp_path: Path) -> None:
 # ---- a workload the cache cannot hold, generate's options, checks before the trace ----------
 
 
-def test_the_default_cache_names_the_size_a_trace_needs(capsys) -> None:
-    """The default 150k-token cache cannot hold the conversation trace's longest request: the
-    run is refused before it starts, with the --cache-tokens to give."""
-    assert run_main(["simulate", "--trace", "mooncake-conversation", "--no-progress"]) == 2
+def test_the_default_cache_names_the_gpus_a_trace_needs(capsys) -> None:
+    """The cache 1 x H100 leaves Llama-3.1-8B at 29% of its memory (85.0 GB x 0.29 - 16.1 GB of
+    weights - 6.4 GB reserve = 2.15 GB: 1,026 blocks of 2 MiB, the null block one of them)
+    cannot hold the conversation trace's
+    longest request: the run is refused before it starts, with the --gpus to give."""
+    assert run_main(["simulate", "--trace", "mooncake-conversation", "--preset", "llama-3.1-8b",
+                     "--gpu-memory-fraction", "0.29", "--no-progress"]) == 2
     out, err = capsys.readouterr()
-    assert "the default cache (149,916 tokens, 1,612 blocks) is too small for this workload" in err
+    assert "the default cache (16,400 tokens, 1,025 blocks) is too small for this workload" in err
     assert "request 'mooncake_conversation-11192' (126,527 tokens with its output)" in err
-    assert "give --cache-tokens 210k or more" in err and "--max-num-batched-tokens" in err
+    assert "give --gpus 2 (the fewest h100 that hold it)" in err
     assert err.count("\n") == 1 and "Traceback" not in err and "hybridkv simulate: " not in out
 
 
@@ -284,6 +334,7 @@ def test_sizes_round_up_to_what_cache_tokens_takes(n: int, text: str) -> None:
     (["--spec", "eagle:3"], "argument --spec: METHOD:K with METHOD in ngram, draft_model, dflash"),
     (["--spec", "ngram:0"], "and K an integer >= 1, or none, got 'ngram:0'"),
     (["--device", "tpu"], "--device 'tpu' is not a torch device"),
+    (["--prompt-ids", "5,-1"], "--prompt-ids: token ids are >= 0 (below the model's vocabulary size), got -1"),
 ])
 def test_generate_errors_name_the_option_and_its_range(argv, message, capsys) -> None:
     pytest.importorskip("torch")
@@ -311,7 +362,7 @@ def test_engine_errors_are_told_in_the_options_of_generate() -> None:
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["simulate", "--instances", "0"], "argument --instances: must be an integer >= 1, got '0'"),
+    (["simulate", "--instances", "0"], "argument --instances: must be an integer [1, 1024], got '0'"),
     (["simulate", "--router-overlap-weight", "nan"], "must be a finite number >= 0, got 'nan'"),
     (["simulate", "--router-overlap-weight", "-1"], "must be a finite number >= 0, got '-1'"),
     (["simulate", "--kv-events-endpoint", "tcp://nowhere"],
@@ -319,6 +370,11 @@ def test_engine_errors_are_told_in_the_options_of_generate() -> None:
     (["simulate", "--kv-events-endpoint", "tcp://*:5557", "--kv-events-replay-endpoint", "tcp://h:5558"],
      "--kv-events-replay-endpoint: replay_endpoint 'tcp://h:5558' must be one this process can bind"),
     (["simulate", "--num-blocks", "1"], "--num-blocks must be >= 2, got 1"),
+    (["simulate", "--kv-events-endpoint", ""], "--kv-events-endpoint: malformed KV events endpoint ''"),
+    (["simulate", "--kv-events-endpoint", "tcp://no-such-host.invalid:5557"],
+     "--kv-events-endpoint 'tcp://no-such-host.invalid:5557': cannot resolve host 'no-such-host.invalid'"),
+    (["simulate", "--preset", "qwen3-next-80b-a3b", "--gpus", "2"], "qwen3-next-80b-a3b does not fit 2 x h100"),
+    (["simulate", "--plot", "out.txt"], "matplotlib cannot write '.txt' files"),
     (["sweep", "--workers", "2"], "--workers 2 needs --executor processes or ray"),
     (["sweep", "--ray-address", "auto"], "--ray-address auto needs --executor ray"),
 ])
@@ -386,3 +442,36 @@ def test_a_bad_option_is_one_line_not_a_usage_block(argv, capsys) -> None:
     assert run_main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and ": error: " in err and "--help)" in err, err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["simulate", "--bogus"], "hybridkv simulate: error: unrecognized arguments: --bogus (see hybridkv simulate --help)"),
+    (["sweep", "--cache-token-lists", "1M"],
+     "hybridkv sweep: error: unrecognized arguments: --cache-token-lists 1M (--cache-token-lists: did "
+     "you mean --cache-tokens-list?) (see hybridkv sweep --help)"),
+])
+def test_an_unknown_option_points_at_its_commands_help(argv, message, capsys) -> None:
+    assert run_main(argv) == 2
+    assert capsys.readouterr().err.strip() == message
+
+
+def test_no_file_is_left_when_the_fallback_write_fails_too(tmp_path: Path, monkeypatch) -> None:
+    """A write that fails at the path and again at the temporary file leaves no empty file."""
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+    def write(path: str) -> None:
+        raise OSError(5, "Input/output error")
+    with pytest.raises(OSError):
+        output.write_output(str(tmp_path / "x.png"), write, "the plot")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_output_checks_change_nothing(tmp_path: Path) -> None:
+    """Checking an output path before a run creates nothing and leaves an existing file as it is."""
+    existing = tmp_path / "r.json"
+    existing.write_text("keep")
+    output.check_output_path(str(existing), "--json")
+    output.check_output_path(str(tmp_path / "new.json"), "--json")
+    output.check_plot_path(str(tmp_path / "p.png"), {"--json": str(existing)})
+    assert existing.read_text() == "keep" and sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]

@@ -95,6 +95,14 @@ def test_cli_errors(built_models: dict[str, Built], capsys) -> None:
     rc, _, err = cli(["generate", "--model", path, "--prompt-ids", "1,2", "--spec", "dflash:3",
                       "--device", "cpu"], capsys)
     assert rc == 2 and "needs --draft-model DIR" in err
+    vocab = built_models["llama"].model.config.vocab_size
+    rc, _, err = cli(["generate", "--model", path, "--prompt-ids", f"1,2,{vocab}", "--device", "cpu"], capsys)
+    assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err and "internal error" not in err
+    assert f"prompt token id {vocab} is outside the vocabulary of {path!r}: ids are in [0, {vocab})" in err
+    with pytest.raises(SystemExit):
+        main(["generate", "--model", path, "--prompt-ids", "1,-3"])
+    assert "--prompt-ids: token ids are >= 0 (below the model's vocabulary size), got -3 in '1,-3'" \
+        in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["generate", "--model", path, "--prompt-ids", "1,x"])
     with pytest.raises(SystemExit):

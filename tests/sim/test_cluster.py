@@ -50,7 +50,7 @@ def test_kv_aware_index_mirrors_every_instance_and_beats_round_robin() -> None:
         for x in want:
             assert inst.idx in sim.index.holders(sim.key_group, x)
     sim.index.check()
-    a, b = kv.to_json()["overall"], rr.to_json()["overall"]
+    a, b = kv.to_json(), rr.to_json()
     assert a["requests"] == b["requests"] == len(items)
     assert a["hit_rate"] > 1.2 * b["hit_rate"]      # measured 0.727 vs 0.547
     assert kv.predicted_hit_tokens > 0
@@ -140,15 +140,16 @@ def test_cli_cluster_json_and_errors(tmp_path, capsys) -> None:
                  "--json", str(out)]) == 0
     d = json.loads(out.read_text())
     assert d["router"] == "least-loaded" and d["num_instances"] == 2
-    assert sum(p["routed_requests"] for p in d["per_instance"]) == d["overall"]["requests"] == 40
-    for key in ("hit_rate", "ttft_p50_s", "ttft_p99_s", "queue_p50_s", "queue_p99_s", "load_imbalance"):
-        assert key in d["overall"]
+    assert sum(p["routed_requests"] for p in d["per_instance"]) == d["requests"] == 40
+    for key in ("hit_rate", "ttft_p50_s", "ttft_p99_s", "queue_p50_s", "queue_p99_s", "load_imbalance",
+                "optimal_block_hit_rate", "evictions", "throughput_tok_s", "gap"):
+        assert key in d
     assert d["kv_events_published"] == 0
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_:
         main(["simulate", "--instances", "0"])
     assert exit_.value.code == 2
-    assert "--instances: must be an integer >= 1, got '0'" in capsys.readouterr().err
+    assert "--instances: must be an integer [1, 1024], got '0'" in capsys.readouterr().err
     assert main(["simulate", "--kv-events-endpoint", "tcp://nowhere", "--limit", "2"]) == 2
     assert "malformed KV events endpoint 'tcp://nowhere'" in capsys.readouterr().err
     with pytest.raises(SystemExit):

@@ -39,7 +39,9 @@ def _check(res) -> None:
     assert res.hit_blocks <= res.optimal_hit_blocks <= g.ceiling_blocks <= res.prompt_blocks
     assert 0 <= res.block_hit_rate <= res.optimal_block_hit_rate <= 1
     assert g.online_blocks == res.hit_blocks
-    assert g.in_flight_blocks + g.evicted_blocks == g.ceiling_blocks - g.online_blocks
+    assert (g.in_flight_blocks + g.evicted_blocks + g.retained_blocks + g.routed_blocks
+            == g.ceiling_blocks - g.online_blocks)
+    assert g.routed_blocks == 0                     # one instance
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

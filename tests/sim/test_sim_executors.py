@@ -60,10 +60,14 @@ def test_processes_match_serial(sweep, serial):
     _check_against_serial(_collect(execute(configs, items, "processes", workers=2)), serial)
 
 
-def test_ray_matches_serial(sweep, serial):
+def test_ray_matches_serial_and_reports_progress(sweep, serial):
     pytest.importorskip("ray")
     configs, items = sweep
-    _check_against_serial(_collect(execute(configs, items, "ray", workers=2)), serial)
+    seen: dict[int, tuple[int, int]] = {}
+    got = _collect(execute(configs, items, "ray", workers=2,
+                           progress=lambda i, d, t: seen.__setitem__(i, (d, t))))
+    _check_against_serial(got, serial)
+    assert all(seen[i] == (len(items), len(items)) for i, o in got.items() if o.result is not None)
 
 
 @pytest.mark.parametrize("kw, message", [

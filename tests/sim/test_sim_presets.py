@@ -87,7 +87,7 @@ def test_lookup_errors_list_valid_names() -> None:
 
 def test_gpu_presets() -> None:
     h100, h200, b200 = (GPU_PRESETS[n] for n in ("h100", "h200", "b200"))
-    assert (h100.memory_bytes, h100.mem_bw, h100.flops) == (80e9, 3.35e12, 989e12)
+    assert (h100.memory_bytes, h100.mem_bw, h100.flops) == (int(79.18 * 2**30), 3.35e12, 989e12)
     assert (h200.memory_bytes, h200.mem_bw, h200.flops) == (141e9, 4.8e12, 989e12)
     assert (b200.memory_bytes, b200.mem_bw, b200.flops) == (192e9, 8e12, 2250e12)
     assert get_gpu("h200") is h200

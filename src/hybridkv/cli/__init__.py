@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import sys
 
-from hybridkv.cli.base import COMMANDS, Command, build_parser, run_command
+from hybridkv.cli.base import COMMANDS, Command, build_parser, run_command, unknown_options
 # Registration lines, in the order `hybridkv --help` lists the commands:
 from hybridkv.cli import simulate, sweep, cost, profile, catalog, generate, demo  # noqa: E402,F401  # isort: skip
 
@@ -42,7 +42,8 @@ The ``hybridkv`` command.
 
 Subcommands:
     simulate  trace-driven simulation of a model's prefix cache and latency (the main job)
-    sweep     hit rate against cache size or retention interval, with the offline optimum
+    sweep     hit rate against cache size, retention interval or instance count, with the
+              offline optimum
     cost      what one engine step costs: time, compute / memory / attention split
     profile   measure a preset's step times on this machine's GPU (or CPU) and fit the cost model
     presets   model and GPU presets with their KV bytes per token
@@ -63,8 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser(DESCRIPTION)
     args, extra = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     if extra and not getattr(args, "accepts_any_arguments", False):
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    return run_command(args)
+        unknown_options(parser, args.command, extra)
+    return run_command(args, own_process=argv is None)
 
 
 __all__ = ["COMMANDS", "Command", "main", "run_command"]

@@ -4,7 +4,10 @@ errors become one line on stderr and an exit status (:func:`run_command`)."""
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
+import re
+import signal
 import sys
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
@@ -48,28 +51,72 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+def plain(text: str | None) -> str | None:
+    """A docstring as ``--help`` shows it: reST roles and literals become plain text
+    (``:class:`~a.B``` -> ``B``, double backquotes dropped)."""
+    if text is None:
+        return None
+    text = re.sub(r":\w+:`~([\w.]+)`", lambda m: m[1].rsplit(".", 1)[-1], text)
+    text = re.sub(r":\w+:`([^`]+)`", r"\1", text)
+    return text.replace("``", "")
+
+
 def build_parser(description: str) -> argparse.ArgumentParser:
-    """The ``hybridkv`` parser with one subparser per registered command."""
-    parser = OneLineParser(prog="hybridkv", description=description,
+    """The ``hybridkv`` parser with one subparser per registered command (descriptions in
+    plain text: :func:`plain`)."""
+    parser = OneLineParser(prog="hybridkv", description=plain(description),
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
+    parser.commands = {}                      # name -> its parser (unknown_options' errors)
     for name, cmd in COMMANDS.items():
-        p = sub.add_parser(name, help=cmd.help, description=cmd.description or cmd.help,
+        p = sub.add_parser(name, help=cmd.help, description=plain(cmd.description or cmd.help),
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         p.set_defaults(func=cmd.run, option_names=cmd.option_names)
         cmd.add_arguments(p)
+        parser.commands[name] = p
     return parser
 
 
-def run_command(args: argparse.Namespace) -> int:
+def unknown_options(parser: argparse.ArgumentParser, command: str, extra: list[str]) -> None:
+    """The usage error for options ``command`` does not know, from that command's parser (so
+    it points at ``hybridkv COMMAND --help``), with the closest known option when one is near."""
+    sub = getattr(parser, "commands", {}).get(command, parser)
+    known = [o for a in sub._actions for o in a.option_strings]
+    hints = []
+    for word in extra:
+        if word.startswith("-"):
+            close = difflib.get_close_matches(word.split("=", 1)[0], known, n=1, cutoff=0.8)
+            if close:
+                hints.append(f"{word}: did you mean {close[0]}?")
+    more = f" ({'; '.join(hints)})" if hints else ""
+    sub.error(f"unrecognized arguments: {' '.join(extra)}{more}")
+
+
+def _stop_on_first_interrupt(signum, frame) -> None:
+    """SIGINT handler of a command: the first Ctrl-C stops the run; later ones are ignored
+    while it stops its helpers and writes what finished (which takes seconds at most)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
+
+
+def run_command(args: argparse.Namespace, own_process: bool = False) -> int:
     """Run a parsed command; every error becomes one line on stderr and an exit status:
     2 for bad input (``ValueError``, ``RuntimeError``: a workload that cannot run as
     configured), 1 for a failure while running (out of memory, an unwritable file, an internal
-    error; ``HYBRIDKV_DEBUG=1`` re-raises it), 130 when interrupted."""
+    error; ``HYBRIDKV_DEBUG=1`` re-raises it), 130 when interrupted (Ctrl-C).
+
+    During the command only the first Ctrl-C counts (:func:`_stop_on_first_interrupt`); the
+    previous handler comes back afterwards, except after an interrupt in ``own_process`` (the
+    process is about to exit: a second Ctrl-C must not cut that short)."""
     def fail(status: int, message: str) -> int:
         message = name_options(message, getattr(args, "option_names", None) or {})
         print(f"hybridkv {args.command}: error: {message}", file=sys.stderr)
         return status
+    try:
+        previous = signal.signal(signal.SIGINT, _stop_on_first_interrupt)
+    except ValueError:                        # not the main thread: no signals here
+        previous = None
+    interrupted = False
     try:
         return args.func(args)
     except BrokenPipeError:  # piped into a reader that stopped early (e.g. `| head`)
@@ -84,6 +131,8 @@ def run_command(args: argparse.Namespace) -> int:
         where = f" {exc.filename!r}" if getattr(exc, "filename", None) else ""
         return fail(1, f"{exc.strerror or exc}{where}")
     except KeyboardInterrupt:
+        interrupted = True
+        signal.signal(signal.SIGINT, signal.SIG_IGN) if previous is not None else None
         print(file=sys.stderr)
         return fail(130, "interrupted")
     except RuntimeError as exc:               # e.g. a workload that cannot run as configured
@@ -93,3 +142,6 @@ def run_command(args: argparse.Namespace) -> int:
             raise
         return fail(1, f"internal error {type(exc).__name__}: {exc} (please report it; "
                        "HYBRIDKV_DEBUG=1 shows the traceback)")
+    finally:
+        if previous is not None and not (interrupted and own_process):
+            signal.signal(signal.SIGINT, previous)

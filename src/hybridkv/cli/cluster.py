@@ -1,9 +1,10 @@
 """The cluster and KV-events options of ``hybridkv simulate``, and the cluster report.
 
 ``--instances N --router R`` simulates N instances (each with the cache, GPUs and batching of
-the other options) behind router R; ``--kv-events-endpoint EP`` publishes every instance's KV
-events over ZMQ in vLLM 0.33's format (instance i as data-parallel rank i: tcp ports offset by
-i, as vLLM does). Both paths warn when prompts arrive faster than the instances can prefill.
+the other options) behind router R, reported like one run (the offline optimum over all
+instances, evictions, throughput, next steps) plus per-instance rows, routing and queueing.
+``--kv-events-endpoint EP`` publishes every instance's KV events over ZMQ in vLLM 0.33's
+format (instance i as data-parallel rank i: tcp ports offset by i, as vLLM does). Both paths warn when prompts arrive faster than the instances can prefill.
 """
 
 from __future__ import annotations
@@ -11,12 +12,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import socket
 import sys
 from typing import Iterator
 
 from hybridkv.cli.options import int_in, non_negative_number
 from hybridkv.cli.sim_options import cost_source
 from hybridkv.sim.cluster import ClusterResult, ClusterSimulator, OfferedLoad, offered_load
+from hybridkv.sim.interrupt import RunInterrupted, sigint_deferred
 from hybridkv.sim.routing import DEFAULT_OVERLAP_WEIGHT, ROUTERS
 from hybridkv.sim.simulator import SimConfig, Simulator
 from hybridkv.sim.workitems import WorkItem
@@ -24,14 +27,19 @@ from hybridkv.sim.workitems import WorkItem
 DEFAULT_ROUTER = "kv-aware"
 
 
+MAX_INSTANCES = 1024
+SHOWN_INSTANCES = 16
+"""Per-instance rows printed; more instances print the first and last few (all are in --json)."""
+
+
 def add_cluster_options(p: argparse.ArgumentParser) -> None:
     """The cluster and KV-events options of ``simulate``."""
     g = p.add_argument_group("cluster and KV events")
-    g.add_argument("--instances", type=int_in(1), default=1,
-                   help="engine instances behind one router (default 1)")
+    g.add_argument("--instances", type=int_in(1, MAX_INSTANCES), default=1,
+                   help=f"engine instances behind one router, in [1, {MAX_INSTANCES}] (default 1)")
     g.add_argument("--router", choices=ROUTERS.names(),
                    help=f"routing policy with --instances (default {DEFAULT_ROUTER})")
-    g.add_argument("--router-overlap-weight", type=non_negative_number, default=DEFAULT_OVERLAP_WEIGHT,
+    g.add_argument("--router-overlap-weight", type=non_negative_number,
                    help="kv-aware/approximate: weight of a request's uncached prefill against "
                         f"queued prefill tokens (default {DEFAULT_OVERLAP_WEIGHT:g})")
     g.add_argument("--kv-events-endpoint",
@@ -45,24 +53,38 @@ def is_cluster(args: argparse.Namespace) -> bool:
     return args.instances != 1 or args.router is not None
 
 
+def router_name(args: argparse.Namespace) -> str:
+    return args.router or DEFAULT_ROUTER
+
+
+def overlap_weight(args: argparse.Namespace) -> float:
+    w = getattr(args, "router_overlap_weight", None)
+    return DEFAULT_OVERLAP_WEIGHT if w is None else w
+
+
 def check_args(args: argparse.Namespace) -> None:
     """Every rule of these options, checked before the trace is read (``ValueError``)."""
-    if args.kv_events_replay_endpoint and not args.kv_events_endpoint:
+    if args.kv_events_replay_endpoint is not None and args.kv_events_endpoint is None:
         raise ValueError("--kv-events-replay-endpoint needs --kv-events-endpoint")
-    if args.kv_events_endpoint:
+    if args.kv_events_endpoint is not None:
         check_endpoints(args.kv_events_endpoint, args.kv_events_replay_endpoint)
-    if is_cluster(args) and getattr(args, "plot", None):
-        raise ValueError("--plot draws one instance's run; it does not apply with --instances "
-                         "or --router (use --json for the per-instance results)")
-    if (args.kv_events_endpoint or is_cluster(args)) and args.sequential:
+    weight = getattr(args, "router_overlap_weight", None)
+    if weight is not None:
+        readers = [n for n in ROUTERS.names() if ROUTERS.get(n).uses_overlap_weight]
+        if not is_cluster(args) or router_name(args) not in readers:
+            got = f"--router {router_name(args)}" if is_cluster(args) else "one instance"
+            raise ValueError(f"--router-overlap-weight {weight:g} is read only by --router "
+                             f"{' or '.join(readers)} with --instances N; got {got}")
+    if (args.kv_events_endpoint is not None or is_cluster(args)) and args.sequential:
         raise ValueError("--sequential has no clock: it applies neither to --instances nor to "
                          "--kv-events-endpoint")
 
 
 def check_endpoints(endpoint: str, replay: str | None) -> None:
-    """The events extras are installed and both endpoints are well formed, naming the option."""
+    """The events extras are installed, both endpoints are well formed and a host to connect
+    to resolves, naming the option."""
     try:
-        from hybridkv.events.publisher import KVEventsConfig
+        from hybridkv.events.publisher import KVEventsConfig, is_bind_endpoint
     except ImportError as exc:
         raise ValueError(f"--kv-events-endpoint needs the events extras (missing: "
                          f"{exc.name or exc}): pip install \"hybridkv[events]\"") from None
@@ -75,6 +97,15 @@ def check_endpoints(endpoint: str, replay: str | None) -> None:
             KVEventsConfig(endpoint=endpoint, replay_endpoint=replay)
         except ValueError as exc:
             raise ValueError(f"--kv-events-replay-endpoint: {exc}") from None
+    if endpoint.startswith("tcp://") and not is_bind_endpoint(endpoint):
+        host, _, port = endpoint[len("tcp://"):].rpartition(":")
+        host = host.strip("[]")
+        try:
+            socket.getaddrinfo(host, int(port))
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"--kv-events-endpoint {endpoint!r}: cannot resolve host {host!r} "
+                             f"({getattr(exc, 'strerror', None) or exc}); give a reachable host "
+                             "or bind with tcp://*:PORT") from None
 
 
 def warn_capacity(cfg: SimConfig, items: list[WorkItem], instances: int) -> OfferedLoad | None:
@@ -90,7 +121,7 @@ def warn_capacity(cfg: SimConfig, items: list[WorkItem], instances: int) -> Offe
 
 def events_config(cfg: SimConfig, args: argparse.Namespace) -> SimConfig:
     """``cfg`` with events recorded and sha256 hashes when ``--kv-events-endpoint`` is given."""
-    if not args.kv_events_endpoint:
+    if args.kv_events_endpoint is None:
         return cfg
     return dataclasses.replace(cfg, enable_events=True, hash_algo="sha256")
 
@@ -99,7 +130,7 @@ def events_config(cfg: SimConfig, args: argparse.Namespace) -> SimConfig:
 def publishers(args: argparse.Namespace, num: int) -> Iterator[list | None]:
     """One started :class:`ZmqEventPublisher` per instance (rank i), or None without
     ``--kv-events-endpoint``; all are shut down (drained) on exit."""
-    if not args.kv_events_endpoint:
+    if args.kv_events_endpoint is None:
         yield None
         return
     from hybridkv.events.publisher import KVEventsConfig, ZmqEventPublisher
@@ -123,23 +154,27 @@ def attach_single(sim: Simulator, pub) -> None:
 
 
 def format_cluster(res: ClusterResult) -> str:
+    """The per-instance table (at most :data:`SHOWN_INSTANCES` rows), the cluster's summary
+    (the single run's table over all instances) and its routing and queueing line."""
+    from hybridkv.sim.report import summary_table
     d = res.to_json()
-    o = d["overall"]
 
     def f(v: float | None, unit: str = " s") -> str:
         return "n/a" if v is None else f"{v:.4g}{unit}"
-    lines = [f"  {'instance':>8} {'requests':>9} {'prompt tok':>12} {'hit rate':>9} "
+    per = d["per_instance"]
+    shown = per if len(per) <= SHOWN_INSTANCES else per[:SHOWN_INSTANCES // 2] + per[-SHOWN_INSTANCES // 2:]
+    lines = [f"  {'instance':>8} {'requests':>9} {'prompt tok':>12} {'hit rate':>9} {'evictions':>10} "
              f"{'TTFT p50':>10} {'TTFT p99':>10} {'queue p50':>10} {'queue p99':>10}"]
-    for p in d["per_instance"]:
+    for k, p in enumerate(shown):
+        if len(shown) < len(per) and k == SHOWN_INSTANCES // 2:
+            lines.append(f"  {'...':>8} ({len(per) - len(shown):,} more instances in --json)")
         lines.append(f"  {p['instance']:>8} {p['routed_requests']:>9,} {p['routed_prompt_tokens']:>12,} "
-                     f"{p['hit_rate']:>9.4f} {f(p['ttft_p50_s']):>10} {f(p['ttft_p99_s']):>10} "
-                     f"{f(p['queue_p50_s']):>10} {f(p['queue_p99_s']):>10}")
-    lines.append(f"  {'overall':>8} {o['requests']:>9,} {o['prompt_tokens']:>12,} "
-                 f"{o['hit_rate']:>9.4f} {f(o['ttft_p50_s']):>10} {f(o['ttft_p99_s']):>10} "
-                 f"{f(o['queue_p50_s']):>10} {f(o['queue_p99_s']):>10}")
-    lines.append(f"  load imbalance (max / mean prompt tokens) {o['load_imbalance']:.3f}; "
-                 f"block hit rate {o['block_hit_rate']:.4f}; preemptions {o['preemptions']}; "
-                 f"wall {d['wall_s']:.1f} s")
+                     f"{p['hit_rate']:>9.4f} {p['evictions']:>10,} {f(p['ttft_p50_s']):>10} "
+                     f"{f(p['ttft_p99_s']):>10} {f(p['queue_p50_s']):>10} {f(p['queue_p99_s']):>10}")
+    lines.append("all instances:")
+    lines.append(summary_table(res.overall))
+    lines.append(f"  {'routing':<24}  load imbalance (max / mean prompt tokens) {d['load_imbalance']:.3f}; "
+                 f"queue p50 / p99 {f(d['queue_p50_s'])} / {f(d['queue_p99_s'])}")
     return "\n".join(lines)
 
 
@@ -147,11 +182,10 @@ def run_cluster(args: argparse.Namespace, cfg: SimConfig, items: list[WorkItem],
                 progress=None) -> ClusterResult:
     """``simulate --instances N --router R``: run and print the per-instance table (the caller
     writes ``--json``)."""
-    router = args.router or DEFAULT_ROUTER
+    router = router_name(args)
     n = args.instances
-    tokens = cfg.cache_tokens
     print(f"hybridkv simulate: {n} x {cfg.preset.name} on {cfg.num_gpus} x {cfg.gpu.name} each, "
-          f"~{tokens:,} cache tokens each, router {router}, {len(items)} requests")
+          f"~{cfg.cache_tokens:,} cache tokens each, router {router}, {len(items)} requests")
     print(f"  step times: {cost_source(cfg)}")
     load = warn_capacity(cfg, items, n)
     cfg = events_config(cfg, args)
@@ -162,9 +196,13 @@ def run_cluster(args: argparse.Namespace, cfg: SimConfig, items: list[WorkItem],
             mapper = WireMapper(cfg.preset.kv_config(num_blocks=cfg.num_blocks))
             sinks = [(lambda start, end, events, p=p: p.publish(mapper.batch(events, end)))
                      for p in pubs]
-        sim = ClusterSimulator(cfg, n, router, overlap_weight=args.router_overlap_weight,
+        sim = ClusterSimulator(cfg, n, router, overlap_weight=overlap_weight(args),
                                event_sinks=sinks, progress=progress)
-        res = sim.run(items)
+        try:
+            res = sim.run(items)
+        except RunInterrupted as exc:
+            exc.partial.offered = load
+            raise
     if pubs is not None:
         res.kv_events_published = sum(p.published for p in pubs)
     res.offered = load
@@ -172,3 +210,39 @@ def run_cluster(args: argparse.Namespace, cfg: SimConfig, items: list[WorkItem],
     if pubs is not None:
         print(f"  KV events: {res.kv_events_published} batches published")
     return res
+
+
+def run_cluster_command(args: argparse.Namespace, cfg: SimConfig, items: list[WorkItem],
+                        budget=None) -> int:
+    """The cluster branch of ``simulate``: run, report, next steps, ``--json``, ``--plot``;
+    Ctrl-C writes the partial result to ``--json``."""
+    from hybridkv.cli.capacity import larger_cache
+    from hybridkv.cli.output import progress_bar, write_json, write_output
+    from hybridkv.cli.sim_options import options_preset
+    from hybridkv.sim.advice import next_steps
+    from hybridkv.sim.report import explain_gap, format_next_steps, plot_cluster
+    progress, close = progress_bar(not args.no_progress, "simulate")
+    extra = {"hardware": budget.to_json()} if budget is not None else {}
+    try:
+        result = run_cluster(args, cfg, items, progress)
+    except RunInterrupted as exc:
+        close()
+        if args.json and exc.partial is not None:
+            with sigint_deferred():
+                write_json(args.json, {**exc.partial.to_json(), **extra}, "the partial JSON result")
+        raise
+    finally:
+        close()
+    has_state = cfg.preset.kv_config(num_blocks=cfg.num_blocks).has_state
+    why = explain_gap(result.overall, has_state)
+    if why:
+        print(why)
+    steps = format_next_steps(next_steps(result.overall, result.offered, args.instances,
+                                         larger_cache(args, options_preset(args)), has_state))
+    if steps:
+        print(steps)
+    if args.json:
+        write_json(args.json, {**result.to_json(), **extra})
+    if args.plot:
+        print(f"wrote {write_output(args.plot, lambda p: plot_cluster(result, p), 'the plot')}")
+    return 0

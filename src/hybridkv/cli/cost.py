@@ -20,7 +20,8 @@ from hybridkv.cli.options import int_in, step_argument
 from hybridkv.cli.output import print_json
 from hybridkv.cli.sim_options import DEFAULT_PRESET, add_cost_model_options, check_cost_model_options
 from hybridkv.sim.grid import format_step
-from hybridkv.sim.presets import GPU_PRESETS, default_gpus, get_gpu, get_preset
+from hybridkv.sim.hardware import fewest_gpus
+from hybridkv.sim.presets import GPU_PRESETS, get_gpu, get_preset
 from hybridkv.sim.profile import cost_model
 
 
@@ -33,7 +34,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", default="h100", help=f"GPU preset: {', '.join(GPU_PRESETS)}")
     p.add_argument("--gpus", type=int_in(1, 1024),
                    help="GPUs serving the model, ideal tensor parallel (default: the fewest, a "
-                        "power of two, whose memory less 10%% holds the weights)")
+                        "power of two, whose 90%% less an activation reserve holds the weights, "
+                        "as simulate's)")
     add_cost_model_options(p)
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
 
@@ -46,7 +48,9 @@ def run(args: argparse.Namespace) -> int:
     check_cost_model_options(args)
     preset = get_preset(args.preset)
     gpu = get_gpu(args.gpu)
-    gpus = args.gpus or default_gpus(preset, gpu)
+    gpus = args.gpus or fewest_gpus(preset, gpu)
+    if gpus is None:
+        raise ValueError(f"{preset.name}'s weights do not fit even 1024 x {gpu.name}; use a larger --gpu")
     model = cost_model(preset, gpu, gpus, args.profile, args.cost_model)
     roof = cost_model(preset, gpu, gpus, kind="roofline")
     steps = []

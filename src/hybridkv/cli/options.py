@@ -115,6 +115,26 @@ def parse_count_list(text: str) -> list[int]:
     return out
 
 
+def parse_int_list(lo: int, hi: int) -> Callable[[str], list[int]]:
+    """``"1,2,4"`` -> distinct integers in ``[lo, hi]``, in the given order; an item is named."""
+    one = int_in(lo, hi)
+
+    def parse(text: str) -> list[int]:
+        out: list[int] = []
+        for i, item in enumerate(text.split(","), 1):
+            if not item.strip():
+                raise argparse.ArgumentTypeError(f"item {i} of {text!r} is empty (example: 1,2,4)")
+            try:
+                value = one(item)
+            except argparse.ArgumentTypeError as exc:
+                raise argparse.ArgumentTypeError(f"item {i} of {text!r}: {exc}") from None
+            if value not in out:
+                out.append(value)
+        return out
+    parse.__name__ = "list"
+    return parse
+
+
 def parse_block_size(text: str) -> int:
     """A power of two in ``[1, MAX_BLOCK_SIZE]``."""
     value = int_in(1, MAX_BLOCK_SIZE)(text)
@@ -187,11 +207,16 @@ def sweepable_policies() -> tuple[str, ...]:
     return tuple(out)
 
 
+class AllPolicies(list):
+    """``--eviction-policies all``: the sweepable policies, remembered as "all" (a preset may
+    run only some of them)."""
+
+
 def parse_policy_list(text: str) -> list[str]:
     """``a,b,c`` or ``all`` -> distinct resolved names, in the given order."""
     from hybridkv.core.eviction import resolve_policy
     if text.strip() == "all":
-        return list(sweepable_policies())
+        return AllPolicies(sweepable_policies())
     out: list[str] = []
     for part in text.split(","):
         name = resolve_policy(parse_policy(part.strip()))
@@ -243,6 +268,10 @@ def prompt_ids(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"--prompt-ids takes comma-separated integers, got {text!r}") from None
     if not ids:
         raise argparse.ArgumentTypeError("--prompt-ids needs at least one token id")
+    bad = next((t for t in ids if t < 0), None)
+    if bad is not None:
+        raise argparse.ArgumentTypeError(f"token ids are >= 0 (below the model's vocabulary "
+                                         f"size), got {bad} in {text!r}")
     return ids
 
 

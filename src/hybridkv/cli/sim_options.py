@@ -1,10 +1,9 @@
 """The options ``simulate`` and ``sweep`` share, and how they become a workload and a
 :class:`~hybridkv.sim.simulator.SimConfig`.
 
-Capacity, in order of precedence: ``--num-blocks`` (pool blocks), ``--cache-tokens`` (KV memory
-for that many tokens of the preset, all groups counted), ``--gpu-memory-fraction`` (that share
-of the GPUs' memory minus the weights). The default is 150k tokens for ``simulate`` (the default
-chat workload's working set does not fit, so eviction shows) and 3M for a retention sweep.
+The hardware and cache-size options (``--gpu``, ``--gpus``, ``--gpu-memory-fraction``,
+``--cache-tokens``, ``--num-blocks``) and how they give the pool size are
+:mod:`hybridkv.cli.capacity`'s.
 
 Every option is validated where it is parsed (:mod:`hybridkv.cli.options`: one argparse type per
 kind of value, each naming the bad value and the valid range) or, for rules that involve
@@ -15,15 +14,18 @@ usage error: exit status 2).
 from __future__ import annotations
 
 import argparse
+import sys
 
-from hybridkv.cli.options import (MAX_BLOCK_SIZE, fraction, int_in, parse_block_size,
+from hybridkv.cli.options import (MAX_BLOCK_SIZE, AllPolicies, fraction, int_in, parse_block_size,
                                   parse_policy, parse_prefix_retention, parse_retention,
                                   positive_count, profile_argument, spec_argument)
-from hybridkv.cli.output import check_output_path
+from hybridkv.cli.capacity import add_hardware_options, capacity_blocks, plan_from_options
+from hybridkv.cli.output import check_output_path, check_plot_path
 from hybridkv.cli.tier_options import TIER_OPTION_NAMES, check_tier_options, tier_config
 from hybridkv.core.spec_decode import SPEC_OFF, SpecDecode
+from hybridkv.core.specs import StateSpec
 from hybridkv.sched import SchedulerConfig
-from hybridkv.sim.presets import GPU_PRESETS, default_gpus, get_gpu, get_preset
+from hybridkv.sim.presets import get_gpu, get_preset
 from hybridkv.sim.simulator import SimConfig
 from hybridkv.sim.traces import BUNDLED_TRACES, load_token_trace, resolve_trace, trace_format
 from hybridkv.sim.workloads import WORKLOADS, get_workload
@@ -31,11 +33,6 @@ from hybridkv.sim.workitems import WorkItem, items_from_mooncake, items_from_tra
 
 DEFAULT_PRESET = "deepseek-v4-style"
 DEFAULT_WORKLOAD = "chat"
-DEFAULT_CACHE_TOKENS = 3_000_000
-DEFAULT_SIMULATE_CACHE_TOKENS = 150_000
-"""The default ``simulate`` run: the chat workload's working set (~300k tokens) does not fit,
-so eviction and per-group retention show (pass ``--cache-tokens`` or ``--gpu-memory-fraction``
-for a real deployment's size)."""
 DEFAULT_ACCEPTANCE_RATE = 0.7
 
 #: The simulator's config field names as ``simulate`` / ``sweep`` options, for the errors of the
@@ -58,32 +55,33 @@ def add_common_options(p: argparse.ArgumentParser) -> None:
                      "`hybridkv traces`) or a JSONL file (.gz/.xz too): Mooncake format (hash_ids) "
                      "or token ids (prompt_token_ids)")
     p.add_argument("--limit", type=positive_count, help="use only the first N requests of the trace")
-    p.add_argument("--gpu", default="h100", help=f"GPU preset for the cost model: {', '.join(GPU_PRESETS)}")
+    add_hardware_options(p)
     add_cost_model_options(p)
-    p.add_argument("--gpus", type=int_in(1, 1024),
-                   help="GPUs serving the model, ideal tensor parallel (default: the fewest, a "
-                        "power of two, whose memory less 10%% holds the weights)")
     p.add_argument("--block-size", type=parse_block_size,
                    help=f"tokens per block of the main group, a power of two in [1, {MAX_BLOCK_SIZE}] "
                         "(preset default otherwise)")
     p.add_argument("--retention-interval", type=parse_retention, default=0,
-                   help="retention: none (dense), 0 (replay boundaries, default) or N (every N "
-                        "tokens too); for recurrent-state groups, where checkpoints are written")
+                   help="where later hits may end: none (every block), 0 (where requests ended: "
+                        "replay boundaries; default) or N (every N tokens too); sliding-window "
+                        "groups keep a window before each, recurrent-state groups write a "
+                        "checkpoint at each (the checkpoint interval)")
     p.add_argument("--spec", type=spec_argument,
                    help="speculative decoding METHOD:K, e.g. eagle:3 (default: the preset's, "
                         "e.g. mtp:1 for deepseek-v4-style); none turns it off")
     p.add_argument("--acceptance-rate", type=fraction(lo_open=False),
                    help=f"per-draft acceptance probability in [0, 1] of the seeded acceptance model "
                         f"(default {DEFAULT_ACCEPTANCE_RATE}); needs speculative decoding")
-    p.add_argument("--max-num-batched-tokens", type=int_in(1), default=8192, help="token budget per step")
-    p.add_argument("--max-num-seqs", type=int_in(1), default=256, help="requests running at once")
+    p.add_argument("--max-num-batched-tokens", type=int_in(1), default=8192,
+                   help="token budget per engine step (default 8192)")
+    p.add_argument("--max-num-seqs", type=int_in(1), default=256,
+                   help="requests running at once (default 256)")
     p.add_argument("--max-model-len", type=int_in(2),
                    help="tokens per request (prompt + output); a request whose prompt reaches it is "
                         "rejected and counted, the others' outputs are cut to fit")
     p.add_argument("--sequential", action="store_true", help="one request at a time, no timing")
     p.add_argument("--vllm-compat", action="store_true", help="run the manager in vLLM-0.33-compatible mode")
     p.add_argument("--no-optimum", action="store_true", help="skip the offline (Belady) bound")
-    p.add_argument("--seed", type=int_in(0), default=0, help="seed of generators and the acceptance model")
+    p.add_argument("--seed", type=int_in(0), default=0, help="seed of generators and the acceptance model (default 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--eviction-policy", type=parse_policy, default="lru", metavar="NAME",
                    help=f"order cached free blocks are reused in: {', '.join(POLICIES)} "
@@ -118,13 +116,17 @@ def check_cost_model_options(args: argparse.Namespace) -> None:
         raise ValueError("--profile applies to the calibrated cost model; drop --cost-model roofline")
 
 
-def add_capacity_options(p: argparse.ArgumentParser) -> None:
-    cap = p.add_mutually_exclusive_group()
-    cap.add_argument("--cache-tokens", type=positive_count,
-                     help=f"KV cache size in tokens, e.g. 3M or 1e9 (default {DEFAULT_SIMULATE_CACHE_TOKENS:,})")
-    cap.add_argument("--num-blocks", type=positive_count, help="KV cache size in blocks (>= 2, the null block included)")
-    cap.add_argument("--gpu-memory-fraction", type=fraction(lo_open=True),
-                     help="cache = this share in (0, 1] of GPU memory minus the weights")
+STATE_POLICY = "lru"
+
+
+def _state_policies_why(preset) -> str:
+    """Why only LRU runs on ``preset`` (it has recurrent-state groups): the eviction-policy
+    contract (``hybridkv.core.eviction.base``) orders single blocks, and a checkpoint is an
+    extent of many, evicted whole."""
+    k = preset.kv_config(num_blocks=2)
+    blocks = max(k.extent_blocks(i) for i in range(len(k.groups)))
+    return (f"its checkpoints are extents of {blocks} blocks, evicted whole in LRU order (vLLM's); "
+            "the other policies rank single blocks and are not defined on them")
 
 
 def _reads_retention(name: str) -> bool:
@@ -140,6 +142,18 @@ def check_policy_options(args: argparse.Namespace) -> None:
     names = getattr(args, "eviction_policies", None) or [args.eviction_policy]
     for name in names:
         resolve_policy(name, args.vllm_compat)
+    preset = get_preset(args.preset)
+    if any(isinstance(g.spec, StateSpec) for g in preset.groups):
+        if isinstance(names, AllPolicies):         # all: the ones this preset runs
+            args.eviction_policies = names = AllPolicies(n for n in names if n == STATE_POLICY)
+            print(f"hybridkv {args.command}: --eviction-policies all on {preset.name} runs "
+                  f"{STATE_POLICY} only: {_state_policies_why(preset)}", file=sys.stderr)
+        bad = [n for n in names if resolve_policy(n) != STATE_POLICY]
+        if bad:
+            option = "--eviction-policies" if getattr(args, "eviction_policies", None) else "--eviction-policy"
+            got = ", ".join(n if resolve_policy(n) == n else f"{n} (= {resolve_policy(n)})" for n in bad)
+            raise ValueError(f"{option} {got}: {preset.name} has recurrent-state groups and "
+                             f"{_state_policies_why(preset)}; use {option} {STATE_POLICY}")
     if getattr(args, "prefix_retention", None) is not None:
         readers = [n for n in POLICIES if resolve_policy(n) == n and _reads_retention(n)]
         if not all(_reads_retention(resolve_policy(n)) for n in names):
@@ -154,15 +168,8 @@ def check_options(args: argparse.Namespace) -> None:
     check_tier_options(args, options_preset(args))
     if getattr(args, "num_blocks", None) is not None and args.num_blocks < 2:
         raise ValueError(f"--num-blocks must be >= 2, got {args.num_blocks}")
-    for option in ("json", "plot"):
-        value = getattr(args, option, None)
-        if isinstance(value, str):
-            check_output_path(value, f"--{option}")
-    if getattr(args, "plot", None):
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            raise ValueError('--plot needs matplotlib: pip install "hybridkv[sim]"') from None
+    check_output_path(getattr(args, "json", None), "--json", allow_stdout=True)
+    check_plot_path(getattr(args, "plot", None), {"--json": getattr(args, "json", None)})
     if args.acceptance_rate is not None:
         preset = get_preset(args.preset)
         if args.spec == SPEC_OFF or (args.spec is None and preset.spec_decode is None):
@@ -207,38 +214,6 @@ def load_items(args: argparse.Namespace) -> list[WorkItem]:
     return items
 
 
-def capacity_blocks(args: argparse.Namespace, preset, cache_tokens: int | None = None) -> int:
-    """Pool size in blocks (including the null block) from the capacity options."""
-    if cache_tokens is None and getattr(args, "num_blocks", None) is not None:
-        return args.num_blocks                  # >= 2: check_options
-    if cache_tokens is None and getattr(args, "gpu_memory_fraction", None) is not None:
-        frac = args.gpu_memory_fraction
-        if not 0 < frac <= 1:
-            raise ValueError(f"--gpu-memory-fraction must be in (0, 1], got {frac}")
-        gpu = get_gpu(args.gpu)
-        if args.gpus is None:
-            args.gpus = default_gpus(preset, gpu)
-        memory = frac * gpu.memory_bytes * args.gpus - preset.weight_bytes
-        if memory <= 0:
-            raise ValueError(
-                f"{preset.name} weights ({preset.weight_bytes / 1e9:.1f} GB) do not fit in "
-                f"{frac:.0%} of {args.gpus} x {gpu.name} ({gpu.memory_bytes / 1e9:.0f} GB); "
-                "raise --gpus or --gpu-memory-fraction")
-        return preset.kv_config(memory_bytes=int(memory)).num_blocks
-    if cache_tokens is None:
-        cache_tokens = getattr(args, "cache_tokens", None)
-        if cache_tokens is None:  # only an absent option takes the default, never a given 0
-            cache_tokens = DEFAULT_SIMULATE_CACHE_TOKENS
-    if cache_tokens < 1:
-        raise ValueError(f"cache size must be >= 1 token, got {cache_tokens}")
-    per_token = preset.kv_bytes_per_token()["total"]
-    block_bytes = preset.kv_config(num_blocks=2).block_bytes
-    if cache_tokens * per_token < 2 * block_bytes:
-        raise ValueError(f"a cache of {cache_tokens:,} tokens holds no block of {preset.name} "
-                         f"(give at least {-(-2 * block_bytes // per_token):,} tokens)")
-    return preset.kv_config(memory_bytes=cache_tokens * per_token).num_blocks + 1  # + the null block
-
-
 def options_preset(args: argparse.Namespace):
     """The ``--preset`` with ``--block-size`` applied."""
     preset = get_preset(args.preset)
@@ -251,7 +226,7 @@ def build_config(args: argparse.Namespace, num_blocks: int | None = None,
     preset = options_preset(args)
     gpu = get_gpu(args.gpu)
     if args.gpus is None:
-        args.gpus = default_gpus(preset, gpu)
+        plan_from_options(args, preset)
     if num_blocks is None:
         num_blocks = capacity_blocks(args, preset)
     spec = args.spec

@@ -1,13 +1,11 @@
 """``hybridkv simulate``: trace-driven simulation of a model's prefix cache and latency.
 
-Options -> :class:`~hybridkv.sim.simulator.SimConfig` (:mod:`hybridkv.cli.sim_options`) ->
-one :class:`~hybridkv.sim.simulator.Simulator` run, or with ``--instances`` / ``--router`` a
-cluster (:mod:`hybridkv.cli.cluster`) -> the summary table, ``--json``, ``--plot``.
-
-Capacity, in order of precedence: ``--num-blocks`` (pool blocks), ``--cache-tokens`` (KV memory
-for that many tokens of the preset, all groups counted), ``--gpu-memory-fraction`` (that share
-of the GPUs' memory minus the weights). The default is 150k tokens: the default chat
-workload's working set does not fit, so eviction shows.
+Options -> :class:`~hybridkv.sim.simulator.SimConfig` (:mod:`hybridkv.cli.sim_options`, the
+hardware and cache size from :mod:`hybridkv.cli.capacity`) -> one
+:class:`~hybridkv.sim.simulator.Simulator` run, or with ``--instances`` / ``--router`` a cluster
+(:mod:`hybridkv.cli.cluster`) -> the summary table, why online < optimum, the next steps
+(:mod:`hybridkv.sim.advice`), ``--json``, ``--plot``. Ctrl-C writes what was measured to
+``--json``, marked partial, and exits with status 130.
 """
 
 from __future__ import annotations
@@ -18,20 +16,38 @@ from typing import Callable
 
 from hybridkv.cli import cluster
 from hybridkv.cli.base import COMMANDS, Command
-from hybridkv.cli.output import progress_bar, write_json, write_output
-from hybridkv.cli.sim_options import (DEFAULT_WORKLOAD, OPTION_NAMES, add_capacity_options,
-                                      add_common_options, build_config, check_options, cost_source,
-                                      load_items)
+from hybridkv.cli.capacity import (add_size_options, is_default_size, larger_cache, more_gpus,
+                                   plan_from_options)
+from hybridkv.cli.output import json_to_stdout, progress_bar, write_json, write_output
+from hybridkv.cli.sim_options import (DEFAULT_WORKLOAD, OPTION_NAMES, add_common_options,
+                                      build_config, check_options, cost_source, load_items,
+                                      options_preset)
 from hybridkv.cli.tier_options import add_tier_options
+from hybridkv.sim.hardware import KVBudget
+from hybridkv.sim.interrupt import RunInterrupted, sigint_deferred
 from hybridkv.sim.simulator import SimConfig, SimResult, Simulator
 from hybridkv.sim.workitems import WorkItem
+
+DESCRIPTION = """\
+Simulate a model's prefix cache and latency over a workload: the real scheduler and KV-cache
+manager over a built-in workload or a trace, a roofline cost model for time, and the offline
+optimum and an unlimited cache beside the online hit rate.
+
+The KV cache is what the GPUs leave, as in vLLM: --gpu-memory-fraction (default 0.9) of the
+memory of --gpus x --gpu, less the weights and a 6 GiB-per-GPU activation reserve. Either
+--cache-tokens or --num-blocks sets it instead, within that memory. The report ends with next
+steps computed from the run. Ctrl-C stops a run: exit status 130, and --json gets what was
+measured so far, marked "partial": true.
+"""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_common_options(p)
-    add_capacity_options(p)
-    p.add_argument("--json", help="write the results as JSON to this path")
-    p.add_argument("--plot", help="write a PNG of hit rate and cache usage over time")
+    add_size_options(p)
+    p.add_argument("--json", help="write the results as JSON to this path (- : standard output, "
+                                  "the report then goes to standard error)")
+    p.add_argument("--plot", help="write a plot (PNG, or another suffix matplotlib writes) of hit "
+                                  "rate and blocks in use over time")
     cluster.add_cluster_options(p)
     add_tier_options(p)
 
@@ -50,13 +66,21 @@ def run_one(cfg: SimConfig, items: list[WorkItem], show_progress: bool, label: s
     return res
 
 
-def describe(cfg: SimConfig, args: argparse.Namespace, n_items: int) -> str:
+def describe(cfg: SimConfig, args: argparse.Namespace, n_items: int,
+             budget: KVBudget | None = None) -> str:
+    """The run's header: the model, workload and GPUs, then the KV cache and where it comes from."""
     source = f"trace {args.trace}" if args.trace else f"workload {args.workload or DEFAULT_WORKLOAD}"
     spec = f", spec {cfg.spec.method}:{cfg.spec.num_speculative_tokens}" if cfg.spec else ""
     mode = "sequential" if cfg.sequential else f"{cfg.num_gpus} x {cfg.gpu.name}"
-    return (f"hybridkv simulate: {cfg.preset.name} on {source} ({n_items} requests), "
-            f"{cfg.num_blocks - 1:,} blocks (~{cfg.cache_tokens:,} tokens), block {cfg.preset.block_size}, "
-            f"retention {cfg.retention_interval}{spec}, {mode}")
+    head = (f"hybridkv simulate: {cfg.preset.name} on {source} ({n_items} requests), {mode}, "
+            f"block {cfg.preset.block_size}, retention {cfg.retention_interval}{spec}")
+    cache = f"  KV cache: {cfg.num_blocks - 1:,} blocks (~{cfg.cache_tokens:,} tokens)"
+    if budget is not None:
+        if is_default_size(args):
+            cache += f", what the GPUs leave: {budget.describe()}"
+        else:
+            cache += f", as given (the GPUs leave {budget.kv_bytes / 1e9:,.1f} GB)"
+    return f"{head}\n{cache}"
 
 
 def tier_baseline(cfg: SimConfig, items: list[WorkItem], args: argparse.Namespace,
@@ -78,56 +102,67 @@ def tier_baseline(cfg: SimConfig, items: list[WorkItem], args: argparse.Namespac
 
 
 def run(args: argparse.Namespace) -> int:
-    from hybridkv.sim.report import explain_gap, plot_run, summary_table
+    with json_to_stdout(args.json):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from hybridkv.sim.advice import next_steps
+    from hybridkv.sim.report import explain_gap, format_next_steps, plot_run, summary_table
     from hybridkv.sim.workload_fit import check_fits
     check_options(args)
     cluster.check_args(args)              # before the trace is read
+    preset = options_preset(args)
+    budget = plan_from_options(args, preset)      # impossible hardware: refused here
     items = load_items(args)
     cfg = build_config(args)
-    default_capacity = all(getattr(args, o) is None
-                           for o in ("cache_tokens", "num_blocks", "gpu_memory_fraction"))
-    warning = check_fits(cfg, items, default_capacity)   # the longest request fits, before a run
+    default = is_default_size(args)
+    warning = check_fits(cfg, items, default,      # the longest request fits, before a run
+                         (lambda need: more_gpus(args, preset, need.bytes)) if default else None)
     if warning:
         print(f"hybridkv simulate: {warning}", file=sys.stderr)
     if cluster.is_cluster(args):
-        progress, close = progress_bar(not args.no_progress, "simulate")
-        try:
-            result = cluster.run_cluster(args, cfg, items, progress)
-        finally:
-            close()
-        if args.json:
-            write_json(args.json, result.to_json())
-        return 0
-    print(describe(cfg, args, len(items)))
+        return cluster.run_cluster_command(args, cfg, items, budget)
+    print(describe(cfg, args, len(items), budget))
     if not cfg.sequential:
         print(f"  step times: {cost_source(cfg)}")
     load = cluster.warn_capacity(cfg, items, 1)
-    with cluster.publishers(args, 1) as pubs:
-        res = run_one(cluster.events_config(cfg, args), items, not args.no_progress, "simulate",
-                      setup=(lambda sim: cluster.attach_single(sim, pubs[0])) if pubs else None)
-    extra = {"kv_events_published": pubs[0].published if pubs else 0,
-             "offered_load": load.to_json() if load else None}
+    extra: dict = {"offered_load": load.to_json() if load else None, "hardware": budget.to_json()}
+    try:
+        with cluster.publishers(args, 1) as pubs:
+            res = run_one(cluster.events_config(cfg, args), items, not args.no_progress, "simulate",
+                          setup=(lambda sim: cluster.attach_single(sim, pubs[0])) if pubs else None)
+    except RunInterrupted as exc:
+        if args.json and exc.partial is not None:
+            with sigint_deferred():
+                write_json(args.json, {**exc.partial.to_json(), **extra}, "the partial JSON result")
+        raise
+    extra["kv_events_published"] = pubs[0].published if pubs else 0
     if pubs:
         print(f"  KV events: {extra['kv_events_published']} batches published")
     print(summary_table(res))
-    why = explain_gap(res)
+    has_state = cfg.preset.kv_config(num_blocks=cfg.num_blocks).has_state
+    why = explain_gap(res, has_state)
     if why:
         print(why)
     if res.tiers is not None:
         extra["without_tiers"] = tier_baseline(cfg, items, args, res)
+    steps = format_next_steps(next_steps(res, load, 1, larger_cache(args, preset), has_state))
+    if steps:
+        print(steps)
     if res.rejected == res.requests:
         print(f"hybridkv simulate: warning: all {res.requests} requests were rejected "
               f"(prompt >= --max-model-len {cfg.max_model_len})", file=sys.stderr)
     if args.json:
         write_json(args.json, {**res.to_json(), **extra})
     if args.plot:
-        title = describe(cfg, args, len(items)).split(": ", 1)[1]
+        title = describe(cfg, args, len(items)).splitlines()[0].split(": ", 1)[1]
         print(f"wrote {write_output(args.plot, lambda p: plot_run(res, p, title=title), 'the plot')}")
     return 0
 
 
 COMMANDS.register("simulate", Command(
-    help="trace-driven simulation: hit rates, latency, the optimum", add_arguments=add_arguments,
-    run=run, description=__doc__, option_names=OPTION_NAMES))
+    help="trace-driven simulation: hit rates, latency, the optimum, next steps",
+    add_arguments=add_arguments, run=run, description=DESCRIPTION, option_names=OPTION_NAMES))
 
-__all__ = ["add_arguments", "describe", "run", "run_one"]
+__all__ = ["DESCRIPTION", "add_arguments", "describe", "run", "run_one"]

@@ -1,14 +1,18 @@
-"""``hybridkv sweep``: hit rate against cache size or retention interval, with the offline
-optimum.
+"""``hybridkv sweep``: hit rate against cache size, retention interval or instance count,
+with the offline optimum.
 
 A sweep varies one thing: cache sizes (``--cache-tokens-list``, the default), retention
-intervals (``--retention-intervals`` at one ``--cache-tokens``), the CPU tier's size
-(``--cpu-cache-tokens-list`` at one ``--cache-tokens``; :mod:`hybridkv.cli.tier_options`), and
-with ``--eviction-policies`` every size once per policy. For a preset with recurrent-state groups
-the retention interval is where checkpoints are written, so ``--retention-intervals`` measures
-hit rate against checkpoint memory, with vLLM's forced-block "align" mode as the baseline
-(:mod:`hybridkv.sim.state_sweep`). Configurations run on an executor
-(:mod:`hybridkv.sim.executors`): serially, in local processes or as Ray tasks.
+intervals (``--retention-intervals``), instance counts (``--instances-list``, a cluster of N
+behind ``--router``) or the CPU tier's size (``--cpu-cache-tokens-list``;
+:mod:`hybridkv.cli.tier_options`), the last three at one cache size (``--cache-tokens`` / ``--num-blocks``, or
+what the GPUs leave); with ``--eviction-policies`` every size once per policy. The hardware
+options are ``simulate``'s (:mod:`hybridkv.cli.capacity`): without ``--gpus`` every row runs on
+the fewest GPUs that hold the largest size. For a preset with recurrent-state groups the
+retention interval is where checkpoints are written, so ``--retention-intervals`` measures hit
+rate against checkpoint memory, with vLLM's forced-block "align" mode as the baseline
+(:mod:`hybridkv.sim.state_sweep`). Jobs run on an executor (:mod:`hybridkv.sim.executors`):
+serially, in local processes or as Ray tasks. Ctrl-C stops every executor within seconds and
+writes the finished rows to ``--json`` as ``{"partial": true, "rows": [...], "unfinished": [...]}``.
 """
 
 from __future__ import annotations
@@ -19,65 +23,109 @@ import importlib.util
 import sys
 
 from hybridkv.cli.base import COMMANDS, Command
-from hybridkv.cli.options import (int_in, parse_count_list, parse_policy_list,
-                                  parse_retention_list, positive_count, sweepable_policies)
-from hybridkv.cli.output import progress_bar, write_json, write_output
-from hybridkv.cli.sim_options import (DEFAULT_CACHE_TOKENS, OPTION_NAMES, add_common_options,
-                                      build_config, capacity_blocks, check_options, cost_source, load_items,
-                                      options_preset)
+from hybridkv.cli.capacity import add_size_options, capacity_blocks, plan_gpus, requested_bytes, size_option
+from hybridkv.cli.cluster import DEFAULT_ROUTER, MAX_INSTANCES
+from hybridkv.cli.options import (int_in, non_negative_number, parse_count_list, parse_int_list,
+                                  parse_policy_list, parse_retention_list, sweepable_policies)
+from hybridkv.cli.output import json_to_stdout, progress_bar, write_json, write_output
+from hybridkv.cli.sim_options import (OPTION_NAMES, add_common_options, build_config, check_options,
+                                      cost_source, load_items, options_preset)
 from hybridkv.cli.tier_options import add_tier_options, tier_config
 from hybridkv.core.specs import StateSpec
+from hybridkv.sim.interrupt import RunInterrupted, sigint_deferred
+from hybridkv.sim.routing import DEFAULT_OVERLAP_WEIGHT, ROUTERS
 from hybridkv.sim.simulator import SimConfig, SimResult
 from hybridkv.sim.workitems import WorkItem
 
 DEFAULT_SIZES = (10**6, 3 * 10**6, 10**7)
+DESCRIPTION = """Sweep one thing and print a row per value: cache sizes (--cache-tokens-list, default
+1M,3M,10M), retention intervals (--retention-intervals) or instance counts (--instances-list),
+with the offline optimum beside each online hit rate; --eviction-policies runs every size once
+per policy. Without --gpus every row runs on the fewest GPUs that hold the weights and the
+largest size (--gpu-memory-fraction, default 0.9, as in vLLM). Ctrl-C stops the sweep on any
+executor: exit status 130, and --json gets the finished rows as
+{"partial": true, "rows": [...], "unfinished": [...]}.
+"""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from hybridkv.sim.executors import EXECUTORS
     add_common_options(p)
-    p.add_argument("--cache-tokens-list", type=parse_count_list,
-                   help="comma-separated cache sizes (default 1M,3M,10M)")
-    p.add_argument("--retention-intervals", type=parse_retention_list, metavar="N,N,...",
-                   help="comma-separated intervals, e.g. none,0,1024; for a preset with "
-                        "recurrent-state groups, checkpoint intervals against checkpoint memory, "
-                        "with vLLM's forced-block 'align' mode as the baseline")
-    p.add_argument("--cache-tokens", type=positive_count,
-                   help=f"cache size of a retention sweep (default {DEFAULT_CACHE_TOKENS:,})")
-    p.add_argument("--json", help="write the rows as JSON to this path")
-    p.add_argument("--plot", help="write a PNG of hit rate against the swept value")
-    p.add_argument("--executor", choices=EXECUTORS, default="serial",
-                   help="serial (default): one configuration after another; processes: local "
-                        "processes; ray: one Ray task per configuration (pip install 'hybridkv[ray]')")
-    p.add_argument("--workers", type=int_in(1),
-                   help="processes, or local Ray CPUs (default: the usable cores)")
-    p.add_argument("--ray-address",
-                   help="Ray cluster to submit to (ray.init address, e.g. auto or ray://HOST:10001); "
-                        "default: a local Ray")
+    what = p.add_argument_group("what to sweep (one of them)")
+    what.add_argument("--cache-tokens-list", type=parse_count_list,
+                      help="comma-separated cache sizes in tokens (default 1M,3M,10M)")
+    what.add_argument("--retention-intervals", type=parse_retention_list, metavar="N,N,...",
+                      help="comma-separated intervals, e.g. none,0,1024; for a preset with "
+                           "recurrent-state groups, checkpoint intervals against checkpoint "
+                           "memory, with vLLM's forced-block 'align' mode as the baseline")
+    what.add_argument("--instances-list", type=parse_int_list(1, MAX_INSTANCES), metavar="N,N,...",
+                      help="comma-separated instance counts, e.g. 1,2,4: a cluster of N behind "
+                           "--router per row, each instance with the cache and GPUs of the options")
+    add_size_options(p, "the cache of a retention or instances sweep")
+    cl = p.add_argument_group("clusters")
+    cl.add_argument("--instances", type=int_in(1, MAX_INSTANCES),
+                    help="run every row as a cluster of this many instances behind --router")
+    cl.add_argument("--router", choices=ROUTERS.names(),
+                    help=f"routing policy of a cluster row (default {DEFAULT_ROUTER})")
+    cl.add_argument("--router-overlap-weight", type=non_negative_number,
+                    help="kv-aware/approximate: weight of a request's uncached prefill against "
+                         f"queued prefill tokens (default {DEFAULT_OVERLAP_WEIGHT:g})")
+    p.add_argument("--json", help="write the rows as JSON to this path (- : standard output)")
+    p.add_argument("--plot", help="write a plot (PNG, or another suffix matplotlib writes) of hit "
+                                  "rate against the swept value")
+    ex = p.add_argument_group("executors")
+    ex.add_argument("--executor", choices=EXECUTORS, default="serial",
+                    help="serial (default): one configuration after another; processes: local "
+                         "processes; ray: one Ray task per configuration (pip install 'hybridkv[ray]')")
+    ex.add_argument("--workers", type=int_in(1),
+                    help="processes, or local Ray CPUs (default: the usable cores)")
+    ex.add_argument("--ray-address",
+                    help="Ray cluster to submit to (ray.init address, e.g. auto or ray://HOST:10001); "
+                         "default: a local Ray")
     p.add_argument("--eviction-policies", type=parse_policy_list, metavar="A,B,C|all",
                    help=f"sweep these policies too (all = {','.join(sweepable_policies())}); prints "
                         "policy x cache size -> hit rate and fraction of the optimum")
     add_tier_options(p, sweep=True)
 
 
+def _swept(args: argparse.Namespace) -> list[str]:
+    return [o for o, v in (("--cache-tokens-list", args.cache_tokens_list),
+                           ("--retention-intervals", args.retention_intervals),
+                           ("--instances-list", args.instances_list),
+                           ("--cpu-cache-tokens-list", args.cpu_cache_tokens_list)) if v is not None]
+
+
+def is_cluster(args: argparse.Namespace) -> bool:
+    return args.instances_list is not None or (args.instances or 1) > 1 or args.router is not None
+
+
 def check_sweep_options(args: argparse.Namespace) -> None:
-    """A sweep varies sizes (``--cache-tokens-list``) or retention (``--retention-intervals``,
-    at one ``--cache-tokens``); refuse options the chosen sweep would ignore."""
-    tier_sweep = args.cpu_cache_tokens_list is not None
-    if tier_sweep and (args.retention_intervals is not None or args.cache_tokens_list is not None
-                       or args.eviction_policies):
-        raise ValueError("sweep one thing at a time: --cpu-cache-tokens-list sweeps the CPU tier at "
-                         "one --cache-tokens (not with --cache-tokens-list, --retention-intervals "
-                         "or --eviction-policies)")
-    if args.retention_intervals is None and args.cache_tokens is not None and not tier_sweep:
-        raise ValueError("--cache-tokens sets the cache size of a retention sweep "
-                         "(--retention-intervals); to sweep sizes use --cache-tokens-list, e.g. 1M,3M")
-    if args.retention_intervals is not None and args.cache_tokens_list is not None:
-        raise ValueError("sweep one thing at a time: --cache-tokens-list or --retention-intervals "
-                         "(with --cache-tokens for its size)")
-    if args.eviction_policies and args.retention_intervals is not None:
-        raise ValueError("sweep one thing at a time: --eviction-policies sweeps cache sizes "
-                         "(--cache-tokens-list), not --retention-intervals")
+    """A sweep varies one thing; refuse options the chosen sweep would ignore (before the
+    trace is read)."""
+    swept = _swept(args)
+    if len(swept) > 1:
+        raise ValueError(f"sweep one thing at a time: {' or '.join(swept)} (with --cache-tokens "
+                         "or --num-blocks for the size of a retention or instances sweep)")
+    size = size_option(args)
+    if size is not None and swept in ([], ["--cache-tokens-list"]):
+        raise ValueError(f"{size.split()[0]} sets the cache size of a retention, instances or "
+                         "CPU-tier sweep (--retention-intervals, --instances-list, "
+                         "--cpu-cache-tokens-list); to sweep sizes use --cache-tokens-list, e.g. 1M,3M")
+    if args.eviction_policies and swept not in ([], ["--cache-tokens-list"]):
+        raise ValueError(f"sweep one thing at a time: --eviction-policies sweeps cache sizes "
+                         f"(--cache-tokens-list), not {swept[0]}")
+    if args.instances is not None and args.instances_list is not None:
+        raise ValueError("--instances-list sweeps the instance count; drop --instances")
+    weight = args.router_overlap_weight
+    if weight is not None:
+        readers = [n for n in ROUTERS.names() if ROUTERS.get(n).uses_overlap_weight]
+        if not is_cluster(args) or (args.router or DEFAULT_ROUTER) not in readers:
+            got = f"--router {args.router or DEFAULT_ROUTER}" if is_cluster(args) else "one instance"
+            raise ValueError(f"--router-overlap-weight {weight:g} is read only by --router "
+                             f"{' or '.join(readers)} with --instances or --instances-list; got {got}")
+    if is_cluster(args) and args.sequential:
+        raise ValueError("--sequential has no clock: it does not apply to a cluster "
+                         "(--instances, --instances-list, --router)")
     if args.workers is not None and args.executor == "serial":    # executors, before the trace
         raise ValueError(f"--workers {args.workers} needs --executor processes or ray")
     if args.ray_address is not None and args.executor != "ray":
@@ -86,34 +134,88 @@ def check_sweep_options(args: argparse.Namespace) -> None:
         raise ValueError('--executor ray needs Ray: pip install "hybridkv[ray]"')
 
 
+def warn_workers(args: argparse.Namespace) -> None:
+    """More local workers than usable cores share them: say so (stderr)."""
+    from hybridkv.sim.executors import default_workers
+    cores = default_workers()
+    if args.workers is not None and args.workers > cores and args.ray_address is None:
+        print(f"hybridkv sweep: warning: --workers {args.workers} is more than the {cores} usable "
+              f"cores; the runs share them and finish no sooner than with --workers {cores}",
+              file=sys.stderr)
+
+
 def _is_state_sweep(args: argparse.Namespace, preset) -> bool:
     return args.retention_intervals is not None and any(isinstance(g.spec, StateSpec)
                                                         for g in preset.groups)
 
 
+def _plan(args: argparse.Namespace, preset) -> None:
+    """Check the hardware against the largest size of the sweep; pick ``--gpus``."""
+    if args.retention_intervals is None and args.instances_list is None and args.cpu_cache_tokens_list is None:
+        sizes = args.cache_tokens_list if args.cache_tokens_list is not None else DEFAULT_SIZES
+        asked = [(f"--cache-tokens-list item {s:,}", requested_bytes(args, preset, s)) for s in sizes]
+    else:
+        asked = [(size_option(args) or "", requested_bytes(args, preset))]
+    plan_gpus(args, preset, asked)
+
+
 def run(args: argparse.Namespace) -> int:
-    from hybridkv.sim.report import plot_sweep
+    with json_to_stdout(args.json):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     check_options(args)
     check_sweep_options(args)
     preset = options_preset(args)
-    if _is_state_sweep(args, preset):
+    _plan(args, preset)
+    state = _is_state_sweep(args, preset)
+    if state:
         check_state_sweep_options(args)
+    warn_workers(args)
     items = load_items(args)
-    if _is_state_sweep(args, preset):
-        return sweep_state(args, items, preset)
-    if args.cpu_cache_tokens_list is not None:
-        return sweep_tiers(args, items, preset)
+    try:
+        if state:
+            return sweep_state(args, items, preset)
+        if args.cpu_cache_tokens_list is not None:
+            return sweep_tiers(args, items, preset)
+        return _sweep(args, items, preset)
+    except RunInterrupted as exc:
+        if args.json:
+            done = exc.partial or []
+            with sigint_deferred():
+                write_json(args.json, {"partial": True, "rows": [r for _, r in done if r],
+                                       "unfinished": [v for v, r in done if not r]},
+                           "the partial JSON rows")
+        raise
+
+
+def _sweep(args: argparse.Namespace, items: list[WorkItem], preset) -> int:
+    """A sweep of attention presets (sizes, retention intervals, instances, policies)."""
+    from hybridkv.sim.cluster import ClusterJob
+    from hybridkv.sim.report import plot_sweep
     if args.retention_intervals is not None:
-        blocks = capacity_blocks(args, preset, args.cache_tokens if args.cache_tokens is not None
-                                 else DEFAULT_CACHE_TOKENS)
+        blocks = capacity_blocks(args, preset)
         runs = [(v, build_config(args, num_blocks=blocks, retention=v)) for v in args.retention_intervals]
-        xlabel = "retention interval (tokens; none plotted as 0)"
+        xlabel, log_x = "retention interval (tokens; none plotted as 0)", False
+    elif args.instances_list is not None:
+        cfg = build_config(args, num_blocks=capacity_blocks(args, preset))
+        runs = [(n, cfg) for n in args.instances_list]
+        xlabel, log_x = "instances", False
     else:
         sizes = args.cache_tokens_list if args.cache_tokens_list is not None else DEFAULT_SIZES
         runs = [(s, build_config(args, num_blocks=capacity_blocks(args, preset, s))) for s in sizes]
-        xlabel = "KV cache size (tokens)"
-    if runs and not runs[0][1].sequential:
-        print(f"step times: {cost_source(runs[0][1])}")
+        xlabel, log_x = "KV cache size (tokens)", True
+    if is_cluster(args):
+        weight = args.router_overlap_weight
+        job = lambda v, c: ClusterJob(  # noqa: E731
+            c, v if args.instances_list is not None else (args.instances or 1),
+            args.router or DEFAULT_ROUTER, DEFAULT_OVERLAP_WEIGHT if weight is None else weight)
+        runs = [(v, job(v, c)) for v, c in runs]
+    print(_header(args, preset, runs, len(items)))
+    first = getattr(runs[0][1], "config", runs[0][1])
+    if not first.sequential:
+        print(f"step times: {cost_source(first)}")
     if args.eviction_policies:
         rows, failed = sweep_policies(args, runs, items)
         results, runs = {}, runs * len(args.eviction_policies)   # no plot here; counts all runs
@@ -126,39 +228,55 @@ def run(args: argparse.Namespace) -> int:
         xs = [0 if runs[i][0] is None else runs[i][0] for i in order]
         print("wrote " + write_output(args.plot, lambda p: plot_sweep(
             xs, [results[i] for i in order], p, xlabel, title=f"{preset.name}",
-            log_x=args.retention_intervals is None), "the plot"))
+            log_x=log_x), "the plot"))
     if failed:
         print(f"hybridkv sweep: {failed} of {len(runs)} configurations failed (see above)", file=sys.stderr)
         return 1
     return 0
 
 
-def run_configs(args: argparse.Namespace, runs: list[tuple[object, SimConfig]],
+def _header(args: argparse.Namespace, preset, runs: list, n_items: int) -> str:
+    cfg = runs[0][1]
+    cfg = getattr(cfg, "config", cfg)
+    where = f"{args.gpus} x {args.gpu}" + (" per instance" if is_cluster(args) else "")
+    n = len(runs) * (len(args.eviction_policies) if args.eviction_policies else 1)
+    return (f"hybridkv sweep: {preset.name}, {n_items} requests, {n} configuration"
+            f"{'' if n == 1 else 's'} on {where} ({args.executor})")
+
+
+def run_configs(args: argparse.Namespace, runs: list[tuple[object, object]],
                 items: list[WorkItem]) -> tuple[list[dict], dict[int, SimResult], int]:
     """Run the sweep on the chosen executor; print each row as it finishes. Returns the JSON
     rows in configuration order (a failed one is ``{"value", "error"}``), the results by index
-    and the number of failures."""
+    (a cluster's combined result) and the number of failures. Ctrl-C: the executor stops its
+    workers, then :class:`RunInterrupted` carries ``(value, row)`` per configuration (row
+    ``{}``: unfinished)."""
     from hybridkv.sim.executors import execute
-    serial = args.executor == "serial"
-    show = not args.no_progress
-    inner, close_inner = progress_bar(show and serial, "sweep")
-    bar, close_bar = progress_bar(show and not serial, f"sweep ({args.executor})")
+    bar, close_bar = progress_bar(not args.no_progress, f"sweep ({args.executor})")
     rows: list[dict] = [{} for _ in runs]
     results: dict[int, SimResult] = {}
     failed = 0
+    counts: dict[int, tuple[int, int]] = {}
+
+    def progress(index: int, done: int, total: int) -> None:
+        counts[index] = (done, total)
+        if bar:
+            bar(sum(d for d, _ in counts.values()),
+                sum(counts.get(i, (0, len(items)))[1] for i in range(len(runs))))
+    outcomes = execute([cfg for _, cfg in runs], items, args.executor, args.workers,
+                       args.ray_address, progress=progress)
     try:
         if bar:
-            bar(0, len(runs))
-        outcomes = execute([cfg for _, cfg in runs], items, args.executor, args.workers,
-                           args.ray_address, progress=inner)
-        for done, out in enumerate(outcomes, 1):
+            bar(0, len(runs) * len(items))
+        for out in outcomes:
             value = runs[out.index][0]
             if out.result is None:
                 failed += 1
                 rows[out.index] = {"value": value, "error": out.error}
                 print(f"  {_label(value):>10}: error: {out.error}", file=sys.stderr, flush=True)
             else:
-                results[out.index] = out.result
+                combined = getattr(out.result, "overall", None) or out.result
+                results[out.index] = combined
                 d = out.result.to_json()
                 d["value"] = value
                 rows[out.index] = d
@@ -166,12 +284,14 @@ def run_configs(args: argparse.Namespace, runs: list[tuple[object, SimConfig]],
                 ttft = "n/a" if d["ttft_p50_s"] is None else f"{d['ttft_p50_s']:.3f} s"   # --sequential
                 print(f"  {_label(value):>10}: block hit rate {d['block_hit_rate']:.4f}, token hit rate "
                       f"{d['hit_rate']:.4f}, optimum {'n/a' if opt is None else f'{opt:.4f}'}, "
-                      f"TTFT p50 {ttft}, "
+                      f"TTFT p50 {ttft}, evictions {d['evictions']:,}, "
                       f"wall {d['wall_s']:.1f} s", flush=True)
-            if bar:
-                bar(done, len(runs))
+    except KeyboardInterrupt:
+        with sigint_deferred():
+            outcomes.close()          # the executor stops what still runs
+            close_bar()
+        raise RunInterrupted([(v, r) for (v, _), r in zip(runs, rows)]) from None
     finally:
-        close_inner()
         close_bar()
     return rows, results, failed
 
@@ -188,13 +308,12 @@ def sweep_tiers(args: argparse.Namespace, items: list[WorkItem], preset) -> int:
     """Every CPU tier size of ``args.cpu_cache_tokens_list`` at one GPU size; print the
     buyer's table (hit rate per tier, TTFT, loads), write ``--json`` and ``--plot``."""
     from hybridkv.sim.tier_report import plot_tier_sweep, tier_sweep_table
-    gpu_tokens = args.cache_tokens if args.cache_tokens is not None else DEFAULT_CACHE_TOKENS
-    blocks = capacity_blocks(args, preset, gpu_tokens)
-    base = build_config(args, num_blocks=blocks)
+    base = build_config(args, num_blocks=capacity_blocks(args, preset))
+    gpu_tokens = base.cache_tokens
     sizes = args.cpu_cache_tokens_list
     runs = [(s, dataclasses.replace(base, tiers=tier_config(args, preset, cpu_tokens=s))) for s in sizes]
-    print(f"{preset.name}: {len(items)} requests, GPU cache {gpu_tokens:,} tokens, CPU tier sizes "
-          f"{', '.join(f'{s:,}' for s in sizes)}", flush=True)
+    print(f"{preset.name}: {len(items)} requests, GPU cache {gpu_tokens:,} tokens on {args.gpus} x "
+          f"{args.gpu}, CPU tier sizes {', '.join(f'{s:,}' for s in sizes)}", flush=True)
     rows, results, failed = run_configs(args, runs, items)
     print(tier_sweep_table(sizes, rows))
     if args.json:
@@ -220,7 +339,7 @@ def sweep_policies(args: argparse.Namespace, runs: list, items: list) -> tuple[l
     from hybridkv.sim.policy_cost import op_cost
     from hybridkv.sim.report import plot_policies
     names = args.eviction_policies
-    all_runs = [(v, dataclasses.replace(cfg, eviction_policy=p)) for p in names for v, cfg in runs]
+    all_runs = [(v, _with_policy(cfg, p)) for p in names for v, cfg in runs]
     rows, _, failed = run_configs(args, all_runs, items)
     values = [v for v, _ in runs]
     cost = op_cost(names)
@@ -241,6 +360,13 @@ def sweep_policies(args: argparse.Namespace, runs: list, items: list) -> tuple[l
         print("wrote " + write_output(args.plot, lambda path: plot_policies(
             names, values, rows, path, title=args.trace or args.workload), "the plot"))
     return rows, failed
+
+
+def _with_policy(job, policy: str):
+    """``job`` (a SimConfig or a ClusterJob) under another eviction policy."""
+    if isinstance(job, SimConfig):
+        return dataclasses.replace(job, eviction_policy=policy)
+    return dataclasses.replace(job, config=dataclasses.replace(job.config, eviction_policy=policy))
 
 
 # ---- --retention-intervals on a preset with recurrent-state groups -----------------------------
@@ -264,32 +390,40 @@ def check_state_sweep_options(args: argparse.Namespace) -> None:
 
 def sweep_state(args: argparse.Namespace, items: list[WorkItem], preset) -> int:
     """Every retention interval of ``args`` plus vLLM's align baseline at the same KV memory;
-    print the checkpoint table, write ``--json``."""
+    print the checkpoint table, write ``--json`` (Ctrl-C: :class:`RunInterrupted` with the
+    finished rows)."""
     from hybridkv.sim.presets import vllm_align_block_size
     from hybridkv.sim.state_sweep import run_checkpoint_config
-    cache_tokens = args.cache_tokens if args.cache_tokens is not None else DEFAULT_CACHE_TOKENS
     args.no_optimum = True
-    blocks = capacity_blocks(args, preset, cache_tokens)
+    blocks = capacity_blocks(args, preset)
     runs: list[tuple[str, SimConfig]] = [
         (f"N={'every ' + str(preset.block_size) if n is None else n}",
          build_config(args, num_blocks=blocks, retention=n)) for n in args.retention_intervals]
     align = vllm_align_block_size(preset)
+    aligned = preset.with_block_size(align)
+    memory = (blocks - 1) * preset.kv_config(num_blocks=2).block_bytes
+    align_blocks = (capacity_blocks(args, aligned, args.cache_tokens) if args.cache_tokens is not None
+                    else aligned.kv_config(memory_bytes=memory).num_blocks + 1)
     saved = args.block_size, args.vllm_compat
     args.block_size, args.vllm_compat = align, True
     try:
-        base = build_config(args, num_blocks=capacity_blocks(args, preset.with_block_size(align),
-                                                             cache_tokens), retention=0)
+        base = build_config(args, num_blocks=align_blocks, retention=0)
     finally:
         args.block_size, args.vllm_compat = saved
     runs.append((f"vLLM align (block {align})", base))
-    print(f"{preset.name}: {len(items)} requests, {cache_tokens:,} tokens of attention KV "
-          f"memory per configuration")
+    print(f"{preset.name}: {len(items)} requests, {memory / 1e9:,.2f} GB of KV memory per "
+          f"configuration ({(blocks - 1) * preset.block_size:,} tokens at block {preset.block_size}) "
+          f"on {args.gpus} x {args.gpu}")
     print(f"  {'configuration':<26} {'token hit rate':>14} {'checkpoints':>11} "
           f"{'GB written':>11} {'GB resident mean':>17} {'peak':>7} {'GB/state':>9} "
           f"{'evictions':>10}", flush=True)
-    rows = []
+    rows: list[dict] = []
     for label, cfg in runs:
-        row = run_checkpoint_config(label, cfg, items)
+        try:
+            row = run_checkpoint_config(label, cfg, items)
+        except KeyboardInterrupt:
+            done = [(lab, r) for (lab, _), r in zip(runs, rows)]
+            raise RunInterrupted(done + [(lab, {}) for lab, _ in runs[len(rows):]]) from None
         rows.append(dataclasses.asdict(row))
         print(f"  {label:<26} {row.token_hit_rate:>14.4f} {row.checkpoints_written:>11} "
               f"{row.checkpoint_bytes_written / 1e9:>11.1f} {row.checkpoint_bytes_mean / 1e9:>17.2f} "
@@ -301,8 +435,8 @@ def sweep_state(args: argparse.Namespace, items: list[WorkItem], preset) -> int:
 
 
 COMMANDS.register("sweep", Command(
-    help="hit rate against cache size or retention interval", add_arguments=add_arguments,
-    run=run, option_names=OPTION_NAMES))
+    help="hit rate against cache size, retention interval or instance count",
+    add_arguments=add_arguments, run=run, description=DESCRIPTION, option_names=OPTION_NAMES))
 
 __all__ = ["add_arguments", "check_sweep_options", "run", "run_configs", "sweep_policies", "sweep_state",
            "sweep_tiers"]

@@ -5,7 +5,8 @@ of N tokens (0: none); ``--tier-policy`` picks write-through (default) or offloa
 ``--TIER-bandwidth GB/s`` and ``--TIER-latency-us US`` override a tier's link (the CPU tier's
 is the host <-> GPU link every load takes); ``--free-transfers`` makes every move take no time
 (the hierarchy's hit rate alone). ``sweep --cpu-cache-tokens-list 0,10M,30M,100M`` sweeps the
-CPU tier's size at one GPU size (``--cache-tokens``, default 3M).
+CPU tier's size at one GPU size (``--cache-tokens`` / ``--num-blocks``, default: what the GPUs
+leave).
 
 Each value is checked where it is parsed (a count >= 0, a bandwidth > 0, a latency >= 0); the
 rules that involve the preset or other options (a tier its medium cannot address, an override
@@ -79,7 +80,8 @@ def add_tier_options(p: argparse.ArgumentParser, sweep: bool = False) -> None:
     if sweep:
         g.add_argument("--cpu-cache-tokens-list", type=parse_count_list_with_zero, metavar="N,N,...",
                        help="sweep the CPU tier's size (0: none), e.g. 0,10M,30M,100M, at the GPU "
-                            "size --cache-tokens (default 3M); prints hit rate and TTFT per size")
+                            "size --cache-tokens (default: what the GPUs leave); prints hit rate "
+                            "and TTFT per size")
     for t in TIER_NAMES:
         g.add_argument(f"--{t}-cache-tokens", type=parse_count, metavar="N",
                        help=f"a {t} tier of N tokens of the model's KV (0: none)")

@@ -340,11 +340,19 @@ class LLM:
 
     # ---- generation ---------------------------------------------------------------------------
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
+        """Token ids of a prompt (text needs a tokenizer); ``ValueError`` for an id outside the
+        model's vocabulary."""
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError(f"{str(self.model_dir)!r} has no tokenizer; pass token ids instead of text")
             return self.tokenizer.encode(prompt)
-        return [int(t) for t in prompt]
+        ids = [int(t) for t in prompt]
+        vocab = self.model.config.vocab_size
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(f"prompt token id {bad} is outside the vocabulary of "
+                             f"{str(self.model_dir)!r}: ids are in [0, {vocab})")
+        return ids
 
     def generate(self, prompts: Sequence[str | Sequence[int]] | str, max_tokens: int | Sequence[int] = 16,
                  *, cache_salt: str | None | Sequence[str | None] = None,

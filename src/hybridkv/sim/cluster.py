@@ -30,8 +30,10 @@ from hybridkv.core.validation import check_int
 from hybridkv.events.index import KVEventIndex
 from hybridkv.sched import EngineRequest
 from hybridkv.sim.routing import DEFAULT_OVERLAP_WEIGHT, InstanceLoad, RouterSetup, make_router
-from hybridkv.sim.optimal import OnlineHits
+from hybridkv.sim.interrupt import RunInterrupted
+from hybridkv.sim.optimal import OnlineHits, OptimumJob
 from hybridkv.sim.simulator import SimConfig, SimResult, Simulator
+from hybridkv.sim.whatif import what_if
 from hybridkv.sim.workitems import WorkItem, served_workload
 
 CLUSTER_HASH_SEED = "hybridkv-cluster"
@@ -109,7 +111,14 @@ def offered_load(cfg: SimConfig, items: Sequence[WorkItem], instances: int) -> O
 
 @dataclass(slots=True)
 class ClusterResult:
-    """Per-instance results plus routing and queueing measurements."""
+    """Per-instance results plus routing and queueing measurements.
+
+    :attr:`overall` combines the instances into one :class:`SimResult` (counts summed, latency
+    samples pooled, the makespan the longest), with the cluster's offline optimum and gap
+    report when it was computed, so :meth:`to_json` has the keys of a single run's JSON plus
+    the cluster's own (``router``, ``num_instances``, ``load_imbalance``, queueing,
+    ``per_instance``).
+    """
 
     router: str
     instances: list[SimResult]
@@ -122,21 +131,13 @@ class ClusterResult:
     index_blocks: int = 0
     wall_s: float = 0.0
     config: dict = field(default_factory=dict)
+    overall: SimResult | None = None
+    partial: bool = False
 
-    def _summary(self, rs: Sequence[SimResult], queues: Sequence[float]) -> dict:
-        prompt = sum(r.prompt_tokens for r in rs)
-        hits = sum(r.hit_tokens for r in rs)
-        pblocks = sum(r.prompt_blocks for r in rs)
-        hblocks = sum(r.hit_blocks for r in rs)
-        ttft = [t for r in rs for t in r.ttft_s]
-        return {"requests": sum(r.requests for r in rs), "prompt_tokens": prompt,
-                "hit_tokens": hits, "hit_rate": hits / prompt if prompt else 0.0,
-                "block_hit_rate": hblocks / pblocks if pblocks else 0.0,
-                "ttft_p50_s": _pct(ttft, 50), "ttft_p99_s": _pct(ttft, 99),
-                "queue_p50_s": _pct(queues, 50), "queue_p99_s": _pct(queues, 99),
-                "queue_mean_s": float(np.mean(queues)) if len(queues) else None,
-                "preemptions": sum(r.preemptions for r in rs),
-                "makespan_s": max((r.makespan_s for r in rs), default=0.0)}
+    @staticmethod
+    def _queue(queues: Sequence[float]) -> dict:
+        return {"queue_p50_s": _pct(queues, 50), "queue_p99_s": _pct(queues, 99),
+                "queue_mean_s": float(np.mean(queues)) if len(queues) else None}
 
     @property
     def load_imbalance(self) -> float:
@@ -146,26 +147,50 @@ class ClusterResult:
         return max(toks) / mean if mean else 1.0
 
     def to_json(self) -> dict:
-        overall = self._summary(self.instances, [q for qs in self.queue_s for q in qs])
-        overall["load_imbalance"] = self.load_imbalance
+        overall = self.overall if self.overall is not None else combine(self.instances)
+        d = overall.to_json()
+        d.update(self._queue([q for qs in self.queue_s for q in qs]))
         per = []
         for i, (r, qs) in enumerate(zip(self.instances, self.queue_s)):
-            d = self._summary([r], qs)
-            d["instance"] = i
-            d["routed_requests"] = self.routed_requests[i]
-            d["routed_prompt_tokens"] = self.routed_prompt_tokens[i]
-            per.append(d)
-        return {"router": self.router, "num_instances": len(self.instances), "overall": overall,
-                "per_instance": per, "predicted_hit_tokens": self.predicted_hit_tokens,
-                "offered_load": self.offered.to_json() if self.offered else None,
-                "kv_events_published": self.kv_events_published, "wall_s": self.wall_s,
-                "config": dict(self.config)}
+            p = {k: v for k, v in r.to_json().items()
+                 if k not in ("config", "gap", "what_if", "retained_blocks")}
+            p.update(self._queue(qs), instance=i, routed_requests=self.routed_requests[i],
+                     routed_prompt_tokens=self.routed_prompt_tokens[i])
+            per.append(p)
+        d.update({"router": self.router, "num_instances": len(self.instances),
+                  "load_imbalance": self.load_imbalance, "per_instance": per,
+                  "predicted_hit_tokens": self.predicted_hit_tokens,
+                  "offered_load": self.offered.to_json() if self.offered else None,
+                  "kv_events_published": self.kv_events_published, "wall_s": self.wall_s,
+                  "partial": self.partial, "config": dict(self.config)})
+        return d
+
+
+def combine(results: Sequence[SimResult]) -> SimResult:
+    """The instances' results as one :class:`SimResult`: counts summed, TTFT and inter-token
+    samples pooled, the longest makespan, mean usage averaged and peak the highest, retained
+    blocks summed per group (no timeline, no optimum)."""
+    out = SimResult()
+    for r in results:
+        for name in ("requests", "rejected", "prompt_tokens", "hit_tokens", "prompt_blocks",
+                     "hit_blocks", "output_tokens", "steps", "preemptions", "evictions"):
+            setattr(out, name, getattr(out, name) + getattr(r, name))
+        out.ttft_s.extend(r.ttft_s)
+        out.itl_s.extend(r.itl_s)
+        out.makespan_s = max(out.makespan_s, r.makespan_s)
+        out.peak_usage = max(out.peak_usage, r.peak_usage)
+        for g, n in r.retained_blocks.items():
+            out.retained_blocks[g] = out.retained_blocks.get(g, 0) + n
+    out.mean_usage = sum(r.mean_usage for r in results) / len(results) if results else 0.0
+    out.partial = any(r.partial for r in results)
+    return out
 
 
 class _Instance:
     """One engine of the cluster: a Simulator stepped by the cluster's loop."""
 
-    __slots__ = ("idx", "sim", "res", "clock", "queue_s", "pending", "routed", "routed_tokens")
+    __slots__ = ("idx", "sim", "res", "clock", "queue_s", "pending", "routed", "routed_tokens",
+                 "finished")
 
     def __init__(self, idx: int, sim: Simulator) -> None:
         self.idx = idx
@@ -176,20 +201,25 @@ class _Instance:
         self.pending: list[tuple[EngineRequest, int]] = []  # (request, predicted uncached tokens)
         self.routed = 0
         self.routed_tokens = 0
+        self.finished = 0
 
     def advance(self, t: float) -> None:
         """Step until the clock reaches ``t`` or the instance runs out of work."""
         sched = self.sim.scheduler
         while self.clock < t and sched.has_unfinished():
-            self.clock, _ = self.sim.step(self.res, self.clock)
+            self.clock, done = self.sim.step(self.res, self.clock)
+            self.finished += done
         if not sched.has_unfinished() and self.clock < t:
             self.clock = t
 
-    def drain(self) -> None:
-        """Step until every request has finished."""
+    def drain(self, report: Callable[[], None] | None = None) -> None:
+        """Step until every request has finished (``report()`` every 2048 steps)."""
         sched = self.sim.scheduler
         while sched.has_unfinished():
-            self.clock, _ = self.sim.step(self.res, self.clock)
+            self.clock, done = self.sim.step(self.res, self.clock)
+            self.finished += done
+            if report is not None and self.res.steps % 2048 == 0:
+                report()
 
     def outstanding(self) -> int:
         """Uncomputed prompt tokens of requests that have not produced their first token."""
@@ -245,6 +275,7 @@ class ClusterSimulator:
         cfg = dataclasses.replace(config, hash_seed=config.hash_seed or CLUSTER_HASH_SEED,
                                   enable_events=wants_events or config.enable_events,
                                   optimum=False)
+        self.want_optimum = config.optimum   # computed once, over the whole cluster
         self.config = cfg
         self.progress = progress
         self.instances = [_Instance(i, Simulator(cfg)) for i in range(num_instances)]
@@ -288,19 +319,62 @@ class ClusterSimulator:
         return req, list(coarse_view(req.block_hashes, self.scale))
 
     def run(self, items: Sequence[WorkItem]) -> ClusterResult:
-        """Route and simulate ``items`` (sorted by arrival) to completion."""
+        """Route and simulate ``items`` (sorted by arrival) to completion.
+
+        With the config's ``optimum`` the offline bound is Belady over all served requests at
+        the instances' capacity summed (a bound on every router and policy: the union of the
+        instances' caches is one cache of that size), with the gap report (``routed``: a block
+        computed on another instance) and the what-if answers. Ctrl-C raises
+        :class:`~hybridkv.sim.interrupt.RunInterrupted` with the result so far (``partial``).
+        """
         t0 = time.perf_counter()
         items = list(items)
         insts = self.instances
-        router = self.router
-        predicted_total = 0
         # The one max_model_len rule of the single simulator: over-long prompts are rejected
         # (counted on instance 0), the rest are routed with their allowed output length.
         served, rejected = served_workload(items, insts[0].sim.scheduler.max_model_len)
         insts[0].res.rejected = rejected
+        n = len(served)
         for inst in insts:   # per-request online record, indexed by the served position
-            inst.sim._online = OnlineHits([0] * len(served), [0.0] * len(served),
-                                          [math.inf] * len(served))
+            inst.sim._online = OnlineHits([0] * n, [0.0] * n, [math.inf] * n,
+                                          [0] * n if inst.sim._probe_groups else None)
+        sim0 = insts[0].sim
+        optimum = (OptimumJob(served, sim0.key_block, sim0.optimum_capacity * len(insts),
+                              self.config.parallel_optimum, extra=what_if)
+                   if self.want_optimum else None)
+        routed_to = [0] * n
+        try:
+            predicted = self._route_all(served, routed_to)
+        except BaseException as exc:
+            if optimum is not None:
+                optimum.cancel()
+            if isinstance(exc, KeyboardInterrupt) and not isinstance(exc, RunInterrupted):
+                res = self._result(0, t0, partial=True)
+                raise RunInterrupted(res) from None
+            raise
+        res = self._result(predicted, t0)
+        if optimum is not None:
+            online = self._merged_online(routed_to)
+            overall = res.overall
+            overall.optimal_hit_blocks, overall.gap, overall.what_if = optimum.result(online)
+            if not overall.hit_blocks <= overall.optimal_hit_blocks <= overall.prompt_blocks:
+                raise RuntimeError(
+                    f"offline optimum {overall.optimal_hit_blocks} blocks outside [online hits "
+                    f"{overall.hit_blocks}, prompt blocks {overall.prompt_blocks}]; please report "
+                    "this workload")
+        res.wall_s = time.perf_counter() - t0
+        return res
+
+    def _route_all(self, served: list, routed_to: list[int]) -> int:
+        """Route every served request, then drain; returns the predicted hit tokens."""
+        insts = self.instances
+        router = self.router
+        predicted_total = 0
+        total = len(served)
+
+        def report() -> None:
+            if self.progress:
+                self.progress(sum(i.finished for i in insts), total)
         for n, s_item in enumerate(served):
             item = s_item.item
             t = item.arrival_s
@@ -310,16 +384,33 @@ class ClusterSimulator:
             loads = [InstanceLoad(i.idx, i.outstanding(), len(i.pending)) for i in insts]
             d = router.route(hashes, item.prompt_len, loads)
             inst = insts[d.instance]
+            routed_to[n] = d.instance
             er = inst.sim._new_request(s_item, n)
             inst.sim.scheduler.add_request(er)
             inst.pending.append((er, max(0, item.prompt_len - d.predicted_hit_tokens)))
             inst.routed += 1
             inst.routed_tokens += item.prompt_len
             predicted_total += d.predicted_hit_tokens
-            if self.progress and n % 256 == 0:
-                self.progress(n, len(served))
+            if n % 256 == 0:
+                report()
         for inst in insts:
-            inst.drain()
+            inst.drain(report)
+        if self.progress:
+            self.progress(total, total)
+        return predicted_total
+
+    def _merged_online(self, routed_to: list[int]) -> OnlineHits:
+        """One :class:`OnlineHits` over all served requests, each from its instance."""
+        ons = [inst.sim._online for inst in self.instances]
+        pick = lambda field: [getattr(ons[i], field)[r] for r, i in enumerate(routed_to)]  # noqa: E731
+        att = ([(ons[i].attention_blocks or ons[i].hit_blocks)[r] for r, i in enumerate(routed_to)]
+               if any(o.attention_blocks is not None for o in ons) else None)
+        return OnlineHits(pick("hit_blocks"), pick("admitted_t"), pick("finished_t"), att,
+                          list(routed_to))
+
+    def _result(self, predicted: int, t0: float, partial: bool = False) -> ClusterResult:
+        """The per-instance results as they stand (``partial``: interrupted)."""
+        insts = self.instances
         results = []
         for inst in insts:
             res = inst.res
@@ -331,17 +422,43 @@ class ClusterSimulator:
             res.hit_tokens = stats.hits
             res.preemptions = sim.scheduler.num_preemptions
             res.evictions = stats.evictions
+            res.retained_blocks = sim.retained_blocks()
+            res.partial = partial
             results.append(res)
         cfg = self.config
+        config = {"preset": cfg.preset.name, "gpu": cfg.gpu.name, "num_gpus": cfg.num_gpus,
+                  "num_blocks_per_instance": cfg.num_blocks, "block_size": cfg.preset.block_size,
+                  "cache_tokens": cfg.cache_tokens, "key_block_size": insts[0].sim.key_block,
+                  "optimum_capacity_blocks": insts[0].sim.optimum_capacity * len(insts),
+                  "instances": len(insts), "router": self.router_name,
+                  "retention_interval": cfg.retention_interval,
+                  "eviction_policy": insts[0].sim.kv.eviction_policy,
+                  "prefix_retention": (None if cfg.prefix_retention is None
+                                       else str(cfg.prefix_retention)),
+                  "max_num_batched_tokens": cfg.sched.max_num_batched_tokens,
+                  "max_num_seqs": cfg.sched.max_num_seqs, "seed": cfg.seed}
+        overall = combine(results)
+        overall.config = config
+        overall.wall_s = time.perf_counter() - t0
         return ClusterResult(
             router=self.router_name, instances=results, queue_s=[i.queue_s for i in insts],
             routed_requests=[i.routed for i in insts],
             routed_prompt_tokens=[i.routed_tokens for i in insts],
-            predicted_hit_tokens=predicted_total, index_blocks=sum(
+            predicted_hit_tokens=predicted, index_blocks=sum(
                 self.index.num_blocks(i.idx) for i in insts),
-            wall_s=time.perf_counter() - t0,
-            config={"preset": cfg.preset.name, "gpu": cfg.gpu.name, "num_gpus": cfg.num_gpus,
-                    "num_blocks_per_instance": cfg.num_blocks, "block_size": cfg.preset.block_size,
-                    "instances": len(insts), "router": self.router_name,
-                    "max_num_batched_tokens": cfg.sched.max_num_batched_tokens,
-                    "max_num_seqs": cfg.sched.max_num_seqs, "seed": cfg.seed})
+            wall_s=time.perf_counter() - t0, config=config, overall=overall, partial=partial)
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterJob:
+    """A cluster to simulate as one job of a sweep: ``instances`` instances of ``config``
+    behind ``router`` (picklable, so a worker process or a Ray task can run it)."""
+
+    config: SimConfig
+    instances: int
+    router: str = "kv-aware"
+    overlap_weight: float = DEFAULT_OVERLAP_WEIGHT
+
+    def simulator(self, progress: Callable[[int, int], None] | None = None) -> ClusterSimulator:
+        return ClusterSimulator(self.config, self.instances, self.router,
+                                overlap_weight=self.overlap_weight, progress=progress)

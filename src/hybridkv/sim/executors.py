@@ -1,46 +1,64 @@
 """Where a sweep's simulations run: in this process, on local processes, or as Ray tasks.
 
-A sweep is a list of :class:`SimConfig` over one workload. :func:`execute` runs every
-configuration and yields an :class:`Outcome` as each one finishes (in completion order;
-``index`` says which configuration it is). A configuration that raises yields its error and
-the others go on. Every executor runs the same :func:`run_config`, so a configuration gives
-the same :class:`SimResult` (all but ``wall_s``) wherever it runs.
+A sweep is a list of jobs over one workload: :class:`SimConfig` (one instance) or
+:class:`~hybridkv.sim.cluster.ClusterJob` (N instances behind a router). :func:`execute` runs
+every job and yields an :class:`Outcome` as each one finishes (in completion order; ``index``
+says which job it is). A job that raises yields its error and the others go on. Every executor
+runs the same :func:`run_config`, so a job gives the same result (all but ``wall_s``) wherever
+it runs.
 
-* ``serial``: one configuration after another in this process (a large workload's offline
-  optimum still runs in a forked child meanwhile, as in ``simulate``).
-* ``processes``: a pool of ``workers`` local processes (spawned: no state is inherited). The
-  workload is sent once per worker. Inside a worker the optimum runs inline (no child), so
-  ``workers`` processes use ``workers`` cores.
-* ``ray``: one Ray task per configuration on the cluster at ``ray_address`` (``ray.init``'s
-  address: ``auto``, ``ray://host:10001``, ...), or on a local Ray started for the sweep when
-  no address is given (``workers`` CPUs). The workload is put in the object store once. The
-  cluster's workers must be able to import hybridkv (install it there). Needs the optional
-  extra: ``pip install "hybridkv[ray]"``.
+* ``serial``: one job after another in this process (a large workload's offline optimum still
+  runs in a forked child meanwhile, as in ``simulate``).
+* ``processes``: ``workers`` local processes (spawned: no state is inherited), each taking the
+  next job from a queue. The workload is sent once per worker. Inside a worker the optimum runs
+  inline (no child), so ``workers`` processes use ``workers`` cores. Workers ignore Ctrl-C.
+* ``ray``: one Ray task per job on the cluster at ``ray_address`` (``ray.init``'s address:
+  ``auto``, ``ray://host:10001``, ...), or on a local Ray started for the sweep when no address
+  is given (``workers`` CPUs). The workload is put in the object store once. The cluster's
+  workers must be able to import hybridkv (install it there). Needs the optional extra:
+  ``pip install "hybridkv[ray]"``.
+
+``progress(index, done, total)`` reports requests done in job ``index`` as it runs (a worker
+process sends it on its result queue, a Ray task through a queue actor that takes no CPU). When the consumer stops early or Ctrl-C
+arrives (``KeyboardInterrupt`` in this process, the only one that handles it), the executor
+stops what still runs before the exception leaves it: worker processes are killed and reaped,
+Ray tasks cancelled and a local Ray shut down, within seconds; nothing is left behind.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import queue
+import signal
+import time
 import traceback
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from multiprocessing import get_context
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, Sequence, Union
 
 from hybridkv.core.validation import check_int
+from hybridkv.sim.cluster import ClusterJob, ClusterResult
+from hybridkv.sim.interrupt import sigint_deferred
 from hybridkv.sim.simulator import SimConfig, SimResult, Simulator
 from hybridkv.sim.workitems import WorkItem
 
 EXECUTORS = ("serial", "processes", "ray")
 
+#: One job of a sweep: a single instance, or a cluster.
+Job = Union[SimConfig, ClusterJob]
+#: ``progress(index, done, total)``: requests done in job ``index``.
+Progress = Callable[[int, int, int], None]
+
+_STOP_S = 3.0   # how long a killed worker may take to be reaped
+
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """One finished configuration: its result, or the error it raised (``"Type: message"``)."""
+    """One finished job: its result, or the error it raised (``"Type: message"``)."""
 
     index: int
-    result: SimResult | None
+    result: SimResult | ClusterResult | None
     error: str | None = None
 
 
@@ -52,12 +70,14 @@ def default_workers() -> int:
         return os.cpu_count() or 1
 
 
-def run_config(index: int, cfg: SimConfig, items: Sequence[WorkItem],
+def run_config(index: int, cfg: Job, items: Sequence[WorkItem],
                progress: Callable[[int, int], None] | None = None) -> Outcome:
-    """Simulate one configuration; an exception becomes the outcome's error."""
+    """Simulate one job; an exception becomes the outcome's error (Ctrl-C is not caught)."""
     try:
+        if isinstance(cfg, ClusterJob):
+            return Outcome(index, cfg.simulator(progress).run(items))
         return Outcome(index, Simulator(cfg, progress=progress).run(items))
-    except Exception as exc:  # noqa: BLE001 - reported per configuration, the sweep goes on
+    except Exception as exc:  # noqa: BLE001 - reported per job, the sweep goes on
         return Outcome(index, None, _describe(exc))
 
 
@@ -69,24 +89,30 @@ def _describe(exc: BaseException) -> str:
     return text
 
 
-def _inline_optimum(configs: Sequence[SimConfig]) -> list[SimConfig]:
-    """The configurations with the optimum computed inline: a worker uses one core."""
-    return [dataclasses.replace(c, parallel_optimum=False) for c in configs]
+def _inline_optimum(jobs: Sequence[Job]) -> list[Job]:
+    """The jobs with the optimum computed inline: a worker uses one core."""
+    out: list[Job] = []
+    for j in jobs:
+        if isinstance(j, ClusterJob):
+            out.append(dataclasses.replace(j, config=dataclasses.replace(j.config, parallel_optimum=False)))
+        else:
+            out.append(dataclasses.replace(j, parallel_optimum=False))
+    return out
 
 
-def execute(configs: Sequence[SimConfig], items: Sequence[WorkItem], executor: str = "serial",
+def execute(configs: Sequence[Job], items: Sequence[WorkItem], executor: str = "serial",
             workers: int | None = None, ray_address: str | None = None,
-            progress: Callable[[int, int], None] | None = None) -> Iterator[Outcome]:
-    """Run every configuration on ``items``; yield outcomes as they finish.
+            progress: Progress | None = None) -> Iterator[Outcome]:
+    """Run every job on ``items``; yield outcomes as they finish.
 
     Args:
-        configs: the configurations (their position is the outcome's ``index``).
-        items: the workload, shared by all configurations.
+        configs: the jobs (their position is the outcome's ``index``).
+        items: the workload, shared by all jobs.
         executor: ``serial``, ``processes`` or ``ray``.
         workers: processes (``processes``) or local Ray CPUs (``ray`` without an address);
-            default: the usable cores, at most one per configuration.
+            default: the usable cores, at most one per job.
         ray_address: the Ray cluster to submit to (``ray`` only); None starts a local Ray.
-        progress: ``serial`` only: per-request progress of the running configuration.
+        progress: ``progress(index, done, total)`` as jobs run (module docstring).
 
     Raises:
         ValueError: an unknown executor, ``workers < 1``, ``workers`` with ``serial``, or an
@@ -104,41 +130,101 @@ def execute(configs: Sequence[SimConfig], items: Sequence[WorkItem], executor: s
     if workers is None:
         workers = max(1, min(default_workers(), len(configs)))
     if executor == "serial" or not configs:
-        return (run_config(i, c, items, progress) for i, c in enumerate(configs))
+        return _run_serial(configs, items, progress)
     if executor == "processes":
-        return _run_processes(_inline_optimum(configs), items, workers)
+        return _run_processes(_inline_optimum(configs), items, workers, progress)
     _ray_module()                              # fail now, not at the first outcome
-    return _run_ray(_inline_optimum(configs), items, workers, ray_address)
+    return _run_ray(_inline_optimum(configs), items, workers, ray_address, progress)
+
+
+def _run_serial(configs: Sequence[Job], items: list[WorkItem], progress: Progress | None) -> Iterator[Outcome]:
+    for i, c in enumerate(configs):
+        yield run_config(i, c, items, None if progress is None else
+                         (lambda done, total, i=i: progress(i, done, total)))
 
 
 # ---- local processes ------------------------------------------------------------------------------
-_WORKER_ITEMS: list[WorkItem] = []
+def _worker(items: list[WorkItem], tasks, results, report: bool) -> None:
+    """A worker process: run jobs from ``tasks`` until a None; messages on ``results``:
+    ``("start", index, pid)``, ``("progress", index, done, total)``, ``("done", outcome, pid)``."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)     # the parent handles Ctrl-C and stops us
+    pid = os.getpid()
+    while True:
+        task = tasks.get()
+        if task is None:
+            return
+        index, cfg = task
+        results.put(("start", index, pid))
+        progress = _throttled(lambda done, total, index=index: results.put(("progress", index, done, total)))
+        results.put(("done", run_config(index, cfg, items, progress if report else None), pid))
 
 
-def _init_worker(items: list[WorkItem]) -> None:
-    global _WORKER_ITEMS
-    _WORKER_ITEMS = items
-
-
-def _process_task(index: int, cfg: SimConfig) -> Outcome:
-    return run_config(index, cfg, _WORKER_ITEMS)
-
-
-def _run_processes(configs: list[SimConfig], items: list[WorkItem], workers: int) -> Iterator[Outcome]:
-    pool = ProcessPoolExecutor(max_workers=min(workers, len(configs)), mp_context=get_context("spawn"),
-                               initializer=_init_worker, initargs=(items,))
+def _run_processes(configs: list[Job], items: list[WorkItem], workers: int,
+                   progress: Progress | None) -> Iterator[Outcome]:
+    ctx = get_context("spawn")
+    tasks, results = ctx.Queue(), ctx.Queue()
+    for i, c in enumerate(configs):
+        tasks.put((i, c))
+    procs = [ctx.Process(target=_worker, args=(items, tasks, results, progress is not None),
+                         daemon=True) for _ in range(min(workers, len(configs)))]
+    for _ in procs:
+        tasks.put(None)
+    running: dict[int, int] = {}     # worker pid -> the job it runs
+    left = set(range(len(configs)))
     try:
-        pending = {pool.submit(_process_task, i, c): i for i, c in enumerate(configs)}
-        while pending:
-            done, _ = wait(pending, return_when=FIRST_COMPLETED)
-            for fut in done:
-                index = pending.pop(fut)
-                try:
-                    yield fut.result()
-                except Exception as exc:  # noqa: BLE001 - a worker died (killed, out of memory)
-                    yield Outcome(index, None, _describe(exc))
+        for proc in procs:
+            proc.start()
+        while left:
+            try:
+                msg = results.get(timeout=0.2)
+            except queue.Empty:
+                yield from _dead_workers(procs, running, left)
+                continue
+            if msg[0] == "start":
+                running[msg[2]] = msg[1]
+            elif msg[0] == "progress":
+                if progress is not None:
+                    progress(msg[1], msg[2], msg[3])
+            else:
+                running.pop(msg[2], None)
+                left.discard(msg[1].index)
+                yield msg[1]
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        _stop_workers(procs, (tasks, results))
+
+
+def _dead_workers(procs: list, running: dict[int, int], left: set[int]) -> Iterator[Outcome]:
+    """Outcomes for jobs whose worker died (killed, out of memory); when no worker is left,
+    for the jobs no worker took."""
+    for proc in procs:
+        if proc.exitcode not in (None, 0) and proc.pid in running:
+            index = running.pop(proc.pid)
+            left.discard(index)
+            yield Outcome(index, None, f"RuntimeError: the worker process running it died "
+                                       f"(exit code {proc.exitcode})")
+    if left and all(proc.exitcode is not None for proc in procs):
+        for index in sorted(left - set(running.values())):
+            left.discard(index)
+            yield Outcome(index, None, "RuntimeError: no worker process was left to run it")
+
+
+def _stop_workers(procs: list, queues: tuple) -> None:
+    """Kill the workers still alive, reap them, and let the queues go without waiting on them."""
+    with sigint_deferred():
+        _kill_and_reap(procs, queues)
+
+
+def _kill_and_reap(procs: list, queues: tuple) -> None:
+    for proc in procs:
+        if proc.is_alive():
+            proc.kill()
+    deadline = time.monotonic() + _STOP_S
+    for proc in procs:
+        if proc.pid is not None:
+            proc.join(max(0.0, deadline - time.monotonic()))
+    for q in queues:
+        q.cancel_join_thread()
+        q.close()
 
 
 # ---- Ray ------------------------------------------------------------------------------------------
@@ -150,37 +236,81 @@ def _ray_module():
     return ray
 
 
-def _ray_task(index: int, cfg: SimConfig, items: list[WorkItem]) -> Outcome:
-    return run_config(index, cfg, items)
+def _ray_task(index: int, cfg: Job, items: list[WorkItem], channel=None) -> Outcome:
+    return run_config(index, cfg, items, None if channel is None else _throttled(
+        lambda done, total: channel.put_nowait((index, done, total))))
 
 
-def _run_ray(configs: list[SimConfig], items: list[WorkItem], workers: int,
-             address: str | None) -> Iterator[Outcome]:
+def _throttled(send: Callable[[int, int], None]) -> Callable[[int, int], None]:
+    """``send(done, total)`` at most every half second, and always the last call."""
+    last = [0.0]
+
+    def progress(done: int, total: int) -> None:
+        now = time.monotonic()
+        if now - last[0] >= 0.5 or done == total:
+            last[0] = now
+            send(done, total)
+    return progress
+
+
+def _run_ray(configs: list[Job], items: list[WorkItem], workers: int,
+             address: str | None, progress: Progress | None) -> Iterator[Outcome]:
     ray = _ray_module()
     started = False
-    if not ray.is_initialized():
-        kw: dict = dict(include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-        try:
-            if address is None:
-                ray.init(num_cpus=workers, **kw)
-            else:
-                ray.init(address=address, **kw)
-        except Exception as exc:  # noqa: BLE001 - Ray raises several types for a bad address
-            where = "a local Ray" if address is None else f"the Ray cluster at {address!r}"
-            raise RuntimeError(f"cannot start or reach {where}: {exc}") from None
-        started = True
+    pending: dict = {}
+    channel = None
     try:
+        if not ray.is_initialized():
+            started = True
+            kw: dict = dict(include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+            try:
+                if address is None:
+                    ray.init(num_cpus=workers, **kw)
+                else:
+                    ray.init(address=address, **kw)
+            except Exception as exc:  # noqa: BLE001 - Ray raises several types for a bad address
+                where = "a local Ray" if address is None else f"the Ray cluster at {address!r}"
+                raise RuntimeError(f"cannot start or reach {where}: {exc}") from None
         task = ray.remote(num_cpus=1, max_retries=0)(_ray_task)
         items_ref = ray.put(items)
-        pending = {task.remote(i, c, items_ref): i for i, c in enumerate(configs)}
+        if progress is not None:       # the tasks' progress, through a queue actor (no CPU)
+            from ray.util.queue import Queue
+            channel = Queue(actor_options={"num_cpus": 0})
+        pending = {task.remote(i, c, items_ref, channel): i for i, c in enumerate(configs)}
         while pending:
-            done, _ = ray.wait(list(pending), num_returns=1)
+            done, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
+            if channel is not None:
+                waiting = channel.qsize()
+                for index, n, total in (channel.get_nowait_batch(waiting) if waiting else ()):
+                    progress(index, n, total)
             for ref in done:
                 index = pending.pop(ref)
                 try:
-                    yield ray.get(ref)
+                    out = ray.get(ref)
                 except Exception as exc:  # noqa: BLE001 - the task's worker died
-                    yield Outcome(index, None, _describe(exc))
+                    out = Outcome(index, None, _describe(exc))
+                yield out
     finally:
-        if started:
-            ray.shutdown()
+        _stop_ray(ray, pending, started, channel)
+
+
+def _stop_ray(ray, pending: dict, started: bool, channel=None) -> None:
+    """Cancel the tasks still pending, stop the progress queue; shut down the Ray this sweep
+    started."""
+    with sigint_deferred():
+        _cancel_ray(ray, pending, started, channel)
+
+
+def _cancel_ray(ray, pending: dict, started: bool, channel) -> None:
+    if channel is not None:
+        try:
+            channel.shutdown(force=True)
+        except Exception:  # noqa: BLE001 - its actor is already gone
+            pass
+    for ref in pending:
+        try:
+            ray.cancel(ref, force=True)
+        except Exception:  # noqa: BLE001 - already finished or its worker gone
+            pass
+    if started:
+        ray.shutdown()

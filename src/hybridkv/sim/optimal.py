@@ -121,6 +121,7 @@ def lru_block_hit_rate(
     capacity_blocks: int,
     *,
     evict_tail_first: bool = True,
+    hit_limits: Sequence[int] | None = None,
 ) -> BlockCacheResult:
     """Simulate an LRU block cache over ``requests``.
 
@@ -129,6 +130,8 @@ def lru_block_hit_rate(
         capacity_blocks: cache capacity in blocks (>= 0).
         evict_tail_first: touch a request's blocks deepest first so that, among them, the tail
             is evicted first (vLLM's free order). ``False`` touches them in prefix order.
+        hit_limits: per request, at most this many leading blocks count (and are referenced),
+            as in :func:`belady_block_hit_rate`.
 
     Returns:
         The hits and references; the input is not modified.
@@ -139,11 +142,12 @@ def lru_block_hit_rate(
     popitem = cache.popitem
     hits_per_request: list[int] = []
     hits = refs = 0
-    for keys in requests:
-        h = _leading_hits(keys, cache)
+    for i, keys in enumerate(requests):
+        limit = len(keys) if hit_limits is None else min(hit_limits[i], len(keys))
+        h = _leading_hits(keys[:limit] if limit < len(keys) else keys, cache)
         hits_per_request.append(h)
         hits += h
-        refs += len(keys)
+        refs += limit
         order = reversed(keys) if evict_tail_first else keys
         for key in order:
             if key in cache:
@@ -352,12 +356,18 @@ class OnlineHits:
     """Per served request (in served order): what the online run measured, for :class:`GapReport`.
 
     ``hit_blocks[r]``: leading key blocks hit at first admission; ``admitted_t[r]`` /
-    ``finished_t[r]``: the clock then and when it finished (sequential mode: its index).
+    ``finished_t[r]``: the clock then and when it finished (sequential mode: its index);
+    ``attention_blocks[r]``: the leading key blocks the full-attention groups alone held
+    then (>= ``hit_blocks[r]``; more when a sliding-window group kept no window there or a
+    recurrent-state group had no checkpoint there), or None when every group is full
+    attention; ``instance[r]``: the instance a cluster routed it to (None: one instance).
     """
 
     hit_blocks: list[int]
     admitted_t: list[float]
     finished_t: list[float]
+    attention_blocks: list[int] | None = None
+    instance: list[int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -370,9 +380,17 @@ class GapReport:
 
     * ``in_flight_blocks``: the request that first produced that block had not finished when
       this one was admitted (the engine's concurrency: a follow-up arrived too early);
-    * ``evicted_blocks``: it had finished, so the block had been cached and was gone
-      (evicted, or not retained by a sliding-window group).
+    * ``retained_blocks``: the full-attention groups still held the block but another group
+      could not serve a hit that long (a sliding window not kept there, no recurrent-state
+      checkpoint there): where the retention interval puts hit ends, not the cache size;
+    * ``routed_blocks`` (a cluster): the block had been computed on another instance;
+    * ``evicted_blocks``: the producing request had finished on this instance, and the block
+      was no longer (or never) in the full-attention groups.
 
+    A request's loss is split at ``attention_blocks`` (:class:`OnlineHits`): the blocks up to
+    it are ``retained_blocks`` (``in_flight_blocks`` when the first missed block was still being
+    computed); the rest are charged by the first block past it. A request whose loss has two
+    causes is counted under both.
     ``optimum_blocks`` is the Belady bound at the pool's size; ``ceiling_blocks -
     optimum_blocks`` is what the cache size costs any policy.
     """
@@ -384,6 +402,10 @@ class GapReport:
     evicted_blocks: int
     in_flight_requests: int
     evicted_requests: int
+    retained_blocks: int = 0
+    retained_requests: int = 0
+    routed_blocks: int = 0
+    routed_requests: int = 0
 
 
 def gap_report(keys: list[list[bytes]], limits: list[int], optimum_blocks: int,
@@ -400,38 +422,64 @@ def gap_report(keys: list[list[bytes]], limits: list[int], optimum_blocks: int,
         ceiling.append(h)
         seen.update(ks)
     del seen
-    wanted: dict[bytes, list[int]] = {}   # first missed key -> requests that missed it
+    att = online.attention_blocks
+    # Each request's loss [h, c) is split at a = the full-attention groups' own hit: [h, a) is
+    # "retained" (another group could not serve it) unless the block at h was still being
+    # computed (timing); [a, c) is charged by the first block past a.
+    split: list[tuple[int, int]] = []      # (where the loss starts, where the charged part starts)
     for r, (c, h) in enumerate(zip(ceiling, online.hit_blocks)):
-        if h < c:
-            wanted.setdefault(keys[r][h], []).append(r)
+        split.append((h, h if att is None else max(h, min(att[r], c))))
+    firsts = {keys[r][at] for r, (c, (h, a)) in enumerate(zip(ceiling, split))
+              for at in {h, a} if at < c}
     producer: dict[bytes, int] = {}
     for j, ks in enumerate(keys):
-        if len(producer) == len(wanted):
+        if len(producer) == len(firsts):
             break
         for k in ks:
-            if k in wanted and k not in producer:
+            if k in firsts and k not in producer:
                 producer[k] = j
-    in_flight = evicted = n_flight = n_evicted = 0
-    for key, rs in wanted.items():
-        j = producer[key]
-        for r in rs:
-            lost = ceiling[r] - online.hit_blocks[r]
-            if online.finished_t[j] > online.admitted_t[r]:
-                in_flight += lost
-                n_flight += 1
-            else:
-                evicted += lost
-                n_evicted += 1
-    return GapReport(sum(ceiling), optimum_blocks, sum(online.hit_blocks), in_flight, evicted,
-                     n_flight, n_evicted)
+    where = online.instance
+
+    def cause(r: int, at: int) -> str:
+        j = producer[keys[r][at]]
+        if online.finished_t[j] > online.admitted_t[r]:
+            return "flight"
+        if where is not None and where[j] != where[r]:
+            return "routed"
+        return "evicted"
+    counts = {k: [0, 0] for k in ("flight", "routed", "evicted", "retained")}
+    for r, (c, (h, a)) in enumerate(zip(ceiling, split)):
+        if h >= c:
+            continue
+        charged: dict[str, int] = {}
+        if a > h:
+            kind = "flight" if cause(r, h) == "flight" else "retained"
+            charged[kind] = a - h
+        if a < c:
+            kind = cause(r, a)
+            charged[kind] = charged.get(kind, 0) + c - a
+        for kind, n in charged.items():
+            counts[kind][0] += n
+            counts[kind][1] += 1
+    return GapReport(sum(ceiling), optimum_blocks, sum(online.hit_blocks), counts["flight"][0],
+                     counts["evicted"][0], counts["flight"][1], counts["evicted"][1],
+                     counts["retained"][0], counts["retained"][1], counts["routed"][0],
+                     counts["routed"][1])
 
 
 def _bound_and_gap(items: list[ServedItem], block_size: int, capacity: int,
-                   get_online: Callable[[], OnlineHits]) -> tuple[int, GapReport]:
-    """The Belady bound, then (once the online run is done) the gap attribution."""
+                   get_online: Callable[[], OnlineHits], extra: Extra | None = None) -> tuple:
+    """The Belady bound, then (once the online run is done) the gap attribution and
+    ``extra(keys, limits, next_uses, capacity, online)``."""
     keys, limits, uses = _bound_keys(items, block_size)
     opt = belady_block_hit_rate(keys, capacity, limits, next_uses=uses).block_hits
-    return opt, gap_report(keys, limits, opt, get_online())
+    online = get_online()
+    more = extra(keys, limits, uses, capacity, online) if extra is not None else None
+    return opt, gap_report(keys, limits, opt, online), more
+
+
+#: A computation on a served workload's keys beside the bound (``hybridkv.sim.whatif``).
+Extra = Callable[[list, list, list, int, OnlineHits], object]
 
 
 class OptimumJob:
@@ -441,28 +489,32 @@ class OptimumJob:
     and where ``fork`` exists) compute it in a forked child from the start, while the
     simulation runs on this core: the bound needs no simulation state, and the child waits for
     the online run's :class:`OnlineHits` only for the gap report. Others compute it inline in
-    :meth:`result`.
+    :meth:`result`. ``extra`` (see :data:`Extra`) runs after the gap report, in the same place;
+    its answer is the third item of :meth:`result`.
     """
 
     def __init__(self, served: list[ServedItem], block_size: int, capacity: int,
-                 parallel: bool = True) -> None:
+                 parallel: bool = True, extra: Extra | None = None) -> None:
         self.served = served
         self.block_size = block_size
         self.capacity = capacity
+        self.extra = extra
         self._child = self._conn = None
         if parallel and sum(s.item.prompt_len for s in served) > PARALLEL_OPTIMUM_TOKENS \
                 and "fork" in mp.get_all_start_methods():
             ctx = mp.get_context("fork")
             self._conn, child_conn = ctx.Pipe()
             self._child = ctx.Process(target=_optimum_child, daemon=True,
-                                      args=(served, block_size, capacity, child_conn))
+                                      args=(served, block_size, capacity, child_conn, extra))
             self._child.start()
             child_conn.close()
 
-    def result(self, online: OnlineHits) -> tuple[int, GapReport]:
-        """The bound in key blocks and the gap report, given the finished online run's hits."""
+    def result(self, online: OnlineHits) -> tuple[int, GapReport, object]:
+        """The bound in key blocks, the gap report and ``extra``'s answer, given the finished
+        online run's hits."""
         if self._child is None:
-            return _bound_and_gap(self.served, self.block_size, self.capacity, lambda: online)
+            return _bound_and_gap(self.served, self.block_size, self.capacity, lambda: online,
+                                  self.extra)
         self._conn.send(online)
         got = self._conn.recv()
         self._child.join()
@@ -471,14 +523,19 @@ class OptimumJob:
         return got
 
     def cancel(self) -> None:
-        """Stop the child, if any (the run failed)."""
+        """Stop the child, if any, and wait for it (the run failed or was interrupted)."""
         if self._child is not None:
             self._child.kill()
+            self._child.join(timeout=5)
+            self._conn.close()
 
 
-def _optimum_child(items: list[ServedItem], block_size: int, capacity: int, conn) -> None:
+def _optimum_child(items: list[ServedItem], block_size: int, capacity: int, conn,
+                   extra: Extra | None) -> None:
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # the parent handles Ctrl-C and stops us
     try:
-        conn.send(_bound_and_gap(items, block_size, capacity, conn.recv))
+        conn.send(_bound_and_gap(items, block_size, capacity, conn.recv, extra))
     except BaseException as exc:  # report, never hang the parent
         conn.send(exc)
     finally:

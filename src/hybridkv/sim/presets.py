@@ -30,7 +30,6 @@ from hybridkv.core.validation import check_int
 from hybridkv.sim.shapes import MLAShape, ModelShapes, MoEShape, StateShape
 
 __all__ = [
-    "default_gpus",
     "GPU_PRESETS",
     "MODEL_PRESETS",
     "GpuPreset",
@@ -448,7 +447,7 @@ class GpuPreset:
 
     Attributes:
         name: preset name.
-        memory_bytes: HBM capacity.
+        memory_bytes: HBM capacity (the H100's as CUDA reports it; the others' datasheet).
         mem_bw: peak HBM bandwidth in bytes/s.
         flops: peak dense BF16 tensor FLOP/s (no sparsity).
         source: datasheet the numbers come from.
@@ -463,8 +462,11 @@ class GpuPreset:
 
 GPU_PRESETS: dict[str, GpuPreset] = {
     # NVIDIA H100 Tensor Core GPU datasheet, SXM5: 80 GB HBM3, 3.35 TB/s,
-    # BF16 1,979 TFLOPS *with sparsity* -> 989 TFLOPS dense.
-    "h100": GpuPreset("h100", 80 * 10**9, 3.35e12, 989e12, "NVIDIA H100 datasheet (SXM)"),
+    # BF16 1,979 TFLOPS *with sparsity* -> 989 TFLOPS dense. Memory: what CUDA reports and vLLM's
+    # gpu_memory_utilization multiplies, 79.18 GiB (vLLM start-up logs on an H100 80GB HBM3,
+    # llm-d-benchmark config_explorer/empirical-vllm-memory-results.md), not the datasheet's 80 GB.
+    "h100": GpuPreset("h100", int(79.18 * 2**30), 3.35e12, 989e12,
+                      "NVIDIA H100 datasheet (SXM); memory as CUDA reports it (vLLM logs)"),
     # NVIDIA H200 datasheet (SXM): 141 GB HBM3e, 4.8 TB/s, same compute as H100 (989 TFLOPS dense).
     "h200": GpuPreset("h200", 141 * 10**9, 4.8e12, 989e12, "NVIDIA H200 datasheet (SXM)"),
     # NVIDIA Blackwell B200 (GTC 2024 announcement / DGX B200): 192 GB HBM3e, 8 TB/s,
@@ -481,12 +483,3 @@ def get_gpu(name: str) -> GpuPreset:
         return GPU_PRESETS[name]
     except KeyError:
         raise ValueError(f"unknown GPU preset {name!r}; valid GPUs: {', '.join(GPU_PRESETS)}") from None
-
-
-def default_gpus(preset: ModelPreset, gpu: GpuPreset) -> int:
-    """The fewest GPUs (a power of two, at most 1024) whose memory, less 10%, holds the
-    preset's weights."""
-    n = 1
-    while n < 1024 and preset.weight_bytes > 0.9 * n * gpu.memory_bytes:
-        n *= 2
-    return n

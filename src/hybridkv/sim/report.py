@@ -23,7 +23,8 @@ def summary_table(res: SimResult) -> str:
     frac = d["fraction_of_optimal"]
     rows = [
         ("requests", _fmt(d["requests"]) + (f"  ({d['rejected']} rejected: prompt >= max_model_len)"
-                                             if d["rejected"] else "")),
+                                             if d["rejected"] else "")
+         + ("  (PARTIAL: interrupted; admitted so far)" if d["partial"] else "")),
         ("prompt tokens", _fmt(d["prompt_tokens"])),
         ("token hit rate", f"{d['hit_rate']:.4f}  ({d['hit_tokens']} hit tokens)"),
         ("block hit rate", f"{d['block_hit_rate']:.4f}"),
@@ -37,7 +38,8 @@ def summary_table(res: SimResult) -> str:
         ("output throughput", _fmt(d["throughput_tok_s"], " tok/s")),
         ("preemptions", _fmt(d["preemptions"])),
         ("evictions", _fmt(d["evictions"])),
-        ("cache usage mean / peak", f"{d['mean_cache_usage']:.3f} / {d['peak_cache_usage']:.3f}"),
+        ("blocks in use mean / peak", f"{d['mean_cache_usage']:.3f} / {d['peak_cache_usage']:.3f} of the "
+         "pool, held by running requests (cached free blocks are evictable, not counted)"),
         ("retained blocks per group", ", ".join(f"{k}={v}" for k, v in d["retained_blocks"].items())),
         ("engine steps", _fmt(d["steps"])),
         ("wall time", f"{d['wall_s']:.2f} s"),
@@ -46,12 +48,14 @@ def summary_table(res: SimResult) -> str:
     return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
 
 
-def explain_gap(res: SimResult) -> str:
+def explain_gap(res: SimResult, has_state: bool = False) -> str:
     """Why the online block hit rate is below the optimum, from the measured
-    :class:`~hybridkv.sim.simulator.GapReport` ("" when there is no gap or no report)."""
+    :class:`~hybridkv.sim.optimal.GapReport` ("" when there is no gap or no report).
+    ``has_state``: the preset has recurrent-state groups (retention is where checkpoints are)."""
     g = res.gap
     if g is None or res.prompt_blocks == 0 or g.online_blocks >= g.optimum_blocks:
         return ""
+    # the optimum and the unlimited cache count the full-attention blocks only
     pb = res.prompt_blocks
     lines = [f"why online < optimum ({g.online_blocks:,} vs {g.optimum_blocks:,} of {pb:,} prompt "
              f"blocks hit; an unlimited cache would hit {g.ceiling_blocks:,}):"]
@@ -62,12 +66,38 @@ def explain_gap(res: SimResult) -> str:
         lines.append(f"  timing: {g.in_flight_blocks:,} blocks ({g.in_flight_blocks / pb:.1%}) missed by "
                      f"{_requests(g.in_flight_requests)} admitted before the request that first "
                      "computed them had finished (concurrent serving; the bounds serve one at a time)")
+    if g.retained_blocks:
+        gone = "evicted, or never stored" if res.evictions else "never stored: nothing was evicted"
+        label, where = (("checkpoints", f"the recurrent-state groups had no checkpoint at that "
+                         f"length ({gone}; checkpoints are written where requests ended, at "
+                         f"shared-prefix junctions and every --retention-interval tokens: "
+                         f"{_interval(res)})") if has_state else
+                        ("windows", f"a sliding-window or chunked group no longer held the tokens "
+                         f"before that point ({gone}; --retention-interval {_interval(res)})"))
+        lines.append(f"  {label}: {g.retained_blocks:,} blocks ({g.retained_blocks / pb:.1%}) missed "
+                     f"by {_requests(g.retained_requests)} whose full-attention blocks were cached, "
+                     f"but {where}")
+    if g.routed_blocks:
+        lines.append(f"  routing: {g.routed_blocks:,} blocks ({g.routed_blocks / pb:.1%}) missed by "
+                     f"{_requests(g.routed_requests)} routed to another instance than the one that "
+                     "had computed them")
     if g.evicted_blocks:
         lines.append(f"  eviction: {g.evicted_blocks:,} blocks ({g.evicted_blocks / pb:.1%}) missed by "
-                     f"{_requests(g.evicted_requests)} because they had been cached and were gone "
-                     f"(evicted, or not retained by a sliding-window group; {res.evictions:,} "
-                     "evictions in all)")
+                     f"{_requests(g.evicted_requests)} because the full-attention blocks were no "
+                     f"longer (or never) cached ({res.evictions:,} evictions in all)")
     return "\n".join(lines)
+
+
+def _interval(res: SimResult) -> str:
+    v = res.config.get("retention_interval", 0)
+    return "none" if v is None else str(v)
+
+
+def format_next_steps(steps: list[str]) -> str:
+    """The ``next steps:`` block (``""`` for no steps)."""
+    if not steps:
+        return ""
+    return "\n".join(["next steps:", *(f"  - {s}" for s in steps)])
 
 
 def _requests(n: int) -> str:
@@ -97,10 +127,37 @@ def plot_run(res: SimResult, path: str | Path, title: str = "") -> None:
     ax1.set_ylim(0, 1)
     ax1.legend(loc="lower right")
     ax2.plot(t, [p[2] for p in res.timeline], color="tab:green")
-    ax2.set_ylabel("cache usage")
+    ax2.set_ylabel("blocks in use (running requests)")
     ax2.set_ylim(0, 1.05)
     ax2.set_xlabel("request" if res.config.get("sequential") else "simulated time (s)")
     fig.suptitle(textwrap.fill(title or "hybridkv simulate", 80), fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_cluster(res, path: str | Path, title: str = "") -> None:
+    """PNG: each instance's cumulative block hit rate (with the cluster's optimum) and blocks in
+    use over time (``res``: a :class:`~hybridkv.sim.cluster.ClusterResult`)."""
+    plt = _pyplot()
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    many = len(res.instances) > 8
+    for i, r in enumerate(res.instances):
+        t = [p[0] for p in r.timeline]
+        label = None if many else f"instance {i}"
+        ax1.plot(t, [p[1] for p in r.timeline], linewidth=0.8, label=label)
+        ax2.plot(t, [p[2] for p in r.timeline], linewidth=0.8, label=label)
+    opt = res.overall.optimal_block_hit_rate if res.overall is not None else None
+    if opt is not None:
+        ax1.axhline(opt, color="black", linestyle="--", label=f"offline optimum {opt:.3f}")
+    ax1.set_ylabel("block hit rate (cumulative)")
+    ax1.set_ylim(0, 1)
+    ax1.legend(loc="lower right", fontsize=8)
+    ax2.set_ylabel("blocks in use")
+    ax2.set_ylim(0, 1.05)
+    ax2.set_xlabel("simulated time (s)")
+    fig.suptitle(textwrap.fill(title or f"{len(res.instances)} instances, router {res.router}", 80),
+                 fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

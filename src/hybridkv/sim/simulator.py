@@ -44,12 +44,14 @@ from hybridkv.core.retention_config import RetentionConfig, TokenRange
 from hybridkv.core.spec_decode import SpecDecode
 from hybridkv.core.rules import make_rule
 from hybridkv.sched import AcceptanceModel, EngineRequest, Scheduler, SchedulerConfig, useful_drafts
+from hybridkv.sim.interrupt import RunInterrupted
 from hybridkv.sim.optimal import GapReport, OnlineHits, OptimumJob, optimum_capacity_blocks
 from hybridkv.sim.profile import Profile, cost_model
 from hybridkv.sim.presets import GpuPreset, ModelPreset
 from hybridkv.sim.tier_runtime import TierReport, TierRuntime
 from hybridkv.sim.tiers import TierConfig
 from hybridkv.sim.transfer import DEFAULT_TRANSFER
+from hybridkv.sim.whatif import WhatIf, what_if
 from hybridkv.sim.workitems import ServedItem, WorkItem, served_workload
 
 _OUTPUT_TOKEN_BASE = 1 << 40  # pseudo output tokens live above every prompt token id
@@ -101,7 +103,9 @@ class SimConfig:
         preset: the model (KV groups and cost).
         gpu: the accelerator of the cost model.
         num_blocks: pool size in blocks (including the null block).
-        retention_interval: sliding-window retention (None / 0 / N).
+        retention_interval: where later hits may end (None: every block; 0: where requests
+            ended; N: every N tokens too): sliding-window groups keep a window before each,
+            recurrent-state groups write a checkpoint at each.
         spec: speculative decoding, or None.
         acceptance_rate: per-draft acceptance probability of the seeded acceptance model.
         sched: batching limits.
@@ -187,6 +191,8 @@ class SimResult:
     config: dict = field(default_factory=dict)
     gpu_hit_tokens: int = 0
     tiers: TierReport | None = None
+    what_if: WhatIf | None = None    # block-level answers beside the optimum (sim.whatif)
+    partial: bool = False            # interrupted: counts cover the requests admitted so far
 
     @property
     def hit_rate(self) -> float:
@@ -240,6 +246,8 @@ class SimResult:
             "evictions": self.evictions,
             "mean_cache_usage": self.mean_usage,
             "peak_cache_usage": self.peak_usage,
+            "what_if": dataclasses.asdict(self.what_if) if self.what_if else None,
+            "partial": self.partial,
             "retained_blocks": dict(self.retained_blocks),
             "wall_s": self.wall_s,
             "config": dict(self.config),
@@ -304,6 +312,12 @@ class Simulator:
         self.optimum_capacity = optimum_capacity_blocks(kv_config, config.num_blocks, self.key_block)
         if self.tiers is not None:
             self.optimum_capacity += self.tiers.key_capacity_blocks()
+        # With window, chunked or state groups beside them, the full-attention groups' own hit
+        # at admission is probed too (the gap report's "retained" cause).
+        rules = [make_rule(g.spec) for g in groups]
+        self._probe_groups = ([i for i, r in enumerate(rules) if r.downward_closed]
+                              if full and not all(r.downward_closed for r in rules) else [])
+        self._admitted = 0
         # Called as hook(start_s, end_s, output) after every timed step (event publishers).
         self.step_hooks: list[Callable[[float, float, object], None]] = []
 
@@ -329,22 +343,42 @@ class Simulator:
         t0 = time.perf_counter()
         capacity = self.optimum_capacity
         served, res.rejected = served_workload(items, self.scheduler.max_model_len)
-        optimum = (OptimumJob(served, self.key_block, capacity, cfg.parallel_optimum)
+        optimum = (OptimumJob(served, self.key_block, capacity, cfg.parallel_optimum, extra=what_if)
                    if cfg.optimum else None)
         n = len(served)
-        self._online = OnlineHits([0] * n, [0.0] * n, [math.inf] * n)
+        self._online = OnlineHits([0] * n, [0.0] * n, [math.inf] * n,
+                                  [0] * n if self._probe_groups else None)
         try:
             if cfg.sequential:
                 self._run_sequential(served, res)
             else:
                 self._run_timed(served, res)
-        except BaseException:
+        except BaseException as exc:
             if optimum is not None:
                 optimum.cancel()
+            if isinstance(exc, KeyboardInterrupt) and not isinstance(exc, RunInterrupted):
+                res.partial = True
+                res.makespan_s = self.now
+                self._finish_usage(res)
+                self._fill(res, items, t0, capacity)
+                raise RunInterrupted(res) from None
             raise
+        self._fill(res, items, t0, capacity)
+        if optimum is not None:
+            res.optimal_hit_blocks, res.gap, res.what_if = optimum.result(self._online)
+        if res.optimal_hit_blocks is not None and not res.hit_blocks <= res.optimal_hit_blocks <= res.prompt_blocks:
+            raise RuntimeError(  # a bug in the simulator or the bound, never a result to print
+                f"offline optimum {res.optimal_hit_blocks} blocks outside [online hits "
+                f"{res.hit_blocks}, prompt blocks {res.prompt_blocks}]; please report this workload")
+        res.wall_s = time.perf_counter() - t0
+        return res
+
+    def _fill(self, res: SimResult, items: list[WorkItem], t0: float, capacity: int) -> None:
+        """The counts read from the manager and the config record (also of a partial run)."""
+        cfg = self.config
         kv = self.kv
         stats = kv.stats()
-        res.requests = len(items)
+        res.requests = self._admitted + res.rejected if res.partial else len(items)
         res.gpu_hit_tokens = stats.hits
         res.hit_tokens = stats.hits
         if self.tiers is not None:
@@ -353,15 +387,7 @@ class Simulator:
             res.hit_tokens += sum(res.tiers.hit_tokens.values()) + res.tiers.gpu_hit_tokens
         res.preemptions = self.scheduler.num_preemptions
         res.evictions = stats.evictions
-        res.retained_blocks = {g.name: sum(1 if v.__class__ is int else len(v)
-                                           for v in kv.pool.index[i].values())
-                               for i, g in enumerate(kv.config.groups)}   # hashed blocks per group
-        if optimum is not None:
-            res.optimal_hit_blocks, res.gap = optimum.result(self._online)
-        if res.optimal_hit_blocks is not None and not res.hit_blocks <= res.optimal_hit_blocks <= res.prompt_blocks:
-            raise RuntimeError(  # a bug in the simulator or the bound, never a result to print
-                f"offline optimum {res.optimal_hit_blocks} blocks outside [online hits "
-                f"{res.hit_blocks}, prompt blocks {res.prompt_blocks}]; please report this workload")
+        res.retained_blocks = self.retained_blocks()
         res.wall_s = time.perf_counter() - t0
         res.config = {"preset": cfg.preset.name, "gpu": cfg.gpu.name, "num_gpus": cfg.num_gpus,
                       "cost_model": self.cost.source,
@@ -381,7 +407,12 @@ class Simulator:
                       "max_num_batched_tokens": self.scheduler.config.max_num_batched_tokens,
                       "max_num_seqs": self.scheduler.config.max_num_seqs,
                       "tiers": None if self.tiers is None else self.tiers.report.config}
-        return res
+
+    def retained_blocks(self) -> dict[str, int]:
+        """Hashed (cached) blocks per group now."""
+        kv = self.kv
+        return {g.name: sum(1 if v.__class__ is int else len(v) for v in kv.pool.index[i].values())
+                for i, g in enumerate(kv.config.groups)}
 
     def _new_request(self, served: ServedItem, index: int) -> EngineRequest:
         item = served.item
@@ -404,6 +435,27 @@ class Simulator:
         i = er.user_data.index  # type: ignore[union-attr]
         self._online.hit_blocks[i] = hit
         self._online.admitted_t[i] = clock
+        self._admitted += 1
+        if self._probe_groups:
+            self._online.attention_blocks[i] = self._attention_hit(er.request, hit, (p - 1) // bs)
+
+    def _attention_hit(self, req: Request, hit: int, limit: int) -> int:
+        """Leading key blocks of ``req`` (from ``hit`` on, at most ``limit``) that every
+        full-attention group holds now, read from the pool's hash index."""
+        hashes = req.block_hashes
+        step = self.key_block // self.kv.config.hash_block_size
+        index = self.kv.pool.index
+        idxs = [index[g] for g in self._probe_groups]
+        a = hit
+        while a < limit:
+            j = (a + 1) * step - 1
+            if j >= len(hashes):
+                break
+            h = hashes[j]
+            if not all(h in ix for ix in idxs):
+                break
+            a += 1
+        return a
 
     def _run_sequential(self, items: list[ServedItem], res: SimResult) -> None:
         sched = self.scheduler

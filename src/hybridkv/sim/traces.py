@@ -191,9 +191,10 @@ def _iter_json_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             if not line.strip():
                 continue
             try:
-                obj = json.loads(line)
+                obj = json.loads(line.rstrip("\r\n"))   # a cut line reports its own end column
             except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{lineno}: bad JSON ({exc.msg} at column {exc.colno})") from None
+                what = exc.msg.removesuffix(" at")           # "Unterminated string starting at"
+                raise ValueError(f"{path}:{lineno}: bad JSON ({what} at column {exc.colno})") from None
             if not isinstance(obj, dict):
                 raise ValueError(f"{path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
             yield lineno, obj

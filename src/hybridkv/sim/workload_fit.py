@@ -13,7 +13,7 @@ checks that the bound suffices.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from hybridkv.core.rules import make_rule
 from hybridkv.sim.simulator import SimConfig
@@ -29,6 +29,7 @@ class Need:
     blocks: int          # pool blocks it may hold at once, alone (the bound above)
     cache_tokens: int    # the same as a cache size in tokens of the preset
     chunk_blocks: int    # of those, what the prefill chunk adds (local-attention groups)
+    bytes: int = 0       # ``blocks`` as pool memory
 
 
 def largest_need(cfg: SimConfig, items: Sequence[WorkItem]) -> Need | None:
@@ -50,7 +51,7 @@ def largest_need(cfg: SimConfig, items: Sequence[WorkItem]) -> Need | None:
     per_token = cfg.preset.kv_bytes_per_token()["total"]
     block_bytes = cfg.preset.kv_config(num_blocks=cfg.num_blocks).block_bytes
     return Need(longest.request_id, length, blocks, -(-blocks * block_bytes // per_token),
-                chunk_blocks=blocks - _blocks(cfg, length, 0))
+                chunk_blocks=blocks - _blocks(cfg, length, 0), bytes=(blocks + 1) * block_bytes)
 
 
 def _blocks(cfg: SimConfig, length: int, chunk: int) -> int:
@@ -72,10 +73,12 @@ def round_up(n: int) -> str:
     return str(n)
 
 
-def check_fits(cfg: SimConfig, items: Sequence[WorkItem], default_capacity: bool) -> str | None:
-    """Refuse (``ValueError``) the default cache when the longest request cannot fit it alone,
-    naming the ``--cache-tokens`` to give; for a size the user chose, return a warning instead
-    (the bound errs high, so the run goes ahead). None when it fits."""
+def check_fits(cfg: SimConfig, items: Sequence[WorkItem], default_capacity: bool,
+               more: Callable[[Need], str] | None = None) -> str | None:
+    """Refuse (``ValueError``) a default cache when the longest request cannot fit it alone,
+    saying how to get a larger one (``more(need)``, default: the ``--cache-tokens`` to give);
+    for a size the user chose, return a warning instead (the bound errs high, so the run goes
+    ahead). None when it fits."""
     need = largest_need(cfg, items)
     usable = cfg.num_blocks - 1
     if need is None or need.blocks <= usable:
@@ -86,9 +89,10 @@ def check_fits(cfg: SimConfig, items: Sequence[WorkItem], default_capacity: bool
     if default_capacity:
         chunk = (f"; a smaller --max-num-batched-tokens helps too (its prefill chunk is "
                  f"{need.chunk_blocks:,} of those blocks)" if need.chunk_blocks else "")
+        how = more(need) if more is not None else f"give --cache-tokens {size} or more"
         raise ValueError(
             f"the default cache ({cfg.cache_tokens:,} tokens, {usable:,} blocks) is too small for "
-            f"this workload: {what}; give --cache-tokens {size} or more{chunk}, or drop long "
-            "requests with --limit or --max-model-len")
+            f"this workload: {what}; {how}{chunk}, or drop long requests with --limit or "
+            "--max-model-len")
     return (f"warning: {what} and the cache has {usable:,}; if the run stops on it, give "
             f"--cache-tokens {size} or more")

@@ -63,9 +63,11 @@ class Router:
     """Picks the instance that serves the next request.
 
     ``needs_events``: the cluster feeds ``setup.index`` with the instances' KV events.
+    ``uses_overlap_weight``: the router reads ``setup.overlap_weight``.
     """
 
     needs_events: ClassVar[bool] = False
+    uses_overlap_weight: ClassVar[bool] = False
 
     @classmethod
     def from_setup(cls, setup: RouterSetup) -> Router:

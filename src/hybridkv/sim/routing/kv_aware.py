@@ -40,6 +40,7 @@ class KVAwareRouter(Router):
     """
 
     needs_events = True
+    uses_overlap_weight = True
 
     def __init__(self, index: KVEventIndex, block_size: int, group: int = 0,
                  overlap_weight: float = DEFAULT_OVERLAP_WEIGHT) -> None:
