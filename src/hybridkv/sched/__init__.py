@@ -3,8 +3,8 @@
 from hybridkv.sched.acceptance import AcceptanceModel
 from hybridkv.sched.queues import POLICIES, FCFSQueue, PriorityQueue, WaitingQueue
 from hybridkv.sched.request import EngineRequest, RequestStatus, useful_drafts
-from hybridkv.sched.scheduler import (ExternalKV, KVLoad, ScheduledRequest, Scheduler, SchedulerConfig,
-                                      SchedulerOutput)
+from hybridkv.sched.output import KVLoad, ScheduledRequest, SchedulerOutput
+from hybridkv.sched.scheduler import ExternalKV, Scheduler, SchedulerConfig
 
 __all__ = ["AcceptanceModel", "EngineRequest", "ExternalKV", "FCFSQueue", "KVLoad", "POLICIES",
            "PriorityQueue", "RequestStatus", "ScheduledRequest", "Scheduler", "SchedulerConfig",
