@@ -11,9 +11,11 @@ last build is reused. Then it runs the same ``hybridkv simulate`` command (defau
 Mooncake conversation trace, ``llama-3.1-8b``, a 3M-token cache, the offline optimum
 included) with each tree, alternating which goes first in each round, and prints per round
 the JSON's ``wall_s`` (``Simulator.run``: the simulation and the offline optimum, not the
-interpreter start or the trace parsing) and the whole process's elapsed seconds, then the min and median of each and their ratios old/new. Every
-deterministic JSON key of the two runs must agree (the new tree's extra keys aside), or the
-script exits 1. On a shared machine only the ratios mean something.
+interpreter start or the trace parsing), the process's elapsed seconds and its CPU seconds
+(children included: the optimum's process), then the min and median of each and their
+ratios old/new. Every deterministic JSON key of the two runs must agree (the new tree's extra
+keys aside), or the script exits 1. On a shared machine only the ratios mean something, and
+CPU seconds vary less with the load than wall seconds.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import argparse
 import hashlib
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -81,14 +84,21 @@ def build(tree: Path, allow_pure: bool) -> None:
                  "--allow-pure compares pure-Python builds")
 
 
-def run(tree: Path, cmd: list[str], out: Path) -> tuple[float, dict]:
+def run(tree: Path, cmd: list[str], out: Path) -> tuple[float, float, dict]:
+    """Run ``hybridkv cmd`` with ``tree``; returns elapsed seconds, CPU seconds (the process
+    and its children: the optimum's process too) and the JSON result."""
     env = dict(os.environ, PYTHONPATH=str(tree / "src"))
     env.pop("HYBRIDKV_PURE_PYTHON", None)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", RUNNER, *cmd, "--json", str(out)], env=env, check=True,
-                   stdout=subprocess.DEVNULL)
+    proc = subprocess.run([sys.executable, "-c", RUNNER, *cmd, "--json", str(out)], env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     elapsed = time.perf_counter() - t0
-    return elapsed, json.loads(out.read_text())
+    if proc.returncode != 0:
+        sys.exit(f"{tree}: hybridkv {' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr}")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return elapsed, cpu, json.loads(out.read_text())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,22 +139,24 @@ def main(argv: list[str] | None = None) -> int:
     print(f"old: {args.old}   new: the working tree   load average before: {os.getloadavg()}")
     walls: dict[str, list[float]] = {"old": [], "new": []}
     elapsed: dict[str, list[float]] = {"old": [], "new": []}
+    cpus: dict[str, list[float]] = {"old": [], "new": []}
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for rnd in range(args.rounds):
             order = ("old", "new") if rnd % 2 == 0 else ("new", "old")
             for name in order:
                 tree = old if name == "old" else new
-                e, d = run(tree, cmd, Path(tmp) / f"{name}.json")
+                e, cpu, d = run(tree, cmd, Path(tmp) / f"{name}.json")
                 walls[name].append(d["wall_s"])
                 elapsed[name].append(e)
+                cpus[name].append(cpu)
                 results[name] = d
                 extra = (f", step loop {d['sim_s']:.2f} s, {d['sim_steps_per_s']:,.0f} steps/s"
                          if "sim_s" in d else "")
-                print(f"round {rnd + 1} {name}: wall_s {d['wall_s']:.2f}, process {e:.2f} s{extra}",
-                      flush=True)
+                print(f"round {rnd + 1} {name}: wall_s {d['wall_s']:.2f}, process {e:.2f} s, "
+                      f"CPU {cpu:.2f} s{extra}", flush=True)
     print(f"load average after: {os.getloadavg()}")
-    for label, data in (("wall_s", walls), ("process s", elapsed)):
+    for label, data in (("wall_s", walls), ("process s", elapsed), ("CPU s", cpus)):
         o_min, n_min = min(data["old"]), min(data["new"])
         o_med, n_med = statistics.median(data["old"]), statistics.median(data["new"])
         print(f"{label:>9}: old min {o_min:.2f} median {o_med:.2f} | new min {n_min:.2f} "
