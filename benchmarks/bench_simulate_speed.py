@@ -77,9 +77,12 @@ def build(tree: Path, allow_pure: bool) -> None:
         marker.write_text(digest)
     env = dict(os.environ, PYTHONPATH=str(tree / "src"))
     env.pop("HYBRIDKV_PURE_PYTHON", None)
-    compiled = subprocess.run([sys.executable, "-c", "import hybridkv.core as c; print(c.COMPILED)"],
-                              env=env, capture_output=True, text=True, check=True).stdout.strip()
-    if compiled != "True" and not allow_pure:
+    probe = ("import hybridkv.core as c, hybridkv.sched as s; "
+             "print(c.COMPILED, getattr(s, 'COMPILED', 'n/a'))")
+    core, sched = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                                 text=True, check=True).stdout.split()
+    print(f"{tree.name}: compiled core {core}, compiled scheduler {sched}")
+    if core != "True" and not allow_pure:
         sys.exit(f"{tree}: the core is not compiled (is Cython importable, a C compiler there?); "
                  "--allow-pure compares pure-Python builds")
 
