@@ -60,10 +60,24 @@ def export_old(commit: str, dest: Path) -> None:
 
 
 def export_current(dest: Path) -> None:
-    skip = shutil.ignore_patterns("__pycache__", "*.so", "*.c", "_compiled_sources.txt", "*.egg-info")
-    shutil.copytree(REPO / "src", dest / "src", ignore=skip)
+    """Copy the working tree's sources into ``dest``, only the files that differ (fresh mtimes,
+    so an incremental build recompiles just those); files gone from the tree are removed."""
+    def wanted(p: Path) -> bool:
+        return p.is_file() and "__pycache__" not in p.parts and not p.name.endswith(
+            (".so", ".c", ".pyd", "_compiled_sources.txt"))
+    src = REPO / "src"
+    mine = {p.relative_to(src) for p in src.rglob("*") if wanted(p)}
+    for rel in mine:
+        target = dest / "src" / rel
+        if not target.exists() or target.read_bytes() != (src / rel).read_bytes():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src / rel, target)
+    if (dest / "src").exists():
+        for p in (dest / "src").rglob("*.py"):
+            if "__pycache__" not in p.parts and p.relative_to(dest / "src") not in mine:
+                p.unlink()
     for name in ("setup.py", "pyproject.toml", "README.md"):
-        shutil.copy2(REPO / name, dest / name)
+        shutil.copyfile(REPO / name, dest / name)
 
 
 def build(tree: Path, allow_pure: bool) -> None:
@@ -124,11 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     if not old.exists():
         old.mkdir(parents=True)
         export_old(args.old, old)
-    if new.exists() and source_digest(new / "src") != source_digest(REPO / "src"):
-        shutil.rmtree(new)
-    if not new.exists():
-        new.mkdir(parents=True)
-        export_current(new)
+    new.mkdir(parents=True, exist_ok=True)
+    export_current(new)
     for tree in (old, new):
         build(tree, args.allow_pure)
 
