@@ -109,7 +109,7 @@ def test_batched_step_schedules_what_the_per_request_step_does(w) -> None:
             out = sched.schedule()
             record = [_slots(out), [r.request_id for r in out.preempted],
                       [r.request_id for r in out.admitted], out.num_scheduled_tokens,
-                      len(out), _kv_state(kv, sched)]
+                      len(out.requests), _kv_state(kv, sched)]
             # sampled tokens: one list per slot; the accepted drafts are drawn per slot
             sampled = []
             for s in out.scheduled:

@@ -123,10 +123,6 @@ class SchedulerOutput:
         self.new_block_ids.append(new_block_ids)
         self.samples.append(samples)
 
-    def __len__(self) -> int:
-        """The number of scheduled requests."""
-        return len(self.requests)
-
     @property
     def scheduled(self) -> list[ScheduledRequest]:
         if self._scheduled is None:
