@@ -22,9 +22,10 @@ from hypothesis import strategies as st
 from hybridkv import KVCacheManager, Request, SpecDecode
 from hybridkv.core.specs import KVCacheConfig, KVCacheGroup, StateSpec
 from hybridkv.sched import EngineRequest, RequestStatus, Scheduler, SchedulerConfig
+from hybridkv.sim import SimConfig, Simulator, items_from_trace
 from hybridkv.sim.presets import get_gpu, get_preset
-from hybridkv.sim.simulator import TIMING_KEYS, SimConfig, Simulator, items_from_trace
-from hybridkv.sim.traces import get_workload
+from hybridkv.sim.simulator import TIMING_KEYS
+from hybridkv.sim.workloads import get_workload
 from tests.core.helpers import FA, SWA, config
 
 
