@@ -13,8 +13,10 @@ included) with each tree, alternating which goes first in each round, and prints
 the JSON's ``wall_s`` (``Simulator.run``: the simulation and the offline optimum, not the
 interpreter start or the trace parsing), the process's elapsed seconds and its CPU seconds
 (children included: the optimum's process), then the min and median of each and their
-ratios old/new. Every deterministic JSON key of the two runs must agree (the new tree's extra
-keys aside), or the script exits 1. On a shared machine only the ratios mean something, and
+ratios old/new. The new tree runs with ``--cost-model roofline`` where it has that option (the
+old tree's step-time model, so both simulate the same steps; ``--new-default-model`` runs its
+default instead and checks nothing), and every deterministic JSON key of the two runs must
+agree (the new tree's extra keys aside), or the script exits 1. On a shared machine only the ratios mean something, and
 CPU seconds vary less with the load than wall seconds.
 """
 
@@ -129,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=int, default=0, help="first N requests (0: the whole trace)")
     ap.add_argument("--no-optimum", action="store_true", help="skip the offline bound in both runs")
     ap.add_argument("--allow-pure", action="store_true", help="accept builds that are not compiled")
+    ap.add_argument("--new-default-model", action="store_true",
+                    help="run the new tree with its default step-time model instead of the old "
+                         "tree's roofline (different simulated work: timings only, no result check)")
     args = ap.parse_args(argv)
     if args.rounds < 1:
         ap.error(f"--rounds must be >= 1, got {args.rounds}")
@@ -149,7 +154,14 @@ def main(argv: list[str] | None = None) -> int:
         cmd += ["--limit", str(args.limit)]
     if args.no_optimum:
         cmd.append("--no-optimum")
+    new_cmd = list(cmd)
+    if not args.new_default_model and "--cost-model" in subprocess.run(
+            [sys.executable, "-c", RUNNER, "simulate", "--help"], capture_output=True, text=True,
+            env=dict(os.environ, PYTHONPATH=str(new / "src"))).stdout:
+        new_cmd += ["--cost-model", "roofline"]    # the old tree's step times: the same work
     print("command: hybridkv " + " ".join(cmd))
+    if new_cmd != cmd:
+        print("new tree: hybridkv " + " ".join(new_cmd))
     print(f"old: {args.old}   new: the working tree   load average before: {os.getloadavg()}")
     walls: dict[str, list[float]] = {"old": [], "new": []}
     elapsed: dict[str, list[float]] = {"old": [], "new": []}
@@ -160,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
             order = ("old", "new") if rnd % 2 == 0 else ("new", "old")
             for name in order:
                 tree = old if name == "old" else new
-                e, cpu, d = run(tree, cmd, Path(tmp) / f"{name}.json")
+                e, cpu, d = run(tree, cmd if name == "old" else new_cmd, Path(tmp) / f"{name}.json")
                 walls[name].append(d["wall_s"])
                 elapsed[name].append(e)
                 cpus[name].append(cpu)
@@ -178,6 +190,11 @@ def main(argv: list[str] | None = None) -> int:
     per_round = [o / n for o, n in zip(walls["old"], walls["new"])]
     print("per-round old/new (wall_s): " + ", ".join(f"{x:.2f}x" for x in per_round))
     a, b = results["old"], results["new"]
+    if args.new_default_model:
+        print(f"steps: old {a['steps']}, new {b['steps']} (different step-time models: no result check)")
+        return 0
+    a["config"].pop("cost_model", None)
+    b["config"].pop("cost_model", None)
     diff = sorted(k for k in a if k not in TIMING and a[k] != b.get(k))
     if diff:
         print(f"RESULTS DIFFER between old and new: {', '.join(diff)}")
