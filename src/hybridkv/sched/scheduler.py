@@ -22,6 +22,12 @@ whose prompt does not fit is split into chunks (chunked prefill) unless that is 
 (:meth:`KVCacheManager.export_positions`), chunked prefill on or off, and each scheduled
 request carries its ``state_blocks`` (docs/state-groups.md §3).
 
+A step's batch is :class:`~hybridkv.sched.output.SchedulerOutput`'s parallel lists, one slot per
+scheduled request. With ``SchedulerConfig.batched`` (the default) the quiet decode steps of
+running requests (no block to allocate, cache or release: one manager call answers for all of
+them) take a slot without a per-request manager call; everything else takes the per-request
+path, which ``batched=False`` runs for every request (the reference; same results, tested).
+
 Invariants: every scheduled request holds blocks for its tokens plus lookahead slots; a
 preempted request holds no blocks and restarts from its (cached) prefix; a request is in
 exactly one of ``waiting`` and ``running`` until it finishes.
@@ -38,7 +44,7 @@ from hybridkv.core.coordinator import CacheHit, ExternalHit
 from hybridkv.core.manager import KVCacheManager
 from hybridkv.core.request import Request
 from hybridkv.core.validation import check_int
-from hybridkv.sched.output import KVLoad, ScheduledRequest, SchedulerOutput
+from hybridkv.sched.output import KVLoad, ScheduledRequest, SchedulerOutput  # noqa: F401 (re-exported)
 from hybridkv.sched.queues import POLICIES, WaitingQueue, make_waiting_queue
 from hybridkv.sched.request import EngineRequest, RequestStatus
 

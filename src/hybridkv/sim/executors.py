@@ -4,7 +4,8 @@ A sweep is a list of :class:`SimConfig` over one workload. :func:`execute` runs 
 configuration and yields an :class:`Outcome` as each one finishes (in completion order;
 ``index`` says which configuration it is). A configuration that raises yields its error and
 the others go on. Every executor runs the same :func:`run_config`, so a configuration gives
-the same :class:`SimResult` (all but ``wall_s``) wherever it runs.
+the same :class:`SimResult` (all but its timing keys, ``simulator.TIMING_KEYS``) wherever it
+runs.
 
 * ``serial``: one configuration after another in this process (a large workload's offline
   optimum still runs in a forked child meanwhile, as in ``simulate``).
