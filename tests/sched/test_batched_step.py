@@ -206,3 +206,31 @@ def test_simulator_results_equal_with_and_without_batching(preset, blocks, spec)
         res.append(d)
     assert res[0] == res[1]
     assert res[0]["steps"] > 40 and res[0]["output_tokens"] > 0
+
+
+def test_quiet_steps_answers_what_allocate_does() -> None:
+    """KVCacheManager.quiet_steps: True exactly when allocate() would hand out no block and
+    change nothing (its fast path); False for a request the manager does not hold."""
+    kv = KVCacheManager(config(FA(4), SWA(4, 8), num_blocks=60), max_model_len=40)
+    reqs = [Request(f"q{i}", list(range(10 * i, 10 * i + 6))) for i in range(3)]
+    assert kv.quiet_steps(reqs, [1, 1, 1]) == [False, False, False]      # not held yet
+    for r in reqs:
+        assert kv.allocate(r, 6) is not None
+        r.num_computed_tokens = 6
+        r.append_tokens([1000])
+    seen = set()
+    for _ in range(14):                          # q1 ends at 34 tokens (max_model_len 40)
+        answers = kv.quiet_steps(reqs, [1, 2, 1])
+        seen.update(answers)
+        for r, n, quiet in zip(reqs, [1, 2, 1], answers):
+            free, stats = kv.num_free_blocks, kv.stats()
+            new = kv.allocate(r, n)
+            assert new is not None
+            changed = any(new) or kv.num_free_blocks != free or kv.stats() != stats
+            if quiet:
+                assert not changed, (r, n)
+            r.num_computed_tokens += n
+            r.append_tokens([1000 + j for j in range(n)])
+    assert seen == {True, False}                 # both answers met (block boundaries, windows)
+    kv.check_integrity()
+    assert kv.quiet_steps([reqs[0]], [40]) == [False]                    # past max_model_len
