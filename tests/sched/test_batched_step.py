@@ -25,6 +25,7 @@ from hybridkv.sched import EngineRequest, RequestStatus, Scheduler, SchedulerCon
 from hybridkv.sim import SimConfig, Simulator, items_from_trace
 from hybridkv.sim.presets import get_gpu, get_preset
 from hybridkv.sim.simulator import TIMING_KEYS
+from hybridkv.sim.tiers import TierConfig
 from hybridkv.sim.workloads import get_workload
 from tests.core.helpers import FA, SWA, config
 
@@ -188,24 +189,27 @@ def test_batched_must_be_a_bool() -> None:
         SchedulerConfig(batched=1)   # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("preset, blocks, spec", [
-    ("llama-3.1-8b", 300, SpecDecode("eagle", 3)),       # drafts, preemption
-    ("gemma-3-27b", 400, None),                           # sliding-window hybrid, preemption
-    ("qwen3-next-80b-a3b", 2000, None),                  # state groups
+@pytest.mark.parametrize("preset, blocks, spec, tiers", [
+    ("llama-3.1-8b", 300, SpecDecode("eagle", 3), None),       # drafts, preemption
+    ("llama-3.1-8b", 300, None, TierConfig(cpu_cache_tokens=20_000)),  # a CPU tier: loads, saves
+    ("gemma-3-27b", 400, None, None),                           # sliding-window hybrid, preemption
+    ("qwen3-next-80b-a3b", 2000, None, None),                  # state groups
 ])
-def test_simulator_results_equal_with_and_without_batching(preset, blocks, spec) -> None:
+def test_simulator_results_equal_with_and_without_batching(preset, blocks, spec, tiers) -> None:
     items = items_from_trace(get_workload("chat", num_conversations=12, turns=3, seed=3))
     res = []
     for batched in (True, False):
         cfg = SimConfig(get_preset(preset), get_gpu("h100"), num_blocks=blocks, spec=spec,
                         sched=SchedulerConfig(max_num_batched_tokens=512, batched=batched),
-                        optimum=False, seed=2)
+                        optimum=False, seed=2, tiers=tiers)
         d = Simulator(cfg).run(items).to_json()
         for key in TIMING_KEYS:
             d.pop(key)
         res.append(d)
     assert res[0] == res[1]
     assert res[0]["steps"] > 40 and res[0]["output_tokens"] > 0
+    if tiers is not None:
+        assert res[0]["load_s_total"] > 0           # the tier served loads
 
 
 def test_quiet_steps_answers_what_allocate_does() -> None:
