@@ -193,8 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.new_default_model:
         print(f"steps: old {a['steps']}, new {b['steps']} (different step-time models: no result check)")
         return 0
-    a["config"].pop("cost_model", None)
-    b["config"].pop("cost_model", None)
+    b["config"] = {k: v for k, v in b["config"].items() if k in a["config"]}   # new options
     diff = sorted(k for k in a if k not in TIMING and a[k] != b.get(k))
     if diff:
         print(f"RESULTS DIFFER between old and new: {', '.join(diff)}")
