@@ -1,11 +1,11 @@
 """Import the pure-Python source of hybridkv even where a compiled build sits next to it.
 
 The optional compiled build (setup.py: Cython, pure-Python mode) turns the very same ``.py``
-files of ``hybridkv.core`` and ``hybridkv.sched`` into extension modules; Python's path finder prefers an extension
-module over the ``.py`` beside it. :func:`install` puts a finder first on ``sys.meta_path``
-that loads every ``hybridkv.*`` module from its ``.py`` file instead, so the pure-Python
-reference runs. ``hybridkv/__init__.py`` installs it, before anything of the core is imported,
-when :func:`requested` is true:
+files of ``hybridkv.core`` and ``hybridkv.sched`` into extension modules; Python's path finder
+prefers an extension module over the ``.py`` beside it. :func:`install` puts a finder first on
+``sys.meta_path`` that loads every ``hybridkv.*`` module from its ``.py`` file instead, so the
+pure-Python reference runs. ``hybridkv/__init__.py`` installs it, before anything of the core
+is imported, when :func:`requested` is true:
 
 * ``HYBRIDKV_PURE_PYTHON`` is set to anything but ``""`` or ``"0"``;
 * or mutmut runs the tests (``MUTANT_UNDER_TEST`` is set): its mutants are ``.py`` files that a

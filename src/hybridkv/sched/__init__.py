@@ -13,6 +13,6 @@ from hybridkv.sched.scheduler import ExternalKV, Scheduler, SchedulerConfig
 #: core); False for the pure-Python source.
 COMPILED: bool = (_scheduler.__file__ or "").endswith(tuple(_EXTENSION_SUFFIXES))
 
-__all__ = ["COMPILED", "AcceptanceModel", "EngineRequest", "ExternalKV", "FCFSQueue", "KVLoad", "POLICIES",
-           "PriorityQueue", "RequestStatus", "ScheduledRequest", "Scheduler", "SchedulerConfig",
-           "SchedulerOutput", "WaitingQueue", "useful_drafts"]
+__all__ = ["COMPILED", "AcceptanceModel", "EngineRequest", "ExternalKV", "FCFSQueue", "KVLoad",
+           "POLICIES", "PriorityQueue", "RequestStatus", "ScheduledRequest", "Scheduler",
+           "SchedulerConfig", "SchedulerOutput", "WaitingQueue", "useful_drafts"]
