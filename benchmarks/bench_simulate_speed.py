@@ -35,6 +35,7 @@ import sys
 import tarfile
 import tempfile
 import time
+from importlib.machinery import EXTENSION_SUFFIXES
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -81,19 +82,22 @@ def export_current(dest: Path) -> None:
         for p in (dest / "src").rglob("*.py"):
             if "__pycache__" not in p.parts and p.relative_to(dest / "src") not in mine:
                 p.unlink()
+        for p in (dest / "src").rglob("*"):        # compiled modules whose source is gone
+            if p.name.endswith(tuple(EXTENSION_SUFFIXES)) \
+                    and not p.with_name(p.name.split(".")[0] + ".py").exists():
+                p.unlink()
     for name in ("setup.py", "pyproject.toml", "README.md"):
         shutil.copyfile(REPO / name, dest / name)
 
 
 def build(tree: Path, allow_pure: bool) -> None:
-    """Compile ``tree`` in place unless its sources match the last build there."""
+    """Compile ``tree`` in place unless its sources match its last compiled build."""
     marker = tree / ".bench_built"
     digest = source_digest(tree / "src")
     if not (marker.exists() and marker.read_text() == digest):
         print(f"building {tree} ...", flush=True)
         subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=tree,
                        check=True, stdout=subprocess.DEVNULL)
-        marker.write_text(digest)
     env = dict(os.environ, PYTHONPATH=str(tree / "src"))
     env.pop("HYBRIDKV_PURE_PYTHON", None)
     probe = ("import hybridkv.core as c, hybridkv.sched as s; "
@@ -101,7 +105,9 @@ def build(tree: Path, allow_pure: bool) -> None:
     core, sched = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
                                  text=True, check=True).stdout.split()
     print(f"{tree.name}: compiled core {core}, compiled scheduler {sched}")
-    if core != "True" and not allow_pure:
+    if core == "True":
+        marker.write_text(digest)              # reuse only a build that compiled
+    elif not allow_pure:
         sys.exit(f"{tree}: the core is not compiled (is Cython importable, a C compiler there?); "
                  "--allow-pure compares pure-Python builds")
 
