@@ -1,8 +1,10 @@
-"""Optional compiled build of ``hybridkv.core`` (everything else is in pyproject.toml).
+"""Optional compiled build of ``hybridkv.core`` and ``hybridkv.sched`` (everything else is in
+pyproject.toml).
 
-The modules of ``src/hybridkv/core`` (``__init__`` files excepted) are compiled with Cython in
-pure-Python mode: the same ``.py`` files, no ``.pyx`` copy, so the source stays the one
-reference (BENCHMARKS.md, "Compiled core", says why and what it gains). The build never fails
+The modules of ``src/hybridkv/core`` and ``src/hybridkv/sched`` (``__init__`` files excepted)
+are compiled with Cython in pure-Python mode: the same ``.py`` files, no ``.pyx`` copy, so the
+source stays the one reference (BENCHMARKS.md, "Compiled core", says why and what it gains;
+the scheduler's per-step loop runs once per running request per step, next to the core). The build never fails
 for the compiled part: without Cython, without a C compiler, or on a compile error it prints
 one line and installs the pure-Python package. ``HYBRIDKV_NO_COMPILE=1`` skips compiling;
 ``HYBRIDKV_PURE_PYTHON=1`` at run time loads the ``.py`` files even where compiled ones are
@@ -28,12 +30,21 @@ MISCOMPILE = re.compile(r"= \(\(PyObject \*\)__pyx_t_\d+\);")
 
 
 def notice(why: str) -> None:
-    print(f"hybridkv: {why}; installing the pure-Python core (same behaviour, slower)", flush=True)
+    print(f"hybridkv: {why}; installing the pure-Python core and scheduler (same behaviour, slower)",
+          flush=True)
 
 
-def core_modules() -> list[str]:
-    return sorted(p for p in glob("src/hybridkv/core/**/*.py", recursive=True)
+#: The packages compiled, each with its own manifest (:data:`MANIFEST`).
+PACKAGES = ("core", "sched")
+
+
+def package_modules(package: str) -> list[str]:
+    return sorted(p for p in glob(f"src/hybridkv/{package}/**/*.py", recursive=True)
                   if os.path.basename(p) != "__init__.py")
+
+
+def compiled_modules() -> list[str]:
+    return [p for package in PACKAGES for p in package_modules(package)]
 
 
 def extensions() -> list:
@@ -46,7 +57,7 @@ def extensions() -> list:
         notice("Cython is not installed, not compiling")
         return []
     try:
-        exts = cythonize(core_modules(), compiler_directives=DIRECTIVES, quiet=True,
+        exts = cythonize(compiled_modules(), compiler_directives=DIRECTIVES, quiet=True,
                          nthreads=os.cpu_count() or 1)
     except Exception as exc:                 # noqa: BLE001 - any failure: pure Python
         notice(f"Cython failed ({type(exc).__name__}: {exc})")
@@ -63,24 +74,27 @@ def extensions() -> list:
 
 
 #: The source each compiled module was built from (``path sha256`` per line, paths relative to
-#: ``src/hybridkv/core``): at import, a compiled core whose sources changed since is stale and
-#: the pure-Python source runs instead (src/hybridkv/_purepy.py, :func:`stale`).
-MANIFEST = "src/hybridkv/core/_compiled_sources.txt"
+#: its package, one file in each of :data:`PACKAGES`): at import, a compiled build whose
+#: sources changed since is stale and the pure-Python source runs instead
+#: (src/hybridkv/_purepy.py, :func:`stale`).
+MANIFEST = "_compiled_sources.txt"
 
 
 def write_manifest() -> None:
-    lines = []
-    for path in core_modules():
-        with open(path, "rb") as fh:
-            digest = hashlib.sha256(fh.read()).hexdigest()
-        lines.append(f"{os.path.relpath(path, 'src/hybridkv/core')} {digest}\n")
-    with open(MANIFEST, "w", encoding="utf-8") as fh:
-        fh.writelines(lines)
+    for package in PACKAGES:
+        root = f"src/hybridkv/{package}"
+        lines = []
+        for path in package_modules(package):
+            with open(path, "rb") as fh:
+                digest = hashlib.sha256(fh.read()).hexdigest()
+            lines.append(f"{os.path.relpath(path, root)} {digest}\n")
+        with open(os.path.join(root, MANIFEST), "w", encoding="utf-8") as fh:
+            fh.writelines(lines)
 
 
 class OptionalBuildExt(build_ext):
     """``build_ext`` that drops the compiled modules, all of them, when any fails to build:
-    a partly compiled core would mix two builds."""
+    a partly compiled build would mix two builds."""
 
     def initialize_options(self) -> None:
         super().initialize_options()

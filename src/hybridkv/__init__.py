@@ -9,7 +9,7 @@ if _purepy.requested():      # HYBRIDKV_PURE_PYTHON=1: the .py source even where
     _purepy.install()
 elif (_why := _purepy.stale()) is not None:
     import sys as _sys
-    print(f"hybridkv: the compiled core is stale ({_why}); running the pure-Python source "
+    print(f"hybridkv: the compiled build is stale ({_why}); running the pure-Python source "
           "(same behaviour, slower). Rebuild it with: pip install -e .", file=_sys.stderr)
     _purepy.install()
 

@@ -1,21 +1,22 @@
 """Import the pure-Python source of hybridkv even where a compiled build sits next to it.
 
 The optional compiled build (setup.py: Cython, pure-Python mode) turns the very same ``.py``
-files of ``hybridkv.core`` into extension modules; Python's path finder prefers an extension
-module over the ``.py`` beside it. :func:`install` puts a finder first on ``sys.meta_path``
-that loads every ``hybridkv.*`` module from its ``.py`` file instead, so the pure-Python
-reference runs. ``hybridkv/__init__.py`` installs it, before anything of the core is imported,
-when :func:`requested` is true:
+files of ``hybridkv.core`` and ``hybridkv.sched`` into extension modules; Python's path finder
+prefers an extension module over the ``.py`` beside it. :func:`install` puts a finder first on
+``sys.meta_path`` that loads every ``hybridkv.*`` module from its ``.py`` file instead, so the
+pure-Python reference runs. ``hybridkv/__init__.py`` installs it, before anything of the core
+is imported, when :func:`requested` is true:
 
 * ``HYBRIDKV_PURE_PYTHON`` is set to anything but ``""`` or ``"0"``;
 * or mutmut runs the tests (``MUTANT_UNDER_TEST`` is set): its mutants are ``.py`` files that a
   compiled module would otherwise shadow.
-* or the compiled core is stale (:func:`stale`): a ``.py`` file changed since the build (an
-  edited checkout of an editable install), so the compiled module no longer is its source.
-  A one-line warning says so and how to rebuild; the whole core then runs from source (never
-  a mix of the two builds).
+* or the compiled build is stale (:func:`stale`): a ``.py`` file of a compiled package changed
+  since the build (an edited checkout of an editable install), so the compiled module no
+  longer is its source. A one-line warning says so and how to rebuild; the whole package
+  then runs from source (never a mix of the two builds).
 
-This module is never compiled itself (setup.py compiles ``hybridkv.core`` only).
+This module is never compiled itself (setup.py compiles ``hybridkv.core`` and
+``hybridkv.sched`` only).
 """
 
 from __future__ import annotations
@@ -27,9 +28,11 @@ import os
 import sys
 from importlib.machinery import EXTENSION_SUFFIXES
 
-#: Written by setup.py next to the compiled core: ``path sha256`` of each compiled source.
+#: Written by setup.py in each compiled package: ``path sha256`` of each compiled source.
 MANIFEST = "_compiled_sources.txt"
 CORE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "core")
+#: The packages setup.py compiles (its ``PACKAGES``), each checked by :func:`stale`.
+COMPILED_PACKAGES = (CORE, os.path.join(os.path.dirname(CORE), "sched"))
 
 
 def requested() -> bool:
@@ -38,10 +41,17 @@ def requested() -> bool:
         or "MUTANT_UNDER_TEST" in os.environ
 
 
-def stale(core: str = CORE) -> str | None:
-    """Why the compiled core beside ``core`` (a ``hybridkv/core`` directory) is not its source,
-    or None when it is, or when nothing is compiled. Stale: a compiled module whose ``.py``
+def stale(core: str | None = None) -> str | None:
+    """Why the compiled package ``core`` (a directory; default: each of
+    :data:`COMPILED_PACKAGES`, the reason then prefixed with its name) is not its source, or
+    None when it is, or when nothing is compiled. Stale: a compiled module whose ``.py``
     differs from the one it was built from (its sha256 in :data:`MANIFEST`), or no manifest."""
+    if core is None:
+        for package in COMPILED_PACKAGES:
+            why = stale(package)
+            if why is not None:
+                return f"{os.path.basename(package)}: {why}"
+        return None
     compiled = []
     for folder, _, files in os.walk(core):
         for name in files:

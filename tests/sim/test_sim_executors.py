@@ -12,10 +12,11 @@ from hybridkv.sim.executors import Outcome, execute
 from hybridkv.sim.presets import get_gpu, get_preset
 from hybridkv.sim import SimConfig, items_from_trace
 from hybridkv.sim.workloads import get_workload
+from hybridkv.sim.simulator import TIMING_KEYS
 
 
 def _without_wall(d: dict) -> dict:
-    return {k: v for k, v in d.items() if k != "wall_s"}
+    return {k: v for k, v in d.items() if k not in TIMING_KEYS}
 
 
 @pytest.fixture(scope="module")

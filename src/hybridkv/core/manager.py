@@ -388,6 +388,17 @@ class KVCacheManager:
             self._record(request, hit.num_tokens if hit is not None else 0)
         return blocks
 
+    def quiet_steps(self, requests: list[Request], num_new_tokens: list[int]) -> list[bool]:
+        """For each ``i``: would ``allocate(requests[i], num_new_tokens[i])`` take the fast path
+        (no new block, nothing to cache, no block leaving a window: it returns empty lists and
+        changes nothing)? One call for a batch of decode steps; pure. Each answer depends on
+        its own request only, so other requests' allocations between this call and the step
+        do not change it. False for a request this manager does not hold (or a different
+        Request object with a held id) and for a step past max_model_len."""
+        quiet = self.coordinator.step_is_quiet
+        la = self.lookahead_slots
+        return [quiet(r, n, la) for r, n in zip(requests, num_new_tokens)]
+
     def _check_retention(self, request: Request) -> None:
         """ValueError unless this manager's policy can honour ``request.retention``."""
         if not self.uses_retention:

@@ -69,10 +69,10 @@ class WaitingQueue(ABC):
     def __contains__(self, req: object) -> bool:
         return any(r is req for r in self)
 
-    @staticmethod
     @abstractmethod
-    def victim(running: Sequence[EngineRequest]) -> EngineRequest:
-        """The request of ``running`` (non-empty, in running order) to preempt first."""
+    def victim(self, running: Sequence[EngineRequest]) -> EngineRequest:
+        """The request of ``running`` (non-empty, in running order) to preempt first.
+        (Implementations may be static methods; an abstract static method does not compile.)"""
 
 
 class FCFSQueue(WaitingQueue):

@@ -22,6 +22,12 @@ whose prompt does not fit is split into chunks (chunked prefill) unless that is 
 (:meth:`KVCacheManager.export_positions`), chunked prefill on or off, and each scheduled
 request carries its ``state_blocks`` (docs/state-groups.md §3).
 
+A step's batch is :class:`~hybridkv.sched.output.SchedulerOutput`'s parallel lists, one slot per
+scheduled request. With ``SchedulerConfig.batched`` (the default) the quiet decode steps of
+running requests (no block to allocate, cache or release: one manager call answers for all of
+them) take a slot without a per-request manager call; everything else takes the per-request
+path, which ``batched=False`` runs for every request (the reference; same results, tested).
+
 Invariants: every scheduled request holds blocks for its tokens plus lookahead slots; a
 preempted request holds no blocks and restarts from its (cached) prefix; a request is in
 exactly one of ``waiting`` and ``running`` until it finishes.
@@ -30,14 +36,15 @@ exactly one of ``waiting`` and ``running`` until it finishes.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Mapping, Protocol, Sequence
 
 from hybridkv.core.blockref import BlockRef
-from hybridkv.core.coordinator import CacheHit, ExternalHit, StateBlocks
+from hybridkv.core.coordinator import CacheHit, ExternalHit
 from hybridkv.core.manager import KVCacheManager
 from hybridkv.core.request import Request
 from hybridkv.core.validation import check_int
+from hybridkv.sched.output import KVLoad, ScheduledRequest, SchedulerOutput  # noqa: F401 (re-exported)
 from hybridkv.sched.queues import POLICIES, WaitingQueue, make_waiting_queue
 from hybridkv.sched.request import EngineRequest, RequestStatus
 
@@ -54,17 +61,6 @@ class ExternalKV(Protocol):
     def match(self, request: Request, hit: CacheHit) -> ExternalHit | None: ...
 
     def take_saves(self) -> list[BlockRef]: ...
-
-
-class KVLoad:
-    """One request's external load this step: the pool ``blocks`` to fill from the tier."""
-
-    __slots__ = ("req", "external", "blocks")
-
-    def __init__(self, req: EngineRequest, external: ExternalHit, blocks: list[BlockRef]) -> None:
-        self.req = req
-        self.external = external
-        self.blocks = blocks
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +80,13 @@ class SchedulerConfig:
             fits (``KVCacheManager.allocate(..., full_sequence_must_fit=True)``; vLLM's
             ``scheduler_reserve_full_isl``, on by default there too), so admitted requests
             are rarely preempted later. False: admit when the first chunk fits.
+        batched: schedule the quiet decode steps of running requests (one known token plus
+            drafts, no block to allocate, cache or release) as one batch: one manager call
+            (:meth:`KVCacheManager.quiet_steps`) for all of them and a slot each in the
+            output's lists; the other requests (prefill chunks, steps that need a block, a
+            cut budget, preemption, state groups) take the per-request path. The two paths
+            schedule exactly the same steps (tested); False runs the per-request path for
+            every request (the reference).
     """
 
     max_num_batched_tokens: int = 8192
@@ -93,82 +96,18 @@ class SchedulerConfig:
     long_prefill_token_threshold: int = 0
     policy: str = "fcfs"
     reserve_full_sequence: bool = True
+    batched: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_num_batched_tokens", "max_num_seqs"):
             check_int(name, getattr(self, name), 1)
         check_int("max_model_len", self.max_model_len, 2, optional=True)
         check_int("long_prefill_token_threshold", self.long_prefill_token_threshold, 0)
-        if not isinstance(self.reserve_full_sequence, bool):
-            raise ValueError(
-                f"reserve_full_sequence must be True or False, got {self.reserve_full_sequence!r}")
+        for name in ("reserve_full_sequence", "batched"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.policy not in POLICIES:
             raise ValueError(f"unknown scheduling policy {self.policy!r}; valid: {', '.join(POLICIES)}")
-
-
-class ScheduledRequest:
-    """One request's share of a step.
-
-    The step computes the KV of ``num_new_tokens`` tokens at positions ``start ..``: the known
-    tokens ``token_ids[start : start + num_new_tokens - num_draft_tokens]`` followed by the
-    request's ``num_draft_tokens`` drafts. ``samples`` is True when the chunk reaches the end
-    of the known tokens, so the step samples (and verifies drafts) for it. ``state_blocks``:
-    for a config with state groups, :meth:`KVCacheManager.state_blocks` taken right after the
-    allocation (live extent, restore, exports of this step); empty otherwise.
-    """
-
-    __slots__ = ("req", "start", "num_new_tokens", "num_draft_tokens", "new_block_ids", "samples",
-                 "state_blocks")
-
-    def __init__(self, req: EngineRequest, start: int, num_new_tokens: int, num_draft_tokens: int,
-                 new_block_ids: list[list[int]]) -> None:
-        self.req = req
-        self.start = start
-        self.num_new_tokens = num_new_tokens
-        self.num_draft_tokens = num_draft_tokens
-        self.new_block_ids = new_block_ids
-        self.samples = start + num_new_tokens - num_draft_tokens >= len(req.request.token_ids)
-        self.state_blocks: list[StateBlocks] = []
-
-    def token_ids(self) -> list[int]:
-        """The tokens to compute: known tokens, then drafts."""
-        end = self.start + self.num_new_tokens - self.num_draft_tokens
-        known = list(self.req.request.token_ids[self.start:end])
-        return known + self.req.spec_token_ids[:self.num_draft_tokens]
-
-    def __repr__(self) -> str:
-        return (f"ScheduledRequest({self.req.request_id!r}, start={self.start}, "
-                f"new={self.num_new_tokens}, drafts={self.num_draft_tokens})")
-
-
-@dataclass(slots=True)
-class SchedulerOutput:
-    """What one step computes.
-
-    Attributes:
-        step: the step index (0-based).
-        scheduled: requests computed this step, in batch order.
-        num_scheduled_tokens: the sum of their ``num_new_tokens`` (<= the token budget).
-        preempted: requests preempted this step (their blocks are freed).
-        admitted: requests moved from waiting to running this step (new or resumed); their
-            ``num_cached_tokens`` is set at their first admission.
-        loads: external KV to load this step (with a connector); those requests compute
-            nothing this step and join the running set at :meth:`Scheduler.update`.
-        saves_before: blocks cached since the last step whose KV is already computed; save
-            them before this step's forward pass (their blocks may be reused by it).
-        saves_after: blocks cached this step; save them after the forward pass.
-
-    A worker runs a step as: saves_before, loads, forward over ``scheduled``, saves_after.
-    """
-
-    step: int
-    scheduled: list[ScheduledRequest] = field(default_factory=list)
-    num_scheduled_tokens: int = 0
-    preempted: list[EngineRequest] = field(default_factory=list)
-    admitted: list[EngineRequest] = field(default_factory=list)
-    loads: list[KVLoad] = field(default_factory=list)
-    saves_before: list[BlockRef] = field(default_factory=list)
-    saves_after: list[BlockRef] = field(default_factory=list)
 
 
 class Scheduler:
@@ -209,6 +148,10 @@ class Scheduler:
         self.step_index = 0
         self.num_preemptions = 0
         self._awaiting_update: int | None = None
+        self._num_groups = len(kv.config.groups)
+        # the batched step needs no state group (their chunks end at checkpoints, and every
+        # slot carries state_blocks): with one, every request takes the per-request path
+        self._batched = config.batched and not kv.config.has_state
 
     # ---- queue --------------------------------------------------------------------------------
     def add_request(self, req: EngineRequest) -> None:
@@ -254,65 +197,137 @@ class Scheduler:
                 f"schedule() called again before update() for step {self._awaiting_update}; "
                 "apply each step's sampled tokens first")
         cfg = self.config
-        kv = self.kv
-        out = SchedulerOutput(self.step_index)
+        out = SchedulerOutput(self.step_index, self._num_groups)
         self._awaiting_update = self.step_index
         if self.connector is not None:
             out.saves_before = self.connector.take_saves()
         self.step_index += 1
         budget = cfg.max_num_batched_tokens
-        threshold = cfg.long_prefill_token_threshold
-        max_len = self.max_model_len
-        scheduled = out.scheduled
-        running = self.running
-        has_state = kv.config.has_state
-        i = 0
-        while i < len(running) and budget > 0:
-            r = running[i]
-            req = r.request
-            computed = req.num_computed_tokens
-            num_tokens = len(req.token_ids)
-            drafts = len(r.spec_token_ids)
-            if drafts:
-                self._check_drafts(r, drafts)
-            num_new = num_tokens + drafts - computed
-            if threshold and num_new > threshold and computed + 1 < num_tokens:
-                num_new = threshold
-            if num_new > budget:
-                num_new = budget
-            if max_len is not None and computed + num_new > max_len:
-                num_new = max_len - computed
-            if num_new <= 0:
-                i += 1
-                continue
-            if has_state:
-                num_new = self._end_at_export(req, computed, num_new, min(num_tokens, computed + num_new))
-            while True:
-                new_blocks = kv.allocate(req, num_new)
-                if new_blocks is not None:
-                    break
-                victim = self._choose_victim(i)
-                if victim is r and len(running) == 1 and not scheduled and not self.loading:
-                    raise RuntimeError(self._too_small(r))
-                self._preempt(victim, out)
-                if victim is r:
-                    break
-            if r.status is not RequestStatus.RUNNING:
-                break  # r preempted itself: nothing after it fits either
-            num_drafts = computed + num_new - num_tokens
-            s = ScheduledRequest(r, computed, num_new, num_drafts if num_drafts > 0 else 0, new_blocks)
-            if has_state:
-                s.state_blocks = kv.state_blocks(req)
-            scheduled.append(s)
-            req.num_computed_tokens = computed + num_new
-            budget -= num_new
-            i += 1
+        if self.running:
+            if self._batched:
+                budget = self._schedule_batched(out, budget)
+            else:
+                budget = self._schedule_running(out, budget, 0)
         if not out.preempted:
             budget = self._admit(out, budget)
         out.num_scheduled_tokens = cfg.max_num_batched_tokens - budget
         if self.connector is not None:
             out.saves_after = self.connector.take_saves()
         return out
+
+    def _schedule_batched(self, out: SchedulerOutput, budget: int) -> int:
+        """The running requests, in order: quiet decode steps as a batch, the rest one by one.
+
+        One :meth:`KVCacheManager.quiet_steps` call answers, for every running request, whether
+        a step of its known token plus its drafts would allocate, cache and release nothing
+        (a pure question about each request alone: another request's allocation cannot change
+        the answer). Walking the requests in order, a request that is decoding, answered quiet,
+        and fits the budget and ``max_model_len`` uncut gets its slot without a manager call:
+        exactly what the per-request path's :meth:`KVCacheManager.allocate` fast path gives.
+        Any other request takes :meth:`_schedule_one`; after a preemption (the running list
+        changed under the answers) the rest of the step is the per-request path.
+        """
+        running = self.running
+        reqs = [r.request for r in running]
+        if self.max_drafts:
+            nums = [1 + len(r.spec_token_ids) for r in running]
+        else:
+            nums = [1] * len(running)
+        quiet = self.kv.quiet_steps(reqs, nums)
+        max_len = self.max_model_len
+        add_req, add_start = out.requests.append, out.starts.append
+        add_new, add_drafts = out.num_new_tokens.append, out.num_draft_tokens.append
+        add_blocks, add_samples = out.new_block_ids.append, out.samples.append
+        preempted = out.preempted
+        n = len(running)
+        i = 0
+        while i < n and budget > 0:
+            if quiet[i]:
+                req = reqs[i]
+                computed = req.num_computed_tokens
+                need = nums[i]
+                if computed + 1 == len(req.token_ids) and need <= budget \
+                        and (max_len is None or computed + need <= max_len):
+                    r = running[i]
+                    if need > 1:
+                        self._check_drafts(r, need - 1)
+                    add_req(r)
+                    add_start(computed)
+                    add_new(need)
+                    add_drafts(need - 1)
+                    add_blocks(None)
+                    add_samples(True)
+                    req.num_computed_tokens = computed + need
+                    budget -= need
+                    i += 1
+                    continue
+            left = self._schedule_one(out, i, budget)
+            if left is None:
+                return budget
+            budget = left
+            i += 1
+            if preempted:
+                return self._schedule_running(out, budget, i)
+        return budget
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int, i: int) -> int:
+        """The per-request path over ``running[i:]``; returns the budget left."""
+        running = self.running
+        while i < len(running) and budget > 0:
+            left = self._schedule_one(out, i, budget)
+            if left is None:
+                break
+            budget = left
+            i += 1
+        return budget
+
+    def _schedule_one(self, out: SchedulerOutput, i: int, budget: int) -> int | None:
+        """Schedule ``running[i]``'s next chunk (decode, drafts or prefill), preempting from
+        the back while the pool is full; returns the budget left, or None when the request
+        preempted itself (nothing after it fits either)."""
+        cfg = self.config
+        kv = self.kv
+        running = self.running
+        max_len = self.max_model_len
+        r = running[i]
+        req = r.request
+        computed = req.num_computed_tokens
+        num_tokens = len(req.token_ids)
+        drafts = len(r.spec_token_ids)
+        if drafts:
+            self._check_drafts(r, drafts)
+        num_new = num_tokens + drafts - computed
+        threshold = cfg.long_prefill_token_threshold
+        if threshold and num_new > threshold and computed + 1 < num_tokens:
+            num_new = threshold
+        if num_new > budget:
+            num_new = budget
+        if max_len is not None and computed + num_new > max_len:
+            num_new = max_len - computed
+        if num_new <= 0:
+            return budget
+        has_state = kv.config.has_state
+        if has_state:
+            num_new = self._end_at_export(req, computed, num_new, min(num_tokens, computed + num_new))
+        while True:
+            new_blocks = kv.allocate(req, num_new)
+            if new_blocks is not None:
+                break
+            victim = self._choose_victim(i)
+            if victim is r and len(running) == 1 and not out.requests and not self.loading:
+                raise RuntimeError(self._too_small(r))
+            self._preempt(victim, out)
+            if victim is r:
+                break
+        if r.status is not RequestStatus.RUNNING:
+            return None
+        num_drafts = computed + num_new - num_tokens
+        out.add(r, computed, num_new, num_drafts if num_drafts > 0 else 0, new_blocks,
+                computed + num_new - (num_drafts if num_drafts > 0 else 0) >= num_tokens)
+        if has_state:
+            out.state_blocks.append(kv.state_blocks(req))
+        req.num_computed_tokens = computed + num_new
+        return budget - num_new
 
     def _admit(self, out: SchedulerOutput, budget: int) -> int:
         """Admit waiting requests while budget, seats and blocks last; returns the budget left."""
@@ -354,7 +369,7 @@ class Scheduler:
             new_blocks = kv.allocate(req, num_new, hit,
                                      full_sequence_must_fit=cfg.reserve_full_sequence)
             if new_blocks is None:
-                if not self.running and not out.scheduled and not self.loading:
+                if not self.running and not out.requests and not self.loading:
                     raise RuntimeError(self._too_small(r))
                 return budget
             self.waiting.pop()
@@ -363,11 +378,11 @@ class Scheduler:
             r.status = RequestStatus.RUNNING
             self.running.append(r)
             out.admitted.append(r)
-            s = ScheduledRequest(r, hit.num_tokens, num_new, 0, new_blocks)
+            out.add(r, hit.num_tokens, num_new, 0, new_blocks,
+                    hit.num_tokens + num_new >= len(req.token_ids))
             req.num_computed_tokens = hit.num_tokens
             if kv.config.has_state:
-                s.state_blocks = kv.state_blocks(req)
-            out.scheduled.append(s)
+                out.state_blocks.append(kv.state_blocks(req))
             req.num_computed_tokens = hit.num_tokens + num_new
             budget -= num_new
         return budget
@@ -416,21 +431,28 @@ class Scheduler:
         self.waiting.push_preempted(r)
 
     # ---- results ------------------------------------------------------------------------------
-    def update(self, out: SchedulerOutput, sampled: Mapping[object, Sequence[int]],
+    def update(self, out: SchedulerOutput,
+               sampled: Mapping[object, Sequence[int]] | list[Sequence[int] | None],
                loaded: Mapping[object, bool] | None = None) -> list[EngineRequest]:
         """Apply a step's sampled tokens; returns the requests that finished.
 
         Args:
             out: the step's :class:`SchedulerOutput`.
-            sampled: request id -> tokens sampled for it: the accepted drafts followed by one
-                bonus token (``accepted + 1`` tokens) for each request whose chunk ``samples``;
-                absent or empty for partial prefill chunks.
+            sampled: the tokens sampled for each request whose chunk ``samples``: the accepted
+                drafts followed by one bonus token (``accepted + 1`` tokens); absent, None or
+                empty for partial prefill chunks. Either a mapping request id -> tokens, or a
+                list with one entry per slot of ``out``, in batch order (no id lookups).
             loaded: request id -> whether its external load (``out.loads``) succeeded; a
                 missing or False entry means the tokens are recomputed from the local hit.
         """
         if out.step != self._awaiting_update:
             raise RuntimeError(f"update() got step {out.step}'s output; the pending step is "
                                f"{self._awaiting_update}")
+        reqs = out.requests
+        by_slot = sampled.__class__ is list
+        if by_slot and len(sampled) != len(reqs):
+            raise ValueError(f"sampled has {len(sampled)} entries for a step of {len(reqs)} "
+                             "scheduled requests; give one per slot, in batch order")
         self._awaiting_update = None
         for load in out.loads:
             r = load.req
@@ -446,33 +468,39 @@ class Scheduler:
             self.running.append(r)
         finished: list[EngineRequest] = []
         max_len = self.max_model_len
-        for s in out.scheduled:
-            r = s.req
-            if r.status is not RequestStatus.RUNNING:
+        running_status = RequestStatus.RUNNING
+        num_drafts, samples = out.num_draft_tokens, out.samples
+        for j in range(len(reqs)):
+            r = reqs[j]
+            if r.status is not running_status:
                 continue  # aborted during the step
             req = r.request
-            toks = sampled.get(r.request_id)
-            if s.num_draft_tokens:
+            toks = sampled[j] if by_slot else sampled.get(r.request_id)
+            nd = num_drafts[j]
+            if nd:
                 accepted = len(toks) - 1 if toks else 0
-                if not 0 <= accepted <= s.num_draft_tokens:
+                if not 0 <= accepted <= nd:
                     raise ValueError(
                         f"request {r.request_id!r}: {len(toks or ())} sampled tokens for a step "
-                        f"with {s.num_draft_tokens} drafts; expected 1 to {s.num_draft_tokens + 1}")
-                req.num_computed_tokens -= s.num_draft_tokens - accepted
+                        f"with {nd} drafts; expected 1 to {nd + 1}")
+                req.num_computed_tokens -= nd - accepted
             if r.spec_token_ids:
                 r.spec_token_ids = []
-            if not s.samples or not toks:
+            if not samples[j] or not toks:
                 continue
             num_tokens = len(req.token_ids)
             room = r.max_tokens - (num_tokens - req.num_prompt_tokens)
             if max_len is not None and max_len - num_tokens < room:
                 room = max_len - num_tokens
             status = None
-            toks = list(toks[:room]) if len(toks) > room else list(toks)
+            if len(toks) > room:
+                toks = list(toks[:room])
+            elif toks.__class__ is not list:
+                toks = list(toks)
             if r.stop_token_ids:
-                for j, t in enumerate(toks):
+                for k, t in enumerate(toks):
                     if t in r.stop_token_ids:
-                        toks = toks[:j + 1]
+                        toks = toks[:k + 1]
                         status = RequestStatus.FINISHED_STOPPED
                         break
             req.append_tokens(toks)

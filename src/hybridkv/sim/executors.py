@@ -4,8 +4,8 @@ A sweep is a list of jobs over one workload: :class:`SimConfig` (one instance) o
 :class:`~hybridkv.sim.cluster.ClusterJob` (N instances behind a router). :func:`execute` runs
 every job and yields an :class:`Outcome` as each one finishes (in completion order; ``index``
 says which job it is). A job that raises yields its error and the others go on. Every executor
-runs the same :func:`run_config`, so a job gives the same result (all but ``wall_s``) wherever
-it runs.
+runs the same :func:`run_config`, so a job gives the same result (all but its timing keys,
+``simulator.TIMING_KEYS``) wherever it runs.
 
 * ``serial``: one job after another in this process (a large workload's offline optimum still
   runs in a forked child meanwhile, as in ``simulate``).

@@ -44,6 +44,9 @@ def summary_table(res: SimResult) -> str:
         ("engine steps", _fmt(d["steps"])),
         ("wall time", f"{d['wall_s']:.2f} s"),
     ]
+    if d.get("sim_steps_per_s") is not None:
+        rows.append(("simulator speed", f"{d['sim_steps_per_s']:,.0f} steps/s, "
+                     f"{d['sim_requests_per_s']:,.1f} requests/s (step loop {d['sim_s']:.2f} s)"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
 

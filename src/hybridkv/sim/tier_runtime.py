@@ -216,8 +216,8 @@ class TierRuntime:
         loaded = {load.req.request_id: self._load(load, start) for load in out.loads}
         due = self._due
         if due:
-            for s in out.scheduled:
-                w = due.pop(s.req.request_id, None)
+            for r in out.requests:
+                w = due.pop(r.request_id, None)
                 if w is not None:
                     waits.append(w)
         end = start + compute_s
