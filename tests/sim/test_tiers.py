@@ -116,6 +116,30 @@ def test_a_load_overlaps_compute_layer_by_layer_as_the_docstring_says(tier: str)
     assert recompute.ttft_s[-1] > res.ttft_s[-1]
 
 
+@pytest.mark.parametrize("gpus", [2, 4])
+def test_on_several_gpus_each_copies_its_share_of_a_block_over_its_own_link(gpus: int) -> None:
+    """Tensor parallelism splits every block's KV heads: G GPUs load one block as G parallel
+    calls of entry / G bytes, so the PCIe time is one call of that share per block (the disk's
+    read, one device, does not scale); the overlap formula is unchanged."""
+    preset = get_preset("llama-3.1-8b").with_block_size(512)
+    prefix, tail = 8192, 512
+    items = _evict_then_reuse(preset, prefix, tail)
+    cfg = SimConfig(preset, H100, _blocks(preset, prefix + 1024), num_gpus=gpus,
+                    tiers=TierConfig(cpu_cache_tokens=100_000),
+                    sched=SchedulerConfig(max_num_batched_tokens=16384))
+    sim = Simulator(cfg)
+    res = sim.run(items)
+    n = res.tiers.hit_tokens["cpu"] // 512
+    assert res.tiers.loads == 1 and n >= prefix // 1024
+    entry = entry_bytes(preset.kv_config(num_blocks=2))[0]
+    D = DEFAULT_TRANSFER.copy_time(-(-entry // gpus), n, "h2d")
+    assert D < DEFAULT_TRANSFER.copy_time(entry, n, "h2d")
+    assert res.tiers.load_s_total == pytest.approx(D, rel=1e-9)
+    C = sim.cost.step_time([(tail, prefix)])
+    L = preset.num_layers
+    assert res.ttft_s[-1] == pytest.approx(max(C, D + C / L, D / L + C), rel=1e-9)
+
+
 def test_free_transfers_take_no_time_and_the_load_costs_only_compute() -> None:
     preset = get_preset("llama-3.1-8b").with_block_size(512)
     items = _evict_then_reuse(preset, 8192, 512)

@@ -347,7 +347,8 @@ class Simulator:
         per_token = preset.kv_bytes_per_token()["total"]
         tiers.check(per_token, preset.name)
         cpu_link = config.profile.transfer if config.profile is not None else DEFAULT_TRANSFER
-        return TierRuntime(self.kv, tiers, per_token, preset.num_layers, cpu_link, self.key_block)
+        return TierRuntime(self.kv, tiers, per_token, preset.num_layers, cpu_link, self.key_block,
+                           num_gpus=config.num_gpus)
 
     # ---- the run ------------------------------------------------------------------------------
     def run(self, items: Iterable[WorkItem]) -> SimResult:

@@ -15,7 +15,9 @@ the engine, over a :class:`~hybridkv.tiers.TierHierarchy` instead of stored byte
   ``saves_before``, ``loads``, the forward pass, ``saves_after``.
 
 Time (timed runs). Every copy is priced by a :class:`~hybridkv.sim.transfer.TransferModel`:
-host memory <-> GPU as one copy call per block and group (the connector's unit), a disk or
+host memory <-> GPU as one copy call per block and group (the connector's unit); on ``G`` GPUs
+(tensor parallelism splits every block's KV heads) each GPU copies its ``1/G`` share over its
+own link at the same time, so a block costs one call of ``entry / G`` bytes; a disk or
 remote tier as one batch per load or write (one latency, then bandwidth). Each PCIe direction
 is a first-come-first-served queue, and so is each lower tier (reads and writes share it). A
 load from a lower tier is staged: read into host memory, then copied to the GPU.
@@ -44,6 +46,7 @@ from hybridkv.core.coordinator import CacheHit, ExternalHit
 from hybridkv.core.manager import KVCacheManager
 from hybridkv.core.request import Request
 from hybridkv.core.rules import make_rule
+from hybridkv.core.validation import check_int
 from hybridkv.sched.scheduler import KVLoad, SchedulerOutput
 from hybridkv.sim.tiers import TierConfig
 from hybridkv.sim.transfer import TransferModel
@@ -132,11 +135,12 @@ class TierRuntime:
         key_block: the block size hits are counted in; tokens a load brings are credited to
             tiers by the full-attention group of this block size (else to the slowest tier used).
         block_bytes: per group, a tier entry's bytes (default :func:`entry_bytes`).
+        num_gpus: GPUs sharing every block (each with its own host link; module docstring).
     """
 
     def __init__(self, kv: KVCacheManager, config: TierConfig, bytes_per_token: int,
                  num_layers: int, cpu_link: TransferModel, key_block: int,
-                 block_bytes: list[int] | None = None) -> None:
+                 block_bytes: list[int] | None = None, num_gpus: int = 1) -> None:
         if not config.names:
             raise ValueError("a TierRuntime needs at least one tier with capacity > 0")
         if kv.config.has_state:
@@ -147,6 +151,8 @@ class TierRuntime:
         self.config = config
         self.names = config.names
         self.entry = list(block_bytes) if block_bytes is not None else entry_bytes(kv.config)
+        check_int("TierRuntime.num_gpus", num_gpus, 1)
+        self.gpu_share = [-(-e // num_gpus) for e in self.entry]     # one GPU's bytes of an entry
         self.capacity_bytes = [config.capacity_tokens(n) * bytes_per_token for n in self.names]
         self.hierarchy = TierHierarchy(self.capacity_bytes, self.entry, config.policy)
         self.cpu_link = config.link("cpu", cpu_link)
@@ -261,10 +267,11 @@ class TierRuntime:
 
     # ---- moves --------------------------------------------------------------------------------
     def _pcie(self, per_group: list[int], direction: str) -> float:
-        """Host <-> GPU time of ``per_group[g]`` blocks of each group (one copy call each)."""
+        """Host <-> GPU time of ``per_group[g]`` blocks of each group (one copy call each, every
+        GPU copying its share in parallel)."""
         link = self.cpu_link
-        entry = self.entry
-        return sum(link.copy_time(entry[g], n, direction) for g, n in enumerate(per_group) if n)
+        share = self.gpu_share
+        return sum(link.copy_time(share[g], n, direction) for g, n in enumerate(per_group) if n)
 
     def _write_lower(self, written: list[int], t: float) -> None:
         """Count ``written[i]`` bytes into each tier; a disk or remote write runs on its queue
