@@ -1,6 +1,6 @@
 """The external-tier path: lookup_external follows the core's hit rules; loads commit or recompute.
 
-Expectations come from the independent oracle (``tests/core/oracle.py``) over the keys the
+Expectations come from the independent oracle (``tests/support/oracle.py``) over the keys the
 tier holds, not from the producer's own lookup (which would run the same fixed point).
 """
 
@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hybridkv import KVCacheManager, Request, SpecDecode
-from tests.core.helpers import FA, SWA, config
-from tests.core.oracle import CacheMirror, oracle_hit
+from tests.support.helpers import FA, SWA, config
+from tests.support.oracle import CacheMirror, oracle_hit
 from tests.hypothesis_budget import budgeted, examples, note
 
 

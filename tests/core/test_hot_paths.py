@@ -22,7 +22,7 @@ from hybridkv.core.pool import BlockPool
 from hybridkv.core.retention import Retention
 from hybridkv.core.rules import make_rule
 
-from .helpers import FA, SWA, manager
+from tests.support.helpers import FA, SWA, manager
 
 SPECS = st.sampled_from([FA(4), FA(16), SWA(4, 8), SWA(4, 13), SWA(16, 64), SWA(8, 200)])
 
@@ -173,7 +173,7 @@ def test_append_tokens_with_a_bad_item_changes_nothing() -> None:
 def test_large_allocations_match_the_eager_pool(first, cached, again) -> None:
     """Allocations of more than 8 blocks (a slice assignment when the ids are one fresh or
     uncached run) leave the pool as the eager reference pool does, evictions included."""
-    from tests.core import eager_pool as eager
+    from tests.support import eager_pool as eager
     a, b = BlockPool(120, 1), eager.BlockPool(120, 1)
     for p in (a, b):
         got = p.allocate(first)

@@ -6,7 +6,7 @@ import pytest
 
 from hybridkv import KVCacheManager, Request, SpecDecode
 
-from .helpers import FA, SWA, config
+from tests.support.helpers import FA, SWA, config
 
 
 def snapshot(kv: KVCacheManager, *reqs: Request) -> tuple:

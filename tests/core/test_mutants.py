@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from hybridkv import BlockRemoved, BlockStored, KVCacheManager, Request
-from tests.core.helpers import FA, SWA, config, prompt, serve
+from tests.support.helpers import FA, SWA, config, prompt, serve
 
 
 # ---- core/pool.py ---------------------------------------------------------------------------

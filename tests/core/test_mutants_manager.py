@@ -14,7 +14,7 @@ import pytest
 
 from hybridkv import (BlockRemoved, BlockStored, KVCacheManager, LoRA, MultiModalItem,
                       Request, RetentionConfig, SpecDecode, TokenRange)
-from tests.core.helpers import FA, SWA, config, prompt, serve
+from tests.support.helpers import FA, SWA, config, prompt, serve
 
 
 # ---- blocks_for_request / _check_fits -------------------------------------------------------

@@ -13,7 +13,7 @@ from hybridkv import FullAttention, KVCacheConfig, KVCacheGroup, KVCacheManager,
 from hybridkv.core.extent_pool import ExtentBlockPool
 from hybridkv.core.rules import StateRule, make_rule
 from hybridkv.core.specs import StateSpec
-from tests.core.oracle import needed_blocks
+from tests.support.oracle import needed_blocks
 
 QWEN3_NEXT = StateSpec(16, conv_shape=(3, 2 * 16 * 128 + 32 * 128), conv_dtype="bfloat16",
                        state_shape=(32, 128, 128), state_dtype="float32")

@@ -9,7 +9,7 @@ import pytest
 
 from hybridkv import Request, SpecDecode
 from hybridkv.core.rules import HitRule, make_rule
-from tests.core.helpers import (C3, FA, SWA, cached_positions, evict, hash_cached, manager,
+from tests.support.helpers import (C3, FA, SWA, cached_positions, evict, hash_cached, manager,
                                 run_prompt)
 
 EAGLE_DROP = SpecDecode("eagle", 1, hash_lookahead=False)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from hybridkv import (MLA, BlockStored, ChunkedLocal, KVCacheManager, Request, SpecDecode)
-from tests.core.helpers import C3, FA, SWA, config, serve
+from tests.support.helpers import C3, FA, SWA, config, serve
 
 
 

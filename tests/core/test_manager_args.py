@@ -23,7 +23,7 @@ import pytest
 
 from hybridkv import (BlockRemoved, BlockStored, CacheHit, ExternalHit, KVCacheConfig,
                       KVCacheGroup, KVCacheManager, Request, SpecDecode, StateSpec)
-from tests.core.helpers import FA, config, manager, prompt, run_prompt, serve
+from tests.support.helpers import FA, config, manager, prompt, run_prompt, serve
 
 
 # ---- check_integrity: one corruption at a time -------------------------------------------------

@@ -19,8 +19,8 @@ from hybridkv.core.eviction import (EVICTION_POLICIES, POLICIES, RECOMMENDED, Ev
                                     policy_names, resolve_policy)
 from hybridkv.core.policy_pool import PolicyBlockPool
 from hybridkv.core.pool import BlockPool
-from tests.core.test_properties import MAX_OPS, MIN_OPS, Model, configs, decode_ops
-from tests.core.helpers import serve_chain
+from tests.support.random_ops import MAX_OPS, MIN_OPS, Model, configs, decode_ops
+from tests.support.helpers import serve_chain
 from tests.hypothesis_budget import budgeted, examples, note
 
 NON_LRU = [p for p in POLICIES if p not in ("lru", "recommended")]
@@ -368,7 +368,7 @@ def test_seeded_operation_mix(policy):
 # ---- arc and adaptive: chains that come back ------------------------------------------------
 
 def _serve_chain(pool: BlockPool, chain: list[int]) -> int:
-    """:func:`tests.core.helpers.serve_chain` of ``chain``'s content keys."""
+    """:func:`tests.support.helpers.serve_chain` of ``chain``'s content keys."""
     return serve_chain(pool, [_key(t) for t in chain])
 
 

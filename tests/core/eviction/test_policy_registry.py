@@ -21,7 +21,7 @@ from hybridkv.core.eviction import (POLICIES, AdaptivePolicy, ChainARCPolicy, Co
                                     make_policy, resolve_policy)
 from hybridkv.core.policy_pool import PolicyBlockPool
 from hybridkv.core.rules import make_rule
-from tests.core.helpers import serve_chain
+from tests.support.helpers import serve_chain
 
 
 def _key(t: int) -> bytes:
@@ -42,7 +42,7 @@ class Cache:
 
     def serve(self, chain: list[int], group: int = 0) -> int:
         """One request: hit the cached leading blocks of ``chain``, compute the rest, free it all
-        tail first (:func:`tests.core.helpers.serve_chain`). Returns the leading hits."""
+        tail first (:func:`tests.support.helpers.serve_chain`). Returns the leading hits."""
         return serve_chain(self.pool, [_key(t) for t in chain], group)
 
     def drain(self) -> list[int]:

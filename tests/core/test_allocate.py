@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from hybridkv import KVCacheManager, Request, SpecDecode
 from hybridkv.core.coordinator import AllocationPlan, GroupPlan
 
-from .helpers import FA, SWA, config
-from .test_properties import configs
+from tests.support.helpers import FA, SWA, config
+from tests.support.random_ops import configs
 
 
 def observable(kv: KVCacheManager, running: dict, prompts: list) -> tuple:

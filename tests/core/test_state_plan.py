@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from hybridkv import BlockStored, KVCacheManager, Request, StateSpec
-from tests.core.helpers import FA, SWA, config, prompt
+from tests.support.helpers import FA, SWA, config, prompt
 
 STATE4 = StateSpec(block_size=4, conv_shape=(1, 4), conv_dtype="float32", state_shape=(2, 2),
                    state_dtype="float32")

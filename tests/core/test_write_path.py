@@ -3,7 +3,7 @@
 Each test here was checked against a deliberate bug (TESTING.md, "Deliberate bugs"): it
 fails with the bug and passes without it. They use only the public API (manager, requests,
 events, external lookup) and compute their expectations by hand or with the independent
-oracle of ``tests/core/oracle.py``, never with the implementation's own rules.
+oracle of ``tests/support/oracle.py``, never with the implementation's own rules.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import itertools
 import pytest
 
 from hybridkv import BlockStored, KVCacheManager, MultiModalItem, Request, SpecDecode
-from tests.core.helpers import FA, SWA, config, serve
-from tests.core.oracle import CacheMirror, oracle_hit
+from tests.support.helpers import FA, SWA, config, serve
+from tests.support.oracle import CacheMirror, oracle_hit
 
 
 

@@ -22,7 +22,7 @@ from hybridkv.core.eviction import PriorityPolicy, make_policy
 from hybridkv.core.policy_pool import PolicyBlockPool
 from hybridkv.core.retention_config import (DEFAULT_PRIORITY, RetentionConfig, RetentionMark,
                                             TokenRange, block_marks)
-from tests.core.test_properties import MAX_OPS, MIN_OPS, Model, configs, decode_ops
+from tests.support.random_ops import MAX_OPS, MIN_OPS, Model, configs, decode_ops
 from tests.hypothesis_budget import budgeted, examples, note
 
 

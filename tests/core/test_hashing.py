@@ -5,7 +5,7 @@ import pytest
 from hybridkv import (MLA, ChunkedLocal, FullAttention, KVCacheConfig, KVCacheGroup,
                       KVCacheManager, LoRA, MultiModalItem, Request, SlidingWindow, SpecDecode)
 from hybridkv.core import BlockHasher, FreeBlockQueue
-from tests.core.helpers import FA, SWA, manager, run_prompt
+from tests.support.helpers import FA, SWA, manager, run_prompt
 
 
 def test_chained_hash_formula_and_salt():  # vLLM: test_cache_key_salting (own formula)

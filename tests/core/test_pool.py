@@ -1,4 +1,4 @@
-"""The lazy pool against the eager one (``tests/core/eager_pool.py``, the pool as it was).
+"""The lazy pool against the eager one (``tests/support/eager_pool.py``, the pool as it was).
 
 * Pool level: random operation sequences (allocate, free, touch and insert by any id, fresh
   ones included, drop_hash, reset) on both pools; after every step the returned ids, the whole
@@ -22,9 +22,9 @@ from hypothesis import strategies as st
 
 from hybridkv import KVCacheManager, Request
 from hybridkv.core import pool as lazy
-from tests.core import eager_pool as eager
-from tests.core.helpers import FA, SWA, config
-from tests.core.test_properties import Model, configs
+from tests.support import eager_pool as eager
+from tests.support.helpers import FA, SWA, config
+from tests.support.random_ops import Model, configs
 
 
 def _state(p, n: int) -> tuple:

@@ -17,7 +17,7 @@ import pytest
 from hybridkv import (BlockRemoved, BlockStored, CacheHit, ChunkedLocal, KVCacheManager, Request,
                      SpecDecode, StateSpec)
 from hybridkv.core.retention_config import RetentionConfig, TokenRange
-from tests.core.helpers import FA, SWA, admit, config, prompt
+from tests.support.helpers import FA, SWA, admit, config, prompt
 
 STATE1 = StateSpec(block_size=1, conv_shape=(1, 4), conv_dtype="float32", state_shape=(2, 2),
                    state_dtype="float32")

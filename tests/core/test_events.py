@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hybridkv import KVCacheManager, Request
-from tests.core.helpers import FA, SWA, config
+from tests.support.helpers import FA, SWA, config
 
 
 def _serve(kv: KVCacheManager, rid: str, tokens: list[int]) -> Request:

@@ -20,7 +20,7 @@ from hybridkv.core.spec_decode import SpecDecode, parse_spec
 from hybridkv.core.validation import check_int
 from hybridkv.core.retention import Retention, replay_boundaries
 from hybridkv.core.retention_config import RetentionConfig, TokenRange
-from tests.core.helpers import FA, SWA, config
+from tests.support.helpers import FA, SWA, config
 
 
 # ---- core/retention.py ----------------------------------------------------------------------

@@ -7,7 +7,7 @@ promised boundaries (``_boundaries``).
 
 Public API only (``KVCacheManager``, ``Request``, the specs, ``lookup`` / ``allocate`` /
 ``free`` / ``block_ids`` / ``take_events`` / ``lookup_external`` / ``check_integrity``; the
-cached positions are read with ``tests.core.helpers.cached_positions``, which compares a
+cached positions are read with ``tests.support.helpers.cached_positions``, which compares a
 table's blocks with the request's hashes). Expectations are derived by hand from the
 documented contract (docstrings, ARCHITECTURE.md, vLLM 0.33's
 ``SlidingWindowManager.reachable_block_mask`` and ``HybridKVCacheCoordinator
@@ -21,7 +21,7 @@ import re
 import pytest
 
 from hybridkv import BlockStored, KVCacheManager, Request, SlidingWindow, SpecDecode, StateSpec
-from tests.core.helpers import (FA, SWA, admit, cached_positions, config, evict, manager,
+from tests.support.helpers import (FA, SWA, admit, cached_positions, config, evict, manager,
                                 prompt, run_prompt)
 
 EAGLE_DROP = SpecDecode("eagle", 1, hash_lookahead=False)

@@ -15,7 +15,7 @@ import pytest
 from hybridkv import KVCacheManager, Request
 from hybridkv.sched import EngineRequest, Scheduler, SchedulerConfig
 
-from .helpers import FA, SWA, config
+from tests.support.helpers import FA, SWA, config
 
 
 def _kv(num_blocks: int, compat: bool = True, **kw) -> KVCacheManager:
