@@ -23,12 +23,11 @@ from hybridkv.core.retention import Retention
 from hybridkv.core.rules import make_rule
 
 from tests.support.helpers import FA, SWA, manager
-
-SPECS = st.sampled_from([FA(4), FA(16), SWA(4, 8), SWA(4, 13), SWA(16, 64), SWA(8, 200)])
+from tests.support.random_ops import ATTENTION_SPECS
 
 
 @settings(max_examples=400, deadline=None)
-@given(SPECS, st.booleans(), st.lists(st.booleans(), min_size=0, max_size=60),
+@given(ATTENTION_SPECS, st.booleans(), st.lists(st.booleans(), min_size=0, max_size=60),
        st.integers(1, 4), st.data())
 def test_list_probe_scan_matches_block_by_block(spec, proof, flags, step, data) -> None:
     rule = make_rule(spec, proof)
@@ -134,7 +133,7 @@ def test_memoized_lookup_equals_a_fresh_one(specs, mode, num_blocks, ops) -> Non
 
 
 @settings(max_examples=400, deadline=None)
-@given(SPECS, st.booleans(), st.sampled_from([0, 32, 64, 256]),
+@given(ATTENTION_SPECS, st.booleans(), st.sampled_from([0, 32, 64, 256]),
        st.lists(st.integers(0, 40), max_size=4), st.integers(0, 30), st.integers(0, 60))
 def test_masked_runs_cover_the_masked_blocks(spec, proof, interval, ends, j, hi) -> None:
     rule = make_rule(spec, proof)

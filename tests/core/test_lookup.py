@@ -23,8 +23,7 @@ import pytest
 from hybridkv import BlockStored, KVCacheManager, Request, SlidingWindow, SpecDecode, StateSpec
 from tests.support.helpers import (FA, SWA, admit, cached_positions, config, evict, manager,
                                 prompt, run_prompt)
-
-EAGLE_DROP = SpecDecode("eagle", 1, hash_lookahead=False)
+from tests.support.helpers import EAGLE_DROP
 
 
 # ---- compat mode, retention 0: vLLM's write mask ----------------------------------------------

@@ -128,10 +128,6 @@ def test_integrity_rejects_a_ref_count_without_its_table_reference() -> None:
 
 # ---- __init__: bad arguments -------------------------------------------------------------------
 
-def _cfg(num_blocks: int = 16):
-    return config(FA(4), num_blocks=num_blocks)
-
-
 BAD_MANAGERS = [  # (keyword arguments, key parts of the message)
     (dict(max_in_flight_tokens=0), r"\bmax_in_flight_tokens\b must be None or a positive integer, got 0$"),
     (dict(max_in_flight_tokens=True), r"\bmax_in_flight_tokens\b.*got True$"),
@@ -153,7 +149,7 @@ def test_bad_manager_arguments_are_refused_naming_the_value(kw, match) -> None:
     through by an ``and``/``or`` swap, bool accepted) and its message (the argument, the bad
     value, what is valid)."""
     with pytest.raises(ValueError, match=match):
-        KVCacheManager(_cfg(), **kw)
+        KVCacheManager(config(FA(4), num_blocks=16), **kw)
 
 
 def test_manager_needs_a_config() -> None:
@@ -165,7 +161,7 @@ def test_manager_needs_a_config() -> None:
 def test_smallest_valid_manager_arguments_are_accepted() -> None:
     """__init__ 31, 32, 38, 39 — max_in_flight_tokens 1 and max_model_len 1 are positive
     integers (1 was refused, 0 accepted), and a manager with them serves a one-token request."""
-    kv = KVCacheManager(_cfg(), max_in_flight_tokens=1, max_model_len=1)
+    kv = KVCacheManager(config(FA(4), num_blocks=16), max_in_flight_tokens=1, max_model_len=1)
     assert kv.max_model_len == 1
     r = Request("r", [7])
     assert kv.allocate(r, 1) is not None
@@ -245,7 +241,7 @@ def test_bad_allocate_and_lookup_calls_are_refused_naming_the_value() -> None:
     num_lookahead_tokens that are bool, float or negative (the fast path must not answer for
     them either: a running request's quiet step); the messages. lookup 1–3; _sync_hashes 4–7
     (the advice)."""
-    kv = KVCacheManager(_cfg(), vllm_compat=True)
+    kv = KVCacheManager(config(FA(4), num_blocks=16), vllm_compat=True)
     with pytest.raises(ValueError, match=r"^allocate needs a Request, got str$"):
         kv.allocate("r", 1)
     with pytest.raises(ValueError, match=r"^lookup needs a Request, got int$"):
@@ -260,7 +256,7 @@ def test_bad_allocate_and_lookup_calls_are_refused_naming_the_value() -> None:
             with pytest.raises(ValueError, match=rf"^num_lookahead_tokens must be a non-negative "
                                rf"integer, got {bad!r}$"):
                 kv.allocate(req, 1, num_lookahead_tokens=bad)
-    other = KVCacheManager(_cfg())
+    other = KVCacheManager(config(FA(4), num_blocks=16))
     with pytest.raises(ValueError, match=r"^request 'r' was hashed by another manager's hasher; "
                        r"\bcreate a new Request for each manager$"):
         other.lookup(r)
@@ -349,7 +345,7 @@ def test_lookahead_given_per_step_is_allocated() -> None:
 
     A running request with 6 computed tokens (2 blocks of 4): one new token and 4 lookahead
     slots reach token 11, a third block (without them the step is quiet)."""
-    kv = KVCacheManager(_cfg(), vllm_compat=True)
+    kv = KVCacheManager(config(FA(4), num_blocks=16), vllm_compat=True)
     r = _running(kv)
     new = kv.allocate(r, 1, num_lookahead_tokens=4)
     assert [len(x) for x in new] == [1] and len(kv.block_ids(r)[0]) == 3

@@ -15,10 +15,7 @@ from hybridkv.core.eviction import make_policy
 from hybridkv.core.extent_pool import ExtentBlockPool
 from hybridkv.core.policy_pool import PolicyBlockPool
 from hybridkv.core.pool import _GAP, _HEAD, _MAX_CHANGES, _TAIL, BlockPool, FreeBlockQueue
-
-
-def h(i: int) -> bytes:
-    return i.to_bytes(8, "little")
+from tests.support.helpers import content_key
 
 
 def test_bulk_allocate_of_a_gappy_run_references_exactly_the_popped_blocks() -> None:
@@ -49,7 +46,7 @@ def _versions_distinct(pool, policy_pool: bool) -> list[int]:
     if policy_pool:
         seen.append(pool.free_version)
     for i, b in enumerate(blocks):
-        pool.insert(0, h(i + 1), b)
+        pool.insert(0, content_key(i + 1), b)
     pool.free(blocks)                     # three cached blocks become free
     seen.append(pool.free_version)
     pool.touch([blocks[0]])               # a hit takes one out again
@@ -81,7 +78,7 @@ def test_sibling_eviction_releases_the_evicted_extents_tails() -> None:
     the free copy of the same hash in its sibling group 1 — the *whole* extent (docstring: a
     checkpoint is never partially evicted), its tail included.
 
-    6 ids (usable 1..5). Extent (1, 2) in group 0 and (3, 4) in group 1, both hashed ``h``
+    6 ids (usable 1..5). Extent (1, 2) in group 0 and (3, 4) in group 1, both hashed ``content_key``
     and freed: cached, tails held, num_free 5 (fresh 5, heads 1 and 3, tails 2 and 4).
     ``allocate(2)`` pops 5 and head 1 (LRU first): group 0's last copy goes, so 3 and its
     tail 4 are evicted too; 1's tail 2 and the extent (3, 4) are free scratch afterwards.
@@ -91,14 +88,14 @@ def test_sibling_eviction_releases_the_evicted_extents_tails() -> None:
     a = pool.allocate_extent(2)
     b = pool.allocate_extent(2)
     assert pool.extent(a) == (1, 2) and pool.extent(b) == (3, 4)
-    pool.insert(0, h(7), a)
-    pool.insert(1, h(7), b)
+    pool.insert(0, content_key(7), a)
+    pool.insert(1, content_key(7), b)
     pool.free([a])
     pool.free([b])
     assert pool.num_free == 5 and pool.num_held == 2
     pool.check()
     assert sorted(pool.allocate(2)) == [1, 5]
-    assert h(7) not in pool.index[0] and h(7) not in pool.index[1]
+    assert content_key(7) not in pool.index[0] and content_key(7) not in pool.index[1]
     assert pool.num_held == 0
     assert pool.num_free == 3
     pool.check()
@@ -176,7 +173,7 @@ def _capacity_65(pool):
 
 
 def _fresh_block_hashed(pool):
-    pool.block_hash[5] = h(9)             # 5 >= fresh mark 2: must have no state at all
+    pool.block_hash[5] = content_key(9)             # 5 >= fresh mark 2: must have no state at all
     return r"^fresh block 5 \(fresh mark 2\) has state$"
 
 
@@ -203,7 +200,7 @@ def _null_referenced(pool):
 
 
 def _null_hashed(pool):
-    pool.block_hash[0] = h(9)             # (reported before the index / hash-count checks)
+    pool.block_hash[0] = content_key(9)             # (reported before the index / hash-count checks)
     return r"^the null block was referenced or hashed$"
 
 
@@ -219,31 +216,31 @@ def _negative_ref(pool):
 
 
 def _empty_duplicate_set(pool):
-    pool.index[0][h(7)] = {}
+    pool.index[0][content_key(7)] = {}
     return r"^group 0: empty duplicate set for a hash$"
 
 
 def _index_names_null(pool):
-    pool.index[0][h(7)] = 0
+    pool.index[0][content_key(7)] = 0
     return r"^group 0: the index names block 0, which has no state$"
 
 
 def _index_names_fresh_mark(pool):
-    pool.index[0][h(7)] = 2               # 2 == fresh mark: no state yet
+    pool.index[0][content_key(7)] = 2               # 2 == fresh mark: no state yet
     return r"^group 0: the index names block 2, which has no state$"
 
 
 def _index_wrong_group(pool):
-    pool.insert(0, h(7), 1)
+    pool.insert(0, content_key(7), 1)
     pool.check()
     pool.block_group[1] = 1               # right hash, but the block says another group
     return r"^index entry for block 1 disagrees with the block$"
 
 
 def _index_wrong_hash(pool):
-    pool.insert(0, h(7), 1)
+    pool.insert(0, content_key(7), 1)
     pool.check()
-    pool.block_hash[1] = h(8)             # right group, but the block holds another hash
+    pool.block_hash[1] = content_key(8)             # right group, but the block holds another hash
     return r"^index entry for block 1 disagrees with the block$"
 
 
@@ -347,7 +344,7 @@ def _tail_shared(pool):
 
 
 def _tail_hashed(pool):
-    pool.block_hash[2] = h(9)
+    pool.block_hash[2] = content_key(9)
     return r"^tail 2 of extent 1 is hashed$"
 
 
@@ -362,7 +359,7 @@ def _referenced_tail_ref(pool):
 
 
 def _free_tail_ref(pool):
-    pool.insert(0, h(9), 1)
+    pool.insert(0, content_key(9), 1)
     pool.free([1])                        # cached: the tail is held, ref 0
     pool.check()
     pool.ref_cnt[2] = 1
@@ -485,12 +482,12 @@ def test_per_block_lists_double_only_when_a_fresh_id_passes_them() -> None:
 
 def _alternate(pool: BlockPool, b: int, n: int, start: int) -> list[bytes]:
     """``n`` index changes on block ``b`` (unhashed on entry), insert and drop in turn, with
-    hashes ``h(start), h(start + 1), ...`` for the inserts; returns the recorded hashes."""
+    hashes ``content_key(start), content_key(start + 1), ...`` for the inserts; returns the recorded hashes."""
     out = []
     for i in range(n):
         if i % 2 == 0:
-            pool.insert(0, h(start + i), b)
-            out.append(h(start + i))
+            pool.insert(0, content_key(start + i), b)
+            out.append(content_key(start + i))
         else:
             out.append(pool.block_hash[b])
             pool.drop_hash(b)
@@ -508,23 +505,23 @@ def test_change_record_holds_at_most_max_changes_then_restarts(overflow) -> None
     b, c = pool.allocate(1)[0], pool.allocate(1)[0]
     run = pool.allocate(8)
     if overflow == "drop":                 # block c stays hashed so a drop can be the last
-        pool.insert(0, h(1 << 40), c)
-        filled = [h(1 << 40)] + _alternate(pool, b, _MAX_CHANGES - 2, 0)
-        pool.insert(0, h((1 << 40) + 1), b)
-        filled.append(h((1 << 40) + 1))
+        pool.insert(0, content_key(1 << 40), c)
+        filled = [content_key(1 << 40)] + _alternate(pool, b, _MAX_CHANGES - 2, 0)
+        pool.insert(0, content_key((1 << 40) + 1), b)
+        filled.append(content_key((1 << 40) + 1))
     else:
         filled = _alternate(pool, b, _MAX_CHANGES, 0)
     assert pool.index_version == _MAX_CHANGES
     assert pool.index_changes_since(0) == filled            # full, nothing forgotten
     assert pool.index_changes_since(_MAX_CHANGES - 3) == filled[-3:]
     if overflow == "insert":
-        pool.insert(0, h(1 << 41), c)
-        last = [h(1 << 41)]
+        pool.insert(0, content_key(1 << 41), c)
+        last = [content_key(1 << 41)]
     elif overflow == "drop":
         last = [pool.block_hash[b]]
         pool.drop_hash(b)
     else:
-        last = [h((1 << 42) + j) for j in range(8)]
+        last = [content_key((1 << 42) + j) for j in range(8)]
         pool.insert_run(0, last, run)
     assert pool.index_version == _MAX_CHANGES + len(last)
     assert pool.index_changes_since(0) is None
@@ -540,7 +537,7 @@ def test_a_bulk_run_that_exactly_fills_the_change_record_keeps_it() -> None:
     b = pool.allocate(1)[0]
     run = pool.allocate(8)
     filled = _alternate(pool, b, _MAX_CHANGES - 8, 0)
-    hashes = [h((1 << 42) + j) for j in range(8)]
+    hashes = [content_key((1 << 42) + j) for j in range(8)]
     pool.insert_run(0, hashes, run)
     assert pool.index_changes_since(0) == filled + hashes
     pool.check()
@@ -557,17 +554,17 @@ def test_sibling_eviction_evicts_every_free_duplicate_and_keeps_referenced_ones(
     pool.siblings = {0: (1,), 1: (0,)}
     a, b, c = (pool.allocate_extent(2) for _ in range(3))
     assert (a, b, c) == (1, 3, 5)
-    pool.insert(1, h(7), a)
-    pool.insert(1, h(7), b)
-    pool.insert(0, h(7), c)
-    assert pool.index[1][h(7)] == {1: None, 3: None}
+    pool.insert(1, content_key(7), a)
+    pool.insert(1, content_key(7), b)
+    pool.insert(0, content_key(7), c)
+    assert pool.index[1][content_key(7)] == {1: None, 3: None}
     pool.free([c])
     pool.free([a])
     assert pool.num_free == 5 and pool.num_held == 2     # fresh 7, heads 5 and 1, tails 6, 2
     pool.check()
     assert sorted(pool.allocate(2)) == [5, 7]
-    assert h(7) not in pool.index[0]
-    assert pool.index[1][h(7)] == 3 and pool.block_hash[1] is None
+    assert content_key(7) not in pool.index[0]
+    assert pool.index[1][content_key(7)] == 3 and pool.block_hash[1] is None
     assert pool.num_held == 0 and pool.num_free == 3
     assert pool.num_evictions == 2
     pool.check()
@@ -583,7 +580,7 @@ def test_ids_past_the_pool_are_refused_with_the_valid_range() -> None:
     naming it and the range, and changes nothing."""
     pool = BlockPool(10, 1)
     pool.allocate(1)
-    for call in (lambda: pool.touch([10]), lambda: pool.insert(0, h(1), 10)):
+    for call in (lambda: pool.touch([10]), lambda: pool.insert(0, content_key(1), 10)):
         with pytest.raises(ValueError, match=r"^block id 10 out of range \[1, 10\)$"):
             call()
         assert pool.next_fresh == 2 and pool.num_free == 8
@@ -603,13 +600,13 @@ def test_pools_with_held_blocks_refuse_to_pop_more_than_are_free(kind) -> None:
     if kind == "policy":
         pool = PolicyBlockPool(4, 1, make_policy("lfu"))
         blocks = pool.allocate(3)
-        pool.insert(0, h(1), blocks[0])
+        pool.insert(0, content_key(1), blocks[0])
         pool.free(blocks)                  # 2 scratch blocks in the queue, 1 in the policy
         assert len(pool.policy) == 1
     else:
         pool = ExtentBlockPool(4, 1)
         head = pool.allocate_extent(2)
-        pool.insert(0, h(1), head)
+        pool.insert(0, content_key(1), head)
         pool.free([head])                  # the head queued, its tail held; 1 fresh id
         assert pool.num_held == 1
     assert pool.num_free == 3
@@ -656,11 +653,11 @@ def test_cached_block_of_a_duplicated_hash_is_the_first_copy() -> None:
     registered is the one a lookup gets; after it is dropped, the other."""
     pool = BlockPool(8, 1)
     a, b = pool.allocate(2)
-    pool.insert(0, h(3), a)
-    pool.insert(0, h(3), b)
-    assert pool.cached_block(0, h(3)) == a
+    pool.insert(0, content_key(3), a)
+    pool.insert(0, content_key(3), b)
+    assert pool.cached_block(0, content_key(3)) == a
     pool.drop_hash(a)
-    assert pool.cached_block(0, h(3)) == b
+    assert pool.cached_block(0, content_key(3)) == b
 
 
 def test_a_double_free_is_reported_and_leaves_the_pool_consistent() -> None:
@@ -685,7 +682,7 @@ def test_a_double_free_inside_a_batch_loses_no_block(kind) -> None:
             "policy": lambda: PolicyBlockPool(8, 1, make_policy("lfu")),
             "extent": lambda: ExtentBlockPool(8, 1)}[kind]()
     a, b, c, d = pool.allocate(4)
-    pool.insert(0, h(5), d)                # one cached block in the batch too
+    pool.insert(0, content_key(5), d)                # one cached block in the batch too
     pool.free([a])
     with pytest.raises(AssertionError, match=rf"^block {a} freed more often than it was referenced$"):
         pool.free([b, d, a, c])
@@ -703,14 +700,14 @@ def test_freeing_a_never_used_id_past_the_lists_loses_no_block() -> None:
     and cached blocks before it are freed (queued), not lost."""
     pool = BlockPool(200, 1)
     a, d = pool.allocate(2)
-    pool.insert(0, h(5), d)
+    pool.insert(0, content_key(5), d)
     assert len(pool.ref_cnt) == 64
     with pytest.raises(AssertionError, match=r"^block 100 freed more often than it was referenced$"):
         pool.free([a, d, 100])
     assert pool.ref_cnt[a] == pool.ref_cnt[d] == 0
     assert pool.num_free == 199
     pool.check()
-    assert pool.cached_block(0, h(5)) == d
+    assert pool.cached_block(0, content_key(5)) == d
 
 
 def test_extent_allocate_stops_on_a_count_that_disagrees_with_the_queue() -> None:

@@ -18,12 +18,9 @@ from hybridkv import (BlockRemoved, BlockStored, CacheHit, ChunkedLocal, KVCache
                      SpecDecode, StateSpec)
 from hybridkv.core.retention_config import RetentionConfig, TokenRange
 from tests.support.helpers import FA, SWA, admit, config, prompt
+from tests.support.helpers import ST_K2, STATE4
 
 STATE1 = StateSpec(block_size=1, conv_shape=(1, 4), conv_dtype="float32", state_shape=(2, 2),
-                   state_dtype="float32")
-ST_K2 = StateSpec(block_size=4, conv_shape=(1, 4), conv_dtype="float32", state_shape=(4, 8),
-                  state_dtype="float32")     # 144 B over 64-byte pages: extents of 2 block ids
-STATE4 = StateSpec(block_size=4, conv_shape=(1, 4), conv_dtype="float32", state_shape=(2, 2),
                    state_dtype="float32")
 
 

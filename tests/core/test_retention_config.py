@@ -24,16 +24,7 @@ from hybridkv.core.retention_config import (DEFAULT_PRIORITY, RetentionConfig, R
                                             TokenRange, block_marks)
 from tests.support.random_ops import MAX_OPS, MIN_OPS, Model, configs, decode_ops
 from tests.hypothesis_budget import budgeted, examples, note
-
-
-class Clock:
-    """The injectable clock: time moves only when a test says so."""
-
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
+from tests.support.policies import Clock
 
 
 def _random_retention(x: int, n_tokens: int) -> RetentionConfig | None:

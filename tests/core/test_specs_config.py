@@ -24,6 +24,7 @@ from hybridkv import (MLA, ChunkedLocal, FullAttention, KVCacheConfig, KVCacheGr
 from hybridkv.core.hashing import BlockHasher, coarse_view, encode_extra_keys
 from hybridkv.core.retention_config import DEFAULT_PRIORITY, RetentionMark, block_marks
 from hybridkv.core.specs import DTYPE_BYTES, STATE_DTYPES, dtype_bytes
+from tests.support.helpers import raises
 
 
 def group(name: str, spec, layers=None) -> KVCacheGroup:
@@ -32,10 +33,6 @@ def group(name: str, spec, layers=None) -> KVCacheGroup:
 
 def fa(bs: int = 4) -> FullAttention:
     return FullAttention(block_size=bs, num_kv_heads=1, head_dim=8)
-
-
-def raises(match: str):
-    return pytest.raises(ValueError, match=match)
 
 
 # ---- specs: attention specs ------------------------------------------------------------------

@@ -14,16 +14,7 @@ from hybridkv.core.extent_pool import ExtentBlockPool
 from hybridkv.core.rules import StateRule, make_rule
 from hybridkv.core.specs import StateSpec
 from tests.support.oracle import needed_blocks
-
-QWEN3_NEXT = StateSpec(16, conv_shape=(3, 2 * 16 * 128 + 32 * 128), conv_dtype="bfloat16",
-                       state_shape=(32, 128, 128), state_dtype="float32")
-NEMOTRON_H = StateSpec(16, conv_shape=(3, 128 * 64 + 2 * 8 * 128), conv_dtype="bfloat16",
-                       state_shape=(128, 64, 128), state_dtype="float32")
-
-
-def hybrid(state: StateSpec, num_blocks: int = 4000, attn_bs: int = 16) -> KVCacheConfig:
-    return KVCacheConfig((KVCacheGroup("attn", FullAttention(attn_bs, num_kv_heads=2, head_dim=256), ("a",)),
-                          KVCacheGroup("gdn", state, ("s",))), num_blocks=num_blocks)
+from tests.support.helpers import NEMOTRON_H, QWEN3_NEXT, state_hybrid
 
 
 # ---- step 1: bytes and errors -------------------------------------------------------------
@@ -33,12 +24,12 @@ def test_state_bytes_match_the_hand_computed_sizes() -> None:
     # conv 3 x 10240 bf16 = 61,440 B + state 128 x 64 x 128 fp32 = 4,194,304 B
     assert NEMOTRON_H.page_size_bytes == 4_255_744
     assert QWEN3_NEXT.bytes_per_token == 0
-    cfg = hybrid(QWEN3_NEXT)
+    cfg = state_hybrid(QWEN3_NEXT)
     # attention page: 16 tokens x 2 heads x 256 x 2 (K, V) x 2 B = 32,768 B -> 66 pages
     assert cfg.max_page_bytes == 32_768
     assert cfg.extent_blocks(1) == 66 and cfg.extent_blocks(0) == 1
     # vLLM-compat-like layout: a 1056-token attention page holds one state (k = 1)
-    assert hybrid(StateSpec(1056, conv_shape=QWEN3_NEXT.conv_shape, state_shape=QWEN3_NEXT.state_shape),
+    assert state_hybrid(StateSpec(1056, conv_shape=QWEN3_NEXT.conv_shape, state_shape=QWEN3_NEXT.state_shape),
                   attn_bs=1056).extent_blocks(1) == 1
 
 
@@ -61,12 +52,12 @@ def test_state_larger_than_the_pool_is_a_clear_error() -> None:
                                          r"66 blocks of 32768 B page each; one request needs 133 "
                                          r"blocks but the pool has 99 usable blocks; give "
                                          r"num_blocks >= 134"):
-        KVCacheManager(hybrid(QWEN3_NEXT, num_blocks=100))
-    KVCacheManager(hybrid(QWEN3_NEXT, num_blocks=134))       # the minimum it names works
+        KVCacheManager(state_hybrid(QWEN3_NEXT, num_blocks=100))
+    KVCacheManager(state_hybrid(QWEN3_NEXT, num_blocks=134))       # the minimum it names works
 
 
 def test_retention_interval_not_a_multiple_of_the_alignment_is_a_clear_error() -> None:
-    cfg = hybrid(QWEN3_NEXT)
+    cfg = state_hybrid(QWEN3_NEXT)
     with pytest.raises(ValueError, match=r"multiple of the scheduler block size \(16, the LCM of "
                                          r"the group block sizes\), got 50"):
         KVCacheManager(cfg, retention_interval=50)
@@ -76,7 +67,7 @@ def test_retention_interval_not_a_multiple_of_the_alignment_is_a_clear_error() -
 
 def test_non_lru_eviction_with_a_state_group_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="does not support state groups.*valid with a StateSpec group: 'lru'"):
-        KVCacheManager(hybrid(QWEN3_NEXT), eviction_policy="s3fifo")
+        KVCacheManager(state_hybrid(QWEN3_NEXT), eviction_policy="s3fifo")
 
 
 # ---- step 2: the hit rule ------------------------------------------------------------------
@@ -275,7 +266,7 @@ def serve(kv: KVCacheManager, rid: str, tokens: list[int], chunk: int | None = N
 
 @pytest.mark.parametrize("chunk", [None, 48])
 def test_200_token_prompt_hits_192_on_the_2nd_request_with_n_64(chunk) -> None:
-    kv = KVCacheManager(hybrid(QWEN3_NEXT), retention_interval=64)
+    kv = KVCacheManager(state_hybrid(QWEN3_NEXT), retention_interval=64)
     hit1, exp1 = serve(kv, "r1", SHARED + [1] * 50, chunk)
     assert hit1 == 0 and {64, 128, 192} <= set(exp1)
     assert serve(kv, "r2", SHARED + [2] * 50, chunk)[0] == 192
@@ -286,7 +277,7 @@ def test_200_token_prompt_with_n_0_hits_on_the_3rd_request() -> None:
     """Semantic checkpoints only: the 2nd request finds the junction (attention hits 192,
     the state nothing) and writes a checkpoint there; the 3rd hits 192 (vLLM 0.33 align
     mode: also the 3rd occurrence, but at 1056-token granularity, so 0 here)."""
-    kv = KVCacheManager(hybrid(QWEN3_NEXT), retention_interval=0)
+    kv = KVCacheManager(state_hybrid(QWEN3_NEXT), retention_interval=0)
     assert serve(kv, "r1", SHARED + [1] * 50)[0] == 0
     r2 = Request("probe", SHARED + [2] * 50)
     probe = kv.lookup(r2)
@@ -299,7 +290,7 @@ def test_200_token_prompt_with_n_0_hits_on_the_3rd_request() -> None:
 def test_divergence_inside_request_unique_tokens_still_hits_the_junction() -> None:
     """vLLM #45238: the aligned checkpoints of request 1 (its replay boundaries 224/240) lie
     in its own unique tokens; a request diverging at 205 still reaches the junction 192."""
-    kv = KVCacheManager(hybrid(QWEN3_NEXT), retention_interval=0)
+    kv = KVCacheManager(state_hybrid(QWEN3_NEXT), retention_interval=0)
     _, exp1 = serve(kv, "r1", SHARED + list(range(50)))
     assert max(exp1) > 200                                  # checkpoints in unique tokens
     assert serve(kv, "r2", SHARED + [0, 1, 2, 3, 4] + [9] * 45)[0] == 0   # junction found
@@ -307,7 +298,7 @@ def test_divergence_inside_request_unique_tokens_still_hits_the_junction() -> No
 
 
 def test_resend_hits_the_replay_checkpoint_and_the_final_length() -> None:
-    kv = KVCacheManager(hybrid(QWEN3_NEXT), retention_interval=0)
+    kv = KVCacheManager(state_hybrid(QWEN3_NEXT), retention_interval=0)
     prompt = SHARED + [5] * 56                              # 256 tokens
     serve(kv, "r1", prompt)
     assert serve(kv, "r2", prompt)[0] == 240                # (P - 1) aligned down
@@ -318,7 +309,7 @@ def test_resend_hits_the_replay_checkpoint_and_the_final_length() -> None:
 def test_checkpoints_are_evicted_whole_and_hits_fall_back() -> None:
     """A pool with room for few checkpoints: evicting one leaves the attention blocks cached
     (SGLang's tombstone for free) and the hit falls back to the next lower checkpoint."""
-    cfg = hybrid(QWEN3_NEXT, num_blocks=66 * 6 + 40)
+    cfg = state_hybrid(QWEN3_NEXT, num_blocks=66 * 6 + 40)
     kv = KVCacheManager(cfg, retention_interval=64)
     serve(kv, "r1", SHARED + [1] * 50, chunk=48)
     assert serve(kv, "r2", SHARED + [2] * 50, chunk=48)[0] == 192
@@ -330,7 +321,7 @@ def test_checkpoints_are_evicted_whole_and_hits_fall_back() -> None:
 
 
 def test_speculative_lookahead_never_exports_a_draft_position() -> None:
-    kv = KVCacheManager(hybrid(QWEN3_NEXT), retention_interval=16,
+    kv = KVCacheManager(state_hybrid(QWEN3_NEXT), retention_interval=16,
                         spec_decode=SpecDecode("ngram", 3))
     r = Request("r", list(range(30)))
     assert kv.allocate(r, 30, kv.lookup(r)) is not None
@@ -352,7 +343,7 @@ def test_speculative_lookahead_never_exports_a_draft_position() -> None:
 
 
 def test_export_positions_predict_the_allocation() -> None:
-    kv = KVCacheManager(hybrid(QWEN3_NEXT), retention_interval=64)
+    kv = KVCacheManager(state_hybrid(QWEN3_NEXT), retention_interval=64)
     r = Request("r", SHARED + [1] * 50)
     hit = kv.lookup(r)
     assert kv.export_positions(r, 100, hit) == [64]
@@ -369,7 +360,7 @@ def test_export_positions_predict_the_allocation() -> None:
 
 def test_preemption_and_no_caching_free_everything() -> None:
     for caching in (True, False):
-        kv = KVCacheManager(hybrid(QWEN3_NEXT), retention_interval=64, enable_caching=caching)
+        kv = KVCacheManager(state_hybrid(QWEN3_NEXT), retention_interval=64, enable_caching=caching)
         r = Request("r", SHARED)
         kv.allocate(r, 100, kv.lookup(r))
         r.num_computed_tokens = 100

@@ -14,9 +14,7 @@ import pytest
 
 from hybridkv import BlockStored, KVCacheManager, Request, StateSpec
 from tests.support.helpers import FA, SWA, config, prompt
-
-STATE4 = StateSpec(block_size=4, conv_shape=(1, 4), conv_dtype="float32", state_shape=(2, 2),
-                   state_dtype="float32")
+from tests.support.helpers import ST_K2, STATE4
 
 
 # ---- export_positions -----------------------------------------------------------------------
@@ -356,10 +354,6 @@ def test_a_running_state_request_releases_each_checkpoint_once_it_is_below_the_h
         assert free - kv.num_free_blocks == taken
         free = kv.num_free_blocks
         kv.check_integrity()
-
-
-ST_K2 = StateSpec(block_size=4, conv_shape=(1, 4), conv_dtype="float32", state_shape=(4, 8),
-                  state_dtype="float32")     # 144 B over 64-byte pages: extents of 2 block ids
 
 
 def test_a_state_step_that_fits_only_with_its_released_checkpoint() -> None:

@@ -11,8 +11,7 @@ from hybridkv import Request, SpecDecode
 from hybridkv.core.rules import HitRule, make_rule
 from tests.support.helpers import (C3, FA, SWA, cached_positions, evict, hash_cached, manager,
                                 run_prompt)
-
-EAGLE_DROP = SpecDecode("eagle", 1, hash_lookahead=False)
+from tests.support.helpers import EAGLE_DROP
 
 
 def queue(kv):

@@ -3,6 +3,7 @@
 * :func:`configs` draws a hybrid config (full, MLA, sliding, chunked and state groups, identical
   siblings, a draft group) with its retention interval, speculative decoding and mode;
   :func:`op_configs` adds the per-example :class:`Extras` (images, LoRA, ``max_model_len``).
+* :data:`ATTENTION_SPECS` draws one full or sliding spec (the rules' and masks' comparisons).
 * :func:`decode_ops` turns one byte string into an operation sequence (4 bytes per operation).
 * :class:`Model` drives a :class:`~hybridkv.KVCacheManager` through admissions, steps,
   preemptions and finishes, keeps a shadow record of what every block was last written with,
@@ -24,6 +25,7 @@ from hybridkv import (MLA, ChunkedLocal, FullAttention, KVCacheConfig, KVCacheGr
                       KVCacheManager, LoRA, MultiModalItem, Request, SlidingWindow, SpecDecode)
 from hybridkv.core.specs import StateSpec
 from tests.hypothesis_budget import is_deep, note
+from tests.support.helpers import FA, SWA
 from tests.support.oracle import (ContentMirror, attention_kind, drop_mode, hash_block_size,
                                   oracle_hit)
 
@@ -38,6 +40,8 @@ SPECS_DEEP = [None, SpecDecode("eagle", 2), SpecDecode("eagle", 1, hash_lookahea
               SpecDecode("mtp", 2, hash_lookahead=False), SpecDecode("dflash", 2),
               SpecDecode("dflash", 4), SpecDecode("draft_model", 2), SpecDecode("ngram", 3)]
 
+
+ATTENTION_SPECS = st.sampled_from([FA(4), FA(16), SWA(4, 8), SWA(4, 13), SWA(16, 64), SWA(8, 200)])
 
 # Strategies are built once (building one inside a draw costs more than the draw).
 _KIND = st.sampled_from(["full", "mla", "swa", "swa", "swa", "chunked", "state"] if DEEP else

@@ -22,8 +22,8 @@ from hybridkv.core.pool import BlockPool
 from tests.support.random_ops import MAX_OPS, MIN_OPS, Model, configs, decode_ops
 from tests.support.helpers import serve_chain
 from tests.hypothesis_budget import budgeted, examples, note
-
-NON_LRU = [p for p in POLICIES if p not in ("lru", "recommended")]
+from tests.support.policies import NON_LRU, eviction_order, policy_config, serve_contents, serve_prompt
+from tests.support.helpers import content_key
 
 
 def _run(cfg_args, ops, policy: str) -> None:
@@ -59,36 +59,19 @@ def test_random_operations_keep_invariants(policy, cfg_args, ops):
     _run(cfg_args, ops, policy)
 
 
-def _cfg(num_blocks: int, *specs) -> KVCacheConfig:
-    specs = specs or (FullAttention(block_size=4, num_kv_heads=1, head_dim=4),)
-    return KVCacheConfig(tuple(KVCacheGroup(f"g{i}", s, (f"l{i}",)) for i, s in enumerate(specs)),
-                         num_blocks=num_blocks)
-
-
-def _serve(kv: KVCacheManager, rid: str, tokens: list[int]) -> int:
-    """Run one request to completion (prefill only) and free it; the hit length in tokens."""
-    req = Request(rid, tokens)
-    hit = kv.lookup(req)
-    assert kv.allocate(req, req.num_tokens - hit.num_tokens, hit) is not None
-    req.num_computed_tokens = req.num_tokens
-    kv.free(req)
-    kv.check_integrity()
-    return hit.num_tokens
-
-
 def test_lru_keeps_the_plain_pool():
-    assert type(KVCacheManager(_cfg(8)).pool) is BlockPool
-    assert type(KVCacheManager(_cfg(8), eviction_policy="lru").pool) is BlockPool
+    assert type(KVCacheManager(policy_config(8)).pool) is BlockPool
+    assert type(KVCacheManager(policy_config(8), eviction_policy="lru").pool) is BlockPool
     for p in NON_LRU:
-        assert type(KVCacheManager(_cfg(8), eviction_policy=p).pool) is PolicyBlockPool
+        assert type(KVCacheManager(policy_config(8), eviction_policy=p).pool) is PolicyBlockPool
 
 
 def test_bad_policy_names():
     for bad in ("LRU", "", "fifo", None, 3):
         with pytest.raises(ValueError, match="unknown eviction policy.*valid: lru, s3fifo"):
-            KVCacheManager(_cfg(8), eviction_policy=bad)
+            KVCacheManager(policy_config(8), eviction_policy=bad)
     with pytest.raises(ValueError, match="vllm_compat.*must be 'lru'"):
-        KVCacheManager(_cfg(8), eviction_policy="s3fifo", vllm_compat=True)
+        KVCacheManager(policy_config(8), eviction_policy="s3fifo", vllm_compat=True)
     assert resolve_policy("recommended") == RECOMMENDED
     assert make_policy("lru") is None
 
@@ -146,19 +129,19 @@ def test_a_new_policy_is_one_class_and_one_registration_line(monkeypatch):
         resolve_policy("toy")
     with pytest.raises(ValueError, match="vllm_compat pins vLLM's LRU order; eviction_policy must be 'lru', "
                                          "got 'toy-mru'"):
-        KVCacheManager(_cfg(9), eviction_policy="toy-mru", vllm_compat=True)
+        KVCacheManager(policy_config(9), eviction_policy="toy-mru", vllm_compat=True)
 
     def run(policy: str) -> tuple[int, int]:
         clock = lambda: 0.0                                   # noqa: E731
-        kv = KVCacheManager(_cfg(9), eviction_policy=policy, clock=clock)
+        kv = KVCacheManager(policy_config(9), eviction_policy=policy, clock=clock)
         if policy == "toy-mru":
             assert type(kv.pool) is PolicyBlockPool and type(kv.pool.policy) is _ToyMRU
             rules, got_clock = kv.pool.policy.made_with
             assert len(rules) == 1 and rules[0].block_size == 4 and got_clock is clock
         a, b = list(range(9)), list(range(100, 109))          # 2 cached blocks each
-        _serve(kv, "a", a)
-        _serve(kv, "b", b)
-        _serve(kv, "c", list(range(200, 221)))               # 6 blocks: evicts 2 cached ones
+        serve_prompt(kv, "a", a)
+        serve_prompt(kv, "b", b)
+        serve_prompt(kv, "c", list(range(200, 221)))               # 6 blocks: evicts 2 cached ones
         kv.check_integrity()
         return kv.lookup(Request("a2", a)).num_tokens, kv.lookup(Request("b2", b)).num_tokens
 
@@ -178,14 +161,14 @@ def test_hot_prefix_survives_a_scan(policy):
     """A prefix hit twice survives a stream of one-off prompts larger than the cache, which
     flushes it under LRU (the scan-resistance every non-LRU policy here promises)."""
     def run(p: str) -> int:
-        kv = KVCacheManager(_cfg(24), eviction_policy=p)
+        kv = KVCacheManager(policy_config(24), eviction_policy=p)
         hot = list(range(100, 117))                         # 4 full blocks + 1 token
-        _serve(kv, "h0", hot)
-        assert _serve(kv, "h1", hot) == 16
-        assert _serve(kv, "h2", hot) == 16
+        serve_prompt(kv, "h0", hot)
+        assert serve_prompt(kv, "h1", hot) == 16
+        assert serve_prompt(kv, "h2", hot) == 16
         for i in range(12):                                  # 12 x 3 blocks > 23 blocks
-            _serve(kv, f"s{i}", [1000 + 20 * i + k for k in range(13)])
-        return _serve(kv, "h3", hot)
+            serve_prompt(kv, f"s{i}", [1000 + 20 * i + k for k in range(13)])
+        return serve_prompt(kv, "h3", hot)
     assert run("lru") == 0
     assert run(policy) == 16
 
@@ -194,16 +177,16 @@ def test_tail_goes_before_prefix():
     """One request's chain, freed tail first: every policy evicts its tail before its prefix,
     so a shorter cache still serves the longest prefix it can."""
     for p in POLICIES:
-        kv = KVCacheManager(_cfg(10), eviction_policy=p)
-        _serve(kv, "a", list(range(33)))        # 9 blocks: 8 cached + 1 partial scratch
-        _serve(kv, "b", [500 + k for k in range(9)])        # 3 blocks: scratch + 2 evicted
-        assert _serve(kv, "c", list(range(33))) == 24, p    # blocks 0..5 left: 24 tokens
+        kv = KVCacheManager(policy_config(10), eviction_policy=p)
+        serve_prompt(kv, "a", list(range(33)))        # 9 blocks: 8 cached + 1 partial scratch
+        serve_prompt(kv, "b", [500 + k for k in range(9)])        # 3 blocks: scratch + 2 evicted
+        assert serve_prompt(kv, "c", list(range(33))) == 24, p    # blocks 0..5 left: 24 tokens
 
 
 def test_cost_policy_keeps_full_attention_over_sliding_window():
     full = FullAttention(block_size=512, num_kv_heads=1, head_dim=4)
     swa = SlidingWindow(block_size=512, num_kv_heads=1, head_dim=4, window=512)
-    kv = KVCacheManager(_cfg(8, full, swa), eviction_policy="cost")
+    kv = KVCacheManager(policy_config(8, full, swa), eviction_policy="cost")
     w = kv.pool.policy.weights
     assert w[0] == 1.0 and 0 < w[1] < w[0]
 
@@ -255,17 +238,6 @@ def test_policy_pool_keeps_the_region_order(policy, num_blocks, ops):
 
 # ---- eva: learned hit density by age ----------------------------------------------------------
 
-def _key(t: int) -> bytes:
-    return t.to_bytes(8, "little")
-
-
-def _eviction_order(pool: PolicyBlockPool, evicted: list[bytes]) -> list[int]:
-    """Allocate every free block; the hashes the policy gave up, first victim first."""
-    evicted.clear()
-    pool.allocate(pool.num_free)
-    pool.check()
-    return [int.from_bytes(h, "little") for h in evicted]
-
 
 def test_eva_without_statistics_is_lru_by_batch():
     """Before it has learned anything every value is 0, and ties go oldest bucket first: with
@@ -278,12 +250,12 @@ def test_eva_without_statistics_is_lru_by_batch():
     for chain in chains:
         blocks = pool.allocate(len(chain))
         for b, t in zip(blocks, chain):
-            pool.insert(0, _key(t), b)
+            pool.insert(0, content_key(t), b)
         pool.free(blocks[::-1])                      # tail first, as the coordinator frees
-    hit = pool.cached_block(0, _key(3))              # a hit makes block 3 the newest
+    hit = pool.cached_block(0, content_key(3))              # a hit makes block 3 the newest
     pool.touch([hit])
     pool.free([hit])
-    assert _eviction_order(pool, evicted) == [2, 1, 0, 4, 8, 7, 6, 5, 3]
+    assert eviction_order(pool, evicted) == [2, 1, 0, 4, 8, 7, 6, 5, 3]
 
 
 def test_eva_learns_a_dead_time():
@@ -297,10 +269,10 @@ def test_eva_learns_a_dead_time():
     pool = PolicyBlockPool(200, 1, pol, on_evict=lambda g, h: evicted.append(h))
     for t in range(60):
         b, = pool.allocate(1)
-        pool.insert(0, _key(t), b)
+        pool.insert(0, content_key(t), b)
         pool.free([b])
         if t >= 3:                                   # content t-3 comes back now
-            c = pool.cached_block(0, _key(t - 3))
+            c = pool.cached_block(0, content_key(t - 3))
             pool.touch([c])
             pool.free([c])
         pool.check()
@@ -308,7 +280,7 @@ def test_eva_learns_a_dead_time():
              for b, k in pol.where.items()}
     waiting = sorted((t for t, (c, _) in state.items() if c == 0), key=lambda t: state[t][1])
     assert waiting == [59, 58, 57] and [state[t][1] for t in waiting] == [2, 4, 6]
-    order = _eviction_order(pool, evicted)
+    order = eviction_order(pool, evicted)
     assert order[-3:] == waiting                     # youngest first, the one due next last
     done = order[:-3]
     assert all(state[t][0] == 1 for t in done)
@@ -326,7 +298,7 @@ def test_eva_turns_classes_count_turns():
     for policy in (TurnEVAPolicy(ages=64, width=1000), EVAPolicy(ages=64, width=1000)):
         pool = PolicyBlockPool(64, 1, policy)
         system = pool.allocate(1)
-        pool.insert(0, _key(0), system[0])
+        pool.insert(0, content_key(0), system[0])
         pool.free(system)
         for _ in range(SHARED_REUSES):               # the system prompt: shared content
             pool.touch(system)
@@ -336,7 +308,7 @@ def test_eva_turns_classes_count_turns():
             pool.touch(chain)
             new = pool.allocate(2)
             for b in new:
-                pool.insert(0, _key(100 * turn + b + 1), b)
+                pool.insert(0, content_key(100 * turn + b + 1), b)
             chain = chain + new
             pool.free(chain[::-1])
             seen.append(policy.where[chain[-1]][0])
@@ -367,21 +339,17 @@ def test_seeded_operation_mix(policy):
 
 # ---- arc and adaptive: chains that come back ------------------------------------------------
 
-def _serve_chain(pool: BlockPool, chain: list[int]) -> int:
-    """:func:`tests.support.helpers.serve_chain` of ``chain``'s content keys."""
-    return serve_chain(pool, [_key(t) for t in chain])
-
 
 def _conversation_vs_flood(pool: BlockPool) -> int:
     """A shared root hit by 8 first turns, a conversation that comes back once, then a flood of
     first turns larger than the cache; returns the conversation's hits on its third turn."""
     for i in range(8):
-        _serve_chain(pool, [0, 1000 + i])
-    _serve_chain(pool, [0, 1, 2])
-    assert _serve_chain(pool, [0, 1, 2, 3]) == 3
+        serve_contents(pool, [0, 1000 + i])
+    serve_contents(pool, [0, 1, 2])
+    assert serve_contents(pool, [0, 1, 2, 3]) == 3
     for i in range(40):
-        _serve_chain(pool, [0, 2000 + 2 * i, 2001 + 2 * i])
-    return _serve_chain(pool, [0, 1, 2, 3, 4])
+        serve_contents(pool, [0, 2000 + 2 * i, 2001 + 2 * i])
+    return serve_contents(pool, [0, 1, 2, 3, 4])
 
 
 def test_arc_keeps_a_returning_conversation_through_a_flood():
@@ -401,28 +369,28 @@ def test_arc_order_tail_first_within_a_list():
     from hybridkv.core.eviction.arc import ChainARCPolicy
     evicted: list[bytes] = []
     pool = PolicyBlockPool(12, 1, ChainARCPolicy(), on_evict=lambda g, h: evicted.append(h))
-    _serve_chain(pool, [10, 11, 12])
-    _serve_chain(pool, [20, 21])
-    assert _eviction_order(pool, evicted) == [12, 11, 10, 21, 20]
+    serve_contents(pool, [10, 11, 12])
+    serve_contents(pool, [20, 21])
+    assert eviction_order(pool, evicted) == [12, 11, 10, 21, 20]
 
 
 def _rounds(pool: BlockPool, n: int = 8) -> list[int]:
     """Two conversations come back once per round, each after a flood of 12 one-off first
     turns (24 blocks, most of the 30-block cache); per round, the conversations' hits."""
     for i in range(8):
-        _serve_chain(pool, [0, 1000 + i])                         # the root becomes shared
+        serve_contents(pool, [0, 1000 + i])                         # the root becomes shared
     convs = {1: [0, 10, 11], 2: [0, 20, 21]}
     for c in convs.values():
-        _serve_chain(pool, c)
+        serve_contents(pool, c)
     out, f = [], 0
     for r in range(n):
         for _ in range(12):
-            _serve_chain(pool, [0, 5000 + f, 5001 + f])
+            serve_contents(pool, [0, 5000 + f, 5001 + f])
             f += 2
         hits = 0
         for k, c in convs.items():
             c.append(100 * k + r)
-            hits += _serve_chain(pool, c)
+            hits += serve_contents(pool, c)
         out.append(hits)
     return out
 

@@ -22,37 +22,8 @@ from hybridkv.core.eviction import (POLICIES, AdaptivePolicy, ChainARCPolicy, Co
 from hybridkv.core.policy_pool import PolicyBlockPool
 from hybridkv.core.rules import make_rule
 from tests.support.helpers import serve_chain
-
-
-def _key(t: int) -> bytes:
-    return t.to_bytes(8, "little")
-
-
-class Cache:
-    """A policy pool with an eviction log (contents, first victim first)."""
-
-    def __init__(self, policy, num_blocks: int, num_groups: int = 1) -> None:
-        self.policy = policy
-        self.evicted: list[int] = []
-        self.pool = PolicyBlockPool(num_blocks, num_groups, policy,
-                                    on_evict=lambda g, h: self.evicted.append(int.from_bytes(h, "little")))
-
-    def block(self, t: int, group: int = 0) -> int | None:
-        return self.pool.cached_block(group, _key(t))
-
-    def serve(self, chain: list[int], group: int = 0) -> int:
-        """One request: hit the cached leading blocks of ``chain``, compute the rest, free it all
-        tail first (:func:`tests.support.helpers.serve_chain`). Returns the leading hits."""
-        return serve_chain(self.pool, [_key(t) for t in chain], group)
-
-    def drain(self) -> list[int]:
-        """Allocate every free block (victims in the policy's order) and give them back
-        hash-less; the contents evicted by this call."""
-        n = len(self.evicted)
-        blocks = self.pool.allocate(self.pool.num_free)
-        self.pool.check()
-        self.pool.free(blocks)
-        return self.evicted[n:]
+from tests.support.policies import Cache, check_fails, model_workload
+from tests.support.helpers import content_key
 
 
 # ---- the registry (eviction/__init__.py) and the base class --------------------------------
@@ -96,7 +67,7 @@ def test_priority_policy_from_the_registry_reads_its_clock():
     c = Cache(pol, 4)
     a, b, d = c.pool.allocate(3)
     for blk, k in ((a, 1), (b, 2), (d, 3)):
-        c.pool.insert(0, _key(k), blk)
+        c.pool.insert(0, content_key(k), blk)
     c.pool.retain([a, b, d], [0], [RetentionMark(1, 90, 5.0)])       # block a: priority 90 for 5 s
     c.pool.free([a, b, d])
     t[0] = 1.0
@@ -275,13 +246,13 @@ def test_s3fifo_forgets_a_reallocated_blocks_hits():
     c = Cache(S3FIFOPolicy(), 4)
     pool = c.pool
     b, = pool.allocate(1)
-    pool.insert(0, _key(1), b)
+    pool.insert(0, content_key(1), b)
     pool.free([b])
     pool.touch([b])
     pool.drop_hash(b)
     pool.free([b])
     assert pool.allocate(1) == [b]                   # scratch is reused first
-    pool.insert(0, _key(2), b)
+    pool.insert(0, content_key(2), b)
     pool.free([b])
     c.serve([3])
     c.serve([4])
@@ -321,9 +292,9 @@ def test_s3fifo_check_rejects_a_corrupted_state():
         c = Cache(S3FIFOPolicy(), n)
         c.serve([1])
         for k in range(n - 1):
-            c.policy.ghost[_key(100 + k)] = None
+            c.policy.ghost[content_key(100 + k)] = None
         c.policy.check()                                 # n - 1: at capacity
-        c.policy.ghost[_key(99)] = None
+        c.policy.ghost[content_key(99)] = None
         with pytest.raises(AssertionError) as exc:
             c.policy.check()
         assert str(exc.value) == "s3fifo: ghost queue over its capacity"
@@ -377,14 +348,14 @@ def test_lfu_hit_counts_reset_when_a_block_gets_new_content():
     c = Cache(LFUPolicy(), 4)
     pool = c.pool
     b, = pool.allocate(1)
-    pool.insert(0, _key(1), b)
+    pool.insert(0, content_key(1), b)
     pool.free([b])
     pool.touch([b])
     pool.touch([b])
     pool.drop_hash(b)
     pool.free([b, b])
     assert pool.allocate(1) == [b]
-    pool.insert(0, _key(2), b)
+    pool.insert(0, content_key(2), b)
     pool.free([b])
     c.serve([3])
     assert c.drain() == [2, 3]
@@ -501,7 +472,7 @@ def test_priority_rebuild_keeps_levels_moved_entries_and_expiries():
     pool = c.pool
     blocks = pool.allocate(5)
     for k, b in enumerate(blocks, 1):
-        pool.insert(0, _key(k), b)
+        pool.insert(0, content_key(k), b)
     for b, marks in zip(blocks, ([RetentionMark(1, 90, 10.0)],
                                  [RetentionMark(1, 60, 1.0), RetentionMark(1, 50, None)], [],
                                  [RetentionMark(1, 100, None)], [RetentionMark(1, 61, None)])):
@@ -561,11 +532,6 @@ def test_eva_turns_ignores_blocks_reused_eight_times_or_more(reuses, cls):
 
 # ---- integrity checks: a deliberately corrupted policy must be rejected -------------------
 
-def _raises(check, message: str) -> None:
-    with pytest.raises(AssertionError) as exc:
-        check()
-    assert str(exc.value) == message
-
 
 @pytest.mark.parametrize("cls", [LFUPolicy, CostAwarePolicy])
 def test_lfu_check_rejects_lost_heap_entries(cls):
@@ -573,7 +539,7 @@ def test_lfu_check_rejects_lost_heap_entries(cls):
     c.serve([1, 2])
     c.policy.check()
     c.policy.heap.clear()
-    _raises(c.policy.check, f"{c.policy.name}: 2 held blocks but 0 live heap entries")
+    check_fails(c.policy.check, f"{c.policy.name}: 2 held blocks but 0 live heap entries")
 
 
 def test_arc_check_rejects_a_corrupted_state():
@@ -584,7 +550,7 @@ def test_arc_check_rejects_a_corrupted_state():
     pol = c.policy
     for b in pol.t1:
         pol.t2[b] = None
-    _raises(pol.check, "arc: blocks [1, 2, 3, 4, 5] are in both lists")
+    check_fails(pol.check, "arc: blocks [1, 2, 3, 4, 5] are in both lists")
     for ratio, cap in ((2.0, 16), (0.1, 1), (0.5, 4)):
         for lst in ("b1", "b2"):
             c = Cache(ChainARCPolicy(ghost_ratio=ratio), 9)
@@ -594,14 +560,14 @@ def test_arc_check_rejects_a_corrupted_state():
             c.policy.check()
             ghosts[cap] = 0
             n1, n2 = len(c.policy.b1), len(c.policy.b2)
-            _raises(c.policy.check, f"arc: ghost lists {n1}, {n2} over {cap}")
+            check_fails(c.policy.check, f"arc: ghost lists {n1}, {n2} over {cap}")
     c = Cache(ChainARCPolicy(), 9)
     for p in (0.0, 8.0):
         c.policy.p = p
         c.policy.check()
     for p in (-0.5, 8.5):
         c.policy.p = p
-        _raises(c.policy.check, f"arc: target {p} outside [0, 8]")
+        check_fails(c.policy.check, f"arc: target {p} outside [0, 8]")
 
 
 def test_eva_check_rejects_a_corrupted_state():
@@ -613,10 +579,10 @@ def test_eva_check_rejects_a_corrupted_state():
     b = c.block(1)
     key = pol.where[b]
     pol.where[b] = (3, 7)
-    _raises(pol.check, f"eva: block {b} in queue {key} but recorded in (3, 7)")
+    check_fails(pol.check, f"eva: block {b} in queue {key} but recorded in (3, 7)")
     pol.where[b] = key
     pol.where[99] = key
-    _raises(pol.check, "eva: 3 held blocks but 2 queued")
+    check_fails(pol.check, "eva: 3 held blocks but 2 queued")
     for ages, width, cap in ((4, 2, 64), (8, 10, 80)):
         pol = EVAPolicy(ages=ages, width=width)
         c = Cache(pol, 9)
@@ -624,7 +590,7 @@ def test_eva_check_rejects_a_corrupted_state():
             pol.ghost[k] = (0, 0, 0)
         pol.check()
         pol.ghost[cap] = (0, 0, 0)
-        _raises(pol.check, "eva: ghost table over its capacity")
+        check_fails(pol.check, "eva: ghost table over its capacity")
 
 
 def _hold(alt, b: int, key=None) -> None:
@@ -659,11 +625,11 @@ def test_adaptive_check_rejects_a_corrupted_state(name):
         pol = fresh()
         alt = pol.alts[i]
         _hold(alt, 99, _drop(alt, next(iter(pol.fifo))))          # same count, another block
-        _raises(pol.check, f"adaptive: LRU list (3) and {alt.name} (3) hold different blocks")
+        check_fails(pol.check, f"adaptive: LRU list (3) and {alt.name} (3) hold different blocks")
         pol = fresh()
         alt = pol.alts[i]
         _hold(alt, 77, None if isinstance(alt, ChainARCPolicy) else alt.where[next(iter(pol.fifo))])
-        _raises(pol.check, f"adaptive: LRU list (3) and {alt.name} (4) hold different blocks")
+        check_fails(pol.check, f"adaptive: LRU list (3) and {alt.name} (4) hold different blocks")
     pol = fresh()
     arc = pol.alts[0]
     for b in list(arc.t1):
@@ -682,7 +648,7 @@ def test_adaptive_check_rejects_a_corrupted_state(name):
         add(("x", 1))
         pol.check()                                      # 5: at the capacity
         add(("x", 2))
-        _raises(pol.check, "adaptive: a shadow is over the pool's capacity")
+        check_fails(pol.check, "adaptive: a shadow is over the pool's capacity")
 
 
 def test_priority_check_rejects_a_corrupted_state():
@@ -697,7 +663,7 @@ def test_priority_check_rejects_a_corrupted_state():
         c = Cache(pol, 8)
         blocks = c.pool.allocate(5)
         for k, b in enumerate(blocks, 1):
-            c.pool.insert(0, _key(k), b)
+            c.pool.insert(0, content_key(k), b)
         c.pool.retain(blocks[:2], [0, 1], [RetentionMark(2, 100, None)])
         c.pool.free(blocks)                          # 1, 2 at level 100; 3, 4, 5 at 35
         pol.check()
@@ -706,25 +672,25 @@ def test_priority_check_rejects_a_corrupted_state():
     for lv in (35, 100):
         pol = fresh()
         pol.mask &= ~(1 << lv)
-        _raises(pol.check, f"priority: level {lv} holds entries but its mask bit is clear")
+        check_fails(pol.check, f"priority: level {lv} holds entries but its mask bit is clear")
         pol = fresh()
         pol.fifo[lv].reverse()
-        _raises(pol.check, f"priority: level {lv}'s FIFO is not in free order")
+        check_fails(pol.check, f"priority: level {lv}'s FIFO is not in free order")
     pol = fresh()
     pol.seq_of[99] = 1000
     pol.level_of[99] = 35
-    _raises(pol.check, "priority: 6 held blocks but 5 live entries")
+    check_fails(pol.check, "priority: 6 held blocks but 5 live entries")
     pol = fresh()
     pol._entries += 1
-    _raises(pol.check, "priority: counts 6 entries, holds 5")
+    check_fails(pol.check, "priority: counts 6 entries, holds 5")
     pol = fresh()
     pol.level_of[99] = 35
-    _raises(pol.check, "priority: seq and level tables disagree")
+    check_fails(pol.check, "priority: seq and level tables disagree")
     for marks in ([(50, 10.0), (60, 5.0)], [(60, 10.0), (50, 5.0)], [(60, 5.0), (60, 10.0)],
                   [(60, 5.0), (50, 5.0)], [(90, 1.0), (60, 5.0), (50, 5.0)]):
         pol = fresh()
         pol.marks[5] = marks
-        _raises(pol.check, f"priority: block 5's marks are not a Pareto list: {marks}")
+        check_fails(pol.check, f"priority: block 5's marks are not a Pareto list: {marks}")
     pol = fresh()
     pol.marks[5] = [(90, 1.0), (60, 5.0), (50, math.inf)]
     pol.check()
@@ -849,58 +815,6 @@ class EvaModel:
         return out
 
 
-def _model_workload(pol, model, num_blocks: int, steps: int, seed: int) -> int:
-    """Conversations that come back after a think time, one-off prompts and a shared root,
-    served on the policy's pool and on the model; every victim must be the model's. Returns
-    the number of evictions compared."""
-    import random
-    rng = random.Random(seed)
-    c = Cache(pol, num_blocks)
-    pool = c.pool
-    convs: list[list[int]] = []
-    fresh = 1000
-    compared = 0
-    for _ in range(steps):
-        r = rng.random()
-        if convs and r < 0.55:
-            chain = rng.choice(convs)
-            chain += [fresh, fresh + 1][: rng.randint(1, 2)]
-            fresh += 2
-            if len(chain) > min(6, num_blocks - 4):
-                convs.remove(chain)
-        else:
-            chain = [0] if r < 0.8 else []
-            chain = chain + list(range(fresh, fresh + rng.randint(1, 3)))
-            fresh += 3
-            if r < 0.75:
-                convs.append(chain)
-        held = []
-        for t in chain:
-            b = c.block(t)
-            if b is None:
-                break
-            held.append(b)
-        for b in held:
-            model.hit(b, b in pol)
-            pool.touch([b])
-        n = len(chain) - len(held)
-        victims = n - (pool.num_free - len(pol))
-        want = [model.content[b] for b in model.pop(max(0, victims))]
-        before = len(c.evicted)
-        new = pool.allocate(n)
-        assert c.evicted[before:] == want
-        compared += len(want)
-        model.forget(new)
-        for b, t in zip(new, chain[len(held):]):
-            pool.insert(0, _key(t), b)
-        blocks = (held + new)[::-1]
-        model.free(blocks, chain[::-1])
-        pool.free(blocks)
-        pool.check()
-        model.compare(pol)
-    return compared
-
-
 @pytest.mark.parametrize("cls, ages, width, min_events, num_blocks, seed", [
     (EVAPolicy, 6, 2, 3, 13, 1),
     (EVAPolicy, 4, 1, 2, 9, 2),
@@ -915,7 +829,7 @@ def test_eva_matches_a_brute_force_model(cls, ages, width, min_events, num_block
     equal the model's. Without ``width`` the bucket is max(1, capacity // 4) blocks."""
     pol = cls(ages=ages, width=width, min_events=min_events)
     model = EvaModel(ages, width or max(1, (num_blocks - 1) // 4), min_events, cls is TurnEVAPolicy)
-    assert _model_workload(pol, model, num_blocks, 400, seed) > 250
+    assert model_workload(pol, model, num_blocks, 400, seed) > 250
     assert any(v > 0 for row in model.value for v in row)
 
 
@@ -964,7 +878,7 @@ def test_adaptive_shadows_score_what_lru_and_each_challenger_would_hit(name, num
     for chain in _requests(seed, 400, cap + 2):
         real.serve(chain)
         for i, p in enumerate(pools):
-            scores[i] += serve_chain(p, [_key(t) for t in chain])
+            scores[i] += serve_chain(p, [content_key(t) for t in chain])
         freed += len(chain)
         if freed >= 8 * cap:
             freed = 0
@@ -1017,10 +931,10 @@ def test_arc_discard_remembers_the_ghost_like_an_eviction():
     for t in (2, 3, 4):
         c.serve([t])                                 # t1
     pol.discard(c.block(1))
-    assert dict(pol.b2) == {_key(1): 1} and c.block(1) not in pol
+    assert dict(pol.b2) == {content_key(1): 1} and c.block(1) not in pol
     for t in (2, 3, 4):
         pol.discard(c.block(t))
-    assert list(pol.b1.items()) == [(_key(3), 0), (_key(4), 0)]
+    assert list(pol.b1.items()) == [(content_key(3), 0), (content_key(4), 0)]
     assert len(pol) == 0
 
 
@@ -1097,7 +1011,7 @@ class ArcModel:
 def test_arc_matches_a_model_of_the_docstring(num_blocks, ghost_ratio, seed):
     """Every victim, and the target p after every request, equal the model's."""
     model = ArcModel(num_blocks - 1, ghost_ratio)
-    assert _model_workload(ChainARCPolicy(ghost_ratio), model, num_blocks, 400, seed) > 250
+    assert model_workload(ChainARCPolicy(ghost_ratio), model, num_blocks, 400, seed) > 250
 
 
 @pytest.mark.parametrize("bad", [0, 0.0, -1.0, "2", None])
@@ -1154,7 +1068,7 @@ def test_priority_marks_reach_the_positions_below_their_block_count():
     c = Cache(pol, 6)
     table = c.pool.allocate(4)
     for j, b in enumerate(table):
-        c.pool.insert(0, _key(10 + j), b)
+        c.pool.insert(0, content_key(10 + j), b)
     c.pool.retain(table, [3, 2, 1, 0], [RetentionMark(1, 90, None), RetentionMark(3, 60, None),
                                         RetentionMark(2, 75, None)])
     assert [pol.level(b, 0.0)[0] for b in table] == [90, 75, 60, 35]
@@ -1170,7 +1084,7 @@ def test_priority_a_dominated_mark_is_not_kept():
     pol = PriorityPolicy(lambda: t[0])
     c = Cache(pol, 4)
     b, = c.pool.allocate(1)
-    c.pool.insert(0, _key(1), b)
+    c.pool.insert(0, content_key(1), b)
     c.pool.retain([b], [0], [RetentionMark(1, 60, 10.0)])
     c.pool.retain([b], [0], [RetentionMark(1, 60, 5.0)])
     c.pool.retain([b], [0], [RetentionMark(1, 50, 8.0)])
@@ -1190,7 +1104,7 @@ def test_priority_a_block_steps_down_through_each_timed_mark():
     c = Cache(pol, 5)
     blocks = c.pool.allocate(4)
     for k, b in enumerate(blocks, 1):
-        c.pool.insert(0, _key(k), b)
+        c.pool.insert(0, content_key(k), b)
     c.pool.retain(blocks[:1], [0], [RetentionMark(1, 90, 5.0), RetentionMark(1, 60, 10.0)])
     c.pool.retain(blocks[2:3], [0], [RetentionMark(1, 70, None)])
     c.pool.retain(blocks[3:], [0], [RetentionMark(1, 50, None)])
@@ -1213,7 +1127,7 @@ def test_priority_an_expired_block_merges_into_its_new_level_by_free_time():
     c = Cache(pol, 4)
     b1, b2, b3 = c.pool.allocate(3)
     for k, b in ((1, b1), (2, b2), (3, b3)):
-        c.pool.insert(0, _key(k), b)
+        c.pool.insert(0, content_key(k), b)
     c.pool.retain([b3], [0], [RetentionMark(1, 90, 5.0)])
     c.pool.free([b1, b3, b2])
     t[0] = 6.0
@@ -1234,7 +1148,7 @@ def test_priority_marks_stay_a_pareto_list(first, second, want):
     pol = PriorityPolicy(lambda: 0.0)
     c = Cache(pol, 4)
     b, = c.pool.allocate(1)
-    c.pool.insert(0, _key(1), b)
+    c.pool.insert(0, content_key(1), b)
     for p, e in (first, second):
         c.pool.retain([b], [0], [RetentionMark(1, p, e)])
     assert pol.marks[b] == want
