@@ -239,7 +239,7 @@ TestExtentPool.settings = settings(max_examples=200, stateful_step_count=60, dea
 SHARED = list(range(1000, 1200))       # a 200-token system prompt
 
 
-def serve(kv: KVCacheManager, rid: str, tokens: list[int], chunk: int | None = None):
+def serve_state(kv: KVCacheManager, rid: str, tokens: list[int], chunk: int | None = None):
     """Admit, prefill (in chunks), free; returns (hit tokens, exported positions)."""
     r = Request(rid, tokens)
     hit = kv.lookup(r)
@@ -267,9 +267,9 @@ def serve(kv: KVCacheManager, rid: str, tokens: list[int], chunk: int | None = N
 @pytest.mark.parametrize("chunk", [None, 48])
 def test_200_token_prompt_hits_192_on_the_2nd_request_with_n_64(chunk) -> None:
     kv = KVCacheManager(state_hybrid(QWEN3_NEXT), retention_interval=64)
-    hit1, exp1 = serve(kv, "r1", SHARED + [1] * 50, chunk)
+    hit1, exp1 = serve_state(kv, "r1", SHARED + [1] * 50, chunk)
     assert hit1 == 0 and {64, 128, 192} <= set(exp1)
-    assert serve(kv, "r2", SHARED + [2] * 50, chunk)[0] == 192
+    assert serve_state(kv, "r2", SHARED + [2] * 50, chunk)[0] == 192
     assert kv.num_free_blocks == kv.config.num_blocks - 1
 
 
@@ -278,32 +278,32 @@ def test_200_token_prompt_with_n_0_hits_on_the_3rd_request() -> None:
     the state nothing) and writes a checkpoint there; the 3rd hits 192 (vLLM 0.33 align
     mode: also the 3rd occurrence, but at 1056-token granularity, so 0 here)."""
     kv = KVCacheManager(state_hybrid(QWEN3_NEXT), retention_interval=0)
-    assert serve(kv, "r1", SHARED + [1] * 50)[0] == 0
+    assert serve_state(kv, "r1", SHARED + [1] * 50)[0] == 0
     r2 = Request("probe", SHARED + [2] * 50)
     probe = kv.lookup(r2)
     assert probe.num_tokens == 0 and probe.shared_prefix_boundary == 192
-    hit2, exp2 = serve(kv, "r2", SHARED + [2] * 50)
+    hit2, exp2 = serve_state(kv, "r2", SHARED + [2] * 50)
     assert hit2 == 0 and 192 in exp2
-    assert serve(kv, "r3", SHARED + [3] * 50)[0] == 192
+    assert serve_state(kv, "r3", SHARED + [3] * 50)[0] == 192
 
 
 def test_divergence_inside_request_unique_tokens_still_hits_the_junction() -> None:
     """vLLM #45238: the aligned checkpoints of request 1 (its replay boundaries 224/240) lie
     in its own unique tokens; a request diverging at 205 still reaches the junction 192."""
     kv = KVCacheManager(state_hybrid(QWEN3_NEXT), retention_interval=0)
-    _, exp1 = serve(kv, "r1", SHARED + list(range(50)))
+    _, exp1 = serve_state(kv, "r1", SHARED + list(range(50)))
     assert max(exp1) > 200                                  # checkpoints in unique tokens
-    assert serve(kv, "r2", SHARED + [0, 1, 2, 3, 4] + [9] * 45)[0] == 0   # junction found
-    assert serve(kv, "r3", SHARED + [7] * 50)[0] == 192
+    assert serve_state(kv, "r2", SHARED + [0, 1, 2, 3, 4] + [9] * 45)[0] == 0   # junction found
+    assert serve_state(kv, "r3", SHARED + [7] * 50)[0] == 192
 
 
 def test_resend_hits_the_replay_checkpoint_and_the_final_length() -> None:
     kv = KVCacheManager(state_hybrid(QWEN3_NEXT), retention_interval=0)
     prompt = SHARED + [5] * 56                              # 256 tokens
-    serve(kv, "r1", prompt)
-    assert serve(kv, "r2", prompt)[0] == 240                # (P - 1) aligned down
+    serve_state(kv, "r1", prompt)
+    assert serve_state(kv, "r2", prompt)[0] == 240                # (P - 1) aligned down
     # the final length 256 is aligned: the live state becomes that checkpoint at free
-    assert serve(kv, "r3", prompt + [6] * 10)[0] == 256
+    assert serve_state(kv, "r3", prompt + [6] * 10)[0] == 256
 
 
 def test_checkpoints_are_evicted_whole_and_hits_fall_back() -> None:
@@ -311,11 +311,11 @@ def test_checkpoints_are_evicted_whole_and_hits_fall_back() -> None:
     (SGLang's tombstone for free) and the hit falls back to the next lower checkpoint."""
     cfg = state_hybrid(QWEN3_NEXT, num_blocks=66 * 6 + 40)
     kv = KVCacheManager(cfg, retention_interval=64)
-    serve(kv, "r1", SHARED + [1] * 50, chunk=48)
-    assert serve(kv, "r2", SHARED + [2] * 50, chunk=48)[0] == 192
+    serve_state(kv, "r1", SHARED + [1] * 50, chunk=48)
+    assert serve_state(kv, "r2", SHARED + [2] * 50, chunk=48)[0] == 192
     for i in range(3, 8):                                   # unrelated traffic evicts
-        serve(kv, f"x{i}", [i * 7919 + j for j in range(200)], chunk=48)
-    hit = serve(kv, "r9", SHARED + [9] * 50, chunk=48)[0]
+        serve_state(kv, f"x{i}", [i * 7919 + j for j in range(200)], chunk=48)
+    hit = serve_state(kv, "r9", SHARED + [9] * 50, chunk=48)[0]
     assert hit in (0, 64, 128, 192) and kv.stats().evictions > 0
     kv.check_integrity()
 
