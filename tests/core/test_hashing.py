@@ -1,11 +1,27 @@
-"""Hashing formula, extra keys, lookahead hashing, seeds, and validation errors."""
+"""Block hashes (``hybridkv.core.hashing``): the chained formula, extra keys, lookahead hashing.
+
+* The sha256 chain recomputed from the documented formula (``hybridkv/events/__init__.py``):
+  parent + tokens as little-endian int64 [+ lookahead tokens] [+ encoded extra keys]; seeds;
+  the extra-key encoding byte for byte; which blocks ``update`` hashes and when.
+* What enters a hash: the salt, LoRA (name and path), multimodal items (with EAGLE/MTP
+  lookahead hashing, an image starting at the next block too), the lookahead token; KV events
+  carry enough to rebuild every hash.
+* ``BlockHasher``'s arguments are refused naming the valid values; ``coarse_view``.
+The property test of the same contract: ``test_hash_properties.py``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
 
 import pytest
 
-from hybridkv import (MLA, ChunkedLocal, FullAttention, KVCacheConfig, KVCacheGroup,
-                      KVCacheManager, LoRA, MultiModalItem, Request, SlidingWindow, SpecDecode)
-from hybridkv.core import BlockHasher, FreeBlockQueue
-from tests.support.helpers import FA, SWA, manager, run_prompt
+from hybridkv import (KVCacheConfig, KVCacheGroup, KVCacheManager, LoRA, MultiModalItem, Request,
+                      SpecDecode)
+from hybridkv.core import BlockHasher
+from hybridkv.core.hashing import coarse_view, encode_extra_keys
+from tests.support.helpers import FA, SWA, config, manager, raises, run_prompt, serve
 
 
 def test_chained_hash_formula_and_salt():  # vLLM: test_cache_key_salting (own formula)
@@ -76,62 +92,6 @@ def test_lookahead_hashes_and_events_rebuild(la):
         assert parent == hh
 
 
-def test_prepend_n_order():  # vLLM: test_free_kv_cache_block_queue_prepend_n
-    q = FreeBlockQueue(8, [])
-    q.append_n([7])
-    q.prepend_n([4, 5])
-    q.prepend_n([1, 2])
-    q.prepend_n([])
-    assert list(q) == [1, 2, 4, 5, 7]
-    assert q.popleft_n(5) == [1, 2, 4, 5, 7] and len(q) == 0
-
-
-def test_hash_index_duplicates():  # vLLM: test_maybe_evict_cached_block
-    from hybridkv.core import BlockPool
-    p = BlockPool(5, 1)
-    p.insert(0, b"h0", 1)
-    p.insert(0, b"h1", 2)
-    p.insert(0, b"h0", 4)
-    assert p.index[0][b"h0"] == {1: None, 4: None}
-    p.drop_hash(2)
-    assert b"h1" not in p.index[0]
-    p.drop_hash(1)
-    assert p.index[0][b"h0"] == 4 and p.cached_block(0, b"h0") == 4
-    p.drop_hash(4)
-    assert p.index[0] == {}
-
-
-# ---- default mode improves on vLLM ------------------------------------------------------------
-def test_diverging_inside_last_aligned_block_still_hits():  # vLLM #57610
-    prompt = list(range(4100))
-    edited = prompt[:4090] + [7] * 30   # same turn, edited near its end
-    for compat, expected in [(True, 0), (False, 4064)]:
-        kv = manager(FA(32), SWA(16, 1024), num_blocks=2000, compat=compat, retention=0)
-        run_prompt(kv, "turn", prompt)
-        assert kv.lookup(Request("edit", edited)).num_tokens == expected
-
-
-def test_next_chat_turn_hits_the_answer():
-    prompt = list(range(300))
-    kv = manager(FA(16), SWA(16, 64), num_blocks=200, compat=False, retention=0)
-    req, _ = run_prompt(kv, "t1", prompt)
-    for tok in range(50):                 # decode 50 tokens
-        req.append_tokens([1000 + tok])
-        assert kv.allocate(req, 1) is not None
-        req.num_computed_tokens += 1
-    kv.free(req)
-    turn2 = list(req.token_ids) + [5] * 40
-    assert kv.lookup(Request("t2", turn2)).num_tokens == (len(req.token_ids) - 1) // 16 * 16
-    vllm = manager(FA(16), SWA(16, 64), num_blocks=200, compat=True, retention=0)
-    req, _ = run_prompt(vllm, "t1", prompt)
-    for tok in range(50):
-        req.append_tokens([1000 + tok])
-        vllm.allocate(req, 1)
-        req.num_computed_tokens += 1
-    vllm.free(req)
-    assert vllm.lookup(Request("t2", turn2)).num_tokens == 288  # only the prompt's boundary
-
-
 def test_lookahead_hashing_beats_eagle_drop_hybrid():
     tokens = list(range(256))
     drop = manager(FA(16), SWA(16, 64), num_blocks=200, drafts=(1,), compat=True,
@@ -145,66 +105,184 @@ def test_lookahead_hashing_beats_eagle_drop_hybrid():
     assert la.lookup(Request("b", q)).num_tokens == 256
 
 
-def test_dflash_reserves_k_plus_one_slots_on_first_prefill():
-    kv = manager(FA(4), num_blocks=20, spec_decode=SpecDecode("dflash", 3))
-    assert kv.lookahead_slots == 4
-    new = kv.allocate(Request("r", list(range(8))), 8)
-    assert len(new[0]) == 3          # 8 tokens + 4 slots = 12 -> 3 blocks
-    eagle = manager(FA(4), num_blocks=20, spec_decode=SpecDecode("eagle", 3))
-    assert len(eagle.allocate(Request("r", list(range(8))), 8)[0]) == 3  # 8 + 3 = 11
-    assert len(eagle.allocate(Request("s", list(range(9))), 9)[0]) == 3  # 9 + 3 = 12
+ROOT = hashlib.sha256(b"hybridkv-none-hash").digest()
 
 
-def test_stats_count_queries_and_hits():
-    kv = manager(FA(4), num_blocks=30, compat=False)
-    run_prompt(kv, "a", list(range(20)))
-    run_prompt(kv, "b", list(range(20)))
-    s = kv.stats()
-    assert (s.requests, s.queries, s.hits) == (2, 40, 16)
+def _sha(parent: bytes, tokens, extra: bytes = b"") -> bytes:
+    """The documented formula (hybridkv/events/__init__.py): sha256(parent + tokens as
+    little-endian int64 [+ lookahead as int64] [+ encoded extra keys])."""
+    return hashlib.sha256(parent + struct.pack(f"<{len(tokens)}q", *tokens) + extra).digest()
 
 
-# ---- validation errors -------------------------------------------------------------------------
-@pytest.mark.parametrize("build,match", [
-    (lambda: SlidingWindow(block_size=16, window=0), "window must be a positive integer, got 0"),
-    (lambda: FullAttention(block_size=-1), "block_size must be a positive integer, got -1"),
-    (lambda: FullAttention(block_size=16, dtype="float13"), "unknown dtype 'float13'; valid dtypes"),
-    (lambda: ChunkedLocal(block_size=16, chunk_size=24), "chunk_size \\(24\\) must be a multiple of block_size \\(16\\)"),
-    (lambda: MLA(block_size=6, compress_ratio=4), "multiple of compress_ratio"),
-    (lambda: KVCacheConfig((), num_blocks=10), "groups is empty"),
-    (lambda: KVCacheConfig((KVCacheGroup("a", FA(4), ("l",)), KVCacheGroup("a", FA(4), ("m",))), num_blocks=10),
-     "duplicate KV-cache group names: \\['a'\\]"),
-    (lambda: KVCacheConfig((KVCacheGroup("a", FA(4), ("l",)), KVCacheGroup("b", FA(4), ("l",))), num_blocks=10),
-     "layer 'l' is in groups 'a' and 'b'"),
-    (lambda: KVCacheGroup("a", FA(4), ()), "has no layers"),
-    (lambda: KVCacheConfig((KVCacheGroup("a", FA(4), ("l",)),), num_blocks=1), "at least 2 blocks"),
-    (lambda: KVCacheConfig((KVCacheGroup("a", FA(4), ("l",)),)), "exactly one of"),
-    (lambda: KVCacheManager(KVCacheConfig((KVCacheGroup("a", FA(4), ("l",)),), num_blocks=10), max_model_len=100),
-     "9 usable blocks but one request of max_model_len=100 tokens needs 25"),
-    (lambda: SpecDecode("medusa", 2), "unknown speculative method 'medusa'"),
-    (lambda: SpecDecode("eagle", 0), "num_speculative_tokens must be an integer >= 1, got 0"),
-    (lambda: SpecDecode("dflash", 4, drafter_window=4), "drafter_window 4 is too small for k=4.*>= 5"),
-    (lambda: BlockHasher(16, "md5"), "unknown hash algorithm 'md5'"),
-    (lambda: Request("r", []), "empty prompt"),
-    (lambda: Request("r", [2**70]), "token ids must be integers"),
-    (lambda: Request("r", [1, 2], mm_items=[MultiModalItem("x", 1, 5)]), "must have length > 0 and lie inside"),
-])
-def test_validation_errors(build, match):
-    with pytest.raises(ValueError, match=match):
-        build()
+def test_sha256_chain_follows_the_documented_formula() -> None:
+    """BlockHasher.__init__ 20–26, 29–35 (the fixed sha256 root, a given seed kept),
+    hash_block 1–15, update (the fast path): every block's hash, recomputed independently.
+
+    sha256 without a seed: root = sha256(b"hybridkv-none-hash"). 10 tokens at B = 4 give two
+    hashes (the last 2 tokens do not fill a block); a negative token id is a valid int64."""
+    h = BlockHasher(4, "sha256")
+    assert (h.block_size, h.algo, h.seed, h.lookahead) == (4, "sha256", "hybridkv-none-hash", 0)
+    assert h.none_hash == ROOT
+    toks = [5, -1, 7, 2 ** 40, 9, 9, 9, 9, 1, 2]
+    req = Request("r", toks)
+    h.update(req)
+    h0 = _sha(ROOT, toks[:4])
+    h1 = _sha(h0, toks[4:8])
+    assert req.block_hashes == [h0, h1]
+    assert h.hash_block(None, toks[:4]) == h0 and h.hash_block(h0, toks[4:8]) == h1
+    seeded = BlockHasher(4, "sha256", seed="abc")
+    assert seeded.seed == "abc" and seeded.none_hash == hashlib.sha256(b"abc").digest()
+    x = BlockHasher(4, seed="abc")
+    assert x.algo == "xxh3_128" and x.seed == "abc" and x.none_hash == BlockHasher(4, seed="abc").none_hash
 
 
-def test_bad_calls():
-    kv = manager(FA(4), num_blocks=10)
-    r = Request("r", list(range(9)))
-    with pytest.raises(ValueError, match="num_new_tokens must be a non-negative integer, got -1"):
-        kv.allocate(r, -1)
-    with pytest.raises(ValueError, match="needs num_new_tokens > 0 or a hit"):
-        kv.allocate(r, 0)
-    kv.allocate(r, 9)
-    hit = kv.lookup(Request("q", list(range(9))))
-    assert hit.num_tokens == 8                     # r's two full blocks are cached
-    with pytest.raises(ValueError, match="already holds blocks"):
-        kv.allocate(r, 1, hit)
-    other = manager(FA(4), num_blocks=10)
-    with pytest.raises(ValueError, match="another manager's hasher"):
-        other.lookup(r)
+def test_update_hashes_exactly_the_full_blocks_once_their_lookahead_exists() -> None:
+    """BlockHasher.update 5–15, 18, 20–23, 25–29, 32–39 (which blocks are hashable, where
+    each block's bytes start and end, the parent of an incremental update) and hash_block's
+    lookahead.
+
+    B = 4, lookahead L = 2: block i is hashable once (i+1)*4 + 2 tokens exist, and its hash
+    covers its 4 tokens and the 2 after them. 5 tokens hash nothing (4 + 2 > 5); 6 hash block
+    0; 9 still only block 0 (8 + 2 > 9); 14 hash blocks 1 and 2 (10 and 14 tokens) in one
+    update. Without lookahead, exactly 8 tokens hash both blocks."""
+    h = BlockHasher(4, "sha256", lookahead=2)
+    toks = list(range(100, 114))
+    req = Request("r", toks[:5])
+    h.update(req)
+    assert req.block_hashes == []
+    req.append_tokens(toks[5:6])          # 6 tokens: block 0 (ends at 4) + 2 lookahead
+    h.update(req)
+    h0 = _sha(ROOT, toks[0:4] + toks[4:6])
+    assert req.block_hashes == [h0]
+    req.append_tokens(toks[6:9])          # 9 tokens: block 1 needs 8 + 2 = 10
+    h.update(req)
+    assert req.block_hashes == [h0]
+    req.append_tokens(toks[9:14])         # 14 tokens: blocks 1 (10) and 2 (14)
+    h.update(req)
+    h1 = _sha(h0, toks[4:8] + toks[8:10])
+    h2 = _sha(h1, toks[8:12] + toks[12:14])
+    assert req.block_hashes == [h0, h1, h2]
+    assert h.hash_block(h0, toks[4:8], toks[8:10]) == h1
+    plain = BlockHasher(4, "sha256")
+    req = Request("p", toks[:8])          # exactly two blocks: both hashable (no lookahead)
+    plain.update(req)
+    assert req.block_hashes == [_sha(ROOT, toks[:4]), _sha(_sha(ROOT, toks[:4]), toks[4:8])]
+
+
+def _enc(*keys) -> bytes:
+    """The extra-key encoding, written out: u32 key count; per key u32 item count; per item
+    ``b"s"`` + u32 byte length + UTF-8, or ``b"i"`` + int64 (all little-endian)."""
+    out = struct.pack("<I", len(keys))
+    for key in keys:
+        out += struct.pack("<I", len(key))
+        for item in key:
+            if isinstance(item, str):
+                raw = item.encode()
+                out += b"s" + struct.pack("<I", len(raw)) + raw
+            else:
+                out += b"i" + struct.pack("<q", item)
+    return out
+
+
+def test_extra_key_encoding_is_fixed_and_typed() -> None:
+    """encode_extra_keys 1–41 except the ``<i`` ones: the encoding is part of every hash of a
+    block with extra keys (LoRA, multimodal items, salt), which crosses processes (sha256 with
+    a shared seed; a consumer that knows the tags rehashes with it, hybridkv/events docstring),
+    so its bytes must not change; a str and an int of the same text differ, a negative
+    multimodal offset is an int64, and bool / float items are refused."""
+    keys = (("lora", "ad", "/p"), ("mm", "img", -5), ("cache_salt", "é"))
+    assert encode_extra_keys(keys) == _enc(*keys)
+    assert encode_extra_keys(()) == b"\x00\x00\x00\x00"
+    assert encode_extra_keys((("x", 1),)) != encode_extra_keys((("x", "1"),))
+    for bad in (True, 1.5, None):
+        with pytest.raises(TypeError, match=r"extra key items must be str or int, got "):
+            encode_extra_keys((("x", bad),))
+
+
+def test_hash_of_a_block_with_extra_keys_appends_their_encoding() -> None:
+    """hash_block 12–14; update 31, 45–68 (the extra-keys path: each block's key range, the
+    bytes it hashes, its parent): a LoRA request's blocks and an image's blocks.
+
+    An image at tokens [2, 7) with B = 4: block 0 gets ("mm", "img", 2), block 1
+    ("mm", "img", -2), block 2 none (a block without keys hashes no key bytes)."""
+    h = BlockHasher(4, "sha256")
+    toks = list(range(12))
+    req = Request("r", toks, mm_items=[MultiModalItem("img", 2, 5)])
+    h.update(req)
+    h0 = _sha(ROOT, toks[:4], _enc(("mm", "img", 2)))
+    h1 = _sha(h0, toks[4:8], _enc(("mm", "img", -2)))
+    h2 = _sha(h1, toks[8:12])
+    assert req.block_hashes == [h0, h1, h2]
+    assert h.hash_block(None, toks[:4], extra_keys=(("mm", "img", 2),)) == h0
+    lora = Request("l", toks[:8], lora=LoRA("ad", "/p"))
+    h.update(lora)
+    k = _enc(("lora", "ad", "/p"))
+    assert lora.block_hashes == [_sha(ROOT, toks[:4], k), _sha(_sha(ROOT, toks[:4], k), toks[4:8], k)]
+
+
+def test_lookahead_hash_covers_the_extra_keys_of_its_lookahead_tokens() -> None:
+    """BlockHasher.update 56 — the extra keys of a block read over the block and its L
+    lookahead tokens (a block's hash covers them), not over a range L tokens short.
+
+    B = 4, L = 2, an image at tokens [5, 7): block 0 covers tokens [0, 6), so its keys hold
+    ("mm", "img", 5); block 1 covers [4, 10): ("mm", "img", 1)."""
+    h = BlockHasher(4, "sha256", lookahead=2)
+    toks = list(range(10))
+    req = Request("r", toks, mm_items=[MultiModalItem("img", 5, 2)])
+    h.update(req)
+    h0 = _sha(ROOT, toks[0:6], _enc(("mm", "img", 5)))
+    h1 = _sha(h0, toks[4:10], _enc(("mm", "img", 1)))
+    assert req.block_hashes == [h0, h1]
+
+
+def test_bad_hasher_arguments_are_refused_naming_the_valid_values() -> None:
+    """BlockHasher.__init__ 3–19: each check, its bound (block size 1 and lookahead 0 are
+    valid), the default lookahead 0, and the messages."""
+    assert BlockHasher(1).block_size == 1 and BlockHasher(1).lookahead == 0
+    for bad in (0, True, 2.0):
+        with raises(rf"\bhash block_size\b must be a positive integer, got {bad!r}$"):
+            BlockHasher(bad)
+    with raises(r"unknown hash algorithm 'md5'; valid: xxh3_128, sha256$"):
+        BlockHasher(4, "md5")
+    for bad in (-1, True, 1.0):
+        with raises(rf"\bhash lookahead\b must be a non-negative integer, got {bad!r}$"):
+            BlockHasher(4, lookahead=bad)
+
+
+def test_coarse_view_reads_every_kth_hash() -> None:
+    """coarse_view 1–6: scale 1 is the list itself; scale k reads hashes k-1, 2k-1, ..."""
+    hs = [bytes([i]) for i in range(7)]
+    assert coarse_view(hs, 1) == hs
+    assert coarse_view(hs, 2) == [hs[1], hs[3], hs[5]]
+    assert coarse_view(hs, 3) == [hs[2], hs[5]]
+
+
+@pytest.mark.parametrize("offset", [4, 8])
+def test_lookahead_hash_covers_an_image_starting_at_the_next_block(offset: int) -> None:
+    """EAGLE lookahead hashing: block i's hash covers the token after it. When two requests
+    have the same placeholder tokens but different images starting exactly at a block
+    boundary, the block before the image must not match: the drafter's KV at its last
+    position was computed from the image's first embedding (vLLM's request block hasher keeps
+    the images overlapping the lookahead tokens in the extra keys)."""
+    kv = KVCacheManager(config(FA(4), num_blocks=20), spec_decode=SpecDecode("eagle", 1))
+    prompt = list(range(1, offset + 1)) + [0] * 4 + [50, 51]
+    a = serve(kv, "a", prompt, mm_items=[MultiModalItem("image-a", offset, 4)])
+    b = Request("b", prompt, mm_items=[MultiModalItem("image-b", offset, 4)])
+    hit = kv.lookup(b)
+    # blocks before the one ending at the image start are shared; that one is not
+    assert hit.num_tokens == offset - 4
+    assert a.block_hashes[offset // 4 - 1] != b.block_hashes[offset // 4 - 1]
+    assert a.block_hashes[: offset // 4 - 1] == b.block_hashes[: offset // 4 - 1]
+    # the same image does hit through the block (and one more)
+    same = Request("c", prompt, mm_items=[MultiModalItem("image-a", offset, 4)])
+    assert kv.lookup(same).num_tokens == offset + 4
+
+
+def test_without_lookahead_an_image_at_the_next_block_does_not_enter_the_hash() -> None:
+    """Control: with no lookahead (no EAGLE), the image at the next block is outside block
+    i's key, so both requests share block i (and only it)."""
+    kv = KVCacheManager(config(FA(4), num_blocks=20))
+    prompt = [1, 2, 3, 4] + [0] * 4 + [50, 51]
+    serve(kv, "a", prompt, mm_items=[MultiModalItem("image-a", 4, 4)])
+    b = Request("b", prompt, mm_items=[MultiModalItem("image-b", 4, 4)])
+    assert kv.lookup(b).num_tokens == 4

@@ -1,30 +1,24 @@
-"""Tests that kill the mutants mutmut found surviving in ``core/specs.py``, ``core/hashing.py``
-and ``core/retention_config.py`` (TESTING.md, "Mutation testing"; the survivors left:
-docs/mutation-survivors.md).
+"""Specs, groups and the config (``hybridkv.core.specs``), and the shared validators.
 
 Bad input is behaviour: every constructor must refuse a bad value with a ``ValueError`` that
 names the field, the bad value and what would be valid, and must accept the values at the edge
 of the valid range. The regexes match those key parts (field names as whole, case-sensitive
 words; values; the valid range), not the rest of the wording. Expected numbers are derived by
-hand in the docstrings from the documented contracts (the classes' docstrings; the hash
-formula in ``hybridkv/events/__init__.py``'s docstring).
+hand in the docstrings from the classes' docstrings: page and dtype sizes, the hash block size
+and alignment a config derives, ``StateSpec`` bytes (Qwen3-Next's and Nemotron-H's recurrent
+layers by hand), state extents in whole pages and the pool a state group needs.
 """
 
 from __future__ import annotations
 
-import hashlib
-import math
-import struct
-
 import pytest
 
-from hybridkv import (MLA, ChunkedLocal, FullAttention, KVCacheConfig, KVCacheGroup, LoRA,
-                      MultiModalItem, Request, RetentionConfig, SlidingWindow, StateSpec,
-                      TokenRange)
-from hybridkv.core.hashing import BlockHasher, coarse_view, encode_extra_keys
-from hybridkv.core.retention_config import DEFAULT_PRIORITY, RetentionMark, block_marks
+from hybridkv import (MLA, ChunkedLocal, FullAttention, KVCacheConfig, KVCacheGroup, KVCacheManager,
+                      MultiModalItem, Request, SlidingWindow, SpecDecode, StateSpec)
+from hybridkv.core import BlockHasher
 from hybridkv.core.specs import DTYPE_BYTES, STATE_DTYPES, dtype_bytes
-from tests.support.helpers import raises
+from hybridkv.core.validation import check_int
+from tests.support.helpers import FA, NEMOTRON_H, QWEN3_NEXT, raises, state_hybrid
 
 
 def group(name: str, spec, layers=None) -> KVCacheGroup:
@@ -34,8 +28,6 @@ def group(name: str, spec, layers=None) -> KVCacheGroup:
 def fa(bs: int = 4) -> FullAttention:
     return FullAttention(block_size=bs, num_kv_heads=1, head_dim=8)
 
-
-# ---- specs: attention specs ------------------------------------------------------------------
 
 BAD_SPECS = [  # (build, key parts of the message)
     (lambda: FullAttention(block_size=0), r"\bFullAttention\.block_size\b.*positive integer.*got 0$"),
@@ -119,8 +111,6 @@ def test_dtype_bytes_of_every_dtype() -> None:
             == int(2 * 2 * b)
 
 
-# ---- specs: groups ---------------------------------------------------------------------------
-
 BAD_GROUPS = [
     (lambda: KVCacheGroup("", fa(), ("l",)), r"\bKVCacheGroup\.name\b must be a non-empty string, got ''$"),
     (lambda: KVCacheGroup(5, fa(), ("l",)), r"\bKVCacheGroup\.name\b.*got 5$"),
@@ -149,8 +139,6 @@ def test_group_layer_names_become_a_tuple() -> None:
     assert g.layer_names == ("a", "b") and type(g.layer_names) is tuple
     assert g.is_draft is False
 
-
-# ---- specs: the config -----------------------------------------------------------------------
 
 BAD_CONFIGS = [
     (lambda: KVCacheConfig((), num_blocks=4),
@@ -255,262 +243,88 @@ def test_state_fit_needs_a_live_state_and_a_checkpoint_per_state_group() -> None
     KVCacheConfig((group("a", fa()),), num_blocks=2).check_state_fits()
 
 
-# ---- hashing ---------------------------------------------------------------------------------
-
-ROOT = hashlib.sha256(b"hybridkv-none-hash").digest()
-
-
-def _sha(parent: bytes, tokens, extra: bytes = b"") -> bytes:
-    """The documented formula (hybridkv/events/__init__.py): sha256(parent + tokens as
-    little-endian int64 [+ lookahead as int64] [+ encoded extra keys])."""
-    return hashlib.sha256(parent + struct.pack(f"<{len(tokens)}q", *tokens) + extra).digest()
-
-
-def test_sha256_chain_follows_the_documented_formula() -> None:
-    """BlockHasher.__init__ 20–26, 29–35 (the fixed sha256 root, a given seed kept),
-    hash_block 1–15, update (the fast path): every block's hash, recomputed independently.
-
-    sha256 without a seed: root = sha256(b"hybridkv-none-hash"). 10 tokens at B = 4 give two
-    hashes (the last 2 tokens do not fill a block); a negative token id is a valid int64."""
-    h = BlockHasher(4, "sha256")
-    assert (h.block_size, h.algo, h.seed, h.lookahead) == (4, "sha256", "hybridkv-none-hash", 0)
-    assert h.none_hash == ROOT
-    toks = [5, -1, 7, 2 ** 40, 9, 9, 9, 9, 1, 2]
-    req = Request("r", toks)
-    h.update(req)
-    h0 = _sha(ROOT, toks[:4])
-    h1 = _sha(h0, toks[4:8])
-    assert req.block_hashes == [h0, h1]
-    assert h.hash_block(None, toks[:4]) == h0 and h.hash_block(h0, toks[4:8]) == h1
-    seeded = BlockHasher(4, "sha256", seed="abc")
-    assert seeded.seed == "abc" and seeded.none_hash == hashlib.sha256(b"abc").digest()
-    x = BlockHasher(4, seed="abc")
-    assert x.algo == "xxh3_128" and x.seed == "abc" and x.none_hash == BlockHasher(4, seed="abc").none_hash
+def test_check_int_by_hand() -> None:
+    """validation: check_int — ``optional`` defaulting to True, ``or`` / ``and`` slips (a
+    negative int or a float accepted), and the message with and without "None or "."""
+    check_int("n", 0, 0)
+    check_int("n", None, 0, optional=True)
+    check_int("n", 5, 1, optional=True)
+    with pytest.raises(ValueError, match=r"^n must be an integer >= 0, got None$"):
+        check_int("n", None, 0)                       # not optional by default
+    for value, low, optional, message in [
+        (None, 0, False, "n must be an integer >= 0, got None"),
+        (-1, 0, False, "n must be an integer >= 0, got -1"),
+        (5.0, 0, False, "n must be an integer >= 0, got 5.0"),
+        (True, 0, False, "n must be an integer >= 0, got True"),
+        (-1, 0, True, "n must be None or an integer >= 0, got -1"),
+    ]:
+        with pytest.raises(ValueError) as exc:
+            check_int("n", value, low, optional=optional)
+        assert str(exc.value) == message
 
 
-def test_update_hashes_exactly_the_full_blocks_once_their_lookahead_exists() -> None:
-    """BlockHasher.update 5–15, 18, 20–23, 25–29, 32–39 (which blocks are hashable, where
-    each block's bytes start and end, the parent of an incremental update) and hash_block's
-    lookahead.
-
-    B = 4, lookahead L = 2: block i is hashable once (i+1)*4 + 2 tokens exist, and its hash
-    covers its 4 tokens and the 2 after them. 5 tokens hash nothing (4 + 2 > 5); 6 hash block
-    0; 9 still only block 0 (8 + 2 > 9); 14 hash blocks 1 and 2 (10 and 14 tokens) in one
-    update. Without lookahead, exactly 8 tokens hash both blocks."""
-    h = BlockHasher(4, "sha256", lookahead=2)
-    toks = list(range(100, 114))
-    req = Request("r", toks[:5])
-    h.update(req)
-    assert req.block_hashes == []
-    req.append_tokens(toks[5:6])          # 6 tokens: block 0 (ends at 4) + 2 lookahead
-    h.update(req)
-    h0 = _sha(ROOT, toks[0:4] + toks[4:6])
-    assert req.block_hashes == [h0]
-    req.append_tokens(toks[6:9])          # 9 tokens: block 1 needs 8 + 2 = 10
-    h.update(req)
-    assert req.block_hashes == [h0]
-    req.append_tokens(toks[9:14])         # 14 tokens: blocks 1 (10) and 2 (14)
-    h.update(req)
-    h1 = _sha(h0, toks[4:8] + toks[8:10])
-    h2 = _sha(h1, toks[8:12] + toks[12:14])
-    assert req.block_hashes == [h0, h1, h2]
-    assert h.hash_block(h0, toks[4:8], toks[8:10]) == h1
-    plain = BlockHasher(4, "sha256")
-    req = Request("p", toks[:8])          # exactly two blocks: both hashable (no lookahead)
-    plain.update(req)
-    assert req.block_hashes == [_sha(ROOT, toks[:4]), _sha(_sha(ROOT, toks[:4]), toks[4:8])]
+def test_state_bytes_match_the_hand_computed_sizes() -> None:
+    # conv 3 x 8192 bf16 = 49,152 B + state 32 x 128 x 128 fp32 = 2,097,152 B
+    assert QWEN3_NEXT.page_size_bytes == 2_146_304
+    # conv 3 x 10240 bf16 = 61,440 B + state 128 x 64 x 128 fp32 = 4,194,304 B
+    assert NEMOTRON_H.page_size_bytes == 4_255_744
+    assert QWEN3_NEXT.bytes_per_token == 0
+    cfg = state_hybrid(QWEN3_NEXT)
+    # attention page: 16 tokens x 2 heads x 256 x 2 (K, V) x 2 B = 32,768 B -> 66 pages
+    assert cfg.max_page_bytes == 32_768
+    assert cfg.extent_blocks(1) == 66 and cfg.extent_blocks(0) == 1
+    # vLLM-compat-like layout: a 1056-token attention page holds one state (k = 1)
+    assert state_hybrid(StateSpec(1056, conv_shape=QWEN3_NEXT.conv_shape, state_shape=QWEN3_NEXT.state_shape),
+                  attn_bs=1056).extent_blocks(1) == 1
 
 
-def _enc(*keys) -> bytes:
-    """The extra-key encoding, written out: u32 key count; per key u32 item count; per item
-    ``b"s"`` + u32 byte length + UTF-8, or ``b"i"`` + int64 (all little-endian)."""
-    out = struct.pack("<I", len(keys))
-    for key in keys:
-        out += struct.pack("<I", len(key))
-        for item in key:
-            if isinstance(item, str):
-                raw = item.encode()
-                out += b"s" + struct.pack("<I", len(raw)) + raw
-            else:
-                out += b"i" + struct.pack("<q", item)
-    return out
+@pytest.mark.parametrize("field", ["state_dtype", "conv_dtype"])
+@pytest.mark.parametrize("dtype", ["fp8", "float8_e4m3fn", "int8", "fp4", "nonsense"])
+def test_unsupported_state_dtype_is_a_clear_error(field, dtype) -> None:
+    with pytest.raises(ValueError, match=rf"StateSpec.{field} '{dtype}' is not supported for a "
+                                         r"recurrent state; valid dtypes: bfloat16, float16, float32"):
+        StateSpec(16, **{field: dtype})
 
 
-def test_extra_key_encoding_is_fixed_and_typed() -> None:
-    """encode_extra_keys 1–41 except the ``<i`` ones: the encoding is part of every hash of a
-    block with extra keys (LoRA, multimodal items, salt), which crosses processes (sha256 with
-    a shared seed; a consumer that knows the tags rehashes with it, hybridkv/events docstring),
-    so its bytes must not change; a str and an int of the same text differ, a negative
-    multimodal offset is an int64, and bool / float items are refused."""
-    keys = (("lora", "ad", "/p"), ("mm", "img", -5), ("cache_salt", "é"))
-    assert encode_extra_keys(keys) == _enc(*keys)
-    assert encode_extra_keys(()) == b"\x00\x00\x00\x00"
-    assert encode_extra_keys((("x", 1),)) != encode_extra_keys((("x", "1"),))
-    for bad in (True, 1.5, None):
-        with pytest.raises(TypeError, match=r"extra key items must be str or int, got "):
-            encode_extra_keys((("x", bad),))
+@pytest.mark.parametrize("shape", [(), (0, 3), (2, -1), "ab", None])
+def test_bad_state_shape_is_a_clear_error(shape) -> None:
+    with pytest.raises(ValueError, match="state_shape must be a non-empty tuple of positive integers"):
+        StateSpec(16, state_shape=shape)
 
 
-def test_hash_of_a_block_with_extra_keys_appends_their_encoding() -> None:
-    """hash_block 12–14; update 31, 45–68 (the extra-keys path: each block's key range, the
-    bytes it hashes, its parent): a LoRA request's blocks and an image's blocks.
-
-    An image at tokens [2, 7) with B = 4: block 0 gets ("mm", "img", 2), block 1
-    ("mm", "img", -2), block 2 none (a block without keys hashes no key bytes)."""
-    h = BlockHasher(4, "sha256")
-    toks = list(range(12))
-    req = Request("r", toks, mm_items=[MultiModalItem("img", 2, 5)])
-    h.update(req)
-    h0 = _sha(ROOT, toks[:4], _enc(("mm", "img", 2)))
-    h1 = _sha(h0, toks[4:8], _enc(("mm", "img", -2)))
-    h2 = _sha(h1, toks[8:12])
-    assert req.block_hashes == [h0, h1, h2]
-    assert h.hash_block(None, toks[:4], extra_keys=(("mm", "img", 2),)) == h0
-    lora = Request("l", toks[:8], lora=LoRA("ad", "/p"))
-    h.update(lora)
-    k = _enc(("lora", "ad", "/p"))
-    assert lora.block_hashes == [_sha(ROOT, toks[:4], k), _sha(_sha(ROOT, toks[:4], k), toks[4:8], k)]
+def test_state_larger_than_the_pool_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match=r"state group 'gdn' stores 2146304 B of state per layer, "
+                                         r"66 blocks of 32768 B page each; one request needs 133 "
+                                         r"blocks but the pool has 99 usable blocks; give "
+                                         r"num_blocks >= 134"):
+        KVCacheManager(state_hybrid(QWEN3_NEXT, num_blocks=100))
+    KVCacheManager(state_hybrid(QWEN3_NEXT, num_blocks=134))       # the minimum it names works
 
 
-def test_lookahead_hash_covers_the_extra_keys_of_its_lookahead_tokens() -> None:
-    """BlockHasher.update 56 — the extra keys of a block read over the block and its L
-    lookahead tokens (a block's hash covers them), not over a range L tokens short.
-
-    B = 4, L = 2, an image at tokens [5, 7): block 0 covers tokens [0, 6), so its keys hold
-    ("mm", "img", 5); block 1 covers [4, 10): ("mm", "img", 1)."""
-    h = BlockHasher(4, "sha256", lookahead=2)
-    toks = list(range(10))
-    req = Request("r", toks, mm_items=[MultiModalItem("img", 5, 2)])
-    h.update(req)
-    h0 = _sha(ROOT, toks[0:6], _enc(("mm", "img", 5)))
-    h1 = _sha(h0, toks[4:10], _enc(("mm", "img", 1)))
-    assert req.block_hashes == [h0, h1]
-
-
-def test_bad_hasher_arguments_are_refused_naming_the_valid_values() -> None:
-    """BlockHasher.__init__ 3–19: each check, its bound (block size 1 and lookahead 0 are
-    valid), the default lookahead 0, and the messages."""
-    assert BlockHasher(1).block_size == 1 and BlockHasher(1).lookahead == 0
-    for bad in (0, True, 2.0):
-        with raises(rf"\bhash block_size\b must be a positive integer, got {bad!r}$"):
-            BlockHasher(bad)
-    with raises(r"unknown hash algorithm 'md5'; valid: xxh3_128, sha256$"):
-        BlockHasher(4, "md5")
-    for bad in (-1, True, 1.0):
-        with raises(rf"\bhash lookahead\b must be a non-negative integer, got {bad!r}$"):
-            BlockHasher(4, lookahead=bad)
-
-
-def test_coarse_view_reads_every_kth_hash() -> None:
-    """coarse_view 1–6: scale 1 is the list itself; scale k reads hashes k-1, 2k-1, ..."""
-    hs = [bytes([i]) for i in range(7)]
-    assert coarse_view(hs, 1) == hs
-    assert coarse_view(hs, 2) == [hs[1], hs[3], hs[5]]
-    assert coarse_view(hs, 3) == [hs[2], hs[5]]
-
-
-# ---- retention_config ------------------------------------------------------------------------
-
-BAD_RETENTION = [
-    (lambda: TokenRange(-1, 4, 50), r"\bTokenRange start\b must be a non-negative integer, got -1$"),
-    (lambda: TokenRange(True, 4, 50), r"\bTokenRange start\b.*got True$"),
-    (lambda: TokenRange(5, 5, 50),
-     r"\bTokenRange end\b must be None \(end of the prompt\) or an integer > start \(5\), got 5$"),
-    (lambda: TokenRange(0, True, 50), r"\bTokenRange end\b.*> start \(0\), got True$"),
-    (lambda: TokenRange(0, 4, 101),
-     r"\bTokenRange priority\b must be an integer in \[0, 100\] \(default 35\), got 101$"),
-    (lambda: TokenRange(0, 4, -1), r"\bTokenRange priority\b.*\[0, 100\].*got -1$"),
-    (lambda: TokenRange(0, 4, True), r"\bTokenRange priority\b.*got True$"),
-    (lambda: TokenRange(0, 4, 50.0), r"\bTokenRange priority\b.*got 50\.0$"),
-    (lambda: TokenRange(0, 4, 50, 0),
-     r"\bTokenRange ttl_s\b must be None \(no expiry\) or a finite number of seconds > 0, got 0$"),
-    (lambda: TokenRange(0, 4, 50, math.inf), r"\bTokenRange ttl_s\b.*> 0, got inf$"),
-    (lambda: TokenRange(0, 4, 50, True), r"\bTokenRange ttl_s\b.*got True$"),
-    (lambda: TokenRange(0, 4, 50, "5"), r"\bTokenRange ttl_s\b.*got '5'$"),
-    (lambda: RetentionConfig(TokenRange(0, 4, 50)),
-     r"\bRetentionConfig ranges\b must be a sequence of \bTokenRange\b, got TokenRange\("),
-    (lambda: RetentionConfig([TokenRange(0, 4, 50), "x"]),
-     r"\bRetentionConfig ranges\b must hold \bTokenRange\b, got 'x'$"),
-    (lambda: RetentionConfig((TokenRange(0, 10, 50), TokenRange(5, 15, 60))),
-     r"\bRetentionConfig ranges\b must not overlap: TokenRange\(start=0, end=10.* and "
-     r"TokenRange\(start=5, end=15"),
-    (lambda: RetentionConfig((TokenRange(20, 30, 60), TokenRange(0, None, 50))),
-     r"must not overlap: TokenRange\(start=0, end=None.* and TokenRange\(start=20"),
-    (lambda: RetentionConfig(decode_priority=101),
-     r"\bRetentionConfig decode_priority\b must be an integer in \[0, 100\].*got 101$"),
-    (lambda: RetentionConfig(decode_ttl_s=-2.5),
-     r"\bRetentionConfig decode_ttl_s\b must be None \(no expiry\).*> 0, got -2\.5$"),
-]
-
-
-@pytest.mark.parametrize("build,match", BAD_RETENTION)
-def test_bad_retention_config_is_refused_naming_the_field(build, match) -> None:
-    """_check_priority 1, 2, 4, 7; _check_ttl 1–3, 5, 7–9; TokenRange.__post_init__ 2–4, 7,
-    9–11, 13–28; RetentionConfig.__post_init__ 2, 3, 13, 15, 16, 27, 28, 31–45: each bound
-    and type check, the owner and field in the message, and the overlap check's pairs."""
-    with raises(match):
+@pytest.mark.parametrize("build,match", [
+    (lambda: SlidingWindow(block_size=16, window=0), "window must be a positive integer, got 0"),
+    (lambda: FullAttention(block_size=-1), "block_size must be a positive integer, got -1"),
+    (lambda: FullAttention(block_size=16, dtype="float13"), "unknown dtype 'float13'; valid dtypes"),
+    (lambda: ChunkedLocal(block_size=16, chunk_size=24), "chunk_size \\(24\\) must be a multiple of block_size \\(16\\)"),
+    (lambda: MLA(block_size=6, compress_ratio=4), "multiple of compress_ratio"),
+    (lambda: KVCacheConfig((), num_blocks=10), "groups is empty"),
+    (lambda: KVCacheConfig((KVCacheGroup("a", FA(4), ("l",)), KVCacheGroup("a", FA(4), ("m",))), num_blocks=10),
+     "duplicate KV-cache group names: \\['a'\\]"),
+    (lambda: KVCacheConfig((KVCacheGroup("a", FA(4), ("l",)), KVCacheGroup("b", FA(4), ("l",))), num_blocks=10),
+     "layer 'l' is in groups 'a' and 'b'"),
+    (lambda: KVCacheGroup("a", FA(4), ()), "has no layers"),
+    (lambda: KVCacheConfig((KVCacheGroup("a", FA(4), ("l",)),), num_blocks=1), "at least 2 blocks"),
+    (lambda: KVCacheConfig((KVCacheGroup("a", FA(4), ("l",)),)), "exactly one of"),
+    (lambda: KVCacheManager(KVCacheConfig((KVCacheGroup("a", FA(4), ("l",)),), num_blocks=10), max_model_len=100),
+     "9 usable blocks but one request of max_model_len=100 tokens needs 25"),
+    (lambda: SpecDecode("medusa", 2), "unknown speculative method 'medusa'"),
+    (lambda: SpecDecode("eagle", 0), "num_speculative_tokens must be an integer >= 1, got 0"),
+    (lambda: SpecDecode("dflash", 4, drafter_window=4), "drafter_window 4 is too small for k=4.*>= 5"),
+    (lambda: BlockHasher(16, "md5"), "unknown hash algorithm 'md5'"),
+    (lambda: Request("r", []), "empty prompt"),
+    (lambda: Request("r", [2**70]), "token ids must be integers"),
+    (lambda: Request("r", [1, 2], mm_items=[MultiModalItem("x", 1, 5)]), "must have length > 0 and lie inside"),
+])
+def test_validation_errors(build, match):
+    with pytest.raises(ValueError, match=match):
         build()
-
-
-def test_retention_config_edges_are_accepted() -> None:
-    """_check_priority 3, 5, 6 (priorities 0 and 100); _check_ttl 4, 6 (a TTL below 1 s);
-    TokenRange 1, 5, 6, 8, 12 (start 0, end None); RetentionConfig 1, 4–12, 14, 17–26, 29,
-    30: a tuple or a list of ranges (stored as a tuple), ranges given out of order and ranges
-    that touch (end = next start) are not overlapping."""
-    r = TokenRange(0, None, 0, 0.5)
-    assert (r.start, r.end, r.priority, r.ttl_s) == (0, None, 0, 0.5)
-    assert TokenRange(3, 4, 100, 7).priority == 100
-    a, b, c = TokenRange(10, 20, 100), TokenRange(0, 5, 60), TokenRange(5, 10, 70)
-    cfg = RetentionConfig([a, b, c], decode_priority=0, decode_ttl_s=1)
-    assert cfg.ranges == (a, b, c) and type(cfg.ranges) is tuple
-    assert RetentionConfig((a,)).ranges == (a,)
-    assert RetentionConfig().ranges == () and RetentionConfig().decode_priority == DEFAULT_PRIORITY
-
-
-def test_retention_ranges_must_lie_inside_the_prompt() -> None:
-    """RetentionConfig.check_prompt 1–6: a range must satisfy 0 <= start < end <= prompt
-    length (end None: the prompt's end, so only start < length); the message names the range,
-    the prompt and the valid ranges."""
-    RetentionConfig((TokenRange(0, 10, 50),)).check_prompt(10, "r")
-    RetentionConfig((TokenRange(9, None, 50),)).check_prompt(10, "r")
-    for rng, shown in ((TokenRange(5, 11, 50), r"\[5, 11\)"), (TokenRange(10, None, 50), r"\[10, None\)"),
-                       (TokenRange(12, 14, 50), r"\[12, 14\)")):
-        with raises(rf"^request 'q': retention range {shown} lies outside the prompt \[0, 10\); "
-                    rf"valid ranges: 0 <= start < end <= 10$"):
-            RetentionConfig((rng,)).check_prompt(10, "request 'q'")
-
-
-def test_block_marks_by_hand() -> None:
-    """block_marks: one mark per range (blocks up to the range's end, rounded up), one for
-    the uncovered prompt (default priority, up to the last uncovered token), one for the
-    generated tokens; equal (priority, TTL) marks merged, the longest winning (block_marks 9:
-    the last added, shorter one won).
-
-    Block size 4, prompt 20, 30 tokens. Ranges [2, 6) p 80 ttl 5 and [12, None) p 60:
-    [2, 6) → ceil(6/4) = 2 blocks; [12, 20) → 5 blocks; uncovered [0, 2) and [6, 12): the last
-    gap ends at 12 → 3 blocks at 35; decode (60, None) → ceil(30/4) = 8 blocks, merged with the
-    range's (60, None) mark of 5 → 8."""
-    cfg = RetentionConfig((TokenRange(12, None, 60), TokenRange(2, 6, 80, 5)), decode_priority=60)
-    got = set(block_marks(cfg, 4, 20, 30))
-    assert got == {RetentionMark(2, 80, 5), RetentionMark(8, 60, None),
-                   RetentionMark(3, DEFAULT_PRIORITY, None)}
-    # a fully covered prompt has no default mark; no decode mark without generated tokens
-    full = RetentionConfig((TokenRange(0, None, 90, 2),), decode_priority=10, decode_ttl_s=3)
-    assert set(block_marks(full, 4, 10, 10)) == {RetentionMark(3, 90, 2)}
-    assert set(block_marks(full, 4, 10, 11)) == {RetentionMark(3, 90, 2), RetentionMark(3, 10, 3)}
-    # a range starting at the prompt's end gives no mark; the uncovered prompt reaches its end
-    late = RetentionConfig((TokenRange(6, 12, 90),))
-    assert set(block_marks(late, 4, 6, 6)) == {RetentionMark(2, DEFAULT_PRIORITY, None)}
-    # a mark of one block; a gap of one token before the first range
-    short = RetentionConfig((TokenRange(0, 2, 70),))
-    assert set(block_marks(short, 4, 8, 8)) == {RetentionMark(1, 70, None),
-                                                 RetentionMark(2, DEFAULT_PRIORITY, None)}
-    gap1 = RetentionConfig((TokenRange(1, None, 70),))
-    assert set(block_marks(gap1, 4, 8, 8)) == {RetentionMark(2, 70, None),
-                                                RetentionMark(1, DEFAULT_PRIORITY, None)}
-    # a range at the default priority merges with the default mark; the longer one wins
-    same = RetentionConfig((TokenRange(4, 12, DEFAULT_PRIORITY),))
-    assert block_marks(same, 4, 12, 12) == (RetentionMark(3, DEFAULT_PRIORITY, None),)
-    # touching ranges cover the prompt: no default mark
-    touch = RetentionConfig((TokenRange(0, 4, 70), TokenRange(4, None, 80)))
-    assert set(block_marks(touch, 4, 8, 8)) == {RetentionMark(1, 70, None), RetentionMark(2, 80, None)}

@@ -1,21 +1,26 @@
-"""Deterministic regression tests for bugs that once left the whole suite green.
+"""The write path (``core/coordinator/write.py``): which blocks a request caches, and when.
 
-Each test here was checked against a deliberate bug (TESTING.md, "Deliberate bugs"): it
-fails with the bug and passes without it. They use only the public API (manager, requests,
-events, external lookup) and compute their expectations by hand or with the independent
-oracle of ``tests/support/oracle.py``, never with the implementation's own rules.
+* Promised ends: the replay boundaries, the junction of a hit and the unit below it, the
+  final length at free, the retention interval's multiples (by hand, exactly the promised
+  windows); default mode caches more than vLLM where a resend or the next turn can use it.
+* Decode steps and prefill chunks cache a block as soon as it is complete (its proof block
+  computed in EAGLE drop mode; its next token known with lookahead hashing).
+* Compat mode: vLLM 0.33's per-block write mask (``reachable_block_mask``, written here from
+  its definition) and its hybrid coordinator's cacheable prefix; identical sibling groups share
+  a draft group's proof mask.
+* Runs of blocks are inserted under their own hashes (bulk inserts, coarse groups, runs that
+  start past a window) and reported as such in the KV events.
+Expectations are derived by hand or from the independent oracle (:mod:`tests.support.oracle`).
 """
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 
-from hybridkv import BlockStored, KVCacheManager, MultiModalItem, Request, SpecDecode
-from tests.support.helpers import FA, SWA, config, serve
+from hybridkv import BlockRemoved, BlockStored, KVCacheManager, Request, SpecDecode, StateSpec
+from tests.support.helpers import (EAGLE_DROP, FA, SWA, admit, cached_positions, config, manager,
+                                   prompt, run_prompt, serve)
 from tests.support.oracle import CacheMirror, oracle_hit
-
 
 
 def stored_positions(events, req: Request, group: int, bs: int, hbs: int) -> set[int]:
@@ -28,75 +33,6 @@ def stored_positions(events, req: Request, group: int, bs: int, hbs: int) -> set
             out.update(pos[h] for h in ev.block_hashes if h in pos)
     return out
 
-
-# ---- 1. the multi-group fixed point needs more than one pass ------------------------------------
-# Two sliding groups with block 4: W=8 needs blocks [e-2, e) for a hit at 4e, W=4 needs [e-1, e).
-
-def test_fixed_point_needs_a_second_pass_local_cache() -> None:
-    """W=8 and W=4 sliding groups, LRU evictions leave holes: W=8 lacks block 3, W=4 lacks
-    blocks 0, 3 and 5 of the query. By hand: e=6 fails (W=4 lacks 5), e=5 fails (W=8 lacks 3),
-    e=4 fails (W=4 lacks 3), e=3 works (W=8 has 1, 2; W=4 has 2): 12 tokens. One pass of the
-    fixed point (W=8 then W=4) stops at 20, whose W=8 window needs block 3, which is not cached."""
-    kv = KVCacheManager(config(SWA(4, 8), SWA(4, 4), num_blocks=15), retention_interval=0,
-                        enable_events=True)
-    base = list(range(100, 140))
-    mirror = CacheMirror()
-    serve(kv, "a", base[:37] + [7], chunk=16)
-    serve(kv, "b", base[:20] + [7])
-    serve(kv, "c", base[:32] + [7], chunk=8)
-    serve(kv, "d", base[:12] + [7], chunk=12)
-    mirror.feed(kv.take_events())
-    query = Request("q", base[:25])
-    hit = kv.lookup(query)
-    kv.check_integrity()
-    held = [{j for j in range(6) if (g, query.block_hashes[j]) in mirror} for g in (0, 1)]
-    assert held == [{0, 1, 2, 4, 5}, {1, 2, 4}], "the scenario no longer leaves the two-pass holes"
-    assert hit.num_tokens == 12
-    assert oracle_hit(kv.config, None, False, query, mirror) == 12
-    # the hit's blocks are the window before 12 (null below it)
-    assert [len(ids) for ids in hit.block_ids] == [3, 3]
-    assert hit.block_ids[0][0] == 0 and hit.block_ids[1][:2] == (0, 0)
-
-
-ALL_BLOCKS = [(g, j) for g in (0, 1) for j in range(6)]
-
-
-@pytest.mark.parametrize("order", [(8, 4), (4, 8)], ids=["w8-first", "w4-first"])
-def test_fixed_point_external_matches_brute_force_for_every_hole_pattern(order) -> None:
-    """Every pattern of up to 3 missing blocks among the first 6 of both groups, through the
-    external lookup (whose tier contents the test controls): the hit equals the oracle's.
-    Some patterns need three passes whatever order the groups are visited in."""
-    kv = KVCacheManager(config(*(SWA(4, w) for w in order), num_blocks=40), hash_seed="x")
-    req = Request("q", list(range(200, 225)))
-    local = kv.lookup(req)
-    assert local.num_tokens == 0
-    for n in range(4):
-        for missing in itertools.combinations(ALL_BLOCKS, n):
-            present = {(g, req.block_hashes[j]) for g, j in ALL_BLOCKS if (g, j) not in missing}
-            ext = kv.lookup_external(req, local, lambda g, h: (g, h) in present)
-            want = oracle_hit(kv.config, None, False, req, present)
-            assert (ext.num_tokens if ext else 0) == want, f"missing {missing}"
-            if want and ext is not None:
-                assert sorted({j for g, j, _ in ext.loads if g == 0}) == \
-                    list(range(max(0, (want - order[0] + 1) // 4), want // 4))
-
-
-def test_fixed_point_pattern_that_needs_three_passes_in_either_order() -> None:
-    """Missing: W=4 blocks 2 and 5, W=8 block 3. By hand the answer is 8 tokens: e=6 (W=4
-    lacks 5), e=5 and e=4 (W=8 lacks 3), e=3 (W=4 lacks 2), e=2 works. A single pass gives 12
-    visiting W=4 first and 20 visiting W=8 first."""
-    for order in ((4, 8), (8, 4)):
-        kv = KVCacheManager(config(*(SWA(4, w) for w in order), num_blocks=40))
-        req = Request("q", list(range(300, 325)))
-        local = kv.lookup(req)
-        w4, w8 = order.index(4), order.index(8)
-        missing = {(w4, 2), (w4, 5), (w8, 3)}
-        present = {(g, req.block_hashes[j]) for g, j in ALL_BLOCKS if (g, j) not in missing}
-        ext = kv.lookup_external(req, local, lambda g, h: (g, h) in present)
-        assert ext is not None and ext.num_tokens == 8, order
-
-
-# ---- 2. the decode fast path must not skip the step that completes a block ---------------------
 
 @pytest.mark.parametrize("compat", [True, False])
 def test_decode_step_completing_a_block_caches_it(compat: bool) -> None:
@@ -135,41 +71,6 @@ def test_decode_steps_cache_every_completed_block_sliding() -> None:
         assert kv.lookup(probe).num_tokens == n // 4 * 4, n
     kv.check_integrity()
 
-
-# ---- 3. multimodal keys cover the lookahead token ------------------------------------------------
-
-@pytest.mark.parametrize("offset", [4, 8])
-def test_lookahead_hash_covers_an_image_starting_at_the_next_block(offset: int) -> None:
-    """EAGLE lookahead hashing: block i's hash covers the token after it. When two requests
-    have the same placeholder tokens but different images starting exactly at a block
-    boundary, the block before the image must not match: the drafter's KV at its last
-    position was computed from the image's first embedding (vLLM's request block hasher keeps
-    the images overlapping the lookahead tokens in the extra keys)."""
-    kv = KVCacheManager(config(FA(4), num_blocks=20), spec_decode=SpecDecode("eagle", 1))
-    prompt = list(range(1, offset + 1)) + [0] * 4 + [50, 51]
-    a = serve(kv, "a", prompt, mm_items=[MultiModalItem("image-a", offset, 4)])
-    b = Request("b", prompt, mm_items=[MultiModalItem("image-b", offset, 4)])
-    hit = kv.lookup(b)
-    # blocks before the one ending at the image start are shared; that one is not
-    assert hit.num_tokens == offset - 4
-    assert a.block_hashes[offset // 4 - 1] != b.block_hashes[offset // 4 - 1]
-    assert a.block_hashes[: offset // 4 - 1] == b.block_hashes[: offset // 4 - 1]
-    # the same image does hit through the block (and one more)
-    same = Request("c", prompt, mm_items=[MultiModalItem("image-a", offset, 4)])
-    assert kv.lookup(same).num_tokens == offset + 4
-
-
-def test_without_lookahead_an_image_at_the_next_block_does_not_enter_the_hash() -> None:
-    """Control: with no lookahead (no EAGLE), the image at the next block is outside block
-    i's key, so both requests share block i (and only it)."""
-    kv = KVCacheManager(config(FA(4), num_blocks=20))
-    prompt = [1, 2, 3, 4] + [0] * 4 + [50, 51]
-    serve(kv, "a", prompt, mm_items=[MultiModalItem("image-a", 4, 4)])
-    b = Request("b", prompt, mm_items=[MultiModalItem("image-b", 4, 4)])
-    assert kv.lookup(b).num_tokens == 4
-
-
-# ---- 4. retention N: exactly the promised ends, by hand ----------------------------------------
 
 def _swa_needs(e: int, need: int, proof: int = 0) -> set[int]:
     return set(range(max(0, e - need), e + proof))
@@ -229,8 +130,6 @@ def test_retention_interval_survives_a_second_request() -> None:
     assert stored_positions(events, a, 1, 4, 4) == {2, 3, 4, 5, 6, 7}
     assert kv.lookup(Request("p", tokens[:21] + [5])).num_tokens == 20
 
-
-# ---- 5. identical sibling groups share the draft's proof mask ------------------------------------
 
 def _drop() -> SpecDecode:
     return SpecDecode("eagle", 1, hash_lookahead=False)
@@ -303,95 +202,640 @@ def test_no_draft_group_means_every_group_carries_the_proof() -> None:
     assert kv.lookup(Request("longer", tokens + [1, 2, 3, 4])).num_tokens == 12
 
 
-# ---- 6. a state-group pool announces frees of cached blocks to the admission memo ---------------
-# Found at stop 22 while reading pool.py's mutants: ExtentBlockPool's free and allocate did not
-# bump ``free_version``, so the coordinator's per-request memo of "hit blocks nobody holds"
-# (``_evictable_counts``) outlived a free, and a waiting request's plan undercounted the free
-# blocks its own hit would take: allocate raised "cannot pop" instead of returning None.
+def test_allocating_a_hit_promises_its_junction_and_the_unit_below() -> None:
+    """coordinator: _boundaries / commit — the junction (``shared_prefix_boundary``) dropped,
+    or its end one alignment unit below (default mode, #57610) dropped or moved up.
 
-def test_waiting_request_replanned_after_a_free_with_a_state_group() -> None:
-    from hybridkv import FullAttention, KVCacheConfig, KVCacheGroup
-    from hybridkv.core.specs import StateSpec
+    Full (bs 4) + sliding (bs 4, W 8), default mode, retention 0. "a" (33 tokens) caches its
+    replay boundaries only (ends near 32) in the sliding group, so "b", which shares a's
+    first 20 tokens, hits 0 with junction 20 (the full group serves 20). Allocating b's hit
+    promises 20 and 16: then a 21-token prefix of a hits 20, and a 20-token one (cap 19)
+    hits 16."""
+    kv = KVCacheManager(config(FA(4), SWA(4, 8), num_blocks=64))
+    P = prompt(100, 40)
+    serve(kv, "a", P[:33])
+    b = Request("b", P[:20] + prompt(1, 9))
+    hit = kv.lookup(b)
+    assert (hit.num_tokens, hit.shared_prefix_boundary) == (0, 20)
+    serve(kv, "b", b.token_ids)
+    kv.check_integrity()
+    assert kv.lookup(Request("c21", P[:21])).num_tokens == 20
+    assert kv.lookup(Request("c20", P[:20])).num_tokens == 16
 
-    fa = FullAttention(block_size=4, num_kv_heads=1, head_dim=4)
+
+def test_compat_eagle_request_caches_its_copy_of_the_dropped_hit_block_once_full() -> None:
+    """coordinator: commit — in compat mode a new request adopting a hit starts its write path
+    at ``hit - cache_delay`` (``done_t``): EAGLE dropped the hit's last matched block, so the
+    request's own copy of it is cached, as in vLLM, in the step that fills it (``hit +
+    delay`` or ``hit`` would wait for one more block).
+
+    Compat, one full group (bs 4), EAGLE-3 without hash lookahead (a proof group: delay 4).
+    "a" (13 tokens) caches blocks 0-2. "b" shares a's first 8 tokens (10 tokens): the match
+    is 8, EAGLE drops its last block, the hit is 4. b computes tokens 4..9: its block 1
+    (tokens 4..7) is full, so vLLM caches it now (2 full blocks of 10 tokens): one
+    BlockStored with a's tokens 4..7."""
+    kv = KVCacheManager(config(FA(4), num_blocks=20), vllm_compat=True, enable_events=True,
+                        spec_decode=SpecDecode("eagle3", 3, hash_lookahead=False))
+    A = prompt(100, 13)
+    a = Request("a", A)
+    admit(kv, a, 13)
+    kv.take_events()
+    b = Request("b", A[:8] + [500, 501])
+    hit = kv.lookup(b)
+    assert hit.num_tokens == 4
+    assert kv.allocate(b, 6, hit) is not None
+    stored = [list(e.token_ids) for e in kv.take_events() if isinstance(e, BlockStored)]
+    assert stored == [A[4:8]]
+    kv.check_integrity()
+
+
+def test_a_step_caches_its_pending_block_before_it_pops_and_evicts() -> None:
+    """coordinator: _release — a running request's commit first caches the ends its last step
+    left pending (``n >= quiet_until``: exactly at the threshold too), then pops the new
+    blocks (the commit's documented order; vLLM's ``update_from_output`` likewise caches a
+    spec-decode request's finished blocks before the next step allocates).
+
+    Full (bs 4), MTP (hash lookahead: a block's hash needs the token after it), 3 usable
+    blocks. "a" (5 tokens) is freed with block 0 cached. r (8 tokens, no lookahead slots)
+    takes the 2 other blocks; its block 1 cannot be hashed yet (token 8 unknown). With
+    token 8 appended, r's next token needs a third block: the commit stores block 1 (tokens
+    304..307), then the pop evicts a's cached block: events Stored, then Removed."""
+    kv = KVCacheManager(config(FA(4), num_blocks=4), spec_decode=SpecDecode("mtp", 1),
+                        enable_events=True)
+    a = Request("a", prompt(100, 5))
+    admit(kv, a, 5, num_lookahead_tokens=0)
+    kv.free(a)
+    r = Request("r", prompt(300, 8))
+    admit(kv, r, 8, num_lookahead_tokens=0)
+    assert kv.num_free_blocks == 1
+    kv.take_events()
+    r.append_tokens([400])
+    assert kv.allocate(r, 1, num_lookahead_tokens=0) is not None
+    events = kv.take_events()
+    assert [type(e) for e in events] == [BlockStored, BlockRemoved]
+    assert list(events[0].token_ids) == prompt(304, 4)
+    kv.check_integrity()
+
+
+def test_a_default_mode_eagle_hit_end_is_not_cached_again() -> None:
+    """coordinator: commit — in default mode a new request adopting a hit of h tokens starts
+    its write path at ``done_t = h`` (the hit's end was processed by the request that cached
+    it); ``h - cache_delay`` or ``h - 1`` would cache the hit's end again, storing the
+    request's copy of its proof block one end early.
+
+    Default mode, one full group (bs 4), EAGLE-3 without hash lookahead (drop mode: an end t
+    is cached with the proof block after it, once t + 4 tokens are computed). "a" (17
+    tokens) caches 4 blocks. "b" shares a's first 13 tokens: the match is 12 and the hit 8
+    (its proof block 2 is cached). b's step to 12 stores nothing; its step to 16 reaches end
+    12 and stores blocks 2 and 3 (tokens 108..111 and 112, 500..502)."""
+    kv = KVCacheManager(config(FA(4), num_blocks=30), enable_events=True,
+                        spec_decode=SpecDecode("eagle3", 3, hash_lookahead=False))
+    A = prompt(100, 17)
+    a = Request("a", A)
+    admit(kv, a, 17, num_lookahead_tokens=0)
+    b = Request("b", A[:13] + prompt(500, 7))
+    hit = kv.lookup(b)
+    assert hit.num_tokens == 8
+    kv.take_events()
+    assert kv.allocate(b, 4, hit, num_lookahead_tokens=0) is not None
+    b.num_computed_tokens = 12
+    assert kv.take_events() == []
+    assert kv.allocate(b, 4, num_lookahead_tokens=0) is not None
+    b.num_computed_tokens = 16
+    stored = [list(e.token_ids) for e in kv.take_events() if isinstance(e, BlockStored)]
+    assert stored == [A[8:13] + prompt(500, 3)]
+    kv.check_integrity()
+
+
+def test_a_full_group_caches_every_block_whatever_the_window_retention() -> None:
+    """coordinator: __init__ — a downward-closed (full-attention) group uses the dense write
+    path (every aligned end) even with sparse retention (``retention.dense or
+    downward_closed``; ``and`` would cache only the promised ends).
+
+    Full (bs 4), retention 0 (promised ends: the replay boundaries 12 and 8 of a 13-token
+    prompt, and the final length at free). "a" decodes to 20 tokens, still running: its
+    blocks 3 and 4 (ends 16, 20) are cached, so a request sharing a's first 17 tokens hits
+    16."""
+    kv = KVCacheManager(config(FA(4), num_blocks=30), retention_interval=0)
+    a = Request("a", prompt(100, 13))
+    admit(kv, a, 13)
+    for t in range(7):
+        a.append_tokens([500 + t])
+        assert kv.allocate(a, 1) is not None
+        a.num_computed_tokens += 1
+    probe = Request("b", list(a.token_ids)[:17] + [1, 2])
+    assert kv.lookup(probe).num_tokens == 16
+    kv.check_integrity()
+
+
+def test_compat_sliding_group_caches_each_reachable_block_when_it_fills() -> None:
+    """coordinator: __init__ — in compat mode with sparse retention a window group writes
+    vLLM's per-block mask (``masked``: compat, not dense, a window), so each block a
+    promised end will read is cached in the step that fills it, not when the end is reached.
+
+    Compat, one sliding group (bs 4, W 8), retention 0: r (13 tokens) has the replay
+    boundary 12, whose window run is blocks 1 and 2 (cdiv(7, 4) = 2 blocks before 12). Its
+    first 8 tokens fill blocks 0 and 1: vLLM's mask caches block 1 now (tokens 104..107);
+    the next 4 fill block 2 (tokens 108..111)."""
+    kv = KVCacheManager(config(SWA(4, 8), num_blocks=30), vllm_compat=True, retention_interval=0,
+                        enable_events=True)
+    r = Request("r", prompt(100, 13))
+    want = [[prompt(104, 4)], [prompt(108, 4)]]
+    for i, n in enumerate((8, 4)):
+        assert kv.allocate(r, n, kv.lookup(r) if i == 0 else None) is not None
+        r.num_computed_tokens += n
+        stored = [list(e.token_ids) for e in kv.take_events() if isinstance(e, BlockStored)]
+        assert stored == want[i]
+    kv.check_integrity()
+
+
+def test_compat_hybrid_caches_each_group_up_to_the_aligned_prefix() -> None:
+    """coordinator: __init__ — compat mode with two or more groups uses vLLM's hybrid
+    coordinator limit (``get_num_cacheable_tokens``: a group caches only up to align(n),
+    the alignment being the groups' LCM block size); one group alone caches all n.
+
+    Compat, full (bs 4) + sliding (bs 8, W 16): alignment 8. r's first 12 tokens: align(12)
+    = 8, so each group stores its blocks for tokens 0..7 only (the full group's block 2,
+    tokens 8..11, waits for the next aligned prefix)."""
+    kv = KVCacheManager(config(FA(4), SWA(8, 16), num_blocks=30), vllm_compat=True,
+                        enable_events=True)
+    r = Request("r", prompt(100, 20))
+    assert kv.allocate(r, 12, kv.lookup(r)) is not None
+    stored = [(e.group_idx, list(e.token_ids)) for e in kv.take_events()
+              if isinstance(e, BlockStored)]
+    assert stored == [(0, prompt(100, 8)), (1, prompt(100, 8))]
+    kv.check_integrity()
+
+
+def test_compat_eagle_groups_are_not_clamped_to_the_aligned_prefix() -> None:
+    """coordinator: __init__ — in compat mode vLLM's hybrid limit clamps only the groups
+    without proof to align(n); an EAGLE group caches up to min(n, align(n) + block_size)
+    (``aligned_limit = hybrid and not proof``; clamping the EAGLE groups too would make the
+    decode fast path wait for the next aligned prefix).
+
+    Compat, full (bs 4) + full (bs 8), EAGLE-3 without hash lookahead (both groups carry
+    the proof: an end is cached with the block after it). Alignment 8. r (5-token prompt)
+    decodes one token at a time to 16. Group 0 caches up to min(n, align(n) + 4) tokens:
+    at 8 its blocks 0-1 (end 4 and its proof block), at 12 block 2, at 16 block 3; group 1
+    (bs 8) caches blocks 0-1 at 16."""
+    kv = KVCacheManager(config(FA(4), FA(8), num_blocks=40), vllm_compat=True,
+                        enable_events=True,
+                        spec_decode=SpecDecode("eagle3", 3, hash_lookahead=False))
+    r = Request("r", prompt(100, 5))
+    admit(kv, r, 5, num_lookahead_tokens=0)
+    stored = {}
+    for t in range(5, 16):
+        r.append_tokens([200 + t])
+        assert kv.allocate(r, 1, num_lookahead_tokens=0) is not None
+        r.num_computed_tokens += 1
+        ev = [(e.group_idx, len(e.token_ids)) for e in kv.take_events()
+              if isinstance(e, BlockStored)]
+        if ev:
+            stored[r.num_computed_tokens] = ev
+    assert stored == {8: [(0, 8)], 12: [(0, 4)], 16: [(0, 4), (1, 16)]}
+    kv.check_integrity()
+
+
+def test_default_mode_caches_every_group_at_aligned_ends() -> None:
+    """coordinator: __init__ — in default mode the dense write path steps by the alignment
+    for every group (only compat full groups end on any block boundary), so an end is
+    cached for all groups at once, at a multiple of the alignment.
+
+    Default mode, dense retention, full (bs 4) + sliding (bs 6, W 12): alignment 12. At 9
+    computed tokens the groups' common limit is 6 (the sliding group's full blocks): no
+    aligned end is reached, nothing is stored (a block-size step would store the full
+    group's block 0 and the sliding group's run for 6). At 13 the aligned end 12 is
+    stored for both groups."""
+    kv = KVCacheManager(config(FA(4), SWA(6, 12), num_blocks=30), retention_interval=None,
+                        enable_events=True)
+    r = Request("r", prompt(100, 30))
+    want = [[], [(0, prompt(100, 12)), (1, prompt(100, 12))]]
+    for i, n in enumerate((9, 4)):
+        assert kv.allocate(r, n, kv.lookup(r) if i == 0 else None) is not None
+        r.num_computed_tokens += n
+        assert [(e.group_idx, list(e.token_ids)) for e in kv.take_events()
+                if isinstance(e, BlockStored)] == want[i]
+    kv.check_integrity()
+
+
+def _vllm_mask(p: int, a: int, bs: int, window: int, proof: int, drop: bool,
+               junction: int = 0) -> set[int]:
+    """vLLM 0.33's SWA write mask for retention 0 (``SlidingWindowManager
+    .reachable_block_mask``), written from vLLM's definition, not from hybridkv: the reachable
+    boundaries are the replay boundaries (``P - 1``; EAGLE drop mode: ``max((P-1)//A*A - A, 0)``
+    and ``max(P//A*A - A, 0)``), the junction and (EAGLE groups) ``junction - block_size``; each
+    aligned down to A keeps the ``need = cdiv(W - 1, bs)`` blocks before it, plus the block
+    after it in an EAGLE group (the proof block), never below block 0."""
+    need = -(-(window - 1) // bs)
+    ends = [max((p - 1) // a * a - a, 0), max(p // a * a - a, 0)] if drop else [p - 1]
+    if junction:
+        ends.append(junction)
+        if proof:
+            ends.append(junction - bs)
+    out: set[int] = set()
+    for b in ends:
+        if b < 0:
+            continue
+        e = b // a * a // bs
+        out |= set(range(max(e - need, 0), e + proof))
+    return out
+
+
+@pytest.mark.parametrize("drop", [False, True])
+@pytest.mark.parametrize("p", [5, 8, 9, 12, 13, 16, 17, 20, 23, 24, 25])
+def test_compat_mask_of_one_sliding_group_keeps_the_replay_windows(drop, p) -> None:
+    """coordinator: _mask_ends / _write_mask — vLLM's replay boundaries (``p - 1``; EAGLE
+    drop mode's ``{resend - A, extension - A}`` pair, 0 kept) moved by one token or one
+    unit, ``max(.., 0)`` → ``max(.., 1)``, end 0 dropped: other blocks cached.
+
+    Compat mode, retention 0, one SWA group (bs 4, W 8: need 2; A 4), drop mode with the
+    group as the drafter (proof block). A one-shot prefill of p tokens: the unitary coordinator
+    caches up to p // 4 blocks (all hashed), exactly the masked ones (:func:`_vllm_mask`)."""
+    spec = EAGLE_DROP if drop else None
+    kv = manager(SWA(4, 8), num_blocks=40, retention=0, spec_decode=spec,
+                 drafts=(0,) if drop else ())
+    r, _ = run_prompt(kv, "r", prompt(100, p))
+    want = {j for j in _vllm_mask(p, 4, 4, 8, int(drop), drop) if j < p // 4}
+    assert cached_positions(kv, r, 0) == want
+    kv.check_integrity()
+
+
+@pytest.mark.parametrize("drop", [False, True])
+@pytest.mark.parametrize("p", [6, 9, 16, 17, 20, 24, 25, 31, 32, 33, 40])
+def test_compat_mask_of_a_hybrid_aligns_the_replay_windows(drop, p) -> None:
+    """coordinator: _mask_ends / _compat_limits — the boundaries aligned down to A = 8 in the
+    group's 4-token blocks; the hybrid coordinator's cacheable prefix (``align(n)``; an EAGLE
+    group ``min(n, align(n) + bs)``).
+
+    Compat mode, retention 0, full (bs 8) + SWA (bs 4, W 8: need 2); drop mode with the SWA
+    group as the only drafter. After a one-shot prefill of p tokens the SWA group has cached
+    the masked blocks below its cacheable prefix: ``align8(p) // 4`` blocks, or with the proof
+    block ``min(p, align8(p) + 4) // 4`` — but nothing while ``align8(p)`` is 0 (p = 6: the
+    EAGLE pair is {0, 0}, block 0 is masked, and still not cached)."""
+    spec = EAGLE_DROP if drop else None
+    kv = manager(FA(8), SWA(4, 8), num_blocks=60, retention=0, spec_decode=spec,
+                 drafts=(1,) if drop else ())
+    r, _ = run_prompt(kv, "r", prompt(100, p))
+    aligned = p // 8 * 8
+    limit = min(p, aligned + 4) // 4 if drop and aligned else aligned // 4
+    want = {j for j in _vllm_mask(p, 8, 4, 8, int(drop), drop) if j < limit}
+    assert cached_positions(kv, r, 1) == want
+    assert cached_positions(kv, r, 0) == set(range(aligned // 8))   # full: every block
+    kv.check_integrity()
+
+
+def test_compat_mask_without_a_hit_pins_no_junction() -> None:
+    """coordinator: _mask_ends — a new request allocated with ``hit=None`` given junction 1
+    instead of 0 (its end 0 then masks block 0 of an EAGLE group).
+
+    Compat mode, retention 0, drop mode, SWA (bs 4, W 8) drafter; 40 tokens allocated without
+    a lookup: the replay ends are 32 and 36 (blocks 8 and 9), masked [6, 9) ∪ [7, 10) = 6..9;
+    block 0 is not among them."""
+    kv = manager(SWA(4, 8), num_blocks=40, retention=0, spec_decode=EAGLE_DROP, drafts=(0,))
+    r = Request("r", prompt(100, 40))
+    assert kv.allocate(r, 40, None) is not None
+    r.num_computed_tokens = 40
+    assert cached_positions(kv, r, 0) == {6, 7, 8, 9}
+
+
+def test_compat_mask_of_a_one_token_prompt_in_drop_mode() -> None:
+    """coordinator: _mask_ends — ``max(.., 0)`` → ``max(.., 1)`` for either end of the EAGLE
+    pair (visible only with alignment 1).
+
+    Compat mode, retention 0, drop mode, SWA (bs 1, W 9: need 8) drafter, A = 1. A one-token
+    prompt's pair is ``{max(0 - 1, 0), max(1 - 1, 0)} = {0}``: only span(0) = [0, 1) is
+    masked. Three decode steps later (4 tokens computed and hashed, nothing out of the window
+    yet) block 0 is still the only cached block; an end 1 would have masked block 1 too."""
+    kv = manager(SWA(1, 9), num_blocks=40, retention=0, spec_decode=EAGLE_DROP, drafts=(0,))
+    r, _ = run_prompt(kv, "r", [7])
+    for tok in (8, 9, 10):
+        r.append_tokens([tok])
+        assert kv.allocate(r, 1) is not None
+        r.num_computed_tokens += 1
+    assert 0 not in kv.block_ids(r)[0]
+    assert cached_positions(kv, r, 0) == {0}
+
+
+@pytest.mark.parametrize("drop", [False, True])
+def test_compat_mask_pins_the_junction_and_in_eagle_groups_the_block_below(drop) -> None:
+    """coordinator: _mask_ends — ``junction - block_size`` added for every group (``and`` →
+    ``or``), not only EAGLE groups; the junction itself lost.
+
+    Compat mode, retention 0, full (bs 16) + SWA (bs 16, W 32: need 2), as vLLM's
+    ``test_swa_shared_prefix_reuse_under_zero_retention``.
+    r0 (64 shared + 20 tokens) leaves the SWA group only the window of its replay end, so r1
+    (the same 64 + 20 others) gets a hit of 0 with junction 64 (the full group's answer).
+    r1's SWA mask: its replay ends, the junction 64 (blocks [2, 4)) and, in an EAGLE group
+    only, 64 - 16 = 48 (blocks [1, 3) + its proof block)."""
+    spec = EAGLE_DROP if drop else None
+    kv = manager(FA(16), SWA(16, 32), num_blocks=80, retention=0, spec_decode=spec,
+                 drafts=(1,) if drop else ())
+    shared = prompt(1000, 64)
+    run_prompt(kv, "r0", shared + [100] * 20)
+    r1 = Request("r1", shared + [200] * 20)
+    hit = kv.lookup(r1)
+    assert (hit.num_tokens, hit.shared_prefix_boundary) == (0, 64)
+    assert kv.allocate(r1, 84, hit) is not None
+    r1.num_computed_tokens = 84
+    limit = min(84, 80 + 16) // 16 if drop else 80 // 16
+    want = {j for j in _vllm_mask(84, 16, 16, 32, int(drop), drop, junction=64) if j < limit}
+    assert cached_positions(kv, r1, 1) == want
+    assert (1 in want) == drop
+
+
+@pytest.mark.parametrize("drop", [False, True])
+def test_compat_mask_of_a_chunked_prefill_waits_for_the_cacheable_prefix(drop) -> None:
+    """coordinator: _compat_limits — an EAGLE group's cacheable prefix ``min(n, align(n) +
+    bs)`` taken as ``align(n) + bs`` (a block not yet computed cached) or as ``n`` (uncapped).
+
+    Compat mode, retention 0, full (bs 8) + SWA (bs 2, W 8: need 4), a 40-token prompt in
+    chunks 5, 9, 7, 11, 8 (computed 5, 14, 21, 32, 40). The SWA group's stored blocks after
+    each chunk are the masked ones below its cacheable prefix, in blocks: ``align8(n) // 2``,
+    with the proof block (EAGLE drafter) ``min(n, align8(n) + 2) // 2`` (0 while align8(n) is
+    0): with the proof block 5 → 0, 14 → 5 (uncapped: 7), 21 → 9 (uncapped: 10), 32 → 16,
+    40 → 20. Read from the KV events."""
+    spec = EAGLE_DROP if drop else None
+    kv = manager(FA(8), SWA(2, 8), num_blocks=80, retention=0, spec_decode=spec,
+                 drafts=(1,) if drop else (), enable_events=True)
+    r = Request("r", prompt(100, 40))
+    mask = _vllm_mask(40, 8, 2, 8, int(drop), drop)
+    hit = kv.lookup(r)
+    stored: set[int] = set()
+    for i, n in enumerate((5, 9, 7, 11, 8)):
+        assert kv.allocate(r, n, hit if i == 0 else None) is not None
+        r.num_computed_tokens += n
+        c = r.num_computed_tokens
+        stored |= {r.block_hashes.index(h) for e in kv.take_events()
+                   if isinstance(e, BlockStored) and e.group_idx == 1 for h in e.block_hashes}
+        aligned = c // 8 * 8
+        limit = (min(c, aligned + 2) if drop and aligned else aligned) // 2
+        assert stored == {j for j in mask if j < limit}, c
+    kv.check_integrity()
+
+
+def test_a_new_request_without_a_hit_promises_only_its_replay_boundaries() -> None:
+    """coordinator: _boundaries — a new request allocated with ``hit=None`` read as a hit
+    (``hit.shared_prefix_boundary`` of None) or given junction 1 (an end at token 1, whose run
+    in an EAGLE group is block 0).
+
+    Default mode, retention 0, drop mode, SWA (bs 4, W 8: need 2) drafter; 40 tokens in one
+    step. Promised ends (ARCHITECTURE, replay boundaries with the unit below): the EAGLE pair
+    {36 - 4, 40 - 4} and one unit below each: 28, 32, 36 (blocks 7, 8, 9); their runs with
+    the proof block: [5, 8), [6, 9), [7, 10). The same with the lookup's zero hit."""
+    for use_hit in (False, True):
+        kv = manager(SWA(4, 8), num_blocks=40, compat=False, retention=0, spec_decode=EAGLE_DROP,
+                     drafts=(0,))
+        r = Request("r", prompt(100, 40))
+        hit = kv.lookup(r) if use_hit else None
+        assert kv.allocate(r, 40, hit) is not None
+        r.num_computed_tokens = 40
+        assert cached_positions(kv, r, 0) == {5, 6, 7, 8, 9}
+        kv.check_integrity()
+
+
+@pytest.mark.parametrize("second", ["full", "sliding"])
+def test_a_long_run_of_a_larger_block_group_is_cached_under_its_own_hashes(second) -> None:
+    """coordinator: _insert_span — a run of 12 or more blocks (one bulk insert) given the
+    hashes one hash block too early (``(j + 1) * scale - 2``: with scale 2 the slice has the
+    right length and the wrong hashes).
+
+    Default mode, full (bs 4) + a second group of bs 8 (scale 2 over the hash block 4): full,
+    or SWA with W 100 (need 13 blocks). "a" = 100 tokens in one step: the bs-8 group caches
+    its 12 full blocks in one run (the SWA group: the run of its replay end 96 = blocks
+    [0, 12)). A resend hits 96 (99 aligned down to 8) with a's blocks in both groups."""
+    spec = FA(8) if second == "full" else SWA(8, 100)
+    kv = manager(FA(4), spec, num_blocks=80, compat=False)
+    a, _ = run_prompt(kv, "a", prompt(100, 100))
+    assert cached_positions(kv, a, 1) == set(range(12))
+    kv.check_integrity()
+    hit = kv.lookup(Request("b", prompt(100, 100)))
+    assert hit.num_tokens == 96
+    assert hit.block_ids == (tuple(kv.block_ids(a)[0][:24]), tuple(kv.block_ids(a)[1][:12]))
+
+
+def test_a_run_whose_first_block_left_the_window_caches_only_the_rest() -> None:
+    """coordinator: _insert_span — the per-block path's null check made ``or`` (the null
+    block 0 inserted under the hash of a position that left the window).
+
+    Compat mode, dense retention, drop mode, one SWA group (bs 8, W 3: need 1) as the
+    drafter: end t's run is [t/8 - 1, t/8 + 1), cached once the proof block t/8 is computed.
+    A 40-token prompt in chunks of 10: at 20 computed, end 8's run is [0, 2), but block 0 left
+    the window at 10 (skipped 10 - 3 + 1 = 8 tokens) and is null: only block 1 is cached. No
+    stored event names a hash twice, and a resend hits 24 (the unitary coordinator's cap: the
+    proof block below 39 tokens, so e <= 3) with a real block at position 2 (run [2, 4))."""
+    kv = manager(SWA(8, 3), num_blocks=40, retention=None, spec_decode=EAGLE_DROP, drafts=(0,),
+                 enable_events=True)
+    r = Request("r", prompt(100, 40))
+    hit = kv.lookup(r)
+    for i in range(4):
+        assert kv.allocate(r, 10, hit if i == 0 else None) is not None
+        r.num_computed_tokens += 10
+        kv.check_integrity()
+        if i == 1:
+            assert kv.block_ids(r)[0][0] == 0 and cached_positions(kv, r, 0) == {1}
+    stored = [b for e in kv.take_events() if isinstance(e, BlockStored) for b in e.block_hashes]
+    assert len(stored) == len(set(stored))
+    kv.free(r)
+    hit = kv.lookup(Request("s", prompt(100, 40)))
+    assert hit.num_tokens == 24 and hit.block_ids[0][:2] == (0, 0) and hit.block_ids[0][2] != 0
+    kv.check_integrity()
+
+
+def test_allocating_a_junction_hit_promises_the_junction_and_the_unit_below() -> None:
+    """coordinator: _boundaries — the junction lost (None / never read), ``junction - a``
+    not promised in default mode (``or`` → ``and``, ``not compat`` dropped) or moved to
+    ``junction + a``.
+
+    Default mode, retention 0, full (bs 4) + SWA (bs 4, W 5: need 1). r0 = 12 shared + 12
+    other tokens caches the SWA windows of its ends 20, 16 (replay 23 → 20 and the unit
+    below): blocks 3, 4. r1 = the 12 shared + 12 others: the full group serves 12; the SWA
+    group would need block 2 for 12, block 1 for 8, block 0 for 4, none cached: hit 0,
+    junction 12. r1's promised ends: 20, 16 (its replay pair), 12 (junction),
+    8 (the unit below): SWA runs [4, 5), [3, 4), [2, 3), [1, 2)."""
+    kv = manager(FA(4), SWA(4, 5), num_blocks=60, compat=False, retention=0)
+    shared = prompt(1000, 12)
+    r0, _ = run_prompt(kv, "r0", shared + prompt(100, 12))
+    assert cached_positions(kv, r0, 1) == {3, 4}
+    r1 = Request("r1", shared + prompt(200, 12))
+    hit = kv.lookup(r1)
+    assert (hit.num_tokens, hit.shared_prefix_boundary) == (0, 12)
+    assert kv.allocate(r1, 24, hit) is not None
+    r1.num_computed_tokens = 24
+    assert cached_positions(kv, r1, 1) == {1, 2, 3, 4}
+    kv.check_integrity()
+
+
+def test_compat_state_group_exports_the_junction_without_the_unit_below() -> None:
+    """coordinator: _boundaries — compat mode without drop mode given ``junction - a`` too
+    (``and`` → ``or``): vLLM pins only the junction (and ``junction - block_size`` under EAGLE).
+
+    Compat mode, retention 0, full (bs 4) + a state group (bs 4). r0 = 12 shared + 12 other
+    tokens; r1 = the 12 shared + 12 others: the full group serves 12, the state group has no
+    checkpoint at 12: hit 0, junction 12. r1's promised ends (compat: no unit below): its
+    replay boundary 20 and the junction 12 — the checkpoints its 24-token step exports."""
     state = StateSpec(block_size=4, conv_shape=(1, 4), conv_dtype="float32", state_shape=(2, 2),
                       state_dtype="float32")
-    kv = KVCacheManager(KVCacheConfig((KVCacheGroup("a", fa, ("a",)),
-                                       KVCacheGroup("s", state, ("s",))), num_blocks=10))
-    shared = list(range(16))
-    a = Request("a", shared + [100])
-    assert kv.allocate(a, 17, kv.lookup(a)) is not None
-    a.num_computed_tokens = 17
-    b = Request("b", shared + list(range(200, 209)))
-    hit = kv.lookup(b)                     # 16 tokens, on a's blocks (held by a)
-    assert hit.num_tokens == 16
-    assert kv.allocate(b, 9, hit) is None  # does not fit while a runs: b waits
-    kv.free(a)                             # a's blocks become free cached blocks
-    # b is planned again with the same hit (as a scheduler does every step); taking the hit's
-    # blocks out of the free queue leaves too few for b's new ones: still no fit, no error
-    assert kv.allocate(b, 9, hit) is None
-    fresh = Request("b2", list(b.token_ids))
-    assert kv.allocate(fresh, 9, kv.lookup(fresh)) is None   # the same answer, unmemoized
+    kv = KVCacheManager(config(FA(4), state, num_blocks=200), vllm_compat=True)
+    shared = prompt(1000, 12)
+    run_prompt(kv, "r0", shared + prompt(100, 12))
+    r1 = Request("r1", shared + prompt(200, 12))
+    hit = kv.lookup(r1)
+    assert (hit.num_tokens, hit.shared_prefix_boundary) == (0, 12)
+    assert kv.export_positions(r1, 24, hit) == [12, 20]
+    assert kv.allocate(r1, 24, hit) is not None
+    assert [e.position for e in kv.state_blocks(r1)[0].exports] == [12, 20]
+
+
+def test_the_final_length_is_promised_at_free() -> None:
+    """coordinator: cache — the final length not promised at free in default mode (``not
+    compat`` inverted), its end made None or a float, or the free's cache pass skipped below
+    ``quiet_until`` (``not final`` → ``final``).
+
+    Default mode, retention 0, full (bs 4) + SWA (bs 4, W 8: need 2). r's prompt (10 tokens)
+    promises 8 and 4; r decodes to 21 tokens and is freed: the final length 21 → 20 is
+    promised, its SWA run [3, 5) cached. The same 21 tokens + 1 then hit 20 (else 8)."""
+    kv = manager(FA(4), SWA(4, 8), num_blocks=60, compat=False, retention=0)
+    r, _ = run_prompt(kv, "r", prompt(100, 10))
+    while r.num_tokens < 21:
+        r.append_tokens([7])
+        assert kv.allocate(r, 1) is not None
+        r.num_computed_tokens += 1
+    kv.free(r)
+    assert kv.lookup(Request("q", list(r.token_ids) + [9])).num_tokens == 20
     kv.check_integrity()
 
 
-# ---- 7. allocating past max_model_len (found at stop 22 by the max_model_len property extension) ----
+def test_drop_mode_caches_an_end_once_its_proof_block_is_computed() -> None:
+    """coordinator: cache / _cache_prefix — the limit ``(blocks - proof) * bs`` given ``+
+    proof`` (ends whose proof block is not computed yet), an end's run cached without its
+    proof block (``+ proof`` → ``- proof``).
 
-@pytest.mark.parametrize("num_tokens", [9, 12])
-def test_allocating_past_max_model_len_is_refused_and_changes_nothing(num_tokens) -> None:
-    """FA(4), max_model_len 8, a new request of ``num_tokens`` > 8 tokens allocated at once.
-
-    The manager caps a step's slots at max_model_len, so tokens past it would have no slot;
-    ``allocate``'s contract is a ValueError for bad counts with nothing changed. Before the
-    fix, 9 tokens were accepted with 2 blocks (8 slots: token 8 had none, a silent wrong
-    answer) and 12 tokens raised IndexError from the write path (``_insert_span``) after the
-    request took 2 blocks, which it kept. Now: a ValueError naming max_model_len=8, the pool,
-    the events and the tables as before, and a following request served as if the bad one
-    never came."""
-    kv = KVCacheManager(config(FA(4), num_blocks=32), max_model_len=8, enable_events=True)
-    bad = Request("bad", list(range(100, 100 + num_tokens)))
-    with pytest.raises(ValueError, match=r"max_model_len=8"):
-        kv.allocate(bad, num_tokens, kv.lookup(bad))
-    kv.check_integrity()
-    assert kv.num_free_blocks == 31 and kv.take_events() == []
-    with pytest.raises(KeyError):
-        kv.block_ids(bad)
-    serve(kv, "ok", list(range(100, 108)))               # at the limit: served, 2 blocks cached
-    kv.check_integrity()
-    assert kv.num_free_blocks == 31
-    assert kv.lookup(Request("again", list(range(100, 108)))).num_tokens == 4   # capped at 7
-
-
-def test_a_decode_step_past_max_model_len_is_refused_on_the_fast_path() -> None:
-    """A running request at max_model_len (6, inside its second block): one more token would
-    have no slot. The decode fast path (a step needing no new block and caching nothing: the
-    next block end, 8, is not reached) must not accept it silently: ValueError naming the
-    limit, nothing changed."""
-    kv = KVCacheManager(config(FA(4), num_blocks=32), max_model_len=6)
-    r = serve(kv, "r", list(range(100, 105)), free=False)          # 5 tokens, 2 blocks
-    r.append_tokens([5])
-    assert kv.allocate(r, 1) is not None                            # token 6: at the limit
-    r.num_computed_tokens = 6
-    r.append_tokens([6])
-    free = kv.num_free_blocks
-    with pytest.raises(ValueError, match=r"^request 'r' would hold 7 tokens \(num_computed_tokens 6 \+ hit 0 "
-                                         r"\+ num_new_tokens 1\), past max_model_len=6$"):
-        kv.allocate(r, 1)
-    assert kv.num_free_blocks == free and r.num_computed_tokens == 6
-    kv.check_integrity()
-
-
-def test_a_prompt_past_max_model_len_is_refused_with_its_hit_counted() -> None:
-    """The limit counts the hit too: a cached 4-token prefix and 6 new tokens are 10 tokens,
-    past max_model_len 8 (the hit alone would fit). The message names every part."""
-    kv = KVCacheManager(config(FA(4), num_blocks=32), max_model_len=8)
-    serve(kv, "a", list(range(100, 105)))                 # caches the block of tokens 0..3
-    r = Request("r", list(range(100, 104)) + list(range(200, 206)))
+    Default mode, drop mode, one full group (bs 4, the drafter). A 30-token prompt in chunks
+    12, 8, 10: an end t is cached with its proof block once t + 4 tokens are computed, so the
+    cached blocks are [0, 3), [0, 5), [0, 7) (at 30: 7 hashed blocks, end 24 + block 6)."""
+    kv = manager(FA(4), num_blocks=40, compat=False, spec_decode=EAGLE_DROP)
+    r = Request("r", prompt(100, 30))
     hit = kv.lookup(r)
-    assert hit.num_tokens == 4
-    free = kv.num_free_blocks
-    with pytest.raises(ValueError, match=r"^request 'r' would hold 10 tokens \(num_computed_tokens 0 "
-                                         r"\+ hit 4 \+ num_new_tokens 6\), past max_model_len=8$"):
-        kv.allocate(r, 6, hit)
-    assert kv.num_free_blocks == free
-    kv.check_integrity()
+    for i, (n, want) in enumerate(((12, 3), (8, 5), (10, 7))):
+        assert kv.allocate(r, n, hit if i == 0 else None) is not None
+        r.num_computed_tokens += n
+        assert cached_positions(kv, r, 0) == set(range(want))
+
+
+def test_a_step_that_completes_a_proof_block_caches_at_once() -> None:
+    """coordinator: cache — ``quiet_until`` (the fewest tokens at which cache() has work
+    again) rounded up to the alignment for every group (``and`` → ``or``: only the compat
+    hybrid's groups without a proof block cache up to align(n)), or a step that reaches it
+    exactly skipped (``<`` → ``<=``).
+
+    Default mode, drop mode, full bs 4 (the drafter) + full bs 8: A = 8, the delay is the
+    drafter's block (4). Chunks 12, 8: at 12 the end 8 is cached (bs-4 blocks [0, 3)); the
+    next end 16 is due at 16 + 4 = 20, reached exactly by the second chunk: [0, 5)."""
+    kv = manager(FA(4), FA(8), num_blocks=60, compat=False, spec_decode=EAGLE_DROP, drafts=(0,))
+    r = Request("r", prompt(100, 30))
+    hit = kv.lookup(r)
+    for i, (n, want) in enumerate(((12, 3), (8, 5))):
+        assert kv.allocate(r, n, hit if i == 0 else None) is not None
+        r.num_computed_tokens += n
+        assert cached_positions(kv, r, 0) == set(range(want))
+        assert cached_positions(kv, r, 1) == set(range(want // 2))
+
+
+def test_compat_mask_with_retention_caches_each_masked_block_when_it_fills() -> None:
+    """coordinator: cache — the masked groups' ``quiet_until`` one block late (``+ 1`` →
+    ``+ 2``: a masked block cached a block after it filled).
+
+    Compat mode, retention 16, one SWA group (bs 4, W 8: need 2). A 5-token prompt, then one
+    token per step to 40. The mask: the replay end 4 (block 1: [0, 1)) and every multiple of
+    16 tokens (blocks [4k - 2, 4k)): 0, 2, 3, 6, 7. vLLM caches a masked block as soon as it is
+    full (blocks are registered when scheduled): after c tokens, the masked j with
+    (j + 1) * 4 <= c. Read from the KV events (the window frees the blocks)."""
+    kv = manager(SWA(4, 8), num_blocks=40, retention=16, enable_events=True)
+    r, _ = run_prompt(kv, "r", prompt(100, 5))
+    stored: set[int] = set()
+    while r.num_tokens < 40:
+        r.append_tokens([7])
+        assert kv.allocate(r, 1) is not None
+        r.num_computed_tokens += 1
+        stored |= {r.block_hashes.index(h) for e in kv.take_events()
+                   if isinstance(e, BlockStored) for h in e.block_hashes}
+        c = r.num_computed_tokens
+        assert stored == {j for j in (0, 2, 3, 6, 7) if (j + 1) * 4 <= c}, c
+
+
+def test_compat_hit_writes_its_own_copy_of_the_proof_block() -> None:
+    """coordinator: cache — the first end after an adopted hit computed with ``/`` (``done //
+    step`` → ``done / step``: the next end overshoots when ``done`` is not a multiple).
+
+    Compat mode, dense retention, full (bs 8) + SWA (bs 4, W 8: need 2) as the drafter. "a"
+    (32 tokens) is served; "b" (a's first 28 + 2 others) hits 24 (SWA run [4, 7) with its
+    proof block 6, tokens 24..27, shared). In compat mode the hit's proof block was dropped: b's end 24 stays open
+    (done 24 - 4 = 20) and b's own block 6 is cached as soon as it is full (b computes 30:
+    the EAGLE group's cacheable prefix min(30, 24 + 4) = 28 tokens, 7 blocks)."""
+    kv = manager(FA(8), SWA(4, 8), num_blocks=60, retention=None, spec_decode=EAGLE_DROP,
+                 drafts=(1,))
+    run_prompt(kv, "a", prompt(100, 32))
+    b = Request("b", prompt(100, 28) + prompt(500, 2))
+    admit(kv, b, 6, expect_hit=24)
+    assert 6 in cached_positions(kv, b, 1)
+
+
+def test_lookahead_hashing_caches_a_block_once_the_next_token_exists() -> None:
+    """coordinator: cache — the hashed-block count divided with ``/`` (a float limit: the
+    single-block write then indexes the hashes with a float).
+
+    Default mode, EAGLE with hash lookahead, full (bs 4). An 8-token prompt: block 1's hash
+    needs token 8, so only block 0 is cached; one more token caches block 1."""
+    kv = manager(FA(4), num_blocks=40, compat=False, spec_decode=SpecDecode("eagle", 1))
+    r, _ = run_prompt(kv, "r", prompt(100, 8))
+    assert cached_positions(kv, r, 0) == {0}
+    r.append_tokens([7])
+    assert kv.allocate(r, 1) is not None
+    r.num_computed_tokens += 1
+    assert cached_positions(kv, r, 0) == {0, 1}
+
+
+def test_events_of_a_long_run_not_starting_at_block_zero() -> None:
+    """coordinator: _insert_span — a bulk insert (12+ blocks) reporting positions from 0
+    (``range(j, hi)`` → ``range(hi)``) or only below j (``range(j)``).
+
+    Default mode, full (bs 4), events on. Chunks 8 then 56: the second step caches blocks
+    [2, 16) in one run; its stored event names exactly their hashes and tokens."""
+    kv = manager(FA(4), num_blocks=40, compat=False, enable_events=True)
+    r = Request("r", prompt(100, 64))
+    admit(kv, r, 8)
+    kv.take_events()
+    assert kv.allocate(r, 56) is not None
+    stored = [e for e in kv.take_events() if isinstance(e, BlockStored)]
+    assert [h for e in stored for h in e.block_hashes] == r.block_hashes[2:16]
+    assert [t for e in stored for t in e.token_ids] == prompt(108, 56)
+
+
+def test_diverging_inside_last_aligned_block_still_hits():  # vLLM #57610
+    prompt = list(range(4100))
+    edited = prompt[:4090] + [7] * 30   # same turn, edited near its end
+    for compat, expected in [(True, 0), (False, 4064)]:
+        kv = manager(FA(32), SWA(16, 1024), num_blocks=2000, compat=compat, retention=0)
+        run_prompt(kv, "turn", prompt)
+        assert kv.lookup(Request("edit", edited)).num_tokens == expected
+
+
+def test_next_chat_turn_hits_the_answer():
+    prompt = list(range(300))
+    kv = manager(FA(16), SWA(16, 64), num_blocks=200, compat=False, retention=0)
+    req, _ = run_prompt(kv, "t1", prompt)
+    for tok in range(50):                 # decode 50 tokens
+        req.append_tokens([1000 + tok])
+        assert kv.allocate(req, 1) is not None
+        req.num_computed_tokens += 1
+    kv.free(req)
+    turn2 = list(req.token_ids) + [5] * 40
+    assert kv.lookup(Request("t2", turn2)).num_tokens == (len(req.token_ids) - 1) // 16 * 16
+    vllm = manager(FA(16), SWA(16, 64), num_blocks=200, compat=True, retention=0)
+    req, _ = run_prompt(vllm, "t1", prompt)
+    for tok in range(50):
+        req.append_tokens([1000 + tok])
+        vllm.allocate(req, 1)
+        req.num_computed_tokens += 1
+    vllm.free(req)
+    assert vllm.lookup(Request("t2", turn2)).num_tokens == 288  # only the prompt's boundary
