@@ -596,8 +596,8 @@ def test_a_waiting_request_recounts_its_hit_once_another_request_holds_it() -> N
 
 
 def test_full_sequence_reservation_is_checked_on_a_quiet_step() -> None:
-    """allocate 5–8, 11 — the fast path taken with ``full_sequence_must_fit`` (it answers
-    without the reservation).
+    """allocate — the fast path taken with ``full_sequence_must_fit`` (it answers without the
+    reservation).
 
     Pool of 4 usable blocks (bs 4, compat: full blocks cached as they fill); "x" holds 2.
     "r" has a 16-token prompt (4 blocks): chunks of 1 token, then 1 (the slow path), then
@@ -617,7 +617,7 @@ def test_full_sequence_reservation_is_checked_on_a_quiet_step() -> None:
 
 
 def test_full_sequence_reservation_counts_the_lookahead_slots() -> None:
-    """allocate 107 — default mode reserves ``num_tokens + lookahead`` (not minus).
+    """allocate — default mode reserves ``num_tokens + lookahead`` (not minus).
 
     FA (bs 4), EAGLE k = 3, 2 usable blocks. A new 8-token request computing 4 tokens takes
     ceil((4 + 3) / 4) = 2 blocks now; its whole sequence, 8 + 3 = 11 tokens, needs 3 blocks,

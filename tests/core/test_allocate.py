@@ -419,8 +419,8 @@ def test_a_decode_step_whose_lookahead_slots_need_a_block_is_not_quiet() -> None
 
 @pytest.mark.parametrize("num_groups", [1, 2, 3, 4, 5])
 def test_a_step_without_new_blocks_returns_one_empty_list_per_group(num_groups) -> None:
-    """_no_new_blocks 3, 5, 7, 9, 10, 12, 13 — the fast path's result for 1..5 groups: None
-    ("does not fit") or a crash instead of ``num_groups`` empty lists, each a fresh list.
+    """_no_new_blocks — the fast path's result for 1..5 groups: None ("does not fit") or a crash
+    instead of ``num_groups`` empty lists, each a fresh list.
 
     Full groups (bs 4): after a 5-token prompt the second block has room for 3 more tokens,
     so the next decode step needs no block."""
@@ -438,7 +438,7 @@ def test_a_step_without_new_blocks_returns_one_empty_list_per_group(num_groups) 
 
 
 def test_lookahead_slots_stop_at_max_model_len() -> None:
-    """__init__ 147 — max_model_len not passed to the coordinator: slots past it allocated.
+    """__init__ — max_model_len not passed to the coordinator: slots past it allocated.
 
     FA (bs 4), EAGLE k = 3, max_model_len 8: a 7-token prompt plus 3 lookahead slots would
     reach 10 tokens (3 blocks); capped at 8 it takes 2."""

@@ -70,9 +70,8 @@ def _stored(kv: KVCacheManager) -> list[BlockStored]:
 
 
 def test_stored_events_of_a_chunked_prefill_with_an_image_and_a_lora() -> None:
-    """_record_stored 12–14, 16, 17, 20, 22–24, 27–29, 46, 48–50, 52, 61, 73, 74, 77, 79, 81,
-    82; _on_stored 12, 17 — the fields of ``BlockStored`` and the listener's arguments for a
-    run that does not start at block 0.
+    """_record_stored / _on_stored — the fields of ``BlockStored`` and the listener's arguments
+    for a run that does not start at block 0.
 
     bs 4, a 16-token prompt computed in two chunks of 8: runs of blocks 0–1 then 2–3. An image
     at tokens [6, 10): block 1 ([4, 8)) sees it at offset 6 - 4 = 2, block 2 ([8, 12)) at
@@ -108,8 +107,8 @@ def test_stored_events_of_a_chunked_prefill_with_an_image_and_a_lora() -> None:
 
 
 def test_stored_events_with_hash_lookahead_cover_the_next_token() -> None:
-    """_record_stored 21, 41 — the extra keys' range ends ``la`` tokens early; the lookahead
-    list restarts at block 0 for a run that does not start there.
+    """_record_stored — the extra keys' range ends ``la`` tokens early; the lookahead list
+    restarts at block 0 for a run that does not start there.
 
     EAGLE k=1 proves one token past each block (L = 1). bs 4, a 13-token prompt in chunks of
     8 and 5: a block is cached once its tokens are computed and its next token is known (the
@@ -133,7 +132,7 @@ def test_stored_events_with_hash_lookahead_cover_the_next_token() -> None:
 
 
 def test_removed_events_name_the_gpu_medium() -> None:
-    """_on_evict 3, 8, 9 — ``BlockRemoved``'s medium changed from "GPU".
+    """_on_evict — ``BlockRemoved``'s medium changed from "GPU".
 
     3 usable blocks, bs 4: "a" caches 1 block (5 tokens), "z" (9 tokens) evicts it."""
     kv = KVCacheManager(config(FA(4), num_blocks=4), enable_events=True)

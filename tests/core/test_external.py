@@ -154,9 +154,9 @@ def _tier_and_consumer(**consumer_kw) -> tuple[KVCacheManager, Request, CacheHit
 
 
 def test_external_must_come_with_its_own_hit() -> None:
-    """allocate 67–74 — the ``external`` checks: not an ExternalHit, no hit, a hit of another
-    length, a running request; the message names the request and the value. A matching
-    external reserves every block up to its end (allocate 113: the external not passed on)."""
+    """allocate — the ``external`` checks: not an ExternalHit, no hit, a hit of another length,
+    a running request; the message names the request and the value. A matching external reserves
+    every block up to its end (allocate: the external not passed on)."""
     kv, b, hit, ext = _tier_and_consumer()
     assert hit.num_tokens == 0 and ext is not None and ext.num_tokens == 16
     msg = r"^external must be lookup_external's result for new request 'b' and its hit, got "
@@ -175,7 +175,7 @@ def test_external_must_come_with_its_own_hit() -> None:
 
 
 def test_blocks_loaded_from_an_external_tier_are_reported_stored() -> None:
-    """__init__ 176 — the adopted-blocks callback not installed with events: blocks loaded by
+    """__init__ — the adopted-blocks callback not installed with events: blocks loaded by
     commit_external produced no BlockStored event.
 
     A producer caches a 16-token prefix (4 blocks); a consumer with events loads all 4 from
@@ -193,8 +193,8 @@ def _everything(group: int, h: bytes) -> bool:
 
 
 def test_lookup_external_is_none_when_the_request_skips_the_cache() -> None:
-    """lookup_external 2, 4 — the non-CacheHit message; ``or`` → ``and`` (a request that
-    skips the prefix cache, or a manager without caching, still gets an external hit).
+    """lookup_external — the non-CacheHit message; ``or`` → ``and`` (a request that skips the
+    prefix cache, or a manager without caching, still gets an external hit).
 
     A tier that holds every block would give a 12-token hit to a 16-token request; with
     skip_prefix_cache or enable_caching=False the answer is None."""
@@ -213,7 +213,7 @@ def test_lookup_external_is_none_when_the_request_skips_the_cache() -> None:
 
 @pytest.mark.parametrize("max_model_len, expected", [(8, 4), (9, 8)])
 def test_lookup_external_is_capped_below_max_model_len(max_model_len, expected) -> None:
-    """lookup_external 10–16 — the ``max_model_len - 1`` cap removed, broken or moved by one.
+    """lookup_external — the ``max_model_len - 1`` cap removed, broken or moved by one.
 
     bs 4, a 16-token request, a tier holding every block: the hit is the largest multiple of
     4 <= min(15, max_model_len - 1): 7 → 4 (a cap of 9 would give 8), 8 → 8 (a cap of 7 would
@@ -227,7 +227,7 @@ def test_lookup_external_is_capped_below_max_model_len(max_model_len, expected) 
 
 
 def test_commit_external_errors_name_the_request_and_the_counts() -> None:
-    """commit_external 3, 5 — the two error messages replaced by None.
+    """commit_external — the two error messages replaced by None.
 
     An external hit for "r" committed before allocating it names the request; after
     allocating, a request whose computed count (5) is not the planned local count (0)

@@ -115,8 +115,8 @@ def _sha(parent: bytes, tokens, extra: bytes = b"") -> bytes:
 
 
 def test_sha256_chain_follows_the_documented_formula() -> None:
-    """BlockHasher.__init__ 20–26, 29–35 (the fixed sha256 root, a given seed kept),
-    hash_block 1–15, update (the fast path): every block's hash, recomputed independently.
+    """BlockHasher.__init__ (the fixed sha256 root, a given seed kept), hash_block, update (the
+    fast path): every block's hash, recomputed independently.
 
     sha256 without a seed: root = sha256(b"hybridkv-none-hash"). 10 tokens at B = 4 give two
     hashes (the last 2 tokens do not fill a block); a negative token id is a valid int64."""
@@ -137,9 +137,8 @@ def test_sha256_chain_follows_the_documented_formula() -> None:
 
 
 def test_update_hashes_exactly_the_full_blocks_once_their_lookahead_exists() -> None:
-    """BlockHasher.update 5–15, 18, 20–23, 25–29, 32–39 (which blocks are hashable, where
-    each block's bytes start and end, the parent of an incremental update) and hash_block's
-    lookahead.
+    """BlockHasher.update (which blocks are hashable, where each block's bytes start and end,
+    the parent of an incremental update) and hash_block's lookahead.
 
     B = 4, lookahead L = 2: block i is hashable once (i+1)*4 + 2 tokens exist, and its hash
     covers its 4 tokens and the 2 after them. 5 tokens hash nothing (4 + 2 > 5); 6 hash block
@@ -185,11 +184,11 @@ def _enc(*keys) -> bytes:
 
 
 def test_extra_key_encoding_is_fixed_and_typed() -> None:
-    """encode_extra_keys 1–41 except the ``<i`` ones: the encoding is part of every hash of a
-    block with extra keys (LoRA, multimodal items, salt), which crosses processes (sha256 with
-    a shared seed; a consumer that knows the tags rehashes with it, hybridkv/events docstring),
-    so its bytes must not change; a str and an int of the same text differ, a negative
-    multimodal offset is an int64, and bool / float items are refused."""
+    """encode_extra_keys: the encoding is part of every hash of a block with extra keys (LoRA,
+    multimodal items, salt), which crosses processes (sha256 with a shared seed; a consumer that
+    knows the tags rehashes with it, hybridkv/events docstring), so its bytes must not change; a
+    str and an int of the same text differ, a negative multimodal offset is an int64, and bool /
+    float items are refused."""
     keys = (("lora", "ad", "/p"), ("mm", "img", -5), ("cache_salt", "é"))
     assert encode_extra_keys(keys) == _enc(*keys)
     assert encode_extra_keys(()) == b"\x00\x00\x00\x00"
@@ -200,8 +199,8 @@ def test_extra_key_encoding_is_fixed_and_typed() -> None:
 
 
 def test_hash_of_a_block_with_extra_keys_appends_their_encoding() -> None:
-    """hash_block 12–14; update 31, 45–68 (the extra-keys path: each block's key range, the
-    bytes it hashes, its parent): a LoRA request's blocks and an image's blocks.
+    """hash_block; update (the extra-keys path: each block's key range, the bytes it hashes, its
+    parent): a LoRA request's blocks and an image's blocks.
 
     An image at tokens [2, 7) with B = 4: block 0 gets ("mm", "img", 2), block 1
     ("mm", "img", -2), block 2 none (a block without keys hashes no key bytes)."""
@@ -221,8 +220,8 @@ def test_hash_of_a_block_with_extra_keys_appends_their_encoding() -> None:
 
 
 def test_lookahead_hash_covers_the_extra_keys_of_its_lookahead_tokens() -> None:
-    """BlockHasher.update 56 — the extra keys of a block read over the block and its L
-    lookahead tokens (a block's hash covers them), not over a range L tokens short.
+    """BlockHasher.update — the extra keys of a block read over the block and its L lookahead
+    tokens (a block's hash covers them), not over a range L tokens short.
 
     B = 4, L = 2, an image at tokens [5, 7): block 0 covers tokens [0, 6), so its keys hold
     ("mm", "img", 5); block 1 covers [4, 10): ("mm", "img", 1)."""
@@ -236,8 +235,8 @@ def test_lookahead_hash_covers_the_extra_keys_of_its_lookahead_tokens() -> None:
 
 
 def test_bad_hasher_arguments_are_refused_naming_the_valid_values() -> None:
-    """BlockHasher.__init__ 3–19: each check, its bound (block size 1 and lookahead 0 are
-    valid), the default lookahead 0, and the messages."""
+    """BlockHasher.__init__: each check, its bound (block size 1 and lookahead 0 are valid), the
+    default lookahead 0, and the messages."""
     assert BlockHasher(1).block_size == 1 and BlockHasher(1).lookahead == 0
     for bad in (0, True, 2.0):
         with raises(rf"\bhash block_size\b must be a positive integer, got {bad!r}$"):
@@ -250,7 +249,7 @@ def test_bad_hasher_arguments_are_refused_naming_the_valid_values() -> None:
 
 
 def test_coarse_view_reads_every_kth_hash() -> None:
-    """coarse_view 1–6: scale 1 is the list itself; scale k reads hashes k-1, 2k-1, ..."""
+    """coarse_view: scale 1 is the list itself; scale k reads hashes k-1, 2k-1, ..."""
     hs = [bytes([i]) for i in range(7)]
     assert coarse_view(hs, 1) == hs
     assert coarse_view(hs, 2) == [hs[1], hs[3], hs[5]]

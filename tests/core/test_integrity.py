@@ -35,8 +35,8 @@ def _tables(kv: KVCacheManager, req: Request) -> list[list[int]]:
 
 
 def test_integrity_rejects_a_block_at_another_requests_position() -> None:
-    """check_integrity 6, 7, 24, 37, 40, 41, 42 — the hash-position check skipped (the request
-    or the block's hash read as None, ``or`` → ``and``) or its message lost.
+    """check_integrity — the hash-position check skipped (the request or the block's hash read
+    as None, ``or`` → ``and``) or its message lost.
 
     Swapping group 0's first two entries keeps every ref count and the pool intact, but the
     block at position 0 is cached under the request's hash for position 1: the check must name
@@ -52,7 +52,7 @@ def test_integrity_rejects_a_block_at_another_requests_position() -> None:
 
 
 def test_integrity_rejects_a_cached_block_past_the_requests_hashes() -> None:
-    """check_integrity 38 — ``k > len(hashes)`` for ``>=``: a cached block at the position just
+    """check_integrity — ``k > len(hashes)`` for ``>=``: a cached block at the position just
     past the request's last hash read the hash list out of range (an IndexError, not the
     checker's verdict).
 
@@ -68,7 +68,7 @@ def test_integrity_rejects_a_cached_block_past_the_requests_hashes() -> None:
 
 
 def test_integrity_rejects_a_block_cached_for_another_group() -> None:
-    """check_integrity 30 (and 6, 7, 24) — the group check's message lost.
+    """check_integrity — the group check's message lost.
 
     Swapping the first entries of groups 0 and 1: each table now holds a block cached for the
     other group; the check names group 0's entry first."""
@@ -82,8 +82,8 @@ def test_integrity_rejects_a_block_cached_for_another_group() -> None:
 
 
 def test_integrity_rejects_a_block_id_the_pool_never_handed_out() -> None:
-    """check_integrity 17–20 — ``b <= len(refs)`` (the first id past the pool's ids then
-    indexes the ref list out of range: an IndexError, not the verdict); the message lost.
+    """check_integrity — ``b <= len(refs)`` (the first id past the pool's ids then indexes the
+    ref list out of range: an IndexError, not the verdict); the message lost.
 
     The first id past the pool's per-block lists is put into "a"'s group 1 table."""
     kv, a = _held_prompt()
@@ -95,8 +95,8 @@ def test_integrity_rejects_a_block_id_the_pool_never_handed_out() -> None:
 
 
 def test_integrity_rejects_a_ref_count_without_its_table_reference() -> None:
-    """check_integrity 47, 48, 50 — the ref-count comparison skipped, started at block 2, or
-    its message lost.
+    """check_integrity — the ref-count comparison skipped, started at block 2, or its message
+    lost.
 
     A fresh pool hands out block 1 first, so request "a" holds it (ref_cnt 1). Replacing that
     table entry with the null block leaves ref_cnt 1 with 0 table references: the check must

@@ -245,8 +245,8 @@ def test_an_empty_cache_reports_no_junction_whatever_the_group_order() -> None:
 
 
 def test_lookup_of_a_request_longer_than_max_model_len_is_capped() -> None:
-    """lookup 29, 30 — the hit is capped at ``max_model_len - 1`` (rounded down to whole
-    blocks), not at max_model_len + 1 or max_model_len - 2.
+    """lookup — the hit is capped at ``max_model_len - 1`` (rounded down to whole blocks), not
+    at max_model_len + 1 or max_model_len - 2.
 
     max_model_len 9: "a" (9 tokens) caches 2 blocks (8 tokens); a 12-token request with that
     prefix may hit at most 8 tokens: 8. max_model_len 8: at most 7 tokens: 4."""
@@ -257,9 +257,9 @@ def test_lookup_of_a_request_longer_than_max_model_len_is_capped() -> None:
 
 
 def test_a_lookup_without_caching_is_an_empty_hit_for_this_request() -> None:
-    """lookup 5–19 — caching off or a request that skips the cache: a hit of 0 tokens, one
-    empty tuple per group, no junction (0), named after the request (so another request
-    cannot adopt it), even when the prefix is cached."""
+    """lookup — caching off or a request that skips the cache: a hit of 0 tokens, one empty
+    tuple per group, no junction (0), named after the request (so another request cannot adopt
+    it), even when the prefix is cached."""
     for caching, skip in ((False, False), (True, True)):
         kv = KVCacheManager(config(FA(4), FA(4), num_blocks=32), enable_caching=caching)
         serve(kv, "a", prompt(0, 12))

@@ -173,8 +173,8 @@ def test_a_stale_sliding_hit_is_verified_past_its_null_blocks() -> None:
 
 
 def test_table_ref_resolves_to_the_block_at_its_position() -> None:
-    """blockref: TableRef.resolve — each field of the BlockRef (no test in tests/core resolved
-    one)."""
+    """blockref: TableRef.resolve — each field of the BlockRef: the group, the block id at the
+    table position, the hash."""
     ref = TableRef(1, 2, b"h").resolve([[0, 0, 0], [5, 6, 7]])
     assert ref == BlockRef(1, 7, b"h") and (ref.group, ref.block_id, ref.block_hash) == (1, 7, b"h")
 
@@ -356,10 +356,10 @@ def _running(kv: KVCacheManager, rid: str = "r") -> Request:
 
 
 def test_bad_allocate_and_lookup_calls_are_refused_naming_the_value() -> None:
-    """allocate 2–4, 12, 24, 33–38, 93–98 — the Request type check; num_new_tokens and
-    num_lookahead_tokens that are bool, float or negative (the fast path must not answer for
-    them either: a running request's quiet step); the messages. lookup 1–3; _sync_hashes 4–7
-    (the advice)."""
+    """allocate — the Request type check; num_new_tokens and num_lookahead_tokens that are bool,
+    float or negative (the fast path must not answer for them either: a running request's quiet
+    step); the messages. lookup: the same Request type check; a request hashed by another
+    manager is refused with the advice."""
     kv = KVCacheManager(config(FA(4), num_blocks=16), vllm_compat=True)
     with pytest.raises(ValueError, match=r"^allocate needs a Request, got str$"):
         kv.allocate("r", 1)
@@ -383,8 +383,8 @@ def test_bad_allocate_and_lookup_calls_are_refused_naming_the_value() -> None:
 
 
 def test_hits_that_do_not_belong_to_the_request_are_refused() -> None:
-    """allocate 41–66 — a hit for a running request (its message's advice), a hit that is not
-    a CacheHit of this manager (wrong type, wrong number of groups), looked up for another
+    """allocate — a hit for a running request (its message's advice), a hit that is not a
+    CacheHit of this manager (wrong type, wrong number of groups), looked up for another
     request, longer than the request, or whose blocks do not cover its tokens; each message
     names the values.
 
@@ -421,8 +421,8 @@ def test_hits_that_do_not_belong_to_the_request_are_refused() -> None:
 
 
 def test_lookahead_given_per_step_is_allocated() -> None:
-    """allocate 15 — an explicit num_lookahead_tokens answered by the fast path with the
-    manager's default (0 here): the step's lookahead slots not allocated.
+    """allocate — an explicit num_lookahead_tokens answered by the fast path with the manager's
+    default (0 here): the step's lookahead slots not allocated.
 
     A running request with 6 computed tokens (2 blocks of 4): one new token and 4 lookahead
     slots reach token 11, a third block (without them the step is quiet)."""
@@ -433,19 +433,19 @@ def test_lookahead_given_per_step_is_allocated() -> None:
 
 
 def test_block_ids_of_an_unknown_request_names_it() -> None:
-    """block_ids 7 — the KeyError's message replaced by None."""
+    """block_ids — the KeyError's message replaced by None."""
     kv = KVCacheManager(config(FA(4), num_blocks=16))
     with pytest.raises(KeyError, match="request 'ghost' holds no blocks"):
         kv.block_ids("ghost")
 
 
 def test_a_hit_made_before_a_prefix_cache_reset_is_refused() -> None:
-    """reset_prefix_cache 6, 7 — ``epoch += 1`` → ``epoch = 1`` / ``epoch -= 1``: the state
-    version comes back to the epoch a hit was made at, so the stale hit is adopted unverified.
+    """reset_prefix_cache — ``epoch += 1`` → ``epoch = 1`` / ``epoch -= 1``: the state version
+    comes back to the epoch a hit was made at, so the stale hit is adopted unverified.
 
     bs 4. "a" (9 tokens) is allocated (epoch 0 → 1) and caches blocks 0–1; q looks up its
-    8-token hit at epoch 1; a is freed (→ 2); the reset drops every hash (→ 3; the mutants
-    give 1). Adopting q's hit must raise: its blocks no longer hold q's prefix."""
+    8-token hit at epoch 1; a is freed (→ 2); the reset drops every hash (→ 3; the broken
+    counters give 1). Adopting q's hit must raise: its blocks no longer hold q's prefix."""
     kv = KVCacheManager(config(FA(4), num_blocks=8))
     a = Request("a", prompt(0, 9))
     assert kv.allocate(a, 9, kv.lookup(a)) is not None

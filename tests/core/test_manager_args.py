@@ -33,22 +33,21 @@ BAD_MANAGERS = [  # (keyword arguments, key parts of the message)
 
 @pytest.mark.parametrize("kw,match", BAD_MANAGERS)
 def test_bad_manager_arguments_are_refused_naming_the_value(kw, match) -> None:
-    """__init__ 12–15, 26–30, 33, 35–37, 40, 82–91: each argument check (a bad value let
-    through by an ``and``/``or`` swap, bool accepted) and its message (the argument, the bad
-    value, what is valid)."""
+    """__init__: each argument check (a bad value let through by an ``and``/``or`` swap, bool
+    accepted) and its message (the argument, the bad value, what is valid)."""
     with pytest.raises(ValueError, match=match):
         KVCacheManager(config(FA(4), num_blocks=16), **kw)
 
 
 def test_manager_needs_a_config() -> None:
-    """__init__ 9–11 — the config type check and its message (the type given)."""
+    """__init__ — the config type check and its message (the type given)."""
     with pytest.raises(ValueError, match=r"^config must be a KVCacheConfig, got dict$"):
         KVCacheManager({"num_blocks": 4})
 
 
 def test_smallest_valid_manager_arguments_are_accepted() -> None:
-    """__init__ 31, 32, 38, 39 — max_in_flight_tokens 1 and max_model_len 1 are positive
-    integers (1 was refused, 0 accepted), and a manager with them serves a one-token request."""
+    """__init__ — max_in_flight_tokens 1 and max_model_len 1 are positive integers (1 was
+    refused, 0 accepted), and a manager with them serves a one-token request."""
     kv = KVCacheManager(config(FA(4), num_blocks=16), max_in_flight_tokens=1, max_model_len=1)
     assert kv.max_model_len == 1
     r = Request("r", [7])
@@ -57,8 +56,8 @@ def test_smallest_valid_manager_arguments_are_accepted() -> None:
 
 
 def test_default_manager_records_no_events_and_keeps_its_spec_decode() -> None:
-    """__init__ 5 (events on by default), 106 (the eviction callback installed without
-    events), 42 (``spec_decode`` not kept: the scheduler and the engine read it).
+    """__init__ — events on by default, the eviction callback installed without events, or
+    ``spec_decode`` not kept (the scheduler and the engine read it).
 
     A 3-block pool (2 usable, bs 4) serves two different 8-token prompts: the second evicts
     the first's cached blocks. take_events stays empty without ``enable_events``; with it, the
@@ -76,8 +75,8 @@ def test_default_manager_records_no_events_and_keeps_its_spec_decode() -> None:
 
 
 def test_blocks_for_request_adds_the_alignment_unit_only_in_default_mode() -> None:
-    """blocks_for_request 2–8, 10, 12, 14 — the hold (one alignment unit for local groups in
-    default mode with retention on) dropped, forced, or the condition changed; ``/`` for ``*``.
+    """blocks_for_request — the hold (one alignment unit for local groups in default mode with
+    retention on) dropped, forced, or the condition changed; ``/`` for ``*``.
 
     Full (bs 4) + sliding (bs 4, W 8), alignment 4, length 40. Full: ceil(40/4) = 10.
     Sliding: min(10, ceil((8 + hold)/4) + 2): hold 4 → 5, hold 0 → 4. So default mode
@@ -93,8 +92,8 @@ def test_blocks_for_request_adds_the_alignment_unit_only_in_default_mode() -> No
 
 
 def test_max_model_len_must_fit_the_pool_exactly() -> None:
-    """_check_fits 4, 5, 8–12, 16, 17 — the manager's retention / compat not passed on, the
-    ``need > usable`` boundary moved, the advice changed.
+    """_check_fits — the manager's retention / compat not passed on, the ``need > usable``
+    boundary moved, the advice changed.
 
     Same groups, max_model_len 40: default mode needs 15 blocks (16 with the null block),
     compat or retention None need 14 (15 with the null block)."""
@@ -112,7 +111,7 @@ def test_max_model_len_must_fit_the_pool_exactly() -> None:
 
 
 def test_lookahead_limit_rounds_each_groups_blocks_up() -> None:
-    """_check_lookahead 3 — ``/`` for ``//`` in a group's first-step blocks (no rounding up).
+    """_check_lookahead — ``/`` for ``//`` in a group's first-step blocks (no rounding up).
 
     Two full groups (bs 4), 3 usable blocks: a first step of 1 + la tokens takes
     2 * ceil((1 + la)/4) blocks <= 3, so la <= 3. k = 3 fits; k = 4 is refused (without the
@@ -124,7 +123,7 @@ def test_lookahead_limit_rounds_each_groups_blocks_up() -> None:
 
 
 def test_no_lookahead_fits_a_pool_of_one_token_steps() -> None:
-    """_check_lookahead 12 — the search starts at limit 1 instead of 0.
+    """_check_lookahead — the search starts at limit 1 instead of 0.
 
     Two full groups of bs 1, 3 usable blocks: a first step takes 2 * (1 + la) <= 3 blocks,
     so la = 0 is the limit and even k = 1 must be refused."""
@@ -133,8 +132,8 @@ def test_no_lookahead_fits_a_pool_of_one_token_steps() -> None:
 
 
 def test_lookahead_limit_of_a_two_block_pool() -> None:
-    """_check_lookahead 24, 28 — the fit test made strict; the search's upper end lowered by
-    two after a miss (skipping the answer).
+    """_check_lookahead — the fit test made strict; the search's upper end lowered by two after
+    a miss (skipping the answer).
 
     One full group (bs 4), 2 usable blocks: ceil((1 + la)/4) <= 2 gives la <= 7, so k = 7
     fits (a strict test would stop at 3). Two full groups (bs 4), 2 usable blocks:
@@ -145,8 +144,8 @@ def test_lookahead_limit_of_a_two_block_pool() -> None:
 
 
 def test_lookahead_limit_below_max_model_len() -> None:
-    """_check_lookahead 32–37 — the ``max_model_len - 1`` cap: its condition moved by one
-    either way, its value changed or removed; the reason named in the message.
+    """_check_lookahead — the ``max_model_len - 1`` cap: its condition moved by one either way,
+    its value changed or removed; the reason named in the message.
 
     One full group (bs 4), 2 usable blocks: the pool allows la <= 7. max_model_len 7 caps it
     at 6 (k = 6 fits, k = 7 is refused naming max_model_len=7); max_model_len 8 does not cap
@@ -163,8 +162,8 @@ def test_lookahead_limit_below_max_model_len() -> None:
 
 
 def test_lookahead_messages_at_the_edge() -> None:
-    """_check_lookahead 46–49 — the "valid 1..limit" message kept down to limit 1; the advice
-    of the "nothing fits" message.
+    """_check_lookahead — the "valid 1..limit" message kept down to limit 1; the advice of the
+    "nothing fits" message.
 
     max_model_len 2 caps the lookahead at 1: k = 2 is refused with "valid 1..1";
     max_model_len 1 caps it at 0: nothing fits."""
@@ -177,8 +176,8 @@ def test_lookahead_messages_at_the_edge() -> None:
 
 
 def test_dflash_lookahead_message_counts_its_extra_slot() -> None:
-    """_check_lookahead 44, 45 — DFlash's extra slot added instead of subtracted in the
-    valid range, or in the test that picks the message.
+    """_check_lookahead — DFlash's extra slot added instead of subtracted in the valid range, or
+    in the test that picks the message.
 
     DFlash takes k + 1 slots. max_model_len 3 caps the lookahead at 2: k = 2 (3 slots) is
     refused with "valid 1..1" (2 - 1); max_model_len 2 caps it at 1: 1 - 1 = 0, nothing fits."""

@@ -140,7 +140,7 @@ def test_compat_free_caches_nothing() -> None:
 
 def test_a_window_releases_several_blocks_in_one_step() -> None:
     """coordinator: _released — ``j -= 1`` → ``j = 1``: releasing more than one block in one
-    step (a long prefill chunk) walks the table back to front; the mutant loops for ever.
+    step (a long prefill chunk) walks the table back to front; the broken step loops for ever.
 
     Compat mode (no held unit), sliding W=4, bs 4, 19 usable blocks. Chunks of 4 and 16
     tokens hold blocks 0..4; at 20 computed tokens, tokens below 17 left the window: the next
@@ -158,8 +158,8 @@ def test_a_window_releases_several_blocks_in_one_step() -> None:
 
 
 def test_free_of_an_unknown_request_is_a_no_op_and_free_lets_the_request_go() -> None:
-    """free 5 (an unknown id raised KeyError), 3 (the manager kept every freed Request alive:
-    memory grew with every request served)."""
+    """free — an unknown id raised KeyError, or the manager kept every freed Request alive
+    (memory grew with every request served)."""
     kv = KVCacheManager(config(FA(4), num_blocks=16))
     kv.free(Request("never", prompt(0, 3)))
     r = serve(kv, "a", prompt(0, 9))

@@ -61,8 +61,7 @@ def test_extra_keys_tag_lora_mm_and_salt() -> None:
      "request 'r': retention range [4, 10) lies outside the prompt [0, 8); valid ranges: 0 <= start < end <= 8"),
 ])
 def test_bad_request_is_refused_with_its_reason(make, message) -> None:
-    """request: Request.__init__ — each check and its exact message (the suite matched few of
-    them)."""
+    """request: Request.__init__ — each check and its exact message."""
     with pytest.raises(ValueError) as exc:
         make()
     assert str(exc.value) == message

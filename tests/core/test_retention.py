@@ -36,8 +36,7 @@ from tests.support.random_ops import ATTENTION_SPECS
                             "scheduler block size (4, the LCM of the group block sizes), got 6"),
 ])
 def test_bad_retention_interval_is_refused_with_its_reason(interval, specs, message) -> None:
-    """retention: validate_retention_interval — each check and its message (the suite checked
-    them only outside tests/core)."""
+    """retention: validate_retention_interval — each check and its message."""
     with pytest.raises(ValueError) as exc:
         KVCacheManager(config(*specs, num_blocks=16), retention_interval=interval)
     assert str(exc.value) == message

@@ -403,18 +403,17 @@ BAD_RETENTION = [
 
 @pytest.mark.parametrize("build,match", BAD_RETENTION)
 def test_bad_retention_config_is_refused_naming_the_field(build, match) -> None:
-    """_check_priority 1, 2, 4, 7; _check_ttl 1–3, 5, 7–9; TokenRange.__post_init__ 2–4, 7,
-    9–11, 13–28; RetentionConfig.__post_init__ 2, 3, 13, 15, 16, 27, 28, 31–45: each bound
-    and type check, the owner and field in the message, and the overlap check's pairs."""
+    """_check_priority, _check_ttl, TokenRange.__post_init__ and RetentionConfig.__post_init__:
+    each bound and type check, the owner and field in the message, and the overlap check's
+    pairs."""
     with raises(match):
         build()
 
 
 def test_retention_config_edges_are_accepted() -> None:
-    """_check_priority 3, 5, 6 (priorities 0 and 100); _check_ttl 4, 6 (a TTL below 1 s);
-    TokenRange 1, 5, 6, 8, 12 (start 0, end None); RetentionConfig 1, 4–12, 14, 17–26, 29,
-    30: a tuple or a list of ranges (stored as a tuple), ranges given out of order and ranges
-    that touch (end = next start) are not overlapping."""
+    """_check_priority (priorities 0 and 100); _check_ttl (a TTL below 1 s); TokenRange (start
+    0, end None); RetentionConfig: a tuple or a list of ranges (stored as a tuple), ranges given
+    out of order and ranges that touch (end = next start) are not overlapping."""
     r = TokenRange(0, None, 0, 0.5)
     assert (r.start, r.end, r.priority, r.ttl_s) == (0, None, 0, 0.5)
     assert TokenRange(3, 4, 100, 7).priority == 100
@@ -426,9 +425,9 @@ def test_retention_config_edges_are_accepted() -> None:
 
 
 def test_retention_ranges_must_lie_inside_the_prompt() -> None:
-    """RetentionConfig.check_prompt 1–6: a range must satisfy 0 <= start < end <= prompt
-    length (end None: the prompt's end, so only start < length); the message names the range,
-    the prompt and the valid ranges."""
+    """RetentionConfig.check_prompt: a range must satisfy 0 <= start < end <= prompt length (end
+    None: the prompt's end, so only start < length); the message names the range, the prompt and
+    the valid ranges."""
     RetentionConfig((TokenRange(0, 10, 50),)).check_prompt(10, "r")
     RetentionConfig((TokenRange(9, None, 50),)).check_prompt(10, "r")
     for rng, shown in ((TokenRange(5, 11, 50), r"\[5, 11\)"), (TokenRange(10, None, 50), r"\[10, None\)"),
@@ -439,10 +438,10 @@ def test_retention_ranges_must_lie_inside_the_prompt() -> None:
 
 
 def test_block_marks_by_hand() -> None:
-    """block_marks: one mark per range (blocks up to the range's end, rounded up), one for
-    the uncovered prompt (default priority, up to the last uncovered token), one for the
-    generated tokens; equal (priority, TTL) marks merged, the longest winning (block_marks 9:
-    the last added, shorter one won).
+    """block_marks: one mark per range (blocks up to the range's end, rounded up), one for the
+    uncovered prompt (default priority, up to the last uncovered token), one for the generated
+    tokens; equal (priority, TTL) marks merged, the longest winning (block_marks: the last
+    added, shorter one won).
 
     Block size 4, prompt 20, 30 tokens. Ranges [2, 6) p 80 ttl 5 and [12, None) p 60:
     [2, 6) → ceil(6/4) = 2 blocks; [12, 20) → 5 blocks; uncovered [0, 2) and [6, 12): the last
@@ -475,8 +474,8 @@ def test_block_marks_by_hand() -> None:
 
 
 def test_retention_errors_name_the_request_and_the_fix() -> None:
-    """_check_retention 3, 4, 6, 8 — the messages (the policy advice, the type error, the
-    request label of a range outside the prompt) changed or dropped."""
+    """_check_retention — the messages (the policy advice, the type error, the request label of
+    a range outside the prompt) changed or dropped."""
     pin = RetentionConfig((TokenRange(0, 8, 100, ttl_s=60.0),))
     lru = KVCacheManager(config(FA(4), num_blocks=16))
     with pytest.raises(ValueError, match=r"use eviction_policy='priority' \(the only policy that "

@@ -318,11 +318,11 @@ def test_key_pairs_are_exact_integers(spec) -> None:
 
 
 def test_local_admission_caps_follow_vllm() -> None:
-    """chunked: ChunkedRule.admission_cap — the in-flight branch dropped, ``C - in_flight``,
-    a sign or ``/`` slip in the ceiling division (no test used a chunked group in compat
-    admission). vLLM 0.33 (``max_admission_blocks_per_request``, kv_cache_interface.py):
-    chunked local caps a request at ``cdiv(min(C + in_flight, max_len), bs)`` blocks; sliding at
-    ``cdiv(min(W - 1 + in_flight, max_len), bs) + 1``; None when nothing bounds it."""
+    """chunked: ChunkedRule.admission_cap — the in-flight branch dropped, ``C - in_flight``, a
+    sign or ``/`` slip in the ceiling division. vLLM 0.33 (``max_admission_blocks_per_request``,
+    kv_cache_interface.py): chunked local caps a request at ``cdiv(min(C + in_flight, max_len),
+    bs)`` blocks; sliding at ``cdiv(min(W - 1 + in_flight, max_len), bs) + 1``; None when
+    nothing bounds it."""
     ch = make_rule(ChunkedLocal(4, chunk_size=8))
     assert ch.admission_cap(3, 1000) == 3              # cdiv(11, 4)
     assert ch.admission_cap(5, 1000) == 4              # cdiv(13, 4)

@@ -67,21 +67,20 @@ BAD_SPECS = [  # (build, key parts of the message)
 
 @pytest.mark.parametrize("build,match", BAD_SPECS)
 def test_bad_spec_is_refused_naming_the_field_and_the_value(build, match) -> None:
-    """_check_positive_int 1, 2, 4, 6; dtype_bytes 1–4; AttentionSpec/SlidingWindow/
-    ChunkedLocal/MLA/StateSpec ``__post_init__``: the owner and field in the message (class
-    name read from the wrong object, field name lost or changed), each bound (0 and True
-    accepted, ``<`` for ``<=``), ``and``/``or`` swaps that let a bad value through;
-    _check_shape 2, 7, 10, 11, 13, 15."""
+    """_check_positive_int; dtype_bytes; AttentionSpec/SlidingWindow/ ChunkedLocal/MLA/StateSpec
+    ``__post_init__``: the owner and field in the message (class name read from the wrong
+    object, field name lost or changed), each bound (0 and True accepted, ``<`` for ``<=``),
+    ``and``/``or`` swaps that let a bad value through; _check_shape's checks."""
     with raises(match):
         build()
 
 
 def test_specs_at_the_edge_of_the_valid_range_are_accepted() -> None:
-    """_check_positive_int 3, 5 (every int refused; 1 refused); AttentionSpec 5, 13, 21, 27
-    (a field read as None); ChunkedLocal 13 / MLA 28 (``/`` for ``%``: every valid multiple
-    refused); MLA 14–16 (qk_rope_head_dim 0 refused); _check_shape 1–5, 8, 9, 12, 14 (an int
-    shape not wrapped, a valid shape refused, a dimension of 1 refused); StateSpec's
-    normalised shapes and dtype checks (every ``object.__setattr__`` / ``getattr`` mutant).
+    """_check_positive_int (every int refused; 1 refused); AttentionSpec (a field read as None);
+    ChunkedLocal / MLA (``/`` for ``%``: every valid multiple refused); MLA (qk_rope_head_dim 0
+    refused); _check_shape (an int shape not wrapped, a valid shape refused, a dimension of 1
+    refused); StateSpec's normalised shapes and dtype checks (each ``object.__setattr__`` /
+    ``getattr`` of them).
 
     A value of exactly 1 is a positive integer; qk_rope_head_dim may be 0; a shape may be a
     bare int or a list (stored as a tuple)."""
@@ -125,15 +124,15 @@ BAD_GROUPS = [
 
 @pytest.mark.parametrize("build,match", BAD_GROUPS)
 def test_bad_group_is_refused_naming_it(build, match) -> None:
-    """KVCacheGroup.__post_init__ 1, 4, 6, 7, 25, 26, 28–33: a bad name or spec let through or
-    not named; the duplicated layers listed wrongly (every layer, none, or a TypeError)."""
+    """KVCacheGroup.__post_init__: a bad name or spec let through or not named; the duplicated
+    layers listed wrongly (every layer, none, or a TypeError)."""
     with raises(match):
         build()
 
 
 def test_group_layer_names_become_a_tuple() -> None:
-    """KVCacheGroup.__post_init__ 2, 3, 5, 8–24, 27: a valid group refused; a single layer
-    name (a str) not wrapped, or a list not turned into a tuple."""
+    """KVCacheGroup.__post_init__: a valid group refused; a single layer name (a str) not
+    wrapped, or a list not turned into a tuple."""
     assert KVCacheGroup("g", fa(), "attn").layer_names == ("attn",)
     g = KVCacheGroup("g", fa(), ["a", "b"])
     assert g.layer_names == ("a", "b") and type(g.layer_names) is tuple
@@ -168,20 +167,18 @@ BAD_CONFIGS = [
 
 @pytest.mark.parametrize("build,match", BAD_CONFIGS)
 def test_bad_config_is_refused_naming_the_problem(build, match) -> None:
-    """KVCacheConfig.__post_init__ 15–21, 24–29, 32–35, 70–76, 78–88, 98, 99, 103–108: each
-    check (empty, not a group, duplicate names, a layer in two groups, both or neither size,
-    a non-positive memory budget, fewer than 2 blocks or not an int) and what its message
-    names (the duplicates, both groups of the layer, the sizes given, the budget the block
-    count came from — only when it came from one)."""
+    """KVCacheConfig.__post_init__: each check (empty, not a group, duplicate names, a layer in
+    two groups, both or neither size, a non-positive memory budget, fewer than 2 blocks or not
+    an int) and what its message names (the duplicates, both groups of the layer, the sizes
+    given, the budget the block count came from — only when it came from one)."""
     with raises(match):
         build()
 
 
 def test_config_normalises_its_groups_and_derives_its_sizes() -> None:
-    """KVCacheConfig.__post_init__ 1–14, 22, 23, 30, 31, 36–69, 77, 89–97, 100–102: a single
-    group or a list of groups stored as a tuple; hash block size = GCD and alignment = LCM of
-    the block sizes (ints, over three groups so a broken reduce shows); a budget divided into
-    whole blocks; num_blocks 2 accepted.
+    """KVCacheConfig.__post_init__: a single group or a list of groups stored as a tuple; hash
+    block size = GCD and alignment = LCM of the block sizes (ints, over three groups so a broken
+    reduce shows); a budget divided into whole blocks; num_blocks 2 accepted.
 
     Block sizes 4, 6, 16: GCD 2, LCM 48. memory_bytes = 5 * 128 + 127 with 128-byte blocks
     gives 5 blocks."""
@@ -200,7 +197,7 @@ def test_config_normalises_its_groups_and_derives_its_sizes() -> None:
 
 
 def test_unknown_group_name_lists_the_groups() -> None:
-    """KVCacheConfig.group_index 3 — the KeyError's message."""
+    """KVCacheConfig.group_index — the KeyError's message."""
     cfg = KVCacheConfig((group("g0", fa()), group("g1", fa())), num_blocks=4)
     with pytest.raises(KeyError, match=r"no KV-cache group named 'x'; groups: \['g0', 'g1'\]"):
         cfg.group_index("x")
@@ -218,19 +215,19 @@ def _state_config(num_blocks: int, second_state: bool = False) -> KVCacheConfig:
 
 
 def test_state_extents_round_up_to_whole_pages() -> None:
-    """KVCacheConfig.extent_blocks 1–7: 160 B over 128-byte pages is 2 blocks; an attention
-    group's extent is 1 block."""
+    """KVCacheConfig.extent_blocks: 160 B over 128-byte pages is 2 blocks; an attention group's
+    extent is 1 block."""
     cfg = _state_config(8, second_state=True)
     assert [cfg.extent_blocks(i) for i in range(3)] == [1, 2, 1]
     assert all(type(cfg.extent_blocks(i)) is int for i in range(3))
 
 
 def test_state_fit_needs_a_live_state_and_a_checkpoint_per_state_group() -> None:
-    """KVCacheConfig.check_state_fits 1–32: one request needs 1 block of the attention group
-    plus 2 extents (live + checkpoint) of each state group: 1 + 2 * 2 = 5 blocks, so 6 blocks
-    (with the null block) fit and 5 do not; the message names the group with the largest
-    extent, its sizes, the need, the usable blocks and the smallest valid num_blocks and
-    memory_bytes (6 * 128 = 768). With the second state group: 1 + 4 + 2 = 7 blocks."""
+    """KVCacheConfig.check_state_fits: one request needs 1 block of the attention group plus 2
+    extents (live + checkpoint) of each state group: 1 + 2 * 2 = 5 blocks, so 6 blocks (with the
+    null block) fit and 5 do not; the message names the group with the largest extent, its
+    sizes, the need, the usable blocks and the smallest valid num_blocks and memory_bytes (6 *
+    128 = 768). With the second state group: 1 + 4 + 2 = 7 blocks."""
     _state_config(6).check_state_fits()
     with raises(r"state group 's' stores 160 B of state per layer, 2 blocks of 128 B page each; "
                 r"one request needs 5 blocks but the pool has 4 usable blocks; give "

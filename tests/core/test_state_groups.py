@@ -678,7 +678,7 @@ def test_a_quiet_step_never_reaches_the_next_checkpoint() -> None:
 
 
 def test_state_groups_refuse_other_eviction_policies_naming_the_valid_one() -> None:
-    """__init__ 109–112 — the message's valid value ('lru') and the StateSpec name."""
+    """__init__ — the message's valid value ('lru') and the StateSpec name."""
     cfg = KVCacheConfig((KVCacheGroup("a", FA(4), ("a",)),
                          KVCacheGroup("s", StateSpec(4, conv_shape=(1, 8), state_shape=(1, 8)), ("s",))),
                         num_blocks=16)
@@ -696,8 +696,8 @@ def _state_config(num_blocks: int):
 
 
 def test_evictions_of_a_state_config_are_reported() -> None:
-    """__init__ 118, 121 — the extent pool built without the eviction callback: no
-    BlockRemoved event for any eviction of a config with a state group.
+    """__init__ — the extent pool built without the eviction callback: no BlockRemoved event for
+    any eviction of a config with a state group.
 
     9 usable blocks; two different 9-token prompts: the second evicts cached blocks of the
     first, and every eviction is reported."""
@@ -710,7 +710,7 @@ def test_evictions_of_a_state_config_are_reported() -> None:
 
 
 def test_sibling_state_checkpoints_are_evicted_together() -> None:
-    """__init__ 174 — the siblings of a two-group unit not wired (``> 2``): evicting one state
+    """__init__ — the siblings of a two-group unit not wired (``> 2``): evicting one state
     group's checkpoint left its sibling's copy cached (dead: the unit's hit needs both).
 
     9 usable blocks; an 8-token prompt caches checkpoints in both state groups; a 5-token

@@ -9,10 +9,10 @@ from tests.support.helpers import FA, config, manager, prompt, run_prompt, serve
 
 
 def test_stats_count_every_admitted_request_once() -> None:
-    """_record 1, 2, 4–17; allocate 121–132 — hits and queries add up over requests (the
-    last one does not overwrite them), a request allocated without a hit adds no hit, a
-    request that skips the cache or a manager without caching counts nothing, a failed
-    allocation counts nothing, and preempted requests add up apart.
+    """_record; allocate — hits and queries add up over requests (the last one does not
+    overwrite them), a request allocated without a hit adds no hit, a request that skips the
+    cache or a manager without caching counts nothing, a failed allocation counts nothing, and
+    preempted requests add up apart.
 
     "a" (12 tokens) caches 3 blocks; "b" (13 tokens, hit 12); "c" (5 other tokens, allocated
     without a lookup: hit None); "d" skips the cache; "e" (40 tokens) does not fit; "p1", "p2"
@@ -43,7 +43,7 @@ def test_stats_count_every_admitted_request_once() -> None:
 
 
 def test_stats_count_preempted_requests_apart() -> None:
-    """stats 5, 6, 7 — the three preempted counters replaced by None.
+    """stats — the three preempted counters replaced by None.
 
     "a" caches 8 tokens (2 blocks of 4). A preempted 9-token request with the same prefix
     hits 8: preempted_requests 1, preempted_queries 9, preempted_hits 8; the normal counters
