@@ -2,7 +2,7 @@
 window, with a 10k-block and a 1M-block pool (cost must not grow with the pool).
 
 Each row runs with the lazy pool (``hybridkv.core.pool``) and, when the repository's tests are
-importable, with the eager pool it replaced (``tests/core/eager_pool.py``), the two alternating
+importable, with the eager pool it replaced (``tests/support/eager_pool.py``), the two alternating
 in the same process; ``build ms`` is the manager's construction, the rest times only calls.
 
 Each request: lookup, allocate the uncached prompt, one allocate per decoded token (the answer
@@ -52,7 +52,7 @@ def pools() -> dict[str, type]:
     out = {"lazy": manager_mod.BlockPool}
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     try:
-        from tests.core.eager_pool import BlockPool as Eager
+        from tests.support.eager_pool import BlockPool as Eager
         out = {"eager": Eager, **out}
     except ImportError:
         pass

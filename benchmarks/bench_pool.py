@@ -6,7 +6,7 @@ A seeded mix of allocate (2 of every allocation's blocks get a hash), free in re
 cache hits (touch of a freed cached block), 60,000 steps, on a 10,000-block pool (saturated:
 every id used, allocations evict) and a 1,000,000-block pool (still growing). Process CPU time,
 best of 11, the two pools alternating in the same process; the eager pool is
-``tests/core/eager_pool.py`` (the oracle of the lazy pool's property tests).
+``tests/support/eager_pool.py`` (the oracle of the lazy pool's property tests).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from hybridkv.core.pool import BlockPool as Lazy  # noqa: E402
 from hybridkv.sim.policy_cost import pool_op_mix  # noqa: E402
-from tests.core.eager_pool import BlockPool as Eager  # noqa: E402
+from tests.support.eager_pool import BlockPool as Eager  # noqa: E402
 
 
 def workload(pool_cls, num_blocks: int, seed: int = 0) -> float:

@@ -9,8 +9,6 @@ every load must commit on both or on neither, and every request must reuse as ma
 
 from __future__ import annotations
 
-import random
-
 import numpy as np
 import pytest
 
@@ -19,7 +17,7 @@ from hybridkv.connectors.connector import KVConnector
 from hybridkv.connectors.layout import KVLayout
 from hybridkv.connectors.stores.local import LocalCPUStore
 from hybridkv.connectors.transfer import KVTransfer
-from hybridkv.core.specs import FullAttention, KVCacheConfig, KVCacheGroup, SlidingWindow
+from hybridkv.core.specs import KVCacheConfig
 from hybridkv.engine import PagedKVCache
 from hybridkv.sched import EngineRequest, Scheduler, SchedulerConfig
 from hybridkv.sim import SimConfig, Simulator, items_from_trace
@@ -28,15 +26,7 @@ from hybridkv.sim.tier_runtime import TierRuntime
 from hybridkv.sim.tiers import TierConfig
 from hybridkv.sim.traces import TraceRequest
 from hybridkv.sim.transfer import DEFAULT_TRANSFER
-
-BS, WINDOW = 4, 8
-
-
-def _groups(swa_layers: int) -> tuple[KVCacheGroup, ...]:
-    spec = dict(block_size=BS, num_kv_heads=1, head_dim=4, dtype="float32")
-    return (KVCacheGroup("full", FullAttention(**spec), ("l0", "l1")),
-            KVCacheGroup("swa", SlidingWindow(window=WINDOW, **spec),
-                         tuple(f"s{i}" for i in range(swa_layers))))
+from tests.support.tier_workload import BS, tier_groups, tier_workload
 
 
 def _engine_tier(config: KVCacheConfig, capacity: int, sched_cfg: SchedulerConfig):
@@ -60,29 +50,11 @@ def _store_entries(store: LocalCPUStore, config: KVCacheConfig) -> list[tuple[in
     return out
 
 
-def _workload(seed: int, n: int) -> list[tuple[str, list[int], list[int]]]:
-    """Requests that share prefixes (a few stems, then the previous answer repeated: chat-like),
-    each with its answer."""
-    rng = random.Random(seed)
-    stems = [[rng.randrange(1000) for _ in range(rng.randrange(4, 30))] for _ in range(3)]
-    history: list[list[int]] = []
-    out = []
-    for i in range(n):
-        if history and rng.random() < 0.5:
-            prompt = rng.choice(history) + [rng.randrange(1000) for _ in range(rng.randrange(1, 9))]
-        else:
-            prompt = rng.choice(stems) + [rng.randrange(1000) for _ in range(rng.randrange(0, 12))]
-        answer = [2000 + rng.randrange(1000) for _ in range(rng.randrange(1, 6))]
-        history.append(prompt + answer)
-        out.append((f"r{i}", prompt, answer))
-    return out
-
-
 @pytest.mark.parametrize("seed", range(6))
 def test_connector_and_simulator_tiers_hold_and_hit_the_same(seed: int) -> None:
     """Scheduler level, concurrent requests, a hybrid model with entries of two sizes, a pool
     and a tier small enough to evict all the time."""
-    config = KVCacheConfig(_groups(3), num_blocks=28)
+    config = KVCacheConfig(tier_groups(3), num_blocks=28)
     sched_cfg = SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=3)
     probe = _engine_tier(config, 1, sched_cfg)[2].transfer
     sizes = [probe.payload_bytes(g.name) for g in config.groups]
@@ -95,7 +67,7 @@ def test_connector_and_simulator_tiers_hold_and_hit_the_same(seed: int) -> None:
                         num_layers=5, cpu_link=DEFAULT_TRANSFER, key_block=BS, block_bytes=sizes)
     sched_s = Scheduler(kv_s, sched_cfg, tiers)
     answers = {}
-    work = _workload(seed, 40)
+    work = tier_workload(seed, 40)
     loads = hits = 0
     while work or sched_e.has_unfinished():
         while work and len(sched_e.requests) < 4:
@@ -131,7 +103,7 @@ def test_connector_and_simulator_tiers_hold_and_hit_the_same(seed: int) -> None:
 def _tiny_preset() -> ModelPreset:
     """A hybrid preset whose two groups' entries have the same size (so a tier holds the same
     number of entries whether or not each carries the connector's 32-byte trailer)."""
-    return ModelPreset(name="tiny-hybrid", groups=_groups(2), num_params=10**6, active_params=10**6,
+    return ModelPreset(name="tiny-hybrid", groups=tier_groups(2), num_params=10**6, active_params=10**6,
                        num_layers=4, hidden_size=64, attn_width=64)
 
 
@@ -144,7 +116,7 @@ def test_the_simulator_and_the_connector_tier_agree_request_by_request(seed: int
     cfg = SimConfig(preset, get_gpu("h100"), num_blocks=32, sequential=True, hash_seed="same",
                     optimum=False, sched=SchedulerConfig(max_num_batched_tokens=16),
                     tiers=TierConfig(cpu_cache_tokens=tokens))
-    work = _workload(seed, 30)
+    work = tier_workload(seed, 30)
     trace = [TraceRequest(rid, float(i), np.array(p, dtype=np.int64), len(a),
                           output_ids=np.array(a, dtype=np.int64))
              for i, (rid, p, a) in enumerate(work)]

@@ -1,6 +1,6 @@
 """The compiled core (setup.py, Cython) against its own pure-Python source.
 
-Every case of :mod:`tests.core.compiled_trace` (full, full + SWA, EAGLE, compat mode, compat
+Every case of :mod:`tests.support.compiled_trace` (full, full + SWA, EAGLE, compat mode, compat
 EAGLE in a small pool, a small pool with preemptions, periodic retention, three non-LRU
 policies) runs here, in the compiled build, and in a subprocess with
 ``HYBRIDKV_PURE_PYTHON=1``; every observable must be equal: hit lengths, new block ids,
@@ -25,7 +25,7 @@ import pytest
 import hybridkv.core
 from hybridkv import _purepy
 
-from .compiled_trace import CASES, run
+from tests.support.compiled_trace import CASES, run
 
 ROOT = Path(__file__).resolve().parents[2]
 SEEDS = (1, 2)
@@ -48,7 +48,7 @@ def _require_compiled() -> None:
 def _pure(case: str, seed: int) -> dict:
     env = dict(os.environ, HYBRIDKV_PURE_PYTHON="1",
                PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    out = subprocess.run([sys.executable, "-m", "tests.core.compiled_trace", case, str(seed)],
+    out = subprocess.run([sys.executable, "-m", "tests.support.compiled_trace", case, str(seed)],
                          cwd=ROOT, env=env, capture_output=True, text=True, check=True)
     return json.loads(out.stdout)
 

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hybridkv import KVCacheManager, MultiModalItem, Request, SpecDecode
-from tests.core.helpers import FA, config
+from tests.support.helpers import FA, config
 from tests.hypothesis_budget import budgeted, examples, note
 
 BS = 4

@@ -1,254 +1,39 @@
-"""State groups (recurrent layers: gated delta net, Mamba2): spec bytes and errors, the hit
-rule against a brute force, pool extents against a byte model, and the manager scenarios of
-docs/state-groups.md §2.5 (the 200-token system prompt, the shared-prefix junction, #45238)."""
+"""State groups (recurrent layers: gated delta net, Mamba2) through the manager
+(``core/coordinator/states.py``): live extents, checkpoints, exports and restores.
+
+* the scenarios of docs/state-groups.md (the 200-token system prompt, the shared-prefix
+  junction, a divergence inside a request's own tokens);
+* export positions predict every allocation; ``state_blocks`` reports the restore and the
+  exports until they are computed; checkpoints leave the table once below the hold;
+* the plan counts a new request's live extent and exports and a running request's released
+  checkpoints; free keeps the live state as a checkpoint only at an aligned length;
+* a fake engine that follows ``state_blocks`` literally always restores the state of the hit
+  prefix (property test); sibling checkpoints are evicted together;
+* a state group needs the LRU policy.
+Spec bytes and errors: ``test_specs_config.py``; the state rule: ``test_rules.py``; the extent
+pool: ``test_extent_pool.py``; state requests' reservations: ``test_admission.py``.
+"""
 
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from hypothesis import given, settings, strategies as st
 
-from hybridkv import FullAttention, KVCacheConfig, KVCacheGroup, KVCacheManager, Request, SpecDecode
-from hybridkv.core.extent_pool import ExtentBlockPool
-from hybridkv.core.rules import StateRule, make_rule
-from hybridkv.core.specs import StateSpec
-from tests.core.oracle import needed_blocks
-
-QWEN3_NEXT = StateSpec(16, conv_shape=(3, 2 * 16 * 128 + 32 * 128), conv_dtype="bfloat16",
-                       state_shape=(32, 128, 128), state_dtype="float32")
-NEMOTRON_H = StateSpec(16, conv_shape=(3, 128 * 64 + 2 * 8 * 128), conv_dtype="bfloat16",
-                       state_shape=(128, 64, 128), state_dtype="float32")
-
-
-def hybrid(state: StateSpec, num_blocks: int = 4000, attn_bs: int = 16) -> KVCacheConfig:
-    return KVCacheConfig((KVCacheGroup("attn", FullAttention(attn_bs, num_kv_heads=2, head_dim=256), ("a",)),
-                          KVCacheGroup("gdn", state, ("s",))), num_blocks=num_blocks)
-
-
-# ---- step 1: bytes and errors -------------------------------------------------------------
-def test_state_bytes_match_the_hand_computed_sizes() -> None:
-    # conv 3 x 8192 bf16 = 49,152 B + state 32 x 128 x 128 fp32 = 2,097,152 B
-    assert QWEN3_NEXT.page_size_bytes == 2_146_304
-    # conv 3 x 10240 bf16 = 61,440 B + state 128 x 64 x 128 fp32 = 4,194,304 B
-    assert NEMOTRON_H.page_size_bytes == 4_255_744
-    assert QWEN3_NEXT.bytes_per_token == 0
-    cfg = hybrid(QWEN3_NEXT)
-    # attention page: 16 tokens x 2 heads x 256 x 2 (K, V) x 2 B = 32,768 B -> 66 pages
-    assert cfg.max_page_bytes == 32_768
-    assert cfg.extent_blocks(1) == 66 and cfg.extent_blocks(0) == 1
-    # vLLM-compat-like layout: a 1056-token attention page holds one state (k = 1)
-    assert hybrid(StateSpec(1056, conv_shape=QWEN3_NEXT.conv_shape, state_shape=QWEN3_NEXT.state_shape),
-                  attn_bs=1056).extent_blocks(1) == 1
-
-
-@pytest.mark.parametrize("field", ["state_dtype", "conv_dtype"])
-@pytest.mark.parametrize("dtype", ["fp8", "float8_e4m3fn", "int8", "fp4", "nonsense"])
-def test_unsupported_state_dtype_is_a_clear_error(field, dtype) -> None:
-    with pytest.raises(ValueError, match=rf"StateSpec.{field} '{dtype}' is not supported for a "
-                                         r"recurrent state; valid dtypes: bfloat16, float16, float32"):
-        StateSpec(16, **{field: dtype})
-
-
-@pytest.mark.parametrize("shape", [(), (0, 3), (2, -1), "ab", None])
-def test_bad_state_shape_is_a_clear_error(shape) -> None:
-    with pytest.raises(ValueError, match="state_shape must be a non-empty tuple of positive integers"):
-        StateSpec(16, state_shape=shape)
-
-
-def test_state_larger_than_the_pool_is_a_clear_error() -> None:
-    with pytest.raises(ValueError, match=r"state group 'gdn' stores 2146304 B of state per layer, "
-                                         r"66 blocks of 32768 B page each; one request needs 133 "
-                                         r"blocks but the pool has 99 usable blocks; give "
-                                         r"num_blocks >= 134"):
-        KVCacheManager(hybrid(QWEN3_NEXT, num_blocks=100))
-    KVCacheManager(hybrid(QWEN3_NEXT, num_blocks=134))       # the minimum it names works
-
-
-def test_retention_interval_not_a_multiple_of_the_alignment_is_a_clear_error() -> None:
-    cfg = hybrid(QWEN3_NEXT)
-    with pytest.raises(ValueError, match=r"multiple of the scheduler block size \(16, the LCM of "
-                                         r"the group block sizes\), got 50"):
-        KVCacheManager(cfg, retention_interval=50)
-    for n in (0, 16, 64, 1024, None):
-        KVCacheManager(cfg, retention_interval=n)
+from hybridkv import (BlockRemoved, BlockStored, FullAttention, KVCacheConfig, KVCacheGroup,
+                      KVCacheManager, Request, SpecDecode, StateSpec)
+from tests.support.helpers import (FA, QWEN3_NEXT, STATE4, ST_K2, SWA, admit, config, prompt, serve,
+                                   state_hybrid)
 
 
 def test_non_lru_eviction_with_a_state_group_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="does not support state groups.*valid with a StateSpec group: 'lru'"):
-        KVCacheManager(hybrid(QWEN3_NEXT), eviction_policy="s3fifo")
+        KVCacheManager(state_hybrid(QWEN3_NEXT), eviction_policy="s3fifo")
 
 
-# ---- step 2: the hit rule ------------------------------------------------------------------
-def test_state_spec_is_registered_to_the_state_rule() -> None:
-    rule = make_rule(QWEN3_NEXT)
-    assert isinstance(rule, StateRule) and rule.kind == "state" and not rule.downward_closed
-    assert [rule.lo(e) for e in (1, 2, 9)] == [0, 1, 8]
-    assert rule.window is None and rule.chunk is None
-
-
-@settings(max_examples=400, deadline=None)
-@given(st.sampled_from([1, 2, 4, 16]), st.sets(st.integers(0, 40)), st.integers(0, 41),
-       st.sampled_from([1, 2, 3, 4]))
-def test_longest_hit_is_the_largest_checkpoint_at_an_aligned_end(bs, checkpoints, e_max, step):
-    """Brute force from the definition: the largest e <= e_max, a multiple of step, with a
-    checkpoint at exactly e * bs tokens (= block e - 1), each block probed at most once."""
-    spec = StateSpec(bs, conv_shape=(1, 4), state_shape=(2, 2))
-    rule = make_rule(spec)
-    probed: list[int] = []
-
-    def probe(j: int) -> bool:
-        probed.append(j)
-        return j in checkpoints
-
-    want = max((e for e in range(step, e_max + 1, step) if e - 1 in checkpoints), default=0)
-    assert rule.longest_hit(probe, e_max, step) == want
-    assert len(probed) == len(set(probed))
-    # the independent oracle's statement of the rule agrees (one block: t / a - 1)
-    cfg = KVCacheConfig((KVCacheGroup("s", spec, ("l",)),), num_blocks=64)
-    for e in range(1, 6):
-        assert list(needed_blocks(cfg, 0, e * bs, False)) == [e - 1] == list(range(*rule.span(e)))
-
-
-def test_release_and_sizing() -> None:
-    rule = make_rule(StateSpec(16))
-    assert rule.skipped_tokens(100) == 100 and rule.skipped_tokens(100, hold=16) == 84
-    # brute force: the first c' > c whose skipped block count grows
-    for c in range(0, 80):
-        for hold in (0, 16, 32):
-            first = next(x for x in range(c + 1, c + 200)
-                         if rule.skipped_tokens(x, hold) // 16 > rule.skipped_tokens(c, hold) // 16)
-            assert rule.next_skip_growth(c, hold) == first
-    assert rule.max_blocks(1000, hold=16) == 1 + 3     # live + (hold window + 2) checkpoints
-    assert rule.recompute_cost(5) == 16                # the tokens since the previous checkpoint
-    assert rule.attention_keys(10, 500) == 10          # one state update per token
-
-
-# ---- step 3: extents in the pool -----------------------------------------------------------
-class ExtentPoolMachine(RuleBasedStateMachine):
-    """The pool against a brute-force byte model: which ids are free (bytes = count x block
-    bytes), which extents exist with which tails, which are cached; check() after every step."""
-
-    BLOCK_BYTES = 4096
-
-    @initialize(n=st.integers(8, 30), siblings=st.booleans())
-    def setup(self, n, siblings):
-        self.pool = ExtentBlockPool(n, 2)
-        if siblings:                                  # groups 0 and 1 serve hits together
-            self.pool.siblings = {0: (1,), 1: (0,)}
-        self.n = n
-        self.ref: dict[int, int] = {}                 # referenced ids -> model ref count
-        self.extents: dict[int, tuple[int, ...]] = {}  # head -> tails (model)
-        self.cached: set[int] = set()                 # hashed ids (heads or plain blocks)
-        self.hash_of: dict[int, tuple[int, bytes]] = {}  # cached id -> (group, hash)
-
-    def free_blocks(self) -> int:
-        tails = {x for t in self.extents.values() for x in t}
-        held = sum(1 for h in self.ref if h not in tails)
-        return self.n - 1 - held - sum(len(self.extents[h]) for h in self.ref if h in self.extents)
-
-    def _took(self, ids):
-        """ids were just handed out: every cached extent that lost a block lost all of them;
-        with siblings, an evicted hash leaves no free copy in the other group."""
-        for b in ids:
-            assert b not in self.ref, f"block {b} handed out while referenced"
-        gone = set(ids)
-        bh = self.pool.block_hash
-        evicted = {b for b in self.cached if b >= len(bh) or bh[b] is None}
-        for b in evicted:
-            assert b not in self.ref, f"referenced block {b} lost its hash"
-            assert b in gone or self.pool.siblings, f"block {b} evicted without being handed out"
-            g, h = self.hash_of[b]
-            last = not any(self.hash_of[x] == (g, h) for x in self.cached - evicted - gone)
-            if self.pool.siblings and last:            # the group's last copy went
-                for b2, (g2, h2) in self.hash_of.items():
-                    if g2 != g and h2 == h and b2 not in self.ref and b2 not in evicted:
-                        raise AssertionError(f"free sibling copy {b2} of an evicted checkpoint stays")
-        for h in list(self.extents):
-            blocks = {h, *self.extents[h]}
-            if h not in self.ref and (blocks & gone or h in evicted):
-                assert h in gone or h in evicted, f"extent {h} partially evicted"
-                del self.extents[h]
-        self.cached -= gone | evicted
-        for b in gone | evicted:
-            self.hash_of.pop(b, None)
-
-    @rule(n=st.integers(1, 6))
-    def allocate(self, n):
-        if n > self.pool.num_free:
-            with pytest.raises(ValueError):
-                self.pool.allocate(n)
-            return
-        ids = self.pool.allocate(n)
-        assert len(ids) == len(set(ids)) == n
-        self._took(ids)
-        for b in ids:
-            self.ref[b] = 1
-
-    @rule(k=st.integers(1, 9))
-    def allocate_extent(self, k):
-        if k > self.pool.num_free:
-            return
-        head = self.pool.allocate_extent(k)
-        ext = self.pool.extent(head)
-        assert len(ext) == k == len(set(ext)) and ext[0] == head
-        self._took(ext)
-        self.ref[head] = 1
-        if k > 1:
-            self.extents[head] = ext[1:]
-
-    @rule(data=st.data(), g=st.integers(0, 1), h=st.integers(0, 2))
-    def hash_one(self, data, g, h):
-        held = sorted(b for b in self.ref if b not in self.cached)
-        if held:
-            b = data.draw(st.sampled_from(held))
-            self.pool.insert(g, b"h%d" % h, b)        # few hashes: siblings share them
-            self.cached.add(b)
-            self.hash_of[b] = (g, b"h%d" % h)
-
-    @rule(data=st.data())
-    def free_one(self, data):
-        if self.ref:
-            b = data.draw(st.sampled_from(sorted(self.ref)))
-            self.pool.free([b])
-            self.ref[b] -= 1
-            if not self.ref[b]:
-                del self.ref[b]
-                if b not in self.cached:
-                    self.extents.pop(b, None)       # an unhashed extent dissolves
-
-    @rule(data=st.data())
-    def touch_one(self, data):
-        live = sorted(self.ref) + sorted(self.cached - set(self.ref))
-        if live:
-            b = data.draw(st.sampled_from(live))
-            before = self.pool.extent(b)
-            self.pool.touch([b])
-            assert self.pool.extent(b) == before    # a hit keeps its checkpoint intact
-            self.ref[b] = self.ref.get(b, 0) + 1
-
-    @invariant()
-    def agrees(self):
-        if not hasattr(self, "pool"):
-            return
-        self.pool.check()
-        assert self.pool.num_free == self.free_blocks()
-        assert self.pool.num_free * self.BLOCK_BYTES == self.free_blocks() * self.BLOCK_BYTES
-        for h, tails in self.extents.items():
-            assert self.pool.extent(h) == (h, *tails)
-        assert {b for b in self.cached} == {b for b in range(1, self.n)
-                                             if b < len(self.pool.block_hash) and self.pool.block_hash[b]}
-
-
-TestExtentPool = ExtentPoolMachine.TestCase
-TestExtentPool.settings = settings(max_examples=200, stateful_step_count=60, deadline=None)
-
-
-# ---- step 4: the manager ---------------------------------------------------------------------
 SHARED = list(range(1000, 1200))       # a 200-token system prompt
 
 
-def serve(kv: KVCacheManager, rid: str, tokens: list[int], chunk: int | None = None):
+def serve_state(kv: KVCacheManager, rid: str, tokens: list[int], chunk: int | None = None):
     """Admit, prefill (in chunks), free; returns (hit tokens, exported positions)."""
     r = Request(rid, tokens)
     hit = kv.lookup(r)
@@ -275,10 +60,10 @@ def serve(kv: KVCacheManager, rid: str, tokens: list[int], chunk: int | None = N
 
 @pytest.mark.parametrize("chunk", [None, 48])
 def test_200_token_prompt_hits_192_on_the_2nd_request_with_n_64(chunk) -> None:
-    kv = KVCacheManager(hybrid(QWEN3_NEXT), retention_interval=64)
-    hit1, exp1 = serve(kv, "r1", SHARED + [1] * 50, chunk)
+    kv = KVCacheManager(state_hybrid(QWEN3_NEXT), retention_interval=64)
+    hit1, exp1 = serve_state(kv, "r1", SHARED + [1] * 50, chunk)
     assert hit1 == 0 and {64, 128, 192} <= set(exp1)
-    assert serve(kv, "r2", SHARED + [2] * 50, chunk)[0] == 192
+    assert serve_state(kv, "r2", SHARED + [2] * 50, chunk)[0] == 192
     assert kv.num_free_blocks == kv.config.num_blocks - 1
 
 
@@ -286,51 +71,51 @@ def test_200_token_prompt_with_n_0_hits_on_the_3rd_request() -> None:
     """Semantic checkpoints only: the 2nd request finds the junction (attention hits 192,
     the state nothing) and writes a checkpoint there; the 3rd hits 192 (vLLM 0.33 align
     mode: also the 3rd occurrence, but at 1056-token granularity, so 0 here)."""
-    kv = KVCacheManager(hybrid(QWEN3_NEXT), retention_interval=0)
-    assert serve(kv, "r1", SHARED + [1] * 50)[0] == 0
+    kv = KVCacheManager(state_hybrid(QWEN3_NEXT), retention_interval=0)
+    assert serve_state(kv, "r1", SHARED + [1] * 50)[0] == 0
     r2 = Request("probe", SHARED + [2] * 50)
     probe = kv.lookup(r2)
     assert probe.num_tokens == 0 and probe.shared_prefix_boundary == 192
-    hit2, exp2 = serve(kv, "r2", SHARED + [2] * 50)
+    hit2, exp2 = serve_state(kv, "r2", SHARED + [2] * 50)
     assert hit2 == 0 and 192 in exp2
-    assert serve(kv, "r3", SHARED + [3] * 50)[0] == 192
+    assert serve_state(kv, "r3", SHARED + [3] * 50)[0] == 192
 
 
 def test_divergence_inside_request_unique_tokens_still_hits_the_junction() -> None:
     """vLLM #45238: the aligned checkpoints of request 1 (its replay boundaries 224/240) lie
     in its own unique tokens; a request diverging at 205 still reaches the junction 192."""
-    kv = KVCacheManager(hybrid(QWEN3_NEXT), retention_interval=0)
-    _, exp1 = serve(kv, "r1", SHARED + list(range(50)))
+    kv = KVCacheManager(state_hybrid(QWEN3_NEXT), retention_interval=0)
+    _, exp1 = serve_state(kv, "r1", SHARED + list(range(50)))
     assert max(exp1) > 200                                  # checkpoints in unique tokens
-    assert serve(kv, "r2", SHARED + [0, 1, 2, 3, 4] + [9] * 45)[0] == 0   # junction found
-    assert serve(kv, "r3", SHARED + [7] * 50)[0] == 192
+    assert serve_state(kv, "r2", SHARED + [0, 1, 2, 3, 4] + [9] * 45)[0] == 0   # junction found
+    assert serve_state(kv, "r3", SHARED + [7] * 50)[0] == 192
 
 
 def test_resend_hits_the_replay_checkpoint_and_the_final_length() -> None:
-    kv = KVCacheManager(hybrid(QWEN3_NEXT), retention_interval=0)
+    kv = KVCacheManager(state_hybrid(QWEN3_NEXT), retention_interval=0)
     prompt = SHARED + [5] * 56                              # 256 tokens
-    serve(kv, "r1", prompt)
-    assert serve(kv, "r2", prompt)[0] == 240                # (P - 1) aligned down
+    serve_state(kv, "r1", prompt)
+    assert serve_state(kv, "r2", prompt)[0] == 240                # (P - 1) aligned down
     # the final length 256 is aligned: the live state becomes that checkpoint at free
-    assert serve(kv, "r3", prompt + [6] * 10)[0] == 256
+    assert serve_state(kv, "r3", prompt + [6] * 10)[0] == 256
 
 
 def test_checkpoints_are_evicted_whole_and_hits_fall_back() -> None:
     """A pool with room for few checkpoints: evicting one leaves the attention blocks cached
     (SGLang's tombstone for free) and the hit falls back to the next lower checkpoint."""
-    cfg = hybrid(QWEN3_NEXT, num_blocks=66 * 6 + 40)
+    cfg = state_hybrid(QWEN3_NEXT, num_blocks=66 * 6 + 40)
     kv = KVCacheManager(cfg, retention_interval=64)
-    serve(kv, "r1", SHARED + [1] * 50, chunk=48)
-    assert serve(kv, "r2", SHARED + [2] * 50, chunk=48)[0] == 192
+    serve_state(kv, "r1", SHARED + [1] * 50, chunk=48)
+    assert serve_state(kv, "r2", SHARED + [2] * 50, chunk=48)[0] == 192
     for i in range(3, 8):                                   # unrelated traffic evicts
-        serve(kv, f"x{i}", [i * 7919 + j for j in range(200)], chunk=48)
-    hit = serve(kv, "r9", SHARED + [9] * 50, chunk=48)[0]
+        serve_state(kv, f"x{i}", [i * 7919 + j for j in range(200)], chunk=48)
+    hit = serve_state(kv, "r9", SHARED + [9] * 50, chunk=48)[0]
     assert hit in (0, 64, 128, 192) and kv.stats().evictions > 0
     kv.check_integrity()
 
 
 def test_speculative_lookahead_never_exports_a_draft_position() -> None:
-    kv = KVCacheManager(hybrid(QWEN3_NEXT), retention_interval=16,
+    kv = KVCacheManager(state_hybrid(QWEN3_NEXT), retention_interval=16,
                         spec_decode=SpecDecode("ngram", 3))
     r = Request("r", list(range(30)))
     assert kv.allocate(r, 30, kv.lookup(r)) is not None
@@ -352,7 +137,7 @@ def test_speculative_lookahead_never_exports_a_draft_position() -> None:
 
 
 def test_export_positions_predict_the_allocation() -> None:
-    kv = KVCacheManager(hybrid(QWEN3_NEXT), retention_interval=64)
+    kv = KVCacheManager(state_hybrid(QWEN3_NEXT), retention_interval=64)
     r = Request("r", SHARED + [1] * 50)
     hit = kv.lookup(r)
     assert kv.export_positions(r, 100, hit) == [64]
@@ -369,7 +154,7 @@ def test_export_positions_predict_the_allocation() -> None:
 
 def test_preemption_and_no_caching_free_everything() -> None:
     for caching in (True, False):
-        kv = KVCacheManager(hybrid(QWEN3_NEXT), retention_interval=64, enable_caching=caching)
+        kv = KVCacheManager(state_hybrid(QWEN3_NEXT), retention_interval=64, enable_caching=caching)
         r = Request("r", SHARED)
         kv.allocate(r, 100, kv.lookup(r))
         r.num_computed_tokens = 100
@@ -380,7 +165,6 @@ def test_preemption_and_no_caching_free_everything() -> None:
         assert kv.num_free_blocks == kv.config.num_blocks - 1
 
 
-# ---- the engine contract, end to end: a fake engine whose "state" is the tokens it has seen --
 RESTORES: list[int] = []
 
 
@@ -507,3 +291,437 @@ def test_sibling_checkpoints_are_evicted_together() -> None:
     assert kv.stats().evictions > 0
     compat = KVCacheManager(KVCacheConfig(groups, num_blocks=120), vllm_compat=True)
     assert compat.pool.siblings == {}        # vLLM evicts block by block
+
+
+def _state_manager_with_a_served() -> tuple[KVCacheManager, list[int]]:
+    """Full (bs 4) + state (bs 4), retention N = 8: "a" (22 tokens, chunks 5, 5, 5, 7)
+    leaves checkpoints at 8 and 16 (multiples of N) and 20 (its replay boundary (22-1)//4*4)."""
+    kv = KVCacheManager(config(FA(4), STATE4, num_blocks=200), retention_interval=8)
+    A = prompt(100, 22)
+    a = Request("a", A)
+    hit = kv.lookup(a)
+    want = [[], [8], [], [16, 20]]
+    for n, w in zip((5, 5, 5, 7), want):
+        first = hit if a.num_computed_tokens == 0 else None
+        assert kv.export_positions(a, n, first) == w
+        assert kv.allocate(a, n, first) is not None
+        assert [e.position for e in kv.state_blocks(a)[0].exports] == w
+        a.num_computed_tokens += n
+    kv.free(a)
+    return kv, A
+
+
+@pytest.mark.parametrize("chunks, want", [((5, 8, 8), ([12], [16, 20], [24])),
+                                          ((3, 5, 8), ([], [12, 16], [20, 24]))])
+def test_export_positions_predict_every_allocation_after_a_junction_hit(chunks, want) -> None:
+    """coordinator: export_positions — the hit's tokens not added to (or subtracted from) the
+    computed count, the hit not passed on, or a running request's state ignored (its
+    promised junction forgotten): the prediction must equal the exports the allocation asks.
+
+    "b" shares a's first 14 tokens (24 tokens): the full group serves 12, the state group
+    only 8 (its checkpoints are 8, 16, 20), so the hit is 8 with junction 12. b's promised
+    ends: multiples of 8, the junction 12 (and 12 - 4 = 8), its replay boundary 20 (and 16).
+    Chunks 5, 8, 8 from 8: (8, 13] → 12, (13, 21] → 16, 20, (21, 29] ∩ ≤ 24 → 24. Chunks 3, 5,
+    8: (8, 11] → none, (11, 16] → 12, 16 (the junction in a running request's step), then 20, 24."""
+    kv, A = _state_manager_with_a_served()
+    b = Request("b", A[:14] + prompt(500, 10))
+    hit = kv.lookup(b)
+    assert (hit.num_tokens, hit.shared_prefix_boundary) == (8, 12)
+    b.num_computed_tokens = 0
+    for i, (n, w) in enumerate(zip(chunks, want)):
+        first = hit if i == 0 else None
+        assert kv.export_positions(b, n, first) == w
+        assert kv.allocate(b, n, first) is not None
+        assert [e.position for e in kv.state_blocks(b)[0].exports] == w
+        b.num_computed_tokens = (hit.num_tokens if i == 0 else b.num_computed_tokens) + n
+        kv.check_integrity()
+
+
+def test_state_blocks_forget_the_restore_and_the_exports_once_computed() -> None:
+    """coordinator: state_blocks — ``restore_position`` reported after the request moved past
+    its hit (``st.restore_at if restore`` → always), an export at exactly the computed count
+    still listed (``t > computed`` → ``>=``), the unknown-request error without its id.
+
+    After a's checkpoints (8, 16, 20), "b" (a's first 17 tokens + 7) hits 16. Its first
+    allocation of 4 tokens (16..20) restores from the checkpoint at 16 and exports 20. Before
+    the step: restore at 16, export 20 pending. After computing to 20: no restore (position 0,
+    no blocks) and no pending export (20 is not > 20)."""
+    kv, A = _state_manager_with_a_served()
+    b = Request("b", A[:17] + prompt(500, 7))
+    hit = kv.lookup(b)
+    assert hit.num_tokens == 16
+    assert kv.allocate(b, 4, hit) is not None
+    b.num_computed_tokens = 16
+    (sb,) = kv.state_blocks(b)
+    assert (sb.restore_position, [e.position for e in sb.exports]) == (16, [20])
+    assert sb.restore_from and sb.restore_from != sb.live
+    b.num_computed_tokens = 20
+    (sb,) = kv.state_blocks(b)
+    assert (sb.restore_position, sb.restore_from, sb.exports) == (0, (), ())
+    with pytest.raises(KeyError, match="'nobody' holds no blocks"):
+        kv.state_blocks(Request("nobody", [1, 2, 3]))
+
+
+def test_export_positions_of_a_new_request_start_at_token_one() -> None:
+    """coordinator: _export_ends — a new request without a hit starts from ``done = 1``
+    instead of 0: with block size 1 (alignment 1) and retention N = 1 every token is a
+    promised end, so the first 3 tokens export 1, 2, 3 (as the allocation does)."""
+    st1 = StateSpec(block_size=1, conv_shape=(1, 4), conv_dtype="float32", state_shape=(2, 2),
+                    state_dtype="float32")
+    kv = KVCacheManager(config(FA(1), st1, num_blocks=400), retention_interval=1)
+    r = Request("r", prompt(10, 6))
+    assert kv.export_positions(r, 3) == [1, 2, 3]
+    assert kv.allocate(r, 3, None) is not None
+    assert [e.position for e in kv.state_blocks(r)[0].exports] == [1, 2, 3]
+
+
+def test_a_running_state_request_releases_each_checkpoint_once_it_is_below_the_hold() -> None:
+    """coordinator: _plan_states — which held checkpoints leave the table (``j < nskip`` with
+    ``nskip = skipped_tokens(computed, hold) // a``: the held list ignored, ``<`` → ``<=``, ``//``
+    → ``/``, the hold or the computed count dropped, the null test inverted) and how many
+    block ids they free (``* k``).
+
+    Full (bs 4) + state (a = 4; a 144-byte state over 64-byte pages: extents of k = 2 block
+    ids), retention N = 8, default mode (hold 4). r (40 tokens), steps of 8, 8, 2, 6, 8:
+    1. 2 full blocks + the live extent + checkpoint 8: 6 ids; 2. 2 + checkpoint 16: 4;
+    3. at 16 computed, tokens below 16 - 4 = 12 are skipped (3 entries): checkpoint 8 (entry
+       1) leaves (+2), 1 full block (-1); 4. at 18: 14 // 4 = 3 again, nothing leaves; 1 full
+       block + checkpoint 24 (-3); 5. at 24: 20 // 4 = 5: checkpoint 16 (entry 3) leaves (+2),
+       2 full blocks + checkpoint 32 (-4)."""
+    st = StateSpec(block_size=4, conv_shape=(1, 4), conv_dtype="float32", state_shape=(4, 8),
+                   state_dtype="float32")
+    cfg = config(FA(4), st, num_blocks=200)
+    assert cfg.extent_blocks(1) == 2
+    kv = KVCacheManager(cfg, retention_interval=8)
+    r = Request("r", prompt(100, 40))
+    hit = kv.lookup(r)
+    free = kv.num_free_blocks
+    expect = [(6, [0, 1]), (4, [0, 1, 0, 1]), (1 - 2, [0, 0, 0, 1, 0]),
+              (3, [0, 0, 0, 1, 0, 1]), (4 - 2, [0, 0, 0, 0, 0, 1, 0, 1])]
+    for i, (n, (taken, held)) in enumerate(zip((8, 8, 2, 6, 8), expect)):
+        assert kv.allocate(r, n, hit if i == 0 else None) is not None
+        r.num_computed_tokens += n
+        assert [1 if b else 0 for b in kv.block_ids(r)[1]] == held
+        assert free - kv.num_free_blocks == taken
+        free = kv.num_free_blocks
+        kv.check_integrity()
+
+
+def test_a_state_step_that_fits_only_with_its_released_checkpoint() -> None:
+    """coordinator: _plan_states — the released checkpoints' ids counted as available
+    (``freed = count * k`` → ``/ k``, or the ``ref == 1`` test inverted).
+
+    The steps 8, 8 of the test above use all 10 usable ids (6 + 4): the third step (2 tokens)
+    needs 1 full block with 0 free, and fits only because checkpoint 8 leaves (2 ids)."""
+    kv = KVCacheManager(config(FA(4), ST_K2, num_blocks=11), retention_interval=8)
+    r = Request("r", prompt(100, 40))
+    hit = kv.lookup(r)
+    for i, n in enumerate((8, 8)):
+        assert kv.allocate(r, n, hit if i == 0 else None) is not None
+        r.num_computed_tokens += n
+    assert kv.num_free_blocks == 0
+    assert kv.allocate(r, 2) is not None
+    assert kv.num_free_blocks == 1
+    kv.check_integrity()
+
+
+@pytest.mark.parametrize("num_blocks, fits", [(7, True), (6, False)])
+def test_a_new_state_request_needs_its_live_extent_and_its_exports(num_blocks, fits) -> None:
+    """coordinator: _plan_states — a new request's ids ``(1 + exports) * k`` (``1`` → ``2``).
+    r's first 8 tokens: 2 full blocks, the live extent (2 ids) and checkpoint 8 (2 ids): 6."""
+    kv = KVCacheManager(config(FA(4), ST_K2, num_blocks=num_blocks), retention_interval=8)
+    r = Request("r", prompt(100, 40))
+    assert (kv.allocate(r, 8, kv.lookup(r)) is not None) == fits
+    kv.check_integrity()
+
+
+def test_a_new_state_request_touching_its_hit_counts_each_block_once() -> None:
+    """coordinator: _plan_states — the paged estimate of a new request's state group removed
+    as ``needed -= new - touched`` (the touched hit blocks counted twice more).
+
+    14 usable ids. "a" (17 tokens) caches full blocks 0..3 and checkpoints 8, 12, 16 and is
+    freed; a filler (4 tokens: 1 full block + its live extent) takes 3 uncached ids: 11 free.
+    q (a's first 16 tokens + 8) hits 16 (4 full blocks + checkpoint 16, all free). Its first 4
+    tokens need 1 full block + 4 touched, the touched checkpoint (2), the live extent (2) and
+    checkpoint 20 (its replay boundary; 2): exactly 11."""
+    kv = KVCacheManager(config(FA(4), ST_K2, num_blocks=15), retention_interval=8)
+    P = prompt(100, 17)
+    a = Request("a", P)
+    assert kv.allocate(a, 17, kv.lookup(a)) is not None
+    a.num_computed_tokens = 17
+    kv.free(a)
+    f = Request("f", prompt(700, 4))
+    assert kv.allocate(f, 4, kv.lookup(f)) is not None
+    q = Request("q", P[:16] + prompt(500, 8))
+    hit = kv.lookup(q)
+    assert hit.num_tokens == 16 and kv.num_free_blocks == 11
+    assert kv.allocate(q, 4, hit) is not None
+    assert kv.num_free_blocks == 0
+    kv.check_integrity()
+
+
+@pytest.mark.parametrize("num_blocks, filler, fits", [(11, 1, True), (12, 5, False)])
+def test_a_state_step_counts_the_junction_checkpoint(num_blocks, filler, fits) -> None:
+    """coordinator: _plan_states — a running request's export count taken from a stateless
+    view (``_export_ends(request, None, ...)``): its promised junction is missed, the plan
+    counts one extent too few and the commit overdraws the pool.
+
+    As in the export-positions test (state extents of k = 1 here): b hits 8 with junction 12
+    and runs 3 tokens; a filler request holds some blocks. b's next 5 tokens (11 → 16) need
+    1 full block and checkpoints 12 (the junction) and 16: 3 ids. With 3 free they fit; with
+    2 free the allocation is refused (None), nothing is popped."""
+    kv = KVCacheManager(config(FA(4), STATE4, num_blocks=num_blocks), retention_interval=8)
+    A = prompt(100, 22)
+    a = Request("a", A)
+    hit = kv.lookup(a)
+    for n in (5, 5, 5, 7):
+        assert kv.allocate(a, n, hit if a.num_computed_tokens == 0 else None) is not None
+        a.num_computed_tokens += n
+    kv.free(a)
+    b = Request("b", A[:14] + prompt(500, 10))
+    hit = kv.lookup(b)
+    assert (hit.num_tokens, hit.shared_prefix_boundary) == (8, 12)
+    assert kv.allocate(b, 3, hit) is not None
+    b.num_computed_tokens = 11
+    f = Request("f", prompt(900, filler))
+    assert kv.allocate(f, filler, kv.lookup(f)) is not None
+    assert kv.num_free_blocks == (3 if fits else 2)
+    assert kv.export_positions(b, 5) == [12, 16]
+    assert (kv.allocate(b, 5) is not None) == fits
+    kv.check_integrity()
+
+
+@pytest.mark.parametrize("final, hit_after, swa_final_run", [(12, 12, True), (14, 8, False)])
+def test_free_keeps_the_live_state_only_at_an_aligned_final_length(final, hit_after,
+                                                                   swa_final_run) -> None:
+    """coordinator: _free_states — the live state becomes the final-length checkpoint only
+    when the computed count is aligned (``and`` → ``or`` in its test: a live state after 14
+    tokens filed as the checkpoint at 12), and the final length is promised to the other
+    groups only if every state group holds that checkpoint (``servable``: test inverted or
+    forced true).
+
+    Full (bs 4) + sliding (bs 4, W 8) + state (k = 1), default mode, retention 0. r (10-token
+    prompt: boundaries 8 and 4) decodes to ``final`` tokens and is freed. At 12 the live state
+    is the checkpoint at 12, the final length 12 is promised, the sliding group caches its
+    window run for 12 (positions 1, 2; 1 was cached for the boundary 8, so block 2, tokens
+    8..11, is stored at free): the same tokens + 1 then hit 12. At 14 the aligned end
+    12 has no checkpoint: nothing is promised at free (no sliding run stored) and the hit is 8."""
+    kv = KVCacheManager(config(FA(4), SWA(4, 8), STATE4, num_blocks=100), enable_events=True)
+    r = Request("r", prompt(100, 10))
+    assert kv.allocate(r, 10, kv.lookup(r)) is not None
+    r.num_computed_tokens = 10
+    while r.num_tokens < final:
+        r.append_tokens([7])
+        assert kv.allocate(r, 1) is not None
+        r.num_computed_tokens += 1
+    kv.take_events()
+    kv.free(r)
+    stored = [(ev.group_idx, ev.token_ids) for ev in kv.take_events() if isinstance(ev, BlockStored)]
+    assert ((1, list(r.token_ids[8:12])) in stored) == swa_final_run
+    q = Request("q", list(r.token_ids) + [9])
+    assert kv.lookup(q).num_tokens == hit_after
+    kv.check_integrity()
+
+
+STATE1 = StateSpec(block_size=1, conv_shape=(1, 4), conv_dtype="float32", state_shape=(2, 2),
+                   state_dtype="float32")
+
+
+@pytest.mark.parametrize("computed, hit_after", [(1, 1), (2, 2), (3, 3)])
+def test_a_state_request_freed_after_its_first_tokens_serves_them(computed, hit_after) -> None:
+    """coordinator: _free_states — at free the live state is re-tagged as the checkpoint at
+    the final aligned length whenever that length is > 0 (``computed > 0``) and the length is
+    then promised to the other groups (``servable = end > 0``); with ``> 1`` a request freed
+    after exactly one token would drop its state and serve nothing.
+
+    Full (bs 1) + state (bs 1): alignment 1. Retention N = 8 and a 20-token prompt (replay
+    boundaries 19, 18): no promised end below 8, so no checkpoint is exported during the
+    first ``computed`` tokens. Freed then, the final length ``computed`` is promised: the
+    full group caches its blocks, the state group keeps its live state there, so a new
+    request with the same first tokens hits ``computed``."""
+    kv = KVCacheManager(config(FA(1), STATE1, num_blocks=100), retention_interval=8)
+    P = prompt(100, 20)
+    r = Request("r", P)
+    assert kv.allocate(r, computed, kv.lookup(r)) is not None
+    assert kv.state_blocks(r)[0].exports == ()
+    r.num_computed_tokens = computed
+    kv.free(r)
+    kv.check_integrity()
+    q = Request("q", P[:computed] + prompt(500, 5))
+    assert kv.lookup(q).num_tokens == hit_after
+
+
+def test_a_new_state_request_gets_its_live_extent_and_checkpoint_heads() -> None:
+    """coordinator: _commit_states — the new extents' heads are returned per state group (the
+    live extent's head, then one per export; ``None`` instead of a head).
+
+    Full (bs 4) + state (a = 4, extents of 2 ids), retention N = 8. r's first 8 tokens: 2
+    full blocks, and for the state group its live extent and the checkpoint at 8: the
+    allocation returns their heads, the ones ``state_blocks`` reports."""
+    kv = KVCacheManager(config(FA(4), ST_K2, num_blocks=100), retention_interval=8)
+    r = Request("r", prompt(100, 40))
+    got = kv.allocate(r, 8, kv.lookup(r))
+    assert got is not None and len(got[0]) == 2
+    (sb,) = kv.state_blocks(r)
+    assert [e.position for e in sb.exports] == [8]
+    assert got[1] == [sb.live[0], sb.exports[0].blocks[0]]
+    kv.check_integrity()
+
+
+def test_the_hit_checkpoint_leaves_the_table_once_below_the_hold() -> None:
+    """coordinator: _commit_states — the adopted hit's checkpoint is held at table entry
+    ``e - 1`` (e = hit // a), so it is released like the request's own checkpoints once the
+    request has moved a hold past it (``e + 1`` / ``e - 2``: it would stay until free).
+
+    Full (bs 4) + state (a = 4, k = 2), retention N = 8, default mode (hold 4). "a" (40
+    tokens, computed in steps of 8) leaves checkpoints at 8, 16, 24, 32. "b" shares a's first
+    17 tokens: hit 16 (checkpoint 16, entry 3). b computes 4 tokens (16..20), then at 20
+    computed 20 - 4 = 16 tokens are skipped: entry 3 leaves the table in b's next step."""
+    kv = KVCacheManager(config(FA(4), ST_K2, num_blocks=200), retention_interval=8)
+    A = prompt(100, 40)
+    a = Request("a", A)
+    hit = kv.lookup(a)
+    for i in range(5):
+        assert kv.allocate(a, 8, hit if i == 0 else None) is not None
+        a.num_computed_tokens += 8
+    kv.free(a)
+    b = Request("b", A[:17] + prompt(500, 15))
+    admit(kv, b, 4, expect_hit=16)
+    assert kv.block_ids(b)[1][3] != 0
+    assert kv.allocate(b, 4) is not None
+    b.num_computed_tokens = 24
+    assert kv.block_ids(b)[1][3] == 0
+    kv.check_integrity()
+
+
+@pytest.mark.parametrize("num_blocks, fits", [(12, True), (11, False)])
+def test_a_new_state_request_counts_the_checkpoint_at_its_junction(num_blocks, fits) -> None:
+    """coordinator: _plan_states — a new request's exports are counted with its hit (its
+    junction is one of its promised ends; without the hit the plan misses that checkpoint
+    and the commit overdraws the pool).
+
+    Full (bs 4) + state (bs 4, extents of 1 id), retention N = 8. "a" (22 tokens, chunks 5,
+    5, 5, 7) leaves checkpoints at 8, 16 and 20 (its replay boundary), 10 ids in all, then
+    is freed; f (4 tokens: 1 full block + its live extent) takes 2 of the free ids. "b"
+    shares a's first 14 tokens: the full group serves 12, the state group 8, so the hit is
+    8 with junction 12. b's first 9 tokens (8..17) need 5 - 2 = 3 full blocks, the 3 free
+    hit blocks (touched), and for the state group the live extent and checkpoints 12 and 16:
+    9 ids. Free: num_blocks - 1 - 2, so 9 fit with 12 blocks, 8 do not."""
+    kv = KVCacheManager(config(FA(4), STATE4, num_blocks=num_blocks), retention_interval=8)
+    A = prompt(100, 22)
+    a = Request("a", A)
+    hit = kv.lookup(a)
+    for n in (5, 5, 5, 7):
+        assert kv.allocate(a, n, hit if a.num_computed_tokens == 0 else None) is not None
+        a.num_computed_tokens += n
+    kv.free(a)
+    f = Request("f", prompt(900, 4))
+    assert kv.allocate(f, 4, kv.lookup(f)) is not None
+    b = Request("b", A[:14] + prompt(500, 10))
+    hit = kv.lookup(b)
+    assert (hit.num_tokens, hit.shared_prefix_boundary) == (8, 12)
+    assert kv.num_free_blocks == num_blocks - 3
+    assert kv.export_positions(b, 9, hit) == [12, 16]
+    assert (kv.allocate(b, 9, hit) is not None) == fits
+    kv.check_integrity()
+
+
+def test_the_first_step_after_admission_releases_the_hit_checkpoint() -> None:
+    """coordinator: commit — only a running request's commit sets its window threshold
+    (``slide_until``); a new request keeps 0, so its next step is planned (with the
+    threshold set at admission, a quiet step would keep the adopted checkpoint).
+
+    Full (bs 4) + state (bs 4, extents of 1 id), dense retention (no hold): a state group
+    keeps only the checkpoint its live state starts from. "a" (21 tokens, steps 8, 8, 5) is
+    freed; "b" shares a's first 17 tokens: hit 16 (checkpoint 16, entry 3). b computes 1
+    token (to 17); its next token needs no block and caches nothing, but at 17 computed the
+    checkpoint at 16 is no longer needed: that step releases it (table entry 3 null, one
+    more free block)."""
+    kv = KVCacheManager(config(FA(4), STATE4, num_blocks=60), retention_interval=None)
+    A = prompt(100, 21)
+    a = Request("a", A)
+    hit = kv.lookup(a)
+    for i, n in enumerate((8, 8, 5)):
+        assert kv.allocate(a, n, hit if i == 0 else None) is not None
+        a.num_computed_tokens += n
+    kv.free(a)
+    b = Request("b", A[:17] + prompt(500, 10))
+    admit(kv, b, 1, expect_hit=16)
+    assert kv.block_ids(b)[1][3] != 0
+    free = kv.num_free_blocks
+    assert kv.allocate(b, 1) == [[], []]
+    assert kv.block_ids(b)[1][3] == 0 and kv.num_free_blocks == free + 1
+    kv.check_integrity()
+
+
+def test_a_quiet_step_never_reaches_the_next_checkpoint() -> None:
+    """coordinator: commit — with state groups the fast path's slot bound is lowered to one
+    token below the next checkpoint (``slots = nxt - 1`` when ``nxt - 1 < slots``): the step
+    that reaches a checkpoint position is planned, so its extent is allocated and exported.
+
+    Full (bs 4) + state (bs 4, extents of 1 id), retention N = 8, EAGLE without hash
+    lookahead (drop mode: an end is cached 4 tokens after it, so the cache pass alone would
+    let the step to 8 be quiet). r (20 tokens) is admitted with 5 tokens + 3 lookahead slots
+    (tables cover 8), then steps one token at a time without lookahead: the step 7 → 8
+    allocates the checkpoint extent for 8 and exports it."""
+    kv = KVCacheManager(config(FA(4), STATE4, num_blocks=60), retention_interval=8,
+                        spec_decode=SpecDecode("eagle", 1, hash_lookahead=False))
+    r = Request("r", prompt(100, 20))
+    admit(kv, r, 5, num_lookahead_tokens=3)
+    for t in (5, 6):
+        assert kv.allocate(r, 1, num_lookahead_tokens=0) == [[], []]
+        r.num_computed_tokens += 1
+    got = kv.allocate(r, 1, num_lookahead_tokens=0)
+    assert got is not None and got[0] == [] and len(got[1]) == 1
+    assert [e.position for e in kv.state_blocks(r)[0].exports] == [8]
+    kv.check_integrity()
+
+
+def test_state_groups_refuse_other_eviction_policies_naming_the_valid_one() -> None:
+    """__init__ — the message's valid value ('lru') and the StateSpec name."""
+    cfg = KVCacheConfig((KVCacheGroup("a", FA(4), ("a",)),
+                         KVCacheGroup("s", StateSpec(4, conv_shape=(1, 8), state_shape=(1, 8)), ("s",))),
+                        num_blocks=16)
+    with pytest.raises(ValueError, match=r"^eviction_policy 'lfu' does not support state groups "
+                       r"\(recurrent layers\) yet; valid with a \bStateSpec\b group: 'lru'$"):
+        KVCacheManager(cfg, eviction_policy="lfu")
+
+
+def _state_config(num_blocks: int):
+    """Full attention (bs 4) and two state groups with the same spec (one lookup unit:
+    siblings), each state taking one block id (48 B of state, 128 B pages)."""
+    st = StateSpec(4, conv_shape=(1, 8), state_shape=(1, 8))
+    return KVCacheConfig((KVCacheGroup("a", FA(4), ("a",)), KVCacheGroup("s1", st, ("s1",)),
+                          KVCacheGroup("s2", st, ("s2",))), num_blocks=num_blocks)
+
+
+def test_evictions_of_a_state_config_are_reported() -> None:
+    """__init__ — the extent pool built without the eviction callback: no BlockRemoved event for
+    any eviction of a config with a state group.
+
+    9 usable blocks; two different 9-token prompts: the second evicts cached blocks of the
+    first, and every eviction is reported."""
+    kv = KVCacheManager(_state_config(10), enable_events=True)
+    serve(kv, "a", prompt(0, 9))
+    serve(kv, "b", prompt(100, 9))
+    removed = [e for e in kv.take_events() if isinstance(e, BlockRemoved)]
+    assert kv.stats().evictions > 0
+    assert sum(len(e.block_hashes) for e in removed) == kv.stats().evictions
+
+
+def test_sibling_state_checkpoints_are_evicted_together() -> None:
+    """__init__ — the siblings of a two-group unit not wired (``> 2``): evicting one state
+    group's checkpoint left its sibling's copy cached (dead: the unit's hit needs both).
+
+    9 usable blocks; an 8-token prompt caches checkpoints in both state groups; a 5-token
+    prompt then evicts some: each state checkpoint hash removed from one group is removed
+    from the other in the same step."""
+    kv = KVCacheManager(_state_config(10), enable_events=True)
+    serve(kv, "a", prompt(0, 8))
+    kv.take_events()
+    serve(kv, "b", prompt(100, 5))
+    removed = {1: set(), 2: set()}
+    for e in kv.take_events():
+        if isinstance(e, BlockRemoved) and e.group_idx in removed:
+            removed[e.group_idx].update(e.block_hashes)
+    assert removed[1] and removed[1] == removed[2]

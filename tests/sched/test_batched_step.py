@@ -27,7 +27,7 @@ from hybridkv.sim.presets import get_gpu, get_preset
 from hybridkv.sim.simulator import TIMING_KEYS
 from hybridkv.sim.tiers import TierConfig
 from hybridkv.sim.workloads import get_workload
-from tests.core.helpers import FA, SWA, config
+from tests.support.helpers import FA, SWA, config
 
 
 def _slots(out) -> list[tuple]:

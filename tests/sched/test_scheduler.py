@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from hybridkv import KVCacheManager, Request, SpecDecode
 from hybridkv.sched import (POLICIES, AcceptanceModel, EngineRequest, FCFSQueue, PriorityQueue, RequestStatus,
                             Scheduler, SchedulerConfig, useful_drafts)
-from tests.core.helpers import FA, SWA, config
+from tests.support.helpers import FA, SWA, config
 
 
 def _engine_request(rid, tokens, max_tokens, **kw) -> EngineRequest:

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from hybridkv import KVCacheManager, SpecDecode
 from hybridkv.core.specs import KVCacheConfig, KVCacheGroup, StateSpec
 from hybridkv.sched import AcceptanceModel, Scheduler, SchedulerConfig
-from tests.core.helpers import FA
+from tests.support.helpers import FA
 from tests.sched.test_scheduler import _drive, _engine_request
 
 

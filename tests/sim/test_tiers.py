@@ -171,17 +171,17 @@ def test_offload_on_evict_moves_blocks_down_on_eviction_and_up_on_a_hit() -> Non
 def test_a_load_that_cannot_fit_alone_is_computed_instead_of_waiting_forever() -> None:
     """The scheduler falls back to computing past the local hit when a request's load does not
     fit the pool even with nothing else running (rather than retrying the load every step)."""
-    from tests.connectors.test_tier_differential import _groups, _workload
+    from tests.support.tier_workload import tier_groups, tier_workload
     from hybridkv import KVCacheManager, Request
     from hybridkv.core.specs import KVCacheConfig
     from hybridkv.sched import EngineRequest, Scheduler
     from hybridkv.sim.tier_runtime import TierRuntime
-    config = KVCacheConfig(_groups(3), num_blocks=24)
+    config = KVCacheConfig(tier_groups(3), num_blocks=24)
     kv = KVCacheManager(config, hash_seed="same", retention_interval=0, max_in_flight_tokens=16)
     tiers = TierRuntime(kv, TierConfig(cpu_cache_tokens=6 * (7 * 160 + 5 * 416)), 1, 5,
                         DEFAULT_TRANSFER, 4, block_bytes=[160, 416])
     sched = Scheduler(kv, SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=2), tiers)
-    work, answers, steps = _workload(0, 40), {}, 0
+    work, answers, steps = tier_workload(0, 40), {}, 0
     while work or sched.has_unfinished():
         while work and len(sched.requests) < 4:
             rid, p, a = work.pop(0)

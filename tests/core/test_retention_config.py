@@ -1,4 +1,5 @@
-"""Retention configs (priority + TTL per token range) and the ``priority`` eviction policy.
+"""Retention configs (``hybridkv.core.retention_config``: priority + TTL per token range) through
+the manager and the ``priority`` eviction policy.
 
 * random operation sequences with random retention configs and clock advances keep
   ``check_integrity`` green after every step, and every hit reads blocks holding the request's
@@ -6,7 +7,10 @@
 * without retention configs the policy orders exactly like the LRU pool, block for block;
 * a pinned system prompt survives a flood of one-off prompts until its TTL runs out, then goes
   in LRU order; a shared block keeps the highest live priority; tail before prefix;
-* bad input gets a clear error naming the valid values and changes nothing.
+* ``RetentionConfig`` / ``TokenRange`` refuse bad values naming the field and accept the edges;
+  ``block_marks`` by hand; bad input gets a clear error naming the valid values and changes
+  nothing.
+The policy's own structure (levels, marks, rebuilds): ``eviction/test_priority.py``.
 """
 
 from __future__ import annotations
@@ -14,26 +18,17 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
-from hybridkv import FullAttention, KVCacheConfig, KVCacheGroup, KVCacheManager, Request
-from hybridkv.core.eviction import PriorityPolicy, make_policy
+from hybridkv import (FullAttention, KVCacheConfig, KVCacheGroup, KVCacheManager, Request,
+                      RetentionConfig, TokenRange)
+from hybridkv.core.eviction import PriorityPolicy
 from hybridkv.core.policy_pool import PolicyBlockPool
-from hybridkv.core.retention_config import (DEFAULT_PRIORITY, RetentionConfig, RetentionMark,
-                                            TokenRange, block_marks)
-from tests.core.test_properties import MAX_OPS, MIN_OPS, Model, configs, decode_ops
+from hybridkv.core.retention_config import DEFAULT_PRIORITY, RetentionMark, block_marks
 from tests.hypothesis_budget import budgeted, examples, note
-
-
-class Clock:
-    """The injectable clock: time moves only when a test says so."""
-
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
+from tests.support.helpers import FA, config, prompt, raises
+from tests.support.policies import Clock
+from tests.support.random_ops import MAX_OPS, MIN_OPS, Model, configs, decode_ops
 
 
 def _random_retention(x: int, n_tokens: int) -> RetentionConfig | None:
@@ -276,7 +271,6 @@ def test_decode_priority_marks_generated_blocks():
     assert all(p == 100 for b, lst in kv.pool.policy.marks.items() for p, _ in lst[:1])
 
 
-# ---- bad input --------------------------------------------------------------------------------
 @pytest.mark.parametrize("make, match", [
     (lambda: TokenRange(0, 4, 101), r"priority must be an integer in \[0, 100\].*got 101"),
     (lambda: TokenRange(0, 4, -1), r"priority must be an integer in \[0, 100\]"),
@@ -339,82 +333,6 @@ def test_a_range_made_invalid_after_construction_is_refused_at_allocate():
     assert _state(kv) == before and kv.take_events() == []
 
 
-def test_make_policy_registers_priority():
-    policy = make_policy("priority", clock=Clock())
-    assert isinstance(policy, PriorityPolicy) and policy.uses_retention
-    with pytest.raises(ValueError, match="clock must be a callable"):
-        PriorityPolicy(None)
-
-
-@settings(max_examples=examples(150), deadline=None)
-@given(num_blocks=st.integers(2, 30),
-       ops=st.lists(st.tuples(st.integers(0, 5), st.integers(0, 10**6)), min_size=10, max_size=120))
-@budgeted(0.03)
-def test_eviction_order_matches_a_brute_force_model(num_blocks, ops):
-    """Pool level, against a brute-force model: every victim is the held block with the lowest
-    (highest live mark at now, else the default; free order), every step ``check()``s."""
-    clock = Clock()
-    pool = PolicyBlockPool(num_blocks, 1, PriorityPolicy(clock))
-    marks: dict[int, list[tuple[int, float]]] = {}       # every mark since the block's content
-    freed_at: dict[int, int] = {}                        # cached free block -> free order
-    order = 0
-    held: list[int] = []
-    h = 0
-
-    def level(b: int) -> int:
-        return max((p for p, e in marks.get(b, ()) if e > clock.t), default=DEFAULT_PRIORITY)
-
-    for op, x in ops:
-        if op <= 1 and pool.num_free:
-            k = 1 + x % pool.num_free
-            uncached = pool.num_free - len(pool.policy)
-            victims = sorted(freed_at, key=lambda b: (level(b), freed_at[b]))[:max(0, k - uncached)]
-            got = pool.allocate(k)
-            assert got[len(got) - len(victims):] == victims
-            note("priority victims checked against the model", len(victims))
-            note("victims above or below the default", sum(level(b) != DEFAULT_PRIORITY for b in victims))
-            for b in got:
-                freed_at.pop(b, None)
-                marks.pop(b, None)
-            for b in got[x % 3 == 0:]:
-                h += 1
-                pool.insert(0, h.to_bytes(8, "little"), b)
-            held.extend(got)
-        elif op == 2 and held:
-            i = x % len(held)
-            run = held[i:i + 1 + x % 4]
-            del held[i:i + len(run)]
-            if x % 3:
-                m = [RetentionMark(1 + (x >> (4 + 2 * r)) % len(run), (x >> (10 + 7 * r)) % 101,
-                                   None if (x >> (17 + r)) % 3 == 0 else float(1 + (x >> 19) % 4))
-                     for r in range(1 + (x >> 2) % 2)]
-                pool.retain(run, range(len(run)), m)
-                for j, b in enumerate(run):
-                    if pool.block_hash[b] is not None:
-                        marks.setdefault(b, []).extend(
-                            (mk.priority, math.inf if mk.ttl_s is None else clock.t + mk.ttl_s)
-                            for mk in m if j < mk.num_blocks)
-            pool.free(run[::-1])
-            for b in run[::-1]:
-                if pool.ref_cnt[b] == 0 and pool.block_hash[b] is not None:
-                    order += 1
-                    freed_at[b] = order
-        elif op == 3 and h:
-            b = pool.cached_block(0, (1 + x % h).to_bytes(8, "little"))
-            if b is not None:
-                freed_at.pop(b, None)
-                pool.touch([b])
-                held.append(b)
-        elif op == 4:
-            clock.t += x % 5 * 0.5
-        elif op == 5 and held:
-            b = held[x % len(held)]
-            held.remove(b)
-            held.extend([b, b])
-            pool.touch([b])                              # a second reference
-        pool.check()
-
-
 @pytest.mark.parametrize("policy, t, want", [("priority", 599.0, 16), ("priority", 600.0, 8),
                                              ("lru", 0.0, 8)])
 def test_after_its_ttl_the_system_prompt_goes_first_tail_first(policy, t, want):
@@ -449,3 +367,127 @@ def test_a_prefix_cache_reset_empties_the_policy(policy):
     assert kv.num_free_blocks == 23
     _flood(kv, "f")
     assert _serve(kv, "b", SYSTEM + [2]) == 0
+
+
+BAD_RETENTION = [
+    (lambda: TokenRange(-1, 4, 50), r"\bTokenRange start\b must be a non-negative integer, got -1$"),
+    (lambda: TokenRange(True, 4, 50), r"\bTokenRange start\b.*got True$"),
+    (lambda: TokenRange(5, 5, 50),
+     r"\bTokenRange end\b must be None \(end of the prompt\) or an integer > start \(5\), got 5$"),
+    (lambda: TokenRange(0, True, 50), r"\bTokenRange end\b.*> start \(0\), got True$"),
+    (lambda: TokenRange(0, 4, 101),
+     r"\bTokenRange priority\b must be an integer in \[0, 100\] \(default 35\), got 101$"),
+    (lambda: TokenRange(0, 4, -1), r"\bTokenRange priority\b.*\[0, 100\].*got -1$"),
+    (lambda: TokenRange(0, 4, True), r"\bTokenRange priority\b.*got True$"),
+    (lambda: TokenRange(0, 4, 50.0), r"\bTokenRange priority\b.*got 50\.0$"),
+    (lambda: TokenRange(0, 4, 50, 0),
+     r"\bTokenRange ttl_s\b must be None \(no expiry\) or a finite number of seconds > 0, got 0$"),
+    (lambda: TokenRange(0, 4, 50, math.inf), r"\bTokenRange ttl_s\b.*> 0, got inf$"),
+    (lambda: TokenRange(0, 4, 50, True), r"\bTokenRange ttl_s\b.*got True$"),
+    (lambda: TokenRange(0, 4, 50, "5"), r"\bTokenRange ttl_s\b.*got '5'$"),
+    (lambda: RetentionConfig(TokenRange(0, 4, 50)),
+     r"\bRetentionConfig ranges\b must be a sequence of \bTokenRange\b, got TokenRange\("),
+    (lambda: RetentionConfig([TokenRange(0, 4, 50), "x"]),
+     r"\bRetentionConfig ranges\b must hold \bTokenRange\b, got 'x'$"),
+    (lambda: RetentionConfig((TokenRange(0, 10, 50), TokenRange(5, 15, 60))),
+     r"\bRetentionConfig ranges\b must not overlap: TokenRange\(start=0, end=10.* and "
+     r"TokenRange\(start=5, end=15"),
+    (lambda: RetentionConfig((TokenRange(20, 30, 60), TokenRange(0, None, 50))),
+     r"must not overlap: TokenRange\(start=0, end=None.* and TokenRange\(start=20"),
+    (lambda: RetentionConfig(decode_priority=101),
+     r"\bRetentionConfig decode_priority\b must be an integer in \[0, 100\].*got 101$"),
+    (lambda: RetentionConfig(decode_ttl_s=-2.5),
+     r"\bRetentionConfig decode_ttl_s\b must be None \(no expiry\).*> 0, got -2\.5$"),
+]
+
+
+@pytest.mark.parametrize("build,match", BAD_RETENTION)
+def test_bad_retention_config_is_refused_naming_the_field(build, match) -> None:
+    """_check_priority, _check_ttl, TokenRange.__post_init__ and RetentionConfig.__post_init__:
+    each bound and type check, the owner and field in the message, and the overlap check's
+    pairs."""
+    with raises(match):
+        build()
+
+
+def test_retention_config_edges_are_accepted() -> None:
+    """_check_priority (priorities 0 and 100); _check_ttl (a TTL below 1 s); TokenRange (start
+    0, end None); RetentionConfig: a tuple or a list of ranges (stored as a tuple), ranges given
+    out of order and ranges that touch (end = next start) are not overlapping."""
+    r = TokenRange(0, None, 0, 0.5)
+    assert (r.start, r.end, r.priority, r.ttl_s) == (0, None, 0, 0.5)
+    assert TokenRange(3, 4, 100, 7).priority == 100
+    a, b, c = TokenRange(10, 20, 100), TokenRange(0, 5, 60), TokenRange(5, 10, 70)
+    cfg = RetentionConfig([a, b, c], decode_priority=0, decode_ttl_s=1)
+    assert cfg.ranges == (a, b, c) and type(cfg.ranges) is tuple
+    assert RetentionConfig((a,)).ranges == (a,)
+    assert RetentionConfig().ranges == () and RetentionConfig().decode_priority == DEFAULT_PRIORITY
+
+
+def test_retention_ranges_must_lie_inside_the_prompt() -> None:
+    """RetentionConfig.check_prompt: a range must satisfy 0 <= start < end <= prompt length (end
+    None: the prompt's end, so only start < length); the message names the range, the prompt and
+    the valid ranges."""
+    RetentionConfig((TokenRange(0, 10, 50),)).check_prompt(10, "r")
+    RetentionConfig((TokenRange(9, None, 50),)).check_prompt(10, "r")
+    for rng, shown in ((TokenRange(5, 11, 50), r"\[5, 11\)"), (TokenRange(10, None, 50), r"\[10, None\)"),
+                       (TokenRange(12, 14, 50), r"\[12, 14\)")):
+        with raises(rf"^request 'q': retention range {shown} lies outside the prompt \[0, 10\); "
+                    rf"valid ranges: 0 <= start < end <= 10$"):
+            RetentionConfig((rng,)).check_prompt(10, "request 'q'")
+
+
+def test_block_marks_by_hand() -> None:
+    """block_marks: one mark per range (blocks up to the range's end, rounded up), one for the
+    uncovered prompt (default priority, up to the last uncovered token), one for the generated
+    tokens; equal (priority, TTL) marks merged, the longest winning (block_marks: the last
+    added, shorter one won).
+
+    Block size 4, prompt 20, 30 tokens. Ranges [2, 6) p 80 ttl 5 and [12, None) p 60:
+    [2, 6) → ceil(6/4) = 2 blocks; [12, 20) → 5 blocks; uncovered [0, 2) and [6, 12): the last
+    gap ends at 12 → 3 blocks at 35; decode (60, None) → ceil(30/4) = 8 blocks, merged with the
+    range's (60, None) mark of 5 → 8."""
+    cfg = RetentionConfig((TokenRange(12, None, 60), TokenRange(2, 6, 80, 5)), decode_priority=60)
+    got = set(block_marks(cfg, 4, 20, 30))
+    assert got == {RetentionMark(2, 80, 5), RetentionMark(8, 60, None),
+                   RetentionMark(3, DEFAULT_PRIORITY, None)}
+    # a fully covered prompt has no default mark; no decode mark without generated tokens
+    full = RetentionConfig((TokenRange(0, None, 90, 2),), decode_priority=10, decode_ttl_s=3)
+    assert set(block_marks(full, 4, 10, 10)) == {RetentionMark(3, 90, 2)}
+    assert set(block_marks(full, 4, 10, 11)) == {RetentionMark(3, 90, 2), RetentionMark(3, 10, 3)}
+    # a range starting at the prompt's end gives no mark; the uncovered prompt reaches its end
+    late = RetentionConfig((TokenRange(6, 12, 90),))
+    assert set(block_marks(late, 4, 6, 6)) == {RetentionMark(2, DEFAULT_PRIORITY, None)}
+    # a mark of one block; a gap of one token before the first range
+    short = RetentionConfig((TokenRange(0, 2, 70),))
+    assert set(block_marks(short, 4, 8, 8)) == {RetentionMark(1, 70, None),
+                                                 RetentionMark(2, DEFAULT_PRIORITY, None)}
+    gap1 = RetentionConfig((TokenRange(1, None, 70),))
+    assert set(block_marks(gap1, 4, 8, 8)) == {RetentionMark(2, 70, None),
+                                                RetentionMark(1, DEFAULT_PRIORITY, None)}
+    # a range at the default priority merges with the default mark; the longer one wins
+    same = RetentionConfig((TokenRange(4, 12, DEFAULT_PRIORITY),))
+    assert block_marks(same, 4, 12, 12) == (RetentionMark(3, DEFAULT_PRIORITY, None),)
+    # touching ranges cover the prompt: no default mark
+    touch = RetentionConfig((TokenRange(0, 4, 70), TokenRange(4, None, 80)))
+    assert set(block_marks(touch, 4, 8, 8)) == {RetentionMark(1, 70, None), RetentionMark(2, 80, None)}
+
+
+def test_retention_errors_name_the_request_and_the_fix() -> None:
+    """_check_retention — the messages (the policy advice, the type error, the request label of
+    a range outside the prompt) changed or dropped."""
+    pin = RetentionConfig((TokenRange(0, 8, 100, ttl_s=60.0),))
+    lru = KVCacheManager(config(FA(4), num_blocks=16))
+    with pytest.raises(ValueError, match=r"use eviction_policy='priority' \(the only policy that "
+                       r"reads retention configs\) or drop the config$"):
+        lru.allocate(Request("a", prompt(0, 9), retention=pin), 9)
+    kv = KVCacheManager(config(FA(4), num_blocks=16), eviction_policy="priority")
+    bad = Request("b", prompt(0, 9))
+    bad.retention = "pin"
+    with pytest.raises(ValueError, match=r"request 'b': retention must be a RetentionConfig or "
+                       r"None, got 'pin'"):
+        kv.allocate(bad, 9)
+    late = Request("c", prompt(0, 9))    # the constructor checks too: attach it afterwards
+    late.retention = RetentionConfig((TokenRange(0, 20, 100, ttl_s=60.0),))
+    with pytest.raises(ValueError, match=r"^request 'c': retention range \[0, 20\) lies outside"):
+        kv.allocate(late, 9)

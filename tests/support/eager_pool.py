@@ -2,7 +2,7 @@
 
 This is the pool as it was before it became lazy: every block's state (ref count, hash,
 group, free-queue links) exists from construction, so memory and setup time are
-O(num_blocks). ``tests/core/test_pool_lazy.py`` drives both with the same random operations
+O(num_blocks). ``tests/core/test_pool.py`` drives both with the same random operations
 and compares block ids, free-queue orders and state; ``benchmarks/bench_manager.py`` times
 the manager with either pool.
 

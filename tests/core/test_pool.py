@@ -1,24 +1,225 @@
-"""Tests that kill the mutants of ``core/pool.py`` that survived a mutmut run on the pool (bulk
-allocation fast path, ``free_version``, extent pools with siblings, the integrity checker).
-TESTING.md, "Mutation testing"; the survivors left: docs/mutation-survivors.md.
+"""The block pool (``hybridkv.core.pool``): ``BlockPool`` and its ``FreeBlockQueue``.
 
-They drive the pools directly through their documented methods (``allocate``, ``insert``,
-``free``, ``touch``, ``allocate_extent``, ``num_free``, ``check``) and the ``free_version``
-attribute the coordinator's evictable-count memo relies on; expectations are derived by hand.
+* The lazy pool against the eager one (:mod:`tests.support.eager_pool`, the pool as it was):
+  random operation sequences (allocate, free, touch and insert by any id, fresh ones included,
+  drop_hash, reset) on both pools; after every step the returned ids, the whole free-queue
+  order, every block's ref count / hash / group, the index, the eviction callbacks and
+  counters agree, and ``check()`` passes on both. The same random request traffic on a manager
+  built with either pool gives the same block ids, tables, hits and queue order.
+* Scale: a pool for 10^12 tokens costs a few list slots and grows with the blocks used.
+* The free queue: explicit and fresh ids, prepend/append order, popping past the free count.
+* The index: duplicated hashes, ``insert_run`` against one ``insert`` per block, the change
+  record ``index_changes_since`` (the lookup memo's source) and its bound; ``free_version``.
+* Bad calls (ids past the pool, double frees) are refused naming the block and lose nothing.
+* ``check()`` (white box): each corruption of one invariant is caught and named.
 """
 
 from __future__ import annotations
 
-import pytest
+import random
+import sys
+import tracemalloc
 
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from hybridkv import KVCacheManager, Request
+from hybridkv.core import FreeBlockQueue, pool as lazy
 from hybridkv.core.eviction import make_policy
 from hybridkv.core.extent_pool import ExtentBlockPool
 from hybridkv.core.policy_pool import PolicyBlockPool
-from hybridkv.core.pool import _GAP, _HEAD, _MAX_CHANGES, _TAIL, BlockPool, FreeBlockQueue
+from hybridkv.core.pool import _GAP, _HEAD, _MAX_CHANGES, _TAIL, BlockPool
+from tests.support import eager_pool as eager
+from tests.support.helpers import FA, SWA, config, content_key
+from tests.support.random_ops import Model, configs
 
 
-def h(i: int) -> bytes:
-    return i.to_bytes(8, "little")
+def _state(p, n: int) -> tuple:
+    """Everything observable about a pool of ``n`` blocks (implicit ids read as fresh)."""
+    def at(lst, b, default):
+        return lst[b] if b < len(lst) else default
+    return (list(p.queue), p.num_free, p.num_evictions,
+            [at(p.ref_cnt, b, 0) for b in range(n)],
+            [at(p.block_hash, b, None) for b in range(n)],
+            [at(p.block_group, b, 0) if at(p.block_hash, b, None) is not None else None
+             for b in range(n)],
+            [dict(idx) for idx in p.index])
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(2, 24), st.integers(1, 3), st.data())
+def test_lazy_pool_matches_eager_pool(n, groups, data):
+    ev_lazy: list = []
+    ev_eager: list = []
+    a = lazy.BlockPool(n, groups, on_evict=lambda g, h: ev_lazy.append((g, h)))
+    b = eager.BlockPool(n, groups, on_evict=lambda g, h: ev_eager.append((g, h)))
+    held: list[int] = []                       # one entry per reference taken
+    ids = st.integers(1, n - 1)
+    for _ in range(data.draw(st.integers(1, 40), label="steps")):
+        op = data.draw(st.sampled_from(["alloc", "alloc", "free", "touch", "insert", "drop", "reset"]))
+        if op == "alloc":
+            k = data.draw(st.integers(0, min(b.num_free, 6)))
+            got = a.allocate(k)
+            assert got == b.allocate(k)
+            held += got
+        elif op == "free" and held:
+            picks = data.draw(st.lists(st.integers(0, len(held) - 1), unique=True, max_size=len(held)))
+            blocks = [held[i] for i in picks]
+            for i in sorted(picks, reverse=True):
+                del held[i]
+            a.free(blocks)
+            b.free(blocks)
+        elif op == "touch":
+            blocks = data.draw(st.lists(ids, max_size=4))
+            a.touch(blocks)
+            b.touch(blocks)
+            held += blocks
+        elif op == "insert":
+            blk = data.draw(ids)
+            if b.block_hash[blk] is None:
+                g = data.draw(st.integers(0, groups - 1))
+                h = bytes([data.draw(st.integers(0, 3))])     # few hashes: duplicates happen
+                a.insert(g, h, blk)
+                b.insert(g, h, blk)
+        elif op == "drop":
+            blk = data.draw(ids)
+            a.drop_hash(blk)
+            b.drop_hash(blk)
+        elif op == "reset":
+            a.reset_hashes()
+            b.reset_hashes()
+        a.check()
+        b.check()
+        assert _state(a, n) == _state(b, n)
+        assert ev_lazy == ev_eager
+        assert a.next_fresh <= len(a.ref_cnt) == a.queue.capacity <= max(2 * a.next_fresh, 64)
+
+
+def test_free_of_a_fresh_id_is_the_same_error():
+    p = lazy.BlockPool(10**12, 1)
+    with pytest.raises(AssertionError, match="block 7 freed more often"):
+        p.free([7])
+    p.check()
+
+
+@pytest.fixture
+def eager_manager(monkeypatch):
+    """Build managers with the eager pool (the manager looks BlockPool up at construction)."""
+    import hybridkv.core.manager as manager_mod
+
+    def make(cfg, **kw):
+        monkeypatch.setattr(manager_mod, "BlockPool", eager.BlockPool)
+        try:
+            return KVCacheManager(cfg, **kw)
+        finally:
+            monkeypatch.setattr(manager_mod, "BlockPool", lazy.BlockPool)
+    return make
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(configs(states=False), st.lists(st.tuples(st.integers(0, 4), st.integers(0, 10**6)), min_size=1, max_size=40))  # the eager pool has no extents
+def test_manager_with_lazy_pool_matches_eager_pool(eager_manager, cfg_args, ops):
+    cfg, retention, spec, compat = cfg_args
+    kw = dict(retention_interval=retention, spec_decode=spec, vllm_compat=compat, enable_events=True,
+              hash_seed="same")
+    models = [Model(KVCacheManager(cfg, **kw), spec, compat), Model(eager_manager(cfg, **kw), spec, compat)]
+    assert isinstance(models[0].kv.pool, lazy.BlockPool)
+    assert isinstance(models[1].kv.pool, eager.BlockPool)
+    for op, x in ops:
+        for m in models:                      # the same step on both (the model is deterministic)
+            if op <= 1 or not m.running:
+                base = m.prompts[x % len(m.prompts)] if m.prompts and x % 3 else []
+                tokens = base[: (x // 7) % (len(base) + 1)] + [(x >> k) % 5 for k in range(1 + x % 13)]
+                m.admit(tokens, None, chunk=1 + x % 40)
+            elif op <= 3:
+                m.step(sorted(m.running)[x % len(m.running)], x % 5)
+            else:
+                m.finish(sorted(m.running)[x % len(m.running)])
+            m.kv.check_integrity()
+        lz, eg = (m.kv for m in models)
+        assert models[0].mirror.cached() == models[1].mirror.cached()   # the same KV events
+        assert list(lz.pool.queue) == list(eg.pool.queue)
+        assert sorted(models[0].running) == sorted(models[1].running)
+        for rid in models[0].running:
+            assert lz.block_ids(rid) == eg.block_ids(rid)
+        assert lz.stats() == eg.stats()
+
+
+def _list_bytes(*lists) -> int:
+    return sum(sys.getsizeof(x) for x in lists)
+
+
+def test_pool_for_a_trillion_tokens_is_small():
+    # 10^12 tokens of a 16-token-block model: 62.5 G blocks; the eager pool needed ~2 TB.
+    num_blocks = 10**12 // 16 + 1
+    tracemalloc.start()
+    try:
+        kv = KVCacheManager(config(FA(16), SWA(16, 64), num_blocks=num_blocks), retention_interval=0)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, f"building the manager allocated {peak} bytes"
+    pool = kv.pool
+    assert pool.num_free == num_blocks - 1 and pool.next_fresh == 1
+    assert len(pool.ref_cnt) == len(pool.block_hash) == len(pool.block_group) == 1
+    assert len(pool.queue._next) == len(pool.queue._prev) == 4
+    assert _list_bytes(pool.ref_cnt, pool.block_hash, pool.block_group,
+                       pool.queue._next, pool.queue._prev) < 1024
+    rng = random.Random(0)
+    for i in range(20):                       # traffic: state grows with the blocks used only
+        req = Request(f"r{i}", [rng.randrange(3) for _ in range(rng.randrange(2, 200))])
+        hit = kv.lookup(req)
+        assert kv.allocate(req, req.num_tokens - hit.num_tokens, hit) is not None
+        req.num_computed_tokens = req.num_tokens
+        kv.free(req)
+    used = pool.next_fresh
+    assert 2 < used < 2 * 20 * 200 // 16 + 2
+    cap = pool.queue.capacity
+    assert used <= cap <= max(2 * used, 64)
+    assert len(pool.ref_cnt) == cap and len(pool.queue._next) == cap + 3
+    assert pool.num_free == num_blocks - 1
+    kv.check_integrity()
+
+
+CORRUPTIONS = [  # (what the error names, how to break a pool)
+    ("counts", lambda p: setattr(p.queue, "next_fresh", p.queue.next_fresh + 1)),
+    ("capacity 1000 outside", lambda p: setattr(p.queue, "capacity", 1000)),
+    ("ref_cnt holds", lambda p: p.ref_cnt.append(0)),
+    ("fresh block 30 .* has state", lambda p: p.ref_cnt.__setitem__(30, 1)),
+    ("gap node", lambda p: (p.queue._next.__setitem__(lazy._HEAD, lazy._TAIL),
+                            p.queue._prev.__setitem__(lazy._TAIL, lazy._HEAD))),
+    ("counts", lambda p: setattr(p.queue, "num_free", p.queue.num_free + 1)),
+    ("back-link", lambda p: p.queue._prev.__setitem__(p.queue._next[lazy._HEAD], 5)),
+    ("in free queue", lambda p: p.ref_cnt.__setitem__(6, 0)),
+    ("no state", lambda p: p.index[0].__setitem__(b"y", 40)),
+    ("have a hash", lambda p: p.block_hash.__setitem__(2, b"z")),
+    ("twice|back-link", lambda p: p.queue.append_n([2])),
+]
+
+
+@pytest.mark.parametrize("what,corrupt", CORRUPTIONS)
+def test_check_catches_corruption(what, corrupt):
+    p = lazy.BlockPool(50, 1)
+    got = p.allocate(6)
+    p.insert(0, b"x", got[0])
+    p.free(got[:4])
+    p.check()
+    corrupt(p)
+    with pytest.raises(AssertionError, match=what):
+        p.check()
+
+
+def test_touch_and_insert_by_fresh_id_keep_the_queue_order():
+    p = lazy.BlockPool(12, 1)
+    q = eager.BlockPool(12, 1)
+    for pool in (p, q):
+        pool.free(pool.allocate(2)[::-1])       # 2, 1 at the head
+        pool.insert(0, b"h", 7)                 # a free, never-used block gets a hash
+        pool.touch([5])                          # and one is taken by id
+    assert list(p.queue) == list(q.queue) == [2, 1, 3, 4, 6, 7, 8, 9, 10, 11]
+    assert p.next_fresh == 8
+    p.check()
 
 
 def test_bulk_allocate_of_a_gappy_run_references_exactly_the_popped_blocks() -> None:
@@ -49,7 +250,7 @@ def _versions_distinct(pool, policy_pool: bool) -> list[int]:
     if policy_pool:
         seen.append(pool.free_version)
     for i, b in enumerate(blocks):
-        pool.insert(0, h(i + 1), b)
+        pool.insert(0, content_key(i + 1), b)
     pool.free(blocks)                     # three cached blocks become free
     seen.append(pool.free_version)
     pool.touch([blocks[0]])               # a hit takes one out again
@@ -76,41 +277,8 @@ def test_free_version_never_returns_to_an_earlier_value() -> None:
         assert len(set(seen)) == len(seen), (name, seen)
 
 
-def test_sibling_eviction_releases_the_evicted_extents_tails() -> None:
-    """ExtentBlockPool._evict_free: evicting group 0's last copy of a checkpoint also evicts
-    the free copy of the same hash in its sibling group 1 — the *whole* extent (docstring: a
-    checkpoint is never partially evicted), its tail included.
-
-    6 ids (usable 1..5). Extent (1, 2) in group 0 and (3, 4) in group 1, both hashed ``h``
-    and freed: cached, tails held, num_free 5 (fresh 5, heads 1 and 3, tails 2 and 4).
-    ``allocate(2)`` pops 5 and head 1 (LRU first): group 0's last copy goes, so 3 and its
-    tail 4 are evicted too; 1's tail 2 and the extent (3, 4) are free scratch afterwards.
-    So 3 blocks stay free, no tail is held, and allocating all 3 hands out exactly 2, 3, 4."""
-    pool = ExtentBlockPool(6, 2)
-    pool.siblings = {0: (1,), 1: (0,)}
-    a = pool.allocate_extent(2)
-    b = pool.allocate_extent(2)
-    assert pool.extent(a) == (1, 2) and pool.extent(b) == (3, 4)
-    pool.insert(0, h(7), a)
-    pool.insert(1, h(7), b)
-    pool.free([a])
-    pool.free([b])
-    assert pool.num_free == 5 and pool.num_held == 2
-    pool.check()
-    assert sorted(pool.allocate(2)) == [1, 5]
-    assert h(7) not in pool.index[0] and h(7) not in pool.index[1]
-    assert pool.num_held == 0
-    assert pool.num_free == 3
-    pool.check()
-    assert sorted(pool.allocate(3)) == [2, 3, 4]
-    assert pool.num_free == 0
-    pool.check()
-
-
-# ---- integrity checker: deliberately corrupted pools check() must reject, naming the fault ----
-# (white box: each case breaks exactly one invariant of BlockPool.check / ExtentBlockPool's
-# _check_held after a few legal operations, and pins the message's named values)
-
+# The integrity checker's corruptions (white box: each case breaks exactly one invariant of
+# BlockPool.check after a few legal operations, and pins the message's named values)
 def _linked(q, before: int, b: int) -> None:
     """Link id ``b`` into the free queue right after node ``before`` (no count update)."""
     after = q._next[before]
@@ -176,7 +344,7 @@ def _capacity_65(pool):
 
 
 def _fresh_block_hashed(pool):
-    pool.block_hash[5] = h(9)             # 5 >= fresh mark 2: must have no state at all
+    pool.block_hash[5] = content_key(9)             # 5 >= fresh mark 2: must have no state at all
     return r"^fresh block 5 \(fresh mark 2\) has state$"
 
 
@@ -203,7 +371,7 @@ def _null_referenced(pool):
 
 
 def _null_hashed(pool):
-    pool.block_hash[0] = h(9)             # (reported before the index / hash-count checks)
+    pool.block_hash[0] = content_key(9)             # (reported before the index / hash-count checks)
     return r"^the null block was referenced or hashed$"
 
 
@@ -219,31 +387,31 @@ def _negative_ref(pool):
 
 
 def _empty_duplicate_set(pool):
-    pool.index[0][h(7)] = {}
+    pool.index[0][content_key(7)] = {}
     return r"^group 0: empty duplicate set for a hash$"
 
 
 def _index_names_null(pool):
-    pool.index[0][h(7)] = 0
+    pool.index[0][content_key(7)] = 0
     return r"^group 0: the index names block 0, which has no state$"
 
 
 def _index_names_fresh_mark(pool):
-    pool.index[0][h(7)] = 2               # 2 == fresh mark: no state yet
+    pool.index[0][content_key(7)] = 2               # 2 == fresh mark: no state yet
     return r"^group 0: the index names block 2, which has no state$"
 
 
 def _index_wrong_group(pool):
-    pool.insert(0, h(7), 1)
+    pool.insert(0, content_key(7), 1)
     pool.check()
     pool.block_group[1] = 1               # right hash, but the block says another group
     return r"^index entry for block 1 disagrees with the block$"
 
 
 def _index_wrong_hash(pool):
-    pool.insert(0, h(7), 1)
+    pool.insert(0, content_key(7), 1)
     pool.check()
-    pool.block_hash[1] = h(8)             # right group, but the block holds another hash
+    pool.block_hash[1] = content_key(8)             # right group, but the block holds another hash
     return r"^index entry for block 1 disagrees with the block$"
 
 
@@ -291,124 +459,6 @@ def test_check_rejects_a_gap_node_with_no_fresh_id_left() -> None:
     with pytest.raises(AssertionError, match=r"^free queue holds its gap node with 0 fresh ids$"):
         pool.check()
 
-
-@pytest.mark.parametrize("bad, expected", [
-    ("zero", r"^eviction policy holds invalid block id 0 \(explicit ids < 3\)$"),
-    ("fresh", r"^eviction policy holds invalid block id 3 \(explicit ids < 3\)$"),
-    ("queued", r"^block 1 is held by the eviction policy and the free queue$"),
-])
-def test_policy_check_rejects_a_policy_holding_a_wrong_block(bad, expected) -> None:
-    """PolicyBlockPool check: the policy holds only explicit, non-null ids that are not also in
-    the free queue. Blocks 1, 2 used and freed as scratch (fresh mark 3); the LFU policy is
-    then handed the null block, the fresh id 3, or the queued block 1."""
-    pool = PolicyBlockPool(20, 1, make_policy("lfu"))
-    pool.free(pool.allocate(2))
-    pool.check()
-    pool.policy.on_free([{"zero": 0, "fresh": 3, "queued": 1}[bad]])
-    with pytest.raises(AssertionError, match=expected):
-        pool.check()
-
-
-def _extent_pool() -> ExtentBlockPool:
-    """Extent (1, 2) referenced; block 3 allocated then freed (scratch, in the queue)."""
-    pool = ExtentBlockPool(20, 1)
-    assert pool.allocate_extent(2) == 1
-    pool.free(pool.allocate(1))
-    pool.check()
-    return pool
-
-
-def _head_zero(pool):
-    pool.tails[0] = ()
-    return r"^extent head 0 has no state$"
-
-
-def _head_past_fresh(pool):
-    n = pool.queue.next_fresh
-    pool.tails[n] = ()
-    return rf"^extent head {n} has no state$"
-
-
-def _tail_zero(pool):
-    pool.tails[1] = (2, 0)
-    return r"^extent of head 1: tail 0 is invalid or shared$"
-
-
-def _tail_past_fresh(pool):
-    n = pool.queue.next_fresh
-    pool.tails[1] = (2, n)
-    return rf"^extent of head 1: tail {n} is invalid or shared$"
-
-
-def _tail_shared(pool):
-    head = pool.allocate_extent(2)        # (4, 5)
-    pool.tails[head] = (2,)               # 2 is already extent 1's tail
-    return rf"^extent of head {head}: tail 2 is invalid or shared$"
-
-
-def _tail_hashed(pool):
-    pool.block_hash[2] = h(9)
-    return r"^tail 2 of extent 1 is hashed$"
-
-
-def _tail_queued(pool):
-    pool.tails[1] = (2, 3)                # 3 is a free scratch block in the queue
-    return r"^tail 3 of extent 1 is in the free queue$"
-
-
-def _referenced_tail_ref(pool):
-    pool.ref_cnt[2] = 2
-    return r"^tail 2 of referenced extent 1 has ref 2$"
-
-
-def _free_tail_ref(pool):
-    pool.insert(0, h(9), 1)
-    pool.free([1])                        # cached: the tail is held, ref 0
-    pool.check()
-    pool.ref_cnt[2] = 1
-    return r"^tail 2 of free extent 1 has ref 1$"
-
-
-def _num_held_off(pool):
-    pool.num_held += 1
-    return r"^0 tails of free extents are held but num_held is 1$"
-
-
-@pytest.mark.parametrize("corrupt", [_head_zero, _head_past_fresh, _tail_zero, _tail_past_fresh,
-                                     _tail_shared, _tail_hashed, _tail_queued,
-                                     _referenced_tail_ref, _free_tail_ref, _num_held_off])
-def test_extent_check_rejects_corrupted_extents(corrupt) -> None:
-    """ExtentBlockPool check (class docstring's invariants): tails are disjoint, explicit ids,
-    never heads, never hashed, never queued; a tail's ref is 1 iff its head is referenced;
-    ``num_held`` = the tails of free heads. Each corruption breaks one and must be reported by
-    its message, naming the head / tail / counts."""
-    pool = _extent_pool()
-    expected = corrupt(pool)
-    with pytest.raises(AssertionError, match=expected):
-        pool.check()
-
-
-def test_policy_check_rejects_a_policy_whose_count_disagrees_with_its_blocks() -> None:
-    """PolicyBlockPool check: the policy's ``len`` (what ``num_free`` adds to the queue's
-    count) must equal the number of blocks it iterates. An LFU policy whose ``len`` is one too
-    high (holding nothing) is reported with both numbers."""
-    pool = PolicyBlockPool(20, 1, make_policy("lfu"))
-    pool.free(pool.allocate(2))
-    pool.check()
-    base = type(pool.policy)
-
-    class Miscounting(base):
-        __slots__ = ()
-
-        def __len__(self) -> int:
-            return base.__len__(self) + 1
-
-    pool.policy.__class__ = Miscounting
-    with pytest.raises(AssertionError, match=r"^eviction policy iterates 0 blocks but counts 1$"):
-        pool.check()
-
-
-# ---- FreeBlockQueue built from explicit ids (the ``initial`` argument) ----------------------
 
 def _linked_nodes(q: FreeBlockQueue) -> list[int]:
     """The nodes reached from the head sentinel by next-links, gap node included."""
@@ -481,16 +531,14 @@ def test_per_block_lists_double_only_when_a_fresh_id_passes_them() -> None:
     small.check()
 
 
-# ---- the index change record (``index_changes_since``) and its memory bound ----------------
-
 def _alternate(pool: BlockPool, b: int, n: int, start: int) -> list[bytes]:
     """``n`` index changes on block ``b`` (unhashed on entry), insert and drop in turn, with
-    hashes ``h(start), h(start + 1), ...`` for the inserts; returns the recorded hashes."""
+    hashes ``content_key(start), content_key(start + 1), ...`` for the inserts; returns the recorded hashes."""
     out = []
     for i in range(n):
         if i % 2 == 0:
-            pool.insert(0, h(start + i), b)
-            out.append(h(start + i))
+            pool.insert(0, content_key(start + i), b)
+            out.append(content_key(start + i))
         else:
             out.append(pool.block_hash[b])
             pool.drop_hash(b)
@@ -508,23 +556,23 @@ def test_change_record_holds_at_most_max_changes_then_restarts(overflow) -> None
     b, c = pool.allocate(1)[0], pool.allocate(1)[0]
     run = pool.allocate(8)
     if overflow == "drop":                 # block c stays hashed so a drop can be the last
-        pool.insert(0, h(1 << 40), c)
-        filled = [h(1 << 40)] + _alternate(pool, b, _MAX_CHANGES - 2, 0)
-        pool.insert(0, h((1 << 40) + 1), b)
-        filled.append(h((1 << 40) + 1))
+        pool.insert(0, content_key(1 << 40), c)
+        filled = [content_key(1 << 40)] + _alternate(pool, b, _MAX_CHANGES - 2, 0)
+        pool.insert(0, content_key((1 << 40) + 1), b)
+        filled.append(content_key((1 << 40) + 1))
     else:
         filled = _alternate(pool, b, _MAX_CHANGES, 0)
     assert pool.index_version == _MAX_CHANGES
     assert pool.index_changes_since(0) == filled            # full, nothing forgotten
     assert pool.index_changes_since(_MAX_CHANGES - 3) == filled[-3:]
     if overflow == "insert":
-        pool.insert(0, h(1 << 41), c)
-        last = [h(1 << 41)]
+        pool.insert(0, content_key(1 << 41), c)
+        last = [content_key(1 << 41)]
     elif overflow == "drop":
         last = [pool.block_hash[b]]
         pool.drop_hash(b)
     else:
-        last = [h((1 << 42) + j) for j in range(8)]
+        last = [content_key((1 << 42) + j) for j in range(8)]
         pool.insert_run(0, last, run)
     assert pool.index_version == _MAX_CHANGES + len(last)
     assert pool.index_changes_since(0) is None
@@ -540,42 +588,11 @@ def test_a_bulk_run_that_exactly_fills_the_change_record_keeps_it() -> None:
     b = pool.allocate(1)[0]
     run = pool.allocate(8)
     filled = _alternate(pool, b, _MAX_CHANGES - 8, 0)
-    hashes = [h((1 << 42) + j) for j in range(8)]
+    hashes = [content_key((1 << 42) + j) for j in range(8)]
     pool.insert_run(0, hashes, run)
     assert pool.index_changes_since(0) == filled + hashes
     pool.check()
 
-
-def test_sibling_eviction_evicts_every_free_duplicate_and_keeps_referenced_ones() -> None:
-    """ExtentBlockPool._evict_free with a duplicated hash: group 1 holds the same checkpoint
-    twice (extents (1, 2) and (3, 4), content computed twice) and group 0 once (5, 6). With
-    (1, 2) free, (3, 4) referenced and group 0's copy free and least recently used,
-    ``allocate(2)`` pops fresh id 7 and head 5 — group 0's last copy — which evicts group 1's
-    *free* copy (1 and its tail) but leaves the referenced copy 3 indexed (the duplicate set
-    shrinks to one block). Blocks 1, 2 and 5's tail 6 are free scratch afterwards."""
-    pool = ExtentBlockPool(8, 2)
-    pool.siblings = {0: (1,), 1: (0,)}
-    a, b, c = (pool.allocate_extent(2) for _ in range(3))
-    assert (a, b, c) == (1, 3, 5)
-    pool.insert(1, h(7), a)
-    pool.insert(1, h(7), b)
-    pool.insert(0, h(7), c)
-    assert pool.index[1][h(7)] == {1: None, 3: None}
-    pool.free([c])
-    pool.free([a])
-    assert pool.num_free == 5 and pool.num_held == 2     # fresh 7, heads 5 and 1, tails 6, 2
-    pool.check()
-    assert sorted(pool.allocate(2)) == [5, 7]
-    assert h(7) not in pool.index[0]
-    assert pool.index[1][h(7)] == 3 and pool.block_hash[1] is None
-    assert pool.num_held == 0 and pool.num_free == 3
-    assert pool.num_evictions == 2
-    pool.check()
-    assert sorted(pool.allocate(3)) == [1, 2, 6]
-    pool.check()
-
-
-# ---- the pool classes' own contract for ids and bad calls (``hybridkv.core`` exports them) --
 
 def test_ids_past_the_pool_are_refused_with_the_valid_range() -> None:
     """BlockPool.touch / insert and FreeBlockQueue.remove / materialize accept any id in
@@ -583,7 +600,7 @@ def test_ids_past_the_pool_are_refused_with_the_valid_range() -> None:
     naming it and the range, and changes nothing."""
     pool = BlockPool(10, 1)
     pool.allocate(1)
-    for call in (lambda: pool.touch([10]), lambda: pool.insert(0, h(1), 10)):
+    for call in (lambda: pool.touch([10]), lambda: pool.insert(0, content_key(1), 10)):
         with pytest.raises(ValueError, match=r"^block id 10 out of range \[1, 10\)$"):
             call()
         assert pool.next_fresh == 2 and pool.num_free == 8
@@ -603,39 +620,19 @@ def test_pools_with_held_blocks_refuse_to_pop_more_than_are_free(kind) -> None:
     if kind == "policy":
         pool = PolicyBlockPool(4, 1, make_policy("lfu"))
         blocks = pool.allocate(3)
-        pool.insert(0, h(1), blocks[0])
+        pool.insert(0, content_key(1), blocks[0])
         pool.free(blocks)                  # 2 scratch blocks in the queue, 1 in the policy
         assert len(pool.policy) == 1
     else:
         pool = ExtentBlockPool(4, 1)
         head = pool.allocate_extent(2)
-        pool.insert(0, h(1), head)
+        pool.insert(0, content_key(1), head)
         pool.free([head])                  # the head queued, its tail held; 1 fresh id
         assert pool.num_held == 1
     assert pool.num_free == 3
     with pytest.raises(ValueError, match=r"^cannot pop 4 blocks, only 3 are free$"):
         pool.allocate(4)
     assert pool.num_free == 3
-    pool.check()
-
-
-def test_policy_pool_hit_on_a_queued_or_never_used_block() -> None:
-    """PolicyBlockPool.touch: a free block without a hash sits in the queue, not the policy;
-    a hit on it takes it out of the queue. A never-used id (below or at / past the per-block
-    lists' end) is first made explicit, as in BlockPool. Each ends with one reference."""
-    pool = PolicyBlockPool(200, 1, make_policy("lfu"))
-    pool.free(pool.allocate(2))            # 1, 2: scratch, queued; lists cover 64 ids
-    assert len(pool.ref_cnt) == 64
-    pool.touch([1])
-    assert pool.ref_cnt[1] == 1 and pool.num_free == 198
-    pool.check()
-    pool.touch([5])                        # fresh, below the lists' end
-    pool.touch([64, 70])                   # fresh, at and past the lists' end
-    assert [pool.ref_cnt[b] for b in (5, 64, 70)] == [1, 1, 1]
-    assert pool.num_free == 195
-    assert pool.next_fresh == 71
-    pool.check()
-    assert 5 not in pool.allocate(195)     # every other id is still free
     pool.check()
 
 
@@ -656,11 +653,11 @@ def test_cached_block_of_a_duplicated_hash_is_the_first_copy() -> None:
     registered is the one a lookup gets; after it is dropped, the other."""
     pool = BlockPool(8, 1)
     a, b = pool.allocate(2)
-    pool.insert(0, h(3), a)
-    pool.insert(0, h(3), b)
-    assert pool.cached_block(0, h(3)) == a
+    pool.insert(0, content_key(3), a)
+    pool.insert(0, content_key(3), b)
+    assert pool.cached_block(0, content_key(3)) == a
     pool.drop_hash(a)
-    assert pool.cached_block(0, h(3)) == b
+    assert pool.cached_block(0, content_key(3)) == b
 
 
 def test_a_double_free_is_reported_and_leaves_the_pool_consistent() -> None:
@@ -685,7 +682,7 @@ def test_a_double_free_inside_a_batch_loses_no_block(kind) -> None:
             "policy": lambda: PolicyBlockPool(8, 1, make_policy("lfu")),
             "extent": lambda: ExtentBlockPool(8, 1)}[kind]()
     a, b, c, d = pool.allocate(4)
-    pool.insert(0, h(5), d)                # one cached block in the batch too
+    pool.insert(0, content_key(5), d)                # one cached block in the batch too
     pool.free([a])
     with pytest.raises(AssertionError, match=rf"^block {a} freed more often than it was referenced$"):
         pool.free([b, d, a, c])
@@ -703,23 +700,96 @@ def test_freeing_a_never_used_id_past_the_lists_loses_no_block() -> None:
     and cached blocks before it are freed (queued), not lost."""
     pool = BlockPool(200, 1)
     a, d = pool.allocate(2)
-    pool.insert(0, h(5), d)
+    pool.insert(0, content_key(5), d)
     assert len(pool.ref_cnt) == 64
     with pytest.raises(AssertionError, match=r"^block 100 freed more often than it was referenced$"):
         pool.free([a, d, 100])
     assert pool.ref_cnt[a] == pool.ref_cnt[d] == 0
     assert pool.num_free == 199
     pool.check()
-    assert pool.cached_block(0, h(5)) == d
+    assert pool.cached_block(0, content_key(5)) == d
 
 
-def test_extent_allocate_stops_on_a_count_that_disagrees_with_the_queue() -> None:
-    """ExtentBlockPool.allocate trusts ``num_free`` (queue + held tails) only while the queue
-    and the held tails can supply it; a corrupted ``num_held`` (one tail counted that no free
-    head holds) must end in an AssertionError naming the disagreement, not a silent short
-    allocation or an endless loop."""
-    pool = ExtentBlockPool(4, 1)
-    pool.num_held += 1                     # 3 queued + 1 phantom held tail
-    assert pool.num_free == 4
-    with pytest.raises(AssertionError, match=r"^free-block count disagrees with the queue and held tails$"):
-        pool.allocate(4)
+def _pool_state(p: BlockPool) -> tuple:
+    return (p.index, p.block_hash, p.block_group, p.ref_cnt, list(p.queue), p.index_version,
+            p.index_changes_since(0))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(1, 3), st.lists(st.integers(0, 40), min_size=0, max_size=30),
+       st.lists(st.integers(0, 40), max_size=6), st.data())
+def test_insert_run_equals_inserts(groups, keys, present, data) -> None:
+    a, b = BlockPool(200, groups), BlockPool(200, groups)
+    g = data.draw(st.integers(0, groups - 1))
+    for p in (a, b):                                   # some hashes already cached
+        for k in present:
+            p.insert(g, bytes([k]), p.allocate(1)[0])
+    blocks_a, blocks_b = a.allocate(len(keys)), b.allocate(len(keys))
+    assert blocks_a == blocks_b
+    hashes = [bytes([k]) for k in keys]                 # duplicates happen
+    a.insert_run(g, hashes, blocks_a)
+    for h, blk in zip(hashes, blocks_b):
+        b.insert(g, h, blk)
+    assert _pool_state(a) == _pool_state(b)
+    a.check()
+
+
+def test_index_changes_since_names_every_change_and_forgets_on_reset() -> None:
+    p = BlockPool(50, 1)
+    v0 = p.index_version
+    x, y = p.allocate(2)
+    p.insert(0, b"x", x)
+    v1 = p.index_version
+    p.insert_run(0, [b"y"], [y])
+    p.free([x, y])
+    p.allocate(49)                        # every block: evicts x, then y (LRU order)
+    assert p.index_changes_since(v0) == [b"x", b"y", b"x", b"y"]
+    assert p.index_changes_since(v1) == [b"y", b"x", b"y"]
+    assert p.index_changes_since(p.index_version) == []
+    p.reset_hashes()
+    assert p.index_changes_since(v1) is None
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(9, 40), st.lists(st.integers(0, 60), max_size=12), st.integers(9, 30))
+def test_large_allocations_match_the_eager_pool(first, cached, again) -> None:
+    """Allocations of more than 8 blocks (a slice assignment when the ids are one fresh or
+    uncached run) leave the pool as the eager reference pool does, evictions included."""
+    from tests.support import eager_pool as eager
+    a, b = BlockPool(120, 1), eager.BlockPool(120, 1)
+    for p in (a, b):
+        got = p.allocate(first)
+        for k in sorted(set(cached)):
+            if k < len(got):
+                p.insert(0, bytes([k]), got[k])
+        p.free(list(reversed(got)))
+    assert a.allocate(again) == b.allocate(again)
+    assert a.allocate(min(a.num_free, 50)) == b.allocate(min(b.num_free, 50))
+    assert (a.num_evictions, list(a.queue), a.index) == (b.num_evictions, list(b.queue), b.index)
+    assert a.ref_cnt == b.ref_cnt[:len(a.ref_cnt)] and a.block_hash == b.block_hash[:len(a.block_hash)]
+    a.check()
+
+
+def test_prepend_n_order():  # vLLM: test_free_kv_cache_block_queue_prepend_n
+    q = FreeBlockQueue(8, [])
+    q.append_n([7])
+    q.prepend_n([4, 5])
+    q.prepend_n([1, 2])
+    q.prepend_n([])
+    assert list(q) == [1, 2, 4, 5, 7]
+    assert q.popleft_n(5) == [1, 2, 4, 5, 7] and len(q) == 0
+
+
+def test_hash_index_duplicates():  # vLLM: test_maybe_evict_cached_block
+    from hybridkv.core import BlockPool
+    p = BlockPool(5, 1)
+    p.insert(0, b"h0", 1)
+    p.insert(0, b"h1", 2)
+    p.insert(0, b"h0", 4)
+    assert p.index[0][b"h0"] == {1: None, 4: None}
+    p.drop_hash(2)
+    assert b"h1" not in p.index[0]
+    p.drop_hash(1)
+    assert p.index[0][b"h0"] == 4 and p.cached_block(0, b"h0") == 4
+    p.drop_hash(4)
+    assert p.index[0] == {}

@@ -6,7 +6,7 @@ preemptions of the newest running request when an allocation fails, and finishes
 ``check_integrity`` after every operation. It returns every observable as JSON-ready lists:
 each lookup's hit length, each allocation's new block ids (or None), the free-block count,
 the eviction count, the events and the prefix-cache stats after every operation, and the
-final block tables. ``python -m tests.core.compiled_trace CASE SEED`` prints that record
+final block tables. ``python -m tests.support.compiled_trace CASE SEED`` prints that record
 as JSON (with ``hybridkv.core.COMPILED``), so a subprocess can run it in the other mode.
 """
 

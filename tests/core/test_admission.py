@@ -1,42 +1,84 @@
-"""Tests that kill the mutants mutmut found surviving in ``src/hybridkv/core/coordinator.py``
-(TESTING.md, "Mutation testing"; the pool's are in ``test_mutants.py``).
+"""Admission: the reservation a request must fit before it is admitted
+(``allocate(..., full_sequence_must_fit=True)``, ``core/coordinator/allocate.py``).
 
-Each test names the mutant(s) it guards (``function — the change``). They use only the public
-API (``KVCacheManager``, ``Request``, the specs/config, ``lookup`` / ``allocate`` / ``free`` /
-``block_ids`` / ``state_blocks`` / ``export_positions`` / ``take_events`` / ``stats`` /
-``check_integrity``, ``lookup_external`` / ``commit_external``); expectations are derived by
-hand in the docstrings. All are deterministic and fast (mutmut runs them for every mutant).
+* Compat mode reserves vLLM 0.33's count, worked by hand from its formula
+  (``kv_cache_manager.allocate_slots``, ``single_type_kv_cache_manager
+  .get_num_blocks_to_allocate`` with ``apply_admission_cap=True``): per group
+  ``cdiv(min(num_tokens, max_model_len), bs)`` blocks, capped for a window group at
+  ``cdiv(min(W - 1 + max_in_flight_tokens, max_model_len), bs) + 1``, minus the hit blocks or
+  the out-of-window blocks (whichever is more), plus the hit blocks in the free queue; the
+  admission fails iff that exceeds the free blocks.
+* Default mode reserves each group's peak over the sequence (plus lookahead slots) minus what
+  the request already holds; state groups count extents and checkpoints.
+* The reservation is checked on every step (the fast path too), and the free hit blocks are
+  recounted whenever the free queue changes.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from hybridkv import BlockStored, KVCacheManager, Request, StateSpec
-from tests.core.helpers import FA, SWA, config, prompt
-
-STATE4 = StateSpec(block_size=4, conv_shape=(1, 4), conv_dtype="float32", state_shape=(2, 2),
-                   state_dtype="float32")
+from hybridkv import CacheHit, KVCacheManager, Request, SpecDecode
+from hybridkv.sched import EngineRequest, Scheduler, SchedulerConfig
+from tests.support.helpers import FA, STATE4, ST_K2, SWA, admit, config, prompt
 
 
-# ---- export_positions -----------------------------------------------------------------------
+def _kv(num_blocks: int, compat: bool = True, **kw) -> KVCacheManager:
+    return KVCacheManager(config(FA(16), SWA(16, 64), num_blocks=num_blocks),
+                          retention_interval=0, vllm_compat=compat,
+                          max_in_flight_tokens=32, **kw)
 
-def _state_manager_with_a_served() -> tuple[KVCacheManager, list[int]]:
-    """Full (bs 4) + state (bs 4), retention N = 8: "a" (22 tokens, chunks 5, 5, 5, 7)
-    leaves checkpoints at 8 and 16 (multiples of N) and 20 (its replay boundary (22-1)//4*4)."""
-    kv = KVCacheManager(config(FA(4), STATE4, num_blocks=200), retention_interval=8)
-    A = prompt(100, 22)
-    a = Request("a", A)
-    hit = kv.lookup(a)
-    want = [[], [8], [], [16, 20]]
-    for n, w in zip((5, 5, 5, 7), want):
-        first = hit if a.num_computed_tokens == 0 else None
-        assert kv.export_positions(a, n, first) == w
-        assert kv.allocate(a, n, first) is not None
-        assert [e.position for e in kv.state_blocks(a)[0].exports] == w
-        a.num_computed_tokens += n
-    kv.free(a)
-    return kv, A
+
+def test_compat_admission_count_is_vllms() -> None:
+    # 400 tokens: full 25 blocks; window cap cdiv(63 + 32, 16) + 1 = 7 -> 32
+    for free, admitted in ((32, True), (31, False)):
+        kv = _kv(free + 1)
+        assert kv.num_free_blocks == free
+        r = Request("r", list(range(400)))
+        got = kv.allocate(r, 64, kv.lookup(r), full_sequence_must_fit=True)
+        assert (got is not None) == admitted, free
+        if not admitted:
+            assert kv.num_free_blocks == free and not kv.coordinator.holds(r)
+        kv.check_integrity()
+
+
+def test_compat_admission_subtracts_the_hit_and_adds_its_evictable_blocks() -> None:
+    kv = _kv(200)
+    a = Request("a", list(range(400)))
+    assert kv.allocate(a, 400, kv.lookup(a)) is not None
+    a.num_computed_tokens = 400
+    kv.free(a)                                        # a's cached blocks are evictable now
+    b = Request("b", list(range(400)) + [9999] * 100)  # 500 tokens, shares a's prompt
+    hit = kv.lookup(b)
+    assert hit.num_tokens > 0
+    t = hit.num_tokens
+    evictable = sum(1 for ids in hit.block_ids for x in ids if x and kv.pool.ref_cnt[x] == 0)
+    skipped = max(0, t - 63) // 16
+    want = (32 - t // 16) + max(7 - max(skipped, t // 16), 0) + evictable
+    assert kv.coordinator._vllm_admission_blocks(None, hit, 500, t) == want
+    plan = kv.coordinator.plan(b, 500 - t, hit, 0, reserve_tokens=500)
+    assert max(plan.num_needed, want) == plan.num_needed + plan.num_reserved
+
+
+def test_scheduler_reserves_the_full_sequence_by_default() -> None:
+    assert SchedulerConfig().reserve_full_sequence is True
+    with pytest.raises(ValueError, match="reserve_full_sequence"):
+        SchedulerConfig(reserve_full_sequence=1)
+    calls = []
+
+    class Spy(KVCacheManager):
+        def allocate(self, request, num_new_tokens, hit=None, *a, **k):
+            calls.append((hit is not None, k.get("full_sequence_must_fit", False)))
+            return super().allocate(request, num_new_tokens, hit, *a, **k)
+
+    for flag in (True, False):
+        calls.clear()
+        kv = Spy(config(FA(16), num_blocks=64))
+        sched = Scheduler(kv, SchedulerConfig(max_num_batched_tokens=64,
+                                              reserve_full_sequence=flag))
+        sched.add_request(EngineRequest(Request("a", list(range(100))), 4))
+        sched.schedule()
+        assert calls and all(fs == flag for admit, fs in calls if admit)
 
 
 def _last_step_fits(kv: KVCacheManager, r: Request, steps) -> bool:
@@ -54,34 +96,6 @@ def _last_step_fits(kv: KVCacheManager, r: Request, steps) -> bool:
         r.num_computed_tokens += n
     raise AssertionError("no steps")
 
-
-@pytest.mark.parametrize("chunks, want", [((5, 8, 8), ([12], [16, 20], [24])),
-                                          ((3, 5, 8), ([], [12, 16], [20, 24]))])
-def test_export_positions_predict_every_allocation_after_a_junction_hit(chunks, want) -> None:
-    """coordinator: export_positions — the hit's tokens not added to (or subtracted from) the
-    computed count, the hit not passed on, or a running request's state ignored (its
-    promised junction forgotten): the prediction must equal the exports the allocation asks.
-
-    "b" shares a's first 14 tokens (24 tokens): the full group serves 12, the state group
-    only 8 (its checkpoints are 8, 16, 20), so the hit is 8 with junction 12. b's promised
-    ends: multiples of 8, the junction 12 (and 12 - 4 = 8), its replay boundary 20 (and 16).
-    Chunks 5, 8, 8 from 8: (8, 13] → 12, (13, 21] → 16, 20, (21, 29] ∩ ≤ 24 → 24. Chunks 3, 5,
-    8: (8, 11] → none, (11, 16] → 12, 16 (the junction in a running request's step), then 20, 24."""
-    kv, A = _state_manager_with_a_served()
-    b = Request("b", A[:14] + prompt(500, 10))
-    hit = kv.lookup(b)
-    assert (hit.num_tokens, hit.shared_prefix_boundary) == (8, 12)
-    b.num_computed_tokens = 0
-    for i, (n, w) in enumerate(zip(chunks, want)):
-        first = hit if i == 0 else None
-        assert kv.export_positions(b, n, first) == w
-        assert kv.allocate(b, n, first) is not None
-        assert [e.position for e in kv.state_blocks(b)[0].exports] == w
-        b.num_computed_tokens = (hit.num_tokens if i == 0 else b.num_computed_tokens) + n
-        kv.check_integrity()
-
-
-# ---- compat admission (vLLM 0.33's full_sequence_must_fit count) ----------------------------
 
 @pytest.mark.parametrize("num_blocks, fits", [(11, True), (10, False)])
 def test_compat_admission_of_a_running_request_sums_every_group(num_blocks, fits) -> None:
@@ -145,46 +159,6 @@ def test_compat_admission_counts_the_last_new_block_and_the_touched_hit_blocks(f
     kv.check_integrity()
 
 
-# ---- state_blocks ---------------------------------------------------------------------------
-
-def test_state_blocks_forget_the_restore_and_the_exports_once_computed() -> None:
-    """coordinator: state_blocks — ``restore_position`` reported after the request moved past
-    its hit (``st.restore_at if restore`` → always), an export at exactly the computed count
-    still listed (``t > computed`` → ``>=``), the unknown-request error without its id.
-
-    After a's checkpoints (8, 16, 20), "b" (a's first 17 tokens + 7) hits 16. Its first
-    allocation of 4 tokens (16..20) restores from the checkpoint at 16 and exports 20. Before
-    the step: restore at 16, export 20 pending. After computing to 20: no restore (position 0,
-    no blocks) and no pending export (20 is not > 20)."""
-    kv, A = _state_manager_with_a_served()
-    b = Request("b", A[:17] + prompt(500, 7))
-    hit = kv.lookup(b)
-    assert hit.num_tokens == 16
-    assert kv.allocate(b, 4, hit) is not None
-    b.num_computed_tokens = 16
-    (sb,) = kv.state_blocks(b)
-    assert (sb.restore_position, [e.position for e in sb.exports]) == (16, [20])
-    assert sb.restore_from and sb.restore_from != sb.live
-    b.num_computed_tokens = 20
-    (sb,) = kv.state_blocks(b)
-    assert (sb.restore_position, sb.restore_from, sb.exports) == (0, (), ())
-    with pytest.raises(KeyError, match="'nobody' holds no blocks"):
-        kv.state_blocks(Request("nobody", [1, 2, 3]))
-
-
-def test_export_positions_of_a_new_request_start_at_token_one() -> None:
-    """coordinator: _export_ends — a new request without a hit starts from ``done = 1``
-    instead of 0: with block size 1 (alignment 1) and retention N = 1 every token is a
-    promised end, so the first 3 tokens export 1, 2, 3 (as the allocation does)."""
-    st1 = StateSpec(block_size=1, conv_shape=(1, 4), conv_dtype="float32", state_shape=(2, 2),
-                    state_dtype="float32")
-    kv = KVCacheManager(config(FA(1), st1, num_blocks=400), retention_interval=1)
-    r = Request("r", prompt(10, 6))
-    assert kv.export_positions(r, 3) == [1, 2, 3]
-    assert kv.allocate(r, 3, None) is not None
-    assert [e.position for e in kv.state_blocks(r)[0].exports] == [1, 2, 3]
-
-
 def test_compat_admission_caps_the_sequence_at_max_model_len() -> None:
     """coordinator: _vllm_admission_blocks — ``n = num_tokens if num_tokens < len_cap else
     max_model_len`` with the cap dropped: the documented count is ``cdiv(min(num_tokens,
@@ -196,8 +170,6 @@ def test_compat_admission_caps_the_sequence_at_max_model_len() -> None:
     assert got is not None and len(got[0]) == 1
     kv.check_integrity()
 
-
-# ---- default-mode full-sequence reservation (plan's reserve_tokens) --------------------------
 
 @pytest.mark.parametrize("use_hit", [True, False])
 @pytest.mark.parametrize("num_blocks, fits", [(16, True), (15, False)])
@@ -324,97 +296,6 @@ def test_compat_admission_below_the_steps_own_blocks_reserves_nothing(filler, fi
     kv.check_integrity()
 
 
-# ---- state groups: the plan's released checkpoints ------------------------------------------
-
-def test_a_running_state_request_releases_each_checkpoint_once_it_is_below_the_hold() -> None:
-    """coordinator: _plan_states — which held checkpoints leave the table (``j < nskip`` with
-    ``nskip = skipped_tokens(computed, hold) // a``: the held list ignored, ``<`` → ``<=``, ``//``
-    → ``/``, the hold or the computed count dropped, the null test inverted) and how many
-    block ids they free (``* k``).
-
-    Full (bs 4) + state (a = 4; a 144-byte state over 64-byte pages: extents of k = 2 block
-    ids), retention N = 8, default mode (hold 4). r (40 tokens), steps of 8, 8, 2, 6, 8:
-    1. 2 full blocks + the live extent + checkpoint 8: 6 ids; 2. 2 + checkpoint 16: 4;
-    3. at 16 computed, tokens below 16 - 4 = 12 are skipped (3 entries): checkpoint 8 (entry
-       1) leaves (+2), 1 full block (-1); 4. at 18: 14 // 4 = 3 again, nothing leaves; 1 full
-       block + checkpoint 24 (-3); 5. at 24: 20 // 4 = 5: checkpoint 16 (entry 3) leaves (+2),
-       2 full blocks + checkpoint 32 (-4)."""
-    st = StateSpec(block_size=4, conv_shape=(1, 4), conv_dtype="float32", state_shape=(4, 8),
-                   state_dtype="float32")
-    cfg = config(FA(4), st, num_blocks=200)
-    assert cfg.extent_blocks(1) == 2
-    kv = KVCacheManager(cfg, retention_interval=8)
-    r = Request("r", prompt(100, 40))
-    hit = kv.lookup(r)
-    free = kv.num_free_blocks
-    expect = [(6, [0, 1]), (4, [0, 1, 0, 1]), (1 - 2, [0, 0, 0, 1, 0]),
-              (3, [0, 0, 0, 1, 0, 1]), (4 - 2, [0, 0, 0, 0, 0, 1, 0, 1])]
-    for i, (n, (taken, held)) in enumerate(zip((8, 8, 2, 6, 8), expect)):
-        assert kv.allocate(r, n, hit if i == 0 else None) is not None
-        r.num_computed_tokens += n
-        assert [1 if b else 0 for b in kv.block_ids(r)[1]] == held
-        assert free - kv.num_free_blocks == taken
-        free = kv.num_free_blocks
-        kv.check_integrity()
-
-
-ST_K2 = StateSpec(block_size=4, conv_shape=(1, 4), conv_dtype="float32", state_shape=(4, 8),
-                  state_dtype="float32")     # 144 B over 64-byte pages: extents of 2 block ids
-
-
-def test_a_state_step_that_fits_only_with_its_released_checkpoint() -> None:
-    """coordinator: _plan_states — the released checkpoints' ids counted as available
-    (``freed = count * k`` → ``/ k``, or the ``ref == 1`` test inverted).
-
-    The steps 8, 8 of the test above use all 10 usable ids (6 + 4): the third step (2 tokens)
-    needs 1 full block with 0 free, and fits only because checkpoint 8 leaves (2 ids)."""
-    kv = KVCacheManager(config(FA(4), ST_K2, num_blocks=11), retention_interval=8)
-    r = Request("r", prompt(100, 40))
-    hit = kv.lookup(r)
-    for i, n in enumerate((8, 8)):
-        assert kv.allocate(r, n, hit if i == 0 else None) is not None
-        r.num_computed_tokens += n
-    assert kv.num_free_blocks == 0
-    assert kv.allocate(r, 2) is not None
-    assert kv.num_free_blocks == 1
-    kv.check_integrity()
-
-
-@pytest.mark.parametrize("num_blocks, fits", [(7, True), (6, False)])
-def test_a_new_state_request_needs_its_live_extent_and_its_exports(num_blocks, fits) -> None:
-    """coordinator: _plan_states — a new request's ids ``(1 + exports) * k`` (``1`` → ``2``).
-    r's first 8 tokens: 2 full blocks, the live extent (2 ids) and checkpoint 8 (2 ids): 6."""
-    kv = KVCacheManager(config(FA(4), ST_K2, num_blocks=num_blocks), retention_interval=8)
-    r = Request("r", prompt(100, 40))
-    assert (kv.allocate(r, 8, kv.lookup(r)) is not None) == fits
-    kv.check_integrity()
-
-
-def test_a_new_state_request_touching_its_hit_counts_each_block_once() -> None:
-    """coordinator: _plan_states — the paged estimate of a new request's state group removed
-    as ``needed -= new - touched`` (the touched hit blocks counted twice more).
-
-    14 usable ids. "a" (17 tokens) caches full blocks 0..3 and checkpoints 8, 12, 16 and is
-    freed; a filler (4 tokens: 1 full block + its live extent) takes 3 uncached ids: 11 free.
-    q (a's first 16 tokens + 8) hits 16 (4 full blocks + checkpoint 16, all free). Its first 4
-    tokens need 1 full block + 4 touched, the touched checkpoint (2), the live extent (2) and
-    checkpoint 20 (its replay boundary; 2): exactly 11."""
-    kv = KVCacheManager(config(FA(4), ST_K2, num_blocks=15), retention_interval=8)
-    P = prompt(100, 17)
-    a = Request("a", P)
-    assert kv.allocate(a, 17, kv.lookup(a)) is not None
-    a.num_computed_tokens = 17
-    kv.free(a)
-    f = Request("f", prompt(700, 4))
-    assert kv.allocate(f, 4, kv.lookup(f)) is not None
-    q = Request("q", P[:16] + prompt(500, 8))
-    hit = kv.lookup(q)
-    assert hit.num_tokens == 16 and kv.num_free_blocks == 11
-    assert kv.allocate(q, 4, hit) is not None
-    assert kv.num_free_blocks == 0
-    kv.check_integrity()
-
-
 @pytest.mark.parametrize("num_blocks, fits", [(19, True), (18, False)])
 def test_reservation_of_a_new_state_request_counts_extents(num_blocks, fits) -> None:
     """coordinator: _plan_states — the reservation's swap of the paged estimate for extents
@@ -517,66 +398,6 @@ def test_reservation_of_a_state_request_whose_paged_view_releases_a_checkpoint(n
     kv.check_integrity()
 
 
-# ---- external loads ---------------------------------------------------------------------------
-
-def test_a_hit_made_before_an_external_load_is_still_verified() -> None:
-    """coordinator: commit_external — ``self.epoch += 1`` → ``= 1``: the state version comes
-    back to the epoch of an old hit, which is then adopted unverified.
-
-    3 usable blocks, bs 4. "a" (9 tokens) is allocated (epoch 1) and caches 2 blocks; q's
-    lookup (a's prompt) hits 8 at epoch 1. a is freed, "z" (9 other tokens) evicts a's blocks,
-    "e" loads 8 tokens from an external tier (a tier holding every block; 5 commits so far).
-    q's old hit must be refused: its blocks hold other tokens now."""
-    kv = KVCacheManager(config(FA(4), num_blocks=4))
-    a = Request("a", prompt(100, 9))
-    assert kv.allocate(a, 9, kv.lookup(a)) is not None
-    a.num_computed_tokens = 9
-    q = Request("q", prompt(100, 9))
-    hit = kv.lookup(q)
-    assert hit.num_tokens == 8
-    kv.free(a)
-    z = Request("z", prompt(300, 9))
-    assert kv.allocate(z, 9, kv.lookup(z)) is not None
-    z.num_computed_tokens = 9
-    kv.free(z)
-    assert kv.stats().evictions == 2
-    e = Request("e", prompt(500, 9))
-    local = kv.lookup(e)
-    ext = kv.lookup_external(e, local, lambda g, h: True)
-    assert ext is not None and ext.num_tokens == 8
-    assert kv.allocate(e, 0, local, external=ext) is not None
-    assert kv.commit_external(e, ext, True) == 8
-    with pytest.raises(ValueError, match="no longer holds"):
-        kv.allocate(q, 1, hit)
-    kv.check_integrity()
-
-
-def test_a_hit_made_just_before_an_external_load_that_evicts_it_is_refused() -> None:
-    """coordinator: commit_external — ``self.epoch += 1`` → ``-= 1``: the version returns to
-    the one before the load's allocation, when q looked up its (now stale) hit.
-
-    3 usable blocks, bs 4. "a" (9 tokens) caches 2 blocks and is freed; q (a's prompt) hits 8.
-    "e" reserves 2 blocks for an 8-token external load, evicting one of a's blocks (3 free:
-    the scratch block, then a's tail first). q's hit must be refused."""
-    kv = KVCacheManager(config(FA(4), num_blocks=4))
-    a = Request("a", prompt(100, 9))
-    assert kv.allocate(a, 9, kv.lookup(a)) is not None
-    a.num_computed_tokens = 9
-    kv.free(a)
-    q = Request("q", prompt(100, 9))
-    hit = kv.lookup(q)
-    assert hit.num_tokens == 8
-    e = Request("e", prompt(500, 9))
-    local = kv.lookup(e)
-    ext = kv.lookup_external(e, local, lambda g, h: True)
-    assert kv.allocate(e, 0, local, external=ext) is not None
-    assert kv.stats().evictions == 1
-    assert kv.commit_external(e, ext, True) == 8
-    with pytest.raises(ValueError, match="no longer holds"):
-        kv.allocate(q, 1, hit)
-    kv.check_integrity()
-
-
 @pytest.mark.parametrize("steps, num_blocks, fits", [((8,), 13, True), ((8,), 12, False),
                                                      ((8, 8, 8), 15, True), ((8, 8, 8), 14, False)])
 def test_compat_admission_with_a_state_group(steps, num_blocks, fits) -> None:
@@ -658,66 +479,183 @@ def test_a_state_reservation_of_one_block_id_counts(num_blocks, fits) -> None:
     kv.check_integrity()
 
 
-@pytest.mark.parametrize("num_blocks, filler, fits", [(11, 1, True), (12, 5, False)])
-def test_a_state_step_counts_the_junction_checkpoint(num_blocks, filler, fits) -> None:
-    """coordinator: _plan_states — a running request's export count taken from a stateless
-    view (``_export_ends(request, None, ...)``): its promised junction is missed, the plan
-    counts one extent too few and the commit overdraws the pool.
+@pytest.mark.parametrize("num_blocks, fits", [(5, True), (4, False)])
+def test_compat_admission_of_a_sliding_request_counts_the_free_blocks_before_the_release(
+        num_blocks, fits) -> None:
+    """coordinator: plan — compat reservation ``want + freed_total - needed``: vLLM 0.33's
+    full-sequence count must fit the free blocks as they are before the window frees (its
+    ``get_num_blocks_to_allocate`` runs before ``remove_skipped_blocks`` frees them);
+    ``want - freed_total`` would let the blocks the step releases count twice.
 
-    As in the export-positions test (state extents of k = 1 here): b hits 8 with junction 12
-    and runs 3 tokens; a filler request holds some blocks. b's next 5 tokens (11 → 16) need
-    1 full block and checkpoints 12 (the junction) and 16: 3 ids. With 3 free they fit; with
-    2 free the allocation is refused (None), nothing is popped."""
-    kv = KVCacheManager(config(FA(4), STATE4, num_blocks=num_blocks), retention_interval=8)
-    A = prompt(100, 22)
-    a = Request("a", A)
-    hit = kv.lookup(a)
-    for n in (5, 5, 5, 7):
-        assert kv.allocate(a, n, hit if a.num_computed_tokens == 0 else None) is not None
-        a.num_computed_tokens += n
-    kv.free(a)
-    b = Request("b", A[:14] + prompt(500, 10))
-    hit = kv.lookup(b)
-    assert (hit.num_tokens, hit.shared_prefix_boundary) == (8, 12)
-    assert kv.allocate(b, 3, hit) is not None
-    b.num_computed_tokens = 11
-    f = Request("f", prompt(900, filler))
-    assert kv.allocate(f, filler, kv.lookup(f)) is not None
-    assert kv.num_free_blocks == (3 if fits else 2)
-    assert kv.export_positions(b, 5) == [12, 16]
-    assert (kv.allocate(b, 5) is not None) == fits
+    Compat, one sliding group (bs 4, W 5): no hold. r (16 tokens) holds 2 blocks after 8
+    tokens; num_blocks - 3 are free. Its next 4 tokens with the reservation: the window
+    skips 8 - 5 + 1 = 4 tokens (block 0 released, last reference), 1 new block. vLLM's
+    count: cdiv(16, 4) - 2 table entries = 2 must be free before the release: fits with 2
+    free, not with 1 (then, as in vLLM, block 0 is still released)."""
+    kv = KVCacheManager(config(SWA(4, 5), num_blocks=num_blocks), vllm_compat=True)
+    r = Request("r", prompt(100, 16))
+    admit(kv, r, 8)
+    assert kv.num_free_blocks == num_blocks - 3
+    got = kv.allocate(r, 4, full_sequence_must_fit=True)
+    assert (got is not None) == fits
+    table = kv.block_ids(r)[0]
+    assert len(table) == (3 if fits else 2) and table[0] == 0
     kv.check_integrity()
 
 
-# ---- state groups: the final length at free ----------------------------------------------------
+def test_a_reservation_is_checked_even_when_the_step_needs_no_new_block() -> None:
+    """coordinator: allocate — the cache-only fast path is taken only without a reservation
+    (``not reserve_tokens``): a step whose blocks the table already holds must still refuse
+    a full sequence that cannot fit.
 
-@pytest.mark.parametrize("final, hit_after, swa_final_run", [(12, 12, True), (14, 8, False)])
-def test_free_keeps_the_live_state_only_at_an_aligned_final_length(final, hit_after,
-                                                                   swa_final_run) -> None:
-    """coordinator: _free_states — the live state becomes the final-length checkpoint only
-    when the computed count is aligned (``and`` → ``or`` in its test: a live state after 14
-    tokens filed as the checkpoint at 12), and the final length is promised to the other
-    groups only if every state group holds that checkpoint (``servable``: test inverted or
-    forced true).
+    Full (bs 4), 4 usable blocks. r (40 tokens) is admitted with 4 tokens + 4 lookahead
+    slots (2 blocks), steps 1 token (slow path). Its next token fits its table, but the full
+    sequence needs cdiv(40, 4) = 10 blocks: 2 held + 2 free < 10, refused; without the
+    reservation the step succeeds with no new block."""
+    kv = KVCacheManager(config(FA(4), num_blocks=5))
+    r = Request("r", prompt(100, 40))
+    admit(kv, r, 4, num_lookahead_tokens=4)
+    assert kv.allocate(r, 1, num_lookahead_tokens=0) == [[]]
+    r.num_computed_tokens = 5
+    assert kv.allocate(r, 1, num_lookahead_tokens=0, full_sequence_must_fit=True) is None
+    assert kv.allocate(r, 1, num_lookahead_tokens=0) == [[]]
+    kv.check_integrity()
 
-    Full (bs 4) + sliding (bs 4, W 8) + state (k = 1), default mode, retention 0. r (10-token
-    prompt: boundaries 8 and 4) decodes to ``final`` tokens and is freed. At 12 the live state
-    is the checkpoint at 12, the final length 12 is promised, the sliding group caches its
-    window run for 12 (positions 1, 2; 1 was cached for the boundary 8, so block 2, tokens
-    8..11, is stored at free): the same tokens + 1 then hit 12. At 14 the aligned end
-    12 has no checkpoint: nothing is promised at free (no sliding run stored) and the hit is 8."""
-    kv = KVCacheManager(config(FA(4), SWA(4, 8), STATE4, num_blocks=100), enable_events=True)
-    r = Request("r", prompt(100, 10))
-    assert kv.allocate(r, 10, kv.lookup(r)) is not None
-    r.num_computed_tokens = 10
-    while r.num_tokens < final:
-        r.append_tokens([7])
-        assert kv.allocate(r, 1) is not None
-        r.num_computed_tokens += 1
-    kv.take_events()
-    kv.free(r)
-    stored = [(ev.group_idx, ev.token_ids) for ev in kv.take_events() if isinstance(ev, BlockStored)]
-    assert ((1, list(r.token_ids[8:12])) in stored) == swa_final_run
-    q = Request("q", list(r.token_ids) + [9])
-    assert kv.lookup(q).num_tokens == hit_after
+
+def _refused_hit_on_the_only_free_blocks() -> tuple[KVCacheManager, Request, CacheHit]:
+    """Full (bs 4), 4 usable blocks. "a" (9 tokens) caches blocks X0, X1 and is freed; f (8
+    tokens) takes the 2 uncached free blocks, so X0 and X1 are the only free ones. r (a's
+    prompt) looks up a hit of 8 (X0, X1); its first allocation, 1 token with that hit (1 new
+    block + 2 touched > 2 free), is refused. Returns ``(kv, r, hit)``."""
+    kv = KVCacheManager(config(FA(4), num_blocks=5))
+    a = Request("a", prompt(100, 9))
+    admit(kv, a, 9)
+    kv.free(a)
+    f = Request("f", prompt(900, 8))
+    assert kv.allocate(f, 8, kv.lookup(f)) is not None
+    r = Request("r", prompt(100, 9))
+    hit = kv.lookup(r)
+    assert hit.num_tokens == 8 and kv.num_free_blocks == 2
+    assert kv.allocate(r, 1, hit) is None
+    return kv, r, hit
+
+
+def test_the_free_hit_blocks_are_counted_for_the_hit_given() -> None:
+    """coordinator: _evictable_counts — the count of free hit blocks a touch takes is
+    memoized per request only for the same hit (``memo[0] is hit.block_ids``): another hit
+    for the same waiting request is counted afresh.
+
+    Full (bs 4), 4 usable blocks. "a" (9 tokens) caches blocks X0, X1 and is freed; f (8
+    tokens) takes the 2 uncached free blocks, so X0 and X1 are the only free ones. r (a's
+    prompt) looked up hits 8: 1 new block + 2 touched = 3 > 2 free, refused. A hand-made
+    hit of 4 tokens (X0 only, verified) for 1 token: 1 new block + 1 touched = 2, fits."""
+    kv, r, hit = _refused_hit_on_the_only_free_blocks()
+    small = CacheHit(4, (hit.block_ids[0][:1],))
+    got = kv.allocate(r, 1, small)
+    assert got is not None and kv.block_ids(r)[0][0] == hit.block_ids[0][0]
+    kv.check_integrity()
+
+
+def test_compat_state_admission_that_reserves_nothing_fits_the_free_blocks_exactly() -> None:
+    """coordinator: _plan_states — in compat mode the reservation is ``max(0, want + freed -
+    needed)``: when vLLM's full-sequence count is no more than the step's own blocks it
+    adds nothing (``max(1, ...)`` would ask for a block more).
+
+    Compat, full (bs 4) + state (bs 4, extents of 1 id), 4 usable blocks. f (4 tokens)
+    takes 2 (1 full block + its live extent). r (4 tokens) with the full-sequence
+    reservation needs 1 full block + its live extent = 2; vLLM's count is cdiv(4, 4) +
+    min(cdiv(4, 4), 2) = 2: nothing reserved beyond, so it fits the 2 free blocks."""
+    kv = KVCacheManager(config(FA(4), STATE4, num_blocks=5), vllm_compat=True)
+    f = Request("f", prompt(900, 4))
+    assert kv.allocate(f, 4, kv.lookup(f)) is not None
+    assert kv.num_free_blocks == 2
+    r = Request("r", prompt(100, 4))
+    assert kv.allocate(r, 4, kv.lookup(r), full_sequence_must_fit=True) is not None
+    assert kv.num_free_blocks == 0
+    kv.check_integrity()
+
+
+def test_a_waiting_request_recounts_its_hit_once_another_request_holds_it() -> None:
+    """coordinator: _evictable_counts — the touched-block memo is used only while no cached
+    block entered or left the free queue (``memo[1] == version``): once another request
+    holds the hit's blocks, touching them takes nothing out of the free queue.
+
+    Full (bs 4), 4 usable blocks. "a" (9 tokens) caches X0, X1 and is freed; f (8 tokens)
+    takes the 2 uncached free blocks, so X0 and X1 are the only free ones. r (a's prompt,
+    hit 8) asks for 1 token: 1 new + 2 touched > 2 free, refused. q (a's prompt) adopts its
+    hit with 0 new tokens (2 touched: fits), so q holds X0 and X1 and nothing is free. r's
+    hit with 0 new tokens now touches no free block: 0 needed, it fits and shares q's
+    blocks."""
+    kv, r, hit = _refused_hit_on_the_only_free_blocks()
+    q = Request("q", prompt(100, 9))
+    assert kv.allocate(q, 0, kv.lookup(q)) is not None
+    assert kv.num_free_blocks == 0
+    assert kv.allocate(r, 0, hit) is not None
+    assert kv.block_ids(r) == kv.block_ids(q)
+    kv.check_integrity()
+
+
+def test_full_sequence_reservation_is_checked_on_a_quiet_step() -> None:
+    """allocate — the fast path taken with ``full_sequence_must_fit`` (it answers without the
+    reservation).
+
+    Pool of 4 usable blocks (bs 4, compat: full blocks cached as they fill); "x" holds 2.
+    "r" has a 16-token prompt (4 blocks): chunks of 1 token, then 1 (the slow path), then
+    one more token stays inside its first block without filling it (a quiet step), but the
+    whole sequence needs 3 more blocks and only 1 is free: refused (None), while the same
+    step without the reservation succeeds with no new block."""
+    kv = KVCacheManager(config(FA(4), num_blocks=5), vllm_compat=True)
+    assert kv.allocate(Request("x", prompt(500, 8)), 8) is not None
+    r = Request("r", prompt(0, 16))
+    assert kv.allocate(r, 1) is not None
+    r.num_computed_tokens = 1
+    assert kv.allocate(r, 1) == [[]]
+    r.num_computed_tokens = 2
+    assert kv.num_free_blocks == 1
+    assert kv.allocate(r, 1, full_sequence_must_fit=True) is None
+    assert kv.allocate(r, 1) == [[]]
+
+
+def test_full_sequence_reservation_counts_the_lookahead_slots() -> None:
+    """allocate — default mode reserves ``num_tokens + lookahead`` (not minus).
+
+    FA (bs 4), EAGLE k = 3, 2 usable blocks. A new 8-token request computing 4 tokens takes
+    ceil((4 + 3) / 4) = 2 blocks now; its whole sequence, 8 + 3 = 11 tokens, needs 3 blocks,
+    more than the pool: refused with the reservation (8 - 3 = 5 tokens would need only the 2
+    it takes), allowed without it."""
+    kv = KVCacheManager(config(FA(4), num_blocks=3), spec_decode=SpecDecode("eagle", 3))
+    r = Request("r", prompt(0, 8))
+    assert kv.allocate(r, 4, full_sequence_must_fit=True) is None
+    assert [len(x) for x in kv.allocate(r, 4)] == [2]
+
+
+def test_reserve_tokens_counts_the_peak_without_allocating_it() -> None:
+    """The admission seam: the same plan plus the blocks a longer sequence would peak at."""
+    kv = KVCacheManager(config(FA(4), SWA(4, 8), num_blocks=40), retention_interval=None)
+    r = Request("r", list(range(20)))
+    kv.lookup(r)
+    now = kv.coordinator.plan(r, 20, None, 0)
+    whole = kv.coordinator.plan(r, 20, None, 0, reserve_tokens=60)
+    assert [g.new_blocks for g in now.groups] == [5, 5] and now.num_reserved == 0
+    assert [g.new_blocks for g in whole.groups] == [5, 5]
+    # full: 15 blocks for 60 tokens; sliding: its window (2 blocks) + 2 in flight = 4 <= 5 held
+    assert whole.num_reserved == 10 and whole.fits
+    assert not kv.coordinator.plan(r, 20, None, 0, reserve_tokens=140).fits   # 35 + 5 > 39
+    assert kv.num_free_blocks == 39
+
+
+@pytest.mark.parametrize("retention", [None, 0])
+def test_full_sequence_must_fit(retention) -> None:
+    kv = KVCacheManager(config(FA(4), SWA(4, 8), num_blocks=21), retention_interval=retention)
+    long = Request("long", list(range(72)))             # full group alone needs 18 blocks
+    hit = kv.lookup(long)
+    before = (kv.num_free_blocks, kv.stats())
+    assert kv.allocate(long, 16, hit, full_sequence_must_fit=True) is None
+    assert (kv.num_free_blocks, kv.stats()) == before and "long" not in kv.coordinator.reqs
+    assert kv.coordinator.plan(long, 16, hit, 0).fits    # without the reservation it fits
+    short = Request("short", list(range(40)))           # 10 full blocks + a few sliding ones
+    new = kv.allocate(short, 16, kv.lookup(short), full_sequence_must_fit=True)
+    assert new is not None and [len(ids) for ids in new] == [4, 4]   # only this chunk's blocks
+    short.num_computed_tokens = 16
+    assert kv.allocate(short, 16, full_sequence_must_fit=True) is not None
     kv.check_integrity()

@@ -1,11 +1,55 @@
-"""Small builders shared by the core tests."""
+"""Small builders shared by the core tests (and the scheduler's).
+
+* specs and configs: :func:`FA`, :func:`SWA`, :func:`config`, :func:`manager`; the state specs
+  :data:`STATE4`, :data:`ST_K2`, :data:`QWEN3_NEXT`, :data:`NEMOTRON_H` and
+  :func:`state_hybrid`; :data:`EAGLE_DROP`;
+* driving a manager: :func:`run_prompt`, :func:`serve`, :func:`admit`, :func:`prompt`;
+* reading and editing the cache: :func:`cached_positions`, :func:`hash_cached`, :func:`evict`;
+* the pool level: :func:`serve_chain`, :func:`content_key`;
+* :func:`raises`: ``pytest.raises(ValueError, match=...)``.
+"""
 
 from __future__ import annotations
 
+import pytest
+
 from hybridkv import (CacheHit, FullAttention, KVCacheConfig, KVCacheGroup, KVCacheManager,
-                      Request, SlidingWindow)
+                      Request, SlidingWindow, SpecDecode)
+from hybridkv.core.specs import StateSpec
 
 C3 = [0] * 16 + [1] * 16 + [2] * 16
+
+#: EAGLE in vLLM's legacy drop mode (no lookahead hashing: a hit needs its proof block)
+EAGLE_DROP = SpecDecode("eagle", 1, hash_lookahead=False)
+
+#: small recurrent states: 16 + 16 B per layer (one block id next to 16-byte pages) and
+#: 16 + 128 = 144 B (extents of 2 block ids over 64-byte pages)
+STATE4 = StateSpec(block_size=4, conv_shape=(1, 4), conv_dtype="float32", state_shape=(2, 2),
+                   state_dtype="float32")
+ST_K2 = StateSpec(block_size=4, conv_shape=(1, 4), conv_dtype="float32", state_shape=(4, 8),
+                  state_dtype="float32")
+
+#: the recurrent layers of Qwen3-Next (gated delta net) and Nemotron-H (Mamba2)
+QWEN3_NEXT = StateSpec(16, conv_shape=(3, 2 * 16 * 128 + 32 * 128), conv_dtype="bfloat16",
+                       state_shape=(32, 128, 128), state_dtype="float32")
+NEMOTRON_H = StateSpec(16, conv_shape=(3, 128 * 64 + 2 * 8 * 128), conv_dtype="bfloat16",
+                       state_shape=(128, 64, 128), state_dtype="float32")
+
+
+def state_hybrid(state: StateSpec, num_blocks: int = 4000, attn_bs: int = 16) -> KVCacheConfig:
+    """Full attention (2 heads of 256, bs ``attn_bs``) in group "attn" plus ``state`` in "gdn"."""
+    return KVCacheConfig((KVCacheGroup("attn", FullAttention(attn_bs, num_kv_heads=2, head_dim=256), ("a",)),
+                          KVCacheGroup("gdn", state, ("s",))), num_blocks=num_blocks)
+
+
+def raises(match: str):
+    """``pytest.raises(ValueError, match=match)``."""
+    return pytest.raises(ValueError, match=match)
+
+
+def content_key(t: int) -> bytes:
+    """The block hash the pool-level tests store content ``t`` under (8 bytes, little endian)."""
+    return t.to_bytes(8, "little")
 
 
 def prompt(base: int, n: int) -> list[int]:
