@@ -94,9 +94,13 @@ def sbuilt(request: pytest.FixtureRequest, state_models: dict[str, StateBuilt]) 
 
 
 def oracle_excess(built: StateBuilt, outputs: Sequence) -> float:
-    """Largest ``|engine - fp64| - (TOL + 2 |transformers fp32 - fp64|)`` over every computed
-    row (recomputed ones included): <= 0 means every row is within TOL of the exact model, or
-    as close as transformers' own fp32 forward is (times 2)."""
+    """Largest ``|engine - fp64| - (TOL + 2 max |transformers fp32 - fp64|)`` over every
+    computed row (recomputed ones included), the max taken over the sequence's rows: <= 0 means
+    every row is within TOL of the exact model, or as close as transformers' own fp32 forward
+    gets on that sequence (times 2). Per sequence, not per row: fp32 rounding depends on where
+    chunks and checkpoints split the recurrence, so a row that transformers happens to round
+    almost exactly says nothing about the noise of another, equally valid order (rows of two
+    chunkings differ by up to 3.8e-4 measured); a wrong state or token is off by orders more."""
     worst = -1.0
     for out in outputs:
         full = list(out.prompt_token_ids) + list(out.token_ids)
@@ -104,7 +108,7 @@ def oracle_excess(built: StateBuilt, outputs: Sequence) -> float:
         positions, rows = out.logits
         assert positions, f"{out.request_id}: no logits recorded"
         err = (rows.double() - exact[positions]).abs().amax(-1)
-        allowed = TOL + 2 * (hf32[positions] - exact[positions]).abs().amax(-1)
+        allowed = TOL + 2 * float((hf32 - exact).abs().amax())
         worst = max(worst, float((err - allowed).max()))
     return worst
 
@@ -448,7 +452,7 @@ def test_prefix_caching_never_changes_outputs(state_models: dict[str, StateBuilt
     checkpoint intervals, budgets, prefill caps, pool sizes (preemption) and n-gram drafts:
     the engine with prefix caching on produces exactly the tokens of the engine with prefix
     caching off (itself transformers-checked above), and every computed row is within the
-    transformers bound of :func:`oracle_excess` plus TOL (rows of the two engines differ by
+    transformers bound of :func:`oracle_excess` (rows of the two engines differ by
     fp32 noise of other chunkings: 3.8e-4 measured), over two rounds (the second hits checkpoints of the
     first); the pool is intact afterwards."""
     name = data.draw(st.sampled_from(sorted(state_models)), label="arch")
@@ -475,9 +479,7 @@ def test_prefix_caching_never_changes_outputs(state_models: dict[str, StateBuilt
         _NO_CACHE[key] = off.generate(prompts, max_tokens=6, ignore_eos=True)
     ref = _NO_CACHE[key] * 2
     assert [o.token_ids for o in outs_on] == [o.token_ids for o in ref]
-    # rows vs transformers with one more TOL of slack: one drawn example (block 4, budget 6)
-    # exceeded the strict bound by 9.3e-5 in a full-suite run, not reproducible standalone
-    assert oracle_excess(built, outs_on) <= TOL
+    assert oracle_excess(built, outs_on) <= 0
     on.kv.check_integrity()
     assert on.kv.num_free_blocks == on.kv_config.num_blocks - 1
     assert len(on.model.states) == 0
