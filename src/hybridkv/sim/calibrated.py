@@ -40,9 +40,12 @@ writes (:meth:`HitRule.kv_span`); ``e_k`` is ``attn_causal_efficiency`` for a ch
 cached context (the plain causal kernel) and ``attn_context_efficiency`` otherwise, but never
 more than the causal one for a prefill chunk (a context never makes a chunk cheaper). A call's
 *units* are its kernel's blocks of work: per request, query heads times 64-query blocks for a
-prefill chunk, and for a one-token decode the KV heads times the 64-row blocks its packed
-query heads fill (one per KV head for grouped-query attention); fewer than ``attn_saturation_blocks``
-leave streaming multiprocessors idle and the call slows in proportion; a decode batch with
+prefill chunk (``max(1, n / 64)`` of them for the occupancy, so one more token never makes a
+chunk faster; whole blocks for ``attn_block_s``; a recurrent layer's chunk, which carries its
+state from block to block, one unit per head), and for a one-token decode the KV heads
+times the 64-row blocks its packed query heads fill (one per KV head for grouped-query
+attention); fewer than ``attn_saturation_blocks`` leave streaming multiprocessors idle and the
+call slows in proportion; a decode batch with
 unequal contexts counts ``bytes / max(bytes per unit)`` units (its busiest unit bounds it, so a
 request added to a step never makes it faster). With ``split_kv`` (what serving engines run:
 FlashAttention's split-KV kernels, FlashInfer, TensorRT-LLM's multi-block mode) a call also
@@ -381,6 +384,7 @@ class CalibratedCostModel:
         any_dec = n_pre < new.size
         flops, nbytes, units, splits, nblocks, layers, causal, decode, kinds = [], [], [], [], [], [], [], [], []
         blocks = np.ceil(new[pre] / QUERY_BLOCK) if n_pre else None
+        fill = np.maximum(1.0, new[pre] / QUERY_BLOCK) if n_pre else None     # occupancy: no partial-block jumps
         for g in self._groups:
             if g.kind == _STATE:
                 f = new * g.pair_flops
@@ -393,7 +397,8 @@ class CalibratedCostModel:
             if n_pre:
                 flops.append(f[pre] / G)
                 nbytes.append(b[pre] / G)
-                units.append(g.prefill_heads * blocks / G)
+                # a recurrent layer carries its state chunk to chunk: one unit per head and request
+                units.append(g.prefill_heads * (np.ones(n_pre) if g.kind == _STATE else fill) / G)
                 splits.append(np.ones(n_pre) if span is None else kv_splits(span[pre]))
                 nblocks.append(g.prefill_heads * blocks / G)
                 layers.append(np.full(n_pre, g.layers, dtype=np.float64))
@@ -501,16 +506,18 @@ class CalibratedCostModel:
         f_x = F * cal.attn_context_efficiency
         f_p = f_x if f_x < f_c else f_c                   # a prefill chunk after a context
         if few:
-            chunks = [(n, c, math.ceil(n / QUERY_BLOCK)) for n, c in zip(pre_new.tolist(), pre_ctx.tolist())]
+            chunks = [(n, c, math.ceil(n / QUERY_BLOCK), n / QUERY_BLOCK if n > QUERY_BLOCK else 1.0)
+                      for n, c in zip(pre_new.tolist(), pre_ctx.tolist())]
         elif not all_dec:
             blocks = np.ceil(pre_new / QUERY_BLOCK)
+            fill = np.maximum(1.0, pre_new / QUERY_BLOCK)
         for g in self._groups:
             s = g.layers * scale[g.kind]
             if few:
                 rule = g.rule
-                for n, c, nb in chunks:
+                for n, c, nb, nf in chunks:
                     if g.kind == _STATE:
-                        w, by, sp = n * g.pair_flops / (f_c if c == 0 else f_p), g.state_bytes, 1.0
+                        w, by, sp, nf = n * g.pair_flops / (f_c if c == 0 else f_p), g.state_bytes, 1.0, 1.0
                     else:
                         f = rule.attention_keys(n, c) * g.pair_flops
                         w = f / (f_c if c == 0 else f_p)
@@ -518,13 +525,12 @@ class CalibratedCostModel:
                         by = g.kv_bytes * keys
                         sp = min(max_splits, max(1.0, keys / KV_SPLIT_KEYS)) if split else 1.0   # kv_splits()
                     w = w if w > by / bw_a else by / bw_a
-                    u = g.prefill_heads * nb
-                    t += s * (w / min(1.0, u * sp / sat) + u * blk)
+                    t += s * (w / min(1.0, g.prefill_heads * nf * sp / sat) + g.prefill_heads * nb * blk)
             elif not all_dec:
                 if g.kind == _STATE:
                     w = pre_new * g.pair_flops / np.where(pre_ctx == 0, f_c, f_p)
                     by = g.state_bytes
-                    sp = 1.0
+                    sp = 1.0 / fill                       # one unit per head: the state runs chunk to chunk
                 else:
                     f = g.rule.attention_keys(pre_new, pre_ctx) * g.pair_flops
                     w = f / np.where(pre_ctx == 0, f_c, f_p)
@@ -532,7 +538,7 @@ class CalibratedCostModel:
                     by = g.kv_bytes * keys
                     # kv_splits(keys), inlined
                     sp = np.minimum(np.maximum(keys * (1.0 / KV_SPLIT_KEYS), 1.0), max_splits) if split else 1.0
-                occ = np.minimum(1.0, g.prefill_heads * blocks * sp / sat)
+                occ = np.minimum(1.0, g.prefill_heads * fill * sp / sat)
                 t += s * float((np.maximum(w, by / bw_a) / occ).sum() + g.prefill_heads * blocks.sum() * blk)
             if n_dec:
                 if g.kind == _STATE:
