@@ -32,33 +32,32 @@ tokens computes as many rows as one of 576.
 
 Attention is composed the way an engine runs a step: all tokens of a step go through one GEMM
 pass, and attention runs per request for a prefill chunk (one call of ``n`` queries over
-``c + n`` keys) and as one batched call for all decodes (requests with at most
-:data:`DECODE_MAX_NEW` new tokens, speculative verification included). A call's FLOPs are its
-(query, key) pairs (:meth:`HitRule.attention_keys`: windows and chunks included) times
-``4 * attn_width`` (MLA: divided by its compression ratio), its bytes the KV it reads and
-writes (:meth:`HitRule.kv_span`); ``e_k`` is ``attn_causal_efficiency`` for a chunk with no
-cached context (the plain causal kernel) and ``attn_context_efficiency`` otherwise, but never
-more than the causal one for a prefill chunk (a context never makes a chunk cheaper). A call's
+``c + n`` keys) and as one batched call for all decodes (requests with at most :data:`DECODE_MAX_NEW`
+new tokens, speculative verification included). A call's FLOPs are its (query, key) pairs
+(:meth:`HitRule.attention_keys`: windows and chunks included) times ``4 * attn_width`` (MLA:
+divided by its compression ratio), its bytes the KV it reads and writes
+(:meth:`HitRule.kv_span`); ``e_k`` is ``attn_causal_efficiency`` for a chunk with no cached
+context (the plain causal kernel) and ``attn_context_efficiency`` otherwise, but never more
+than the causal one for a prefill chunk (a context never makes a chunk cheaper). A call's
 *units* are its kernel's blocks of work: per request, query heads times 64-query blocks for a
 prefill chunk (``max(1, n / 64)`` of them for the occupancy, so one more token never makes a
 chunk faster; whole blocks for ``attn_block_s``; a recurrent layer's chunk, which carries its
-state from block to block, one unit per head), and for a one-token decode the KV heads
-times the 64-row blocks its packed query heads fill (one per KV head for grouped-query
-attention); fewer than ``attn_saturation_blocks`` leave streaming multiprocessors idle and the
-call slows in proportion; a decode batch with
-unequal contexts counts ``bytes / max(bytes per unit)`` units (its busiest unit bounds it, so a
-request added to a step never makes it faster). With ``split_kv`` (what serving engines run:
-FlashAttention's split-KV kernels, FlashInfer, TensorRT-LLM's multi-block mode) a call also
-splits each request's keys over ``splits_k = min(MAX_KV_SPLITS, max(1, S / KV_SPLIT_KEYS))``
-units, ``S`` the keys of its request (a decode batch: of its longest request), so a decode
-batch of one over a long context still fills the GPU; without it (a kernel that runs one unit
-per request and KV head) it does not.
-Every work block also costs ``attn_block_s`` beyond its FLOPs and bytes (loading its queries,
-the softmax's last pass, writing its output): ``blocks_k`` counts them all (a decode batch of
-``B`` requests has ``B`` times a request's units). A recurrent (state)
-layer's call reads and writes its state once per request and does ``4 * state size`` FLOPs
-per token. ``s_kind`` is a per-attention-kind time multiplier (1 unless a profile measured
-that kind's kernels, see :class:`Calibration`).
+state from block to block, one unit per head), and for a one-token decode the KV heads times
+the 64-row blocks its packed query heads fill (one per KV head for grouped-query attention);
+fewer than ``attn_saturation_blocks`` leave streaming multiprocessors idle and the call slows
+in proportion; a decode batch with unequal contexts counts ``bytes / max(bytes per unit)``
+units (its busiest unit bounds it, so a request added to a step never makes it faster). With
+``split_kv`` (what serving engines run: FlashAttention's split-KV kernels, FlashInfer,
+TensorRT-LLM's multi-block mode) a call also splits each request's keys over
+``splits_k = min(MAX_KV_SPLITS, max(1, S / KV_SPLIT_KEYS))`` units, ``S`` the keys of its
+request (a decode batch: of its longest request), so a decode batch of one over a long context still fills the
+GPU; without it (a kernel that runs one unit per request and KV head) it does not. Every work
+block also costs ``attn_block_s`` beyond its FLOPs and bytes (loading its queries, the
+softmax's last pass, writing its output): ``blocks_k`` counts them all (a decode batch of ``B``
+requests has ``B`` times a request's units). A recurrent (state) layer's call reads and writes
+its state once per request and does ``4 * state size`` FLOPs per token. ``s_kind`` is a
+per-attention-kind time multiplier (1 unless a profile measured that kind's kernels, see
+:class:`Calibration`).
 
 A step whose requests are all decodes is replayed as a CUDA graph (as engines run decode
 steps): its time is the GPU's, ``graph_overhead_s`` included (the gaps between its many small
@@ -101,10 +100,10 @@ GEMM_ROW_TILE = 64
 """Rows (tokens) of one GEMM tile: the GEMM compute term counts whole tiles."""
 
 KV_SPLIT_KEYS = 128
-"""Keys of one request a split-KV decode unit covers at least (FlashAttention's key block)."""
+"""Keys of one request a split-KV unit covers at least (FlashAttention's key block)."""
 
 MAX_KV_SPLITS = 128
-"""Most units a split-KV decode splits one request's keys into (FlashAttention's limit)."""
+"""Most units a split-KV kernel splits one request's keys into (FlashAttention's limit)."""
 
 _STATE = ATTENTION_KINDS.index("state")
 
@@ -160,8 +159,9 @@ class Calibration:
         host_overlap: how the host's issue time and the GPU time combine in an eager step
             (>= 1; 1: they add up; large: the larger of the two).
         kind_scale: time multiplier per :data:`ATTENTION_KINDS` entry (1: as full attention).
-        split_kv: the attention kernel splits a decode's keys over more units (split-KV, as
-            serving engines' decode kernels do); not fitted: a property of the kernel measured.
+        split_kv: the attention kernel splits a request's keys over more units when a call
+            alone would leave the GPU idle (split-KV, as serving engines' decode kernels do);
+            not fitted: a property of the kernel measured.
     """
 
     gemm_efficiency: float = 0.5
