@@ -141,21 +141,60 @@ def test_eager_step_is_host_bound_when_the_gpu_has_little_to_do() -> None:
     assert serial.step([(128, 0)]).time_s == pytest.approx(gpu(small) + cal.eager_host_s, rel=1e-9)
 
 
-def test_decode_batch_of_one_leaves_the_gpu_idle() -> None:
+def test_split_kv_decode_fills_the_gpu_at_batch_one() -> None:
     m = _model()
-    one = m.step([(1, 8192)]).attention_s
-    many = m.step([(1, 8192)] * 16).attention_s
-    assert many < 16 * one / 4           # 16 requests fill the GPU; one request does not
+    assert m.calibration.split_kv                 # the shipped profile's decode kernel splits
+    cal = dataclasses.replace(m.calibration, attn_block_s=0.0)
+    split = CalibratedCostModel(m.model, H100, cal)
+    whole = CalibratedCostModel(m.model, H100, dataclasses.replace(cal, split_kv=False))
+    # Split-KV: one request over a long context streams its KV as fast per byte as 16 do ...
+    one = split.step([(1, 32768)]).attention_s
+    assert split.step([(1, 32768)] * 16).attention_s == pytest.approx(16 * one, rel=1e-9)
+    # ... a short one has too few keys to spread over the GPU ...
+    assert split.step([(1, 200)]).attention_s > 2 * split.step([(1, 200)] * 16).attention_s / 16
+    # ... and a kernel that runs one unit per request and KV head leaves the GPU idle at batch one.
+    assert whole.step([(1, 32768)] * 16).attention_s < 16 * whole.step([(1, 32768)]).attention_s / 4
+    assert whole.step([(1, 32768)]).attention_s > 4 * one
 
 
-def test_cached_context_runs_at_the_context_efficiency() -> None:
+def test_every_attention_block_costs_its_time() -> None:
     m = _model()
     cal = m.calibration
-    assert cal.attn_context_efficiency < cal.attn_causal_efficiency
+    assert 0 < cal.attn_block_s < 1e-6
+    none = CalibratedCostModel(m.model, H100, dataclasses.replace(cal, attn_block_s=0.0))
+    work = [(1, 512)] * 256                       # 256 requests x 8 KV heads, 32 layers
+    layers = len(m.model.groups[0].layer_names)
+    extra = m.step(work).attention_s - none.step(work).attention_s
+    assert extra == pytest.approx(256 * 8 * layers * cal.attn_block_s, rel=1e-9)
+
+
+def test_gemm_compute_counts_whole_row_tiles() -> None:
+    m = _model()
+    f = m.features([(512, 0)] + [(1, 1024)] * 32)          # 544 tokens: 9 tiles of 64 rows
+    assert f.gemm_tile_flops > f.gemm_flops * 1.05
+    f512, f576 = m.features([(512, 0)]), m.features([(576, 0)])          # whole tiles: no padding
+    assert f576.gemm_tile_flops - f512.gemm_tile_flops == pytest.approx(f576.gemm_flops - f512.gemm_flops)
+    # ... and the time follows the tiles: 545 tokens cost what 576 do, in the GEMMs.
+    gemm = lambda c: c.time_s - c.attention_s - c.overhead_s   # noqa: E731
+    assert gemm(m.step([(545, 0)])) == pytest.approx(gemm(m.step([(576, 0)])), rel=1e-9)
+
+
+@pytest.mark.parametrize("causal, context", [(0.5, 0.3), (0.3, 0.4)])
+def test_cached_context_runs_at_the_context_efficiency(causal, context) -> None:
+    base = _model()
+    cal = dataclasses.replace(base.calibration, attn_causal_efficiency=causal, attn_context_efficiency=context,
+                              attn_block_s=0.0)
+    m = CalibratedCostModel(base.model, H100, cal)
     fresh = m.step([(2048, 0)])
     after = m.step([(2048, 1)])               # one cached token: the context kernel path
-    assert after.attention_s / fresh.attention_s == pytest.approx(
-        cal.attn_causal_efficiency / cal.attn_context_efficiency, rel=0.01)
+    # ... which never runs a chunk faster per FLOP than the fresh one (more context never costs less)
+    assert after.attention_s / fresh.attention_s == pytest.approx(max(1.0, causal / context), rel=0.01)
+    # Decode FLOPs run at the context efficiency as fitted.
+    mla = get_preset("deepseek-v4-style")
+    a, b = (CalibratedCostModel(mla, H100, dataclasses.replace(cal, attn_bw_efficiency=1.0,
+                                                                attn_context_efficiency=e)).step([(1, 8192)] * 64)
+            for e in (context, context / 2))
+    assert b.attention_s > a.attention_s
 
 
 def test_sliding_window_caps_attention_cost() -> None:
@@ -222,7 +261,7 @@ def test_step_cost_names_the_largest_term() -> None:
     m = _model()
     assert m.step([(1, 1024)] * 8).bound == "memory"
     assert m.step([(8192, 0)]).bound == "compute"
-    assert m.step([(128, 30_720)]).bound == "attention"
+    assert m.step([(128, 60_000)]).bound == "attention"
 
 
 # ---- the fit --------------------------------------------------------------------------------------

@@ -1,8 +1,12 @@
-"""The shipped calibration against measured H100 steps, the copy-time model, the profile file.
+"""The calibrated model against the shared H100 reference steps, the shipped profile, the
+copy-time model, the profile file.
 
-The 24 measured steps (and the copies) are kept as test data in ``tests/data``; the
+The 24 reference steps (and the copies) are kept as test data in ``tests/data``; the
 ``calibration_dir`` fixture finds the original measurement folder when this checkout has one
-(and checks the copy against it), and skips with the reason when it does not.
+(and checks the copy against it), and skips with the reason when it does not. The reference's
+decode kernel did not split a request's keys (its batch-1 decode at 8k context took 2.95 ms
+more than at 1k; the split-KV decode of the shipped profile's run, 0.47 ms more), so the
+model's form is judged on it with ``split_kv=False``.
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hybridkv.sim.calibration_fit import leave_one_out
+from hybridkv.sim.calibrated import Calibration
+from hybridkv.sim.calibration_fit import fit_calibration, leave_one_out
 from hybridkv.sim.costmodel import CostModel
 from hybridkv.sim.grid import GridPoint
 from hybridkv.sim.presets import get_gpu, get_preset
@@ -24,6 +29,7 @@ from hybridkv.sim.transfer import DEFAULT_TRANSFER, CopyPoint, TransferModel, fi
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 STEPS = DATA / "h100-llama-3.1-8b.jsonl"
+H100_PROFILE = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "h100-llama-3.1-8b.profile.json"
 COPIES = DATA / "h100-pcie.jsonl"
 H100 = get_gpu("h100")
 LLAMA = get_preset("llama-3.1-8b")
@@ -50,33 +56,53 @@ def test_test_data_is_the_measurement(calibration_dir: Path) -> None:
     assert (calibration_dir / COPIES.name).read_text() == COPIES.read_text()
 
 
-def test_leave_one_out_on_the_measurement_is_within_10_percent(calibration_dir: Path) -> None:
-    points = _points(calibration_dir / STEPS.name)
-    ratios = leave_one_out(LLAMA, H100, points)
-    assert len(ratios) == 24
-    assert max(abs(r - 1) for r in ratios) < 0.10
-
-
-def test_shipped_calibration_reproduces_every_measured_step_within_10_percent() -> None:
+def test_model_form_leave_one_out_on_the_reference_is_within_10_percent() -> None:
+    """Each reference step predicted by the model fitted to the other 23 (24 fits, about a
+    second): the form, with the reference's unsplit decode kernel, within 10 % of every step."""
     points = _points(STEPS)
-    assert len(points) == 24
+    ratios = leave_one_out(LLAMA, H100, points, prior=Calibration(split_kv=False))
+    assert len(ratios) == 24
+    err = np.abs(np.array(ratios) - 1)
+    assert err.max() < 0.10 and err.mean() < 0.04
+    # A kernel that splits cannot reproduce the reference's slow batch-1 decode at 8k, even
+    # fitted to all 24 steps: the kernel, not the fit, is what split_kv says.
+    split = fit_calibration(LLAMA, H100, points).ratios
+    assert split[[p.step for p in points].index("1@8192")] < 0.85
+
+
+def test_the_shipped_default_on_the_reference_steps() -> None:
+    """The shipped default (fitted to another run of this grid, with split-KV decode) predicts
+    the reference directly: mean error 7.2 %, 18 of 24 within 10 %, its worst the batch-1
+    decode at 8k (-23 %: the reference's kernel did not split); the roofline's mean is 14.8 %."""
+    points = _points(STEPS)
     model = cost_model(LLAMA, H100)
     assert model.kind == "calibrated" and "fitted to 24 steps" in model.source
-    ratios = np.array([model.step_time(p.work()) / p.median_s for p in points])
-    assert np.abs(ratios - 1).max() < 0.10
-    # ... and beats the roofline it replaces by a wide margin on the same steps.
+    ratios = {p.step: model.step_time(p.work()) / p.median_s for p in points}
+    err = np.abs(np.array(list(ratios.values())) - 1)
     roof = CostModel(LLAMA, H100)
     roof_err = np.abs(np.array([roof.step_time(p.work()) / p.median_s for p in points]) - 1)
-    assert np.abs(ratios - 1).mean() < roof_err.mean() / 4
+    assert err.mean() < 0.10 < roof_err.mean()
+    assert min(ratios, key=ratios.get) == "1@8192" and ratios["1@8192"] < 0.85
+    assert sorted(err)[-2] < 0.20                  # every other step: the two runs' harness offset
 
 
-def test_shipped_profile_holds_the_test_data_and_refits_to_itself() -> None:
+def test_shipped_profile_is_the_h100_measurement_fitted_to_the_reference_grid() -> None:
     prof = default_profile()
-    assert [(p.step, p.median_s) for p in prof.points] == [(p.step, p.median_s) for p in _points(STEPS)]
-    again = prof.refit()
-    for name in ("gemm_efficiency", "attn_context_efficiency", "attn_bw_efficiency"):
-        assert getattr(again.calibration, name) == pytest.approx(getattr(prof.calibration, name), rel=1e-6)
+    measured = load_profile(H100_PROFILE)
+    assert [(p.step, p.median_s) for p in prof.points] == [(p.step, p.median_s) for p in measured.points]
+    assert prof.fit_steps == tuple(p.step for p in measured.points if p.step in {q.step for q in _points(STEPS)})
+    assert sorted(prof.fit_steps) == sorted(p.step for p in _points(STEPS))
+    assert prof.split_kv and prof.calibration.split_kv and prof.software["torch"] == "2.11.0+cu130"
+    held = prof.fit["held_out"]
+    assert len(held["steps"]) == 51 and set(held["steps"]).isdisjoint(prof.fit_steps)
+    assert held["max_abs_error"] < 0.10 and held["within_10pct"] == 51
     assert prof.fit["loo"]["max_abs_error"] < 0.10
+    again = prof.refit()                           # keeps to the recorded fit steps
+    assert again.fit_steps == prof.fit_steps
+    for name in ("gemm_efficiency", "attn_context_efficiency", "attn_bw_efficiency", "attn_block_s"):
+        assert getattr(again.calibration, name) == pytest.approx(getattr(prof.calibration, name), rel=1e-6)
+    with pytest.raises(ValueError, match="fit step.s. 3@3 are not in the profile's grid"):
+        prof.refit(fit_steps=("3@3",))
 
 
 def test_other_gpus_carry_the_h100_efficiencies_over() -> None:
@@ -145,11 +171,13 @@ def test_fit_of_an_older_model_form_is_redone_on_load(tmp_path: Path) -> None:
     obj = default_profile().to_json()
     params = obj["fit"]["params"]
     obj["fit"] = {"params": {**{k: v for k, v in params.items() if k not in ("eager_host_s", "host_overlap")},
-                             "eager_overhead_s": 0.0014}}          # no model_form: the first form
+                             "eager_overhead_s": 0.0014},          # no model_form: the first form
+                  "fit_steps": obj["fit"]["fit_steps"]}
     path = tmp_path / "old.json"
     path.write_text(json.dumps(obj))
     prof = load_profile(path)
-    assert prof.calibration == default_profile().calibration and prof.fit["model_form"] == 2
+    assert prof.calibration == default_profile().calibration and prof.fit["model_form"] == 3
+    assert prof.fit_steps == default_profile().fit_steps     # refitted to the same steps
 
 
 @pytest.mark.parametrize("edit, words", [
@@ -210,18 +238,20 @@ def _script(name: str):
 
 
 def _gpu_like_profile(tmp_path: Path, scale: dict[str, float], offset: float = 1.0) -> Path:
-    """A profile of the 24 shared-grid steps as measured plus new steps 'measured' as the shipped
-    calibration predicts them, times ``scale[kind]``; every time times ``offset`` (a harness
-    that is uniformly slower)."""
+    """A profile of the 24 shared-grid steps as the shipped run measured them plus new steps
+    'measured' as the shipped calibration predicts them, times ``scale[kind]``; every time
+    times ``offset`` (a harness that is uniformly slower)."""
     from hybridkv.sim.calibration_fit import predict_points
     shipped = default_profile()
-    grid = [GridPoint.from_step(s) for s in ("2048@4096,1@1024x64", "8192@24576", "1@4096x64",
-                                             "512@0,1@1024x32", "1@16384x8", "4096@0")]
+    grid = [GridPoint.from_step(s) for s in ("2048@6144,1@1024x48", "8192@20480", "1@4096x96",
+                                             "384@0,1@1024x24", "1@20480x6", "5120@0")]
+    assert not {p.step for p in grid} & {p.step for p in shipped.points}
     times = predict_points(LLAMA, H100, shipped.calibration, grid)
     pts = [dataclasses.replace(p, median_s=float(t) * scale.get(p.kind, 1.0) * offset, min_s=float(t))
            for p, t in zip(grid, times)]
-    pts += [dataclasses.replace(p, median_s=p.median_s * offset) for p in shipped.points]
-    prof = dataclasses.replace(shipped, points=tuple(pts), kernels=())
+    pts += [dataclasses.replace(p, median_s=p.median_s * offset) for p in shipped.points
+            if p.step in shipped.fit_steps]
+    prof = dataclasses.replace(shipped, points=tuple(pts), kernels=(), fit={})
     path = tmp_path / "gpu.json"
     prof.refit().save(path)
     return path
@@ -244,7 +274,7 @@ def test_heldout_script_fails_when_a_held_out_kind_is_off(tmp_path: Path, capsys
     assert _script("costmodel_heldout").main([str(path), "--quiet"]) == 1
     text = capsys.readouterr().out
     assert "verdict (a): FAIL: 2 of 6 steps" in text and "verdict (b): FAIL: 2 of 6 steps" in text
-    assert "2048@4096,1@1024x64 -20.0%" in text
+    assert "2048@6144,1@1024x48 -20.0%" in text
 
 
 def test_heldout_script_separates_a_harness_offset_from_model_error(tmp_path: Path, capsys) -> None:

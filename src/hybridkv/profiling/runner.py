@@ -366,7 +366,8 @@ def run_profile(req: ProfileRequest, out: str | Path | None = None, progress: bo
                 tm = fit_transfer(_transfer(device), f"measured by hybridkv profile on {name}")
                 bar.step("transfer")
             else:
-                method["transfer"] = "not measured (CPU device): the default copy times"
+                method["transfer"] = (f"not measured ({'--no-transfer' if cuda else 'CPU device'}): the "
+                                      "default copy times")
     finally:
         bar.close()
         torch.backends.cuda.enable_cudnn_sdp(cudnn_sdp)

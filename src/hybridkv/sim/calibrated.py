@@ -11,12 +11,13 @@ A step's work is ``[(new_tokens, context_before), ...]`` as for the roofline. Wi
 step's new tokens, ``R`` its requests (each samples one row of logits), ``G`` GPUs, peak FLOP/s
 ``F`` and bandwidth ``B`` from the GPU preset::
 
-    a      = (2 * P_tok * T + 2 * P_head * R) / (G * F * gemm_efficiency)       # GEMM compute
+    a      = (2 * P_tok * tile(T) + 2 * P_head * tile(R)) / (G * F * gemm_efficiency)   # GEMM compute
     b      = weight_bytes(T) / (G * B * weight_bw_efficiency)                   # weight reads
     gemm   = (a**p + b**p) ** (1/p),   p = gemm_blend                           # smooth roofline
     attn   = sum over KV groups g and attention calls k of
-             L_g * s_kind(g) * max(flops_k / (G * F * e_k), bytes_k / (G * B * attn_bw_efficiency))
-                 / min(1, units_k / (G * attn_saturation_blocks))
+             L_g * s_kind(g) * (max(flops_k / (G * F * e_k), bytes_k / (G * B * attn_bw_efficiency))
+                                    / min(1, units_k * splits_k / (G * attn_saturation_blocks))
+                                + blocks_k / G * attn_block_s)
     gpu    = gemm + attn + graph_overhead_s
     time   = gpu                                       for a step whose requests are all decodes
            = (gpu**q + eager_host_s**q) ** (1/q),  q = host_overlap       for any other step
@@ -24,25 +25,39 @@ step's new tokens, ``R`` its requests (each samples one row of logits), ``G`` GP
 ``P_tok`` are the parameters every token multiplies (active parameters less the LM head and an
 untied embedding), ``P_head`` the LM head's. The GEMM term is an efficiency that depends on
 the token count: weight-read bound for few tokens, ``gemm_efficiency`` of peak for many, with
-``gemm_blend`` saying how sharp the turn is (infinite: the plain roofline ``max``).
+``gemm_blend`` saying how sharp the turn is (infinite: the plain roofline ``max``). GEMM
+kernels compute whole tiles of :data:`GEMM_ROW_TILE` rows, so the compute term counts the
+tokens (and the LM head's rows) rounded up to a multiple of it, ``tile(x)``: a step of 544
+tokens computes as many rows as one of 576.
 
 Attention is composed the way an engine runs a step: all tokens of a step go through one GEMM
 pass, and attention runs per request for a prefill chunk (one call of ``n`` queries over
-``c + n`` keys) and as one batched call for all decodes (requests with at most
-:data:`DECODE_MAX_NEW` new tokens, speculative verification included). A call's FLOPs are its
-(query, key) pairs (:meth:`HitRule.attention_keys`: windows and chunks included) times
-``4 * attn_width`` (MLA: divided by its compression ratio), its bytes the KV it reads and
-writes (:meth:`HitRule.kv_span`); ``e_k`` is ``attn_causal_efficiency`` for a chunk with no
-cached context (the plain causal kernel) and ``attn_context_efficiency`` otherwise. A call's
+``c + n`` keys) and as one batched call for all decodes (requests with at most :data:`DECODE_MAX_NEW`
+new tokens, speculative verification included). A call's FLOPs are its (query, key) pairs
+(:meth:`HitRule.attention_keys`: windows and chunks included) times ``4 * attn_width`` (MLA:
+divided by its compression ratio), its bytes the KV it reads and writes
+(:meth:`HitRule.kv_span`); ``e_k`` is ``attn_causal_efficiency`` for a chunk with no cached
+context (the plain causal kernel) and ``attn_context_efficiency`` otherwise, but never more
+than the causal one for a prefill chunk (a context never makes a chunk cheaper). A call's
 *units* are its kernel's blocks of work: per request, query heads times 64-query blocks for a
-prefill chunk, and for a one-token decode the KV heads times the 64-row blocks its packed
-query heads fill (one per KV head for grouped-query attention); fewer than ``attn_saturation_blocks``
-leave streaming multiprocessors idle and the call slows in proportion; a decode batch with
-unequal contexts counts ``bytes / max(bytes per unit)`` units (its busiest unit bounds it, so a
-request added to a step never makes it faster). A recurrent (state)
-layer's call reads and writes its state once per request and does ``4 * state size`` FLOPs
-per token. ``s_kind`` is a per-attention-kind time multiplier (1 unless a profile measured
-that kind's kernels, see :class:`Calibration`).
+prefill chunk (``max(1, n / 64)`` of them for the occupancy, so one more token never makes a
+chunk faster; whole blocks for ``attn_block_s``; a recurrent layer's chunk, which carries its
+state from block to block, one unit per head), and for a one-token decode the KV heads times
+the 64-row blocks its packed query heads fill (one per KV head for grouped-query attention);
+fewer than ``attn_saturation_blocks`` leave streaming multiprocessors idle and the call slows
+in proportion; a decode batch with unequal contexts counts ``bytes / max(bytes per unit)``
+units (its busiest unit bounds it, so a request added to a step never makes it faster). With
+``split_kv`` (what serving engines run: FlashAttention's split-KV kernels, FlashInfer,
+TensorRT-LLM's multi-block mode) a call also splits each request's keys over
+``splits_k = min(MAX_KV_SPLITS, max(1, S / KV_SPLIT_KEYS))`` units, ``S`` the keys of its
+request (a decode batch: of its longest request), so a decode batch of one over a long context still fills the
+GPU; without it (a kernel that runs one unit per request and KV head) it does not. Every work
+block also costs ``attn_block_s`` beyond its FLOPs and bytes (loading its queries, the
+softmax's last pass, writing its output): ``blocks_k`` counts them all (a decode batch of ``B``
+requests has ``B`` times a request's units). A recurrent (state) layer's call reads and writes
+its state once per request and does ``4 * state size`` FLOPs per token. ``s_kind`` is a
+per-attention-kind time multiplier (1 unless a profile measured that kind's kernels, see
+:class:`Calibration`).
 
 A step whose requests are all decodes is replayed as a CUDA graph (as engines run decode
 steps): its time is the GPU's, ``graph_overhead_s`` included (the gaps between its many small
@@ -68,8 +83,9 @@ from hybridkv.core.validation import check_int
 from hybridkv.sim.costmodel import StepCost
 from hybridkv.sim.presets import GpuPreset, ModelPreset
 
-__all__ = ["ATTENTION_KINDS", "DECODE_MAX_NEW", "Calibration", "CalibratedCostModel", "StepFeatures",
-           "attention_kind", "blend", "call_times", "evaluate_features", "host_bound"]
+__all__ = ["ATTENTION_KINDS", "DECODE_MAX_NEW", "GEMM_ROW_TILE", "KV_SPLIT_KEYS", "MAX_KV_SPLITS", "Calibration",
+           "CalibratedCostModel", "StepFeatures", "attention_kind", "blend", "call_times", "evaluate_features",
+           "host_bound", "row_tile"]
 
 ATTENTION_KINDS = ("full", "sliding", "chunked", "mla", "state")
 """Attention kinds with their own time multiplier (:attr:`Calibration.kind_scale`)."""
@@ -80,7 +96,27 @@ DECODE_MAX_NEW = 16
 QUERY_BLOCK = 64
 """Queries per attention work block (the unit of :attr:`Calibration.attn_saturation_blocks`)."""
 
+GEMM_ROW_TILE = 64
+"""Rows (tokens) of one GEMM tile: the GEMM compute term counts whole tiles."""
+
+KV_SPLIT_KEYS = 128
+"""Keys of one request a split-KV unit covers at least (FlashAttention's key block)."""
+
+MAX_KV_SPLITS = 128
+"""Most units a split-KV kernel splits one request's keys into (FlashAttention's limit)."""
+
 _STATE = ATTENTION_KINDS.index("state")
+
+
+def row_tile(rows: float) -> float:
+    """``rows`` rounded up to whole :data:`GEMM_ROW_TILE` tiles (0 stays 0)."""
+    return math.ceil(rows / GEMM_ROW_TILE) * GEMM_ROW_TILE
+
+
+def kv_splits(keys: float | np.ndarray) -> float | np.ndarray:
+    """Units a split-KV kernel spreads one request's ``keys`` keys over (at least 1, at most
+    :data:`MAX_KV_SPLITS`; elementwise for an array)."""
+    return np.minimum(float(MAX_KV_SPLITS), np.maximum(1.0, np.asarray(keys, dtype=np.float64) / KV_SPLIT_KEYS))
 
 
 def attention_kind(spec: AttentionSpec) -> str:
@@ -111,14 +147,21 @@ class Calibration:
         gemm_blend: sharpness of the turn between the two (>= 1; large = roofline ``max``).
         attn_causal_efficiency: fraction of peak FLOP/s of attention over a chunk with no
             cached context.
-        attn_context_efficiency: the same after a cached context (and for decode FLOPs).
+        attn_context_efficiency: the same after a cached context (at most the causal one,
+            for a prefill chunk) and for decode FLOPs.
         attn_bw_efficiency: fraction of peak bandwidth attention reads KV (and state) at.
         attn_saturation_blocks: attention work blocks that keep the GPU busy (per GPU).
+        attn_block_s: GPU time each attention work block of one layer adds beyond its FLOPs
+            and bytes (per GPU: blocks run side by side, so this is the GPU's time per block,
+            not one block's latency).
         graph_overhead_s: fixed GPU time of every step (the gaps between its kernels).
         eager_host_s: host time to issue a step launched eagerly (one with a prefill chunk).
         host_overlap: how the host's issue time and the GPU time combine in an eager step
             (>= 1; 1: they add up; large: the larger of the two).
         kind_scale: time multiplier per :data:`ATTENTION_KINDS` entry (1: as full attention).
+        split_kv: the attention kernel splits a request's keys over more units when a call
+            alone would leave the GPU idle (split-KV, as serving engines' decode kernels do);
+            not fitted: a property of the kernel measured.
     """
 
     gemm_efficiency: float = 0.5
@@ -128,10 +171,12 @@ class Calibration:
     attn_context_efficiency: float = 0.35
     attn_bw_efficiency: float = 0.8
     attn_saturation_blocks: float = 132.0
+    attn_block_s: float = 2e-8
     graph_overhead_s: float = 0.002
     eager_host_s: float = 0.002
     host_overlap: float = 4.0
     kind_scale: tuple[float, ...] = field(default=(1.0,) * len(ATTENTION_KINDS))
+    split_kv: bool = True
 
     def __post_init__(self) -> None:
         for name in ("gemm_efficiency", "weight_bw_efficiency", "attn_causal_efficiency",
@@ -146,10 +191,12 @@ class Calibration:
         if not (isinstance(self.attn_saturation_blocks, (int, float)) and self.attn_saturation_blocks > 0):
             raise ValueError(f"Calibration.attn_saturation_blocks must be > 0, got "
                              f"{self.attn_saturation_blocks!r}")
-        for name in ("graph_overhead_s", "eager_host_s"):
+        for name in ("graph_overhead_s", "eager_host_s", "attn_block_s"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and 0 <= value < 1):
                 raise ValueError(f"Calibration.{name} must be in [0, 1) seconds, got {value!r}")
+        if not isinstance(self.split_kv, bool):
+            raise ValueError(f"Calibration.split_kv must be true or false, got {self.split_kv!r}")
         scale = tuple(float(x) for x in self.kind_scale)
         if len(scale) != len(ATTENTION_KINDS) or not all(0 < x < 100 for x in scale):
             raise ValueError(f"Calibration.kind_scale must be {len(ATTENTION_KINDS)} multipliers in "
@@ -158,13 +205,14 @@ class Calibration:
 
     @classmethod
     def scalar_names(cls) -> tuple[str, ...]:
-        """The scalar fields (everything but ``kind_scale``), in order."""
-        return tuple(f.name for f in fields(cls) if f.name != "kind_scale")
+        """The fitted scalar fields (everything but ``kind_scale`` and ``split_kv``), in order."""
+        return tuple(f.name for f in fields(cls) if f.name not in ("kind_scale", "split_kv"))
 
     def to_json(self) -> dict:
-        """A JSON object: the scalar fields and ``kind_scale`` as ``{kind: multiplier}``."""
+        """A JSON object: the scalar fields, ``kind_scale`` as ``{kind: multiplier}``, ``split_kv``."""
         out: dict = {name: getattr(self, name) for name in self.scalar_names()}
         out["kind_scale"] = dict(zip(ATTENTION_KINDS, self.kind_scale))
+        out["split_kv"] = self.split_kv
         return out
 
     @classmethod
@@ -172,7 +220,7 @@ class Calibration:
         """Inverse of :meth:`to_json`; raises ValueError naming an unknown or missing field."""
         if not isinstance(obj, dict):
             raise ValueError(f"calibration parameters must be a JSON object, got {type(obj).__name__}")
-        known = set(cls.scalar_names()) | {"kind_scale"}
+        known = set(cls.scalar_names()) | {"kind_scale", "split_kv"}
         unknown = sorted(set(obj) - known)
         if unknown:
             raise ValueError(f"unknown calibration parameter(s) {', '.join(unknown)}; valid: "
@@ -186,7 +234,8 @@ class Calibration:
             raise ValueError(f"unknown attention kind(s) {', '.join(bad)} in kind_scale; valid: "
                              f"{', '.join(ATTENTION_KINDS)}")
         kw = {name: float(obj[name]) for name in cls.scalar_names()}
-        return cls(**kw, kind_scale=tuple(float(scale.get(k, 1.0)) for k in ATTENTION_KINDS))
+        return cls(**kw, kind_scale=tuple(float(scale.get(k, 1.0)) for k in ATTENTION_KINDS),
+                   split_kv=obj.get("split_kv", True))
 
 
 @lru_cache(maxsize=256)
@@ -208,33 +257,46 @@ class _Group:
     decode_heads: float       # KV heads a decode's queries are packed under
     decode_group: float       # query rows per KV head of one decode token
 
+    @property
+    def decode_one(self) -> float:
+        """Work units of one one-token decode (:func:`_decode_units` of ``new == 1``)."""
+        return self.decode_heads * math.ceil(self.decode_group / QUERY_BLOCK)
+
 
 def _decode_units(g: _Group, new: np.ndarray) -> np.ndarray:
     """Work units of each request of a decode call: one token packs its KV head's query heads
     into blocks of 64 rows; a few tokens (speculative verification) run one block per query
     head and 64 tokens, as a prefill chunk does."""
-    packed = g.decode_heads * math.ceil(g.decode_group / QUERY_BLOCK)
-    return np.where(new == 1, packed, g.prefill_heads * np.ceil(new / QUERY_BLOCK))
+    return np.where(new == 1, g.decode_one, g.prefill_heads * np.ceil(new / QUERY_BLOCK))
 
 
 @dataclass(frozen=True, slots=True)
 class StepFeatures:
     """A step's work reduced to what the calibrated formula needs (no fitted constant in it).
 
-    Every quantity is per GPU (already divided by the tensor-parallel degree). One entry per
-    attention call of one group: FLOPs, bytes and work units of one layer, the group's layer
-    count, whether it is a fresh causal chunk, and its :data:`ATTENTION_KINDS` index.
+    Every quantity is per GPU (already divided by the tensor-parallel degree). ``gemm_flops``
+    are the GEMMs' FLOPs, ``gemm_tile_flops`` the same over whole :data:`GEMM_ROW_TILE` tiles
+    (what the kernels compute). One entry per attention call of one group: FLOPs, bytes and
+    work units of one layer (``call_units``: effective units, the busiest one bounding a decode
+    batch), the KV splits a split-KV kernel may add (``call_splits``; 1 for a recurrent
+    layer), all its work blocks (``call_blocks``), the group's layer count, whether it is a
+    fresh causal chunk (``call_causal``), whether it is a decode call (``call_decode``), and
+    its :data:`ATTENTION_KINDS` index.
     """
 
     tokens: int
     gemm_flops: float
+    gemm_tile_flops: float
     weight_bytes: float
     eager: bool
     call_flops: np.ndarray
     call_bytes: np.ndarray
     call_units: np.ndarray
+    call_splits: np.ndarray
+    call_blocks: np.ndarray
     call_layers: np.ndarray
     call_causal: np.ndarray
+    call_decode: np.ndarray
     call_kind: np.ndarray
 
 
@@ -320,21 +382,28 @@ class CalibratedCostModel:
         pre = ~dec
         n_pre = int(pre.sum())
         any_dec = n_pre < new.size
-        flops, nbytes, units, layers, causal, kinds = [], [], [], [], [], []
+        flops, nbytes, units, splits, nblocks, layers, causal, decode, kinds = [], [], [], [], [], [], [], [], []
         blocks = np.ceil(new[pre] / QUERY_BLOCK) if n_pre else None
+        fill = np.maximum(1.0, new[pre] / QUERY_BLOCK) if n_pre else None     # occupancy: no partial-block jumps
         for g in self._groups:
             if g.kind == _STATE:
                 f = new * g.pair_flops
                 b = np.full(new.shape, g.state_bytes)
+                span = None
             else:
                 f = g.rule.attention_keys(new, ctx) * g.pair_flops
-                b = g.kv_bytes * (g.rule.kv_span(new, ctx) + new)
+                span = g.rule.kv_span(new, ctx) + new
+                b = g.kv_bytes * span
             if n_pre:
                 flops.append(f[pre] / G)
                 nbytes.append(b[pre] / G)
-                units.append(g.prefill_heads * blocks / G)
+                # a recurrent layer carries its state chunk to chunk: one unit per head and request
+                units.append(g.prefill_heads * (np.ones(n_pre) if g.kind == _STATE else fill) / G)
+                splits.append(np.ones(n_pre) if span is None else kv_splits(span[pre]))
+                nblocks.append(g.prefill_heads * blocks / G)
                 layers.append(np.full(n_pre, g.layers, dtype=np.float64))
                 causal.append(ctx[pre] == 0)
+                decode.append(np.zeros(n_pre, dtype=bool))
                 kinds.append(np.full(n_pre, g.kind))
             if any_dec:
                 d_units = _decode_units(g, new[dec])
@@ -343,17 +412,22 @@ class CalibratedCostModel:
                 nbytes.append(np.array([d_bytes.sum() / G]))
                 # The batch's busiest unit bounds it: effective units = bytes / max bytes per unit.
                 units.append(np.array([d_bytes.sum() / float((d_bytes / d_units).max()) / G]))
+                splits.append(np.array([1.0 if span is None else float(kv_splits(span[dec].max()))]))
+                nblocks.append(np.array([float(d_units.sum()) / G]))
                 layers.append(np.array([float(g.layers)]))
                 causal.append(np.array([False]))
+                decode.append(np.array([True]))
                 kinds.append(np.array([g.kind]))
         cat = np.concatenate if flops else (lambda _: np.zeros(0))
         return StepFeatures(
             tokens=int(total),
             gemm_flops=(self._tok_flops * total + self._head_flops * rows) / G,
+            gemm_tile_flops=(self._tok_flops * row_tile(total) + self._head_flops * row_tile(rows)) / G,
             weight_bytes=self.weight_bytes(total) / G,
             eager=n_pre > 0,
             call_flops=cat(flops), call_bytes=cat(nbytes), call_units=cat(units),
-            call_layers=cat(layers), call_causal=cat(causal).astype(bool),
+            call_splits=cat(splits), call_blocks=cat(nblocks),
+            call_layers=cat(layers), call_causal=cat(causal).astype(bool), call_decode=cat(decode).astype(bool),
             call_kind=cat(kinds).astype(np.int64))
 
     def features(self, work: Iterable[tuple[int, int]]) -> StepFeatures:
@@ -400,7 +474,9 @@ class CalibratedCostModel:
         F = self.gpu.flops * G
         B = self.gpu.mem_bw * G
         total = float(new.sum())
-        a = (self._tok_flops * total + self._head_flops * new.size) / (F * cal.gemm_efficiency)
+        tile = GEMM_ROW_TILE                                 # row_tile(), inlined
+        a = (self._tok_flops * (-(-total // tile) * tile) + self._head_flops * (-(-new.size // tile) * tile)) \
+            / (F * cal.gemm_efficiency)
         b = self.weight_bytes(total) / (B * cal.weight_bw_efficiency)
         p = cal.gemm_blend
         m = a if a > b else b
@@ -418,53 +494,76 @@ class CalibratedCostModel:
         bw_a = B * cal.attn_bw_efficiency
         if n_dec:
             dec_total = float(dec_new.sum())
-            uniform = dec_new.max() == dec_new.min()
+            first = float(dec_new[0])
+            uniform = first == dec_new.max() == dec_new.min()
         sat = cal.attn_saturation_blocks * G
+        blk = cal.attn_block_s / G                           # per work block, per GPU
+        split = cal.split_kv
+        max_splits = float(MAX_KV_SPLITS)
         scale = cal.kind_scale
         few = not all_dec and pre_new.size <= 8       # a few chunks: plain float arithmetic
+        f_c = F * cal.attn_causal_efficiency
+        f_x = F * cal.attn_context_efficiency
+        f_p = f_x if f_x < f_c else f_c                   # a prefill chunk after a context
         if few:
-            chunks = [(n, c, (cal.attn_causal_efficiency if c == 0 else cal.attn_context_efficiency) * F,
-                       math.ceil(n / QUERY_BLOCK)) for n, c in zip(pre_new.tolist(), pre_ctx.tolist())]
+            chunks = [(n, c, math.ceil(n / QUERY_BLOCK), n / QUERY_BLOCK if n > QUERY_BLOCK else 1.0)
+                      for n, c in zip(pre_new.tolist(), pre_ctx.tolist())]
         elif not all_dec:
-            eff = np.where(pre_ctx == 0, cal.attn_causal_efficiency, cal.attn_context_efficiency) * F
             blocks = np.ceil(pre_new / QUERY_BLOCK)
+            fill = np.maximum(1.0, pre_new / QUERY_BLOCK)
         for g in self._groups:
             s = g.layers * scale[g.kind]
             if few:
                 rule = g.rule
-                for n, c, e, nb in chunks:
+                for n, c, nb, nf in chunks:
                     if g.kind == _STATE:
-                        f, by = n * g.pair_flops, g.state_bytes
+                        w, by, sp, nf = n * g.pair_flops / (f_c if c == 0 else f_p), g.state_bytes, 1.0, 1.0
                     else:
                         f = rule.attention_keys(n, c) * g.pair_flops
-                        by = g.kv_bytes * (rule.kv_span(n, c) + n)
-                    w = f / e if f / e > by / bw_a else by / bw_a
-                    t += s * w / min(1.0, g.prefill_heads * nb / sat)
+                        w = f / (f_c if c == 0 else f_p)
+                        keys = rule.kv_span(n, c) + n
+                        by = g.kv_bytes * keys
+                        sp = min(max_splits, max(1.0, keys / KV_SPLIT_KEYS)) if split else 1.0   # kv_splits()
+                    w = w if w > by / bw_a else by / bw_a
+                    t += s * (w / min(1.0, g.prefill_heads * nf * sp / sat) + g.prefill_heads * nb * blk)
             elif not all_dec:
                 if g.kind == _STATE:
-                    f = pre_new * g.pair_flops
+                    w = pre_new * g.pair_flops / np.where(pre_ctx == 0, f_c, f_p)
                     by = g.state_bytes
+                    sp = 1.0 / fill                       # one unit per head: the state runs chunk to chunk
                 else:
                     f = g.rule.attention_keys(pre_new, pre_ctx) * g.pair_flops
-                    by = g.kv_bytes * (g.rule.kv_span(pre_new, pre_ctx) + pre_new)
-                occ = np.minimum(1.0, g.prefill_heads * blocks / sat)
-                t += s * float((np.maximum(f / eff, by / bw_a) / occ).sum())
+                    w = f / np.where(pre_ctx == 0, f_c, f_p)
+                    keys = g.rule.kv_span(pre_new, pre_ctx) + pre_new
+                    by = g.kv_bytes * keys
+                    # kv_splits(keys), inlined
+                    sp = np.minimum(np.maximum(keys * (1.0 / KV_SPLIT_KEYS), 1.0), max_splits) if split else 1.0
+                occ = np.minimum(1.0, g.prefill_heads * fill * sp / sat)
+                t += s * float((np.maximum(w, by / bw_a) / occ).sum() + g.prefill_heads * blocks.sum() * blk)
             if n_dec:
                 if g.kind == _STATE:
                     f = dec_total * g.pair_flops
                     by = g.state_bytes * n_dec
-                    units = float(_decode_units(g, dec_new).sum())
+                    units = nblk = (g.decode_one * n_dec if uniform and first == 1.0
+                                    else float(_decode_units(g, dec_new).sum()))
                 else:
                     f = float(g.rule.attention_keys(dec_new, dec_ctx).sum()) * g.pair_flops
                     span = g.rule.kv_span(dec_new, dec_ctx) + dec_new
                     by = g.kv_bytes * float(span.sum())
+                    top = float(span.max())
                     if uniform:        # equal units per request: bytes / max bytes per unit
-                        units = float(_decode_units(g, dec_new[:1])[0]) * by / (g.kv_bytes * float(span.max()))
+                        one = g.decode_one if first == 1.0 else float(_decode_units(g, dec_new[:1])[0])
+                        units = one * by / (g.kv_bytes * top)
+                        nblk = one * n_dec
                     else:
-                        units = by / (g.kv_bytes * float((span / _decode_units(g, dec_new)).max()))
+                        per = _decode_units(g, dec_new)
+                        units = by / (g.kv_bytes * float((span / per).max()))
+                        nblk = float(per.sum())
+                    if split:          # kv_splits(top), inlined
+                        units *= min(max_splits, max(1.0, top / KV_SPLIT_KEYS))
                 occ = min(1.0, units / sat)
-                w = max(f / (F * cal.attn_context_efficiency), by / bw_a)
-                t += s * w / occ
+                w = max(f / f_x, by / bw_a)
+                t += s * (w / occ + nblk * blk)
         t += cal.graph_overhead_s
         if all_dec:
             return t
@@ -491,26 +590,32 @@ def blend(a: np.ndarray, b: np.ndarray, p: float) -> np.ndarray:
 
 def call_times(cal: Calibration, peak_flops: float, peak_bw: float, flops: np.ndarray,
                nbytes: np.ndarray, units: np.ndarray, layers: np.ndarray, causal: np.ndarray,
-               kind: np.ndarray) -> np.ndarray:
-    """Seconds of each attention call (all its layers), per the formula."""
-    eff = np.where(causal, cal.attn_causal_efficiency, cal.attn_context_efficiency)
+               kind: np.ndarray, splits: np.ndarray | float = 1.0, blocks: np.ndarray | None = None,
+               decode: np.ndarray | bool = True) -> np.ndarray:
+    """Seconds of each attention call (all its layers), per the formula (``causal``: a fresh
+    causal chunk; ``decode``: a decode call, else a prefill chunk; ``blocks``: all work blocks
+    of the call, default ``units``; ``splits``: the KV splits a split-KV kernel adds)."""
+    e_c, e_x = cal.attn_causal_efficiency, cal.attn_context_efficiency
+    eff = np.where(causal, e_c, np.where(decode, e_x, min(e_x, e_c)))
     work = np.maximum(flops / (peak_flops * eff), nbytes / (peak_bw * cal.attn_bw_efficiency))
-    occupancy = np.minimum(1.0, units / cal.attn_saturation_blocks)
+    occupancy = np.minimum(1.0, (units * splits if cal.split_kv else units) / cal.attn_saturation_blocks)
     scale = np.asarray(cal.kind_scale)[kind]
-    return layers * scale * work / np.maximum(occupancy, 1e-12)
+    per_block = (units if blocks is None else blocks) * cal.attn_block_s
+    return layers * scale * (work / np.maximum(occupancy, 1e-12) + per_block)
 
 
 def evaluate_features(f: StepFeatures, cal: Calibration, gpu: GpuPreset) -> StepCost:
     """The :class:`StepCost` of features ``f`` under ``cal`` on ``gpu``'s peaks."""
     if f.tokens == 0:
         return StepCost(0.0, 0.0, 0.0, 0.0, 0.0, model="calibrated")
-    a = f.gemm_flops / (gpu.flops * cal.gemm_efficiency)
+    a = f.gemm_tile_flops / (gpu.flops * cal.gemm_efficiency)
     b = f.weight_bytes / (gpu.mem_bw * cal.weight_bw_efficiency)
     p = cal.gemm_blend
     m = max(a, b)
     gemm = m * ((a / m) ** p + (b / m) ** p) ** (1.0 / p) if m > 0 else 0.0
     attn = float(call_times(cal, gpu.flops, gpu.mem_bw, f.call_flops, f.call_bytes, f.call_units,
-                            f.call_layers, f.call_causal, f.call_kind).sum())
+                            f.call_layers, f.call_causal, f.call_kind, f.call_splits, f.call_blocks,
+                            f.call_decode).sum())
     gpu_s = gemm + attn + cal.graph_overhead_s
     total = host_bound(gpu_s, cal.eager_host_s, cal.host_overlap) if f.eager else gpu_s
     over = total - gemm - attn if f.eager else cal.graph_overhead_s

@@ -7,9 +7,11 @@ plus a weak pull (weight :data:`PRIOR_WEIGHT` per constant) toward the generic
 constant (no decode points, say) leaves it at its generic value instead of anywhere. Each
 constant is fitted in a space where every value is valid: efficiencies through a logistic
 map into (0, 1), the two blend exponents as ``1 + exp``, the saturation as ``exp``, the
-overhead and the host time as a square. The minimiser is Levenberg-Marquardt with a
-forward-difference Jacobian, started from the generic values and two variants; the best end
-point wins.
+overhead, the host time and the time per attention block as a square. The minimiser is
+Levenberg-Marquardt with a forward-difference Jacobian, started from the generic values and
+two variants; the best end point wins. Whether the attention kernel splits a decode's keys
+(:attr:`Calibration.split_kv`) is not fitted: it is taken from ``prior``, a property of the
+kernel that ran.
 
 :func:`leave_one_out` refits without each point in turn and predicts it: the error a new
 measurement of the same kind should expect, not how well the fit reproduces its own data.
@@ -44,6 +46,8 @@ _NAMES = Calibration.scalar_names()
 _UNIT = {"gemm_efficiency", "weight_bw_efficiency", "attn_causal_efficiency",
          "attn_context_efficiency", "attn_bw_efficiency"}
 _EXPONENT = {"gemm_blend", "host_overlap"}
+_SECONDS_SCALE = {"attn_block_s": 1e-8}
+"""Seconds = theta ** 2 * scale (default 1e-3: overheads of a millisecond or so)."""
 
 
 def _to_theta(cal: Calibration) -> np.ndarray:
@@ -57,12 +61,12 @@ def _to_theta(cal: Calibration) -> np.ndarray:
             out.append(math.log(max(v - 1.0, 1e-6)))
         elif name == "attn_saturation_blocks":
             out.append(math.log(v))
-        else:                                   # seconds = theta ** 2 / 1000
-            out.append(math.sqrt(v * 1e3))
+        else:                                   # seconds = theta ** 2 * scale
+            out.append(math.sqrt(v / _SECONDS_SCALE.get(name, 1e-3)))
     return np.array(out)
 
 
-def _from_theta(theta: np.ndarray, kind_scale: tuple[float, ...]) -> Calibration:
+def _from_theta(theta: np.ndarray, kind_scale: tuple[float, ...], split_kv: bool) -> Calibration:
     kw = {}
     for name, t in zip(_NAMES, theta):
         t = float(np.clip(t, -30.0, 30.0))
@@ -73,8 +77,8 @@ def _from_theta(theta: np.ndarray, kind_scale: tuple[float, ...]) -> Calibration
         elif name == "attn_saturation_blocks":
             kw[name] = math.exp(t)
         else:
-            kw[name] = min(t * t * 1e-3, 0.49)
-    return Calibration(**kw, kind_scale=kind_scale)
+            kw[name] = min(t * t * _SECONDS_SCALE.get(name, 1e-3), 0.49)
+    return Calibration(**kw, kind_scale=kind_scale, split_kv=split_kv)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +129,7 @@ class _Batch:
 
     def __init__(self, feats: Sequence[StepFeatures]) -> None:
         self.n = len(feats)
-        self.gemm_flops = np.array([f.gemm_flops for f in feats])
+        self.gemm_flops = np.array([f.gemm_tile_flops for f in feats])
         self.weight_bytes = np.array([f.weight_bytes for f in feats])
         self.eager = np.array([f.eager for f in feats])
         self.step_of = np.concatenate([np.full(f.call_flops.size, i) for i, f in enumerate(feats)]
@@ -136,7 +140,9 @@ class _Batch:
             return np.concatenate(parts) if parts else np.zeros(0)
 
         self.flops, self.bytes, self.units = cat("call_flops"), cat("call_bytes"), cat("call_units")
+        self.splits, self.blocks = cat("call_splits"), cat("call_blocks")
         self.layers, self.causal = cat("call_layers"), cat("call_causal").astype(bool)
+        self.decode = cat("call_decode").astype(bool)
         self.kind = cat("call_kind").astype(np.int64)
 
     def times(self, cal: Calibration, gpu: GpuPreset) -> np.ndarray:
@@ -144,7 +150,7 @@ class _Batch:
         b = self.weight_bytes / (gpu.mem_bw * cal.weight_bw_efficiency)
         gemm = blend(a, b, cal.gemm_blend)
         calls = call_times(cal, gpu.flops, gpu.mem_bw, self.flops, self.bytes, self.units,
-                           self.layers, self.causal, self.kind)
+                           self.layers, self.causal, self.kind, self.splits, self.blocks, self.decode)
         gpu_s = gemm + np.bincount(self.step_of, weights=calls, minlength=self.n) + cal.graph_overhead_s
         host = blend(gpu_s, np.full(self.n, cal.eager_host_s), cal.host_overlap)
         return np.where(self.eager, host, gpu_s)
@@ -234,7 +240,8 @@ def fit_calibration(model: ModelPreset, gpu: GpuPreset, points: Sequence[GridPoi
         gpu: the peaks the efficiencies refer to.
         points: measured steps (median seconds are fitted).
         kernels: measured attention kernels of other kinds (set ``kind_scale``).
-        prior: the constants the weak prior pulls toward (default: the generic ones).
+        prior: the constants the weak prior pulls toward (default: the generic ones); its
+            ``split_kv`` is kept.
 
     Raises:
         ValueError: no step point, or a point with a non-positive median.
@@ -252,17 +259,18 @@ def fit_calibration(model: ModelPreset, gpu: GpuPreset, points: Sequence[GridPoi
     scale = prior.kind_scale
 
     def residuals(theta: np.ndarray) -> np.ndarray:
-        cal = _from_theta(theta, scale)
+        cal = _from_theta(theta, scale, prior.split_kv)
         pred = batch.times(cal, gpu)
         return np.concatenate([np.log(np.maximum(pred, 1e-30)) - measured,
                                PRIOR_WEIGHT * (theta - theta_prior)])
 
     starts = [theta_prior]
-    for over, host, blend_p in ((0.0005, 0.001, 2.0), (0.002, 0.01, 8.0)):
+    for over, host, blend_p, block in ((0.0005, 0.001, 2.0, 1e-8), (0.002, 0.01, 8.0, 5e-8)):
         starts.append(_to_theta(dataclasses.replace(prior, graph_overhead_s=over, eager_host_s=host,
-                                                    gemm_blend=blend_p, host_overlap=blend_p)))
+                                                    gemm_blend=blend_p, host_overlap=blend_p,
+                                                    attn_block_s=block)))
     best = min((_lm(residuals, s) for s in starts), key=lambda tc: tc[1])
-    cal = _from_theta(best[0], scale)
+    cal = _from_theta(best[0], scale, prior.split_kv)
     cal = dataclasses.replace(cal, kind_scale=_kind_scale(model, gpu, cal, kernels))
     ratios = batch.times(cal, gpu) / np.exp(measured)
     kratios = []

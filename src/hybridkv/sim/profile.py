@@ -8,23 +8,30 @@ A profile is one JSON object (``"format": "hybridkv-profile"``, ``"version": 1``
     software   {python, torch, cuda, hybridkv, ...}
     model      {preset, trim: {layers_per_group, width_divisor, vocab_size},
                 num_params, active_params}                          (of the weights built)
-    method     {dtype, timer, decode, warmup, repeats, ...}      how the grid was timed
+    method     {dtype, timer, decode, timing, attention_kernels, split_kv?, ...}   how it was timed
     grid       [{kind: prefill | decode | mixed, new_tokens, context, batch,
-                 decode_batch, decode_context, median_s, min_s, repeats}, ...]
+                 decode_batch, decode_context, median_s, min_s, repeats, host_s}, ...]
     kernels    [{kind: kernel, attention, step, flops, bytes, units, causal, median_s, ...}]
-    fit        {params: Calibration fields, max_abs_error, mean_abs_error, points, loo?}
+    fit        {params: Calibration fields, model_form, points, fit_steps?, ratios,
+                max_abs_error, mean_abs_error, loo?, held_out?}
     transfer   {h2d_bw, d2h_bw, latency_s, per_copy_s, pageable_h2d_bw, source, points}
 
 The efficiencies in ``fit.params`` are fractions of ``device.peak_flops`` / ``peak_bw`` (a GPU
 preset's datasheet numbers where ``device.gpu`` names one, else the measured reference).
 :meth:`Profile.refit` fits again from ``grid`` and ``kernels`` alone, so a profile taken on a
-GPU can be refitted anywhere.
+GPU can be refitted anywhere. ``fit.fit_steps``, when present, names the grid steps the
+constants are fitted to (a refit keeps to them); the other steps are held out, and
+``fit.held_out`` gives their predicted / measured ratios. Whether the decode kernel split its
+keys (:attr:`Calibration.split_kv`) comes from ``method.split_kv`` or, failing that, from the
+names of the decode kernels the profiler recorded (``method.attention_kernels``).
 
-The shipped default (``hybridkv/sim/data/h100-llama-3.1-8b.profile.json``) holds 24 steps of
-a model with Llama-3.1-8B's shapes measured on one H100 SXM with PyTorch 2.11 kernels and the
-copy measurements of :data:`~hybridkv.sim.transfer.DEFAULT_TRANSFER`. It is the default
-calibration for ``--gpu h100``; every other GPU preset gets the same efficiencies applied to
-its own datasheet peaks (:func:`default_calibration`).
+The shipped default (``hybridkv/sim/data/h100-llama-3.1-8b.profile.json``) holds 75 steps of
+a model with Llama-3.1-8B's shapes measured by ``hybridkv profile`` on one H100 SXM with
+PyTorch 2.11 kernels (FlashAttention's split-KV decode); its constants are fitted to 24 of
+them (a grid shared with earlier measurements) and the other 51 are held out. Its copy times
+are :data:`~hybridkv.sim.transfer.DEFAULT_TRANSFER`. It is the default calibration for
+``--gpu h100``; every other GPU preset gets the same efficiencies applied to its own datasheet
+peaks (:func:`default_calibration`).
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from hybridkv.sim.calibrated import CalibratedCostModel, Calibration
-from hybridkv.sim.calibration_fit import KernelPoint, fit_calibration, leave_one_out
+from hybridkv.sim.calibration_fit import KernelPoint, fit_calibration, leave_one_out, predict_points
 from hybridkv.sim.costmodel import CostModel
 from hybridkv.sim.grid import GridPoint
 from hybridkv.sim.presets import GPU_PRESETS, GpuPreset, ModelPreset, get_preset
@@ -51,7 +58,7 @@ __all__ = ["COST_MODELS", "DEFAULT_PROFILE_PATH", "FORMAT", "MODEL_FORM", "VERSI
 
 FORMAT = "hybridkv-profile"
 VERSION = 1
-MODEL_FORM = 2
+MODEL_FORM = 3
 """The calibrated model's form a profile's ``fit.params`` belong to (``fit.model_form``); a fit
 of another form is recomputed from the grid when the profile is read."""
 DEFAULT_PROFILE_PATH = Path(__file__).resolve().parent / "data" / "h100-llama-3.1-8b.profile.json"
@@ -114,18 +121,61 @@ class Profile:
         """A short description: model on device."""
         return f"{self.model['preset']} on {self.device['name']}"
 
+    @property
+    def split_kv(self) -> bool:
+        """Whether the measured decode kernel split a request's keys over several work units:
+        ``method.split_kv`` when recorded, else whether the recorded decode kernels
+        (``method.attention_kernels``) are split-KV ones, else True (what serving engines run)."""
+        if "split_kv" in self.method:
+            return bool(self.method["split_kv"])
+        kernels = self.method.get("attention_kernels") or {}
+        decode = [name for step, names in kernels.items() if step.startswith("1@") for name in names]
+        return any("splitkv" in name.lower() for name in decode) if decode else True
+
+    @property
+    def fit_steps(self) -> tuple[str, ...] | None:
+        """The grid steps the constants are fitted to (None: all of them)."""
+        steps = self.fit.get("fit_steps")
+        return tuple(steps) if steps is not None else None
+
     # ---- fitting ---------------------------------------------------------------------------------
-    def refit(self, loo: bool = False) -> Profile:
-        """This profile with ``calibration`` and ``fit`` recomputed from its grid and kernels
-        (``loo``: also the leave-one-out ratios, one refit per point)."""
+    def refit(self, loo: bool = False, fit_steps: tuple[str, ...] | None = None) -> Profile:
+        """This profile with ``calibration`` and ``fit`` recomputed from its grid and kernels.
+
+        Args:
+            loo: also the leave-one-out ratios of the fitted steps (one refit per step).
+            fit_steps: fit to these grid steps only and hold the others out (default: the
+                steps the profile's fit names, else every step).
+
+        Raises:
+            ValueError: a step of ``fit_steps`` that the grid does not hold.
+        """
         model, gpu = self.model_preset(), self.gpu_preset()
-        res = fit_calibration(model, gpu, self.points, self.kernels)
+        steps = fit_steps if fit_steps is not None else self.fit_steps
+        if steps is not None:
+            known = {p.step for p in self.points}
+            missing = [s for s in steps if s not in known]
+            if missing:
+                raise ValueError(f"fit step(s) {', '.join(missing)} are not in the profile's grid")
+        fitted = tuple(p for p in self.points if steps is None or p.step in steps)
+        held = tuple(p for p in self.points if steps is not None and p.step not in steps)
+        prior = Calibration(split_kv=self.split_kv)
+        res = fit_calibration(model, gpu, fitted, self.kernels, prior=prior)
         err = np.abs(np.array(res.ratios) - 1.0)
-        fit = {"params": res.calibration.to_json(), "model_form": MODEL_FORM, "points": len(self.points),
-               "kernels": len(self.kernels), "max_abs_error": float(err.max()),
-               "mean_abs_error": float(err.mean()), "ratios": list(res.ratios)}
-        if loo and len(self.points) > 1:
-            ratios = leave_one_out(model, gpu, self.points)
+        fit: dict = {"params": res.calibration.to_json(), "model_form": MODEL_FORM, "points": len(fitted),
+                     "kernels": len(self.kernels), "max_abs_error": float(err.max()),
+                     "mean_abs_error": float(err.mean()), "ratios": list(res.ratios)}
+        if steps is not None:
+            fit["fit_steps"] = [p.step for p in fitted]
+        if held:
+            ratios = list(predict_points(model, gpu, res.calibration, held)
+                          / np.array([p.median_s for p in held]))
+            herr = np.abs(np.array(ratios) - 1.0)
+            fit["held_out"] = {"steps": [p.step for p in held], "ratios": [float(r) for r in ratios],
+                               "max_abs_error": float(herr.max()), "mean_abs_error": float(herr.mean()),
+                               "within_10pct": int((herr <= 0.10).sum())}
+        if loo and len(fitted) > 1:
+            ratios = leave_one_out(model, gpu, fitted, prior=prior)
             lerr = np.abs(np.array(ratios) - 1.0)
             fit["loo"] = {"ratios": ratios, "max_abs_error": float(lerr.max()),
                           "mean_abs_error": float(lerr.mean())}
@@ -158,8 +208,8 @@ class Profile:
             if key not in obj:
                 raise ValueError(f"profile lacks its {key!r} section")
         fit = dict(obj.get("fit") or {})
-        if fit.get("model_form", 1) != MODEL_FORM:
-            fit = {}                                   # constants of another model form: refit
+        if fit.get("model_form", 1) != MODEL_FORM:     # constants of another model form: refit
+            fit = {"fit_steps": fit["fit_steps"]} if "fit_steps" in fit else {}
         cal = Calibration.from_json(fit["params"]) if "params" in fit else None
         transfer = TransferModel.from_json(obj["transfer"]) if obj.get("transfer") else DEFAULT_TRANSFER
         return cls(device=dict(obj["device"]), model=dict(obj["model"]),
@@ -211,7 +261,7 @@ def default_calibration(gpu: GpuPreset) -> tuple[Calibration, str]:
     assert cal is not None                           # the shipped file is fitted
     measured_on = prof.device.get("gpu")
     if gpu.name == measured_on:
-        return cal, f"calibrated: fitted to {len(prof.points)} steps measured on one {prof.device['name']}"
+        return cal, f"calibrated: fitted to {prof.fit['points']} steps measured on one {prof.device['name']}"
     return cal, (f"calibrated: efficiencies measured on {measured_on}, carried over to {gpu.name}'s "
                  f"datasheet peaks")
 
@@ -270,11 +320,14 @@ def copy_points_from_jsonl(path: str | Path) -> list[CopyPoint]:
 
 def profile_from_measurements(steps: str | Path, preset: str, gpu: str, device_name: str,
                               transfer: str | Path | None = None, transfer_source: str = "",
-                              software: dict | None = None, method: dict | None = None) -> Profile:
+                              software: dict | None = None, method: dict | None = None,
+                              split_kv: bool = True) -> Profile:
     """A fitted profile from step times measured elsewhere, in JSON lines: ``prefill`` /
     ``decode`` / ``mixed`` rows as :meth:`GridPoint.from_json` reads them, plus optional
     reference rows ``{"kind": "gemm8192", "tflops": x}`` and ``{"kind": "copy2GiB",
     "tb_s_read_plus_write": y}``. ``transfer``: copy rows (:func:`copy_points_from_jsonl`).
+    ``split_kv``: whether the decode kernel that ran splits a request's keys (recorded in the
+    profile's ``method``).
 
     Raises:
         ValueError: an unknown GPU preset, a bad row, or no step row.
@@ -298,7 +351,8 @@ def profile_from_measurements(steps: str | Path, preset: str, gpu: str, device_n
     device = {"name": device_name, "kind": "cuda", "gpu": gpu, "memory_bytes": g.memory_bytes,
               "peak_flops": g.flops, "peak_bw": g.mem_bw, "peak_source": g.source, "reference": reference}
     prof = Profile(device=device, model={"preset": preset, "trim": Trim().to_json()},
-                   points=tuple(points), transfer=tm, software=software or {}, method=method or {})
+                   points=tuple(points), transfer=tm, software=software or {},
+                   method={**(method or {}), "split_kv": split_kv})
     return prof.refit(loo=True)
 
 
