@@ -51,6 +51,11 @@ from hybridkv.sim.presets import GpuPreset, ModelPreset
 __all__ = ["CostModel", "StepCost", "attention_keys", "kv_span"]
 
 
+#: The longest list of requests :meth:`CostModel.step_time_arrays` sums with Python ints
+#: (shorter than this, building arrays costs more than it saves).
+INT_BATCH = 32
+
+
 @lru_cache(maxsize=256)
 def _rule(spec: AttentionSpec) -> HitRule:
     """The spec's hit rule (specs are frozen and hashable; rules are pure)."""
@@ -194,31 +199,53 @@ class CostModel:
         """Seconds one step scheduling ``work`` takes (:meth:`step`'s ``time_s``)."""
         return self.step(work).time_s
 
-    def step_time_arrays(self, new: np.ndarray, ctx: np.ndarray) -> float:
-        """:meth:`step_time` for ``work = zip(new, ctx)``, vectorized over the requests.
+    def step_time_arrays(self, new: np.ndarray | list[int], ctx: np.ndarray | list[int]) -> float:
+        """:meth:`step_time` for ``work = zip(new, ctx)`` (arrays or lists of token counts); the
+        simulator's hot path.
 
-        Same formula, evaluated with numpy (float64); the simulator's hot path. The two agree
-        to floating-point rounding (tested).
+        Same formula, with each group's (query, key) pairs and KV positions summed over the
+        requests before they are scaled. Those sums are exact integers (every term is an
+        integer below 2**53), so numpy's float64 sums and Python's int sums are the same
+        number: a list of at most :data:`INT_BATCH` requests (a decode step's usual batch)
+        is summed with ints, with no array to build, anything else with numpy; both give the
+        same time, bit for bit (tested). Agrees with :meth:`step` to floating-point rounding
+        (tested).
         """
+        if new.__class__ is list and len(new) <= INT_BATCH:
+            total_new = sum(new)
+            if total_new == 0:
+                return 0.0
+            sums = []
+            for g in self.model.groups:
+                rule = _rule(g.spec)         # its formulas are plain arithmetic: ints work
+                sums.append((sum(map(rule.attention_keys, new, ctx)),
+                             sum(map(rule.kv_span, new, ctx)) + total_new))
+            return self._time(total_new, sums)
         new = np.asarray(new, dtype=np.float64)
         ctx = np.asarray(ctx, dtype=np.float64)
         total_new = float(new.sum())
         if total_new == 0:
             return 0.0
+        sums = []
+        for g in self.model.groups:
+            rule = _rule(g.spec)             # its formulas are plain arithmetic: arrays work
+            sums.append((rule.attention_keys(new, ctx).sum(),
+                         (rule.kv_span(new, ctx) + new).sum()))
+        return self._time(total_new, sums)
+
+    def _time(self, total_new: float, sums: list) -> float:
+        """The step time from its ``total_new`` tokens and, per group of the model, the sums of
+        (query, key) pairs and of KV positions read and written over its requests."""
         m = self.model
         attn_flops = 0.0
         kv_bytes = 0.0
-        for g in m.groups:
+        for g, (keys, span) in zip(m.groups, sums):
             spec = g.spec
             layers = len(g.layer_names)
-            rule = _rule(spec)               # its formulas are plain arithmetic: arrays work
-            keys = rule.attention_keys(new, ctx)
-            span = rule.kv_span(new, ctx)
-            attn_flops += 4.0 * m.attn_width * layers * float(keys.sum()) / spec.compress_ratio
-            kv_bytes += spec.bytes_per_token * layers * float((span + new).sum())
+            attn_flops += 4.0 * m.attn_width * layers * float(keys) / spec.compress_ratio
+            kv_bytes += spec.bytes_per_token * layers * float(span)
         flops = 2.0 * m.active_params * total_new + attn_flops
         nbytes = self.weight_bytes(int(total_new)) + kv_bytes
         compute_s = flops / (self.num_gpus * self.gpu.flops * self.mfu)
         memory_s = nbytes / (self.num_gpus * self.gpu.mem_bw * self.mbu)
         return max(compute_s, memory_s) + self.step_overhead_s
-
