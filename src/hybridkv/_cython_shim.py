@@ -28,6 +28,9 @@ compiled = False
 #: C's signed size type (list indices, lengths); a Python ``int`` here.
 Py_ssize_t = int
 
+#: A C int used as a truth value; a Python ``bool`` here.
+bint = bool
+
 
 def locals(**types: Any) -> Callable[[Callable], Callable]:  # noqa: A001 - Cython's name
     """Cython's ``@cython.locals(name=type, ...)``: declares local variable types when

@@ -52,8 +52,6 @@ Invariants (checked by :meth:`BlockPool.check`, in O(ids used + index)):
 
 from __future__ import annotations
 
-from collections import deque
-from itertools import repeat
 from typing import Callable, Iterable, Iterator
 
 try:
@@ -66,9 +64,6 @@ NULL_BLOCK = 0
 # Sentinel node ids of the free queue: the last three slots of the link lists. Negative ids
 # keep naming the same slots while the lists grow (fresh ids are inserted before them).
 _HEAD, _GAP, _TAIL = -3, -2, -1
-
-# Runs an iterator for its side effects, in C (a zero-length deque discards every item).
-_consume = deque(maxlen=0).extend
 
 # Index changes BlockPool records for the lookup memo before restarting the record.
 _MAX_CHANGES = 1 << 14
@@ -378,18 +373,18 @@ class BlockPool:
         for h, b in zip(hashes[k:], blocks[k:]):
             insert(group, h, b)
 
+    @cython.locals(bh=list, bg=list, changes=list, n=cython.Py_ssize_t, i=cython.Py_ssize_t,
+                   bi=cython.Py_ssize_t)
     def _hashed(self, group: int, hashes: list[bytes], blocks: list[int]) -> None:
         """Record that ``blocks`` hold ``hashes`` in ``group``, once the index has them: the
         per-block lists, the change record (restarted first when the run would pass
         :data:`_MAX_CHANGES`) and the index version (:meth:`insert`, :meth:`insert_run`)."""
         n = len(blocks)
-        if n == 1:
-            b = blocks[0]
-            self.block_hash[b] = hashes[0]
-            self.block_group[b] = group
-        else:
-            _consume(map(self.block_hash.__setitem__, blocks, hashes))
-            _consume(map(self.block_group.__setitem__, blocks, repeat(group, n)))
+        bh, bg = self.block_hash, self.block_group
+        for i in range(n):
+            bi = blocks[i]
+            bh[bi] = hashes[i]
+            bg[bi] = group
         changes = self._changes
         if len(changes) + n > _MAX_CHANGES:
             self._restart_changes()
@@ -406,7 +401,8 @@ class BlockPool:
         """Forget block ``b``'s hash ``h`` (:meth:`_forget` of one block)."""
         self._forget([b])
 
-    @cython.locals(changes=list, bh=list, bg=list, index=list, idx=dict, bi=cython.Py_ssize_t)
+    @cython.locals(changes=list, bh=list, bg=list, index=list, idx=dict, bi=cython.Py_ssize_t,
+                   one=cython.bint)
     def _forget(self, blocks: list[int]) -> None:
         """Forget the hash of each of ``blocks`` (distinct, each holding a hash), in order: the
         one rule for dropping a hash (:meth:`drop_hash`, eviction). Per block: its index entry
@@ -420,13 +416,17 @@ class BlockPool:
             self._restart_changes()
         bh, bg, index = self.block_hash, self.block_group, self.index
         on_evict = self.on_evict
+        one = len(index) == 1                      # one group: no need to read block_group
+        g = 0
+        idx = index[0]
         for b in blocks:
             bi = b
             h = bh[bi]
-            g = bg[bi]
-            idx = index[g]
+            if not one:
+                g = bg[bi]
+                idx = index[g]
             v = idx.pop(h)
-            if v.__class__ is not int:              # duplicated content: the others stay
+            if type(v) is not int:                  # duplicated content: the others stay
                 del v[b]
                 idx[h] = next(iter(v)) if len(v) == 1 else v
             bh[bi] = None
