@@ -30,6 +30,11 @@ from typing import TYPE_CHECKING, Sequence
 
 import xxhash
 
+try:
+    import cython
+except ImportError:                       # no Cython: the C types below are no-ops
+    from hybridkv import _cython_shim as cython
+
 if TYPE_CHECKING:
     from hybridkv.core.request import Request
 
@@ -107,6 +112,11 @@ class BlockHasher:
             data += encode_extra_keys(extra_keys)
         return self._digest(data)
 
+    @cython.locals(hashes=list, buf=bytes, parent=bytes, bs=cython.Py_ssize_t,
+                   la=cython.Py_ssize_t, start=cython.Py_ssize_t, limit=cython.Py_ssize_t,
+                   nblocks=cython.Py_ssize_t, end=cython.Py_ssize_t, step=cython.Py_ssize_t,
+                   width=cython.Py_ssize_t, off=cython.Py_ssize_t, k=cython.Py_ssize_t,
+                   block_start=cython.Py_ssize_t)
     def update(self, request: "Request") -> None:
         """Append the hashes of every block of ``request`` that became hashable."""
         hashes = request.block_hashes
@@ -123,11 +133,10 @@ class BlockHasher:
         width = step + la * TOKEN_BYTES
         digest = self._digest
         parent = hashes[-1] if hashes else self.none_hash
-        append = hashes.append
         if not request.has_extra_keys:
             for off in range(0, nblocks * step, step):
                 parent = digest(parent + buf[off:off + width])
-                append(parent)
+                hashes.append(parent)
             return
         for k in range(nblocks):
             off = k * step
@@ -135,7 +144,7 @@ class BlockHasher:
             keys = request.extra_keys(block_start, block_start + bs + la)
             extra = encode_extra_keys(keys) if keys else b""
             parent = digest(parent + buf[off:off + width] + extra)
-            append(parent)
+            hashes.append(parent)
 
 
 def coarse_view(hashes: Sequence[bytes], scale: int) -> Sequence[bytes]:

@@ -49,16 +49,9 @@ class PolicyBlockPool(BlockPool):
         blocks = q.popleft_n(k) if k else []
         if n > k:
             blocks += pol.pop(n - k)
-        ref, bh = self.ref_cnt, self.block_hash
-        if q.capacity != len(ref):
+        if q.capacity != len(self.ref_cnt):
             self._sync()
-        evicted = 0
-        for b in blocks:
-            ref[b] = 1
-            h = bh[b]
-            if h is not None:
-                self._drop(b, h)
-                evicted += 1
+        evicted = self._claim(blocks)
         pol.forget(blocks)
         self.free_version += 1
         self.num_evictions += evicted

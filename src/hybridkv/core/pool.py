@@ -52,18 +52,18 @@ Invariants (checked by :meth:`BlockPool.check`, in O(ids used + index)):
 
 from __future__ import annotations
 
-from collections import deque
-from itertools import repeat
 from typing import Callable, Iterable, Iterator
+
+try:
+    import cython
+except ImportError:                       # no Cython: the C types below are no-ops
+    from hybridkv import _cython_shim as cython
 
 NULL_BLOCK = 0
 
 # Sentinel node ids of the free queue: the last three slots of the link lists. Negative ids
 # keep naming the same slots while the lists grow (fresh ids are inserted before them).
 _HEAD, _GAP, _TAIL = -3, -2, -1
-
-# Runs an iterator for its side effects, in C (a zero-length deque discards every item).
-_consume = deque(maxlen=0).extend
 
 # Index changes BlockPool records for the lookup memo before restarting the record.
 _MAX_CHANGES = 1 << 14
@@ -155,6 +155,8 @@ class FreeBlockQueue:
             self._next[p] = n
             self._prev[n] = p
 
+    @cython.locals(nxt=list, out=list, i=cython.Py_ssize_t, k=cython.Py_ssize_t,
+                   bi=cython.Py_ssize_t)
     def popleft_n(self, n: int) -> list[int]:
         """Remove and return the first ``n`` blocks (``n <= num_free``)."""
         if n > self.num_free:
@@ -162,11 +164,13 @@ class FreeBlockQueue:
         nxt = self._next
         out = []
         b = nxt[_HEAD]
-        for _ in range(n):
-            if b < 0:          # reached the gap: the unhashed region is used up
+        k = n
+        for i in range(k):
+            bi = b
+            if bi < 0:         # reached the gap: the unhashed region is used up
                 break
             out.append(b)
-            b = nxt[b]
+            b = nxt[bi]
         else:
             nxt[_HEAD] = b
             self._prev[b] = _HEAD
@@ -194,14 +198,18 @@ class FreeBlockQueue:
         self.num_free -= n
         return out
 
+    @cython.locals(prev=list, nxt=list, pi=cython.Py_ssize_t, bi=cython.Py_ssize_t)
     def _link_run(self, blocks: list[int], before: int, after: int) -> None:
         prev, nxt = self._prev, self._next
         p = before
+        pi = p
         for b in blocks:
-            nxt[p] = b
-            prev[b] = p
+            bi = b
+            nxt[pi] = b
+            prev[bi] = p
             p = b
-        nxt[p] = after
+            pi = bi
+        nxt[pi] = after
         prev[after] = p
         self.num_free += len(blocks)
 
@@ -331,35 +339,52 @@ class BlockPool:
             idx[h] = {v: None, b: None}
         else:
             v[b] = None
-        self.block_hash[b] = h
-        self.block_group[b] = group
-        changes = self._changes
-        if len(changes) >= _MAX_CHANGES:
-            self._restart_changes()
-        changes.append(h)
-        self.index_version += 1
+        self._hashed(group, [h], [b])
 
+    @cython.locals(idx=dict, hs=list, bs=list, n=cython.Py_ssize_t, k=cython.Py_ssize_t)
     def insert_run(self, group: int, hashes: list[bytes], blocks: list[int]) -> None:
         """``insert(group, h, b)`` for each pair of ``hashes`` and ``blocks``, in order.
 
-        The blocks must be distinct, allocated and unhashed. When the hashes are distinct and
-        none is in the group's index yet (the usual case: a request's chain), the index,
-        the per-block lists and the change record are updated by C-level bulk operations;
-        otherwise (or in a subclass that overrides :meth:`insert`) pair by pair.
+        The blocks must be distinct, allocated and unhashed. While the hashes are new to the
+        group's index (the usual case: a request's chain) each costs one index operation and
+        the per-block lists and the change record are updated in bulk; from the first hash the
+        index holds already (or one repeated within the run) on, and in a subclass that
+        overrides :meth:`insert`, pair by pair.
         """
         n = len(blocks)
         if not n:
             return
-        idx = self.index[group]
-        if n == 1 or type(self).insert is not BlockPool.insert or len(set(hashes)) != n \
-                or max(blocks) >= self.queue.next_fresh or not idx.keys().isdisjoint(hashes):
-            insert = self.insert
-            for h, b in zip(hashes, blocks):
-                insert(group, h, b)
-            return
-        idx.update(zip(hashes, blocks))
-        _consume(map(self.block_hash.__setitem__, blocks, hashes))
-        _consume(map(self.block_group.__setitem__, blocks, repeat(group, n)))
+        k = 0
+        if n > 1 and type(self).insert is BlockPool.insert and max(blocks) < self.queue.next_fresh \
+                and hashes.__class__ is list and blocks.__class__ is list and len(hashes) == n:
+            idx = self.index[group]
+            hs, bs = hashes, blocks
+            while k < n:
+                b = bs[k]
+                if idx.setdefault(hs[k], b) is not b:   # there already (b is unhashed, so no
+                    break                               # entry names it): left to insert
+                k += 1
+            if k == n:
+                self._hashed(group, hashes, blocks)
+                return
+            if k:
+                self._hashed(group, hashes[:k], blocks[:k])
+        insert = self.insert
+        for h, b in zip(hashes[k:], blocks[k:]):
+            insert(group, h, b)
+
+    @cython.locals(bh=list, bg=list, changes=list, n=cython.Py_ssize_t, i=cython.Py_ssize_t,
+                   bi=cython.Py_ssize_t)
+    def _hashed(self, group: int, hashes: list[bytes], blocks: list[int]) -> None:
+        """Record that ``blocks`` hold ``hashes`` in ``group``, once the index has them: the
+        per-block lists, the change record (restarted first when the run would pass
+        :data:`_MAX_CHANGES`) and the index version (:meth:`insert`, :meth:`insert_run`)."""
+        n = len(blocks)
+        bh, bg = self.block_hash, self.block_group
+        for i in range(n):
+            bi = blocks[i]
+            bh[bi] = hashes[i]
+            bg[bi] = group
         changes = self._changes
         if len(changes) + n > _MAX_CHANGES:
             self._restart_changes()
@@ -370,26 +395,47 @@ class BlockPool:
         """Forget block ``b``'s hash (its content stays; the index no longer finds it)."""
         bh = self.block_hash
         if b < len(bh) and bh[b] is not None:      # a fresh id has no hash
-            self._drop(b, bh[b])
+            self._forget([b])
 
     def _drop(self, b: int, h: bytes) -> None:
-        g = self.block_group[b]
-        idx = self.index[g]
-        v = idx[h]
-        if v.__class__ is int:
-            del idx[h]
-        else:
-            del v[b]
-            if len(v) == 1:
-                idx[h] = next(iter(v))
-        self.block_hash[b] = None
+        """Forget block ``b``'s hash ``h`` (:meth:`_forget` of one block)."""
+        self._forget([b])
+
+    @cython.locals(changes=list, bh=list, bg=list, index=list, idx=dict, bi=cython.Py_ssize_t,
+                   one=cython.bint)
+    def _forget(self, blocks: list[int]) -> None:
+        """Forget the hash of each of ``blocks`` (distinct, each holding a hash), in order: the
+        one rule for dropping a hash (:meth:`drop_hash`, eviction). Per block: its index entry
+        goes (the other blocks of a duplicated hash keep theirs), the change is recorded, then
+        ``on_evict(group, hash)`` is called, so a callback sees every earlier block of the batch
+        dropped and no later one. The change record restarts first when the batch would pass
+        :data:`_MAX_CHANGES`."""
+        n = len(blocks)
         changes = self._changes
-        if len(changes) >= _MAX_CHANGES:
+        if len(changes) + n > _MAX_CHANGES:
             self._restart_changes()
-        changes.append(h)
-        self.index_version += 1
-        if self.on_evict is not None:
-            self.on_evict(g, h)
+        bh, bg, index = self.block_hash, self.block_group, self.index
+        on_evict = self.on_evict
+        one = len(index) == 1                      # one group: no need to read block_group
+        g = 0
+        idx = index[0]
+        for b in blocks:
+            bi = b
+            h = bh[bi]
+            if not one:
+                g = bg[bi]
+                idx = index[g]
+            v = idx.pop(h)
+            if type(v) is not int:                  # duplicated content: the others stay
+                del v[b]
+                idx[h] = next(iter(v)) if len(v) == 1 else v
+            bh[bi] = None
+            changes.append(h)
+            if on_evict is not None:
+                self.index_version += 1
+                n -= 1
+                on_evict(g, h)
+        self.index_version += n
 
     # ---- ref counting -----------------------------------------------------------------------
     def allocate(self, n: int) -> list[int]:
@@ -405,18 +451,30 @@ class BlockPool:
                 # none cached: nothing to evict, every ref becomes 1 in one slice assignment
                 ref[lo:lo + n] = [1] * n
                 return blocks
-        evicted = 0
-        for b in blocks:
-            ref[b] = 1
-            h = bh[b]
-            if h is not None:
-                self._drop(b, h)
-                evicted += 1
+        evicted = self._claim(blocks)
         if evicted:
             self.free_version += 1
-        self.num_evictions += evicted
+            self.num_evictions += evicted
         return blocks
 
+    @cython.locals(ref=list, bh=list, stale=list, bi=cython.Py_ssize_t)
+    def _claim(self, blocks: list[int]) -> int:
+        """Give each of ``blocks`` (just taken from the free blocks) ref 1 and evict the hash
+        it still holds (lazy eviction, :meth:`_forget`, in order); returns how many were
+        evicted."""
+        ref, bh = self.ref_cnt, self.block_hash
+        stale = []
+        for b in blocks:
+            bi = b
+            ref[bi] = 1
+            if bh[bi] is not None:
+                stale.append(b)
+        if not stale:
+            return 0
+        self._forget(stale)
+        return len(stale)
+
+    @cython.locals(ref=list, prv=list, nxt=list, bi=cython.Py_ssize_t)
     def touch(self, blocks: Iterable[int]) -> None:
         """Take a reference on each non-null block, pulling free ones out of the queue."""
         ref = self.ref_cnt
@@ -430,14 +488,15 @@ class BlockPool:
                     if b >= fresh:                # a fresh id: give it explicit state first
                         self._materialize(b)
                         fresh = q.next_fresh
-                    r = ref[b]
+                    bi = b
+                    r = ref[bi]
                     if r == 0:                    # FreeBlockQueue.remove, inlined
-                        p = prv[b]
-                        n = nxt[b]
+                        p = prv[bi]
+                        n = nxt[bi]
                         nxt[p] = n
                         prv[n] = p
                         removed += 1
-                    ref[b] = r + 1
+                    ref[bi] = r + 1
         finally:
             q.num_free -= removed
             if removed:
@@ -464,6 +523,7 @@ class BlockPool:
             self.queue.append_n(cached)
             self.free_version += 1
 
+    @cython.locals(ref=list, bh=list, scratch=list, cached=list, bi=cython.Py_ssize_t)
     def _release(self, blocks: Iterable[int]) -> tuple[list[int], list[int]]:
         """Drop a reference on each non-null block; return the blocks that became free, split
         into scratch (no hash) and cached, each in the given order. Raises
@@ -477,12 +537,16 @@ class BlockPool:
         try:
             for b in blocks:
                 if b:
-                    r = ref[b] - 1
-                    ref[b] = r
+                    bi = b
+                    r = ref[bi] - 1
+                    ref[bi] = r
                     if r == 0:
-                        (scratch if bh[b] is None else cached).append(b)
+                        if bh[bi] is None:
+                            scratch.append(b)
+                        else:
+                            cached.append(b)
                     elif r < 0:
-                        ref[b] = 0
+                        ref[bi] = 0
                         raise _FreedTooOften(b, scratch, cached)
         except IndexError:                         # a fresh id: never referenced
             raise _FreedTooOften(b, scratch, cached) from None

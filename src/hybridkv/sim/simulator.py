@@ -529,8 +529,7 @@ class Simulator:
             if r.request.num_preemptions == 0:
                 self._on_admitted(r, res, clock)
         start = clock
-        compute = self.cost.step_time_arrays(np.array(out.num_new_tokens, np.float64),
-                                             np.array(out.starts, np.float64))
+        compute = self.cost.step_time_arrays(out.num_new_tokens, out.starts)
         loaded = None
         if self.tiers is None:
             clock += compute

@@ -25,6 +25,30 @@ from hybridkv.core.coordinator.records import CacheHit, ExternalHit
 from hybridkv.core.pool import NULL_BLOCK
 from hybridkv.core.request import Request
 
+try:
+    import cython
+except ImportError:                       # no Cython: the C types below are no-ops
+    from hybridkv import _cython_shim as cython
+
+
+
+@cython.locals(idx=dict, k=cython.Py_ssize_t)
+def _leading_cached(hashes: list[bytes], indexes: list[dict]) -> int:
+    """How many of ``hashes``, from the first on, every one of ``indexes`` holds."""
+    k = 0
+    if len(indexes) == 1:
+        idx = indexes[0]
+        for h in hashes:
+            if h not in idx:
+                break
+            k += 1
+        return k
+    for h in hashes:
+        for idx in indexes:
+            if h not in idx:
+                return k
+        k += 1
+    return k
 
 
 class Lookup(CoordinatorBase):
@@ -85,9 +109,15 @@ class Lookup(CoordinatorBase):
             scale = unit.scale
             # blocks past max_tokens (plus a proof block) can never be part of the hit
             hs = hashes[scale - 1:(max_tokens // unit.rule.block_size + 1) * scale:scale]
-            flags = list(map(index[unit.groups[0]].__contains__, hs))
-            for g in unit.groups[1:]:
-                flags = list(map(operator.and_, flags, map(index[g].__contains__, hs)))
+            if unit.rule.downward_closed:
+                # its hit needs every block before it: the flags up to the first miss decide
+                # (the rest read as misses), so the probing stops there
+                k = _leading_cached(hs, [index[g] for g in unit.groups])
+                flags = [True] * k + [False] * (len(hs) - k)
+            else:
+                flags = list(map(index[unit.groups[0]].__contains__, hs))
+                for g in unit.groups[1:]:
+                    flags = list(map(operator.and_, flags, map(index[g].__contains__, hs)))
             probes.append(flags.__getitem__)
         t, longest = self._fixed_point(probes, n_fine, max_tokens)
         t = max(t, 0)

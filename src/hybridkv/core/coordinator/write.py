@@ -20,10 +20,10 @@ from hybridkv.core.request import Request
 from hybridkv.core.retention import multiples_between, replay_boundaries
 from hybridkv.core.rules import HitRule
 
-
-# Runs at least this long are cached with one BlockPool.insert_run (C-level bulk updates);
-# shorter ones block by block, which costs less for a few blocks.
-_BULK_RUN = 12
+try:
+    import cython
+except ImportError:                       # no Cython: the C types below are no-ops
+    from hybridkv import _cython_shim as cython
 
 
 class WritePath(CoordinatorBase):
@@ -214,27 +214,29 @@ class WritePath(CoordinatorBase):
         if positions and self.on_stored is not None:
             _report_runs(self.on_stored, g, request, table, positions)
 
+    @cython.locals(table=list, hashes=list, block_hash=list, hs=list, run=list,
+                   j=cython.Py_ssize_t, hi=cython.Py_ssize_t, scale=cython.Py_ssize_t,
+                   bi=cython.Py_ssize_t)
     def _insert_span(self, g: int, table: list[int], j: int, hi: int, hashes: list[bytes],
                      scale: int, positions: list[int]) -> None:
         """Cache the blocks of table positions ``[j, hi)`` of group g that are neither null
         nor cached yet, under the request's hashes; append their positions to ``positions``.
-        A run with no null and no cached block (the usual case) goes to the pool in one call."""
-        pool = self.pool
-        block_hash = pool.block_hash
-        if hi - j >= _BULK_RUN:
-            blocks = table[j:hi]
-            if NULL_BLOCK not in blocks and not any(map(block_hash.__getitem__, blocks)):
-                hs = hashes[(j + 1) * scale - 1:hi * scale:scale]
-                if len(hs) == len(blocks):
-                    pool.insert_run(g, hs, blocks)
-                    positions.extend(range(j, hi))
-                    return
+        One pass picks them, one :meth:`BlockPool.insert_run` caches them (pair by pair, in
+        order, as an insert each would)."""
+        block_hash = self.pool.block_hash
+        hs = []
+        run = []
         while j < hi:
             b = table[j]
-            if b != NULL_BLOCK and block_hash[b] is None:
-                pool.insert(g, hashes[(j + 1) * scale - 1], b)
-                positions.append(j)
+            if b != NULL_BLOCK:
+                bi = b
+                if block_hash[bi] is None:
+                    hs.append(hashes[(j + 1) * scale - 1])
+                    run.append(b)
+                    positions.append(j)
             j += 1
+        if run:
+            self.pool.insert_run(g, hs, run)
 
     def _write_mask(self, g: int, request: Request, state: _ReqBlocks, hi: int,
                     hashes: list) -> float:

@@ -1,0 +1,38 @@
+"""Cython's ``cython`` module where Cython is not installed: the few names hybridkv uses, as
+no-ops, so the pure-Python source runs unchanged.
+
+The compiled packages (setup.py: ``hybridkv.core``, ``hybridkv.sched``) declare C types for
+some hot loops in Cython's pure-Python mode, written as::
+
+    try:
+        import cython
+    except ImportError:
+        from hybridkv import _cython_shim as cython
+
+    @cython.locals(i=cython.Py_ssize_t, table=list)
+    def f(table): ...
+
+Compiled, Cython reads the decorator and types ``i`` and ``table``; run as Python (this shim,
+or Cython's own module where it is installed), the decorator returns the function unchanged.
+The types are chosen so the compiled code behaves exactly like the source (containers that
+are always of that type, indices that always fit a C integer). This module is never compiled.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+#: False: this is the source running as Python (Cython's compiled modules see True).
+compiled = False
+
+#: C's signed size type (list indices, lengths); a Python ``int`` here.
+Py_ssize_t = int
+
+#: A C int used as a truth value; a Python ``bool`` here.
+bint = bool
+
+
+def locals(**types: Any) -> Callable[[Callable], Callable]:  # noqa: A001 - Cython's name
+    """Cython's ``@cython.locals(name=type, ...)``: declares local variable types when
+    compiled; here it returns the function unchanged."""
+    return lambda func: func
