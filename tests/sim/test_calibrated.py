@@ -86,11 +86,11 @@ def test_time_grows_with_work(name, work, more_new, more_ctx) -> None:
     m = _model(name)
     base = m.step(work).time_s
     assert m.step(work + [(more_new, 0)]).time_s >= base          # another request
-    assert m.step(work + [(1, more_ctx)]).time_s >= base          # another decode
+    assert m.step(work + [(1, more_ctx)]).time_s >= base * (1 - MONOTONE_SLACK)   # another decode
     (n, c), rest = work[0], work[1:]
     # More context never costs less (no chunked-local preset here), and neither do more new
-    # tokens on the same side of the decode threshold, but for an under-filled chunk's hair
-    # (MONOTONE_SLACK: [(65, 0)] -> [(66, 0)] is 3.2e-5 faster on llama-3.1-8b).
+    # tokens on the same side of the decode threshold, within MONOTONE_SLACK (the occupancy
+    # terms are not monotone: [(10, 118), (1, 193)] -> [(10, 524), (1, 193)] is 0.68 % faster).
     assert m.step([(n, c + more_ctx)] + rest).time_s >= base * (1 - MONOTONE_SLACK)
     if n > DECODE_MAX_NEW:
         assert m.step([(n + more_new, c)] + rest).time_s >= base * (1 - MONOTONE_SLACK)
@@ -98,14 +98,14 @@ def test_time_grows_with_work(name, work, more_new, more_ctx) -> None:
 
 @pytest.mark.parametrize("name", ["llama-3.1-8b", "gemma-3-27b", "nemotron-h-8b"])
 def test_an_under_filled_chunk_gets_faster_by_a_hair_at_most(name) -> None:
-    """Defect guarded: MONOTONE_SLACK understating how much one more token can speed a chunk
-    up (a chunk that leaves SMs idle gains query blocks and key splits at once)."""
+    """Defect guarded: one more token speeding an under-filled prefill chunk up by more than
+    the 0.12 % measured (it gains query blocks and key splits at once)."""
     m = _model(name)
     worst = 0.0
     for c in (0, 1, 100, 2000):
         times = [m.step([(n, c)]).time_s for n in range(DECODE_MAX_NEW + 1, 400)]
         worst = max(worst, max((a - b) / a for a, b in zip(times, times[1:])))
-    assert 0.0 <= worst <= MONOTONE_SLACK
+    assert 0.0 <= worst <= 0.002
 
 
 @settings(max_examples=100, deadline=None)
