@@ -194,12 +194,12 @@ class _Shadow:
     def __len__(self) -> int:
         return len(self.lru) + len(self.demoted) + len(self.pinned)
 
-    def serve(self, batch: list[tuple[object, int, float, bool]], now: float) -> None:
-        """``batch``: (key, kind, pin expiry or 0, predicted pin) per freed block, tail first;
-        kind 2: pinned, 1: hinted dead, 0: private and neither, -1: shared (never demoted, not
-        counted in ``ins``)."""
+    def serve(self, batch: list[tuple[object, int, bool, float, bool]], now: float) -> None:
+        """``batch``: (key, kind, hinted dead, pin expiry or 0, predicted pin) per freed block,
+        tail first; kind (what the hint test counts) 2: pinned, 1: hinted dead, 0: neither, -1:
+        not a release's representative block (not counted in ``ins``)."""
         lru, demoted, pinned, ins, reused = self.lru, self.demoted, self.pinned, self.ins, self.reused
-        for k, dead, expiry, predicted in batch:
+        for k, dead, is_dead, expiry, predicted in batch:
             was = lru.pop(k, None)
             if was is None:
                 was = demoted.pop(k, None)
@@ -217,7 +217,7 @@ class _Shadow:
                 ins[dead] += 1
             if self.pin and expiry > now:
                 pinned.add(k, expiry, predicted)
-            elif self.dead and dead == 1:
+            elif self.dead and is_dead:
                 demoted[k] = dead
             else:
                 lru[k] = dead
@@ -392,7 +392,8 @@ class HintLayer(EvictionPolicy):
                 # accumulate over releases: a live pin says how active a session is)
                 kind = ((2 if b in self.fresh_pin else 1 if is_dead else 0) if b in self.reps
                         else -1)
-                sample.append((h, kind, 0.0, False) if pin is None else (h, kind, pin[0], pin[1]))
+                sample.append((h, kind, is_dead, 0.0, False) if pin is None
+                              else (h, kind, is_dead, pin[0], pin[1]))
             if pin is not None:
                 if honour[1]:
                     self.pinned.add(b, pin[0], pin[1])
@@ -462,7 +463,7 @@ class HintLayer(EvictionPolicy):
             self.inner.on_free(back)
 
     # ---- the test of the hints -----------------------------------------------------------------
-    def _test(self, sample: list[tuple[object, int, float, bool]], now: float | None) -> None:
+    def _test(self, sample: list[tuple[object, int, bool, float, bool]], now: float | None) -> None:
         """Serve a freed batch's sampled blocks to the shadows; decay; decide what to honour."""
         plain, demoting, pinning = self.shadows
         if now is None:
