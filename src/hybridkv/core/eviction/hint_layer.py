@@ -8,8 +8,8 @@ blocks into three regions, evicted in this order:
 
 1. **demoted**: blocks of an ending session (FIFO in free order, so a chain leaves tail first);
 2. **the policy's**: every other block, in the inner policy's own order;
-3. **pinned**: blocks with a live pin. A pin whose TTL runs out moves its block to region 2 (or
-   1, if its session ended). Pins never make the cache refuse work: when regions 1 and 2 are
+3. **pinned**: blocks with a live pin. A pin whose TTL runs out moves its block to region 1
+   (its time is up, as in a TTL prompt cache). Pins never make the cache refuse work: when regions 1 and 2 are
    empty a victim comes from here and is counted (``pins_broken``): first pins that stand for
    a predicted return (a resume time, priority below :data:`~hybridkv.core.hints.PIN_PRIORITY`),
    latest first (the farthest next use), then TTL pins, earliest expiry first.
@@ -221,8 +221,8 @@ class _Shadow:
                 demoted[k] = dead
             else:
                 lru[k] = dead
-        for k in pinned.pop_lapsed(now):              # lapsed pins are ordinary again
-            lru[k] = -1
+        for k in pinned.pop_lapsed(now):              # a lapsed pin goes first, as the layer's
+            demoted[k] = -1
         over = len(self) - self.cap
         ghost = self.ghost if self.ghost_cap else None
         while over > 0 and demoted:
@@ -450,17 +450,13 @@ class HintLayer(EvictionPolicy):
 
     # ---- pins ----------------------------------------------------------------------------------
     def _lapse(self, now: float) -> None:
-        """Move every pinned block whose pin ran out by ``now`` to the region it falls to."""
-        back: list[int] = []
+        """Move every pinned block whose pin ran out by ``now`` to the evict-first region (a
+        pin that lapsed is content whose time is up, as in a TTL prompt cache)."""
+        demoted = self.demoted
         for b in self.pinned.pop_lapsed(now):
             self.pin_until.pop(b, None)
             self._counts[6] += 1
-            if b in self.dead and self.honour[0]:
-                self.demoted[b] = None
-            else:
-                back.append(b)
-        if back:
-            self.inner.on_free(back)
+            demoted[b] = None
 
     # ---- the test of the hints -----------------------------------------------------------------
     def _test(self, sample: list[tuple[object, int, bool, float, bool]], now: float | None) -> None:
