@@ -245,3 +245,26 @@ def test_right_end_hints_are_honoured_coin_flips_never():
     assert right > 1.2 * plain
     assert not s_coin.honour_demotions and s_coin.demoted == 0
     assert coin == plain
+
+
+def test_blocks_a_session_moved_past_go_first(monkeypatch):
+    """A session's next turn re-reads its prompt but not the blocks of its answer: those are
+    its own alone, so they are demoted and go before an older request's blocks (without the
+    session, LRU takes the older blocks)."""
+    _honour_always(monkeypatch)
+
+    def run(session) -> tuple[int, int]:
+        kv = KVCacheManager(policy_config(15), hints=True, clock=Clock())
+        other = list(range(900, 909))
+        _serve(kv, "o", other)                                     # 2 cached blocks, oldest
+        p1 = list(range(100, 108))
+        _serve(kv, "t1", p1, Hint(session=session), out=8)         # prompt 2 + answer 2 blocks
+        _serve(kv, "t2", p1 + list(range(300, 309)), Hint(session=session))  # not the answer
+        i = 0
+        while kv.stats().evictions < 2:                            # one-off prompts
+            _serve(kv, f"y{i}", list(range(600 + 20 * i, 609 + 20 * i)))
+            i += 1
+        return kv.hint_stats().demoted, _serve(kv, "o2", other)
+    (demoted, kept), (demoted0, kept0) = run("S"), run(None)
+    assert (demoted, demoted0) == (2, 0)
+    assert kept > kept0 == 0

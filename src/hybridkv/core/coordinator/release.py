@@ -59,13 +59,14 @@ class Release(CoordinatorBase):
         del self.reqs[request.request_id]
         if request.retention is not None or self.hinted:
             for g, table in enumerate(state.tables):
-                self._retain(request, g, table, range(len(table)))
+                self._retain(request, g, table, range(len(table)), final=True)
         for table in state.tables:
             self.pool.free(reversed(table))
 
-    def _retain(self, request: Request, g: int, table: list[int], positions) -> None:
+    def _retain(self, request: Request, g: int, table: list[int], positions, final: bool = False) -> None:
         """Give the request's retention marks to group ``g``'s blocks at ``positions`` (about
-        to be released), and in a pool that takes hints its hint's marks and owner; see
+        to be released), and in a pool that takes hints its hint's marks and owner (and, for
+        a session's request freed whole, ``final``, the key its releases are tracked by); see
         :mod:`hybridkv.core.retention_config` and :mod:`hybridkv.core.hints`."""
         if request.retention is not None:
             marks = block_marks(request.retention, self.block_sizes[g], request.num_prompt_tokens,
@@ -73,10 +74,13 @@ class Release(CoordinatorBase):
             self.pool.retain(table, positions, marks)
         if self.hinted:
             hint = request.hint
+            track = None
             if hint is None or hint.session is None:
                 owner: object = ("request", request.request_id)
             else:
                 owner = ("session", hint.session)
+                if final:
+                    track = (hint.session, g)
             marks = () if hint is None or hint.empty else hint_marks(
                 hint, self.block_sizes[g], request.num_prompt_tokens, request.num_tokens)
-            self.pool.hint(table, positions, marks, owner)
+            self.pool.hint(table, positions, marks, owner, track)

@@ -194,6 +194,13 @@ class _Shadow:
     def __len__(self) -> int:
         return len(self.lru) + len(self.demoted) + len(self.pinned)
 
+    def demote(self, k: object) -> None:
+        """Key ``k``, if held in the LRU part, is dead now (a demoting shadow moves it first)."""
+        if self.dead:
+            kind = self.lru.pop(k, None)
+            if kind is not None:
+                self.demoted[k] = kind
+
     def serve(self, batch: list[tuple[object, int, bool, float, bool]], now: float) -> None:
         """``batch``: (key, kind, hinted dead, pin expiry or 0, predicted pin) per freed block,
         tail first; kind (what the hint test counts) 2: pinned, 1: hinted dead, 0: neither, -1:
@@ -253,7 +260,7 @@ class HintLayer(EvictionPolicy):
 
     name = "hint-layer"
     __slots__ = ("inner", "clock", "owner", "dead", "pin_until", "fresh_pin", "reps", "demoted", "pinned",
-                 "shadows", "honour", "mask", "freed", "_decay_every", "_counts")
+                 "shadows", "honour", "mask", "freed", "_decay_every", "_counts", "last")
 
     def __init__(self, inner: EvictionPolicy, clock: Callable[[], float]) -> None:
         super().__init__()
@@ -269,6 +276,7 @@ class HintLayer(EvictionPolicy):
         self.pin_until: dict[int, tuple[float, bool]] = {}
         self.fresh_pin: set[int] = set()            # blocks whose latest release pinned them
         self.reps: set[int] = set()                 # a release's first block its owner owns
+        self.last: dict[object, Sequence[int]] = {}  # (session, group) -> its latest release
         self.demoted: OrderedDict[int, None] = OrderedDict()
         self.pinned = _PinSet()                     # free pinned blocks
         self.shadows: tuple[_Shadow, _Shadow, _Shadow] = (_Shadow(1, False, False),
@@ -316,11 +324,15 @@ class HintLayer(EvictionPolicy):
 
     # ---- hints ---------------------------------------------------------------------------------
     def hint(self, blocks: Sequence[int], positions: Sequence[int], marks: Sequence[RetentionMark],
-             owner: object) -> None:
+             owner: object, track: object = None) -> None:
         """``owner`` is about to release ``blocks`` (held, cached; table ``positions`` of one
         group) with these hint ``marks`` (empty for a request without a hint): record the
-        owner, demote or un-demote each block, extend its pin."""
+        owner, demote or un-demote each block, extend its pin. ``track`` (a session's request
+        freed whole: its session and group): the blocks the session's previous release of
+        that group left behind, still its own alone, are demoted (the session moved on)."""
         own, dead, pin_until, fresh, reps = self.owner, self.dead, self.pin_until, self.fresh_pin, self.reps
+        if track is not None:
+            self._moved_on(track, blocks, owner, marks)
         rep_found = False
         demote_reach = 0
         pins: list[tuple[int, float, bool]] = []
@@ -366,6 +378,40 @@ class HintLayer(EvictionPolicy):
                 fresh.add(b)
             else:
                 fresh.discard(b)
+
+    def _moved_on(self, track: object, blocks: Sequence[int], owner: object,
+                  marks: Sequence[RetentionMark]) -> None:
+        """The session's previous release (of this group) left blocks this one does not hold
+        again: while they keep the content the session alone released, they are dead to it
+        (demoted at once when demotions are honoured and the block is free in the policy's
+        region). Remembers this release's blocks; forgets the session when it ends."""
+        last = self.last
+        prev = last.get(track)
+        ends = any(m.priority < DEFAULT_PRIORITY for m in marks)
+        if ends:
+            last.pop(track, None)
+        else:
+            last[track] = blocks
+        if not prev:
+            return
+        own, dead, inner = self.owner, self.dead, self.inner
+        cur = set(blocks)
+        honour = self.honour[0]
+        bh, mask = self.pool.block_hash, self.mask
+        demoting = self.shadows[1]
+        for b in prev:
+            if b in cur or own.get(b) != owner or b in dead:
+                continue
+            dead.add(b)
+            h = bh[b]
+            if h is not None and not _sample_key(h) & mask:
+                demoting.demote(h)
+            if b in self.pinned:
+                continue
+            if honour and b in inner:
+                inner.on_hit(b, True)
+                self.demoted[b] = None
+                self._counts[1] += 1
 
     # ---- the seam ------------------------------------------------------------------------------
     def on_free(self, blocks: Sequence[int]) -> None:
