@@ -111,8 +111,10 @@ def hint_baseline(cfg: SimConfig, items: list[WorkItem], args: argparse.Namespac
     from hybridkv.sim.hint_report import hint_summary
     base = None
     if not getattr(args, "no_baseline", False):
+        bare = [dataclasses.replace(it, source=dataclasses.replace(it.source, hint=None))
+                if it.hint is not None else it for it in items]      # the trace's own hints too
         base = run_one(dataclasses.replace(cfg, hints=None, trace_hints=False, optimum=False,
-                                           tiers=None), items, not args.no_progress, "without hints")
+                                           tiers=None), bare, not args.no_progress, "without hints")
     print(hint_summary(res, base))
     if base is None:
         return None
