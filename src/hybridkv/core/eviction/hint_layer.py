@@ -79,6 +79,8 @@ MIN_EVENTS = 32
 GHOST_CAPACITIES = 16
 #: The shadows' hit counts halve every this many capacities of (sampled) blocks freed.
 DECAY_CAPACITIES = 8
+#: The layer remembers the latest release of at most this many sessions per pool block.
+LAST_SESSIONS = 4
 #: About this many blocks of a pool's capacity are sampled (the modulus is a power of two).
 SAMPLED = 4096
 
@@ -384,14 +386,14 @@ class HintLayer(EvictionPolicy):
         """The session's previous release (of this group) left blocks this one does not hold
         again: while they keep the content the session alone released, they are dead to it
         (demoted at once when demotions are honoured and the block is free in the policy's
-        region). Remembers this release's blocks; forgets the session when it ends."""
+        region). Remembers this release's blocks (for at most ``LAST_SESSIONS`` sessions per
+        block of the pool); forgets the session when it ends."""
         last = self.last
-        prev = last.get(track)
-        ends = any(m.priority < DEFAULT_PRIORITY for m in marks)
-        if ends:
-            last.pop(track, None)
-        else:
+        prev = last.pop(track, None)
+        if not any(m.priority < DEFAULT_PRIORITY for m in marks):    # an end forgets the session
             last[track] = blocks
+            if len(last) > LAST_SESSIONS * self.pool.num_blocks:   # the least recently seen goes
+                del last[next(iter(last))]
         if not prev:
             return
         own, dead, inner = self.owner, self.dead, self.inner
