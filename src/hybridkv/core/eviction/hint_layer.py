@@ -20,7 +20,9 @@ owners is *shared* for as long as it keeps its content. An ending session demote
 blocks it owns alone, so a system prompt other sessions use is never demoted by one end. The
 latest release decides whether a block is demoted (a session that comes back after its "last"
 turn un-demotes what it re-reads); pins accumulate (the latest expiry wins), as retention
-marks do.
+marks do. **A session moves on**: when a session's request is freed, the blocks its previous
+release (of that group) held that this one does not, still its own alone (an answer the next
+turn did not re-read, a partial block), are dead to it and demoted like an end's.
 
 **Hints are advice: the layer tests them.** Beside the real cache run three *shadow caches*
 (after ``adaptive``'s): key-only LRU caches of the pool's capacity that take every freed batch,
