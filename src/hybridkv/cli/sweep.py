@@ -412,18 +412,21 @@ def sweep_policies(args: argparse.Namespace, runs: list, items: list) -> tuple[l
 
 
 def _reference_rows(rows: list[dict], n: int) -> list[str]:
-    """The bounds of each size (the first successful row of it): Belady, the non-anticipative
-    hazard-rate reference (:mod:`hybridkv.sim.hazard`) and the unlimited cache."""
+    """The bounds of each size (the first successful row of it), aligned with the policy
+    table: Belady, the non-anticipative hazard-rate reference (:mod:`hybridkv.sim.hazard`) and
+    the unlimited cache, each as block hit rate / fraction of Belady."""
     out = []
-    for key, name in (("optimal_block_hit_rate", "optimum (Belady)"),
-                      ("hazard_bound_block_hit_rate", "non-anticipative (hazard)"),
-                      ("unlimited_cache_block_hit_rate", "unlimited cache")):
+    for key, name in (("optimal_block_hit_rate", "optimum"), ("hazard_bound_block_hit_rate", "hazard"),
+                      ("unlimited_cache_block_hit_rate", "no limit")):
         cells = []
         for j in range(n):
             r = next((r for r in rows[j::n] if "error" not in r), {})
             v, opt = r.get(key), r.get("optimal_block_hit_rate")
-            cells.append(f"{'-' if v is None else f'{v:.4f} / {v / opt:.3f}' if opt else f'{v:.4f}':>22}")
-        out.append(f"{name}: " + " ".join(cells))
+            cells.append(f"{'-':>21}" if v is None else f"{v:>13.4f} / {v / opt:>5.3f}" if opt
+                         else f"{v:>21.4f}")
+        out.append(f"{name:>8} " + " ".join(cells))
+    out.append("(optimum: Belady; hazard: the non-anticipative reference, ranking by age x turn; "
+               "no limit: an unlimited cache)")
     return out
 
 
