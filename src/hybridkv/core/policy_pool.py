@@ -111,7 +111,7 @@ class PolicyBlockPool(BlockPool):
         freed); null and hash-less blocks are skipped. See :mod:`hybridkv.core.hints`."""
         bh = self.block_hash
         pos = [j for j in positions if table[j] and bh[table[j]] is not None]
-        if pos or track is not None:
+        if pos:                  # (a release that cached nothing says nothing of its session)
             self.policy.hint([table[j] for j in pos], pos, marks, owner, track)
 
     def _check_held(self, in_queue: list[bool]) -> None:
