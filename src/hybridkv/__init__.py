@@ -14,7 +14,7 @@ elif (_why := _purepy.stale()) is not None:
     _purepy.install()
 
 from hybridkv.core import (MLA, AllBlocksCleared, BlockRemoved, BlockStored, CacheHit,
-                           ChunkedLocal, ExternalHit, FullAttention, KVCacheConfig, KVCacheGroup,
+                           ChunkedLocal, ExternalHit, FullAttention, Hint, KVCacheConfig, KVCacheGroup,
                            KVCacheManager, LoRA, MultiModalItem, PrefixCacheStats, Request,
                            RetentionConfig, SlidingWindow, SpecDecode, StateSpec, TokenRange)
 
@@ -34,7 +34,7 @@ def __getattr__(name: str):
 __all__ = [
     "AllBlocksCleared", "BlockRemoved", "CacheConfig", "ExternalHit", "GenerationOutput", "LLM",
     "RuntimeConfig", "StoreConfig", "BlockStored", "CacheHit", "ChunkedLocal",
-    "FullAttention", "KVCacheConfig", "KVCacheGroup", "KVCacheManager", "LoRA", "MLA",
+    "FullAttention", "Hint", "KVCacheConfig", "KVCacheGroup", "KVCacheManager", "LoRA", "MLA",
     "MultiModalItem", "PrefixCacheStats", "Request", "RetentionConfig", "SlidingWindow", "SpecDecode",
     "StateSpec", "TokenRange",
 ]

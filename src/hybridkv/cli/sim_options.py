@@ -20,6 +20,7 @@ from hybridkv.cli.options import (MAX_BLOCK_SIZE, AllPolicies, fraction, int_in,
                                   parse_policy, parse_prefix_retention, parse_retention,
                                   positive_count, profile_argument, spec_argument)
 from hybridkv.cli.capacity import add_hardware_options, capacity_blocks, plan_from_options
+from hybridkv.cli.hint_options import check_hint_options
 from hybridkv.cli.output import check_output_path, check_plot_path
 from hybridkv.cli.tier_options import TIER_OPTION_NAMES, check_tier_options, tier_config
 from hybridkv.core.spec_decode import SPEC_OFF, SpecDecode
@@ -164,6 +165,7 @@ def check_policy_options(args: argparse.Namespace) -> None:
 def check_options(args: argparse.Namespace) -> None:
     """Rules involving several options, checked before anything runs (``ValueError``)."""
     check_policy_options(args)
+    check_hint_options(args)
     check_cost_model_options(args)
     check_tier_options(args, options_preset(args))
     if getattr(args, "num_blocks", None) is not None and args.num_blocks < 2:

@@ -18,6 +18,7 @@ from hybridkv.cli import cluster
 from hybridkv.cli.base import COMMANDS, Command
 from hybridkv.cli.capacity import (add_size_options, is_default_size, larger_cache, more_gpus,
                                    plan_from_options)
+from hybridkv.cli.hint_options import add_hint_options, apply_hints
 from hybridkv.cli.output import json_to_stdout, progress_bar, write_json, write_output
 from hybridkv.cli.sim_options import (DEFAULT_WORKLOAD, OPTION_NAMES, add_common_options,
                                       build_config, check_options, cost_source, load_items,
@@ -50,6 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                   "rate and blocks in use over time")
     cluster.add_cluster_options(p)
     add_tier_options(p)
+    add_hint_options(p)
 
 
 def run_one(cfg: SimConfig, items: list[WorkItem], show_progress: bool, label: str,
@@ -101,6 +103,26 @@ def tier_baseline(cfg: SimConfig, items: list[WorkItem], args: argparse.Namespac
                               "ttft_p99_s", "throughput_tok_s", "makespan_s")}
 
 
+def hint_baseline(cfg: SimConfig, items: list[WorkItem], args: argparse.Namespace,
+                  res: SimResult) -> dict | None:
+    """With hints: the same run without them (unless ``--no-baseline``); prints the hint lines
+    and returns the baseline's hit rate and TTFT for the JSON."""
+    import dataclasses
+    from hybridkv.sim.hint_report import hint_summary
+    base = None
+    if not getattr(args, "no_baseline", False):
+        bare = [dataclasses.replace(it, source=dataclasses.replace(it.source, hint=None))
+                if it.hint is not None else it for it in items]      # the trace's own hints too
+        base = run_one(dataclasses.replace(cfg, hints=None, trace_hints=False, optimum=False,
+                                           tiers=None), bare, not args.no_progress, "without hints")
+    print(hint_summary(res, base))
+    if base is None:
+        return None
+    d = base.to_json()
+    return {k: d[k] for k in ("hit_rate", "block_hit_rate", "ttft_p50_s", "ttft_p90_s",
+                              "ttft_p99_s", "throughput_tok_s", "makespan_s")}
+
+
 def run(args: argparse.Namespace) -> int:
     with json_to_stdout(args.json):
         return _run(args)
@@ -115,7 +137,7 @@ def _run(args: argparse.Namespace) -> int:
     preset = options_preset(args)
     budget = plan_from_options(args, preset)      # impossible hardware: refused here
     items = load_items(args)
-    cfg = build_config(args)
+    cfg = apply_hints(build_config(args), args, items)
     default = is_default_size(args)
     warning = check_fits(cfg, items, default,      # the longest request fits, before a run
                          (lambda need: more_gpus(args, preset, need.bytes)) if default else None)
@@ -147,6 +169,8 @@ def _run(args: argparse.Namespace) -> int:
         print(why)
     if res.tiers is not None:
         extra["without_tiers"] = tier_baseline(cfg, items, args, res)
+    if res.hints is not None:
+        extra["without_hints"] = hint_baseline(cfg, items, args, res)
     steps = format_next_steps(next_steps(res, load, 1, larger_cache(args, preset), has_state))
     if steps:
         print(steps)

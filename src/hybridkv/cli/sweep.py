@@ -25,6 +25,7 @@ import sys
 from hybridkv.cli.base import COMMANDS, Command
 from hybridkv.cli.capacity import add_size_options, capacity_blocks, plan_gpus, requested_bytes, size_option
 from hybridkv.cli.cluster import DEFAULT_ROUTER, MAX_INSTANCES
+from hybridkv.cli.hint_options import add_hint_options, apply_hints
 from hybridkv.cli.options import (int_in, non_negative_number, parse_count_list, parse_int_list,
                                   parse_policy_list, parse_retention_list, sweepable_policies)
 from hybridkv.cli.output import json_to_stdout, progress_bar, write_json, write_output
@@ -86,6 +87,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"sweep these policies too (all = {','.join(sweepable_policies())}); prints "
                         "policy x cache size -> hit rate and fraction of the optimum")
     add_tier_options(p, sweep=True)
+    add_hint_options(p, sweep=True)
 
 
 def _swept(args: argparse.Namespace) -> list[str]:
@@ -114,6 +116,10 @@ def check_sweep_options(args: argparse.Namespace) -> None:
     if args.eviction_policies and swept not in ([], ["--cache-tokens-list"]):
         raise ValueError(f"sweep one thing at a time: --eviction-policies sweeps cache sizes "
                          f"(--cache-tokens-list), not {swept[0]}")
+    if args.hints is not None and (swept not in ([], ["--cache-tokens-list"]) or args.eviction_policies):
+        raise ValueError("sweep one thing at a time: --hints sweeps hint accuracy at each size of "
+                         "--cache-tokens-list (not with --retention-intervals, --instances-list, "
+                         "--cpu-cache-tokens-list or --eviction-policies)")
     if args.instances is not None and args.instances_list is not None:
         raise ValueError("--instances-list sweeps the instance count; drop --instances")
     weight = args.router_overlap_weight
@@ -179,6 +185,8 @@ def _run(args: argparse.Namespace) -> int:
             return sweep_state(args, items, preset)
         if args.cpu_cache_tokens_list is not None:
             return sweep_tiers(args, items, preset)
+        if args.hints is not None:
+            return sweep_hints(args, items, preset)
         return _sweep(args, items, preset)
     except RunInterrupted as exc:
         if args.json:
@@ -204,7 +212,8 @@ def _sweep(args: argparse.Namespace, items: list[WorkItem], preset) -> int:
         xlabel, log_x = "instances", False
     else:
         sizes = args.cache_tokens_list if args.cache_tokens_list is not None else DEFAULT_SIZES
-        runs = [(s, build_config(args, num_blocks=capacity_blocks(args, preset, s))) for s in sizes]
+        runs = [(s, apply_hints(build_config(args, num_blocks=capacity_blocks(args, preset, s)),
+                                args, items)) for s in sizes]
         xlabel, log_x = "KV cache size (tokens)", True
     if is_cluster(args):
         weight = args.router_overlap_weight
@@ -281,9 +290,11 @@ def run_configs(args: argparse.Namespace, runs: list[tuple[object, object]],
                 d["value"] = value
                 rows[out.index] = d
                 opt = d["optimal_block_hit_rate"]
+                hz = d["hazard_bound_block_hit_rate"]
                 ttft = "n/a" if d["ttft_p50_s"] is None else f"{d['ttft_p50_s']:.3f} s"   # --sequential
                 print(f"  {_label(value):>10}: block hit rate {d['block_hit_rate']:.4f}, token hit rate "
                       f"{d['hit_rate']:.4f}, optimum {'n/a' if opt is None else f'{opt:.4f}'}, "
+                      f"non-anticipative {'n/a' if hz is None else f'{hz:.4f}'}, "
                       f"TTFT p50 {ttft}, evictions {d['evictions']:,}, "
                       f"wall {d['wall_s']:.1f} s", flush=True)
     except KeyboardInterrupt:
@@ -299,6 +310,43 @@ def run_configs(args: argparse.Namespace, runs: list[tuple[object, object]],
 def _label(value: object) -> str:
     """A swept value as the option spells it (retention None is ``none``)."""
     return "none" if value is None else str(value)
+
+
+# ---- --hints -------------------------------------------------------------------------------------
+
+
+def sweep_hints(args: argparse.Namespace, items: list[WorkItem], preset) -> int:
+    """Every hint accuracy of ``args.hints`` and the run without hints, at every cache size;
+    print the accuracy x size table, write ``--json`` (each row's ``hints``: the spec or
+    null) and ``--plot`` (hit rate, and TTFT when timed, against accuracy)."""
+    from hybridkv.sim.hint_report import hint_sweep_table, plot_hint_sweep
+    sizes = args.cache_tokens_list if args.cache_tokens_list is not None else DEFAULT_SIZES
+    specs = list(args.hints.specs)
+    runs = []
+    for size in sizes:
+        base = build_config(args, num_blocks=capacity_blocks(args, preset, size))
+        runs.append((size, dataclasses.replace(base, hints=None, trace_hints=False)))
+        runs += [(size, apply_hints(base, args, items, spec)) for spec in specs]
+    timed = not runs[0][1].sequential
+    if timed:
+        print(f"step times: {cost_source(runs[0][1])}")
+    print(f"{preset.name}: {len(items)} requests, hints {args.hints} and none, at "
+          f"{', '.join(f'{s:,}' for s in sizes)} tokens", flush=True)
+    rows, results, failed = run_configs(args, runs, items)
+    labels = ["none"] + [str(s) for s in specs]
+    for row, (_, cfg) in zip(rows, runs):
+        row["hints"] = None if cfg.hints is None else str(cfg.hints)
+    print(hint_sweep_table(sizes, labels, rows, timed))
+    if args.json:
+        write_json(args.json, rows, "the JSON rows")
+    if args.plot and not failed:
+        title = f"{preset.name}, {args.trace or args.workload or 'chat'}, hints {args.hints}"
+        print("wrote " + write_output(args.plot, lambda p: plot_hint_sweep(
+            sizes, [s.accuracy for s in specs], rows, p, title, timed), "the plot"))
+    if failed:
+        print(f"hybridkv sweep: {failed} of {len(runs)} configurations failed (see above)", file=sys.stderr)
+        return 1
+    return 0
 
 
 # ---- --cpu-cache-tokens-list --------------------------------------------------------------------
@@ -355,11 +403,31 @@ def sweep_policies(args: argparse.Namespace, runs: list, items: list) -> tuple[l
                 frac = r["fraction_of_optimal"]
                 cells.append(f"{r['block_hit_rate']:>13.4f} / {'-' if frac is None else f'{frac:.3f}':>5}")
         lines.append(f"{p:>8} " + " ".join(cells) + f"{cost[p]:>9.2f}")
+    lines += _reference_rows(rows, len(values))
     print("\n".join(lines))
     if args.plot and not failed:
         print("wrote " + write_output(args.plot, lambda path: plot_policies(
             names, values, rows, path, title=args.trace or args.workload), "the plot"))
     return rows, failed
+
+
+def _reference_rows(rows: list[dict], n: int) -> list[str]:
+    """The bounds of each size (the first successful row of it), aligned with the policy
+    table: Belady, the non-anticipative hazard-rate reference (:mod:`hybridkv.sim.hazard`) and
+    the unlimited cache, each as block hit rate / fraction of Belady."""
+    out = []
+    for key, name in (("optimal_block_hit_rate", "optimum"), ("hazard_bound_block_hit_rate", "hazard"),
+                      ("unlimited_cache_block_hit_rate", "no limit")):
+        cells = []
+        for j in range(n):
+            r = next((r for r in rows[j::n] if "error" not in r), {})
+            v, opt = r.get(key), r.get("optimal_block_hit_rate")
+            cells.append(f"{'-':>21}" if v is None else f"{v:>13.4f} / {v / opt:>5.3f}" if opt
+                         else f"{v:>21.4f}")
+        out.append(f"{name:>8} " + " ".join(cells))
+    out.append("(optimum: Belady; hazard: the non-anticipative reference, ranking by age x turn; "
+               "no limit: an unlimited cache)")
+    return out
 
 
 def _with_policy(job, policy: str):
@@ -438,5 +506,5 @@ COMMANDS.register("sweep", Command(
     help="hit rate against cache size, retention interval or instance count",
     add_arguments=add_arguments, run=run, description=DESCRIPTION, option_names=OPTION_NAMES))
 
-__all__ = ["add_arguments", "check_sweep_options", "run", "run_configs", "sweep_policies", "sweep_state",
+__all__ = ["add_arguments", "check_sweep_options", "run", "run_configs", "sweep_hints", "sweep_policies", "sweep_state",
            "sweep_tiers"]

@@ -102,7 +102,8 @@ def add_tier_options(p: argparse.ArgumentParser, sweep: bool = False) -> None:
                    help="moves between tiers take no time (the hierarchy's hit rate alone)")
     if not sweep:
         g.add_argument("--no-baseline", action="store_true",
-                       help="skip the run without tiers that gives hit rate and TTFT without them")
+                       help="skip the run without tiers (or without --hints) that gives hit rate "
+                            "and TTFT without them")
 
 
 def has_tiers(args: argparse.Namespace) -> bool:

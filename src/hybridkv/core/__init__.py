@@ -7,6 +7,7 @@ from hybridkv.core.blockref import BlockRef, TableRef
 from hybridkv.core.coordinator import CacheHit, ExternalHit, StateBlocks, StateExport
 from hybridkv.core.events import AllBlocksCleared, BlockRemoved, BlockStored, PrefixCacheStats
 from hybridkv.core.hashing import BlockHasher
+from hybridkv.core.hints import Hint, HintStats
 from hybridkv.core.manager import KVCacheManager
 from hybridkv.core.pool import NULL_BLOCK, BlockPool, FreeBlockQueue
 from hybridkv.core.request import LoRA, MultiModalItem, Request
@@ -23,7 +24,7 @@ COMPILED: bool = (_manager.__file__ or "").endswith(tuple(_EXTENSION_SUFFIXES))
 __all__ = [
     "COMPILED",
     "AllBlocksCleared", "AttentionSpec", "BlockHasher", "BlockPool", "BlockRef", "BlockRemoved", "BlockStored",
-    "CacheHit", "ChunkedLocal", "ExternalHit", "FreeBlockQueue", "FullAttention", "HitRule", "KVCacheConfig",
+    "CacheHit", "ChunkedLocal", "ExternalHit", "FreeBlockQueue", "FullAttention", "Hint", "HintStats", "HitRule", "KVCacheConfig",
     "KVCacheGroup", "KVCacheManager", "LoRA", "MLA", "MultiModalItem", "NULL_BLOCK", "make_rule",
     "PrefixCacheStats", "Request", "RetentionConfig", "SPEC_METHODS", "SlidingWindow", "SpecDecode",
     "StateBlocks", "StateExport", "StateSpec", "TableRef", "TokenRange", "parse_spec",

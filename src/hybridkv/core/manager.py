@@ -27,6 +27,7 @@ from hybridkv.core.events import (AllBlocksCleared, BlockRemoved, BlockStored, K
 from hybridkv.core.hashing import BlockHasher
 from hybridkv.core.eviction import make_policy, resolve_policy
 from hybridkv.core.extent_pool import ExtentBlockPool
+from hybridkv.core.hints import Hint, HintStats
 from hybridkv.core.policy_pool import PolicyBlockPool
 from hybridkv.core.pool import NULL_BLOCK, BlockPool
 from hybridkv.core.request import Request
@@ -72,7 +73,12 @@ class KVCacheManager:
             ``priority`` orders by the requests' retention configs (``Request(retention=...)``);
             the other policies refuse a request that carries one.
         clock: seconds, non-decreasing, for retention TTLs (default ``time.monotonic``; the
-            simulator passes its virtual time). Read only by the ``priority`` policy.
+            simulator passes its virtual time). Read by the ``priority`` policy and hint pins.
+        hints: take per-request hints (``Request(hint=...)``, :mod:`hybridkv.core.hints`): the
+            pool runs the hint layer (:mod:`hybridkv.core.eviction.hint_layer`) in front of the
+            eviction policy, whichever it is (``lru`` becomes an exact-LRU policy object, so
+            requests without hints are served as by the plain pool, a little slower). False
+            (the default): a request with a hint is refused, and ``lru`` is the pool's own queue.
 
     Invariants (:meth:`check_integrity`): every block is free xor referenced; ref counts equal
     the references in request tables; the free queue and the hash index agree with the blocks;
@@ -84,7 +90,8 @@ class KVCacheManager:
                  hash_algo: str = "xxh3_128", hash_seed: str | None = None,
                  max_model_len: int | None = None, enable_events: bool = False,
                  vllm_compat: bool = False, max_in_flight_tokens: int | None = None,
-                 eviction_policy: str = "lru", clock: Callable[[], float] | None = None) -> None:
+                 eviction_policy: str = "lru", clock: Callable[[], float] | None = None,
+                 hints: bool = False) -> None:
         if not isinstance(config, KVCacheConfig):
             raise ValueError(f"config must be a KVCacheConfig, got {type(config).__name__}")
         if spec_decode is not None and not isinstance(spec_decode, SpecDecode):
@@ -119,8 +126,16 @@ class KVCacheManager:
         self.eviction_policy = resolve_policy(eviction_policy, vllm_compat)
         if clock is not None and not callable(clock):
             raise ValueError(f"clock must be None or a callable returning seconds, got {clock!r}")
+        if not isinstance(hints, bool):
+            raise ValueError(f"hints must be True or False, got {hints!r}")
+        if hints and vllm_compat:
+            raise ValueError("vllm_compat pins vLLM's LRU order; hints=True needs vllm_compat=False")
+        if config.has_state and hints:
+            raise ValueError("hints=True does not support state groups (recurrent layers) yet; "
+                             "use hints=False with a StateSpec group")
         policy = make_policy(self.eviction_policy, [make_rule(g.spec) for g in config.groups],
-                             clock or time.monotonic)
+                             clock or time.monotonic, hints=hints)
+        self.hints = hints
         self.uses_retention = policy is not None and policy.uses_retention
         on_evict = self._on_evict if enable_events else None
         if config.has_state and policy is not None:
@@ -136,6 +151,7 @@ class KVCacheManager:
             config, self.pool, Retention(retention_interval, config.alignment),
             drop_mode=drop_mode, vllm_compat=vllm_compat, caching=enable_caching,
             max_model_len=max_model_len, max_in_flight_tokens=max_in_flight_tokens)
+        self.coordinator.hinted = hints
         if isinstance(self.pool, ExtentBlockPool) and not vllm_compat:
             # sibling state groups serve hits only together: evict their checkpoints together
             states = set(self.coordinator.state_groups)
@@ -364,6 +380,8 @@ class KVCacheManager:
                     f"num_new_tokens {num_new_tokens}), past max_model_len={self.max_model_len}")
         if not known and request.retention is not None:
             self._check_retention(request)
+        if not known and request.hint is not None:
+            self._check_hint(request)
         if num_new_tokens == 0 and not known and not (hit and hit.num_tokens) and external is None:
             raise ValueError(
                 f"allocate for new request {request.request_id!r} needs num_new_tokens > 0 or a hit"
@@ -410,6 +428,30 @@ class KVCacheManager:
             raise ValueError(f"request {request.request_id!r}: retention must be a RetentionConfig "
                              f"or None, got {request.retention!r}")
         request.retention.check_prompt(request.num_prompt_tokens, f"request {request.request_id!r}")
+
+    def _check_hint(self, request: Request) -> None:
+        """ValueError unless this manager takes hints and ``request.hint``'s pin fits the pool."""
+        hint = request.hint
+        if not self.hints:
+            raise ValueError(
+                f"request {request.request_id!r} carries a hint, which this manager ignores; "
+                "create it with KVCacheManager(..., hints=True) or drop the hint")
+        if not isinstance(hint, Hint):
+            raise ValueError(f"request {request.request_id!r}: hint must be a Hint or None, got {hint!r}")
+        hint.check_prompt(request.num_prompt_tokens, f"request {request.request_id!r}")
+        if hint.pin_tokens is not None:
+            need = self.blocks_for_request(self.config, hint.pin_tokens,
+                                           retention_interval=self.retention_interval)
+            if need > self.config.num_blocks - 1:
+                raise ValueError(
+                    f"request {request.request_id!r}: hint pin_tokens={hint.pin_tokens} needs {need} "
+                    f"blocks, more than the cache holds ({self.config.num_blocks - 1}); pin fewer tokens")
+
+    def hint_stats(self) -> HintStats | None:
+        """What the hint layer did (:class:`~hybridkv.core.hints.HintStats`); None without hints."""
+        if not self.hints:
+            return None
+        return self.pool.policy.stats()
 
     def _record(self, request: Request, hit_tokens: int) -> None:
         if not self.enable_caching or request.skip_prefix_cache:

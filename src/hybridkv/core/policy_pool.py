@@ -103,6 +103,17 @@ class PolicyBlockPool(BlockPool):
         if pos:
             self.policy.retain([table[j] for j in pos], pos, marks)
 
+    def hint(self, table: list[int], positions: Iterable[int], marks: Any, owner: object,
+             track: object = None) -> None:
+        """Pass a release's hint ``marks`` (empty without a hint), its ``owner`` and ``track``
+        (a session's whole release: the key its releases are compared by) for the blocks at
+        ``positions`` of one group's ``table`` to the policy's hint layer (before they are
+        freed); null and hash-less blocks are skipped. See :mod:`hybridkv.core.hints`."""
+        bh = self.block_hash
+        pos = [j for j in positions if table[j] and bh[table[j]] is not None]
+        if pos:                  # (a release that cached nothing says nothing of its session)
+            self.policy.hint([table[j] for j in pos], pos, marks, owner, track)
+
     def _check_held(self, in_queue: list[bool]) -> None:
         n = len(in_queue)
         count = 0

@@ -16,6 +16,7 @@ from array import array
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+from hybridkv.core.hints import Hint
 from hybridkv.core.retention_config import RetentionConfig
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -71,16 +72,19 @@ class Request:
         retention: how long its blocks should stay cached after release (priority + TTL per
             prompt token range, :class:`~hybridkv.core.retention_config.RetentionConfig`);
             needs a manager with ``eviction_policy="priority"``. Ranges must lie in the prompt.
+        hint: what the application knows about the request's session (it ends, pin a prefix,
+            it resumes soon: :class:`~hybridkv.core.hints.Hint`); needs a manager with
+            ``hints=True``, under any eviction policy.
     """
 
     __slots__ = ("request_id", "token_ids", "num_prompt_tokens", "num_computed_tokens",
                  "cache_salt", "lora", "mm_items", "skip_prefix_cache", "block_hashes",
-                 "hasher", "num_preemptions", "retention", "__weakref__")
+                 "hasher", "num_preemptions", "retention", "hint", "__weakref__")
 
     def __init__(self, request_id: object, token_ids: Iterable[int], *,
                  cache_salt: str | None = None, lora: LoRA | None = None,
                  mm_items: Sequence[MultiModalItem] = (), skip_prefix_cache: bool = False,
-                 retention: RetentionConfig | None = None) -> None:
+                 retention: RetentionConfig | None = None, hint: Hint | None = None) -> None:
         tokens = _as_token_array(token_ids, f"request {request_id!r}")
         if len(tokens) == 0:
             raise ValueError(f"request {request_id!r} has an empty prompt; give at least one token")
@@ -110,6 +114,10 @@ class Request:
                 raise ValueError(f"request {request_id!r}: retention must be a RetentionConfig or None, "
                                  f"got {retention!r}")
             retention.check_prompt(len(tokens), f"request {request_id!r}")
+        if hint is not None:
+            if not isinstance(hint, Hint):
+                raise ValueError(f"request {request_id!r}: hint must be a Hint or None, got {hint!r}")
+            hint.check_prompt(len(tokens), f"request {request_id!r}")
         self.request_id = request_id
         self.token_ids = tokens  # array('q'): prompt then outputs; grow only via append_tokens
         self.num_prompt_tokens = len(tokens)
@@ -122,6 +130,7 @@ class Request:
         self.hasher = None  # the BlockHasher that produced block_hashes (set by the manager)
         self.num_preemptions = 0
         self.retention = retention
+        self.hint = hint
 
     # ---- tokens -------------------------------------------------------------------------
     @property

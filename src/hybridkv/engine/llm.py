@@ -30,6 +30,7 @@ from hybridkv.connectors.stores.base import KVStore
 from hybridkv.connectors.transfer import KVTransfer
 from hybridkv.core.manager import KVCacheManager
 from hybridkv.core.request import Request
+from hybridkv.core.hints import Hint
 from hybridkv.core.retention_config import RetentionConfig
 from hybridkv.core.spec_decode import SpecDecode, parse_spec
 from hybridkv.core.specs import KVCacheConfig
@@ -271,7 +272,7 @@ class LLM:
                                  hash_seed=hash_seed, max_model_len=max_model_len,
                                  vllm_compat=cache.vllm_compat, enable_events=kv_events is not None,
                                  max_in_flight_tokens=scheduler.max_num_batched_tokens,
-                                 eviction_policy=cache.eviction_policy)
+                                 eviction_policy=cache.eviction_policy, hints=cache.hints)
         self.cache = PagedKVCache(self.kv_config, device=self.device)
         self.connector: KVConnector | None = None
         if kv_store is not None:
@@ -359,6 +360,7 @@ class LLM:
                  stop_token_ids: Sequence[int] | None = None, ignore_eos: bool = False,
                  priority: Sequence[int] | None = None,
                  retention: RetentionConfig | None | Sequence[RetentionConfig | None] = None,
+                 hint: Hint | None | Sequence[Hint | None] = None,
                  ) -> list[GenerationOutput]:
         """Generate greedily for every prompt (one batch, continuous batching); outputs in order.
 
@@ -372,9 +374,12 @@ class LLM:
             retention: how long each request's blocks stay cached (one
                 :class:`~hybridkv.core.retention_config.RetentionConfig` for every prompt, or
                 one per prompt, None for none); needs ``CacheConfig(eviction_policy="priority")``.
+            hint: what the application knows about each request's session (one
+                :class:`~hybridkv.core.hints.Hint` for every prompt, or one per prompt, None for
+                none): it ends, pin a prefix, it resumes soon; needs ``CacheConfig(hints=True)``.
         """
         reqs = self.submit(prompts, max_tokens, cache_salt=cache_salt, stop_token_ids=stop_token_ids,
-                           ignore_eos=ignore_eos, priority=priority, retention=retention)
+                           ignore_eos=ignore_eos, priority=priority, retention=retention, hint=hint)
         self.engine.run()
         return self.collect(reqs)
 
@@ -383,6 +388,7 @@ class LLM:
                stop_token_ids: Sequence[int] | None = None, ignore_eos: bool = False,
                priority: Sequence[int] | None = None,
                retention: RetentionConfig | None | Sequence[RetentionConfig | None] = None,
+               hint: Hint | None | Sequence[Hint | None] = None,
                ) -> list[EngineRequest]:
         """Queue requests without running them (drive ``llm.engine.step()`` yourself, then
         :meth:`collect`). Arguments as for :meth:`generate`."""
@@ -393,8 +399,11 @@ class LLM:
         salts = list(cache_salt) if isinstance(cache_salt, (list, tuple)) else [cache_salt] * n
         prios = list(priority) if priority is not None else [0] * n
         keep = list(retention) if isinstance(retention, (list, tuple)) else [retention] * n
-        if not len(limits) == len(salts) == len(prios) == len(keep) == n:
-            raise ValueError("max_tokens, cache_salt, priority and retention need one entry per prompt")
+        hints = list(hint) if isinstance(hint, (list, tuple)) else [hint] * n
+        if not len(limits) == len(salts) == len(prios) == len(keep) == len(hints) == n:
+            raise ValueError("max_tokens, cache_salt, priority, retention and hint need one entry per prompt")
+        if any(h is not None for h in hints) and not self.kv.hints:
+            raise ValueError("hint needs CacheConfig(hints=True); this LLM ignores hints")
         if any(r is not None for r in keep) and not self.kv.uses_retention:
             raise ValueError(f"retention needs CacheConfig(eviction_policy='priority'); this LLM "
                              f"uses eviction_policy={self.kv.eviction_policy!r}, which ignores it")
@@ -405,7 +414,7 @@ class LLM:
         for i, p in enumerate(prompts):
             rid = f"req-{self._next_id}"
             self._next_id += 1
-            core = Request(rid, self.encode(p), cache_salt=salts[i], retention=keep[i])
+            core = Request(rid, self.encode(p), cache_salt=salts[i], retention=keep[i], hint=hints[i])
             reqs.append(EngineRequest(core, int(limits[i]), priority=int(prios[i]),
                                       arrival_time=float(self._next_id), stop_token_ids=stops))
         for r in reqs:

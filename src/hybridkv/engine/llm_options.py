@@ -58,6 +58,8 @@ class CacheConfig:
         eviction_policy: the order cached free blocks are reused in (``lru``, vLLM's, by
             default; ``priority`` honours ``LLM.generate(retention=...)``; see
             :data:`hybridkv.core.eviction.POLICIES`). Retention TTLs use the wall clock.
+        hints: take application hints (``LLM.generate(hint=...)``, :class:`hybridkv.core.hints.Hint`)
+            under any eviction policy (off by default; not with ``vllm_compat``).
         state_dtype: recurrent-state dtype of state models' checkpoints and live states
             (``float32`` default; ``bfloat16`` / ``float16`` halve their memory but round the
             state; the core names the valid values).
@@ -73,11 +75,14 @@ class CacheConfig:
     hash_seed: str | None = None
     vllm_compat: bool = False
     eviction_policy: str = "lru"
+    hints: bool = False
     state_dtype: str = "float32"
 
     def __post_init__(self) -> None:
         from hybridkv.core.eviction import resolve_policy
         resolve_policy(self.eviction_policy)     # ValueError naming the valid policies
+        if not isinstance(self.hints, bool):
+            raise ValueError(f"CacheConfig.hints must be True or False, got {self.hints!r}")
         sizes = self.block_size.values() if isinstance(self.block_size, Mapping) else [self.block_size]
         if not sizes:
             raise ValueError("CacheConfig.block_size must name at least one layer kind")

@@ -356,7 +356,7 @@ class ClusterSimulator:
         if optimum is not None:
             online = self._merged_online(routed_to)
             overall = res.overall
-            overall.optimal_hit_blocks, overall.gap, overall.what_if = optimum.result(online)
+            overall.optimal_hit_blocks, overall.gap, overall.what_if, overall.hazard = optimum.result(online)
             if not overall.hit_blocks <= overall.optimal_hit_blocks <= overall.prompt_blocks:
                 raise RuntimeError(
                     f"offline optimum {overall.optimal_hit_blocks} blocks outside [online hits "

@@ -48,6 +48,7 @@ from hybridkv.core.hashing import BlockHasher
 from hybridkv.core.request import Request
 from hybridkv.core.rules import make_rule
 from hybridkv.core.validation import check_int
+from hybridkv.sim.hazard import HazardBound, hazard_bound, hazard_table, hazard_uses
 from hybridkv.sim.workitems import ServedItem, WorkItem
 
 __all__ = [
@@ -469,21 +470,33 @@ def gap_report(keys: list[list[bytes]], limits: list[int], optimum_blocks: int,
 
 def _bound_and_gap(items: list[ServedItem], block_size: int, capacity: int,
                    get_online: Callable[[], OnlineHits], extra: Extra | None = None) -> tuple:
-    """The Belady bound, then (once the online run is done) the gap attribution and
-    ``extra(keys, limits, next_uses, capacity, online)``."""
+    """The Belady bound, then (once the online run is done) the gap attribution,
+    ``extra(keys, limits, next_uses, capacity, online)`` and the non-anticipative (hazard-rate)
+    reference (:mod:`hybridkv.sim.hazard`)."""
+    global _HAZARD_PARTS
     keys, limits, uses = _bound_keys(items, block_size)
     opt = belady_block_hit_rate(keys, capacity, limits, next_uses=uses).block_hits
+    parts = _HAZARD_PARTS
+    if parts is None or parts[0] is not keys:
+        _HAZARD_PARTS = None
+        hz_uses = hazard_uses(keys)
+        parts = (keys, hz_uses, hazard_table(keys, limits, hz_uses))
+        _HAZARD_PARTS = parts
+    hazard = hazard_bound(keys, limits, capacity, parts[2], parts[1])
     online = get_online()
     more = extra(keys, limits, uses, capacity, online) if extra is not None else None
-    return opt, gap_report(keys, limits, opt, online), more
+    return opt, gap_report(keys, limits, opt, online), more, hazard
 
 
 #: A computation on a served workload's keys beside the bound (``hybridkv.sim.whatif``).
 Extra = Callable[[list, list, list, int, OnlineHits], object]
 
+_HAZARD_PARTS: tuple | None = None   # (keys, uses, table) of the last workload's hazard reference
+
 
 class OptimumJob:
-    """The offline bound and gap report of one run over a served workload.
+    """The offline bound, the non-anticipative reference and the gap report of one run over a
+    served workload.
 
     Large workloads (more than :data:`PARALLEL_OPTIMUM_TOKENS` prompt tokens, with ``parallel``
     and where ``fork`` exists) compute it in a forked child from the start, while the
@@ -509,9 +522,9 @@ class OptimumJob:
             self._child.start()
             child_conn.close()
 
-    def result(self, online: OnlineHits) -> tuple[int, GapReport, object]:
-        """The bound in key blocks, the gap report and ``extra``'s answer, given the finished
-        online run's hits."""
+    def result(self, online: OnlineHits) -> tuple[int, GapReport, object, HazardBound]:
+        """The bound in key blocks, the gap report, ``extra``'s answer and the non-anticipative
+        reference (:mod:`hybridkv.sim.hazard`), given the finished online run's hits."""
         if self._child is None:
             return _bound_and_gap(self.served, self.block_size, self.capacity, lambda: online,
                                   self.extra)

@@ -32,6 +32,9 @@ def summary_table(res: SimResult) -> str:
          + (f"  (online = {frac:.1%} of it)" if frac is not None else "")),
         ("unlimited cache", _fmt(d["unlimited_cache_block_hit_rate"])
          + ("  (one request at a time, same requests)" if d["gap"] else "")),
+        ("non-anticipative (hazard)", _fmt(d["hazard_bound_block_hit_rate"])
+         + (f"  (online = {d['fraction_of_hazard_bound']:.1%} of it; ranks by age x turn, "
+            "curves fitted on this run)" if d["fraction_of_hazard_bound"] is not None else "")),
         ("TTFT p50 / p90 / p99", " / ".join(_fmt(d[k], " s") for k in
                                             ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s"))),
         ("inter-token latency", _fmt(d["itl_mean_s"], " s")),

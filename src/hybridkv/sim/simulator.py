@@ -44,6 +44,8 @@ from hybridkv.core.retention_config import RetentionConfig, TokenRange
 from hybridkv.core.spec_decode import SpecDecode
 from hybridkv.core.rules import make_rule
 from hybridkv.sched import AcceptanceModel, EngineRequest, Scheduler, SchedulerConfig, useful_drafts
+from hybridkv.sim.hint_synthesis import HintSpec, synthesize_hints, workload_sessions
+from hybridkv.sim.hazard import HazardBound
 from hybridkv.sim.interrupt import RunInterrupted
 from hybridkv.sim.optimal import GapReport, OnlineHits, OptimumJob, optimum_capacity_blocks
 from hybridkv.sim.profile import Profile, cost_model
@@ -131,6 +133,10 @@ class SimConfig:
         profile: a measured profile whose constants time the steps (None: the shipped default
             for ``gpu``).
         tiers: KV tiers below the GPU (:class:`~hybridkv.sim.tiers.TierConfig`), or None.
+        hints: synthesise application hints from the workload's own future at this accuracy
+            (:class:`~hybridkv.sim.hint_synthesis.HintSpec`); the manager then takes hints.
+        trace_hints: serve the hints the workload's requests carry (``TraceRequest.hint``, a
+            trace line's ``"hint"``); a workload with hints is refused without it (or ``hints``).
     """
 
     preset: ModelPreset
@@ -156,6 +162,13 @@ class SimConfig:
     cost_model: str = "calibrated"
     profile: Profile | None = None
     tiers: TierConfig | None = None
+    hints: HintSpec | None = None
+    trace_hints: bool = False
+
+    @property
+    def takes_hints(self) -> bool:
+        """Whether the manager takes hints (synthesised or the trace's)."""
+        return self.hints is not None or self.trace_hints
 
     @property
     def cache_tokens(self) -> int:
@@ -177,6 +190,7 @@ class SimResult:
     output_tokens: int = 0
     optimal_hit_blocks: int | None = None
     gap: GapReport | None = None
+    hazard: HazardBound | None = None
     ttft_s: list[float] = field(default_factory=list)
     itl_s: list[float] = field(default_factory=list)
     makespan_s: float = 0.0
@@ -194,6 +208,7 @@ class SimResult:
     tiers: TierReport | None = None
     what_if: WhatIf | None = None    # block-level answers beside the optimum (sim.whatif)
     partial: bool = False            # interrupted: counts cover the requests admitted so far
+    hints: dict | None = None        # the hints served and what the pool's hint layer did
 
     @property
     def hit_rate(self) -> float:
@@ -209,6 +224,14 @@ class SimResult:
             return None
         return self.optimal_hit_blocks / self.prompt_blocks if self.prompt_blocks else 0.0
 
+    @property
+    def hazard_block_hit_rate(self) -> float | None:
+        """The non-anticipative reference (:mod:`hybridkv.sim.hazard`), as a block hit rate
+        over this run's prompt blocks."""
+        if self.hazard is None or not self.prompt_blocks:
+            return None
+        return self.hazard.relaxed_hits / self.prompt_blocks
+
     def to_json(self) -> dict:
         """A JSON-ready summary (no timeline).
 
@@ -220,6 +243,7 @@ class SimResult:
         def pct(q: float) -> float | None:
             return float(np.percentile(self.ttft_s, q)) if self.ttft_s else None
         opt = self.optimal_block_hit_rate
+        hz = self.hazard_block_hit_rate
         by_tier = {"gpu": self.gpu_hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0}
         if self.tiers is not None:
             by_tier.update({n: v / self.prompt_tokens if self.prompt_tokens else 0.0
@@ -240,6 +264,8 @@ class SimResult:
             "fraction_of_optimal": (self.block_hit_rate / opt) if opt else None,
             "unlimited_cache_block_hit_rate": (self.gap.ceiling_blocks / self.prompt_blocks
                                                if self.gap and self.prompt_blocks else None),
+            "hazard_bound_block_hit_rate": hz,
+            "fraction_of_hazard_bound": (self.block_hit_rate / hz) if hz else None,
             "gap": dataclasses.asdict(self.gap) if self.gap else None,
             "output_tokens": self.output_tokens,
             "ttft_p50_s": pct(50),
@@ -256,6 +282,7 @@ class SimResult:
             "what_if": dataclasses.asdict(self.what_if) if self.what_if else None,
             "partial": self.partial,
             "retained_blocks": dict(self.retained_blocks),
+            "hints": None if self.hints is None else dict(self.hints),
             "wall_s": self.wall_s,
             "sim_s": self.sim_s,
             "sim_steps_per_s": self.steps / self.sim_s if self.sim_s else None,
@@ -303,8 +330,9 @@ class Simulator:
                                  enable_events=config.enable_events,
                                  max_in_flight_tokens=config.sched.max_num_batched_tokens,
                                  eviction_policy=config.eviction_policy,
-                                 clock=self._clock)
+                                 clock=self._clock, hints=config.takes_hints)
         self.now = 0.0      # the retention clock: simulated time (sequential: arrival times)
+        self._hints: list | None = None      # per served request (run() sets it)
         if config.prefix_retention is not None and not self.kv.uses_retention:
             raise ValueError(f"prefix_retention needs eviction_policy='priority', got "
                              f"{config.eviction_policy!r} (it ignores retention configs)")
@@ -362,6 +390,7 @@ class Simulator:
         optimum = (OptimumJob(served, self.key_block, capacity, cfg.parallel_optimum, extra=what_if)
                    if cfg.optimum else None)
         n = len(served)
+        self._hints = self._workload_hints(served)
         self._online = OnlineHits([0] * n, [0.0] * n, [math.inf] * n,
                                   [0] * n if self._probe_groups else None)
         t_sim = time.perf_counter()
@@ -383,7 +412,7 @@ class Simulator:
             raise
         self._fill(res, items, t0, capacity)
         if optimum is not None:
-            res.optimal_hit_blocks, res.gap, res.what_if = optimum.result(self._online)
+            res.optimal_hit_blocks, res.gap, res.what_if, res.hazard = optimum.result(self._online)
         if res.optimal_hit_blocks is not None and not res.hit_blocks <= res.optimal_hit_blocks <= res.prompt_blocks:
             raise RuntimeError(  # a bug in the simulator or the bound, never a result to print
                 f"offline optimum {res.optimal_hit_blocks} blocks outside [online hits "
@@ -406,6 +435,8 @@ class Simulator:
         res.preemptions = self.scheduler.num_preemptions
         res.evictions = stats.evictions
         res.retained_blocks = self.retained_blocks()
+        if kv.hints:
+            res.hints = self._hint_report()
         res.wall_s = time.perf_counter() - t0
         res.config = {"preset": cfg.preset.name, "gpu": cfg.gpu.name, "num_gpus": cfg.num_gpus,
                       "cost_model": self.cost.source,
@@ -424,7 +455,9 @@ class Simulator:
                                            else str(cfg.prefix_retention)),
                       "max_num_batched_tokens": self.scheduler.config.max_num_batched_tokens,
                       "max_num_seqs": self.scheduler.config.max_num_seqs,
-                      "tiers": None if self.tiers is None else self.tiers.report.config}
+                      "tiers": None if self.tiers is None else self.tiers.report.config,
+                      "hints": (str(cfg.hints) if cfg.hints is not None
+                                else "trace" if cfg.trace_hints else None)}
 
     def retained_blocks(self) -> dict[str, int]:
         """Hashed (cached) blocks per group now."""
@@ -432,12 +465,53 @@ class Simulator:
         return {g.name: sum(1 if v.__class__ is int else len(v) for v in kv.pool.index[i].values())
                 for i, g in enumerate(kv.config.groups)}
 
+    # ---- hints --------------------------------------------------------------------------------
+    def _workload_hints(self, served: list[ServedItem]) -> list | None:
+        """Per served request, the hint it carries: synthesised (``SimConfig.hints``), the
+        trace's (``trace_hints``), or None for all. Refuses a workload whose own hints would be
+        ignored, and a pin the pool cannot hold."""
+        cfg = self.config
+        items = [s.item for s in served]
+        if cfg.hints is not None:
+            sessions = workload_sessions(items, self.key_block)
+            return synthesize_hints(cfg.hints, sessions, [it.arrival_s for it in items], cfg.seed)
+        carried = [it.hint for it in items]
+        if not cfg.trace_hints:
+            if any(h is not None for h in carried):
+                raise ValueError("the workload's requests carry hints; serve them with "
+                                 "SimConfig(trace_hints=True) (or synthesise others with hints=)")
+            return None
+        kv = self.kv
+        for it, h in zip(items, carried):
+            if h is not None and h.pin_tokens is not None:
+                need = kv.blocks_for_request(kv.config, h.pin_tokens,
+                                             retention_interval=kv.retention_interval)
+                if need > kv.config.num_blocks - 1:
+                    where = (f"line {it.source.lineno}" if hasattr(it.source, "lineno")
+                             else f"request {it.request_id!r}")
+                    raise ValueError(f"{where}: hint pin_tokens={h.pin_tokens} needs {need} blocks, "
+                                     f"more than the cache holds ({kv.config.num_blocks - 1})")
+        return carried
+
+    def _hint_report(self) -> dict:
+        """The JSON of the hints served and what the pool's hint layer did with them."""
+        hints = self._hints or []
+        given = [h for h in hints if h is not None]
+        stats = self.kv.hint_stats()
+        return {"source": (str(self.config.hints) if self.config.hints is not None else "trace"),
+                "requests": len(given),
+                "last_turn_hints": sum(1 for h in given if h.ends),
+                "pin_hints": sum(1 for h in given if h.pin_s is not None),
+                "resume_hints": sum(1 for h in given if h.resume_s is not None),
+                **dataclasses.asdict(stats)}
+
     def _new_request(self, served: ServedItem, index: int) -> EngineRequest:
         item = served.item
         pin = self.config.prefix_retention
         prompt = item.prompt()
         req = Request(item.request_id, prompt,
-                      retention=None if pin is None else pin.config(len(prompt)))
+                      retention=None if pin is None else pin.config(len(prompt)),
+                      hint=self._hints[index] if self._hints is not None else None)
         er = EngineRequest(req, served.max_tokens, arrival_time=item.arrival_s)
         er.user_data = _Live(item, index)
         return er

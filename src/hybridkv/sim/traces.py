@@ -8,9 +8,15 @@ token ids, so a token-level manager can hash it; Mooncake traces also keep their
 Loaders (every malformed line raises ``ValueError("<file>:<line>: <what is wrong>")``):
 
 * :func:`load_mooncake_trace` — the Mooncake FAST'25 JSONL format
-  ``{"timestamp": ms, "input_length": n, "output_length": m, "hash_ids": [...]}``.
+  ``{"timestamp": ms, "input_length": n, "output_length": m, "hash_ids": [...], "session"?: str,
+  "hint"?: {...}}``.
 * :func:`load_token_trace` — ``{"prompt_token_ids": [...], "output_len": m, "arrival_s"?: s,
-  "session"?: str, "request_id"?: str}``.
+  "session"?: str, "request_id"?: str, "hint"?: {...}}``.
+
+Both formats take an optional ``"hint"`` object (:func:`parse_hint`): what the application told
+the cache about the request's session, ``{"last_turn"?: bool, "continues"?: p, "pin_s"?: s,
+"pin_tokens"?: n, "resume_s"?: s}`` (:class:`hybridkv.core.hints.Hint`; its session is the
+line's ``"session"``).
 
 Trace files may be plain, gzip (``.gz``) or xz (``.xz``) compressed. Public traces ship inside
 the package (:data:`BUNDLED_TRACES`, e.g. ``"mooncake-conversation"``); :func:`resolve_trace`
@@ -30,6 +36,7 @@ from typing import IO, Any, NamedTuple
 
 import numpy as np
 
+from hybridkv.core.hints import Hint
 from hybridkv.core.request import INT64_MAX, INT64_MIN
 from hybridkv.core.validation import check_int
 
@@ -44,6 +51,7 @@ __all__ = [
     "load_mooncake_trace",
     "load_token_trace",
     "open_trace_text",
+    "parse_hint",
     "resolve_trace",
     "trace_format",
     "trace_stem",
@@ -76,6 +84,7 @@ class TraceRequest:
             has no block-level ids.
         output_ids: the output tokens, when the workload knows them (generators whose next
             turn repeats this answer); a simulator then emits exactly these.
+        hint: what the application tells the cache about the request's session (None: nothing).
 
     Equality compares every field (the prompt by value); instances are not hashable.
     """
@@ -87,6 +96,7 @@ class TraceRequest:
     session: str | None = None
     block_ids: tuple[int, ...] = field(default=())
     output_ids: np.ndarray | None = None
+    hint: Hint | None = None
 
     def __post_init__(self) -> None:
         prompt = np.asarray(self.prompt)
@@ -121,6 +131,11 @@ class TraceRequest:
                     f"{self.output_len} tokens, got shape {out.shape}")
             object.__setattr__(self, "output_ids", out)
         object.__setattr__(self, "block_ids", tuple(int(b) for b in self.block_ids))
+        if self.hint is not None:
+            if not isinstance(self.hint, Hint):
+                raise ValueError(f"TraceRequest {self.request_id!r}: hint must be a Hint or None, "
+                                 f"got {self.hint!r}")
+            self.hint.check_prompt(prompt.size, f"TraceRequest {self.request_id!r}")
 
     @property
     def prompt_len(self) -> int:
@@ -136,6 +151,7 @@ class TraceRequest:
             and self.output_len == other.output_len
             and self.session == other.session
             and self.block_ids == other.block_ids
+            and self.hint == other.hint
             and np.array_equal(self.prompt, other.prompt)
         )
 
@@ -209,6 +225,36 @@ def _field(path: Path, lineno: int, obj: dict[str, Any], name: str) -> Any:
         ) from None
 
 
+#: The fields of a trace line's ``"hint"`` object (:func:`parse_hint`).
+HINT_FIELDS = ("last_turn", "continues", "pin_s", "pin_tokens", "resume_s")
+
+
+def parse_hint(value: object, session: object, where: str, prompt_len: int) -> Hint:
+    """The :class:`~hybridkv.core.hints.Hint` of a trace line's ``"hint"`` object (fields
+    :data:`HINT_FIELDS`, all optional; ``session`` is the line's). ``where`` names the line
+    (``file:line``) in every error: not an object, an unknown field, a bad value (a negative
+    time, a probability outside [0, 1], ...), or a pin longer than the prompt."""
+    if not isinstance(value, dict):
+        raise ValueError(f"{where}: 'hint' must be an object with fields among {', '.join(HINT_FIELDS)}, "
+                         f"got {value!r}")
+    unknown = sorted(set(value) - set(HINT_FIELDS))
+    if unknown:
+        raise ValueError(f"{where}: unknown 'hint' field {unknown[0]!r}; valid: {', '.join(HINT_FIELDS)}")
+    try:
+        hint = Hint(session=session, **value)
+        hint.check_prompt(prompt_len, "prompt")
+    except ValueError as exc:
+        raise ValueError(f"{where}: bad 'hint': {exc}") from None
+    return hint
+
+
+def _line_session(path: Path, lineno: int, obj: dict[str, Any]) -> str | None:
+    session = obj.get("session")
+    if session is not None and not isinstance(session, str):
+        raise ValueError(f"{path}:{lineno}: 'session' must be a string, got {session!r}")
+    return session
+
+
 def _nonneg_int(path: Path, lineno: int, obj: dict[str, Any], name: str) -> int:
     value = _field(path, lineno, obj, name)
     check_int(f"{path}:{lineno}: {name!r}", value, 0)
@@ -225,6 +271,8 @@ class MooncakeRecord:
         input_length: prompt tokens (>= 1).
         output_length: generated tokens (>= 0).
         hash_ids: one id per ``block_tokens`` prompt tokens, the last covering the partial tail.
+        session: the line's optional ``"session"``.
+        hint: the line's optional ``"hint"`` (:func:`parse_hint`).
     """
 
     lineno: int
@@ -232,6 +280,8 @@ class MooncakeRecord:
     input_length: int
     output_length: int
     hash_ids: tuple[int, ...]
+    session: str | None = None
+    hint: Hint | None = None
 
 
 def iter_mooncake_records(
@@ -272,8 +322,13 @@ def iter_mooncake_records(
                 f"{path}:{lineno}: 'hash_ids' too long for input_length {input_length}: "
                 f"{len(hash_ids)} ids, expected {need} of {block_tokens} tokens"
             )
+        session = _line_session(path, lineno, obj)
+        hint = obj.get("hint")
+        if hint is not None:
+            hint = parse_hint(hint, session, f"{path}:{lineno}", input_length)
         count += 1
-        yield MooncakeRecord(lineno, float(ts), input_length, output_length, tuple(hash_ids))
+        yield MooncakeRecord(lineno, float(ts), input_length, output_length, tuple(hash_ids),
+                             session, hint)
 
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -349,8 +404,9 @@ def load_mooncake_trace(
                 arrival_s=rec.timestamp_ms / 1000.0,
                 prompt=prompt,
                 output_len=rec.output_length,
-                session=None,
+                session=rec.session,
                 block_ids=rec.hash_ids,
+                hint=rec.hint,
             )
         )
     return out
@@ -360,7 +416,7 @@ def load_token_trace(path: str | Path) -> list[TraceRequest]:
     """Load a token-level JSONL trace.
 
     Line format: ``{"prompt_token_ids": [int, ...], "output_len": int, "arrival_s"?: float,
-    "session"?: str, "request_id"?: str}``. Missing ``arrival_s`` means 0.0 (an offline batch);
+    "session"?: str, "request_id"?: str, "hint"?: {...}}`` (:func:`parse_hint`). Missing ``arrival_s`` means 0.0 (an offline batch);
     missing ``request_id`` means ``"<file stem>-<index>"``. File order is kept.
 
     Raises:
@@ -369,7 +425,7 @@ def load_token_trace(path: str | Path) -> list[TraceRequest]:
             :class:`~hybridkv.core.request.Request`: any int64 value, negative ones included,
             is an opaque token the cache hashes; the engine checks the vocabulary), a negative or
             non-integer output_len, a negative or non-finite arrival_s, a non-string session or
-            request_id, or a duplicate request_id.
+            request_id, a duplicate request_id, or a malformed hint.
     """
     path = Path(path)
     out: list[TraceRequest] = []
@@ -394,9 +450,10 @@ def load_token_trace(path: str | Path) -> list[TraceRequest]:
         if isinstance(arrival, bool) or not isinstance(arrival, (int, float)) \
                 or not math.isfinite(arrival) or arrival < 0:
             raise ValueError(f"{path}:{lineno}: 'arrival_s' must be a finite number >= 0, got {arrival!r}")
-        session = obj.get("session")
-        if session is not None and not isinstance(session, str):
-            raise ValueError(f"{path}:{lineno}: 'session' must be a string, got {session!r}")
+        session = _line_session(path, lineno, obj)
+        hint = obj.get("hint")
+        if hint is not None:
+            hint = parse_hint(hint, session, f"{path}:{lineno}", prompt.size)
         request_id = obj.get("request_id", f"{trace_stem(path)}-{len(out)}")
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"{path}:{lineno}: 'request_id' must be a non-empty string, got {request_id!r}")
@@ -404,7 +461,8 @@ def load_token_trace(path: str | Path) -> list[TraceRequest]:
             raise ValueError(f"{path}:{lineno}: duplicate request_id {request_id!r}")
         seen_ids.add(request_id)
         out.append(
-            TraceRequest(request_id, float(arrival), prompt.astype(np.int64), output_len, session)
+            TraceRequest(request_id, float(arrival), prompt.astype(np.int64), output_len, session,
+                         hint=hint)
         )
     return out
 

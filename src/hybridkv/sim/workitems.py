@@ -13,6 +13,7 @@ from typing import Iterable
 
 import numpy as np
 
+from hybridkv.core.hints import Hint
 from hybridkv.sim.traces import (MOONCAKE_BLOCK_TOKENS, MooncakeRecord, TraceRequest,
                                  expand_block_ids, iter_mooncake_records, trace_stem)
 
@@ -30,6 +31,16 @@ class WorkItem:
     prompt_len: int
     output_len: int
     source: TraceRequest | MooncakeRecord
+
+    @property
+    def hint(self) -> Hint | None:
+        """The hint the trace gives this request, if any."""
+        return self.source.hint
+
+    @property
+    def session(self) -> str | None:
+        """The trace's session of this request, if it names one."""
+        return self.source.session
 
     @property
     def output_ids(self) -> np.ndarray | None:

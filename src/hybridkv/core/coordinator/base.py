@@ -110,6 +110,8 @@ class CoordinatorBase:
             caches (KV events and the connector's saves).
         on_adopted: the same for each run that ``commit_external`` caches (loaded from a
             tier, not computed here): KV events only, never saves.
+        hinted: the pool runs the hint layer, so every release reports its owner and hint
+            (False: only retention configs are passed on).
     """
 
     def __init__(self, config: KVCacheConfig, pool: BlockPool, retention: Retention, *,
@@ -126,6 +128,7 @@ class CoordinatorBase:
         self.len_cap = max_model_len if max_model_len is not None else math.inf
         self.on_stored: Callable[[int, Request, int, list[int]], None] | None = None
         self.on_adopted: Callable[[int, Request, int, list[int]], None] | None = None
+        self.hinted = False
         self.alignment = config.alignment
         hbs = config.hash_block_size
         groups = config.groups

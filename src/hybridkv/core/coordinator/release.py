@@ -2,7 +2,9 @@
 
 A released block stays cached if it has a hash (the pool queues it as evictable); a request
 with a retention config first hands the eviction policy its marks for the blocks it releases
-(:mod:`hybridkv.core.retention_config`). A request's table is freed tail first, group by
+(:mod:`hybridkv.core.retention_config`), and in a pool that takes hints every request hands
+the hint layer its hint's marks (none without a hint) and its owner (the hint's session, else
+the request: :mod:`hybridkv.core.hints`). A request's table is freed tail first, group by
 group, so a chain's tail is evicted before its prefix.
 """
 
@@ -10,10 +12,10 @@ from __future__ import annotations
 
 from hybridkv.core.coordinator.base import CoordinatorBase, _ReqBlocks
 from hybridkv.core.coordinator.records import AllocationPlan
+from hybridkv.core.hints import hint_marks
 from hybridkv.core.pool import NULL_BLOCK
 from hybridkv.core.request import Request
 from hybridkv.core.retention_config import block_marks
-
 
 
 class Release(CoordinatorBase):
@@ -37,7 +39,7 @@ class Release(CoordinatorBase):
                 hi = released[0] + 1
                 freed = table[lo:hi]
                 freed.reverse()
-                if request.retention is not None:
+                if request.retention is not None or self.hinted:
                     self._retain(request, g, table, released)
                 table[lo:hi] = [NULL_BLOCK] * (hi - lo)
                 pool.free(freed)
@@ -55,15 +57,30 @@ class Release(CoordinatorBase):
         if self.caching and not self.compat:
             self.cache(request, min(request.num_computed_tokens, request.num_tokens), final=final)
         del self.reqs[request.request_id]
-        if request.retention is not None:
+        if request.retention is not None or self.hinted:
             for g, table in enumerate(state.tables):
-                self._retain(request, g, table, range(len(table)))
+                self._retain(request, g, table, range(len(table)), final=True)
         for table in state.tables:
             self.pool.free(reversed(table))
 
-    def _retain(self, request: Request, g: int, table: list[int], positions) -> None:
+    def _retain(self, request: Request, g: int, table: list[int], positions, final: bool = False) -> None:
         """Give the request's retention marks to group ``g``'s blocks at ``positions`` (about
-        to be released); see :mod:`hybridkv.core.retention_config`."""
-        marks = block_marks(request.retention, self.block_sizes[g], request.num_prompt_tokens,
-                            request.num_tokens)
-        self.pool.retain(table, positions, marks)
+        to be released), and in a pool that takes hints its hint's marks and owner (and, for
+        a session's request freed whole, ``final``, the key its releases are tracked by); see
+        :mod:`hybridkv.core.retention_config` and :mod:`hybridkv.core.hints`."""
+        if request.retention is not None:
+            marks = block_marks(request.retention, self.block_sizes[g], request.num_prompt_tokens,
+                                request.num_tokens)
+            self.pool.retain(table, positions, marks)
+        if self.hinted:
+            hint = request.hint
+            track = None
+            if hint is None or hint.session is None:
+                owner: object = ("request", request.request_id)
+            else:
+                owner = ("session", hint.session)
+                if final:
+                    track = (hint.session, g)
+            marks = () if hint is None or hint.empty else hint_marks(
+                hint, self.block_sizes[g], request.num_prompt_tokens, request.num_tokens)
+            self.pool.hint(table, positions, marks, owner, track)

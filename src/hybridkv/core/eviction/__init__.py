@@ -25,6 +25,8 @@ from hybridkv.core.eviction.turns import TurnEVAPolicy  # isort: skip
 from hybridkv.core.eviction.arc import ChainARCPolicy  # isort: skip
 from hybridkv.core.eviction.adaptive import AdaptivePolicy, TurnAdaptivePolicy  # isort: skip
 from hybridkv.core.eviction.priority import PriorityPolicy  # isort: skip
+from hybridkv.core.eviction.lru import LRUPolicy  # isort: skip  (not registered: see lru.py)
+from hybridkv.core.eviction.hint_layer import HintLayer  # isort: skip  (wraps a policy)
 
 #: The policy ``recommended`` resolves to (see BENCHMARKS.md, "Eviction policies", for why).
 RECOMMENDED = "adaptive"
@@ -57,20 +59,23 @@ def resolve_policy(name: object, vllm_compat: bool = False) -> str:
     return resolved
 
 
-def make_policy(name: str, rules=(), clock: Callable[[], float] = time.monotonic) -> EvictionPolicy | None:
+def make_policy(name: str, rules=(), clock: Callable[[], float] = time.monotonic,
+                hints: bool = False) -> EvictionPolicy | None:
     """The policy object for ``name`` (None for ``lru``: the pool's own list), built through
-    :meth:`EvictionPolicy.create`.
+    :meth:`EvictionPolicy.create`; with ``hints``, that policy (``lru``: the exact-LRU object
+    :class:`LRUPolicy`) behind a :class:`HintLayer`.
 
     ``rules``: the hit rules of the KV-cache groups, in group order (the cost-aware policy
     weighs groups by their :meth:`recompute_cost`). ``clock``: seconds, for the TTLs of the
-    ``priority`` policy."""
+    ``priority`` policy and of hint pins."""
     name = resolve_policy(name)
-    if name == "lru":
+    if name == "lru" and not hints:
         return None
-    return EVICTION_POLICIES.get(name).create(tuple(rules), clock)
+    inner = LRUPolicy() if name == "lru" else EVICTION_POLICIES.get(name).create(tuple(rules), clock)
+    return HintLayer(inner, clock) if hints else inner
 
 
 __all__ = ["COST_REFERENCE_TOKENS", "EVICTION_POLICIES", "POLICIES", "RECOMMENDED", "EvictionPolicy",
            "S3FIFOPolicy", "LFUPolicy", "CostAwarePolicy", "EVAPolicy", "TurnEVAPolicy", "ChainARCPolicy",
-           "AdaptivePolicy", "TurnAdaptivePolicy", "PriorityPolicy", "make_policy", "policy_names",
+           "AdaptivePolicy", "TurnAdaptivePolicy", "PriorityPolicy", "LRUPolicy", "HintLayer", "make_policy", "policy_names",
            "resolve_policy"]

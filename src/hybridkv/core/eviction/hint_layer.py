@@ -1,0 +1,560 @@
+"""The hint layer: application hints in front of any eviction policy.
+
+A manager that takes hints (``KVCacheManager(..., hints=True)``) puts this layer between the
+pool and its policy (``lru`` becomes the exact-LRU object of :mod:`.lru`). Requests' hints
+arrive as retention marks (:mod:`hybridkv.core.hints`: a pin is a mark above the default
+priority with a TTL, an ending session a mark below it), and the layer splits the cached free
+blocks into three regions, evicted in this order:
+
+1. **demoted**: blocks of an ending session (FIFO in free order, so a chain leaves tail first);
+2. **the policy's**: every other block, in the inner policy's own order;
+3. **pinned**: blocks with a live pin. A pin whose TTL runs out moves its block to region 1
+   (its time is up, as in a TTL prompt cache). Pins never make the cache refuse work: when regions 1 and 2 are
+   empty a victim comes from here and is counted (``pins_broken``): first pins that stand for
+   a predicted return (a resume time, priority below :data:`~hybridkv.core.hints.PIN_PRIORITY`),
+   latest first (the farthest next use), then TTL pins, earliest expiry first.
+
+**Whose blocks an end demotes.** Every release in a hinted pool tells the layer which *owner*
+released each block (the hint's session, else the request itself): a block released by two
+owners is *shared* for as long as it keeps its content. An ending session demotes only the
+blocks it owns alone, so a system prompt other sessions use is never demoted by one end. The
+latest release decides whether a block is demoted (a session that comes back after its "last"
+turn un-demotes what it re-reads); pins accumulate (the latest expiry wins), as retention
+marks do. **A session moves on**: when a session's request is freed, the blocks its previous
+release (of that group) held that this one does not, still its own alone (an answer the next
+turn did not re-read, a partial block), are dead to it and demoted like an end's.
+
+**Hints are advice: the layer tests them.** Beside the real cache run three *shadow caches*
+(after ``adaptive``'s): key-only LRU caches of the pool's capacity that take every freed batch,
+count the blocks of it they still hold (what they would have hit) and take it in; one ignores
+hints, one demotes what the hints say is dead, one pins what they pin. The layer honours
+demotions while (1) the hints are informative: in the plain shadow (hits and, past its reach,
+its remembered evicted keys), releases hinted dead are reused at most ``DEAD_RATIO`` times as
+often as the others, and (2) they pay: the demoting shadow hits more than the plain
+one by ``MARGIN`` (relative) and ``MIN_LEAD`` blocks; pins while pinned blocks are reused at
+least ``PIN_GAIN`` times as often as the others and the pinning shadow leads likewise. A
+release is judged by its first block its owner owns alone (the blocks after it share its fate;
+shared blocks say nothing about a session, and a tail of output nobody reads is not pinned) and
+by its own hint (not by pins earlier releases left on its blocks). The counts halve every ``DECAY_CAPACITIES``
+capacities of freed blocks, so a change in the hints' quality is followed. So hints that carry
+no information (a coin flip: an LRU cache of the dead-time kind can gain even from those, a
+policy that already keeps returning chains loses), and right-but-useless ones (a cache that
+keeps everything anyway, where a wrong "last turn" costs a hit and a right one gains nothing),
+are ignored; useful ones are followed after a warm-up of about a capacity. The shadows see a sample of the blocks (by
+hash: about ``SAMPLED`` of a pool's capacity, at that share of the capacity), so their cost is
+bounded. BENCHMARKS.md, "Application hints", measures the layer under right, noisy and random
+hints.
+
+Cost: a few dictionary operations per freed block on top of the inner policy's, and the
+shadows' on the sampled blocks.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+
+from hybridkv.core.eviction.base import EvictionPolicy
+from hybridkv.core.hints import PIN_PRIORITY, HintStats
+from hybridkv.core.retention_config import DEFAULT_PRIORITY, RetentionMark
+
+if TYPE_CHECKING:
+    from hybridkv.core.pool import BlockPool
+
+#: A hint kind is honoured while its shadow leads the plain one by this share of its hits ...
+MARGIN = 0.05
+#: ... and by at least this many (sampled) blocks.
+MIN_LEAD = 8
+#: Demotions are honoured only while, in the shadow that ignores hints, blocks hinted dead are
+#: reused at most this share of the others' rate (the hints tell dead from live) ...
+DEAD_RATIO = 0.5
+#: Pins are honoured only while pinned blocks are reused at least this many times as often ...
+PIN_GAIN = 1.5
+#: ... both measured on at least this many sampled releases of each kind, with this many reuses
+#: among the two kinds compared.
+MIN_SAMPLES = 64
+MIN_EVENTS = 32
+#: The plain shadow remembers this many capacities of evicted keys, so a reuse counts for the
+#: informativeness test well past the cache's own reach (conversations return late).
+GHOST_CAPACITIES = 16
+#: The shadows' hit counts halve every this many capacities of (sampled) blocks freed.
+DECAY_CAPACITIES = 8
+#: The layer remembers the latest release of at most this many sessions per pool block.
+LAST_SESSIONS = 4
+#: About this many blocks of a pool's capacity are sampled (the modulus is a power of two).
+SAMPLED = 4096
+
+_SHARED = object()      # owner of a block released by more than one owner
+_INF = math.inf
+_NO_PIN = (-_INF, False)
+
+
+def _sample_key(h: object) -> int:
+    """A deterministic small integer of a block hash (bytes: its last byte)."""
+    return h[-1] if isinstance(h, (bytes, bytearray)) else hash(h) & 0xFF
+
+
+class _PinSet:
+    """Pinned items (blocks, or a shadow's keys) with an expiry each. They lapse in expiry
+    order; when the cache must break pins, *predicted* ones (a resume time: the expiry stands
+    for the next use) go first, latest expiry first (the farthest next use, as Belady would),
+    then plain TTL pins, earliest expiry first (the one closest to lapsing anyway)."""
+
+    __slots__ = ("items", "lapse", "order", "_seq")
+
+    def __init__(self) -> None:
+        self.items: dict[object, tuple[float, int]] = {}       # item -> (expiry, seq)
+        self.lapse: list[tuple[float, int, object]] = []
+        self.order: list[tuple[tuple[int, float], int, object]] = []
+        self._seq = 0
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __contains__(self, x: object) -> bool:
+        return x in self.items
+
+    def __iter__(self) -> Iterator[object]:
+        return iter(self.items)
+
+    def add(self, x: object, expiry: float, predicted: bool) -> None:
+        self._seq += 1
+        s = self._seq
+        self.items[x] = (expiry, s)
+        heapq.heappush(self.lapse, (expiry, s, x))
+        heapq.heappush(self.order, ((0, -expiry) if predicted else (1, expiry), s, x))
+
+    def discard(self, x: object) -> bool:
+        if self.items.pop(x, None) is None:
+            return False
+        if len(self.lapse) > 2 * len(self.items) + 64:
+            live = self._live
+            self.lapse = [e for e in self.lapse if live(e)]
+            self.order = [e for e in self.order if live(e)]
+            heapq.heapify(self.lapse)
+            heapq.heapify(self.order)
+        return True
+
+    def _live(self, entry: tuple) -> bool:
+        got = self.items.get(entry[2])
+        return got is not None and got[1] == entry[1]
+
+    def next_expiry(self) -> float:
+        """The earliest expiry of a live pin (``inf``: none)."""
+        lapse = self.lapse
+        while lapse and not self._live(lapse[0]):
+            heapq.heappop(lapse)
+        return lapse[0][0] if lapse else _INF
+
+    def pop_lapsed(self, now: float) -> list:
+        """Remove and return the items whose pin ran out by ``now``, in expiry order."""
+        out = []
+        lapse = self.lapse
+        while lapse and lapse[0][0] <= now:
+            entry = heapq.heappop(lapse)
+            if self._live(entry):
+                del self.items[entry[2]]
+                out.append(entry[2])
+        return out
+
+    def pop_break(self) -> object:
+        """Remove and return the pin to break first (the set is not empty)."""
+        order = self.order
+        while True:
+            entry = heapq.heappop(order)
+            if self._live(entry):
+                del self.items[entry[2]]
+                return entry[2]
+
+    def check(self) -> None:
+        for heap in (self.lapse, self.order):
+            live = sum(1 for e in heap if self._live(e))
+            if live != len(self.items):
+                raise AssertionError(f"hint layer: {len(self.items)} pinned items but {live} live heap entries")
+
+
+class _Shadow:
+    """A key-only cache of ``cap`` keys that demotes (``dead``) and/or pins (``pin``) as told,
+    LRU otherwise; :meth:`serve` counts the keys of a batch it holds, then takes them in."""
+
+    __slots__ = ("cap", "dead", "pin", "lru", "demoted", "pinned", "hits", "ins", "reused",
+                 "ghost", "ghost_cap")
+
+    def __init__(self, cap: int, dead: bool, pin: bool, ghosts: int = 0) -> None:
+        self.cap = cap
+        self.ghost: OrderedDict[object, int] = OrderedDict()   # evicted key -> its kind
+        self.ghost_cap = ghosts * cap
+        self.dead = dead
+        self.pin = pin
+        self.lru: OrderedDict[object, int] = OrderedDict()          # key -> its kind
+        self.demoted: OrderedDict[object, int] = OrderedDict()
+        self.pinned = _PinSet()
+        self.hits = 0.0
+        self.ins = [0.0, 0.0, 0.0]    # keys taken in, and those of them hit, by kind (rest,
+        self.reused = [0.0, 0.0, 0.0]  # hinted dead, pinned)
+
+    def __len__(self) -> int:
+        return len(self.lru) + len(self.demoted) + len(self.pinned)
+
+    def demote(self, k: object) -> None:
+        """Key ``k``, if held in the LRU part, is dead now (a demoting shadow moves it first)."""
+        if self.dead:
+            kind = self.lru.pop(k, None)
+            if kind is not None:
+                self.demoted[k] = kind
+
+    def serve(self, batch: list[tuple[object, int, bool, float, bool]], now: float) -> None:
+        """``batch``: (key, kind, hinted dead, pin expiry or 0, predicted pin) per freed block,
+        tail first; kind (what the hint test counts) 2: pinned, 1: hinted dead, 0: neither, -1:
+        not a release's representative block (not counted in ``ins``)."""
+        lru, demoted, pinned, ins, reused = self.lru, self.demoted, self.pinned, self.ins, self.reused
+        for k, dead, is_dead, expiry, predicted in batch:
+            was = lru.pop(k, None)
+            if was is None:
+                was = demoted.pop(k, None)
+            if was is not None:
+                self.hits += 1
+                if was >= 0:
+                    reused[was] += 1
+            elif self.ghost_cap:
+                was = self.ghost.pop(k, None)
+                if was is not None and was >= 0:
+                    reused[was] += 1
+            elif pinned.discard(k):
+                self.hits += 1
+            if dead >= 0:
+                ins[dead] += 1
+            if self.pin and expiry > now:
+                pinned.add(k, expiry, predicted)
+            elif self.dead and is_dead:
+                demoted[k] = dead
+            else:
+                lru[k] = dead
+        for k in pinned.pop_lapsed(now):              # a lapsed pin goes first, as the layer's
+            demoted[k] = -1
+        over = len(self) - self.cap
+        ghost = self.ghost if self.ghost_cap else None
+        while over > 0 and demoted:
+            k, kind = demoted.popitem(last=False)
+            if ghost is not None:
+                ghost[k] = kind
+            over -= 1
+        while over > 0 and lru:
+            k, kind = lru.popitem(last=False)
+            if ghost is not None:
+                ghost[k] = kind
+            over -= 1
+        if ghost is not None:
+            while len(ghost) > self.ghost_cap:
+                ghost.popitem(last=False)
+        while over > 0 and pinned:
+            pinned.pop_break()
+            over -= 1
+
+
+class HintLayer(EvictionPolicy):
+    """The hint regions over ``inner`` (see the module docstring).
+
+    Args:
+        inner: the policy that orders the blocks no hint speaks for.
+        clock: seconds, non-decreasing, for the pins' TTLs.
+    """
+
+    name = "hint-layer"
+    __slots__ = ("inner", "clock", "owner", "dead", "pin_until", "fresh_pin", "reps", "demoted", "pinned",
+                 "shadows", "honour", "mask", "freed", "_decay_every", "_counts", "last")
+
+    def __init__(self, inner: EvictionPolicy, clock: Callable[[], float]) -> None:
+        super().__init__()
+        if not isinstance(inner, EvictionPolicy):
+            raise ValueError(f"inner must be an EvictionPolicy, got {inner!r}")
+        if not callable(clock):
+            raise ValueError(f"clock must be a callable returning seconds, got {clock!r}")
+        self.inner = inner
+        self.clock = clock
+        self.owner: dict[int, object] = {}          # block -> owner (or _SHARED) since its content
+        self.dead: set[int] = set()                 # blocks an ending session demotes
+        # block -> (latest pin expiry, whether that pin is a predicted return)
+        self.pin_until: dict[int, tuple[float, bool]] = {}
+        self.fresh_pin: set[int] = set()            # blocks whose latest release pinned them
+        self.reps: set[int] = set()                 # a release's first block its owner owns
+        self.last: dict[object, Sequence[int]] = {}  # (session, group) -> its latest release
+        self.demoted: OrderedDict[int, None] = OrderedDict()
+        self.pinned = _PinSet()                     # free pinned blocks
+        self.shadows: tuple[_Shadow, _Shadow, _Shadow] = (_Shadow(1, False, False),
+                                                          _Shadow(1, True, False), _Shadow(1, False, True))
+        self.honour = [False, False]                # demotions, pins
+        self.mask = 0
+        self.freed = 0                              # sampled blocks freed since the last decay
+        self._decay_every = 1
+        # releases, demoted, pinned, ignored demotions, ignored pins, pins broken, pins lapsed
+        self._counts = [0] * 7
+
+    # ---- setup ---------------------------------------------------------------------------------
+    def attach(self, pool: BlockPool) -> None:
+        super().attach(pool)
+        self.inner.attach(pool)
+        cap = max(1, pool.num_blocks - 1)
+        m = 1
+        while m * SAMPLED < cap and m < 256:
+            m *= 2
+        self.mask = m - 1
+        scap = max(1, cap // m)
+        self.shadows = (_Shadow(scap, False, False, GHOST_CAPACITIES), _Shadow(scap, True, False),
+                        _Shadow(scap, False, True))
+        self._decay_every = DECAY_CAPACITIES * scap
+
+    @property
+    def uses_retention(self) -> bool:     # type: ignore[override]
+        """The inner policy's: retention configs are its business, hints the layer's."""
+        return self.inner.uses_retention
+
+    def retain(self, blocks: Sequence[int], positions: Sequence[int], marks: Sequence) -> None:
+        self.inner.retain(blocks, positions, marks)
+
+    # ---- container protocol --------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.demoted) + len(self.pinned) + len(self.inner)
+
+    def __contains__(self, b: int) -> bool:
+        return b in self.demoted or b in self.pinned or b in self.inner
+
+    def __iter__(self) -> Iterator[int]:
+        yield from self.demoted
+        yield from self.pinned
+        yield from self.inner
+
+    # ---- hints ---------------------------------------------------------------------------------
+    def hint(self, blocks: Sequence[int], positions: Sequence[int], marks: Sequence[RetentionMark],
+             owner: object, track: object = None) -> None:
+        """``owner`` is about to release ``blocks`` (held, cached; table ``positions`` of one
+        group) with these hint ``marks`` (empty for a request without a hint): record the
+        owner, demote or un-demote each block, extend its pin. ``track`` (a session's request
+        freed whole: its session and group): the blocks the session's previous release of
+        that group left behind, still its own alone, are demoted (the session moved on)."""
+        own, dead, pin_until, fresh, reps = self.owner, self.dead, self.pin_until, self.fresh_pin, self.reps
+        if track is not None:
+            self._moved_on(track, blocks, owner, marks)
+        rep_found = False
+        demote_reach = 0
+        pins: list[tuple[int, float, bool]] = []
+        if marks:
+            now = None
+            for m in marks:
+                if m.priority < DEFAULT_PRIORITY:
+                    demote_reach = max(demote_reach, m.num_blocks)
+                elif m.priority > DEFAULT_PRIORITY:
+                    if now is None:
+                        now = self.clock()
+                    pins.append((m.num_blocks, _INF if m.ttl_s is None else now + m.ttl_s,
+                                 m.priority < PIN_PRIORITY))
+            self._counts[0] += 1
+        for b, j in zip(blocks, positions):
+            o = own.get(b)
+            if o is None:
+                own[b] = owner
+                private = True
+            elif o is _SHARED:
+                private = False
+            elif o == owner:
+                private = True
+            else:
+                own[b] = _SHARED
+                private = False
+            if private and not rep_found:
+                reps.add(b)
+                rep_found = True
+            else:
+                reps.discard(b)
+            if private and j < demote_reach:
+                dead.add(b)
+            else:
+                dead.discard(b)
+            pinned_now = False
+            for reach, expiry, predicted in pins:
+                if j < reach:
+                    pinned_now = True
+                    if expiry > pin_until.get(b, _NO_PIN)[0]:
+                        pin_until[b] = (expiry, predicted)
+            if pinned_now:
+                fresh.add(b)
+            else:
+                fresh.discard(b)
+
+    def _moved_on(self, track: object, blocks: Sequence[int], owner: object,
+                  marks: Sequence[RetentionMark]) -> None:
+        """The session's previous release (of this group) left blocks this one does not hold
+        again: while they keep the content the session alone released, they are dead to it
+        (demoted at once when demotions are honoured and the block is free in the policy's
+        region). Remembers this release's blocks (for at most ``LAST_SESSIONS`` sessions per
+        block of the pool); forgets the session when it ends."""
+        last = self.last
+        prev = last.pop(track, None)
+        if not any(m.priority < DEFAULT_PRIORITY for m in marks):    # an end forgets the session
+            last[track] = blocks
+            if len(last) > LAST_SESSIONS * self.pool.num_blocks:   # the least recently seen goes
+                del last[next(iter(last))]
+        if not prev:
+            return
+        own, dead, inner = self.owner, self.dead, self.inner
+        cur = set(blocks)
+        honour = self.honour[0]
+        bh, mask = self.pool.block_hash, self.mask
+        demoting = self.shadows[1]
+        for b in prev:
+            if b in cur or own.get(b) != owner or b in dead:
+                continue
+            dead.add(b)
+            h = bh[b]
+            if h is not None and not _sample_key(h) & mask:
+                demoting.demote(h)
+            if b in self.pinned:
+                continue
+            if honour and b in inner:
+                inner.on_hit(b, True)
+                self.demoted[b] = None
+                self._counts[1] += 1
+
+    # ---- the seam ------------------------------------------------------------------------------
+    def on_free(self, blocks: Sequence[int]) -> None:
+        pin_until, dead, honour = self.pin_until, self.dead, self.honour
+        bh, mask = self.pool.block_hash, self.mask
+        counts = self._counts
+        batch: list[int] = []
+        sample: list[tuple[object, int, float, bool]] = []
+        own = self.owner
+        now = None
+        for b in blocks:
+            pin = pin_until.get(b)
+            if pin is not None:
+                if now is None:
+                    now = self.clock()
+                if pin[0] <= now:
+                    del pin_until[b]
+                    pin = None
+            is_dead = b in dead
+            h = bh[b]
+            if not _sample_key(h) & mask:
+                # the test judges a release by its first own block (its tail may be output
+                # no one reads, which a pin does not cover) and by this release's hint (pins
+                # accumulate over releases: a live pin says how active a session is)
+                kind = ((2 if b in self.fresh_pin else 1 if is_dead else 0) if b in self.reps
+                        else -1)
+                sample.append((h, kind, is_dead, 0.0, False) if pin is None
+                              else (h, kind, is_dead, pin[0], pin[1]))
+            if pin is not None:
+                if honour[1]:
+                    self.pinned.add(b, pin[0], pin[1])
+                    counts[2] += 1
+                    continue
+                counts[4] += 1
+            if is_dead:
+                if honour[0]:
+                    self.demoted[b] = None
+                    counts[1] += 1
+                    continue
+                counts[3] += 1
+            batch.append(b)
+        if batch:
+            self.inner.on_free(batch)
+        if sample:
+            self._test(sample, now)
+
+    def on_hit(self, b: int, held: bool) -> None:
+        if held:
+            if b in self.demoted:
+                del self.demoted[b]
+            elif not self.pinned.discard(b):
+                self.inner.on_hit(b, True)
+                return
+        self.inner.on_hit(b, False)
+
+    def pop(self, n: int) -> list[int]:
+        pinned = self.pinned
+        if pinned and pinned.next_expiry() <= self.clock():
+            self._lapse(self.clock())
+        out: list[int] = []
+        demoted = self.demoted
+        while demoted and len(out) < n:
+            out.append(demoted.popitem(last=False)[0])
+        k = min(n - len(out), len(self.inner))
+        if k:
+            out += self.inner.pop(k)
+        while len(out) < n:                    # nothing else is free: break a pin
+            out.append(pinned.pop_break())
+            self._counts[5] += 1
+        return out
+
+    def forget(self, blocks: Sequence[int]) -> None:
+        own, dead, pin_until, fresh, reps = self.owner, self.dead, self.pin_until, self.fresh_pin, self.reps
+        if own or pin_until:
+            for b in blocks:
+                own.pop(b, None)
+                dead.discard(b)
+                pin_until.pop(b, None)
+                fresh.discard(b)
+                reps.discard(b)
+        self.inner.forget(blocks)
+
+    # ---- pins ----------------------------------------------------------------------------------
+    def _lapse(self, now: float) -> None:
+        """Move every pinned block whose pin ran out by ``now`` to the evict-first region (a
+        pin that lapsed is content whose time is up, as in a TTL prompt cache)."""
+        demoted = self.demoted
+        for b in self.pinned.pop_lapsed(now):
+            self.pin_until.pop(b, None)
+            self._counts[6] += 1
+            demoted[b] = None
+
+    # ---- the test of the hints -----------------------------------------------------------------
+    def _test(self, sample: list[tuple[object, int, bool, float, bool]], now: float | None) -> None:
+        """Serve a freed batch's sampled blocks to the shadows; decay; decide what to honour."""
+        plain, demoting, pinning = self.shadows
+        if now is None:
+            now = self.clock() if pinning.pinned else 0.0
+        for shadow in self.shadows:
+            shadow.serve(sample, now)
+        self.freed += len(sample)
+        if self.freed >= self._decay_every:
+            self.freed = 0
+            for shadow in self.shadows:
+                shadow.hits *= 0.5
+                for lst in (shadow.ins, shadow.reused):
+                    for i in range(3):
+                        lst[i] *= 0.5
+        base = plain.hits * (1.0 + MARGIN) + MIN_LEAD
+        ins, reused, least = plain.ins, plain.reused, MIN_SAMPLES
+        events = MIN_EVENTS
+        tells_dead = tells_live = False
+        if ins[0] >= least:
+            rest = reused[0] / ins[0]
+            tells_dead = (ins[1] >= least and reused[0] + reused[1] >= events
+                          and reused[1] / ins[1] <= DEAD_RATIO * rest)
+            tells_live = (ins[2] >= least and reused[0] + reused[2] >= events
+                          and reused[2] / ins[2] >= PIN_GAIN * rest)
+        self.honour = [tells_dead and demoting.hits > base, tells_live and pinning.hits > base]
+
+    def stats(self) -> HintStats:
+        """The layer's counters and its current judgement (:class:`HintStats`)."""
+        c = self._counts
+        plain, demoting, pinning = self.shadows
+        return HintStats(c[0], c[1], c[2], c[3], c[4], c[5], c[6], plain.hits, demoting.hits,
+                         pinning.hits, self.honour[0], self.honour[1])
+
+    def check(self) -> None:
+        self.inner.check()
+        regions = (set(self.demoted), set(self.pinned), set(self.inner))
+        for i in range(3):
+            for j in range(i + 1, 3):
+                both = regions[i] & regions[j]
+                if both:
+                    raise AssertionError(f"hint layer: blocks {sorted(both)[:5]} are in two regions")
+        self.pinned.check()
+        for shadow in self.shadows:
+            if len(shadow) > shadow.cap:
+                raise AssertionError(f"hint layer: a shadow holds {len(shadow)} keys, over {shadow.cap}")
+
+
+__all__ = ["HintLayer"]
