@@ -13,6 +13,7 @@ from hybridkv.core.specs import KVCacheGroup, SlidingWindow
 from hybridkv.sim.calibrated import (ATTENTION_KINDS, DECODE_MAX_NEW, MONOTONE_SLACK, CalibratedCostModel,
                                      Calibration)
 from hybridkv.sim.calibration_fit import KernelPoint, fit_calibration, leave_one_out, predict_points
+from hybridkv.sim.costmodel import INT_BATCH
 from hybridkv.sim.grid import GridPoint, format_step, parse_step
 from hybridkv.sim.presets import MODEL_PRESETS, get_gpu, get_preset
 from hybridkv.sim.profile import cost_model, default_calibration
@@ -76,6 +77,20 @@ def test_vectorised_time_equals_the_reference(name, work, gpus) -> None:
     new = np.array([n for n, _ in work], dtype=np.float64)
     ctx = np.array([c for _, c in work], dtype=np.float64)
     assert m.step_time_arrays(new, ctx) == pytest.approx(m.step(work).time_s, rel=1e-9)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(list(MODEL_PRESETS)), st.integers(1, 8),
+       st.lists(st.one_of(st.integers(0, 300), st.integers(0, 2_000_000)), min_size=1, max_size=INT_BATCH))
+def test_a_list_of_decodes_takes_the_array_formula_bit_for_bit(name, gpus, ctx) -> None:
+    """The simulator's decode steps (lists of one-token decodes, no arrays built) get exactly the
+    array formula's time, and lists that are not all one-token decodes take the array path."""
+    m = _model(name, gpus)
+    want = m.step_time_arrays(np.ones(len(ctx)), np.array(ctx, dtype=np.float64))
+    assert m.step_time_arrays([1] * len(ctx), ctx) == want
+    mixed = [1] * (len(ctx) - 1) + [2]
+    assert m.step_time_arrays(mixed, ctx) == m.step_time_arrays(np.array(mixed, dtype=np.float64),
+                                                                np.array(ctx, dtype=np.float64))
 
 
 @settings(max_examples=150, deadline=None)
