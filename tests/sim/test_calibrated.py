@@ -80,17 +80,19 @@ def test_vectorised_time_equals_the_reference(name, work, gpus) -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.sampled_from(list(MODEL_PRESETS)), st.integers(1, 8),
-       st.lists(st.one_of(st.integers(0, 300), st.integers(0, 2_000_000)), min_size=1, max_size=INT_BATCH))
-def test_a_list_of_decodes_takes_the_array_formula_bit_for_bit(name, gpus, ctx) -> None:
-    """The simulator's decode steps (lists of one-token decodes, no arrays built) get exactly the
-    array formula's time, and lists that are not all one-token decodes take the array path."""
-    m = _model(name, gpus)
-    want = m.step_time_arrays(np.ones(len(ctx)), np.array(ctx, dtype=np.float64))
-    assert m.step_time_arrays([1] * len(ctx), ctx) == want
-    mixed = [1] * (len(ctx) - 1) + [2]
-    assert m.step_time_arrays(mixed, ctx) == m.step_time_arrays(np.array(mixed, dtype=np.float64),
-                                                                np.array(ctx, dtype=np.float64))
+@given(st.sampled_from(list(MODEL_PRESETS)), st.integers(1, 8), st.booleans(), st.booleans(), st.data())
+def test_a_list_of_decodes_takes_the_array_formula_bit_for_bit(name, gpus, split, same, data) -> None:
+    """The simulator's decode steps (a list of decodes, drafts included, no array built) get
+    exactly the array formula's time: one-token or not, equal or mixed, split-KV or not."""
+    base = _model(name, gpus)
+    m = CalibratedCostModel(base.model, H100, dataclasses.replace(base.calibration, split_kv=split), gpus)
+    n = data.draw(st.integers(1, INT_BATCH))
+    one_size = st.integers(1, DECODE_MAX_NEW)
+    new = [data.draw(one_size)] * n if same else data.draw(st.lists(one_size, min_size=n, max_size=n))
+    ctx = data.draw(st.lists(st.one_of(st.integers(0, 300), st.integers(0, 2_000_000)),
+                             min_size=n, max_size=n))
+    want = m.step_time_arrays(np.array(new, dtype=np.float64), np.array(ctx, dtype=np.float64))
+    assert m.step_time_arrays(new, ctx) == want
 
 
 @settings(max_examples=150, deadline=None)
