@@ -153,6 +153,20 @@ def test_cost_formulas_match_the_definitions_on_ints_and_arrays(spec, new, ctx) 
     assert rule.kv_span(arr_new, arr_ctx).tolist() == want
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 10**7), st.integers(0, 10**7))
+def test_full_rule_cost_terms_are_the_base_formulas(new, ctx) -> None:
+    """FullRule's own attention_keys and kv_span (the cost models call them per request per
+    step) give what the base class's formulas give, on ints and on float arrays."""
+    rule = make_rule(FullAttention(16))
+    assert rule.attention_keys(new, ctx) == HitRule.attention_keys(rule, new, ctx)
+    assert rule.kv_span(new, ctx) == HitRule.kv_span(rule, new, ctx)
+    arr_new = np.array([new, 1, 0], dtype=np.float64)
+    arr_ctx = np.array([ctx, ctx, 7], dtype=np.float64)
+    assert rule.attention_keys(arr_new, arr_ctx).tolist() == HitRule.attention_keys(rule, arr_new, arr_ctx).tolist()
+    assert rule.kv_span(arr_new, arr_ctx).tolist() == HitRule.kv_span(rule, arr_new, arr_ctx).tolist()
+
+
 def test_recompute_cost_hint() -> None:
     full, swa = make_rule(FullAttention(4)), make_rule(SlidingWindow(4, window=8))
     assert [full.recompute_cost(j) for j in range(3)] == [10, 26, 42]   # Σ (q + 1), q in block j

@@ -13,6 +13,7 @@ from hybridkv.core.specs import KVCacheGroup, SlidingWindow
 from hybridkv.sim.calibrated import (ATTENTION_KINDS, DECODE_MAX_NEW, MONOTONE_SLACK, CalibratedCostModel,
                                      Calibration)
 from hybridkv.sim.calibration_fit import KernelPoint, fit_calibration, leave_one_out, predict_points
+from hybridkv.sim.costmodel import INT_BATCH
 from hybridkv.sim.grid import GridPoint, format_step, parse_step
 from hybridkv.sim.presets import MODEL_PRESETS, get_gpu, get_preset
 from hybridkv.sim.profile import cost_model, default_calibration
@@ -76,6 +77,22 @@ def test_vectorised_time_equals_the_reference(name, work, gpus) -> None:
     new = np.array([n for n, _ in work], dtype=np.float64)
     ctx = np.array([c for _, c in work], dtype=np.float64)
     assert m.step_time_arrays(new, ctx) == pytest.approx(m.step(work).time_s, rel=1e-9)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(list(MODEL_PRESETS)), st.integers(1, 8), st.booleans(), st.booleans(), st.data())
+def test_a_list_of_decodes_takes_the_array_formula_bit_for_bit(name, gpus, split, same, data) -> None:
+    """The simulator's decode steps (a list of decodes, drafts included, no array built) get
+    exactly the array formula's time: one-token or not, equal or mixed, split-KV or not."""
+    base = _model(name, gpus)
+    m = CalibratedCostModel(base.model, H100, dataclasses.replace(base.calibration, split_kv=split), gpus)
+    n = data.draw(st.integers(1, INT_BATCH))
+    one_size = st.integers(1, DECODE_MAX_NEW)
+    new = [data.draw(one_size)] * n if same else data.draw(st.lists(one_size, min_size=n, max_size=n))
+    ctx = data.draw(st.lists(st.one_of(st.integers(0, 300), st.integers(0, 2_000_000)),
+                             min_size=n, max_size=n))
+    want = m.step_time_arrays(np.array(new, dtype=np.float64), np.array(ctx, dtype=np.float64))
+    assert m.step_time_arrays(new, ctx) == want
 
 
 @settings(max_examples=150, deadline=None)

@@ -39,6 +39,11 @@ import itertools
 from dataclasses import dataclass
 from typing import Mapping, Protocol, Sequence
 
+try:
+    import cython
+except ImportError:                       # no Cython: the C types below are no-ops
+    from hybridkv import _cython_shim as cython
+
 from hybridkv.core.blockref import BlockRef
 from hybridkv.core.coordinator import CacheHit, ExternalHit
 from hybridkv.core.manager import KVCacheManager
@@ -215,6 +220,9 @@ class Scheduler:
             out.saves_after = self.connector.take_saves()
         return out
 
+    @cython.locals(running=list, reqs=list, nums=list, quiet=list, slots=list, starts=list,
+                   news=list, drafts=list, blocks=list, samples=list, n=cython.Py_ssize_t,
+                   i=cython.Py_ssize_t, computed=cython.Py_ssize_t, need=cython.Py_ssize_t)
     def _schedule_batched(self, out: SchedulerOutput, budget: int) -> int:
         """The running requests, in order: quiet decode steps as a batch, the rest one by one.
 
@@ -235,9 +243,8 @@ class Scheduler:
             nums = [1] * len(running)
         quiet = self.kv.quiet_steps(reqs, nums)
         max_len = self.max_model_len
-        add_req, add_start = out.requests.append, out.starts.append
-        add_new, add_drafts = out.num_new_tokens.append, out.num_draft_tokens.append
-        add_blocks, add_samples = out.new_block_ids.append, out.samples.append
+        slots, starts, news = out.requests, out.starts, out.num_new_tokens
+        drafts, blocks, samples = out.num_draft_tokens, out.new_block_ids, out.samples
         preempted = out.preempted
         n = len(running)
         i = 0
@@ -251,12 +258,12 @@ class Scheduler:
                     r = running[i]
                     if need > 1:
                         self._check_drafts(r, need - 1)
-                    add_req(r)
-                    add_start(computed)
-                    add_new(need)
-                    add_drafts(need - 1)
-                    add_blocks(None)
-                    add_samples(True)
+                    slots.append(r)
+                    starts.append(computed)
+                    news.append(need)
+                    drafts.append(need - 1)
+                    blocks.append(None)
+                    samples.append(True)
                     req.num_computed_tokens = computed + need
                     budget -= need
                     i += 1
@@ -431,6 +438,9 @@ class Scheduler:
         self.waiting.push_preempted(r)
 
     # ---- results ------------------------------------------------------------------------------
+    @cython.locals(reqs=list, num_drafts=list, samples=list, j=cython.Py_ssize_t,
+                   nd=cython.Py_ssize_t, accepted=cython.Py_ssize_t,
+                   num_tokens=cython.Py_ssize_t)
     def update(self, out: SchedulerOutput,
                sampled: Mapping[object, Sequence[int]] | list[Sequence[int] | None],
                loaded: Mapping[object, bool] | None = None) -> list[EngineRequest]:

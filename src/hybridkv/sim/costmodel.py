@@ -141,6 +141,11 @@ class CostModel:
     # per group of the model: its rule, 4 * attn_width * layers (FLOPs per (query, key) pair),
     # its compress ratio and its KV bytes per token over its layers (set by __post_init__)
     _groups: tuple = field(init=False, repr=False, compare=False, default=())
+    # (2 * active_params, num_gpus * peak FLOP/s * mfu, num_gpus * peak bytes/s * mbu): the
+    # formula's constant factors, multiplied in the formula's own order (set by __post_init__)
+    _consts: tuple = field(init=False, repr=False, compare=False, default=())
+    # weight_bytes(T) by T, filled as step_time_arrays meets each T (at most the token budget)
+    _weights: dict = field(init=False, repr=False, compare=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("mfu", "mbu"):
@@ -154,6 +159,9 @@ class CostModel:
         object.__setattr__(self, "_groups", tuple(
             (_rule(g.spec), 4.0 * m.attn_width * len(g.layer_names), g.spec.compress_ratio,
              g.spec.bytes_per_token * len(g.layer_names)) for g in m.groups))
+        object.__setattr__(self, "_consts", (2.0 * m.active_params,
+                                             self.num_gpus * self.gpu.flops * self.mfu,
+                                             self.num_gpus * self.gpu.mem_bw * self.mbu))
 
     @property
     def source(self) -> str:
@@ -236,8 +244,11 @@ class CostModel:
             for rule, pair_flops, ratio, bpt in self._groups:   # and so do arrays
                 attn_flops += pair_flops * float(rule.attention_keys(new, ctx).sum()) / ratio
                 kv_bytes += bpt * float((rule.kv_span(new, ctx) + new).sum())
-        flops = 2.0 * self.model.active_params * total_new + attn_flops
-        nbytes = self.weight_bytes(int(total_new)) + kv_bytes
-        compute_s = flops / (self.num_gpus * self.gpu.flops * self.mfu)
-        memory_s = nbytes / (self.num_gpus * self.gpu.mem_bw * self.mbu)
+        two_active, flop_rate, byte_rate = self._consts
+        flops = two_active * total_new + attn_flops
+        weights = self._weights.get(total_new)
+        if weights is None:
+            weights = self._weights[total_new] = self.weight_bytes(int(total_new))
+        compute_s = flops / flop_rate
+        memory_s = (weights + kv_bytes) / byte_rate
         return max(compute_s, memory_s) + self.step_overhead_s

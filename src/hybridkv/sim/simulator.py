@@ -34,6 +34,7 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
+from itertools import compress
 from typing import Callable, Iterable
 
 import numpy as np
@@ -599,9 +600,10 @@ class Simulator:
         clock by the cost model, sample. Returns the new clock and how many requests finished."""
         self.now = clock
         out = self.scheduler.schedule()
-        for r in out.admitted:
-            if r.request.num_preemptions == 0:
-                self._on_admitted(r, res, clock)
+        if out.admitted:
+            for r in out.admitted:
+                if r.request.num_preemptions == 0:
+                    self._on_admitted(r, res, clock)
         start = clock
         compute = self.cost.step_time_arrays(out.num_new_tokens, out.starts)
         loaded = None
@@ -612,8 +614,9 @@ class Simulator:
         res.steps += 1
         self._sample_usage(res, clock)
         finished = self._update(out, res, clock, loaded)
-        for hook in self.step_hooks:
-            hook(start, clock, out)
+        if self.step_hooks:
+            for hook in self.step_hooks:
+                hook(start, clock, out)
         return clock, finished
 
     def _update(self, out, res: SimResult, clock: float,
@@ -623,24 +626,25 @@ class Simulator:
         (no per-request dict)."""
         acc = self.acceptance
         reqs = out.requests
-        samples, num_drafts = out.samples, out.num_draft_tokens
+        num_drafts = out.num_draft_tokens
         sampled: list[list[int] | None] = [None] * len(reqs)
         timed = not self.config.sequential
-        for j in range(len(reqs)):
-            if samples[j]:
-                r = reqs[j]
-                live: _Live = r.user_data  # type: ignore[assignment]
-                d = num_drafts[j]
-                a = min(acc.draw(), d) if d else 0  # type: ignore[union-attr]
-                if live.outputs is not None:   # the workload's answer (the next turn repeats it)
-                    done = r.num_output_tokens
-                    sampled[j] = live.outputs[done:done + a + 1] or [_OUTPUT_TOKEN_BASE]
-                else:
-                    base = _OUTPUT_TOKEN_BASE + len(r.request.token_ids)
-                    sampled[j] = list(range(base, base + a + 1)) if a else [base]
-                if live.first_token_t < 0 and timed:
-                    live.first_token_t = clock
-                    res.ttft_s.append(clock - live.item.arrival_s)
+        ttft = res.ttft_s
+        for j in compress(range(len(reqs)), out.samples):     # the slots that sample
+            r = reqs[j]
+            live: _Live = r.user_data  # type: ignore[assignment]
+            d = num_drafts[j]
+            a = min(acc.draw(), d) if d else 0  # type: ignore[union-attr]
+            outputs = live.outputs
+            if outputs is not None:   # the workload's answer (the next turn repeats it)
+                done = r.num_output_tokens
+                sampled[j] = outputs[done:done + a + 1] or [_OUTPUT_TOKEN_BASE]
+            else:
+                base = _OUTPUT_TOKEN_BASE + len(r.request.token_ids)
+                sampled[j] = list(range(base, base + a + 1)) if a else [base]
+            if live.first_token_t < 0 and timed:
+                live.first_token_t = clock
+                ttft.append(clock - live.item.arrival_s)
         finished = self.scheduler.update(out, sampled, loaded)
         for load in out.loads:          # a loading request is admitted once its load ends
             r = load.req
@@ -648,12 +652,14 @@ class Simulator:
             self.tiers.credit(r.request_id, first)      # type: ignore[union-attr]
             if first:
                 self._on_admitted(r, res, clock)
-        for r in finished:
-            live = r.user_data  # type: ignore[assignment]
-            self._online.finished_t[live.index] = clock
-            res.output_tokens += r.num_output_tokens if not self.config.sequential else 0
-            if r.num_output_tokens > 1 and clock > live.first_token_t >= 0:
-                res.itl_s.append((clock - live.first_token_t) / (r.num_output_tokens - 1))
+        if finished:
+            finished_t = self._online.finished_t
+            for r in finished:
+                live = r.user_data  # type: ignore[assignment]
+                finished_t[live.index] = clock
+                res.output_tokens += r.num_output_tokens if timed else 0
+                if r.num_output_tokens > 1 and clock > live.first_token_t >= 0:
+                    res.itl_s.append((clock - live.first_token_t) / (r.num_output_tokens - 1))
         if self.k:
             k = self.k
             max_len = self.scheduler.max_model_len

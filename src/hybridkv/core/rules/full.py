@@ -23,6 +23,15 @@ class FullRule(HitRule):
     def key_pairs(self, x: Any) -> Any:
         return x * (x + 1) // 2
 
+    # The base class's formulas with first_key = 0 and key_pairs above inlined (the cost
+    # models call them once per request per step): the same arithmetic, the same results.
+    def attention_keys(self, new: Any, context: Any) -> Any:
+        x = context + new
+        return x * (x + 1) // 2 - context * (context + 1) // 2
+
+    def kv_span(self, new: Any, context: Any) -> Any:
+        return context + new
+
     def longest_hit(self, probe: Callable[[int], object], e_max: int, step: int) -> int:
         # [0, e + proof) cached: scan left to right to the first miss.
         proof = self.proof
