@@ -27,3 +27,39 @@ def test_the_coordinator_is_its_seams_joined_flat():
                 assert vars(cls)[name] is value, (seam.__name__, name)
     with pytest.raises(TypeError, match="Release and another seam both define 'cache'"):
         co._join("Twice", "", WritePath, type("Release", (), {"cache": lambda self: None}))
+
+
+def test_join_builds_one_named_class_from_the_seams():
+    """``_join`` returns a plain class (bases: object only) named and documented as asked,
+    whose namespace holds each seam's own methods and ``__init__`` but not the seams' class
+    bookkeeping (their ``__dict__``, ``__weakref__``, ``__module__``, ``__doc__``).
+
+    Guards against a join that builds the class wrongly (no name, the namespace passed as the
+    bases, a seam's ``__dict__`` descriptor copied in). The coordinator's own join runs once,
+    when the package is imported, so this calls ``_join`` again at test time: a defect there
+    would otherwise show only as a failed import of ``hybridkv.core``."""
+    import hybridkv.core.coordinator as co
+
+    class First:
+        """first seam"""
+
+        def __init__(self, x):
+            self.x = x
+
+        def double(self):
+            return 2 * self.x
+
+    class Second:
+        def triple(self):
+            return 3 * self.x
+
+    cls = co._join("Joined", "joined doc", First, Second)
+    assert isinstance(cls, type) and cls.__mro__ == (cls, object)
+    assert (cls.__name__, cls.__qualname__) == ("Joined", "Joined")
+    assert (cls.__module__, cls.__doc__) == ("hybridkv.core.coordinator", "joined doc")
+    assert vars(cls)["__init__"] is vars(First)["__init__"]
+    assert vars(cls)["double"] is vars(First)["double"]
+    assert vars(cls)["triple"] is vars(Second)["triple"]
+    assert vars(cls)["__dict__"] is not vars(First)["__dict__"]     # the new class's own
+    obj = cls(7)
+    assert (obj.double(), obj.triple()) == (14, 21)
