@@ -60,14 +60,22 @@ def test_the_census_of_ranged_options_is_not_empty() -> None:
             ("generate", "--max-tokens")} <= names
 
 
-@pytest.mark.parametrize("cmd, option, parse", ranged_options(),
-                         ids=lambda v: v if isinstance(v, str) else "")
-def test_every_ranged_option_accepts_both_ends_and_refuses_one_past_either(cmd, option, parse) -> None:
+def option_type(cmd: str, option: str):
+    """The type of ``option`` of ``cmd``, from a parser built now (inside the calling test, so
+    the parser builders it calls are traced to it)."""
+    parser = build_parser(DESCRIPTION)
+    (action,) = (a for a in parser.commands[cmd]._actions if option in a.option_strings)
+    return action.type
+
+
+@pytest.mark.parametrize("cmd, option", [(c, opt) for c, opt, _ in ranged_options()])
+def test_every_ranged_option_accepts_both_ends_and_refuses_one_past_either(cmd, option) -> None:
     """The top of a range is inside it (``[lo, hi]`` is closed), ``hi + 1`` is not; likewise
     ``lo`` and ``lo - 1``. A fraction's ends are 0 and 1 (0 refused where the range is open);
     an option without a top takes a very large value."""
+    parse = option_type(cmd, option)
     ends = bounds(parse)
-    if parse.__name__ == "fraction":
+    if "lo_open" in ends:
         assert parse("1") == 1.0 and parse("0.5") == 0.5
         refused(parse, "1.0001", r"must be in (\(0|\[0), 1\], got '1.0001'")
         refused(parse, "-0.0001", "must be in")
@@ -77,7 +85,7 @@ def test_every_ranged_option_accepts_both_ends_and_refuses_one_past_either(cmd, 
             assert parse("0") == 0.0
         return
     lo, hi = ends["lo"], ends["hi"]
-    one = (lambda v: parse(v)[0]) if parse.__name__ == "list" else parse
+    one = (lambda v: parse(v)[0]) if "one" in closure(parse) else parse
     rng = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
     assert one(str(lo)) == lo
     refused(parse, str(lo - 1), re.escape(f"must be an integer {rng}, got '{lo - 1}'"))
@@ -108,7 +116,7 @@ def test_spec_k_tops_at_64() -> None:
 @pytest.mark.parametrize("text, value", [
     ("0", 0), ("4096", 4096), ("500k", 500_000), ("3M", 3_000_000), ("1.5G", 1_500_000_000),
     ("2t", 2 * 10**12), ("1e9", 10**9), (" 7K ", 7000), ("1_000", 1000), ("2_5k", 25_000),
-    ("0.5k", 500)])
+    ("0.5k", 500), ("_1__0k_", 10_000)])
 def test_counts_read_their_suffix(text, value) -> None:
     assert o.parse_count(text) == value
 
@@ -166,7 +174,9 @@ def test_policies_and_the_all_list() -> None:
 def test_generate_values() -> None:
     assert o.prompt_ids("1, 2,3,") == [1, 2, 3]
     assert o.prompt_ids("0") == [0]
-    refused(o.prompt_ids, ",", "needs at least one token id")
+    refused(o.prompt_ids, ",", "^--prompt-ids needs at least one token id$")
+    assert o.prompt_ids(" 4 ,5 , 6") == [4, 5, 6]
+    refused(o.prompt_ids, "1 2,3", r"^--prompt-ids takes comma-separated integers, got '1 2,3'$")
     refused(o.prompt_ids, "1,a", "comma-separated integers, got '1,a'")
     refused(o.prompt_ids, "3,-1", "token ids are >= 0 .* got -1 in '3,-1'")
     assert o.engine_block_size("16") == 16
@@ -190,3 +200,38 @@ def test_name_options_replaces_field_names_with_the_options_that_set_them() -> N
     assert o.name_options("CacheConfig.num_blocks must be >= 2", opts) == "--num-blocks must be >= 2"
     assert o.name_options("num_blocks_total stays", opts) == "num_blocks_total stays"
     assert o.name_options("max_model_len=3", {}) == "max_model_len=3"
+
+
+def test_fractions_of_both_kinds_at_their_ends() -> None:
+    """``[0, 1]`` takes both ends; ``(0, 1]`` takes 1 and refuses 0; past 1 both refuse."""
+    closed, half_open = o.fraction(False), o.fraction(True)
+    assert (closed("0"), closed("1"), half_open("1"), half_open("1e-9")) == (0.0, 1.0, 1.0, 1e-9)
+    refused(half_open, "0", r"^must be in \(0, 1\], got '0'$")
+    refused(closed, "1.5", r"^must be in \[0, 1\], got '1.5'$")
+    refused(closed, "nan", r"^must be in \[0, 1\], got 'nan'$")
+
+
+def test_engine_spec_methods_and_none() -> None:
+    """``generate --spec``: a method the reference engine drafts with, or ``none``; a method it
+    does not implement and a malformed spec are refused with the usage."""
+    assert o.engine_spec_argument("ngram:3") == "ngram:3"
+    assert o.engine_spec_argument("none") == "none"
+    refused(o.engine_spec_argument, "eagle:2", r"got 'eagle:2' \(the reference engine does not "
+                                               r"implement 'eagle'\)$")
+    refused(o.engine_spec_argument, "ngram:x", r"^METHOD:K with METHOD in ngram, draft_model, "
+                                               r"dflash and K an integer >= 1, or none, got 'ngram:x'$")
+
+
+def test_prefix_retention_step_and_profile_arguments() -> None:
+    """The library's parsers behind ``--prefix-retention``, ``--step`` and ``--profile``: their
+    value through, their ValueError as a usage error with the library's message."""
+    from pathlib import Path
+    ret = o.parse_prefix_retention("64:3:1.5")
+    assert str(ret) == "64:3:1.5"
+    refused(o.parse_prefix_retention, "x", r"^prefix retention must be TOKENS:PRIORITY\[:TTL_S\] "
+                                           r"\(e.g. 2048:100:600\), got 'x'$")
+    assert o.step_argument("4@128x2,1@0") == [(4, 128), (4, 128), (1, 0)]
+    refused(o.step_argument, "x", r"^bad step item 'x' in 'x': expected N@C")
+    profile = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "h200-llama-3.1-8b.profile.json"
+    assert o.profile_argument(str(profile)).gpu_preset().name == "h200"
+    refused(o.profile_argument, "/nonexistent.json", r"^cannot read profile '/nonexistent.json'")
