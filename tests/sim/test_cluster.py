@@ -587,3 +587,16 @@ def test_a_cluster_job_builds_its_cluster() -> None:
     assert len(sim.instances) == 3 and sim.router_name == "approximate"
     assert sim.router.overlap_weight == 1.5 and sim.router.capacity == 499
     assert ClusterJob(config(500), 2).simulator().router.overlap_weight == 4.0
+
+
+def test_kv_aware_built_directly_scores_group_0() -> None:
+    """``KVAwareRouter(index, block_size)`` scores group 0 by default (the group a cluster's
+    key group has in a one-group model): blocks held there count, blocks of group 1 do not."""
+    from hybridkv.events.index import KVEventIndex
+    from hybridkv.sim.routing.kv_aware import KVAwareRouter
+    hs = _blocks(6, 4)
+    index = KVEventIndex()
+    index.add(1, 0, hs[:3])
+    index.add(0, 1, hs)
+    d = KVAwareRouter(index, 16).route(hs, 65, [InstanceLoad(0, 0, 0), InstanceLoad(1, 0, 0)])
+    assert d == RouteDecision(1, 48)
