@@ -91,13 +91,18 @@ def test_stored_hashes_are_recomputable_from_token_ids() -> None:
     kv = KVCacheManager(cfg, hash_algo="sha256", enable_events=True)
     serve(kv, "a", list(range(7, 300)), decode=20)
     serve(kv, "b", list(range(7, 200)) + list(range(5000, 5100)))
-    batch = decode_payload(encode_batch(WireMapper(cfg).batch(kv.take_events(), ts=0.0)))
+    events = kv.take_events()
+    batch = decode_payload(encode_batch(WireMapper(cfg).batch(events, ts=0.0)))
     stored = [e for e in batch.events if e.kind == "BlockStored"]
     assert {e.get("group_idx") for e in stored} == {0, 1, 2}
     for ev in stored:
         want = independent_hashes(ev.get("parent_block_hash"), ev.get("token_ids"),
                                   ev.get("block_size"), cfg.hash_block_size)
         assert ev.get("block_hashes") == want
+    # and the helper agrees on the coarse groups' sub-blocks (no lookahead here)
+    for ev in WireMapper(cfg).batch(events, ts=0.0).events:
+        if isinstance(ev, BlockStored):
+            assert recompute_block_hashes(ev, cfg.hash_block_size) == ev.block_hashes
 
 
 def test_recompute_helper_with_lookahead_and_coarse_blocks() -> None:
@@ -299,3 +304,38 @@ def test_every_field_vllms_decoder_reads_round_trips() -> None:
     back = decode_batch(payload)
     assert (back.ts, back.data_parallel_rank) == (4.5, 6)
     assert back.events == [stored, removed, AllBlocksCleared()]
+
+
+@pytest.mark.parametrize("seed", [None, "tenant-seed"])
+def test_recompute_without_lookahead_with_a_seed_and_each_blocks_own_size(seed) -> None:
+    """No speculative decoding (no lookahead on the wire), the manager's ``hash_seed`` given
+    to the helper, and the helper's default hash block (the event's own block size) on a
+    single-size model: every stored event recomputes to its hashes; a chain's first event does
+    not under another seed."""
+    cfg = KVCacheConfig((KVCacheGroup("full", FullAttention(block_size=16), ("l0",)),), num_blocks=32)
+    kv = KVCacheManager(cfg, hash_algo="sha256", hash_seed=seed, enable_events=True)
+    serve(kv, "a", list(range(100)))
+    serve(kv, "b", list(range(50)) + list(range(900, 950)))
+    stored = [WireMapper(cfg).map(e) for e in kv.take_events()]
+    stored = [e for e in stored if isinstance(e, BlockStored)]
+    assert len(stored) >= 2 and all(e.lookahead_token_ids is None for e in stored)
+    assert any(len(e.block_hashes) > 1 for e in stored)
+    for ev in stored:
+        assert recompute_block_hashes(ev, seed=seed) == ev.block_hashes
+        assert recompute_block_hashes(ev, 8, seed=seed) != ev.block_hashes   # other chain
+        if ev.parent_block_hash is None:                 # the seed is the chain's root
+            assert recompute_block_hashes(ev, seed="other") != ev.block_hashes
+    assert any(e.parent_block_hash is None for e in stored)
+
+
+def test_recompute_refuses_what_it_cannot_rehash() -> None:
+    ev = BlockStored([b"\x01" * 32], None, list(range(16)), 16, None, "GPU", None)
+    with pytest.raises(ValueError, match=r"^hash_block_size 6 does not divide the event's block_size 16$"):
+        recompute_block_hashes(ev, 6)
+    keyed = BlockStored([b"\x01" * 32], None, list(range(16)), 16, None, "GPU", None,
+                        extra_keys=[("sql",)])
+    with pytest.raises(ValueError, match=r"^blocks with extra keys need their tagged keys to be rehashed$"):
+        recompute_block_hashes(keyed)
+    nil_keys = BlockStored([b"\x01" * 32], None, list(range(16)), 16, None, "GPU", None,
+                           extra_keys=[None])
+    assert len(recompute_block_hashes(nil_keys)) == 1       # nil entries are no keys
