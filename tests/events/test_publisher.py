@@ -80,7 +80,7 @@ def test_binding_publisher_loses_nothing_for_a_connected_subscriber(ctx, tmp_pat
     assert [decode_message(f)[1] for f in got] == list(range(300))
 
 
-def test_replay_returns_exactly_the_buffered_batches(ctx, tmp_path) -> None:
+def test_replay_returns_exactly_the_buffered_batches(ctx, tmp_path, caplog) -> None:
     sub, endpoint = bound_sub(ctx)
     replay_ep = f"ipc://{tmp_path}/replay.sock"
     listener = Listener(sub, 30)
@@ -96,7 +96,7 @@ def test_replay_returns_exactly_the_buffered_batches(ctx, tmp_path) -> None:
         dealer.connect(replay_ep)
 
         def replay(start: int) -> list[tuple[int, bytes]]:
-            dealer.send_multipart((b"", start.to_bytes(8, "big")))
+            dealer.send_multipart((b"", start.to_bytes(8, "big", signed=True)))
             out = []
             while True:
                 assert dealer.poll(10_000), "replay did not answer"
@@ -114,6 +114,12 @@ def test_replay_returns_exactly_the_buffered_batches(ctx, tmp_path) -> None:
         assert replay(28) == [(28, live[28]), (29, live[29])]
         for _, payload in replay(0):
             decode_payload(payload)
+        assert [s for s, _ in replay(-1)] == list(range(10, 30))        # the start is signed
+        deadline = time.monotonic() + 10                # counted after the marker is sent
+        while pub.replays_served < 6 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert pub.replays_served == 6                  # the malformed request is not one
+        assert "KV events: ignoring a malformed replay request of 3 frames" in caplog.text
     finally:
         pub.shutdown()
 

@@ -339,3 +339,36 @@ def test_recompute_refuses_what_it_cannot_rehash() -> None:
     nil_keys = BlockStored([b"\x01" * 32], None, list(range(16)), 16, None, "GPU", None,
                            extra_keys=[None])
     assert len(recompute_block_hashes(nil_keys)) == 1       # nil entries are no keys
+
+
+def test_removals_keep_their_medium_and_the_mapper_fills_a_missing_one() -> None:
+    """A removal goes out on the medium its core event names (the mapper's own medium is only
+    the fallback for an event without one), for stored blocks and removals alike; anything
+    that is not a core event is refused by name."""
+    from hybridkv.core import events as core
+    cfg = hybrid_config()
+    cpu = WireMapper(cfg, medium="CPU")
+    assert cpu.map(core.BlockRemoved([b"h"], "GPU", 1)) == BlockRemoved([b"h"], "GPU", group_idx=1)
+    assert cpu.map(core.BlockRemoved([b"h"], "", 2)) == BlockRemoved([b"h"], "CPU", group_idx=2)
+    assert WireMapper(cfg).map(core.BlockRemoved([b"h"], "", 0)).medium == "GPU"
+    stored = cpu.map(core.BlockStored([b"h"], None, list(range(16)), 16, None, "", 0))
+    assert stored.medium == "CPU"
+    with pytest.raises(TypeError, match=r"^not a KV event: 'x'$"):
+        cpu.map("x")
+
+
+def test_an_mla_spec_with_a_window_is_vllms_sliding_mla_kind() -> None:
+    """``spec_kind`` names a windowed MLA spec (an extension's subclass) ``sliding_window_mla``
+    with its window, as vLLM does; plain MLA has no window."""
+    import dataclasses
+
+    from hybridkv.events.wire import spec_kind
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class WindowedMLA(MLA):
+        @property
+        def window_tokens(self) -> int:
+            return 128
+
+    assert spec_kind(WindowedMLA(block_size=16)) == ("sliding_window_mla", 128)
+    assert spec_kind(MLA(block_size=16)) == ("mla_attention", None)
