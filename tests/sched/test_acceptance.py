@@ -29,7 +29,9 @@ def test_given_probabilities_are_kept_and_normalised() -> None:
 @pytest.mark.parametrize("kwargs, message", [
     (dict(rate=-0.01), r"acceptance rate must be in \[0, 1\], got -0.01"),
     (dict(rate=1.01), r"acceptance rate must be in \[0, 1\], got 1.01"),
-    (dict(rate=0.5, probs=[1, 0, 0]), "give exactly one of rate"),
+    (dict(rate=0.5, probs=[1, 0, 0]),
+     r"^give exactly one of rate \(per-token acceptance\) or probs \(P\(a=0..k\)\)$"),
+    (dict(), r"^give exactly one of rate"),
     (dict(probs=[0.5, 0.5]), r"probs must have k \+ 1 = 3 entries \(P\(a=0..k\)\), got 2"),
     (dict(probs=[0.5, 0.6, -0.1]), "probs must be non-negative and sum to 1"),
     (dict(probs=[0.5, 0.5, 0.01]), r"sum to 1, got \[0.5, 0.5, 0.01\] \(sum 1.010000\)"),
@@ -51,5 +53,7 @@ def test_draws_are_seeded_and_follow_the_probabilities() -> None:
     assert xs == [b.draw() for _ in range(n)] and set(xs) == {0, 1, 2, 3}
     assert xs != [AcceptanceModel(3, rate=0.7, seed=5).draw() for _ in range(n)]
     assert {AcceptanceModel(2, probs=[0, 1, 0], seed=s).draw() for s in range(5)} == {1}
+    default, zero = AcceptanceModel(3, rate=0.7), AcceptanceModel(3, rate=0.7, seed=0)
+    assert [default.draw() for _ in range(50)] == [zero.draw() for _ in range(50)]   # seed 0
     freq = [xs.count(i) / n for i in range(4)]
     assert all(abs(f - p) < 0.03 for f, p in zip(freq, a.probs))
