@@ -172,3 +172,21 @@ def test_finished_requests_hold_no_drafts_and_the_too_small_message_counts_usabl
     with pytest.raises(RuntimeError, match=r"^the KV cache cannot hold request 'big' \(40 tokens\) "
                                            r"even alone: the pool has 3 blocks; give a larger"):
         sched.schedule()
+
+
+@PATHS
+def test_the_priority_victim_is_chosen_among_requests_not_yet_scheduled(batched) -> None:
+    """Priority policy, running ``[A (priority 9), B (priority 1)]`` in a full pool: A's step
+    needs no block and is scheduled; B's needs one, and the victim is chosen among the
+    requests not yet scheduled this step (B itself), never A, whose step is already taken,
+    even though A has the worse priority."""
+    sched = Scheduler(kv(num_blocks=6), SchedulerConfig(policy="priority", batched=batched))
+    a = req("A", 8, 10, priority=9)
+    prefilled(sched, a)                                        # A: 8 computed, 2 blocks
+    sched.add_request(req("B", 8, 10, base=100, priority=1))
+    out = sched.schedule()                                     # A takes its 3rd block, B 2
+    assert steps(out) == [("A", 8, 1, 0), ("B", 0, 8, 0)]
+    sched.update(out, {"A": [1], "B": [1]})
+    out = sched.schedule()
+    assert steps(out) == [("A", 9, 1, 0)]
+    assert [r.request_id for r in out.preempted] == ["B"]
