@@ -190,3 +190,29 @@ def test_the_priority_victim_is_chosen_among_requests_not_yet_scheduled(batched)
     out = sched.schedule()
     assert steps(out) == [("A", 9, 1, 0)]
     assert [r.request_id for r in out.preempted] == ["B"]
+
+
+def test_aborting_a_request_that_waits_for_its_external_load_frees_it() -> None:
+    """A tier that holds every block: the request is admitted to load (WAITING_FOR_KV, blocks
+    allocated); aborting it then finishes it, takes it out of the loading list and frees its
+    blocks."""
+    k = kv()
+
+    class EverythingTier:
+        def match(self, request, hit):
+            return k.lookup_external(request, hit, lambda g, h: True)
+
+        def take_saves(self):
+            return []
+
+    sched = Scheduler(k, connector=EverythingTier())
+    a = req("a", 16, 2)
+    sched.add_request(a)
+    out = sched.schedule()
+    assert [ld.req for ld in out.loads] == [a] and a.status is RequestStatus.WAITING_FOR_KV
+    assert sched.loading == [a] and k.pool.num_free < k.pool.num_blocks - 1
+    sched.update(out, {})
+    assert sched.loading == [a]                        # its load has not reported yet
+    sched.abort_request("a")
+    assert a.status is RequestStatus.FINISHED_ABORTED and sched.loading == []
+    assert not sched.has_unfinished() and k.pool.num_free == k.pool.num_blocks - 1
