@@ -195,7 +195,7 @@ def test_the_priority_victim_is_chosen_among_requests_not_yet_scheduled(batched)
 def test_aborting_a_request_that_waits_for_its_external_load_frees_it() -> None:
     """A tier that holds every block: the request is admitted to load (WAITING_FOR_KV, blocks
     allocated); aborting it then finishes it, takes it out of the loading list and frees its
-    blocks."""
+    blocks (the step's update then has nothing of it to apply)."""
     k = kv()
 
     class EverythingTier:
@@ -211,8 +211,7 @@ def test_aborting_a_request_that_waits_for_its_external_load_frees_it() -> None:
     out = sched.schedule()
     assert [ld.req for ld in out.loads] == [a] and a.status is RequestStatus.WAITING_FOR_KV
     assert sched.loading == [a] and k.pool.num_free < k.pool.num_blocks - 1
-    sched.update(out, {})
-    assert sched.loading == [a]                        # its load has not reported yet
-    sched.abort_request("a")
+    sched.abort_request("a")                           # before its load reported
     assert a.status is RequestStatus.FINISHED_ABORTED and sched.loading == []
     assert not sched.has_unfinished() and k.pool.num_free == k.pool.num_blocks - 1
+    assert sched.update(out, {}) == [] and a.status is RequestStatus.FINISHED_ABORTED
