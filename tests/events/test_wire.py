@@ -372,3 +372,16 @@ def test_an_mla_spec_with_a_window_is_vllms_sliding_mla_kind() -> None:
 
     assert spec_kind(WindowedMLA(block_size=16)) == ("sliding_window_mla", 128)
     assert spec_kind(MLA(block_size=16)) == ("mla_attention", None)
+
+
+def test_the_package_resolves_its_lazy_names_and_refuses_unknown_ones() -> None:
+    """``hybridkv.events.NAME`` loads the wire and ZMQ parts on first use: each lazy name is
+    the object of its module; an unknown name is an AttributeError naming it."""
+    import importlib
+
+    import hybridkv.events as events
+    for name, mod in events._LAZY.items():
+        assert getattr(events, name) is getattr(importlib.import_module(f"hybridkv.events.{mod}"), name)
+    assert set(events._LAZY) <= set(events.__all__)
+    with pytest.raises(AttributeError, match=r"^module 'hybridkv.events' has no attribute 'Nope'$"):
+        events.Nope  # noqa: B018
