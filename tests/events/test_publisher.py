@@ -306,5 +306,5 @@ def test_full_queue_drops_and_counts_instead_of_blocking(tmp_path) -> None:
     assert pub.dropped == 9
     pub.shutdown()                         # no subscriber: publishes after the wait, drains
     assert pub.published == 1
-    with pytest.raises(RuntimeError, match="shut down"):
+    with pytest.raises(RuntimeError, match="^KV events publisher is shut down$"):
         pub.publish(batch(0))
