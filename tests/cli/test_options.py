@@ -222,16 +222,17 @@ def test_engine_spec_methods_and_none() -> None:
                                                r"dflash and K an integer >= 1, or none, got 'ngram:x'$")
 
 
-def test_prefix_retention_step_and_profile_arguments() -> None:
+def test_prefix_retention_step_and_profile_arguments(tmp_path) -> None:
     """The library's parsers behind ``--prefix-retention``, ``--step`` and ``--profile``: their
     value through, their ValueError as a usage error with the library's message."""
-    from pathlib import Path
     ret = o.parse_prefix_retention("64:3:1.5")
     assert str(ret) == "64:3:1.5"
     refused(o.parse_prefix_retention, "x", r"^prefix retention must be TOKENS:PRIORITY\[:TTL_S\] "
                                            r"\(e.g. 2048:100:600\), got 'x'$")
     assert o.step_argument("4@128x2,1@0") == [(4, 128), (4, 128), (1, 0)]
     refused(o.step_argument, "x", r"^bad step item 'x' in 'x': expected N@C")
-    profile = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "h200-llama-3.1-8b.profile.json"
-    assert o.profile_argument(str(profile)).gpu_preset().name == "h200"
+    from hybridkv.sim.profile import default_profile
+    default_profile().save(tmp_path / "p.json")
+    back = o.profile_argument(str(tmp_path / "p.json"))
+    assert back.calibration == default_profile().calibration and back.device == default_profile().device
     refused(o.profile_argument, "/nonexistent.json", r"^cannot read profile '/nonexistent.json'")
