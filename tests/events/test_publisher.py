@@ -308,3 +308,36 @@ def test_full_queue_drops_and_counts_instead_of_blocking(tmp_path) -> None:
     assert pub.published == 1
     with pytest.raises(RuntimeError, match="^KV events publisher is shut down$"):
         pub.publish(batch(0))
+
+
+def test_a_failed_bind_names_the_endpoint_and_only_a_taken_port_gets_the_hint(tmp_path) -> None:
+    endpoint = f"ipc://{tmp_path}/missing-dir/kv.sock"
+    with pytest.raises(ValueError, match=rf"^cannot bind KV events endpoint '{endpoint}': No such"):
+        ZmqEventPublisher(KVEventsConfig(endpoint=endpoint))
+    with pytest.raises(TypeError, match="^pass either a KVEventsConfig or keyword options, not both$"):
+        ZmqEventPublisher(KVEventsConfig(), topic="x")
+
+
+def test_a_batch_that_cannot_be_encoded_is_logged_and_the_next_one_is_published(ctx, tmp_path, caplog) -> None:
+    """The publisher runs on a named daemon thread (a process may exit without shutting it
+    down); nothing has subscribed before a subscriber connects; a batch that fails to encode is
+    logged and skipped, and the thread goes on publishing."""
+    import threading
+    endpoint = f"ipc://{tmp_path}/kv.sock"
+    pub = ZmqEventPublisher(KVEventsConfig(endpoint=endpoint, subscriber_wait_s=10))
+    try:
+        assert pub.subscribed is False
+        assert [t.daemon for t in threading.enumerate() if t.name == "hybridkv-kv-events"] == [True]
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(endpoint)
+        listener = Listener(sub, 1)
+        pub.publish(EventBatch(0.0, [object()]))             # not a wire event: cannot encode
+        pub.publish(batch(1))
+        wait_published(pub, 1)
+        (frames,) = listener.join()
+        assert decode_message(frames)[1] == 0                 # seq stays contiguous from 0
+        assert decode_message(frames)[2].ts == 1.0
+        assert "KV events: failed to publish a batch" in caplog.text
+    finally:
+        pub.shutdown()
