@@ -119,7 +119,8 @@ def test_replay_returns_exactly_the_buffered_batches(ctx, tmp_path, caplog) -> N
         while pub.replays_served < 6 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert pub.replays_served == 6                  # the malformed request is not one
-        assert "KV events: ignoring a malformed replay request of 3 frames" in caplog.text
+        assert "KV events: ignoring a malformed replay request of 3 frames" in [
+            r.getMessage() for r in caplog.records]
     finally:
         pub.shutdown()
 
@@ -173,11 +174,20 @@ def test_malformed_endpoints_are_named(endpoint) -> None:
 
 
 def test_bad_options_and_connect_style_replay_endpoint(tmp_path) -> None:
-    with pytest.raises(ValueError, match="replay_endpoint 'tcp://127.0.0.1:5558' must be one"):
+    with pytest.raises(ValueError, match=r"^replay_endpoint 'tcp://127.0.0.1:5558' must be one this "
+                                         r"process can bind \(tcp://\*:PORT, tcp://0.0.0.0:PORT, "
+                                         r"ipc://PATH or inproc://NAME\)$"):
         KVEventsConfig(endpoint=f"ipc://{tmp_path}/a", replay_endpoint="tcp://127.0.0.1:5558")
     with pytest.raises(ValueError, match="buffer_steps must be an integer >= 1, got 0"):
         KVEventsConfig(endpoint=f"ipc://{tmp_path}/a", buffer_steps=0)
     assert check_endpoint("tcp://*:5557") == "tcp://*:5557"
+    with pytest.raises(ValueError, match=r"^malformed KV events endpoint 'x': expected tcp://HOST:PORT "
+                                         r"\(PORT 0-65535; HOST \* binds every interface\), "
+                                         r"ipc://PATH or inproc://NAME$"):
+        check_endpoint("x")
+    # an ipc path or inproc name is taken as given, "://" inside it included
+    for endpoint in ("ipc://://b", "ipc://b://", "inproc://a://b"):
+        assert check_endpoint(endpoint) == endpoint
 
 
 @pytest.mark.parametrize("endpoint", ["tcp://*:0", "tcp://*:65535", "tcp://127.0.0.1:5557",
@@ -338,6 +348,6 @@ def test_a_batch_that_cannot_be_encoded_is_logged_and_the_next_one_is_published(
         (frames,) = listener.join()
         assert decode_message(frames)[1] == 0                 # seq stays contiguous from 0
         assert decode_message(frames)[2].ts == 1.0
-        assert "KV events: failed to publish a batch" in caplog.text
+        assert "KV events: failed to publish a batch" in [r.getMessage() for r in caplog.records]
     finally:
         pub.shutdown()
