@@ -351,3 +351,33 @@ def test_a_batch_that_cannot_be_encoded_is_logged_and_the_next_one_is_published(
         assert "KV events: failed to publish a batch" in [r.getMessage() for r in caplog.records]
     finally:
         pub.shutdown()
+
+
+def test_shutdown_never_waits_past_its_deadline(tmp_path, monkeypatch, caplog) -> None:
+    """A publisher thread stuck in one batch: ``shutdown`` waits drain + subscriber wait + 1 s
+    (here 0 + 0 + 1), then warns how many batches were left unsent and returns, leaving the
+    daemon thread its sockets."""
+    import threading
+
+    import hybridkv.events.publisher as publisher
+    entered, release = threading.Event(), threading.Event()
+    real = publisher.encode_batch
+
+    def stuck(b):
+        entered.set()
+        release.wait(10)
+        return real(b)
+    monkeypatch.setattr(publisher, "encode_batch", stuck)
+    pub = ZmqEventPublisher(KVEventsConfig(endpoint=f"ipc://{tmp_path}/kv.sock", subscriber_wait_s=0,
+                                           drain_timeout_s=0))
+    pub.publish(batch(0))
+    pub.publish(batch(1))
+    assert entered.wait(10)
+    t0 = time.monotonic()
+    pub.shutdown()
+    waited = time.monotonic() - t0
+    release.set()
+    pub._thread.join(10)
+    assert 0.9 <= waited < 5
+    assert "KV events publisher did not drain within 0.0 s; 1 batches unsent" in [
+        r.getMessage() for r in caplog.records]
