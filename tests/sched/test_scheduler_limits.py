@@ -215,3 +215,37 @@ def test_aborting_a_request_that_waits_for_its_external_load_frees_it() -> None:
     assert a.status is RequestStatus.FINISHED_ABORTED and sched.loading == []
     assert not sched.has_unfinished() and k.pool.num_free == k.pool.num_blocks - 1
     assert sched.update(out, {}) == [] and a.status is RequestStatus.FINISHED_ABORTED
+
+
+@PATHS
+def test_a_request_that_outgrows_the_pool_alone_fails_at_that_step(batched) -> None:
+    """3 usable blocks of 4 tokens, one request decoding past 12 tokens: the step that needs a
+    4th block raises at once (it cannot be preempted in favour of anyone)."""
+    sched = Scheduler(kv(num_blocks=4), SchedulerConfig(batched=batched))
+    a = req("a", 8, 10)
+    prefilled(sched, a)
+    for _ in range(3):                                         # positions 8, 9, 10, 11
+        out = sched.schedule()
+        assert steps(out) == [("a", a.request.num_computed_tokens - 1, 1, 0)]
+        sched.update(out, {"a": [1]})
+    out = sched.schedule()
+    sched.update(out, {"a": [1]})
+    with pytest.raises(RuntimeError, match=r"^the KV cache cannot hold request 'a' \(13 tokens\)"):
+        sched.schedule()
+
+
+@PATHS
+def test_the_worst_priority_request_preempts_itself_when_it_needs_a_block_first(batched) -> None:
+    """Priority policy, running ``[A (priority 9), B (priority 1)]`` in a full pool and A's step
+    needs a block: A is the victim and preempts itself, which ends the step's pass over the
+    running requests (``_schedule_one``: nothing after a self-preemption fits either)."""
+    sched = Scheduler(kv(num_blocks=5), SchedulerConfig(policy="priority", batched=batched))
+    a = req("A", 7, 10, priority=9)
+    prefilled(sched, a)                                        # A: 7 computed, 8 tokens
+    sched.add_request(req("B", 8, 10, base=100, priority=1))
+    out = sched.schedule()                                     # A decodes pos 7, B admitted
+    assert steps(out) == [("A", 7, 1, 0), ("B", 0, 8, 0)]
+    sched.update(out, {"A": [1], "B": [1]})
+    out = sched.schedule()                                     # A needs a 3rd block: none free
+    assert [r.request_id for r in out.preempted] == ["A"]
+    assert steps(out) == [] and a.status is RequestStatus.PREEMPTED
