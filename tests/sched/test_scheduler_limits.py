@@ -249,3 +249,33 @@ def test_the_worst_priority_request_preempts_itself_when_it_needs_a_block_first(
     out = sched.schedule()                                     # A needs a 3rd block: none free
     assert [r.request_id for r in out.preempted] == ["A"]
     assert steps(out) == [] and a.status is RequestStatus.PREEMPTED
+
+
+def test_loads_commit_per_request_and_an_aborted_one_is_skipped() -> None:
+    """Two requests loading from a tier that holds every block; the first is aborted during
+    the step. ``update`` skips it and commits the second's successful load: it runs from the
+    loaded tokens, which count as external; a load reported failed recomputes from the local
+    hit. A sampled list of the wrong length is refused by name."""
+    k = kv()
+
+    class EverythingTier:
+        def match(self, request, hit):
+            return k.lookup_external(request, hit, lambda g, h: True)
+
+        def take_saves(self):
+            return []
+
+    sched = Scheduler(k, connector=EverythingTier())
+    a, b, c = req("a", 16, 2), req("b", 16, 2, base=100), req("c", 16, 2, base=200)
+    for r in (a, b, c):
+        sched.add_request(r)
+    out = sched.schedule()
+    assert [ld.req for ld in out.loads] == [a, b, c]
+    with pytest.raises(ValueError, match=r"^sampled has 1 entries for a step of 0 scheduled "
+                                         r"requests; give one per slot, in batch order$"):
+        sched.update(out, [None])
+    sched.abort_request("a")
+    sched.update(out, {}, loaded={"a": True, "b": True})
+    assert b.status is RequestStatus.RUNNING and c.status is RequestStatus.RUNNING
+    assert b.num_external_tokens == b.request.num_computed_tokens == 12      # 3 of 4 blocks
+    assert c.num_external_tokens == 0 and c.request.num_computed_tokens == 0
