@@ -5,9 +5,9 @@ A target (``[tool.hybridkv.mutation.TARGET]`` in pyproject.toml) names the files
 (``mutate``) and the tests that judge them (``tests``: pytest arguments, paths or
 ``--deselect``). The checkout's files (tracked and untracked, never ignored ones, so no
 compiled ``.so``) are copied to ``.mutation/TARGET/``, whose pyproject's ``[tool.mutmut]``
-takes the target's two lists; mutmut runs there (niced, one worker unless given), and its
-state stays there between runs, so ``python3 .ci/mutation.py TARGET results`` and
-``... TARGET run NAME...`` work as in a plain checkout. Each call copies the current files
+takes the target's two lists; mutmut runs there (niced; one worker unless ``run`` is given
+``--max-children``), and its state stays there between runs, so ``python3 .ci/mutation.py
+TARGET results`` and ``... TARGET run NAME...`` work as in a plain checkout. Each call copies the current files
 again (tests added since the last run are seen by the next one).
 
     python3 .ci/mutation.py sched                  # mutmut run --max-children 1 (niced)
@@ -89,7 +89,9 @@ def main(argv: list[str]) -> int:
         args.remove("--fresh-stats")
         (dest / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)
     if not args or args[0].startswith("-"):
-        args = ["run"] + (args if "--max-children" in args else ["--max-children", "1", *args])
+        args = ["run", *args]
+    if args[0] == "run" and "--max-children" not in args:   # one worker unless told otherwise
+        args = ["run", "--max-children", "1", *args[1:]]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # mutmut puts mutants/src first
     env.setdefault("HYBRIDKV_TEST_CPU_BUDGET", "20")
     mutmut = shutil.which("mutmut") or sys.exit("mutmut is not installed: pip install -e '.[mutation]'")
