@@ -443,3 +443,44 @@ def test_token_trace_defaults_by_hand(tmp_path: Path) -> None:
     assert isinstance(a.arrival_s, float) and a.prompt.dtype == np.int64
     assert (b.request_id, b.arrival_s, b.session, b.output_len) == ("mine", 0.0, "s", 5)
     assert c.request_id == "x.jsonl.gz-2"
+
+
+def test_resolve_trace_by_path_or_bundled_name(tmp_path: Path, monkeypatch) -> None:
+    """An existing file wins over a bundled name; a bundled name is its packaged file; a folder
+    and a missing path are refused by name, the latter listing the bundled traces; a bundled
+    trace whose file is gone asks for a reinstall."""
+    from hybridkv.sim import traces
+    own = _write_jsonl(tmp_path / "mooncake-synthetic", [GOOD])
+    monkeypatch.chdir(tmp_path)
+    assert traces.resolve_trace("mooncake-synthetic") == Path("mooncake-synthetic")
+    assert traces.resolve_trace(own) == own
+    bundled = traces.BUNDLED_TRACES["mooncake-conversation"]
+    assert traces.resolve_trace("mooncake-conversation") == bundled.path
+    assert bundled.path.name == "mooncake_conversation.jsonl.xz"
+    with pytest.raises(ValueError, match=f"^trace {str(tmp_path)!r} is not a file$"):
+        traces.resolve_trace(tmp_path)
+    with pytest.raises(ValueError, match=r"^trace file 'nope.jsonl' does not exist \(bundled traces: "
+                                         r"mooncake-conversation, mooncake-synthetic; see `hybridkv "
+                                         r"traces`\)$"):
+        traces.resolve_trace("nope.jsonl")
+    gone = bundled._replace(name="gone", file="gone.jsonl.xz")
+    monkeypatch.setitem(traces.BUNDLED_TRACES, "gone", gone)
+    with pytest.raises(ValueError, match=r"^bundled trace 'gone' is missing from the installed "
+                                         r"package \(.*gone.jsonl.xz\); reinstall hybridkv$"):
+        traces.resolve_trace("gone")
+
+
+def test_trace_format_reads_the_first_non_blank_line(tmp_path: Path) -> None:
+    from hybridkv.sim.traces import trace_format
+    assert trace_format(_write_jsonl(tmp_path / "m.jsonl", ["", GOOD])) == "mooncake"
+    tokens = tmp_path / "t.jsonl"
+    tokens.write_text('\n  \n{"prompt_token_ids": [1], "output_len": 1}\n{"hash_ids": []}\n')
+    assert trace_format(tokens) == "tokens"
+    empty = tmp_path / "e.jsonl"
+    empty.write_text("\n \n")
+    with pytest.raises(ValueError, match=f"^{empty}: the trace is empty$"):
+        trace_format(empty)
+    bad = tmp_path / "b.jsonl.xz"
+    bad.write_bytes(b"not xz at all")
+    with pytest.raises(ValueError, match=f"^{bad}: cannot read the trace \\("):
+        trace_format(bad)
