@@ -484,3 +484,40 @@ def test_trace_format_reads_the_first_non_blank_line(tmp_path: Path) -> None:
     bad.write_bytes(b"not xz at all")
     with pytest.raises(ValueError, match=f"^{bad}: cannot read the trace \\("):
         trace_format(bad)
+
+
+def _splitmix64_reference(x: int) -> int:
+    """Vigna's splitmix64 finalizer on Python ints (mod 2**64), as published."""
+    m = (1 << 64) - 1
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & m
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & m
+    return x ^ (x >> 31)
+
+
+@pytest.mark.parametrize("block_tokens", [1, 2, 3, 512, 513])
+def test_expanded_tokens_are_the_splitmix_of_id_and_position(block_tokens: int) -> None:
+    """Token j of id h is ``splitmix64(((h << s) | j) + golden) >> 33`` with s the bits a
+    position needs (at least 1): the values every Mooncake result depends on. The largest id
+    that fits beside s position bits is accepted; one more is refused, as are too few ids."""
+    from hybridkv.sim.traces import expand_block_ids
+    s = max(1, (block_tokens - 1).bit_length())
+    top = (1 << (64 - s)) - 1
+    ids = [0, 7, 123456789, top]
+    got = expand_block_ids(ids, len(ids) * block_tokens - 1, block_tokens)
+    golden = 0x9E3779B97F4A7C15
+    want = [_splitmix64_reference((((h << s) | j) + golden) & ((1 << 64) - 1)) >> 33
+            for h in ids for j in range(block_tokens)][:len(ids) * block_tokens - 1]
+    assert got.tolist() == want and got.dtype == np.int64
+    with pytest.raises(ValueError, match=f"^block id {top + 1} too large for {block_tokens}-token blocks$"):
+        expand_block_ids([top + 1], 1, block_tokens)
+    with pytest.raises(ValueError, match=f"^2 block ids of {block_tokens} tokens cannot give "
+                                         f"{2 * block_tokens + 1} tokens$"):
+        expand_block_ids([1, 2], 2 * block_tokens + 1, block_tokens)
+
+
+@pytest.mark.parametrize("name, stem", [("a.jsonl.xz", "a"), ("a.json.gz", "a"), ("dir/b.json", "b"),
+                                        ("c.jsonl", "c"), (".xz", ".xz"), (".jsonl.xz", ".jsonl"),
+                                        ("d.XZ", "d.XZ"), ("e.txt", "e.txt")])
+def test_trace_stem_drops_json_and_compression_suffixes(name: str, stem: str) -> None:
+    from hybridkv.sim.traces import trace_stem
+    assert trace_stem(name) == stem
