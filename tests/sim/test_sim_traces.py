@@ -521,3 +521,24 @@ def test_expanded_tokens_are_the_splitmix_of_id_and_position(block_tokens: int) 
 def test_trace_stem_drops_json_and_compression_suffixes(name: str, stem: str) -> None:
     from hybridkv.sim.traces import trace_stem
     assert trace_stem(name) == stem
+
+
+def test_gzip_traces_read_like_plain_ones(tmp_path: Path) -> None:
+    """A ``.gz`` trace (UTF-8 text) reads to the same requests as its plain file; its format is
+    detected through the compression; a bad gzip stream is named."""
+    import gzip
+
+    from hybridkv.sim.traces import load_mooncake_trace, open_trace_text, trace_format
+    plain = _write_jsonl(tmp_path / "m.jsonl", [GOOD, dict(GOOD, timestamp=5)])
+    gz = tmp_path / "m.jsonl.gz"
+    gz.write_bytes(gzip.compress(plain.read_bytes()))
+    with open_trace_text(gz) as fh:
+        assert fh.read() == plain.read_text(encoding="utf-8")
+    assert trace_format(gz) == "mooncake"
+    a, b = load_mooncake_trace(plain), load_mooncake_trace(gz)
+    assert [(r.arrival_s, r.prompt.tolist()) for r in a] == [(r.arrival_s, r.prompt.tolist()) for r in b]
+    assert len(a) == 2
+    bad = tmp_path / "x.jsonl.gz"
+    bad.write_bytes(b"not gzip")
+    with pytest.raises(ValueError, match=f"^{bad}: cannot read the trace \\("):
+        trace_format(bad)
