@@ -542,3 +542,24 @@ def test_gzip_traces_read_like_plain_ones(tmp_path: Path) -> None:
     bad.write_bytes(b"not gzip")
     with pytest.raises(ValueError, match=f"^{bad}: cannot read the trace \\("):
         trace_format(bad)
+
+
+def test_a_trace_request_owns_a_read_only_copy_of_its_prompt() -> None:
+    """A writeable int64 prompt is copied: the caller's array stays writeable and its later
+    changes do not reach the request."""
+    arr = np.arange(5, dtype=np.int64)
+    req = TraceRequest("r", 0.0, arr, 1)
+    assert arr.flags.writeable and not req.prompt.flags.writeable
+    arr[0] = 99
+    assert req.prompt.tolist() == [0, 1, 2, 3, 4]
+
+
+def test_unreadable_and_cut_lines_are_named(tmp_path: Path) -> None:
+    bad = tmp_path / "b.jsonl.xz"
+    bad.write_bytes(b"not xz at all")
+    with pytest.raises(ValueError, match=f"^{bad}: cannot read the trace \\("):
+        list(iter_mooncake_records(bad))
+    cut = _write_jsonl(tmp_path / "c.jsonl", [GOOD, '{"timestamp": "x'])
+    with pytest.raises(ValueError, match=f"^{cut}:2: bad JSON \\(Unterminated string starting at "
+                                         f"column 15\\)$"):
+        list(iter_mooncake_records(cut))
