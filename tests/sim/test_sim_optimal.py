@@ -412,8 +412,9 @@ def test_capacity_in_tokens_and_hit_limits() -> None:
 
 
 def test_the_bound_in_a_forked_child_equals_the_inline_one(monkeypatch) -> None:
-    """Above PARALLEL_OPTIMUM_TOKENS the bound and gap report are computed in a forked child;
-    its answer is the inline one, an error in the child is raised here, and cancel stops it."""
+    """Above PARALLEL_OPTIMUM_TOKENS the bound, the gap report, ``extra``'s answer and the hazard
+    reference are computed in a forked child; its answer is the inline one, an error in the
+    child is raised here, and cancel stops it."""
     import multiprocessing as mp
 
     import hybridkv.sim.optimal as optimal
@@ -425,7 +426,7 @@ def test_the_bound_in_a_forked_child_equals_the_inline_one(monkeypatch) -> None:
     monkeypatch.setattr(optimal, "PARALLEL_OPTIMUM_TOKENS", 0)
     job = optimal.OptimumJob(served, 4, 100, parallel=True, extra=lambda *a: "extra")
     assert job._child is not None
-    assert job.result(online) == (inline[0], inline[1], "extra") and inline[0] == 3
+    assert job.result(online) == (inline[0], inline[1], "extra", inline[3]) and inline[0] == 3
     assert optimal.OptimumJob(served, 4, 100, parallel=False)._child is None
 
     def boom(*a):
