@@ -75,3 +75,15 @@ def test_value_base_is_checked_at_registration() -> None:
         pass
 
     assert reg.get("ok") is Impl
+
+
+def test_a_type_registry_without_a_key_base_takes_any_class_and_refuses_the_rest() -> None:
+    """``by_type`` without ``key_base``: any class is a key (``object`` is the implied base);
+    a non-class key is refused with a message that names "class" as what was expected."""
+    table: Registry[str] = Registry("handler", by_type=True)
+    table.register(int, "number")
+    assert table.get(bool) == "number" and table.names() == ("int",)
+    with pytest.raises(ValueError, match=r"^a handler is registered for a class subclass, got 'int'$"):
+        table.register("int", "name")
+    with pytest.raises(ValueError, match=r"^no handler is registered for str; registered: int$"):
+        table.get(str)

@@ -144,3 +144,87 @@ def test_attach_kv_events_to_a_step_loop() -> None:
     off = Simulator(dataclasses.replace(cfg, enable_events=False))
     with pytest.raises(ValueError, match="enable_events=True"):
         KVEventStream(off.kv, sink)
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.batches: list = []
+
+    def publish(self, batch) -> None:
+        self.batches.append(batch)
+
+
+def _manager_with_events():
+    from hybridkv import FullAttention, KVCacheConfig, KVCacheGroup, KVCacheManager, Request
+    cfg = KVCacheConfig((KVCacheGroup("full", FullAttention(block_size=4), ("l0",)),), num_blocks=16)
+    kv = KVCacheManager(cfg, hash_algo="sha256", enable_events=True)
+
+    def serve(rid: str, n: int) -> None:
+        req = Request(rid, list(range(100 * len(rid), 100 * len(rid) + n)))
+        assert kv.allocate(req, n, kv.lookup(req)) is not None
+        req.num_computed_tokens = n
+        kv.free(req)
+    return kv, serve
+
+
+def test_a_stream_counts_what_it_flushes_and_stamps_the_clock_or_the_given_time() -> None:
+    """``flush`` publishes one batch of every event since the last flush, returns how many
+    there were (0, and nothing published, when there were none), and stamps the batch with
+    ``ts`` when given, else with the clock; ``batches`` and ``events`` add up over flushes."""
+    kv, serve = _manager_with_events()
+    sink = _Sink()
+    stream = KVEventStream(kv, sink, clock=lambda: 7.5)
+    assert (stream.flush(), stream.batches, stream.events, sink.batches) == (0, 0, 0, [])
+    serve("a", 8)                                               # two blocks stored: one event
+    n1 = stream.flush()
+    serve("bb", 12)
+    n2 = stream.flush(ts=2.25)
+    assert n1 >= 1 and n2 >= 1
+    assert [b.ts for b in sink.batches] == [7.5, 2.25]
+    assert [len(b.events) for b in sink.batches] == [n1, n2]
+    assert (stream.batches, stream.events) == (2, n1 + n2)
+    assert stream.flush() == 0 and stream.batches == 2
+    from hybridkv import FullAttention, KVCacheConfig, KVCacheGroup, KVCacheManager
+    off = KVCacheManager(KVCacheConfig((KVCacheGroup("f", FullAttention(block_size=4), ("l0",)),),
+                                       num_blocks=4))
+    with pytest.raises(ValueError, match=r"^KVEventStream needs a KVCacheManager built with "
+                                         r"enable_events=True$"):
+        KVEventStream(off, sink)
+
+
+def test_attach_starts_owns_and_shuts_down_a_publisher_for_an_endpoint_or_a_config(tmp_path) -> None:
+    """An endpoint string or a ``KVEventsConfig`` starts a publisher on that endpoint that the
+    attachment owns: the hook flushes into it, ``published`` is its count, and ``close`` (safe
+    to call twice) flushes what is left and shuts it down. A sink object is used as given and
+    not owned."""
+    import time
+    kv, serve = _manager_with_events()
+    hooks: list = []
+    endpoint = f"ipc://{tmp_path}/a.sock"
+    attached = attach_kv_events(kv, hooks, endpoint)
+    pub = attached.publisher
+    assert isinstance(pub, ZmqEventPublisher) and pub.endpoint == endpoint
+    attached.close()
+    attached.close()
+    assert not pub._thread.is_alive()
+    cfg = KVEventsConfig(endpoint=f"ipc://{tmp_path}/b.sock", subscriber_wait_s=0, topic="t")
+    attached = attach_kv_events(kv, hooks, cfg)
+    pub = attached.publisher
+    assert isinstance(pub, ZmqEventPublisher) and pub.config is cfg
+    serve("a", 8)
+    for hook in hooks[1:]:
+        hook()
+    deadline = time.monotonic() + 20
+    while pub.published < 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert attached.published == pub.published == 1 and attached.stream.batches == 1
+    serve("bb", 8)
+    attached.close()                                   # flushes the last step's events
+    assert attached.stream.batches == 2 and not pub._thread.is_alive()
+    sink = _Sink()
+    attached = attach_kv_events(kv, hooks, sink)
+    assert attached.publisher is None
+    serve("ccc", 8)
+    hooks[-1]()
+    assert len(sink.batches) == 1 and attached.published == 1
+    attached.close()

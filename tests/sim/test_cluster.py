@@ -16,8 +16,8 @@ from hybridkv.sim.workloads import get_workload
 
 
 def config(blocks: int, **kw) -> SimConfig:
-    return SimConfig(preset=get_preset("llama-3.1-8b"), gpu=get_gpu("h100"), num_blocks=blocks,
-                     optimum=False, **kw)
+    kw.setdefault("optimum", False)
+    return SimConfig(preset=get_preset("llama-3.1-8b"), gpu=get_gpu("h100"), num_blocks=blocks, **kw)
 
 
 def chat(n: int = 24, turns: int = 4, rate: float = 4.0, seed: int = 0):
@@ -183,3 +183,420 @@ def test_cli_publishes_kv_events(tmp_path, capsys) -> None:
                  "--router", "kv-aware", "--kv-events-endpoint", f"ipc://{tmp_path}/c.sock",
                  "--json", str(out)]) == 0
     assert json.loads(out.read_text())["kv_events_published"] > 0
+
+
+# ---- the routers, one decision at a time -----------------------------------------------------
+
+
+def _blocks(tag: int, n: int) -> list[bytes]:
+    """``n`` distinct block hashes (a chain tagged ``tag``)."""
+    return [bytes([tag, i]) for i in range(n)]
+
+
+def _kv_router(held: dict[int, int], hs: list[bytes], w: float, *, group: int = 0,
+               num_instances: int = 2):
+    """A kv-aware router whose index says instance i holds the first ``held[i]`` of ``hs``."""
+    from hybridkv.events.index import KVEventIndex
+    index = KVEventIndex()
+    for inst, n in held.items():
+        index.add(inst, group, hs[:n])
+    return make_router("kv-aware", RouterSetup(num_instances=num_instances, block_size=16,
+                                               capacity_blocks=100, index=index, group=group,
+                                               overlap_weight=w))
+
+
+def test_kv_aware_score_at_a_non_default_weight() -> None:
+    """The score is ``queued + w * (prompt - hit)``. Instance 1 holds 4 blocks (64 tokens) of a
+    160-token prompt and has X tokens queued; instance 0 is idle and holds nothing. At w = 4
+    instance 1 costs X + 4 * 96 against 4 * 160: it wins iff X < 256, and at X = 256 the tie
+    goes to fewer queued requests. Guards against formulas that agree only at w = 1
+    (``w * queued + uncached``, ``queued + w * prompt - hit``, the weight dropped)."""
+    hs = _blocks(1, 10)
+    r = _kv_router({1: 4}, hs, 4.0)
+    for queued, want in ((0, 1), (100, 1), (255, 1), (256, 0), (300, 0)):
+        d = r.route(hs, 160, [InstanceLoad(0, 0, 0), InstanceLoad(1, queued, 1)])
+        assert d.instance == want, queued
+        assert d.predicted_hit_tokens == (64 if want == 1 else 0)
+    # at w = 0.5 a hit is worth half its tokens: 64 tokens held beat at most 31 queued
+    r = _kv_router({1: 4}, hs, 0.5)
+    assert r.route(hs, 160, [InstanceLoad(0, 0, 0), InstanceLoad(1, 31, 1)]).instance == 1
+    assert r.route(hs, 160, [InstanceLoad(0, 0, 0), InstanceLoad(1, 33, 1)]).instance == 0
+
+
+def test_kv_aware_at_weight_zero_routes_by_load_alone() -> None:
+    """Weight 0 is allowed (only a negative weight is refused) and ignores the prefix: the
+    least queued instance wins, then the fewest requests, then the lowest index."""
+    hs = _blocks(2, 6)
+    r = _kv_router({0: 6}, hs, 0.0, num_instances=3)
+    loads = [InstanceLoad(0, 10, 0), InstanceLoad(1, 5, 3), InstanceLoad(2, 5, 2)]
+    assert r.route(hs, 200, loads).instance == 2
+    assert r.route(hs, 200, [InstanceLoad(0, 5, 2), InstanceLoad(1, 5, 2), InstanceLoad(2, 9, 0)]
+                   ).instance == 0
+
+
+def test_kv_aware_never_predicts_the_last_token() -> None:
+    """The last prompt token is always computed: a prompt of exactly 10 blocks can hit 9 of
+    them (144 tokens) even where all 10 are held, and a 1-token prompt hits nothing."""
+    hs = _blocks(3, 10)
+    r = _kv_router({1: 10}, hs, 1.0)
+    idle = [InstanceLoad(0, 0, 0), InstanceLoad(1, 0, 0)]
+    d = r.route(hs, 160, idle)
+    assert (d.instance, d.predicted_hit_tokens) == (1, 144)
+    d = r.route(hs, 161, idle)
+    assert (d.instance, d.predicted_hit_tokens) == (1, 160)
+    d = r.route(hs[:1], 1, idle)
+    assert (d.instance, d.predicted_hit_tokens) == (0, 0)
+
+
+def test_kv_aware_reads_its_own_group_and_ties_go_to_fewer_requests() -> None:
+    """The router scores the hashes of ``setup.group`` only: blocks held in group 0 do not
+    count for a router of group 2. Among equal scores the fewest queued requests win, then the
+    lowest index."""
+    from hybridkv.events.index import KVEventIndex
+    hs = _blocks(4, 5)
+    index = KVEventIndex()
+    index.add(0, 0, hs)       # instance 0 holds them in group 0
+    index.add(1, 2, hs[:2])   # instance 1 holds two of them in group 2
+    r = make_router("kv-aware", RouterSetup(num_instances=2, block_size=16, capacity_blocks=9,
+                                            index=index, group=2, overlap_weight=1.0))
+    idle = [InstanceLoad(0, 0, 0), InstanceLoad(1, 0, 0)]
+    d = r.route(hs, 81, idle)
+    assert (d.instance, d.predicted_hit_tokens) == (1, 32)
+    fresh = _blocks(5, 3)
+    assert r.route(fresh, 48, [InstanceLoad(0, 0, 2), InstanceLoad(1, 0, 1)]).instance == 1
+    assert r.route(fresh, 48, [InstanceLoad(0, 0, 1), InstanceLoad(1, 0, 1)]).instance == 0
+    # built without an index, it makes its own (empty) one
+    own = make_router("kv-aware", RouterSetup(num_instances=2, block_size=16, capacity_blocks=9))
+    assert own.route(hs, 81, idle) == RouteDecision(0, 0)
+
+
+def test_round_robin_and_least_loaded_decisions() -> None:
+    """Round-robin takes instances in turn whatever the load; least-loaded takes the fewest
+    outstanding tokens, then the fewest requests, then the lowest index. Neither predicts a
+    hit."""
+    rr = make_router("round-robin", RouterSetup(num_instances=3, block_size=16, capacity_blocks=1))
+    loads = [InstanceLoad(0, 10**6, 9), InstanceLoad(1, 0, 0), InstanceLoad(2, 0, 0)]
+    assert [rr.route([], 10, loads) for _ in range(4)] == \
+        [RouteDecision(0, 0), RouteDecision(1, 0), RouteDecision(2, 0), RouteDecision(0, 0)]
+    ll = make_router("least-loaded", RouterSetup(num_instances=3, block_size=16, capacity_blocks=1))
+    assert ll.route([], 10, [InstanceLoad(0, 7, 0), InstanceLoad(1, 3, 5), InstanceLoad(2, 3, 4)]) \
+        == RouteDecision(2, 0)
+    assert ll.route([], 10, [InstanceLoad(0, 3, 4), InstanceLoad(1, 3, 4), InstanceLoad(2, 9, 0)]) \
+        == RouteDecision(0, 0)
+
+
+def test_approximate_router_predicts_from_an_lru_of_what_it_routed() -> None:
+    """With one instance every request goes there; its predicted cache is an LRU of the hashes
+    routed to it, ``capacity_blocks`` long, a hash seen again becoming the most recent. After
+    [a b c], [a], [d] at capacity 3, b (the least recent) is forgotten: a and c are predicted,
+    b is not. The setup's block size and weight reach the router."""
+    a, b, c, d = (bytes([9, i]) for i in range(4))
+    r = make_router("approximate", RouterSetup(num_instances=1, block_size=8, capacity_blocks=3,
+                                               overlap_weight=2.5))
+    assert r.overlap_weight == 2.5 and r.block_size == 8
+    one = [InstanceLoad(0, 0, 0)]
+    for hs in ([a, b, c], [a], [d]):
+        r.route(hs, 8 * len(hs), one)
+    assert r.index.num_blocks(0) == 3
+    assert r.index.prefix_match([a, c, d], 0) == {0: 3}
+    assert r.index.prefix_match([b], 0) == {}
+    assert r.route([a, c, b], 8 * 3 + 1, one).predicted_hit_tokens == 16     # a, c held; b not
+    with pytest.raises(ValueError, match="capacity_blocks must be an integer >= 1, got 0"):
+        make_router("approximate", RouterSetup(num_instances=1, block_size=8, capacity_blocks=0))
+
+
+# ---- routing decisions of a whole cluster, on constructed workloads --------------------------
+
+
+def _req(rid: str, t: float, tokens, out: int = 1):
+    import numpy as np
+
+    from hybridkv.sim.traces import TraceRequest
+    return TraceRequest(rid, t, np.asarray(tokens, dtype=np.int64), out)
+
+
+def _spy(sim: ClusterSimulator) -> list[tuple[int, int]]:
+    """Record the router's (instance, predicted hit tokens) per request."""
+    seen: list[tuple[int, int]] = []
+    route = sim.router.route
+
+    def recording(hashes, prompt_len, loads):
+        d = route(hashes, prompt_len, loads)
+        seen.append((d.instance, d.predicted_hit_tokens))
+        return d
+    sim.router.route = recording  # type: ignore[method-assign]
+    return seen
+
+
+A = list(range(1000, 1128))          # three conversations' token streams (disjoint)
+B = list(range(2000, 2128))
+C = list(range(3000, 3160))
+D = list(range(4000, 4048))
+SCENARIO = [_req("A1", 0, A[:64]), _req("B1", 0, B[:64]), _req("A2", 10, A[:96]),
+            _req("C1", 20, C), _req("B2", 20, B[:96]), _req("A3", 20, A[:128]), _req("D1", 20, D)]
+
+
+def test_kv_aware_cluster_routes_each_request_where_the_score_says() -> None:
+    """Two llama instances (16-token blocks), kv-aware at weight 2; requests arriving together
+    are routed before any step, later ones after everything has finished (1 output token).
+    By hand, cost = queued + 2 * (prompt - hit):
+
+    * A1 (64 tokens): both idle, 128 each: instance 0 (the lower index). B1: 64 + 128 against
+      128: instance 1.
+    * A2 at t=10 (A1 + 32 tokens): instance 0 holds A1's 4 blocks: 2 * 32 = 64 against 192.
+    * C1 at t=20 (160 new tokens): 320 on both: instance 0. B2 (B1 + 32): instance 0 has 160
+      queued (352), instance 1 holds 4 blocks (64): instance 1, hit 64.
+    * A3 (A2 + 32, 128 tokens): instance 0 holds A2's 6 blocks: 160 + 2 * 32 = 224; instance 1
+      has B2's predicted 32 uncached tokens queued: 32 + 256 = 288. Instance 0, hit 96 (at
+      weight 1 as ``2 * queued + uncached`` it would be instance 1).
+    * D1 (48 new tokens): 192 + 96 against 32 + 96: instance 1.
+
+    Guards against any change of routing (a third of the requests sent elsewhere, the load or
+    the hit counted differently, events not reaching the index), not only of the aggregates."""
+    sim = ClusterSimulator(config(3000), 2, "kv-aware", overlap_weight=2.0)
+    seen = _spy(sim)
+    res = sim.run(items_from_trace(SCENARIO))
+    assert seen == [(0, 0), (1, 0), (0, 64), (0, 0), (1, 64), (0, 96), (1, 0)]
+    assert res.routed_requests == [4, 3]
+    assert res.routed_prompt_tokens == [64 + 96 + 160 + 128, 64 + 96 + 48]
+    assert res.predicted_hit_tokens == 64 + 64 + 96
+    # the predictions came true: the instances hit exactly those tokens
+    assert [r.hit_tokens for r in res.instances] == [64 + 96, 64]
+    assert res.load_imbalance == pytest.approx(448 / ((448 + 208) / 2))
+
+
+def test_least_loaded_cluster_counts_queued_prompts() -> None:
+    """Requests arriving together (no step between them) see the instances' queued prompt
+    tokens: 100, 50, 30, 40 on two instances go 0 (tie), 1 (100 > 0), 1 (100 > 50), 1
+    (100 > 80); a request arriving after all finished finds both idle and goes to 0."""
+    reqs = [_req(f"r{i}", 0, range(5000 + 1000 * i, 5000 + 1000 * i + n))
+            for i, n in enumerate((100, 50, 30, 40))] + [_req("late", 30, range(9000, 9010))]
+    sim = ClusterSimulator(config(3000), 2, "least-loaded")
+    seen = _spy(sim)
+    res = sim.run(items_from_trace(reqs))
+    assert [i for i, _ in seen] == [0, 1, 1, 1, 0]
+    assert res.routed_requests == [2, 3] and res.routed_prompt_tokens == [110, 120]
+
+
+def test_cluster_optimum_charges_blocks_computed_elsewhere_to_routing() -> None:
+    """Round-robin sends A1, A2, A3 (each extending the last) to instances 0, 1, 0. Online, A2
+    hits nothing (A1 is on the other instance) and A3 hits A1's 4 blocks. An unlimited cache
+    would hit 4 (A2) + 6 (A3) blocks, and so does the bound at the instances' summed capacity;
+    the 6 missing blocks were all computed on the other instance: ``routed``, none evicted or
+    in flight (each request finished before the next arrived)."""
+    reqs = [_req("A1", 0, A[:64]), _req("A2", 10, A[:96]), _req("A3", 20, A[:128])]
+    res = ClusterSimulator(config(3000, optimum=True), 2, "round-robin").run(items_from_trace(reqs))
+    o = res.overall
+    assert res.routed_requests == [2, 1]
+    assert (o.hit_blocks, o.optimal_hit_blocks, o.prompt_blocks) == (4, 10, 4 + 6 + 8)
+    g = o.gap
+    assert (g.ceiling_blocks, g.online_blocks, g.routed_blocks, g.routed_requests) == (10, 4, 6, 2)
+    assert (g.evicted_blocks, g.in_flight_blocks, g.retained_blocks) == (0, 0, 0)
+    assert res.config["optimum_capacity_blocks"] == 2 * 2999
+    assert res.to_json()["optimal_block_hit_rate"] == pytest.approx(10 / 18)
+
+
+
+# ---- offered load, the combined result, the JSON ---------------------------------------------
+
+
+def test_offered_load_numbers_by_hand() -> None:
+    """1,000 prompt tokens/s against 2 instances of 300 tok/s: 600 tok/s of capacity, so only a
+    hit rate above 1 - 600/1000 = 40 % keeps up. At exactly the capacity the load is not
+    over it; with no capacity at all no hit rate helps (the sentence about it is left out);
+    without prompt tokens nothing is needed."""
+    from hybridkv.sim.cluster import OfferedLoad
+    load = OfferedLoad(requests=10, duration_s=5.0, arrival_rate_req_s=2.0, prompt_tok_s=1000.0,
+                       instances=2, capacity_tok_s=300.0)
+    assert load.cluster_capacity_tok_s == 600.0
+    assert load.needed_hit_rate == pytest.approx(0.4) and load.overloaded
+    msg = load.warning()
+    assert msg.startswith("warning: offered load exceeds capacity: 10 requests over 5 s = 2.00 req/s, "
+                          "1,000 prompt tok/s; 2 instance(s) prefill about 600 tok/s (300 each). "
+                          "Only a prefix-hit rate above 40% keeps up; otherwise queues grow")
+    assert load.to_json() == {"requests": 10, "duration_s": 5.0, "arrival_rate_req_s": 2.0,
+                              "prompt_tok_s": 1000.0, "instances": 2,
+                              "capacity_tok_s_per_instance": 300.0, "cluster_capacity_tok_s": 600.0,
+                              "needed_hit_rate": pytest.approx(0.4), "overloaded": True}
+    even = OfferedLoad(10, 5.0, 2.0, 600.0, 2, 300.0)
+    assert not even.overloaded and even.needed_hit_rate == 0.0 and even.warning() is None
+    none = OfferedLoad(10, 5.0, 2.0, 600.0, 2, 0.0)
+    assert none.needed_hit_rate == 1.0 and "Only a prefix-hit rate" not in none.warning()
+    idle = OfferedLoad(0, 0.0, 0.0, 0.0, 1, 0.0)
+    assert idle.needed_hit_rate == 0.0 and not idle.overloaded
+
+
+def test_offered_load_of_a_workload() -> None:
+    """Prompts of 100, 200 and 300 tokens arriving over 2 s: 1.5 req/s and 300 prompt tok/s;
+    one instance's capacity is a full step of the token budget at the context of half the mean
+    prompt (100 tokens), by the instance's cost model. One request has no duration and no rate."""
+    import numpy as np
+
+    from hybridkv.sim.profile import cost_model
+    cfg = config(1000)
+    items = items_from_trace([_req("a", 0, range(100)), _req("b", 1, range(200)),
+                              _req("c", 2, range(300))])
+    load = offered_load(cfg, items, 3)
+    budget = cfg.sched.max_num_batched_tokens
+    step = cost_model(cfg.preset, cfg.gpu).step_time_arrays(np.array([float(budget)]),
+                                                            np.array([100.0]))
+    assert (load.requests, load.duration_s, load.arrival_rate_req_s, load.prompt_tok_s,
+            load.instances) == (3, 2.0, 1.5, 300.0, 3)
+    assert load.capacity_tok_s == pytest.approx(budget / float(step))
+    one = offered_load(cfg, items[:1], 1)
+    assert (one.duration_s, one.arrival_rate_req_s, one.prompt_tok_s) == (0.0, 0.0, 0.0)
+
+
+def test_combine_sums_counts_pools_samples_and_keeps_extremes() -> None:
+    """The overall result: counts summed, TTFT and inter-token samples pooled, the longest
+    makespan and the highest peak, mean usage averaged over instances, retained blocks summed
+    per group, partial if any instance is."""
+    from hybridkv.sim.cluster import combine
+    from hybridkv.sim.simulator import SimResult
+    a = SimResult(requests=3, rejected=1, prompt_tokens=100, hit_tokens=40, prompt_blocks=7,
+                  hit_blocks=2, output_tokens=9, steps=5, preemptions=1, evictions=4,
+                  ttft_s=[0.1], itl_s=[0.01], makespan_s=2.0, mean_usage=0.2, peak_usage=0.9,
+                  retained_blocks={"full": 3, "swa": 1})
+    b = SimResult(requests=2, rejected=0, prompt_tokens=50, hit_tokens=10, prompt_blocks=4,
+                  hit_blocks=1, output_tokens=6, steps=8, preemptions=2, evictions=0,
+                  ttft_s=[0.3, 0.2], itl_s=[], makespan_s=5.0, mean_usage=0.6, peak_usage=0.7,
+                  retained_blocks={"full": 5}, partial=True)
+    c = combine([a, b])
+    assert (c.requests, c.rejected, c.prompt_tokens, c.hit_tokens, c.prompt_blocks, c.hit_blocks,
+            c.output_tokens, c.steps, c.preemptions, c.evictions) == (5, 1, 150, 50, 11, 3, 15, 13, 3, 4)
+    assert c.ttft_s == [0.1, 0.3, 0.2] and c.itl_s == [0.01]
+    assert (c.makespan_s, c.peak_usage, c.mean_usage) == (5.0, 0.9, pytest.approx(0.4))
+    assert c.retained_blocks == {"full": 8, "swa": 1} and c.partial
+    assert not combine([a]).partial
+    assert combine([]).mean_usage == 0.0
+
+
+def test_cluster_json_per_instance_and_queueing() -> None:
+    """The JSON of a cluster result: a single run's keys over the combined result, the
+    queueing percentiles over every instance's samples, and per instance its own keys (no
+    config, gap, what-if or retained blocks) with what was routed to it. Imbalance is the
+    busiest instance's routed prompt tokens over the mean (1.0 when nothing was routed)."""
+    from hybridkv.sim.cluster import ClusterResult
+    from hybridkv.sim.simulator import SimResult
+    r0, r1 = SimResult(requests=2, prompt_tokens=30), SimResult(requests=1, prompt_tokens=90)
+    res = ClusterResult(router="x", instances=[r0, r1], queue_s=[[1.0, 3.0], [2.0]],
+                        routed_requests=[2, 1], routed_prompt_tokens=[30, 90],
+                        predicted_hit_tokens=7, kv_events_published=4, config={"k": 1})
+    d = res.to_json()
+    assert (d["requests"], d["prompt_tokens"], d["router"], d["num_instances"]) == (3, 120, "x", 2)
+    assert (d["queue_p50_s"], d["queue_mean_s"]) == (2.0, 2.0)
+    assert d["queue_p99_s"] == pytest.approx(2.98)
+    assert d["load_imbalance"] == pytest.approx(90 / 60) == res.load_imbalance
+    assert (d["predicted_hit_tokens"], d["kv_events_published"], d["config"]) == (7, 4, {"k": 1})
+    assert d["offered_load"] is None and d["partial"] is False
+    p0, p1 = d["per_instance"]
+    assert (p0["instance"], p0["routed_requests"], p0["routed_prompt_tokens"]) == (0, 2, 30)
+    assert (p1["instance"], p1["queue_p50_s"], p1["queue_mean_s"], p1["prompt_tokens"]) == (1, 2.0, 2.0, 90)
+    assert not {"config", "gap", "what_if", "retained_blocks"} & set(p0)
+    empty = ClusterResult("x", [SimResult()], [[]], [0], [0])
+    assert empty.load_imbalance == 1.0
+    assert empty.to_json()["queue_p50_s"] is None and empty.to_json()["queue_mean_s"] is None
+
+
+def test_outstanding_counts_predicted_then_uncomputed_tokens() -> None:
+    """White box (``_Instance.outstanding``): a waiting request counts its predicted uncached
+    tokens; one partly computed counts its prompt minus what is computed (never below 0); one
+    that produced a token or finished is dropped from the pending list."""
+    from types import SimpleNamespace
+
+    from hybridkv.sim.cluster import _Instance
+
+    def er(computed: int, prompt: int, outputs: int = 0, finished: bool = False):
+        return SimpleNamespace(num_computed_tokens=computed, num_prompt_tokens=prompt,
+                               num_output_tokens=outputs, status=SimpleNamespace(finished=finished))
+    inst = _Instance(0, None)  # type: ignore[arg-type]
+    waiting, partial, over = er(0, 100), er(40, 100), er(120, 100)
+    inst.pending = [(waiting, 70), (partial, 100), (er(100, 100, outputs=1), 5),
+                    (er(0, 50, finished=True), 50), (over, 9)]
+    assert inst.outstanding() == 70 + 60 + 0
+    assert inst.pending == [(waiting, 70), (partial, 100), (over, 9)]
+
+
+# ---- the cluster's plumbing: events, rejections, interruption, jobs --------------------------
+
+
+def test_only_the_key_groups_events_reach_the_index_and_sinks_get_them_all() -> None:
+    """On a hybrid preset (full + sliding window) the router's index holds exactly the key
+    group's cached hashes of each instance, never the window group's; an event sink per
+    instance sees every step's events (both groups). A router that needs no events leaves the
+    index empty while sinks still receive them."""
+    cfg = SimConfig(preset=get_preset("gemma-3-27b"), gpu=get_gpu("h100"), num_blocks=1500,
+                    optimum=False)
+    items = chat(n=6, turns=3, rate=100.0, seed=1)   # busy: both instances get requests
+    got: list[list] = [[], []]
+    sinks = [lambda s, e, evs, i=i: got[i].extend(evs) for i in range(2)]
+    sim = ClusterSimulator(cfg, 2, "kv-aware", event_sinks=sinks)
+    assert sim.key_group == 0 and sim.key_block == 16
+    res = sim.run(items)
+    for inst in sim.instances:
+        cached = inst.sim.kv.pool.index       # per group: hash -> block(s)
+        assert sim.index.num_blocks(inst.idx) == len(cached[0]) > 0 and len(cached[1]) > 0
+        assert all(inst.idx in sim.index.holders(0, h) for h in cached[0])
+        assert {getattr(ev, "group_idx", None) for ev in got[inst.idx]} >= {0, 1}
+    assert res.index_blocks == sum(sim.index.num_blocks(i) for i in range(2))
+    quiet = ClusterSimulator(cfg, 2, "round-robin", event_sinks=[lambda *a: None] * 2)
+    assert quiet.run(items).index_blocks == 0 and quiet.instances[0].sim.kv.take_events() == []
+    assert ClusterSimulator(cfg, 2, "approximate").router.capacity == (1500 - 1) // 2
+
+
+def test_cluster_refuses_a_sequential_config_and_a_wrong_number_of_sinks() -> None:
+    with pytest.raises(ValueError, match="a cluster simulation is timed; --sequential does not apply"):
+        ClusterSimulator(config(100, sequential=True), 2)
+    with pytest.raises(ValueError, match=r"need one event sink per instance \(2\), got 1"):
+        ClusterSimulator(config(100), 2, event_sinks=[lambda *a: None])
+
+
+def test_cluster_rejects_over_long_prompts_on_instance_0() -> None:
+    """A prompt that reaches max_model_len is rejected (counted on instance 0, never routed);
+    the others are served with their allowed output length."""
+    from hybridkv.sched import SchedulerConfig
+    cfg = config(3000, sched=SchedulerConfig(max_model_len=100), max_model_len=100)
+    reqs = [_req("ok", 0, range(50), out=8), _req("long", 0, range(100, 200)),
+            _req("ok2", 1, range(300, 390), out=50)]
+    res = ClusterSimulator(cfg, 2, "round-robin").run(items_from_trace(reqs))
+    assert [r.rejected for r in res.instances] == [1, 0]
+    assert res.routed_requests == [1, 1] and [r.requests for r in res.instances] == [2, 1]
+    assert res.overall.requests == 3 and res.overall.rejected == 1
+    assert res.overall.output_tokens == 8 + 10
+
+
+def test_ctrl_c_gives_the_partial_cluster_result() -> None:
+    """Ctrl-C while routing raises RunInterrupted carrying the result so far, marked partial."""
+    from hybridkv.sim.interrupt import RunInterrupted
+
+    def stop(done, total):
+        raise KeyboardInterrupt
+    sim = ClusterSimulator(config(3000), 2, "round-robin", progress=stop)
+    with pytest.raises(RunInterrupted) as info:
+        sim.run(chat(n=4, turns=2))
+    part = info.value.partial
+    assert part.partial and part.overall.partial and all(r.partial for r in part.instances)
+    assert part.router == "round-robin" and len(part.instances) == 2
+
+
+def test_a_cluster_job_builds_its_cluster() -> None:
+    """ClusterJob (a sweep's picklable job) builds the cluster it names: instances, router and
+    weight."""
+    from hybridkv.sim.cluster import ClusterJob
+    sim = ClusterJob(config(500), 3, "approximate", 1.5).simulator()
+    assert len(sim.instances) == 3 and sim.router_name == "approximate"
+    assert sim.router.overlap_weight == 1.5 and sim.router.capacity == 499
+    assert ClusterJob(config(500), 2).simulator().router.overlap_weight == 4.0
+
+
+def test_kv_aware_built_directly_scores_group_0() -> None:
+    """``KVAwareRouter(index, block_size)`` scores group 0 by default (the group a cluster's
+    key group has in a one-group model): blocks held there count, blocks of group 1 do not."""
+    from hybridkv.events.index import KVEventIndex
+    from hybridkv.sim.routing.kv_aware import KVAwareRouter
+    hs = _blocks(6, 4)
+    index = KVEventIndex()
+    index.add(1, 0, hs[:3])
+    index.add(0, 1, hs)
+    d = KVAwareRouter(index, 16).route(hs, 65, [InstanceLoad(0, 0, 0), InstanceLoad(1, 0, 0)])
+    assert d == RouteDecision(1, 48)

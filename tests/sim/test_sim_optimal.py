@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from functools import lru_cache
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hybridkv.sim.optimal import (
+    BlockCacheResult,
     belady_block_hit_rate,
     capacity_blocks_for_tokens,
     infinite_block_hit_rate,
     lru_block_hit_rate,
 )
 from hybridkv.sim.traces import iter_mooncake_records
+from tests.hypothesis_budget import budgeted, examples, is_deep
 
 # src/hybridkv/sim/data/README.md (the traces README of the Mooncake copies): hit rate at capacity (tokens, M = 10**6) with 512-token blocks.
 CAPACITIES = [500_000, 1_000_000, 3_000_000, 10_000_000, 50_000_000]
@@ -105,8 +108,18 @@ def traces(max_requests: int, max_len: int, alphabet: int):
     return st.lists(path, min_size=1, max_size=max_requests).map(_chained)
 
 
+def _used_later(requests, i: int) -> set:
+    """Keys some request after ``i`` references: only they can ever hit again."""
+    return {k for keys in requests[i + 1:] for k in keys}
+
+
 def brute_force_optimum(requests: list[list[tuple[int, ...]]], capacity: int) -> int:
-    """Maximum total leading hits over every sequence of cache contents (bypass allowed)."""
+    """Maximum total leading hits over every sequence of cache contents (bypass allowed).
+
+    Two dominance facts, independent of Belady, keep the search small: a key no later request
+    references can never hit, so keeping it helps nothing; and a larger cache never hits less
+    (whatever a subset would do later, the superset can do too). So after each request only
+    the largest subsets of the still-useful keys are tried."""
 
     @lru_cache(maxsize=None)
     def best(i: int, cache: frozenset) -> int:
@@ -118,21 +131,29 @@ def brute_force_optimum(requests: list[list[tuple[int, ...]]], capacity: int) ->
             if k not in cache:
                 break
             hits += 1
-        universe = sorted(cache | set(keys))
-        options = (
-            frozenset(kept)
-            for size in range(min(capacity, len(universe)) + 1)
-            for kept in itertools.combinations(universe, size)
-        )
-        return hits + max(best(i + 1, kept) for kept in options)
+        universe = sorted((cache | set(keys)) & _used_later(requests, i))
+        size = min(capacity, len(universe))
+        return hits + max(best(i + 1, frozenset(kept)) for kept in itertools.combinations(universe, size))
 
     return best(0, frozenset())
 
 
-@settings(max_examples=60, deadline=None)
-@given(traces(max_requests=5, max_len=3, alphabet=2), st.integers(0, 3))
+#: The brute-force search's reach: small by default, deeper (longer chains, more requests,
+#: a third token value, larger caches) under ``--hypothesis-profile=deep``.
+BRUTE = (dict(max_requests=7, max_len=4, alphabet=3, capacity=5) if is_deep()
+         else dict(max_requests=5, max_len=3, alphabet=2, capacity=3))
+
+
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(traces(BRUTE["max_requests"], BRUTE["max_len"], BRUTE["alphabet"]),
+       st.integers(0, BRUTE["capacity"]))
+@budgeted(0.05)
 def test_belady_equals_brute_force_optimum(requests, capacity) -> None:
-    assert belady_block_hit_rate(requests, capacity).block_hits == brute_force_optimum(requests, capacity)
+    """Belady (with bypass, deeper blocks evicted first on a tie) hits exactly the optimum
+    found by exhaustive search; a bound one block off on any searched case fails here."""
+    got = belady_block_hit_rate(requests, capacity)
+    assert got.block_hits == brute_force_optimum(requests, capacity)
+    assert got == naive_belady(requests, capacity)
 
 
 @settings(max_examples=150, deadline=None)
@@ -161,7 +182,9 @@ def brute_force_pool_optimum(requests: list[list[tuple[int, ...]]], capacity: in
                              footprints: list[int]) -> int:
     """As :func:`brute_force_optimum`, but while request ``i`` runs its misses hold
     ``footprints[i] - hits`` blocks of their own: the cache first shrinks to any subset that
-    keeps the hit blocks and has at most ``max(hits, capacity - (footprint - hits))`` blocks."""
+    keeps the hit blocks and has at most ``max(hits, capacity - (footprint - hits))`` blocks.
+    The same dominance holds (more hits leave as much more room, so a larger cache is never
+    worse): only the largest still-useful subsets are tried, during and after the request."""
 
     @lru_cache(maxsize=None)
     def best(i: int, cache: frozenset) -> int:
@@ -173,31 +196,95 @@ def brute_force_pool_optimum(requests: list[list[tuple[int, ...]]], capacity: in
             if k not in cache:
                 break
             hits += 1
+        later = _used_later(requests, i)
         pinned = frozenset(keys[:hits])
         room = max(hits, capacity - (footprints[i] - hits))
-        rest = sorted(cache - pinned)
+        rest = sorted((cache - pinned) & later)
         score = 0
-        for size in range(min(room - hits, len(rest)) + 1):
-            for kept_rest in itertools.combinations(rest, size):
-                during = pinned | frozenset(kept_rest)
-                universe = sorted(during | set(keys))
-                for n in range(min(capacity, len(universe)) + 1):
-                    for kept in itertools.combinations(universe, n):
-                        score = max(score, best(i + 1, frozenset(kept)))
+        for kept_rest in itertools.combinations(rest, min(room - hits, len(rest))):
+            universe = sorted((pinned | frozenset(kept_rest) | set(keys)) & later)
+            for kept in itertools.combinations(universe, min(capacity, len(universe))):
+                score = max(score, best(i + 1, frozenset(kept)))
         return hits + score
 
     return best(0, frozenset())
 
 
-@settings(max_examples=40, deadline=None)
-@given(traces(max_requests=4, max_len=3, alphabet=2), st.integers(0, 3), st.data())
+POOL = (dict(max_requests=6, max_len=4, alphabet=3, capacity=4) if is_deep()
+        else dict(max_requests=4, max_len=3, alphabet=2, capacity=3))
+
+
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(traces(POOL["max_requests"], POOL["max_len"], POOL["alphabet"]),
+       st.integers(0, POOL["capacity"]), st.data())
+@budgeted(0.05)
 def test_pool_constrained_belady_equals_brute_force(requests, capacity, data) -> None:
     """Belady with a running request's footprint is the optimum under that constraint (the
     tighter bound BENCHMARKS.md reports beside plain Belady), and never above plain Belady."""
     fps = [len(k) + data.draw(st.integers(0, 2)) for k in requests]
-    got = belady_block_hit_rate(requests, capacity, footprints=fps).block_hits
-    assert got == brute_force_pool_optimum(requests, capacity, fps)
-    assert got <= belady_block_hit_rate(requests, capacity).block_hits
+    got = belady_block_hit_rate(requests, capacity, footprints=fps)
+    assert got.block_hits == brute_force_pool_optimum(requests, capacity, fps)
+    assert got.block_hits <= belady_block_hit_rate(requests, capacity).block_hits
+    assert got == naive_belady(requests, capacity, footprints=fps)
+
+
+def naive_belady(requests, capacity: int, hit_limits=None, footprints=None) -> BlockCacheResult:
+    """The rule of ``belady_block_hit_rate``'s docstring, one request at a time and without a
+    heap (for chained keys, where a key's depth is its position in every request): count the
+    leading cached blocks (at most the hit limit); cut the cache to ``max(hits, capacity -
+    (footprint - hits))`` keeping the blocks used soonest from this request on; add the
+    request's blocks; keep the ``capacity`` blocks used soonest after it (a tie: the
+    shallower one), never one no later request uses."""
+    inf = float("inf")
+    uses: dict = {}
+    for j, keys in enumerate(requests):
+        for k in keys:
+            uses.setdefault(k, []).append(j)
+
+    def next_use(key, start: int) -> float:
+        at = bisect.bisect_left(uses[key], start)
+        return uses[key][at] if at < len(uses[key]) else inf
+
+    cache: set = set()
+    per: list[int] = []
+    refs = 0
+    for i, keys in enumerate(requests):
+        limit = len(keys) if hit_limits is None else min(hit_limits[i], len(keys))
+        h = 0
+        while h < limit and keys[h] in cache:
+            h += 1
+        per.append(h)
+        refs += limit
+        if footprints is not None:
+            target = max(h, capacity - (footprints[i] - h))
+            cache = set(sorted(cache, key=lambda k: (next_use(k, i), len(k)))[:target])
+        pool = [k for k in cache | set(keys) if next_use(k, i + 1) < inf]
+        cache = set(sorted(pool, key=lambda k: (next_use(k, i + 1), len(k)))[:capacity])
+    return BlockCacheResult("belady", capacity, sum(per), refs, tuple(per))
+
+
+@st.composite
+def hot_traces(draw):
+    """60 to 120 requests, each a prefix of one of a few 12-block paths plus a short tail:
+    hot blocks are referenced again and again (the heap's stale entries pile up)."""
+    bases = draw(st.lists(st.lists(st.integers(0, 2), min_size=12, max_size=12), min_size=1, max_size=4))
+    reqs = draw(st.lists(st.tuples(st.integers(0, len(bases) - 1), st.integers(1, 12),
+                                   st.lists(st.integers(0, 2), max_size=3)), min_size=60, max_size=120))
+    return _chained([bases[b][:n] + tail for b, n, tail in reqs])
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(hot_traces(), st.integers(0, 20), st.data())
+def test_belady_follows_its_rule_on_long_traces(requests, capacity, data) -> None:
+    """On traces too long for the exhaustive search (hundreds of references to hot blocks, so
+    the heap collects stale entries and is compacted in most examples), the simulation equals :func:`naive_belady`, with
+    hit limits and footprints too: the heap's bookkeeping (lazy invalidation, compaction,
+    integer priorities) changes nothing."""
+    assert belady_block_hit_rate(requests, capacity) == naive_belady(requests, capacity)
+    limits = [data.draw(st.integers(0, len(k) + 1)) for k in requests]
+    fps = [len(k) + data.draw(st.integers(0, 3)) for k in requests]
+    assert belady_block_hit_rate(requests, capacity, limits, footprints=fps) == \
+        naive_belady(requests, capacity, limits, fps)
 
 
 def test_the_bound_counts_a_prompt_that_ends_on_a_block_boundary() -> None:
@@ -217,3 +304,135 @@ def test_the_bound_counts_a_prompt_that_ends_on_a_block_boundary() -> None:
     for sequential in (True, False):
         res = Simulator(SimConfig(preset, get_gpu("h100"), 1000, sequential=sequential)).run(items)
         assert res.hit_blocks == res.optimal_hit_blocks == 16
+
+
+# --------------------------------------------------------------------------------------------
+# The bound of a simulated workload: its keys, capacity and gap report
+# --------------------------------------------------------------------------------------------
+
+
+def test_gap_report_charges_each_cause_by_hand() -> None:
+    """Keys are letters; R0 computes k1 k2 k3 (finished at t=5).
+
+    * R1 (admitted t=3, limit 3) could hit k1 k2 k3, hit 1: k2 was still being computed
+      (R0 finished after t=3): 2 blocks in flight.
+    * R2 (t=10, limit 2) could hit k1 k2, hit 0: R0 had finished: 2 blocks evicted.
+    * R3 (t=20, limit 4) could hit k1..k4 (k4 from R1, finished t=8), hit 1, while the
+      full-attention groups alone held 3: [1, 3) is retained (another group could not serve
+      it), [3, 4) evicted (charged by k4's producer R1).
+    * R4 (t=4, limit 3) hit 0 with the attention groups holding 2, but R0 was in flight: all 3
+      blocks in flight.
+    * R0 could hit nothing: no loss.
+
+    With instances [0, 0, 1, 1, 0], R2's and R3's evicted blocks were computed on instance 0:
+    routed instead; in-flight and retained blocks stay what they are."""
+    from hybridkv.sim.optimal import OnlineHits, gap_report
+    keys = [["k1", "k2", "k3"], ["k1", "k2", "k3", "k4"], ["k1", "k2", "x"],
+            ["k1", "k2", "k3", "k4", "k5"], ["k1", "k2", "k3"]]
+    limits = [3, 3, 2, 4, 3]
+    online = OnlineHits(hit_blocks=[0, 1, 0, 1, 0], admitted_t=[0, 3, 10, 20, 4],
+                        finished_t=[5, 8, 12, 25, 9], attention_blocks=[0, 1, 0, 3, 2])
+    g = gap_report(keys, limits, 9, online)
+    assert (g.ceiling_blocks, g.optimum_blocks, g.online_blocks) == (0 + 3 + 2 + 4 + 3, 9, 2)
+    assert (g.in_flight_blocks, g.in_flight_requests) == (2 + 3, 2)
+    assert (g.evicted_blocks, g.evicted_requests) == (2 + 1, 2)
+    assert (g.retained_blocks, g.retained_requests) == (2, 1)
+    assert (g.routed_blocks, g.routed_requests) == (0, 0)
+    routed = OnlineHits(online.hit_blocks, online.admitted_t, online.finished_t,
+                        online.attention_blocks, instance=[0, 0, 1, 1, 0])
+    g = gap_report(keys, limits, 9, routed)
+    assert (g.in_flight_blocks, g.retained_blocks, g.evicted_blocks) == (5, 2, 0)
+    assert (g.routed_blocks, g.routed_requests, g.evicted_requests) == (3, 2, 0)
+    # without attention probes the whole loss is charged by the first missed block
+    plain = OnlineHits(online.hit_blocks, online.admitted_t, online.finished_t)
+    g = gap_report(keys, limits, 9, plain)
+    assert (g.retained_blocks, g.in_flight_blocks, g.evicted_blocks) == (0, 5, 2 + 3)
+
+
+def _served(prompt, out=None, max_tokens=None):
+    import numpy as np
+
+    from hybridkv.sim.traces import TraceRequest
+    from hybridkv.sim.workitems import ServedItem, WorkItem
+    out_ids = None if out is None else np.asarray(out)
+    tr = TraceRequest(f"r{len(prompt)}-{0 if out is None else len(out)}", 0.0, np.asarray(prompt),
+                      0 if out is None else len(out), output_ids=out_ids)
+    item = WorkItem(tr.request_id, 0.0, tr.prompt_len, tr.output_len, tr)
+    return item if max_tokens is None else ServedItem(item, max_tokens)
+
+
+def test_the_bound_keys_cover_known_outputs_cut_at_max_tokens() -> None:
+    """Blocks of 4 tokens. X: prompt 1..8 with a known answer 9..13; Y: 1..12 then 77.
+    X leaves its tokens but the last sampled one computed: 12 tokens, 3 blocks, so Y (limit
+    12 // 4 = 3) hits 3. Cut to 2 output tokens X leaves 9 tokens (2 blocks): Y hits 2; an
+    X without known output leaves its 8 prompt tokens (2 blocks). Y's own last token is
+    never a hit: Y' = 1..12 (limit 11 // 4 = 2) hits 2 though X holds 3 blocks of it.
+    The keys of one list are kept per block size, never mixed between sizes."""
+    from hybridkv.sim.optimal import optimal_hit_blocks
+    x = list(range(1, 9))
+    y = list(range(1, 13)) + [77]
+    assert optimal_hit_blocks([_served(x, [9, 10, 11, 12, 13], 5), _served(y, None, 1)], 4, 100) == 3
+    assert optimal_hit_blocks([_served(x, [9, 10, 11, 12, 13], 2), _served(y, None, 1)], 4, 100) == 2
+    assert optimal_hit_blocks([_served(x, [9, 10, 11, 12, 13]), _served(y)], 4, 100) == 3
+    assert optimal_hit_blocks([_served(x, None, 1), _served(y, None, 1)], 4, 100) == 2
+    assert optimal_hit_blocks([_served(x, [9, 10, 11, 12, 13], 5), _served(y[:12], None, 1)], 4, 100) == 2
+    same = [_served(x, [9, 10, 11, 12, 13], 5), _served(y, None, 1)]
+    assert [optimal_hit_blocks(same, bs, 100) for bs in (4, 2, 4)] == [3, 6, 3]
+    assert optimal_hit_blocks(same, 4, 1) == 1          # one block of cache: X's first
+
+
+def test_optimum_capacity_counts_every_full_attention_group() -> None:
+    """A key block costs key_block / block_size blocks in every full-attention-type group (at
+    least one), none in window groups: (num_blocks - 1) // units."""
+    from hybridkv.sim.optimal import optimum_capacity_blocks
+    from hybridkv.sim.presets import get_preset
+    llama = get_preset("llama-3.1-8b").kv_config(num_blocks=101)
+    assert optimum_capacity_blocks(llama, 101, 16) == 100
+    assert optimum_capacity_blocks(llama, 101, 64) == 25            # 4 blocks per key block
+    assert optimum_capacity_blocks(llama, 101, 8) == 100            # never below one block
+    gemma = get_preset("gemma-3-27b").kv_config(num_blocks=101)
+    assert optimum_capacity_blocks(gemma, 101, 16) == 100           # the window group is free
+    ds = get_preset("deepseek-v4-style").kv_config(num_blocks=1001)
+    assert optimum_capacity_blocks(ds, 1001, 256) == 500            # MLA and its MTP draft group
+
+
+def test_capacity_in_tokens_and_hit_limits() -> None:
+    """Whole blocks of a token capacity; a negative capacity or a block of no tokens is
+    refused. A hit limit caps what counts (and is referenced) for both simulations."""
+    assert [capacity_blocks_for_tokens(t, 512) for t in (0, 511, 512, 1535)] == [0, 0, 1, 2]
+    for bad in ((-1, 512), (10, 0)):
+        with pytest.raises(ValueError, match=f"need capacity_tokens >= 0 and block_tokens > 0, got {bad[0]}, {bad[1]}"):
+            capacity_blocks_for_tokens(*bad)
+    reqs = [["a", "b", "c"], ["a", "b", "c"], ["a", "b", "c"]]
+    for sim in (lru_block_hit_rate, belady_block_hit_rate):
+        r = sim(reqs, 10, hit_limits=[3, 2, 5])
+        assert (r.request_hits, r.block_refs, r.block_hits) == ((0, 2, 3), 3 + 2 + 3, 5)
+    assert belady_block_hit_rate([], 3) == BlockCacheResult("belady", 3, 0, 0, ())
+    assert infinite_block_hit_rate([["a"], ["a", "b"]]).capacity_blocks is None
+
+
+def test_the_bound_in_a_forked_child_equals_the_inline_one(monkeypatch) -> None:
+    """Above PARALLEL_OPTIMUM_TOKENS the bound, the gap report, ``extra``'s answer and the hazard
+    reference are computed in a forked child; its answer is the inline one, an error in the
+    child is raised here, and cancel stops it."""
+    import multiprocessing as mp
+
+    import hybridkv.sim.optimal as optimal
+    if "fork" not in mp.get_all_start_methods():
+        pytest.skip("no fork on this platform")
+    served = [_served(list(range(1, 9)), [9, 10, 11, 12, 13], 5), _served(list(range(1, 13)) + [77], None, 1)]
+    online = optimal.OnlineHits([0, 1], [0.0, 1.0], [0.5, 2.0])
+    inline = optimal.OptimumJob(served, 4, 100, parallel=True).result(online)
+    monkeypatch.setattr(optimal, "PARALLEL_OPTIMUM_TOKENS", 0)
+    job = optimal.OptimumJob(served, 4, 100, parallel=True, extra=lambda *a: "extra")
+    assert job._child is not None
+    assert job.result(online) == (inline[0], inline[1], "extra", inline[3]) and inline[0] == 3
+    assert optimal.OptimumJob(served, 4, 100, parallel=False)._child is None
+
+    def boom(*a):
+        raise ArithmeticError("from the child")
+    with pytest.raises(ArithmeticError, match="from the child"):
+        optimal.OptimumJob(served, 4, 100, extra=boom).result(online)
+    job = optimal.OptimumJob(served, 4, 100)
+    job.cancel()
+    assert not job._child.is_alive()

@@ -299,3 +299,267 @@ def test_replay_microbenchmark_is_a_b_a() -> None:
 def test_generators_reject_bad_arguments(call) -> None:
     with pytest.raises(ValueError):
         call()
+
+
+# --------------------------------------------------------------------------------------------
+# Every documented field and error of the two formats
+# --------------------------------------------------------------------------------------------
+
+
+def test_trace_request_fields_by_hand() -> None:
+    """The record keeps an int64 copy of the prompt (the caller's array is not frozen), a
+    float arrival, an int output length, the block ids as ints, and output ids of exactly
+    output_len tokens. Equality compares id, arrival, output length, session, block ids and
+    prompt; a non-record compares unequal; records are unhashable; repr names the sizes."""
+    src = np.array([5, 6, 7], dtype=np.int32)
+    r = TraceRequest("r", 2, src, np.int64(2), "s", block_ids=[np.int64(9), 8], output_ids=[1, 2])
+    assert r.prompt.dtype == np.int64 and src.flags.writeable and not r.prompt.flags.writeable
+    assert isinstance(r.arrival_s, float) and type(r.output_len) is int
+    assert r.block_ids == (9, 8) and all(type(b) is int for b in r.block_ids)
+    assert r.output_ids.tolist() == [1, 2] and r.output_ids.dtype == np.int64
+    same = TraceRequest("r", 2.0, [5, 6, 7], 2, "s", block_ids=(9, 8))
+    assert r == same
+    for other in (TraceRequest("q", 2.0, [5, 6, 7], 2, "s", (9, 8)),
+                  TraceRequest("r", 3.0, [5, 6, 7], 2, "s", (9, 8)),
+                  TraceRequest("r", 2.0, [5, 6, 7], 3, "s", (9, 8)),
+                  TraceRequest("r", 2.0, [5, 6, 7], 2, "t", (9, 8)),
+                  TraceRequest("r", 2.0, [5, 6, 7], 2, "s", (9,))):
+        assert r != other
+    assert r != "r" and r.__eq__("r") is NotImplemented
+    with pytest.raises(TypeError):
+        hash(r)
+    assert repr(r) == ("TraceRequest(request_id='r', arrival_s=2.0, prompt_len=3, output_len=2, "
+                       "session='s', blocks=2)")
+    frozen = np.array([1, 2], dtype=np.int64)
+    frozen.flags.writeable = False
+    assert TraceRequest("f", 0, frozen, 0).prompt is frozen          # kept as is, no copy
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(prompt=[[1, 2]]), "prompt must be a non-empty 1-D array of integer token ids, got shape \\(1, 2\\)"),
+    (dict(prompt=["a"]), "prompt must be a non-empty 1-D array"),
+    (dict(arrival_s=True), "arrival_s must be finite and >= 0, got True"),
+    (dict(arrival_s="1"), "arrival_s must be finite and >= 0, got '1'"),
+    (dict(arrival_s=float("inf")), "arrival_s must be finite and >= 0, got inf"),
+    (dict(output_len=True), "output_len must be an integer >= 0, got True"),
+    (dict(output_len=1.0), "output_len must be an integer >= 0, got 1.0"),
+    (dict(output_len=2, output_ids=[1]), "output_ids must hold output_len=2 tokens, got shape \\(1,\\)"),
+])
+def test_trace_request_errors_name_the_value(kwargs, message) -> None:
+    args = dict(prompt=[1], output_len=1, arrival_s=0.0) | kwargs
+    with pytest.raises(ValueError, match=f"TraceRequest 'x': {message}"):
+        TraceRequest(request_id="x", **args)
+    assert TraceRequest("x", 0, [1], 0).output_len == 0                   # zero is allowed
+
+
+def test_mooncake_fields_by_hand(tmp_path: Path) -> None:
+    """A float timestamp in ms becomes seconds; ids need ceil(input_length / block_tokens)
+    entries (an exact multiple needs no partial one); a hash id may be 0; the record keeps the
+    line number (blank lines count); ``limit`` stops early (0: nothing)."""
+    path = _write_jsonl(tmp_path / "m.jsonl", [
+        "",
+        {"timestamp": 1234.5, "input_length": 1024, "output_length": 0, "hash_ids": [0, 7]},
+        {"timestamp": 0, "input_length": 1025, "output_length": 2, "hash_ids": [0, 7, 8]},
+    ])
+    recs = list(iter_mooncake_records(path))
+    assert [(r.lineno, r.timestamp_ms, r.input_length, r.output_length, r.hash_ids) for r in recs] == \
+        [(2, 1234.5, 1024, 0, (0, 7)), (3, 0.0, 1025, 2, (0, 7, 8))]
+    assert isinstance(recs[1].timestamp_ms, float)
+    assert load_mooncake_trace(path)[0].arrival_s == 1.2345
+    assert list(iter_mooncake_records(path, limit=0)) == []
+    assert [r.lineno for r in iter_mooncake_records(path, limit=1)] == [2]
+    with pytest.raises(ValueError, match="limit must be None or an integer >= 0, got -1"):
+        list(iter_mooncake_records(path, limit=-1))
+    with pytest.raises(ValueError, match="block_tokens must be an integer >= 1, got 0"):
+        list(iter_mooncake_records(path, block_tokens=0))
+
+
+@pytest.mark.parametrize("bad,message", [
+    ({**GOOD, "timestamp": "5"}, "'timestamp' must be a finite number >= 0, got '5'"),
+    ({**GOOD, "timestamp": True}, "'timestamp' must be a finite number >= 0, got True"),
+    ('{"timestamp": NaN, "input_length": 600, "output_length": 1, "hash_ids": [1, 2]}',
+     "'timestamp' must be a finite number >= 0, got nan"),
+    ('{"timestamp": Infinity, "input_length": 600, "output_length": 1, "hash_ids": [1, 2]}',
+     "'timestamp' must be a finite number >= 0, got inf"),
+    ({k: v for k, v in GOOD.items() if k != "input_length"}, "missing field 'input_length' \\(fields present: "
+     "\\['hash_ids', 'output_length', 'timestamp'\\]\\)"),
+    ({k: v for k, v in GOOD.items() if k != "output_length"}, "missing field 'output_length'"),
+    ({**GOOD, "output_length": 2.0}, "'output_length' must be an integer >= 0, got 2.0"),
+    ({**GOOD, "hash_ids": [1, -2]}, "'hash_ids' must be a list of integers >= 0"),
+    ({**GOOD, "hash_ids": [1, True]}, "'hash_ids' must be a list of integers >= 0"),
+    ({**GOOD, "hash_ids": "12"}, "'hash_ids' must be a list of integers >= 0"),
+    ({**GOOD, "hash_ids": [1]}, "'hash_ids' too short for input_length 600: 1 ids cover 512 tokens, need 2"),
+    ({**GOOD, "hash_ids": [1, 2, 3]}, "'hash_ids' too long for input_length 600: 3 ids, expected 2 of 512 tokens"),
+    ("[1, 2]", "expected a JSON object, got list"),
+    ('{"timestamp": 0, "input_length": 6', "bad JSON \\(Expecting ',' delimiter at column 35\\)"),
+])
+def test_mooncake_value_errors(tmp_path: Path, bad, message: str) -> None:
+    path = _write_jsonl(tmp_path / "bad.jsonl", [GOOD, bad])
+    with pytest.raises(ValueError, match=f"^{path}:2: {message}"):
+        list(iter_mooncake_records(path))
+
+
+def test_a_mooncake_line_past_the_limit_is_not_read(tmp_path: Path) -> None:
+    """``limit`` stops before the next line is parsed: a bad line after it is never reached."""
+    path = _write_jsonl(tmp_path / "m.jsonl", [GOOD, "{broken"])
+    assert len(list(iter_mooncake_records(path, limit=1))) == 1
+
+
+@pytest.mark.parametrize("bad,message", [
+    ({"prompt_token_ids": "123", "output_len": 1}, "'prompt_token_ids' must be a non-empty list of integers"),
+    ({"prompt_token_ids": [[1], [2]], "output_len": 1}, "'prompt_token_ids' must be a flat list of integers"),
+    ({"prompt_token_ids": [1, "2"], "output_len": 1}, "'prompt_token_ids' must be a flat list of integers"),
+    ({"prompt_token_ids": [2**64 - 1, 2**63], "output_len": 1},    # numpy reads them as uint64
+     "token ids must be int64 values \\(the rule of Request\\), got range "
+     "\\[9223372036854775808, 18446744073709551615\\]"),
+    ({"prompt_token_ids": [1], "output_len": 1.5}, "'output_len' must be an integer >= 0, got 1.5"),
+    ({"prompt_token_ids": [1], "output_len": 1, "arrival_s": True}, "'arrival_s' must be a finite number >= 0, got True"),
+    ({"prompt_token_ids": [1], "output_len": 1, "arrival_s": "0"}, "'arrival_s' must be a finite number >= 0, got '0'"),
+    ('{"prompt_token_ids": [1], "output_len": 1, "arrival_s": Infinity}', "'arrival_s' must be a finite number >= 0, got inf"),
+    ({"prompt_token_ids": [1], "output_len": 1, "session": 3}, "'session' must be a string, got 3"),
+    ({"prompt_token_ids": [1], "output_len": 1, "request_id": ""}, "'request_id' must be a non-empty string, got ''"),
+    ({"prompt_token_ids": [1], "output_len": 1, "request_id": 7}, "'request_id' must be a non-empty string, got 7"),
+    ({"prompt_token_ids": [1], "output_len": 1, "request_id": "tok-0"}, "duplicate request_id 'tok-0'"),
+    ({"output_len": 1}, "missing field 'prompt_token_ids' \\(fields present: \\['output_len'\\]\\)"),
+])
+def test_token_trace_value_errors(tmp_path: Path, bad, message: str) -> None:
+    path = _write_jsonl(tmp_path / "tok.jsonl", [{"prompt_token_ids": [7], "output_len": 1}, bad])
+    with pytest.raises(ValueError, match=f"^{path}:2: {message}"):
+        load_token_trace(path)
+
+
+def test_token_trace_defaults_by_hand(tmp_path: Path) -> None:
+    """Missing arrival_s is 0.0 and an integer one becomes a float; missing request_id is
+    ``<stem>-<index among the loaded requests>`` (blank lines do not count); a given session
+    and id are kept; the prompt is int64."""
+    path = _write_jsonl(tmp_path / "x.jsonl.gz.jsonl", [
+        {"prompt_token_ids": [1, 2], "output_len": 0, "arrival_s": 3},
+        "",
+        {"prompt_token_ids": [3], "output_len": 5, "session": "s", "request_id": "mine"},
+        {"prompt_token_ids": [4], "output_len": 1},
+    ])
+    a, b, c = load_token_trace(path)
+    assert (a.request_id, a.arrival_s, a.session, a.output_len) == ("x.jsonl.gz-0", 3.0, None, 0)
+    assert isinstance(a.arrival_s, float) and a.prompt.dtype == np.int64
+    assert (b.request_id, b.arrival_s, b.session, b.output_len) == ("mine", 0.0, "s", 5)
+    assert c.request_id == "x.jsonl.gz-2"
+
+
+def test_resolve_trace_by_path_or_bundled_name(tmp_path: Path, monkeypatch) -> None:
+    """An existing file wins over a bundled name; a bundled name is its packaged file; a folder
+    and a missing path are refused by name, the latter listing the bundled traces; a bundled
+    trace whose file is gone asks for a reinstall."""
+    from hybridkv.sim import traces
+    own = _write_jsonl(tmp_path / "mooncake-synthetic", [GOOD])
+    monkeypatch.chdir(tmp_path)
+    assert traces.resolve_trace("mooncake-synthetic") == Path("mooncake-synthetic")
+    assert traces.resolve_trace(own) == own
+    bundled = traces.BUNDLED_TRACES["mooncake-conversation"]
+    assert traces.resolve_trace("mooncake-conversation") == bundled.path
+    assert bundled.path.name == "mooncake_conversation.jsonl.xz"
+    with pytest.raises(ValueError, match=f"^trace {str(tmp_path)!r} is not a file$"):
+        traces.resolve_trace(tmp_path)
+    with pytest.raises(ValueError, match=r"^trace file 'nope.jsonl' does not exist \(bundled traces: "
+                                         r"mooncake-conversation, mooncake-synthetic; see `hybridkv "
+                                         r"traces`\)$"):
+        traces.resolve_trace("nope.jsonl")
+    gone = bundled._replace(name="gone", file="gone.jsonl.xz")
+    monkeypatch.setitem(traces.BUNDLED_TRACES, "gone", gone)
+    with pytest.raises(ValueError, match=r"^bundled trace 'gone' is missing from the installed "
+                                         r"package \(.*gone.jsonl.xz\); reinstall hybridkv$"):
+        traces.resolve_trace("gone")
+
+
+def test_trace_format_reads_the_first_non_blank_line(tmp_path: Path) -> None:
+    from hybridkv.sim.traces import trace_format
+    assert trace_format(_write_jsonl(tmp_path / "m.jsonl", ["", GOOD])) == "mooncake"
+    tokens = tmp_path / "t.jsonl"
+    tokens.write_text('\n  \n{"prompt_token_ids": [1], "output_len": 1}\n{"hash_ids": []}\n')
+    assert trace_format(tokens) == "tokens"
+    empty = tmp_path / "e.jsonl"
+    empty.write_text("\n \n")
+    with pytest.raises(ValueError, match=f"^{empty}: the trace is empty$"):
+        trace_format(empty)
+    bad = tmp_path / "b.jsonl.xz"
+    bad.write_bytes(b"not xz at all")
+    with pytest.raises(ValueError, match=f"^{bad}: cannot read the trace \\("):
+        trace_format(bad)
+
+
+def _splitmix64_reference(x: int) -> int:
+    """Vigna's splitmix64 finalizer on Python ints (mod 2**64), as published."""
+    m = (1 << 64) - 1
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & m
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & m
+    return x ^ (x >> 31)
+
+
+@pytest.mark.parametrize("block_tokens", [1, 2, 3, 512, 513])
+def test_expanded_tokens_are_the_splitmix_of_id_and_position(block_tokens: int) -> None:
+    """Token j of id h is ``splitmix64(((h << s) | j) + golden) >> 33`` with s the bits a
+    position needs (at least 1): the values every Mooncake result depends on. The largest id
+    that fits beside s position bits is accepted; one more is refused, as are too few ids."""
+    from hybridkv.sim.traces import expand_block_ids
+    s = max(1, (block_tokens - 1).bit_length())
+    top = (1 << (64 - s)) - 1
+    ids = [0, 7, 123456789, top]
+    got = expand_block_ids(ids, len(ids) * block_tokens - 1, block_tokens)
+    golden = 0x9E3779B97F4A7C15
+    want = [_splitmix64_reference((((h << s) | j) + golden) & ((1 << 64) - 1)) >> 33
+            for h in ids for j in range(block_tokens)][:len(ids) * block_tokens - 1]
+    assert got.tolist() == want and got.dtype == np.int64
+    with pytest.raises(ValueError, match=f"^block id {top + 1} too large for {block_tokens}-token blocks$"):
+        expand_block_ids([top + 1], 1, block_tokens)
+    with pytest.raises(ValueError, match=f"^2 block ids of {block_tokens} tokens cannot give "
+                                         f"{2 * block_tokens + 1} tokens$"):
+        expand_block_ids([1, 2], 2 * block_tokens + 1, block_tokens)
+
+
+@pytest.mark.parametrize("name, stem", [("a.jsonl.xz", "a"), ("a.json.gz", "a"), ("dir/b.json", "b"),
+                                        ("c.jsonl", "c"), (".xz", ".xz"), (".jsonl.xz", ".jsonl"),
+                                        ("d.XZ", "d.XZ"), ("e.txt", "e.txt")])
+def test_trace_stem_drops_json_and_compression_suffixes(name: str, stem: str) -> None:
+    from hybridkv.sim.traces import trace_stem
+    assert trace_stem(name) == stem
+
+
+def test_gzip_traces_read_like_plain_ones(tmp_path: Path) -> None:
+    """A ``.gz`` trace (UTF-8 text) reads to the same requests as its plain file; its format is
+    detected through the compression; a bad gzip stream is named."""
+    import gzip
+
+    from hybridkv.sim.traces import load_mooncake_trace, open_trace_text, trace_format
+    plain = _write_jsonl(tmp_path / "m.jsonl", [GOOD, dict(GOOD, timestamp=5)])
+    gz = tmp_path / "m.jsonl.gz"
+    gz.write_bytes(gzip.compress(plain.read_bytes()))
+    with open_trace_text(gz) as fh:
+        assert fh.read() == plain.read_text(encoding="utf-8")
+    assert trace_format(gz) == "mooncake"
+    a, b = load_mooncake_trace(plain), load_mooncake_trace(gz)
+    assert [(r.arrival_s, r.prompt.tolist()) for r in a] == [(r.arrival_s, r.prompt.tolist()) for r in b]
+    assert len(a) == 2
+    bad = tmp_path / "x.jsonl.gz"
+    bad.write_bytes(b"not gzip")
+    with pytest.raises(ValueError, match=f"^{bad}: cannot read the trace \\("):
+        trace_format(bad)
+
+
+def test_a_trace_request_owns_a_read_only_copy_of_its_prompt() -> None:
+    """A writeable int64 prompt is copied: the caller's array stays writeable and its later
+    changes do not reach the request."""
+    arr = np.arange(5, dtype=np.int64)
+    req = TraceRequest("r", 0.0, arr, 1)
+    assert arr.flags.writeable and not req.prompt.flags.writeable
+    arr[0] = 99
+    assert req.prompt.tolist() == [0, 1, 2, 3, 4]
+
+
+def test_unreadable_and_cut_lines_are_named(tmp_path: Path) -> None:
+    bad = tmp_path / "b.jsonl.xz"
+    bad.write_bytes(b"not xz at all")
+    with pytest.raises(ValueError, match=f"^{bad}: cannot read the trace \\("):
+        list(iter_mooncake_records(bad))
+    cut = _write_jsonl(tmp_path / "c.jsonl", [GOOD, '{"timestamp": "x'])
+    with pytest.raises(ValueError, match=f"^{cut}:2: bad JSON \\(Unterminated string starting at "
+                                         f"column 15\\)$"):
+        list(iter_mooncake_records(cut))

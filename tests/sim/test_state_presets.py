@@ -118,3 +118,35 @@ def test_checkpoints_written_grow_as_the_interval_shrinks(tmp_path: Path) -> Non
     assert all(r["checkpoint_bytes_written"] == r["checkpoints_written"] * r["checkpoint_bytes_per_state"]
                for r in rows)
     assert rows[0]["checkpoint_bytes_per_state"] == 3 * 66 * 12 * 32768     # 36 layers' states
+
+
+def test_a_checkpoint_row_is_the_runs_result_and_its_resident_checkpoints() -> None:
+    """``run_checkpoint_config`` on a pool large enough that nothing is evicted: every
+    checkpoint written stays resident, so the last sample (the peak: residency only grows)
+    equals the bytes written, ``checkpoints x (3 state groups x 66 blocks x block bytes)``;
+    the mean is the mean of the per-step samples of an identical run; the counts are that
+    run's result; an empty workload samples nothing."""
+    from hybridkv.sim.state_sweep import checkpoint_bytes, run_checkpoint_config
+    q = get_preset("qwen3-next-80b-a3b")
+    cfg = SimConfig(q, H100, num_blocks=20_000, retention_interval=64, optimum=False)
+    items = items_from_trace([TraceRequest(f"r{i}", 0.05 * i, np.asarray(p), 4)
+                              for i, p in enumerate(_prompts(3))])
+    row = run_checkpoint_config("N=64", cfg, items)
+    twin = Simulator(cfg)
+    samples: list[int] = []
+    twin.step_hooks.append(lambda start, end, out: samples.append(checkpoint_bytes(twin)))
+    res = twin.run(items)
+    block_bytes = twin.kv.config.block_bytes
+    assert row.checkpoint_bytes_per_state == 3 * 66 * block_bytes
+    assert row.checkpoints_written > 0 and res.evictions == 0
+    assert row.checkpoint_bytes_written == row.checkpoints_written * 3 * 66 * block_bytes
+    assert row.checkpoint_bytes_peak == samples[-1] == row.checkpoint_bytes_written
+    assert len(samples) > 1 and row.checkpoint_bytes_mean == sum(samples) / len(samples)
+    assert row.checkpoint_bytes_mean < row.checkpoint_bytes_peak
+    assert (row.hit_tokens, row.prompt_tokens, row.token_hit_rate, row.evictions, row.preemptions) \
+        == (res.hit_tokens, res.prompt_tokens, res.hit_rate, res.evictions, res.preemptions)
+    assert row.hit_tokens > 0 and row.prompt_tokens == 3 * 260
+    assert row.pool_bytes == 19_999 * block_bytes and row.wall_s > 0
+    assert (row.label, row.retention_interval, row.block_size, row.vllm_compat) == ("N=64", 64, 16, False)
+    empty = run_checkpoint_config("none", cfg, [])
+    assert (empty.checkpoint_bytes_mean, empty.checkpoint_bytes_peak, empty.checkpoints_written) == (0.0, 0, 0)

@@ -297,10 +297,10 @@ def iter_mooncake_records(
     path = Path(path)
     check_int("limit", limit, 0, optional=True)
     check_int("block_tokens", block_tokens, 1)
+    if limit == 0:
+        return
     count = 0
     for lineno, obj in _iter_json_lines(path):
-        if limit is not None and count >= limit:
-            return
         ts = _field(path, lineno, obj, "timestamp")
         if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts) or ts < 0:
             raise ValueError(f"{path}:{lineno}: 'timestamp' must be a finite number >= 0, got {ts!r}")
@@ -329,6 +329,8 @@ def iter_mooncake_records(
         count += 1
         yield MooncakeRecord(lineno, float(ts), input_length, output_length, tuple(hash_ids),
                              session, hint)
+        if limit is not None and count >= limit:
+            return                                   # the next line is never read
 
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)

@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""Run mutmut on one named target: ``python3 .ci/mutation.py TARGET [mutmut arguments]``.
+
+A target (``[tool.hybridkv.mutation.TARGET]`` in pyproject.toml) names the files mutmut mutates
+(``mutate``) and the tests that judge them (``tests``: pytest arguments, paths or
+``--deselect``). The checkout's files (tracked and untracked, never ignored ones, so no
+compiled ``.so``) are copied to ``.mutation/TARGET/``, whose pyproject's ``[tool.mutmut]``
+takes the target's two lists; mutmut runs there (niced; one worker unless ``run`` is given
+``--max-children``), and its state stays there between runs, so ``python3 .ci/mutation.py
+TARGET results`` and ``... TARGET run NAME...`` work as in a plain checkout. Each call copies the current files
+again (tests added since the last run are seen by the next one).
+
+    python3 .ci/mutation.py sched                  # mutmut run --max-children 1 (niced)
+    python3 .ci/mutation.py sched results          # the survivors
+    python3 .ci/mutation.py sched show NAME        # one mutant's diff
+    python3 .ci/mutation.py sched run NAME...      # re-check named mutants
+    python3 .ci/mutation.py sched --fresh-stats    # re-trace which tests call which function
+    python3 .ci/mutation.py --list                 # the targets
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def targets() -> dict[str, dict]:
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    return data["tool"]["hybridkv"]["mutation"]
+
+
+def sync(dest: Path) -> None:
+    """Copy the checkout's tracked and untracked-not-ignored files into ``dest`` (changed ones
+    only, so mutmut's per-function hashes see exactly what changed), and drop files that left."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            cwd=ROOT, check=True, capture_output=True).stdout.decode().split("\0")
+    files = {f for f in listed if f and (ROOT / f).is_file()}
+    for f in files:
+        src, dst = ROOT / f, dest / f
+        if dst.is_file() and dst.read_bytes() == src.read_bytes():
+            continue
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dst)
+    for top in ("src", "tests"):
+        for path in (dest / top).rglob("*"):
+            rel = path.relative_to(dest).as_posix()
+            if path.is_file() and rel not in files and "__pycache__" not in rel:
+                path.unlink()
+
+
+def toml_list(values: list[str]) -> str:
+    return "[" + ", ".join('"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"' for v in values) + "]"
+
+
+def set_target(pyproject: Path, target: dict) -> None:
+    """Point the copy's ``[tool.mutmut]`` at the target's files and tests."""
+    text = pyproject.read_text()
+    for key, values in (("only_mutate", target["mutate"]),
+                        ("pytest_add_cli_args_test_selection", target["tests"])):
+        text, n = re.subn(rf"^{key} = .*$", f"{key} = {toml_list(values)}", text, count=1,
+                          flags=re.M)
+        if n != 1:
+            sys.exit(f"pyproject.toml's [tool.mutmut] has no {key} line to point at the target")
+    pyproject.write_text(text)
+
+
+def main(argv: list[str]) -> int:
+    known = targets()
+    if not argv or argv[0] in ("-h", "--help", "--list"):
+        print(__doc__ if argv[:1] != ["--list"] else "")
+        for name, t in known.items():
+            print(f"{name:12} mutates {', '.join(t['mutate'])}; tests {' '.join(t['tests'])}")
+        return 0
+    name, args = argv[0], argv[1:]
+    if name not in known:
+        sys.exit(f"unknown mutation target {name!r}; valid: {', '.join(known)}")
+    dest = ROOT / ".mutation" / name
+    dest.mkdir(parents=True, exist_ok=True)
+    sync(dest)
+    set_target(dest / "pyproject.toml", known[name])
+    if "--fresh-stats" in args:
+        args.remove("--fresh-stats")
+        (dest / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)
+    if not args or args[0].startswith("-"):
+        args = ["run", *args]
+    if args[0] == "run" and "--max-children" not in args:   # one worker unless told otherwise
+        args = ["run", "--max-children", "1", *args[1:]]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # mutmut puts mutants/src first
+    env.setdefault("HYBRIDKV_TEST_CPU_BUDGET", "20")
+    mutmut = shutil.which("mutmut") or sys.exit("mutmut is not installed: pip install -e '.[mutation]'")
+    return subprocess.run(["nice", "-n", "15", mutmut, *args], cwd=dest, env=env).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
