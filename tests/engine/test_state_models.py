@@ -441,9 +441,11 @@ def test_rejected_drafts_never_advance_state(state_models: dict[str, StateBuilt]
     _step(model, cache, ref, len(owner.tokens), "ref")
     a, b = model.states._states["spec"], model.states._states["ref"]
     assert a.position == b.position == len(owner.tokens)
+    # fp32 states of magnitude up to ~25 accumulate in other orders: TOL relative to the state's
+    # size (a rejected draft folded in moves a state by a token's contribution, orders more).
     for layer in b.ssm:
-        assert max_diff(a.ssm[layer], b.ssm[layer]) <= TOL
-        assert max_diff(a.conv[layer], b.conv[layer]) <= TOL
+        for x, y in ((a.ssm[layer], b.ssm[layer]), (a.conv[layer], b.conv[layer])):
+            assert max_diff(x, y) <= TOL * max(1.0, float(y.abs().max()))
     model.states.clear()
 
 
