@@ -36,7 +36,7 @@ def pytest_runtest_call(item):
     """With ``HYBRIDKV_TEST_CPU_BUDGET=S`` set, a test that uses more than S CPU seconds ends the
     process with mutmut's "timeout" status.
 
-    For mutation runs only (TESTING.md, "Mutation testing"): a mutant that loops forever
+    For mutation runs only (docs/mutation.md): a mutant that loops forever
     otherwise holds a worker until mutmut's own limit, a multiple of the *whole* covering test
     set's time (minutes on this machine). Unset (the default, and in CI) this does nothing.
     """
