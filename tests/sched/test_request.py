@@ -50,3 +50,10 @@ def test_bad_requests_are_named(kwargs, message) -> None:
     with pytest.raises(ValueError, match=message):
         EngineRequest(request, max_tokens, **args)
     assert EngineRequest(Request("a", [1]), 1, priority=-5).priority == -5
+
+
+def test_priority_and_arrival_default_to_zero() -> None:
+    """A request made without priority or arrival time did not get the documented 0 and 0.0,
+    so it sorted after explicit zeros under both policies."""
+    r = EngineRequest(Request("a", [1, 2]), 1)
+    assert r.priority == 0 and r.arrival_time == 0.0

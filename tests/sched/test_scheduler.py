@@ -189,6 +189,7 @@ def test_preemption_by_recompute_keeps_cached_blocks_and_resumes() -> None:
     assert {r.request_id for r in finished} == {"a", "b"}
     assert b.request.num_preemptions >= 1 and b.num_output_tokens == 8
     assert kv.stats().preempted_hits > 0              # b resumed from its own cached prefix
+    assert b.num_cached_tokens == 0                   # its first admission's hit, not the resume's
 
 
 def test_priority_policy_orders_admission_and_preempts_the_lowest_priority() -> None:
@@ -366,3 +367,83 @@ def test_useful_drafts_is_the_one_draft_count_rule() -> None:
     assert useful_drafts(r, 3, None, num_tokens=15) == 0  # 1 output left: the bonus alone
     assert useful_drafts(r, 3, 12) == 1                   # 2 positions left under max_model_len
     assert useful_drafts(r, 3, 11) == 0 and useful_drafts(r, 3, 10) == 0   # never negative
+
+
+def test_config_bounds_name_the_field_and_accept_the_lowest_valid_value() -> None:
+    """A max_model_len of 1 or a negative long-prefill threshold was accepted, or rejected with
+    an error that did not name the field; 2 and 0 (their lowest valid values) were refused."""
+    with pytest.raises(ValueError, match="^max_model_len must be None or an integer >= 2, got 1$"):
+        SchedulerConfig(max_model_len=1)
+    assert SchedulerConfig(max_model_len=2).max_model_len == 2
+    with pytest.raises(ValueError,
+                       match="^long_prefill_token_threshold must be an integer >= 0, got -1$"):
+        SchedulerConfig(long_prefill_token_threshold=-1)
+    assert SchedulerConfig(long_prefill_token_threshold=0).long_prefill_token_threshold == 0
+
+
+def test_wrong_argument_types_are_named_in_the_error() -> None:
+    """Passing a non-manager, a non-config or a non-request gave an error without the type
+    that was passed."""
+    with pytest.raises(ValueError, match="^Scheduler needs a KVCacheManager, got str$"):
+        Scheduler("kv")
+    with pytest.raises(ValueError, match="^config must be a SchedulerConfig, got dict$"):
+        Scheduler(_kv(), {"policy": "fcfs"})
+    with pytest.raises(ValueError, match="^add_request needs an EngineRequest, got Request$"):
+        Scheduler(_kv()).add_request(Request("a", [1, 2]))
+
+
+def test_step_index_counts_the_steps_and_a_missing_update_is_named() -> None:
+    """The step counter did not advance by exactly one per schedule(), and scheduling twice
+    without update() raised without saying what to do."""
+    sched = Scheduler(_kv())
+    sched.add_request(_engine_request("a", [1, 2, 3], 4))
+    for step in range(3):
+        out = sched.schedule()
+        assert out.step == step and sched.step_index == step + 1
+        sched.update(out, {"a": [7]})
+    sched.schedule()
+    with pytest.raises(RuntimeError, match=r"^schedule\(\) called again before update\(\) for step 3; "
+                                           "apply each step's sampled tokens first$"):
+        sched.schedule()
+
+
+def test_without_chunked_prefill_a_prompt_of_exactly_the_budget_is_admitted() -> None:
+    """A prompt as long as max_num_batched_tokens waited forever without chunked prefill (the
+    budget check refused a prompt equal to it)."""
+    sched = Scheduler(_kv(), SchedulerConfig(max_num_batched_tokens=10, enable_chunked_prefill=False))
+    sched.add_request(_engine_request("a", list(range(10)), 2))
+    out = sched.schedule()
+    assert [(s.req.request_id, s.num_new_tokens) for s in out.scheduled] == [("a", 10)]
+
+
+@pytest.mark.parametrize("reserve", [True, False])
+def test_reserve_full_sequence_holds_back_a_prompt_whose_whole_sequence_does_not_fit(reserve) -> None:
+    """With reserve_full_sequence (the default) a waiting request whose first chunk fits but
+    whose whole prompt does not was admitted anyway; without it the chunk must be admitted."""
+    # 9 usable blocks of 4 tokens: a's 28-token prompt plus its decode take 8, b needs 4
+    sched = Scheduler(_kv(num_blocks=10),
+                      SchedulerConfig(max_num_batched_tokens=5, reserve_full_sequence=reserve))
+    a = _engine_request("a", list(range(28)), 4)
+    sched.add_request(a)
+    while a.num_output_tokens == 0:
+        out = sched.schedule()
+        sched.update(out, {"a": [1]} if out.scheduled[0].samples else {})
+    sched.add_request(_engine_request("b", list(range(100, 116)), 2))
+    out = sched.schedule()
+    expected = [("a", 1)] if reserve else [("a", 1), ("b", 4)]
+    assert [(s.req.request_id, s.num_new_tokens) for s in out.scheduled] == expected
+
+
+def test_the_tighter_of_the_two_max_model_lens_caps_requests() -> None:
+    """A scheduler's max_model_len below the manager's was ignored (the manager's won)."""
+    assert Scheduler(_kv(max_model_len=12), SchedulerConfig(max_model_len=8)).max_model_len == 8
+    assert Scheduler(_kv(max_model_len=12), SchedulerConfig(max_model_len=20)).max_model_len == 12
+    assert Scheduler(_kv(max_model_len=12)).max_model_len == 12
+
+
+def test_an_added_request_is_waiting() -> None:
+    """add_request left the request without the WAITING status until it was scheduled."""
+    sched = Scheduler(_kv())
+    r = _engine_request("a", [1, 2, 3], 2)
+    sched.add_request(r)
+    assert r.status is RequestStatus.WAITING and list(sched.waiting) == [r]

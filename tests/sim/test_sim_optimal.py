@@ -389,6 +389,7 @@ def test_optimum_capacity_counts_every_full_attention_group() -> None:
     llama = get_preset("llama-3.1-8b").kv_config(num_blocks=101)
     assert optimum_capacity_blocks(llama, 101, 16) == 100
     assert optimum_capacity_blocks(llama, 101, 64) == 25            # 4 blocks per key block
+    assert type(optimum_capacity_blocks(llama, 101, 64)) is int     # a block count, not 25.0
     assert optimum_capacity_blocks(llama, 101, 8) == 100            # never below one block
     gemma = get_preset("gemma-3-27b").kv_config(num_blocks=101)
     assert optimum_capacity_blocks(gemma, 101, 16) == 100           # the window group is free
@@ -436,3 +437,98 @@ def test_the_bound_in_a_forked_child_equals_the_inline_one(monkeypatch) -> None:
     job = optimal.OptimumJob(served, 4, 100)
     job.cancel()
     assert not job._child.is_alive()
+
+
+def test_capacity_defaults_to_512_token_blocks_and_accepts_one_token_blocks() -> None:
+    """The default block size was not the documented 512 tokens, or one-token blocks (the
+    smallest valid size) were refused."""
+    assert capacity_blocks_for_tokens(1024) == 2 and capacity_blocks_for_tokens(1023) == 1
+    assert capacity_blocks_for_tokens(5, 1) == 5
+
+
+def test_belady_keeps_the_sooner_used_block_of_one_block_requests() -> None:
+    """With one-block requests the eviction key lost its next-use order (a zero depth span left
+    only the insertion order), so the block used next was evicted: 1 hit instead of 2."""
+    got = belady_block_hit_rate([["A"], ["B"], ["A"], ["A"], ["B"]], 1)
+    assert (got.block_hits, got.request_hits) == (2, (0, 0, 1, 1, 0))
+
+
+def test_the_unlimited_cache_names_itself() -> None:
+    """The unlimited cache's result was not labelled ``"infinite"``."""
+    got = infinite_block_hit_rate([["A"], ["A"]])
+    assert (got.policy, got.capacity_blocks, got.block_hits) == ("infinite", None, 1)
+
+
+def test_lru_names_itself_and_its_capacity_and_a_bad_capacity_is_named() -> None:
+    """The LRU result was not labelled ``"lru"`` with its capacity, or a negative capacity's
+    error did not name ``capacity_blocks``."""
+    got = lru_block_hit_rate([["A"], ["A"]], 3)
+    assert (got.policy, got.capacity_blocks, got.block_hits) == ("lru", 3, 1)
+    with pytest.raises(ValueError, match="^capacity_blocks must be an integer >= 0, got -1$"):
+        lru_block_hit_rate([["A"]], -1)
+
+
+def test_the_inline_job_returns_the_hazard_reference_and_extras_answer() -> None:
+    """Computed in-process, the job dropped ``extra`` (its answer came back None), handed it no
+    next uses, or lost the hazard reference; the forked path's equality test cannot see a loss
+    both paths share."""
+    import hybridkv.sim.optimal as optimal
+    from hybridkv.sim.hazard import hazard_bound
+    served = [_served(list(range(1, 9)), [9, 10, 11, 12, 13], 5), _served(list(range(1, 13)) + [77], None, 1)]
+    online = optimal.OnlineHits([0, 1], [0.0, 1.0], [0.5, 2.0])
+    seen = []
+
+    def extra(keys, limits, uses, capacity, got_online):
+        seen.append((uses, capacity, got_online))
+        return "extra"
+    opt, _, more, hazard = optimal.OptimumJob(served, 4, 100, parallel=False, extra=extra).result(online)
+    keys, limits = optimal._compute_bound_keys(served, 4)
+    assert opt == 3 and more == "extra"
+    assert seen == [(optimal.next_use_indices(keys), 100, online)]
+    assert hazard == hazard_bound(keys, limits, 100)
+
+
+def test_bound_keys_stop_before_the_last_sampled_token() -> None:
+    """The bound's keys kept the block that ends on the last sampled token (whose KV is never
+    written), or dropped a prompt's last full block when the request has no outputs."""
+    import hybridkv.sim.optimal as optimal
+    keys, limits = optimal._compute_bound_keys([_served([1, 2, 3, 4], [5, 6, 7, 8])], 4)
+    assert [len(k) for k in keys] == [1] and limits == [0]    # tokens 1-8, the 8th never written
+    keys, _ = optimal._compute_bound_keys([_served(list(range(1, 9)), [])], 4)
+    assert [len(k) for k in keys] == [2]                       # no outputs: both prompt blocks
+
+
+def test_a_producer_that_finished_as_the_follow_up_was_admitted_is_not_in_flight() -> None:
+    """A block whose producer finished at the very time the follow-up was admitted was charged
+    to in-flight (the producer had finished: the block was evicted)."""
+    from hybridkv.sim.optimal import OnlineHits, gap_report
+    online = OnlineHits(hit_blocks=[0, 0], admitted_t=[0.0, 1.0], finished_t=[1.0, 2.0])
+    g = gap_report([["k1", "k2"], ["k1", "k2"]], [2, 2], 2, online)
+    assert (g.evicted_blocks, g.evicted_requests, g.in_flight_blocks) == (2, 1, 0)
+
+
+def test_a_workload_s_keys_and_hazard_table_are_computed_once_for_all_capacities() -> None:
+    """The per-workload keys, next uses and hazard table (independent of the capacity) were
+    recomputed for every capacity of a sweep, or the next uses were not returned."""
+    import hybridkv.sim.optimal as optimal
+    served = [_served(list(range(1, 9)), [9, 10, 11, 12, 13], 5), _served(list(range(1, 13)) + [77], None, 1)]
+    online = optimal.OnlineHits([0, 1], [0.0, 1.0], [0.5, 2.0])
+    keys, limits, uses = optimal._bound_keys(served, 4)
+    assert uses == optimal.next_use_indices(keys)
+    again = optimal._bound_keys(served, 4)
+    assert again[0] is keys and again[1] is limits and again[2] is uses
+    assert optimal._bound_keys(served, 8)[0] is not keys          # another block size: recomputed
+    for capacity in (100, 3):
+        optimal.OptimumJob(served, 4, capacity, parallel=False).result(online)
+        if capacity == 100:
+            parts = optimal._HAZARD_PARTS
+            assert parts is not None and parts[0] is optimal._bound_keys(served, 4)[0]
+    assert optimal._HAZARD_PARTS is parts
+
+
+def test_the_bound_accepts_any_iterable_of_items_twice() -> None:
+    """A workload given as a tuple (not memoized) left a broken memo that failed the next call."""
+    from hybridkv.sim.optimal import optimal_hit_blocks
+    served = (_served(list(range(1, 9)), [9, 10, 11, 12, 13], 5), _served(list(range(1, 13)) + [77], None, 1))
+    assert optimal_hit_blocks(served, 4, 100) == 3
+    assert optimal_hit_blocks(served, 4, 100) == 3
