@@ -388,6 +388,9 @@ def test_wrong_argument_types_are_named_in_the_error() -> None:
         Scheduler("kv")
     with pytest.raises(ValueError, match="^config must be a SchedulerConfig, got dict$"):
         Scheduler(_kv(), {"policy": "fcfs"})
+    for empty in ({}, [], 0):       # falsy, yet not "no config": never the defaults in silence
+        with pytest.raises(ValueError, match=f"^config must be a SchedulerConfig, got {type(empty).__name__}$"):
+            Scheduler(_kv(), empty)
     with pytest.raises(ValueError, match="^add_request needs an EngineRequest, got Request$"):
         Scheduler(_kv()).add_request(Request("a", [1, 2]))
 

@@ -132,7 +132,7 @@ class Scheduler:
                  connector: ExternalKV | None = None) -> None:
         if not isinstance(kv, KVCacheManager):
             raise ValueError(f"Scheduler needs a KVCacheManager, got {type(kv).__name__}")
-        config = config or SchedulerConfig()
+        config = SchedulerConfig() if config is None else config
         if not isinstance(config, SchedulerConfig):
             raise ValueError(f"config must be a SchedulerConfig, got {type(config).__name__}")
         self.kv = kv
