@@ -19,6 +19,11 @@ default instead and checks nothing), and every deterministic JSON key of the onl
 agree (the new tree's extra keys aside), or the script exits 1; keys of the offline bound that
 differ are named (its code may change between the commits). On a shared machine only the ratios mean something, and
 CPU seconds vary less with the load than wall seconds.
+
+``--split`` (Linux ``perf`` must be on PATH) adds one run of each tree under ``perf record``
+(call stacks sampled at 99 Hz, so nothing is instrumented) and prints how the run's CPU seconds
+divide between the KV-cache manager (samples with a ``KVCacheManager`` method on the stack) and
+the rest (the scheduler, the simulator's loop, the step-time model, the interpreter's start).
 """
 
 from __future__ import annotations
@@ -129,6 +134,38 @@ def run(tree: Path, cmd: list[str], out: Path) -> tuple[float, float, dict]:
     return elapsed, cpu, json.loads(out.read_text())
 
 
+def manager_share(tree: Path, cmd: list[str], tmp: Path) -> tuple[float, float]:
+    """Run ``cmd`` with ``tree`` under ``perf record``; returns (CPU seconds, the fraction of
+    the stack samples that are inside a ``KVCacheManager`` method)."""
+    data = tmp / f"{tree.name}.perf"
+    perf = ["perf", "record", "-q", "-F", "99", "--call-graph", "dwarf,16384", "-o", str(data), "--"]
+    env = dict(os.environ, PYTHONPATH=str(tree / "src"))
+    env.pop("HYBRIDKV_PURE_PYTHON", None)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run([*perf, sys.executable, "-c", RUNNER, *cmd, "--json", str(tmp / "split.json")],
+                   env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    script = subprocess.run(["perf", "script", "-i", str(data), "-F", "ip,sym"], check=True,
+                            capture_output=True, text=True).stdout
+    samples = [s for s in script.split("\n\n") if s.strip()]
+    inside = sum("KVCacheManager" in s for s in samples)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return cpu, inside / len(samples)
+
+
+def print_split(old: Path, new: Path, cmd: list[str], new_cmd: list[str], tmp: Path) -> None:
+    """``--split``: one sampled run per tree, its CPU seconds divided, with old/new ratios."""
+    rows = {}
+    for name, tree, c in (("old", old, cmd), ("new", new, new_cmd)):
+        cpu, share = manager_share(tree, c, tmp)
+        rows[name] = {"KV-cache manager": cpu * share, "the rest": cpu * (1 - share), "CPU s": cpu}
+        print(f"split {name}: {share:.1%} of the samples in the manager", flush=True)
+    print("split (perf run):         old s    new s   old/new")
+    for part in rows["old"]:
+        o, n = rows["old"][part], rows["new"][part]
+        print(f"{part:>20}: {o:9.2f} {n:8.2f} {o / n:8.2f}x")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--old", default=OLD_COMMIT, help=f"the commit to compare with (default {OLD_COMMIT})")
@@ -142,11 +179,15 @@ def main(argv: list[str] | None = None) -> int:
                          "hold 3M tokens of KV; the old tree's own default, 1, simulates other steps)")
     ap.add_argument("--limit", type=int, default=0, help="first N requests (0: the whole trace)")
     ap.add_argument("--no-optimum", action="store_true", help="skip the offline bound in both runs")
+    ap.add_argument("--split", action="store_true",
+                    help="one perf-sampled run per tree: the manager's share of the CPU seconds")
     ap.add_argument("--allow-pure", action="store_true", help="accept builds that are not compiled")
     ap.add_argument("--new-default-model", action="store_true",
                     help="run the new tree with its default step-time model instead of the old "
                          "tree's roofline (different simulated work: timings only, no result check)")
     args = ap.parse_args(argv)
+    if args.split and shutil.which("perf") is None:
+        ap.error("--split needs Linux perf on PATH (apt install linux-perf)")
     if args.rounds < 1:
         ap.error(f"--rounds must be >= 1, got {args.rounds}")
 
@@ -193,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
                          if "sim_s" in d else "")
                 print(f"round {rnd + 1} {name}: wall_s {d['wall_s']:.2f}, process {e:.2f} s, "
                       f"CPU {cpu:.2f} s{extra}", flush=True)
+        if args.split:
+            print_split(old, new, cmd, new_cmd, Path(tmp))
     print(f"load average after: {os.getloadavg()}")
     for label, data in (("wall_s", walls), ("process s", elapsed), ("CPU s", cpus)):
         o_min, n_min = min(data["old"]), min(data["new"])
