@@ -37,6 +37,47 @@ def test_one_instance_cluster_is_the_single_simulator() -> None:
         assert res.routed_requests == [len(items)] and res.load_imbalance == 1.0
 
 
+def test_one_instance_cluster_keeps_the_single_simulators_clock_between_arrivals() -> None:
+    """B arrives while A's 2,000-token prefill step runs and C after both finished: the
+    instance starts B when A's step ends (not at B's arrival) and jumps to C's arrival when
+    idle, exactly as the single simulator does: same TTFTs, steps and makespan."""
+    items = items_from_trace([_req("A", 0.0, range(2000)), _req("B", 0.001, range(5000, 5064), out=3),
+                              _req("C", 7.5, range(9000, 9100), out=2)])
+    single = Simulator(config(3000)).run(items)
+    res = ClusterSimulator(config(3000), 1, "round-robin").run(items)
+    r = res.instances[0]
+    assert single.ttft_s[1] > 0.001               # B waited for A's step
+    assert r.ttft_s == pytest.approx(single.ttft_s, rel=1e-12)
+    assert (r.steps, r.output_tokens) == (single.steps, single.output_tokens)
+    assert r.makespan_s == pytest.approx(single.makespan_s, rel=1e-12)
+
+
+def test_one_instance_cluster_optimum_and_gap_are_the_single_simulators() -> None:
+    """With the offline bound on, a one-instance cluster reports the single simulator's bound,
+    gap report (on a sliding-window model, whose loss is partly ``retained``), what-if answers
+    and non-anticipative reference; without it, none of them."""
+    cfg = SimConfig(preset=get_preset("gemma-3-27b"), gpu=get_gpu("h100"), num_blocks=800,
+                    optimum=True, retention_interval=0)
+    items = chat(n=6, turns=3, rate=8.0, seed=1)
+    single = Simulator(cfg).run(items)
+    o = ClusterSimulator(cfg, 1, "round-robin").run(items).overall
+    assert single.gap.retained_blocks > 0 and single.what_if is not None
+    assert (o.hit_blocks, o.prompt_blocks, o.optimal_hit_blocks) == \
+        (single.hit_blocks, single.prompt_blocks, single.optimal_hit_blocks)
+    assert (o.gap, o.what_if, o.hazard) == (single.gap, single.what_if, single.hazard)
+    off = ClusterSimulator(config(3000), 2).run(chat(n=4, turns=2)).overall
+    assert (off.optimal_hit_blocks, off.gap, off.what_if, off.hazard) == (None, None, None, None)
+
+
+def test_cluster_optimum_of_no_requests_and_of_one() -> None:
+    """The bound's sanity check holds at its edges: no requests (0 of 0 blocks), and one
+    request, which no cache can hit (the online run's 0 is the optimum)."""
+    empty = ClusterSimulator(config(100, optimum=True), 2).run([])
+    assert (empty.overall.requests, empty.overall.prompt_blocks, empty.overall.optimal_hit_blocks) == (0, 0, 0)
+    one = ClusterSimulator(config(100, optimum=True), 2).run(items_from_trace([_req("a", 0, range(64))]))
+    assert (one.overall.hit_blocks, one.overall.optimal_hit_blocks, one.overall.prompt_blocks) == (0, 0, 4)
+
+
 def test_kv_aware_index_mirrors_every_instance_and_beats_round_robin() -> None:
     items = chat(n=32, turns=5, rate=30.0, seed=4)   # busy enough that the queue term spreads
     rr = ClusterSimulator(config(1500), 4, "round-robin").run(items)
@@ -378,6 +419,79 @@ def test_least_loaded_cluster_counts_queued_prompts() -> None:
     assert res.routed_requests == [2, 3] and res.routed_prompt_tokens == [110, 120]
 
 
+def _spy_loads(sim: ClusterSimulator) -> list[list]:
+    """Record the loads the router is shown, per request."""
+    seen: list[list] = []
+    route = sim.router.route
+
+    def recording(hashes, prompt_len, loads):
+        seen.append(list(loads))
+        return route(hashes, prompt_len, loads)
+    sim.router.route = recording  # type: ignore[method-assign]
+    return seen
+
+
+def test_the_router_sees_queued_tokens_and_queued_requests() -> None:
+    """Requests of 50, 100, 50 and 10 tokens arrive together on two least-loaded instances:
+    0, 1, 0, then a tie at 100 queued tokens each, broken by the fewer queued requests
+    (instance 1 has one, instance 0 two)."""
+    reqs = [_req(f"r{i}", 0, range(1000 * (i + 1), 1000 * (i + 1) + n))
+            for i, n in enumerate((50, 100, 50, 10))]
+    sim = ClusterSimulator(config(3000), 2, "least-loaded")
+    loads = _spy_loads(sim)
+    res = sim.run(items_from_trace(reqs))
+    assert loads[3] == [InstanceLoad(0, 100, 2), InstanceLoad(1, 100, 1)]
+    assert res.routed_requests == [2, 2] and res.routed_prompt_tokens == [100, 110]
+
+
+def test_queued_tokens_are_the_prompt_minus_the_predicted_hit() -> None:
+    """In the kv-aware scenario above, A3 sees instance 0 with C1's 160 tokens queued and
+    instance 1 with B2's 96 minus its predicted 64. A router that claims a whole prompt is
+    cached adds nothing to the queue (never a negative or a token more)."""
+    sim = ClusterSimulator(config(3000), 2, "kv-aware", overlap_weight=2.0)
+    loads = _spy_loads(sim)
+    sim.run(items_from_trace(SCENARIO))
+    assert loads[5] == [InstanceLoad(0, 160, 1), InstanceLoad(1, 32, 1)]
+    assert loads[6] == [InstanceLoad(0, 160 + 32, 2), InstanceLoad(1, 32, 1)]
+
+    sim = ClusterSimulator(config(3000), 1, "round-robin")
+    route = sim.router.route
+    sim.router.route = lambda h, n, ld: RouteDecision(route(h, n, ld).instance, n)  # type: ignore[method-assign]
+    loads = _spy_loads(sim)
+    sim.run(items_from_trace([_req("a", 0, range(64)), _req("b", 0, range(100, 164))]))
+    assert loads[1] == [InstanceLoad(0, 0, 1)]
+
+
+def test_the_router_keys_on_the_first_full_attention_group() -> None:
+    """With the sliding-window group first, the router's index and its hashes are the full
+    group's (group 1): each follow-up's predicted hit is what the instance then hits. A model
+    of sliding-window layers only keys on its one group."""
+    import dataclasses
+    gemma = get_preset("gemma-3-27b")
+    swa_first = dataclasses.replace(gemma, groups=(gemma.groups[1], gemma.groups[0]))
+    cfg = SimConfig(preset=swa_first, gpu=get_gpu("h100"), num_blocks=3000, optimum=False)
+    reqs = [_req("A1", 0, A[:64]), _req("A2", 10, A[:96]), _req("A3", 20, A[:128])]
+    sim = ClusterSimulator(cfg, 2, "kv-aware")
+    assert (sim.key_group, sim.router.group, sim.key_block) == (1, 1, 16)
+    res = sim.run(items_from_trace(reqs))
+    assert res.predicted_hit_tokens == sum(r.hit_tokens for r in res.instances) == 64 + 96
+    only_swa = dataclasses.replace(gemma, groups=(gemma.groups[1],))
+    sim = ClusterSimulator(dataclasses.replace(cfg, preset=only_swa), 2, "kv-aware")
+    assert (sim.key_group, sim.router.group) == (0, 0)
+    assert sim.run(items_from_trace(reqs)).routed_requests == [3, 0]
+
+
+def test_the_routers_hashes_prove_the_boundary_token_like_the_instances() -> None:
+    """With EAGLE's hash lookahead each block's hash also covers the next token; the router
+    hashes the same way, so a follow-up's predicted hit is the hit its instance finds."""
+    from hybridkv.core.spec_decode import SpecDecode
+    cfg = config(3000, spec=SpecDecode("eagle", 2))
+    sim = ClusterSimulator(cfg, 2, "kv-aware")
+    assert sim.hasher.lookahead == 1
+    res = sim.run(items_from_trace([_req("A1", 0, A[:64], out=3), _req("A2", 10, A[:96])]))
+    assert res.predicted_hit_tokens == sum(r.hit_tokens for r in res.instances) == 48
+
+
 def test_cluster_optimum_charges_blocks_computed_elsewhere_to_routing() -> None:
     """Round-robin sends A1, A2, A3 (each extending the last) to instances 0, 1, 0. Online, A2
     hits nothing (A1 is on the other instance) and A3 hits A1's 4 blocks. An unlimited cache
@@ -410,10 +524,12 @@ def test_offered_load_numbers_by_hand() -> None:
                        instances=2, capacity_tok_s=300.0)
     assert load.cluster_capacity_tok_s == 600.0
     assert load.needed_hit_rate == pytest.approx(0.4) and load.overloaded
-    msg = load.warning()
-    assert msg.startswith("warning: offered load exceeds capacity: 10 requests over 5 s = 2.00 req/s, "
-                          "1,000 prompt tok/s; 2 instance(s) prefill about 600 tok/s (300 each). "
-                          "Only a prefix-hit rate above 40% keeps up; otherwise queues grow")
+    tail = ("otherwise queues grow for the whole run and TTFT measures the backlog (add instances "
+            "with --instances, or GPUs with --gpus).")
+    assert load.warning() == (
+        "warning: offered load exceeds capacity: 10 requests over 5 s = 2.00 req/s, 1,000 prompt "
+        "tok/s; 2 instance(s) prefill about 600 tok/s (300 each). Only a prefix-hit rate above 40% "
+        "keeps up; " + tail)
     assert load.to_json() == {"requests": 10, "duration_s": 5.0, "arrival_rate_req_s": 2.0,
                               "prompt_tok_s": 1000.0, "instances": 2,
                               "capacity_tok_s_per_instance": 300.0, "cluster_capacity_tok_s": 600.0,
@@ -421,7 +537,9 @@ def test_offered_load_numbers_by_hand() -> None:
     even = OfferedLoad(10, 5.0, 2.0, 600.0, 2, 300.0)
     assert not even.overloaded and even.needed_hit_rate == 0.0 and even.warning() is None
     none = OfferedLoad(10, 5.0, 2.0, 600.0, 2, 0.0)
-    assert none.needed_hit_rate == 1.0 and "Only a prefix-hit rate" not in none.warning()
+    assert none.needed_hit_rate == 1.0 and none.warning() == (
+        "warning: offered load exceeds capacity: 10 requests over 5 s = 2.00 req/s, 600 prompt "
+        "tok/s; 2 instance(s) prefill about 0 tok/s (0 each). " + tail)
     idle = OfferedLoad(0, 0.0, 0.0, 0.0, 1, 0.0)
     assert idle.needed_hit_rate == 0.0 and not idle.overloaded
 
@@ -445,6 +563,45 @@ def test_offered_load_of_a_workload() -> None:
     assert load.capacity_tok_s == pytest.approx(budget / float(step))
     one = offered_load(cfg, items[:1], 1)
     assert (one.duration_s, one.arrival_rate_req_s, one.prompt_tok_s) == (0.0, 0.0, 0.0)
+
+
+def test_offered_load_over_the_first_to_last_arrival() -> None:
+    """The duration runs from the first arrival to the last (a trace need not start at 0):
+    two requests 0.5 s apart are 4 req/s; one request, or none, has no duration and no rate.
+    With no requests the capacity is a budget step at context 0."""
+    import numpy as np
+    cfg = config(1000)
+    two = offered_load(cfg, items_from_trace([_req("a", 100.0, range(60)), _req("b", 100.5, range(40))]), 1)
+    assert (two.requests, two.duration_s, two.arrival_rate_req_s, two.prompt_tok_s) == (2, 0.5, 4.0, 200.0)
+    late = offered_load(cfg, items_from_trace([_req(f"r{i}", 50.0 + i, range(10)) for i in range(3)]), 1)
+    assert (late.duration_s, late.arrival_rate_req_s, late.prompt_tok_s) == (2.0, 1.5, 15.0)
+    none = offered_load(cfg, [], 2)
+    assert (none.requests, none.duration_s, none.arrival_rate_req_s, none.prompt_tok_s) == (0, 0.0, 0.0, 0.0)
+    budget = cfg.sched.max_num_batched_tokens
+    step = Simulator(cfg).cost.step_time_arrays(np.array([float(budget)]), np.array([0.0]))
+    assert float(none.capacity_tok_s) == budget / float(step) and not none.overloaded
+
+
+def test_offered_load_capacity_is_the_instances_own_cost_model() -> None:
+    """The capacity is timed by the cost model an instance of ``cfg`` steps with: the roofline
+    when asked, a given profile's constants, the GPUs' count."""
+    import dataclasses
+
+    import numpy as np
+
+    from hybridkv.sim.profile import default_profile
+    base = config(1000)
+    slow = dataclasses.replace(default_profile(), calibration=dataclasses.replace(
+        default_profile().calibration, gemm_efficiency=0.2))
+    items = items_from_trace([_req("a", 0, range(100)), _req("b", 1, range(300))])
+    budget = base.sched.max_num_batched_tokens
+    caps = []
+    for cfg in (base, dataclasses.replace(base, cost_model="roofline"),
+                dataclasses.replace(base, profile=slow), dataclasses.replace(base, num_gpus=2)):
+        step = Simulator(cfg).cost.step_time_arrays(np.array([float(budget)]), np.array([100.0]))
+        caps.append(float(offered_load(cfg, items, 1).capacity_tok_s))
+        assert caps[-1] == budget / float(step)
+    assert len(set(caps)) == 4
 
 
 def test_combine_sums_counts_pools_samples_and_keeps_extremes() -> None:
@@ -483,6 +640,13 @@ def test_cluster_json_per_instance_and_queueing() -> None:
                         routed_requests=[2, 1], routed_prompt_tokens=[30, 90],
                         predicted_hit_tokens=7, kv_events_published=4, config={"k": 1})
     d = res.to_json()
+    # the cluster's own wall time, partial flag and offered load, not the combined result's
+    from hybridkv.sim.cluster import OfferedLoad
+    load = OfferedLoad(10, 5.0, 2.0, 1000.0, 2, 300.0)
+    own = ClusterResult(router="x", instances=[r0, r1], queue_s=[[], []], routed_requests=[2, 1],
+                        routed_prompt_tokens=[30, 90], offered=load, wall_s=2.5, partial=True)
+    j = own.to_json()
+    assert (j["wall_s"], j["partial"], j["offered_load"]) == (2.5, True, load.to_json())
     assert (d["requests"], d["prompt_tokens"], d["router"], d["num_instances"]) == (3, 120, "x", 2)
     assert (d["queue_p50_s"], d["queue_mean_s"]) == (2.0, 2.0)
     assert d["queue_p99_s"] == pytest.approx(2.98)
@@ -496,6 +660,83 @@ def test_cluster_json_per_instance_and_queueing() -> None:
     empty = ClusterResult("x", [SimResult()], [[]], [0], [0])
     assert empty.load_imbalance == 1.0
     assert empty.to_json()["queue_p50_s"] is None and empty.to_json()["queue_mean_s"] is None
+
+
+def test_cluster_config_record_is_the_single_simulators() -> None:
+    """The result's config record names what each instance ran with, under the single
+    simulator's keys (``num_blocks_per_instance`` its ``num_blocks``), plus the cluster's own:
+    the instances, the router and the bound's capacity over all instances."""
+    from hybridkv.sched import SchedulerConfig
+    from hybridkv.sim.simulator import PrefixRetention
+    cfg = config(1000, num_gpus=2, retention_interval=None, seed=5, eviction_policy="priority",
+                 prefix_retention=PrefixRetention(32, 10, 5.0),
+                 sched=SchedulerConfig(max_num_batched_tokens=1024, max_num_seqs=7))
+    items = items_from_trace([_req("a", 0, range(64)), _req("b", 1, range(100, 164))])
+    one = Simulator(cfg).run(items).config
+    shared = ("preset", "gpu", "num_gpus", "block_size", "cache_tokens", "key_block_size",
+              "retention_interval", "eviction_policy", "prefix_retention",
+              "max_num_batched_tokens", "max_num_seqs", "seed")
+    want = {k: one[k] for k in shared} | {
+        "num_blocks_per_instance": one["num_blocks"], "instances": 3, "router": "least-loaded",
+        "optimum_capacity_blocks": 3 * one["optimum_capacity_blocks"]}
+    assert want["prefix_retention"] == "32:10:5" and want["num_gpus"] == 2
+    res = ClusterSimulator(cfg, 3, "least-loaded").run(items)
+    assert res.config == want and res.to_json()["config"] == want and res.overall.config == want
+    plain = ClusterSimulator(config(1000), 2).run(items).config
+    assert plain["prefix_retention"] is None and plain["eviction_policy"] == "lru"
+
+
+def test_an_idle_instance_has_no_makespan_and_a_finished_run_is_not_partial() -> None:
+    """Round-robin sends the one request (arriving at t=5) to instance 0: its makespan is the
+    single simulator's; instance 1 never stepped, so its makespan is 0 (not the arrival its
+    clock jumped to). A run that finished is not partial, and its wall times are its own."""
+    import time
+    items = items_from_trace([_req("a", 5.0, range(64), out=3)])
+    single = Simulator(config(1000)).run(items)
+    t0 = time.perf_counter()
+    res = ClusterSimulator(config(1000), 2, "round-robin").run(items)
+    elapsed = time.perf_counter() - t0
+    assert [r.steps for r in res.instances] == [single.steps, 0]
+    assert [r.makespan_s for r in res.instances] == [single.makespan_s, 0.0]
+    assert not res.partial and not res.overall.partial and not any(r.partial for r in res.instances)
+    assert res.to_json()["partial"] is False
+    assert 0 < res.overall.wall_s <= res.wall_s <= elapsed
+
+
+def test_queueing_is_first_admission_minus_arrival() -> None:
+    """One seat (``max_num_seqs=1``): A and B arrive together at t=1; A is admitted at once
+    (0 s queued), B when A's one-token run ends, A's TTFT later. An event sink is handed each
+    step's start and end: back to back from the arrival to the makespan."""
+    from hybridkv.sched import SchedulerConfig
+    steps: list[tuple[float, float]] = []
+    cfg = config(1000, sched=SchedulerConfig(max_num_seqs=1))
+    sim = ClusterSimulator(cfg, 1, "round-robin", event_sinks=[lambda s, e, evs: steps.append((s, e))])
+    res = sim.run(items_from_trace([_req("A", 1.0, range(64)), _req("B", 1.0, range(100, 164))]))
+    r = res.instances[0]
+    assert res.queue_s == [[0.0, r.ttft_s[0]]] and r.ttft_s[0] > 0
+    assert len(steps) == r.steps == 2
+    assert steps[0][0] == 1.0 and steps[0][1] == steps[1][0] and steps[1][1] == r.makespan_s
+
+
+def test_progress_counts_finished_requests() -> None:
+    """``progress(done, total)`` after routing request 0, 256, 512, ... and at the end: 300
+    one-token requests a second apart (each finished before the next arrives) report 0, 256,
+    then 300 of 300."""
+    reqs = [_req(f"r{i}", float(i), range(16 * i, 16 * i + 16)) for i in range(300)]
+    seen: list[tuple[int, int]] = []
+    ClusterSimulator(config(1000), 2, "round-robin",
+                     progress=lambda d, t: seen.append((d, t))).run(items_from_trace(reqs))
+    assert seen == [(0, 300), (256, 300), (300, 300)]
+
+
+def test_progress_while_draining_every_2048_steps() -> None:
+    """After routing, the instances run to the end with a report every 2048 steps: B (10
+    tokens) and A (2048 tokens, its last at step 2048) report 2 done at step 2048, then the end."""
+    reqs = [_req("A", 0, range(16), out=2048), _req("B", 0, range(100, 116), out=10)]
+    seen: list[tuple[int, int]] = []
+    res = ClusterSimulator(config(1000), 1, progress=lambda d, t: seen.append((d, t))).run(items_from_trace(reqs))
+    assert res.instances[0].steps == 2048
+    assert seen == [(0, 2), (2, 2), (2, 2)]
 
 
 def test_outstanding_counts_predicted_then_uncomputed_tokens() -> None:
@@ -544,8 +785,34 @@ def test_only_the_key_groups_events_reach_the_index_and_sinks_get_them_all() -> 
     assert ClusterSimulator(cfg, 2, "approximate").router.capacity == (1500 - 1) // 2
 
 
+def test_no_kv_events_are_recorded_without_a_consumer() -> None:
+    """Only a router that reads the index, or an event sink, makes the instances record KV
+    events: a round-robin cluster without sinks keeps none (nothing piles up), and the
+    kv-aware index takes every event it is given."""
+    for router in ("round-robin", "kv-aware"):
+        sim = ClusterSimulator(config(1000), 2, router)
+        sim.run(chat(n=4, turns=2))
+        assert all(inst.sim.kv.take_events() == [] for inst in sim.instances)
+        assert all(inst.sim.kv.enable_events == (router == "kv-aware") for inst in sim.instances)
+
+
+def test_a_prefix_cache_reset_leaves_the_index() -> None:
+    """An instance's prefix-cache reset (its ``AllBlocksCleared``, which names no group)
+    removes that instance, and only it, from the router's index at its next step."""
+    from types import SimpleNamespace
+    sim = ClusterSimulator(config(3000), 2, "kv-aware", overlap_weight=2.0)
+    sim.run(items_from_trace(SCENARIO))                # both instances hold blocks
+    before = [sim.index.num_blocks(i) for i in range(2)]
+    assert min(before) > 0
+    inst = sim.instances[0]
+    assert inst.sim.kv.reset_prefix_cache()
+    for hook in inst.sim.step_hooks:                  # what the instance's next step calls
+        hook(inst.clock, inst.clock, SimpleNamespace(admitted=[]))
+    assert [sim.index.num_blocks(i) for i in range(2)] == [0, before[1]]
+
+
 def test_cluster_refuses_a_sequential_config_and_a_wrong_number_of_sinks() -> None:
-    with pytest.raises(ValueError, match="a cluster simulation is timed; --sequential does not apply"):
+    with pytest.raises(ValueError, match="^a cluster simulation is timed; --sequential does not apply$"):
         ClusterSimulator(config(100, sequential=True), 2)
     with pytest.raises(ValueError, match=r"need one event sink per instance \(2\), got 1"):
         ClusterSimulator(config(100), 2, event_sinks=[lambda *a: None])
@@ -566,17 +833,41 @@ def test_cluster_rejects_over_long_prompts_on_instance_0() -> None:
 
 
 def test_ctrl_c_gives_the_partial_cluster_result() -> None:
-    """Ctrl-C while routing raises RunInterrupted carrying the result so far, marked partial."""
+    """Ctrl-C while routing raises RunInterrupted (never the bare KeyboardInterrupt) carrying
+    the result so far, marked partial, timed, with no predicted hits counted."""
+    import time
+
     from hybridkv.sim.interrupt import RunInterrupted
 
     def stop(done, total):
         raise KeyboardInterrupt
     sim = ClusterSimulator(config(3000), 2, "round-robin", progress=stop)
-    with pytest.raises(RunInterrupted) as info:
+    t0 = time.perf_counter()
+    try:
         sim.run(chat(n=4, turns=2))
-    part = info.value.partial
+    except RunInterrupted as exc:
+        part = exc.partial
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C escaped as a bare KeyboardInterrupt, without the partial result")
+    else:
+        pytest.fail("Ctrl-C did not stop the run")
+    elapsed = time.perf_counter() - t0
     assert part.partial and part.overall.partial and all(r.partial for r in part.instances)
     assert part.router == "round-robin" and len(part.instances) == 2
+    assert part.predicted_hit_tokens == 0 and part.to_json()["partial"] is True
+    assert 0 < part.wall_s <= elapsed and 0 < part.overall.wall_s <= elapsed
+
+
+def test_a_failing_router_raises_its_own_error() -> None:
+    """An error inside the routing loop (here the router's) propagates unchanged: only Ctrl-C
+    becomes RunInterrupted."""
+    sim = ClusterSimulator(config(3000, optimum=True), 2, "round-robin")
+
+    def broken(hashes, prompt_len, loads):
+        raise ValueError("router broke")
+    sim.router.route = broken  # type: ignore[method-assign]
+    with pytest.raises(ValueError, match="router broke"):
+        sim.run(chat(n=2, turns=1))
 
 
 def test_a_cluster_job_builds_its_cluster() -> None:
@@ -587,6 +878,21 @@ def test_a_cluster_job_builds_its_cluster() -> None:
     assert len(sim.instances) == 3 and sim.router_name == "approximate"
     assert sim.router.overlap_weight == 1.5 and sim.router.capacity == 499
     assert ClusterJob(config(500), 2).simulator().router.overlap_weight == 4.0
+    seen: list[tuple[int, int]] = []
+    ClusterJob(config(500), 2).simulator(progress=lambda d, t: seen.append((d, t))).run(chat(n=2, turns=1))
+    assert seen and seen[-1] == (2, 2)
+
+
+def test_the_default_router_is_kv_aware_and_a_tiny_pool_predicts_one_block() -> None:
+    """Without a router name the cluster routes kv-aware. The approximate router's LRU is the
+    pool's share of one group, at least one block: 2 blocks (one is the null block) give 1,
+    also shared by two groups."""
+    assert ClusterSimulator(config(500), 2).router_name == "kv-aware"
+    assert type(ClusterSimulator(config(500), 2).router).__name__ == "KVAwareRouter"
+    assert ClusterSimulator(config(2), 1, "approximate").router.capacity == 1
+    gemma = SimConfig(preset=get_preset("gemma-3-27b"), gpu=get_gpu("h100"), num_blocks=2,
+                      optimum=False)                 # two groups share one block: still 1
+    assert ClusterSimulator(gemma, 1, "approximate").router.capacity == 1
 
 
 def test_kv_aware_built_directly_scores_group_0() -> None:
