@@ -78,6 +78,61 @@ def test_malformed_hint_names_the_line(tmp_path: Path, hint, names):
         list(iter_mooncake_records(m))
 
 
+def test_mooncake_load_keeps_the_lines_session_and_hint(tmp_path: Path):
+    """The loaded requests carry their line's session and hint (the hint's session is the
+    line's); a non-string session names the file and line."""
+    from hybridkv.sim.traces import load_mooncake_trace
+    p = tmp_path / "m.jsonl"
+    p.write_text(json.dumps({"timestamp": 0, "input_length": 40, "output_length": 2, "hash_ids": [1],
+                             "session": "c", "hint": {"pin_s": 5, "pin_tokens": 40}}) + "\n"
+                 + json.dumps({"timestamp": 5, "input_length": 8, "output_length": 1, "hash_ids": [2]})
+                 + "\n")
+    a, b = load_mooncake_trace(p)
+    assert (a.session, a.hint) == ("c", Hint(session="c", pin_s=5, pin_tokens=40))
+    assert (b.session, b.hint) == (None, None)
+    p.write_text(json.dumps({"timestamp": 0, "input_length": 4, "output_length": 1, "hash_ids": [1],
+                             "session": 7}) + "\n")
+    with pytest.raises(ValueError, match=rf"^{p}:1: 'session' must be a string, got 7$"):
+        load_mooncake_trace(p)
+
+
+def test_malformed_hint_messages_word_for_word(tmp_path: Path):
+    """Each refusal names the line, what is wrong and the valid fields or range: not an
+    object, the first unknown field in sorted order, a pin past the prompt (3 tokens on the
+    token line, ``input_length`` 20 on the Mooncake line)."""
+    fields = "last_turn, continues, pin_s, pin_tokens, resume_s"
+    pin = "bad 'hint': prompt: hint pin_tokens=25 lies outside the prompt ({n} tokens); valid: 1 <= pin_tokens <= {n}"
+    for hint, want in (("soon", f"'hint' must be an object with fields among {fields}, got 'soon'"),
+                       ({"zz": 1, "ttl": 3}, f"unknown 'hint' field 'ttl'; valid: {fields}"),
+                       ({"pin_s": 5, "pin_tokens": 25}, pin)):
+        t = tmp_path / "t.jsonl"
+        t.write_text(json.dumps({"prompt_token_ids": [1, 2, 3], "output_len": 1, "hint": hint}) + "\n")
+        with pytest.raises(ValueError) as exc:
+            load_token_trace(t)
+        assert str(exc.value) == f"{t}:1: " + want.format(n=3)
+        m = tmp_path / "m.jsonl"
+        m.write_text(json.dumps({"timestamp": 0, "input_length": 20, "output_length": 1,
+                                 "hash_ids": [7], "hint": hint}) + "\n")
+        with pytest.raises(ValueError) as exc:
+            list(iter_mooncake_records(m))
+        assert str(exc.value) == f"{m}:1: " + want.format(n=20)
+
+
+def test_a_trace_request_checks_its_hint():
+    """A TraceRequest's hint is a Hint whose pin lies within the prompt; anything else is
+    refused, naming the request."""
+    from hybridkv.sim.traces import TraceRequest
+    ok = TraceRequest("q", 0.0, np.arange(4), 1, hint=Hint(pin_s=5, pin_tokens=4))
+    assert ok.hint == Hint(pin_s=5, pin_tokens=4)
+    with pytest.raises(ValueError) as exc:
+        TraceRequest("q", 0.0, np.arange(4), 1, hint="last")
+    assert str(exc.value) == "TraceRequest 'q': hint must be a Hint or None, got 'last'"
+    with pytest.raises(ValueError) as exc:
+        TraceRequest("q", 0.0, np.arange(4), 1, hint=Hint(pin_s=5, pin_tokens=5))
+    assert str(exc.value) == ("TraceRequest 'q': hint pin_tokens=5 lies outside the prompt (4 tokens); "
+                              "valid: 1 <= pin_tokens <= 4")
+
+
 # ---- synthesis ---------------------------------------------------------------------------------
 
 
