@@ -372,6 +372,12 @@ def test_mooncake_fields_by_hand(tmp_path: Path) -> None:
         list(iter_mooncake_records(path, limit=-1))
     with pytest.raises(ValueError, match="block_tokens must be an integer >= 1, got 0"):
         list(iter_mooncake_records(path, block_tokens=0))
+    # a smaller block: the prompt is each id's tokens at that block size, cut to input_length
+    small = _write_jsonl(tmp_path / "s.jsonl", [
+        {"timestamp": 0, "input_length": 7, "output_length": 1, "hash_ids": [3, 9]}])
+    (req,) = load_mooncake_trace(small, block_tokens=4)
+    assert req.prompt.tolist() == expand_block_ids((3, 9), 7, 4).tolist()
+    assert req.prompt[4:].tolist() == expand_block_ids((9,), 3, 4).tolist()
 
 
 @pytest.mark.parametrize("bad,message", [
