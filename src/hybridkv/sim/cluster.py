@@ -117,7 +117,8 @@ class ClusterResult:
     samples pooled, the makespan the longest), with the cluster's offline optimum and gap
     report when it was computed, so :meth:`to_json` has the keys of a single run's JSON plus
     the cluster's own (``router``, ``num_instances``, ``load_imbalance``, queueing,
-    ``per_instance``).
+    ``per_instance``). ``predicted_hit_tokens`` sums the router's predictions (0 in the partial
+    result of an interrupted run).
     """
 
     router: str
