@@ -569,3 +569,50 @@ def test_unreadable_and_cut_lines_are_named(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=f"^{cut}:2: bad JSON \\(Unterminated string starting at "
                                          f"column 15\\)$"):
         list(iter_mooncake_records(cut))
+
+
+def test_a_cut_line_reports_its_own_end_column_and_trailing_text_is_refused(tmp_path: Path) -> None:
+    """Only the line break is stripped before parsing: a cut line that ends in blanks reports
+    the column after them, and text after a complete object is bad JSON, not ignored."""
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text('{"prompt_token_ids": [1, 2],   \n', encoding="utf-8")
+    with pytest.raises(ValueError, match=f"^{cut}:1: bad JSON \\(Expecting property name "
+                                         f"enclosed in double quotes at column 32\\)$"):
+        load_token_trace(cut)
+    extra = tmp_path / "extra.jsonl"
+    extra.write_text('{"prompt_token_ids": [1, 2], "output_len": 1}X\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=f"^{extra}:1: bad JSON \\(Extra data at column 46\\)$"):
+        load_token_trace(extra)
+
+
+def test_traces_are_read_as_utf8_whatever_the_locale(tmp_path: Path) -> None:
+    """A trace is UTF-8 text on every machine: under an ASCII locale (UTF-8 mode and locale
+    coercion off) a token trace with non-ASCII request ids and sessions loads as under UTF-8,
+    plain, gzip and xz alike."""
+    import gzip
+    import lzma
+    import os
+    import subprocess
+    import sys
+
+    import hybridkv
+    text = "".join(json.dumps({"prompt_token_ids": [1, 2, 3], "output_len": 1, "request_id": rid,
+                               "session": "sé"}, ensure_ascii=False) + "\n"
+                   for rid in ("café-1", "東京-2"))
+    paths = [tmp_path / "t.jsonl", tmp_path / "t.jsonl.gz", tmp_path / "t.jsonl.xz"]
+    paths[0].write_text(text, encoding="utf-8")
+    paths[1].write_bytes(gzip.compress(text.encode("utf-8")))
+    paths[2].write_bytes(lzma.compress(text.encode("utf-8")))
+    here = [[(r.request_id, r.session) for r in load_token_trace(p)] for p in paths]
+    assert here == [[("café-1", "sé"), ("東京-2", "sé")]] * 3
+    script = ("import json, sys, locale; from hybridkv.sim.traces import load_token_trace; "
+              "print(json.dumps([locale.getpreferredencoding(False)] + [[(r.request_id, r.session) "
+              "for r in load_token_trace(p)] for p in sys.argv[1:]]))")
+    env = dict(os.environ, LC_ALL="C", LANG="C", PYTHONUTF8="0", PYTHONCOERCECLOCALE="0",
+               PYTHONIOENCODING="ascii", PYTHONPATH=str(Path(hybridkv.__file__).parents[1]))
+    out = subprocess.run([sys.executable, "-c", script, *map(str, paths)], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    encoding, *there = json.loads(out.stdout)
+    assert encoding.lower() not in ("utf-8", "utf8")      # the locale really is not UTF-8
+    assert [[tuple(x) for x in t] for t in there] == here
