@@ -304,12 +304,9 @@ class ClusterSimulator:
             if not events:
                 return
             if index is not None:
-                for ev in events:
-                    g = getattr(ev, "group_idx", key_group)
-                    if g == key_group:
+                for ev in events:      # AllBlocksCleared has no group: it clears the instance
+                    if getattr(ev, "group_idx", key_group) == key_group:
                         index.apply(idx, ev)
-                    elif type(ev).__name__ == "AllBlocksCleared":
-                        index.clear(idx)
             if sink is not None:
                 sink(start, end, events)
         return on_step
