@@ -10,6 +10,12 @@ takes the target's two lists; mutmut runs there (niced; one worker unless ``run`
 TARGET results`` and ``... TARGET run NAME...`` work as in a plain checkout. Each call copies the current files
 again (tests added since the last run are seen by the next one).
 
+mutmut does not mutate decorated functions, so in the copy only, every ``@cython.locals(...)``
+decorator of the target's ``mutate`` files becomes blank lines (line numbers stay; every other
+decorator stays). The decorator is a no-op when the source runs as Python
+(``hybridkv._cython_shim``), so the copy behaves like the checkout and its hot, typed functions
+get mutants too.
+
     python3 .ci/mutation.py sched                  # mutmut run --max-children 1 (niced)
     python3 .ci/mutation.py sched results          # the survivors
     python3 .ci/mutation.py sched show NAME        # one mutant's diff
@@ -20,6 +26,8 @@ again (tests added since the last run are seen by the next one).
 
 from __future__ import annotations
 
+import ast
+import fnmatch
 import os
 import re
 import shutil
@@ -36,18 +44,50 @@ def targets() -> dict[str, dict]:
     return data["tool"]["hybridkv"]["mutation"]
 
 
-def sync(dest: Path) -> None:
+def strip_cython_locals(source: str) -> str:
+    """``source`` with each ``@cython.locals(...)`` decorator (all its lines) replaced by empty
+    lines, so line numbers stay and the file stays valid Python; every other line, other
+    decorators included, is unchanged. Source that does not parse is returned as it is."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return source
+    spans = []
+    for node in ast.walk(tree):
+        for dec in getattr(node, "decorator_list", ()):
+            func = dec.func if isinstance(dec, ast.Call) else None
+            if (isinstance(func, ast.Attribute) and func.attr == "locals"
+                    and isinstance(func.value, ast.Name) and func.value.id == "cython"):
+                spans.append((dec.lineno, dec.end_lineno))
+    if not spans:
+        return source
+    lines = source.splitlines(keepends=True)
+    for first, last in spans:
+        for k in range(first - 1, last):
+            lines[k] = lines[k][len(lines[k].rstrip("\r\n")):]   # keep only the line ending
+    return "".join(lines)
+
+
+def sync(dest: Path, mutate: list[str] = ()) -> None:
     """Copy the checkout's tracked and untracked-not-ignored files into ``dest`` (changed ones
-    only, so mutmut's per-function hashes see exactly what changed), and drop files that left."""
+    only, so mutmut's per-function hashes see exactly what changed), and drop files that left.
+    Python files matching a ``mutate`` pattern are copied through :func:`strip_cython_locals`
+    (and compared with ``dest`` after it)."""
     listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
                             cwd=ROOT, check=True, capture_output=True).stdout.decode().split("\0")
     files = {f for f in listed if f and (ROOT / f).is_file()}
     for f in files:
         src, dst = ROOT / f, dest / f
-        if dst.is_file() and dst.read_bytes() == src.read_bytes():
+        data = src.read_bytes()
+        if f.endswith(".py") and any(fnmatch.fnmatch(f, pat) for pat in mutate):
+            data = strip_cython_locals(data.decode()).encode()
+        if dst.is_file() and dst.read_bytes() == data:
             continue
         dst.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src, dst)
+        if data == src.read_bytes():
+            shutil.copy2(src, dst)
+        else:
+            dst.write_bytes(data)                # a fresh mtime: mutmut regenerates its mutants
     for top in ("src", "tests"):
         for path in (dest / top).rglob("*"):
             rel = path.relative_to(dest).as_posix()
@@ -83,7 +123,7 @@ def main(argv: list[str]) -> int:
         sys.exit(f"unknown mutation target {name!r}; valid: {', '.join(known)}")
     dest = ROOT / ".mutation" / name
     dest.mkdir(parents=True, exist_ok=True)
-    sync(dest)
+    sync(dest, known[name]["mutate"])
     set_target(dest / "pyproject.toml", known[name])
     if "--fresh-stats" in args:
         args.remove("--fresh-stats")
