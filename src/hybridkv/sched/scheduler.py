@@ -449,8 +449,9 @@ class Scheduler:
         Args:
             out: the step's :class:`SchedulerOutput`.
             sampled: the tokens sampled for each request whose chunk ``samples``: the accepted
-                drafts followed by one bonus token (``accepted + 1`` tokens); absent, None or
-                empty for partial prefill chunks. Either a mapping request id -> tokens, or a
+                drafts followed by one bonus token (``accepted + 1`` tokens, at least one);
+                absent, None or empty for partial prefill chunks (tokens given for those are
+                ignored). Either a mapping request id -> tokens, or a
                 list with one entry per slot of ``out``, in batch order (no id lookups).
             loaded: request id -> whether its external load (``out.loads``) succeeded; a
                 missing or False entry means the tokens are recomputed from the local hit.
@@ -488,7 +489,7 @@ class Scheduler:
             toks = sampled[j] if by_slot else sampled.get(r.request_id)
             nd = num_drafts[j]
             if nd:
-                accepted = len(toks) - 1 if toks else 0
+                accepted = len(toks) - 1 if toks else -1
                 if not 0 <= accepted <= nd:
                     raise ValueError(
                         f"request {r.request_id!r}: {len(toks or ())} sampled tokens for a step "
@@ -496,8 +497,11 @@ class Scheduler:
                 req.num_computed_tokens -= nd - accepted
             if r.spec_token_ids:
                 r.spec_token_ids = []
-            if not samples[j] or not toks:
+            if not samples[j]:
                 continue
+            if not toks:            # every known token is computed: without one, no next step
+                raise ValueError(f"request {r.request_id!r}: 0 sampled tokens for a step with 0 "
+                                 "drafts; expected 1 to 1")
             num_tokens = len(req.token_ids)
             room = r.max_tokens - (num_tokens - req.num_prompt_tokens)
             if max_len is not None and max_len - num_tokens < room:
