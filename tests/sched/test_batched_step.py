@@ -173,6 +173,37 @@ def test_the_batched_step_calls_the_manager_only_off_the_fast_path() -> None:
     assert 4 < len(calls[0]) < 40   # 4 prompts + 156 decode steps, a few off the fast path
 
 
+@pytest.mark.parametrize("edge", ["budget", "max_model_len"])
+def test_a_quiet_step_that_just_fits_takes_the_fast_path(edge) -> None:
+    """A quiet decode step that takes the budget's last token, or whose drafts end exactly at
+    the scheduler's max_model_len, is a slot of the batch: no allocate() call for it, and the
+    step is the per-request path's."""
+    spec = SpecDecode("eagle", 3) if edge == "max_model_len" else None
+    n = 1 if edge == "budget" else 8
+    runs = []
+    for batched in (True, False):
+        kv = KVCacheManager(config(FA(32), num_blocks=20), spec_decode=spec)
+        sched = Scheduler(kv, SchedulerConfig(max_num_batched_tokens=3 if edge == "budget" else 64,
+                                              max_model_len=12, batched=batched))
+        for i in range(3):
+            sched.add_request(EngineRequest(Request(f"r{i}", list(range(10 * i, 10 * i + n))), 4))
+        for _ in range(2):                                     # the prompts, a first decode
+            sched.update(sched.schedule(), [[1]] * 3)
+        if spec:
+            sched.running[0].spec_token_ids = [5, 6]           # 9 + 1 + 2 = 12 = max_model_len
+        calls = []
+        original = kv.allocate
+        kv.allocate = lambda req, *a, _o=original, _c=calls, **kw: _c.append(req.request_id) or _o(req, *a, **kw)
+        out = sched.schedule()
+        runs.append((_slots(out), calls))
+    (slots, calls), (reference, _) = runs
+    assert slots == reference
+    assert [s[:4] for s in slots] == ([("r0", 2, 1, 0), ("r1", 2, 1, 0), ("r2", 2, 1, 0)]
+                                      if edge == "budget" else
+                                      [("r0", 9, 3, 2), ("r1", 9, 1, 0), ("r2", 9, 1, 0)])
+    assert calls == []
+
+
 def test_sampled_by_slot_must_match_the_batch() -> None:
     kv = KVCacheManager(config(FA(4), num_blocks=40))
     sched = Scheduler(kv)

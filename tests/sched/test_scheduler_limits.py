@@ -48,12 +48,16 @@ def test_the_last_token_of_the_budget_is_used(batched) -> None:
 
 
 @PATHS
-def test_max_model_len_cuts_drafts_and_the_drafts_check_applies_to_quiet_steps(batched) -> None:
-    """max_model_len 12, a 9-token request (8 prompt + 1 output) with 3 drafts: 9 + 3 > 12,
+@pytest.mark.parametrize("cap", ["manager", "scheduler"])
+def test_max_model_len_cuts_drafts_and_the_drafts_check_applies_to_quiet_steps(batched, cap) -> None:
+    """max_model_len 12 (the manager's, or only the scheduler's, which the manager's quiet-step
+    answer does not know), a 9-token request (8 prompt + 1 output) with 3 drafts: 9 + 3 > 12,
     so the step computes its known token and 2 drafts (12 tokens). With room for all drafts
     they are all scheduled; more than k drafts are refused even where the step needs no block."""
-    k = kv(bs=32, spec_decode=SpecDecode("eagle", 3), max_model_len=12)   # quiet steps
-    sched = Scheduler(k, SchedulerConfig(batched=batched))
+    k = kv(bs=32, spec_decode=SpecDecode("eagle", 3),
+           max_model_len=12 if cap == "manager" else None)               # quiet steps
+    sched = Scheduler(k, SchedulerConfig(batched=batched,
+                                         max_model_len=12 if cap == "scheduler" else None))
     a = req("a", 7, 4)
     prefilled(sched, a)
     a.spec_token_ids = [5, 6, 7]

@@ -77,3 +77,25 @@ def test_export_cuts_happen() -> None:
     _drive(sched, None, {0: [_engine_request("a", list(range(40)), 2)]},
            check=lambda s, out: ends.extend(x.start + x.num_new_tokens for x in out.scheduled))
     assert ends[:5] == [8, 16, 24, 32, 40]
+
+
+def test_an_export_on_the_last_known_token_keeps_the_drafts() -> None:
+    """A checkpoint every 4 tokens and 2 drafts per step: the step whose known part ends at
+    token 8 exports there and still verifies both drafts (a cut is only for an export strictly
+    inside the known tokens)."""
+    cfg = KVCacheConfig((KVCacheGroup("full", FA(4), ("f",)),
+                         KVCacheGroup("state", StateSpec(4, conv_shape=(1, 4), state_shape=(2, 4)), ("s",))),
+                        num_blocks=40)
+    kv = KVCacheManager(cfg, retention_interval=None, spec_decode=SpecDecode("ngram", 2))
+    sched = Scheduler(kv)
+    a = _engine_request("a", list(range(6)), 10)
+    sched.add_request(a)
+    seen = []
+    for _ in range(4):
+        out = sched.schedule()
+        seen += [(x.start, x.num_new_tokens, x.num_draft_tokens,
+                  [e.position for sb in x.state_blocks for e in sb.exports]) for x in out.scheduled]
+        sched.update(out, [[7] if s else None for s in out.samples])   # every draft rejected
+        a.spec_token_ids = [1, 2] if out.samples[0] else []
+    assert seen == [(0, 4, 0, [4]), (4, 2, 0, []), (6, 3, 2, []), (7, 3, 2, [8])]
+    kv.check_integrity()
