@@ -2,7 +2,7 @@
 
 * The multi-group fixed point: scenarios that need two and three passes, every pattern of up
   to 3 missing blocks against a brute force, one-token candidates, identical sibling groups
-  probed together, EAGLE drop mode's proof block, a hash cached twice.
+  probed together (sliding and full), EAGLE drop mode's proof block, a hash cached twice.
 * A hit names its request, its junction and its epoch; the lookup is capped below
   ``max_model_len`` and empty when caching is off or the request skips it.
 * The per-request memo: a repeated lookup equals a fresh one, and is redone after any index
@@ -130,6 +130,24 @@ def test_identical_sibling_groups_serve_a_block_only_together() -> None:
     assert hit.num_tokens == 16
     assert hit.block_ids == (tuple(ids[0][:4]), (0, 0) + tuple(ids[1][2:4]),
                              (0, 0) + tuple(ids[2][2:4]))
+    kv.check_integrity()
+
+
+@pytest.mark.parametrize("lost", [0, 1])
+def test_identical_full_attention_siblings_hit_only_the_prefix_both_hold(lost) -> None:
+    """Two identical full-attention groups (one lookup unit, downward closed): a block that
+    either sibling lost ends the hit, whichever sibling it was.
+
+    Default mode, two full groups (bs 4). "a" (24 tokens) is served and freed; sibling
+    ``lost`` loses its block 2. A resend of a's 24 tokens hits blocks 0 and 1: 8 tokens."""
+    kv = manager(FA(4), FA(4), num_blocks=40, compat=False)
+    a, _ = run_prompt(kv, "a", prompt(100, 24))
+    ids = kv.block_ids(a)
+    kv.free(a)
+    evict(kv, a, lost, 2)
+    hit = kv.lookup(Request("b", prompt(100, 24)))
+    assert hit.num_tokens == 8
+    assert hit.block_ids == (tuple(ids[0][:2]), tuple(ids[1][:2]))
     kv.check_integrity()
 
 

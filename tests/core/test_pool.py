@@ -1,14 +1,16 @@
 """The block pool (``hybridkv.core.pool``): ``BlockPool`` and its ``FreeBlockQueue``.
 
 * The lazy pool against the eager one (:mod:`tests.support.eager_pool`, the pool as it was):
-  random operation sequences (allocate, free, touch and insert by any id, fresh ones included,
-  drop_hash, reset) on both pools; after every step the returned ids, the whole free-queue
-  order, every block's ref count / hash / group, the index, the eviction callbacks and
-  counters agree, and ``check()`` passes on both. The same random request traffic on a manager
+  random operation sequences (allocate, free, touch, insert and insert_run by any id, fresh
+  ones included, drop_hash, reset) on both pools; after every step the returned ids, the whole
+  free-queue order, every block's ref count / hash / group, the index, the index version, the
+  eviction callbacks (with the version each sees) and counters agree, and ``check()`` passes
+  on both. The same random request traffic on a manager
   built with either pool gives the same block ids, tables, hits and queue order.
 * Scale: a pool for 10^12 tokens costs a few list slots and grows with the blocks used.
 * The free queue: explicit and fresh ids, prepend/append order, popping past the free count.
-* The index: duplicated hashes, ``insert_run`` against one ``insert`` per block, the change
+* The index: duplicated hashes (a copy dropped, the others stay), ``insert_run`` against one
+  ``insert`` per pair (fresh ids, a longer hash list, a subclass's ``insert``), the change
   record ``index_changes_since`` (the lookup memo's source) and its bound; ``free_version``.
 * Bad calls (ids past the pool, double frees) are refused naming the block and lose nothing.
 * ``check()`` (white box): each corruption of one invariant is caught and named.
@@ -51,12 +53,14 @@ def _state(p, n: int) -> tuple:
 def test_lazy_pool_matches_eager_pool(n, groups, data):
     ev_lazy: list = []
     ev_eager: list = []
-    a = lazy.BlockPool(n, groups, on_evict=lambda g, h: ev_lazy.append((g, h)))
-    b = eager.BlockPool(n, groups, on_evict=lambda g, h: ev_eager.append((g, h)))
+    # each callback also records the index version it sees: its own drop counted, no later one
+    a = lazy.BlockPool(n, groups, on_evict=lambda g, h: ev_lazy.append((g, h, a.index_version)))
+    b = eager.BlockPool(n, groups, on_evict=lambda g, h: ev_eager.append((g, h, b.index_version)))
     held: list[int] = []                       # one entry per reference taken
     ids = st.integers(1, n - 1)
     for _ in range(data.draw(st.integers(1, 40), label="steps")):
-        op = data.draw(st.sampled_from(["alloc", "alloc", "free", "touch", "insert", "drop", "reset"]))
+        op = data.draw(st.sampled_from(["alloc", "alloc", "free", "touch", "insert", "insert_run",
+                                        "drop", "reset"]))
         if op == "alloc":
             k = data.draw(st.integers(0, min(b.num_free, 6)))
             got = a.allocate(k)
@@ -81,6 +85,14 @@ def test_lazy_pool_matches_eager_pool(n, groups, data):
                 h = bytes([data.draw(st.integers(0, 3))])     # few hashes: duplicates happen
                 a.insert(g, h, blk)
                 b.insert(g, h, blk)
+        elif op == "insert_run":                   # any unhashed ids, fresh ones included;
+            blks = data.draw(st.lists(ids, unique=True, max_size=4))    # hashes may run longer
+            blks = [x for x in blks if b.block_hash[x] is None]
+            g = data.draw(st.integers(0, groups - 1))
+            hs = [bytes([k]) for k in data.draw(st.lists(st.integers(0, 3), min_size=len(blks),
+                                                         max_size=len(blks) + 1))]
+            a.insert_run(g, hs, blks)
+            b.insert_run(g, hs, blks)
         elif op == "drop":
             blk = data.draw(ids)
             a.drop_hash(blk)
@@ -92,6 +104,7 @@ def test_lazy_pool_matches_eager_pool(n, groups, data):
         b.check()
         assert _state(a, n) == _state(b, n)
         assert ev_lazy == ev_eager
+        assert a.index_version == b.index_version
         assert a.next_fresh <= len(a.ref_cnt) == a.queue.capacity <= max(2 * a.next_fresh, 64)
 
 
@@ -732,6 +745,76 @@ def test_insert_run_equals_inserts(groups, keys, present, data) -> None:
         b.insert(g, h, blk)
     assert _pool_state(a) == _pool_state(b)
     a.check()
+
+
+@pytest.mark.parametrize("fresh, extra", [
+    (2, 0),          # both ids fresh, the first one at the fresh mark
+    (1, 0),          # an allocated id, then the id at the fresh mark
+    (0, 2),          # allocated ids, two hashes more than blocks: pairs as zip makes them
+])
+def test_insert_run_by_fresh_ids_or_with_spare_hashes_equals_inserts(fresh, extra) -> None:
+    """``insert_run`` is ``insert`` per pair for any unhashed ids (a fresh id becomes explicit
+    first) and pairs hashes with blocks as ``zip`` does (spare hashes are not inserted)."""
+    a, b = BlockPool(100, 2), BlockPool(100, 2)
+    for p in (a, b):
+        p.allocate(3)
+    blocks = [1, 2, 3][fresh:] + list(range(a.next_fresh, a.next_fresh + fresh))
+    hashes = [content_key(k) for k in range(len(blocks) + extra)]
+    a.insert_run(1, hashes, blocks)
+    for h, blk in zip(hashes, blocks):
+        b.insert(1, h, blk)
+    assert _pool_state(a) == _pool_state(b)
+    assert a.next_fresh == b.next_fresh
+    a.check()
+
+
+def test_insert_run_calls_a_subclass_insert_once_per_pair_in_order() -> None:
+    """A subclass that overrides ``insert`` sees every pair of an ``insert_run`` (the bulk
+    path is the base class's own)."""
+    calls = []
+
+    class Recording(BlockPool):
+        def insert(self, group, h, b):
+            calls.append((group, h, b))
+            super().insert(group, h, b)
+
+    p = Recording(20, 1)
+    blocks = p.allocate(3)
+    p.insert_run(0, [b"x", b"y", b"z"], blocks)
+    assert calls == [(0, b"x", blocks[0]), (0, b"y", blocks[1]), (0, b"z", blocks[2])]
+    p.check()
+
+
+def test_dropping_one_of_three_copies_keeps_the_other_two_cached() -> None:
+    """A hash held by three blocks: each drop removes exactly its block from the index."""
+    p = BlockPool(10, 1)
+    x, y, z = p.allocate(3)
+    p.insert_run(0, [b"h"] * 3, [x, y, z])
+    p.drop_hash(y)
+    assert p.index[0][b"h"] == {x: None, z: None}
+    p.check()
+    p.drop_hash(x)
+    assert p.index[0][b"h"] == z
+    p.check()
+
+
+def test_eviction_callbacks_see_the_index_version_count_their_own_drop() -> None:
+    """With an ``on_evict`` callback, the index version advances by one per evicted hash,
+    before its callback runs; the change record then holds exactly the drops since."""
+    seen = []
+    p = BlockPool(6, 2, on_evict=lambda g, h: seen.append((g, h, p.index_version,
+                                                             p.index_changes_since(v))))
+    blocks = p.allocate(5)
+    p.insert_run(0, [b"a", b"b"], blocks[:2])
+    p.insert_run(1, [b"c", b"d", b"e"], blocks[2:])
+    p.free(blocks)
+    v = p.index_version
+    p.allocate(4)                                    # evicts a, b, c, d (LRU order)
+    assert seen == [(0, b"a", v + 1, [b"a"]), (0, b"b", v + 2, [b"a", b"b"]),
+                    (1, b"c", v + 3, [b"a", b"b", b"c"]),
+                    (1, b"d", v + 4, [b"a", b"b", b"c", b"d"])]
+    assert p.index_version == v + 4 and p.index_changes_since(p.index_version) == []
+    p.check()
 
 
 def test_index_changes_since_names_every_change_and_forgets_on_reset() -> None:
