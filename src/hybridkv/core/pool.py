@@ -343,9 +343,11 @@ class BlockPool:
 
     @cython.locals(idx=dict, hs=list, bs=list, n=cython.Py_ssize_t, k=cython.Py_ssize_t)
     def insert_run(self, group: int, hashes: list[bytes], blocks: list[int]) -> None:
-        """``insert(group, h, b)`` for each pair of ``hashes`` and ``blocks``, in order.
+        """``insert(group, h, b)`` for each pair of ``hashes`` and ``blocks`` (as ``zip`` pairs
+        them), in order.
 
-        The blocks must be distinct, allocated and unhashed. While the hashes are new to the
+        The blocks must be distinct and unhashed (allocated, usually; a fresh id becomes explicit
+        first, as in :meth:`insert`). While the hashes are new to the
         group's index (the usual case: a request's chain) each costs one index operation and
         the per-block lists and the change record are updated in bulk; from the first hash the
         index holds already (or one repeated within the run) on, and in a subclass that
