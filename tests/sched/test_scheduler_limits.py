@@ -196,20 +196,26 @@ def test_the_priority_victim_is_chosen_among_requests_not_yet_scheduled(batched)
     assert [r.request_id for r in out.preempted] == ["B"]
 
 
+class EverythingTier:
+    """A connector whose tier holds every block of every request (and saves nothing)."""
+
+    def __init__(self, kv) -> None:
+        self.kv = kv
+
+    def match(self, request, hit):
+        return self.kv.lookup_external(request, hit, lambda g, h: True)
+
+    def take_saves(self):
+        return []
+
+
 def test_aborting_a_request_that_waits_for_its_external_load_frees_it() -> None:
     """A tier that holds every block: the request is admitted to load (WAITING_FOR_KV, blocks
     allocated); aborting it then finishes it, takes it out of the loading list and frees its
     blocks (the step's update then has nothing of it to apply)."""
     k = kv()
 
-    class EverythingTier:
-        def match(self, request, hit):
-            return k.lookup_external(request, hit, lambda g, h: True)
-
-        def take_saves(self):
-            return []
-
-    sched = Scheduler(k, connector=EverythingTier())
+    sched = Scheduler(k, connector=EverythingTier(k))
     a = req("a", 16, 2)
     sched.add_request(a)
     out = sched.schedule()
@@ -262,14 +268,7 @@ def test_loads_commit_per_request_and_an_aborted_one_is_skipped() -> None:
     hit. A sampled list of the wrong length is refused by name."""
     k = kv()
 
-    class EverythingTier:
-        def match(self, request, hit):
-            return k.lookup_external(request, hit, lambda g, h: True)
-
-        def take_saves(self):
-            return []
-
-    sched = Scheduler(k, connector=EverythingTier())
+    sched = Scheduler(k, connector=EverythingTier(k))
     a, b, c = req("a", 16, 2), req("b", 16, 2, base=100), req("c", 16, 2, base=200)
     for r in (a, b, c):
         sched.add_request(r)
