@@ -153,23 +153,15 @@ def test_check_names_each_broken_invariant() -> None:
         index.check()
         return index
 
-    index = fresh()
-    index._held["a"][(0, h(1))] = 0
-    with pytest.raises(AssertionError, match="keeps a zero count"):
-        index.check()
-    index = fresh()
-    index._where[(0, h(2))].discard("a")
-    with pytest.raises(AssertionError, match="holds .* unindexed"):
-        index.check()
-    index = fresh()
-    del index._where[(0, h(2))]
-    with pytest.raises(AssertionError, match="holds .* unindexed"):
-        index.check()
-    index = fresh()
-    index._where[(0, h(2))].add("b")
-    with pytest.raises(AssertionError, match="^index has extra entries$"):
-        index.check()
-    index = fresh()
-    index._where[(0, h(9))] = set()
-    with pytest.raises(AssertionError, match="^empty holder set kept$"):
-        index.check()
+    breaks = [
+        (lambda ix: ix._held["a"].__setitem__((0, h(1)), 0), "keeps a zero count"),
+        (lambda ix: ix._where[(0, h(2))].discard("a"), "holds .* unindexed"),
+        (lambda ix: ix._where.__delitem__((0, h(2))), "holds .* unindexed"),
+        (lambda ix: ix._where[(0, h(2))].add("b"), "^index has extra entries$"),
+        (lambda ix: ix._where.__setitem__((0, h(9)), set()), "^empty holder set kept$"),
+    ]
+    for brk, message in breaks:
+        index = fresh()
+        brk(index)
+        with pytest.raises(AssertionError, match=message):
+            index.check()

@@ -85,24 +85,19 @@ def test_max_model_len_cuts_drafts_and_the_drafts_check_applies_to_quiet_steps(b
 def test_the_long_prefill_threshold_caps_every_chunk_but_not_decode_steps(batched) -> None:
     """Threshold 4 on a 10-token prompt: chunks 4, 4, 2; threshold 1: one token per chunk up
     to the last prompt token; a decode step with drafts is not capped."""
-    sched = Scheduler(kv(), SchedulerConfig(long_prefill_token_threshold=4, batched=batched))
-    a = req("a", 10, 2)
-    sched.add_request(a)
-    chunks = []
-    for _ in range(3):
-        out = sched.schedule()
-        chunks += steps(out)
-        sched.update(out, {"a": [1]} if out.scheduled[0].samples else {})
-    assert chunks == [("a", 0, 4, 0), ("a", 4, 4, 0), ("a", 8, 2, 0)]
-    sched = Scheduler(kv(), SchedulerConfig(long_prefill_token_threshold=1, batched=batched))
-    b = req("b", 3, 2)
-    sched.add_request(b)
-    chunks = []
-    for _ in range(3):
-        out = sched.schedule()
-        chunks += steps(out)
-        sched.update(out, {"b": [1]} if out.scheduled[0].samples else {})
-    assert chunks == [("b", 0, 1, 0), ("b", 1, 1, 0), ("b", 2, 1, 0)]
+    def three_chunks(threshold: int, prompt_len: int) -> list[tuple]:
+        sched = Scheduler(kv(), SchedulerConfig(long_prefill_token_threshold=threshold,
+                                                batched=batched))
+        sched.add_request(req("a", prompt_len, 2))
+        chunks = []
+        for _ in range(3):
+            out = sched.schedule()
+            chunks += steps(out)
+            sched.update(out, {"a": [1]} if out.scheduled[0].samples else {})
+        return chunks
+
+    assert three_chunks(4, 10) == [("a", 0, 4, 0), ("a", 4, 4, 0), ("a", 8, 2, 0)]
+    assert three_chunks(1, 3) == [("a", 0, 1, 0), ("a", 1, 1, 0), ("a", 2, 1, 0)]
     k = kv(bs=16, spec_decode=SpecDecode("eagle", 3))
     sched = Scheduler(k, SchedulerConfig(long_prefill_token_threshold=2, batched=batched))
     c = req("c", 5, 8)

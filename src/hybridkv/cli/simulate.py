@@ -96,6 +96,11 @@ def tier_baseline(cfg: SimConfig, items: list[WorkItem], args: argparse.Namespac
         base = run_one(dataclasses.replace(cfg, tiers=None, optimum=False), items,
                        not args.no_progress, "without tiers")
     print(tier_summary(res, base))
+    return _baseline_keys(base)
+
+
+def _baseline_keys(base: SimResult | None) -> dict | None:
+    """The keys of a baseline run the JSON reports beside the run's own (None: no baseline)."""
     if base is None:
         return None
     d = base.to_json()
@@ -116,11 +121,7 @@ def hint_baseline(cfg: SimConfig, items: list[WorkItem], args: argparse.Namespac
         base = run_one(dataclasses.replace(cfg, hints=None, trace_hints=False, optimum=False,
                                            tiers=None), bare, not args.no_progress, "without hints")
     print(hint_summary(res, base))
-    if base is None:
-        return None
-    d = base.to_json()
-    return {k: d[k] for k in ("hit_rate", "block_hit_rate", "ttft_p50_s", "ttft_p90_s",
-                              "ttft_p99_s", "throughput_tok_s", "makespan_s")}
+    return _baseline_keys(base)
 
 
 def run(args: argparse.Namespace) -> int:
