@@ -26,6 +26,7 @@ from hybridkv.sim.presets import get_gpu, get_preset
 from hybridkv.sim.profile import (DEFAULT_PROFILE_PATH, copy_points_from_jsonl, cost_model,
                                   default_calibration, default_profile, load_profile)
 from hybridkv.sim.transfer import DEFAULT_TRANSFER, CopyPoint, TransferModel, fit_transfer
+from tests.support.fits import assert_same_fit
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 STEPS = DATA / "h100-llama-3.1-8b.jsonl"
@@ -99,8 +100,7 @@ def test_shipped_profile_is_the_h100_measurement_fitted_to_the_reference_grid() 
     assert prof.fit["loo"]["max_abs_error"] < 0.10
     again = prof.refit()                           # keeps to the recorded fit steps
     assert again.fit_steps == prof.fit_steps
-    for name in ("gemm_efficiency", "attn_context_efficiency", "attn_bw_efficiency", "attn_block_s"):
-        assert getattr(again.calibration, name) == pytest.approx(getattr(prof.calibration, name), rel=1e-6)
+    assert_same_fit(again.calibration, prof.calibration)
     with pytest.raises(ValueError, match="fit step.s. 3@3 are not in the profile's grid"):
         prof.refit(fit_steps=("3@3",))
 
@@ -176,7 +176,8 @@ def test_fit_of_an_older_model_form_is_redone_on_load(tmp_path: Path) -> None:
     path = tmp_path / "old.json"
     path.write_text(json.dumps(obj))
     prof = load_profile(path)
-    assert prof.calibration == default_profile().calibration and prof.fit["model_form"] == 3
+    assert_same_fit(prof.calibration, default_profile().calibration)
+    assert prof.fit["model_form"] == 3
     assert prof.fit_steps == default_profile().fit_steps     # refitted to the same steps
 
 
