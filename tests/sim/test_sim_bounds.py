@@ -12,6 +12,7 @@ from hybridkv.core.spec_decode import SpecDecode
 from hybridkv.sched import SchedulerConfig
 from hybridkv.sim import SimConfig, Simulator, items_from_trace
 from hybridkv.sim.presets import get_gpu, get_preset
+from hybridkv.sim.hybrid_bound import is_hybrid
 from hybridkv.sim.workitems import served_workload
 from hybridkv.sim.traces import TraceRequest
 from hybridkv.sim.workloads import get_workload
@@ -42,6 +43,14 @@ def _check(res) -> None:
     assert (g.in_flight_blocks + g.evicted_blocks + g.retained_blocks + g.routed_blocks
             == g.ceiling_blocks - g.online_blocks)
     assert g.routed_blocks == 0                     # one instance
+    hb = res.hybrid_bound_hit_blocks
+    assert (hb is not None) == is_hybrid(res_config(res))
+    if hb is not None:
+        assert res.hit_blocks <= hb <= res.optimal_hit_blocks
+
+
+def res_config(res):
+    return get_preset(res.config["preset"]).kv_config(num_blocks=2)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

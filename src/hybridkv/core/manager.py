@@ -25,7 +25,7 @@ from hybridkv.core.coordinator import CacheHit, ExternalHit, KVCacheCoordinator,
 from hybridkv.core.events import (AllBlocksCleared, BlockRemoved, BlockStored, KVEvent,
                                   PrefixCacheStats, untag_extra_keys)
 from hybridkv.core.hashing import BlockHasher
-from hybridkv.core.eviction import make_policy, resolve_policy
+from hybridkv.core.eviction import HitPointLayer, make_policy, resolve_policy
 from hybridkv.core.extent_pool import ExtentBlockPool
 from hybridkv.core.hints import Hint, HintStats
 from hybridkv.core.policy_pool import PolicyBlockPool
@@ -152,6 +152,7 @@ class KVCacheManager:
             drop_mode=drop_mode, vllm_compat=vllm_compat, caching=enable_caching,
             max_model_len=max_model_len, max_in_flight_tokens=max_in_flight_tokens)
         self.coordinator.hinted = hints
+        self.coordinator.anchor_key = policy.key_group if isinstance(policy, HitPointLayer) else None
         if isinstance(self.pool, ExtentBlockPool) and not vllm_compat:
             # sibling state groups serve hits only together: evict their checkpoints together
             states = set(self.coordinator.state_groups)

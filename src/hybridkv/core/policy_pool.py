@@ -114,6 +114,16 @@ class PolicyBlockPool(BlockPool):
         if pos:                  # (a release that cached nothing says nothing of its session)
             self.policy.hint([table[j] for j in pos], pos, marks, owner, track)
 
+    def anchor(self, comps: list[int], anchors: list[int]) -> None:
+        """Companion blocks ``comps`` (held, about to be released) end hit points whose last
+        key-group block is ``anchors[i]`` (0: none); passed to the policy's hit-point layer
+        (:mod:`hybridkv.core.eviction.hit_points`). Hash-less companions are skipped."""
+        bh = self.block_hash
+        pairs = [(c, a if a and bh[a] is not None else 0) for c, a in zip(comps, anchors)
+                 if c and bh[c] is not None]
+        if pairs:
+            self.policy.anchor([c for c, _ in pairs], [a for _, a in pairs])
+
     def _check_held(self, in_queue: list[bool]) -> None:
         n = len(in_queue)
         count = 0

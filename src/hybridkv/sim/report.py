@@ -30,6 +30,11 @@ def summary_table(res: SimResult) -> str:
         ("block hit rate", f"{d['block_hit_rate']:.4f}"),
         ("offline optimum (Belady)", _fmt(d["optimal_block_hit_rate"])
          + (f"  (online = {frac:.1%} of it)" if frac is not None else "")),
+        *([("hybrid bound", f"{d['hybrid_bound_block_hit_rate']:.4f}  ("
+            + (f"online = {d['fraction_of_hybrid_bound']:.1%} of it; "
+               if d["fraction_of_hybrid_bound"] is not None else "")
+            + "a hit must end where every group kept its span)")]
+          if d["hybrid_bound_block_hit_rate"] is not None else []),
         ("unlimited cache", _fmt(d["unlimited_cache_block_hit_rate"])
          + ("  (one request at a time, same requests)" if d["gap"] else "")),
         ("non-anticipative (hazard)", _fmt(d["hazard_bound_block_hit_rate"])

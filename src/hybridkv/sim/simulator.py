@@ -48,6 +48,7 @@ from hybridkv.sched import AcceptanceModel, EngineRequest, Scheduler, SchedulerC
 from hybridkv.sim.hint_synthesis import HintSpec, synthesize_hints, workload_sessions
 from hybridkv.sim.hazard import HazardBound
 from hybridkv.sim.interrupt import RunInterrupted
+from hybridkv.sim.hybrid_bound import hybrid_bound_hit_blocks, is_hybrid, servable_key_blocks
 from hybridkv.sim.optimal import GapReport, OnlineHits, OptimumJob, optimum_capacity_blocks
 from hybridkv.sim.profile import Profile, cost_model
 from hybridkv.sim.presets import GpuPreset, ModelPreset
@@ -210,6 +211,7 @@ class SimResult:
     what_if: WhatIf | None = None    # block-level answers beside the optimum (sim.whatif)
     partial: bool = False            # interrupted: counts cover the requests admitted so far
     hints: dict | None = None        # the hints served and what the pool's hint layer did
+    hybrid_bound_hit_blocks: int | None = None   # sim.hybrid_bound (hybrid configs, with the optimum)
 
     @property
     def hit_rate(self) -> float:
@@ -224,6 +226,14 @@ class SimResult:
         if self.optimal_hit_blocks is None:
             return None
         return self.optimal_hit_blocks / self.prompt_blocks if self.prompt_blocks else 0.0
+
+    @property
+    def hybrid_bound_block_hit_rate(self) -> float | None:
+        """The hybrid bound (:mod:`hybridkv.sim.hybrid_bound`) as a block hit rate (None: not
+        a hybrid config, or no optimum computed)."""
+        if self.hybrid_bound_hit_blocks is None:
+            return None
+        return self.hybrid_bound_hit_blocks / self.prompt_blocks if self.prompt_blocks else 0.0
 
     @property
     def hazard_block_hit_rate(self) -> float | None:
@@ -265,6 +275,9 @@ class SimResult:
             "fraction_of_optimal": (self.block_hit_rate / opt) if opt else None,
             "unlimited_cache_block_hit_rate": (self.gap.ceiling_blocks / self.prompt_blocks
                                                if self.gap and self.prompt_blocks else None),
+            "hybrid_bound_block_hit_rate": self.hybrid_bound_block_hit_rate,
+            "fraction_of_hybrid_bound": (self.block_hit_rate / self.hybrid_bound_block_hit_rate
+                                         if self.hybrid_bound_block_hit_rate else None),
             "hazard_bound_block_hit_rate": hz,
             "fraction_of_hazard_bound": (self.block_hit_rate / hz) if hz else None,
             "gap": dataclasses.asdict(self.gap) if self.gap else None,
@@ -418,8 +431,22 @@ class Simulator:
             raise RuntimeError(  # a bug in the simulator or the bound, never a result to print
                 f"offline optimum {res.optimal_hit_blocks} blocks outside [online hits "
                 f"{res.hit_blocks}, prompt blocks {res.prompt_blocks}]; please report this workload")
+        if res.optimal_hit_blocks is not None and is_hybrid(self.kv.config):
+            res.hybrid_bound_hit_blocks = self._hybrid_bound(served, capacity)
+            if not res.hit_blocks <= res.hybrid_bound_hit_blocks <= res.optimal_hit_blocks:
+                raise RuntimeError(  # a bug in the simulator or the bound
+                    f"hybrid bound {res.hybrid_bound_hit_blocks} blocks outside [online hits "
+                    f"{res.hit_blocks}, optimum {res.optimal_hit_blocks}]; please report this workload")
         res.wall_s = time.perf_counter() - t0
         return res
+
+    def _hybrid_bound(self, served: list[ServedItem], capacity: int) -> int:
+        """:mod:`hybridkv.sim.hybrid_bound` on the served requests, at the optimum's capacity."""
+        cfg = self.config
+        servable = servable_key_blocks(served, self.kv.config, self.key_block, spec=cfg.spec,
+                                       retention_interval=cfg.retention_interval,
+                                       hash_algo=cfg.hash_algo, hash_seed=cfg.hash_seed)
+        return hybrid_bound_hit_blocks(served, self.key_block, capacity, servable)
 
     def _fill(self, res: SimResult, items: list[WorkItem], t0: float, capacity: int) -> None:
         """The counts read from the manager and the config record (also of a partial run)."""

@@ -8,14 +8,17 @@ from __future__ import annotations
 import pytest
 
 from hybridkv import FullAttention, KVCacheManager, SlidingWindow
-from hybridkv.core.eviction import CostAwarePolicy, LFUPolicy, make_policy
+from hybridkv.core.eviction import CostAwarePolicy, HitPointLayer, LFUPolicy, make_policy
 from hybridkv.core.rules import make_rule
 from tests.support.helpers import content_key
 from tests.support.policies import Cache, check_fails, policy_config
 
 
 class _Rule:
-    """A hit rule as make_policy reads it: a block size and a recompute cost per block index."""
+    """A hit rule as make_policy reads it: a block size, a recompute cost per block index, and
+    downward closed (a dense config: no hit-point layer)."""
+
+    downward_closed = True
 
     def __init__(self, block_size: int, cost_per_block: int) -> None:
         self.block_size = block_size
@@ -39,10 +42,10 @@ def test_cost_weights_value_each_group_at_the_reference_depth():
     assert make_policy("cost", []).weights == [1.0]
     full = make_rule(FullAttention(block_size=16, num_kv_heads=1, head_dim=4))
     swa = make_rule(SlidingWindow(block_size=16, num_kv_heads=1, head_dim=4, window=64))
-    pol = make_policy("cost", [full, swa])
+    pol = make_policy("cost", [full, swa])          # hybrid: behind the hit-point layer
     w_full, w_swa = full.recompute_cost(1024), swa.recompute_cost(1024)
     assert w_full > w_swa > 1
-    assert pol.weights == [1.0, w_swa / w_full]
+    assert isinstance(pol, HitPointLayer) and pol.inner.weights == [1.0, w_swa / w_full]
 
 
 def test_lfu_evicts_the_fewest_hits_first_ties_in_free_order():
@@ -143,5 +146,7 @@ def test_cost_policy_keeps_full_attention_over_sliding_window():
     full = FullAttention(block_size=512, num_kv_heads=1, head_dim=4)
     swa = SlidingWindow(block_size=512, num_kv_heads=1, head_dim=4, window=512)
     kv = KVCacheManager(policy_config(8, full, swa), eviction_policy="cost")
-    w = kv.pool.policy.weights
+    # on a hybrid config the policy ranks the key group behind the hit-point layer
+    assert isinstance(kv.pool.policy, HitPointLayer) and kv.pool.policy.key_group == 0
+    w = kv.pool.policy.inner.weights
     assert w[0] == 1.0 and 0 < w[1] < w[0]

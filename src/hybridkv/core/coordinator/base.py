@@ -112,6 +112,10 @@ class CoordinatorBase:
             tier, not computed here): KV events only, never saves.
         hinted: the pool runs the hint layer, so every release reports its owner and hint
             (False: only retention configs are passed on).
+        anchor_key: the key group of the pool's hit-point layer
+            (:mod:`hybridkv.core.eviction.hit_points`): every release of another group's blocks
+            first tells the pool the key-group block that ends each one's hit point (None: no
+            such layer).
     """
 
     def __init__(self, config: KVCacheConfig, pool: BlockPool, retention: Retention, *,
@@ -129,6 +133,7 @@ class CoordinatorBase:
         self.on_stored: Callable[[int, Request, int, list[int]], None] | None = None
         self.on_adopted: Callable[[int, Request, int, list[int]], None] | None = None
         self.hinted = False
+        self.anchor_key: int | None = None
         self.alignment = config.alignment
         hbs = config.hash_block_size
         groups = config.groups

@@ -41,6 +41,8 @@ class Release(CoordinatorBase):
                 freed.reverse()
                 if request.retention is not None or self.hinted:
                     self._retain(request, g, table, released)
+                if self.anchor_key is not None and g != self.anchor_key:
+                    self._anchor(state, g, released)
                 table[lo:hi] = [NULL_BLOCK] * (hi - lo)
                 pool.free(freed)
     def free(self, request: Request) -> None:
@@ -60,8 +62,35 @@ class Release(CoordinatorBase):
         if request.retention is not None or self.hinted:
             for g, table in enumerate(state.tables):
                 self._retain(request, g, table, range(len(table)), final=True)
+        key = self.anchor_key
+        if key is not None:
+            for g, table in enumerate(state.tables):
+                if g != key:
+                    self._anchor(state, g, range(len(table)))
         for table in state.tables:
             self.pool.free(reversed(table))
+
+    def _anchor(self, state: _ReqBlocks, g: int, positions) -> None:
+        """Tell the pool's hit-point layer, for group ``g``'s blocks at ``positions`` (about
+        to be released), the key-group block that ends each one's hit point: the key block
+        covering ``[e - bs_key, e)``, ``e`` the first multiple of the alignment at or after the
+        block's last token (0 where the key table holds none)."""
+        key = self.anchor_key
+        a = self.alignment
+        bs, bs_key = self.block_sizes[g], self.block_sizes[key]
+        table, key_table = state.tables[g], state.tables[key]
+        n_key = len(key_table)
+        comps: list[int] = []
+        anchors: list[int] = []
+        for j in positions:
+            b = table[j]
+            if b:
+                e = -(-(j + 1) * bs // a) * a
+                k = e // bs_key - 1
+                comps.append(b)
+                anchors.append(key_table[k] if k < n_key else NULL_BLOCK)
+        if comps:
+            self.pool.anchor(comps, anchors)
 
     def _retain(self, request: Request, g: int, table: list[int], positions, final: bool = False) -> None:
         """Give the request's retention marks to group ``g``'s blocks at ``positions`` (about

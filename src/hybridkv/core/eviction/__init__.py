@@ -27,6 +27,7 @@ from hybridkv.core.eviction.adaptive import AdaptivePolicy, TurnAdaptivePolicy  
 from hybridkv.core.eviction.priority import PriorityPolicy  # isort: skip
 from hybridkv.core.eviction.lru import LRUPolicy  # isort: skip  (not registered: see lru.py)
 from hybridkv.core.eviction.hint_layer import HintLayer  # isort: skip  (wraps a policy)
+from hybridkv.core.eviction.hit_points import HitPointLayer  # isort: skip  (wraps a policy)
 
 #: The policy ``recommended`` resolves to (see BENCHMARKS.md, "Eviction policies", for why).
 RECOMMENDED = "adaptive"
@@ -63,7 +64,9 @@ def make_policy(name: str, rules=(), clock: Callable[[], float] = time.monotonic
                 hints: bool = False) -> EvictionPolicy | None:
     """The policy object for ``name`` (None for ``lru``: the pool's own list), built through
     :meth:`EvictionPolicy.create`; with ``hints``, that policy (``lru``: the exact-LRU object
-    :class:`LRUPolicy`) behind a :class:`HintLayer`.
+    :class:`LRUPolicy`) behind a :class:`HintLayer`; on a hybrid config (a group whose rule is
+    not downward closed beside one that is), all of it behind a :class:`HitPointLayer` keyed
+    on the first downward-closed group (:func:`key_group`).
 
     ``rules``: the hit rules of the KV-cache groups, in group order (the cost-aware policy
     weighs groups by their :meth:`recompute_cost`). ``clock``: seconds, for the TTLs of the
@@ -71,11 +74,24 @@ def make_policy(name: str, rules=(), clock: Callable[[], float] = time.monotonic
     name = resolve_policy(name)
     if name == "lru" and not hints:
         return None
-    inner = LRUPolicy() if name == "lru" else EVICTION_POLICIES.get(name).create(tuple(rules), clock)
-    return HintLayer(inner, clock) if hints else inner
+    rules = tuple(rules)
+    inner = LRUPolicy() if name == "lru" else EVICTION_POLICIES.get(name).create(rules, clock)
+    if hints:
+        inner = HintLayer(inner, clock)
+    key = key_group(rules)
+    return inner if key is None else HitPointLayer(inner, key)
+
+
+def key_group(rules) -> int | None:
+    """The group whose blocks anchor hit points on a hybrid config: the first one whose rule
+    is downward closed (full attention, MLA), or None when every group's rule is (a dense
+    config: no companions) or none is (nothing to anchor to)."""
+    closed = [g for g, r in enumerate(rules) if r.downward_closed]
+    return closed[0] if closed and len(closed) < len(rules) else None
 
 
 __all__ = ["COST_REFERENCE_TOKENS", "EVICTION_POLICIES", "POLICIES", "RECOMMENDED", "EvictionPolicy",
            "S3FIFOPolicy", "LFUPolicy", "CostAwarePolicy", "EVAPolicy", "TurnEVAPolicy", "ChainARCPolicy",
-           "AdaptivePolicy", "TurnAdaptivePolicy", "PriorityPolicy", "LRUPolicy", "HintLayer", "make_policy", "policy_names",
+           "AdaptivePolicy", "TurnAdaptivePolicy", "PriorityPolicy", "LRUPolicy", "HintLayer", "HitPointLayer",
+           "key_group", "make_policy", "policy_names",
            "resolve_policy"]

@@ -306,6 +306,27 @@ class HintLayer(EvictionPolicy):
                         _Shadow(scap, False, True))
         self._decay_every = DECAY_CAPACITIES * scap
 
+    def scale_capacity(self, share: float) -> None:
+        """The blocks this layer sees are ``share`` of what the pool holds (a hit-point layer
+        outside passes only the key group's): the shadows, which model the pool with the
+        blocks this layer sees, keep that share of its capacity, sampled as a pool of that
+        capacity would be (and decay after that share of blocks)."""
+        if not 0.0 < share <= 1.0:
+            raise ValueError(f"share must be in (0, 1], got {share!r}")
+        cap = max(1, round((self.pool.num_blocks - 1) * share))
+        m = 1
+        while m * SAMPLED < cap and m < 256:
+            m *= 2
+        self.mask = m - 1
+        scap = max(1, cap // m)
+        now = self.clock()
+        for shadow in self.shadows:
+            if shadow.ghost_cap:
+                shadow.ghost_cap = GHOST_CAPACITIES * scap
+            shadow.cap = scap
+            shadow.serve([], now)                      # (trims a shadow over its new capacity)
+        self._decay_every = DECAY_CAPACITIES * scap
+
     @property
     def uses_retention(self) -> bool:     # type: ignore[override]
         """The inner policy's: retention configs are its business, hints the layer's."""
