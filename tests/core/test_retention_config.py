@@ -22,9 +22,10 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from hybridkv import (FullAttention, KVCacheConfig, KVCacheGroup, KVCacheManager, Request,
                       RetentionConfig, TokenRange)
-from hybridkv.core.eviction import PriorityPolicy
+from hybridkv.core.eviction import PriorityPolicy, key_group
 from hybridkv.core.policy_pool import PolicyBlockPool
 from hybridkv.core.retention_config import DEFAULT_PRIORITY, RetentionMark, block_marks
+from hybridkv.core.rules import make_rule
 from tests.hypothesis_budget import budgeted, examples, note
 from tests.support.helpers import FA, config, prompt, raises
 from tests.support.policies import Clock
@@ -78,7 +79,8 @@ def test_random_operations_with_retention_keep_invariants(cfg_args, ops):
             m.finish(sorted(m.running)[x % len(m.running)])
         kv.check_integrity()
     note("priority evictions", kv.stats().evictions)
-    note("blocks with retention marks", len(kv.pool.policy.marks))
+    pol = kv.pool.policy
+    note("blocks with retention marks", len(getattr(pol, "inner", pol).marks))
     for rid in list(m.running):
         m.finish(rid)
     kv.check_integrity()
@@ -90,10 +92,14 @@ def test_random_operations_with_retention_keep_invariants(cfg_args, ops):
 @budgeted(0.05)
 def test_without_retention_configs_the_order_is_lru(cfg_args, ops):
     """The same operations (prefix-cache resets included) on an LRU manager and a priority
-    manager give the same block ids, hits and events at every step."""
+    manager give the same block ids, hits and events at every step. On a hybrid config both
+    run behind the hit-point layer: the LRU side is exact LRU behind it (a hinted manager
+    whose requests carry no hints)."""
     cfg, retention, spec, _ = cfg_args
+    hybrid = key_group([make_rule(g.spec) for g in cfg.groups]) is not None
     pair = [KVCacheManager(cfg, retention_interval=retention, spec_decode=spec, enable_events=True, hash_seed="s",
-                           eviction_policy=p, clock=Clock()) for p in ("lru", "priority")]
+                           eviction_policy=p, clock=Clock(), hints=h)
+            for p, h in (("lru", hybrid), ("priority", False))]
     models = [Model(kv, spec, False) for kv in pair]
     for op, x in ops:
         for m in models:

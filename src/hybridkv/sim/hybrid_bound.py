@@ -37,7 +37,7 @@ from hybridkv.core.rules import make_rule
 from hybridkv.core.specs import KVCacheConfig
 from hybridkv.core.spec_decode import SpecDecode
 from hybridkv.sim.optimal import _bound_keys, belady_block_hit_rate
-from hybridkv.sim.workitems import ServedItem
+from hybridkv.sim.workitems import ServedItem, served_output
 
 __all__ = ["is_hybrid", "next_read_indices", "servable_key_blocks", "hybrid_bound_hit_blocks"]
 
@@ -70,7 +70,8 @@ def servable_key_blocks(served: Sequence[ServedItem], kv_config: KVCacheConfig, 
                         hash_algo: str, hash_seed: str | None) -> list[int]:
     """Per served request, the key blocks a manager with this config serves it from an
     unlimited pool, requests one at a time in served order (each computes its prompt, then
-    its served output where the workload knows it: a pseudo output is never re-read)."""
+    appends the output the online run appends, :func:`served_output`, computing all of it but
+    the last token, as the online run leaves it at free)."""
     kv = KVCacheManager(dataclasses.replace(kv_config, num_blocks=_UNLIMITED_BLOCKS),
                         spec_decode=spec, retention_interval=retention_interval,
                         hash_algo=hash_algo, hash_seed=hash_seed)
@@ -83,10 +84,9 @@ def servable_key_blocks(served: Sequence[ServedItem], kv_config: KVCacheConfig, 
         if kv.allocate(req, n - hit.num_tokens, hit) is None:    # pragma: no cover - unlimited
             raise RuntimeError(f"the hybrid bound's unlimited pool refused request {i}")
         req.num_computed_tokens = n
-        output = it.output_ids
-        if output is not None and s.max_tokens > 1 and len(output) > 1:
-            output = output[:s.max_tokens]
-            req.append_tokens(output)
+        output = served_output(s)           # the last one is sampled, never computed
+        req.append_tokens(output)
+        if len(output) > 1:
             if kv.allocate(req, len(output) - 1) is None:       # pragma: no cover - unlimited
                 raise RuntimeError(f"the hybrid bound's unlimited pool refused request {i}")
             req.num_computed_tokens = n + len(output) - 1

@@ -56,9 +56,8 @@ from hybridkv.sim.tier_runtime import TierReport, TierRuntime
 from hybridkv.sim.tiers import TierConfig
 from hybridkv.sim.transfer import DEFAULT_TRANSFER
 from hybridkv.sim.whatif import WhatIf, what_if
-from hybridkv.sim.workitems import ServedItem, WorkItem, served_workload
+from hybridkv.sim.workitems import OUTPUT_TOKEN_BASE, ServedItem, WorkItem, served_workload
 
-_OUTPUT_TOKEN_BASE = 1 << 40  # pseudo output tokens live above every prompt token id
 
 
 @dataclass(frozen=True, slots=True)
@@ -665,9 +664,9 @@ class Simulator:
             outputs = live.outputs
             if outputs is not None:   # the workload's answer (the next turn repeats it)
                 done = r.num_output_tokens
-                sampled[j] = outputs[done:done + a + 1] or [_OUTPUT_TOKEN_BASE]
+                sampled[j] = outputs[done:done + a + 1] or [OUTPUT_TOKEN_BASE]
             else:
-                base = _OUTPUT_TOKEN_BASE + len(r.request.token_ids)
+                base = OUTPUT_TOKEN_BASE + len(r.request.token_ids)
                 sampled[j] = list(range(base, base + a + 1)) if a else [base]
             if live.first_token_t < 0 and timed:
                 live.first_token_t = clock

@@ -72,6 +72,12 @@ def items_from_mooncake(path: str, limit: int | None = None) -> list[WorkItem]:
     return items
 
 
+#: Pseudo output tokens live above every prompt token id: the one at position ``p`` of a request
+#: is ``OUTPUT_TOKEN_BASE + p``; a workload's own answer, once used up, continues with
+#: ``OUTPUT_TOKEN_BASE``.
+OUTPUT_TOKEN_BASE = 1 << 40
+
+
 @dataclass(frozen=True, slots=True)
 class ServedItem:
     """A work item the online run serves, with the output length it is allowed to generate."""
@@ -109,4 +115,16 @@ def served_workload(items: Iterable[WorkItem], max_model_len: int | None) -> tup
 _SERVED: tuple | None = None   # (items, max_model_len, served, rejected) of the last call
 
 
-__all__ = ["ServedItem", "WorkItem", "items_from_mooncake", "items_from_trace", "served_workload"]
+__all__ = ["OUTPUT_TOKEN_BASE", "ServedItem", "served_output", "WorkItem", "items_from_mooncake", "items_from_trace", "served_workload"]
+
+
+def served_output(served: ServedItem) -> list[int]:
+    """The output tokens a run appends to ``served`` (its ``max_tokens`` of them): the
+    workload's answer when it has one (padded with :data:`OUTPUT_TOKEN_BASE` past its end),
+    else pseudo tokens by position (:data:`OUTPUT_TOKEN_BASE`)."""
+    it, m = served.item, served.max_tokens
+    ids = it.output_ids
+    if ids is not None:
+        out = [int(t) for t in ids[:m]]
+        return out + [OUTPUT_TOKEN_BASE] * (m - len(out))
+    return list(range(OUTPUT_TOKEN_BASE + it.prompt_len, OUTPUT_TOKEN_BASE + it.prompt_len + m))
