@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from hybridkv.cli import main
+from hybridkv.cli.hint_options import parse_hint_sweep
 
 CHAT = ["--workload", "chat", "--no-progress", "--preset", "llama-3.1-8b", "--sequential"]
 
@@ -31,6 +32,28 @@ def test_simulate_with_hints_prints_the_run_without(tmp_path: Path, capsys):
     assert d["hints"]["source"] == "session-end:0.8" and d["config"]["hints"] == "session-end:0.8"
     assert set(d["without_hints"]) >= {"hit_rate", "block_hit_rate", "ttft_p50_s"}
     assert d["hazard_bound_block_hit_rate"] is not None
+
+
+def test_forced_hints_are_followed_untested_and_say_so(tmp_path: Path, capsys):
+    """The same run with the hints tested and forced, twice in one process: the forced one
+    says so, runs no shadow, and hits at least as much with right hints; the JSON names it."""
+    js = tmp_path / "f.json"
+    assert main(["simulate", *CHAT, "--cache-tokens", "40k", "--hints", "session-end:1:force",
+                 "--json", str(js), "--no-optimum"]) == 0
+    out = capsys.readouterr().out
+    assert "every hint followed untested (:force): no shadow caches ran" in out
+    assert "shadow caches' recent hits" not in out
+    d = json.loads(js.read_text())
+    assert d["config"]["hints"] == "session-end:1:force" and d["hints"]["forced"] is True
+    assert d["hints"]["ignored_demotions"] == 0
+    assert main(["simulate", *CHAT, "--cache-tokens", "40k", "--hints", "session-end:1",
+                 "--json", str(js), "--no-optimum"]) == 0
+    tested = json.loads(js.read_text())
+    assert tested["hints"]["forced"] is False and "shadow caches' recent hits" in capsys.readouterr().out
+    assert d["block_hit_rate"] >= tested["block_hit_rate"]
+    assert d["without_hints"] == tested["without_hints"]
+    assert str(parse_hint_sweep("session-end:0.5,1:force")) == "session-end:0.5,1:force"
+    assert [s.force for s in parse_hint_sweep("session-end:0.5,1:force").specs] == [True, True]
 
 
 def test_simulate_without_hints_keeps_the_keys(tmp_path: Path):

@@ -145,6 +145,25 @@ def test_bad_hint_spec_names_the_value(text, names):
     assert names in str(exc.value) and "\n" not in str(exc.value)
 
 
+def test_force_is_a_third_part_of_the_spelling():
+    spec = HintSpec.parse("session-end:1:force")
+    assert spec == HintSpec("session-end", 1.0, None, True) and str(spec) == "session-end:1:force"
+    assert HintSpec.parse(str(spec)) == spec
+    assert HintSpec.parse("ttl=60:0.9:force") == HintSpec("ttl", 0.9, 60.0, True)
+    assert HintSpec.parse("session-end:0.8").force is False
+    with pytest.raises(ValueError) as exc:
+        HintSpec.parse("session-end:1:always")
+    assert str(exc.value) == ("hint mode must be 'force' (follow every hint untested), got 'always' "
+                              "(spelling: KIND[=SECONDS][:ACCURACY][:force], e.g. session-end:1:force)")
+    with pytest.raises(ValueError, match="hint force must be True or False, got 'yes'"):
+        HintSpec("session-end", 1.0, None, "yes")
+    base = SimConfig(get_preset("llama-3.1-8b"), get_gpu("h100"), num_blocks=100)
+    assert base.manager_hints is False
+    assert dataclasses.replace(base, hints=HintSpec("session-end")).manager_hints is True
+    assert dataclasses.replace(base, hints=spec).manager_hints == "force"
+    assert dataclasses.replace(base, trace_hints=True).manager_hints is True
+
+
 def test_synthesised_hints_are_right_with_the_asked_probability():
     rng = np.random.default_rng(3)
     sessions = rng.integers(0, 4000, 20000).tolist()

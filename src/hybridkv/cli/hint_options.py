@@ -4,7 +4,8 @@
 (:mod:`hybridkv.sim.hint_synthesis`): ``session-end`` (the last turn of a session says so),
 ``ttl[=SECONDS]`` (a continuing session's request pins its prompt, default 300 s), ``resume``
 (a continuing session's request says when it comes back), each right with probability
-ACCURACY (default 1; 0.5: random). ``simulate`` runs the workload with and without them and
+ACCURACY (default 1; 0.5: random); a last ``:force`` makes the pool follow every hint untested
+instead of testing them first. ``simulate`` runs the workload with and without them and
 prints both; ``sweep --hints KIND:A,B,...`` runs every accuracy (and no hints) at every cache
 size and prints and draws hit rate (and, timed, TTFT) against accuracy. A trace whose lines
 carry ``"hint"`` objects is served with its own hints unless ``--hints`` replaces them.
@@ -26,7 +27,7 @@ __all__ = ["HintSweep", "add_hint_options", "apply_hints", "check_hint_options",
 
 
 def parse_hint_spec(text: str) -> HintSpec:
-    """``KIND[=SECONDS][:ACCURACY]`` (argparse type)."""
+    """``KIND[=SECONDS][:ACCURACY][:force]`` (argparse type)."""
     try:
         return HintSpec.parse(text)
     except ValueError as exc:
@@ -40,20 +41,27 @@ class HintSweep:
     specs: tuple[HintSpec, ...]
 
     def __str__(self) -> str:
-        first = str(self.specs[0]).rsplit(":", 1)[0]
-        return f"{first}:{','.join(f'{s.accuracy:g}' for s in self.specs)}"
+        first = str(dataclasses.replace(self.specs[0], force=False)).rsplit(":", 1)[0]
+        return (f"{first}:{','.join(f'{s.accuracy:g}' for s in self.specs)}"
+                + (":force" if self.specs[0].force else ""))
 
 
 def parse_hint_sweep(text: str) -> HintSweep:
-    """``KIND[=SECONDS][:A,B,...]`` (argparse type): the accuracies of one kind."""
-    head, sep, accs = str(text).strip().partition(":")
+    """``KIND[=SECONDS][:A,B,...][:force]`` (argparse type): the accuracies of one kind (a
+    last ``:force`` applies to each)."""
+    text = str(text).strip()
+    force = text.endswith(":force")
+    if force:
+        text = text[:-len(":force")]
+    head, sep, accs = text.partition(":")
     items = accs.split(",") if sep else [""]
     specs = []
     for i, acc in enumerate(items, 1):
         if sep and not acc.strip():
             raise argparse.ArgumentTypeError(f"accuracy {i} of {text!r} is empty (example: "
                                              "session-end:0.5,0.8,1)")
-        specs.append(parse_hint_spec(f"{head}:{acc}" if acc.strip() else head))
+        spec = parse_hint_spec(f"{head}:{acc}" if acc.strip() else head)
+        specs.append(dataclasses.replace(spec, force=True) if force else spec)
     return HintSweep(tuple(specs))
 
 
@@ -61,16 +69,17 @@ def add_hint_options(p: argparse.ArgumentParser, sweep: bool = False) -> None:
     """``--hints`` (``sweep``: a list of accuracies)."""
     kinds = ", ".join(HINT_KINDS)
     if sweep:
-        p.add_argument("--hints", type=parse_hint_sweep, metavar="KIND[=SECONDS]:A,B,...",
+        p.add_argument("--hints", type=parse_hint_sweep, metavar="KIND[=SECONDS]:A,B,...[:force]",
                        help=f"hints synthesised from the trace's future ({kinds}) at each accuracy "
                             "in [0, 1] (and without hints), at every cache size: hit rate (and TTFT) "
-                            "against accuracy, e.g. session-end:0.5,0.8,1")
+                            "against accuracy, e.g. session-end:0.5,0.8,1 (:force: followed untested)")
     else:
-        p.add_argument("--hints", type=parse_hint_spec, metavar="KIND[=SECONDS][:ACCURACY]",
+        p.add_argument("--hints", type=parse_hint_spec, metavar="KIND[=SECONDS][:ACCURACY][:force]",
                        help=f"hints synthesised from the trace's future ({kinds}; ttl=SECONDS pins "
                             "for that long, default 300), right with probability ACCURACY in [0, 1] "
                             "(default 1; 0.5 is random); the run without hints is printed beside it "
-                            "(--no-baseline skips it), e.g. session-end:0.8")
+                            "(--no-baseline skips it), e.g. session-end:0.8; :force follows every hint "
+                            "untested instead of testing them first, e.g. session-end:1:force")
 
 
 def check_hint_options(args: argparse.Namespace) -> None:

@@ -170,6 +170,7 @@ class HintStats:
             the layer's three shadow caches (sampled blocks): hints ignored, demotions honoured,
             pins honoured.
         honour_demotions, honour_pins: whether the layer honours that kind now.
+        forced: the layer follows every hint untested (``hints="force"``; no shadows run).
     """
 
     releases: int = 0
@@ -184,6 +185,7 @@ class HintStats:
     shadow_pinning_hits: float = 0.0
     honour_demotions: bool = False
     honour_pins: bool = False
+    forced: bool = False
 
 
 __all__ = ["ENDS_BELOW", "Hint", "HintStats", "PIN_PRIORITY", "RESUME_PRIORITY", "RESUME_FACTOR", "RESUME_MARGIN_S",

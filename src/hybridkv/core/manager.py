@@ -77,8 +77,11 @@ class KVCacheManager:
         hints: take per-request hints (``Request(hint=...)``, :mod:`hybridkv.core.hints`): the
             pool runs the hint layer (:mod:`hybridkv.core.eviction.hint_layer`) in front of the
             eviction policy, whichever it is (``lru`` becomes an exact-LRU policy object, so
-            requests without hints are served as by the plain pool, a little slower). False
-            (the default): a request with a hint is refused, and ``lru`` is the pool's own queue.
+            requests without hints are served as by the plain pool, a little slower). The layer
+            tests the hints and follows each kind only while it pays; ``"force"``: the layer
+            follows every hint from the first request, untested (for hints known to be right,
+            or to measure what they could give). False (the default): a request with a hint is
+            refused, and ``lru`` is the pool's own queue.
 
     Invariants (:meth:`check_integrity`): every block is free xor referenced; ref counts equal
     the references in request tables; the free queue and the hash index agree with the blocks;
@@ -91,7 +94,7 @@ class KVCacheManager:
                  max_model_len: int | None = None, enable_events: bool = False,
                  vllm_compat: bool = False, max_in_flight_tokens: int | None = None,
                  eviction_policy: str = "lru", clock: Callable[[], float] | None = None,
-                 hints: bool = False) -> None:
+                 hints: bool | str = False) -> None:
         if not isinstance(config, KVCacheConfig):
             raise ValueError(f"config must be a KVCacheConfig, got {type(config).__name__}")
         if spec_decode is not None and not isinstance(spec_decode, SpecDecode):
@@ -126,8 +129,8 @@ class KVCacheManager:
         self.eviction_policy = resolve_policy(eviction_policy, vllm_compat)
         if clock is not None and not callable(clock):
             raise ValueError(f"clock must be None or a callable returning seconds, got {clock!r}")
-        if not isinstance(hints, bool):
-            raise ValueError(f"hints must be True or False, got {hints!r}")
+        if not (isinstance(hints, bool) or hints == "force"):
+            raise ValueError(f"hints must be True, False or 'force', got {hints!r}")
         if hints and vllm_compat:
             raise ValueError("vllm_compat pins vLLM's LRU order; hints=True needs vllm_compat=False")
         if config.has_state and hints:
@@ -151,7 +154,7 @@ class KVCacheManager:
             config, self.pool, Retention(retention_interval, config.alignment),
             drop_mode=drop_mode, vllm_compat=vllm_compat, caching=enable_caching,
             max_model_len=max_model_len, max_in_flight_tokens=max_in_flight_tokens)
-        self.coordinator.hinted = hints
+        self.coordinator.hinted = bool(hints)
         self.coordinator.anchor_key = policy.key_group if isinstance(policy, HitPointLayer) else None
         if isinstance(self.pool, ExtentBlockPool) and not vllm_compat:
             # sibling state groups serve hits only together: evict their checkpoints together

@@ -31,6 +31,9 @@ def hint_summary(res: SimResult, base: SimResult | None) -> str:
     lines.append(f"  pool: {h['demoted']:,} blocks demoted, {h['pinned']:,} pinned; ignored {h['ignored_demotions']:,} demotions and {h['ignored_pins']:,} pins "
                  f"while honouring them did not pay; {h['pins_broken']:,} pinned blocks "
                  f"evicted early so a request could run, {h['pins_lapsed']:,} pins lapsed")
+    if h.get("forced"):
+        lines.append("  every hint followed untested (:force): no shadow caches ran")
+        return "\n".join(lines)
     lines.append(f"  shadow caches' recent hits (sampled blocks): hints ignored "
                  f"{h['shadow_plain_hits']:,.0f}, demotions honoured {h['shadow_demoting_hits']:,.0f}, "
                  f"pins honoured {h['shadow_pinning_hits']:,.0f}; honouring demotions now: "

@@ -58,14 +58,17 @@ HUB_CHILDREN = 8
 class HintSpec:
     """Which hints to synthesise and how often they are right (see the module docstring).
 
-    The CLI spelling is ``KIND[=SECONDS][:ACCURACY]`` (:meth:`parse`, :meth:`__str__`), e.g.
-    ``session-end:0.8``, ``ttl=600:0.9``, ``resume``. Raises ValueError naming the bad value: an
-    unknown kind, an accuracy outside [0, 1], a TTL that is not a finite number > 0, or
-    ``=SECONDS`` on a kind other than ``ttl``."""
+    The CLI spelling is ``KIND[=SECONDS][:ACCURACY][:force]`` (:meth:`parse`, :meth:`__str__`),
+    e.g. ``session-end:0.8``, ``ttl=600:0.9``, ``resume``, ``session-end:1:force``. ``force``:
+    the pool follows every hint untested (``KVCacheManager(hints="force")``) instead of testing
+    them first. Raises ValueError naming the bad value: an unknown kind, an accuracy outside
+    [0, 1], a TTL that is not a finite number > 0, ``=SECONDS`` on a kind other than ``ttl``,
+    or a third part other than ``force``."""
 
     kind: str
     accuracy: float = 1.0
     ttl_s: float | None = None
+    force: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in HINT_KINDS:
@@ -81,11 +84,17 @@ class HintSpec:
             object.__setattr__(self, "ttl_s", float(ttl))
         elif self.ttl_s is not None:
             raise ValueError(f"=SECONDS applies to the ttl hint kind only, not {self.kind!r}")
+        if not isinstance(self.force, bool):
+            raise ValueError(f"hint force must be True or False, got {self.force!r}")
 
     @classmethod
     def parse(cls, text: str) -> HintSpec:
-        """``KIND[=SECONDS][:ACCURACY]``."""
+        """``KIND[=SECONDS][:ACCURACY][:force]``."""
         kind, _, acc = str(text).strip().partition(":")
+        acc, sep, mode = acc.partition(":")
+        if sep and mode != "force":
+            raise ValueError(f"hint mode must be 'force' (follow every hint untested), got {mode!r} "
+                             f"(spelling: KIND[=SECONDS][:ACCURACY][:force], e.g. session-end:1:force)")
         kind, _, secs = kind.partition("=")
         try:
             accuracy = float(acc) if acc else 1.0
@@ -97,11 +106,11 @@ class HintSpec:
         except ValueError:
             raise ValueError(f"hint TTL must be a number of seconds, got {secs!r} "
                              f"(spelling: ttl=SECONDS[:ACCURACY], e.g. ttl=300:0.9)") from None
-        return cls(kind, accuracy, ttl)
+        return cls(kind, accuracy, ttl, bool(sep))
 
     def __str__(self) -> str:
         kind = f"ttl={self.ttl_s:g}" if self.kind == "ttl" else self.kind
-        return f"{kind}:{self.accuracy:g}"
+        return f"{kind}:{self.accuracy:g}" + (":force" if self.force else "")
 
 
 def sessions_from_chains(chains: Sequence[Sequence[Hashable]],

@@ -172,6 +172,12 @@ class SimConfig:
         return self.hints is not None or self.trace_hints
 
     @property
+    def manager_hints(self) -> bool | str:
+        """The manager's ``hints`` argument: ``"force"`` for synthesised hints spelled
+        ``:force``, else :attr:`takes_hints`."""
+        return "force" if self.hints is not None and self.hints.force else self.takes_hints
+
+    @property
     def cache_tokens(self) -> int:
         """Tokens the pool holds (the null block excluded), at the preset's bytes per token."""
         k = self.preset.kv_config(num_blocks=self.num_blocks)
@@ -343,7 +349,7 @@ class Simulator:
                                  enable_events=config.enable_events,
                                  max_in_flight_tokens=config.sched.max_num_batched_tokens,
                                  eviction_policy=config.eviction_policy,
-                                 clock=self._clock, hints=config.takes_hints)
+                                 clock=self._clock, hints=config.manager_hints)
         self.now = 0.0      # the retention clock: simulated time (sequential: arrival times)
         self._hints: list | None = None      # per served request (run() sets it)
         if config.prefix_retention is not None and not self.kv.uses_retention:

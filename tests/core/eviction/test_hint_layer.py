@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from hybridkv import Hint, KVCacheManager, Request
 from hybridkv.core.eviction import POLICIES
+from hybridkv.core.eviction import LRUPolicy
 from hybridkv.core.eviction.hint_layer import HintLayer
 from tests.hypothesis_budget import budgeted, examples, note
 from tests.support.policies import policy_config
@@ -245,6 +246,31 @@ def test_right_end_hints_are_honoured_coin_flips_never():
     assert right > 1.2 * plain
     assert not s_coin.honour_demotions and s_coin.demoted == 0
     assert coin == plain
+
+
+def test_forced_hints_are_followed_untested_coin_flips_included(monkeypatch):
+    """``hints="force"``: the layer follows every hint from the first release and runs no
+    shadow; a coin flip is followed too. Its hits equal, exactly, a tested layer made to
+    honour both kinds from the start."""
+    runs = {}
+    for acc in (1.0, 0.5):
+        kv = KVCacheManager(policy_config(100), hints="force", clock=Clock())
+        _conversations(kv, acc, 1)
+        runs[acc] = (kv.stats().hits, kv.hint_stats())
+    for acc, (hits, st_) in runs.items():
+        assert st_.forced and st_.honour_demotions and st_.honour_pins
+        assert st_.ignored_demotions == 0 and st_.demoted > 0
+        assert st_.shadow_plain_hits == st_.shadow_demoting_hits == st_.shadow_pinning_hits == 0
+    _honour_always(monkeypatch)
+    for acc in (1.0, 0.5):
+        kv = KVCacheManager(policy_config(100), hints=True, clock=Clock())
+        _conversations(kv, acc, 1)
+        assert kv.stats().hits == runs[acc][0], acc
+        assert not kv.hint_stats().forced
+    with pytest.raises(ValueError, match="hints must be True, False or 'force', got 'always'"):
+        KVCacheManager(policy_config(100), hints="always")
+    with pytest.raises(ValueError, match="force must be True or False, got 1"):
+        HintLayer(LRUPolicy(), Clock(), force=1)
 
 
 def test_blocks_a_session_moved_past_go_first(monkeypatch):

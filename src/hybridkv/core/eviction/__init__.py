@@ -61,10 +61,11 @@ def resolve_policy(name: object, vllm_compat: bool = False) -> str:
 
 
 def make_policy(name: str, rules=(), clock: Callable[[], float] = time.monotonic,
-                hints: bool = False) -> EvictionPolicy | None:
+                hints: bool | str = False) -> EvictionPolicy | None:
     """The policy object for ``name`` (None for ``lru``: the pool's own list), built through
     :meth:`EvictionPolicy.create`; with ``hints``, that policy (``lru``: the exact-LRU object
-    :class:`LRUPolicy`) behind a :class:`HintLayer`; on a hybrid config (a group whose rule is
+    :class:`LRUPolicy`) behind a :class:`HintLayer` (``hints="force"``: one that follows every
+    hint untested); on a hybrid config (a group whose rule is
     not downward closed beside one that is), all of it behind a :class:`HitPointLayer` keyed
     on the first downward-closed group (:func:`key_group`).
 
@@ -77,7 +78,7 @@ def make_policy(name: str, rules=(), clock: Callable[[], float] = time.monotonic
     rules = tuple(rules)
     inner = LRUPolicy() if name == "lru" else EVICTION_POLICIES.get(name).create(rules, clock)
     if hints:
-        inner = HintLayer(inner, clock)
+        inner = HintLayer(inner, clock, force=hints == "force")
     key = key_group(rules)
     return inner if key is None else HitPointLayer(inner, key)
 

@@ -45,6 +45,10 @@ hash: about ``SAMPLED`` of a pool's capacity, at that share of the capacity), so
 bounded. BENCHMARKS.md, "Application hints", measures the layer under right, noisy and random
 hints.
 
+**Forced** (``HintLayer(..., force=True)``, ``KVCacheManager(hints="force")``): both kinds are
+followed from the first release and the shadows do not run (the hints are known to be right,
+or the point is what they could give).
+
 Cost: a few dictionary operations per freed block on top of the inner policy's, and the
 shadows' on the sampled blocks.
 """
@@ -260,18 +264,22 @@ class HintLayer(EvictionPolicy):
     Args:
         inner: the policy that orders the blocks no hint speaks for.
         clock: seconds, non-decreasing, for the pins' TTLs.
+        force: follow every hint, untested (no shadow caches run).
     """
 
     name = "hint-layer"
     __slots__ = ("inner", "clock", "owner", "dead", "pin_until", "fresh_pin", "reps", "demoted", "pinned",
-                 "shadows", "honour", "mask", "freed", "_decay_every", "_counts", "last")
+                 "shadows", "honour", "mask", "freed", "_decay_every", "_counts", "last", "force")
 
-    def __init__(self, inner: EvictionPolicy, clock: Callable[[], float]) -> None:
+    def __init__(self, inner: EvictionPolicy, clock: Callable[[], float], force: bool = False) -> None:
         super().__init__()
         if not isinstance(inner, EvictionPolicy):
             raise ValueError(f"inner must be an EvictionPolicy, got {inner!r}")
         if not callable(clock):
             raise ValueError(f"clock must be a callable returning seconds, got {clock!r}")
+        if not isinstance(force, bool):
+            raise ValueError(f"force must be True or False, got {force!r}")
+        self.force = force
         self.inner = inner
         self.clock = clock
         self.owner: dict[int, object] = {}          # block -> owner (or _SHARED) since its content
@@ -285,7 +293,7 @@ class HintLayer(EvictionPolicy):
         self.pinned = _PinSet()                     # free pinned blocks
         self.shadows: tuple[_Shadow, _Shadow, _Shadow] = (_Shadow(1, False, False),
                                                           _Shadow(1, True, False), _Shadow(1, False, True))
-        self.honour = [False, False]                # demotions, pins
+        self.honour = [force, force]                # demotions, pins
         self.mask = 0
         self.freed = 0                              # sampled blocks freed since the last decay
         self._decay_every = 1
@@ -532,6 +540,8 @@ class HintLayer(EvictionPolicy):
     # ---- the test of the hints -----------------------------------------------------------------
     def _test(self, sample: list[tuple[object, int, bool, float, bool]], now: float | None) -> None:
         """Serve a freed batch's sampled blocks to the shadows; decay; decide what to honour."""
+        if self.force:
+            return
         plain, demoting, pinning = self.shadows
         if now is None:
             now = self.clock() if pinning.pinned else 0.0
@@ -562,7 +572,7 @@ class HintLayer(EvictionPolicy):
         c = self._counts
         plain, demoting, pinning = self.shadows
         return HintStats(c[0], c[1], c[2], c[3], c[4], c[5], c[6], plain.hits, demoting.hits,
-                         pinning.hits, self.honour[0], self.honour[1])
+                         pinning.hits, self.honour[0], self.honour[1], self.force)
 
     def check(self) -> None:
         self.inner.check()
