@@ -98,7 +98,7 @@ def test_hints_off_by_default():
 def test_hints_refused_in_compat_mode_and_not_a_bool():
     with pytest.raises(ValueError, match="vllm_compat pins vLLM's LRU order"):
         KVCacheManager(_config(), hints=True, vllm_compat=True)
-    with pytest.raises(ValueError, match="hints must be True or False, got 1"):
+    with pytest.raises(ValueError, match="hints must be True, False or 'force', got 1"):
         KVCacheManager(_config(), hints=1)
 
 

@@ -43,7 +43,7 @@ def test_generate_hint_bad_input(built_models: dict[str, Built]) -> None:
         llm.generate([[1, 2, 3]], max_tokens=1, hint=[None, None])
     with pytest.raises(ValueError, match=r"pin_tokens=9 lies outside the prompt \(3 tokens\)"):
         llm.generate([[1, 2, 3]], max_tokens=1, hint=Hint(pin_s=5, pin_tokens=9))
-    with pytest.raises(ValueError, match="CacheConfig.hints must be True or False, got 'yes'"):
+    with pytest.raises(ValueError, match="CacheConfig.hints must be True, False or 'force', got 'yes'"):
         build_llm(path, block_size=8, device="cpu", num_blocks=24, hints="yes")
     for engine in (plain, llm):
         assert not engine.engine.scheduler.has_unfinished() and engine.kv.stats().requests == 0

@@ -59,7 +59,8 @@ class CacheConfig:
             default; ``priority`` honours ``LLM.generate(retention=...)``; see
             :data:`hybridkv.core.eviction.POLICIES`). Retention TTLs use the wall clock.
         hints: take application hints (``LLM.generate(hint=...)``, :class:`hybridkv.core.hints.Hint`)
-            under any eviction policy (off by default; not with ``vllm_compat``).
+            under any eviction policy (off by default; not with ``vllm_compat``); ``"force"``
+            follows every hint untested (``KVCacheManager(hints="force")``).
         state_dtype: recurrent-state dtype of state models' checkpoints and live states
             (``float32`` default; ``bfloat16`` / ``float16`` halve their memory but round the
             state; the core names the valid values).
@@ -75,14 +76,14 @@ class CacheConfig:
     hash_seed: str | None = None
     vllm_compat: bool = False
     eviction_policy: str = "lru"
-    hints: bool = False
+    hints: bool | str = False
     state_dtype: str = "float32"
 
     def __post_init__(self) -> None:
         from hybridkv.core.eviction import resolve_policy
         resolve_policy(self.eviction_policy)     # ValueError naming the valid policies
-        if not isinstance(self.hints, bool):
-            raise ValueError(f"CacheConfig.hints must be True or False, got {self.hints!r}")
+        if not (isinstance(self.hints, bool) or self.hints == "force"):
+            raise ValueError(f"CacheConfig.hints must be True, False or 'force', got {self.hints!r}")
         sizes = self.block_size.values() if isinstance(self.block_size, Mapping) else [self.block_size]
         if not sizes:
             raise ValueError("CacheConfig.block_size must name at least one layer kind")
