@@ -10,6 +10,7 @@ import random
 
 import pytest
 
+from hybridkv.core.eviction import HitPointLayer
 from hybridkv.engine.llm import LLM
 from tests.engine.helpers import TOL, Built, blocks_for, build_llm, oracle_diff, random_tokens
 
@@ -84,4 +85,32 @@ def test_fuzz_shared_prefixes_tiny_pool(built_models: dict[str, Built], drafter_
     assert stats.hits > 0, "the workload should hit the prefix cache"
     assert stats.evictions > 0, "the pool should be small enough to evict cached blocks"
     assert llm.stats.preemptions > 0, "the pool should be small enough to preempt"
+    llm.kv.check_integrity()
+
+
+POLICY_CASES = [("gemma3", "s3fifo", 8), ("gpt_oss", "eva-turns", 9), ("qwen2_swa", "arc", 10)]
+
+
+@pytest.mark.parametrize("name, policy, seed", POLICY_CASES, ids=[f"{n}-{p}" for n, p, _ in POLICY_CASES])
+def test_fuzz_hit_points_serve_what_transformers_computes(built_models: dict[str, Built], name: str,
+                                                          policy: str, seed: int) -> None:
+    """The same fuzz on sliding-window models under a policy behind the hit-point layer
+    (windows evicted with the full-attention block that ends their hit point): every hit the
+    layer keeps is served exactly (cold outputs, transformers' logits)."""
+    built = built_models[name]
+    reqs = workload(seed)
+    probe = build_llm(built.path, block_size=built.arch.block_sizes, device="cpu", num_blocks=512)
+    pool = blocks_for(probe, MAX_LEN) + 3 * len(probe.kv_config.groups)
+    llm = build_llm(built.path, block_size=built.arch.block_sizes, device="cpu", num_blocks=pool,
+                    max_model_len=MAX_LEN, max_num_batched_tokens=24, long_prefill_token_threshold=10,
+                    record_logits=True, eviction_policy=policy)
+    assert isinstance(llm.kv.pool.policy, HitPointLayer)
+    outs = run_interleaved(llm, reqs)
+    cold = cold_outputs(built, reqs)
+    for i, (out, want) in enumerate(zip(outs, cold)):
+        assert out.token_ids == want, f"request {i} ({out.num_cached_tokens} cached) diverged from its cold run"
+    assert oracle_diff(built, outs) <= TOL
+    stats = llm.kv.stats()
+    assert stats.hits > 0 and stats.evictions > 0
+    assert llm.kv.pool.policy.counts[0] > 0, "some anchor should have taken its windows along"
     llm.kv.check_integrity()
