@@ -22,11 +22,12 @@ from hybridkv.sim.hint_synthesis import HintSpec
 from hybridkv.sim.hybrid_bound import is_hybrid, next_read_indices
 from hybridkv.sim.optimal import belady_block_hit_rate
 from hybridkv.sim.presets import get_gpu, get_preset
+from hybridkv.sim.report import explain_gap
 from hybridkv.sim.workloads import get_workload
 
 H100 = get_gpu("h100")
 INF = math.inf
-HYBRID = ["gemma-3-27b", "gpt-oss-120b", "llama-4-scout", "deepseek-v4-style"]
+HYBRID = ["gemma-3-27b", "gpt-oss-120b", "llama-4-scout", "deepseek-v4-style", "qwen3-next-80b-a3b"]
 
 
 def test_next_read_skips_references_beyond_a_requests_limit():
@@ -53,7 +54,7 @@ def _chat(limit: int = 120):
 
 def _small(name: str):
     p = get_preset(name)
-    return p.with_block_size(64 if name == "deepseek-v4-style" else 16)
+    return p if p.block_size == 16 else p.with_block_size(64 if name == "deepseek-v4-style" else 16)
 
 
 @pytest.mark.parametrize("preset", HYBRID)
@@ -64,6 +65,8 @@ def test_without_pressure_the_online_run_is_the_hybrid_bound(preset):
     assert res.evictions == 0
     assert res.hybrid_bound_hit_blocks == res.hit_blocks > 0
     assert res.hybrid_bound_hit_blocks <= res.optimal_hit_blocks
+    # what the unlimited full-attention cache hits beyond it, no cache of this config serves
+    assert res.hybrid_unservable_blocks == res.gap.ceiling_blocks - res.hit_blocks
     d = res.to_json()
     assert d["hybrid_bound_block_hit_rate"] == res.hit_blocks / res.prompt_blocks
     assert d["fraction_of_hybrid_bound"] == 1.0
@@ -79,6 +82,12 @@ def test_the_full_attention_optimum_counts_hits_no_window_allows():
     assert dense_ends.hybrid_bound_hit_blocks == dense_ends.optimal_hit_blocks == dense_ends.hit_blocks
     sparse = Simulator(SimConfig(p, H100, num_blocks=2_000_000, sequential=True)).run(_chat())
     assert sparse.hybrid_bound_hit_blocks == sparse.hit_blocks < sparse.optimal_hit_blocks
+    never = sparse.optimal_hit_blocks - sparse.hit_blocks       # nothing evicted: all unservable
+    assert sparse.hybrid_unservable_blocks == never and dense_ends.hybrid_unservable_blocks == 0
+    assert (f"never servable: {never:,} of the blocks an unlimited cache hits "
+            f"({never / sparse.prompt_blocks:.1%}) no cache of this configuration serves: no window "
+            "is ever stored where they end") in explain_gap(sparse)
+    assert "never servable" not in explain_gap(dense_ends)
 
 
 @pytest.mark.parametrize("policy", [p for p in POLICIES if p not in ("recommended", "priority")])

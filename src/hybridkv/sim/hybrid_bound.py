@@ -36,10 +36,11 @@ from hybridkv.core.request import Request
 from hybridkv.core.rules import make_rule
 from hybridkv.core.specs import KVCacheConfig
 from hybridkv.core.spec_decode import SpecDecode
-from hybridkv.sim.optimal import _bound_keys, belady_block_hit_rate
+from hybridkv.sim.optimal import _bound_keys, belady_block_hit_rate, infinite_block_hit_rate
 from hybridkv.sim.workitems import ServedItem, served_output
 
-__all__ = ["is_hybrid", "next_read_indices", "servable_key_blocks", "hybrid_bound_hit_blocks"]
+__all__ = ["is_hybrid", "next_read_indices", "servable_key_blocks", "hybrid_bound_hit_blocks",
+           "unservable_blocks"]
 
 #: Blocks of the replay's pool: never reached (the pool only keeps the ids it used).
 _UNLIMITED_BLOCKS = 1 << 40
@@ -103,3 +104,13 @@ def hybrid_bound_hit_blocks(served: list[ServedItem], key_block: int, capacity_b
     cut = [min(lim, s) for lim, s in zip(limits, servable)]
     return belady_block_hit_rate(keys, capacity_blocks, cut,
                                  next_uses=next_read_indices(keys, cut)).block_hits
+
+
+def unservable_blocks(served: list[ServedItem], key_block: int, servable: Sequence[int]) -> int:
+    """Prompt key blocks an unlimited full-attention cache hits that no cache of this config
+    serves (no span of another group was ever stored where they end): the unlimited cache's
+    hits (each request's leading blocks computed before, within its prompt limit) minus the
+    same cut to ``servable``."""
+    keys, limits, _ = _bound_keys(served, key_block)
+    ceiling = infinite_block_hit_rate(keys).request_hits
+    return sum(min(c, lim) - min(c, lim, s) for c, lim, s in zip(ceiling, limits, servable))

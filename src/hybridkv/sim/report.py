@@ -88,6 +88,12 @@ def explain_gap(res: SimResult, has_state: bool = False) -> str:
         lines.append(f"  {label}: {g.retained_blocks:,} blocks ({g.retained_blocks / pb:.1%}) missed "
                      f"by {_requests(g.retained_requests)} whose full-attention blocks were cached, "
                      f"but {where}")
+    never = res.hybrid_unservable_blocks
+    if never:
+        lines.append(f"  never servable: {never:,} of the blocks an unlimited cache hits ({never / pb:.1%}) "
+                     f"no cache of this configuration serves: no {'checkpoint' if has_state else 'window'} "
+                     f"is ever stored where they end (the hybrid bound's own limit; --retention-interval "
+                     f"{_interval(res)})")
     if g.routed_blocks:
         lines.append(f"  routing: {g.routed_blocks:,} blocks ({g.routed_blocks / pb:.1%}) missed by "
                      f"{_requests(g.routed_requests)} routed to another instance than the one that "

@@ -48,7 +48,8 @@ from hybridkv.sched import AcceptanceModel, EngineRequest, Scheduler, SchedulerC
 from hybridkv.sim.hint_synthesis import HintSpec, synthesize_hints, workload_sessions
 from hybridkv.sim.hazard import HazardBound
 from hybridkv.sim.interrupt import RunInterrupted
-from hybridkv.sim.hybrid_bound import hybrid_bound_hit_blocks, is_hybrid, servable_key_blocks
+from hybridkv.sim.hybrid_bound import (hybrid_bound_hit_blocks, is_hybrid, servable_key_blocks,
+                                       unservable_blocks)
 from hybridkv.sim.optimal import GapReport, OnlineHits, OptimumJob, optimum_capacity_blocks
 from hybridkv.sim.profile import Profile, cost_model
 from hybridkv.sim.presets import GpuPreset, ModelPreset
@@ -217,6 +218,7 @@ class SimResult:
     partial: bool = False            # interrupted: counts cover the requests admitted so far
     hints: dict | None = None        # the hints served and what the pool's hint layer did
     hybrid_bound_hit_blocks: int | None = None   # sim.hybrid_bound (hybrid configs, with the optimum)
+    hybrid_unservable_blocks: int | None = None  # unlimited-cache hits no cache of the config serves
 
     @property
     def hit_rate(self) -> float:
@@ -283,6 +285,7 @@ class SimResult:
             "hybrid_bound_block_hit_rate": self.hybrid_bound_block_hit_rate,
             "fraction_of_hybrid_bound": (self.block_hit_rate / self.hybrid_bound_block_hit_rate
                                          if self.hybrid_bound_block_hit_rate else None),
+            "hybrid_unservable_blocks": self.hybrid_unservable_blocks,
             "hazard_bound_block_hit_rate": hz,
             "fraction_of_hazard_bound": (self.block_hit_rate / hz) if hz else None,
             "gap": dataclasses.asdict(self.gap) if self.gap else None,
@@ -437,7 +440,7 @@ class Simulator:
                 f"offline optimum {res.optimal_hit_blocks} blocks outside [online hits "
                 f"{res.hit_blocks}, prompt blocks {res.prompt_blocks}]; please report this workload")
         if res.optimal_hit_blocks is not None and is_hybrid(self.kv.config):
-            res.hybrid_bound_hit_blocks = self._hybrid_bound(served, capacity)
+            res.hybrid_bound_hit_blocks, res.hybrid_unservable_blocks = self._hybrid_bound(served, capacity)
             if not res.hit_blocks <= res.hybrid_bound_hit_blocks <= res.optimal_hit_blocks:
                 raise RuntimeError(  # a bug in the simulator or the bound
                     f"hybrid bound {res.hybrid_bound_hit_blocks} blocks outside [online hits "
@@ -445,13 +448,15 @@ class Simulator:
         res.wall_s = time.perf_counter() - t0
         return res
 
-    def _hybrid_bound(self, served: list[ServedItem], capacity: int) -> int:
-        """:mod:`hybridkv.sim.hybrid_bound` on the served requests, at the optimum's capacity."""
+    def _hybrid_bound(self, served: list[ServedItem], capacity: int) -> tuple[int, int]:
+        """:mod:`hybridkv.sim.hybrid_bound` on the served requests, at the optimum's capacity:
+        its hit blocks and the unlimited cache's hits no cache of this config serves."""
         cfg = self.config
         servable = servable_key_blocks(served, self.kv.config, self.key_block, spec=cfg.spec,
                                        retention_interval=cfg.retention_interval,
                                        hash_algo=cfg.hash_algo, hash_seed=cfg.hash_seed)
-        return hybrid_bound_hit_blocks(served, self.key_block, capacity, servable)
+        return (hybrid_bound_hit_blocks(served, self.key_block, capacity, servable),
+                unservable_blocks(served, self.key_block, servable))
 
     def _fill(self, res: SimResult, items: list[WorkItem], t0: float, capacity: int) -> None:
         """The counts read from the manager and the config record (also of a partial run)."""
