@@ -105,3 +105,23 @@ def test_a_dense_preset_has_no_hybrid_bound():
                               sequential=True)).run(_chat(40))
     assert res.hybrid_bound_hit_blocks is None and res.to_json()["hybrid_bound_block_hit_rate"] is None
     assert "hybrid bound" not in __import__("hybridkv.sim.report", fromlist=["x"]).summary_table(res)
+
+
+def test_a_sweep_replays_a_workload_once_for_all_sizes_and_policies(monkeypatch):
+    import hybridkv.sim.hybrid_bound as hb
+    made = []
+    real = hb.KVCacheManager
+
+    def counting(*a, **kw):
+        made.append(1)
+        return real(*a, **kw)
+    monkeypatch.setattr(hb, "KVCacheManager", counting)
+    hb._SERVABLE = None
+    p = _small("gpt-oss-120b")
+    items = _chat(60)
+    runs = [Simulator(SimConfig(p, H100, num_blocks=n, sequential=True, eviction_policy=pol)).run(items)
+            for n in (1500, 3000) for pol in ("lru", "s3fifo")]
+    assert len(made) == 1
+    assert len({r.hybrid_unservable_blocks for r in runs}) == 1
+    Simulator(SimConfig(p, H100, num_blocks=3000, sequential=True, retention_interval=None)).run(items)
+    assert len(made) == 2                                  # another retention: another replay

@@ -72,7 +72,17 @@ def servable_key_blocks(served: Sequence[ServedItem], kv_config: KVCacheConfig, 
     """Per served request, the key blocks a manager with this config serves it from an
     unlimited pool, requests one at a time in served order (each computes its prompt, then
     appends the output the online run appends, :func:`served_output`, computing all of it but
-    the last token, as the online run leaves it at free)."""
+    the last token, as the online run leaves it at free).
+
+    It depends on neither the pool's size nor its eviction policy: the last answer is kept (by
+    identity of the ``served`` list and equality of everything else), so a sweep replays a
+    workload once for all its sizes and policies."""
+    global _SERVABLE
+    key = (kv_config.groups, key_block, spec, retention_interval, hash_algo, hash_seed)
+    memo = _SERVABLE
+    if memo is not None and memo[0] is served and memo[1] == key:
+        return memo[2]
+    _SERVABLE = None
     kv = KVCacheManager(dataclasses.replace(kv_config, num_blocks=_UNLIMITED_BLOCKS),
                         spec_decode=spec, retention_interval=retention_interval,
                         hash_algo=hash_algo, hash_seed=hash_seed)
@@ -93,7 +103,12 @@ def servable_key_blocks(served: Sequence[ServedItem], kv_config: KVCacheConfig, 
             req.num_computed_tokens = n + len(output) - 1
         kv.free(req)
         out.append(hit.num_tokens // key_block)
+    if isinstance(served, list):
+        _SERVABLE = (served, key, out)
     return out
+
+
+_SERVABLE: tuple | None = None    # (served, config key, answer) of the last replay
 
 
 def hybrid_bound_hit_blocks(served: list[ServedItem], key_block: int, capacity_blocks: int,
