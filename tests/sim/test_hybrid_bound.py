@@ -90,12 +90,15 @@ def test_the_full_attention_optimum_counts_hits_no_window_allows():
     assert "never servable" not in explain_gap(dense_ends)
 
 
+_UNDER_PRESSURE = _chat(90)
+
+
 @pytest.mark.parametrize("policy", [p for p in POLICIES if p not in ("recommended", "priority")])
 @pytest.mark.parametrize("hints", [None, HintSpec("session-end", 1.0)])
 def test_under_pressure_every_policy_stays_at_or_below_the_bound(policy, hints):
     p = _small("deepseek-v4-style")
-    res = Simulator(SimConfig(p, H100, num_blocks=3000, sequential=True, eviction_policy=policy,
-                              hints=hints)).run(_chat(200))
+    res = Simulator(SimConfig(p, H100, num_blocks=2500, sequential=True, eviction_policy=policy,
+                              hints=hints)).run(_UNDER_PRESSURE)
     assert res.evictions > 0
     assert res.hit_blocks <= res.hybrid_bound_hit_blocks <= res.optimal_hit_blocks
 
