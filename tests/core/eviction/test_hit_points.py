@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import pytest
 
-from hybridkv import FullAttention, KVCacheConfig, KVCacheGroup, KVCacheManager, Request, SlidingWindow
+from hybridkv import (FullAttention, KVCacheConfig, KVCacheGroup, KVCacheManager, Request, SlidingWindow,
+                      SpecDecode)
 from hybridkv.core.eviction import HitPointLayer, LRUPolicy, key_group, make_policy
 from hybridkv.core.eviction.hint_layer import HintLayer
 from hybridkv.core.policy_pool import PolicyBlockPool
@@ -176,3 +177,30 @@ def test_compat_mode_and_plain_lru_have_no_layer():
     assert KVCacheManager(_hybrid()).coordinator.anchor_key is None
     assert KVCacheManager(_hybrid(), vllm_compat=True).coordinator.anchor_key is None
     assert KVCacheManager(_hybrid(), eviction_policy="lfu").coordinator.anchor_key == 0
+
+
+def test_a_drop_mode_proof_block_anchors_at_the_hit_point_it_proves():
+    """EAGLE drop mode (no lookahead hashing): a hit at e also needs the draft group's block
+    starting at e (its proof block). A draft block starting at a multiple of the alignment is
+    anchored to the key block ending there, not to the next hit point's."""
+    draft = KVCacheConfig((KVCacheGroup("fa", FA, ("l0",)), KVCacheGroup("sw", SW, ("l1",)),
+                           KVCacheGroup("d", FA, ("l2",), is_draft=True)), num_blocks=64)
+    kv = KVCacheManager(draft, eviction_policy="s3fifo", retention_interval=4,
+                        spec_decode=SpecDecode("eagle", 1, hash_lookahead=False))
+    assert kv.coordinator.proof == [True, False, True]       # fa and d: one lookup unit
+    req = Request("a", list(range(13)))
+    assert kv.allocate(req, 13) is not None
+    req.num_computed_tokens = 13
+    fa, sw, d = (list(t) for t in kv.coordinator.reqs["a"].tables)
+    kv.free(req)
+    anchor_of, bh = kv.pool.policy.anchor_of, kv.pool.block_hash
+    # draft block j covers [4j, 4j + 4): it starts at 4j, the proof of the hit point at 4j,
+    # whose last key block is the key group's own proof block, fa[j]; a window block j' of
+    # 2 tokens ends hit point e = ceil((2j' + 2) / 4) * 4, last key block fa[e / 4]
+    cached_d = [j for j in range(1, 3) if bh[d[j]] is not None]
+    assert cached_d and all(anchor_of[d[j]] == fa[j] for j in cached_d)
+    for j in range(6):
+        if sw[j] and bh[sw[j]] is not None:
+            e = -(-(2 * j + 2) // 4) * 4
+            assert anchor_of.get(sw[j]) == (fa[e // 4] if e // 4 < len(fa) else None), j
+    kv.check_integrity()

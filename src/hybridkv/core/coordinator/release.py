@@ -72,12 +72,18 @@ class Release(CoordinatorBase):
 
     def _anchor(self, state: _ReqBlocks, g: int, positions) -> None:
         """Tell the pool's hit-point layer, for group ``g``'s blocks at ``positions`` (about
-        to be released), the key-group block that ends each one's hit point: the key block
-        covering ``[e - bs_key, e)``, ``e`` the first multiple of the alignment at or after the
-        block's last token (0 where the key table holds none)."""
+        to be released), the key-group block that ends the first hit point each one serves: the
+        key block covering ``[e - bs_key, e)`` (in EAGLE drop mode the one after it, the key
+        group's proof block), ``e`` the first multiple of the alignment at or
+        after the block's last token, or, for an EAGLE drop-mode group's block that starts at
+        such a multiple, that start (it is that hit point's proof block); 0 where the key table
+        holds none. A later hit point extends the first one's chain, so the block is useless
+        once that anchor is gone."""
         key = self.anchor_key
         a = self.alignment
         bs, bs_key = self.block_sizes[g], self.block_sizes[key]
+        proof = self.proof[g]
+        last = self.proof[key] - 1            # drop mode: the key group's proof block is last
         table, key_table = state.tables[g], state.tables[key]
         n_key = len(key_table)
         comps: list[int] = []
@@ -85,8 +91,10 @@ class Release(CoordinatorBase):
         for j in positions:
             b = table[j]
             if b:
-                e = -(-(j + 1) * bs // a) * a
-                k = e // bs_key - 1
+                e = j * bs
+                if not (proof and e and e % a == 0):
+                    e = -(-(j + 1) * bs // a) * a
+                k = e // bs_key + last
                 comps.append(b)
                 anchors.append(key_table[k] if k < n_key else NULL_BLOCK)
         if comps:

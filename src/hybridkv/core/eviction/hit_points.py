@@ -10,10 +10,12 @@ full-attention block before it, or keeps a window whose chain is gone.
 :class:`HitPointLayer` sits in front of any policy (the hint layer included) on a config with a
 group that is not downward closed. The *key group* is the first downward-closed group (full
 attention or MLA); every other group's block is a *companion* of the key-group block that ends
-its hit point, its *anchor*: the block of the key group covering ``[e - bs, e)`` with ``e`` the
-first promised end (a multiple of the config's alignment) at or after the companion's last
-token (the coordinator tells the layer when it releases the block:
-:meth:`~hybridkv.core.policy_pool.PolicyBlockPool.anchor`). Then:
+the first hit point it serves, its *anchor*: the last key-group block that hit point needs (the
+one covering ``[e - bs, e)``, or in EAGLE drop mode the proof block after it), with ``e`` the
+first promised end (a multiple of the config's alignment) the companion serves (the
+coordinator tells the layer when it releases the block:
+:meth:`~hybridkv.core.policy_pool.PolicyBlockPool.anchor`). Every later hit point extends that
+one's chain, so the companion is useless once its anchor is gone. Then:
 
 * the inner policy sees, ranks and evicts key-group blocks only (its order is over chains, as on
   a dense model);
