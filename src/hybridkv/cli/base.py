@@ -14,6 +14,7 @@ from typing import Callable, Mapping
 
 from hybridkv.cli.options import name_options
 from hybridkv.core.registry import Registry
+from hybridkv.sim.failures import ChildProcessDied
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,8 +103,9 @@ def _stop_on_first_interrupt(signum, frame) -> None:
 def run_command(args: argparse.Namespace, own_process: bool = False) -> int:
     """Run a parsed command; every error becomes one line on stderr and an exit status:
     2 for bad input (``ValueError``, ``RuntimeError``: a workload that cannot run as
-    configured), 1 for a failure while running (out of memory, an unwritable file, an internal
-    error; ``HYBRIDKV_DEBUG=1`` re-raises it), 130 when interrupted (Ctrl-C).
+    configured), 1 for a failure while running (out of memory, a helper process that died:
+    :class:`~hybridkv.sim.failures.ChildProcessDied`, an unwritable file, an internal error;
+    ``HYBRIDKV_DEBUG=1`` re-raises it), 130 when interrupted (Ctrl-C).
 
     During the command only the first Ctrl-C counts (:func:`_stop_on_first_interrupt`); the
     previous handler comes back afterwards, except after an interrupt in ``own_process`` (the
@@ -130,6 +132,10 @@ def run_command(args: argparse.Namespace, own_process: bool = False) -> int:
     except OSError as exc:
         where = f" {exc.filename!r}" if getattr(exc, "filename", None) else ""
         return fail(1, f"{exc.strerror or exc}{where}")
+    except ChildProcessDied as exc:           # a helper process died: a failure while running
+        advice = ("; rerun with --no-optimum, a larger --block-size or --limit"
+                  if exc.child == "optimum" else "")
+        return fail(1, f"{exc}{advice}")
     except KeyboardInterrupt:
         interrupted = True
         signal.signal(signal.SIGINT, signal.SIG_IGN) if previous is not None else None

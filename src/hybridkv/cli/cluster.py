@@ -19,6 +19,7 @@ from typing import Iterator
 from hybridkv.cli.options import int_in, non_negative_number
 from hybridkv.cli.sim_options import cost_source
 from hybridkv.sim.cluster import ClusterResult, ClusterSimulator, OfferedLoad, offered_load
+from hybridkv.sim.failures import ChildProcessDied
 from hybridkv.sim.interrupt import RunInterrupted, sigint_deferred
 from hybridkv.sim.routing import DEFAULT_OVERLAP_WEIGHT, ROUTERS
 from hybridkv.sim.simulator import SimConfig, Simulator
@@ -179,9 +180,10 @@ def format_cluster(res: ClusterResult) -> str:
 
 
 def run_cluster(args: argparse.Namespace, cfg: SimConfig, items: list[WorkItem],
-                progress=None) -> ClusterResult:
+                progress=None) -> tuple[ClusterResult, ChildProcessDied | None]:
     """``simulate --instances N --router R``: run and print the per-instance table (the caller
-    writes ``--json``)."""
+    writes ``--json``). Returns the result and, when the optimum's child died, that failure
+    (the result is then the online run's, without the bound)."""
     router = router_name(args)
     n = args.instances
     print(f"hybridkv simulate: {n} x {cfg.preset.name} on {cfg.num_gpus} x {cfg.gpu.name} each, "
@@ -198,24 +200,31 @@ def run_cluster(args: argparse.Namespace, cfg: SimConfig, items: list[WorkItem],
                      for p in pubs]
         sim = ClusterSimulator(cfg, n, router, overlap_weight=overlap_weight(args),
                                event_sinks=sinks, progress=progress)
+        failure = None
         try:
             res = sim.run(items)
         except RunInterrupted as exc:
             exc.partial.offered = load
             raise
+        except ChildProcessDied as exc:   # the online run finished: report it, then fail
+            if exc.partial is None:
+                raise
+            res, failure = exc.partial, exc
     if pubs is not None:
         res.kv_events_published = sum(p.published for p in pubs)
     res.offered = load
     print(format_cluster(res))
     if pubs is not None:
         print(f"  KV events: {res.kv_events_published} batches published")
-    return res
+    return res, failure
 
 
 def run_cluster_command(args: argparse.Namespace, cfg: SimConfig, items: list[WorkItem],
                         budget=None) -> int:
     """The cluster branch of ``simulate``: run, report, next steps, ``--json``, ``--plot``;
-    Ctrl-C writes the partial result to ``--json``."""
+    Ctrl-C writes the partial result to ``--json``. When the optimum's child died, the online
+    result is still reported and written (its JSON's ``error`` says why the bound is missing),
+    then :class:`~hybridkv.sim.failures.ChildProcessDied` is raised again (exit status 1)."""
     from hybridkv.cli.capacity import larger_cache
     from hybridkv.cli.output import progress_bar, write_json, write_output
     from hybridkv.cli.sim_options import options_preset
@@ -224,7 +233,7 @@ def run_cluster_command(args: argparse.Namespace, cfg: SimConfig, items: list[Wo
     progress, close = progress_bar(not args.no_progress, "simulate")
     extra = {"hardware": budget.to_json()} if budget is not None else {}
     try:
-        result = run_cluster(args, cfg, items, progress)
+        result, failure = run_cluster(args, cfg, items, progress)
     except RunInterrupted as exc:
         close()
         if args.json and exc.partial is not None:
@@ -241,8 +250,12 @@ def run_cluster_command(args: argparse.Namespace, cfg: SimConfig, items: list[Wo
                                          larger_cache(args, options_preset(args)), has_state))
     if steps:
         print(steps)
+    if failure is not None:
+        extra["error"] = str(failure)
     if args.json:
         write_json(args.json, {**result.to_json(), **extra})
     if args.plot:
         print(f"wrote {write_output(args.plot, lambda p: plot_cluster(result, p), 'the plot')}")
+    if failure is not None:
+        raise failure
     return 0

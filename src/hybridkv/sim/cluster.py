@@ -31,6 +31,7 @@ from hybridkv.events.index import KVEventIndex
 from hybridkv.sched import EngineRequest
 from hybridkv.sim.routing import DEFAULT_OVERLAP_WEIGHT, InstanceLoad, RouterSetup, make_router
 from hybridkv.sim.interrupt import RunInterrupted
+from hybridkv.sim.failures import ChildProcessDied
 from hybridkv.sim.optimal import OnlineHits, OptimumJob
 from hybridkv.sim.simulator import SimConfig, SimResult, Simulator
 from hybridkv.sim.whatif import what_if
@@ -324,6 +325,8 @@ class ClusterSimulator:
         instances' caches is one cache of that size), with the gap report (``routed``: a block
         computed on another instance) and the what-if answers. Ctrl-C raises
         :class:`~hybridkv.sim.interrupt.RunInterrupted` with the result so far (``partial``).
+        When the optimum's forked child dies, :class:`~hybridkv.sim.failures.ChildProcessDied`
+        carries the finished online result (``partial``, without the bound).
         """
         t0 = time.perf_counter()
         items = list(items)
@@ -354,7 +357,12 @@ class ClusterSimulator:
         if optimum is not None:
             online = self._merged_online(routed_to)
             overall = res.overall
-            overall.optimal_hit_blocks, overall.gap, overall.what_if, overall.hazard = optimum.result(online)
+            try:
+                overall.optimal_hit_blocks, overall.gap, overall.what_if, overall.hazard = optimum.result(online)
+            except ChildProcessDied as exc:      # the online run stands: hand it over
+                res.wall_s = time.perf_counter() - t0
+                exc.partial = res
+                raise
             if not overall.hit_blocks <= overall.optimal_hit_blocks <= overall.prompt_blocks:
                 raise RuntimeError(
                     f"offline optimum {overall.optimal_hit_blocks} blocks outside [online hits "
