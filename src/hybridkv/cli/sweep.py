@@ -24,7 +24,8 @@ import sys
 
 from hybridkv.cli.base import COMMANDS, Command
 from hybridkv.cli.capacity import add_size_options, capacity_blocks, plan_gpus, requested_bytes, size_option
-from hybridkv.cli.cluster import DEFAULT_ROUTER, MAX_INSTANCES
+from hybridkv.cli.cluster import (DEFAULT_ROUTER, MAX_INSTANCES, add_max_skew_option,
+                                  check_max_skew_option, max_skew)
 from hybridkv.cli.hint_options import add_hint_options, apply_hints
 from hybridkv.cli.options import (int_in, non_negative_number, parse_count_list, parse_int_list,
                                   parse_policy_list, parse_retention_list, sweepable_policies)
@@ -71,6 +72,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     cl.add_argument("--router-overlap-weight", type=non_negative_number,
                     help="kv-aware/approximate: weight of a request's uncached prefill against "
                          f"queued prefill tokens (default {DEFAULT_OVERLAP_WEIGHT:g})")
+    add_max_skew_option(cl)
     p.add_argument("--json", help="write the rows as JSON to this path (- : standard output)")
     p.add_argument("--plot", help="write a plot (PNG, or another suffix matplotlib writes) of hit "
                                   "rate against the swept value")
@@ -129,6 +131,8 @@ def check_sweep_options(args: argparse.Namespace) -> None:
             got = f"--router {args.router or DEFAULT_ROUTER}" if is_cluster(args) else "one instance"
             raise ValueError(f"--router-overlap-weight {weight:g} is read only by --router "
                              f"{' or '.join(readers)} with --instances or --instances-list; got {got}")
+    check_max_skew_option(args, args.router or DEFAULT_ROUTER, is_cluster(args),
+                          "--instances or --instances-list")
     if is_cluster(args) and args.sequential:
         raise ValueError("--sequential has no clock: it does not apply to a cluster "
                          "(--instances, --instances-list, --router)")
@@ -219,7 +223,8 @@ def _sweep(args: argparse.Namespace, items: list[WorkItem], preset) -> int:
         weight = args.router_overlap_weight
         job = lambda v, c: ClusterJob(  # noqa: E731
             c, v if args.instances_list is not None else (args.instances or 1),
-            args.router or DEFAULT_ROUTER, DEFAULT_OVERLAP_WEIGHT if weight is None else weight)
+            args.router or DEFAULT_ROUTER, DEFAULT_OVERLAP_WEIGHT if weight is None else weight,
+            max_skew(args))
         runs = [(v, job(v, c)) for v, c in runs]
     print(_header(args, preset, runs, len(items)))
     first = getattr(runs[0][1], "config", runs[0][1])

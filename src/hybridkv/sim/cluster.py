@@ -29,7 +29,8 @@ from hybridkv.core.rules import make_rule
 from hybridkv.core.validation import check_int
 from hybridkv.events.index import KVEventIndex
 from hybridkv.sched import EngineRequest
-from hybridkv.sim.routing import DEFAULT_OVERLAP_WEIGHT, InstanceLoad, RouterSetup, make_router
+from hybridkv.sim.routing import (DEFAULT_MAX_SKEW, DEFAULT_OVERLAP_WEIGHT, InstanceLoad, RouterSetup,
+                                  make_router)
 from hybridkv.sim.interrupt import RunInterrupted
 from hybridkv.sim.failures import ChildProcessDied
 from hybridkv.sim.optimal import OnlineHits, OptimumJob
@@ -117,7 +118,9 @@ class ClusterResult:
     :attr:`overall` combines the instances into one :class:`SimResult` (counts summed, latency
     samples pooled, the makespan the longest), with the cluster's offline optimum and gap
     report when it was computed, so :meth:`to_json` has the keys of a single run's JSON plus
-    the cluster's own (``router``, ``num_instances``, ``load_imbalance``, queueing,
+    the cluster's own (``router``, ``num_instances``, ``load_imbalance``, the balance of
+    requests: ``request_shares`` per instance, ``request_skew`` = max / mean, and the bound the
+    router honoured, ``router_max_skew`` (None: none or not a KV-aware router), queueing,
     ``per_instance``). ``predicted_hit_tokens`` sums the router's predictions (0 in the partial
     result of an interrupted run).
     """
@@ -135,6 +138,20 @@ class ClusterResult:
     config: dict = field(default_factory=dict)
     overall: SimResult | None = None
     partial: bool = False
+    max_skew: float | None = None
+
+    @property
+    def request_shares(self) -> list[float]:
+        """Each instance's share of the routed requests (all 0.0 before any was routed)."""
+        total = sum(self.routed_requests)
+        return [n / total if total else 0.0 for n in self.routed_requests]
+
+    @property
+    def request_skew(self) -> float:
+        """Busiest instance's routed requests over the mean (1.0 = perfectly even)."""
+        n = self.routed_requests
+        mean = sum(n) / len(n) if n else 0.0
+        return max(n) / mean if mean else 1.0
 
     @staticmethod
     def _queue(queues: Sequence[float]) -> dict:
@@ -160,7 +177,9 @@ class ClusterResult:
                      routed_prompt_tokens=self.routed_prompt_tokens[i])
             per.append(p)
         d.update({"router": self.router, "num_instances": len(self.instances),
-                  "load_imbalance": self.load_imbalance, "per_instance": per,
+                  "load_imbalance": self.load_imbalance, "request_shares": self.request_shares,
+                  "request_skew": self.request_skew, "router_max_skew": self.max_skew,
+                  "per_instance": per,
                   "predicted_hit_tokens": self.predicted_hit_tokens,
                   "offered_load": self.offered.to_json() if self.offered else None,
                   "kv_events_published": self.kv_events_published, "wall_s": self.wall_s,
@@ -246,6 +265,9 @@ class ClusterSimulator:
         num_instances: >= 1.
         router: routing policy name.
         overlap_weight: the kv-aware/approximate routers' weight of a request's own prefill.
+        max_skew: the KV-aware routers' load-skew bound
+            (:func:`~hybridkv.sim.routing.base.within_skew`; None: none). Routers that do not
+            score overlap ignore it.
         event_sinks: optional per-instance callables ``sink(start_s, end_s, events)`` receiving
             each step's core KV events (a ZMQ publisher per instance, for example).
         progress: ``progress(done, total)`` now and then.
@@ -253,6 +275,7 @@ class ClusterSimulator:
 
     def __init__(self, config: SimConfig, num_instances: int, router: str = "kv-aware",
                  overlap_weight: float = DEFAULT_OVERLAP_WEIGHT,
+                 max_skew: float | None = DEFAULT_MAX_SKEW,
                  event_sinks: Sequence[Callable[[float, float, list], None]] | None = None,
                  progress: Callable[[int, int], None] | None = None) -> None:
         check_int("num_instances", num_instances, 1)
@@ -271,7 +294,9 @@ class ClusterSimulator:
         self.router = make_router(router, RouterSetup(
             num_instances=num_instances, block_size=self.key_block,
             capacity_blocks=max(1, (config.num_blocks - 1) // len(groups)),
-            index=self.index, group=self.key_group, overlap_weight=overlap_weight))
+            index=self.index, group=self.key_group, overlap_weight=overlap_weight,
+            max_skew=max_skew))
+        self.max_skew = max_skew if self.router.bounds_skew else None
         self.event_sinks = list(event_sinks) if event_sinks is not None else None
         wants_events = self.router.needs_events or self.event_sinks is not None
         cfg = dataclasses.replace(config, hash_seed=config.hash_seed or CLUSTER_HASH_SEED,
@@ -437,6 +462,7 @@ class ClusterSimulator:
                   "cache_tokens": cfg.cache_tokens, "key_block_size": insts[0].sim.key_block,
                   "optimum_capacity_blocks": insts[0].sim.optimum_capacity * len(insts),
                   "instances": len(insts), "router": self.router_name,
+                  "router_max_skew": self.max_skew,
                   "retention_interval": cfg.retention_interval,
                   "eviction_policy": insts[0].sim.kv.eviction_policy,
                   "prefix_retention": (None if cfg.prefix_retention is None
@@ -452,7 +478,8 @@ class ClusterSimulator:
             routed_prompt_tokens=[i.routed_tokens for i in insts],
             predicted_hit_tokens=predicted, index_blocks=sum(
                 self.index.num_blocks(i.idx) for i in insts),
-            wall_s=time.perf_counter() - t0, config=config, overall=overall, partial=partial)
+            wall_s=time.perf_counter() - t0, config=config, overall=overall, partial=partial,
+            max_skew=self.max_skew)
 
 
 @dataclass(frozen=True, slots=True)
@@ -464,7 +491,9 @@ class ClusterJob:
     instances: int
     router: str = "kv-aware"
     overlap_weight: float = DEFAULT_OVERLAP_WEIGHT
+    max_skew: float | None = DEFAULT_MAX_SKEW
 
     def simulator(self, progress: Callable[[int, int], None] | None = None) -> ClusterSimulator:
         return ClusterSimulator(self.config, self.instances, self.router,
-                                overlap_weight=self.overlap_weight, progress=progress)
+                                overlap_weight=self.overlap_weight, max_skew=self.max_skew,
+                                progress=progress)
