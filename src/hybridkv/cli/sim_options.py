@@ -28,7 +28,8 @@ from hybridkv.core.specs import StateSpec
 from hybridkv.sched import SchedulerConfig
 from hybridkv.sim.presets import get_gpu, get_preset
 from hybridkv.sim.simulator import SimConfig
-from hybridkv.sim.traces import BUNDLED_TRACES, load_token_trace, resolve_trace, trace_format
+from hybridkv.sim.traces import (BUNDLED_TRACES, TraceWarning, load_token_trace, resolve_trace,
+                                 trace_format)
 from hybridkv.sim.workloads import WORKLOADS, get_workload
 from hybridkv.sim.workitems import WorkItem, items_from_mooncake, items_from_trace
 
@@ -199,15 +200,30 @@ def check_spec_fits(cfg: SimConfig) -> None:
             f"--max-model-len {max_len} tokens per request")
 
 
+def warn(args: argparse.Namespace, message: str) -> None:
+    """One warning line on stderr: ``hybridkv COMMAND: warning: message``."""
+    print(f"hybridkv {getattr(args, 'command', None) or 'simulate'}: warning: {message}",
+          file=sys.stderr)
+
+
 def load_items(args: argparse.Namespace) -> list[WorkItem]:
-    """The workload of the options: a trace file or a built-in generator."""
+    """The workload of the options: a trace file or a built-in generator. The loaders'
+    :class:`~hybridkv.sim.traces.TraceWarning` s are printed as one warning line each."""
+    import warnings
     limit = args.limit
     if args.trace is not None:
         path = resolve_trace(args.trace)
-        if trace_format(path) == "mooncake":
-            items = items_from_mooncake(str(path), limit)
-        else:
-            items = items_from_trace(load_token_trace(path))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", TraceWarning)
+            if trace_format(path) == "mooncake":
+                items = items_from_mooncake(str(path), limit)
+            else:
+                items = items_from_trace(load_token_trace(path))
+        for w in caught:
+            if issubclass(w.category, TraceWarning):
+                warn(args, str(w.message))
+            else:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     else:
         items = items_from_trace(get_workload(args.workload or DEFAULT_WORKLOAD, seed=args.seed))
     items = items[:limit] if limit is not None else items

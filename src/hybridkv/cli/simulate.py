@@ -150,7 +150,8 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from hybridkv.sim.advice import next_steps
     from hybridkv.sim.report import explain_gap, format_next_steps, plot_run, summary_table
-    from hybridkv.sim.workload_fit import check_fits
+    from hybridkv.cli.options import name_options
+    from hybridkv.sim.workload_fit import check_fits, context_warning
     check_options(args)
     cluster.check_args(args)              # before the trace is read
     preset = options_preset(args)
@@ -162,6 +163,9 @@ def _run(args: argparse.Namespace) -> int:
                          (lambda need: more_gpus(args, preset, need.bytes)) if default else None)
     if warning:
         print(f"hybridkv simulate: {warning}", file=sys.stderr)
+    warning = context_warning(preset, items, cfg.max_model_len)
+    if warning:
+        print(f"hybridkv simulate: warning: {name_options(warning, OPTION_NAMES)}", file=sys.stderr)
     warning = optimum_memory_warning(cfg, items, available_memory_bytes())
     if warning:
         print(f"hybridkv simulate: {warning}", file=sys.stderr)

@@ -27,11 +27,11 @@ from hybridkv.cli.capacity import add_size_options, capacity_blocks, plan_gpus, 
 from hybridkv.cli.cluster import (DEFAULT_ROUTER, MAX_INSTANCES, add_max_skew_option,
                                   check_max_skew_option, max_skew)
 from hybridkv.cli.hint_options import add_hint_options, apply_hints
-from hybridkv.cli.options import (int_in, non_negative_number, parse_count_list, parse_int_list,
+from hybridkv.cli.options import (int_in, name_options, non_negative_number, parse_count_list, parse_int_list,
                                   parse_policy_list, parse_retention_list, sweepable_policies)
 from hybridkv.cli.output import json_to_stdout, progress_bar, write_json, write_output
 from hybridkv.cli.sim_options import (OPTION_NAMES, add_common_options, build_config, check_options,
-                                      cost_source, load_items, options_preset)
+                                      cost_source, load_items, options_preset, warn)
 from hybridkv.cli.tier_options import add_tier_options, tier_config
 from hybridkv.core.specs import StateSpec
 from hybridkv.sim.interrupt import RunInterrupted, sigint_deferred
@@ -184,6 +184,10 @@ def _run(args: argparse.Namespace) -> int:
         check_state_sweep_options(args)
     warn_workers(args)
     items = load_items(args)
+    from hybridkv.sim.workload_fit import context_warning
+    warning = context_warning(preset, items, args.max_model_len)
+    if warning:
+        warn(args, name_options(warning, OPTION_NAMES))
     try:
         if state:
             return sweep_state(args, items, preset)
