@@ -16,8 +16,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hybridkv.cli.options import (MAX_BLOCK_SIZE, AllPolicies, fraction, int_in, parse_block_size,
-                                  parse_policy, parse_prefix_retention, parse_retention,
+from hybridkv.cli.options import (MAX_BLOCK_SIZE, AllPolicies, fraction, int_in, name_options,
+                                  parse_block_size, parse_policy, parse_prefix_retention, parse_retention,
                                   positive_count, profile_argument, spec_argument)
 from hybridkv.cli.capacity import add_hardware_options, capacity_blocks, plan_from_options
 from hybridkv.cli.hint_options import check_hint_options
@@ -28,8 +28,8 @@ from hybridkv.core.specs import StateSpec
 from hybridkv.sched import SchedulerConfig
 from hybridkv.sim.presets import get_gpu, get_preset
 from hybridkv.sim.simulator import SimConfig
-from hybridkv.sim.traces import (BUNDLED_TRACES, TraceWarning, load_token_trace, resolve_trace,
-                                 trace_format)
+from hybridkv.sim.traces import (BUNDLED_TRACES, TraceWarning, load_token_trace,
+                                 mooncake_block_warning, resolve_trace, trace_format)
 from hybridkv.sim.workloads import WORKLOADS, get_workload
 from hybridkv.sim.workitems import WorkItem, items_from_mooncake, items_from_trace
 
@@ -217,6 +217,9 @@ def load_items(args: argparse.Namespace) -> list[WorkItem]:
             warnings.simplefilter("always", TraceWarning)
             if trace_format(path) == "mooncake":
                 items = items_from_mooncake(str(path), limit)
+                cut = mooncake_block_warning(options_preset(args).block_size)
+                if cut:
+                    warn(args, name_options(cut, OPTION_NAMES))
             else:
                 items = items_from_trace(load_token_trace(path))
         for w in caught:

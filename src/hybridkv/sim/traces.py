@@ -59,6 +59,7 @@ __all__ = [
     "iter_mooncake_records",
     "load_mooncake_trace",
     "load_token_trace",
+    "mooncake_block_warning",
     "open_trace_text",
     "parse_hint",
     "resolve_trace",
@@ -78,6 +79,31 @@ TOKEN_FIELDS = ("prompt_token_ids", "output_len", "arrival_s", "session", "reque
 
 class TraceWarning(UserWarning):
     """A trace that loads but is probably not what its author meant (the message says why)."""
+
+
+def mooncake_block_warning(block_size: int, block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> str | None:
+    """Why a Mooncake trace at ``block_size`` tokens per block is distorted, or None when the
+    block size is a multiple of the ids' ``block_tokens`` (512).
+
+    A Mooncake trace has no tokens, only one hash id per ``block_tokens`` prompt tokens (the
+    last id covering the partial tail); the loader expands each id into pseudo tokens. A
+    request that continues an earlier one (the next turn of a conversation) shares the earlier
+    prompt's ids up to its last whole id and gets a new id where the earlier one's partial tail
+    was, so it diverges at the last ``block_tokens`` boundary before the earlier request's end,
+    not at its end. At a block size that cuts the ids, the up to ``block_tokens - 1`` tokens
+    after that boundary were cached and are never hit again, and a sliding-window or recurrent
+    group keeps its window or checkpoint at the earlier request's end, where the next turn
+    never comes back: the full-attention blocks hit but the next turn falls back (counted as
+    *windows* or *checkpoints* in the gap report). A token-level trace has neither effect.
+    """
+    if block_size % block_tokens == 0:
+        return None
+    return (f"Mooncake hash ids cover {block_tokens} tokens and block_size={block_size} cuts them: a "
+            f"turn continuing an earlier request diverges at the last {block_tokens}-token boundary "
+            f"before that request's end, not at its end, so up to {block_tokens - 1} cached tokens "
+            f"per turn are never hit again and sliding-window or recurrent groups keep no window or "
+            f"checkpoint there (missed as 'windows' / 'checkpoints'); block_size={block_tokens} "
+            f"matches the ids")
 
 TOKEN_ID_LIMIT = 2**31
 """Pseudo-token ids from :func:`expand_block_ids` lie in ``[0, TOKEN_ID_LIMIT)``."""
