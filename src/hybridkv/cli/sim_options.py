@@ -113,6 +113,19 @@ def cost_source(cfg: SimConfig) -> str:
     return cost_model(cfg.preset, cfg.gpu, cfg.num_gpus, cfg.profile, cfg.cost_model).source
 
 
+def profile_warning(profile, preset) -> str | None:
+    """The warning when ``--profile`` was measured on another model than ``preset`` (its
+    constants are then applied to ``preset`` as they are), else None."""
+    if profile is None:
+        return None
+    measured = profile.model["preset"]
+    if measured == preset.name:
+        return None
+    return (f"--profile {profile.label!r} was measured on {measured}, not {preset.name}: its fitted "
+            f"constants are applied to {preset.name} as they are (profile {preset.name} with "
+            f"`hybridkv profile` for step times of its own)")
+
+
 def check_cost_model_options(args: argparse.Namespace) -> None:
     if getattr(args, "profile", None) is not None and args.cost_model == "roofline":
         raise ValueError("--profile applies to the calibrated cost model; drop --cost-model roofline")

@@ -22,7 +22,7 @@ from hybridkv.cli.hint_options import add_hint_options, apply_hints
 from hybridkv.cli.output import json_to_stdout, progress_bar, write_json, write_output
 from hybridkv.cli.sim_options import (DEFAULT_WORKLOAD, OPTION_NAMES, add_common_options,
                                       build_config, check_options, cost_source, load_items,
-                                      options_preset)
+                                      options_preset, profile_warning)
 from hybridkv.cli.tier_options import add_tier_options
 from hybridkv.sim.failures import ChildProcessDied
 from hybridkv.sim.hardware import KVBudget
@@ -33,8 +33,9 @@ from hybridkv.sim.workitems import WorkItem
 
 DESCRIPTION = """\
 Simulate a model's prefix cache and latency over a workload: the real scheduler and KV-cache
-manager over a built-in workload or a trace, a roofline cost model for time, and the offline
-optimum and an unlimited cache beside the online hit rate.
+manager over a built-in workload or a trace, step times from the calibrated cost model (fitted
+to steps measured on an H100, or to --profile; --cost-model roofline: peak rates at fixed
+efficiencies), and the offline optimum and an unlimited cache beside the online hit rate.
 
 The KV cache is what the GPUs leave, as in vLLM: --gpu-memory-fraction (default 0.9) of the
 memory of --gpus x --gpu, less the weights and a 6 GiB-per-GPU activation reserve. Either
@@ -163,6 +164,9 @@ def _run(args: argparse.Namespace) -> int:
                          (lambda need: more_gpus(args, preset, need.bytes)) if default else None)
     if warning:
         print(f"hybridkv simulate: {warning}", file=sys.stderr)
+    warning = profile_warning(cfg.profile, preset)
+    if warning:
+        print(f"hybridkv simulate: warning: {warning}", file=sys.stderr)
     warning = context_warning(preset, items, cfg.max_model_len)
     if warning:
         print(f"hybridkv simulate: warning: {name_options(warning, OPTION_NAMES)}", file=sys.stderr)

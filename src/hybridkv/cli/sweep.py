@@ -31,7 +31,8 @@ from hybridkv.cli.options import (int_in, name_options, non_negative_number, par
                                   parse_policy_list, parse_retention_list, sweepable_policies)
 from hybridkv.cli.output import json_to_stdout, progress_bar, write_json, write_output
 from hybridkv.cli.sim_options import (OPTION_NAMES, add_common_options, build_config, check_options,
-                                      cost_source, load_items, options_preset, warn)
+                                      cost_source, load_items, options_preset, profile_warning,
+                                      warn)
 from hybridkv.cli.tier_options import add_tier_options, tier_config
 from hybridkv.core.specs import StateSpec
 from hybridkv.sim.interrupt import RunInterrupted, sigint_deferred
@@ -185,9 +186,10 @@ def _run(args: argparse.Namespace) -> int:
     warn_workers(args)
     items = load_items(args)
     from hybridkv.sim.workload_fit import context_warning
-    warning = context_warning(preset, items, args.max_model_len)
-    if warning:
-        warn(args, name_options(warning, OPTION_NAMES))
+    for warning in (context_warning(preset, items, args.max_model_len),
+                    profile_warning(args.profile, preset)):
+        if warning:
+            warn(args, name_options(warning, OPTION_NAMES))
     try:
         if state:
             return sweep_state(args, items, preset)
@@ -263,9 +265,12 @@ def _header(args: argparse.Namespace, preset, runs: list, n_items: int) -> str:
 
 
 def run_configs(args: argparse.Namespace, runs: list[tuple[object, object]],
-                items: list[WorkItem]) -> tuple[list[dict], dict[int, SimResult], int]:
-    """Run the sweep on the chosen executor; print each row as it finishes. Returns the JSON
-    rows in configuration order (a failed one is ``{"value", "error"}``), the results by index
+                items: list[WorkItem], tags: list[dict] | None = None
+                ) -> tuple[list[dict], dict[int, SimResult], int]:
+    """Run the sweep on the chosen executor; print each row as it finishes. ``tags``: per
+    configuration, keys added to its row (a failed one too) and named in its printed line
+    before the value (e.g. ``{"eviction_policy": "lru"}`` prints ``lru @ 200000``). Returns
+    the JSON rows in configuration order (a failed one is ``{"value", "error"}``), the results by index
     (a cluster's combined result) and the number of failures. Ctrl-C: the executor stops its
     workers, then :class:`RunInterrupted` carries ``(value, row)`` per configuration (row
     ``{}``: unfinished)."""
@@ -281,6 +286,9 @@ def run_configs(args: argparse.Namespace, runs: list[tuple[object, object]],
         if bar:
             bar(sum(d for d, _ in counts.values()),
                 sum(counts.get(i, (0, len(items)))[1] for i in range(len(runs))))
+    def label(index: int, value: object) -> str:
+        tag = " ".join(str(v) for v in tags[index].values()) if tags else ""
+        return f"{tag} @ {_label(value)}" if tag else _label(value)
     outcomes = execute([cfg for _, cfg in runs], items, args.executor, args.workers,
                        args.ray_address, progress=progress)
     try:
@@ -290,18 +298,19 @@ def run_configs(args: argparse.Namespace, runs: list[tuple[object, object]],
             value = runs[out.index][0]
             if out.result is None:
                 failed += 1
-                rows[out.index] = {"value": value, "error": out.error}
-                print(f"  {_label(value):>10}: error: {out.error}", file=sys.stderr, flush=True)
+                rows[out.index] = {"value": value, "error": out.error, **(tags[out.index] if tags else {})}
+                print(f"  {label(out.index, value):>10}: error: {out.error}", file=sys.stderr, flush=True)
             else:
                 combined = getattr(out.result, "overall", None) or out.result
                 results[out.index] = combined
                 d = out.result.to_json()
                 d["value"] = value
+                d.update(tags[out.index] if tags else {})
                 rows[out.index] = d
                 opt = d["optimal_block_hit_rate"]
                 hz = d["hazard_bound_block_hit_rate"]
                 ttft = "n/a" if d["ttft_p50_s"] is None else f"{d['ttft_p50_s']:.3f} s"   # --sequential
-                print(f"  {_label(value):>10}: block hit rate {d['block_hit_rate']:.4f}, token hit rate "
+                print(f"  {label(out.index, value):>10}: block hit rate {d['block_hit_rate']:.4f}, token hit rate "
                       f"{d['hit_rate']:.4f}, optimum {'n/a' if opt is None else f'{opt:.4f}'}, "
                       f"non-anticipative {'n/a' if hz is None else f'{hz:.4f}'}, "
                       f"TTFT p50 {ttft}, evictions {d['evictions']:,}, "
@@ -391,13 +400,15 @@ def sweep_tiers(args: argparse.Namespace, items: list[WorkItem], preset) -> int:
 def sweep_policies(args: argparse.Namespace, runs: list, items: list) -> tuple[list[dict], int]:
     """Run ``runs`` (value, SimConfig) once per policy of ``args.eviction_policies``; print a
     policy x size table (with each policy's cost per pool operation against LRU, measured now,
-    :func:`hybridkv.sim.policy_cost.op_cost`) and, with ``--plot``, draw it. Returns the JSON
-    rows (each with ``config.eviction_policy``) and the number of failed configurations."""
+    :func:`hybridkv.sim.policy_cost.op_cost`) and, with ``--plot``, draw it. Each row's line
+    names its policy (``lru @ 200000``). Returns the JSON rows (each with ``eviction_policy``, a
+    failed one too) and the number of failed configurations."""
     from hybridkv.sim.policy_cost import op_cost
     from hybridkv.sim.report import plot_policies
     names = args.eviction_policies
     all_runs = [(v, _with_policy(cfg, p)) for p in names for v, cfg in runs]
-    rows, _, failed = run_configs(args, all_runs, items)
+    rows, _, failed = run_configs(args, all_runs, items,
+                                  [{"eviction_policy": p} for p in names for _ in runs])
     values = [v for v, _ in runs]
     cost = op_cost(names)
     lines = ["", f"{'policy':>8} " + " ".join(f"{str(v):>22}" for v in values) + f"{'op cost':>9}",
