@@ -119,7 +119,7 @@ def test_a_progress_bar_starts_over_when_its_count_falls_back(capsys) -> None:
     over: its count, clock and rate, so the ETA is the new run's."""
     pytest.importorskip("tqdm")
     from hybridkv.cli.output import progress_bar
-    update, close = progress_bar(True, "sweep")
+    update, close = progress_bar(True, "sweep", tty=True)
     bar = update.__closure__[0].cell_contents
     clock = [1000.0]
     bar._time = lambda: clock[0]                       # tqdm's clock, made ours
@@ -131,3 +131,16 @@ def test_a_progress_bar_starts_over_when_its_count_falls_back(capsys) -> None:
     assert bar.n == 5 and bar.total == 100
     assert bar.format_dict["elapsed"] == 0             # 200 s if the clock kept running
     close()
+
+
+def test_no_progress_bar_when_stderr_is_redirected(capsys) -> None:
+    """Issue #44: redirected (``> out 2>&1``), the bar's carriage returns overwrote the
+    report's first line in the file. Off a terminal there is no bar at all."""
+    from hybridkv.cli.output import progress_bar
+    update, close = progress_bar(True, "simulate", tty=False)
+    assert update is None
+    close()
+    assert main(["simulate", "--workload", "chat", "--limit", "5", "--preset", "llama-3.1-8b",
+                 "--no-optimum"]) == 0                     # progress on, stderr captured
+    out, err = capsys.readouterr()
+    assert "\r" not in err and "\r" not in out and out.startswith("hybridkv simulate: llama-3.1-8b")
