@@ -535,7 +535,8 @@ def test_offered_load_numbers_by_hand() -> None:
     assert load.to_json() == {"requests": 10, "duration_s": 5.0, "arrival_rate_req_s": 2.0,
                               "prompt_tok_s": 1000.0, "instances": 2,
                               "capacity_tok_s_per_instance": 300.0, "cluster_capacity_tok_s": 600.0,
-                              "needed_hit_rate": pytest.approx(0.4), "overloaded": True}
+                              "needed_hit_rate": pytest.approx(0.4), "overloaded": True,
+                              "peak_prompt_tok_s": None, "peak_window_s": 0.0}
     even = OfferedLoad(10, 5.0, 2.0, 600.0, 2, 300.0)
     assert not even.overloaded and even.needed_hit_rate == 0.0 and even.warning() is None
     none = OfferedLoad(10, 5.0, 2.0, 600.0, 2, 0.0)

@@ -45,6 +45,10 @@ def _pct(xs: Sequence[float], q: float) -> float | None:
     return float(np.percentile(xs, q)) if len(xs) else None
 
 
+PEAK_WINDOW_S = 60.0
+"""The window of :attr:`OfferedLoad.peak_prompt_tok_s`: the busiest minute of arrivals."""
+
+
 @dataclass(frozen=True, slots=True)
 class OfferedLoad:
     """The workload's prompt-token arrival rate against what the instances can prefill.
@@ -52,6 +56,9 @@ class OfferedLoad:
     ``capacity_tok_s`` is one instance's prefill rate: a full step of the token budget at the
     context of the middle of a mean prompt, by the cost model. ``needed_hit_rate`` is the
     prefix-hit rate at which the uncached prompt tokens just match the capacity.
+    ``peak_prompt_tok_s`` is the busiest window's rate: the most prompt tokens arriving within
+    ``peak_window_s`` (:data:`PEAK_WINDOW_S`, or the whole duration when shorter) of one
+    arrival, over that window (None: no duration).
     """
 
     requests: int
@@ -60,6 +67,8 @@ class OfferedLoad:
     prompt_tok_s: float
     instances: int
     capacity_tok_s: float
+    peak_prompt_tok_s: float | None = None
+    peak_window_s: float = 0.0
 
     @property
     def cluster_capacity_tok_s(self) -> float:
@@ -93,7 +102,8 @@ class OfferedLoad:
                 "arrival_rate_req_s": self.arrival_rate_req_s, "prompt_tok_s": self.prompt_tok_s,
                 "instances": self.instances, "capacity_tok_s_per_instance": self.capacity_tok_s,
                 "cluster_capacity_tok_s": self.cluster_capacity_tok_s,
-                "needed_hit_rate": self.needed_hit_rate, "overloaded": self.overloaded}
+                "needed_hit_rate": self.needed_hit_rate, "overloaded": self.overloaded,
+                "peak_prompt_tok_s": self.peak_prompt_tok_s, "peak_window_s": self.peak_window_s}
 
 
 def offered_load(cfg: SimConfig, items: Sequence[WorkItem], instances: int) -> OfferedLoad:
@@ -108,7 +118,19 @@ def offered_load(cfg: SimConfig, items: Sequence[WorkItem], instances: int) -> O
     step = cost.step_time_arrays(np.array([float(budget)]), np.array([mean_prompt / 2]))
     capacity = budget / step if step > 0 else math.inf
     rate = total / duration if duration > 0 else 0.0
-    return OfferedLoad(n, duration, n / duration if duration > 0 else 0.0, rate, instances, capacity)
+    window = min(PEAK_WINDOW_S, duration)
+    peak = None
+    if window > 0:
+        most, tokens, j = 0, 0, 0
+        for i, it in enumerate(items):        # items are in arrival order
+            while j < n and items[j].arrival_s <= it.arrival_s + window:
+                tokens += items[j].prompt_len
+                j += 1
+            most = max(most, tokens)
+            tokens -= it.prompt_len
+        peak = most / window
+    return OfferedLoad(n, duration, n / duration if duration > 0 else 0.0, rate, instances, capacity,
+                       peak, window)
 
 
 @dataclass(slots=True)
