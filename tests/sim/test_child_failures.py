@@ -209,6 +209,34 @@ def test_a_killed_sweep_worker_is_named(trace_dir: Path):
                             "memory))")
 
 
+def _ray_task_pids() -> list[int]:
+    """Ray workers executing a sweep job (Ray names the process after the task it runs)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit() and _cmdline(int(d)).startswith("ray::_ray_task"):
+            out.append(int(d))
+    return out
+
+
+def test_a_killed_ray_task_is_named():
+    """The Ray task running job 0 gets SIGKILL: job 0 is a ChildProcessDied error with Ray's
+    reason (Ray does not retry it: max_retries=0); job 1 still runs on a new worker."""
+    pytest.importorskip("ray")
+    items = items_from_trace(get_workload("chat", seed=3))[:300]
+    preset, gpu = get_preset("llama-3.1-8b"), get_gpu("h100")
+    configs = [SimConfig(preset=preset, gpu=gpu, num_blocks=n, optimum=False) for n in (3000, 4000)]
+    killed: list[int] = []
+
+    def progress(index: int, done: int, total: int) -> None:
+        if not killed and done < total:
+            for pid in _ray_task_pids():
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+    got = {o.index: o for o in execute(configs, items, "ray", workers=1, progress=progress)}
+    assert len(killed) == 1 and got[0].result is None and got[1].result.requests == 300
+    assert got[0].error.startswith("ChildProcessDied: the Ray task running it died (WorkerCrashedError: ")
+
+
 def test_sweep_exits_1_naming_the_killed_worker_and_writes_the_finished_rows(tmp_path: Path,
                                                                              trace_dir: Path):
     js = tmp_path / "s.json"
