@@ -53,6 +53,11 @@ def add_common_options(p: argparse.ArgumentParser) -> None:
                    help=f"model preset (default {DEFAULT_PRESET}; see `hybridkv presets`)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--workload", help=f"built-in workload: {', '.join(WORKLOADS)} (default {DEFAULT_WORKLOAD})")
+    p.add_argument("--workload-param", type=parse_workload_param, action="append", metavar="KEY=VALUE",
+                   help="a parameter of the built-in workload (repeat for more), e.g. "
+                        "--workload agentic --workload-param num_agents=64 --workload-param "
+                        "tool_tokens=512-4096 (N-M: a range drawn uniformly; none: None); an "
+                        "unknown key lists the workload's")
     src.add_argument("--trace", help="a bundled trace (" + ", ".join(BUNDLED_TRACES) + "; see "
                      "`hybridkv traces`) or a JSONL file (.gz/.xz too): Mooncake format (hash_ids) "
                      "or token ids (prompt_token_ids)")
@@ -176,8 +181,51 @@ def check_policy_options(args: argparse.Namespace) -> None:
                              f"(the only policy that reads retention); got {', '.join(names)}")
 
 
+def parse_workload_param(text: str) -> tuple[str, object]:
+    """``KEY=VALUE`` (argparse type): VALUE an integer, a number, ``N-M`` (a ``(N, M)`` token
+    range) or ``none``."""
+    import re
+    key, sep, value = str(text).partition("=")
+    key, value = key.strip().replace("-", "_"), value.strip()
+    if not sep or not key or not value:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r} (e.g. num_agents=64)")
+    if value.lower() == "none":
+        return key, None
+    m = re.fullmatch(r"(\d+)-(\d+)", value)
+    if m:
+        return key, (int(m[1]), int(m[2]))
+    for kind in (int, float):
+        try:
+            return key, kind(value)
+        except ValueError:
+            pass
+    raise argparse.ArgumentTypeError(f"{key}: expected an integer, a number, N-M or none, got {value!r}")
+
+
+def workload_params(name: str, params: list[tuple[str, object]] | None) -> dict:
+    """``--workload-param`` pairs as keyword overrides of workload ``name``'s generator;
+    ValueError naming an unknown key and the valid ones (``seed`` is ``--seed``'s)."""
+    import inspect
+    if not params:
+        return {}
+    factory = WORKLOADS.get(name)
+    if factory is None:
+        return {}                                  # get_workload names the valid workloads
+    valid = [k for k in inspect.signature(factory).parameters if k != "seed"]
+    out: dict = {}
+    for key, value in params:
+        if key not in valid:
+            where = "--seed sets it" if key == "seed" else f"valid: {', '.join(valid)}"
+            raise ValueError(f"--workload-param {key}: workload {name!r} has no such parameter ({where})")
+        out[key] = value
+    return out
+
+
 def check_options(args: argparse.Namespace) -> None:
     """Rules involving several options, checked before anything runs (``ValueError``)."""
+    if getattr(args, "workload_param", None) and getattr(args, "trace", None) is not None:
+        raise ValueError("--workload-param sets a built-in --workload's parameters; a --trace "
+                         "has none")
     check_policy_options(args)
     check_hint_options(args)
     check_cost_model_options(args)
@@ -241,7 +289,9 @@ def load_items(args: argparse.Namespace) -> list[WorkItem]:
             else:
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     else:
-        items = items_from_trace(get_workload(args.workload or DEFAULT_WORKLOAD, seed=args.seed))
+        name = args.workload or DEFAULT_WORKLOAD
+        items = items_from_trace(get_workload(name, seed=args.seed,
+                                              **workload_params(name, getattr(args, "workload_param", None))))
     items = items[:limit] if limit is not None else items
     if not items:
         raise ValueError("the workload has no requests")
