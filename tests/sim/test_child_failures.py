@@ -287,3 +287,21 @@ def test_memory_warning_before_the_run():
         "larger --block-size or a smaller --limit shrinks it")
     import dataclasses
     assert optimum_memory_warning(dataclasses.replace(cfg, optimum=False), items, 1) is None
+
+
+def test_sweep_warns_about_the_optimums_memory_too(monkeypatch, capsys):
+    """With 1 byte available every optimum is 'large': simulate and sweep both warn before the
+    run; without the optimum neither does."""
+    import hybridkv.sim.optimum_memory as om
+    monkeypatch.setattr(om, "available_memory_bytes", lambda: 1)
+    argv = ["--workload", "chat", "--limit", "5", "--preset", "llama-3.1-8b", "--gpus", "1",
+            "--no-progress"]
+    assert main(["sweep", *argv, "--cache-tokens-list", "100k"]) == 0
+    err = capsys.readouterr().err
+    assert "hybridkv sweep: warning: the offline optimum needs about" in err
+    assert err.rstrip().endswith("(per process running a configuration)")
+    assert main(["sweep", *argv, "--cache-tokens-list", "100k", "--no-optimum"]) == 0
+    assert "offline optimum needs" not in capsys.readouterr().err
+    monkeypatch.setattr("hybridkv.cli.simulate.available_memory_bytes", lambda: 1)
+    assert main(["simulate", *argv]) == 0
+    assert "hybridkv simulate: warning: the offline optimum needs about" in capsys.readouterr().err

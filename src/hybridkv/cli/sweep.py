@@ -190,6 +190,14 @@ def _run(args: argparse.Namespace) -> int:
                     profile_warning(args.profile, preset)):
         if warning:
             warn(args, name_options(warning, OPTION_NAMES))
+    if not args.no_optimum and not state:          # each configuration's optimum, one at a time
+        from hybridkv.cli.simulate import optimum_memory_warning
+        from hybridkv.sim.optimum_memory import available_memory_bytes
+        from hybridkv.sim.presets import get_gpu
+        warning = optimum_memory_warning(SimConfig(preset=preset, gpu=get_gpu(args.gpu), num_blocks=2),
+                                         items, available_memory_bytes())
+        if warning:
+            print(f"hybridkv sweep: {warning} (per process running a configuration)", file=sys.stderr)
     try:
         if state:
             return sweep_state(args, items, preset)
