@@ -299,9 +299,12 @@ def load_items(args: argparse.Namespace) -> list[WorkItem]:
 
 
 def options_preset(args: argparse.Namespace):
-    """The ``--preset`` with ``--block-size`` applied."""
+    """The ``--preset`` with ``--block-size`` applied, and with ``--spec eagle3:K`` the
+    drafter's KV group the preset records (:meth:`~hybridkv.sim.presets.ModelPreset.with_drafter`)."""
     preset = get_preset(args.preset)
-    return preset if args.block_size is None else preset.with_block_size(args.block_size)
+    preset = preset if args.block_size is None else preset.with_block_size(args.block_size)
+    spec = getattr(args, "spec", None)
+    return preset.with_drafter(getattr(spec, "method", None))
 
 
 def build_config(args: argparse.Namespace, num_blocks: int | None = None,

@@ -69,6 +69,10 @@ class ModelPreset:
             ``max_position_embeddings``), or None where the preset does not know it (the
             illustrative presets). A prompt that reaches it cannot run on the real model
             (:func:`hybridkv.sim.workload_fit.context_warning`).
+        eagle3_drafter: the KV-cache group of the model's published EAGLE-3 drafter (its
+            decoder layer, ``is_draft``), which :meth:`with_drafter` adds for ``eagle3``
+            speculative decoding; None where no drafter is recorded (the drafter's KV is then
+            not counted).
     """
 
     name: str
@@ -83,6 +87,7 @@ class ModelPreset:
     source: str = ""
     shapes: ModelShapes | None = None
     context_len: int | None = None
+    eagle3_drafter: KVCacheGroup | None = None
 
     def __post_init__(self) -> None:
         if not self.groups:
@@ -127,6 +132,16 @@ class ModelPreset:
             spec = dataclasses.replace(g.spec, block_size=scaled // self.block_size)
             new_groups.append(dataclasses.replace(g, spec=spec))
         return dataclasses.replace(self, groups=tuple(new_groups))
+
+    def with_drafter(self, method: str | None) -> ModelPreset:
+        """This preset with the drafter's KV group of speculative ``method`` added (at the main
+        group's block size): ``eagle3`` adds :attr:`eagle3_drafter` when the preset records one
+        and has no draft group yet; anything else returns the preset unchanged."""
+        d = self.eagle3_drafter
+        if method != "eagle3" or d is None or any(g.is_draft for g in self.groups):
+            return self
+        spec = dataclasses.replace(d.spec, block_size=self.block_size)
+        return dataclasses.replace(self, groups=self.groups + (dataclasses.replace(d, spec=spec),))
 
     def kv_bytes_per_token(self) -> dict[str, int]:
         """KV bytes one token costs per group (summed over the group's layers), plus ``"total"``."""
@@ -176,6 +191,10 @@ def llama_3_1_8b() -> ModelPreset:
         shapes=ModelShapes(hidden_size=4096, num_heads=32, head_dim=128, intermediate_size=14336,
                            vocab_size=128256),
         context_len=131_072,  # config.json: max_position_embeddings=131072
+        # EAGLE-3 drafter yuhuili/EAGLE3-LLaMA3.1-Instruct-8B (config.json: one Llama decoder
+        # layer, num_attention_heads=32, num_key_value_heads=8, hidden_size=4096): head_dim 128.
+        eagle3_drafter=_group("eagle3", FullAttention(block_size=DEFAULT_BLOCK_SIZE, num_kv_heads=8,
+                                                      head_dim=128), [0], prefix="eagle3", is_draft=True),
     )
 
 
