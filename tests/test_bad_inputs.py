@@ -233,8 +233,12 @@ def test_traces_command_lists_names_counts_sizes_and_licence(capsys) -> None:
     for name, r in rows.items():
         assert r["licence"] == "Apache-2.0" and r["bytes"] > 10_000 and "Mooncake" in r["source"]
     assert rows["mooncake-conversation"]["requests"] == 12_031
+    assert all(r["block_tokens"] == 512 for r in rows.values())     # issue #44: the granularity
     assert main(["traces"]) == 0
-    assert "mooncake-synthetic" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "mooncake-synthetic" in out
+    assert ("granularity: one hash id per 512 prompt tokens (no tokens): a --block-size below 512 "
+            "cuts the ids and is warned about (README: Granularity of a Mooncake trace)") in out
 
 
 def test_bundled_request_counts_are_the_files(trace_dir_any) -> None:
