@@ -305,3 +305,28 @@ def test_sweep_warns_about_the_optimums_memory_too(monkeypatch, capsys):
     monkeypatch.setattr("hybridkv.cli.simulate.available_memory_bytes", lambda: 1)
     assert main(["simulate", *argv]) == 0
     assert "hybridkv simulate: warning: the offline optimum needs about" in capsys.readouterr().err
+
+
+def test_a_broken_pipe_that_is_not_stdout_is_a_failure(capsys):
+    """The issue's silent exit 0: a helper's pipe broke and run_command took it for `| head`.
+    Now only a standard output whose reader is gone exits 0 quietly."""
+    import argparse
+    from hybridkv.cli.base import run_command
+
+    def broken(args):
+        raise BrokenPipeError(32, "Broken pipe")
+    args = argparse.Namespace(func=broken, command="simulate", option_names={})
+    assert run_command(args) == 1
+    assert capsys.readouterr().err == ("hybridkv simulate: error: a pipe to a helper process broke "
+                                       "(Broken pipe): it died before it answered\n")
+
+
+def test_stdout_into_a_reader_that_stopped_early_still_exits_0():
+    """`hybridkv presets | head -0`: the reader is gone before the command writes; it exits 0
+    with nothing on stderr (its standard output polls as broken)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    proc = subprocess.Popen([sys.executable, "-m", "hybridkv.cli", "presets"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env)
+    proc.stdout.close()                      # the reader stops before the first line
+    rc = proc.wait(timeout=60)
+    assert (rc, proc.stderr.read().decode()) == (0, "")

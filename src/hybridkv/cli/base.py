@@ -93,6 +93,23 @@ def unknown_options(parser: argparse.ArgumentParser, command: str, extra: list[s
     sub.error(f"unrecognized arguments: {' '.join(extra)}{more}")
 
 
+def _stdout_broken() -> bool:
+    """Whether standard output is a pipe whose reader has gone (``| head`` stopped reading):
+    the write end then polls as an error. Not a real file descriptor (a test's capture):
+    False; no ``poll`` on this platform: True (as before)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return False
+    try:
+        import select
+        poller = select.poll()
+    except (ImportError, AttributeError):
+        return True
+    poller.register(fd, select.POLLOUT)
+    return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
+
+
 def _stop_on_first_interrupt(signum, frame) -> None:
     """SIGINT handler of a command: the first Ctrl-C stops the run; later ones are ignored
     while it stops its helpers and writes what finished (which takes seconds at most)."""
@@ -121,7 +138,11 @@ def run_command(args: argparse.Namespace, own_process: bool = False) -> int:
     interrupted = False
     try:
         return args.func(args)
-    except BrokenPipeError:  # piped into a reader that stopped early (e.g. `| head`)
+    except BrokenPipeError as exc:
+        if not _stdout_broken():      # another pipe: a helper process died, never a success
+            return fail(1, f"a pipe to a helper process broke ({exc.strerror or exc}): it died "
+                           "before it answered")
+        # piped into a reader that stopped early (e.g. `| head`)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except ValueError as exc:                 # bad input: a usage error
