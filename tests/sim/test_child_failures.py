@@ -106,7 +106,22 @@ def test_serial_sweep_row_names_the_killed_optimum_child(killed_optimum):
                SimConfig(preset=preset, gpu=gpu, num_blocks=3000)]
     got = {o.index: o for o in execute(configs, items, "serial")}
     assert got[0].error is None and got[0].result.requests == 20
-    assert got[1].result is None and got[1].error == f"ChildProcessDied: {_message(killed_optimum[0])}"
+    assert got[1].error == f"ChildProcessDied: {_message(killed_optimum[0])}"
+    # the online run finished: it is kept beside the error, without the bound
+    assert got[1].result.requests == 20 and got[1].result.optimal_hit_blocks is None
+    assert got[1].result.hit_blocks == got[0].result.hit_blocks
+
+
+def test_serial_sweep_writes_the_online_row_of_a_killed_optimum(killed_optimum, tmp_path, capsys):
+    js = tmp_path / "s.json"
+    assert main(["sweep", "--workload", "chat", "--limit", "20", "--preset", "llama-3.1-8b",
+                 "--gpus", "1", "--cache-tokens-list", "100k", "--no-progress", "--json", str(js)]) == 1
+    err = capsys.readouterr().err
+    assert f"100000: error: ChildProcessDied: {_message(killed_optimum[0])}" in err
+    assert err.splitlines()[-1] == "hybridkv sweep: 1 of 1 configurations failed (see above)"
+    (row,) = json.loads(js.read_text())
+    assert row["error"] == f"ChildProcessDied: {_message(killed_optimum[0])}"
+    assert row["requests"] == 20 and row["optimal_block_hit_rate"] is None and row["value"] == 100_000
 
 
 def _descendants(pid: int) -> list[int]:

@@ -278,7 +278,8 @@ def run_configs(args: argparse.Namespace, runs: list[tuple[object, object]],
     """Run the sweep on the chosen executor; print each row as it finishes. ``tags``: per
     configuration, keys added to its row (a failed one too) and named in its printed line
     before the value (e.g. ``{"eviction_policy": "lru"}`` prints ``lru @ 200000``). Returns
-    the JSON rows in configuration order (a failed one is ``{"value", "error"}``), the results by index
+    the JSON rows in configuration order (a failed one is ``{"value", "error"}``, plus the online
+    run's keys when only its optimum's child died), the results by index
     (a cluster's combined result) and the number of failures. Ctrl-C: the executor stops its
     workers, then :class:`RunInterrupted` carries ``(value, row)`` per configuration (row
     ``{}``: unfinished)."""
@@ -304,9 +305,12 @@ def run_configs(args: argparse.Namespace, runs: list[tuple[object, object]],
             bar(0, len(runs) * len(items))
         for out in outcomes:
             value = runs[out.index][0]
-            if out.result is None:
+            if out.result is None or out.error is not None:
                 failed += 1
-                rows[out.index] = {"value": value, "error": out.error, **(tags[out.index] if tags else {})}
+                row = {"value": value, "error": out.error, **(tags[out.index] if tags else {})}
+                if out.result is not None:      # the online run finished (its optimum's child died)
+                    row = {**out.result.to_json(), **row}
+                rows[out.index] = row
                 print(f"  {label(out.index, value):>10}: error: {out.error}", file=sys.stderr, flush=True)
             else:
                 combined = getattr(out.result, "overall", None) or out.result

@@ -58,7 +58,8 @@ _STOP_S = 3.0   # how long a killed worker may take to be reaped
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """One finished job: its result, or the error it raised (``"Type: message"``)."""
+    """One finished job: its result, or the error it raised (``"Type: message"``). A job whose
+    offline optimum's child died has both: the online run's result (no bound) and the error."""
 
     index: int
     result: SimResult | ClusterResult | None
@@ -80,6 +81,8 @@ def run_config(index: int, cfg: Job, items: Sequence[WorkItem],
         if isinstance(cfg, ClusterJob):
             return Outcome(index, cfg.simulator(progress).run(items))
         return Outcome(index, Simulator(cfg, progress=progress).run(items))
+    except ChildProcessDied as exc:    # the online run finished: keep it beside the error
+        return Outcome(index, exc.partial, _describe(exc))
     except Exception as exc:  # noqa: BLE001 - reported per job, the sweep goes on
         return Outcome(index, None, _describe(exc))
 
