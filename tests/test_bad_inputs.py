@@ -233,8 +233,12 @@ def test_traces_command_lists_names_counts_sizes_and_licence(capsys) -> None:
     for name, r in rows.items():
         assert r["licence"] == "Apache-2.0" and r["bytes"] > 10_000 and "Mooncake" in r["source"]
     assert rows["mooncake-conversation"]["requests"] == 12_031
+    assert all(r["block_tokens"] == 512 for r in rows.values())     # issue #44: the granularity
     assert main(["traces"]) == 0
-    assert "mooncake-synthetic" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "mooncake-synthetic" in out
+    assert ("granularity: one hash id per 512 prompt tokens (no tokens): a --block-size below 512 "
+            "cuts the ids and is warned about (README: Granularity of a Mooncake trace)") in out
 
 
 def test_bundled_request_counts_are_the_files(trace_dir_any) -> None:
@@ -280,7 +284,11 @@ def test_the_default_cache_names_the_gpus_a_trace_needs(capsys) -> None:
     assert "the default cache (16,400 tokens, 1,025 blocks) is too small for this workload" in err
     assert "request 'mooncake_conversation-11192' (126,527 tokens with its output)" in err
     assert "give --gpus 2 (the fewest h100 that hold it)" in err
-    assert err.count("\n") == 1 and "Traceback" not in err and "hybridkv simulate: " not in out
+    # one error line, after the warning that block 16 cuts the trace's 512-token ids
+    warning, error = err.splitlines()
+    assert warning.startswith("hybridkv simulate: warning: Mooncake hash ids cover 512 tokens")
+    assert error.startswith("hybridkv simulate: error: ")
+    assert err.count("\n") == 2 and "Traceback" not in err and "hybridkv simulate: " not in out
 
 
 def test_the_size_it_names_is_enough_and_a_given_size_only_warns(capsys) -> None:

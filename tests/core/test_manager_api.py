@@ -298,7 +298,8 @@ def test_a_hit_made_before_a_failed_compat_step_that_releases_is_refused() -> No
 def test_a_different_request_object_with_a_held_id_is_refused_by_name() -> None:
     """coordinator: holds / _state — the owner check inverted or skipped, or its message lost:
     a second Request object reusing a running request's id must get the documented error
-    (allocate with or without a hit, free), and freeing an id nobody holds is a no-op.
+    (allocate with or without a hit, free), and freeing an id nobody holds, or freeing twice,
+    is refused by name (issue #44: it used to pass silently).
 
     Default mode, full (bs 4). "x" (12 tokens) runs; another object "x" with the same tokens
     looks up a hit of 8 (x's cached blocks)."""
@@ -315,7 +316,26 @@ def test_a_different_request_object_with_a_held_id_is_refused_by_name() -> None:
         kv.allocate(other, 4)
     with pytest.raises(ValueError, match=msg):
         kv.free(other)
+    with pytest.raises(ValueError) as info:
+        kv.free(Request("nobody", [1, 2, 3]))
+    assert str(info.value) == ("free('nobody'): the request holds no blocks (never allocated, or "
+                               "already freed)")
+    kv.free(x)
+    assert kv.num_free_blocks == 39
+    with pytest.raises(ValueError) as info:
+        kv.free(x)
+    assert str(info.value) == "free('x'): the request holds no blocks (never allocated, or already freed)"
+    assert kv.num_free_blocks == 39
+    kv.check_integrity()
+
+
+def test_vllm_compat_free_of_an_unknown_request_is_a_no_op_as_in_vllm() -> None:
+    """vLLM's scheduler frees aborted requests that were never allocated; compat mode keeps
+    that a no-op (the default mode refuses it: above)."""
+    kv = manager(FA(4), num_blocks=40, compat=True)
     kv.free(Request("nobody", [1, 2, 3]))
+    x, _ = run_prompt(kv, "x", prompt(100, 12))
+    kv.free(x)
     kv.free(x)
     assert kv.num_free_blocks == 39
     kv.check_integrity()

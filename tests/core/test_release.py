@@ -157,13 +157,15 @@ def test_a_window_releases_several_blocks_in_one_step() -> None:
     kv.check_integrity()
 
 
-def test_free_of_an_unknown_request_is_a_no_op_and_free_lets_the_request_go() -> None:
-    """free — an unknown id raised KeyError, or the manager kept every freed Request alive
-    (memory grew with every request served)."""
+def test_free_of_an_unknown_request_is_refused_by_name_and_free_lets_the_request_go() -> None:
+    """free — an unknown id passed silently (issue #44) or raised a bare KeyError, or the
+    manager kept every freed Request alive (memory grew with every request served)."""
     kv = KVCacheManager(config(FA(4), num_blocks=16))
-    kv.free(Request("never", prompt(0, 3)))
-    r = serve(kv, "a", prompt(0, 9))
-    kv.free(r)
+    with pytest.raises(ValueError, match=r"^free\('never'\): the request holds no blocks"):
+        kv.free(Request("never", prompt(0, 3)))
+    r = serve(kv, "a", prompt(0, 9))            # served and freed
+    with pytest.raises(ValueError, match=r"^free\('a'\): the request holds no blocks"):
+        kv.free(r)                                # twice
     ref = weakref.ref(r)
     del r
     gc.collect()

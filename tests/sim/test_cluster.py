@@ -236,14 +236,15 @@ def _blocks(tag: int, n: int) -> list[bytes]:
 
 def _kv_router(held: dict[int, int], hs: list[bytes], w: float, *, group: int = 0,
                num_instances: int = 2):
-    """A kv-aware router whose index says instance i holds the first ``held[i]`` of ``hs``."""
+    """A kv-aware router whose index says instance i holds the first ``held[i]`` of ``hs``
+    (no load-skew bound: the score alone)."""
     from hybridkv.events.index import KVEventIndex
     index = KVEventIndex()
     for inst, n in held.items():
         index.add(inst, group, hs[:n])
     return make_router("kv-aware", RouterSetup(num_instances=num_instances, block_size=16,
                                                capacity_blocks=100, index=index, group=group,
-                                               overlap_weight=w))
+                                               overlap_weight=w, max_skew=None))
 
 
 def test_kv_aware_score_at_a_non_default_weight() -> None:
@@ -393,8 +394,9 @@ def test_kv_aware_cluster_routes_each_request_where_the_score_says() -> None:
     * D1 (48 new tokens): 192 + 96 against 32 + 96: instance 1.
 
     Guards against any change of routing (a third of the requests sent elsewhere, the load or
-    the hit counted differently, events not reaching the index), not only of the aggregates."""
-    sim = ClusterSimulator(config(3000), 2, "kv-aware", overlap_weight=2.0)
+    the hit counted differently, events not reaching the index), not only of the aggregates.
+    (No load-skew bound: with the default, C1 would go to instance 1, 3 > 2 x 1.)"""
+    sim = ClusterSimulator(config(3000), 2, "kv-aware", overlap_weight=2.0, max_skew=None)
     seen = _spy(sim)
     res = sim.run(items_from_trace(SCENARIO))
     assert seen == [(0, 0), (1, 0), (0, 64), (0, 0), (1, 64), (0, 96), (1, 0)]
@@ -448,7 +450,7 @@ def test_queued_tokens_are_the_prompt_minus_the_predicted_hit() -> None:
     """In the kv-aware scenario above, A3 sees instance 0 with C1's 160 tokens queued and
     instance 1 with B2's 96 minus its predicted 64. A router that claims a whole prompt is
     cached adds nothing to the queue (never a negative or a token more)."""
-    sim = ClusterSimulator(config(3000), 2, "kv-aware", overlap_weight=2.0)
+    sim = ClusterSimulator(config(3000), 2, "kv-aware", overlap_weight=2.0, max_skew=None)
     loads = _spy_loads(sim)
     sim.run(items_from_trace(SCENARIO))
     assert loads[5] == [InstanceLoad(0, 160, 1), InstanceLoad(1, 32, 1)]
@@ -471,12 +473,12 @@ def test_the_router_keys_on_the_first_full_attention_group() -> None:
     swa_first = dataclasses.replace(gemma, groups=(gemma.groups[1], gemma.groups[0]))
     cfg = SimConfig(preset=swa_first, gpu=get_gpu("h100"), num_blocks=3000, optimum=False)
     reqs = [_req("A1", 0, A[:64]), _req("A2", 10, A[:96]), _req("A3", 20, A[:128])]
-    sim = ClusterSimulator(cfg, 2, "kv-aware")
+    sim = ClusterSimulator(cfg, 2, "kv-aware", max_skew=None)     # the score alone
     assert (sim.key_group, sim.router.group, sim.key_block) == (1, 1, 16)
     res = sim.run(items_from_trace(reqs))
     assert res.predicted_hit_tokens == sum(r.hit_tokens for r in res.instances) == 64 + 96
     only_swa = dataclasses.replace(gemma, groups=(gemma.groups[1],))
-    sim = ClusterSimulator(dataclasses.replace(cfg, preset=only_swa), 2, "kv-aware")
+    sim = ClusterSimulator(dataclasses.replace(cfg, preset=only_swa), 2, "kv-aware", max_skew=None)
     assert (sim.key_group, sim.router.group) == (0, 0)
     assert sim.run(items_from_trace(reqs)).routed_requests == [3, 0]
 
@@ -533,7 +535,8 @@ def test_offered_load_numbers_by_hand() -> None:
     assert load.to_json() == {"requests": 10, "duration_s": 5.0, "arrival_rate_req_s": 2.0,
                               "prompt_tok_s": 1000.0, "instances": 2,
                               "capacity_tok_s_per_instance": 300.0, "cluster_capacity_tok_s": 600.0,
-                              "needed_hit_rate": pytest.approx(0.4), "overloaded": True}
+                              "needed_hit_rate": pytest.approx(0.4), "overloaded": True,
+                              "peak_prompt_tok_s": None, "peak_window_s": 0.0}
     even = OfferedLoad(10, 5.0, 2.0, 600.0, 2, 300.0)
     assert not even.overloaded and even.needed_hit_rate == 0.0 and even.warning() is None
     none = OfferedLoad(10, 5.0, 2.0, 600.0, 2, 0.0)
@@ -678,12 +681,14 @@ def test_cluster_config_record_is_the_single_simulators() -> None:
               "max_num_batched_tokens", "max_num_seqs", "seed")
     want = {k: one[k] for k in shared} | {
         "num_blocks_per_instance": one["num_blocks"], "instances": 3, "router": "least-loaded",
+        "router_max_skew": None,
         "optimum_capacity_blocks": 3 * one["optimum_capacity_blocks"]}
     assert want["prefix_retention"] == "32:10:5" and want["num_gpus"] == 2
     res = ClusterSimulator(cfg, 3, "least-loaded").run(items)
     assert res.config == want and res.to_json()["config"] == want and res.overall.config == want
     plain = ClusterSimulator(config(1000), 2).run(items).config
     assert plain["prefix_retention"] is None and plain["eviction_policy"] == "lru"
+    assert plain["router_max_skew"] == 2.0            # kv-aware honours the default bound
 
 
 def test_an_idle_instance_has_no_makespan_and_a_finished_run_is_not_partial() -> None:

@@ -90,3 +90,58 @@ def test_sweep_and_cluster_runs_take_a_profile(capsys) -> None:
     assert main(["simulate", "--preset", "llama-3.1-8b", "--workload", "chat", "--limit", "10",
                  "--instances", "2", "--no-progress", "--no-optimum", "--cost-model", "roofline"]) == 0
     assert "step times: roofline: mfu 0.5, mbu 0.8, 2 ms per step" in capsys.readouterr().out
+
+
+def _cpu_profile(tmp_path):
+    """The shipped H100 profile, its device replaced by a CPU's peaks (what `hybridkv profile`
+    writes on a machine without a GPU: no ``gpu`` key)."""
+    from hybridkv.sim.profile import DEFAULT_PROFILE_PATH
+    d = json.loads(DEFAULT_PROFILE_PATH.read_text())
+    d["device"] = {"name": "Test CPU", "peak_flops": 1e12, "peak_bw": 1e11}
+    p = tmp_path / "cpu.profile.json"
+    p.write_text(json.dumps(d))
+    return p
+
+
+def test_cost_with_a_cpu_profile_names_the_cpu(tmp_path, capsys) -> None:
+    """Issue #44: a CPU profile printed "on 1 x h100" beside CPU step times, and the roofline
+    line was the H100's."""
+    p = _cpu_profile(tmp_path)
+    assert main(["cost", "--preset", "llama-3.1-8b", "--step", "1@1024", "--profile", str(p)]) == 0
+    head = capsys.readouterr().out.splitlines()[0]
+    assert head == ("llama-3.1-8b on 1 x Test CPU (the profile's device; --gpu h100 only sizes "
+                    "memory); calibrated: profile of llama-3.1-8b on Test CPU")
+    assert main(["cost", "--preset", "llama-3.1-8b", "--step", "1@1024", "--profile", str(p), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["gpu"], out["device"]) == ("h100", "Test CPU")
+    from hybridkv.sim.profile import load_profile
+    cpu = load_profile(p).gpu_preset()
+    roof = cost_model(get_preset("llama-3.1-8b"), cpu, 1, kind="roofline").step([(1, 1024)])
+    assert out["steps"][0]["roofline"]["time_s"] == pytest.approx(roof.time_s, rel=1e-12)
+
+
+def test_a_profile_of_another_model_is_warned_about(capsys) -> None:
+    from hybridkv.sim.profile import DEFAULT_PROFILE_PATH
+    assert main(["cost", "--preset", "gemma-3-27b", "--step", "1@1024", "--profile",
+                 str(DEFAULT_PROFILE_PATH)]) == 0
+    assert capsys.readouterr().err == (
+        "hybridkv cost: warning: --profile 'llama-3.1-8b on NVIDIA H100 80GB HBM3' was measured on "
+        "llama-3.1-8b, not gemma-3-27b: its fitted constants are applied to gemma-3-27b as they are "
+        "(profile gemma-3-27b with `hybridkv profile` for step times of its own)\n")
+    assert main(["cost", "--preset", "llama-3.1-8b", "--step", "1@1024", "--profile",
+                 str(DEFAULT_PROFILE_PATH)]) == 0
+    assert capsys.readouterr().err == ""
+    assert main(["simulate", "--preset", "gemma-3-27b", "--workload", "chat", "--limit", "5",
+                 "--no-progress", "--no-optimum", "--profile", str(DEFAULT_PROFILE_PATH)]) == 0
+    assert "hybridkv simulate: warning: --profile 'llama-3.1-8b on NVIDIA H100 80GB HBM3' was " \
+           "measured on llama-3.1-8b, not gemma-3-27b" in capsys.readouterr().err
+
+
+def test_simulate_help_names_the_calibrated_default(capsys) -> None:
+    """Issue #44: simulate --help called the default cost model "roofline"."""
+    with pytest.raises(SystemExit):
+        main(["simulate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "step times from the calibrated cost model (fitted to steps measured on an H100, or to " \
+           "--profile; --cost-model roofline: peak rates at fixed efficiencies)" in text
+    assert "a roofline cost model for time" not in text

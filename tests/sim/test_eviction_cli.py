@@ -57,3 +57,21 @@ def test_bad_policy_options(capsys, argv, msg):
     assert rc == 2
     err = capsys.readouterr().err
     assert msg in err and "Traceback" not in err
+
+
+def test_sweep_policies_rows_name_their_policy(tmp_path, capsys):
+    """Issue #44: the printed rows of --eviction-policies said only the size, so two policies'
+    rows at one size could not be told apart; a failed row (500 tokens hold no request) had
+    no policy in the JSON."""
+    js = tmp_path / "p.json"
+    assert main(["sweep", "--workload", "chat", "--limit", "20", "--preset", "llama-3.1-8b",
+                 "--gpus", "1", "--eviction-policies", "lru,s3fifo", "--cache-tokens-list",
+                 "20k,500", "--no-progress", "--no-optimum", "--json", str(js)]) == 1
+    out, err = capsys.readouterr()
+    started = [line.split(":")[0].strip() for line in out.splitlines() if ": block hit rate" in line]
+    assert started == ["lru @ 20000", "s3fifo @ 20000"]
+    failed = [line.split(": error")[0].strip() for line in err.splitlines() if ": error: " in line]
+    assert failed == ["lru @ 500", "s3fifo @ 500"]
+    rows = json.loads(js.read_text())
+    assert [(r["eviction_policy"], r["value"], "error" in r) for r in rows] == [
+        ("lru", 20_000, False), ("lru", 500, True), ("s3fifo", 20_000, False), ("s3fifo", 500, True)]

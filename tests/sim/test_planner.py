@@ -323,3 +323,81 @@ def test_more_workers_than_cores_are_warned_about(capsys) -> None:
                  "--preset", "llama-3.1-8b", *FAST]) == 0
     assert (f"warning: --workers {n} is more than the {n - 2} usable cores; the runs share them and "
             f"finish no sooner than with --workers {n - 2}") in capsys.readouterr().err
+
+
+# ---- advice from peaks and tails (issue #44, point 3) ------------------------------------------
+
+def _load(peak: float):
+    from hybridkv.sim.cluster import OfferedLoad
+    return OfferedLoad(10, 100.0, 0.1, 1000.0, 1, 4000.0, peak_prompt_tok_s=peak, peak_window_s=60.0)
+
+
+def _run(ttft_s: list[float]):
+    from hybridkv.sim.simulator import SimResult
+    return SimResult(prompt_tokens=1000, hit_tokens=600, ttft_s=ttft_s)   # hit rate 0.6
+
+
+CALM = [1.0] * 100                      # TTFT p99 1.0 s
+TAIL = [1.0] * 98 + [71.0, 71.0]        # p99: between the 99th and 100th sample, both 71 s
+AVERAGE = ("instances: one instance keeps up only on average (400 uncached tok/s, 10% of the "
+           "prefill rate of 4,000 tok/s per instance by the cost model), not at the peak or in "
+           "the tail: ")
+PEAK = "the busiest 60 s bring 4,800 uncached tok/s (120% of it)"      # 12,000 x 0.4 / 4,000
+BACKLOG = "TTFT p99 is 71.0 s (over 10 s: a backlog)"
+
+
+@pytest.mark.parametrize("peak, ttft, line", [
+    (2000.0, CALM, "instances: one instance keeps up with this load: uncached prompt tokens "
+                   "arrive at 400 tok/s (40% of 1,000), 10% of the prefill rate (4,000 tok/s per "
+                   "instance by the cost model), the busiest 60 s bring 800 uncached tok/s (20% "
+                   "of it); TTFT p99 1.00 s"),
+    (12_000.0, CALM, AVERAGE + PEAK + "; try --instances 2 --router kv-aware"),
+    (2000.0, TAIL, AVERAGE + BACKLOG + "; try --instances 2 --router kv-aware"),
+    (20_000.0, TAIL, AVERAGE + "the busiest 60 s bring 8,000 uncached tok/s (200% of it) and "
+                     + BACKLOG + "; try --instances 2 --router kv-aware"),
+])
+def test_keeps_up_only_when_the_peak_and_the_tail_agree(peak, ttft, line):
+    """The issue's advice said "one instance keeps up (21 % of prefill rate)" while TTFT p99
+    was 71 s: the average alone decided. Now the busiest minute's uncached rate must fit the
+    prefill rate and TTFT p99 stay within TAIL_TTFT_S (10 s)."""
+    assert next_steps(_run(ttft), _load(peak), 1) == [line]
+
+
+def test_peak_instances_cover_the_busiest_minute():
+    """A peak of 40,000 tok/s at hit rate 0.6 leaves 16,000 uncached: 4 instances of 4,000."""
+    (line,) = next_steps(_run(CALM), _load(40_000.0), 1)
+    assert line.endswith("(400% of it); try --instances 4 --router kv-aware")
+
+
+def test_the_peak_window_by_hand():
+    """Three 100-token prompts at t=0 and one at t=100: 400 tokens over 100 s on average (4
+    tok/s), but the busiest 60 s (from t=0) hold 300: 5 tok/s. Over 2 s (shorter than a
+    minute) the window is the whole duration and the peak the average."""
+    from hybridkv.sim.traces import TraceRequest
+    cfg = SimConfig(get_preset("llama-3.1-8b"), H100, num_blocks=3000)
+    reqs = [TraceRequest(f"r{i}", t, list(range(1 + i, 101 + i)), 1)
+            for i, t in enumerate((0.0, 0.0, 0.0, 100.0))]
+    load = offered_load(cfg, items_from_trace(reqs), 1)
+    assert (load.prompt_tok_s, load.peak_prompt_tok_s, load.peak_window_s) == (4.0, 5.0, 60.0)
+    short = offered_load(cfg, items_from_trace([reqs[0], TraceRequest("s", 2.0, [7] * 50, 1)]), 1)
+    assert (short.prompt_tok_s, short.peak_prompt_tok_s, short.peak_window_s) == (75.0, 75.0, 2.0)
+    assert offered_load(cfg, items_from_trace(reqs[:1]), 1).peak_prompt_tok_s is None
+
+
+def test_no_all_fit_while_the_online_run_lost_blocks_to_eviction():
+    """The issue: "the full-attention blocks all fit" while eviction cost 4.7 % of blocks. When
+    the optimum equals an unlimited cache but the online run evicted, the line says what the
+    online run lost to eviction and to windows, and how to measure a larger cache."""
+    from hybridkv.sim.optimal import GapReport
+    from hybridkv.sim.simulator import SimResult
+    from hybridkv.sim.whatif import WhatIf
+    res = SimResult(prompt_blocks=1000, hit_blocks=800, evictions=5000)
+    res.config = {"cache_tokens": 100_000}
+    res.gap = GapReport(ceiling_blocks=900, optimum_blocks=900, online_blocks=800, in_flight_blocks=10,
+                        evicted_blocks=47, in_flight_requests=1, evicted_requests=3, retained_blocks=43)
+    res.what_if = WhatIf(100, 700, 800, 900)
+    assert next_steps(res, None, 1) == [
+        "cache size: the offline optimum keeps every block an unlimited cache hits (0.900), but the "
+        "online run lost 4.7% of the blocks to eviction and 4.3% where other groups' windows or "
+        "checkpoints were gone (5,000 evictions); a larger cache may recover them, which only a run "
+        "shows: measure it with --cache-tokens 200,000"]

@@ -119,7 +119,7 @@ def test_a_progress_bar_starts_over_when_its_count_falls_back(capsys) -> None:
     over: its count, clock and rate, so the ETA is the new run's."""
     pytest.importorskip("tqdm")
     from hybridkv.cli.output import progress_bar
-    update, close = progress_bar(True, "sweep")
+    update, close = progress_bar(True, "sweep", tty=True)
     bar = update.__closure__[0].cell_contents
     clock = [1000.0]
     bar._time = lambda: clock[0]                       # tqdm's clock, made ours
@@ -131,3 +131,54 @@ def test_a_progress_bar_starts_over_when_its_count_falls_back(capsys) -> None:
     assert bar.n == 5 and bar.total == 100
     assert bar.format_dict["elapsed"] == 0             # 200 s if the clock kept running
     close()
+
+
+def test_no_progress_bar_when_stderr_is_redirected(capsys) -> None:
+    """Issue #44: redirected (``> out 2>&1``), the bar's carriage returns overwrote the
+    report's first line in the file. Off a terminal there is no bar at all."""
+    from hybridkv.cli.output import progress_bar
+    update, close = progress_bar(True, "simulate", tty=False)
+    assert update is None
+    close()
+    assert main(["simulate", "--workload", "chat", "--limit", "5", "--preset", "llama-3.1-8b",
+                 "--no-optimum"]) == 0                     # progress on, stderr captured
+    out, err = capsys.readouterr()
+    assert "\r" not in err and "\r" not in out and out.startswith("hybridkv simulate: llama-3.1-8b")
+
+
+def test_workload_params_configure_the_built_in_agentic_workload(tmp_path: Path, capsys) -> None:
+    """Issue #44: the built-in agentic workload could not be configured from the command line.
+    4 agents x 3 steps = 12 requests; every tool output within 512-4096 tokens makes each step's
+    prompt grow by at least 512 + the action."""
+    js = tmp_path / "a.json"
+    argv = ["simulate", "--workload", "agentic", "--workload-param", "num_agents=4",
+            "--workload-param", "steps=3", "--workload-param", "tool_tokens=512-4096",
+            "--preset", "llama-3.1-8b", "--gpus", "1", "--no-progress", "--no-optimum"]
+    assert main([*argv, "--json", str(js)]) == 0
+    assert "on workload agentic (12 requests)" in capsys.readouterr().out
+    assert json.loads(js.read_text())["requests"] == 12
+    from hybridkv.cli.sim_options import parse_workload_param, workload_params
+    assert [parse_workload_param(t) for t in ("num-agents=4", "tool_tokens=512-4096", "zipf_s=1.5",
+                                              "arrival_rate=none")] == [
+        ("num_agents", 4), ("tool_tokens", (512, 4096)), ("zipf_s", 1.5), ("arrival_rate", None)]
+    assert workload_params("agentic", [("steps", 3)]) == {"steps": 3}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--workload", "agentic", "--workload-param", "agents=4"],
+     "hybridkv simulate: error: --workload-param agents: workload 'agentic' has no such parameter "
+     "(valid: num_agents, steps, system_tokens, task_tokens, tool_tokens, action_tokens, "
+     "concurrency, arrival_rate, vocab_size)"),
+    (["--workload", "chat", "--workload-param", "seed=3"],
+     "hybridkv simulate: error: --workload-param seed: workload 'chat' has no such parameter "
+     "(--seed sets it)"),
+    (["--trace", "mooncake-conversation", "--workload-param", "steps=3"],
+     "hybridkv simulate: error: --workload-param sets a built-in --workload's parameters; a "
+     "--trace has none"),
+])
+def test_bad_workload_params_are_named(argv, message, capsys) -> None:
+    assert main(["simulate", *argv, "--no-progress"]) == 2
+    assert capsys.readouterr().err.strip() == message
+    with pytest.raises(SystemExit):
+        main(["simulate", "--workload-param", "steps"])
+    assert "expected KEY=VALUE, got 'steps' (e.g. num_agents=64)" in capsys.readouterr().err

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from hybridkv.core.specs import MLA, ChunkedLocal, FullAttention, KVCacheConfig, SlidingWindow
@@ -91,3 +93,39 @@ def test_gpu_presets() -> None:
     assert (h200.memory_bytes, h200.mem_bw, h200.flops) == (141e9, 4.8e12, 989e12)
     assert (b200.memory_bytes, b200.mem_bw, b200.flops) == (192e9, 8e12, 2250e12)
     assert get_gpu("h200") is h200
+
+
+def test_eagle3_drafter_group_is_added_for_eagle3_only():
+    """Issue #44: the EAGLE-3 drafter's KV was not counted. Llama-3.1-8B's drafter is one
+    decoder layer with 8 KV heads of 128: 1 x 8 x 128 x 2 (K, V) x 2 bytes = 4,096 B per
+    token beside the target's 32 layers' 131,072."""
+    llama = get_preset("llama-3.1-8b")
+    assert llama.kv_bytes_per_token() == {"full": 131_072, "total": 131_072}
+    with_drafter = llama.with_drafter("eagle3")
+    assert with_drafter.kv_bytes_per_token() == {"full": 131_072, "eagle3": 4_096, "total": 135_168}
+    draft = with_drafter.groups[-1]
+    assert draft.is_draft and draft.layer_names == ("eagle3.0",) and draft.spec.block_size == 16
+    assert with_drafter.target_groups == llama.groups
+    assert llama.with_drafter("eagle") is llama and llama.with_drafter(None) is llama
+    assert with_drafter.with_drafter("eagle3") is with_drafter          # once
+    assert llama.with_block_size(64).with_drafter("eagle3").groups[-1].spec.block_size == 64
+    deepseek = get_preset("deepseek-v4-style")                         # has its own MTP group
+    assert deepseek.eagle3_drafter is None and deepseek.with_drafter("eagle3") is deepseek
+
+
+def test_cli_counts_the_eagle3_drafters_kv(tmp_path):
+    from hybridkv.cli import main
+    from hybridkv.core.spec_decode import SpecDecode
+    from hybridkv.sim import SimConfig, Simulator, items_from_trace
+    from hybridkv.sim.workloads import get_workload
+    js = tmp_path / "e.json"
+    assert main(["simulate", "--workload", "chat", "--limit", "10", "--preset", "llama-3.1-8b",
+                 "--gpus", "1", "--spec", "eagle3:3", "--num-blocks", "3000", "--no-progress",
+                 "--no-optimum", "--json", str(js)]) == 0
+    d = json.loads(js.read_text())
+    assert set(d["retained_blocks"]) == {"full", "eagle3"}
+    preset = get_preset("llama-3.1-8b").with_drafter("eagle3")
+    lib = Simulator(SimConfig(preset=preset, gpu=get_gpu("h100"), num_blocks=3000,
+                              spec=SpecDecode("eagle3", 3), optimum=False)).run(
+        items_from_trace(get_workload("chat", seed=0))[:10])
+    assert d["hit_tokens"] == lib.hit_tokens and d["retained_blocks"] == lib.retained_blocks

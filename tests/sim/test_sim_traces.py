@@ -616,3 +616,46 @@ def test_traces_are_read_as_utf8_whatever_the_locale(tmp_path: Path) -> None:
     encoding, *there = json.loads(out.stdout)
     assert encoding.lower() not in ("utf-8", "utf8")      # the locale really is not UTF-8
     assert [[tuple(x) for x in t] for t in there] == here
+
+
+# ---- the Mooncake ids' granularity (issue #44, point 2) ------------------------------------------
+
+def test_mooncake_block_warning_names_the_id_size_and_the_effect():
+    from hybridkv.sim.traces import mooncake_block_warning
+    assert mooncake_block_warning(16) == (
+        "Mooncake hash ids cover 512 tokens and block_size=16 cuts them: a turn continuing an "
+        "earlier request diverges at the last 512-token boundary before that request's end, not "
+        "at its end, so up to 511 cached tokens per turn are never hit again and sliding-window "
+        "or recurrent groups keep no window or checkpoint there (missed as 'windows' / "
+        "'checkpoints'); block_size=512 matches the ids")
+    assert mooncake_block_warning(512) is None and mooncake_block_warning(1024) is None
+    assert mooncake_block_warning(256).startswith("Mooncake hash ids cover 512 tokens and block_size=256")
+    assert "block_size=64 matches" in mooncake_block_warning(16, block_tokens=64)
+
+
+def test_the_bundled_conversation_turns_diverge_at_the_earlier_turns_last_id(trace_dir):
+    """The effect the warning names, on the trace itself: of the first 3,000 requests, every
+    one that continues an earlier request (all of its ids but the last, at least 2) has a new
+    id where the earlier one's last id was."""
+    recs = [r.hash_ids for r in iter_mooncake_records(trace_dir / "mooncake_conversation.jsonl.xz", 3000)]
+    same = differ = 0
+    for i, ids in enumerate(recs):
+        for a in recs[max(0, i - 200):i]:
+            if len(a) > 2 and len(ids) > len(a) and ids[:len(a) - 1] == a[:-1]:
+                same += ids[len(a) - 1] == a[-1]
+                differ += ids[len(a) - 1] != a[-1]
+                break
+    assert (same, differ) == (0, 137)
+
+
+@pytest.mark.parametrize("extra, warned", [(["--block-size", "16"], True), ([], True),
+                                            (["--block-size", "512"], False)])
+def test_cli_warns_about_a_block_size_that_cuts_mooncake_ids_by_default(trace_dir, capsys, extra, warned):
+    from hybridkv.cli import main
+    assert main(["simulate", "--trace", "mooncake-conversation", "--limit", "5", "--preset",
+                 "llama-3.1-8b", "--gpus", "1", "--no-progress", "--no-optimum", *extra]) == 0
+    err = capsys.readouterr().err
+    size = extra[1] if extra else "16"            # llama-3.1-8b's own block size
+    line = (f"hybridkv simulate: warning: Mooncake hash ids cover 512 tokens and --block-size {size} "
+            "cuts them: a turn continuing")
+    assert (line in err) == warned and ("Mooncake hash ids" in err) == warned

@@ -111,3 +111,31 @@ def test_bad_tier_settings_get_one_line_naming_the_value_before_the_trace_is_rea
     assert rc == 2 and message in err, err
     assert "nonexistent" not in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_tier_sizes_in_gb_per_gpu(tmp_path: Path, capsys) -> None:
+    """Issue #44: --cpu-cache-gb / --disk-cache-gb size a tier in GB per GPU. Llama-3.1-8B's KV
+    is 32 layers x 8 heads x 128 x 2 (K, V) x 2 bytes = 131,072 B per token, so 10 GB per GPU
+    on 2 GPUs is floor(20e9 / 131,072) = 152,587 tokens, and 1.5 GB of disk per GPU
+    floor(3e9 / 131,072) = 22,888."""
+    js = tmp_path / "t.json"
+    assert main(["simulate", "--workload", "chat", "--limit", "10", "--preset", "llama-3.1-8b",
+                 "--gpus", "2", "--cpu-cache-gb", "10", "--disk-cache-gb", "1.5", "--no-progress",
+                 "--no-optimum", "--no-baseline", "--json", str(js)]) == 0
+    tiers = json.loads(js.read_text())["config"]["tiers"]["tiers"]
+    assert (tiers["cpu"]["capacity_tokens"], tiers["disk"]["capacity_tokens"]) == (152_587, 22_888)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["simulate", "--cpu-cache-tokens", "1M", "--cpu-cache-gb", "10"],
+     "--cpu-cache-tokens 1000000 and --cpu-cache-gb 10: give one"),
+    (["sweep", "--cpu-cache-tokens-list", "0,1M", "--cpu-cache-gb", "10"],
+     "--cpu-cache-gb 10 and --cpu-cache-tokens-list: give one"),
+    (["simulate", "--cpu-bandwidth", "20"], "--cpu-bandwidth has no effect without --cpu-cache-tokens N (N > 0) or --cpu-cache-gb G"),
+])
+def test_bad_gb_tier_settings(argv, message, capsys) -> None:
+    assert run_main([*argv, "--workload", "chat", "--limit", "2", "--no-progress"]) == 2
+    assert message in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["simulate", "--cpu-cache-gb", "-1"])
+    assert "--cpu-cache-gb: must be a finite number >= 0, got '-1'" in capsys.readouterr().err

@@ -14,6 +14,7 @@ from typing import Callable, Mapping
 
 from hybridkv.cli.options import name_options
 from hybridkv.core.registry import Registry
+from hybridkv.sim.failures import ChildProcessDied
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +93,23 @@ def unknown_options(parser: argparse.ArgumentParser, command: str, extra: list[s
     sub.error(f"unrecognized arguments: {' '.join(extra)}{more}")
 
 
+def _stdout_broken() -> bool:
+    """Whether standard output is a pipe whose reader has gone (``| head`` stopped reading):
+    the write end then polls as an error. Not a real file descriptor (a test's capture):
+    False; no ``poll`` on this platform: True (as before)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return False
+    try:
+        import select
+        poller = select.poll()
+    except (ImportError, AttributeError):
+        return True
+    poller.register(fd, select.POLLOUT)
+    return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
+
+
 def _stop_on_first_interrupt(signum, frame) -> None:
     """SIGINT handler of a command: the first Ctrl-C stops the run; later ones are ignored
     while it stops its helpers and writes what finished (which takes seconds at most)."""
@@ -102,8 +120,9 @@ def _stop_on_first_interrupt(signum, frame) -> None:
 def run_command(args: argparse.Namespace, own_process: bool = False) -> int:
     """Run a parsed command; every error becomes one line on stderr and an exit status:
     2 for bad input (``ValueError``, ``RuntimeError``: a workload that cannot run as
-    configured), 1 for a failure while running (out of memory, an unwritable file, an internal
-    error; ``HYBRIDKV_DEBUG=1`` re-raises it), 130 when interrupted (Ctrl-C).
+    configured), 1 for a failure while running (out of memory, a helper process that died:
+    :class:`~hybridkv.sim.failures.ChildProcessDied`, an unwritable file, an internal error;
+    ``HYBRIDKV_DEBUG=1`` re-raises it), 130 when interrupted (Ctrl-C).
 
     During the command only the first Ctrl-C counts (:func:`_stop_on_first_interrupt`); the
     previous handler comes back afterwards, except after an interrupt in ``own_process`` (the
@@ -119,7 +138,11 @@ def run_command(args: argparse.Namespace, own_process: bool = False) -> int:
     interrupted = False
     try:
         return args.func(args)
-    except BrokenPipeError:  # piped into a reader that stopped early (e.g. `| head`)
+    except BrokenPipeError as exc:
+        if not _stdout_broken():      # another pipe: a helper process died, never a success
+            return fail(1, f"a pipe to a helper process broke ({exc.strerror or exc}): it died "
+                           "before it answered")
+        # piped into a reader that stopped early (e.g. `| head`)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except ValueError as exc:                 # bad input: a usage error
@@ -130,6 +153,10 @@ def run_command(args: argparse.Namespace, own_process: bool = False) -> int:
     except OSError as exc:
         where = f" {exc.filename!r}" if getattr(exc, "filename", None) else ""
         return fail(1, f"{exc.strerror or exc}{where}")
+    except ChildProcessDied as exc:           # a helper process died: a failure while running
+        advice = ("; rerun with --no-optimum, a larger --block-size or --limit"
+                  if exc.child == "optimum" else "")
+        return fail(1, f"{exc}{advice}")
     except KeyboardInterrupt:
         interrupted = True
         signal.signal(signal.SIGINT, signal.SIG_IGN) if previous is not None else None

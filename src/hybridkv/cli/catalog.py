@@ -7,7 +7,7 @@ import argparse
 from hybridkv.cli.base import COMMANDS, Command
 from hybridkv.cli.output import print_json
 from hybridkv.sim.presets import GPU_PRESETS, MODEL_PRESETS, get_preset
-from hybridkv.sim.traces import BUNDLED_TRACES
+from hybridkv.sim.traces import BUNDLED_TRACES, MOONCAKE_BLOCK_TOKENS
 
 
 def add_json_flag(p: argparse.ArgumentParser) -> None:
@@ -46,9 +46,10 @@ def run_presets(args: argparse.Namespace) -> int:
 
 
 def run_traces(args: argparse.Namespace) -> int:
-    """List the bundled traces: name, requests, compressed size, licence, source."""
+    """List the bundled traces: name, requests, compressed size, licence, source, and their
+    granularity (tokens per hash id, ``block_tokens`` in the JSON)."""
     rows = [{"name": t.name, "requests": t.requests, "bytes": t.path.stat().st_size if t.path.is_file() else None,
-             "format": "mooncake", "licence": t.licence, "description": t.description,
+             "format": "mooncake", "block_tokens": MOONCAKE_BLOCK_TOKENS, "licence": t.licence, "description": t.description,
              "source": t.source, "path": str(t.path)} for t in BUNDLED_TRACES.values()]
     if args.json:
         print_json(rows)
@@ -57,6 +58,9 @@ def run_traces(args: argparse.Namespace) -> int:
     for r in rows:
         size = "missing" if r["bytes"] is None else f"{r['bytes'] / 1e3:,.0f} kB"
         print(f"{r['name']:<24} {r['requests']:>9,} {size:>9}  {r['licence']:<11} {r['description']}")
+    print(f"granularity: one hash id per {MOONCAKE_BLOCK_TOKENS} prompt tokens (no tokens): a "
+          f"--block-size below {MOONCAKE_BLOCK_TOKENS} cuts the ids and is warned about (README: "
+          "Granularity of a Mooncake trace)")
     print("source: " + BUNDLED_TRACES[next(iter(BUNDLED_TRACES))].source.split(" conversation")[0]
           + "; use a name with --trace, e.g. hybridkv simulate --trace mooncake-conversation "
             "--preset llama-3.1-8b --cache-tokens 3M --limit 500")

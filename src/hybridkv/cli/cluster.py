@@ -16,11 +16,14 @@ import socket
 import sys
 from typing import Iterator
 
-from hybridkv.cli.options import int_in, non_negative_number
+import math
+
+from hybridkv.cli.options import int_in, non_negative_number, parse_max_skew
 from hybridkv.cli.sim_options import cost_source
 from hybridkv.sim.cluster import ClusterResult, ClusterSimulator, OfferedLoad, offered_load
+from hybridkv.sim.failures import ChildProcessDied
 from hybridkv.sim.interrupt import RunInterrupted, sigint_deferred
-from hybridkv.sim.routing import DEFAULT_OVERLAP_WEIGHT, ROUTERS
+from hybridkv.sim.routing import DEFAULT_MAX_SKEW, DEFAULT_OVERLAP_WEIGHT, ROUTERS
 from hybridkv.sim.simulator import SimConfig, Simulator
 from hybridkv.sim.workitems import WorkItem
 
@@ -42,11 +45,44 @@ def add_cluster_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--router-overlap-weight", type=non_negative_number,
                    help="kv-aware/approximate: weight of a request's uncached prefill against "
                         f"queued prefill tokens (default {DEFAULT_OVERLAP_WEIGHT:g})")
+    add_max_skew_option(g)
     g.add_argument("--kv-events-endpoint",
                    help="publish KV events (vLLM 0.33 ZMQ format) here, e.g. tcp://*:5557 (bind) "
                         "or tcp://host:5557 (connect to a bound subscriber)")
     g.add_argument("--kv-events-replay-endpoint",
                    help="ROUTER endpoint serving replays of buffered batches, e.g. tcp://*:5558")
+
+
+MAX_SKEW_HELP = (
+    "kv-aware/approximate: bound on load skew, >= 1, or none: an instance takes a request only "
+    "while its routed requests, with it, stay within this many times the mean of the other "
+    f"instances' (the least-routed always may; default {DEFAULT_MAX_SKEW:g}: with 2 instances "
+    "at most 2/3 of the requests go to one)")
+
+
+def add_max_skew_option(g) -> None:
+    """``--router-max-skew`` (``simulate`` and ``sweep``)."""
+    g.add_argument("--router-max-skew", type=parse_max_skew, help=MAX_SKEW_HELP)
+
+
+def max_skew(args: argparse.Namespace) -> float | None:
+    """The routers' load-skew bound from ``--router-max-skew`` (None: ``none``, no bound)."""
+    v = getattr(args, "router_max_skew", None)
+    if v is None:
+        return DEFAULT_MAX_SKEW
+    return None if math.isinf(v) else v
+
+
+def check_max_skew_option(args: argparse.Namespace, router: str, cluster: bool, where: str) -> None:
+    """``--router-max-skew`` only where a KV-aware router reads it (ValueError)."""
+    v = getattr(args, "router_max_skew", None)
+    if v is None:
+        return
+    readers = [n for n in ROUTERS.names() if ROUTERS.get(n).bounds_skew]
+    if not cluster or router not in readers:
+        got = f"--router {router}" if cluster else "one instance"
+        raise ValueError(f"--router-max-skew {'none' if math.isinf(v) else f'{v:g}'} is read only by "
+                         f"--router {' or '.join(readers)} with {where}; got {got}")
 
 
 def is_cluster(args: argparse.Namespace) -> bool:
@@ -75,6 +111,7 @@ def check_args(args: argparse.Namespace) -> None:
             got = f"--router {router_name(args)}" if is_cluster(args) else "one instance"
             raise ValueError(f"--router-overlap-weight {weight:g} is read only by --router "
                              f"{' or '.join(readers)} with --instances N; got {got}")
+    check_max_skew_option(args, router_name(args), is_cluster(args), "--instances N")
     if (args.kv_events_endpoint is not None or is_cluster(args)) and args.sequential:
         raise ValueError("--sequential has no clock: it applies neither to --instances nor to "
                          "--kv-events-endpoint")
@@ -153,6 +190,17 @@ def attach_single(sim: Simulator, pub) -> None:
     sim.step_hooks.append(lambda start, end, out: stream.flush(end))
 
 
+def balance_line(res: ClusterResult) -> str:
+    """The requests' balance: the busiest instance's share, max / mean, and the bound the
+    router honoured."""
+    shares = res.request_shares
+    busiest = max(range(len(shares)), key=shares.__getitem__) if shares else 0
+    bound = ("no bound" if res.max_skew is None else
+             f"bound: each instance within {res.max_skew:g}x the others' mean")
+    return (f"requests max / mean {res.request_skew:.3f} (instance {busiest}: "
+            f"{100 * shares[busiest] if shares else 0:.1f}% of them); {bound}")
+
+
 def format_cluster(res: ClusterResult) -> str:
     """The per-instance table (at most :data:`SHOWN_INSTANCES` rows), the cluster's summary
     (the single run's table over all instances) and its routing and queueing line."""
@@ -175,13 +223,15 @@ def format_cluster(res: ClusterResult) -> str:
     lines.append(summary_table(res.overall))
     lines.append(f"  {'routing':<24}  load imbalance (max / mean prompt tokens) {d['load_imbalance']:.3f}; "
                  f"queue p50 / p99 {f(d['queue_p50_s'])} / {f(d['queue_p99_s'])}")
+    lines.append(f"  {'balance':<24}  {balance_line(res)}")
     return "\n".join(lines)
 
 
 def run_cluster(args: argparse.Namespace, cfg: SimConfig, items: list[WorkItem],
-                progress=None) -> ClusterResult:
+                progress=None) -> tuple[ClusterResult, ChildProcessDied | None]:
     """``simulate --instances N --router R``: run and print the per-instance table (the caller
-    writes ``--json``)."""
+    writes ``--json``). Returns the result and, when the optimum's child died, that failure
+    (the result is then the online run's, without the bound)."""
     router = router_name(args)
     n = args.instances
     print(f"hybridkv simulate: {n} x {cfg.preset.name} on {cfg.num_gpus} x {cfg.gpu.name} each, "
@@ -197,25 +247,33 @@ def run_cluster(args: argparse.Namespace, cfg: SimConfig, items: list[WorkItem],
             sinks = [(lambda start, end, events, p=p: p.publish(mapper.batch(events, end)))
                      for p in pubs]
         sim = ClusterSimulator(cfg, n, router, overlap_weight=overlap_weight(args),
+                               max_skew=max_skew(args),
                                event_sinks=sinks, progress=progress)
+        failure = None
         try:
             res = sim.run(items)
         except RunInterrupted as exc:
             exc.partial.offered = load
             raise
+        except ChildProcessDied as exc:   # the online run finished: report it, then fail
+            if exc.partial is None:
+                raise
+            res, failure = exc.partial, exc
     if pubs is not None:
         res.kv_events_published = sum(p.published for p in pubs)
     res.offered = load
     print(format_cluster(res))
     if pubs is not None:
         print(f"  KV events: {res.kv_events_published} batches published")
-    return res
+    return res, failure
 
 
 def run_cluster_command(args: argparse.Namespace, cfg: SimConfig, items: list[WorkItem],
                         budget=None) -> int:
     """The cluster branch of ``simulate``: run, report, next steps, ``--json``, ``--plot``;
-    Ctrl-C writes the partial result to ``--json``."""
+    Ctrl-C writes the partial result to ``--json``. When the optimum's child died, the online
+    result is still reported and written (its JSON's ``error`` says why the bound is missing),
+    then :class:`~hybridkv.sim.failures.ChildProcessDied` is raised again (exit status 1)."""
     from hybridkv.cli.capacity import larger_cache
     from hybridkv.cli.output import progress_bar, write_json, write_output
     from hybridkv.cli.sim_options import options_preset
@@ -224,7 +282,7 @@ def run_cluster_command(args: argparse.Namespace, cfg: SimConfig, items: list[Wo
     progress, close = progress_bar(not args.no_progress, "simulate")
     extra = {"hardware": budget.to_json()} if budget is not None else {}
     try:
-        result = run_cluster(args, cfg, items, progress)
+        result, failure = run_cluster(args, cfg, items, progress)
     except RunInterrupted as exc:
         close()
         if args.json and exc.partial is not None:
@@ -241,8 +299,12 @@ def run_cluster_command(args: argparse.Namespace, cfg: SimConfig, items: list[Wo
                                          larger_cache(args, options_preset(args)), has_state))
     if steps:
         print(steps)
+    if failure is not None:
+        extra["error"] = str(failure)
     if args.json:
         write_json(args.json, {**result.to_json(), **extra})
     if args.plot:
         print(f"wrote {write_output(args.plot, lambda p: plot_cluster(result, p), 'the plot')}")
+    if failure is not None:
+        raise failure
     return 0

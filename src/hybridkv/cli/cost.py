@@ -8,7 +8,9 @@ For every step it prints the time under the selected cost model (calibrated by d
 ``hybridkv.sim.calibrated``) with its split: the GEMMs' compute-bound and weight-read shares,
 attention, and the fixed per-step overhead, and which term bounds it; then the roofline's time
 for comparison. ``--json`` prints one object instead: ``time_s`` (all steps together), the
-model, and per step the same fields.
+model, and per step the same fields. With ``--profile`` the times are on the profile's device
+(``device`` in the JSON; a CPU profile gives CPU times, and the header names it), the roofline's
+too; a profile measured on another model than ``--preset`` is warned about.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import argparse
 from hybridkv.cli.base import COMMANDS, Command
 from hybridkv.cli.options import int_in, step_argument
 from hybridkv.cli.output import print_json
-from hybridkv.cli.sim_options import DEFAULT_PRESET, add_cost_model_options, check_cost_model_options
+from hybridkv.cli.sim_options import (DEFAULT_PRESET, add_cost_model_options, check_cost_model_options,
+                                      profile_warning, warn)
 from hybridkv.sim.grid import format_step
 from hybridkv.sim.hardware import fewest_gpus
 from hybridkv.sim.presets import GPU_PRESETS, get_gpu, get_preset
@@ -51,8 +54,13 @@ def run(args: argparse.Namespace) -> int:
     gpus = args.gpus or fewest_gpus(preset, gpu)
     if gpus is None:
         raise ValueError(f"{preset.name}'s weights do not fit even 1024 x {gpu.name}; use a larger --gpu")
+    warning = profile_warning(args.profile, preset)
+    if warning:
+        warn(args, warning)
     model = cost_model(preset, gpu, gpus, args.profile, args.cost_model)
-    roof = cost_model(preset, gpu, gpus, kind="roofline")
+    # with a profile, time is the profile's device's (a CPU profile: the CPU), not --gpu's
+    device = args.profile.gpu_preset() if args.profile is not None else gpu
+    roof = cost_model(preset, device, gpus, kind="roofline")
     steps = []
     for work in args.step:
         c = model.step(work)
@@ -60,12 +68,16 @@ def run(args: argparse.Namespace) -> int:
         steps.append({"step": format_step(work), "requests": len(work),
                       "new_tokens": sum(n for n, _ in work), **c.to_json(),
                       "roofline": None if model.kind == "roofline" else r.to_json()})
-    out = {"preset": preset.name, "gpu": gpu.name, "num_gpus": gpus, "cost_model": model.kind,
+    out = {"preset": preset.name, "gpu": gpu.name, "device": device.name, "num_gpus": gpus,
+           "cost_model": model.kind,
            "source": model.source, "time_s": sum(s["time_s"] for s in steps), "steps": steps}
     if args.json:
         print_json(out)
         return 0
-    print(f"{preset.name} on {gpus} x {gpu.name}; {model.source}")
+    where = f"{gpus} x {device.name}"
+    if device.name != gpu.name:
+        where += f" (the profile's device; --gpu {gpu.name} only sizes memory)"
+    print(f"{preset.name} on {where}; {model.source}")
     for s in steps:
         reqs = f"{s['requests']} request" + ("s" if s["requests"] != 1 else "")
         print(f"step {s['step']} ({reqs}, {s['new_tokens']:,} new tokens): "

@@ -57,6 +57,19 @@ def non_negative_number(text: str) -> float:
     return value
 
 
+def parse_max_skew(text: str) -> float:
+    """``--router-max-skew``: a finite number >= 1, or ``none`` (no bound: returned as inf)."""
+    if text.strip().lower() == "none":
+        return math.inf
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number or 'none': {text!r}") from None
+    if not (math.isfinite(value) and value >= 1):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 1 or 'none', got {text!r}")
+    return value
+
+
 def fraction(lo_open: bool) -> Callable[[str], float]:
     """An argparse type: a float in ``(0, 1]`` (``lo_open``) or ``[0, 1]``."""
     def parse(text: str) -> float:

@@ -136,11 +136,16 @@ def print_json(data: object) -> None:
     print()
 
 
-def progress_bar(enabled: bool, label: str) -> tuple[Callable[[int, int], None] | None, Callable[[], None]]:
+def progress_bar(enabled: bool, label: str, tty: bool | None = None
+                 ) -> tuple[Callable[[int, int], None] | None, Callable[[], None]]:
     """``(update(done, total), close)`` of a progress bar on stderr (tqdm when installed, a
-    counter otherwise); ``(None, no-op)`` when disabled. A ``done`` that falls back (a new run
+    counter otherwise); ``(None, no-op)`` when disabled or when stderr is not a terminal
+    (``tty``, default ``sys.stderr.isatty()``): redirected, the bar's carriage returns would
+    overwrite the report's first line in the file. A ``done`` that falls back (a new run
     reported on the same bar) starts the bar over, with its own rate and ETA."""
-    if not enabled:
+    if tty is None:
+        tty = sys.stderr.isatty()
+    if not (enabled and tty):
         return None, lambda: None
     try:
         from tqdm import tqdm

@@ -16,8 +16,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hybridkv.cli.options import (MAX_BLOCK_SIZE, AllPolicies, fraction, int_in, parse_block_size,
-                                  parse_policy, parse_prefix_retention, parse_retention,
+from hybridkv.cli.options import (MAX_BLOCK_SIZE, AllPolicies, fraction, int_in, name_options,
+                                  parse_block_size, parse_policy, parse_prefix_retention, parse_retention,
                                   positive_count, profile_argument, spec_argument)
 from hybridkv.cli.capacity import add_hardware_options, capacity_blocks, plan_from_options
 from hybridkv.cli.hint_options import check_hint_options
@@ -28,7 +28,8 @@ from hybridkv.core.specs import StateSpec
 from hybridkv.sched import SchedulerConfig
 from hybridkv.sim.presets import get_gpu, get_preset
 from hybridkv.sim.simulator import SimConfig
-from hybridkv.sim.traces import BUNDLED_TRACES, load_token_trace, resolve_trace, trace_format
+from hybridkv.sim.traces import (BUNDLED_TRACES, TraceWarning, load_token_trace,
+                                 mooncake_block_warning, resolve_trace, trace_format)
 from hybridkv.sim.workloads import WORKLOADS, get_workload
 from hybridkv.sim.workitems import WorkItem, items_from_mooncake, items_from_trace
 
@@ -52,6 +53,11 @@ def add_common_options(p: argparse.ArgumentParser) -> None:
                    help=f"model preset (default {DEFAULT_PRESET}; see `hybridkv presets`)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--workload", help=f"built-in workload: {', '.join(WORKLOADS)} (default {DEFAULT_WORKLOAD})")
+    p.add_argument("--workload-param", type=parse_workload_param, action="append", metavar="KEY=VALUE",
+                   help="a parameter of the built-in workload (repeat for more), e.g. "
+                        "--workload agentic --workload-param num_agents=64 --workload-param "
+                        "tool_tokens=512-4096 (N-M: a range drawn uniformly; none: None); an "
+                        "unknown key lists the workload's")
     src.add_argument("--trace", help="a bundled trace (" + ", ".join(BUNDLED_TRACES) + "; see "
                      "`hybridkv traces`) or a JSONL file (.gz/.xz too): Mooncake format (hash_ids) "
                      "or token ids (prompt_token_ids)")
@@ -112,6 +118,19 @@ def cost_source(cfg: SimConfig) -> str:
     return cost_model(cfg.preset, cfg.gpu, cfg.num_gpus, cfg.profile, cfg.cost_model).source
 
 
+def profile_warning(profile, preset) -> str | None:
+    """The warning when ``--profile`` was measured on another model than ``preset`` (its
+    constants are then applied to ``preset`` as they are), else None."""
+    if profile is None:
+        return None
+    measured = profile.model["preset"]
+    if measured == preset.name:
+        return None
+    return (f"--profile {profile.label!r} was measured on {measured}, not {preset.name}: its fitted "
+            f"constants are applied to {preset.name} as they are (profile {preset.name} with "
+            f"`hybridkv profile` for step times of its own)")
+
+
 def check_cost_model_options(args: argparse.Namespace) -> None:
     if getattr(args, "profile", None) is not None and args.cost_model == "roofline":
         raise ValueError("--profile applies to the calibrated cost model; drop --cost-model roofline")
@@ -162,8 +181,51 @@ def check_policy_options(args: argparse.Namespace) -> None:
                              f"(the only policy that reads retention); got {', '.join(names)}")
 
 
+def parse_workload_param(text: str) -> tuple[str, object]:
+    """``KEY=VALUE`` (argparse type): VALUE an integer, a number, ``N-M`` (a ``(N, M)`` token
+    range) or ``none``."""
+    import re
+    key, sep, value = str(text).partition("=")
+    key, value = key.strip().replace("-", "_"), value.strip()
+    if not sep or not key or not value:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r} (e.g. num_agents=64)")
+    if value.lower() == "none":
+        return key, None
+    m = re.fullmatch(r"(\d+)-(\d+)", value)
+    if m:
+        return key, (int(m[1]), int(m[2]))
+    for kind in (int, float):
+        try:
+            return key, kind(value)
+        except ValueError:
+            pass
+    raise argparse.ArgumentTypeError(f"{key}: expected an integer, a number, N-M or none, got {value!r}")
+
+
+def workload_params(name: str, params: list[tuple[str, object]] | None) -> dict:
+    """``--workload-param`` pairs as keyword overrides of workload ``name``'s generator;
+    ValueError naming an unknown key and the valid ones (``seed`` is ``--seed``'s)."""
+    import inspect
+    if not params:
+        return {}
+    factory = WORKLOADS.get(name)
+    if factory is None:
+        return {}                                  # get_workload names the valid workloads
+    valid = [k for k in inspect.signature(factory).parameters if k != "seed"]
+    out: dict = {}
+    for key, value in params:
+        if key not in valid:
+            where = "--seed sets it" if key == "seed" else f"valid: {', '.join(valid)}"
+            raise ValueError(f"--workload-param {key}: workload {name!r} has no such parameter ({where})")
+        out[key] = value
+    return out
+
+
 def check_options(args: argparse.Namespace) -> None:
     """Rules involving several options, checked before anything runs (``ValueError``)."""
+    if getattr(args, "workload_param", None) and getattr(args, "trace", None) is not None:
+        raise ValueError("--workload-param sets a built-in --workload's parameters; a --trace "
+                         "has none")
     check_policy_options(args)
     check_hint_options(args)
     check_cost_model_options(args)
@@ -199,17 +261,37 @@ def check_spec_fits(cfg: SimConfig) -> None:
             f"--max-model-len {max_len} tokens per request")
 
 
+def warn(args: argparse.Namespace, message: str) -> None:
+    """One warning line on stderr: ``hybridkv COMMAND: warning: message``."""
+    print(f"hybridkv {getattr(args, 'command', None) or 'simulate'}: warning: {message}",
+          file=sys.stderr)
+
+
 def load_items(args: argparse.Namespace) -> list[WorkItem]:
-    """The workload of the options: a trace file or a built-in generator."""
+    """The workload of the options: a trace file or a built-in generator. The loaders'
+    :class:`~hybridkv.sim.traces.TraceWarning` s are printed as one warning line each."""
+    import warnings
     limit = args.limit
     if args.trace is not None:
         path = resolve_trace(args.trace)
-        if trace_format(path) == "mooncake":
-            items = items_from_mooncake(str(path), limit)
-        else:
-            items = items_from_trace(load_token_trace(path))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", TraceWarning)
+            if trace_format(path) == "mooncake":
+                items = items_from_mooncake(str(path), limit)
+                cut = mooncake_block_warning(options_preset(args).block_size)
+                if cut:
+                    warn(args, name_options(cut, OPTION_NAMES))
+            else:
+                items = items_from_trace(load_token_trace(path))
+        for w in caught:
+            if issubclass(w.category, TraceWarning):
+                warn(args, str(w.message))
+            else:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     else:
-        items = items_from_trace(get_workload(args.workload or DEFAULT_WORKLOAD, seed=args.seed))
+        name = args.workload or DEFAULT_WORKLOAD
+        items = items_from_trace(get_workload(name, seed=args.seed,
+                                              **workload_params(name, getattr(args, "workload_param", None))))
     items = items[:limit] if limit is not None else items
     if not items:
         raise ValueError("the workload has no requests")
@@ -217,9 +299,12 @@ def load_items(args: argparse.Namespace) -> list[WorkItem]:
 
 
 def options_preset(args: argparse.Namespace):
-    """The ``--preset`` with ``--block-size`` applied."""
+    """The ``--preset`` with ``--block-size`` applied, and with ``--spec eagle3:K`` the
+    drafter's KV group the preset records (:meth:`~hybridkv.sim.presets.ModelPreset.with_drafter`)."""
     preset = get_preset(args.preset)
-    return preset if args.block_size is None else preset.with_block_size(args.block_size)
+    preset = preset if args.block_size is None else preset.with_block_size(args.block_size)
+    spec = getattr(args, "spec", None)
+    return preset.with_drafter(getattr(spec, "method", None))
 
 
 def build_config(args: argparse.Namespace, num_blocks: int | None = None,

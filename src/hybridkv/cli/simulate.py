@@ -22,17 +22,20 @@ from hybridkv.cli.hint_options import add_hint_options, apply_hints
 from hybridkv.cli.output import json_to_stdout, progress_bar, write_json, write_output
 from hybridkv.cli.sim_options import (DEFAULT_WORKLOAD, OPTION_NAMES, add_common_options,
                                       build_config, check_options, cost_source, load_items,
-                                      options_preset)
+                                      options_preset, profile_warning)
 from hybridkv.cli.tier_options import add_tier_options
+from hybridkv.sim.failures import ChildProcessDied
 from hybridkv.sim.hardware import KVBudget
+from hybridkv.sim.optimum_memory import BYTES_PER_BLOCK, available_memory_bytes
 from hybridkv.sim.interrupt import RunInterrupted, sigint_deferred
 from hybridkv.sim.simulator import SimConfig, SimResult, Simulator
 from hybridkv.sim.workitems import WorkItem
 
 DESCRIPTION = """\
 Simulate a model's prefix cache and latency over a workload: the real scheduler and KV-cache
-manager over a built-in workload or a trace, a roofline cost model for time, and the offline
-optimum and an unlimited cache beside the online hit rate.
+manager over a built-in workload or a trace, step times from the calibrated cost model (fitted
+to steps measured on an H100, or to --profile; --cost-model roofline: peak rates at fixed
+efficiencies), and the offline optimum and an unlimited cache beside the online hit rate.
 
 The KV cache is what the GPUs leave, as in vLLM: --gpu-memory-fraction (default 0.9) of the
 memory of --gpus x --gpu, less the weights and a 6 GiB-per-GPU activation reserve. Either
@@ -85,6 +88,22 @@ def describe(cfg: SimConfig, args: argparse.Namespace, n_items: int,
     return f"{head}\n{cache}"
 
 
+def optimum_memory_warning(cfg: SimConfig, items: list[WorkItem], available: int | None) -> str | None:
+    """The warning when the offline optimum's memory estimate
+    (:func:`hybridkv.sim.optimum_memory.estimate`) is more than half the ``available`` bytes;
+    None otherwise, without the optimum, or when ``available`` is unknown."""
+    from hybridkv.sim.optimum_memory import estimate, is_large, key_block_size
+    if not cfg.optimum:
+        return None
+    need = estimate(items, key_block_size(cfg.preset.kv_config(num_blocks=cfg.num_blocks)))
+    if not is_large(need, available):
+        return None
+    return (f"warning: the offline optimum needs about {need.bytes / 1e9:,.1f} GB ({need.blocks:,} "
+            f"prompt blocks of {need.block_size} tokens x {BYTES_PER_BLOCK} B) and "
+            f"{available / 1e9:,.1f} GB is available: it may be killed for memory; --no-optimum "
+            f"skips it, a larger --block-size or a smaller --limit shrinks it")
+
+
 def tier_baseline(cfg: SimConfig, items: list[WorkItem], args: argparse.Namespace,
                   res: SimResult) -> dict | None:
     """With tiers: the same run without them (unless ``--no-baseline``); prints the tier table
@@ -132,7 +151,8 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from hybridkv.sim.advice import next_steps
     from hybridkv.sim.report import explain_gap, format_next_steps, plot_run, summary_table
-    from hybridkv.sim.workload_fit import check_fits
+    from hybridkv.cli.options import name_options
+    from hybridkv.sim.workload_fit import check_fits, context_warning
     check_options(args)
     cluster.check_args(args)              # before the trace is read
     preset = options_preset(args)
@@ -144,6 +164,15 @@ def _run(args: argparse.Namespace) -> int:
                          (lambda need: more_gpus(args, preset, need.bytes)) if default else None)
     if warning:
         print(f"hybridkv simulate: {warning}", file=sys.stderr)
+    warning = profile_warning(cfg.profile, preset)
+    if warning:
+        print(f"hybridkv simulate: warning: {warning}", file=sys.stderr)
+    warning = context_warning(preset, items, cfg.max_model_len)
+    if warning:
+        print(f"hybridkv simulate: warning: {name_options(warning, OPTION_NAMES)}", file=sys.stderr)
+    warning = optimum_memory_warning(cfg, items, available_memory_bytes())
+    if warning:
+        print(f"hybridkv simulate: {warning}", file=sys.stderr)
     if cluster.is_cluster(args):
         return cluster.run_cluster_command(args, cfg, items, budget)
     print(describe(cfg, args, len(items), budget))
@@ -151,6 +180,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"  step times: {cost_source(cfg)}")
     load = cluster.warn_capacity(cfg, items, 1)
     extra: dict = {"offered_load": load.to_json() if load else None, "hardware": budget.to_json()}
+    failure = None
     try:
         with cluster.publishers(args, 1) as pubs:
             res = run_one(cluster.events_config(cfg, args), items, not args.no_progress, "simulate",
@@ -160,6 +190,11 @@ def _run(args: argparse.Namespace) -> int:
             with sigint_deferred():
                 write_json(args.json, {**exc.partial.to_json(), **extra}, "the partial JSON result")
         raise
+    except ChildProcessDied as exc:     # the online run finished: report and write it, then fail
+        if exc.partial is None:
+            raise
+        res, failure = exc.partial, exc
+        extra["error"] = str(exc)
     extra["kv_events_published"] = pubs[0].published if pubs else 0
     if pubs:
         print(f"  KV events: {extra['kv_events_published']} batches published")
@@ -183,6 +218,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.plot:
         title = describe(cfg, args, len(items)).splitlines()[0].split(": ", 1)[1]
         print(f"wrote {write_output(args.plot, lambda p: plot_run(res, p, title=title), 'the plot')}")
+    if failure is not None:
+        raise failure
     return 0
 
 
@@ -190,4 +227,4 @@ COMMANDS.register("simulate", Command(
     help="trace-driven simulation: hit rates, latency, the optimum, next steps",
     add_arguments=add_arguments, run=run, description=DESCRIPTION, option_names=OPTION_NAMES))
 
-__all__ = ["DESCRIPTION", "add_arguments", "describe", "run", "run_one"]
+__all__ = ["DESCRIPTION", "add_arguments", "describe", "optimum_memory_warning", "run", "run_one"]

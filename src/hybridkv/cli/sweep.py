@@ -24,13 +24,15 @@ import sys
 
 from hybridkv.cli.base import COMMANDS, Command
 from hybridkv.cli.capacity import add_size_options, capacity_blocks, plan_gpus, requested_bytes, size_option
-from hybridkv.cli.cluster import DEFAULT_ROUTER, MAX_INSTANCES
+from hybridkv.cli.cluster import (DEFAULT_ROUTER, MAX_INSTANCES, add_max_skew_option,
+                                  check_max_skew_option, max_skew)
 from hybridkv.cli.hint_options import add_hint_options, apply_hints
-from hybridkv.cli.options import (int_in, non_negative_number, parse_count_list, parse_int_list,
+from hybridkv.cli.options import (int_in, name_options, non_negative_number, parse_count_list, parse_int_list,
                                   parse_policy_list, parse_retention_list, sweepable_policies)
 from hybridkv.cli.output import json_to_stdout, progress_bar, write_json, write_output
 from hybridkv.cli.sim_options import (OPTION_NAMES, add_common_options, build_config, check_options,
-                                      cost_source, load_items, options_preset)
+                                      cost_source, load_items, options_preset, profile_warning,
+                                      warn)
 from hybridkv.cli.tier_options import add_tier_options, tier_config
 from hybridkv.core.specs import StateSpec
 from hybridkv.sim.interrupt import RunInterrupted, sigint_deferred
@@ -71,6 +73,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     cl.add_argument("--router-overlap-weight", type=non_negative_number,
                     help="kv-aware/approximate: weight of a request's uncached prefill against "
                          f"queued prefill tokens (default {DEFAULT_OVERLAP_WEIGHT:g})")
+    add_max_skew_option(cl)
     p.add_argument("--json", help="write the rows as JSON to this path (- : standard output)")
     p.add_argument("--plot", help="write a plot (PNG, or another suffix matplotlib writes) of hit "
                                   "rate against the swept value")
@@ -129,6 +132,8 @@ def check_sweep_options(args: argparse.Namespace) -> None:
             got = f"--router {args.router or DEFAULT_ROUTER}" if is_cluster(args) else "one instance"
             raise ValueError(f"--router-overlap-weight {weight:g} is read only by --router "
                              f"{' or '.join(readers)} with --instances or --instances-list; got {got}")
+    check_max_skew_option(args, args.router or DEFAULT_ROUTER, is_cluster(args),
+                          "--instances or --instances-list")
     if is_cluster(args) and args.sequential:
         raise ValueError("--sequential has no clock: it does not apply to a cluster "
                          "(--instances, --instances-list, --router)")
@@ -180,6 +185,19 @@ def _run(args: argparse.Namespace) -> int:
         check_state_sweep_options(args)
     warn_workers(args)
     items = load_items(args)
+    from hybridkv.sim.workload_fit import context_warning
+    for warning in (context_warning(preset, items, args.max_model_len),
+                    profile_warning(args.profile, preset)):
+        if warning:
+            warn(args, name_options(warning, OPTION_NAMES))
+    if not args.no_optimum and not state:          # each configuration's optimum, one at a time
+        from hybridkv.cli.simulate import optimum_memory_warning
+        from hybridkv.sim.optimum_memory import available_memory_bytes
+        from hybridkv.sim.presets import get_gpu
+        warning = optimum_memory_warning(SimConfig(preset=preset, gpu=get_gpu(args.gpu), num_blocks=2),
+                                         items, available_memory_bytes())
+        if warning:
+            print(f"hybridkv sweep: {warning} (per process running a configuration)", file=sys.stderr)
     try:
         if state:
             return sweep_state(args, items, preset)
@@ -219,7 +237,8 @@ def _sweep(args: argparse.Namespace, items: list[WorkItem], preset) -> int:
         weight = args.router_overlap_weight
         job = lambda v, c: ClusterJob(  # noqa: E731
             c, v if args.instances_list is not None else (args.instances or 1),
-            args.router or DEFAULT_ROUTER, DEFAULT_OVERLAP_WEIGHT if weight is None else weight)
+            args.router or DEFAULT_ROUTER, DEFAULT_OVERLAP_WEIGHT if weight is None else weight,
+            max_skew(args))
         runs = [(v, job(v, c)) for v, c in runs]
     print(_header(args, preset, runs, len(items)))
     first = getattr(runs[0][1], "config", runs[0][1])
@@ -254,9 +273,13 @@ def _header(args: argparse.Namespace, preset, runs: list, n_items: int) -> str:
 
 
 def run_configs(args: argparse.Namespace, runs: list[tuple[object, object]],
-                items: list[WorkItem]) -> tuple[list[dict], dict[int, SimResult], int]:
-    """Run the sweep on the chosen executor; print each row as it finishes. Returns the JSON
-    rows in configuration order (a failed one is ``{"value", "error"}``), the results by index
+                items: list[WorkItem], tags: list[dict] | None = None
+                ) -> tuple[list[dict], dict[int, SimResult], int]:
+    """Run the sweep on the chosen executor; print each row as it finishes. ``tags``: per
+    configuration, keys added to its row (a failed one too) and named in its printed line
+    before the value (e.g. ``{"eviction_policy": "lru"}`` prints ``lru @ 200000``). Returns
+    the JSON rows in configuration order (a failed one is ``{"value", "error"}``, plus the online
+    run's keys when only its optimum's child died), the results by index
     (a cluster's combined result) and the number of failures. Ctrl-C: the executor stops its
     workers, then :class:`RunInterrupted` carries ``(value, row)`` per configuration (row
     ``{}``: unfinished)."""
@@ -272,6 +295,9 @@ def run_configs(args: argparse.Namespace, runs: list[tuple[object, object]],
         if bar:
             bar(sum(d for d, _ in counts.values()),
                 sum(counts.get(i, (0, len(items)))[1] for i in range(len(runs))))
+    def label(index: int, value: object) -> str:
+        tag = " ".join(str(v) for v in tags[index].values()) if tags else ""
+        return f"{tag} @ {_label(value)}" if tag else _label(value)
     outcomes = execute([cfg for _, cfg in runs], items, args.executor, args.workers,
                        args.ray_address, progress=progress)
     try:
@@ -279,20 +305,24 @@ def run_configs(args: argparse.Namespace, runs: list[tuple[object, object]],
             bar(0, len(runs) * len(items))
         for out in outcomes:
             value = runs[out.index][0]
-            if out.result is None:
+            if out.result is None or out.error is not None:
                 failed += 1
-                rows[out.index] = {"value": value, "error": out.error}
-                print(f"  {_label(value):>10}: error: {out.error}", file=sys.stderr, flush=True)
+                row = {"value": value, "error": out.error, **(tags[out.index] if tags else {})}
+                if out.result is not None:      # the online run finished (its optimum's child died)
+                    row = {**out.result.to_json(), **row}
+                rows[out.index] = row
+                print(f"  {label(out.index, value):>10}: error: {out.error}", file=sys.stderr, flush=True)
             else:
                 combined = getattr(out.result, "overall", None) or out.result
                 results[out.index] = combined
                 d = out.result.to_json()
                 d["value"] = value
+                d.update(tags[out.index] if tags else {})
                 rows[out.index] = d
                 opt = d["optimal_block_hit_rate"]
                 hz = d["hazard_bound_block_hit_rate"]
                 ttft = "n/a" if d["ttft_p50_s"] is None else f"{d['ttft_p50_s']:.3f} s"   # --sequential
-                print(f"  {_label(value):>10}: block hit rate {d['block_hit_rate']:.4f}, token hit rate "
+                print(f"  {label(out.index, value):>10}: block hit rate {d['block_hit_rate']:.4f}, token hit rate "
                       f"{d['hit_rate']:.4f}, optimum {'n/a' if opt is None else f'{opt:.4f}'}, "
                       f"non-anticipative {'n/a' if hz is None else f'{hz:.4f}'}, "
                       f"TTFT p50 {ttft}, evictions {d['evictions']:,}, "
@@ -382,13 +412,15 @@ def sweep_tiers(args: argparse.Namespace, items: list[WorkItem], preset) -> int:
 def sweep_policies(args: argparse.Namespace, runs: list, items: list) -> tuple[list[dict], int]:
     """Run ``runs`` (value, SimConfig) once per policy of ``args.eviction_policies``; print a
     policy x size table (with each policy's cost per pool operation against LRU, measured now,
-    :func:`hybridkv.sim.policy_cost.op_cost`) and, with ``--plot``, draw it. Returns the JSON
-    rows (each with ``config.eviction_policy``) and the number of failed configurations."""
+    :func:`hybridkv.sim.policy_cost.op_cost`) and, with ``--plot``, draw it. Each row's line
+    names its policy (``lru @ 200000``). Returns the JSON rows (each with ``eviction_policy``, a
+    failed one too) and the number of failed configurations."""
     from hybridkv.sim.policy_cost import op_cost
     from hybridkv.sim.report import plot_policies
     names = args.eviction_policies
     all_runs = [(v, _with_policy(cfg, p)) for p in names for v, cfg in runs]
-    rows, _, failed = run_configs(args, all_runs, items)
+    rows, _, failed = run_configs(args, all_runs, items,
+                                  [{"eviction_policy": p} for p in names for _ in runs])
     values = [v for v, _ in runs]
     cost = op_cost(names)
     lines = ["", f"{'policy':>8} " + " ".join(f"{str(v):>22}" for v in values) + f"{'op cost':>9}",

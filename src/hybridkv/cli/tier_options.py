@@ -1,7 +1,8 @@
 """The KV-tier options of ``simulate`` and ``sweep`` -> a :class:`~hybridkv.sim.tiers.TierConfig`.
 
 ``--cpu-cache-tokens N`` / ``--disk-cache-tokens N`` / ``--remote-cache-tokens N`` add a tier
-of N tokens (0: none); ``--tier-policy`` picks write-through (default) or offload-on-evict;
+of N tokens (0: none), or ``--cpu-cache-gb G`` / ``--disk-cache-gb G`` one of G GB per GPU
+(:func:`tier_tokens`); ``--tier-policy`` picks write-through (default) or offload-on-evict;
 ``--TIER-bandwidth GB/s`` and ``--TIER-latency-us US`` override a tier's link (the CPU tier's
 is the host <-> GPU link every load takes); ``--free-transfers`` makes every move take no time
 (the hierarchy's hit rate alone). ``sweep --cpu-cache-tokens-list 0,10M,30M,100M`` sweeps the
@@ -19,13 +20,13 @@ from __future__ import annotations
 import argparse
 import math
 
-from hybridkv.cli.options import parse_count
+from hybridkv.cli.options import non_negative_number, parse_count
 from hybridkv.sim.tiers import DISK_LINK, FREE_LINK, REMOTE_LINK, TIER_NAMES, TierConfig, link_with
 from hybridkv.sim.transfer import DEFAULT_TRANSFER
 from hybridkv.tiers import TIER_POLICIES, WRITE_THROUGH
 
-__all__ = ["TIER_OPTION_NAMES", "add_tier_options", "check_tier_options", "has_tiers",
-           "parse_count_list_with_zero", "tier_config"]
+__all__ = ["GB_TIERS", "TIER_OPTION_NAMES", "add_tier_options", "check_tier_options", "has_tiers",
+           "parse_count_list_with_zero", "tier_config", "tier_tokens"]
 
 #: The TierConfig field names as options (library errors speak in options).
 TIER_OPTION_NAMES = {f"{t}_cache_tokens": f"--{t}-cache-tokens" for t in TIER_NAMES}
@@ -85,6 +86,10 @@ def add_tier_options(p: argparse.ArgumentParser, sweep: bool = False) -> None:
     for t in TIER_NAMES:
         g.add_argument(f"--{t}-cache-tokens", type=parse_count, metavar="N",
                        help=f"a {t} tier of N tokens of the model's KV (0: none)")
+    for t in GB_TIERS:
+        g.add_argument(f"--{t}-cache-gb", type=non_negative_number, metavar="GB",
+                       help=f"the {t} tier as GB per GPU instead (x --gpus, divided by the model's "
+                            f"KV bytes per token: whole tokens; 0: none)")
     g.add_argument("--tier-policy", choices=TIER_POLICIES,
                    help="write-through (default: every cached block is written to every tier, as "
                         "SGLang HiCache and hybridkv's connector) or offload-on-evict (a block "
@@ -106,10 +111,30 @@ def add_tier_options(p: argparse.ArgumentParser, sweep: bool = False) -> None:
                             "and TTFT without them")
 
 
+#: Tiers whose size may be given in GB per GPU (``--cpu-cache-gb``, ``--disk-cache-gb``): the
+#: host memory and local drives scale with the GPUs of a node; a remote store does not.
+GB_TIERS = ("cpu", "disk")
+
+
+def _sized(args: argparse.Namespace, t: str) -> bool:
+    return bool(getattr(args, f"{t}_cache_tokens", None) or getattr(args, f"{t}_cache_gb", None))
+
+
+def tier_tokens(args: argparse.Namespace, preset, t: str) -> int:
+    """Tier ``t``'s size in tokens: ``--T-cache-tokens``, or ``--T-cache-gb`` GB per GPU as
+    ``floor(GB * 1e9 * gpus / KV bytes per token)`` (``gpus``: ``--gpus``, 1 before it is
+    planned), 0 when neither is given."""
+    gb = getattr(args, f"{t}_cache_gb", None)
+    if gb:
+        per_token = preset.kv_bytes_per_token()["total"]
+        return int(gb * 1e9 * (getattr(args, "gpus", None) or 1) // per_token)
+    return getattr(args, f"{t}_cache_tokens", None) or 0
+
+
 def has_tiers(args: argparse.Namespace) -> bool:
     """Whether the options ask for any tier (a sweep's list counts)."""
     return bool(getattr(args, "cpu_cache_tokens_list", None)) or any(
-        getattr(args, f"{t}_cache_tokens", None) for t in TIER_NAMES)
+        _sized(args, t) for t in TIER_NAMES)
 
 
 def _given(args: argparse.Namespace, t: str) -> list[str]:
@@ -126,11 +151,20 @@ def check_tier_options(args: argparse.Namespace, preset) -> None:
     if listed is not None and args.cpu_cache_tokens is not None:
         raise ValueError(f"--cpu-cache-tokens {args.cpu_cache_tokens} and --cpu-cache-tokens-list: "
                          "give one (the list sweeps the CPU tier's size)")
+    for t in GB_TIERS:
+        gb = getattr(args, f"{t}_cache_gb", None)
+        if gb is not None and getattr(args, f"{t}_cache_tokens", None) is not None:
+            raise ValueError(f"--{t}-cache-tokens {getattr(args, f'{t}_cache_tokens')} and "
+                             f"--{t}-cache-gb {gb:g}: give one")
+        if gb is not None and t == "cpu" and listed is not None:
+            raise ValueError(f"--cpu-cache-gb {gb:g} and --cpu-cache-tokens-list: give one (the "
+                             "list sweeps the CPU tier's size)")
     for t in TIER_NAMES:
-        present = bool(getattr(args, f"{t}_cache_tokens", None)) or (t == "cpu" and bool(listed))
+        present = _sized(args, t) or (t == "cpu" and bool(listed))
         given = _given(args, t)
         if given and not present:
-            raise ValueError(f"{given[0]} has no effect without --{t}-cache-tokens N (N > 0)")
+            gb = f" or --{t}-cache-gb G" if t in GB_TIERS else ""
+            raise ValueError(f"{given[0]} has no effect without --{t}-cache-tokens N (N > 0){gb}")
         if given and args.free_transfers:
             raise ValueError(f"{given[0]} and --free-transfers: give one (free transfers take no time)")
     if not has_tiers(args):
@@ -153,7 +187,7 @@ def check_tier_options(args: argparse.Namespace, preset) -> None:
 def tier_config(args: argparse.Namespace, preset, cpu_tokens: int | None = None) -> TierConfig | None:
     """The TierConfig of the options (``cpu_tokens`` overrides ``--cpu-cache-tokens``); None
     without tiers. Refuses a tier its medium cannot address."""
-    sizes = {t: getattr(args, f"{t}_cache_tokens", None) or 0 for t in TIER_NAMES}
+    sizes = {t: tier_tokens(args, preset, t) for t in TIER_NAMES}
     if cpu_tokens is not None:
         sizes["cpu"] = cpu_tokens
     if not any(sizes.values()):

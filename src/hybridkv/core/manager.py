@@ -471,7 +471,16 @@ class KVCacheManager:
             s.hits += hit_tokens
 
     def free(self, request: Request) -> None:
-        """Release the request's blocks (cached ones stay cached, LRU). Unknown ids: no-op."""
+        """Release the request's blocks (cached ones stay cached, LRU).
+
+        Raises:
+            ValueError: the request holds no blocks here (never allocated, or already freed),
+                naming its id; in ``vllm_compat`` mode that is a no-op, as in vLLM (whose
+                scheduler frees aborted requests that were never allocated).
+        """
+        if request.request_id not in self._requests and not self.vllm_compat:
+            raise ValueError(f"free({request.request_id!r}): the request holds no blocks (never "
+                             "allocated, or already freed)")
         self._sync_hashes(request)
         self.coordinator.free(request)
         self._requests.pop(request.request_id, None)

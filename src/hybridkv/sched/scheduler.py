@@ -186,13 +186,15 @@ class Scheduler:
         req = self.requests.get(request_id)
         if req is None:
             return
+        holds = True
         if req in self.running:
             self.running.remove(req)
         elif req in self.loading:
             self.loading.remove(req)
-        else:
+        else:                    # waiting: never allocated, or preempted (its blocks freed then)
             self.waiting.remove(req)
-        self._finish(req, RequestStatus.FINISHED_ABORTED)
+            holds = False
+        self._finish(req, RequestStatus.FINISHED_ABORTED, holds)
 
     # ---- scheduling ---------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -532,8 +534,9 @@ class Scheduler:
                 finished.append(r)
         return finished
 
-    def _finish(self, r: EngineRequest, status: RequestStatus) -> None:
+    def _finish(self, r: EngineRequest, status: RequestStatus, holds_blocks: bool = True) -> None:
         r.status = status
-        self.kv.free(r.request)
+        if holds_blocks:
+            self.kv.free(r.request)
         r.spec_token_ids = []
         del self.requests[r.request_id]

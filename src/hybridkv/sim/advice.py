@@ -12,7 +12,10 @@ Each line is a number the run measured or a labelled estimate, and the option to
   (checkpoint) interval to sweep;
 * **instances** — the offered load against one instance's prefill rate by the cost model
   (:class:`~hybridkv.sim.cluster.OfferedLoad`): the instances that keep up with the uncached
-  prompt tokens at the measured hit rate;
+  prompt tokens at the measured hit rate. An average below capacity is not enough to say the
+  instances keep up: the busiest minute's uncached rate must be within capacity too, and the
+  run's TTFT p99 at most :data:`TAIL_TTFT_S`; otherwise the line says which one failed and
+  asks for the instances the peak needs;
 * **a shared prefix** — when many requests start with the same prompt prefix and some missed
   part of it online: the ``--prefix-retention`` that pins it.
 """
@@ -22,6 +25,8 @@ from __future__ import annotations
 import math
 from typing import Callable
 
+import numpy as np
+
 from hybridkv.sim.cluster import OfferedLoad
 from hybridkv.sim.simulator import SimResult
 
@@ -29,6 +34,11 @@ __all__ = ["next_steps", "instances_needed"]
 
 RETAINED_SHARE = 0.01
 """Retention advice needs at least this share of the prompt blocks lost to it."""
+
+TAIL_TTFT_S = 10.0
+"""A TTFT p99 above this many seconds is a backlog, not a load the instances keep up with (no
+interactive service accepts it; prefilling even a 128k-token prompt alone takes a few seconds
+on one H100)."""
 
 
 def instances_needed(load: OfferedLoad, hit_rate: float) -> int:
@@ -60,7 +70,7 @@ def next_steps(res: SimResult, load: OfferedLoad | None, instances: int = 1,
     if retained:
         steps.append(retained)
     if load is not None and load.prompt_tok_s > 0:
-        steps.append(_load_step(load, res.hit_rate, instances))
+        steps.append(_load_step(load, res.hit_rate, instances, _p99(res)))
     prefix = _prefix_step(res)
     if prefix:
         steps.append(prefix)
@@ -81,12 +91,12 @@ def _cache_step(res: SimResult, larger_cache: Callable[[int], str] | None) -> st
         return (f"cache size: the online run already hits what an unlimited cache would "
                 f"({ceiling:.3f}); a larger cache would not raise it")
     if g.optimum_blocks >= g.ceiling_blocks:
-        if res.evictions and g.retained_blocks:
-            return (f"cache size: the full-attention blocks all fit at this size (the optimum "
-                    f"equals an unlimited cache, {ceiling:.3f}), but {g.retained_blocks / pb:.1%} "
-                    f"of the blocks were lost where other groups' windows or checkpoints were gone "
-                    f"({res.evictions:,} evictions); a larger cache may recover them, which only a "
-                    f"run shows: measure it with {how}")
+        if res.evictions and (g.retained_blocks or g.evicted_blocks):
+            return (f"cache size: the offline optimum keeps every block an unlimited cache hits "
+                    f"({ceiling:.3f}), but the online run lost {g.evicted_blocks / pb:.1%} of the "
+                    f"blocks to eviction and {g.retained_blocks / pb:.1%} where other groups' "
+                    f"windows or checkpoints were gone ({res.evictions:,} evictions); a larger "
+                    f"cache may recover them, which only a run shows: measure it with {how}")
         return (f"cache size: a larger cache would not raise the hit rate; at this size the "
                 f"optimum already equals an unlimited cache ({ceiling:.3f}); the online run's "
                 f"misses are timing ({g.in_flight_blocks / pb:.1%}), other groups' windows or "
@@ -112,18 +122,41 @@ def _retention_step(res: SimResult, has_state: bool) -> str | None:
             f"0,64,256,1024 on the same options")
 
 
-def _load_step(load: OfferedLoad, hit_rate: float, instances: int) -> str:
+def _p99(res: SimResult) -> float | None:
+    return float(np.percentile(res.ttft_s, 99)) if res.ttft_s else None
+
+
+def _load_step(load: OfferedLoad, hit_rate: float, instances: int,
+               ttft_p99: float | None = None) -> str:
     need = instances_needed(load, hit_rate)
     uncached = load.prompt_tok_s * (1.0 - hit_rate)
     each = load.capacity_tok_s
     if need <= instances:
         share = uncached / (instances * each) if each else 0.0
+        peak = load.peak_prompt_tok_s
+        peak_uncached = (peak if peak is not None else load.prompt_tok_s) * (1.0 - hit_rate)
+        peak_share = peak_uncached / (instances * each) if each else 0.0
+        tail = ttft_p99 is not None and ttft_p99 > TAIL_TTFT_S
+        p99 = "" if ttft_p99 is None else f"; TTFT p99 {ttft_p99:,.2f} s"
+        busiest = (f"the busiest {load.peak_window_s:,.0f} s bring {peak_uncached:,.0f} uncached "
+                   f"tok/s ({_share(peak_share)} of it)")
+        if peak_share > 1 or tail:
+            more = max(instances + 1, math.ceil(peak_uncached / each) if each else instances + 1)
+            who = "one instance keeps" if instances == 1 else f"{instances} instances keep"
+            why = " and ".join(w for w, bad in (
+                (busiest, peak_share > 1),
+                (f"TTFT p99 is {ttft_p99:,.1f} s (over {TAIL_TTFT_S:g} s: a backlog)", tail)) if bad)
+            return (f"instances: {who} up only on average ({uncached:,.0f} uncached tok/s, "
+                    f"{_share(share)} of the prefill rate of {each:,.0f} tok/s per instance by "
+                    f"the cost model), not at the peak or in the tail: {why}; try --instances "
+                    f"{more} --router kv-aware")
         who = "one instance keeps" if instances == 1 else f"{instances} instances keep"
         fewer = (f"; {need} would do (try --instances {need})" if need < instances else "")
+        peak_text = f", {busiest}" if peak is not None else ""
         return (f"instances: {who} up with this load: uncached prompt tokens arrive at "
                 f"{uncached:,.0f} tok/s ({1 - hit_rate:.0%} of {load.prompt_tok_s:,.0f}), "
                 f"{_share(share)} of the prefill rate ({each:,.0f} tok/s per instance by the "
-                f"cost model){fewer}")
+                f"cost model){peak_text}{p99}{fewer}")
     return (f"instances: this load needs {need} instances to keep up with prefill: uncached "
             f"prompt tokens arrive at {uncached:,.0f} tok/s ({1 - hit_rate:.0%} of "
             f"{load.prompt_tok_s:,.0f}) and one instance prefills about {each:,.0f} tok/s (the "

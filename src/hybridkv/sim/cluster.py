@@ -29,8 +29,10 @@ from hybridkv.core.rules import make_rule
 from hybridkv.core.validation import check_int
 from hybridkv.events.index import KVEventIndex
 from hybridkv.sched import EngineRequest
-from hybridkv.sim.routing import DEFAULT_OVERLAP_WEIGHT, InstanceLoad, RouterSetup, make_router
+from hybridkv.sim.routing import (DEFAULT_MAX_SKEW, DEFAULT_OVERLAP_WEIGHT, InstanceLoad, RouterSetup,
+                                  make_router)
 from hybridkv.sim.interrupt import RunInterrupted
+from hybridkv.sim.failures import ChildProcessDied
 from hybridkv.sim.optimal import OnlineHits, OptimumJob
 from hybridkv.sim.simulator import SimConfig, SimResult, Simulator
 from hybridkv.sim.whatif import what_if
@@ -43,6 +45,10 @@ def _pct(xs: Sequence[float], q: float) -> float | None:
     return float(np.percentile(xs, q)) if len(xs) else None
 
 
+PEAK_WINDOW_S = 60.0
+"""The window of :attr:`OfferedLoad.peak_prompt_tok_s`: the busiest minute of arrivals."""
+
+
 @dataclass(frozen=True, slots=True)
 class OfferedLoad:
     """The workload's prompt-token arrival rate against what the instances can prefill.
@@ -50,6 +56,9 @@ class OfferedLoad:
     ``capacity_tok_s`` is one instance's prefill rate: a full step of the token budget at the
     context of the middle of a mean prompt, by the cost model. ``needed_hit_rate`` is the
     prefix-hit rate at which the uncached prompt tokens just match the capacity.
+    ``peak_prompt_tok_s`` is the busiest window's rate: the most prompt tokens arriving within
+    ``peak_window_s`` (:data:`PEAK_WINDOW_S`, or the whole duration when shorter) of one
+    arrival, over that window (None: no duration).
     """
 
     requests: int
@@ -58,6 +67,8 @@ class OfferedLoad:
     prompt_tok_s: float
     instances: int
     capacity_tok_s: float
+    peak_prompt_tok_s: float | None = None
+    peak_window_s: float = 0.0
 
     @property
     def cluster_capacity_tok_s(self) -> float:
@@ -91,7 +102,8 @@ class OfferedLoad:
                 "arrival_rate_req_s": self.arrival_rate_req_s, "prompt_tok_s": self.prompt_tok_s,
                 "instances": self.instances, "capacity_tok_s_per_instance": self.capacity_tok_s,
                 "cluster_capacity_tok_s": self.cluster_capacity_tok_s,
-                "needed_hit_rate": self.needed_hit_rate, "overloaded": self.overloaded}
+                "needed_hit_rate": self.needed_hit_rate, "overloaded": self.overloaded,
+                "peak_prompt_tok_s": self.peak_prompt_tok_s, "peak_window_s": self.peak_window_s}
 
 
 def offered_load(cfg: SimConfig, items: Sequence[WorkItem], instances: int) -> OfferedLoad:
@@ -106,7 +118,19 @@ def offered_load(cfg: SimConfig, items: Sequence[WorkItem], instances: int) -> O
     step = cost.step_time_arrays(np.array([float(budget)]), np.array([mean_prompt / 2]))
     capacity = budget / step if step > 0 else math.inf
     rate = total / duration if duration > 0 else 0.0
-    return OfferedLoad(n, duration, n / duration if duration > 0 else 0.0, rate, instances, capacity)
+    window = min(PEAK_WINDOW_S, duration)
+    peak = None
+    if window > 0:
+        most, tokens, j = 0, 0, 0
+        for i, it in enumerate(items):        # items are in arrival order
+            while j < n and items[j].arrival_s <= it.arrival_s + window:
+                tokens += items[j].prompt_len
+                j += 1
+            most = max(most, tokens)
+            tokens -= it.prompt_len
+        peak = most / window
+    return OfferedLoad(n, duration, n / duration if duration > 0 else 0.0, rate, instances, capacity,
+                       peak, window)
 
 
 @dataclass(slots=True)
@@ -116,7 +140,9 @@ class ClusterResult:
     :attr:`overall` combines the instances into one :class:`SimResult` (counts summed, latency
     samples pooled, the makespan the longest), with the cluster's offline optimum and gap
     report when it was computed, so :meth:`to_json` has the keys of a single run's JSON plus
-    the cluster's own (``router``, ``num_instances``, ``load_imbalance``, queueing,
+    the cluster's own (``router``, ``num_instances``, ``load_imbalance``, the balance of
+    requests: ``request_shares`` per instance, ``request_skew`` = max / mean, and the bound the
+    router honoured, ``router_max_skew`` (None: none or not a KV-aware router), queueing,
     ``per_instance``). ``predicted_hit_tokens`` sums the router's predictions (0 in the partial
     result of an interrupted run).
     """
@@ -134,6 +160,20 @@ class ClusterResult:
     config: dict = field(default_factory=dict)
     overall: SimResult | None = None
     partial: bool = False
+    max_skew: float | None = None
+
+    @property
+    def request_shares(self) -> list[float]:
+        """Each instance's share of the routed requests (all 0.0 before any was routed)."""
+        total = sum(self.routed_requests)
+        return [n / total if total else 0.0 for n in self.routed_requests]
+
+    @property
+    def request_skew(self) -> float:
+        """Busiest instance's routed requests over the mean (1.0 = perfectly even)."""
+        n = self.routed_requests
+        mean = sum(n) / len(n) if n else 0.0
+        return max(n) / mean if mean else 1.0
 
     @staticmethod
     def _queue(queues: Sequence[float]) -> dict:
@@ -159,7 +199,9 @@ class ClusterResult:
                      routed_prompt_tokens=self.routed_prompt_tokens[i])
             per.append(p)
         d.update({"router": self.router, "num_instances": len(self.instances),
-                  "load_imbalance": self.load_imbalance, "per_instance": per,
+                  "load_imbalance": self.load_imbalance, "request_shares": self.request_shares,
+                  "request_skew": self.request_skew, "router_max_skew": self.max_skew,
+                  "per_instance": per,
                   "predicted_hit_tokens": self.predicted_hit_tokens,
                   "offered_load": self.offered.to_json() if self.offered else None,
                   "kv_events_published": self.kv_events_published, "wall_s": self.wall_s,
@@ -245,6 +287,9 @@ class ClusterSimulator:
         num_instances: >= 1.
         router: routing policy name.
         overlap_weight: the kv-aware/approximate routers' weight of a request's own prefill.
+        max_skew: the KV-aware routers' load-skew bound
+            (:func:`~hybridkv.sim.routing.base.within_skew`; None: none). Routers that do not
+            score overlap ignore it.
         event_sinks: optional per-instance callables ``sink(start_s, end_s, events)`` receiving
             each step's core KV events (a ZMQ publisher per instance, for example).
         progress: ``progress(done, total)`` now and then.
@@ -252,6 +297,7 @@ class ClusterSimulator:
 
     def __init__(self, config: SimConfig, num_instances: int, router: str = "kv-aware",
                  overlap_weight: float = DEFAULT_OVERLAP_WEIGHT,
+                 max_skew: float | None = DEFAULT_MAX_SKEW,
                  event_sinks: Sequence[Callable[[float, float, list], None]] | None = None,
                  progress: Callable[[int, int], None] | None = None) -> None:
         check_int("num_instances", num_instances, 1)
@@ -270,7 +316,9 @@ class ClusterSimulator:
         self.router = make_router(router, RouterSetup(
             num_instances=num_instances, block_size=self.key_block,
             capacity_blocks=max(1, (config.num_blocks - 1) // len(groups)),
-            index=self.index, group=self.key_group, overlap_weight=overlap_weight))
+            index=self.index, group=self.key_group, overlap_weight=overlap_weight,
+            max_skew=max_skew))
+        self.max_skew = max_skew if self.router.bounds_skew else None
         self.event_sinks = list(event_sinks) if event_sinks is not None else None
         wants_events = self.router.needs_events or self.event_sinks is not None
         cfg = dataclasses.replace(config, hash_seed=config.hash_seed or CLUSTER_HASH_SEED,
@@ -324,6 +372,8 @@ class ClusterSimulator:
         instances' caches is one cache of that size), with the gap report (``routed``: a block
         computed on another instance) and the what-if answers. Ctrl-C raises
         :class:`~hybridkv.sim.interrupt.RunInterrupted` with the result so far (``partial``).
+        When the optimum's forked child dies, :class:`~hybridkv.sim.failures.ChildProcessDied`
+        carries the finished online result (``partial``, without the bound).
         """
         t0 = time.perf_counter()
         items = list(items)
@@ -354,7 +404,12 @@ class ClusterSimulator:
         if optimum is not None:
             online = self._merged_online(routed_to)
             overall = res.overall
-            overall.optimal_hit_blocks, overall.gap, overall.what_if, overall.hazard = optimum.result(online)
+            try:
+                overall.optimal_hit_blocks, overall.gap, overall.what_if, overall.hazard = optimum.result(online)
+            except ChildProcessDied as exc:      # the online run stands: hand it over
+                res.wall_s = time.perf_counter() - t0
+                exc.partial = res
+                raise
             if not overall.hit_blocks <= overall.optimal_hit_blocks <= overall.prompt_blocks:
                 raise RuntimeError(
                     f"offline optimum {overall.optimal_hit_blocks} blocks outside [online hits "
@@ -429,6 +484,7 @@ class ClusterSimulator:
                   "cache_tokens": cfg.cache_tokens, "key_block_size": insts[0].sim.key_block,
                   "optimum_capacity_blocks": insts[0].sim.optimum_capacity * len(insts),
                   "instances": len(insts), "router": self.router_name,
+                  "router_max_skew": self.max_skew,
                   "retention_interval": cfg.retention_interval,
                   "eviction_policy": insts[0].sim.kv.eviction_policy,
                   "prefix_retention": (None if cfg.prefix_retention is None
@@ -444,7 +500,8 @@ class ClusterSimulator:
             routed_prompt_tokens=[i.routed_tokens for i in insts],
             predicted_hit_tokens=predicted, index_blocks=sum(
                 self.index.num_blocks(i.idx) for i in insts),
-            wall_s=time.perf_counter() - t0, config=config, overall=overall, partial=partial)
+            wall_s=time.perf_counter() - t0, config=config, overall=overall, partial=partial,
+            max_skew=self.max_skew)
 
 
 @dataclass(frozen=True, slots=True)
@@ -456,7 +513,9 @@ class ClusterJob:
     instances: int
     router: str = "kv-aware"
     overlap_weight: float = DEFAULT_OVERLAP_WEIGHT
+    max_skew: float | None = DEFAULT_MAX_SKEW
 
     def simulator(self, progress: Callable[[int, int], None] | None = None) -> ClusterSimulator:
         return ClusterSimulator(self.config, self.instances, self.router,
-                                overlap_weight=self.overlap_weight, progress=progress)
+                                overlap_weight=self.overlap_weight, max_skew=self.max_skew,
+                                progress=progress)

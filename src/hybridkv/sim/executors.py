@@ -5,7 +5,9 @@ A sweep is a list of jobs over one workload: :class:`SimConfig` (one instance) o
 every job and yields an :class:`Outcome` as each one finishes (in completion order; ``index``
 says which job it is). A job that raises yields its error and the others go on. Every executor
 runs the same :func:`run_config`, so a job gives the same result (all but its timing keys,
-``simulator.TIMING_KEYS``) wherever it runs.
+``simulator.TIMING_KEYS``) wherever it runs. A job whose process died (a worker process or Ray
+task killed, out of memory; the offline optimum's forked child) yields an error starting
+``ChildProcessDied:`` that names the process and the signal, never a silent loss.
 
 * ``serial``: one job after another in this process (a large workload's offline optimum still
   runs in a forked child meanwhile, as in ``simulate``).
@@ -39,6 +41,7 @@ from typing import Callable, Iterator, Sequence, Union
 
 from hybridkv.core.validation import check_int
 from hybridkv.sim.cluster import ClusterJob, ClusterResult
+from hybridkv.sim.failures import ChildProcessDied, describe_exit
 from hybridkv.sim.interrupt import sigint_deferred
 from hybridkv.sim.simulator import SimConfig, SimResult, Simulator
 from hybridkv.sim.workitems import WorkItem
@@ -55,7 +58,8 @@ _STOP_S = 3.0   # how long a killed worker may take to be reaped
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """One finished job: its result, or the error it raised (``"Type: message"``)."""
+    """One finished job: its result, or the error it raised (``"Type: message"``). A job whose
+    offline optimum's child died has both: the online run's result (no bound) and the error."""
 
     index: int
     result: SimResult | ClusterResult | None
@@ -77,13 +81,15 @@ def run_config(index: int, cfg: Job, items: Sequence[WorkItem],
         if isinstance(cfg, ClusterJob):
             return Outcome(index, cfg.simulator(progress).run(items))
         return Outcome(index, Simulator(cfg, progress=progress).run(items))
+    except ChildProcessDied as exc:    # the online run finished: keep it beside the error
+        return Outcome(index, exc.partial, _describe(exc))
     except Exception as exc:  # noqa: BLE001 - reported per job, the sweep goes on
         return Outcome(index, None, _describe(exc))
 
 
 def _describe(exc: BaseException) -> str:
     text = f"{type(exc).__name__}: {exc}"
-    if not isinstance(exc, (ValueError, RuntimeError, MemoryError)):   # unexpected: where
+    if not isinstance(exc, (ValueError, RuntimeError, MemoryError, ChildProcessDied)):   # unexpected: where
         frame = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
         text += "".join(f" (at {f.filename}:{f.lineno})" for f in frame)
     return text
@@ -194,18 +200,22 @@ def _run_processes(configs: list[Job], items: list[WorkItem], workers: int,
 
 
 def _dead_workers(procs: list, running: dict[int, int], left: set[int]) -> Iterator[Outcome]:
-    """Outcomes for jobs whose worker died (killed, out of memory); when no worker is left,
-    for the jobs no worker took."""
+    """Outcomes for jobs whose worker died (killed, out of memory), naming the worker and its
+    signal; when no worker is left, for the jobs no worker took, naming the workers that died."""
     for proc in procs:
         if proc.exitcode not in (None, 0) and proc.pid in running:
             index = running.pop(proc.pid)
             left.discard(index)
-            yield Outcome(index, None, f"RuntimeError: the worker process running it died "
-                                       f"(exit code {proc.exitcode})")
+            yield Outcome(index, None, f"ChildProcessDied: the sweep's worker process (pid "
+                                       f"{proc.pid}) running it {describe_exit(proc.exitcode)}")
     if left and all(proc.exitcode is not None for proc in procs):
+        died = "; ".join(f"the sweep's worker process (pid {proc.pid}) {describe_exit(proc.exitcode)}"
+                         for proc in procs if proc.exitcode != 0)
         for index in sorted(left - set(running.values())):
             left.discard(index)
-            yield Outcome(index, None, "RuntimeError: no worker process was left to run it")
+            yield (Outcome(index, None, f"ChildProcessDied: no worker process was left to run it "
+                                        f"({died})") if died else
+                   Outcome(index, None, "RuntimeError: no worker process was left to run it"))
 
 
 def _stop_workers(procs: list, queues: tuple) -> None:
@@ -288,10 +298,20 @@ def _run_ray(configs: list[Job], items: list[WorkItem], workers: int,
                 try:
                     out = ray.get(ref)
                 except Exception as exc:  # noqa: BLE001 - the task's worker died
-                    out = Outcome(index, None, _describe(exc))
+                    out = Outcome(index, None, _ray_failure(ray, exc))
                 yield out
     finally:
         _stop_ray(ray, pending, started, channel)
+
+
+def _ray_failure(ray, exc: Exception) -> str:
+    """A failed Ray task's error: the job's own exception as :func:`_describe` says it; a task
+    whose worker or node died (killed, out of memory) as ``ChildProcessDied`` with Ray's reason."""
+    if isinstance(exc, ray.exceptions.RayError) and not isinstance(exc, ray.exceptions.RayTaskError):
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return (f"ChildProcessDied: the Ray task running it died ({type(exc).__name__}"
+                + (f": {reason}" if reason else "") + ")")
+    return _describe(exc)
 
 
 def _stop_ray(ray, pending: dict, started: bool, channel=None) -> None:

@@ -48,6 +48,7 @@ from hybridkv.core.hashing import BlockHasher
 from hybridkv.core.request import Request
 from hybridkv.core.rules import make_rule
 from hybridkv.core.validation import check_int
+from hybridkv.sim.failures import ChildProcessDied, describe_exit
 from hybridkv.sim.hazard import HazardBound, hazard_bound, hazard_table, hazard_uses
 from hybridkv.sim.workitems import ServedItem, WorkItem
 
@@ -524,12 +525,24 @@ class OptimumJob:
 
     def result(self, online: OnlineHits) -> tuple[int, GapReport, object, HazardBound]:
         """The bound in key blocks, the gap report, ``extra``'s answer and the non-anticipative
-        reference (:mod:`hybridkv.sim.hazard`), given the finished online run's hits."""
+        reference (:mod:`hybridkv.sim.hazard`), given the finished online run's hits.
+
+        Raises:
+            ChildProcessDied: the forked child died before it answered (``SIGKILL`` from the
+                kernel's out-of-memory killer, typically); the message names its pid and signal.
+        """
         if self._child is None:
             return _bound_and_gap(self.served, self.block_size, self.capacity, lambda: online,
                                   self.extra)
-        self._conn.send(online)
-        got = self._conn.recv()
+        try:
+            self._conn.send(online)
+            got = self._conn.recv()
+        except (OSError, EOFError):     # the child died before it answered (killed, OOM)
+            self._child.join(timeout=5)
+            self.cancel()
+            raise ChildProcessDied(f"the offline optimum's child process (pid {self._child.pid}) "
+                                   f"{describe_exit(self._child.exitcode)} before it answered",
+                                   child="optimum") from None
         self._child.join()
         if isinstance(got, BaseException):
             raise got

@@ -65,6 +65,14 @@ class ModelPreset:
         shapes: layer widths (MLP, vocabulary, MoE, MLA, recurrent heads) for the calibrated
             cost model and the profiler, or None (the cost model then treats every parameter
             as a per-token GEMM weight and takes the query heads from ``attn_width``).
+        context_len: the model's context length in tokens (its ``config.json``
+            ``max_position_embeddings``), or None where the preset does not know it (the
+            illustrative presets). A prompt that reaches it cannot run on the real model
+            (:func:`hybridkv.sim.workload_fit.context_warning`).
+        eagle3_drafter: the KV-cache group of the model's published EAGLE-3 drafter (its
+            decoder layer, ``is_draft``), which :meth:`with_drafter` adds for ``eagle3``
+            speculative decoding; None where no drafter is recorded (the drafter's KV is then
+            not counted).
     """
 
     name: str
@@ -78,6 +86,8 @@ class ModelPreset:
     spec_decode: tuple[str, int] | None = None
     source: str = ""
     shapes: ModelShapes | None = None
+    context_len: int | None = None
+    eagle3_drafter: KVCacheGroup | None = None
 
     def __post_init__(self) -> None:
         if not self.groups:
@@ -122,6 +132,16 @@ class ModelPreset:
             spec = dataclasses.replace(g.spec, block_size=scaled // self.block_size)
             new_groups.append(dataclasses.replace(g, spec=spec))
         return dataclasses.replace(self, groups=tuple(new_groups))
+
+    def with_drafter(self, method: str | None) -> ModelPreset:
+        """This preset with the drafter's KV group of speculative ``method`` added (at the main
+        group's block size): ``eagle3`` adds :attr:`eagle3_drafter` when the preset records one
+        and has no draft group yet; anything else returns the preset unchanged."""
+        d = self.eagle3_drafter
+        if method != "eagle3" or d is None or any(g.is_draft for g in self.groups):
+            return self
+        spec = dataclasses.replace(d.spec, block_size=self.block_size)
+        return dataclasses.replace(self, groups=self.groups + (dataclasses.replace(d, spec=spec),))
 
     def kv_bytes_per_token(self) -> dict[str, int]:
         """KV bytes one token costs per group (summed over the group's layers), plus ``"total"``."""
@@ -170,6 +190,11 @@ def llama_3_1_8b() -> ModelPreset:
         # config.json: intermediate_size=14336, vocab_size=128256, tie_word_embeddings=false.
         shapes=ModelShapes(hidden_size=4096, num_heads=32, head_dim=128, intermediate_size=14336,
                            vocab_size=128256),
+        context_len=131_072,  # config.json: max_position_embeddings=131072
+        # EAGLE-3 drafter yuhuili/EAGLE3-LLaMA3.1-Instruct-8B (config.json: one Llama decoder
+        # layer, num_attention_heads=32, num_key_value_heads=8, hidden_size=4096): head_dim 128.
+        eagle3_drafter=_group("eagle3", FullAttention(block_size=DEFAULT_BLOCK_SIZE, num_kv_heads=8,
+                                                      head_dim=128), [0], prefix="eagle3", is_draft=True),
     )
 
 
@@ -199,6 +224,7 @@ def gemma_3_27b() -> ModelPreset:
         # LM head to the embedding.
         shapes=ModelShapes(hidden_size=5376, num_heads=32, head_dim=128, intermediate_size=21504,
                            vocab_size=262208, tie_word_embeddings=True),
+        context_len=131_072,  # config.json text_config: max_position_embeddings=131072 (128K context)
     )
 
 
@@ -227,6 +253,7 @@ def gpt_oss_120b() -> ModelPreset:
         # config.json: intermediate_size=2880 (per expert), vocab_size=201088, untied.
         shapes=ModelShapes(hidden_size=2880, num_heads=64, head_dim=64, intermediate_size=0,
                            vocab_size=201088, moe=MoEShape(128, 4, 2880)),
+        context_len=131_072,  # config.json: max_position_embeddings=131072
     )
 
 
@@ -255,6 +282,7 @@ def llama_4_scout() -> ModelPreset:
         # num_experts_per_tok=1, vocab_size=202048, untied; every layer is MoE.
         shapes=ModelShapes(hidden_size=5120, num_heads=40, head_dim=128, intermediate_size=0,
                            vocab_size=202048, moe=MoEShape(16, 1, 8192, 8192)),
+        context_len=10_485_760,  # config.json text_config: max_position_embeddings=10485760 (10M context)
     )
 
 
@@ -285,6 +313,7 @@ def deepseek_v3() -> ModelPreset:
         weight_bytes_per_param=1.0,
         source="hf.co/deepseek-ai/DeepSeek-V3 config.json; DeepSeek-V3 technical report",
         shapes=_DEEPSEEK_V3_SHAPES,
+        context_len=163_840,  # config.json: max_position_embeddings=163840
     )
 
 
@@ -318,6 +347,7 @@ def deepseek_v4_style() -> ModelPreset:
         spec_decode=("mtp", 1),
         source="illustrative; sizes from DeepSeek-V3 (not an official DeepSeek-V4 config)",
         shapes=_DEEPSEEK_V3_SHAPES,
+        context_len=None,  # illustrative preset: no published context length
     )
 
 
@@ -362,6 +392,7 @@ def qwen3_next_80b_a3b() -> ModelPreset:
                            state=StateShape("gated-delta-net", 32, 128, 128)),
         source="hf.co/Qwen/Qwen3-Next-80B-A3B-Instruct config.json (transformers Qwen3NextConfig "
                "defaults); model card (80B total, 3B activated)",
+        context_len=262_144,  # config.json: max_position_embeddings=262144
     )
 
 
@@ -396,6 +427,7 @@ def nemotron_h_8b() -> ModelPreset:
                            state=StateShape("mamba2", 128, 128, 64)),
         source="illustrative layer layout; shapes from transformers NemotronHConfig defaults, "
                "counts from the Nemotron-H paper (arXiv 2504.03624)",
+        context_len=None,  # a Nemotron-H-8B-like shape: its context length is not stated here
     )
 
 

@@ -48,6 +48,8 @@ from hybridkv.sched import AcceptanceModel, EngineRequest, Scheduler, SchedulerC
 from hybridkv.sim.hint_synthesis import HintSpec, synthesize_hints, workload_sessions
 from hybridkv.sim.hazard import HazardBound
 from hybridkv.sim.interrupt import RunInterrupted
+from hybridkv.sim.failures import ChildProcessDied
+from hybridkv.sim.optimum_memory import key_block_size
 from hybridkv.sim.hybrid_bound import (hybrid_bound_hit_blocks, is_hybrid, servable_key_blocks,
                                        unservable_blocks)
 from hybridkv.sim.optimal import GapReport, OnlineHits, OptimumJob, optimum_capacity_blocks
@@ -365,7 +367,7 @@ class Simulator:
         # the alignment when there are none).
         groups = kv_config.groups
         full = [g.spec.block_size for g in groups if make_rule(g.spec).downward_closed]
-        self.key_block = max(full) if full else kv_config.alignment
+        self.key_block = key_block_size(kv_config)     # max(full), else the alignment
         self.tiers = self._tier_runtime(config)
         self.scheduler = Scheduler(self.kv, sched_cfg, self.tiers)
         self.cost = cost_model(config.preset, config.gpu, config.num_gpus, config.profile,
@@ -402,7 +404,12 @@ class Simulator:
 
     # ---- the run ------------------------------------------------------------------------------
     def run(self, items: Iterable[WorkItem]) -> SimResult:
-        """Simulate ``items`` (sorted by arrival) to completion and return the measurements."""
+        """Simulate ``items`` (sorted by arrival) to completion and return the measurements.
+
+        Raises:
+            ChildProcessDied: the offline optimum's forked child died (killed, out of memory);
+                its ``partial`` is the finished online run's result, without the bound.
+        """
         items = items if isinstance(items, list) else list(items)   # identity keeps the memos
         cfg = self.config
         res = SimResult()
@@ -434,7 +441,12 @@ class Simulator:
             raise
         self._fill(res, items, t0, capacity)
         if optimum is not None:
-            res.optimal_hit_blocks, res.gap, res.what_if, res.hazard = optimum.result(self._online)
+            try:
+                res.optimal_hit_blocks, res.gap, res.what_if, res.hazard = optimum.result(self._online)
+            except ChildProcessDied as exc:      # the online run stands: hand it over
+                res.wall_s = time.perf_counter() - t0
+                exc.partial = res
+                raise
         if res.optimal_hit_blocks is not None and not res.hit_blocks <= res.optimal_hit_blocks <= res.prompt_blocks:
             raise RuntimeError(  # a bug in the simulator or the bound, never a result to print
                 f"offline optimum {res.optimal_hit_blocks} blocks outside [online hits "

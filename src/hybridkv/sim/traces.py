@@ -16,7 +16,11 @@ Loaders (every malformed line raises ``ValueError("<file>:<line>: <what is wrong
 Both formats take an optional ``"hint"`` object (:func:`parse_hint`): what the application told
 the cache about the request's session, ``{"last_turn"?: bool, "continues"?: p, "pin_s"?: s,
 "pin_tokens"?: n, "resume_s"?: s}`` (:class:`hybridkv.core.hints.Hint`; its session is the
-line's ``"session"``).
+line's ``"session"``: the session fields ``last_turn``, ``continues`` and ``resume_s`` need one).
+
+A field neither format knows is an error naming it (a typo such as ``"sesion"`` would otherwise
+vanish). What is legal but suspicious is a :class:`TraceWarning` (``warnings.warn``): a session
+that sends more requests after a hint said ``last_turn``.
 
 Trace files may be plain, gzip (``.gz``) or xz (``.xz``) compressed. Public traces ship inside
 the package (:data:`BUNDLED_TRACES`, e.g. ``"mooncake-conversation"``); :func:`resolve_trace`
@@ -25,10 +29,12 @@ turns a bundled name or a path into a file and :func:`trace_format` tells the tw
 
 from __future__ import annotations
 
+import difflib
 import gzip
 import json
 import lzma
 import math
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,12 +50,16 @@ __all__ = [
     "BUNDLED_TRACES",
     "MOONCAKE_BLOCK_TOKENS",
     "BundledTrace",
+    "MOONCAKE_FIELDS",
     "MooncakeRecord",
+    "TOKEN_FIELDS",
     "TraceRequest",
+    "TraceWarning",
     "expand_block_ids",
     "iter_mooncake_records",
     "load_mooncake_trace",
     "load_token_trace",
+    "mooncake_block_warning",
     "open_trace_text",
     "parse_hint",
     "resolve_trace",
@@ -59,6 +69,41 @@ __all__ = [
 
 MOONCAKE_BLOCK_TOKENS = 512
 """Tokens covered by one Mooncake ``hash_ids`` entry."""
+
+MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids", "session", "hint")
+"""The fields of a Mooncake trace line."""
+
+TOKEN_FIELDS = ("prompt_token_ids", "output_len", "arrival_s", "session", "request_id", "hint")
+"""The fields of a token trace line."""
+
+
+class TraceWarning(UserWarning):
+    """A trace that loads but is probably not what its author meant (the message says why)."""
+
+
+def mooncake_block_warning(block_size: int, block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> str | None:
+    """Why a Mooncake trace at ``block_size`` tokens per block is distorted, or None when the
+    block size is a multiple of the ids' ``block_tokens`` (512).
+
+    A Mooncake trace has no tokens, only one hash id per ``block_tokens`` prompt tokens (the
+    last id covering the partial tail); the loader expands each id into pseudo tokens. A
+    request that continues an earlier one (the next turn of a conversation) shares the earlier
+    prompt's ids up to its last whole id and gets a new id where the earlier one's partial tail
+    was, so it diverges at the last ``block_tokens`` boundary before the earlier request's end,
+    not at its end. At a block size that cuts the ids, the up to ``block_tokens - 1`` tokens
+    after that boundary were cached and are never hit again, and a sliding-window or recurrent
+    group keeps its window or checkpoint at the earlier request's end, where the next turn
+    never comes back: the full-attention blocks hit but the next turn falls back (counted as
+    *windows* or *checkpoints* in the gap report). A token-level trace has neither effect.
+    """
+    if block_size % block_tokens == 0:
+        return None
+    return (f"Mooncake hash ids cover {block_tokens} tokens and block_size={block_size} cuts them: a "
+            f"turn continuing an earlier request diverges at the last {block_tokens}-token boundary "
+            f"before that request's end, not at its end, so up to {block_tokens - 1} cached tokens "
+            f"per turn are never hit again and sliding-window or recurrent groups keep no window or "
+            f"checkpoint there (missed as 'windows' / 'checkpoints'); block_size={block_tokens} "
+            f"matches the ids")
 
 TOKEN_ID_LIMIT = 2**31
 """Pseudo-token ids from :func:`expand_block_ids` lie in ``[0, TOKEN_ID_LIMIT)``."""
@@ -227,13 +272,55 @@ def _field(path: Path, lineno: int, obj: dict[str, Any], name: str) -> Any:
 
 #: The fields of a trace line's ``"hint"`` object (:func:`parse_hint`).
 HINT_FIELDS = ("last_turn", "continues", "pin_s", "pin_tokens", "resume_s")
+#: The hint fields about the request's session (a line without ``"session"`` cannot give them).
+SESSION_HINT_FIELDS = ("last_turn", "continues", "resume_s")
+
+
+def _check_fields(path: Path, lineno: int, obj: dict[str, Any], known: tuple[str, ...]) -> None:
+    """ValueError naming the first field of ``obj`` not in ``known`` (and the closest known one)."""
+    unknown = sorted(set(obj) - set(known))
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], known, n=1, cutoff=0.75)
+        near = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"{path}:{lineno}: unknown field {unknown[0]!r}{near}; known: "
+                         f"{', '.join(known)}")
+
+
+class _SessionEnds:
+    """Sessions that send another request after a ``last_turn`` hint (one warning at the end)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.ended: dict[str, int] = {}          # session -> line of its last_turn hint
+        self.continued: set[str] = set()
+        self.first: tuple[str, int, int] | None = None
+
+    def see(self, lineno: int, session: str | None, hint: Hint | None) -> None:
+        if session is not None and session in self.ended:
+            self.continued.add(session)
+            if self.first is None:
+                self.first = (session, self.ended[session], lineno)
+            del self.ended[session]
+        if session is not None and hint is not None and hint.last_turn:
+            self.ended[session] = lineno
+
+    def warn(self) -> None:
+        if self.first is not None:
+            session, end, again = self.first
+            n = len(self.continued)
+            warnings.warn(TraceWarning(
+                f"{self.path}: {n} session{'' if n == 1 else 's'} send{'s' if n == 1 else ''} more "
+                f"requests after a hint with last_turn true (first: session {session!r}, last_turn "
+                f"at line {end}, next request at line {again}); the hint is wrong there, or a "
+                "session id is reused"), stacklevel=3)
 
 
 def parse_hint(value: object, session: object, where: str, prompt_len: int) -> Hint:
     """The :class:`~hybridkv.core.hints.Hint` of a trace line's ``"hint"`` object (fields
     :data:`HINT_FIELDS`, all optional; ``session`` is the line's). ``where`` names the line
     (``file:line``) in every error: not an object, an unknown field, a bad value (a negative
-    time, a probability outside [0, 1], ...), or a pin longer than the prompt."""
+    time, a probability outside [0, 1], ...), a pin longer than the prompt, or a session field
+    (:data:`SESSION_HINT_FIELDS`) on a line without a session."""
     if not isinstance(value, dict):
         raise ValueError(f"{where}: 'hint' must be an object with fields among {', '.join(HINT_FIELDS)}, "
                          f"got {value!r}")
@@ -245,6 +332,10 @@ def parse_hint(value: object, session: object, where: str, prompt_len: int) -> H
         hint.check_prompt(prompt_len, "prompt")
     except ValueError as exc:
         raise ValueError(f"{where}: bad 'hint': {exc}") from None
+    about_session = [f for f in SESSION_HINT_FIELDS if f in value]
+    if session is None and about_session:
+        raise ValueError(f"{where}: 'hint' field {about_session[0]!r} is about the request's "
+                         "session, but the line has no 'session'")
     return hint
 
 
@@ -291,8 +382,12 @@ def iter_mooncake_records(
 
     Raises:
         ValueError: naming the file and the 1-based line of the first bad line: bad JSON,
-            a missing field, a negative or non-integer length, a negative timestamp, or
-            ``hash_ids`` whose length is not ``ceil(input_length / block_tokens)``.
+            a missing or unknown field (:data:`MOONCAKE_FIELDS`), a negative or non-integer
+            length, a negative timestamp, ``hash_ids`` whose length is not
+            ``ceil(input_length / block_tokens)``, or a bad hint (:func:`parse_hint`).
+
+    Warns:
+        TraceWarning: a session sends more requests after a ``last_turn`` hint.
     """
     path = Path(path)
     check_int("limit", limit, 0, optional=True)
@@ -300,7 +395,9 @@ def iter_mooncake_records(
     if limit == 0:
         return
     count = 0
+    ends = _SessionEnds(path)
     for lineno, obj in _iter_json_lines(path):
+        _check_fields(path, lineno, obj, MOONCAKE_FIELDS)
         ts = _field(path, lineno, obj, "timestamp")
         if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts) or ts < 0:
             raise ValueError(f"{path}:{lineno}: 'timestamp' must be a finite number >= 0, got {ts!r}")
@@ -327,10 +424,13 @@ def iter_mooncake_records(
         if hint is not None:
             hint = parse_hint(hint, session, f"{path}:{lineno}", input_length)
         count += 1
+        ends.see(lineno, session, hint)
         yield MooncakeRecord(lineno, float(ts), input_length, output_length, tuple(hash_ids),
                              session, hint)
         if limit is not None and count >= limit:
+            ends.warn()
             return                                   # the next line is never read
+    ends.warn()
 
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -427,12 +527,18 @@ def load_token_trace(path: str | Path) -> list[TraceRequest]:
             :class:`~hybridkv.core.request.Request`: any int64 value, negative ones included,
             is an opaque token the cache hashes; the engine checks the vocabulary), a negative or
             non-integer output_len, a negative or non-finite arrival_s, a non-string session or
-            request_id, a duplicate request_id, or a malformed hint.
+            request_id, a duplicate request_id, an unknown field (:data:`TOKEN_FIELDS`), or a
+            malformed hint (:func:`parse_hint`).
+
+    Warns:
+        TraceWarning: a session sends more requests after a ``last_turn`` hint.
     """
     path = Path(path)
     out: list[TraceRequest] = []
     seen_ids: set[str] = set()
+    ends = _SessionEnds(path)
     for lineno, obj in _iter_json_lines(path):
+        _check_fields(path, lineno, obj, TOKEN_FIELDS)
         raw = _field(path, lineno, obj, "prompt_token_ids")
         if not isinstance(raw, list) or not raw:
             raise ValueError(f"{path}:{lineno}: 'prompt_token_ids' must be a non-empty list of integers")
@@ -462,10 +568,12 @@ def load_token_trace(path: str | Path) -> list[TraceRequest]:
         if request_id in seen_ids:
             raise ValueError(f"{path}:{lineno}: duplicate request_id {request_id!r}")
         seen_ids.add(request_id)
+        ends.see(lineno, session, hint)
         out.append(
             TraceRequest(request_id, float(arrival), prompt.astype(np.int64), output_len, session,
                          hint=hint)
         )
+    ends.warn()
     return out
 
 

@@ -96,3 +96,28 @@ def check_fits(cfg: SimConfig, items: Sequence[WorkItem], default_capacity: bool
             "--max-model-len")
     return (f"warning: {what} and the cache has {usable:,}; if the run stops on it, give "
             f"--cache-tokens {size} or more")
+
+
+def context_warning(preset, items: Sequence[WorkItem], max_model_len: int | None) -> str | None:
+    """A warning when the workload asks more of the model than its context allows, else None.
+
+    With ``preset.context_len`` known (None: never a warning): ``max_model_len`` above it, or,
+    without ``max_model_len``, prompts that reach it (``prompt_len >= context_len``, the rule
+    a ``max_model_len`` would reject them by). The simulator still runs them (a real engine
+    would refuse them); the message says how many, the longest, and the option that rejects
+    them (``max_model_len``, named ``--max-model-len`` on the command line).
+    """
+    ctx = getattr(preset, "context_len", None)
+    if ctx is None:
+        return None
+    if max_model_len is not None:
+        if max_model_len > ctx:
+            return (f"max_model_len={max_model_len} is beyond {preset.name}'s context of "
+                    f"{ctx:,} tokens: the real model cannot run requests that long")
+        return None
+    over = [it.prompt_len for it in items if it.prompt_len >= ctx]
+    if not over:
+        return None
+    return (f"{len(over):,} of {len(items):,} requests have prompts of at least {preset.name}'s "
+            f"context of {ctx:,} tokens (the longest: {max(over):,}); the real model cannot run "
+            f"them, the simulation does: max_model_len={ctx} rejects them")

@@ -6,7 +6,8 @@ name               picks
 ``round-robin``    instances in turn
 ``least-loaded``   the fewest outstanding prefill tokens (then the fewest requests)
 ``kv-aware``       the least ``queued + overlap_weight * uncached``, the held prefix
-                   read from the instances' KV events
+                   read from the instances' KV events, within the load-skew bound
+                   (``max_skew``: :func:`~hybridkv.sim.routing.base.within_skew`)
 ``approximate``    the same score over prefixes predicted from its own routing history
 =================  ==============================================================
 
@@ -18,8 +19,9 @@ The contract is :class:`Router` (``base.py``: what a router sees and answers, an
 
 from __future__ import annotations
 
-from hybridkv.sim.routing.base import (DEFAULT_OVERLAP_WEIGHT, ROUTERS, InstanceLoad, RouteDecision,
-                                       Router, RouterSetup)
+from hybridkv.sim.routing.base import (DEFAULT_MAX_SKEW, DEFAULT_OVERLAP_WEIGHT, ROUTERS,
+                                       InstanceLoad, RouteDecision, Router, RouterSetup,
+                                       check_max_skew, within_skew)
 # Registration lines, in the order --router lists the routers:
 from hybridkv.sim.routing.simple import LeastLoadedRouter, RoundRobinRouter  # isort: skip
 from hybridkv.sim.routing.kv_aware import ApproximateRouter, KVAwareRouter  # isort: skip
@@ -31,6 +33,6 @@ def make_router(name: str, setup: RouterSetup) -> Router:
     return ROUTERS.get(name).from_setup(setup)
 
 
-__all__ = ["DEFAULT_OVERLAP_WEIGHT", "ROUTERS", "ApproximateRouter", "InstanceLoad", "KVAwareRouter",
+__all__ = ["DEFAULT_MAX_SKEW", "DEFAULT_OVERLAP_WEIGHT", "ROUTERS", "ApproximateRouter", "InstanceLoad", "KVAwareRouter",
            "LeastLoadedRouter", "RoundRobinRouter", "RouteDecision", "Router", "RouterSetup",
-           "make_router"]
+           "check_max_skew", "make_router", "within_skew"]
