@@ -29,7 +29,7 @@ from hybridkv.sim.failures import ChildProcessDied, describe_exit
 from hybridkv.sim.optimum_memory import BYTES_PER_BLOCK, estimate, is_large, key_block_size
 from hybridkv.sim.presets import get_gpu, get_preset
 from hybridkv.sim.workitems import WorkItem
-from hybridkv.sim.workloads import get_workload
+from hybridkv.sim.workloads import get_workload, multi_turn_chat
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = ["--workload", "chat", "--limit", "30", "--preset", "llama-3.1-8b", "--gpus", "1",
@@ -235,9 +235,11 @@ def _ray_task_pids() -> list[int]:
 
 def test_a_killed_ray_task_is_named():
     """The Ray task running job 0 gets SIGKILL: job 0 is a ChildProcessDied error with Ray's
-    reason (Ray does not retry it: max_retries=0); job 1 still runs on a new worker."""
+    reason (Ray does not retry it: max_retries=0); job 1 still runs on a new worker. The
+    workload is long enough (about 1,200 requests) that the task is still running when the
+    driver, however loaded the machine, reads its first progress report and kills it."""
     pytest.importorskip("ray")
-    items = items_from_trace(get_workload("chat", seed=3))[:300]
+    items = items_from_trace(multi_turn_chat(num_conversations=200, seed=3))
     preset, gpu = get_preset("llama-3.1-8b"), get_gpu("h100")
     configs = [SimConfig(preset=preset, gpu=gpu, num_blocks=n, optimum=False) for n in (3000, 4000)]
     killed: list[int] = []
@@ -248,7 +250,7 @@ def test_a_killed_ray_task_is_named():
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)
     got = {o.index: o for o in execute(configs, items, "ray", workers=1, progress=progress)}
-    assert len(killed) == 1 and got[0].result is None and got[1].result.requests == 300
+    assert len(killed) == 1 and got[0].result is None and got[1].result.requests == len(items)
     assert got[0].error.startswith("ChildProcessDied: the Ray task running it died (WorkerCrashedError: ")
 
 

@@ -470,10 +470,11 @@ def gap_report(keys: list[list[bytes]], limits: list[int], optimum_blocks: int,
 
 
 def _bound_and_gap(items: list[ServedItem], block_size: int, capacity: int,
-                   get_online: Callable[[], OnlineHits], extra: Extra | None = None) -> tuple:
-    """The Belady bound, then (once the online run is done) the gap attribution,
-    ``extra(keys, limits, next_uses, capacity, online)`` and the non-anticipative (hazard-rate)
-    reference (:mod:`hybridkv.sim.hazard`)."""
+                   get_online: Callable[[], OnlineHits], extra: Extra | None = None,
+                   side: Callable[[], object] | None = None) -> tuple:
+    """The Belady bound, the non-anticipative (hazard-rate) reference (:mod:`hybridkv.sim.hazard`)
+    and ``side()`` (work that needs no online result), then (once the online run is done) the
+    gap attribution and ``extra(keys, limits, next_uses, capacity, online)``."""
     global _HAZARD_PARTS
     keys, limits, uses = _bound_keys(items, block_size)
     opt = belady_block_hit_rate(keys, capacity, limits, next_uses=uses).block_hits
@@ -484,9 +485,10 @@ def _bound_and_gap(items: list[ServedItem], block_size: int, capacity: int,
         parts = (keys, hz_uses, hazard_table(keys, limits, hz_uses))
         _HAZARD_PARTS = parts
     hazard = hazard_bound(keys, limits, capacity, parts[2], parts[1])
+    beside = side() if side is not None else None
     online = get_online()
     more = extra(keys, limits, uses, capacity, online) if extra is not None else None
-    return opt, gap_report(keys, limits, opt, online), more, hazard
+    return opt, gap_report(keys, limits, opt, online), more, hazard, beside
 
 
 #: A computation on a served workload's keys beside the bound (``hybridkv.sim.whatif``).
@@ -504,22 +506,27 @@ class OptimumJob:
     simulation runs on this core: the bound needs no simulation state, and the child waits for
     the online run's :class:`OnlineHits` only for the gap report. Others compute it inline in
     :meth:`result`. ``extra`` (see :data:`Extra`) runs after the gap report, in the same place;
-    its answer is the third item of :meth:`result`.
+    its answer is the third item of :meth:`result`. ``side()`` runs in the same place before
+    the online run is needed (in the child: while the simulation runs); its answer is
+    :attr:`side_result` once :meth:`result` returned.
     """
 
     def __init__(self, served: list[ServedItem], block_size: int, capacity: int,
-                 parallel: bool = True, extra: Extra | None = None) -> None:
+                 parallel: bool = True, extra: Extra | None = None,
+                 side: Callable[[], object] | None = None) -> None:
         self.served = served
         self.block_size = block_size
         self.capacity = capacity
         self.extra = extra
+        self.side = side
+        self.side_result: object = None
         self._child = self._conn = None
         if parallel and sum(s.item.prompt_len for s in served) > PARALLEL_OPTIMUM_TOKENS \
                 and "fork" in mp.get_all_start_methods():
             ctx = mp.get_context("fork")
             self._conn, child_conn = ctx.Pipe()
             self._child = ctx.Process(target=_optimum_child, daemon=True,
-                                      args=(served, block_size, capacity, child_conn, extra))
+                                      args=(served, block_size, capacity, child_conn, extra, side))
             self._child.start()
             child_conn.close()
 
@@ -532,8 +539,9 @@ class OptimumJob:
                 kernel's out-of-memory killer, typically); the message names its pid and signal.
         """
         if self._child is None:
-            return _bound_and_gap(self.served, self.block_size, self.capacity, lambda: online,
-                                  self.extra)
+            *got, self.side_result = _bound_and_gap(self.served, self.block_size, self.capacity,
+                                                    lambda: online, self.extra, self.side)
+            return tuple(got)
         try:
             self._conn.send(online)
             got = self._conn.recv()
@@ -546,7 +554,8 @@ class OptimumJob:
         self._child.join()
         if isinstance(got, BaseException):
             raise got
-        return got
+        *got, self.side_result = got
+        return tuple(got)
 
     def cancel(self) -> None:
         """Stop the child, if any, and wait for it (the run failed or was interrupted)."""
@@ -557,11 +566,11 @@ class OptimumJob:
 
 
 def _optimum_child(items: list[ServedItem], block_size: int, capacity: int, conn,
-                   extra: Extra | None) -> None:
+                   extra: Extra | None, side: Callable[[], object] | None = None) -> None:
     import signal
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the parent handles Ctrl-C and stops us
     try:
-        conn.send(_bound_and_gap(items, block_size, capacity, conn.recv, extra))
+        conn.send(_bound_and_gap(items, block_size, capacity, conn.recv, extra, side))
     except BaseException as exc:  # report, never hang the parent
         conn.send(exc)
     finally:

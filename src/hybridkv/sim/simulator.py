@@ -31,6 +31,7 @@ request (they enter block hashes like real ones but never match another prompt).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -416,7 +417,10 @@ class Simulator:
         t0 = time.perf_counter()
         capacity = self.optimum_capacity
         served, res.rejected = served_workload(items, self.scheduler.max_model_len)
-        optimum = (OptimumJob(served, self.key_block, capacity, cfg.parallel_optimum, extra=what_if)
+        hybrid = (functools.partial(self._hybrid_bound, served, capacity)
+                  if is_hybrid(self.kv.config) else None)
+        optimum = (OptimumJob(served, self.key_block, capacity, cfg.parallel_optimum, extra=what_if,
+                              side=hybrid)
                    if cfg.optimum else None)
         n = len(served)
         self._hints = self._workload_hints(served)
@@ -451,8 +455,8 @@ class Simulator:
             raise RuntimeError(  # a bug in the simulator or the bound, never a result to print
                 f"offline optimum {res.optimal_hit_blocks} blocks outside [online hits "
                 f"{res.hit_blocks}, prompt blocks {res.prompt_blocks}]; please report this workload")
-        if res.optimal_hit_blocks is not None and is_hybrid(self.kv.config):
-            res.hybrid_bound_hit_blocks, res.hybrid_unservable_blocks = self._hybrid_bound(served, capacity)
+        if res.optimal_hit_blocks is not None and hybrid is not None:
+            res.hybrid_bound_hit_blocks, res.hybrid_unservable_blocks = optimum.side_result
             if not res.hit_blocks <= res.hybrid_bound_hit_blocks <= res.optimal_hit_blocks:
                 raise RuntimeError(  # a bug in the simulator or the bound
                     f"hybrid bound {res.hybrid_bound_hit_blocks} blocks outside [online hits "
