@@ -1,0 +1,408 @@
+"""A differential oracle for the simulator's KV tiers, and hand-computed tier scenarios.
+
+:class:`TierOracle` is a slow, obviously-correct, event-by-event model of what
+``hybridkv.sim.tier_runtime`` documents, written from the docstrings only (it imports nothing
+of ``hybridkv.tiers`` nor of the runtime): each tier a plain list of ``(key, bytes)`` oldest
+first; each link direction and each lower tier a first-come-first-served queue; every copy
+priced ``copies * max(per_copy_s, latency_s + bytes / bandwidth)``; a host <-> GPU move one copy
+call of one GPU's share per block and group; a lower tier one batch per load or write; a step's
+forward ends at ``max(start + C, f + C / L, s + D / L + C)`` over the loads and evict offloads
+it waits for. It runs beside the simulator on the same scheduler outputs (the GPU's own
+contents, ``holds_cached``, are its only other input) and every step's end, and the report's
+bytes and seconds per tier and direction, must agree (``rel=1e-9``: sums of the same terms in
+another order).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+
+from hybridkv.sched import SchedulerConfig
+from hybridkv.sim import SimConfig, Simulator, items_from_trace
+from hybridkv.sim.presets import get_gpu, get_preset
+from hybridkv.sim.tiers import DISK_LINK, REMOTE_LINK, TierConfig, link_with
+from hybridkv.sim.traces import TraceRequest
+from hybridkv.sim.transfer import DEFAULT_TRANSFER, TransferModel
+
+H100 = get_gpu("h100")
+REL = 1e-9                       # sums of the same float terms, possibly in another order
+FAR = 1.0e6                      # a clock far from 0: times must be relative to the step
+
+
+# ---- the oracle -----------------------------------------------------------------------------
+def price(link: TransferModel, nbytes: int, copies: int, direction: str) -> float:
+    """The transfer module's docstring formula, by hand."""
+    if nbytes == 0 or copies == 0:
+        return 0.0
+    bw = link.h2d_bw if direction == "h2d" else link.d2h_bw
+    return copies * max(link.per_copy_s, link.latency_s + nbytes / bw)
+
+
+class Tier:
+    """A byte-budget LRU as a list, oldest first."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.items: list[list] = []         # [key, size]
+
+    def used(self) -> int:
+        return sum(s for _, s in self.items)
+
+    def index(self, key):
+        for i, (k, _) in enumerate(self.items):
+            if k == key:
+                return i
+        return None
+
+    def has(self, key) -> bool:
+        return self.index(key) is not None
+
+    def remove(self, key) -> None:
+        i = self.index(key)
+        if i is not None:
+            del self.items[i]
+
+    def touch(self, key) -> None:
+        i = self.index(key)
+        self.items.append(self.items.pop(i))
+
+    def insert(self, key, size: int):
+        if size > self.capacity:
+            return False, []
+        self.remove(key)
+        evicted = []
+        while self.used() + size > self.capacity:
+            evicted.append(tuple(self.items.pop(0)))
+        self.items.append([key, size])
+        return True, evicted
+
+
+class Queue:
+    def __init__(self) -> None:
+        self.free_at = 0.0
+        self.busy = 0.0
+
+    def run(self, t: float, seconds: float):
+        start = max(t, self.free_at)
+        self.free_at = start + seconds
+        self.busy += seconds
+        return start, self.free_at
+
+
+class TierOracle:
+    def __init__(self, names, capacities_bytes, entry, policy, links, cpu_link, layers, gpus,
+                 key_group, key_block) -> None:
+        self.names = list(names)
+        self.tiers = [Tier(c) for c in capacities_bytes]
+        self.entry = list(entry)
+        self.share = [math.ceil(e / gpus) for e in entry]
+        self.policy = policy
+        self.links = links                              # per tier: None for cpu
+        self.cpu = cpu_link
+        self.L = layers
+        self.key_group, self.key_block = key_group, key_block
+        self.h2d, self.d2h = Queue(), Queue()
+        self.lower = {n: Queue() for n in self.names if n != "cpu"}
+        self.pending_groups = [0] * len(entry)           # evicted blocks not yet copied out
+        self.pending_written = {n: 0 for n in self.names}
+        self.due = {}
+        zero = dict.fromkeys(self.names, 0)
+        self.written, self.loaded_bytes, self.loaded_tokens = dict(zero), dict(zero), dict(zero)
+        self.loads = self.failed = 0
+        self.load_s = self.offload_s = self.wait_s = 0.0
+        self.saved_refs: list = []
+
+    # a block the GPU evicted (offload-on-evict): into tier 0, each tier's victims one down
+    def on_evicted(self, group: int, h: bytes) -> None:
+        moving = [((group, h), self.entry[group])]
+        wrote = False
+        for name, tier in zip(self.names, self.tiers):
+            nxt = []
+            for key, size in moving:
+                ok, victims = tier.insert(key, size)
+                if ok:
+                    self.pending_written[name] += size
+                    wrote = True
+                    nxt += victims
+                else:
+                    nxt.append((key, size))
+            moving = nxt
+            if not moving:
+                break
+        if wrote:
+            self.pending_groups[group] += 1
+
+    def pcie(self, per_group, direction) -> float:
+        return sum(price(self.cpu, self.share[g], n, direction) for g, n in enumerate(per_group))
+
+    def write_lower(self, written: dict, t: float) -> None:
+        for name in self.names:
+            n = written.get(name, 0)
+            if not n:
+                continue
+            self.written[name] += n
+            if name != "cpu":
+                sec = price(self.links[self.names.index(name)], n, 1, "d2h")
+                self.lower[name].run(t, sec)
+                self.offload_s += sec
+
+    def save(self, refs, t: float) -> None:
+        if not refs:
+            return
+        self.saved_refs += [(r.group, r.block_hash) for r in refs]
+        written = dict.fromkeys(self.names, 0)
+        for r in sorted(refs, key=lambda r: r.group):        # group order, stable
+            size = self.entry[r.group]
+            for name, tier in zip(self.names, self.tiers):
+                if tier.insert((r.group, r.block_hash), size)[0]:
+                    written[name] += size
+        counts = [0] * len(self.entry)
+        for r in refs:
+            counts[r.group] += 1
+        sec = self.pcie(counts, "d2h")
+        _, f = self.d2h.run(t, sec)
+        self.offload_s += sec
+        self.write_lower(written, f)
+
+    def load(self, load, t: float, on_gpu) -> bool:
+        self.loads += 1
+        keys = [(b.group, b.block_hash) for b in load.blocks]
+        served = []
+        ok = True
+        i = 0
+        while i < len(keys):                               # runs of one group
+            j = i
+            while j < len(keys) and keys[j][0] == keys[i][0]:
+                j += 1
+            bad = False
+            for key in keys[i:j]:
+                where = next((n for n, tier in enumerate(self.tiers) if tier.has(key)), None)
+                if where is not None:
+                    self.tiers[where].touch(key)
+                    served.append(where)
+                elif self.policy == "offload-on-evict" and on_gpu(*key):
+                    served.append("gpu")
+                else:
+                    served.append(None)
+                    bad = True
+            if bad:
+                ok = False
+                break
+            i = j
+        if not ok:
+            self.failed += 1
+            return False
+        promoted = dict.fromkeys(self.names, 0)
+        for key, where in zip(keys, served):
+            if where == "gpu":
+                continue
+            if self.policy == "offload-on-evict":
+                self.tiers[where].remove(key)
+            else:
+                for n in range(where):
+                    if self.tiers[n].insert(key, self.entry[key[0]])[0]:
+                        promoted[self.names[n]] += self.entry[key[0]]
+        ready = t
+        pcie_counts = [0] * len(self.entry)
+        for n, name in enumerate(self.names):
+            nbytes = sum(self.entry[k[0]] for k, w in zip(keys, served) if w == n)
+            for k, w in zip(keys, served):
+                if w == n:
+                    pcie_counts[k[0]] += 1
+            self.loaded_bytes[name] += nbytes
+            if name != "cpu" and nbytes:
+                sec = price(self.links[n], nbytes, 1, "h2d")
+                _, f = self.lower[name].run(t, sec)
+                self.load_s += sec
+                ready = max(ready, f)
+        sec = self.pcie(pcie_counts, "h2d")
+        s, f = self.h2d.run(ready, sec)
+        self.load_s += sec
+        self.due[load.req.request_id] = (s, f)
+        self.write_lower(promoted, f)
+        # tokens: the key group's blocks at key_block each; the rest to the slowest tier used
+        ext = load.external
+        total = ext.num_tokens - ext.local_tokens
+        tokens = dict.fromkeys([*self.names, "gpu"], 0)
+        for k, w in zip(keys, served):
+            if k[0] == self.key_group:
+                tokens["gpu" if w == "gpu" else self.names[w]] += self.key_block
+        rest = total - sum(tokens.values())
+        if rest:
+            tiers_used = [w for w in served if w != "gpu"]
+            tokens[self.names[max(tiers_used)] if tiers_used else "gpu"] += rest
+        for name in self.names:
+            self.loaded_tokens[name] += tokens[name]
+        return True
+
+    def step(self, out, start: float, compute: float, on_gpu):
+        waits = []
+        if any(self.pending_groups):
+            sec = self.pcie(self.pending_groups, "d2h")
+            s, f = self.d2h.run(start, sec)
+            self.offload_s += sec
+            waits.append((s, f))
+            self.write_lower(self.pending_written, f)
+            self.pending_groups = [0] * len(self.entry)
+            self.pending_written = dict.fromkeys(self.names, 0)
+        self.save(out.saves_before, start)
+        loaded = {ld.req.request_id: self.load(ld, start, on_gpu) for ld in out.loads}
+        for r in out.requests:
+            if r.request_id in self.due:
+                waits.append(self.due.pop(r.request_id))
+        end = start + compute
+        if compute > 0:
+            for s, f in waits:
+                end = max(end, f + compute / self.L, s + (f - s) / self.L + compute)
+        self.wait_s += end - (start + compute)
+        self.save(out.saves_after, end)
+        return end, loaded
+
+
+# ---- running both ---------------------------------------------------------------------------
+def run_both(preset, gpu_tokens: int, items, tiers: TierConfig, num_gpus: int = 1,
+             max_batched: int = 2048):
+    nb = preset.kv_config(memory_bytes=gpu_tokens * preset.kv_bytes_per_token()["total"]).num_blocks + 1
+    sim = Simulator(SimConfig(preset, H100, nb, tiers=tiers, num_gpus=num_gpus, optimum=False,
+                              sched=SchedulerConfig(max_num_batched_tokens=max_batched)))
+    rt = sim.tiers
+    per_token = preset.kv_bytes_per_token()["total"]
+    entry = [g.spec.page_size_bytes * len(g.layer_names) for g in sim.kv.config.groups]
+    names = [n for n in ("cpu", "disk", "remote") if getattr(tiers, f"{n}_cache_tokens") > 0]
+    cpu_link = tiers.cpu_link or DEFAULT_TRANSFER
+    links = [None if n == "cpu" else getattr(tiers, f"{n}_link") for n in names]
+    key_group = 0 if sim.kv.config.groups[0].spec.block_size == sim.key_block else None
+    oracle = TierOracle(names, [getattr(tiers, f"{n}_cache_tokens") * per_token for n in names],
+                        entry, tiers.policy, links, cpu_link, preset.num_layers, num_gpus,
+                        key_group, sim.key_block)
+    if tiers.policy == "offload-on-evict":
+        sim.kv.add_evicted_listener(oracle.on_evicted)
+    cached: list = []
+    sim.kv.add_cached_listener(lambda g, hs, bs: cached.extend((g, h) for h in hs))
+    steps = []
+    real = rt.run_step
+
+    def run_step(out, start, compute, timed=True):
+        want_end, want_loaded = oracle.step(out, start, compute, sim.kv.holds_cached)
+        end, loaded = real(out, start, compute, timed)
+        steps.append((start, compute, end, want_end))
+        assert loaded == want_loaded
+        assert end == pytest.approx(want_end, rel=REL, abs=1e-12)
+        return end, loaded
+
+    rt.run_step = run_step
+    res = sim.run(items)
+    rep = res.tiers
+    if tiers.policy == "write-through":       # every block the GPU cached was saved, in order
+        assert oracle.saved_refs == cached[:len(oracle.saved_refs)]
+    assert rep.loads == oracle.loads and rep.loads_failed == oracle.failed
+    assert rep.written_bytes == oracle.written
+    assert rep.loaded_bytes == oracle.loaded_bytes
+    assert rep.loaded_tokens == oracle.loaded_tokens
+    assert rep.load_s_total == pytest.approx(oracle.load_s, rel=REL, abs=1e-15)
+    assert rep.offload_s_total == pytest.approx(oracle.offload_s, rel=REL, abs=1e-15)
+    assert rep.load_wait_s_total == pytest.approx(oracle.wait_s, rel=REL, abs=1e-12)
+    busy = {"h2d": oracle.h2d.busy, "d2h": oracle.d2h.busy,
+            **{n: q.busy for n, q in oracle.lower.items()}}
+    assert rep.link_busy_s == pytest.approx(busy, rel=REL, abs=1e-15)
+    for n, tier in zip(names, oracle.tiers):              # the same blocks, in the same LRU order
+        assert rt.hierarchy.keys(names.index(n)) == [k for k, _ in tier.items]
+    if res.preemptions == 0:
+        assert rep.hit_tokens == oracle.loaded_tokens
+    return sim, res, oracle, steps
+
+
+def random_items(rng: random.Random, n: int, t0: float = FAR):
+    stems = [[rng.randrange(1000) for _ in range(rng.randrange(8, 200))] for _ in range(4)]
+    history: list[list[int]] = []
+    t = t0
+    reqs = []
+    for i in range(n):
+        t += rng.choice([0.0, 0.001, 0.05, 2.0, 30.0])
+        if history and rng.random() < 0.5:
+            prompt = rng.choice(history) + [rng.randrange(1000) for _ in range(rng.randrange(1, 40))]
+        else:
+            prompt = rng.choice(stems) + [rng.randrange(1000) for _ in range(rng.randrange(0, 60))]
+        out = rng.randrange(1, 12)
+        history.append(prompt + [5000 + rng.randrange(1000) for _ in range(out)])
+        reqs.append(TraceRequest(f"r{i}", t, np.array(prompt), out))
+    return items_from_trace(reqs)
+
+
+def random_link(rng: random.Random, base: TransferModel) -> TransferModel:
+    return rng.choice([
+        base,
+        TransferModel(h2d_bw=rng.choice([1e8, 2e9, 5e10]), d2h_bw=rng.choice([5e7, 1e9, 3e10]),
+                      latency_s=rng.choice([0.0, 5e-6, 2e-4]), per_copy_s=rng.choice([0.0, 1e-5, 1e-3]),
+                      pageable_h2d_bw=1e9),
+        link_with(base, bandwidth=rng.choice([1e8, 1e10]), latency_s=rng.choice([0.0, 1e-3])),
+    ])
+
+
+def random_case(seed: int):
+    """A random dense run: policy, tiers (sizes, links on both sides of their floors), GPUs,
+    pool size, batch budget and a chat-like workload far from clock 0."""
+    rng = random.Random(seed)
+    policy = rng.choice(["write-through", "offload-on-evict"])
+    sizes = {}
+    for n in ("cpu", "disk", "remote"):
+        if rng.random() < 0.6:
+            sizes[f"{n}_cache_tokens"] = rng.choice([200, 700, 1500, 5000])
+    if not sizes:
+        sizes["cpu_cache_tokens"] = 900
+    tiers = TierConfig(**sizes, policy=policy,
+                       cpu_link=random_link(rng, DEFAULT_TRANSFER) if rng.random() < 0.7 else None,
+                       disk_link=random_link(rng, DISK_LINK), remote_link=random_link(rng, REMOTE_LINK))
+    gpus = rng.choice([1, 2, 3, 8])
+    items = random_items(rng, 40)
+    return run_both(get_preset("llama-3.1-8b"), rng.choice([500, 900, 1600]), items, tiers, gpus,
+                    max_batched=rng.choice([256, 2048]))
+
+
+SEEDS = range(16)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_the_simulators_tiers_agree_with_the_event_by_event_oracle(seed: int) -> None:
+    _, res, oracle, steps = random_case(seed)
+    assert res.requests == 40
+    assert all(s >= FAR for s, *_ in steps)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_oracle_agrees_on_a_hybrid_preset_with_a_sliding_group(seed: int) -> None:
+    """gemma-3-27b: two groups (full and sliding), entries of different sizes, the rest of a
+    load's tokens credited to the slowest tier used."""
+    rng = random.Random(100 + seed)
+    preset = get_preset("gemma-3-27b")
+    policy = ["write-through", "offload-on-evict"][seed % 2]
+    tiers = TierConfig(cpu_cache_tokens=rng.choice([300, 1200]), disk_cache_tokens=rng.choice([0, 3000]),
+                       policy=policy, cpu_link=random_link(rng, DEFAULT_TRANSFER),
+                       disk_link=random_link(rng, DISK_LINK))
+    _, res, oracle, _ = run_both(preset, 700, random_items(rng, 20), tiers, rng.choice([1, 4]))
+    assert res.requests == 20
+
+
+def test_the_random_workloads_exercise_every_path() -> None:
+    """The differential test means something only if its runs load from every tier, fail
+    loads, wait for loads and for evict offloads, and promote (write-through): counted over
+    the seeds above."""
+    seen = dict.fromkeys(["loads", "failed", "disk", "remote", "promoted", "wait", "oe_wait"], 0)
+    for seed in SEEDS:
+        sim, res, oracle, _ = random_case(seed)
+        seen["loads"] += oracle.loads
+        seen["failed"] += oracle.failed
+        seen["disk"] += oracle.loaded_bytes.get("disk", 0)
+        seen["remote"] += oracle.loaded_bytes.get("remote", 0)
+        seen["wait"] += oracle.wait_s
+        if oracle.policy == "offload-on-evict":
+            seen["oe_wait"] += oracle.wait_s
+        else:
+            seen["promoted"] += sum(oracle.written.values()) - len(oracle.saved_refs) * oracle.entry[0] * len(oracle.names)
+    print(seen)
+    assert all(v > 0 for v in seen.values()), seen
+    assert seen["loads"] > 50
