@@ -406,3 +406,232 @@ def test_the_random_workloads_exercise_every_path() -> None:
     print(seen)
     assert all(v > 0 for v in seen.values()), seen
     assert seen["loads"] > 50
+
+
+# ---- hand-computed scenarios ----------------------------------------------------------------
+# The runtime driven directly with one full-attention group whose tier entry is E = 1 MB and
+# 1 byte per token (a tier's capacity in tokens is then its bytes), on links with round numbers.
+# Times are near T = 1e6 s, where one ulp is ~1.2e-10 s: absolute tolerance 1e-9 s there.
+from types import SimpleNamespace  # noqa: E402
+
+from hybridkv import KVCacheManager  # noqa: E402
+from hybridkv.core.blockref import BlockRef  # noqa: E402
+from hybridkv.core.specs import FullAttention, KVCacheConfig, KVCacheGroup  # noqa: E402
+from hybridkv.sim.tier_runtime import TierRuntime  # noqa: E402
+
+E = 1_000_000
+T = FAR
+TOL = dict(rel=0, abs=1e-9)
+CPU = TransferModel(h2d_bw=1e9, d2h_bw=5e8, latency_s=1e-4, per_copy_s=5e-4, pageable_h2d_bw=1e9)
+DISK = TransferModel(h2d_bw=2e8, d2h_bw=1e8, latency_s=1e-3, per_copy_s=0.0, pageable_h2d_bw=2e8)
+REMOTE = TransferModel(h2d_bw=4e8, d2h_bw=2e8, latency_s=5e-4, per_copy_s=0.0, pageable_h2d_bw=4e8)
+
+
+def h(i: int) -> bytes:
+    return bytes([i]) * 16
+
+
+def make_runtime(policy: str, gpus: int = 1, layers: int = 4, **sizes) -> TierRuntime:
+    spec = FullAttention(block_size=4, num_kv_heads=1, head_dim=4, dtype="float32")
+    kv = KVCacheManager(KVCacheConfig((KVCacheGroup("full", spec, ("l0",)),), num_blocks=8))
+    cfg = TierConfig(policy=policy, cpu_link=CPU, disk_link=DISK, remote_link=REMOTE, **sizes)
+    return TierRuntime(kv, cfg, 1, layers, DEFAULT_TRANSFER, 4, block_bytes=[E], num_gpus=gpus)
+
+
+def step(saves=(), loads=(), computing=(), saves_after=()):
+    return SimpleNamespace(saves_before=[BlockRef(0, i, h(i)) for i in saves],
+                           saves_after=[BlockRef(0, i, h(i)) for i in saves_after],
+                           loads=[SimpleNamespace(req=SimpleNamespace(request_id=rid),
+                                                  external=SimpleNamespace(num_tokens=4 * len(ids),
+                                                                           local_tokens=0),
+                                                  blocks=[BlockRef(0, i, h(i)) for i in ids])
+                                  for rid, ids in loads],
+                           requests=[SimpleNamespace(request_id=r) for r in computing])
+
+
+def held(rt: TierRuntime, tier: int) -> list[int]:
+    return [k[1][0] for k in rt.hierarchy.keys(tier)]
+
+
+def test_write_through_saves_loads_promotes_and_waits_byte_by_byte_and_second_by_second() -> None:
+    rt = make_runtime("write-through", cpu_cache_tokens=2 * E, disk_cache_tokens=4 * E)
+    rep = rt.report
+    # step 1 at T: blocks 1, 2 saved. PCIe d2h: 2 calls x max(5e-4, 1e-4 + 1e6/5e8 = 2.1e-3)
+    # = 4.2e-3 s on [T, T+4.2e-3]; then the disk write of 2 MB as one batch: 1e-3 + 2e6/1e8
+    # = 0.021 s on [T+4.2e-3, T+0.0252]. Nothing waits: the step ends at T + C.
+    end, loaded = rt.run_step(step(saves=[1, 2]), T, 0.01)
+    assert end == pytest.approx(T + 0.01, **TOL) and loaded == {}
+    assert rep.written_bytes == {"cpu": 2 * E, "disk": 2 * E}
+    assert rep.offload_s_total == pytest.approx(4.2e-3 + 0.021, rel=1e-12)
+    assert rt.d2h.free_at == pytest.approx(T + 4.2e-3, **TOL)
+    assert rt.queues[1].free_at == pytest.approx(T + 0.0252, **TOL)
+    # step 2 at T+0.5: block 3 (saved after the forward, at its end T+0.51): the CPU tier
+    # (2 entries) drops block 1, the disk keeps 1, 2, 3.
+    end, _ = rt.run_step(step(saves_after=[3]), T + 0.5, 0.01)
+    assert held(rt, 0) == [2, 3] and held(rt, 1) == [1, 2, 3]
+    assert rt.d2h.free_at == pytest.approx(T + 0.51 + 2.1e-3, **TOL)
+    assert rt.queues[1].free_at == pytest.approx(T + 0.5121 + 1e-3 + 1e6 / 1e8, **TOL)
+    # step 3 at T+1: r1 loads 1 (disk) and 2 (cpu). Disk read 1e-3 + 1e6/2e8 = 6e-3 s, so the
+    # PCIe copies start at T+1.006: 2 x max(5e-4, 1e-4 + 1e6/1e9 = 1.1e-3) = 2.2e-3 s. Block 1
+    # is promoted into the CPU tier (which drops 3: 2 was made newest by the load).
+    end, loaded = rt.run_step(step(loads=[("r1", [1, 2])]), T + 1.0, 0.0)
+    assert loaded == {"r1": True} and end == T + 1.0
+    assert rep.loaded_bytes == {"cpu": E, "disk": E} and rep.loaded_tokens == {"cpu": 4, "disk": 4}
+    assert rep.written_bytes == {"cpu": 4 * E, "disk": 3 * E}
+    assert held(rt, 0) == [2, 1]
+    assert rep.load_s_total == pytest.approx(6e-3 + 2.2e-3, rel=1e-12)
+    # step 4 at T+1.001 computes r1 (C = 4e-3, L = 4 layers) and waits for its load on
+    # s = T+1.006, f = T+1.0082: max(T+1.005, f + C/L = T+1.0092, s + D/L + C = T+1.01055).
+    end, _ = rt.run_step(step(computing=["r1"]), T + 1.001, 4e-3)
+    assert end == pytest.approx(T + 1.01055, **TOL)
+    assert rep.load_wait_s_total == pytest.approx(1.01055 - 1.005, abs=1e-9)
+    # a load of a block no tier holds fails and changes nothing
+    end, loaded = rt.run_step(step(loads=[("r2", [9])]), T + 2, 0.0)
+    assert loaded == {"r2": False} and rep.loads == 2 and rep.loads_failed == 1
+    assert held(rt, 0) == [2, 1] and rep.loaded_bytes == {"cpu": E, "disk": E}
+    busy = rt.finish().link_busy_s
+    assert busy == pytest.approx({"h2d": 2.2e-3, "d2h": 4.2e-3 + 2.1e-3,
+                                  "disk": 0.021 + 0.011 + 6e-3}, rel=1e-12)
+
+
+def test_offload_on_evict_moves_down_on_eviction_up_on_a_load_and_the_step_waits_for_it() -> None:
+    rt = make_runtime("offload-on-evict", gpus=2, cpu_cache_tokens=2 * E, remote_cache_tokens=8 * E)
+    rep = rt.report
+    for i in (1, 2, 3):                 # the GPU evicts 1, 2, 3: 1 is pushed on to the remote
+        rt._on_evicted(0, h(i))
+    assert held(rt, 0) == [2, 3] and held(rt, 1) == [1]
+    # the step copies the 3 evicted blocks to host first, each GPU its half (5e5 B):
+    # 3 x max(5e-4, 1e-4 + 5e5/5e8 = 1.1e-3) = 3.3e-3 s on [T, T+3.3e-3]; then the remote
+    # write of block 1: 5e-4 + 1e6/2e8 = 5.5e-3 s. The forward (C = 2e-3, L = 4) waits:
+    # max(T+2e-3, T+3.3e-3+5e-4, T+3.3e-3/4+2e-3) = T+3.8e-3.
+    end, _ = rt.run_step(step(), T, 2e-3)
+    assert end == pytest.approx(T + 3.8e-3, **TOL)
+    assert rep.load_wait_s_total == pytest.approx(1.8e-3, abs=1e-9)
+    assert rep.written_bytes == {"cpu": 3 * E, "remote": E}
+    assert rep.offload_s_total == pytest.approx(3.3e-3 + 5.5e-3, rel=1e-12)
+    # a load of 1 (remote) and 3 (cpu) takes them out of their tiers: remote read
+    # 5e-4 + 1e6/4e8 = 3e-3 s, then 2 x max(5e-4, 1e-4 + 5e5/1e9 = 6e-4) = 1.2e-3 s of PCIe
+    end, loaded = rt.run_step(step(loads=[("r", [1, 3])]), T + 1, 0.0)
+    assert loaded == {"r": True} and held(rt, 0) == [2] and held(rt, 1) == []
+    assert rep.load_s_total == pytest.approx(3e-3 + 1.2e-3, rel=1e-12)
+    assert rep.loaded_bytes == {"cpu": E, "remote": E} and rep.written_bytes == {"cpu": 3 * E, "remote": E}
+    assert rt.h2d.free_at == pytest.approx(T + 1 + 3e-3 + 1.2e-3, **TOL)
+    # no evictions, no saves: a step that computes nothing new waits for nothing
+    end, _ = rt.run_step(step(computing=["x"]), T + 2, 1e-3)
+    assert end == pytest.approx(T + 2 + 1e-3, **TOL)
+
+
+@pytest.mark.parametrize("gpus, per_block", [
+    (1, 1e-4 + 1e6 / 1e9),        # 1.1e-3 > the 5e-4 per-call floor
+    (4, 1e-4 + 2.5e5 / 1e9),      # 3.5e-4 < 5e-4: below the floor, still above...
+    (8, 5e-4),                    # ... and 1e-4 + 1.25e5/1e9 = 2.25e-4: the floor binds
+    (3, 1e-4 + 333_334 / 1e9),    # a share rounds up to whole bytes
+])
+def test_a_blocks_pcie_time_is_one_call_of_one_gpus_share_above_or_at_the_per_call_floor(
+        gpus: int, per_block: float) -> None:
+    rt = make_runtime("write-through", gpus=gpus, cpu_cache_tokens=10 * E)
+    rt.run_step(step(saves=[1, 2, 3]), T, 0.0)
+    rt.run_step(step(loads=[("r", [1, 2, 3])]), T + 1, 0.0)
+    expected = max(5e-4, per_block)
+    d2h = max(5e-4, 1e-4 + math.ceil(E / gpus) / 5e8)
+    assert rt.report.load_s_total == pytest.approx(3 * expected, rel=1e-12)
+    assert rt.report.offload_s_total == pytest.approx(3 * d2h, rel=1e-12)
+
+
+@pytest.mark.parametrize("tier, link, load_s, write_s", [
+    # lower tiers: one batch per load or write, latency then bandwidth; then PCIe per block
+    ("disk", DISK, (1e-3 + 2e6 / 2e8) + 2 * 1.1e-3, 2 * 2.1e-3 + (1e-3 + 2e6 / 1e8)),
+    ("remote", REMOTE, (5e-4 + 2e6 / 4e8) + 2 * 1.1e-3, 2 * 2.1e-3 + (5e-4 + 2e6 / 2e8)),
+])
+def test_each_lower_tier_reads_and_writes_in_its_own_direction(tier, link, load_s, write_s) -> None:
+    rt = make_runtime("write-through", **{f"{tier}_cache_tokens": 10 * E})
+    rt.run_step(step(saves=[1, 2]), T, 0.0)
+    rt.run_step(step(loads=[("r", [1, 2])]), T + 1, 0.0)
+    rep = rt.report
+    assert rep.offload_s_total == pytest.approx(write_s, rel=1e-12)
+    assert rep.load_s_total == pytest.approx(load_s, rel=1e-12)
+    assert rep.loaded_bytes == {tier: 2 * E} and rep.written_bytes == {tier: 2 * E}
+    assert rep.loaded_tokens == {tier: 8}
+
+
+def test_a_busy_link_delays_the_next_transfer_not_the_clock() -> None:
+    """FIFO per direction: a load issued while the d2h queue is busy is not delayed (another
+    direction); a second load right after the first waits for the h2d queue."""
+    rt = make_runtime("write-through", cpu_cache_tokens=10 * E)
+    rt.run_step(step(saves=[1, 2, 3]), T, 0.0)                # d2h busy until T + 6.3e-3
+    rt.run_step(step(loads=[("a", [1]), ("b", [2, 3])]), T + 1e-3, 0.0)
+    assert rt._due["a"] == pytest.approx((T + 1e-3, T + 1e-3 + 1.1e-3), **TOL)
+    assert rt._due["b"] == pytest.approx((T + 2.1e-3, T + 2.1e-3 + 2.2e-3), **TOL)
+    # b's forward (C = 1e-3, L = 4) starts at T+2e-3: max(T+3e-3, f + 2.5e-4, s + 2.2e-3/4 + 1e-3)
+    end, _ = rt.run_step(step(computing=["b"]), T + 2e-3, 1e-3)
+    assert end == pytest.approx(T + 4.3e-3 + 2.5e-4, **TOL)
+
+
+# ---- the copy model and the link options, on both sides of each floor -----------------------
+def test_the_default_link_is_the_documented_fit_of_the_h100_points_by_hand() -> None:
+    # bandwidth each way: the median rate of the single pinned copies of >= 64 MiB
+    h2d = sorted([67108864 / 0.001220243, 268435456 / 0.004871632, 1073741824 / 0.019445184])[1]
+    d2h = sorted([67108864 / 0.001220758, 268435456 / 0.004870803, 1073741824 / 0.019460435])[1]
+    # latency: the median excess over bytes / bandwidth of the 1, 4, 16 MiB copies (6 points)
+    ex = sorted([2.2848e-05 - 1048576 / h2d, 7.9622e-05 - 4194304 / h2d, 0.000307722 - 16777216 / h2d,
+                 2.2509e-05 - 1048576 / d2h, 7.929e-05 - 4194304 / d2h, 0.000309242 - 16777216 / d2h])
+    latency = (ex[2] + ex[3]) / 2
+    # per call: the median time per call of the batched copies of <= 256 KiB (2 points)
+    per_copy = (0.013537034 / 1024 + 0.006880939 / 512) / 2
+    D = DEFAULT_TRANSFER
+    assert D.h2d_bw == pytest.approx(h2d, rel=1e-12) and D.d2h_bw == pytest.approx(d2h, rel=1e-12)
+    assert D.latency_s == pytest.approx(latency, rel=1e-9)
+    assert D.per_copy_s == pytest.approx(per_copy, rel=1e-12)
+    assert D.pageable_h2d_bw == pytest.approx(17.001052644e9, rel=1e-12)
+    # latency-bound below ~256 KiB: 100 calls of 256 KiB cost 100 per-call floors ...
+    assert latency + 262144 / h2d < per_copy
+    assert D.copy_time(262144, 100, "h2d") == pytest.approx(100 * per_copy, rel=1e-12)
+    # ... above it, latency plus bandwidth, each way, and pageable at its own bandwidth
+    assert D.copy_time(1 << 20, 3, "h2d") == pytest.approx(3 * (latency + (1 << 20) / h2d), rel=1e-9)
+    assert D.copy_time(1 << 20, 3, "d2h") == pytest.approx(3 * (latency + (1 << 20) / d2h), rel=1e-9)
+    assert D.copy_time(1 << 30, 1, "h2d", pinned=False) == pytest.approx(
+        latency + (1 << 30) / 17.001052644e9, rel=1e-9)
+
+
+@pytest.mark.parametrize("latency, nbytes, expected", [
+    # a latency below the link's per-call floor lowers the floor to it: 2 us + 64 KiB / bw
+    (2e-6, 65536, lambda D: 2e-6 + 65536 / D.h2d_bw),
+    # the same latency on a copy the old floor would have bound: still latency + bytes / bw
+    (2e-6, 4096, lambda D: 2e-6 + 4096 / D.h2d_bw),
+    # above the floor the floor stays, and loses: latency + bytes / bw
+    (50e-6, 65536, lambda D: 50e-6 + 65536 / D.h2d_bw),
+    # zero latency: the floor is 0 too, pure bandwidth
+    (0.0, 4096, lambda D: 4096 / D.h2d_bw),
+])
+def test_a_latency_option_on_either_side_of_the_per_call_floor(latency, nbytes, expected) -> None:
+    link = link_with(DEFAULT_TRANSFER, latency_s=latency)
+    assert link.latency_s == latency and link.per_copy_s == min(DEFAULT_TRANSFER.per_copy_s, latency)
+    assert link.copy_time(nbytes, 10, "h2d") == pytest.approx(10 * expected(DEFAULT_TRANSFER), rel=1e-12)
+    # bandwidths untouched by a latency option
+    assert (link.h2d_bw, link.d2h_bw) == (DEFAULT_TRANSFER.h2d_bw, DEFAULT_TRANSFER.d2h_bw)
+
+
+def test_the_latency_floor_of_the_default_link_hides_a_small_latency_option_only_if_not_lowered() -> None:
+    """Without the floor being lowered, a 2 us latency on 64 KiB copies would cost the 13.3 us
+    floor: the option's effect would be hidden. It is not."""
+    D = DEFAULT_TRANSFER
+    assert 2e-6 + 65536 / D.h2d_bw < D.per_copy_s
+    assert link_with(D, latency_s=2e-6).copy_time(65536) < D.per_copy_s
+
+
+@pytest.mark.parametrize("base", [DISK_LINK, REMOTE_LINK, DEFAULT_TRANSFER])
+def test_a_bandwidth_option_sets_every_direction(base) -> None:
+    link = link_with(base, bandwidth=2e9)
+    assert (link.h2d_bw, link.d2h_bw, link.pageable_h2d_bw) == (2e9, 2e9, 2e9)
+    assert (link.latency_s, link.per_copy_s) == (base.latency_s, base.per_copy_s)
+    assert link.copy_time(10**9, 1, "d2h") == pytest.approx(max(base.per_copy_s, base.latency_s + 0.5))
+    assert link.points == () and "bandwidth 2 GB/s" in link.source
+    assert link_with(base) is base
+
+
+def test_the_lower_tier_links_are_the_documented_numbers() -> None:
+    # disk: 6.8 GB/s read, 5.6 GB/s write, 100 us per batch; remote 21.75 GB/s, 500 us
+    assert DISK_LINK.copy_time(10**9, 1, "h2d") == pytest.approx(100e-6 + 1e9 / 6.8e9, rel=1e-12)
+    assert DISK_LINK.copy_time(10**9, 1, "d2h") == pytest.approx(100e-6 + 1e9 / 5.6e9, rel=1e-12)
+    assert REMOTE_LINK.copy_time(10**9, 1, "h2d") == pytest.approx(500e-6 + 1e9 / 21.75e9, rel=1e-12)
+    assert REMOTE_LINK.copy_time(10**9, 1, "d2h") == pytest.approx(500e-6 + 1e9 / 21.75e9, rel=1e-12)
