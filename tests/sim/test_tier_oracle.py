@@ -635,3 +635,81 @@ def test_the_lower_tier_links_are_the_documented_numbers() -> None:
     assert DISK_LINK.copy_time(10**9, 1, "d2h") == pytest.approx(100e-6 + 1e9 / 5.6e9, rel=1e-12)
     assert REMOTE_LINK.copy_time(10**9, 1, "h2d") == pytest.approx(500e-6 + 1e9 / 21.75e9, rel=1e-12)
     assert REMOTE_LINK.copy_time(10**9, 1, "d2h") == pytest.approx(500e-6 + 1e9 / 21.75e9, rel=1e-12)
+
+
+# ---- one run of the simulator, worked out block by block ------------------------------------
+BLOCK = 512 * 131072                 # llama-3.1-8b at 512 tokens per block: 64 MiB per entry
+ROUND = TransferModel(h2d_bw=BLOCK * 1e3, d2h_bw=BLOCK * 500.0, latency_s=0.0, per_copy_s=0.0,
+                      pageable_h2d_bw=BLOCK * 1e3)     # 1 ms per block to the GPU, 2 ms back
+
+
+@pytest.mark.parametrize("policy, written_blocks", [
+    # write-through: A's 16 blocks, B's 16, C's one new block (its 14 loaded ones are not saved)
+    ("write-through", 16 + 16 + 1),
+    # offload-on-evict: A's 14 evicted for B; B's 14 for C's load, 1 more for C's own block
+    ("offload-on-evict", 14 + 14 + 1),
+])
+def test_evict_then_reuse_far_from_clock_zero_by_hand(policy: str, written_blocks: int) -> None:
+    """A (16 blocks), B (16 unrelated blocks), C = A + 1 block, 5e5 s apart (C arrives at 1e6 s)
+    on an 18-block GPU: B takes the 2 free blocks and evicts A's 14 last blocks (tail first), so
+    C finds A's first 2 blocks on the GPU (1024 tokens) and loads 14 (7168 tokens) from the CPU
+    tier: 14 ms over a 1 ms/block link, in the step before C computes; C's forward C_s then
+    waits layer by layer: TTFT = max(C_s, 14e-3 + C_s/32, 14e-3/32 + C_s). Offload-on-evict:
+    the load step copies B's 14 evicted blocks out on [T, T+28 ms] (2 ms each; that step computes
+    nothing, so nothing waits), and C's step evicts one more for its own block, queued behind
+    them on [T+28 ms, T+30 ms]: C waits for it, TTFT = 28e-3 + 2e-3/32 + C_s."""
+    from tests.sim.test_tiers import _blocks, _evict_then_reuse
+    from hybridkv.sim.tier_report import tier_summary
+    preset = get_preset("llama-3.1-8b").with_block_size(512)
+    items = _evict_then_reuse(preset, 8192, 512, gap_s=5e5)
+    cfg = SimConfig(preset, H100, _blocks(preset, 9216), sched=SchedulerConfig(max_num_batched_tokens=16384),
+                    tiers=TierConfig(cpu_cache_tokens=100_000, policy=policy, cpu_link=ROUND))
+    assert cfg.num_blocks == 19                      # 18 and the null block
+    sim = Simulator(cfg)
+    res = sim.run(items)
+    t = res.tiers
+    assert (res.gpu_hit_tokens, t.hit_tokens, t.loaded_tokens) == (1024, {"cpu": 7168}, {"cpu": 7168})
+    assert t.loaded_bytes == {"cpu": 14 * BLOCK} and t.written_bytes == {"cpu": written_blocks * BLOCK}
+    assert (t.loads, t.loads_failed) == (1, 0)
+    assert t.load_s_total == pytest.approx(14e-3, rel=1e-12)
+    assert t.offload_s_total == pytest.approx(written_blocks * 2e-3, rel=1e-12)
+    assert t.link_busy_s == pytest.approx({"h2d": 14e-3, "d2h": written_blocks * 2e-3}, rel=1e-12)
+    C = sim.cost.step_time([(512, 8192)])
+    ttft = max(C, 14e-3 + C / 32, 14e-3 / 32 + C)
+    if policy == "offload-on-evict":
+        ttft = max(ttft, 30e-3 + C / 32, 28e-3 + 2e-3 / 32 + C)
+        assert ttft == 28e-3 + 2e-3 / 32 + C
+    # what the steps waited: write-through, C's 14e-3/32; offload-on-evict, B's step for A's
+    # 14 evicted blocks (28e-3/32: B's forward C_B > 28 ms) and C's step (TTFT - C_s)
+    wait = 14e-3 / 32 if policy == "write-through" else 28e-3 / 32 + (28e-3 + 2e-3 / 32)
+    assert t.load_wait_s_total == pytest.approx(wait, abs=1e-9)
+    assert res.ttft_s[-1] == pytest.approx(ttft, abs=1e-9)     # C's arrival is 1e6: ulp 1.2e-10
+    prompt = 8192 + 8192 + 8704
+    assert res.hit_tokens == 1024 + 7168 and res.prompt_tokens == prompt
+    d = res.to_json()
+    assert d["hit_rate_by_tier"] == pytest.approx({"gpu": 1024 / prompt, "cpu": 7168 / prompt}, rel=1e-12)
+    # the optimum bounds GPU + tier: 100k tokens of CPU tier hold 195 whole 512-token blocks
+    assert sim.tiers.key_capacity_blocks() == 100_000 // 512 == 195
+    row = (f"  cpu          100k    {7168 / prompt:.4f}          7,168"
+           f"{14 * BLOCK / 1e9:>11.1f}{written_blocks * BLOCK / 1e9:>12.1f}  67.1 GB/s, 0 us")
+    lines = tier_summary(res).splitlines()
+    assert row in lines
+    assert (f"  transfers: loads 0.014 s (1 loads, 0 failed and recomputed), steps waited "
+            f"{wait:.4g} s for it; writes {written_blocks * 2e-3:.4g} s") in lines
+
+
+@pytest.mark.parametrize("preset_name, tokens, key_blocks", [
+    ("llama-3.1-8b", 10**6, 10**6 // 16),
+    # gemma-3-27b: 507,904 B per token over all groups, priced in full-attention blocks of
+    # 16 tokens x 81,920 B = 1,310,720 B: 1e6 x 507904 / 1310720 = 387,500 key blocks
+    ("gemma-3-27b", 10**6, 387_500),
+])
+def test_the_tiers_add_their_bytes_in_key_blocks_to_the_optimums_capacity(preset_name, tokens,
+                                                                          key_blocks) -> None:
+    preset = get_preset(preset_name)
+    cfg = SimConfig(preset, H100, 2000, optimum=False)
+    without = Simulator(cfg).optimum_capacity
+    import dataclasses
+    sim = Simulator(dataclasses.replace(cfg, tiers=TierConfig(disk_cache_tokens=tokens)))
+    assert sim.tiers.key_capacity_blocks() == key_blocks
+    assert sim.optimum_capacity == without + key_blocks
