@@ -58,9 +58,15 @@ def span(spec, n: int, c: int) -> int:
 
 
 def ref_time(preset, gpu, cal: Calibration, G: int, work) -> float:
+    return ref_parts(preset, gpu, cal, G, work)["time"]
+
+
+def ref_parts(preset, gpu, cal: Calibration, G: int, work) -> dict:
+    """The step's time and its terms: ``a`` and ``b`` (GEMM compute and weight reads before
+    the blend), ``gemm``, ``attn``, ``gpu`` and ``time``."""
     work = [(n, c) for n, c in work if n > 0]
     if not work:
-        return 0.0
+        return dict(time=0.0)
     F, B = gpu.flops, gpu.mem_bw
     s = preset.shapes
     head, untied = s.head_params, s.untied_embedding_params
@@ -133,10 +139,11 @@ def ref_time(preset, gpu, cal: Calibration, G: int, work) -> float:
             occ = min(1, units * splits / (G * cal.attn_saturation_blocks))
             attn += scale * (work_s / occ + sum(u) / G * cal.attn_block_s)
     gpu_s = gemm + attn + cal.graph_overhead_s
-    if not prefill:
-        return gpu_s                                          # a CUDA graph: no host term
-    q, h = cal.host_overlap, cal.eager_host_s
-    return (gpu_s ** q + h ** q) ** (1 / q)
+    out = dict(a=a, b=b, gemm=gemm, attn=attn, gpu=gpu_s, time=gpu_s, eager=bool(prefill))
+    if prefill:                                               # eager: joined with the host's time
+        q, h = cal.host_overlap, cal.eager_host_s
+        out["time"] = (gpu_s ** q + h ** q) ** (1 / q)
+    return out                                                # else a CUDA graph: no host term
 
 
 # ---- the model equals it ---------------------------------------------------------------------
@@ -269,3 +276,92 @@ def test_nemotron_state_layers_by_arithmetic() -> None:
     model = CalibratedCostModel(get_preset("nemotron-h-8b"), H100, ROUND)
     assert page == get_preset("nemotron-h-8b").groups[1].spec.page_size_bytes
     assert model.step_time([(n, 0)]) == pytest.approx(want, rel=REL)
+
+
+# ---- `hybridkv cost` in-process on models that need many GPUs --------------------------------
+def roofline_by_hand(preset, gpu, G: int, work) -> tuple[float, float, float]:
+    """The roofline's docstring: (time, FLOPs, bytes) with mfu 0.5, mbu 0.8, 2 ms a step."""
+    T = sum(n for n, _ in work)
+    A, P = preset.active_params, preset.num_params
+    flops = 2 * A * T
+    nbytes = preset.weight_bytes_per_param * P * (1 - (1 - A / P) ** T)
+    for n, c in work:
+        for g in preset.groups:
+            L = len(g.layer_names)
+            flops += 4 * preset.attn_width * L * pairs(g.spec, n, c) / g.spec.compress_ratio
+            nbytes += g.spec.bytes_per_token * L * (span(g.spec, n, c) + n)
+    t = max(flops / (G * gpu.flops * 0.5), nbytes / (G * gpu.mem_bw * 0.8)) + 0.002
+    return t, flops, nbytes
+
+
+def fewest_by_hand(preset, gpu) -> int:
+    """vLLM's rule: 0.9 of each GPU, less the weights and 6 GiB a GPU, must leave KV room;
+    the fewest power of two."""
+    n = 1
+    weights = preset.num_params * preset.weight_bytes_per_param
+    while 0.9 * n * gpu.memory_bytes - weights - n * 6 * 2**30 <= 0:
+        n *= 2
+    return n
+
+
+def run_cost(argv, capsys) -> dict | str:
+    import json
+    from hybridkv.cli import main
+    assert main(["cost", *argv]) == 0
+    out = capsys.readouterr().out
+    return json.loads(out) if "--json" in argv else out
+
+
+@pytest.mark.parametrize("name, gpus, expected_gpus", [
+    # 671 GB of 1-byte weights: 0.9 x 85.02 GB - 6 GiB = 70.07 GB a GPU; 8 hold 560.6 GB,
+    # 16 hold 1,121 GB: 16
+    ("deepseek-v4-style", None, 16),
+    ("deepseek-v4-style", 8, 8),                 # given: costed on 8 even if it cannot load
+    ("llama-4-scout", None, 4),                  # 218 GB of bf16 weights: 4 x 70.07 GB
+    ("gpt-oss-120b", 16, 16),
+    ("llama-3.1-8b", 1024, 1024),                # the largest count
+])
+def test_cost_in_process_prints_the_formulas_values(name, gpus, expected_gpus, capsys) -> None:
+    preset = get_preset(name)
+    steps = [[(1, 4096)] * 64, [(2048, 0)], [(512, 30000), (1, 1000), (1, 9000)]]
+    argv = ["--preset", name, "--step", "1@4096x64", "--step", "2048@0", "--step", "512@30000,1@1000,1@9000"]
+    if gpus is not None:
+        argv += ["--gpus", str(gpus)]
+    if gpus is None:
+        assert fewest_by_hand(preset, H100) == expected_gpus
+    d = run_cost([*argv, "--json"], capsys)
+    cal = default_calibration(H100)[0]
+    assert d["num_gpus"] == expected_gpus and d["cost_model"] == "calibrated"
+    total = 0.0
+    for s, work in zip(d["steps"], steps):
+        r = ref_parts(preset, H100, cal, expected_gpus, work)
+        total += r["time"]
+        assert s["time_s"] == pytest.approx(r["time"], rel=REL)
+        assert s["attention_s"] == pytest.approx(r["attn"], rel=REL)
+        # the blended GEMM time split in proportion to a**p and b**p
+        p = cal.gemm_blend
+        share = r["a"] ** p / (r["a"] ** p + r["b"] ** p)
+        assert s["compute_s"] == pytest.approx(r["gemm"] * share, rel=REL)
+        assert s["memory_s"] == pytest.approx(r["gemm"] * (1 - share), rel=REL)
+        overhead = r["time"] - r["gemm"] - r["attn"] if r["eager"] else cal.graph_overhead_s
+        assert s["overhead_s"] == pytest.approx(overhead, rel=1e-6, abs=1e-12)
+        rt, rf, rb = roofline_by_hand(preset, H100, expected_gpus, work)
+        assert s["roofline"]["time_s"] == pytest.approx(rt, rel=REL)
+        assert s["roofline"]["flops"] == pytest.approx(rf, rel=REL)
+        assert s["roofline"]["bytes"] == pytest.approx(rb, rel=REL)
+        assert s["new_tokens"] == sum(n for n, _ in work) and s["requests"] == len(work)
+    assert d["time_s"] == pytest.approx(total, rel=REL)
+    text = run_cost(argv, capsys)
+    assert text.splitlines()[0].startswith(f"{name} on {expected_gpus} x h100; calibrated:")
+    assert f"step 1@4096x64 (64 requests, 64 new tokens): {d['steps'][0]['time_s'] * 1e3:.2f} ms" in text
+    assert f"total: {total * 1e3:.2f} ms" in text
+
+
+def test_cost_with_the_roofline_model_on_many_gpus(capsys) -> None:
+    d = run_cost(["--preset", "deepseek-v4-style", "--gpus", "32", "--cost-model", "roofline",
+                  "--step", "4096@8192", "--json"], capsys)
+    t, f, b = roofline_by_hand(get_preset("deepseek-v4-style"), H100, 32, [(4096, 8192)])
+    assert d["num_gpus"] == 32 and d["steps"][0]["roofline"] is None
+    assert d["steps"][0]["time_s"] == pytest.approx(t, rel=REL)
+    assert d["steps"][0]["flops"] == pytest.approx(f, rel=REL)
+    assert d["steps"][0]["bytes"] == pytest.approx(b, rel=REL)
