@@ -170,11 +170,21 @@ VARIANTS = {
 }
 
 
+def compressed_mla():
+    """deepseek-v4-style with its MLA layers compressed 4:1 (one latent per 4 tokens) and a
+    head count its MLA spec must ignore: no shipped preset has either."""
+    from hybridkv.core.specs import KVCacheGroup
+    p = get_preset("deepseek-v4-style")
+    groups = tuple(KVCacheGroup(g.name, dataclasses.replace(g.spec, compress_ratio=4, num_kv_heads=8),
+                                g.layer_names) if isinstance(g.spec, MLA) else g for g in p.groups)
+    return dataclasses.replace(p, name="deepseek-v4-compressed", groups=groups)
+
+
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("gpus", [1, 2, 8])
-@pytest.mark.parametrize("name", PRESETS)
+@pytest.mark.parametrize("name", [*PRESETS, "deepseek-v4-compressed"])
 def test_every_preset_kind_equals_the_formula_by_hand(name: str, gpus: int, variant: str) -> None:
-    preset = get_preset(name)
+    preset = compressed_mla() if name == "deepseek-v4-compressed" else get_preset(name)
     cal = VARIANTS[variant](default_calibration(H100)[0])
     model = CalibratedCostModel(preset, H100, cal, gpus)
     for work in WORK:
