@@ -71,6 +71,12 @@ def test_an_ending_session_from_the_trace_goes_first(tmp_path, honour_always, se
     assert res.hit_tokens == 48
     st = sim.kv.hint_stats()
     assert (st.releases, st.demoted, st.pinned) == (1, 4, 0)
+    from hybridkv.sim.hint_report import hint_summary
+    lines = hint_summary(res, None).splitlines()
+    assert lines[0] == "hints trace: 1 requests hinted (1 last turns, 0 pins, 0 resume times)"
+    assert lines[1] == ("  pool: 4 blocks demoted, 0 pinned; ignored 0 demotions and 0 pins while "
+                        "honouring them did not pay; 0 pinned blocks evicted early so a request "
+                        "could run, 0 pins lapsed")
     _, plain = _run(_trace(tmp_path, None), trace_hints=False, sequential=sequential)
     assert plain.hit_tokens == 16
 
