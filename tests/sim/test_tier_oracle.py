@@ -265,17 +265,21 @@ class TierOracle:
 
 # ---- running both ---------------------------------------------------------------------------
 def run_both(preset, gpu_tokens: int, items, tiers: TierConfig, num_gpus: int = 1,
-             max_batched: int = 2048):
+             max_batched: int = 2048, sequential: bool = False, spec=None):
     nb = preset.kv_config(memory_bytes=gpu_tokens * preset.kv_bytes_per_token()["total"]).num_blocks + 1
     sim = Simulator(SimConfig(preset, H100, nb, tiers=tiers, num_gpus=num_gpus, optimum=False,
-                              sched=SchedulerConfig(max_num_batched_tokens=max_batched)))
+                              sched=SchedulerConfig(max_num_batched_tokens=max_batched),
+                              sequential=sequential, spec=spec))
     rt = sim.tiers
     per_token = preset.kv_bytes_per_token()["total"]
     entry = [g.spec.page_size_bytes * len(g.layer_names) for g in sim.kv.config.groups]
     names = [n for n in ("cpu", "disk", "remote") if getattr(tiers, f"{n}_cache_tokens") > 0]
     cpu_link = tiers.cpu_link or DEFAULT_TRANSFER
     links = [None if n == "cpu" else getattr(tiers, f"{n}_link") for n in names]
-    key_group = 0 if sim.kv.config.groups[0].spec.block_size == sim.key_block else None
+    from hybridkv.core.specs import MLA, FullAttention
+    key_group = next((g for g, grp in enumerate(sim.kv.config.groups)       # full attention (or
+                      if isinstance(grp.spec, (FullAttention, MLA))           # MLA) at the key
+                      and grp.spec.block_size == sim.key_block), None)        # block size
     oracle = TierOracle(names, [getattr(tiers, f"{n}_cache_tokens") * per_token for n in names],
                         entry, tiers.policy, links, cpu_link, preset.num_layers, num_gpus,
                         key_group, sim.key_block)
@@ -305,7 +309,10 @@ def run_both(preset, gpu_tokens: int, items, tiers: TierConfig, num_gpus: int = 
     assert rep.loaded_tokens == oracle.loaded_tokens
     assert rep.load_s_total == pytest.approx(oracle.load_s, rel=REL, abs=1e-15)
     assert rep.offload_s_total == pytest.approx(oracle.offload_s, rel=REL, abs=1e-15)
-    assert rep.load_wait_s_total == pytest.approx(oracle.wait_s, rel=REL, abs=1e-12)
+    if sequential:                     # untimed: no waits, and the report says so
+        assert rep.load_wait_s_total is None
+    else:
+        assert rep.load_wait_s_total == pytest.approx(oracle.wait_s, rel=REL, abs=1e-12)
     busy = {"h2d": oracle.h2d.busy, "d2h": oracle.d2h.busy,
             **{n: q.busy for n, q in oracle.lower.items()}}
     assert rep.link_busy_s == pytest.approx(busy, rel=REL, abs=1e-15)
@@ -316,17 +323,17 @@ def run_both(preset, gpu_tokens: int, items, tiers: TierConfig, num_gpus: int = 
     return sim, res, oracle, steps
 
 
-def random_items(rng: random.Random, n: int, t0: float = FAR):
-    stems = [[rng.randrange(1000) for _ in range(rng.randrange(8, 200))] for _ in range(4)]
+def random_items(rng: random.Random, n: int, t0: float = FAR, scale: int = 1):
+    stems = [[rng.randrange(1000) for _ in range(scale * rng.randrange(8, 200))] for _ in range(4)]
     history: list[list[int]] = []
     t = t0
     reqs = []
     for i in range(n):
         t += rng.choice([0.0, 0.001, 0.05, 2.0, 30.0])
         if history and rng.random() < 0.5:
-            prompt = rng.choice(history) + [rng.randrange(1000) for _ in range(rng.randrange(1, 40))]
+            prompt = rng.choice(history) + [rng.randrange(1000) for _ in range(scale * rng.randrange(1, 40))]
         else:
-            prompt = rng.choice(stems) + [rng.randrange(1000) for _ in range(rng.randrange(0, 60))]
+            prompt = rng.choice(stems) + [rng.randrange(1000) for _ in range(scale * rng.randrange(0, 60))]
         out = rng.randrange(1, 12)
         history.append(prompt + [5000 + rng.randrange(1000) for _ in range(out)])
         reqs.append(TraceRequest(f"r{i}", t, np.array(prompt), out))
@@ -385,6 +392,32 @@ def test_the_oracle_agrees_on_a_hybrid_preset_with_a_sliding_group(seed: int) ->
                        disk_link=random_link(rng, DISK_LINK))
     _, res, oracle, _ = run_both(preset, 700, random_items(rng, 20), tiers, rng.choice([1, 4]))
     assert res.requests == 20
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_oracle_agrees_on_mla_with_two_window_sizes_and_mtp(seed: int) -> None:
+    """deepseek-v4-style: an MLA group of 256-token blocks (the key group), sliding groups of 64
+    and 8, an MTP draft group; 2 or 8 GPUs."""
+    from hybridkv.core.spec_decode import SpecDecode
+    rng = random.Random(200 + seed)
+    tiers = TierConfig(cpu_cache_tokens=rng.choice([2000, 6000]), remote_cache_tokens=rng.choice([0, 20000]),
+                       policy=["write-through", "offload-on-evict"][seed % 2],
+                       cpu_link=random_link(rng, DEFAULT_TRANSFER), remote_link=random_link(rng, REMOTE_LINK))
+    items = random_items(rng, 30, scale=6)
+    _, res, oracle, _ = run_both(get_preset("deepseek-v4-style"), 16000, items, tiers, rng.choice([2, 8]),
+                                 spec=SpecDecode("mtp", 1), max_batched=512)
+    assert res.requests == 30 and oracle.loads > 0
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_oracle_agrees_on_a_sequential_run(seed: int) -> None:
+    """Sequential (untimed) runs move the same blocks; no time is waited."""
+    rng = random.Random(300 + seed)
+    tiers = TierConfig(cpu_cache_tokens=700, disk_cache_tokens=2000,
+                       policy=["write-through", "offload-on-evict"][seed % 2])
+    _, res, oracle, _ = run_both(get_preset("llama-3.1-8b"), 600, random_items(rng, 30), tiers,
+                                 sequential=True)
+    assert oracle.loads > 0 and res.requests == 30
 
 
 def test_the_random_workloads_exercise_every_path() -> None:
