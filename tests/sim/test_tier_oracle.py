@@ -746,3 +746,38 @@ def test_the_tiers_add_their_bytes_in_key_blocks_to_the_optimums_capacity(preset
     sim = Simulator(dataclasses.replace(cfg, tiers=TierConfig(disk_cache_tokens=tokens)))
     assert sim.tiers.key_capacity_blocks() == key_blocks
     assert sim.optimum_capacity == without + key_blocks
+
+
+# ---- the command line's link options, on both sides of the per-call floor --------------------
+@pytest.mark.parametrize("latency_us, per_block", [
+    # no option: the default link's 13.33 us per-call floor binds (3.49 us + 4.76 us is less)
+    (None, DEFAULT_TRANSFER.per_copy_s),
+    # 2 us: below the floor, which comes down with it: 2 us + 256 KiB at 55.1 GB/s
+    ("2", 2e-6 + 262144 / DEFAULT_TRANSFER.h2d_bw),
+    # 50 us: above it
+    ("50", 50e-6 + 262144 / DEFAULT_TRANSFER.h2d_bw),
+])
+def test_cpu_latency_option_on_both_sides_of_the_floor(latency_us, per_block, tmp_path, capsys) -> None:
+    """`simulate --workload replay` (A: 8192 tokens, B: 8192 unrelated, A again) on llama-3.1-8b
+    over 8 GPUs (a 2 MiB block is 256 KiB a GPU, latency-bound) with a 9000-token GPU pool
+    (562 blocks): B takes the 50 free blocks and evicts 462 of A's (tail first); A's return
+    finds 50 on the GPU and loads 461 (its last block is recomputed) from the CPU tier.
+    Writes: A's 512, B's 512 and A2's recomputed last block."""
+    import json
+    from hybridkv.cli import main
+    js = tmp_path / "r.json"
+    argv = ["simulate", "--workload", "replay", "--no-progress", "--preset", "llama-3.1-8b",
+            "--gpus", "8", "--cache-tokens", "9000", "--cpu-cache-tokens", "1M", "--no-baseline",
+            "--no-optimum", "--json", str(js)]
+    if latency_us is not None:
+        argv += ["--cpu-latency-us", latency_us]
+    assert main(argv) == 0
+    capsys.readouterr()
+    t = json.loads(js.read_text())["tiers"]
+    block = 16 * 131072
+    assert t["loaded_bytes"] == {"cpu": 461 * block} and t["written_bytes"] == {"cpu": 1025 * block}
+    assert t["load_s_total"] == pytest.approx(461 * per_block, rel=1e-9)
+    lat = DEFAULT_TRANSFER.latency_s if latency_us is None else float(latency_us) * 1e-6
+    floor = DEFAULT_TRANSFER.per_copy_s if latency_us is None else min(DEFAULT_TRANSFER.per_copy_s, lat)
+    d2h = max(floor, lat + 262144 / DEFAULT_TRANSFER.d2h_bw)
+    assert t["offload_s_total"] == pytest.approx(1025 * d2h, rel=1e-9)
