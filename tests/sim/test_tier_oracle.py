@@ -115,6 +115,7 @@ class TierOracle:
         self.loads = self.failed = 0
         self.load_s = self.offload_s = self.wait_s = 0.0
         self.saved_refs: list = []
+        self.gpu_tokens = 0                 # tokens of loads copied within the GPU
 
     # a block the GPU evicted (offload-on-evict): into tier 0, each tier's victims one down
     def on_evicted(self, group: int, h: bytes) -> None:
@@ -237,6 +238,7 @@ class TierOracle:
             tokens[self.names[max(tiers_used)] if tiers_used else "gpu"] += rest
         for name in self.names:
             self.loaded_tokens[name] += tokens[name]
+        self.gpu_tokens += tokens["gpu"]
         return True
 
     def step(self, out, start: float, compute: float, on_gpu):
@@ -320,6 +322,7 @@ def run_both(preset, gpu_tokens: int, items, tiers: TierConfig, num_gpus: int = 
         assert rt.hierarchy.keys(names.index(n)) == [k for k, _ in tier.items]
     if res.preemptions == 0:
         assert rep.hit_tokens == oracle.loaded_tokens
+        assert rep.gpu_hit_tokens == oracle.gpu_tokens
     return sim, res, oracle, steps
 
 
