@@ -784,3 +784,15 @@ def test_cpu_latency_option_on_both_sides_of_the_floor(latency_us, per_block, tm
     floor = DEFAULT_TRANSFER.per_copy_s if latency_us is None else min(DEFAULT_TRANSFER.per_copy_s, lat)
     d2h = max(floor, lat + 262144 / DEFAULT_TRANSFER.d2h_bw)
     assert t["offload_s_total"] == pytest.approx(1025 * d2h, rel=1e-9)
+
+
+@pytest.mark.parametrize("seed, pool, gpu_tokens", [(0, 4000, 976), (1, 8000, 4304), (2, 8000, 752)])
+def test_the_oracle_agrees_where_loads_copy_blocks_within_the_gpu(seed, pool, gpu_tokens) -> None:
+    """gemma-3-27b, offload-on-evict, prompts past the 1024-token window: a load may name
+    full-attention blocks the GPU still holds beside sliding blocks it lost (copied within the
+    GPU, no transfer)."""
+    rng = random.Random(400 + seed)
+    tiers = TierConfig(cpu_cache_tokens=rng.choice([3000, 12000]), policy="offload-on-evict")
+    _, res, oracle, _ = run_both(get_preset("gemma-3-27b"), pool, random_items(rng, 24, scale=8), tiers,
+                                 max_batched=1024)
+    assert oracle.gpu_tokens == gpu_tokens
