@@ -47,13 +47,19 @@ class Pool:
                 self._count[self._current] = i + 1
                 self.names[h] = f"{self._current}{i}"
 
-    def serve(self, name: str, first: int, hint: Hint | None = None, tokens: int = 16) -> int:
-        """A prompt of ``tokens`` tokens ``first, first + 1, ...``; returns its hit tokens."""
+    def serve(self, name: str, first: int, hint: Hint | None = None, tokens: int = 16,
+              out: int = 0) -> int:
+        """A prompt of ``tokens`` tokens ``first, first + 1, ...`` (then ``out`` output tokens);
+        returns its hit tokens."""
         self._current = name
         req = Request(name, list(range(first, first + tokens)), hint=hint)
         hit = self.kv.lookup(req)
         assert self.kv.allocate(req, req.num_tokens - hit.num_tokens, hit) is not None
         req.num_computed_tokens = req.num_tokens
+        if out:
+            req.append_tokens([70_000 + first + k for k in range(out)])
+            assert self.kv.allocate(req, out) is not None
+            req.num_computed_tokens = req.num_tokens
         self.kv.free(req)
         self.kv.check_integrity()
         return hit.num_tokens
@@ -240,3 +246,23 @@ def test_an_end_demotes_only_the_blocks_its_session_owns_alone() -> None:
     assert pool.kv.hint_stats().demoted == 2
     pool.fill("z", 12)
     assert pool.evicted == ["y1", "y0", "x3", "x2", "x1", "x0"]
+
+
+def test_a_pin_covers_the_prompt_a_resume_the_whole_chain() -> None:
+    """16 prompt tokens and 8 of output (6 blocks). ``pin_s`` pins the prompt's 4 blocks: the
+    output's p5, p4 stay the policy's and go with n's (freed earlier, so first), the prompt's
+    pins are broken last. ``resume_s`` pins all 6 (prompt and output): n goes first."""
+    pool = Pool(12)
+    pool.serve("p", 100, Hint(session="P", pin_s=100.0), out=8)
+    pool.serve("n", 500)
+    assert pool.kv.hint_stats().pinned == 4
+    pool.clock.now = T0 + 10.0
+    pool.fill("x", 12)
+    assert pool.evicted == ["p5", "p4", *chain("n"), *chain("p")]
+    pool = Pool(12)
+    pool.serve("r", 100, Hint(session="R", resume_s=10.0), out=8)
+    pool.serve("n", 500)
+    assert pool.kv.hint_stats().pinned == 6
+    pool.clock.now = T0 + 10.0
+    pool.fill("x", 12)
+    assert pool.evicted == [*chain("n"), "r5", "r4", *chain("r")]
