@@ -1,8 +1,8 @@
 """A differential oracle for the simulator's KV tiers, and hand-computed tier scenarios.
 
 :class:`TierOracle` is a slow, obviously-correct, event-by-event model of what
-``hybridkv.sim.tier_runtime`` documents, written from the docstrings only (it imports nothing
-of ``hybridkv.tiers`` nor of the runtime): each tier a plain list of ``(key, bytes)`` oldest
+``hybridkv.sim.tier_runtime`` documents, written from the docstrings only (the oracle uses nothing
+of ``hybridkv.tiers`` nor of the runtime; the hand-computed scenarios below drive the runtime): each tier a plain list of ``(key, bytes)`` oldest
 first; each link direction and each lower tier a first-come-first-served queue; every copy
 priced ``copies * max(per_copy_s, latency_s + bytes / bandwidth)``; a host <-> GPU move one copy
 call of one GPU's share per block and group; a lower tier one batch per load or write; a step's

@@ -4,8 +4,9 @@ docstring (``hybridkv.core.eviction.hint_layer``) and the hint rules (``hybridkv
 
 One full-attention group of 4-token blocks (dense: the layer alone, no hit-point wrapper).
 Hints are forced (``hints="force"``: followed from the first release, no shadow test), so the
-order is the regions' alone. Every request is a 16-token prompt (4 full blocks, cached on
-release, freed tail first) plus nothing else; blocks are named ``"<request><index>"``.
+order is the regions' alone. A request is a 16-token prompt unless it says otherwise (4 full
+blocks, cached, freed tail first); blocks are named ``"<request><index>"`` in the order they
+were first cached.
 """
 
 from __future__ import annotations
