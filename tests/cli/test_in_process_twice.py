@@ -143,3 +143,20 @@ def test_a_second_ctrl_c_while_stopping_is_ignored_then_the_handler_comes_back(t
     assert _state() == before
     with pytest.raises(KeyboardInterrupt):
         signal.raise_signal(signal.SIGINT)             # pytest's own handler is back
+
+
+@pytest.mark.parametrize("argv", [
+    ["sweep", "--workload", "replay", "--no-progress", "--preset", "gemma-3-27b", "--cache-tokens", "14000",
+     "--cpu-cache-tokens-list", "0,4k,1M"],
+    ["sweep", *CHAT, "--sequential", "--cache-tokens-list", "20k,40k", "--hints", "session-end:0.5,1",
+     "--no-optimum"],
+])
+def test_sweep_twice_in_one_process_gives_the_same_rows(argv, tmp_path: Path, capsys) -> None:
+    before = _state()
+    rows = []
+    for name in ("a.json", "b.json"):
+        assert main([*argv, "--json", str(tmp_path / name)]) == 0
+        capsys.readouterr()
+        assert _state() == before
+        rows.append(_strip_volatile(json.loads((tmp_path / name).read_text())))
+    assert rows[0] == rows[1] and rows[0]
