@@ -121,8 +121,14 @@ def test_step_model_counts_what_it_built() -> None:
 
 def test_profile_cli_grid_fit_file_and_simulate(tmp_path: Path, capsys) -> None:
     out = tmp_path / "cpu.json"
-    assert main(["profile", "--preset", "gemma-3-27b", "--device", "cpu", "--out", str(out),
-                 "--no-progress", "--point", "96@32,1@64x3"]) == 0
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert main(["profile", "--preset", "gemma-3-27b", "--device", "cpu", "--out", str(out),
+                     "--no-progress", "--point", "96@32,1@64x3"]) == 0
+        assert torch.get_num_threads() == 2          # the CPU profile's one thread is not left behind
+    finally:
+        torch.set_num_threads(threads)
     text = capsys.readouterr().out
     assert "gemma-3-27b on cpu: 18 steps, 6 kernel points" in text and f"wrote {out}" in text
     prof = load_profile(out)

@@ -229,7 +229,17 @@ def _kernel_layers(model: ModelPreset, built: StepModel, trimmed: bool) -> list[
 
 def run_profile(req: ProfileRequest, out: str | Path | None = None, progress: bool = True,
                 log: Callable[[str], None] | None = None) -> Profile:
-    """Measure, fit and (``out``) write a profile (what it does: module docstring)."""
+    """Measure, fit and (``out``) write a profile (what it does: module docstring). torch's
+    thread count (one thread on a CPU unless ``req.threads`` says otherwise) is restored after."""
+    threads = torch.get_num_threads()
+    try:
+        return _run_profile(req, out, progress, log)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run_profile(req: ProfileRequest, out: str | Path | None, progress: bool,
+                 log: Callable[[str], None] | None) -> Profile:
     say = log or (lambda msg: print(msg, file=sys.stderr))
     t_start = time.perf_counter()
     device = torch.device(req.device)
