@@ -292,3 +292,20 @@ def test_reference_in_the_json_and_the_table():
     hz = d["hazard_bound_block_hit_rate"]
     assert hz is not None and 0 < hz <= d["unlimited_cache_block_hit_rate"] + 1e-12
     assert d["fraction_of_hazard_bound"] == pytest.approx(d["block_hit_rate"] / hz)
+
+
+def test_a_hinted_run_is_reproducible_across_processes():
+    """The hint layer samples blocks by their hash; the simulator's hashes are seeded the same
+    in every process (xxh3's default seed is random per hasher), so two processes running the
+    same hinted configuration print the same numbers."""
+    code = ("from hybridkv.sim.hint_synthesis import HintSpec; from hybridkv.sim.presets import get_gpu, get_preset; "
+            "from hybridkv.sim.simulator import SimConfig, Simulator; from hybridkv.sim.workitems import items_from_trace; "
+            "from hybridkv.sim.workloads import get_workload; "
+            "r = Simulator(SimConfig(get_preset('llama-3.1-8b'), get_gpu('h100'), num_blocks=9000, sequential=True, "
+            "optimum=False, eviction_policy='recommended', hints=HintSpec('session-end', 0.8))).run("
+            "items_from_trace(get_workload('chat'))); print(r.hit_blocks, r.evictions, r.hints['shadow_plain_hits'])")
+    import subprocess
+    import sys
+    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+            for _ in range(3)}
+    assert len(outs) == 1, outs

@@ -125,7 +125,9 @@ class SimConfig:
         num_gpus: GPUs of the cost model (ideal tensor parallelism).
         hash_algo, hash_seed: the manager's hashing (instances of a cluster share a seed, so
             an index built from their events matches a router's own hashes; published events
-            use sha256, which a consumer can recompute).
+            use sha256, which a consumer can recompute). None: :data:`SIM_HASH_SEED`, the same
+            in every process, so a run is reproducible (the hint layer and the policies'
+            shadows sample blocks by hash; xxh3's own default seed is random per hasher).
         enable_events: record KV events (for a publisher or an index; see ``step_hooks``).
         parallel_optimum: compute a large workload's optimum in a forked child while the
             simulation runs (a second core); False computes it inline (sweep workers).
@@ -316,6 +318,10 @@ class SimResult:
         }
 
 
+#: The hash seed of a simulator given none: fixed, so every process hashes (and samples) alike.
+SIM_HASH_SEED = "hybridkv-simulator"
+
+
 #: The keys of :meth:`SimResult.to_json` that measure the simulator's own speed (they differ
 #: between two runs of the same configuration; every other key is reproducible).
 TIMING_KEYS = ("wall_s", "sim_s", "sim_steps_per_s", "sim_requests_per_s")
@@ -347,11 +353,12 @@ class Simulator:
         self.config = config
         self.progress = progress
         kv_config = config.preset.kv_config(num_blocks=config.num_blocks)
+        self.hash_seed = config.hash_seed if config.hash_seed is not None else SIM_HASH_SEED
         self.kv = KVCacheManager(kv_config, spec_decode=config.spec,
                                  retention_interval=config.retention_interval,
                                  max_model_len=config.max_model_len,
                                  vllm_compat=config.vllm_compat, hash_algo=config.hash_algo,
-                                 hash_seed=config.hash_seed,
+                                 hash_seed=self.hash_seed,
                                  enable_events=config.enable_events,
                                  max_in_flight_tokens=config.sched.max_num_batched_tokens,
                                  eviction_policy=config.eviction_policy,
@@ -470,7 +477,7 @@ class Simulator:
         cfg = self.config
         servable = servable_key_blocks(served, self.kv.config, self.key_block, spec=cfg.spec,
                                        retention_interval=cfg.retention_interval,
-                                       hash_algo=cfg.hash_algo, hash_seed=cfg.hash_seed)
+                                       hash_algo=cfg.hash_algo, hash_seed=self.hash_seed)
         return (hybrid_bound_hit_blocks(served, self.key_block, capacity, servable),
                 unservable_blocks(served, self.key_block, servable))
 
