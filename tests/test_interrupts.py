@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.processes import children
+
 REPO = Path(__file__).resolve().parents[1]
 EXIT_WITHIN_S = 5.0
 # ~3 s per configuration on a busy 2-core machine: one finishes, the next is running at Ctrl-C
@@ -26,21 +28,9 @@ SIMULATE = ["simulate", "--trace", "mooncake-conversation", "--limit", "1500", "
             "llama-3.1-8b", "--cache-tokens", "300k", "--gpus", "1", "--no-progress"]
 
 
-def _children() -> dict[int, list[int]]:
-    kids: dict[int, list[int]] = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                ppid = int(Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            kids.setdefault(ppid, []).append(int(d))
-    return kids
-
-
 def _descendants(pid: int) -> dict[int, str]:
     """pid -> start time of every process below ``pid`` (start time: pid reuse is not a match)."""
-    kids, out, todo = _children(), {}, [pid]
+    kids, out, todo = children(), {}, [pid]
     while todo:
         for c in kids.get(todo.pop(), []):
             try:

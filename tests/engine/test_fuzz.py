@@ -58,6 +58,23 @@ def cold_outputs(built: Built, reqs, **kw) -> list[list[int]]:
     return [o.token_ids for o in outs]
 
 
+def run_tiny_pool_and_check(built: Built, reqs, **kw) -> LLM:
+    """``reqs`` through an engine whose pool holds one request and one prefill chunk (``kw``:
+    more engine options); every output must equal its cold run and every computed logits row
+    transformers'. Returns the engine."""
+    probe = build_llm(built.path, block_size=built.arch.block_sizes, device="cpu", num_blocks=512, **kw)
+    pool = blocks_for(probe, MAX_LEN) + 3 * len(probe.kv_config.groups)  # room for one prefill chunk
+    llm = build_llm(built.path, block_size=built.arch.block_sizes, device="cpu", num_blocks=pool,
+                    max_model_len=MAX_LEN, max_num_batched_tokens=24, long_prefill_token_threshold=10,
+                    record_logits=True, **kw)
+    outs = run_interleaved(llm, reqs)
+    cold = cold_outputs(built, reqs)
+    for i, (out, want) in enumerate(zip(outs, cold)):
+        assert out.token_ids == want, f"request {i} ({out.num_cached_tokens} cached) diverged from its cold run"
+    assert oracle_diff(built, outs) <= TOL
+    return llm
+
+
 CASES = [("qwen2_swa", None, 0), ("gemma3", None, 1), ("deepseek", None, 2), ("gpt_oss", None, 3),
          ("qwen2_swa", "ngram", 4), ("qwen2_swa", "dflash", 5), ("gemma3", "draft_model", 6), ("llama", "dflash", 7)]
 
@@ -71,16 +88,7 @@ def test_fuzz_shared_prefixes_tiny_pool(built_models: dict[str, Built], drafter_
     if method is not None:
         kind = {"ngram": None, "dflash": "dflash", "draft_model": "copy"}[method]
         kw = dict(spec=f"{method}:3", draft_model=drafter_dirs(name, kind) if kind else None)
-    probe = build_llm(built.path, block_size=built.arch.block_sizes, device="cpu", num_blocks=512, **kw)
-    pool = blocks_for(probe, MAX_LEN) + 3 * len(probe.kv_config.groups)  # room for one prefill chunk
-    llm = build_llm(built.path, block_size=built.arch.block_sizes, device="cpu", num_blocks=pool,
-              max_model_len=MAX_LEN, max_num_batched_tokens=24, long_prefill_token_threshold=10,
-              record_logits=True, **kw)
-    outs = run_interleaved(llm, reqs)
-    cold = cold_outputs(built, reqs)
-    for i, (out, want) in enumerate(zip(outs, cold)):
-        assert out.token_ids == want, f"request {i} ({out.num_cached_tokens} cached) diverged from its cold run"
-    assert oracle_diff(built, outs) <= TOL
+    llm = run_tiny_pool_and_check(built, reqs, **kw)
     stats = llm.kv.stats()
     assert stats.hits > 0, "the workload should hit the prefix cache"
     assert stats.evictions > 0, "the pool should be small enough to evict cached blocks"
@@ -97,19 +105,8 @@ def test_fuzz_hit_points_serve_what_transformers_computes(built_models: dict[str
     """The same fuzz on sliding-window models under a policy behind the hit-point layer
     (windows evicted with the full-attention block that ends their hit point): every hit the
     layer keeps is served exactly (cold outputs, transformers' logits)."""
-    built = built_models[name]
-    reqs = workload(seed)
-    probe = build_llm(built.path, block_size=built.arch.block_sizes, device="cpu", num_blocks=512)
-    pool = blocks_for(probe, MAX_LEN) + 3 * len(probe.kv_config.groups)
-    llm = build_llm(built.path, block_size=built.arch.block_sizes, device="cpu", num_blocks=pool,
-                    max_model_len=MAX_LEN, max_num_batched_tokens=24, long_prefill_token_threshold=10,
-                    record_logits=True, eviction_policy=policy)
+    llm = run_tiny_pool_and_check(built_models[name], workload(seed), eviction_policy=policy)
     assert isinstance(llm.kv.pool.policy, HitPointLayer)
-    outs = run_interleaved(llm, reqs)
-    cold = cold_outputs(built, reqs)
-    for i, (out, want) in enumerate(zip(outs, cold)):
-        assert out.token_ids == want, f"request {i} ({out.num_cached_tokens} cached) diverged from its cold run"
-    assert oracle_diff(built, outs) <= TOL
     stats = llm.kv.stats()
     assert stats.hits > 0 and stats.evictions > 0
     assert llm.kv.pool.policy.counts[0] > 0, "some anchor should have taken its windows along"

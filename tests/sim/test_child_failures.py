@@ -30,6 +30,7 @@ from hybridkv.sim.optimum_memory import BYTES_PER_BLOCK, estimate, is_large, key
 from hybridkv.sim.presets import get_gpu, get_preset
 from hybridkv.sim.workitems import WorkItem
 from hybridkv.sim.workloads import get_workload, multi_turn_chat
+from tests.support.processes import children
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = ["--workload", "chat", "--limit", "30", "--preset", "llama-3.1-8b", "--gpus", "1",
@@ -125,14 +126,7 @@ def test_serial_sweep_writes_the_online_row_of_a_killed_optimum(killed_optimum, 
 
 
 def _descendants(pid: int) -> list[int]:
-    kids: dict[int, list[int]] = {}
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                ppid = int(Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            kids.setdefault(ppid, []).append(int(d))
+    kids = children()
     out, todo = [], [pid]
     while todo:
         for c in kids.get(todo.pop(), []):
