@@ -22,7 +22,7 @@ from hypothesis.stateful import rule
 from hybridkv import (MLA, ChunkedLocal, FullAttention, KVCacheConfig, KVCacheGroup, KVCacheManager,
                       Request, SlidingWindow)
 from hybridkv.core import rules
-from hybridkv.core.rules import (ChunkedRule, FullRule, HitRule, SlidingRule, StateRule, make_rule,
+from hybridkv.core.rules import (ChunkedRule, FullRule, HitRule, MLARule, SlidingRule, StateRule, make_rule,
                                  rule_class)
 from hybridkv.core.specs import AttentionSpec, StateSpec
 from tests.support.helpers import QWEN3_NEXT
@@ -54,7 +54,7 @@ def specs(draw):
 
 def test_registry_maps_each_spec_type_to_its_rule_class() -> None:
     assert rule_class(FullAttention(16)) is FullRule
-    assert rule_class(MLA(16)) is FullRule
+    assert rule_class(MLA(16)) is MLARule and issubclass(MLARule, FullRule)
     assert rule_class(SlidingWindow(16, window=64)) is SlidingRule
     assert rule_class(ChunkedLocal(16, chunk_size=64)) is ChunkedRule
     assert [make_rule(s).kind for s in (FullAttention(4), SlidingWindow(4), ChunkedLocal(4))] == \

@@ -155,3 +155,23 @@ def test_registered_families() -> None:
     assert {cls.__name__ for cls in (MODELS.get(k) for k in MODELS)} == {
         "LlamaForCausalLM", "Gemma3ForCausalLM", "GptOssForCausalLM", "DeepseekV3ForCausalLM",
         "Qwen3NextForCausalLM", "NemotronHForCausalLM"}
+
+
+def test_a_layer_refuses_a_spec_of_another_attention_type_by_name(built_models: dict[str, Built]) -> None:
+    """check_spec asks the spec's registered type (its rule's ``kind``), not its class: a
+    sliding layer refuses full attention, a full one a window, an MLA layer a K/V spec, each
+    naming the layer, the type it needs and the class it got."""
+    from hybridkv.core.specs import MLA, FullAttention, SlidingWindow
+    swa = built_models["qwen2_swa"].model.model.layers
+    kinds = [layer.self_attn.window is not None for layer in swa]
+    slide, full = swa[kinds.index(True)].self_attn, swa[kinds.index(False)].self_attn
+    with pytest.raises(ValueError, match=rf"^layer 'model.layers.{slide.layer_index}.self_attn' needs "
+                                         r"a sliding attention spec, got FullAttention$"):
+        slide.check_spec(FullAttention(4))
+    with pytest.raises(ValueError, match=rf"^layer 'model.layers.{full.layer_index}.self_attn' needs "
+                                         r"a full attention spec, got MLA$"):
+        full.check_spec(MLA(4))
+    mla = built_models["deepseek"].model.model.layers[0].self_attn
+    with pytest.raises(ValueError, match=r"^layer 'model.layers.0.self_attn' needs an MLA spec, got "
+                                         r"SlidingWindow$"):
+        mla.check_spec(SlidingWindow(4, window=8))

@@ -24,7 +24,7 @@ from hybridkv.cli.hint_options import check_hint_options
 from hybridkv.cli.output import check_output_path, check_plot_path
 from hybridkv.cli.tier_options import TIER_OPTION_NAMES, check_tier_options, tier_config
 from hybridkv.core.spec_decode import SPEC_OFF, SpecDecode
-from hybridkv.core.specs import StateSpec
+from hybridkv.core.specs import is_state
 from hybridkv.sched import SchedulerConfig
 from hybridkv.sim.presets import get_gpu, get_preset
 from hybridkv.sim.simulator import SimConfig
@@ -163,7 +163,7 @@ def check_policy_options(args: argparse.Namespace) -> None:
     for name in names:
         resolve_policy(name, args.vllm_compat)
     preset = get_preset(args.preset)
-    if any(isinstance(g.spec, StateSpec) for g in preset.groups):
+    if any(is_state(g.spec) for g in preset.groups):
         if isinstance(names, AllPolicies):         # all: the ones this preset runs
             args.eviction_policies = names = AllPolicies(n for n in names if n == STATE_POLICY)
             print(f"hybridkv {args.command}: --eviction-policies all on {preset.name} runs "

@@ -34,7 +34,7 @@ from hybridkv.cli.sim_options import (OPTION_NAMES, add_common_options, build_co
                                       cost_source, load_items, options_preset, profile_warning,
                                       warn)
 from hybridkv.cli.tier_options import add_tier_options, tier_config
-from hybridkv.core.specs import StateSpec
+from hybridkv.core.specs import is_state
 from hybridkv.sim.interrupt import RunInterrupted, sigint_deferred
 from hybridkv.sim.routing import DEFAULT_OVERLAP_WEIGHT, ROUTERS
 from hybridkv.sim.simulator import SimConfig, SimResult
@@ -156,7 +156,7 @@ def warn_workers(args: argparse.Namespace) -> None:
 
 
 def _is_state_sweep(args: argparse.Namespace, preset) -> bool:
-    return args.retention_intervals is not None and any(isinstance(g.spec, StateSpec)
+    return args.retention_intervals is not None and any(is_state(g.spec)
                                                         for g in preset.groups)
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import reduce
+from typing import ClassVar
 
 DTYPE_BYTES: dict[str, float] = {
     "float32": 4,
@@ -56,7 +57,9 @@ def dtype_bytes(dtype: str) -> float:
 class AttentionSpec:
     """Base of every attention spec: storage facts only (sizes, dtype, page layout).
 
-    Each concrete subclass has a hit rule registered in :mod:`hybridkv.core.rules`.
+    Each concrete subclass has a hit rule registered in :mod:`hybridkv.core.rules` (which
+    holds the type's other facts) and states what one cached position stores in
+    :attr:`storage`; no consumer switches on a spec's class.
 
     Attributes:
         block_size: tokens per KV block of this group (> 0).
@@ -65,11 +68,15 @@ class AttentionSpec:
         dtype: storage dtype of the cache, one of :data:`DTYPE_BYTES`.
     """
 
+    #: what one cached position stores, one of :data:`STORAGE_KINDS`: ``"kv"`` a K and a V
+    #: vector per KV head, ``"latent"`` one compressed latent vector (MLA), ``"state"`` nothing
+    #: per token (a fixed-size recurrent state per sequence; memory is per checkpoint)
+    storage: ClassVar[str] = "kv"
+
     block_size: int
     num_kv_heads: int = 8
     head_dim: int = 128
     dtype: str = "bfloat16"
-
 
     def __post_init__(self) -> None:
         name = type(self).__name__
@@ -96,8 +103,8 @@ class AttentionSpec:
     @property
     def kv_parts(self) -> int:
         """Page layout: 2 = separate K and V halves (``[2, block_size, heads, head_dim]``),
-        1 = one latent vector per stored position (MLA)."""
-        return 2
+        1 = one vector per stored position (a latent, or a state's flat bytes)."""
+        return 2 if self.storage == "kv" else 1
 
     @property
     def compress_ratio(self) -> int:
@@ -158,6 +165,8 @@ class MLA(AttentionSpec):
     ``num_kv_heads=1`` and ``head_dim`` is the latent width (see the deepseek-v4-style preset).
     """
 
+    storage: ClassVar[str] = "latent"
+
     kv_lora_rank: int = 512
     qk_rope_head_dim: int = 64
     compress_ratio: int = 1
@@ -180,10 +189,6 @@ class MLA(AttentionSpec):
             )
 
     @property
-    def kv_parts(self) -> int:
-        return 1
-
-    @property
     def latent_dim(self) -> int:
         """Values stored per cached position: kv_lora_rank + qk_rope_head_dim."""
         return self.kv_lora_rank + self.qk_rope_head_dim
@@ -196,6 +201,9 @@ class MLA(AttentionSpec):
     def page_size_bytes(self) -> int:
         return (self.block_size // self.compress_ratio) * int(self.latent_dim * dtype_bytes(self.dtype))
 
+
+#: every :attr:`AttentionSpec.storage` value (what one cached position stores)
+STORAGE_KINDS: tuple[str, ...] = ("kv", "latent", "state")
 
 #: dtypes a recurrent state or conv state may be stored in (torch stores them; fp8/fp4 would
 #: quantize a state that every later token reads, so they are refused).
@@ -238,6 +246,8 @@ class StateSpec(AttentionSpec):
     the pool a state occupies an *extent* of :meth:`KVCacheConfig.extent_blocks` block ids.
     """
 
+    storage: ClassVar[str] = "state"
+
     conv_shape: tuple[int, ...] = (3, 8192)
     conv_dtype: str = "bfloat16"
     state_shape: tuple[int, ...] = (32, 128, 128)
@@ -273,14 +283,10 @@ class StateSpec(AttentionSpec):
         """One layer's whole state (conv + recurrent), bytes."""
         return self.conv_bytes + self.state_bytes
 
-    @property
-    def kv_parts(self) -> int:
-        return 1
-
 
 def is_state(spec: AttentionSpec) -> bool:
     """Whether ``spec`` is a recurrent-state spec (its memory is extents, not token pages)."""
-    return isinstance(spec, StateSpec)
+    return spec.storage == "state"
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,8 @@ from typing import Any
 import msgspec
 
 from hybridkv.core import events as core_events
-from hybridkv.core.specs import MLA, ChunkedLocal, KVCacheConfig, SlidingWindow
+from hybridkv.core.rules import rule_class
+from hybridkv.core.specs import AttentionSpec, KVCacheConfig
 
 MEDIUM_GPU = "GPU"
 
@@ -98,24 +99,14 @@ def decode_batch(payload: bytes) -> KVEventBatch:
     return _decoder.decode(payload)
 
 
-# ---- kinds, as vLLM's KVCacheSpecKind values -------------------------------------------------
-KIND_FULL = "full_attention"
-KIND_SLIDING = "sliding_window"
-KIND_CHUNKED = "chunked_local_attention"
-KIND_MLA = "mla_attention"
-KIND_SLIDING_MLA = "sliding_window_mla"
-
-
-def spec_kind(spec: object) -> tuple[str, int | None]:
-    """``(kv_cache_spec_kind, kv_cache_spec_sliding_window)`` of a group's attention spec."""
-    window = getattr(spec, "window_tokens", None)
-    if isinstance(spec, MLA):
-        return (KIND_SLIDING_MLA, window) if window else (KIND_MLA, None)
-    if isinstance(spec, SlidingWindow):
-        return KIND_SLIDING, window
-    if isinstance(spec, ChunkedLocal):
-        return KIND_CHUNKED, None
-    return KIND_FULL, None
+def spec_kind(spec: AttentionSpec) -> tuple[str, int | None]:
+    """``(kv_cache_spec_kind, kv_cache_spec_sliding_window)`` of a group's attention spec: its
+    rule's ``wire_kind`` (vLLM's ``KVCacheSpecKind`` value), or ``windowed_wire_kind`` when
+    the spec has a window and its type names one, and the window in tokens (None without)."""
+    rule = rule_class(spec)
+    window = spec.window_tokens
+    kind = rule.windowed_wire_kind if window and rule.windowed_wire_kind else rule.wire_kind
+    return kind, window
 
 
 class WireMapper:

@@ -44,7 +44,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
-from hybridkv.core.specs import MLA, ChunkedLocal, SlidingWindow, StateSpec
+from hybridkv.core.rules import make_rule
+from hybridkv.core.specs import MLA, STORAGE_KINDS, StateSpec
 from hybridkv.sim.presets import ModelPreset
 
 __all__ = ["Plan", "StepModel"]
@@ -172,8 +173,9 @@ class _Attention(_Layer):
         self.wk = model.weight(self.kv_heads * self.d, h)
         self.wv = model.weight(self.kv_heads * self.d, h)
         self.wo = model.weight(h, self.heads * self.d)
-        self.window = spec.window if isinstance(spec, SlidingWindow) else None
-        self.chunk = spec.chunk_size if isinstance(spec, ChunkedLocal) else None
+        rule = make_rule(spec)
+        self.window = rule.window
+        self.chunk = rule.chunk
         self.cache: dict[str, torch.Tensor] = {}
 
     def allocate(self, plan: Plan) -> None:
@@ -376,6 +378,12 @@ class _State(_Layer):
         return torch.cat(outs) if len(outs) > 1 else outs[0]
 
 
+#: the timed layer of each storage kind (:data:`~hybridkv.core.specs.STORAGE_KINDS`): what a
+#: cached position holds decides how the layer computes
+_LAYERS: dict[str, type[_Layer]] = {"kv": _Attention, "latent": _MLA, "state": _State}
+assert set(_LAYERS) == set(STORAGE_KINDS)
+
+
 class StepModel:
     """A preset's decoder (target layers, in model order) with random weights on ``device``.
 
@@ -407,12 +415,7 @@ class StepModel:
                 continue
             for name in g.layer_names:
                 spec = g.spec
-                if isinstance(spec, StateSpec):
-                    layer: _Layer = _State(self, spec)
-                elif isinstance(spec, MLA):
-                    layer = _MLA(self, spec)
-                else:
-                    layer = _Attention(self, spec)
+                layer: _Layer = _LAYERS[spec.storage](self, spec)
                 layers.append((int(name.rpartition(".")[2]), layer))
         self.layers = [layer for _, layer in sorted(layers, key=lambda t: t[0])]
         self.embed = self.weight(s.vocab_size, s.hidden_size)

@@ -81,8 +81,8 @@ from operator import truediv
 
 import numpy as np
 
-from hybridkv.core.rules import HitRule, make_rule
-from hybridkv.core.specs import MLA, AttentionSpec, ChunkedLocal, SlidingWindow, StateSpec
+from hybridkv.core.rules import HitRule, make_rule, rule_class
+from hybridkv.core.specs import AttentionSpec
 from hybridkv.core.validation import check_int
 from hybridkv.sim.costmodel import INT_BATCH, StepCost
 from hybridkv.sim.presets import GpuPreset, ModelPreset
@@ -130,16 +130,16 @@ def kv_splits(keys: float | np.ndarray) -> float | np.ndarray:
 
 
 def attention_kind(spec: AttentionSpec) -> str:
-    """The :data:`ATTENTION_KINDS` entry of ``spec``."""
-    if isinstance(spec, StateSpec):
-        return "state"
-    if isinstance(spec, MLA):
-        return "mla"
-    if isinstance(spec, SlidingWindow):
-        return "sliding"
-    if isinstance(spec, ChunkedLocal):
-        return "chunked"
-    return "full"
+    """The :data:`ATTENTION_KINDS` entry of ``spec``: its rule's ``cost_kind``.
+
+    Raises:
+        ValueError: the registered type names a cost kind outside :data:`ATTENTION_KINDS`.
+    """
+    kind = rule_class(spec).cost_kind
+    if kind not in ATTENTION_KINDS:
+        raise ValueError(f"{type(spec).__name__}'s rule has cost_kind {kind!r}; valid: "
+                         f"{', '.join(ATTENTION_KINDS)}")
+    return kind
 
 
 @dataclass(frozen=True, slots=True)

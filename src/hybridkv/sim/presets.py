@@ -25,6 +25,7 @@ from hybridkv.core.specs import (
     KVCacheGroup,
     SlidingWindow,
     StateSpec,
+    is_state,
 )
 from hybridkv.core.validation import check_int
 from hybridkv.sim.shapes import MLAShape, ModelShapes, MoEShape, StateShape
@@ -436,8 +437,8 @@ def vllm_align_block_size(preset: ModelPreset) -> int:
     mode): the smallest multiple of 16 tokens whose attention page holds one layer's state
     (``unify_kv_cache_spec_page_size``; 1056 for Qwen3-Next with fp32 state). Raises
     ValueError for a preset without state groups."""
-    states = [g.spec.page_size_bytes for g in preset.groups if isinstance(g.spec, StateSpec)]
-    attn = [g.spec.bytes_per_token for g in preset.groups if not isinstance(g.spec, StateSpec)]
+    states = [g.spec.page_size_bytes for g in preset.groups if is_state(g.spec)]
+    attn = [g.spec.bytes_per_token for g in preset.groups if not is_state(g.spec)]
     if not states or not attn:
         raise ValueError(f"preset {preset.name!r} has no state group next to attention; "
                          "vLLM's forced block size applies to hybrids with recurrent layers")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from hybridkv.core.specs import MLA, ChunkedLocal, FullAttention, SlidingWindow, StateSpec
+from hybridkv.core.specs import is_state
 from hybridkv.core.validation import check_int
 
 __all__ = ["MLAShape", "MoEShape", "ModelShapes", "StateShape", "Trim", "trimmed_preset"]
@@ -170,15 +170,15 @@ def trimmed_preset(preset, trim: Trim):
     for g in preset.groups:
         names = g.layer_names[:trim.layers_per_group] if trim.layers_per_group else g.layer_names
         spec = g.spec
-        if isinstance(spec, (FullAttention, SlidingWindow, ChunkedLocal)) and not isinstance(spec, MLA):
+        if spec.storage == "kv":                 # K and V per head: fewer, narrower heads
             kv = _div(spec.num_kv_heads, d)
             while heads % kv:
                 kv -= 1
             spec = dataclasses.replace(spec, num_kv_heads=kv, head_dim=min(spec.head_dim, cap))
-        elif isinstance(spec, MLA):
+        elif spec.storage == "latent":           # a narrower latent
             spec = dataclasses.replace(spec, kv_lora_rank=_div(spec.kv_lora_rank, d),
                                        qk_rope_head_dim=_div(spec.qk_rope_head_dim, d))
-        elif isinstance(spec, StateSpec) and s.state is not None:
+        elif spec.storage == "state" and s.state is not None:
             st = s.state
             spec = dataclasses.replace(spec, conv_shape=(spec.conv_shape[0], _div(spec.conv_shape[1], d)),
                                        state_shape=(_div(st.num_heads, d), min(st.head_k_dim, cap),
@@ -202,7 +202,7 @@ def trimmed_preset(preset, trim: Trim):
     h = shapes.hidden_size
     attn_width = heads * head_dim
     kv_width = max((getattr(g.spec, "num_kv_heads", 1) * getattr(g.spec, "head_dim", head_dim)
-                    for g in groups if not isinstance(g.spec, StateSpec)), default=0)
+                    for g in groups if not is_state(g.spec)), default=0)
     per_layer_attn = 2 * h * attn_width + 2 * h * kv_width
     per_layer_mlp = 3 * h * shapes.mlp_width
     total_experts = (3 * h * (moe.num_experts * moe.expert_intermediate + moe.shared_intermediate)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from hybridkv.core.specs import StateSpec
+from hybridkv.core.specs import is_state
 from hybridkv.sim.simulator import SimConfig, Simulator
 from hybridkv.sim.workitems import WorkItem
 
@@ -69,7 +69,7 @@ def run_checkpoint_config(label: str, cfg: SimConfig, items: list[WorkItem]) -> 
     samples: list[int] = []
     sim.step_hooks.append(lambda start, end, out: samples.append(checkpoint_bytes(sim)))
     kv_cfg = sim.kv.config
-    states = [i for i, g in enumerate(kv_cfg.groups) if isinstance(g.spec, StateSpec)]
+    states = [i for i, g in enumerate(kv_cfg.groups) if is_state(g.spec)]
     written = [0]
 
     def stored(group: int, hashes: list, blocks: list) -> None:

@@ -22,11 +22,25 @@ from tests.support.helpers import content_key
 from tests.support.policies import NON_LRU, Cache, policy_config, serve_prompt
 
 
-@pytest.mark.parametrize("bad", ["LRU", "", "fifo", None, 3, "adaptive "])
+#: the built-in policies, in registration order (a policy registered later adds to the list)
+BUILT_IN = ("lru", "s3fifo", "lfu", "cost", "eva", "eva-turns", "arc", "adaptive", "adaptive-turns",
+            "priority")
+
+
+def test_the_valid_names_are_the_registry_lru_first_recommended_last():
+    """policy_names(): ``lru``, every registered policy in registration order (the built-ins
+    first, as listed), the ``recommended`` alias last; POLICIES is the same tuple."""
+    names = policy_names()
+    assert names[0] == "lru" and names[-1] == "recommended"
+    assert names[1:-1] == EVICTION_POLICIES.names()
+    assert names[:len(BUILT_IN)] == BUILT_IN and tuple(POLICIES) == names
+
+
+@pytest.mark.parametrize("bad", ["LRU", "", "no-such-policy", None, 3, "adaptive "])
 def test_unknown_policy_name_is_refused_naming_it_and_the_valid_names(bad):
     """resolve_policy / make_policy: the message names the bad value (repr) and every valid name."""
-    msg = (f"unknown eviction policy {bad!r}; valid: lru, s3fifo, lfu, cost, eva, eva-turns, arc, "
-           "adaptive, adaptive-turns, priority, recommended")
+    msg = f"unknown eviction policy {bad!r}; valid: {', '.join(policy_names())}"
+    assert msg.startswith(f"unknown eviction policy {bad!r}; valid: lru, s3fifo, lfu, cost, eva, ")
     for call in (resolve_policy, make_policy):
         with pytest.raises(ValueError) as exc:
             call(bad)
@@ -41,7 +55,7 @@ def test_each_policy_name_builds_its_policy():
             "eva": EVAPolicy, "eva-turns": TurnEVAPolicy, "arc": ChainARCPolicy,
             "adaptive": AdaptivePolicy, "adaptive-turns": TurnAdaptivePolicy, "priority": PriorityPolicy,
             "recommended": AdaptivePolicy}
-    assert set(want) == set(POLICIES)
+    assert set(want) <= set(POLICIES) and set(BUILT_IN) <= set(want)
     for name, cls in want.items():
         assert type(make_policy(name)) is cls, name
         assert resolve_policy(name) == ("adaptive" if name == "recommended" else name)
@@ -96,7 +110,7 @@ def test_lru_keeps_the_plain_pool():
 
 
 def test_bad_policy_names():
-    for bad in ("LRU", "", "fifo", None, 3):
+    for bad in ("LRU", "", "no-such-policy", None, 3):
         with pytest.raises(ValueError, match="unknown eviction policy.*valid: lru, s3fifo"):
             KVCacheManager(policy_config(8), eviction_policy=bad)
     with pytest.raises(ValueError, match="vllm_compat.*must be 'lru'"):

@@ -38,8 +38,12 @@ def policy_names() -> tuple[str, ...]:
     return ("lru", *EVICTION_POLICIES.names(), "recommended")
 
 
-#: The valid policy names when the package was imported (:func:`policy_names`).
-POLICIES = policy_names()
+def __getattr__(name: str) -> tuple[str, ...]:
+    """``POLICIES``: the valid policy names now (:func:`policy_names`), so a policy
+    registered after this package was imported is listed too."""
+    if name == "POLICIES":
+        return policy_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def resolve_policy(name: object, vllm_compat: bool = False) -> str:

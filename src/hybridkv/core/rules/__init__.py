@@ -3,7 +3,8 @@
 =====================  ==============  ==========================================
 spec                   rule            a hit ending at block boundary e needs
 =====================  ==============  ==========================================
-FullAttention, MLA     ``FullRule``    ``[0, e)``
+FullAttention          ``FullRule``    ``[0, e)``
+MLA                    ``MLARule``     ``[0, e)`` (full attention's rule, its own facts)
 SlidingWindow          ``SlidingRule`` ``[e - cdiv(W - 1, bs), e)``
 ChunkedLocal           ``ChunkedRule`` ``[chunk_start(e), e)``
 StateSpec              ``StateRule``   ``[e - 1, e)``: the checkpoint at exactly e
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 from hybridkv.core.rules.base import RULES, HitRule
 # Registration lines, in the order errors list the registered types:
-from hybridkv.core.rules.full import FullRule  # isort: skip
+from hybridkv.core.rules.full import FullRule, MLARule  # isort: skip
 from hybridkv.core.rules.sliding import SlidingRule  # isort: skip
 from hybridkv.core.rules.chunked import ChunkedRule  # isort: skip
 from hybridkv.core.rules.state import StateRule  # isort: skip
@@ -32,10 +33,16 @@ def rule_class(spec: AttentionSpec) -> type[HitRule]:
     return RULES.get(type(spec))
 
 
+def attention_types() -> dict[type[AttentionSpec], type[HitRule]]:
+    """Every registered spec type and its rule class (which carries the type's facts), in
+    registration order."""
+    return dict(RULES.items())
+
+
 def make_rule(spec: AttentionSpec, proof: bool = False) -> HitRule:
     """The hit rule of a group with this spec (``proof``: a draft group in EAGLE drop mode)."""
     return rule_class(spec)(spec, proof)
 
 
-__all__ = ["RULES", "ChunkedRule", "FullRule", "HitRule", "SlidingRule", "StateRule", "make_rule",
-           "rule_class"]
+__all__ = ["RULES", "ChunkedRule", "FullRule", "HitRule", "MLARule", "SlidingRule", "StateRule",
+           "attention_types", "make_rule", "rule_class"]

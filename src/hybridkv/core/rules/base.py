@@ -20,8 +20,14 @@ block, which is what lets the coordinator's decode fast path skip the check).
 
 Other consumers: :meth:`first_key` and :meth:`key_pairs` (cost model, engine attention mask),
 :meth:`max_blocks` (pool sizing), :meth:`recompute_cost` (a hint for eviction policies),
-:attr:`window` / :attr:`chunk` (the engine's attention parameters) and :attr:`kind` (a name
-for events and logs; never compared by consumers).
+:attr:`window` / :attr:`chunk` (the engine's attention parameters).
+
+The type's facts are class attributes, so a new type states them where it is registered and
+nobody else switches on it: :attr:`kind` (its name in reports, events and logs),
+:attr:`cost_kind` (which calibrated time multiplier the step-time model applies to it),
+:attr:`wire_kind` / :attr:`windowed_wire_kind` (vLLM's ``KVCacheSpecKind`` in KV events);
+what one cached position stores is the spec's own fact (:attr:`AttentionSpec.storage`).
+``tests/core/test_attention_types.py`` checks that every registered type has every fact.
 
 Adding a type: subclass :class:`HitRule` in a new module of this package, implement
 :meth:`lo` (and whatever the defaults below get wrong for it), and register it for its spec
@@ -57,8 +63,15 @@ class HitRule:
     Every method is pure.
     """
 
-    #: name for events, logs and reports (consumers never branch on it)
+    #: the type's name in reports, events and logs
     kind: ClassVar[str] = ""
+    #: the step-time model's attention kind (``hybridkv.sim.calibrated.ATTENTION_KINDS``) a
+    #: layer of this type is timed as
+    cost_kind: ClassVar[str] = ""
+    #: vLLM's ``KVCacheSpecKind`` value for this type's groups in KV events, and the one used
+    #: when the spec has a window (``window_tokens``), if that differs ("" = the same)
+    wire_kind: ClassVar[str] = ""
+    windowed_wire_kind: ClassVar[str] = ""
     #: lo(e) == 0 for every e: every aligned prefix of a servable hit is servable, so the
     #: lookup scans once, the write path caches every aligned block as it is computed (no
     #: retention: the request holds those blocks anyway), and no block ever leaves the table.

@@ -14,6 +14,8 @@ class ChunkedRule(HitRule):
     """Chunk ``C`` = ``spec.chunk_size`` (a multiple of the block size)."""
 
     kind: ClassVar[str] = "chunked"
+    cost_kind: ClassVar[str] = "chunked"
+    wire_kind: ClassVar[str] = "chunked_local_attention"
     __slots__ = ("_chunk", "chunk_blocks")
 
     def __init__(self, spec: AttentionSpec, proof: bool = False) -> None:

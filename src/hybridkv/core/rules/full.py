@@ -8,12 +8,13 @@ from hybridkv.core.rules.base import RULES, HitRule, probe_flags
 from hybridkv.core.specs import MLA, FullAttention
 
 
-@RULES.register(MLA)
 @RULES.register(FullAttention)
 class FullRule(HitRule):
     """Every earlier token is read: runs are nested, so the lookup scans left to right once."""
 
     kind: ClassVar[str] = "full"
+    cost_kind: ClassVar[str] = "full"
+    wire_kind: ClassVar[str] = "full_attention"
     downward_closed: ClassVar[bool] = True
     __slots__ = ()
 
@@ -49,3 +50,15 @@ class FullRule(HitRule):
                 j += 1
         e = (j - proof) // step * step
         return e if e > 0 else 0
+
+
+@RULES.register(MLA)
+class MLARule(FullRule):
+    """MLA (compressed or not) reads every earlier position too: full attention's rule, with
+    its own name, cost kind and wire kind."""
+
+    kind: ClassVar[str] = "mla"
+    cost_kind: ClassVar[str] = "mla"
+    wire_kind: ClassVar[str] = "mla_attention"
+    windowed_wire_kind: ClassVar[str] = "sliding_window_mla"
+    __slots__ = ()

@@ -14,6 +14,8 @@ class SlidingRule(HitRule):
     """Window ``W`` = ``spec.window_tokens``."""
 
     kind: ClassVar[str] = "sliding"
+    cost_kind: ClassVar[str] = "sliding"
+    wire_kind: ClassVar[str] = "sliding_window"
     __slots__ = ("_window", "need")
 
     def __init__(self, spec: AttentionSpec, proof: bool = False) -> None:

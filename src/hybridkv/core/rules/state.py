@@ -33,6 +33,8 @@ class StateRule(HitRule):
     """
 
     kind: ClassVar[str] = "state"
+    cost_kind: ClassVar[str] = "state"
+    wire_kind: ClassVar[str] = "mamba"
     sparse: ClassVar[bool] = True   # only positions that hold a checkpoint are non-null
     __slots__ = ()
 

@@ -15,11 +15,12 @@ for non-default RoPE with ``mscale_all_dim`` the softmax scale is multiplied by 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
 
+from hybridkv.core.rules import rule_class
 from hybridkv.core.specs import MLA, AttentionSpec
 
 from ..attention import paged_mla_attention, write_kv
@@ -102,8 +103,9 @@ class MLAAttention(PagedAttentionLayer):
 
     def check_spec(self, spec: AttentionSpec) -> None:
         name = f"model.layers.{self.layer_index}.self_attn"
-        if not isinstance(spec, MLA):
+        if rule_class(spec).kind != "mla":
             raise ValueError(f"layer {name!r} needs an MLA spec, got {type(spec).__name__}")
+        spec = cast(MLA, spec)                   # the "mla" kind is MLA's rule
         if (spec.kv_lora_rank, spec.qk_rope_head_dim) != (self.kv_lora_rank, self.rope_dim):
             raise ValueError(
                 f"layer {name!r} has kv_lora_rank={self.kv_lora_rank}, qk_rope_head_dim={self.rope_dim}; "

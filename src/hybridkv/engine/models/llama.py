@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hybridkv.core.rules import rule_class
 from hybridkv.core.specs import AttentionSpec, FullAttention, SlidingWindow
 
 from ..attention import paged_attention, write_kv
@@ -79,9 +80,9 @@ class GQAAttention(PagedAttentionLayer):
 
     def check_spec(self, spec: AttentionSpec) -> None:
         name = f"model.layers.{self.layer_index}.self_attn"
-        want = SlidingWindow if self.window is not None else FullAttention
-        if not isinstance(spec, want):
-            raise ValueError(f"layer {name!r} needs a {want.__name__} spec, got {type(spec).__name__}")
+        want = "sliding" if self.window is not None else "full"
+        if rule_class(spec).kind != want:
+            raise ValueError(f"layer {name!r} needs a {want} attention spec, got {type(spec).__name__}")
         if spec.window_tokens != self.window:
             raise ValueError(f"layer {name!r} has window {self.window}, spec has {spec.window_tokens}")
         if (spec.num_kv_heads, spec.head_dim) != (self.num_kv_heads, self.head_dim):

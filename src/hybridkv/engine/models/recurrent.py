@@ -38,6 +38,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
+from hybridkv.core.rules import rule_class
 from hybridkv.core.specs import AttentionSpec, FullAttention, StateSpec
 
 from ..model_config import AttentionOptions, LayerKind, ModelConfig, RopeConfig, StateLayerConfig
@@ -359,7 +360,7 @@ def check_full_attention_spec(layer: nn.Module, spec: AttentionSpec) -> None:
     """The check_spec of a state model's attention layer: a FullAttention spec (no window)
     with the layer's KV heads and head dim. Raises ValueError naming the layer."""
     name = f"model.layers.{layer.layer_index}.self_attn"
-    if not isinstance(spec, FullAttention) or spec.window_tokens is not None:
+    if rule_class(spec).kind != "full" or spec.window_tokens is not None:
         raise ValueError(f"layer {name!r} needs a FullAttention spec, got {type(spec).__name__}")
     if (spec.num_kv_heads, spec.head_dim) != (layer.num_kv_heads, layer.head_dim):
         raise ValueError(f"layer {name!r} has {layer.num_kv_heads} KV heads of {layer.head_dim}, spec has "
