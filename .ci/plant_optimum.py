@@ -10,7 +10,7 @@ import inspect
 import sys
 import time
 from hypothesis import given, settings, HealthCheck, strategies as st
-import hybridkv.sim.optimal as opt
+import hybridkv.sim.bounds.optimal as opt
 from tests.sim.test_sim_optimal import traces, brute_force_optimum, BRUTE
 
 src = inspect.getsource(opt.belady_block_hit_rate)

@@ -21,11 +21,11 @@ import multiprocessing as mp
 import time
 from pathlib import Path
 
-from hybridkv.sim.cluster import ClusterSimulator
-from hybridkv.sim.presets import get_gpu, get_preset
-from hybridkv.sim.routing import ROUTERS
+from hybridkv.sim.cluster.loop import ClusterSimulator
+from hybridkv.cost.presets import get_gpu, get_preset
+from hybridkv.sim.cluster.routing import ROUTERS
 from hybridkv.sim import SimConfig, items_from_mooncake
-from hybridkv.sim.traces import resolve_trace
+from hybridkv.sim.traffic.traces import resolve_trace
 
 POOLED = "pooled"
 

@@ -25,7 +25,7 @@ import time
 
 from hybridkv import (FullAttention, KVCacheConfig, KVCacheGroup, KVCacheManager, Request,
                       SlidingWindow, SpecDecode)
-from hybridkv.sim.workloads import multi_turn_chat
+from hybridkv.sim.traffic.workloads import multi_turn_chat
 
 
 def answers(trace):

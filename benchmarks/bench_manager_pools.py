@@ -20,7 +20,7 @@ from pathlib import Path
 import hybridkv.core.manager as manager_mod
 from hybridkv import (FullAttention, KVCacheConfig, KVCacheGroup, KVCacheManager, Request,
                       SlidingWindow)
-from hybridkv.sim.workloads import multi_turn_chat
+from hybridkv.sim.traffic.workloads import multi_turn_chat
 
 from bench_manager import answers  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 

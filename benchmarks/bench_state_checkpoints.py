@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 from hybridkv.cli import main
-from hybridkv.sim.workloads import shared_system_prompt
+from hybridkv.sim.traffic.workloads import shared_system_prompt
 
 INTERVALS = "0,16,64,256,1024"
 

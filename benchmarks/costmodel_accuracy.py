@@ -13,7 +13,7 @@ mbu 0.8, 2 ms per step); the shipped default (fitted to another run, another har
 reference steps with a kernel that does not split (leave-one-out: what a step the fit has not
 seen should expect). The summary gives mean and max |error| of each.
 
-``--write-default`` rebuilds the shipped profile (hybridkv/sim/data/h100-llama-3.1-8b.profile.json)
+``--write-default`` rebuilds the shipped profile (hybridkv/cost/data/h100-llama-3.1-8b.profile.json)
 from the H100 profile in benchmarks/data: the same 75 measured steps, the constants fitted to
 the 24 steps of this reference grid, the other 51 held out.
 """
@@ -28,12 +28,12 @@ from pathlib import Path
 
 import numpy as np
 
-from hybridkv.sim.calibrated import Calibration
-from hybridkv.sim.calibration_fit import leave_one_out
-from hybridkv.sim.costmodel import CostModel
-from hybridkv.sim.grid import GridPoint
-from hybridkv.sim.presets import get_gpu, get_preset
-from hybridkv.sim.profile import DEFAULT_PROFILE_PATH, cost_model, load_profile
+from hybridkv.cost.calibrated import Calibration
+from hybridkv.cost.calibration_fit import leave_one_out
+from hybridkv.cost.costmodel import CostModel
+from hybridkv.cost.grid import GridPoint
+from hybridkv.cost.presets import get_gpu, get_preset
+from hybridkv.cost.profile import DEFAULT_PROFILE_PATH, cost_model, load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = ROOT / "tests" / "data" / "h100-llama-3.1-8b.jsonl"

@@ -3,7 +3,7 @@
     python3 benchmarks/costmodel_heldout.py PROFILE.json [--json OUT.json] [--loo] [--quiet]
 
 The *shared grid* is the 24 steps the shipped calibration is fitted to (``fit.fit_steps`` of
-hybridkv/sim/data/h100-llama-3.1-8b.profile.json); a profile taken with the default CUDA grid
+hybridkv/cost/data/h100-llama-3.1-8b.profile.json); a profile taken with the default CUDA grid
 repeats some or all of them.
 
 (a) The shipped model as it is, no refit: every step of the profile predicted by the shipped
@@ -34,9 +34,9 @@ from pathlib import Path
 
 import numpy as np
 
-from hybridkv.sim.calibrated import Calibration
-from hybridkv.sim.calibration_fit import held_out, leave_one_out
-from hybridkv.sim.profile import Profile, cost_model, default_profile, load_profile
+from hybridkv.cost.calibrated import Calibration
+from hybridkv.cost.calibration_fit import held_out, leave_one_out
+from hybridkv.cost.profile import Profile, cost_model, default_profile, load_profile
 
 TOLERANCE = 0.10
 

@@ -41,9 +41,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from hybridkv.sim.optimal import (belady_block_hit_rate, infinite_block_hit_rate,  # noqa: E402
+from hybridkv.sim.bounds.optimal import (belady_block_hit_rate, infinite_block_hit_rate,  # noqa: E402
                                   lru_block_hit_rate, next_use_indices)
-from hybridkv.sim.traces import iter_mooncake_records, resolve_trace  # noqa: E402
+from hybridkv.sim.traffic.traces import iter_mooncake_records, resolve_trace  # noqa: E402
 
 BLOCK = 512
 

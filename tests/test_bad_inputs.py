@@ -15,8 +15,8 @@ import pytest
 
 from hybridkv.cli import COMMANDS, main, options, output, sim_options
 from hybridkv.cli.base import build_parser
-from hybridkv.sim.presets import get_preset
-from hybridkv.sim.traces import BUNDLED_TRACES, resolve_trace
+from hybridkv.cost.presets import get_preset
+from hybridkv.sim.traffic.traces import BUNDLED_TRACES, resolve_trace
 
 REPO = Path(__file__).resolve().parents[1]
 FAST = ["--workload", "replay", "--no-progress"]   # 3 requests: any run ends in a second
@@ -242,7 +242,7 @@ def test_traces_command_lists_names_counts_sizes_and_licence(capsys) -> None:
 
 
 def test_bundled_request_counts_are_the_files(trace_dir_any) -> None:
-    from hybridkv.sim.traces import open_trace_text
+    from hybridkv.sim.traffic.traces import open_trace_text
     for t in BUNDLED_TRACES.values():
         with open_trace_text(t.path) as f:
             assert sum(1 for line in f if line.strip()) == t.requests
@@ -266,8 +266,9 @@ def test_the_wheel_ships_the_traces(tmp_path: Path) -> None:
     (wheel,) = tmp_path.glob("hybridkv-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for t in BUNDLED_TRACES.values():
-        assert f"hybridkv/sim/data/{t.file}" in names
-    assert "hybridkv/sim/data/README.md" in names
+        assert f"hybridkv/sim/traffic/data/{t.file}" in names
+    assert "hybridkv/sim/traffic/data/README.md" in names
+    assert "hybridkv/cost/data/h100-llama-3.1-8b.profile.json" in names
 
 
 # ---- a workload the cache cannot hold, generate's options, checks before the trace ----------
@@ -296,7 +297,7 @@ def test_the_size_it_names_is_enough_and_a_given_size_only_warns(capsys) -> None
     the user gives below it is warned about, not refused (175k runs; 1,857 blocks suffice)."""
     import dataclasses
 
-    from hybridkv.sim import workload_fit
+    from hybridkv.sim.traffic import workload_fit
     from hybridkv.sim import Simulator, items_from_mooncake
     items = items_from_mooncake(str(resolve_trace("mooncake-conversation")), 12)
     parser = build_parser("")
@@ -326,7 +327,7 @@ def test_a_cache_too_small_for_one_request_is_told_in_options(capsys) -> None:
 @pytest.mark.parametrize("n, text", [(999, "999"), (1000, "1k"), (177_123, "180k"),
                                      (1_234_567, "1.3M"), (3_000_000, "3M"), (10**12 + 1, "1.1T")])
 def test_sizes_round_up_to_what_cache_tokens_takes(n: int, text: str) -> None:
-    from hybridkv.sim.workload_fit import round_up
+    from hybridkv.sim.traffic.workload_fit import round_up
     assert round_up(n) == text and options.parse_count(text) >= n
 
 
@@ -416,14 +417,14 @@ def test_the_ray_executor_without_ray_says_what_to_install(monkeypatch, capsys) 
         __import__("hybridkv").Request("r", [1]), True), "request 'r': max_tokens must be an integer >= 1, got True"),
     (lambda: __import__("hybridkv.sched", fromlist=["x"]).AcceptanceModel(2.0, rate=0.5),
      "num_speculative_tokens must be an integer >= 1, got 2.0"),
-    (lambda: __import__("hybridkv.sim.optimal", fromlist=["x"]).belady_block_hit_rate([], -1),
+    (lambda: __import__("hybridkv.sim.bounds.optimal", fromlist=["x"]).belady_block_hit_rate([], -1),
      "capacity_blocks must be an integer >= 0, got -1"),
-    (lambda: __import__("hybridkv.sim.presets", fromlist=["x"]).get_preset("llama-3.1-8b").with_block_size(16.0),
+    (lambda: __import__("hybridkv.cost.presets", fromlist=["x"]).get_preset("llama-3.1-8b").with_block_size(16.0),
      "block_size must be an integer >= 1, got 16.0"),
-    (lambda: __import__("hybridkv.sim.routing", fromlist=["x"]).make_router(
-        "approximate", __import__("hybridkv.sim.routing", fromlist=["x"]).RouterSetup(1, 16, 0)),
+    (lambda: __import__("hybridkv.sim.cluster.routing", fromlist=["x"]).make_router(
+        "approximate", __import__("hybridkv.sim.cluster.routing", fromlist=["x"]).RouterSetup(1, 16, 0)),
      "capacity_blocks must be an integer >= 1, got 0"),
-    (lambda: list(__import__("hybridkv.sim.traces", fromlist=["x"]).iter_mooncake_records("x", limit=-1)),
+    (lambda: list(__import__("hybridkv.sim.traffic.traces", fromlist=["x"]).iter_mooncake_records("x", limit=-1)),
      "limit must be None or an integer >= 0, got -1"),
     (lambda: __import__("hybridkv.connectors.kernel_blocks", fromlist=["x"]).KernelBlockMap(16, True),
      "KernelBlockMap.kernel_block_size must be an integer >= 1, got True"),

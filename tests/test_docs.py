@@ -10,7 +10,7 @@ import pytest
 
 from hybridkv.core.eviction.base import EVICTION_POLICIES
 from hybridkv.core.rules import RULES
-from hybridkv.sim.routing import ROUTERS
+from hybridkv.sim.cluster.routing import ROUTERS
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
 
@@ -38,9 +38,9 @@ def test_a_registered_example_router_routes_a_cluster(monkeypatch) -> None:
     requests arriving together (1000/s) spread over the instances, never two to one instance
     while another holds none."""
     from hybridkv.sim import SimConfig, items_from_trace
-    from hybridkv.sim.cluster import ClusterSimulator
-    from hybridkv.sim.presets import get_gpu, get_preset
-    from hybridkv.sim.workloads import get_workload
+    from hybridkv.sim.cluster.loop import ClusterSimulator
+    from hybridkv.cost.presets import get_gpu, get_preset
+    from hybridkv.sim.traffic.workloads import get_workload
     monkeypatch.setattr(ROUTERS, "_table", dict(ROUTERS._table))
     exec(compile(_blocks()[1], "router", "exec"), {"__name__": "docs_example"})
     cfg = SimConfig(get_preset("llama-3.1-8b"), get_gpu("h100"), num_blocks=4000)

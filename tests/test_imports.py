@@ -122,6 +122,9 @@ def test_no_import_circle() -> None:
     ("hybridkv.connectors", ("hybridkv.sim", "hybridkv.engine", "hybridkv.testing")),
     ("hybridkv.engine", ("hybridkv.sim", "hybridkv.testing")),
     ("hybridkv.sim", ("hybridkv.engine", "hybridkv.connectors", "hybridkv.testing", "hybridkv.profiling")),
+    ("hybridkv.cost", ("hybridkv.sim", "hybridkv.sched", "hybridkv.engine", "hybridkv.connectors",
+                       "hybridkv.testing", "hybridkv.profiling", "hybridkv.cli", "hybridkv.events",
+                       "hybridkv.tiers")),
     ("hybridkv.profiling", ("hybridkv.cli", "hybridkv.engine", "hybridkv.connectors", "hybridkv.testing")),
 ])
 def test_imports_point_down(layer: str, forbidden: tuple[str, ...]) -> None:
@@ -140,8 +143,18 @@ def test_core_never_imports_torch() -> None:
 
 def test_sim_never_imports_torch() -> None:
     """The simulator and the cost model run without PyTorch (only ``hybridkv profile`` needs it)."""
-    for path in (PKG / "sim").rglob("*.py"):
+    for path in [*(PKG / "sim").rglob("*.py"), *(PKG / "cost").rglob("*.py")]:
         for node in ast.walk(ast.parse(path.read_text())):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             assert not any(n.split(".")[0] == "torch" for n in names), path
+
+
+def test_the_simulators_rooms_keep_its_top_level_small() -> None:
+    """``sim/`` is rooms (packages, each behind its ``__init__``) plus at most 12 modules of its
+    own; no module of the package is over 600 lines."""
+    top = sorted(p.name for p in (PKG / "sim").glob("*.py"))
+    assert len(top) <= 12, top
+    long = sorted((str(p.relative_to(PKG)), n) for p in PKG.rglob("*.py")
+                  if (n := len(p.read_text().splitlines())) > 600)
+    assert long == [], long

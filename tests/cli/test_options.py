@@ -231,7 +231,7 @@ def test_prefix_retention_step_and_profile_arguments(tmp_path) -> None:
                                            r"\(e.g. 2048:100:600\), got 'x'$")
     assert o.step_argument("4@128x2,1@0") == [(4, 128), (4, 128), (1, 0)]
     refused(o.step_argument, "x", r"^bad step item 'x' in 'x': expected N@C")
-    from hybridkv.sim.profile import default_profile
+    from hybridkv.cost.profile import default_profile
     default_profile().save(tmp_path / "p.json")
     back = o.profile_argument(str(tmp_path / "p.json"))
     assert back.calibration == default_profile().calibration and back.device == default_profile().device

@@ -21,11 +21,11 @@ from hybridkv.core.specs import KVCacheConfig
 from hybridkv.engine import PagedKVCache
 from hybridkv.sched import EngineRequest, Scheduler, SchedulerConfig
 from hybridkv.sim import SimConfig, Simulator, items_from_trace
-from hybridkv.sim.presets import ModelPreset, get_gpu
-from hybridkv.sim.tier_runtime import TierRuntime
-from hybridkv.sim.tiers import TierConfig
-from hybridkv.sim.traces import TraceRequest
-from hybridkv.sim.transfer import DEFAULT_TRANSFER
+from hybridkv.cost.presets import ModelPreset, get_gpu
+from hybridkv.sim.tiers.runtime import TierRuntime
+from hybridkv.sim.tiers.config import TierConfig
+from hybridkv.sim.traffic.traces import TraceRequest
+from hybridkv.cost.transfer import DEFAULT_TRANSFER
 from tests.support.tier_workload import BS, tier_groups, tier_workload
 
 

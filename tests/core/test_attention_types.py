@@ -74,9 +74,9 @@ def test_consumers_read_a_new_types_facts(monkeypatch) -> None:
     the step-time model, the event wire and the trimmer follow its facts; its parent's
     facts stay its parent's."""
     from hybridkv.events.wire import spec_kind
-    from hybridkv.sim.calibrated import attention_kind
-    from hybridkv.sim.presets import get_preset
-    from hybridkv.sim.shapes import Trim, trimmed_preset
+    from hybridkv.cost.calibrated import attention_kind
+    from hybridkv.cost.presets import get_preset
+    from hybridkv.cost.shapes import Trim, trimmed_preset
     _private_registry(monkeypatch)
 
     @dataclass(frozen=True, slots=True)
@@ -104,7 +104,7 @@ def test_consumers_read_a_new_types_facts(monkeypatch) -> None:
 
 
 def test_a_cost_kind_the_model_lacks_is_refused_naming_it(monkeypatch) -> None:
-    from hybridkv.sim.calibrated import attention_kind
+    from hybridkv.cost.calibrated import attention_kind
     _private_registry(monkeypatch)
 
     @dataclass(frozen=True, slots=True)

@@ -17,10 +17,10 @@ from hybridkv.events import KVEventIndex  # noqa: E402
 from hybridkv.events.publisher import KVEventsConfig, ZmqEventPublisher  # noqa: E402
 from hybridkv.events.stream import KVEventStream, attach_kv_events  # noqa: E402
 from hybridkv.events.wire import decode_batch  # noqa: E402
-from hybridkv.sim.presets import get_gpu, get_preset  # noqa: E402
+from hybridkv.cost.presets import get_gpu, get_preset  # noqa: E402
 from hybridkv.sim import SimConfig, Simulator, items_from_trace  # noqa: E402
 from hybridkv.core.rules import make_rule  # noqa: E402
-from hybridkv.sim.workloads import get_workload  # noqa: E402
+from hybridkv.sim.traffic.workloads import get_workload  # noqa: E402
 from tests.events.spec_decoder import Listener, decode_message  # noqa: E402
 
 

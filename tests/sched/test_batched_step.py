@@ -23,10 +23,10 @@ from hybridkv import KVCacheManager, Request, SpecDecode
 from hybridkv.core.specs import KVCacheConfig, KVCacheGroup, StateSpec
 from hybridkv.sched import EngineRequest, RequestStatus, Scheduler, SchedulerConfig
 from hybridkv.sim import SimConfig, Simulator, items_from_trace
-from hybridkv.sim.presets import get_gpu, get_preset
+from hybridkv.cost.presets import get_gpu, get_preset
 from hybridkv.sim.simulator import TIMING_KEYS
-from hybridkv.sim.tiers import TierConfig
-from hybridkv.sim.workloads import get_workload
+from hybridkv.sim.tiers.config import TierConfig
+from hybridkv.sim.traffic.workloads import get_workload
 from tests.support.helpers import FA, SWA, config
 
 

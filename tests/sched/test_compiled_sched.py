@@ -30,9 +30,9 @@ import hybridkv.sched
 from hybridkv.core.spec_decode import SpecDecode
 from hybridkv.sched import SchedulerConfig
 from hybridkv.sim import SimConfig, Simulator, items_from_trace
-from hybridkv.sim.presets import get_gpu, get_preset
+from hybridkv.cost.presets import get_gpu, get_preset
 from hybridkv.sim.simulator import TIMING_KEYS
-from hybridkv.sim.workloads import get_workload
+from hybridkv.sim.traffic.workloads import get_workload
 
 items = items_from_trace(get_workload("chat", num_conversations=12, turns=3, seed=3))
 out = {"compiled": hybridkv.sched.COMPILED}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hybridkv.sim.traces import BUNDLED_TRACES
+from hybridkv.sim.traffic.traces import BUNDLED_TRACES
 
 TRACE_DIR = Path(__file__).resolve().parents[2] / "src" / "hybridkv" / "sim" / "data"
 """The bundled Mooncake traces, inside the repository (``mooncake_<name>.jsonl.xz``)."""

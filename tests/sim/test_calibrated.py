@@ -10,13 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hybridkv.core.specs import KVCacheGroup, SlidingWindow
-from hybridkv.sim.calibrated import (ATTENTION_KINDS, DECODE_MAX_NEW, MONOTONE_SLACK, CalibratedCostModel,
+from hybridkv.cost.calibrated import (ATTENTION_KINDS, DECODE_MAX_NEW, MONOTONE_SLACK, CalibratedCostModel,
                                      Calibration)
-from hybridkv.sim.calibration_fit import KernelPoint, fit_calibration, leave_one_out, predict_points
-from hybridkv.sim.costmodel import INT_BATCH
-from hybridkv.sim.grid import GridPoint, format_step, parse_step
-from hybridkv.sim.presets import MODEL_PRESETS, get_gpu, get_preset
-from hybridkv.sim.profile import cost_model, default_calibration
+from hybridkv.cost.calibration_fit import KernelPoint, fit_calibration, leave_one_out, predict_points
+from hybridkv.cost.costmodel import INT_BATCH
+from hybridkv.cost.grid import GridPoint, format_step, parse_step
+from hybridkv.cost.presets import MODEL_PRESETS, get_gpu, get_preset
+from hybridkv.cost.profile import cost_model, default_calibration
 
 H100 = get_gpu("h100")
 

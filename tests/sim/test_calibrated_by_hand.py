@@ -1,5 +1,5 @@
 """The calibrated step-time model term by term, against a scalar re-derivation of the formula
-in ``hybridkv.sim.calibrated``'s docstring, written without the module (and without the core's
+in ``hybridkv.cost.calibrated``'s docstring, written without the module (and without the core's
 hit rules: each attention kind's (query, key) pairs and KV span are counted here by hand).
 
 For every preset kind (dense llama-3.1-8b; MoE gpt-oss-120b and llama-4-scout, with sliding and
@@ -19,9 +19,9 @@ import math
 import numpy as np
 import pytest
 
-from hybridkv.sim.calibrated import CalibratedCostModel, Calibration
-from hybridkv.sim.presets import get_gpu, get_preset
-from hybridkv.sim.profile import cost_model, default_calibration
+from hybridkv.cost.calibrated import CalibratedCostModel, Calibration
+from hybridkv.cost.presets import get_gpu, get_preset
+from hybridkv.cost.profile import cost_model, default_calibration
 from hybridkv.core.specs import MLA, ChunkedLocal, SlidingWindow, StateSpec
 
 H100 = get_gpu("h100")

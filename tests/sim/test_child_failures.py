@@ -20,16 +20,16 @@ from pathlib import Path
 
 import pytest
 
-import hybridkv.sim.optimal as optimal
+import hybridkv.sim.bounds.optimal as optimal
 from hybridkv.cli import main
 from hybridkv.cli.simulate import optimum_memory_warning
 from hybridkv.sim import SimConfig, Simulator, items_from_trace
 from hybridkv.sim.executors import execute
 from hybridkv.sim.failures import ChildProcessDied, describe_exit
-from hybridkv.sim.optimum_memory import BYTES_PER_BLOCK, estimate, is_large, key_block_size
-from hybridkv.sim.presets import get_gpu, get_preset
-from hybridkv.sim.workitems import WorkItem
-from hybridkv.sim.workloads import get_workload, multi_turn_chat
+from hybridkv.sim.bounds.optimum_memory import BYTES_PER_BLOCK, estimate, is_large, key_block_size
+from hybridkv.cost.presets import get_gpu, get_preset
+from hybridkv.sim.traffic.workitems import WorkItem
+from hybridkv.sim.traffic.workloads import get_workload, multi_turn_chat
 from tests.support.processes import children
 
 REPO = Path(__file__).resolve().parents[2]
@@ -303,7 +303,7 @@ def test_memory_warning_before_the_run():
 def test_sweep_warns_about_the_optimums_memory_too(monkeypatch, capsys):
     """With 1 byte available every optimum is 'large': simulate and sweep both warn before the
     run; without the optimum neither does."""
-    import hybridkv.sim.optimum_memory as om
+    import hybridkv.sim.bounds.optimum_memory as om
     monkeypatch.setattr(om, "available_memory_bytes", lambda: 1)
     argv = ["--workload", "chat", "--limit", "5", "--preset", "llama-3.1-8b", "--gpus", "1",
             "--no-progress"]

@@ -8,11 +8,11 @@ from collections import Counter
 
 import pytest
 
-from hybridkv.sim.cluster import ClusterSimulator, offered_load
-from hybridkv.sim.presets import get_gpu, get_preset
-from hybridkv.sim.routing import ROUTERS, InstanceLoad, RouteDecision, Router, RouterSetup, make_router
+from hybridkv.sim.cluster.loop import ClusterSimulator, offered_load
+from hybridkv.cost.presets import get_gpu, get_preset
+from hybridkv.sim.cluster.routing import ROUTERS, InstanceLoad, RouteDecision, Router, RouterSetup, make_router
 from hybridkv.sim import SimConfig, Simulator, items_from_trace
-from hybridkv.sim.workloads import get_workload
+from hybridkv.sim.traffic.workloads import get_workload
 
 
 def config(blocks: int, **kw) -> SimConfig:
@@ -353,7 +353,7 @@ def test_approximate_router_predicts_from_an_lru_of_what_it_routed() -> None:
 def _req(rid: str, t: float, tokens, out: int = 1):
     import numpy as np
 
-    from hybridkv.sim.traces import TraceRequest
+    from hybridkv.sim.traffic.traces import TraceRequest
     return TraceRequest(rid, t, np.asarray(tokens, dtype=np.int64), out)
 
 
@@ -521,7 +521,7 @@ def test_offered_load_numbers_by_hand() -> None:
     hit rate above 1 - 600/1000 = 40 % keeps up. At exactly the capacity the load is not
     over it; with no capacity at all no hit rate helps (the sentence about it is left out);
     without prompt tokens nothing is needed."""
-    from hybridkv.sim.cluster import OfferedLoad
+    from hybridkv.sim.cluster.loop import OfferedLoad
     load = OfferedLoad(requests=10, duration_s=5.0, arrival_rate_req_s=2.0, prompt_tok_s=1000.0,
                        instances=2, capacity_tok_s=300.0)
     assert load.cluster_capacity_tok_s == 600.0
@@ -553,7 +553,7 @@ def test_offered_load_of_a_workload() -> None:
     prompt (100 tokens), by the instance's cost model. One request has no duration and no rate."""
     import numpy as np
 
-    from hybridkv.sim.profile import cost_model
+    from hybridkv.cost.profile import cost_model
     cfg = config(1000)
     items = items_from_trace([_req("a", 0, range(100)), _req("b", 1, range(200)),
                               _req("c", 2, range(300))])
@@ -592,7 +592,7 @@ def test_offered_load_capacity_is_the_instances_own_cost_model() -> None:
 
     import numpy as np
 
-    from hybridkv.sim.profile import default_profile
+    from hybridkv.cost.profile import default_profile
     base = config(1000)
     slow = dataclasses.replace(default_profile(), calibration=dataclasses.replace(
         default_profile().calibration, gemm_efficiency=0.2))
@@ -611,7 +611,7 @@ def test_combine_sums_counts_pools_samples_and_keeps_extremes() -> None:
     """The overall result: counts summed, TTFT and inter-token samples pooled, the longest
     makespan and the highest peak, mean usage averaged over instances, retained blocks summed
     per group, partial if any instance is."""
-    from hybridkv.sim.cluster import combine
+    from hybridkv.sim.cluster.loop import combine
     from hybridkv.sim.simulator import SimResult
     a = SimResult(requests=3, rejected=1, prompt_tokens=100, hit_tokens=40, prompt_blocks=7,
                   hit_blocks=2, output_tokens=9, steps=5, preemptions=1, evictions=4,
@@ -636,7 +636,7 @@ def test_cluster_json_per_instance_and_queueing() -> None:
     queueing percentiles over every instance's samples, and per instance its own keys (no
     config, gap, what-if or retained blocks) with what was routed to it. Imbalance is the
     busiest instance's routed prompt tokens over the mean (1.0 when nothing was routed)."""
-    from hybridkv.sim.cluster import ClusterResult
+    from hybridkv.sim.cluster.loop import ClusterResult
     from hybridkv.sim.simulator import SimResult
     r0, r1 = SimResult(requests=2, prompt_tokens=30), SimResult(requests=1, prompt_tokens=90)
     res = ClusterResult(router="x", instances=[r0, r1], queue_s=[[1.0, 3.0], [2.0]],
@@ -644,7 +644,7 @@ def test_cluster_json_per_instance_and_queueing() -> None:
                         predicted_hit_tokens=7, kv_events_published=4, config={"k": 1})
     d = res.to_json()
     # the cluster's own wall time, partial flag and offered load, not the combined result's
-    from hybridkv.sim.cluster import OfferedLoad
+    from hybridkv.sim.cluster.loop import OfferedLoad
     load = OfferedLoad(10, 5.0, 2.0, 1000.0, 2, 300.0)
     own = ClusterResult(router="x", instances=[r0, r1], queue_s=[[], []], routed_requests=[2, 1],
                         routed_prompt_tokens=[30, 90], offered=load, wall_s=2.5, partial=True)
@@ -750,7 +750,7 @@ def test_outstanding_counts_predicted_then_uncomputed_tokens() -> None:
     that produced a token or finished is dropped from the pending list."""
     from types import SimpleNamespace
 
-    from hybridkv.sim.cluster import _Instance
+    from hybridkv.sim.cluster.loop import _Instance
 
     def er(computed: int, prompt: int, outputs: int = 0, finished: bool = False):
         return SimpleNamespace(num_computed_tokens=computed, num_prompt_tokens=prompt,
@@ -884,7 +884,7 @@ def test_a_failing_router_raises_its_own_error() -> None:
 def test_a_cluster_job_builds_its_cluster() -> None:
     """ClusterJob (a sweep's picklable job) builds the cluster it names: instances, router and
     weight."""
-    from hybridkv.sim.cluster import ClusterJob
+    from hybridkv.sim.cluster.loop import ClusterJob
     sim = ClusterJob(config(500), 3, "approximate", 1.5).simulator()
     assert len(sim.instances) == 3 and sim.router_name == "approximate"
     assert sim.router.overlap_weight == 1.5 and sim.router.capacity == 499
@@ -910,7 +910,7 @@ def test_kv_aware_built_directly_scores_group_0() -> None:
     """``KVAwareRouter(index, block_size)`` scores group 0 by default (the group a cluster's
     key group has in a one-group model): blocks held there count, blocks of group 1 do not."""
     from hybridkv.events.index import KVEventIndex
-    from hybridkv.sim.routing.kv_aware import KVAwareRouter
+    from hybridkv.sim.cluster.routing.kv_aware import KVAwareRouter
     hs = _blocks(6, 4)
     index = KVEventIndex()
     index.add(1, 0, hs[:3])

@@ -18,14 +18,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hybridkv.sim.calibrated import Calibration
-from hybridkv.sim.calibration_fit import fit_calibration, leave_one_out
-from hybridkv.sim.costmodel import CostModel
-from hybridkv.sim.grid import GridPoint
-from hybridkv.sim.presets import get_gpu, get_preset
-from hybridkv.sim.profile import (DEFAULT_PROFILE_PATH, copy_points_from_jsonl, cost_model,
+from hybridkv.cost.calibrated import Calibration
+from hybridkv.cost.calibration_fit import fit_calibration, leave_one_out
+from hybridkv.cost.costmodel import CostModel
+from hybridkv.cost.grid import GridPoint
+from hybridkv.cost.presets import get_gpu, get_preset
+from hybridkv.cost.profile import (DEFAULT_PROFILE_PATH, copy_points_from_jsonl, cost_model,
                                   default_calibration, default_profile, load_profile)
-from hybridkv.sim.transfer import DEFAULT_TRANSFER, CopyPoint, TransferModel, fit_transfer
+from hybridkv.cost.transfer import DEFAULT_TRANSFER, CopyPoint, TransferModel, fit_transfer
 from tests.support.fits import assert_same_fit
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -210,8 +210,8 @@ def test_unreadable_profile_names_the_file(tmp_path: Path) -> None:
 
 def test_a_profile_times_the_simulation() -> None:
     from hybridkv.sim.simulator import SimConfig, Simulator
-    from hybridkv.sim.workitems import items_from_trace
-    from hybridkv.sim.workloads import get_workload
+    from hybridkv.sim.traffic.workitems import items_from_trace
+    from hybridkv.sim.traffic.workloads import get_workload
     items = items_from_trace(get_workload("chat", seed=0))[:40]
     base = SimConfig(LLAMA, H100, num_blocks=4000, optimum=False)
     slow = dataclasses.replace(default_profile(), calibration=dataclasses.replace(
@@ -242,7 +242,7 @@ def _gpu_like_profile(tmp_path: Path, scale: dict[str, float], offset: float = 1
     """A profile of the 24 shared-grid steps as the shipped run measured them plus new steps
     'measured' as the shipped calibration predicts them, times ``scale[kind]``; every time
     times ``offset`` (a harness that is uniformly slower)."""
-    from hybridkv.sim.calibration_fit import predict_points
+    from hybridkv.cost.calibration_fit import predict_points
     shipped = default_profile()
     grid = [GridPoint.from_step(s) for s in ("2048@6144,1@1024x48", "8192@20480", "1@4096x96",
                                              "384@0,1@1024x24", "1@20480x6", "5120@0")]

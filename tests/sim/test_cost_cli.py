@@ -7,8 +7,8 @@ import json
 import pytest
 
 from hybridkv.cli import main
-from hybridkv.sim.presets import get_gpu, get_preset
-from hybridkv.sim.profile import cost_model
+from hybridkv.cost.presets import get_gpu, get_preset
+from hybridkv.cost.profile import cost_model
 
 
 def test_cost_json_is_the_library_cost(capsys) -> None:
@@ -59,7 +59,7 @@ def test_bad_cost_input_is_one_line(capsys, args, words) -> None:
 
 
 def test_profile_and_roofline_conflict(capsys) -> None:
-    from hybridkv.sim.profile import DEFAULT_PROFILE_PATH
+    from hybridkv.cost.profile import DEFAULT_PROFILE_PATH
     assert main(["cost", "--step", "5@5", "--profile", str(DEFAULT_PROFILE_PATH), "--cost-model",
                  "roofline"]) == 2
     assert "--profile applies to the calibrated cost model" in capsys.readouterr().err
@@ -82,7 +82,7 @@ def test_readme_quotes_the_real_cost_output(capsys) -> None:
 
 
 def test_sweep_and_cluster_runs_take_a_profile(capsys) -> None:
-    from hybridkv.sim.profile import DEFAULT_PROFILE_PATH
+    from hybridkv.cost.profile import DEFAULT_PROFILE_PATH
     assert main(["sweep", "--preset", "llama-3.1-8b", "--workload", "chat", "--limit", "10",
                  "--cache-tokens-list", "40k", "--no-progress", "--no-optimum",
                  "--profile", str(DEFAULT_PROFILE_PATH)]) == 0
@@ -95,7 +95,7 @@ def test_sweep_and_cluster_runs_take_a_profile(capsys) -> None:
 def _cpu_profile(tmp_path):
     """The shipped H100 profile, its device replaced by a CPU's peaks (what `hybridkv profile`
     writes on a machine without a GPU: no ``gpu`` key)."""
-    from hybridkv.sim.profile import DEFAULT_PROFILE_PATH
+    from hybridkv.cost.profile import DEFAULT_PROFILE_PATH
     d = json.loads(DEFAULT_PROFILE_PATH.read_text())
     d["device"] = {"name": "Test CPU", "peak_flops": 1e12, "peak_bw": 1e11}
     p = tmp_path / "cpu.profile.json"
@@ -114,14 +114,14 @@ def test_cost_with_a_cpu_profile_names_the_cpu(tmp_path, capsys) -> None:
     assert main(["cost", "--preset", "llama-3.1-8b", "--step", "1@1024", "--profile", str(p), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert (out["gpu"], out["device"]) == ("h100", "Test CPU")
-    from hybridkv.sim.profile import load_profile
+    from hybridkv.cost.profile import load_profile
     cpu = load_profile(p).gpu_preset()
     roof = cost_model(get_preset("llama-3.1-8b"), cpu, 1, kind="roofline").step([(1, 1024)])
     assert out["steps"][0]["roofline"]["time_s"] == pytest.approx(roof.time_s, rel=1e-12)
 
 
 def test_a_profile_of_another_model_is_warned_about(capsys) -> None:
-    from hybridkv.sim.profile import DEFAULT_PROFILE_PATH
+    from hybridkv.cost.profile import DEFAULT_PROFILE_PATH
     assert main(["cost", "--preset", "gemma-3-27b", "--step", "1@1024", "--profile",
                  str(DEFAULT_PROFILE_PATH)]) == 0
     assert capsys.readouterr().err == (

@@ -15,10 +15,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hybridkv.sim.calibrated import Calibration
-from hybridkv.sim.calibration_fit import held_out, predict_points
-from hybridkv.sim.presets import get_gpu
-from hybridkv.sim.profile import default_calibration, default_profile, load_profile
+from hybridkv.cost.calibrated import Calibration
+from hybridkv.cost.calibration_fit import held_out, predict_points
+from hybridkv.cost.presets import get_gpu
+from hybridkv.cost.profile import default_calibration, default_profile, load_profile
 
 DATA = Path(__file__).resolve().parents[2] / "benchmarks" / "data"
 H100_PROFILE = DATA / "h100-llama-3.1-8b.profile.json"

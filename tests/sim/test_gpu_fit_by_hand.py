@@ -1,4 +1,4 @@
-"""GPU fit, by hand: vLLM's rule (``hybridkv.sim.hardware``), ``0.9 x G x memory - weights -
+"""GPU fit, by hand: vLLM's rule (``hybridkv.cost.hardware``), ``0.9 x G x memory - weights -
 G x 6 GiB``, on each GPU preset and on models that need one, several and the largest count of
 GPUs; the boundary at MAX_GPUS = 1024; a fraction that is not the default."""
 
@@ -8,8 +8,8 @@ import dataclasses
 
 import pytest
 
-from hybridkv.sim.hardware import MAX_GPUS, fewest_gpus, kv_budget
-from hybridkv.sim.presets import get_gpu, get_preset
+from hybridkv.cost.hardware import MAX_GPUS, fewest_gpus, kv_budget
+from hybridkv.cost.presets import get_gpu, get_preset
 
 GIB = 2 ** 30
 H100_BYTES = int(79.18 * GIB)          # what CUDA reports (the preset says so)

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from hybridkv.core.hints import Hint
-from hybridkv.sim.hint_synthesis import (DEFAULT_TTL_S, HintSpec, session_truth, sessions_from_chains,
+from hybridkv.sim.traffic.hint_synthesis import (DEFAULT_TTL_S, HintSpec, session_truth, sessions_from_chains,
                                          synthesize_hints)
 
 T0 = 1.0e6

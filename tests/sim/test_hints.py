@@ -23,14 +23,14 @@ import numpy as np
 import pytest
 
 from hybridkv.core.hints import Hint
-from hybridkv.sim.hazard import hazard_bound, hazard_table, hazard_uses
-from hybridkv.sim.hint_synthesis import (HintSpec, session_truth, sessions_from_chains,
+from hybridkv.sim.bounds.hazard import hazard_bound, hazard_table, hazard_uses
+from hybridkv.sim.traffic.hint_synthesis import (HintSpec, session_truth, sessions_from_chains,
                                          synthesize_hints, workload_sessions)
-from hybridkv.sim.presets import get_gpu, get_preset
+from hybridkv.cost.presets import get_gpu, get_preset
 from hybridkv.sim.simulator import SimConfig, Simulator
-from hybridkv.sim.traces import iter_mooncake_records, load_token_trace
-from hybridkv.sim.workitems import items_from_trace
-from hybridkv.sim.workloads import get_workload
+from hybridkv.sim.traffic.traces import iter_mooncake_records, load_token_trace
+from hybridkv.sim.traffic.workitems import items_from_trace
+from hybridkv.sim.traffic.workloads import get_workload
 
 
 # ---- trace fields ------------------------------------------------------------------------------
@@ -81,7 +81,7 @@ def test_malformed_hint_names_the_line(tmp_path: Path, hint, names):
 def test_mooncake_load_keeps_the_lines_session_and_hint(tmp_path: Path):
     """The loaded requests carry their line's session and hint (the hint's session is the
     line's); a non-string session names the file and line."""
-    from hybridkv.sim.traces import load_mooncake_trace
+    from hybridkv.sim.traffic.traces import load_mooncake_trace
     p = tmp_path / "m.jsonl"
     p.write_text(json.dumps({"timestamp": 0, "input_length": 40, "output_length": 2, "hash_ids": [1],
                              "session": "c", "hint": {"pin_s": 5, "pin_tokens": 40}}) + "\n"
@@ -121,7 +121,7 @@ def test_malformed_hint_messages_word_for_word(tmp_path: Path):
 def test_a_trace_request_checks_its_hint():
     """A TraceRequest's hint is a Hint whose pin lies within the prompt; anything else is
     refused, naming the request."""
-    from hybridkv.sim.traces import TraceRequest
+    from hybridkv.sim.traffic.traces import TraceRequest
     ok = TraceRequest("q", 0.0, np.arange(4), 1, hint=Hint(pin_s=5, pin_tokens=4))
     assert ok.hint == Hint(pin_s=5, pin_tokens=4)
     with pytest.raises(ValueError) as exc:
@@ -298,9 +298,9 @@ def test_a_hinted_run_is_reproducible_across_processes():
     """The hint layer samples blocks by their hash; the simulator's hashes are seeded the same
     in every process (xxh3's default seed is random per hasher), so two processes running the
     same hinted configuration print the same numbers."""
-    code = ("from hybridkv.sim.hint_synthesis import HintSpec; from hybridkv.sim.presets import get_gpu, get_preset; "
-            "from hybridkv.sim.simulator import SimConfig, Simulator; from hybridkv.sim.workitems import items_from_trace; "
-            "from hybridkv.sim.workloads import get_workload; "
+    code = ("from hybridkv.sim.traffic.hint_synthesis import HintSpec; from hybridkv.cost.presets import get_gpu, get_preset; "
+            "from hybridkv.sim.simulator import SimConfig, Simulator; from hybridkv.sim.traffic.workitems import items_from_trace; "
+            "from hybridkv.sim.traffic.workloads import get_workload; "
             "r = Simulator(SimConfig(get_preset('llama-3.1-8b'), get_gpu('h100'), num_blocks=9000, sequential=True, "
             "optimum=False, eviction_policy='recommended', hints=HintSpec('session-end', 0.8))).run("
             "items_from_trace(get_workload('chat'))); print(r.hit_blocks, r.evictions, r.hints['shadow_plain_hits'])")

@@ -18,12 +18,12 @@ import pytest
 
 from hybridkv.core.eviction import POLICIES
 from hybridkv.sim import SimConfig, Simulator, items_from_trace
-from hybridkv.sim.hint_synthesis import HintSpec
-from hybridkv.sim.hybrid_bound import is_hybrid, next_read_indices
-from hybridkv.sim.optimal import belady_block_hit_rate
-from hybridkv.sim.presets import get_gpu, get_preset
-from hybridkv.sim.report import explain_gap
-from hybridkv.sim.workloads import get_workload
+from hybridkv.sim.traffic.hint_synthesis import HintSpec
+from hybridkv.sim.bounds.hybrid_bound import is_hybrid, next_read_indices
+from hybridkv.sim.bounds.optimal import belady_block_hit_rate
+from hybridkv.cost.presets import get_gpu, get_preset
+from hybridkv.sim.report.summary import explain_gap
+from hybridkv.sim.traffic.workloads import get_workload
 
 H100 = get_gpu("h100")
 INF = math.inf
@@ -107,11 +107,11 @@ def test_a_dense_preset_has_no_hybrid_bound():
     res = Simulator(SimConfig(get_preset("llama-3.1-8b"), H100, num_blocks=50_000,
                               sequential=True)).run(_chat(40))
     assert res.hybrid_bound_hit_blocks is None and res.to_json()["hybrid_bound_block_hit_rate"] is None
-    assert "hybrid bound" not in __import__("hybridkv.sim.report", fromlist=["x"]).summary_table(res)
+    assert "hybrid bound" not in __import__("hybridkv.sim.report.summary", fromlist=["x"]).summary_table(res)
 
 
 def test_a_sweep_replays_a_workload_once_for_all_sizes_and_policies(monkeypatch):
-    import hybridkv.sim.hybrid_bound as hb
+    import hybridkv.sim.bounds.hybrid_bound as hb
     made = []
     real = hb.KVCacheManager
 

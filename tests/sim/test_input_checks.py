@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from hybridkv.cli import main
-from hybridkv.sim.presets import MODEL_PRESETS, get_preset
-from hybridkv.sim.traces import (MOONCAKE_FIELDS, TOKEN_FIELDS, TraceWarning, iter_mooncake_records,
+from hybridkv.cost.presets import MODEL_PRESETS, get_preset
+from hybridkv.sim.traffic.traces import (MOONCAKE_FIELDS, TOKEN_FIELDS, TraceWarning, iter_mooncake_records,
                                  load_token_trace)
-from hybridkv.sim.workitems import WorkItem
-from hybridkv.sim.workload_fit import context_warning
+from hybridkv.sim.traffic.workitems import WorkItem
+from hybridkv.sim.traffic.workload_fit import context_warning
 
 
 def _write(path: Path, *lines: dict) -> Path:

@@ -13,13 +13,13 @@ import pytest
 
 from hybridkv.cli import main
 from hybridkv.sim import SimConfig, Simulator, items_from_trace
-from hybridkv.sim.advice import instances_needed, next_steps
-from hybridkv.sim.cluster import ClusterSimulator, offered_load
-from hybridkv.sim.hardware import RESERVE_BYTES_PER_GPU, fewest_gpus, kv_budget
-from hybridkv.sim.optimal import lru_block_hit_rate
-from hybridkv.sim.presets import get_gpu, get_preset
-from hybridkv.sim.whatif import shared_prefix
-from hybridkv.sim.workloads import get_workload
+from hybridkv.sim.report.advice import instances_needed, next_steps
+from hybridkv.sim.cluster.loop import ClusterSimulator, offered_load
+from hybridkv.cost.hardware import RESERVE_BYTES_PER_GPU, fewest_gpus, kv_budget
+from hybridkv.sim.bounds.optimal import lru_block_hit_rate
+from hybridkv.cost.presets import get_gpu, get_preset
+from hybridkv.sim.bounds.whatif import shared_prefix
+from hybridkv.sim.traffic.workloads import get_workload
 
 H100 = get_gpu("h100")
 GIB = 2**30
@@ -328,7 +328,7 @@ def test_more_workers_than_cores_are_warned_about(capsys) -> None:
 # ---- advice from peaks and tails (issue #44, point 3) ------------------------------------------
 
 def _load(peak: float):
-    from hybridkv.sim.cluster import OfferedLoad
+    from hybridkv.sim.cluster.loop import OfferedLoad
     return OfferedLoad(10, 100.0, 0.1, 1000.0, 1, 4000.0, peak_prompt_tok_s=peak, peak_window_s=60.0)
 
 
@@ -373,7 +373,7 @@ def test_the_peak_window_by_hand():
     """Three 100-token prompts at t=0 and one at t=100: 400 tokens over 100 s on average (4
     tok/s), but the busiest 60 s (from t=0) hold 300: 5 tok/s. Over 2 s (shorter than a
     minute) the window is the whole duration and the peak the average."""
-    from hybridkv.sim.traces import TraceRequest
+    from hybridkv.sim.traffic.traces import TraceRequest
     cfg = SimConfig(get_preset("llama-3.1-8b"), H100, num_blocks=3000)
     reqs = [TraceRequest(f"r{i}", t, list(range(1 + i, 101 + i)), 1)
             for i, t in enumerate((0.0, 0.0, 0.0, 100.0))]
@@ -388,9 +388,9 @@ def test_no_all_fit_while_the_online_run_lost_blocks_to_eviction():
     """The issue: "the full-attention blocks all fit" while eviction cost 4.7 % of blocks. When
     the optimum equals an unlimited cache but the online run evicted, the line says what the
     online run lost to eviction and to windows, and how to measure a larger cache."""
-    from hybridkv.sim.optimal import GapReport
+    from hybridkv.sim.bounds.optimal import GapReport
     from hybridkv.sim.simulator import SimResult
-    from hybridkv.sim.whatif import WhatIf
+    from hybridkv.sim.bounds.whatif import WhatIf
     res = SimResult(prompt_blocks=1000, hit_blocks=800, evictions=5000)
     res.config = {"cache_tokens": 100_000}
     res.gap = GapReport(ceiling_blocks=900, optimum_blocks=900, online_blocks=800, in_flight_blocks=10,

@@ -38,7 +38,7 @@ def test_pinning_the_system_prompt_beats_lru(tmp_path, capsys, mode, gain):
 
 def test_simulator_refuses_prefix_retention_under_another_policy():
     from hybridkv.sim import SimConfig, Simulator
-    from hybridkv.sim.presets import get_gpu, get_preset
+    from hybridkv.cost.presets import get_gpu, get_preset
     cfg = SimConfig(get_preset("llama-3.1-8b"), get_gpu("h100"), num_blocks=64,
                     prefix_retention=PrefixRetention(16, 90))
     with pytest.raises(ValueError, match="prefix_retention needs eviction_policy='priority', got 'lru'"):

@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from hybridkv.sim.presets import get_gpu, get_preset
-from hybridkv.sim.profile import copy_points_from_jsonl, cost_model, default_profile
-from hybridkv.sim.transfer import CopyPoint
+from hybridkv.cost.presets import get_gpu, get_preset
+from hybridkv.cost.profile import copy_points_from_jsonl, cost_model, default_profile
+from hybridkv.cost.transfer import CopyPoint
 
 
 def test_copy_rows_become_copy_points_in_bytes_and_seconds(tmp_path) -> None:

@@ -16,9 +16,9 @@ torch = pytest.importorskip("torch")
 from hybridkv.cli import main  # noqa: E402
 from hybridkv.core.specs import ChunkedLocal, FullAttention, KVCacheGroup, SlidingWindow  # noqa: E402
 from hybridkv.profiling.layers import Plan, StepModel  # noqa: E402
-from hybridkv.sim.presets import get_preset  # noqa: E402
-from hybridkv.sim.profile import load_profile  # noqa: E402
-from hybridkv.sim.shapes import Trim, trimmed_preset  # noqa: E402
+from hybridkv.cost.presets import get_preset  # noqa: E402
+from hybridkv.cost.profile import load_profile  # noqa: E402
+from hybridkv.cost.shapes import Trim, trimmed_preset  # noqa: E402
 from tests.support.fits import assert_same_fit  # noqa: E402
 
 TINY = Trim(layers_per_group=1, width_divisor=16, vocab_size=64)

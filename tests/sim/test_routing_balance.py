@@ -4,7 +4,7 @@ Before: with every session sharing a system prompt, prefix affinity sent almost 
 the instance that held it (17,148 of 17,561 Mooncake requests to instance 0). Now an instance
 takes a request only while its routed requests, with it, stay within ``max_skew`` times the
 other instances' mean (at least 1); the least-routed may always take it
-(:func:`~hybridkv.sim.routing.base.within_skew`). Counts below are worked out by hand."""
+(:func:`~hybridkv.sim.cluster.routing.base.within_skew`). Counts below are worked out by hand."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ import pytest
 from hybridkv.cli import main
 from hybridkv.events.index import KVEventIndex
 from hybridkv.sim import SimConfig, items_from_trace
-from hybridkv.sim.cluster import ClusterJob, ClusterSimulator
-from hybridkv.sim.presets import get_gpu, get_preset
-from hybridkv.sim.routing import (DEFAULT_MAX_SKEW, InstanceLoad, KVAwareRouter, RouterSetup,
+from hybridkv.sim.cluster.loop import ClusterJob, ClusterSimulator
+from hybridkv.cost.presets import get_gpu, get_preset
+from hybridkv.sim.cluster.routing import (DEFAULT_MAX_SKEW, InstanceLoad, KVAwareRouter, RouterSetup,
                                   make_router, within_skew)
-from hybridkv.sim.traces import TraceRequest
+from hybridkv.sim.traffic.traces import TraceRequest
 
 SYS = list(range(1000, 1256))          # a 256-token system prompt every request starts with
 

@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 from hybridkv.core.spec_decode import SpecDecode
 from hybridkv.sched import SchedulerConfig
 from hybridkv.sim import SimConfig, Simulator, items_from_trace
-from hybridkv.sim.presets import get_gpu, get_preset
-from hybridkv.sim.hybrid_bound import is_hybrid
-from hybridkv.sim.workitems import served_workload
-from hybridkv.sim.traces import TraceRequest
-from hybridkv.sim.workloads import get_workload
+from hybridkv.cost.presets import get_gpu, get_preset
+from hybridkv.sim.bounds.hybrid_bound import is_hybrid
+from hybridkv.sim.traffic.workitems import served_workload
+from hybridkv.sim.traffic.traces import TraceRequest
+from hybridkv.sim.traffic.workloads import get_workload
 
 H100 = get_gpu("h100")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hybridkv.cli import main
-from hybridkv.sim.traces import open_trace_text
+from hybridkv.sim.traffic.traces import open_trace_text
 
 JSON_KEYS = {"requests", "prompt_tokens", "hit_tokens", "hit_rate", "block_hit_rate",
              "optimal_block_hit_rate", "ttft_p50_s", "ttft_p99_s", "throughput_tok_s",

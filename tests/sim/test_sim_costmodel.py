@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hybridkv.core.specs import ChunkedLocal, FullAttention, SlidingWindow
-from hybridkv.sim.costmodel import CostModel, attention_keys, kv_span
-from hybridkv.sim.presets import get_gpu, get_preset
+from hybridkv.cost.costmodel import CostModel, attention_keys, kv_span
+from hybridkv.cost.presets import get_gpu, get_preset
 
 
 def _model(name: str = "llama-3.1-8b", gpu: str = "h100", **kw) -> CostModel:

@@ -9,9 +9,9 @@ import pytest
 
 from hybridkv.cli import main
 from hybridkv.sim.executors import Outcome, execute
-from hybridkv.sim.presets import get_gpu, get_preset
+from hybridkv.cost.presets import get_gpu, get_preset
 from hybridkv.sim import SimConfig, items_from_trace
-from hybridkv.sim.workloads import get_workload
+from hybridkv.sim.traffic.workloads import get_workload
 from hybridkv.sim.simulator import TIMING_KEYS
 
 
@@ -116,7 +116,7 @@ def test_cli_sweep_row_says_n_a_for_what_was_not_measured(capsys):
 
 
 def test_optimum_keys_are_reused_across_capacities(sweep, monkeypatch):
-    import hybridkv.sim.optimal as sim
+    import hybridkv.sim.bounds.optimal as sim
     _, items = sweep
     monkeypatch.setattr(sim, "_OPTIMUM_KEYS", None)
     first = [sim.optimal_hit_blocks(items, 16, c) for c in (30, 300, 3000)]

@@ -11,17 +11,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hybridkv.sim.optimal import (
+from hybridkv.sim.bounds.optimal import (
     BlockCacheResult,
     belady_block_hit_rate,
     capacity_blocks_for_tokens,
     infinite_block_hit_rate,
     lru_block_hit_rate,
 )
-from hybridkv.sim.traces import iter_mooncake_records
+from hybridkv.sim.traffic.traces import iter_mooncake_records
 from tests.hypothesis_budget import budgeted, examples, is_deep
 
-# src/hybridkv/sim/data/README.md (the traces README of the Mooncake copies): hit rate at capacity (tokens, M = 10**6) with 512-token blocks.
+# src/hybridkv/sim/traffic/data/README.md (the traces README of the Mooncake copies): hit rate at capacity (tokens, M = 10**6) with 512-token blocks.
 CAPACITIES = [500_000, 1_000_000, 3_000_000, 10_000_000, 50_000_000]
 TABLE = {
     ("conversation", "lru"): [0.044, 0.053, 0.136, 0.285, 0.364],
@@ -294,8 +294,8 @@ def test_the_bound_counts_a_prompt_that_ends_on_a_block_boundary() -> None:
     import numpy as np
 
     from hybridkv.sim import SimConfig, Simulator, items_from_trace
-    from hybridkv.sim.presets import get_gpu, get_preset
-    from hybridkv.sim.traces import TraceRequest
+    from hybridkv.cost.presets import get_gpu, get_preset
+    from hybridkv.sim.traffic.traces import TraceRequest
     rng = np.random.default_rng(0)
     a = rng.integers(0, 50_000, 16 * 512)
     items = items_from_trace([TraceRequest("a", 0.0, a, 1),
@@ -326,7 +326,7 @@ def test_gap_report_charges_each_cause_by_hand() -> None:
 
     With instances [0, 0, 1, 1, 0], R2's and R3's evicted blocks were computed on instance 0:
     routed instead; in-flight and retained blocks stay what they are."""
-    from hybridkv.sim.optimal import OnlineHits, gap_report
+    from hybridkv.sim.bounds.optimal import OnlineHits, gap_report
     keys = [["k1", "k2", "k3"], ["k1", "k2", "k3", "k4"], ["k1", "k2", "x"],
             ["k1", "k2", "k3", "k4", "k5"], ["k1", "k2", "k3"]]
     limits = [3, 3, 2, 4, 3]
@@ -352,8 +352,8 @@ def test_gap_report_charges_each_cause_by_hand() -> None:
 def _served(prompt, out=None, max_tokens=None):
     import numpy as np
 
-    from hybridkv.sim.traces import TraceRequest
-    from hybridkv.sim.workitems import ServedItem, WorkItem
+    from hybridkv.sim.traffic.traces import TraceRequest
+    from hybridkv.sim.traffic.workitems import ServedItem, WorkItem
     out_ids = None if out is None else np.asarray(out)
     tr = TraceRequest(f"r{len(prompt)}-{0 if out is None else len(out)}", 0.0, np.asarray(prompt),
                       0 if out is None else len(out), output_ids=out_ids)
@@ -368,7 +368,7 @@ def test_the_bound_keys_cover_known_outputs_cut_at_max_tokens() -> None:
     X without known output leaves its 8 prompt tokens (2 blocks). Y's own last token is
     never a hit: Y' = 1..12 (limit 11 // 4 = 2) hits 2 though X holds 3 blocks of it.
     The keys of one list are kept per block size, never mixed between sizes."""
-    from hybridkv.sim.optimal import optimal_hit_blocks
+    from hybridkv.sim.bounds.optimal import optimal_hit_blocks
     x = list(range(1, 9))
     y = list(range(1, 13)) + [77]
     assert optimal_hit_blocks([_served(x, [9, 10, 11, 12, 13], 5), _served(y, None, 1)], 4, 100) == 3
@@ -384,8 +384,8 @@ def test_the_bound_keys_cover_known_outputs_cut_at_max_tokens() -> None:
 def test_optimum_capacity_counts_every_full_attention_group() -> None:
     """A key block costs key_block / block_size blocks in every full-attention-type group (at
     least one), none in window groups: (num_blocks - 1) // units."""
-    from hybridkv.sim.optimal import optimum_capacity_blocks
-    from hybridkv.sim.presets import get_preset
+    from hybridkv.sim.bounds.optimal import optimum_capacity_blocks
+    from hybridkv.cost.presets import get_preset
     llama = get_preset("llama-3.1-8b").kv_config(num_blocks=101)
     assert optimum_capacity_blocks(llama, 101, 16) == 100
     assert optimum_capacity_blocks(llama, 101, 64) == 25            # 4 blocks per key block
@@ -418,7 +418,7 @@ def test_the_bound_in_a_forked_child_equals_the_inline_one(monkeypatch) -> None:
     child is raised here, and cancel stops it."""
     import multiprocessing as mp
 
-    import hybridkv.sim.optimal as optimal
+    import hybridkv.sim.bounds.optimal as optimal
     if "fork" not in mp.get_all_start_methods():
         pytest.skip("no fork on this platform")
     served = [_served(list(range(1, 9)), [9, 10, 11, 12, 13], 5), _served(list(range(1, 13)) + [77], None, 1)]
@@ -472,8 +472,8 @@ def test_the_inline_job_returns_the_hazard_reference_and_extras_answer() -> None
     """Computed in-process, the job dropped ``extra`` (its answer came back None), handed it no
     next uses, or lost the hazard reference; the forked path's equality test cannot see a loss
     both paths share."""
-    import hybridkv.sim.optimal as optimal
-    from hybridkv.sim.hazard import hazard_bound
+    import hybridkv.sim.bounds.optimal as optimal
+    from hybridkv.sim.bounds.hazard import hazard_bound
     served = [_served(list(range(1, 9)), [9, 10, 11, 12, 13], 5), _served(list(range(1, 13)) + [77], None, 1)]
     online = optimal.OnlineHits([0, 1], [0.0, 1.0], [0.5, 2.0])
     seen = []
@@ -491,7 +491,7 @@ def test_the_inline_job_returns_the_hazard_reference_and_extras_answer() -> None
 def test_bound_keys_stop_before_the_last_sampled_token() -> None:
     """The bound's keys kept the block that ends on the last sampled token (whose KV is never
     written), or dropped a prompt's last full block when the request has no outputs."""
-    import hybridkv.sim.optimal as optimal
+    import hybridkv.sim.bounds.optimal as optimal
     keys, limits = optimal._compute_bound_keys([_served([1, 2, 3, 4], [5, 6, 7, 8])], 4)
     assert [len(k) for k in keys] == [1] and limits == [0]    # tokens 1-8, the 8th never written
     keys, _ = optimal._compute_bound_keys([_served(list(range(1, 9)), [])], 4)
@@ -501,7 +501,7 @@ def test_bound_keys_stop_before_the_last_sampled_token() -> None:
 def test_a_producer_that_finished_as_the_follow_up_was_admitted_is_not_in_flight() -> None:
     """A block whose producer finished at the very time the follow-up was admitted was charged
     to in-flight (the producer had finished: the block was evicted)."""
-    from hybridkv.sim.optimal import OnlineHits, gap_report
+    from hybridkv.sim.bounds.optimal import OnlineHits, gap_report
     online = OnlineHits(hit_blocks=[0, 0], admitted_t=[0.0, 1.0], finished_t=[1.0, 2.0])
     g = gap_report([["k1", "k2"], ["k1", "k2"]], [2, 2], 2, online)
     assert (g.evicted_blocks, g.evicted_requests, g.in_flight_blocks) == (2, 1, 0)
@@ -510,7 +510,7 @@ def test_a_producer_that_finished_as_the_follow_up_was_admitted_is_not_in_flight
 def test_a_workload_s_keys_and_hazard_table_are_computed_once_for_all_capacities() -> None:
     """The per-workload keys, next uses and hazard table (independent of the capacity) were
     recomputed for every capacity of a sweep, or the next uses were not returned."""
-    import hybridkv.sim.optimal as optimal
+    import hybridkv.sim.bounds.optimal as optimal
     served = [_served(list(range(1, 9)), [9, 10, 11, 12, 13], 5), _served(list(range(1, 13)) + [77], None, 1)]
     online = optimal.OnlineHits([0, 1], [0.0, 1.0], [0.5, 2.0])
     keys, limits, uses = optimal._bound_keys(served, 4)
@@ -528,7 +528,7 @@ def test_a_workload_s_keys_and_hazard_table_are_computed_once_for_all_capacities
 
 def test_the_bound_accepts_any_iterable_of_items_twice() -> None:
     """A workload given as a tuple (not memoized) left a broken memo that failed the next call."""
-    from hybridkv.sim.optimal import optimal_hit_blocks
+    from hybridkv.sim.bounds.optimal import optimal_hit_blocks
     served = (_served(list(range(1, 9)), [9, 10, 11, 12, 13], 5), _served(list(range(1, 13)) + [77], None, 1))
     assert optimal_hit_blocks(served, 4, 100) == 3
     assert optimal_hit_blocks(served, 4, 100) == 3

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from hybridkv.core.specs import MLA, ChunkedLocal, FullAttention, KVCacheConfig, SlidingWindow
-from hybridkv.sim.presets import GPU_PRESETS, MODEL_PRESETS, get_gpu, get_preset
+from hybridkv.cost.presets import GPU_PRESETS, MODEL_PRESETS, get_gpu, get_preset
 
 
 @pytest.mark.parametrize("name", list(MODEL_PRESETS))
@@ -117,7 +117,7 @@ def test_cli_counts_the_eagle3_drafters_kv(tmp_path):
     from hybridkv.cli import main
     from hybridkv.core.spec_decode import SpecDecode
     from hybridkv.sim import SimConfig, Simulator, items_from_trace
-    from hybridkv.sim.workloads import get_workload
+    from hybridkv.sim.traffic.workloads import get_workload
     js = tmp_path / "e.json"
     assert main(["simulate", "--workload", "chat", "--limit", "10", "--preset", "llama-3.1-8b",
                  "--gpus", "1", "--spec", "eagle3:3", "--num-blocks", "3000", "--no-progress",

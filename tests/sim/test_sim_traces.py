@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hybridkv.sim.traces import (TraceRequest, expand_block_ids, iter_mooncake_records,
+from hybridkv.sim.traffic.traces import (TraceRequest, expand_block_ids, iter_mooncake_records,
                                  load_mooncake_trace, load_token_trace)
-from hybridkv.sim.workloads import (WORKLOADS, agentic_loop, get_workload, multi_turn_chat,
+from hybridkv.sim.traffic.workloads import (WORKLOADS, agentic_loop, get_workload, multi_turn_chat,
                                     replay_microbenchmark, shared_system_prompt)
 
 
@@ -455,7 +455,7 @@ def test_resolve_trace_by_path_or_bundled_name(tmp_path: Path, monkeypatch) -> N
     """An existing file wins over a bundled name; a bundled name is its packaged file; a folder
     and a missing path are refused by name, the latter listing the bundled traces; a bundled
     trace whose file is gone asks for a reinstall."""
-    from hybridkv.sim import traces
+    from hybridkv.sim.traffic import traces
     own = _write_jsonl(tmp_path / "mooncake-synthetic", [GOOD])
     monkeypatch.chdir(tmp_path)
     assert traces.resolve_trace("mooncake-synthetic") == Path("mooncake-synthetic")
@@ -477,7 +477,7 @@ def test_resolve_trace_by_path_or_bundled_name(tmp_path: Path, monkeypatch) -> N
 
 
 def test_trace_format_reads_the_first_non_blank_line(tmp_path: Path) -> None:
-    from hybridkv.sim.traces import trace_format
+    from hybridkv.sim.traffic.traces import trace_format
     assert trace_format(_write_jsonl(tmp_path / "m.jsonl", ["", GOOD])) == "mooncake"
     tokens = tmp_path / "t.jsonl"
     tokens.write_text('\n  \n{"prompt_token_ids": [1], "output_len": 1}\n{"hash_ids": []}\n')
@@ -505,7 +505,7 @@ def test_expanded_tokens_are_the_splitmix_of_id_and_position(block_tokens: int) 
     """Token j of id h is ``splitmix64(((h << s) | j) + golden) >> 33`` with s the bits a
     position needs (at least 1): the values every Mooncake result depends on. The largest id
     that fits beside s position bits is accepted; one more is refused, as are too few ids."""
-    from hybridkv.sim.traces import expand_block_ids
+    from hybridkv.sim.traffic.traces import expand_block_ids
     s = max(1, (block_tokens - 1).bit_length())
     top = (1 << (64 - s)) - 1
     ids = [0, 7, 123456789, top]
@@ -525,7 +525,7 @@ def test_expanded_tokens_are_the_splitmix_of_id_and_position(block_tokens: int) 
                                         ("c.jsonl", "c"), (".xz", ".xz"), (".jsonl.xz", ".jsonl"),
                                         ("d.XZ", "d.XZ"), ("e.txt", "e.txt")])
 def test_trace_stem_drops_json_and_compression_suffixes(name: str, stem: str) -> None:
-    from hybridkv.sim.traces import trace_stem
+    from hybridkv.sim.traffic.traces import trace_stem
     assert trace_stem(name) == stem
 
 
@@ -534,7 +534,7 @@ def test_gzip_traces_read_like_plain_ones(tmp_path: Path) -> None:
     detected through the compression; a bad gzip stream is named."""
     import gzip
 
-    from hybridkv.sim.traces import load_mooncake_trace, open_trace_text, trace_format
+    from hybridkv.sim.traffic.traces import load_mooncake_trace, open_trace_text, trace_format
     plain = _write_jsonl(tmp_path / "m.jsonl", [GOOD, dict(GOOD, timestamp=5)])
     gz = tmp_path / "m.jsonl.gz"
     gz.write_bytes(gzip.compress(plain.read_bytes()))
@@ -605,7 +605,7 @@ def test_traces_are_read_as_utf8_whatever_the_locale(tmp_path: Path) -> None:
     paths[2].write_bytes(lzma.compress(text.encode("utf-8")))
     here = [[(r.request_id, r.session) for r in load_token_trace(p)] for p in paths]
     assert here == [[("café-1", "sé"), ("東京-2", "sé")]] * 3
-    script = ("import json, sys, locale; from hybridkv.sim.traces import load_token_trace; "
+    script = ("import json, sys, locale; from hybridkv.sim.traffic.traces import load_token_trace; "
               "print(json.dumps([locale.getpreferredencoding(False)] + [[(r.request_id, r.session) "
               "for r in load_token_trace(p)] for p in sys.argv[1:]]))")
     env = dict(os.environ, LC_ALL="C", LANG="C", PYTHONUTF8="0", PYTHONCOERCECLOCALE="0",
@@ -621,7 +621,7 @@ def test_traces_are_read_as_utf8_whatever_the_locale(tmp_path: Path) -> None:
 # ---- the Mooncake ids' granularity (issue #44, point 2) ------------------------------------------
 
 def test_mooncake_block_warning_names_the_id_size_and_the_effect():
-    from hybridkv.sim.traces import mooncake_block_warning
+    from hybridkv.sim.traffic.traces import mooncake_block_warning
     assert mooncake_block_warning(16) == (
         "Mooncake hash ids cover 512 tokens and block_size=16 cuts them: a turn continuing an "
         "earlier request diverges at the last 512-token boundary before that request's end, not "

@@ -11,13 +11,13 @@ from hypothesis import strategies as st
 
 from hybridkv.core.spec_decode import SpecDecode
 from hybridkv.sched import SchedulerConfig
-from hybridkv.sim.costmodel import CostModel
-from hybridkv.sim.optimal import lru_block_hit_rate
-from hybridkv.sim.presets import get_gpu, get_preset
+from hybridkv.cost.costmodel import CostModel
+from hybridkv.sim.bounds.optimal import lru_block_hit_rate
+from hybridkv.cost.presets import get_gpu, get_preset
 from hybridkv.sim import SimConfig, Simulator, items_from_mooncake, items_from_trace
-from hybridkv.sim.optimal import optimal_hit_blocks
-from hybridkv.sim.traces import TraceRequest
-from hybridkv.sim.workloads import get_workload, replay_microbenchmark
+from hybridkv.sim.bounds.optimal import optimal_hit_blocks
+from hybridkv.sim.traffic.traces import TraceRequest
+from hybridkv.sim.traffic.workloads import get_workload, replay_microbenchmark
 from hybridkv.sim.simulator import TIMING_KEYS
 
 H100 = get_gpu("h100")

@@ -11,9 +11,9 @@ import pytest
 
 from hybridkv.cli import main
 from hybridkv.core.specs import StateSpec
-from hybridkv.sim.presets import get_gpu, get_preset, vllm_align_block_size
+from hybridkv.cost.presets import get_gpu, get_preset, vllm_align_block_size
 from hybridkv.sim import SimConfig, Simulator, items_from_trace
-from hybridkv.sim.traces import TraceRequest
+from hybridkv.sim.traffic.traces import TraceRequest
 
 H100 = get_gpu("h100")
 

@@ -1,7 +1,7 @@
 """A differential oracle for the simulator's KV tiers, and hand-computed tier scenarios.
 
 :class:`TierOracle` is a slow, obviously-correct, event-by-event model of what
-``hybridkv.sim.tier_runtime`` documents, written from the docstrings only (the oracle uses nothing
+``hybridkv.sim.tiers.runtime`` documents, written from the docstrings only (the oracle uses nothing
 of ``hybridkv.tiers`` nor of the runtime; the hand-computed scenarios below drive the runtime): each tier a plain list of ``(key, bytes)`` oldest
 first; each link direction and each lower tier a first-come-first-served queue; every copy
 priced ``copies * max(per_copy_s, latency_s + bytes / bandwidth)``; a host <-> GPU move one copy
@@ -23,10 +23,10 @@ import pytest
 
 from hybridkv.sched import SchedulerConfig
 from hybridkv.sim import SimConfig, Simulator, items_from_trace
-from hybridkv.sim.presets import get_gpu, get_preset
-from hybridkv.sim.tiers import DISK_LINK, REMOTE_LINK, TierConfig, link_with
-from hybridkv.sim.traces import TraceRequest
-from hybridkv.sim.transfer import DEFAULT_TRANSFER, TransferModel
+from hybridkv.cost.presets import get_gpu, get_preset
+from hybridkv.sim.tiers.config import DISK_LINK, REMOTE_LINK, TierConfig, link_with
+from hybridkv.sim.traffic.traces import TraceRequest
+from hybridkv.cost.transfer import DEFAULT_TRANSFER, TransferModel
 
 H100 = get_gpu("h100")
 REL = 1e-9                       # sums of the same float terms, possibly in another order
@@ -453,7 +453,7 @@ from types import SimpleNamespace  # noqa: E402
 from hybridkv import KVCacheManager  # noqa: E402
 from hybridkv.core.blockref import BlockRef  # noqa: E402
 from hybridkv.core.specs import FullAttention, KVCacheConfig, KVCacheGroup  # noqa: E402
-from hybridkv.sim.tier_runtime import TierRuntime  # noqa: E402
+from hybridkv.sim.tiers.runtime import TierRuntime  # noqa: E402
 
 E = 1_000_000
 T = FAR
@@ -695,7 +695,7 @@ def test_evict_then_reuse_far_from_clock_zero_by_hand(policy: str, written_block
     nothing, so nothing waits), and C's step evicts one more for its own block, queued behind
     them on [T+28 ms, T+30 ms]: C waits for it, TTFT = 28e-3 + 2e-3/32 + C_s."""
     from tests.sim.test_tiers import _blocks, _evict_then_reuse
-    from hybridkv.sim.tier_report import tier_summary
+    from hybridkv.sim.tiers.report import tier_summary
     preset = get_preset("llama-3.1-8b").with_block_size(512)
     items = _evict_then_reuse(preset, 8192, 512, gap_s=5e5)
     cfg = SimConfig(preset, H100, _blocks(preset, 9216), sched=SchedulerConfig(max_num_batched_tokens=16384),

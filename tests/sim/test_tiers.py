@@ -11,12 +11,12 @@ import pytest
 from hybridkv.core.spec_decode import SpecDecode
 from hybridkv.sched import SchedulerConfig
 from hybridkv.sim import SimConfig, Simulator, items_from_trace
-from hybridkv.sim.presets import get_gpu, get_preset
-from hybridkv.sim.tier_runtime import entry_bytes
-from hybridkv.sim.tiers import DISK_LINK, FREE_LINK, TierConfig, link_with
-from hybridkv.sim.traces import TraceRequest
-from hybridkv.sim.transfer import DEFAULT_TRANSFER
-from hybridkv.sim.workloads import get_workload
+from hybridkv.cost.presets import get_gpu, get_preset
+from hybridkv.sim.tiers.runtime import entry_bytes
+from hybridkv.sim.tiers.config import DISK_LINK, FREE_LINK, TierConfig, link_with
+from hybridkv.sim.traffic.traces import TraceRequest
+from hybridkv.cost.transfer import DEFAULT_TRANSFER
+from hybridkv.sim.traffic.workloads import get_workload
 from hybridkv.tiers import OFFLOAD_ON_EVICT, WRITE_THROUGH
 
 H100 = get_gpu("h100")
@@ -175,7 +175,7 @@ def test_a_load_that_cannot_fit_alone_is_computed_instead_of_waiting_forever() -
     from hybridkv import KVCacheManager, Request
     from hybridkv.core.specs import KVCacheConfig
     from hybridkv.sched import EngineRequest, Scheduler
-    from hybridkv.sim.tier_runtime import TierRuntime
+    from hybridkv.sim.tiers.runtime import TierRuntime
     config = KVCacheConfig(tier_groups(3), num_blocks=24)
     kv = KVCacheManager(config, hash_seed="same", retention_interval=0, max_in_flight_tokens=16)
     tiers = TierRuntime(kv, TierConfig(cpu_cache_tokens=6 * (7 * 160 + 5 * 416)), 1, 5,
@@ -244,7 +244,7 @@ def test_a_link_without_bandwidth_is_refused() -> None:
 def test_a_profiles_transfer_section_prices_the_cpu_tier_unless_a_link_is_given() -> None:
     import dataclasses
 
-    from hybridkv.sim.profile import default_profile
+    from hybridkv.cost.profile import default_profile
     preset = get_preset("llama-3.1-8b").with_block_size(512)
     items = _evict_then_reuse(preset, 8192, 512)
     slow = link_with(DEFAULT_TRANSFER, bandwidth=5e9)

@@ -11,8 +11,8 @@ import pytest
 
 from hybridkv.core.eviction.hint_layer import HintLayer
 from hybridkv.sim import SimConfig, Simulator, items_from_trace
-from hybridkv.sim.presets import get_gpu, get_preset
-from hybridkv.sim.traces import load_token_trace
+from hybridkv.cost.presets import get_gpu, get_preset
+from hybridkv.sim.traffic.traces import load_token_trace
 
 H100 = get_gpu("h100")
 T0 = 1.0e6
@@ -71,7 +71,7 @@ def test_an_ending_session_from_the_trace_goes_first(tmp_path, honour_always, se
     assert res.hit_tokens == 48
     st = sim.kv.hint_stats()
     assert (st.releases, st.demoted, st.pinned) == (1, 4, 0)
-    from hybridkv.sim.hint_report import hint_summary
+    from hybridkv.sim.report.hints import hint_summary
     lines = hint_summary(res, None).splitlines()
     assert lines[0] == "hints trace: 1 requests hinted (1 last turns, 0 pins, 0 resume times)"
     assert lines[1] == ("  pool: 4 blocks demoted, 0 pinned; ignored 0 demotions and 0 pins while "

@@ -17,7 +17,7 @@ FIT_REL = 1e-6
 
 
 def assert_same_fit(got, want, rel: float = FIT_REL) -> None:
-    """``got`` and ``want`` (two :class:`~hybridkv.sim.calibrated.Calibration`) hold the same
+    """``got`` and ``want`` (two :class:`~hybridkv.cost.calibrated.Calibration`) hold the same
     fit: every float field within ``rel`` (tuples element by element), every other field equal."""
     assert type(got) is type(want)
     for f in dataclasses.fields(want):

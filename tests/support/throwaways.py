@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from hybridkv.core.eviction.base import EVICTION_POLICIES, EvictionPolicy
 from hybridkv.core.rules import RULES, HitRule
 from hybridkv.core.specs import AttentionSpec
-from hybridkv.sim.routing import ROUTERS, RouteDecision, Router
+from hybridkv.sim.cluster.routing import ROUTERS, RouteDecision, Router
 
 
 @EVICTION_POLICIES.register("throwaway-fifo")

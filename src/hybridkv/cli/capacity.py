@@ -1,7 +1,7 @@
 """The hardware and cache-size options of ``simulate`` and ``sweep``, checked against each other.
 
 ``--gpu``, ``--gpus`` and ``--gpu-memory-fraction`` describe the deployment; by default the KV
-cache is what vLLM would leave of it (:mod:`hybridkv.sim.hardware`: the fraction of the GPUs'
+cache is what vLLM would leave of it (:mod:`hybridkv.cost.hardware`: the fraction of the GPUs'
 memory, less the weights and an activation reserve). ``--cache-tokens`` or ``--num-blocks``
 (one of the two) give the pool size instead; it must fit that memory. Without ``--gpus`` the
 run takes the fewest GPUs, a power of two, that hold the weights and the largest size asked
@@ -14,9 +14,9 @@ import argparse
 import math
 
 from hybridkv.cli.options import fraction, int_in, positive_count
-from hybridkv.sim.hardware import (DEFAULT_GPU_MEMORY_FRACTION, MAX_GPUS, KVBudget, fewest_gpus,
+from hybridkv.cost.hardware import (DEFAULT_GPU_MEMORY_FRACTION, MAX_GPUS, KVBudget, fewest_gpus,
                                    kv_budget)
-from hybridkv.sim.presets import GPU_PRESETS, ModelPreset, get_gpu
+from hybridkv.cost.presets import GPU_PRESETS, ModelPreset, get_gpu
 
 DEFAULT_GPU = "h100"
 
@@ -158,7 +158,7 @@ def more_gpus(args: argparse.Namespace, preset: ModelPreset, kv_bytes: int) -> s
 def larger_cache(args: argparse.Namespace, preset: ModelPreset):
     """``f(tokens)`` -> the options that ask for a cache of ``tokens`` tokens of ``preset`` on
     this hardware (``--cache-tokens X``, plus the ``--gpus`` that hold it when more are needed)."""
-    from hybridkv.sim.workload_fit import round_up
+    from hybridkv.sim.traffic.workload_fit import round_up
 
     def options(tokens: int) -> str:
         text = f"--cache-tokens {round_up(tokens)}"

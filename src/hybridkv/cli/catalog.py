@@ -6,8 +6,8 @@ import argparse
 
 from hybridkv.cli.base import COMMANDS, Command
 from hybridkv.cli.output import print_json
-from hybridkv.sim.presets import GPU_PRESETS, MODEL_PRESETS, get_preset
-from hybridkv.sim.traces import BUNDLED_TRACES, MOONCAKE_BLOCK_TOKENS
+from hybridkv.cost.presets import GPU_PRESETS, MODEL_PRESETS, get_preset
+from hybridkv.sim.traffic.traces import BUNDLED_TRACES, MOONCAKE_BLOCK_TOKENS
 
 
 def add_json_flag(p: argparse.ArgumentParser) -> None:

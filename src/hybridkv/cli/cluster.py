@@ -20,12 +20,12 @@ import math
 
 from hybridkv.cli.options import int_in, non_negative_number, parse_max_skew
 from hybridkv.cli.sim_options import cost_source
-from hybridkv.sim.cluster import ClusterResult, ClusterSimulator, OfferedLoad, offered_load
+from hybridkv.sim.cluster.loop import ClusterResult, ClusterSimulator, OfferedLoad, offered_load
 from hybridkv.sim.failures import ChildProcessDied
 from hybridkv.sim.interrupt import RunInterrupted, sigint_deferred
-from hybridkv.sim.routing import DEFAULT_MAX_SKEW, DEFAULT_OVERLAP_WEIGHT, ROUTERS
+from hybridkv.sim.cluster.routing import DEFAULT_MAX_SKEW, DEFAULT_OVERLAP_WEIGHT, ROUTERS
 from hybridkv.sim.simulator import SimConfig, Simulator
-from hybridkv.sim.workitems import WorkItem
+from hybridkv.sim.traffic.workitems import WorkItem
 
 DEFAULT_ROUTER = "kv-aware"
 
@@ -204,7 +204,7 @@ def balance_line(res: ClusterResult) -> str:
 def format_cluster(res: ClusterResult) -> str:
     """The per-instance table (at most :data:`SHOWN_INSTANCES` rows), the cluster's summary
     (the single run's table over all instances) and its routing and queueing line."""
-    from hybridkv.sim.report import summary_table
+    from hybridkv.sim.report.summary import summary_table
     d = res.to_json()
 
     def f(v: float | None, unit: str = " s") -> str:
@@ -277,8 +277,8 @@ def run_cluster_command(args: argparse.Namespace, cfg: SimConfig, items: list[Wo
     from hybridkv.cli.capacity import larger_cache
     from hybridkv.cli.output import progress_bar, write_json, write_output
     from hybridkv.cli.sim_options import options_preset
-    from hybridkv.sim.advice import next_steps
-    from hybridkv.sim.report import explain_gap, format_next_steps, plot_cluster
+    from hybridkv.sim.report.advice import next_steps
+    from hybridkv.sim.report.summary import explain_gap, format_next_steps, plot_cluster
     progress, close = progress_bar(not args.no_progress, "simulate")
     extra = {"hardware": budget.to_json()} if budget is not None else {}
     try:

@@ -5,7 +5,7 @@ tokens after ``C`` cached ones) and ``N@CxB`` (``B`` such requests; ``1@CxB`` is
 with ``C`` cached tokens each). ``--step`` may repeat; each step is costed on its own.
 
 For every step it prints the time under the selected cost model (calibrated by default: see
-``hybridkv.sim.calibrated``) with its split: the GEMMs' compute-bound and weight-read shares,
+``hybridkv.cost.calibrated``) with its split: the GEMMs' compute-bound and weight-read shares,
 attention, and the fixed per-step overhead, and which term bounds it; then the roofline's time
 for comparison. ``--json`` prints one object instead: ``time_s`` (all steps together), the
 model, and per step the same fields. With ``--profile`` the times are on the profile's device
@@ -22,10 +22,10 @@ from hybridkv.cli.options import int_in, step_argument
 from hybridkv.cli.output import print_json
 from hybridkv.cli.sim_options import (DEFAULT_PRESET, add_cost_model_options, check_cost_model_options,
                                       profile_warning, warn)
-from hybridkv.sim.grid import format_step
-from hybridkv.sim.hardware import fewest_gpus
-from hybridkv.sim.presets import GPU_PRESETS, get_gpu, get_preset
-from hybridkv.sim.profile import cost_model
+from hybridkv.cost.grid import format_step
+from hybridkv.cost.hardware import fewest_gpus
+from hybridkv.cost.presets import GPU_PRESETS, get_gpu, get_preset
+from hybridkv.cost.profile import cost_model
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -1,7 +1,7 @@
 """The hint options of ``simulate`` and ``sweep``: "what if my application told the cache ...?".
 
 ``--hints KIND[=SECONDS][:ACCURACY]`` synthesises hints from the workload's own future
-(:mod:`hybridkv.sim.hint_synthesis`): ``session-end`` (the last turn of a session says so),
+(:mod:`hybridkv.sim.traffic.hint_synthesis`): ``session-end`` (the last turn of a session says so),
 ``ttl[=SECONDS]`` (a continuing session's request pins its prompt, default 300 s), ``resume``
 (a continuing session's request says when it comes back), each right with probability
 ACCURACY (default 1; 0.5: random); a last ``:force`` makes the pool follow every hint untested
@@ -20,7 +20,7 @@ import argparse
 import dataclasses
 from typing import Sequence
 
-from hybridkv.sim.hint_synthesis import HINT_KINDS, HintSpec
+from hybridkv.sim.traffic.hint_synthesis import HINT_KINDS, HintSpec
 
 __all__ = ["HintSweep", "add_hint_options", "apply_hints", "check_hint_options", "parse_hint_spec",
            "parse_hint_sweep"]

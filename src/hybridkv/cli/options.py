@@ -316,8 +316,8 @@ def engine_block_size(text: str) -> int | dict[str, int]:
 
 
 def step_argument(text: str) -> list[tuple[int, int]]:
-    """A step ``N@C[xB],...`` (:func:`hybridkv.sim.grid.parse_step`) as its work list."""
-    from hybridkv.sim.grid import parse_step
+    """A step ``N@C[xB],...`` (:func:`hybridkv.cost.grid.parse_step`) as its work list."""
+    from hybridkv.cost.grid import parse_step
     try:
         return parse_step(text)
     except ValueError as exc:
@@ -325,8 +325,8 @@ def step_argument(text: str) -> list[tuple[int, int]]:
 
 
 def profile_argument(text: str):
-    """A profile file (:func:`hybridkv.sim.profile.load_profile`), read and fitted."""
-    from hybridkv.sim.profile import load_profile
+    """A profile file (:func:`hybridkv.cost.profile.load_profile`), read and fitted."""
+    from hybridkv.cost.profile import load_profile
     try:
         return load_profile(text)
     except ValueError as exc:

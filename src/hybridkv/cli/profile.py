@@ -3,7 +3,7 @@
 Builds the preset's layers with random weights on ``--device`` (no download), times a grid of
 prefill, decode and mixed steps (``--point`` adds steps in ``hybridkv cost --step`` syntax),
 the attention kernels of the preset's other attention kinds, and host <-> device copies (CUDA),
-fits the calibrated model and writes a profile file (format: ``hybridkv.sim.profile``) that
+fits the calibrated model and writes a profile file (format: ``hybridkv.cost.profile``) that
 ``simulate``, ``sweep`` and ``cost`` read with ``--profile FILE``.
 
 On a CPU the preset is shrunk (2 layers per group, widths / 16, a 512-token vocabulary) unless
@@ -22,7 +22,7 @@ from hybridkv.cli.base import COMMANDS, Command
 from hybridkv.cli.options import int_in, non_negative_number, step_argument
 from hybridkv.cli.output import check_output_path
 from hybridkv.cli.sim_options import DEFAULT_PRESET
-from hybridkv.sim.presets import GPU_PRESETS
+from hybridkv.cost.presets import GPU_PRESETS
 
 
 def _repeats(text: str) -> tuple[int, int]:
@@ -86,7 +86,7 @@ def _print_summary(prof, out: str) -> None:
 def run(args: argparse.Namespace) -> int:
     check_output_path(args.out, "--out")
     if args.refit is not None:
-        from hybridkv.sim.profile import load_profile
+        from hybridkv.cost.profile import load_profile
         prof = load_profile(args.refit).refit(loo=args.loo)
         prof.save(args.out)
         _print_summary(prof, args.out)
@@ -99,8 +99,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError('hybridkv profile needs PyTorch: pip install "hybridkv[engine]"') from None
     from hybridkv.profiling.runner import CPU_TRIM, ProfileRequest, default_grid, run_profile
     from hybridkv.profiling.timing import TimingOptions
-    from hybridkv.sim.grid import GridPoint, format_step
-    from hybridkv.sim.shapes import Trim
+    from hybridkv.cost.grid import GridPoint, format_step
+    from hybridkv.cost.shapes import Trim
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -26,12 +26,12 @@ from hybridkv.cli.tier_options import TIER_OPTION_NAMES, check_tier_options, tie
 from hybridkv.core.spec_decode import SPEC_OFF, SpecDecode
 from hybridkv.core.specs import is_state
 from hybridkv.sched import SchedulerConfig
-from hybridkv.sim.presets import get_gpu, get_preset
+from hybridkv.cost.presets import get_gpu, get_preset
 from hybridkv.sim.simulator import SimConfig
-from hybridkv.sim.traces import (BUNDLED_TRACES, TraceWarning, load_token_trace,
+from hybridkv.sim.traffic.traces import (BUNDLED_TRACES, TraceWarning, load_token_trace,
                                  mooncake_block_warning, resolve_trace, trace_format)
-from hybridkv.sim.workloads import WORKLOADS, get_workload
-from hybridkv.sim.workitems import WorkItem, items_from_mooncake, items_from_trace
+from hybridkv.sim.traffic.workloads import WORKLOADS, get_workload
+from hybridkv.sim.traffic.workitems import WorkItem, items_from_mooncake, items_from_trace
 
 DEFAULT_PRESET = "deepseek-v4-style"
 DEFAULT_WORKLOAD = "chat"
@@ -102,7 +102,7 @@ def add_common_options(p: argparse.ArgumentParser) -> None:
 
 def add_cost_model_options(p: argparse.ArgumentParser) -> None:
     """``--profile`` and ``--cost-model`` (simulate, sweep, cost)."""
-    from hybridkv.sim.profile import COST_MODELS
+    from hybridkv.cost.profile import COST_MODELS
     p.add_argument("--profile", type=profile_argument, metavar="FILE",
                    help="step times from this profile (`hybridkv profile`): its fitted constants on "
                         "its device's peaks (default: the shipped H100 calibration; --gpu still "
@@ -114,7 +114,7 @@ def add_cost_model_options(p: argparse.ArgumentParser) -> None:
 
 def cost_source(cfg: SimConfig) -> str:
     """Where the step times of ``cfg`` come from, in words (printed under a run's header)."""
-    from hybridkv.sim.profile import cost_model
+    from hybridkv.cost.profile import cost_model
     return cost_model(cfg.preset, cfg.gpu, cfg.num_gpus, cfg.profile, cfg.cost_model).source
 
 
@@ -269,7 +269,7 @@ def warn(args: argparse.Namespace, message: str) -> None:
 
 def load_items(args: argparse.Namespace) -> list[WorkItem]:
     """The workload of the options: a trace file or a built-in generator. The loaders'
-    :class:`~hybridkv.sim.traces.TraceWarning` s are printed as one warning line each."""
+    :class:`~hybridkv.sim.traffic.traces.TraceWarning` s are printed as one warning line each."""
     import warnings
     limit = args.limit
     if args.trace is not None:
@@ -300,7 +300,7 @@ def load_items(args: argparse.Namespace) -> list[WorkItem]:
 
 def options_preset(args: argparse.Namespace):
     """The ``--preset`` with ``--block-size`` applied, and with ``--spec eagle3:K`` the
-    drafter's KV group the preset records (:meth:`~hybridkv.sim.presets.ModelPreset.with_drafter`)."""
+    drafter's KV group the preset records (:meth:`~hybridkv.cost.presets.ModelPreset.with_drafter`)."""
     preset = get_preset(args.preset)
     preset = preset if args.block_size is None else preset.with_block_size(args.block_size)
     spec = getattr(args, "spec", None)

@@ -4,7 +4,7 @@ Options -> :class:`~hybridkv.sim.simulator.SimConfig` (:mod:`hybridkv.cli.sim_op
 hardware and cache size from :mod:`hybridkv.cli.capacity`) -> one
 :class:`~hybridkv.sim.simulator.Simulator` run, or with ``--instances`` / ``--router`` a cluster
 (:mod:`hybridkv.cli.cluster`) -> the summary table, why online < optimum, the next steps
-(:mod:`hybridkv.sim.advice`), ``--json``, ``--plot``. Ctrl-C writes what was measured to
+(:mod:`hybridkv.sim.report.advice`), ``--json``, ``--plot``. Ctrl-C writes what was measured to
 ``--json``, marked partial, and exits with status 130.
 """
 
@@ -25,11 +25,11 @@ from hybridkv.cli.sim_options import (DEFAULT_WORKLOAD, OPTION_NAMES, add_common
                                       options_preset, profile_warning)
 from hybridkv.cli.tier_options import add_tier_options
 from hybridkv.sim.failures import ChildProcessDied
-from hybridkv.sim.hardware import KVBudget
-from hybridkv.sim.optimum_memory import BYTES_PER_BLOCK, available_memory_bytes
+from hybridkv.cost.hardware import KVBudget
+from hybridkv.sim.bounds.optimum_memory import BYTES_PER_BLOCK, available_memory_bytes
 from hybridkv.sim.interrupt import RunInterrupted, sigint_deferred
 from hybridkv.sim.simulator import SimConfig, SimResult, Simulator
-from hybridkv.sim.workitems import WorkItem
+from hybridkv.sim.traffic.workitems import WorkItem
 
 DESCRIPTION = """\
 Simulate a model's prefix cache and latency over a workload: the real scheduler and KV-cache
@@ -90,9 +90,9 @@ def describe(cfg: SimConfig, args: argparse.Namespace, n_items: int,
 
 def optimum_memory_warning(cfg: SimConfig, items: list[WorkItem], available: int | None) -> str | None:
     """The warning when the offline optimum's memory estimate
-    (:func:`hybridkv.sim.optimum_memory.estimate`) is more than half the ``available`` bytes;
+    (:func:`hybridkv.sim.bounds.optimum_memory.estimate`) is more than half the ``available`` bytes;
     None otherwise, without the optimum, or when ``available`` is unknown."""
-    from hybridkv.sim.optimum_memory import estimate, is_large, key_block_size
+    from hybridkv.sim.bounds.optimum_memory import estimate, is_large, key_block_size
     if not cfg.optimum:
         return None
     need = estimate(items, key_block_size(cfg.preset.kv_config(num_blocks=cfg.num_blocks)))
@@ -109,7 +109,7 @@ def tier_baseline(cfg: SimConfig, items: list[WorkItem], args: argparse.Namespac
     """With tiers: the same run without them (unless ``--no-baseline``); prints the tier table
     and returns the baseline's hit rate and TTFT for the JSON."""
     import dataclasses
-    from hybridkv.sim.tier_report import tier_summary
+    from hybridkv.sim.tiers.report import tier_summary
     base = None
     if not args.no_baseline:
         base = run_one(dataclasses.replace(cfg, tiers=None, optimum=False), items,
@@ -132,7 +132,7 @@ def hint_baseline(cfg: SimConfig, items: list[WorkItem], args: argparse.Namespac
     """With hints: the same run without them (unless ``--no-baseline``); prints the hint lines
     and returns the baseline's hit rate and TTFT for the JSON."""
     import dataclasses
-    from hybridkv.sim.hint_report import hint_summary
+    from hybridkv.sim.report.hints import hint_summary
     base = None
     if not getattr(args, "no_baseline", False):
         bare = [dataclasses.replace(it, source=dataclasses.replace(it.source, hint=None))
@@ -149,10 +149,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from hybridkv.sim.advice import next_steps
-    from hybridkv.sim.report import explain_gap, format_next_steps, plot_run, summary_table
+    from hybridkv.sim.report.advice import next_steps
+    from hybridkv.sim.report.summary import explain_gap, format_next_steps, plot_run, summary_table
     from hybridkv.cli.options import name_options
-    from hybridkv.sim.workload_fit import check_fits, context_warning
+    from hybridkv.sim.traffic.workload_fit import check_fits, context_warning
     check_options(args)
     cluster.check_args(args)              # before the trace is read
     preset = options_preset(args)

@@ -36,9 +36,9 @@ from hybridkv.cli.sim_options import (OPTION_NAMES, add_common_options, build_co
 from hybridkv.cli.tier_options import add_tier_options, tier_config
 from hybridkv.core.specs import is_state
 from hybridkv.sim.interrupt import RunInterrupted, sigint_deferred
-from hybridkv.sim.routing import DEFAULT_OVERLAP_WEIGHT, ROUTERS
+from hybridkv.sim.cluster.routing import DEFAULT_OVERLAP_WEIGHT, ROUTERS
 from hybridkv.sim.simulator import SimConfig, SimResult
-from hybridkv.sim.workitems import WorkItem
+from hybridkv.sim.traffic.workitems import WorkItem
 
 DEFAULT_SIZES = (10**6, 3 * 10**6, 10**7)
 DESCRIPTION = """Sweep one thing and print a row per value: cache sizes (--cache-tokens-list, default
@@ -185,15 +185,15 @@ def _run(args: argparse.Namespace) -> int:
         check_state_sweep_options(args)
     warn_workers(args)
     items = load_items(args)
-    from hybridkv.sim.workload_fit import context_warning
+    from hybridkv.sim.traffic.workload_fit import context_warning
     for warning in (context_warning(preset, items, args.max_model_len),
                     profile_warning(args.profile, preset)):
         if warning:
             warn(args, name_options(warning, OPTION_NAMES))
     if not args.no_optimum and not state:          # each configuration's optimum, one at a time
         from hybridkv.cli.simulate import optimum_memory_warning
-        from hybridkv.sim.optimum_memory import available_memory_bytes
-        from hybridkv.sim.presets import get_gpu
+        from hybridkv.sim.bounds.optimum_memory import available_memory_bytes
+        from hybridkv.cost.presets import get_gpu
         warning = optimum_memory_warning(SimConfig(preset=preset, gpu=get_gpu(args.gpu), num_blocks=2),
                                          items, available_memory_bytes())
         if warning:
@@ -218,8 +218,8 @@ def _run(args: argparse.Namespace) -> int:
 
 def _sweep(args: argparse.Namespace, items: list[WorkItem], preset) -> int:
     """A sweep of attention presets (sizes, retention intervals, instances, policies)."""
-    from hybridkv.sim.cluster import ClusterJob
-    from hybridkv.sim.report import plot_sweep
+    from hybridkv.sim.cluster.loop import ClusterJob
+    from hybridkv.sim.report.summary import plot_sweep
     if args.retention_intervals is not None:
         blocks = capacity_blocks(args, preset)
         runs = [(v, build_config(args, num_blocks=blocks, retention=v)) for v in args.retention_intervals]
@@ -349,7 +349,7 @@ def sweep_hints(args: argparse.Namespace, items: list[WorkItem], preset) -> int:
     """Every hint accuracy of ``args.hints`` and the run without hints, at every cache size;
     print the accuracy x size table, write ``--json`` (each row's ``hints``: the spec or
     null) and ``--plot`` (hit rate, and TTFT when timed, against accuracy)."""
-    from hybridkv.sim.hint_report import hint_sweep_table, plot_hint_sweep
+    from hybridkv.sim.report.hints import hint_sweep_table, plot_hint_sweep
     sizes = args.cache_tokens_list if args.cache_tokens_list is not None else DEFAULT_SIZES
     specs = list(args.hints.specs)
     runs = []
@@ -385,7 +385,7 @@ def sweep_hints(args: argparse.Namespace, items: list[WorkItem], preset) -> int:
 def sweep_tiers(args: argparse.Namespace, items: list[WorkItem], preset) -> int:
     """Every CPU tier size of ``args.cpu_cache_tokens_list`` at one GPU size; print the
     buyer's table (hit rate per tier, TTFT, loads), write ``--json`` and ``--plot``."""
-    from hybridkv.sim.tier_report import plot_tier_sweep, tier_sweep_table
+    from hybridkv.sim.tiers.report import plot_tier_sweep, tier_sweep_table
     base = build_config(args, num_blocks=capacity_blocks(args, preset))
     gpu_tokens = base.cache_tokens
     sizes = args.cpu_cache_tokens_list
@@ -416,7 +416,7 @@ def sweep_policies(args: argparse.Namespace, runs: list, items: list) -> tuple[l
     names its policy (``lru @ 200000``). Returns the JSON rows (each with ``eviction_policy``, a
     failed one too) and the number of failed configurations."""
     from hybridkv.sim.policy_cost import op_cost
-    from hybridkv.sim.report import plot_policies
+    from hybridkv.sim.report.summary import plot_policies
     names = args.eviction_policies
     all_runs = [(v, _with_policy(cfg, p)) for p in names for v, cfg in runs]
     rows, _, failed = run_configs(args, all_runs, items,
@@ -445,7 +445,7 @@ def sweep_policies(args: argparse.Namespace, runs: list, items: list) -> tuple[l
 
 def _reference_rows(rows: list[dict], n: int) -> list[str]:
     """The bounds of each size (the first successful row of it), aligned with the policy
-    table: Belady, the non-anticipative hazard-rate reference (:mod:`hybridkv.sim.hazard`) and
+    table: Belady, the non-anticipative hazard-rate reference (:mod:`hybridkv.sim.bounds.hazard`) and
     the unlimited cache, each as block hit rate / fraction of Belady."""
     out = []
     for key, name in (("optimal_block_hit_rate", "optimum"), ("hazard_bound_block_hit_rate", "hazard"),
@@ -492,7 +492,7 @@ def sweep_state(args: argparse.Namespace, items: list[WorkItem], preset) -> int:
     """Every retention interval of ``args`` plus vLLM's align baseline at the same KV memory;
     print the checkpoint table, write ``--json`` (Ctrl-C: :class:`RunInterrupted` with the
     finished rows)."""
-    from hybridkv.sim.presets import vllm_align_block_size
+    from hybridkv.cost.presets import vllm_align_block_size
     from hybridkv.sim.state_sweep import run_checkpoint_config
     args.no_optimum = True
     blocks = capacity_blocks(args, preset)

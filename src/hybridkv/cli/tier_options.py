@@ -1,4 +1,4 @@
-"""The KV-tier options of ``simulate`` and ``sweep`` -> a :class:`~hybridkv.sim.tiers.TierConfig`.
+"""The KV-tier options of ``simulate`` and ``sweep`` -> a :class:`~hybridkv.sim.tiers.config.TierConfig`.
 
 ``--cpu-cache-tokens N`` / ``--disk-cache-tokens N`` / ``--remote-cache-tokens N`` add a tier
 of N tokens (0: none), or ``--cpu-cache-gb G`` / ``--disk-cache-gb G`` one of G GB per GPU
@@ -21,8 +21,8 @@ import argparse
 import math
 
 from hybridkv.cli.options import non_negative_number, parse_count
-from hybridkv.sim.tiers import DISK_LINK, FREE_LINK, REMOTE_LINK, TIER_NAMES, TierConfig, link_with
-from hybridkv.sim.transfer import DEFAULT_TRANSFER
+from hybridkv.sim.tiers.config import DISK_LINK, FREE_LINK, REMOTE_LINK, TIER_NAMES, TierConfig, link_with
+from hybridkv.cost.transfer import DEFAULT_TRANSFER
 from hybridkv.tiers import TIER_POLICIES, WRITE_THROUGH
 
 __all__ = ["GB_TIERS", "TIER_OPTION_NAMES", "add_tier_options", "check_tier_options", "has_tiers",
@@ -77,7 +77,7 @@ def add_tier_options(p: argparse.ArgumentParser, sweep: bool = False) -> None:
         "a hit in a lower tier is loaded (PCIe, plus the tier's own link for disk and remote), "
         "overlapped layer by layer with compute; defaults: cpu = measured H100 PCIe (or the "
         "profile's transfer section), disk = one PCIe 4.0 NVMe drive, remote = Mooncake Store "
-        "over one 200 Gb/s RDMA NIC (sources: hybridkv.sim.tiers)")
+        "over one 200 Gb/s RDMA NIC (sources: hybridkv.sim.tiers.config)")
     if sweep:
         g.add_argument("--cpu-cache-tokens-list", type=parse_count_list_with_zero, metavar="N,N,...",
                        help="sweep the CPU tier's size (0: none), e.g. 0,10M,30M,100M, at the GPU "

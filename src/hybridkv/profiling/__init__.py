@@ -6,5 +6,5 @@ fit the calibrated cost model to them (needs PyTorch).
 * :mod:`hybridkv.profiling.runner` — the grid, reference rates, copies, fit, the file;
 
 The command is ``hybridkv profile`` (:mod:`hybridkv.cli.profile`); the file format is
-:mod:`hybridkv.sim.profile`'s.
+:mod:`hybridkv.cost.profile`'s.
 """

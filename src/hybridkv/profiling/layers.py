@@ -46,7 +46,7 @@ from torch.nn.attention.bias import causal_lower_right
 
 from hybridkv.core.rules import make_rule
 from hybridkv.core.specs import MLA, STORAGE_KINDS, StateSpec
-from hybridkv.sim.presets import ModelPreset
+from hybridkv.cost.presets import ModelPreset
 
 __all__ = ["Plan", "StepModel"]
 
@@ -388,7 +388,7 @@ class StepModel:
     """A preset's decoder (target layers, in model order) with random weights on ``device``.
 
     Args:
-        preset: the model (with :attr:`~hybridkv.sim.presets.ModelPreset.shapes`).
+        preset: the model (with :attr:`~hybridkv.cost.presets.ModelPreset.shapes`).
         device: a torch device.
         dtype: weight and activation dtype (recurrent states stay float32).
         seed: seeds the weights.

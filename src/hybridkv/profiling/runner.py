@@ -5,7 +5,7 @@
 device-to-device copy), times every grid point (prefill and mixed steps eagerly, decode-only
 steps as a replayed CUDA graph on CUDA), times the attention kernels of the preset's other
 attention kinds next to a full-attention reference, measures host <-> device copies (CUDA),
-and fits the calibrated model (:meth:`hybridkv.sim.profile.Profile.refit`). The file is
+and fits the calibrated model (:meth:`hybridkv.cost.profile.Profile.refit`). The file is
 rewritten after every point, so an interrupted run keeps what it measured; a point that does
 not fit in memory or fails is recorded under ``method.skipped`` with its reason, and points
 left when ``time_budget_s`` runs out are skipped the same way.
@@ -25,13 +25,13 @@ import torch
 from hybridkv.core.specs import FullAttention, KVCacheGroup
 from hybridkv.profiling.layers import Plan, StepModel, _Attention
 from hybridkv.profiling.timing import TimingOptions, attention_kernel_names, time_call
-from hybridkv.sim.calibrated import CalibratedCostModel, Calibration, attention_kind
-from hybridkv.sim.calibration_fit import KernelPoint
-from hybridkv.sim.grid import GridPoint, format_step
-from hybridkv.sim.presets import GPU_PRESETS, ModelPreset, get_preset
-from hybridkv.sim.profile import Profile, software_versions
-from hybridkv.sim.shapes import Trim, trimmed_preset
-from hybridkv.sim.transfer import DEFAULT_TRANSFER, CopyPoint, fit_transfer
+from hybridkv.cost.calibrated import CalibratedCostModel, Calibration, attention_kind
+from hybridkv.cost.calibration_fit import KernelPoint
+from hybridkv.cost.grid import GridPoint, format_step
+from hybridkv.cost.presets import GPU_PRESETS, ModelPreset, get_preset
+from hybridkv.cost.profile import Profile, software_versions
+from hybridkv.cost.shapes import Trim, trimmed_preset
+from hybridkv.cost.transfer import DEFAULT_TRANSFER, CopyPoint, fit_transfer
 
 __all__ = ["CPU_TRIM", "ProfileRequest", "default_grid", "run_profile"]
 

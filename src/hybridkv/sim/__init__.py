@@ -1,25 +1,23 @@
-"""Trace-driven simulator: workloads, model/GPU presets, cost model and offline-optimal bounds.
+"""Trace-driven simulator: a scheduler and the KV-cache manager over a workload, with the
+step-time model (:mod:`hybridkv.cost`) for time, and what the run is measured against.
 
 The simulator itself is exported here (``from hybridkv.sim import Simulator, SimConfig,
-items_from_trace``); the submodules:
+items_from_trace``). Its rooms, each behind its package's ``__init__``:
 
 * :mod:`hybridkv.sim.simulator` — :class:`Simulator`, :class:`SimConfig`, :class:`SimResult`.
-* :mod:`hybridkv.sim.workitems` — the work items (:func:`items_from_trace` for in-memory
-  requests, :func:`items_from_mooncake` for a Mooncake file) and the served workload.
-* :mod:`hybridkv.sim.traces` — real traces (bundled Mooncake copies, token JSONL);
-  :mod:`hybridkv.sim.workloads` — seeded generators.
-* :mod:`hybridkv.sim.optimal` — block-level LRU and Belady; the simulator's offline optimum.
-* :mod:`hybridkv.sim.presets` — model presets (KV-cache groups, layer shapes in
-  :mod:`hybridkv.sim.shapes`) and GPU presets.
-* :mod:`hybridkv.sim.calibrated` — the calibrated per-step time (the default);
-  :mod:`hybridkv.sim.costmodel` — the roofline; :mod:`hybridkv.sim.profile` — profile files,
-  the shipped H100 calibration and :func:`~hybridkv.sim.profile.cost_model`;
-  :mod:`hybridkv.sim.calibration_fit` — the fit; :mod:`hybridkv.sim.grid` — the step syntax;
-  :mod:`hybridkv.sim.transfer` — host <-> device copy times.
-* :mod:`hybridkv.sim.cluster`, :mod:`hybridkv.sim.routing` — N instances behind a router.
+* :mod:`hybridkv.sim.traffic` — traces, generated workloads, work items, synthesized hints.
+* :mod:`hybridkv.sim.bounds` — the offline optimum, the hybrid bound, the hazard reference,
+  what-ifs.
+* :mod:`hybridkv.sim.tiers` — KV tiers below the GPU: configuration, runtime, report.
+* :mod:`hybridkv.sim.cluster` — N instances behind a router (:mod:`hybridkv.sim.cluster.routing`).
+* :mod:`hybridkv.sim.report` — the summary, the next steps, the hint table.
+* :mod:`hybridkv.sim.executors` (where a sweep runs), :mod:`hybridkv.sim.interrupt` (Ctrl-C),
+  :mod:`hybridkv.sim.failures` (a helper process died), :mod:`hybridkv.sim.state_sweep`
+  (checkpoint memory of state presets), :mod:`hybridkv.sim.policy_cost` (an eviction policy's
+  cost per pool operation).
 """
 
 from hybridkv.sim.simulator import SimConfig, SimResult, Simulator
-from hybridkv.sim.workitems import WorkItem, items_from_mooncake, items_from_trace
+from hybridkv.sim.traffic.workitems import WorkItem, items_from_mooncake, items_from_trace
 
 __all__ = ["SimConfig", "SimResult", "Simulator", "WorkItem", "items_from_mooncake", "items_from_trace"]

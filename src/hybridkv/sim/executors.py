@@ -1,7 +1,7 @@
 """Where a sweep's simulations run: in this process, on local processes, or as Ray tasks.
 
 A sweep is a list of jobs over one workload: :class:`SimConfig` (one instance) or
-:class:`~hybridkv.sim.cluster.ClusterJob` (N instances behind a router). :func:`execute` runs
+:class:`~hybridkv.sim.cluster.loop.ClusterJob` (N instances behind a router). :func:`execute` runs
 every job and yields an :class:`Outcome` as each one finishes (in completion order; ``index``
 says which job it is). A job that raises yields its error and the others go on. Every executor
 runs the same :func:`run_config`, so a job gives the same result (all but its timing keys,
@@ -40,11 +40,11 @@ from multiprocessing import get_context
 from typing import Callable, Iterator, Sequence, Union
 
 from hybridkv.core.validation import check_int
-from hybridkv.sim.cluster import ClusterJob, ClusterResult
+from hybridkv.sim.cluster.loop import ClusterJob, ClusterResult
 from hybridkv.sim.failures import ChildProcessDied, describe_exit
 from hybridkv.sim.interrupt import sigint_deferred
 from hybridkv.sim.simulator import SimConfig, SimResult, Simulator
-from hybridkv.sim.workitems import WorkItem
+from hybridkv.sim.traffic.workitems import WorkItem
 
 EXECUTORS = ("serial", "processes", "ray")
 

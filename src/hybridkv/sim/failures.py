@@ -1,6 +1,6 @@
 """A helper process that died: what it was, and how it ended.
 
-The simulator's offline optimum may run in a forked child (:class:`~hybridkv.sim.optimal.OptimumJob`),
+The simulator's offline optimum may run in a forked child (:class:`~hybridkv.sim.bounds.optimal.OptimumJob`),
 a sweep's jobs in worker processes or Ray tasks (:mod:`hybridkv.sim.executors`). When such a
 process dies without answering (the kernel's out-of-memory killer sends it ``SIGKILL``), the
 run raises :class:`ChildProcessDied`, never a silent success: its ``partial`` carries what had

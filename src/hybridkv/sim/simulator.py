@@ -11,14 +11,14 @@
 
 Timed mode advances a clock by the cost model's step time and admits requests when they
 arrive. Sequential mode (``sequential=True``) serves one request at a time with no timing, the
-setting of the block-level harness in :mod:`hybridkv.sim.optimal`.
+setting of the block-level harness in :mod:`hybridkv.sim.bounds.optimal`.
 
-The work items and the ``max_model_len`` rule are :mod:`hybridkv.sim.workitems`'s; the offline
-optimum and the gap report (:class:`~hybridkv.sim.optimal.OptimumJob`) are
-:mod:`hybridkv.sim.optimal`'s, computed on the same served workload.
+The work items and the ``max_model_len`` rule are :mod:`hybridkv.sim.traffic.workitems`'s; the offline
+optimum and the gap report (:class:`~hybridkv.sim.bounds.optimal.OptimumJob`) are
+:mod:`hybridkv.sim.bounds.optimal`'s, computed on the same served workload.
 
 KV tiers below the GPU (``SimConfig.tiers``: CPU, disk, remote) are the scheduler's connector
-(:class:`~hybridkv.sim.tier_runtime.TierRuntime`): a hit in a lower tier is loaded, and its
+(:class:`~hybridkv.sim.tiers.runtime.TierRuntime`): a hit in a lower tier is loaded, and its
 transfer time overlaps compute layer by layer (the overlap model is that module's). The
 offline optimum then bounds the whole hierarchy: Belady over the GPU's share plus the tiers'
 bytes, with free transfers.
@@ -46,21 +46,21 @@ from hybridkv.core.retention_config import RetentionConfig, TokenRange
 from hybridkv.core.spec_decode import SpecDecode
 from hybridkv.core.rules import make_rule
 from hybridkv.sched import AcceptanceModel, EngineRequest, Scheduler, SchedulerConfig, useful_drafts
-from hybridkv.sim.hint_synthesis import HintSpec, synthesize_hints, workload_sessions
-from hybridkv.sim.hazard import HazardBound
+from hybridkv.sim.traffic.hint_synthesis import HintSpec, synthesize_hints, workload_sessions
+from hybridkv.sim.bounds.hazard import HazardBound
 from hybridkv.sim.interrupt import RunInterrupted
 from hybridkv.sim.failures import ChildProcessDied
-from hybridkv.sim.optimum_memory import key_block_size
-from hybridkv.sim.hybrid_bound import (hybrid_bound_hit_blocks, is_hybrid, servable_key_blocks,
+from hybridkv.sim.bounds.optimum_memory import key_block_size
+from hybridkv.sim.bounds.hybrid_bound import (hybrid_bound_hit_blocks, is_hybrid, servable_key_blocks,
                                        unservable_blocks)
-from hybridkv.sim.optimal import GapReport, OnlineHits, OptimumJob, optimum_capacity_blocks
-from hybridkv.sim.profile import Profile, cost_model
-from hybridkv.sim.presets import GpuPreset, ModelPreset
-from hybridkv.sim.tier_runtime import TierReport, TierRuntime
-from hybridkv.sim.tiers import TierConfig
-from hybridkv.sim.transfer import DEFAULT_TRANSFER
-from hybridkv.sim.whatif import WhatIf, what_if
-from hybridkv.sim.workitems import OUTPUT_TOKEN_BASE, ServedItem, WorkItem, served_workload
+from hybridkv.sim.bounds.optimal import GapReport, OnlineHits, OptimumJob, optimum_capacity_blocks
+from hybridkv.cost.profile import Profile, cost_model
+from hybridkv.cost.presets import GpuPreset, ModelPreset
+from hybridkv.sim.tiers.runtime import TierReport, TierRuntime
+from hybridkv.sim.tiers.config import TierConfig
+from hybridkv.cost.transfer import DEFAULT_TRANSFER
+from hybridkv.sim.bounds.whatif import WhatIf, what_if
+from hybridkv.sim.traffic.workitems import OUTPUT_TOKEN_BASE, ServedItem, WorkItem, served_workload
 
 
 
@@ -135,13 +135,13 @@ class SimConfig:
         prefix_retention: give every request this retention config for its first tokens
             (needs ``eviction_policy="priority"``); TTLs run on the simulated clock (sequential
             mode: the requests' arrival times).
-        cost_model: ``"calibrated"`` (measured step times; :func:`hybridkv.sim.profile.cost_model`)
+        cost_model: ``"calibrated"`` (measured step times; :func:`hybridkv.cost.profile.cost_model`)
             or ``"roofline"``.
         profile: a measured profile whose constants time the steps (None: the shipped default
             for ``gpu``).
-        tiers: KV tiers below the GPU (:class:`~hybridkv.sim.tiers.TierConfig`), or None.
+        tiers: KV tiers below the GPU (:class:`~hybridkv.sim.tiers.config.TierConfig`), or None.
         hints: synthesise application hints from the workload's own future at this accuracy
-            (:class:`~hybridkv.sim.hint_synthesis.HintSpec`); the manager then takes hints.
+            (:class:`~hybridkv.sim.traffic.hint_synthesis.HintSpec`); the manager then takes hints.
         trace_hints: serve the hints the workload's requests carry (``TraceRequest.hint``, a
             trace line's ``"hint"``); a workload with hints is refused without it (or ``hints``).
     """
@@ -241,7 +241,7 @@ class SimResult:
 
     @property
     def hybrid_bound_block_hit_rate(self) -> float | None:
-        """The hybrid bound (:mod:`hybridkv.sim.hybrid_bound`) as a block hit rate (None: not
+        """The hybrid bound (:mod:`hybridkv.sim.bounds.hybrid_bound`) as a block hit rate (None: not
         a hybrid config, or no optimum computed)."""
         if self.hybrid_bound_hit_blocks is None:
             return None
@@ -249,7 +249,7 @@ class SimResult:
 
     @property
     def hazard_block_hit_rate(self) -> float | None:
-        """The non-anticipative reference (:mod:`hybridkv.sim.hazard`), as a block hit rate
+        """The non-anticipative reference (:mod:`hybridkv.sim.bounds.hazard`), as a block hit rate
         over this run's prompt blocks."""
         if self.hazard is None or not self.prompt_blocks:
             return None
@@ -472,7 +472,7 @@ class Simulator:
         return res
 
     def _hybrid_bound(self, served: list[ServedItem], capacity: int) -> tuple[int, int]:
-        """:mod:`hybridkv.sim.hybrid_bound` on the served requests, at the optimum's capacity:
+        """:mod:`hybridkv.sim.bounds.hybrid_bound` on the served requests, at the optimum's capacity:
         its hit blocks and the unlimited cache's hits no cache of this config serves."""
         cfg = self.config
         servable = servable_key_blocks(served, self.kv.config, self.key_block, spec=cfg.spec,

@@ -9,7 +9,7 @@ attention KV):
 * ``N`` in the list: hybridkv's default mode, checkpoint granularity = the preset's block size
   (16 tokens), a checkpoint every N tokens plus the replay boundaries and the shared-prefix
   junction (N = 0: only those); ``none``: one at every aligned end.
-* the baseline: the preset with vLLM's forced block size (:func:`~hybridkv.sim.presets.
+* the baseline: the preset with vLLM's forced block size (:func:`~hybridkv.cost.presets.
   vllm_align_block_size`, 1056 tokens for Qwen3-Next) for attention and state alike, in
   vLLM-compatible mode with retention 0 (checkpoints at replay boundaries and the junction,
   one state per attention page).
@@ -27,7 +27,7 @@ import dataclasses
 
 from hybridkv.core.specs import is_state
 from hybridkv.sim.simulator import SimConfig, Simulator
-from hybridkv.sim.workitems import WorkItem
+from hybridkv.sim.traffic.workitems import WorkItem
 
 
 @dataclasses.dataclass(slots=True)

@@ -1,0 +1,699 @@
+r"""Calibrated step-time model: what one engine step costs on a measured GPU.
+
+The roofline (:mod:`hybridkv.cost.costmodel`) charges every FLOP at one efficiency and every
+byte at another and takes the larger. Measured steps do not behave that way: GEMMs reach a
+different fraction of peak than attention, attention over a cached context runs slower than
+a fresh causal prompt, a decode batch of one cannot fill the GPU, every step pays a fixed
+overhead, and a step launched eagerly takes at least the host's time to issue it. This model charges each of those separately,
+with efficiencies fitted to measured steps (:mod:`hybridkv.cost.calibration_fit`).
+
+A step's work is ``[(new_tokens, context_before), ...]`` as for the roofline. With ``T`` the
+step's new tokens, ``R`` its requests (each samples one row of logits), ``G`` GPUs, peak FLOP/s
+``F`` and bandwidth ``B`` from the GPU preset::
+
+    a      = (2 * P_tok * tile(T) + 2 * P_head * tile(R)) / (G * F * gemm_efficiency)   # GEMM compute
+    b      = weight_bytes(T) / (G * B * weight_bw_efficiency)                   # weight reads
+    gemm   = (a**p + b**p) ** (1/p),   p = gemm_blend                           # smooth roofline
+    attn   = sum over KV groups g and attention calls k of
+             L_g * s_kind(g) * (max(flops_k / (G * F * e_k), bytes_k / (G * B * attn_bw_efficiency))
+                                    / min(1, units_k * splits_k / (G * attn_saturation_blocks))
+                                + blocks_k / G * attn_block_s)
+    gpu    = gemm + attn + graph_overhead_s
+    time   = gpu                                       for a step whose requests are all decodes
+           = (gpu**q + eager_host_s**q) ** (1/q),  q = host_overlap       for any other step
+
+``P_tok`` are the parameters every token multiplies (active parameters less the LM head and an
+untied embedding), ``P_head`` the LM head's. The GEMM term is an efficiency that depends on
+the token count: weight-read bound for few tokens, ``gemm_efficiency`` of peak for many, with
+``gemm_blend`` saying how sharp the turn is (infinite: the plain roofline ``max``). GEMM
+kernels compute whole tiles of :data:`GEMM_ROW_TILE` rows, so the compute term counts the
+tokens (and the LM head's rows) rounded up to a multiple of it, ``tile(x)``: a step of 544
+tokens computes as many rows as one of 576.
+
+Attention is composed the way an engine runs a step: all tokens of a step go through one GEMM
+pass, and attention runs per request for a prefill chunk (one call of ``n`` queries over
+``c + n`` keys) and as one batched call for all decodes (requests with at most :data:`DECODE_MAX_NEW`
+new tokens, speculative verification included). A call's FLOPs are its (query, key) pairs
+(:meth:`HitRule.attention_keys`: windows and chunks included) times ``4 * attn_width`` (MLA:
+divided by its compression ratio), its bytes the KV it reads and writes
+(:meth:`HitRule.kv_span`); ``e_k`` is ``attn_causal_efficiency`` for a chunk with no cached
+context (the plain causal kernel) and ``attn_context_efficiency`` otherwise, but never more
+than the causal one for a prefill chunk (a context never makes a chunk cheaper). A call's
+*units* are its kernel's blocks of work: per request, query heads times 64-query blocks for a
+prefill chunk (``max(1, n / 64)`` of them for the occupancy; whole blocks for
+``attn_block_s``; a recurrent layer's chunk, which carries its
+state from block to block, one unit per head), and for a one-token decode the KV heads times
+the 64-row blocks its packed query heads fill (one per KV head for grouped-query attention);
+fewer than ``attn_saturation_blocks`` leave streaming multiprocessors idle and the call slows
+in proportion; a decode batch with unequal contexts counts ``bytes / max(bytes per unit)``
+units (its busiest unit bounds it, so a request added to a step never makes it faster). A
+decode, a new or a cached token added to a call that leaves the GPU idle can make it slightly
+faster (at most :data:`MONOTONE_SLACK`: its units, and so its occupancy, can grow faster than its
+work). With
+``split_kv`` (what serving engines run: FlashAttention's split-KV kernels, FlashInfer,
+TensorRT-LLM's multi-block mode) a call also splits each request's keys over
+``splits_k = min(MAX_KV_SPLITS, max(1, S / KV_SPLIT_KEYS))`` units, ``S`` the keys of its
+request (a decode batch: of its longest request), so a decode batch of one over a long context still fills the
+GPU; without it (a kernel that runs one unit per request and KV head) it does not. Every work
+block also costs ``attn_block_s`` beyond its FLOPs and bytes (loading its queries, the
+softmax's last pass, writing its output): ``blocks_k`` counts them all (a decode batch of ``B``
+requests has ``B`` times a request's units). A recurrent (state) layer's call reads and writes
+its state once per request and does ``4 * state size`` FLOPs per token. ``s_kind`` is a
+per-attention-kind time multiplier (1 unless a profile measured that kind's kernels, see
+:class:`Calibration`).
+
+A step whose requests are all decodes is replayed as a CUDA graph (as engines run decode
+steps): its time is the GPU's, ``graph_overhead_s`` included (the gaps between its many small
+kernels, paid by every step). Any other step is launched eagerly, kernel by kernel from the host: the GPU runs
+while the host issues the next kernels, so the step takes the larger of the GPU time and the
+host's issue time ``eager_host_s``, joined smoothly (``host_overlap``: 1 = the two add up,
+large = the plain ``max``; a step with little GPU work is host-bound). An empty step costs 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field, fields
+from functools import lru_cache
+from operator import truediv
+
+import numpy as np
+
+from hybridkv.core.rules import HitRule, make_rule, rule_class
+from hybridkv.core.specs import AttentionSpec
+from hybridkv.core.validation import check_int
+from hybridkv.cost.costmodel import INT_BATCH, StepCost
+from hybridkv.cost.presets import GpuPreset, ModelPreset
+
+__all__ = ["ATTENTION_KINDS", "DECODE_MAX_NEW", "GEMM_ROW_TILE", "KV_SPLIT_KEYS", "MAX_KV_SPLITS", "Calibration",
+           "CalibratedCostModel", "StepFeatures", "attention_kind", "blend", "call_times", "evaluate_features",
+           "host_bound", "row_tile"]
+
+ATTENTION_KINDS = ("full", "sliding", "chunked", "mla", "state")
+"""Attention kinds with their own time multiplier (:attr:`Calibration.kind_scale`)."""
+
+DECODE_MAX_NEW = 16
+"""A request with at most this many new tokens runs in the step's batched decode call."""
+
+QUERY_BLOCK = 64
+"""Queries per attention work block (the unit of :attr:`Calibration.attn_saturation_blocks`)."""
+
+GEMM_ROW_TILE = 64
+"""Rows (tokens) of one GEMM tile: the GEMM compute term counts whole tiles."""
+
+MONOTONE_SLACK = 0.02
+"""Most a step's predicted time may fall, relatively, when work is added to it (a decode, a new
+or cached token): the occupancy terms are not monotone. Worst found by a random search of
+60,000 steps over the presets: 0.68 % (a verification batch whose longest request changes);
+under-filled prefill chunks: 0.12 %. A new request never lowers the time."""
+
+KV_SPLIT_KEYS = 128
+"""Keys of one request a split-KV unit covers at least (FlashAttention's key block)."""
+
+MAX_KV_SPLITS = 128
+"""Most units a split-KV kernel splits one request's keys into (FlashAttention's limit)."""
+
+_STATE = ATTENTION_KINDS.index("state")
+
+
+def row_tile(rows: float) -> float:
+    """``rows`` rounded up to whole :data:`GEMM_ROW_TILE` tiles (0 stays 0)."""
+    return math.ceil(rows / GEMM_ROW_TILE) * GEMM_ROW_TILE
+
+
+def kv_splits(keys: float | np.ndarray) -> float | np.ndarray:
+    """Units a split-KV kernel spreads one request's ``keys`` keys over (at least 1, at most
+    :data:`MAX_KV_SPLITS`; elementwise for an array)."""
+    return np.minimum(float(MAX_KV_SPLITS), np.maximum(1.0, np.asarray(keys, dtype=np.float64) / KV_SPLIT_KEYS))
+
+
+def attention_kind(spec: AttentionSpec) -> str:
+    """The :data:`ATTENTION_KINDS` entry of ``spec``: its rule's ``cost_kind``.
+
+    Raises:
+        ValueError: the registered type names a cost kind outside :data:`ATTENTION_KINDS`.
+    """
+    kind = rule_class(spec).cost_kind
+    if kind not in ATTENTION_KINDS:
+        raise ValueError(f"{type(spec).__name__}'s rule has cost_kind {kind!r}; valid: "
+                         f"{', '.join(ATTENTION_KINDS)}")
+    return kind
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """The fitted constants of the calibrated model (formula: module docstring).
+
+    The field defaults are generic starting values (the roofline's 0.5 / 0.8, 2 ms of overhead
+    and of host time), not a measurement; :func:`hybridkv.cost.profile.default_calibration` gives the measured
+    ones.
+
+    Attributes:
+        gemm_efficiency: fraction of peak FLOP/s the GEMMs reach at large token counts.
+        weight_bw_efficiency: fraction of peak bandwidth at which weights stream at small
+            token counts.
+        gemm_blend: sharpness of the turn between the two (>= 1; large = roofline ``max``).
+        attn_causal_efficiency: fraction of peak FLOP/s of attention over a chunk with no
+            cached context.
+        attn_context_efficiency: the same after a cached context (at most the causal one,
+            for a prefill chunk) and for decode FLOPs.
+        attn_bw_efficiency: fraction of peak bandwidth attention reads KV (and state) at.
+        attn_saturation_blocks: attention work blocks that keep the GPU busy (per GPU).
+        attn_block_s: GPU time each attention work block of one layer adds beyond its FLOPs
+            and bytes (per GPU: blocks run side by side, so this is the GPU's time per block,
+            not one block's latency).
+        graph_overhead_s: fixed GPU time of every step (the gaps between its kernels).
+        eager_host_s: host time to issue a step launched eagerly (one with a prefill chunk).
+        host_overlap: how the host's issue time and the GPU time combine in an eager step
+            (>= 1; 1: they add up; large: the larger of the two).
+        kind_scale: time multiplier per :data:`ATTENTION_KINDS` entry (1: as full attention).
+        split_kv: the attention kernel splits a request's keys over more units when a call
+            alone would leave the GPU idle (split-KV, as serving engines' decode kernels do);
+            not fitted: a property of the kernel measured.
+    """
+
+    gemm_efficiency: float = 0.5
+    weight_bw_efficiency: float = 0.8
+    gemm_blend: float = 4.0
+    attn_causal_efficiency: float = 0.35
+    attn_context_efficiency: float = 0.35
+    attn_bw_efficiency: float = 0.8
+    attn_saturation_blocks: float = 132.0
+    attn_block_s: float = 2e-8
+    graph_overhead_s: float = 0.002
+    eager_host_s: float = 0.002
+    host_overlap: float = 4.0
+    kind_scale: tuple[float, ...] = field(default=(1.0,) * len(ATTENTION_KINDS))
+    split_kv: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("gemm_efficiency", "weight_bw_efficiency", "attn_causal_efficiency",
+                     "attn_context_efficiency", "attn_bw_efficiency"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and 0 < value <= 1):
+                raise ValueError(f"Calibration.{name} must be in (0, 1], got {value!r}")
+        for name in ("gemm_blend", "host_overlap"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and value >= 1):
+                raise ValueError(f"Calibration.{name} must be >= 1, got {value!r}")
+        if not (isinstance(self.attn_saturation_blocks, (int, float)) and self.attn_saturation_blocks > 0):
+            raise ValueError(f"Calibration.attn_saturation_blocks must be > 0, got "
+                             f"{self.attn_saturation_blocks!r}")
+        for name in ("graph_overhead_s", "eager_host_s", "attn_block_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and 0 <= value < 1):
+                raise ValueError(f"Calibration.{name} must be in [0, 1) seconds, got {value!r}")
+        if not isinstance(self.split_kv, bool):
+            raise ValueError(f"Calibration.split_kv must be true or false, got {self.split_kv!r}")
+        scale = tuple(float(x) for x in self.kind_scale)
+        if len(scale) != len(ATTENTION_KINDS) or not all(0 < x < 100 for x in scale):
+            raise ValueError(f"Calibration.kind_scale must be {len(ATTENTION_KINDS)} multipliers in "
+                             f"(0, 100) for {', '.join(ATTENTION_KINDS)}, got {self.kind_scale!r}")
+        object.__setattr__(self, "kind_scale", scale)
+
+    @classmethod
+    def scalar_names(cls) -> tuple[str, ...]:
+        """The fitted scalar fields (everything but ``kind_scale`` and ``split_kv``), in order."""
+        return tuple(f.name for f in fields(cls) if f.name not in ("kind_scale", "split_kv"))
+
+    def to_json(self) -> dict:
+        """A JSON object: the scalar fields, ``kind_scale`` as ``{kind: multiplier}``, ``split_kv``."""
+        out: dict = {name: getattr(self, name) for name in self.scalar_names()}
+        out["kind_scale"] = dict(zip(ATTENTION_KINDS, self.kind_scale))
+        out["split_kv"] = self.split_kv
+        return out
+
+    @classmethod
+    def from_json(cls, obj: dict) -> Calibration:
+        """Inverse of :meth:`to_json`; raises ValueError naming an unknown or missing field."""
+        if not isinstance(obj, dict):
+            raise ValueError(f"calibration parameters must be a JSON object, got {type(obj).__name__}")
+        known = set(cls.scalar_names()) | {"kind_scale", "split_kv"}
+        unknown = sorted(set(obj) - known)
+        if unknown:
+            raise ValueError(f"unknown calibration parameter(s) {', '.join(unknown)}; valid: "
+                             f"{', '.join(sorted(known))}")
+        missing = sorted(set(cls.scalar_names()) - set(obj))
+        if missing:
+            raise ValueError(f"calibration parameters lack {', '.join(missing)}")
+        scale = obj.get("kind_scale", {})
+        bad = sorted(set(scale) - set(ATTENTION_KINDS))
+        if bad:
+            raise ValueError(f"unknown attention kind(s) {', '.join(bad)} in kind_scale; valid: "
+                             f"{', '.join(ATTENTION_KINDS)}")
+        kw = {name: float(obj[name]) for name in cls.scalar_names()}
+        return cls(**kw, kind_scale=tuple(float(scale.get(k, 1.0)) for k in ATTENTION_KINDS),
+                   split_kv=obj.get("split_kv", True))
+
+
+@lru_cache(maxsize=256)
+def _rule(spec: AttentionSpec) -> HitRule:
+    return make_rule(spec)
+
+
+@dataclass(frozen=True, slots=True)
+class _Group:
+    """Per KV group constants of the attention calls (per layer, before dividing by GPUs)."""
+
+    rule: HitRule
+    layers: int
+    kind: int
+    pair_flops: float         # FLOPs per (query, key) pair (state: per token)
+    kv_bytes: float           # KV bytes per cached/new position
+    state_bytes: float        # state bytes read + written per request (state groups)
+    prefill_heads: float      # query heads (prefill units per 64-query block)
+    decode_heads: float       # KV heads a decode's queries are packed under
+    decode_group: float       # query rows per KV head of one decode token
+
+    @property
+    def decode_one(self) -> float:
+        """Work units of one one-token decode (:func:`_decode_units` of ``new == 1``)."""
+        return self.decode_heads * math.ceil(self.decode_group / QUERY_BLOCK)
+
+
+def _decode_units(g: _Group, new: np.ndarray) -> np.ndarray:
+    """Work units of each request of a decode call: one token packs its KV head's query heads
+    into blocks of 64 rows; a few tokens (speculative verification) run one block per query
+    head and 64 tokens, as a prefill chunk does."""
+    return np.where(new == 1, g.decode_one, g.prefill_heads * np.ceil(new / QUERY_BLOCK))
+
+
+@dataclass(frozen=True, slots=True)
+class StepFeatures:
+    """A step's work reduced to what the calibrated formula needs (no fitted constant in it).
+
+    Every quantity is per GPU (already divided by the tensor-parallel degree). ``gemm_flops``
+    are the GEMMs' FLOPs, ``gemm_tile_flops`` the same over whole :data:`GEMM_ROW_TILE` tiles
+    (what the kernels compute). One entry per attention call of one group: FLOPs, bytes and
+    work units of one layer (``call_units``: effective units, the busiest one bounding a decode
+    batch), the KV splits a split-KV kernel may add (``call_splits``; 1 for a recurrent
+    layer), all its work blocks (``call_blocks``), the group's layer count, whether it is a
+    fresh causal chunk (``call_causal``), whether it is a decode call (``call_decode``), and
+    its :data:`ATTENTION_KINDS` index.
+    """
+
+    tokens: int
+    gemm_flops: float
+    gemm_tile_flops: float
+    weight_bytes: float
+    eager: bool
+    call_flops: np.ndarray
+    call_bytes: np.ndarray
+    call_units: np.ndarray
+    call_splits: np.ndarray
+    call_blocks: np.ndarray
+    call_layers: np.ndarray
+    call_causal: np.ndarray
+    call_decode: np.ndarray
+    call_kind: np.ndarray
+
+
+class CalibratedCostModel:
+    """Calibrated step time for one model on ``num_gpus`` GPUs (formula: module docstring).
+
+    Args:
+        model: the model preset (its ``shapes``, when present, give the LM head and heads).
+        gpu: the GPU preset (peak FLOP/s and bandwidth the efficiencies refer to).
+        calibration: the fitted constants.
+        num_gpus: GPUs sharing the work (ideal tensor parallelism, no communication cost).
+        source: where ``calibration`` comes from (shown by ``hybridkv cost`` and in results).
+    """
+
+    kind = "calibrated"
+
+    def __init__(self, model: ModelPreset, gpu: GpuPreset, calibration: Calibration,
+                 num_gpus: int = 1, source: str = "") -> None:
+        check_int("CalibratedCostModel.num_gpus", num_gpus, 1)
+        self.model = model
+        self.gpu = gpu
+        self.calibration = calibration
+        self.num_gpus = num_gpus
+        self.source = source
+        s = model.shapes
+        head = s.head_params if s is not None else 0
+        untied = s.untied_embedding_params if s is not None else 0
+        self._tok_flops = 2.0 * max(model.active_params - head - untied, 1)
+        self._head_flops = 2.0 * head
+        self._weights = (model.num_params - untied) * model.weight_bytes_per_param
+        self._active_frac = (model.active_params - untied) / max(model.num_params - untied, 1)
+        heads = s.num_heads if s is not None else None
+        groups = []
+        for g in model.groups:
+            spec = g.spec
+            kind = attention_kind(spec)
+            if kind == "state":
+                shape = spec.state_shape
+                size = math.prod(shape)
+                groups.append(_Group(_rule(spec), len(g.layer_names), ATTENTION_KINDS.index(kind),
+                                     4.0 * size, 0.0, 2.0 * spec.page_size_bytes,
+                                     float(shape[0]), float(shape[0]), 1.0))
+                continue
+            q_heads = heads or max(1, model.attn_width // spec.head_dim)
+            kv_heads = 1 if kind == "mla" else spec.num_kv_heads
+            groups.append(_Group(_rule(spec), len(g.layer_names), ATTENTION_KINDS.index(kind),
+                                 4.0 * model.attn_width / spec.compress_ratio,
+                                 float(spec.bytes_per_token), 0.0, float(q_heads), float(kv_heads),
+                                 q_heads / kv_heads))
+        # Groups with one spec (a draft group beside its target, recurrent layers split into
+        # several groups) cost the same per layer: one entry with their layers summed.
+        merged: dict[tuple, _Group] = {}
+        for g, grp in zip(model.groups, groups):
+            key = (g.spec, grp.kind)
+            prev = merged.get(key)
+            merged[key] = grp if prev is None else dataclasses.replace(prev, layers=prev.layers + grp.layers)
+        self._groups = tuple(merged.values())
+
+    def __repr__(self) -> str:
+        return (f"CalibratedCostModel({self.model.name!r}, {self.gpu.name!r}, num_gpus={self.num_gpus}, "
+                f"source={self.source!r})")
+
+    def weight_bytes(self, num_tokens: int | float) -> float:
+        """Weight bytes a step of ``num_tokens`` tokens reads (untied embedding excluded: a
+        gather; MoE: expected experts touched, as in the roofline)."""
+        if num_tokens <= 0:
+            return 0.0
+        return self._weights * (1.0 - (1.0 - self._active_frac) ** num_tokens)
+
+    # ---- features -------------------------------------------------------------------------------
+    def features_arrays(self, new: np.ndarray, ctx: np.ndarray) -> StepFeatures:
+        """:class:`StepFeatures` of the step ``zip(new, ctx)`` (float arrays, entries with no new
+        token ignored)."""
+        new = np.asarray(new, dtype=np.float64)
+        ctx = np.asarray(ctx, dtype=np.float64)
+        keep = new > 0
+        if not keep.all():
+            new, ctx = new[keep], ctx[keep]
+        G = float(self.num_gpus)
+        total = float(new.sum())
+        rows = float(new.size)
+        dec = new <= DECODE_MAX_NEW
+        pre = ~dec
+        n_pre = int(pre.sum())
+        any_dec = n_pre < new.size
+        flops, nbytes, units, splits, nblocks, layers, causal, decode, kinds = [], [], [], [], [], [], [], [], []
+        blocks = np.ceil(new[pre] / QUERY_BLOCK) if n_pre else None
+        fill = np.maximum(1.0, new[pre] / QUERY_BLOCK) if n_pre else None     # occupancy: no partial-block jumps
+        for g in self._groups:
+            if g.kind == _STATE:
+                f = new * g.pair_flops
+                b = np.full(new.shape, g.state_bytes)
+                span = None
+            else:
+                f = g.rule.attention_keys(new, ctx) * g.pair_flops
+                span = g.rule.kv_span(new, ctx) + new
+                b = g.kv_bytes * span
+            if n_pre:
+                flops.append(f[pre] / G)
+                nbytes.append(b[pre] / G)
+                # a recurrent layer carries its state chunk to chunk: one unit per head and request
+                units.append(g.prefill_heads * (np.ones(n_pre) if g.kind == _STATE else fill) / G)
+                splits.append(np.ones(n_pre) if span is None else kv_splits(span[pre]))
+                nblocks.append(g.prefill_heads * blocks / G)
+                layers.append(np.full(n_pre, g.layers, dtype=np.float64))
+                causal.append(ctx[pre] == 0)
+                decode.append(np.zeros(n_pre, dtype=bool))
+                kinds.append(np.full(n_pre, g.kind))
+            if any_dec:
+                d_units = _decode_units(g, new[dec])
+                d_bytes = b[dec]
+                flops.append(np.array([f[dec].sum() / G]))
+                nbytes.append(np.array([d_bytes.sum() / G]))
+                # The batch's busiest unit bounds it: effective units = bytes / max bytes per unit.
+                units.append(np.array([d_bytes.sum() / float((d_bytes / d_units).max()) / G]))
+                splits.append(np.array([1.0 if span is None else float(kv_splits(span[dec].max()))]))
+                nblocks.append(np.array([float(d_units.sum()) / G]))
+                layers.append(np.array([float(g.layers)]))
+                causal.append(np.array([False]))
+                decode.append(np.array([True]))
+                kinds.append(np.array([g.kind]))
+        cat = np.concatenate if flops else (lambda _: np.zeros(0))
+        return StepFeatures(
+            tokens=int(total),
+            gemm_flops=(self._tok_flops * total + self._head_flops * rows) / G,
+            gemm_tile_flops=(self._tok_flops * row_tile(total) + self._head_flops * row_tile(rows)) / G,
+            weight_bytes=self.weight_bytes(total) / G,
+            eager=n_pre > 0,
+            call_flops=cat(flops), call_bytes=cat(nbytes), call_units=cat(units),
+            call_splits=cat(splits), call_blocks=cat(nblocks),
+            call_layers=cat(layers), call_causal=cat(causal).astype(bool), call_decode=cat(decode).astype(bool),
+            call_kind=cat(kinds).astype(np.int64))
+
+    def features(self, work: Iterable[tuple[int, int]]) -> StepFeatures:
+        """:class:`StepFeatures` of ``work = [(new_tokens, context_before), ...]``.
+
+        Raises:
+            ValueError: for a negative count.
+        """
+        pairs = list(work)
+        for new, ctx in pairs:
+            if new < 0 or ctx < 0:
+                raise ValueError(f"step work needs new_tokens >= 0 and context >= 0, got ({new}, {ctx})")
+        if not pairs:
+            return self.features_arrays(np.zeros(0), np.zeros(0))
+        new, ctx = zip(*pairs)
+        return self.features_arrays(np.array(new, dtype=np.float64), np.array(ctx, dtype=np.float64))
+
+    # ---- time -----------------------------------------------------------------------------------
+    def step(self, work: Iterable[tuple[int, int]]) -> StepCost:
+        """Cost of one step scheduling ``work`` (with the compute / memory / attention split)."""
+        return evaluate_features(self.features(work), self.calibration, self.gpu)
+
+    def step_time(self, work: Iterable[tuple[int, int]]) -> float:
+        """Seconds one step scheduling ``work`` takes."""
+        return self.step(work).time_s
+
+    def step_time_arrays(self, new: np.ndarray, ctx: np.ndarray) -> float:
+        """:meth:`step_time` for ``work = zip(new, ctx)`` (the simulator's hot path).
+
+        The same formula as :meth:`step` evaluated without building :class:`StepFeatures`
+        (the two agree to rounding, tested). A list of at most :data:`INT_BATCH` decodes (a
+        decode step's usual batch, drafts included) takes :meth:`_decode_time`, with no array
+        built: the same time, bit for bit (tested).
+        """
+        if new.__class__ is list and 0 < len(new) <= INT_BATCH and min(new) >= 1 \
+                and max(new) <= DECODE_MAX_NEW:
+            return self._decode_time(new, ctx)
+        new = np.asarray(new, dtype=np.float64)
+        ctx = np.asarray(ctx, dtype=np.float64)
+        if new.size == 0:
+            return 0.0
+        if new.min() <= 0:
+            keep = new > 0
+            new, ctx = new[keep], ctx[keep]
+            if new.size == 0:
+                return 0.0
+        cal = self.calibration
+        G = float(self.num_gpus)
+        F = self.gpu.flops * G
+        B = self.gpu.mem_bw * G
+        total = float(new.sum())
+        tile = GEMM_ROW_TILE                                 # row_tile(), inlined
+        a = (self._tok_flops * (-(-total // tile) * tile) + self._head_flops * (-(-new.size // tile) * tile)) \
+            / (F * cal.gemm_efficiency)
+        b = self.weight_bytes(total) / (B * cal.weight_bw_efficiency)
+        p = cal.gemm_blend
+        m = a if a > b else b
+        t = m * ((a / m) ** p + (b / m) ** p) ** (1.0 / p)
+        dec = new <= DECODE_MAX_NEW
+        n_dec = int(dec.sum())
+        all_dec = n_dec == new.size
+        if not all_dec and n_dec:
+            pre_new, pre_ctx = new[~dec], ctx[~dec]
+            dec_new, dec_ctx = new[dec], ctx[dec]
+        elif all_dec:
+            dec_new, dec_ctx = new, ctx
+        else:
+            pre_new, pre_ctx = new, ctx
+        bw_a = B * cal.attn_bw_efficiency
+        if n_dec:
+            dec_total = float(dec_new.sum())
+            first = float(dec_new[0])
+            uniform = first == dec_new.max() == dec_new.min()
+        sat = cal.attn_saturation_blocks * G
+        blk = cal.attn_block_s / G                           # per work block, per GPU
+        split = cal.split_kv
+        max_splits = float(MAX_KV_SPLITS)
+        scale = cal.kind_scale
+        few = not all_dec and pre_new.size <= 8       # a few chunks: plain float arithmetic
+        f_c = F * cal.attn_causal_efficiency
+        f_x = F * cal.attn_context_efficiency
+        f_p = f_x if f_x < f_c else f_c                   # a prefill chunk after a context
+        if few:
+            chunks = [(n, c, math.ceil(n / QUERY_BLOCK), n / QUERY_BLOCK if n > QUERY_BLOCK else 1.0)
+                      for n, c in zip(pre_new.tolist(), pre_ctx.tolist())]
+        elif not all_dec:
+            blocks = np.ceil(pre_new / QUERY_BLOCK)
+            fill = np.maximum(1.0, pre_new / QUERY_BLOCK)
+        for g in self._groups:
+            s = g.layers * scale[g.kind]
+            if few:
+                rule = g.rule
+                for n, c, nb, nf in chunks:
+                    if g.kind == _STATE:
+                        w, by, sp, nf = n * g.pair_flops / (f_c if c == 0 else f_p), g.state_bytes, 1.0, 1.0
+                    else:
+                        f = rule.attention_keys(n, c) * g.pair_flops
+                        w = f / (f_c if c == 0 else f_p)
+                        keys = rule.kv_span(n, c) + n
+                        by = g.kv_bytes * keys
+                        sp = min(max_splits, max(1.0, keys / KV_SPLIT_KEYS)) if split else 1.0   # kv_splits()
+                    w = w if w > by / bw_a else by / bw_a
+                    t += s * (w / min(1.0, g.prefill_heads * nf * sp / sat) + g.prefill_heads * nb * blk)
+            elif not all_dec:
+                if g.kind == _STATE:
+                    w = pre_new * g.pair_flops / np.where(pre_ctx == 0, f_c, f_p)
+                    by = g.state_bytes
+                    sp = 1.0 / fill                       # one unit per head: the state runs chunk to chunk
+                else:
+                    f = g.rule.attention_keys(pre_new, pre_ctx) * g.pair_flops
+                    w = f / np.where(pre_ctx == 0, f_c, f_p)
+                    keys = g.rule.kv_span(pre_new, pre_ctx) + pre_new
+                    by = g.kv_bytes * keys
+                    # kv_splits(keys), inlined
+                    sp = np.minimum(np.maximum(keys * (1.0 / KV_SPLIT_KEYS), 1.0), max_splits) if split else 1.0
+                occ = np.minimum(1.0, g.prefill_heads * fill * sp / sat)
+                t += s * float((np.maximum(w, by / bw_a) / occ).sum() + g.prefill_heads * blocks.sum() * blk)
+            if n_dec:
+                if g.kind == _STATE:
+                    f = dec_total * g.pair_flops
+                    by = g.state_bytes * n_dec
+                    units = nblk = (g.decode_one * n_dec if uniform and first == 1.0
+                                    else float(_decode_units(g, dec_new).sum()))
+                else:
+                    f = float(g.rule.attention_keys(dec_new, dec_ctx).sum()) * g.pair_flops
+                    span = g.rule.kv_span(dec_new, dec_ctx) + dec_new
+                    by = g.kv_bytes * float(span.sum())
+                    top = float(span.max())
+                    if uniform:        # equal units per request: bytes / max bytes per unit
+                        one = g.decode_one if first == 1.0 else float(_decode_units(g, dec_new[:1])[0])
+                        units = one * by / (g.kv_bytes * top)
+                        nblk = one * n_dec
+                    else:
+                        per = _decode_units(g, dec_new)
+                        units = by / (g.kv_bytes * float((span / per).max()))
+                        nblk = float(per.sum())
+                    if split:          # kv_splits(top), inlined
+                        units *= min(max_splits, max(1.0, top / KV_SPLIT_KEYS))
+                occ = min(1.0, units / sat)
+                w = max(f / f_x, by / bw_a)
+                t += s * (w / occ + nblk * blk)
+        t += cal.graph_overhead_s
+        if all_dec:
+            return t
+        h, q = cal.eager_host_s, cal.host_overlap          # host_bound(t, h, q), inlined (t > 0)
+        m = t if t > h else h
+        return m * ((t / m) ** q + (h / m) ** q) ** (1.0 / q)
+
+    def _decode_time(self, new: list[int], ctx: list[int]) -> float:
+        """:meth:`step_time_arrays` of a batch of decodes (every ``new`` in 1 ..
+        :data:`DECODE_MAX_NEW`) with Python numbers: its all-decode branch line for line. Its
+        sums over requests add integers (tokens, pairs, KV positions, work units, each below
+        2**53), exact in any order, and a maximum never rounds, so they equal the arrays' and
+        every other operation is the same float operation."""
+        cal = self.calibration
+        G = float(self.num_gpus)
+        F = self.gpu.flops * G
+        B = self.gpu.mem_bw * G
+        n_dec = len(new)
+        total = float(sum(new))
+        tile = GEMM_ROW_TILE
+        a = (self._tok_flops * (-(-total // tile) * tile) + self._head_flops * (-(-n_dec // tile) * tile)) \
+            / (F * cal.gemm_efficiency)
+        b = self.weight_bytes(total) / (B * cal.weight_bw_efficiency)
+        p = cal.gemm_blend
+        m = a if a > b else b
+        t = m * ((a / m) ** p + (b / m) ** p) ** (1.0 / p)
+        bw_a = B * cal.attn_bw_efficiency
+        first = float(new[0])
+        uniform = first == max(new) == min(new)
+        sat = cal.attn_saturation_blocks * G
+        blk = cal.attn_block_s / G
+        f_x = F * cal.attn_context_efficiency
+        scale = cal.kind_scale
+        for g in self._groups:
+            s = g.layers * scale[g.kind]
+            one = g.decode_one
+            # _decode_units: a one-token decode's units, else a prefill chunk's query blocks
+            big = g.prefill_heads
+            per = [one if x == 1 else big * float(math.ceil(x / QUERY_BLOCK)) for x in new]
+            if g.kind == _STATE:
+                f = total * g.pair_flops
+                by = g.state_bytes * n_dec
+                units = nblk = one * n_dec if uniform and first == 1.0 else float(sum(per))
+            else:
+                rule = g.rule
+                f = float(sum(map(rule.attention_keys, new, ctx))) * g.pair_flops
+                span = [k + x for k, x in zip(map(rule.kv_span, new, ctx), new)]
+                by = g.kv_bytes * float(sum(span))
+                top = float(max(span))
+                if uniform:        # equal units per request: bytes / max bytes per unit
+                    u = one if first == 1.0 else per[0]
+                    units = u * by / (g.kv_bytes * top)
+                    nblk = u * n_dec
+                else:
+                    units = by / (g.kv_bytes * float(max(map(truediv, span, per))))
+                    nblk = float(sum(per))
+                if cal.split_kv:
+                    units *= min(float(MAX_KV_SPLITS), max(1.0, top / KV_SPLIT_KEYS))
+            occ = min(1.0, units / sat)
+            w = max(f / f_x, by / bw_a)
+            t += s * (w / occ + nblk * blk)
+        return t + cal.graph_overhead_s
+
+
+def host_bound(gpu_s: float, host_s: float, q: float) -> float:
+    """An eager step's time: GPU time ``gpu_s`` and host issue time ``host_s`` joined by
+    ``(gpu_s**q + host_s**q) ** (1/q)`` (never less than either, increasing in both)."""
+    m = gpu_s if gpu_s > host_s else host_s
+    if m <= 0.0:
+        return 0.0
+    return m * ((gpu_s / m) ** q + (host_s / m) ** q) ** (1.0 / q)
+
+
+def blend(a: np.ndarray, b: np.ndarray, p: float) -> np.ndarray:
+    """``(a**p + b**p) ** (1/p)`` without overflow."""
+    m = np.maximum(a, b)
+    safe = np.where(m > 0, m, 1.0)
+    return np.where(m > 0, safe * ((a / safe) ** p + (b / safe) ** p) ** (1.0 / p), 0.0)
+
+
+def call_times(cal: Calibration, peak_flops: float, peak_bw: float, flops: np.ndarray,
+               nbytes: np.ndarray, units: np.ndarray, layers: np.ndarray, causal: np.ndarray,
+               kind: np.ndarray, splits: np.ndarray | float = 1.0, blocks: np.ndarray | None = None,
+               decode: np.ndarray | bool = True) -> np.ndarray:
+    """Seconds of each attention call (all its layers), per the formula (``causal``: a fresh
+    causal chunk; ``decode``: a decode call, else a prefill chunk; ``blocks``: all work blocks
+    of the call, default ``units``; ``splits``: the KV splits a split-KV kernel adds)."""
+    e_c, e_x = cal.attn_causal_efficiency, cal.attn_context_efficiency
+    eff = np.where(causal, e_c, np.where(decode, e_x, min(e_x, e_c)))
+    work = np.maximum(flops / (peak_flops * eff), nbytes / (peak_bw * cal.attn_bw_efficiency))
+    occupancy = np.minimum(1.0, (units * splits if cal.split_kv else units) / cal.attn_saturation_blocks)
+    scale = np.asarray(cal.kind_scale)[kind]
+    per_block = (units if blocks is None else blocks) * cal.attn_block_s
+    return layers * scale * (work / np.maximum(occupancy, 1e-12) + per_block)
+
+
+def evaluate_features(f: StepFeatures, cal: Calibration, gpu: GpuPreset) -> StepCost:
+    """The :class:`StepCost` of features ``f`` under ``cal`` on ``gpu``'s peaks."""
+    if f.tokens == 0:
+        return StepCost(0.0, 0.0, 0.0, 0.0, 0.0, model="calibrated")
+    a = f.gemm_tile_flops / (gpu.flops * cal.gemm_efficiency)
+    b = f.weight_bytes / (gpu.mem_bw * cal.weight_bw_efficiency)
+    p = cal.gemm_blend
+    m = max(a, b)
+    gemm = m * ((a / m) ** p + (b / m) ** p) ** (1.0 / p) if m > 0 else 0.0
+    attn = float(call_times(cal, gpu.flops, gpu.mem_bw, f.call_flops, f.call_bytes, f.call_units,
+                            f.call_layers, f.call_causal, f.call_kind, f.call_splits, f.call_blocks,
+                            f.call_decode).sum())
+    gpu_s = gemm + attn + cal.graph_overhead_s
+    total = host_bound(gpu_s, cal.eager_host_s, cal.host_overlap) if f.eager else gpu_s
+    over = total - gemm - attn if f.eager else cal.graph_overhead_s
+    # Split the blended GEMM time between its compute and weight-read terms in proportion.
+    share = a ** p / (a ** p + b ** p) if m > 0 else 0.0
+    attn_flops = float((f.call_flops * f.call_layers).sum())
+    attn_bytes = float((f.call_bytes * f.call_layers).sum())
+    return StepCost(f.gemm_flops + attn_flops, f.weight_bytes + attn_bytes, gemm * share,
+                    gemm * (1.0 - share), total, attention_s=attn, overhead_s=over,
+                    model="calibrated")

@@ -1,0 +1,29 @@
+"""KV tiers below the GPU in the simulator (cpu, disk, remote).
+
+* :mod:`~hybridkv.sim.tiers.config` — :class:`TierConfig`: sizes, links and their sources.
+* :mod:`~hybridkv.sim.tiers.runtime` — the tiers as the scheduler's connector: transfer
+  times and the overlap model (what a tier holds is :mod:`hybridkv.tiers`).
+* :mod:`~hybridkv.sim.tiers.report` — the per-tier table, the CPU-size sweep's table and plot.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+#: name -> the submodule that defines it; loaded on first use (the submodules import the
+#: simulator, which imports some of them: an eager import here would be a circle)
+_EXPORTS = {'TierConfig': 'config',
+            'TierRuntime': 'runtime',
+            'TierReport': 'runtime',
+            'tier_summary': 'report',
+            'tier_sweep_table': 'report',
+            'plot_tier_sweep': 'report'}
+
+
+def __getattr__(name: str) -> object:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = sorted(_EXPORTS)

@@ -1,0 +1,37 @@
+"""What the simulator serves: traces, generated workloads and the work items made of them.
+
+* :mod:`~hybridkv.sim.traffic.traces` — Mooncake and token-JSONL loaders, the bundled traces
+  (``data/``: Mooncake FAST'25, Apache-2.0); :mod:`~hybridkv.sim.traffic.workloads` — seeded
+  generators (chat, shared system prompt, agentic loop, replay).
+* :mod:`~hybridkv.sim.traffic.workitems` — work items (:func:`items_from_trace`,
+  :func:`items_from_mooncake`) and the served workload (the one ``max_model_len`` rule).
+* :mod:`~hybridkv.sim.traffic.workload_fit` — the longest request fits the pool, checked first.
+* :mod:`~hybridkv.sim.traffic.hint_synthesis` — what-if hints from a trace's future.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+#: name -> the submodule that defines it; loaded on first use (the submodules import the
+#: simulator, which imports some of them: an eager import here would be a circle)
+_EXPORTS = {'WorkItem': 'workitems',
+            'ServedItem': 'workitems',
+            'items_from_trace': 'workitems',
+            'items_from_mooncake': 'workitems',
+            'served_workload': 'workitems',
+            'BUNDLED_TRACES': 'traces',
+            'resolve_trace': 'traces',
+            'get_workload': 'workloads',
+            'WORKLOADS': 'workloads',
+            'HintSpec': 'hint_synthesis',
+            'synthesize_hints': 'hint_synthesis'}
+
+
+def __getattr__(name: str) -> object:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = sorted(_EXPORTS)
