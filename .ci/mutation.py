@@ -143,8 +143,8 @@ def verdicts(state: Path, mutate: list[str]) -> dict[str, dict]:
     while not checked). Only modules whose source is still in ``state`` and matches a ``mutate``
     pattern count (as in ``mutmut results``). Each module maps to its ``mutants`` count, one
     count per :data:`COUNTED` status plus ``other`` (any other status: suspicious, skipped,
-    segfault, interrupted, caught by type check), the sorted names of each :data:`LISTED` status, and ``other``'s names with
-    their status."""
+    segfault, interrupted, caught by type check), and ``names``: the sorted names of each
+    :data:`LISTED` status, and ``other``'s names with their status."""
     out: dict[str, dict] = {}
     root = state / "mutants"
     for meta in sorted(root.rglob("*.py.meta")):
