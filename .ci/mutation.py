@@ -153,7 +153,8 @@ def verdicts(state: Path, mutate: list[str]) -> dict[str, dict]:
             continue
         codes = json.loads(meta.read_text())["exit_code_by_key"]
         status = {name: STATUS_BY_EXIT_CODE.get(code, "suspicious") for name, code in codes.items()}
-        names = {s: sorted((n for n, v in status.items() if v == s), key=mutant_order) for s in LISTED}
+        names = {s: sorted((n for n, v in status.items() if v == s), key=mutant_order)
+                 for s in LISTED}
         other = {n: v for n, v in sorted(status.items(), key=lambda kv: mutant_order(kv[0]))
                  if v not in COUNTED}
         counts = {s: sum(v == s for v in status.values()) for s in COUNTED}

@@ -121,7 +121,8 @@ def _fake_state(state: Path) -> None:
     meta("src/hybridkv/a.py", {f + "10": 0, f + "9": 0, f + "1": 1, f + "2": 3, f + "3": 36,
                                f + "4": 152, f + "5": 33, f + "6": None, f + "7": 35, f + "8": -11,
                                "hybridkv.a.xǁCǁg__mutmut_1": 0})
-    meta("src/hybridkv/b/__init__.py", {"hybridkv.b.x_h__mutmut_1": 1, "hybridkv.b.x_h__mutmut_2": 5})
+    meta("src/hybridkv/b/__init__.py",
+         {"hybridkv.b.x_h__mutmut_1": 1, "hybridkv.b.x_h__mutmut_2": 5})
     meta("src/hybridkv/other.py", {"hybridkv.other.x_k__mutmut_1": 0})    # not in the target
     meta("src/hybridkv/gone.py", {"hybridkv.gone.x_k__mutmut_1": 0})
     (state / "src" / "hybridkv" / "gone.py").unlink()                     # a module that left
