@@ -16,11 +16,15 @@ decorator stays). The decorator is a no-op when the source runs as Python
 (``hybridkv._cython_shim``), so the copy behaves like the checkout and its hot, typed functions
 get mutants too.
 
+``export`` copies nothing and runs nothing: it reads mutmut's verdicts from the target's state
+(:func:`export`) and writes them as JSON, the per-mutant record of a run.
+
     python3 .ci/mutation.py sched                  # mutmut run --max-children 1 (niced)
     python3 .ci/mutation.py sched results          # the survivors
     python3 .ci/mutation.py sched show NAME        # one mutant's diff
     python3 .ci/mutation.py sched run NAME...      # re-check named mutants
     python3 .ci/mutation.py sched --fresh-stats    # re-trace which tests call which function
+    python3 .ci/mutation.py sched export [PATH]    # the verdicts as JSON (stdout without PATH)
     python3 .ci/mutation.py --list                 # the targets
 """
 
@@ -28,6 +32,8 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import importlib.metadata
+import json
 import os
 import re
 import shutil
@@ -111,6 +117,87 @@ def set_target(pyproject: Path, target: dict) -> None:
     pyproject.write_text(text)
 
 
+# mutmut 3.8's verdict, in its words, per worker exit code (``mutmut.stats.status_by_exit_code``;
+# any other code is "suspicious"). 36 is also tests/conftest.py's CPU-budget exit.
+STATUS_BY_EXIT_CODE: dict[int | None, str] = {
+    1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests",
+    36: "timeout", -24: "timeout", 24: "timeout", 152: "timeout", 255: "timeout",
+    None: "not checked", 2: "check was interrupted by user", 34: "skipped", 35: "suspicious",
+    37: "caught by type check", -11: "segfault", -9: "segfault",
+}
+COUNTED = ("killed", "timeout", "survived", "no tests", "not checked")   # the rest: "other"
+LISTED = ("survived", "timeout", "no tests")                             # names given per module
+
+
+def mutant_order(name: str) -> tuple[str, int]:
+    """Sort key of a mutant name (``module.xǁClassǁmethod__mutmut_N``): by function, then by N
+    as a number, so ``_9`` comes before ``_10``."""
+    head, _, n = name.rpartition("__mutmut_")
+    return (head, int(n)) if n.isdigit() else (name, -1)
+
+
+def verdicts(state: Path, mutate: list[str]) -> dict[str, dict]:
+    """Per mutated module of a mutmut state directory (the folder holding ``mutants/``), the
+    verdicts of its mutants, from the ``mutants/PATH.meta`` JSON file mutmut 3.8 keeps for each
+    source file ``PATH`` (its ``exit_code_by_key``: mutant name -> the worker's exit code, null
+    while not checked). Only modules whose source is still in ``state`` and matches a ``mutate``
+    pattern count (as in ``mutmut results``). Each module maps to its ``mutants`` count, one
+    count per :data:`COUNTED` status plus ``other`` (any other status: suspicious, skipped,
+    segfault, interrupted, caught by type check), and ``names``: the sorted names of each
+    :data:`LISTED` status, and ``other``'s names with their status."""
+    out: dict[str, dict] = {}
+    root = state / "mutants"
+    for meta in sorted(root.rglob("*.py.meta")):
+        module = meta.relative_to(root).as_posix()[:-len(".meta")]
+        if not (state / module).is_file() or not any(fnmatch.fnmatch(module, p) for p in mutate):
+            continue
+        codes = json.loads(meta.read_text())["exit_code_by_key"]
+        status = {name: STATUS_BY_EXIT_CODE.get(code, "suspicious") for name, code in codes.items()}
+        names = {s: sorted((n for n, v in status.items() if v == s), key=mutant_order)
+                 for s in LISTED}
+        other = {n: v for n, v in sorted(status.items(), key=lambda kv: mutant_order(kv[0]))
+                 if v not in COUNTED}
+        counts = {s: sum(v == s for v in status.values()) for s in COUNTED}
+        out[module] = {"mutants": len(status), **counts, "other": len(other),
+                       "names": {**names, "other": other}}
+    return out
+
+
+def export(state: Path, name: str, target: dict, *, mutmut_version: str | None, commit: str,
+           dirty: bool) -> dict:
+    """The record of target ``name``'s mutmut state at ``state``: the target's name and
+    definition, the mutmut version and checkout commit it is stamped with (``dirty``: the
+    checkout had changes not committed), the per-module :func:`verdicts` and their ``total``
+    counts. Raises ``FileNotFoundError`` when ``state`` holds no mutmut state."""
+    if not (state / "mutants").is_dir():
+        raise FileNotFoundError(f"no mutmut state in {state / 'mutants'}: run "
+                                f"`python3 .ci/mutation.py {name}` first")
+    modules = verdicts(state, target["mutate"])
+    keys = ("mutants", *COUNTED, "other")
+    total = {k: sum(m[k] for m in modules.values()) for k in keys}
+    return {"target": name, "mutate": list(target["mutate"]), "tests": list(target["tests"]),
+            "mutmut": mutmut_version, "commit": commit, "dirty": dirty,
+            "total": total, "modules": modules}
+
+
+def checkout_commit() -> tuple[str, bool]:
+    """The checkout's HEAD commit and whether files that the copy takes (tracked, or untracked
+    and not ignored) differ from it."""
+    git = ["git", "-C", str(ROOT)]
+    head = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True,
+                          text=True).stdout.strip()
+    changes = subprocess.run([*git, "status", "--porcelain"], check=True, capture_output=True,
+                             text=True).stdout.strip()
+    return head, bool(changes)
+
+
+def installed_mutmut() -> str | None:
+    try:
+        return importlib.metadata.version("mutmut")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def main(argv: list[str]) -> int:
     known = targets()
     if not argv or argv[0] in ("-h", "--help", "--list"):
@@ -122,6 +209,21 @@ def main(argv: list[str]) -> int:
     if name not in known:
         sys.exit(f"unknown mutation target {name!r}; valid: {', '.join(known)}")
     dest = ROOT / ".mutation" / name
+    if args[:1] == ["export"]:
+        if len(args) > 2:
+            sys.exit(f"export takes at most one path, got {len(args) - 1}: {' '.join(args[1:])}")
+        commit, dirty = checkout_commit()
+        try:
+            record = export(dest, name, known[name], mutmut_version=installed_mutmut(),
+                            commit=commit, dirty=dirty)
+        except FileNotFoundError as exc:
+            sys.exit(str(exc))
+        text = json.dumps(record, indent=1, ensure_ascii=False) + "\n"
+        if len(args) == 2:
+            Path(args[1]).write_text(text, encoding="utf-8")
+        else:
+            sys.stdout.write(text)
+        return 0
     dest.mkdir(parents=True, exist_ok=True)
     sync(dest, known[name]["mutate"])
     set_target(dest / "pyproject.toml", known[name])

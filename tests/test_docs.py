@@ -1,5 +1,7 @@
 """docs/extending.md's examples run as written: each on a private copy of the registry it adds
-to, so the suite's registries are untouched (the page's promise: one module, one registration)."""
+to, so the suite's registries are untouched (the page's promise: one module, one registration).
+Every page under docs/ stays under 400 lines, and every relative link of the top-level and docs/
+pages names a file that exists."""
 
 from __future__ import annotations
 
@@ -12,7 +14,9 @@ from hybridkv.core.eviction.base import EVICTION_POLICIES
 from hybridkv.core.rules import RULES
 from hybridkv.sim.cluster.routing import ROUTERS
 
-PAGE = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
+REPO = Path(__file__).resolve().parents[1]
+PAGE = REPO / "docs" / "extending.md"
+MAX_DOC_LINES = 400
 
 
 def _blocks() -> list[str]:
@@ -48,3 +52,21 @@ def test_a_registered_example_router_routes_a_cluster(monkeypatch) -> None:
                                                   arrival_rate=1000.0))
     res = ClusterSimulator(cfg, 3, "emptiest").run(items)
     assert res.routed_requests == [2, 2, 2]
+
+
+def test_no_page_under_docs_is_over_the_line_limit() -> None:
+    pages = sorted((REPO / "docs").rglob("*.md"))
+    assert pages
+    long = {p.name: n for p in pages if (n := len(p.read_text().splitlines())) > MAX_DOC_LINES}
+    assert long == {}
+
+
+def test_relative_links_of_the_pages_name_files_that_exist() -> None:
+    pages = sorted([*REPO.glob("*.md"), *(REPO / "docs").rglob("*.md")])
+    missing = []
+    for page in pages:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            path = target.split("#")[0]
+            if path and not re.match(r"[a-z]+:", path) and not (page.parent / path).exists():
+                missing.append(f"{page.relative_to(REPO)} -> {target}")
+    assert missing == []

@@ -1,15 +1,19 @@
 """.ci/mutation.py's copy of the checkout: ``@cython.locals`` decorators of the mutated files
 become blank lines (so mutmut, which skips decorated functions, mutates them), nothing else
-changes, and an unchanged file is not rewritten (mutmut keeps its verdicts)."""
+changes, and an unchanged file is not rewritten (mutmut keeps its verdicts); ``export`` turns
+mutmut's per-file verdicts into one JSON record."""
 
 from __future__ import annotations
 
 import ast
 import importlib.util
+import json
 import os
 import subprocess
 import textwrap
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -99,3 +103,80 @@ def test_sync_rewrites_only_what_changed(tmp_path: Path, monkeypatch) -> None:
     (repo / "src" / "m.py").write_text("@cython.locals(i=int)\ndef f(i):\n    return -i\n")
     script.sync(dest, ["src/m.py"])
     assert (dest / "src" / "m.py").read_text() == "\ndef f(i):\n    return -i\n"
+
+
+def _fake_state(state: Path) -> None:
+    """A mutmut 3.8 state directory as ``.ci/mutation.py`` leaves it: the copy's sources and, per
+    mutated source, ``mutants/PATH.meta`` (JSON; ``exit_code_by_key`` maps each mutant to its
+    worker's exit code, null while not checked)."""
+    def meta(path: str, codes: dict) -> None:
+        (state / path).parent.mkdir(parents=True, exist_ok=True)
+        (state / path).write_text("x = 1\n")
+        target = state / "mutants" / (path + ".meta")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps({"exit_code_by_key": codes, "hash_by_function_name": {},
+                                      "type_check_error_by_key": {}, "durations_by_key": {},
+                                      "estimated_durations_by_key": {}}, indent=4))
+    f = "hybridkv.a.x_f__mutmut_"
+    meta("src/hybridkv/a.py", {f + "10": 0, f + "9": 0, f + "1": 1, f + "2": 3, f + "3": 36,
+                               f + "4": 152, f + "5": 33, f + "6": None, f + "7": 35, f + "8": -11,
+                               "hybridkv.a.xǁCǁg__mutmut_1": 0})
+    meta("src/hybridkv/b/__init__.py",
+         {"hybridkv.b.x_h__mutmut_1": 1, "hybridkv.b.x_h__mutmut_2": 5})
+    meta("src/hybridkv/other.py", {"hybridkv.other.x_k__mutmut_1": 0})    # not in the target
+    meta("src/hybridkv/gone.py", {"hybridkv.gone.x_k__mutmut_1": 0})
+    (state / "src" / "hybridkv" / "gone.py").unlink()                     # a module that left
+
+
+TARGET = {"mutate": ["src/hybridkv/a.py", "src/hybridkv/b/*", "src/hybridkv/gone.py"],
+          "tests": ["tests/a"]}
+EXPECTED = {
+    "target": "t", "mutate": TARGET["mutate"], "tests": ["tests/a"], "mutmut": "3.8.1",
+    "commit": "c0ffee", "dirty": False,
+    "total": {"mutants": 13, "killed": 3, "timeout": 2, "survived": 3, "no tests": 2,
+              "not checked": 1, "other": 2},
+    "modules": {
+        "src/hybridkv/a.py": {
+            "mutants": 11, "killed": 2, "timeout": 2, "survived": 3, "no tests": 1,
+            "not checked": 1, "other": 2,
+            "names": {"survived": ["hybridkv.a.x_f__mutmut_9", "hybridkv.a.x_f__mutmut_10",
+                                   "hybridkv.a.xǁCǁg__mutmut_1"],
+                      "timeout": ["hybridkv.a.x_f__mutmut_3", "hybridkv.a.x_f__mutmut_4"],
+                      "no tests": ["hybridkv.a.x_f__mutmut_5"],
+                      "other": {"hybridkv.a.x_f__mutmut_7": "suspicious",
+                                "hybridkv.a.x_f__mutmut_8": "segfault"}}},
+        "src/hybridkv/b/__init__.py": {
+            "mutants": 2, "killed": 1, "timeout": 0, "survived": 0, "no tests": 1,
+            "not checked": 0, "other": 0,
+            "names": {"survived": [], "timeout": [], "no tests": ["hybridkv.b.x_h__mutmut_2"],
+                      "other": {}}}},
+}
+
+
+def test_export_reads_mutmuts_meta_files(tmp_path: Path) -> None:
+    _fake_state(tmp_path)
+    record = _script().export(tmp_path, "t", TARGET, mutmut_version="3.8.1", commit="c0ffee",
+                              dirty=False)
+    assert record == EXPECTED
+    assert list(record["modules"]) == ["src/hybridkv/a.py", "src/hybridkv/b/__init__.py"]
+
+
+def test_export_command_writes_the_json_and_refuses_a_target_never_run(tmp_path: Path, monkeypatch,
+                                                                       capsys) -> None:
+    script = _script()
+    _fake_state(tmp_path / ".mutation" / "t")
+    monkeypatch.setattr(script, "ROOT", tmp_path)
+    monkeypatch.setattr(script, "targets", lambda: {"t": TARGET, "u": TARGET})
+    monkeypatch.setattr(script, "checkout_commit", lambda: ("c0ffee", True))
+    monkeypatch.setattr(script, "installed_mutmut", lambda: "3.8.1")
+    assert script.main(["t", "export", str(tmp_path / "out.json")]) == 0
+    written = (tmp_path / "out.json").read_text(encoding="utf-8")
+    assert json.loads(written) == {**EXPECTED, "dirty": True}
+    assert script.main(["t", "export"]) == 0
+    assert capsys.readouterr().out == written                   # no path: the same JSON on stdout
+    assert not (tmp_path / ".mutation" / "t" / "pyproject.toml").exists()   # nothing copied
+    with pytest.raises(SystemExit, match=r"no mutmut state in .*u/mutants: run `python3 "
+                                         r"\.ci/mutation\.py u` first"):
+        script.main(["u", "export"])
+    with pytest.raises(SystemExit, match="export takes at most one path, got 2: a b"):
+        script.main(["t", "export", "a", "b"])

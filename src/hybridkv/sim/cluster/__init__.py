@@ -13,7 +13,14 @@ import importlib
 
 #: name -> the submodule that defines it; loaded on first use (the submodules import the
 #: simulator, which imports some of them: an eager import here would be a circle)
-_EXPORTS = {'ClusterSimulator': 'loop', 'ClusterResult': 'loop', 'ClusterJob': 'loop'}
+_EXPORTS = {'OfferedLoad': 'loop',
+            'offered_load': 'loop',
+            'ClusterResult': 'loop',
+            'combine': 'loop',
+            'ClusterSimulator': 'loop',
+            'ClusterJob': 'loop',
+            'CLUSTER_HASH_SEED': 'loop',
+            'PEAK_WINDOW_S': 'loop'}
 
 
 def __getattr__(name: str) -> object:

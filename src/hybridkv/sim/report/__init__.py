@@ -11,8 +11,17 @@ import importlib
 
 #: name -> the submodule that defines it; loaded on first use (the submodules import the
 #: simulator, which imports some of them: an eager import here would be a circle)
-_EXPORTS = {'next_steps': 'advice',
+_EXPORTS = {'summary_table': 'summary',
+            'explain_gap': 'summary',
+            'format_next_steps': 'summary',
+            'plot_run': 'summary',
+            'plot_cluster': 'summary',
+            'plot_sweep': 'summary',
+            'plot_policies': 'summary',
             'instances_needed': 'advice',
+            'next_steps': 'advice',
+            'RETAINED_SHARE': 'advice',
+            'TAIL_TTFT_S': 'advice',
             'hint_summary': 'hints',
             'hint_sweep_table': 'hints',
             'plot_hint_sweep': 'hints'}

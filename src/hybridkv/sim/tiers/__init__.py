@@ -12,9 +12,16 @@ import importlib
 
 #: name -> the submodule that defines it; loaded on first use (the submodules import the
 #: simulator, which imports some of them: an eager import here would be a circle)
-_EXPORTS = {'TierConfig': 'config',
-            'TierRuntime': 'runtime',
+_EXPORTS = {'link_with': 'config',
+            'TierConfig': 'config',
+            'TIER_NAMES': 'config',
+            'ADDRESSABLE_BYTES': 'config',
+            'DISK_LINK': 'config',
+            'REMOTE_LINK': 'config',
+            'FREE_LINK': 'config',
+            'entry_bytes': 'runtime',
             'TierReport': 'runtime',
+            'TierRuntime': 'runtime',
             'tier_summary': 'report',
             'tier_sweep_table': 'report',
             'plot_tier_sweep': 'report'}
