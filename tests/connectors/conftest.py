@@ -61,7 +61,8 @@ def cluster(loopback: None) -> Iterator[MooncakeCluster]:
 @pytest.fixture
 def store(cluster: MooncakeCluster) -> Iterator[MooncakeStore]:
     """A client of the shared cluster with a key namespace of its own."""
-    from hybridkv.connectors.stores.mooncake import MooncakeStore, MooncakeStoreConfig
+    from hybridkv.connectors.stores.mooncake import MooncakeStore
+    from hybridkv.connectors.stores.mooncake_config import MooncakeStoreConfig
 
     s = MooncakeStore(MooncakeStoreConfig(
         master_address=cluster.master_address, key_prefix=f"t{uuid.uuid4().hex[:8]}/"))

@@ -43,7 +43,6 @@ two workers with different pool sizes share payloads, while an HND and an NHD ca
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -51,6 +50,8 @@ import xxhash
 
 from hybridkv.core.specs import AttentionSpec, KVCacheConfig, KVCacheGroup
 
+from .byte_runs import (WORD_DTYPES, LayerLayout, Run, Segment, Storage, accepted_dtypes, describe, host_rows,
+                        locate_blocks, word_width)
 from .kernel_blocks import KernelBlockMap
 
 __all__ = ["CopyMode", "GroupLayout", "KVLayout", "LayerLayout", "Segment", "accepted_dtypes"]
@@ -58,123 +59,6 @@ __all__ = ["CopyMode", "GroupLayout", "KVLayout", "LayerLayout", "Segment", "acc
 #: How blocks are copied: ``"python"`` slices memoryviews (CPU caches; one copy per byte run),
 #: ``"torch"`` uses index_select / index_copy_ (any device), ``"auto"`` picks python on the CPU.
 CopyMode = Literal["auto", "python", "torch"]
-
-_SPEC_DTYPES: dict[str, tuple[torch.dtype, ...]] = {
-    "float32": (torch.float32,),
-    "float16": (torch.float16,),
-    "bfloat16": (torch.bfloat16,),
-    "float8_e4m3fn": (torch.float8_e4m3fn,),
-    "float8_e5m2": (torch.float8_e5m2,),
-    "fp8": (torch.float8_e4m3fn, torch.float8_e5m2, torch.uint8),
-    "int8": (torch.int8,),
-    "uint8": (torch.uint8,),
-    "fp4": (torch.uint8, torch.int8),  # two values packed per byte
-}
-
-_WORD_DTYPES = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}
-
-
-def accepted_dtypes(spec_dtype: str) -> tuple[torch.dtype, ...]:
-    """Torch dtypes a cache tensor may have for a spec dtype name."""
-    try:
-        return _SPEC_DTYPES[spec_dtype]
-    except KeyError:
-        raise ValueError(
-            f"spec dtype {spec_dtype!r} has no torch storage type; known: {sorted(_SPEC_DTYPES)}"
-        ) from None
-
-
-@dataclass(frozen=True, slots=True)
-class Segment:
-    """One contiguous byte run of one block in one layer.
-
-    Attributes:
-        layer: the layer name.
-        storage: a flat ``uint8`` tensor over the layer tensor's whole storage.
-        offset: byte offset of the run in ``storage``.
-        nbytes: length of the run.
-    """
-
-    layer: str
-    storage: torch.Tensor
-    offset: int
-    nbytes: int
-
-    @property
-    def ptr(self) -> int:
-        """Address of the run (device memory for a CUDA cache)."""
-        return int(self.storage.data_ptr()) + self.offset
-
-    def view(self) -> torch.Tensor:
-        """The run as a ``uint8`` tensor sharing the cache's memory (no copy)."""
-        return self.storage[self.offset : self.offset + self.nbytes]
-
-
-@dataclass(frozen=True, slots=True)
-class LayerLayout:
-    """Where one layer keeps each kernel block.
-
-    Kernel block ``k`` of this layer is the runs ``origin + k * block_stride + p * part_stride``
-    (``p`` < ``parts``), each ``run_bytes`` long; all offsets are bytes into the storage.
-    ``inner`` lists the sizes of the dimensions inside a run, innermost first (``(dim, heads,
-    tokens)`` for ``[.., tokens, heads, dim]``), i.e. the order of the elements in a run.
-    """
-
-    name: str
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-    storage_id: int
-    origin: int
-    block_stride: int
-    parts: int
-    part_stride: int
-    run_bytes: int
-    inner: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class _Run:
-    """A byte run repeated per logical block: block b's copy starts at ``base + b * stride``."""
-
-    storage_id: int
-    base: int
-    stride: int
-    nbytes: int
-    payload_offset: int
-
-
-class _Storage:
-    """A flat view of one storage shared by layers: uint8 tensor, word views, host memoryview."""
-
-    __slots__ = ("flat", "mv", "nbytes", "ptr", "_words")
-
-    def __init__(self, tensor: torch.Tensor) -> None:
-        storage = tensor.untyped_storage()
-        self.nbytes = int(storage.nbytes())
-        self.flat = torch.empty(0, dtype=torch.uint8, device=tensor.device).set_(
-            storage, 0, (self.nbytes,), (1,)
-        )
-        self.ptr = int(self.flat.data_ptr())
-        self.mv = memoryview(self.flat.numpy()) if tensor.device.type == "cpu" else None
-        self._words: dict[int, torch.Tensor] = {1: self.flat}
-
-    def words(self, width: int) -> torch.Tensor:
-        """The storage as 1-D words of ``width`` bytes (int64 for 8, ...)."""
-        w = self._words.get(width)
-        if w is None:
-            w = torch.empty(0, dtype=_WORD_DTYPES[width], device=self.flat.device).set_(
-                self.flat.untyped_storage(), 0, (self.nbytes // width,), (1,)
-            )
-            self._words[width] = w
-        return w
-
-
-def _word_width(values: Sequence[int]) -> int:
-    for w in (8, 4, 2):
-        if all(v % w == 0 for v in values):
-            return w
-    return 1
-
 
 class GroupLayout:
     """The registered layout of one KV-cache group.
@@ -196,7 +80,7 @@ class GroupLayout:
         kernel: KernelBlockMap,
         num_blocks: int,
         layers: Sequence[LayerLayout],
-        storages: Sequence[_Storage],
+        storages: Sequence[Storage],
         device: torch.device,
     ) -> None:
         self.group = group
@@ -224,16 +108,16 @@ class GroupLayout:
             )
         self._segments0 = segs
         strides = [r * lay.block_stride for lay in self.layers]
-        runs: list[_Run] = []
+        runs: list[Run] = []
         poff = 0
         for li, sid, off, n in segs:
             stride = strides[li]
             last = runs[-1] if runs else None
             if last is not None and last.storage_id == sid and last.stride == stride \
                     and last.base + last.nbytes == off:
-                runs[-1] = _Run(sid, last.base, stride, last.nbytes + n, last.payload_offset)
+                runs[-1] = Run(sid, last.base, stride, last.nbytes + n, last.payload_offset)
             else:
-                runs.append(_Run(sid, off, stride, n, poff))
+                runs.append(Run(sid, off, stride, n, poff))
             poff += n
         self._runs = tuple(runs)
         self.block_bytes = poff
@@ -248,7 +132,7 @@ class GroupLayout:
              run.payload_offset)
             for run in self._runs
         ]
-        self._width = _word_width(
+        self._width = word_width(
             [x for run in self._runs
              for x in (run.base, run.stride, run.nbytes, run.payload_offset)]
             + [self._storages[run.storage_id].nbytes for run in self._runs]
@@ -329,7 +213,7 @@ class GroupLayout:
         self._check_rows(out, len(ids), self.block_bytes)
         if ids:
             if self._mode(mode) == "python":
-                self._gather_python(ids, *_host_rows(out))
+                self._gather_python(ids, *host_rows(out))
             else:
                 self._gather_torch(ids, out)
         return out
@@ -341,7 +225,7 @@ class GroupLayout:
         self._check_rows(rows, len(ids), self.block_bytes)
         if ids:
             if self._mode(mode) == "python":
-                self._scatter_python(ids, *_host_rows(rows))
+                self._scatter_python(ids, *host_rows(rows))
             else:
                 self._scatter_torch(ids, rows)
 
@@ -408,9 +292,9 @@ class GroupLayout:
         w = self._rows_width(out)
         idx = torch.tensor(ids, dtype=torch.long, device=self.device)
         n_words = self.block_bytes // w
-        out_w = out[:, : self.block_bytes].view(_WORD_DTYPES[w])
+        out_w = out[:, : self.block_bytes].view(WORD_DTYPES[w])
         target = out_w if self.device.type == "cpu" else torch.empty(
-            (len(ids), n_words), dtype=_WORD_DTYPES[w], device=self.device)
+            (len(ids), n_words), dtype=WORD_DTYPES[w], device=self.device)
         for view, poff, n in self._cols(w):
             torch.index_select(view, 0, idx, out=target[:, poff : poff + n])
         if target is not out_w:
@@ -419,7 +303,7 @@ class GroupLayout:
     def _scatter_torch(self, ids: list[int], rows: torch.Tensor) -> None:
         w = self._rows_width(rows)
         idx = torch.tensor(ids, dtype=torch.long, device=self.device)
-        src = rows[:, : self.block_bytes].view(_WORD_DTYPES[w])
+        src = rows[:, : self.block_bytes].view(WORD_DTYPES[w])
         if self.device.type != "cpu":
             src = src.to(self.device)
         for view, poff, n in self._cols(w):
@@ -429,72 +313,6 @@ class GroupLayout:
         return (f"GroupLayout({self.name!r}, layers={len(self.layers)}, blocks={self.num_blocks}, "
                 f"block_bytes={self.block_bytes}, kernel={self.kernel.kernel_block_size}/"
                 f"{self.kernel.logical_block_size}, runs={self.num_runs})")
-
-
-def _host_rows(rows: torch.Tensor) -> tuple[memoryview, int, int]:
-    """(memoryview of the storage, byte offset of row 0, row stride) of a CPU uint8 2-D tensor."""
-    storage = _Storage(rows)
-    return storage.mv, rows.storage_offset(), rows.stride(0)  # type: ignore[return-value]
-
-
-def _describe(t: torch.Tensor) -> str:
-    return f"shape {tuple(t.shape)}, strides {t.stride()} (elements), {t.dtype}"
-
-
-def _locate_blocks(
-    where: str, t: torch.Tensor, parts: int, run_bytes: int, num_kernel_blocks: int
-) -> tuple[int, int, int, int, tuple[int, ...]]:
-    """Find the block axis of ``t``.
-
-    Returns:
-        (block_stride, parts, part_stride, run_bytes) in bytes, and the sizes of the dimensions
-        inside one run, innermost first (the element order within a run).
-
-    The dense run grows over dimensions sorted by stride; a block is found when either the run
-    is ``run_bytes`` long and the dimensions left are {2, num_blocks} (K/V apart), or it is
-    ``parts * run_bytes`` long and only the block dimension is left (the whole block together).
-    """
-    item = t.element_size()
-    dims = sorted(((t.stride(i), t.size(i), i) for i in range(t.dim()) if t.size(i) > 1),
-                  key=lambda d: (d[0], -d[2]))
-    if any(s == 0 for s, _, _ in dims) or len({s for s, _, _ in dims}) < len(dims):
-        raise ValueError(f"{where}: tensor overlaps itself ({_describe(t)})")
-    acc = item
-    i = 0
-    while True:
-        rest = dims[i:]
-        if parts == 2 and acc == run_bytes and len(rest) == 2 \
-                and sorted(s for _, s, _ in rest) == sorted((2, num_kernel_blocks)):
-            (s1, n1, _), (s2, n2, _) = rest
-            if n1 == n2:
-                raise ValueError(
-                    f"{where}: with {num_kernel_blocks} blocks the K/V dimension and the block "
-                    f"dimension both have size 2 and cannot be told apart ({_describe(t)}); "
-                    "allocate at least 3 blocks"
-                )
-            kv, blk = ((s1, n1), (s2, n2)) if n1 == 2 else ((s2, n2), (s1, n1))
-            part_stride, block_stride = kv[0] * item, blk[0] * item
-            small, n_small, big = (part_stride, 2, block_stride) if part_stride < block_stride \
-                else (block_stride, num_kernel_blocks, part_stride)
-            if small < run_bytes or big < small * (n_small - 1) + run_bytes:
-                raise ValueError(f"{where}: blocks overlap in memory ({_describe(t)})")
-            return block_stride, 2, part_stride, run_bytes, tuple(n for _, n, _ in dims[:i])
-        if acc == parts * run_bytes and len(rest) == 1 and rest[0][1] == num_kernel_blocks:
-            block_stride = rest[0][0] * item
-            if block_stride < acc:
-                raise ValueError(f"{where}: blocks overlap in memory ({_describe(t)})")
-            return block_stride, 1, 0, acc, tuple(n for _, n, _ in dims[:i])
-        if i == len(dims) or dims[i][0] * item != acc or acc > parts * run_bytes:
-            kinds = ("two contiguous runs of {0} bytes (K and V) or one run of {1} bytes"
-                     if parts == 2 else "one contiguous run of {1} bytes")
-            raise ValueError(
-                f"{where}: expected each of {num_kernel_blocks} blocks to be "
-                + kinds.format(run_bytes, parts * run_bytes)
-                + f", but the tensor ({_describe(t)}) has no such layout; if the attention "
-                "backend pages the cache in smaller kernel blocks, register with kernel_blocks"
-            )
-        acc *= dims[i][1]
-        i += 1
 
 
 class KVLayout:
@@ -565,7 +383,7 @@ class KVLayout:
         if unknown_groups:
             raise ValueError(f"kernel_blocks names unknown groups {unknown_groups}")
         num_blocks = int(config.num_blocks)  # type: ignore[arg-type]
-        storages: list[_Storage] = []
+        storages: list[Storage] = []
         storage_ids: dict[tuple[int, int], int] = {}
         out: dict[str, GroupLayout] = {}
         for group in config.groups:
@@ -598,7 +416,7 @@ class KVLayout:
                     raise ValueError(
                         f"{where}: expected {expected} bytes = {nkb} blocks x {kpage} bytes "
                         f"({km.kernel_block_size} tokens of {type(spec).__name__} "
-                        f"dtype={spec.dtype}), got {actual} bytes ({_describe(t)})"
+                        f"dtype={spec.dtype}), got {actual} bytes ({describe(t)})"
                     )
                 allowed = accepted_dtypes(spec.dtype)
                 if t.dtype not in allowed:
@@ -609,12 +427,12 @@ class KVLayout:
                 if kpage % parts:
                     raise ValueError(
                         f"{where}: a block of {kpage} bytes has no equal K and V halves")
-                block_stride, n_parts, part_stride, run, inner = _locate_blocks(
+                block_stride, n_parts, part_stride, run, inner = locate_blocks(
                     where, t, parts, kpage // parts, nkb)
                 skey = (int(t.untyped_storage().data_ptr()), int(t.untyped_storage().nbytes()))
                 if skey not in storage_ids:
                     storage_ids[skey] = len(storages)
-                    storages.append(_Storage(t))
+                    storages.append(Storage(t))
                 layers.append(LayerLayout(
                     name=name, dtype=t.dtype, shape=tuple(t.shape), storage_id=storage_ids[skey],
                     origin=t.storage_offset() * t.element_size(), block_stride=block_stride,

@@ -39,7 +39,7 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from hybridkv.connectors.stores.mooncake import probe_tcp
+from hybridkv.connectors.stores.mooncake_config import probe_tcp
 from hybridkv.core.validation import check_int
 
 __all__ = ["MooncakeCluster", "find_mooncake_binary", "free_port"]

@@ -75,7 +75,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--block-kib", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
-    from hybridkv.connectors.stores.mooncake import MooncakeStore, MooncakeStoreConfig
+    from hybridkv.connectors.stores.mooncake import MooncakeStore
+    from hybridkv.connectors.stores.mooncake_config import MooncakeStoreConfig
 
     from .mooncake_cluster import MooncakeCluster
     from .netns import loopback_netns

@@ -12,7 +12,8 @@ so this package imports without it.
 
 from .base import MISS, WRONG_SIZE, HostBuffer, KVStore, StoreStats
 from .local import LocalCPUStore
-from .mooncake import MooncakeStore, MooncakeStoreConfig
+from .mooncake import MooncakeStore
+from .mooncake_config import MooncakeStoreConfig
 
 __all__ = [
     "MISS",
