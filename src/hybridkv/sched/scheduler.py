@@ -42,7 +42,7 @@ from typing import Mapping, Protocol, Sequence
 try:
     import cython
 except ImportError:                       # no Cython: the C types below are no-ops
-    from hybridkv import _cython_shim as cython
+    from hybridkv import _cython_shim as cython  # type: ignore[no-redef]  # typed by typings/cython.pyi
 
 from hybridkv.core.blockref import BlockRef
 from hybridkv.core.coordinator import CacheHit, ExternalHit

@@ -28,7 +28,7 @@ from hybridkv.core.request import Request
 try:
     import cython
 except ImportError:                       # no Cython: the C types below are no-ops
-    from hybridkv import _cython_shim as cython
+    from hybridkv import _cython_shim as cython  # type: ignore[no-redef]  # typed by typings/cython.pyi
 
 
 

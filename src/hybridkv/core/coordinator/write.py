@@ -23,7 +23,7 @@ from hybridkv.core.rules import HitRule
 try:
     import cython
 except ImportError:                       # no Cython: the C types below are no-ops
-    from hybridkv import _cython_shim as cython
+    from hybridkv import _cython_shim as cython  # type: ignore[no-redef]  # typed by typings/cython.pyi
 
 
 class WritePath(CoordinatorBase):

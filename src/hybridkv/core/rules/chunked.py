@@ -19,7 +19,7 @@ class ChunkedRule(HitRule):
     def __init__(self, spec: AttentionSpec, proof: bool = False) -> None:
         super().__init__(spec, proof)
         self._chunk: int = spec.chunk_size  # type: ignore[attr-defined]
-        self.chunk_blocks = self._chunk // self.block_size
+        self.chunk_blocks: int = self._chunk // self.block_size
 
     @property
     def chunk(self) -> int:
