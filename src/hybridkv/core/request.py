@@ -128,7 +128,7 @@ class Request:
         self.mm_items = mm
         self.skip_prefix_cache = skip_prefix_cache
         self.block_hashes: list[bytes] = []
-        self.hasher = None  # the BlockHasher that produced block_hashes (set by the manager)
+        self.hasher: object = None  # the BlockHasher that produced block_hashes (set by the manager)
         self.num_preemptions = 0
         self.retention = retention
         self.hint = hint

@@ -11,6 +11,7 @@ when the config has a state group, so other configs never run this code.
 from __future__ import annotations
 
 import math
+from typing import cast
 
 from hybridkv.core.coordinator.base import CoordinatorBase, _ReqBlocks, _StateBlocks
 from hybridkv.core.coordinator.records import (AllocationPlan, CacheHit, GroupPlan, StateBlocks,
@@ -61,7 +62,7 @@ class StateGroups(CoordinatorBase):
         for g in self.state_groups:
             x = max(state.done_t[g], after)
             if self.dense[g]:
-                t = (x // self.dense_step[g] + 1) * self.dense_step[g]
+                t: float = (x // self.dense_step[g] + 1) * self.dense_step[g]
             else:
                 t = self.retention.next_end(x, state.boundaries)
             if t < nxt:
@@ -69,8 +70,9 @@ class StateGroups(CoordinatorBase):
         return nxt
 
     def _plan_states(self, request: Request, state: _ReqBlocks | None, hit: CacheHit | None,
-                     computed: int, num_new: int, slots: int, groups: list, needed: int,
-                     freed_total: int, reserved: int, reserve_tokens: int) -> tuple[int, int, int]:
+                     computed: int, num_new: int, slots: int, groups: list[GroupPlan],
+                     needed: int, freed_total: int, reserved: int,
+                     reserve_tokens: int) -> tuple[int, int, int]:
         """Replace the state groups' share of a plan (counted above as if they were paged)
         by their extents: a new request's live extent, one extent per export position, the
         hit checkpoint a touch takes out of the queue, the checkpoints that leave the table.
@@ -84,7 +86,7 @@ class StateGroups(CoordinatorBase):
             needed -= gp.new_blocks + gp.touched
             freed_total -= gp.freed
             exports = self._export_ends(request, state, hit, g, computed, num_new)
-            if new_request:
+            if state is None:                                     # new_request
                 ids = hit.block_ids[g] if hit is not None else ()
                 touched = self._num_evictable(ids) * k
                 released: tuple[int, ...] = ()
@@ -171,7 +173,8 @@ class StateGroups(CoordinatorBase):
         retag = self.caching and not self.compat and computed > 0 and computed == end
         servable = end > 0
         live = []
-        for g, st in state.states.items():
+        # (called for a request with state groups only)
+        for g, st in cast("dict[int, _StateBlocks]", state.states).items():
             table = state.tables[g]
             j = end // self.block_sizes[g] - 1
             if retag and computed > state.done_t[g] and j < len(table) \
