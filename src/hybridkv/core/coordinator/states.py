@@ -11,7 +11,7 @@ when the config has a state group, so other configs never run this code.
 from __future__ import annotations
 
 import math
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from hybridkv.core.coordinator.base import CoordinatorBase, _ReqBlocks, _StateBlocks
 from hybridkv.core.coordinator.records import (AllocationPlan, CacheHit, GroupPlan, StateBlocks,
@@ -19,6 +19,9 @@ from hybridkv.core.coordinator.records import (AllocationPlan, CacheHit, GroupPl
 from hybridkv.core.pool import NULL_BLOCK
 from hybridkv.core.request import Request
 from hybridkv.core.retention import multiples_between
+
+if TYPE_CHECKING:
+    from hybridkv.core.extent_pool import ExtentBlockPool
 
 
 
@@ -127,7 +130,7 @@ class StateGroups(CoordinatorBase):
         a new request's live extent (and the hit checkpoint to restore from), the table
         grown with null entries, one new extent per export position. Returns the new
         extents' heads per state group."""
-        pool = self.pool
+        pool = cast("ExtentBlockPool", self.pool)      # a config with state groups: extents
         out: dict[int, list[int]] = {}
         if state.states is None:
             state.states = {g: _StateBlocks() for g in self.state_groups}
@@ -139,7 +142,7 @@ class StateGroups(CoordinatorBase):
             table = state.tables[g]
             heads = out[g] = []
             if plan.new_request:
-                st.live = pool.allocate_extent(k)  # type: ignore[attr-defined]
+                st.live = pool.allocate_extent(k)
                 heads.append(st.live)
                 if hit is not None and hit.num_tokens:
                     e = hit.num_tokens // a
@@ -155,7 +158,7 @@ class StateGroups(CoordinatorBase):
             st.exports = []
             for t in self._export_ends(request, state, None, g, plan.num_computed,
                                        plan.num_tokens - plan.num_computed):
-                head = pool.allocate_extent(k)  # type: ignore[attr-defined]
+                head = pool.allocate_extent(k)
                 table[t // a - 1] = head
                 st.held.append(t // a - 1)
                 st.exports.append((t, head))
@@ -196,7 +199,7 @@ class StateGroups(CoordinatorBase):
             raise KeyError(f"request {request.request_id!r} holds no blocks")
         if state.states is None:
             return []
-        extent = self.pool.extent  # type: ignore[attr-defined]
+        extent = cast("ExtentBlockPool", self.pool).extent
         computed = request.num_computed_tokens
         out = []
         for g, st in state.states.items():

@@ -336,7 +336,7 @@ class HintLayer(EvictionPolicy):
         self._decay_every = DECAY_CAPACITIES * scap
 
     @property
-    def uses_retention(self) -> bool:     # type: ignore[override]
+    def uses_retention(self) -> bool:     # type: ignore[override]  # per instance: the inner's
         """The inner policy's: retention configs are its business, hints the layer's."""
         return self.inner.uses_retention
 

@@ -102,7 +102,7 @@ class HitPointLayer(EvictionPolicy):
         self._share_every = max(1, self._cap // SHARE_UPDATES)
 
     @property
-    def uses_retention(self) -> bool:     # type: ignore[override]
+    def uses_retention(self) -> bool:     # type: ignore[override]  # per instance: the inner's
         """The inner policy's (it ranks the key group; companions follow their anchors)."""
         return self.inner.uses_retention
 
@@ -110,7 +110,8 @@ class HitPointLayer(EvictionPolicy):
     def counts(self) -> tuple[int, int, int]:
         """(companions killed with their anchor, dead companions evicted, live companions
         evicted because nothing else was free)."""
-        return tuple(self._counts)     # type: ignore[return-value]
+        counts = self._counts
+        return counts[0], counts[1], counts[2]
 
     # ---- what the coordinator tells -----------------------------------------------------------
     def anchor(self, comps: Sequence[int], anchors: Sequence[int]) -> None:
