@@ -488,7 +488,8 @@ class Scheduler:
             if r.status is not running_status:
                 continue  # aborted during the step
             req = r.request
-            toks = sampled[j] if by_slot else sampled.get(r.request_id)  # type: ignore[union-attr]  # not by_slot: the mapping
+            # (not by_slot: sampled is the mapping)
+            toks = sampled[j] if by_slot else sampled.get(r.request_id)  # type: ignore[union-attr]
             nd = num_drafts[j]
             if nd:
                 accepted = len(toks) - 1 if toks else -1

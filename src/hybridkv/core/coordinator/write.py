@@ -260,7 +260,8 @@ class WritePath(CoordinatorBase):
                 break
             if stop > hi:
                 stop = hi
-            self._insert_span(g, table, i, stop, hashes, scale, positions)  # type: ignore[arg-type]  # i < hi: finite
+            # (i < hi: a finite block index)
+            self._insert_span(g, table, i, stop, hashes, scale, positions)  # type: ignore[arg-type]
             j = stop
         state.cached_hi[g] = hi
         if positions and self.on_stored is not None:

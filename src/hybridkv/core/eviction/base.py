@@ -30,8 +30,8 @@ Contract (every call is O(1) or O(log n) amortized, n = blocks held):
   without ``uses_retention``.
 
 A policy may read ``pool.block_hash`` / ``pool.block_group`` of the pool it is attached to
-(:meth:`attach`) but never writes pool state (:class:`PolicyPool`: what it may read). Only online information is used: nothing here
-knows the future of the request stream.
+(:meth:`attach`) but never writes pool state (:class:`PolicyPool`: what it may read). Only
+online information is used: nothing here knows the future of the request stream.
 
 Registration: a policy is a subclass of :class:`EvictionPolicy` in its own module, decorated
 with ``@EVICTION_POLICIES.register("its-name")`` (the same string as its ``name``), and one
