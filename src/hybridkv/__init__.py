@@ -21,7 +21,7 @@ from hybridkv.core import (MLA, AllBlocksCleared, BlockRemoved, BlockStored, Cac
 __version__ = "0.1.0"
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> object:
     # The engine needs torch; import it only when asked for, so ``import hybridkv`` stays light.
     if name in ("LLM", "GenerationOutput"):
         from hybridkv.engine import llm

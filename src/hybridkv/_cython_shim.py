@@ -20,7 +20,9 @@ are always of that type, indices that always fit a C integer). This module is ne
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
+
+_F = TypeVar("_F", bound=Callable[..., object])
 
 #: False: this is the source running as Python (Cython's compiled modules see True).
 compiled = False
@@ -32,7 +34,7 @@ Py_ssize_t = int
 bint = bool
 
 
-def locals(**types: Any) -> Callable[[Callable], Callable]:  # noqa: A001 - Cython's name
+def locals(**types: Any) -> Callable[[_F], _F]:  # noqa: A001 - Cython's name
     """Cython's ``@cython.locals(name=type, ...)``: declares local variable types when
     compiled; here it returns the function unchanged."""
     return lambda func: func

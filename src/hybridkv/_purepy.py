@@ -26,7 +26,9 @@ import importlib.abc
 import importlib.util
 import os
 import sys
-from importlib.machinery import EXTENSION_SUFFIXES
+from importlib.machinery import EXTENSION_SUFFIXES, ModuleSpec
+from types import ModuleType
+from typing import Sequence
 
 #: Written by setup.py in each compiled package: ``path sha256`` of each compiled source.
 MANIFEST = "_compiled_sources.txt"
@@ -80,7 +82,8 @@ class PreferSource(importlib.abc.MetaPathFinder):
     """Finds ``hybridkv.*`` submodules as their ``.py`` source; leaves packages and anything
     without a ``.py`` file to the normal finders."""
 
-    def find_spec(self, fullname, path, target=None):
+    def find_spec(self, fullname: str, path: Sequence[str] | None,
+                  target: ModuleType | None = None) -> ModuleSpec | None:
         if not fullname.startswith("hybridkv.") or not path:
             return None
         leaf = fullname.rpartition(".")[2]

@@ -29,7 +29,7 @@ class BlockStored:
     lora_name: str | None
     medium: str
     group_idx: int
-    extra_keys: list[tuple | None] | None = None
+    extra_keys: list[tuple[object, ...] | None] | None = None
     lookahead_token_ids: list[list[int]] | None = None
 
 
@@ -52,9 +52,9 @@ class AllBlocksCleared:
 KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
 
-def untag_extra_keys(keys: tuple) -> tuple | None:
+def untag_extra_keys(keys: tuple[tuple[object, ...], ...]) -> tuple[object, ...] | None:
     """vLLM's event form of extra keys: ``("mm", id, off)`` -> ``(id, off)``, LoRA -> name."""
-    out = []
+    out: list[object] = []
     for key in keys:
         kind = key[0]
         if kind == "mm":

@@ -110,7 +110,7 @@ class ExtentBlockPool(BlockPool):
         if v is None:
             return
         ref, tails = self.ref_cnt, self.tails
-        for b in ([v] if v.__class__ is int else list(v)):
+        for b in ([v] if isinstance(v, int) else list(v)):
             if ref[b] == 0:
                 self.queue.remove(b)
                 self._drop(b, h)

@@ -33,7 +33,7 @@ import xxhash
 try:
     import cython
 except ImportError:                       # no Cython: the C types below are no-ops
-    from hybridkv import _cython_shim as cython
+    from hybridkv import _cython_shim as cython  # type: ignore[no-redef]  # typed by typings/cython.pyi
 
 if TYPE_CHECKING:
     from hybridkv.core.request import Request
@@ -42,7 +42,7 @@ HASH_ALGOS = ("xxh3_128", "sha256")
 DEFAULT_SEED = "hybridkv-none-hash"
 TOKEN_BYTES = 8  # tokens are hashed as little-endian int64
 
-ExtraKey = tuple  # ("lora", name, path) | ("mm", identifier, offset) | ("cache_salt", salt)
+ExtraKey = tuple[object, ...]  # ("lora", name, path) | ("mm", identifier, offset) | ("cache_salt", salt)
 
 
 def _sha256(data: bytes) -> bytes:

@@ -19,7 +19,7 @@ Block layout of one group's table as a request runs (``bs`` = 4, 2 lookahead slo
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Callable, cast
 
 from hybridkv.core.coordinator import CacheHit, ExternalHit, KVCacheCoordinator, StateBlocks
 from hybridkv.core.events import (AllBlocksCleared, BlockRemoved, BlockStored, KVEvent,
@@ -41,8 +41,8 @@ from hybridkv.core.spec_decode import SpecDecode
 def _no_new_blocks(num_groups: int) -> Callable[[], list[list[int]]]:
     """A function returning ``num_groups`` fresh empty lists (the fast path's result; a list
     literal costs less than a comprehension, which matters at a few hundred ns per step)."""
-    literal = {1: lambda: [[]], 2: lambda: [[], []], 3: lambda: [[], [], []],
-               4: lambda: [[], [], [], []]}
+    literal: dict[int, Callable[[], list[list[int]]]] = {
+        1: lambda: [[]], 2: lambda: [[], []], 3: lambda: [[], [], []], 4: lambda: [[], [], [], []]}
     return literal.get(num_groups) or (lambda: [[] for _ in range(num_groups)])
 
 
@@ -455,7 +455,8 @@ class KVCacheManager:
         """What the hint layer did (:class:`~hybridkv.core.hints.HintStats`); None without hints."""
         if not self.hints:
             return None
-        return self.pool.policy.stats()
+        stats: HintStats = cast(PolicyBlockPool, self.pool).policy.stats()   # hints: a policy pool
+        return stats
 
     def _record(self, request: Request, hit_tokens: int) -> None:
         if not self.enable_caching or request.skip_prefix_cache:

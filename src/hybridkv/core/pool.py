@@ -57,7 +57,7 @@ from typing import Callable, Iterable, Iterator
 try:
     import cython
 except ImportError:                       # no Cython: the C types below are no-ops
-    from hybridkv import _cython_shim as cython
+    from hybridkv import _cython_shim as cython  # type: ignore[no-redef]  # typed by typings/cython.pyi
 
 NULL_BLOCK = 0
 
@@ -323,7 +323,7 @@ class BlockPool:
     def cached_block(self, group: int, h: bytes) -> int | None:
         """A block holding hash ``h`` in ``group`` (the first one if duplicated), else None."""
         v = self.index[group].get(h)
-        if v is None or v.__class__ is int:
+        if v is None or isinstance(v, int):
             return v
         return next(iter(v))
 
@@ -335,7 +335,7 @@ class BlockPool:
         v = idx.get(h)
         if v is None:
             idx[h] = b
-        elif v.__class__ is int:
+        elif isinstance(v, int):
             idx[h] = {v: None, b: None}
         else:
             v[b] = None
@@ -423,12 +423,12 @@ class BlockPool:
         idx = index[0]
         for b in blocks:
             bi = b
-            h = bh[bi]
+            h: bytes = bh[bi]  # type: ignore[assignment]  # each of blocks holds a hash
             if not one:
                 g = bg[bi]
                 idx = index[g]
             v = idx.pop(h)
-            if type(v) is not int:                  # duplicated content: the others stay
+            if type(v) is dict:                     # duplicated content: the others stay
                 del v[b]
                 idx[h] = next(iter(v)) if len(v) == 1 else v
             bh[bi] = None
@@ -622,7 +622,7 @@ class BlockPool:
         indexed = 0
         for g, idx in enumerate(self.index):
             for h, v in idx.items():
-                ids = [v] if v.__class__ is int else list(v)
+                ids = [v] if isinstance(v, int) else list(v)
                 if not ids:
                     raise AssertionError(f"group {g}: empty duplicate set for a hash")
                 for b in ids:

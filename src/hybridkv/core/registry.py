@@ -20,7 +20,7 @@ parent's entry unless it registers its own.
 
 from __future__ import annotations
 
-from typing import Callable, Generic, Hashable, Iterator, TypeVar
+from typing import Callable, Generic, Hashable, Iterator, TypeVar, overload
 
 __all__ = ["Registry"]
 
@@ -51,6 +51,11 @@ class Registry(Generic[V]):
         self.key_base = key_base
         self.value_base = value_base
         self._table: dict[Hashable, V] = {}
+
+    @overload
+    def register(self, key: Hashable) -> Callable[[V], V]: ...
+    @overload
+    def register(self, key: Hashable, value: V) -> V: ...
 
     def register(self, key: Hashable, value: V | None = None) -> Callable[[V], V] | V:
         """Register ``value`` under ``key``; without ``value``, a decorator that does.

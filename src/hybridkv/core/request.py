@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from hybridkv.core.hints import Hint
 from hybridkv.core.retention_config import RetentionConfig
@@ -42,13 +42,14 @@ class MultiModalItem:
     length: int
 
 
-def _as_token_array(token_ids: Iterable[int], what: str) -> array:
+def _as_token_array(token_ids: Iterable[int], what: str) -> array[int]:
     if hasattr(token_ids, "dtype") and hasattr(token_ids, "tobytes"):  # numpy: one memcpy
-        kind = token_ids.dtype.kind
+        ndarray: Any = token_ids                # numpy is not imported here: duck-typed
+        kind = ndarray.dtype.kind
         if kind not in "iu":
-            raise ValueError(f"{what}: token ids must be integers, got dtype {token_ids.dtype}")
+            raise ValueError(f"{what}: token ids must be integers, got dtype {ndarray.dtype}")
         out = array("q")
-        out.frombytes(token_ids.astype("<i8", copy=False).tobytes())
+        out.frombytes(ndarray.astype("<i8", copy=False).tobytes())
         return out
     try:
         return array("q", token_ids)
@@ -127,7 +128,7 @@ class Request:
         self.mm_items = mm
         self.skip_prefix_cache = skip_prefix_cache
         self.block_hashes: list[bytes] = []
-        self.hasher = None  # the BlockHasher that produced block_hashes (set by the manager)
+        self.hasher: object = None  # the BlockHasher that produced block_hashes (set by the manager)
         self.num_preemptions = 0
         self.retention = retention
         self.hint = hint
@@ -159,9 +160,9 @@ class Request:
     def has_extra_keys(self) -> bool:
         return bool(self.cache_salt or self.lora or self.mm_items)
 
-    def extra_keys(self, start: int, end: int) -> tuple:
+    def extra_keys(self, start: int, end: int) -> tuple[tuple[object, ...], ...]:
         """The extra keys of the token range ``[start, end)``, in the order LoRA, MM, salt."""
-        keys: list[tuple] = []
+        keys: list[tuple[object, ...]] = []
         if self.lora is not None:
             keys.append(("lora", self.lora.name, self.lora.path))
         for item in self.mm_items:

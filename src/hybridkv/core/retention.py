@@ -31,6 +31,10 @@ no memory (and lets a request that arrives mid-decode, such as the next chat tur
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hybridkv.core.rules import HitRule
 
 
 def validate_retention_interval(interval: int | None, alignment: int, has_local_groups: bool) -> None:
@@ -120,7 +124,7 @@ class Retention:
         return nxt
 
 
-    def next_masked_block(self, rule, j: int, ends: tuple[int, ...]) -> float:
+    def next_masked_block(self, rule: HitRule, j: int, ends: tuple[int, ...]) -> float:
         """vLLM 0.33's per-block write mask (compat mode, sparse retention): the smallest
         block ``i >= j`` inside ``rule.span(e)`` for a promised end ``e`` (in the rule's
         blocks): every multiple of the interval (block count ``N // block_size``, k >= 1)
@@ -132,7 +136,7 @@ class Retention:
         """
         return self.next_masked_run(rule, j, ends)[0]
 
-    def next_masked_run(self, rule, j: int, ends: tuple[int, ...]) -> tuple[float, int]:
+    def next_masked_run(self, rule: HitRule, j: int, ends: tuple[int, ...]) -> tuple[float, int]:
         """``(i, stop)``: ``i`` as :meth:`next_masked_block`, and every block of ``[i, stop)``
         is masked too (the end of the span that starts at ``i``; ``stop`` 0 when ``i`` is
         ``inf``). The masked blocks from ``j`` on are those of the runs found from ``j``,

@@ -214,7 +214,7 @@ def _check_shape(owner: str, name: str, shape: object) -> tuple[int, ...]:
     if isinstance(shape, int) and not isinstance(shape, bool):
         shape = (shape,)
     try:
-        dims = tuple(shape)  # type: ignore[arg-type]
+        dims: tuple[int, ...] = tuple(shape)  # type: ignore[arg-type]  # any iterable; checked below
     except TypeError:
         dims = ()
     if not dims or any(isinstance(d, bool) or not isinstance(d, int) or d <= 0 for d in dims):
@@ -340,7 +340,8 @@ class KVCacheConfig:
     """
 
     groups: tuple[KVCacheGroup, ...]
-    num_blocks: int | None = None
+    # None (not given) is replaced by memory_bytes // block_bytes: read, it is always an int
+    num_blocks: int = None  # type: ignore[assignment]
     memory_bytes: int | None = None
     hash_block_size: int = field(init=False)
     alignment: int = field(init=False)

@@ -43,7 +43,7 @@ class AcceptanceModel:
                 raise ValueError(f"acceptance rate must be in [0, 1], got {rate!r}")
             p = [float(rate) ** i * (1.0 - float(rate)) for i in range(k)] + [float(rate) ** k]
         else:
-            p = [float(x) for x in probs]  # type: ignore[union-attr]
+            p = [float(x) for x in probs]  # type: ignore[union-attr]  # rate is None: probs given
             if len(p) != k + 1:
                 raise ValueError(f"probs must have k + 1 = {k + 1} entries (P(a=0..k)), got {len(p)}")
             if any(x < 0 for x in p) or abs(sum(p) - 1.0) > 1e-6:

@@ -42,7 +42,7 @@ from typing import Mapping, Protocol, Sequence
 try:
     import cython
 except ImportError:                       # no Cython: the C types below are no-ops
-    from hybridkv import _cython_shim as cython
+    from hybridkv import _cython_shim as cython  # type: ignore[no-redef]  # typed by typings/cython.pyi
 
 from hybridkv.core.blockref import BlockRef
 from hybridkv.core.coordinator import CacheHit, ExternalHit
@@ -488,7 +488,8 @@ class Scheduler:
             if r.status is not running_status:
                 continue  # aborted during the step
             req = r.request
-            toks = sampled[j] if by_slot else sampled.get(r.request_id)
+            # (not by_slot: sampled is the mapping)
+            toks = sampled[j] if by_slot else sampled.get(r.request_id)  # type: ignore[union-attr]
             nd = num_drafts[j]
             if nd:
                 accepted = len(toks) - 1 if toks else -1

@@ -31,6 +31,8 @@ caches those lookups per type, yet walks the MRO on each cache miss, on the hot 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from hybridkv.core.coordinator.allocate import Allocation
 from hybridkv.core.coordinator.base import CoordinatorBase
 from hybridkv.core.coordinator.lookup import Lookup
@@ -56,13 +58,18 @@ def _join(name: str, doc: str, *seams: type) -> type:
     return type(name, (), namespace)
 
 
-#: Lookup, allocation and caching over all groups of one pool (the constructor's arguments:
-#: :class:`~hybridkv.core.coordinator.base.CoordinatorBase`).
-KVCacheCoordinator = _join(
-    "KVCacheCoordinator",
-    "Lookup, allocation and caching over all groups of one pool: the seams of "
-    "hybridkv.core.coordinator in one class (arguments: CoordinatorBase).",
-    CoordinatorBase, Lookup, Allocation, WritePath, Release, StateGroups)
+if TYPE_CHECKING:
+    class KVCacheCoordinator(Lookup, Allocation, WritePath, Release, StateGroups):
+        """What the type checker sees: the seams as one class (the joined class's methods
+        and attributes are exactly theirs)."""
+else:
+    #: Lookup, allocation and caching over all groups of one pool (the constructor's arguments:
+    #: :class:`~hybridkv.core.coordinator.base.CoordinatorBase`).
+    KVCacheCoordinator = _join(
+        "KVCacheCoordinator",
+        "Lookup, allocation and caching over all groups of one pool: the seams of "
+        "hybridkv.core.coordinator in one class (arguments: CoordinatorBase).",
+        CoordinatorBase, Lookup, Allocation, WritePath, Release, StateGroups)
 
 
 __all__ = ["AllocationPlan", "CacheHit", "ExternalHit", "GroupPlan", "KVCacheCoordinator",

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import operator
+from typing import Sequence, cast
 
 from hybridkv.core.coordinator.base import CoordinatorBase, _ReqBlocks
 from hybridkv.core.coordinator.records import (_UNCHANGED, AllocationPlan, CacheHit, ExternalHit,
@@ -43,7 +44,7 @@ class Allocation(CoordinatorBase):
         if state is None or state.owner is not request:
             return False
         computed = request.num_computed_tokens
-        slots = computed + num_new_tokens + lookahead
+        slots: float = computed + num_new_tokens + lookahead       # (only compared)
         if slots > self.len_cap:
             if computed + num_new_tokens > self.len_cap:
                 return False                        # past max_model_len: the slow path refuses it
@@ -88,16 +89,16 @@ class Allocation(CoordinatorBase):
             slots = external.num_tokens
         slots += lookahead
         if slots > self.len_cap:
-            slots = self.len_cap
+            slots = cast(int, self.len_cap)               # finite here: max_model_len
         ref = self.pool.ref_cnt
-        groups = []
+        groups: list[GroupPlan] = []
         needed = freed_total = 0
-        if new_request:
+        if state is None:                                 # new_request
             if hit is not None and hit.num_tokens and hit.epoch != self.epoch:
                 self._verify_hit(request, hit)
             counts = self._evictable_counts(request, hit)
             for g, bs in enumerate(self.block_sizes):
-                ids = hit.block_ids[g] if hit is not None else ()
+                ids: Sequence[int] = hit.block_ids[g] if hit is not None else ()
                 touched = counts[g]
                 new = -(-slots // bs) - len(ids)
                 if new < 0:
@@ -158,7 +159,7 @@ class Allocation(CoordinatorBase):
         its hit blocks or its out-of-window blocks, whichever is more, and adds the hit
         blocks a touch takes out of the free queue (``touched[g]``, when given, is that count
         for all of the hit's blocks); a running request subtracts its table."""
-        n = num_tokens if num_tokens < self.len_cap else self.max_model_len
+        n = num_tokens if num_tokens < self.len_cap else cast(int, self.max_model_len)
         total = 0
         for g, rule in enumerate(self.rules):
             bs = rule.block_size
@@ -271,9 +272,9 @@ class Allocation(CoordinatorBase):
         is_state_group = self.is_state_group
         for g, gp in enumerate(plan.groups):
             if gp.new_blocks and not is_state_group[g]:
-                ids = pool.allocate(gp.new_blocks)
-                state.tables[g].extend(ids)
-                new_blocks.append(ids)
+                got = pool.allocate(gp.new_blocks)
+                state.tables[g].extend(got)
+                new_blocks.append(got)
             else:
                 new_blocks.append([])
         if self.state_groups:
@@ -323,7 +324,7 @@ class Allocation(CoordinatorBase):
             state = self.reqs.get(request.request_id)
             if state is not None and state.owner is request:
                 computed = request.num_computed_tokens
-                slots = computed + num_new_tokens + lookahead
+                slots: float = computed + num_new_tokens + lookahead   # (only compared)
                 if slots > self.len_cap:
                     slots = self.len_cap
                 if slots <= state.slots and computed < state.slide_until:

@@ -11,18 +11,24 @@ share nothing but this state and call each other only through ``self``:
 * the release calls the write path (``cache``) and the state groups (``_free_states``);
 * the state groups call the write path (``_boundaries``) and allocation (``_num_evictable``,
   ``_vllm_admission_blocks``).
+
+:class:`SeamCalls` declares those methods, so a type checker follows each call to its seam
+(the base derives from it for the checker only; at run time it is a plain class).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from hybridkv.core.pool import NULL_BLOCK, BlockPool
 from hybridkv.core.request import Request
 from hybridkv.core.retention import Retention
 from hybridkv.core.rules import HitRule, make_rule, rule_class
 from hybridkv.core.specs import KVCacheConfig
+
+if TYPE_CHECKING:
+    from hybridkv.core.coordinator.records import AllocationPlan, CacheHit, GroupPlan
 
 
 def _report_runs(report: Callable[[int, Request, int, list[int]], None], group: int,
@@ -80,7 +86,7 @@ class _ReqBlocks:
         self.quiet_until: float = 0
         # allocate() needs no new block while computed + new + lookahead <= slots, and no
         # block leaves a window while num_computed < slide_until (0: not known yet)
-        self.slots = 0
+        self.slots: float = 0
         self.slide_until: float = 0
         # state groups only (None otherwise): live extents, held checkpoints, restore/exports
         self.states: dict[int, _StateBlocks] | None = None
@@ -88,7 +94,42 @@ class _ReqBlocks:
 
 
 
-class CoordinatorBase:
+class SeamCalls(Protocol):
+    """The methods one seam of the coordinator calls on another through ``self``, by the
+    seam that defines them (the type checker checks each definition against these)."""
+
+    # write.py (WritePath)
+    def cache(self, request: Request, num_tokens: int, final: bool = False) -> None: ...
+    def _boundaries(self, request: Request, hit: CacheHit | None) -> tuple[int, ...]: ...
+    def _mask_ends(self, request: Request, hit: CacheHit | None) -> list[tuple[int, ...]]: ...
+
+    # release.py (Release)
+    def _release(self, request: Request, state: _ReqBlocks, plan: AllocationPlan) -> None: ...
+
+    # allocate.py (Allocation)
+    def _num_evictable(self, ids: tuple[int, ...]) -> int: ...
+    def _vllm_admission_blocks(self, state: _ReqBlocks | None, hit: CacheHit | None,
+                               num_tokens: int, num_computed: int,
+                               touched: list[int] | None = None) -> int: ...
+
+    # states.py (StateGroups)
+    def _next_export(self, request: Request, state: _ReqBlocks, after: int) -> float: ...
+    def _plan_states(self, request: Request, state: _ReqBlocks | None, hit: CacheHit | None,
+                     computed: int, num_new: int, slots: int, groups: list[GroupPlan],
+                     needed: int, freed_total: int, reserved: int,
+                     reserve_tokens: int) -> tuple[int, int, int]: ...
+    def _commit_states(self, request: Request, state: _ReqBlocks,
+                       plan: AllocationPlan) -> dict[int, list[int]]: ...
+    def _free_states(self, request: Request, state: _ReqBlocks) -> bool: ...
+
+
+if TYPE_CHECKING:
+    _Seams = SeamCalls
+else:
+    _Seams = object
+
+
+class CoordinatorBase(_Seams):
     """The state every seam of the coordinator reads: the config's per-group facts and the
     per-request bookkeeping (see :class:`~hybridkv.core.coordinator.KVCacheCoordinator`).
 
@@ -197,9 +238,9 @@ class CoordinatorBase:
         self.reqs: dict[object, _ReqBlocks] = {}
         # request id -> [request, index version, hashes, max_tokens, hit, hash set] of its
         # last lookup (see _memo_valid)
-        self._lookups: dict[object, list] = {}
+        self._lookups: dict[object, list[Any]] = {}
         # request id -> (hit block ids, pool free_version, counts) (see _evictable_counts)
-        self._evictable: dict[object, tuple] = {}
+        self._evictable: dict[object, tuple[tuple[tuple[int, ...], ...], int | None, list[int]]] = {}
         # the pool's record of index changes (a pool without one: the memo needs the same
         # index version)
         self._index_changes = getattr(pool, "index_changes_since", None)

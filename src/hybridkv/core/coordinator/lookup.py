@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import operator
 from itertools import compress, repeat
-from typing import Callable
+from typing import Any, Callable, Mapping, Sequence
 
 from hybridkv.core.blockref import TableRef
 from hybridkv.core.coordinator.base import CoordinatorBase, _report_runs, _Unit
@@ -28,12 +28,12 @@ from hybridkv.core.request import Request
 try:
     import cython
 except ImportError:                       # no Cython: the C types below are no-ops
-    from hybridkv import _cython_shim as cython
+    from hybridkv import _cython_shim as cython  # type: ignore[no-redef]  # typed by typings/cython.pyi
 
 
 
 @cython.locals(idx=dict, k=cython.Py_ssize_t)
-def _leading_cached(hashes: list[bytes], indexes: list[dict]) -> int:
+def _leading_cached(hashes: list[bytes], indexes: Sequence[Mapping[bytes, object]]) -> int:
     """How many of ``hashes``, from the first on, every one of ``indexes`` holds."""
     k = 0
     if len(indexes) == 1:
@@ -72,7 +72,7 @@ class Lookup(CoordinatorBase):
                 and memo[3] == max_tokens and self._memo_valid(memo, hashes, version):
             # none of this request's hashes was cached or evicted since its last lookup (a
             # waiting request is looked up every step): the same hit, valid now
-            hit = memo[4]
+            hit: CacheHit = memo[4]
             if hit.epoch != self.epoch:
                 hit = CacheHit(hit.num_tokens, hit.block_ids, hit.shared_prefix_boundary,
                                hit.request_id, self.epoch)
@@ -83,7 +83,7 @@ class Lookup(CoordinatorBase):
         self._lookups[request.request_id] = [request, version, n_fine, max_tokens, hit, None]
         return hit
 
-    def _memo_valid(self, memo: list, hashes: list[bytes], version: int) -> bool:
+    def _memo_valid(self, memo: list[Any], hashes: list[bytes], version: int) -> bool:
         """Whether a memoized lookup (``[request, index version, hashes, max_tokens, hit,
         hash set]``) still holds: no index change since touched one of the request's hashes.
         Moves the memo to ``version`` when it holds."""
@@ -104,7 +104,7 @@ class Lookup(CoordinatorBase):
         hashes = request.block_hashes
         n_fine = len(hashes)
         index = self.pool.index
-        probes = []
+        probes: list[Callable[[int], object]] = []
         for unit in self.units:
             scale = unit.scale
             # blocks past max_tokens (plus a proof block) can never be part of the hit
@@ -132,7 +132,7 @@ class Lookup(CoordinatorBase):
             scale = unit.scale
             hs = hashes[(lo + 1) * scale - 1:e * scale:scale]
             for g in unit.groups:
-                ids = list(map(index[g].__getitem__, hs))
+                ids: list[Any] = list(map(index[g].__getitem__, hs))   # block ids, or dicts of them
                 # a duplicated hash (a dict of block ids): its first block
                 for k in compress(range(len(ids)), map(isinstance, ids, repeat(dict))):
                     ids[k] = next(iter(ids[k]))

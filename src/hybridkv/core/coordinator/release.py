@@ -10,12 +10,17 @@ group, so a chain's tail is evicted before its prefix.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Iterable, cast
+
 from hybridkv.core.coordinator.base import CoordinatorBase, _ReqBlocks
 from hybridkv.core.coordinator.records import AllocationPlan
 from hybridkv.core.hints import hint_marks
 from hybridkv.core.pool import NULL_BLOCK
 from hybridkv.core.request import Request
 from hybridkv.core.retention_config import block_marks
+
+if TYPE_CHECKING:
+    from hybridkv.core.policy_pool import PolicyBlockPool
 
 
 class Release(CoordinatorBase):
@@ -70,7 +75,7 @@ class Release(CoordinatorBase):
         for table in state.tables:
             self.pool.free(reversed(table))
 
-    def _anchor(self, state: _ReqBlocks, g: int, positions) -> None:
+    def _anchor(self, state: _ReqBlocks, g: int, positions: Iterable[int]) -> None:
         """Tell the pool's hit-point layer, for group ``g``'s blocks at ``positions`` (about
         to be released), the key-group block that ends the first hit point each one serves: the
         key block covering ``[e - bs_key, e)`` (in EAGLE drop mode the one after it, the key
@@ -79,7 +84,7 @@ class Release(CoordinatorBase):
         such a multiple, that start (it is that hit point's proof block); 0 where the key table
         holds none. A later hit point extends the first one's chain, so the block is useless
         once that anchor is gone."""
-        key = self.anchor_key
+        key = cast(int, self.anchor_key)              # called only with an anchor key
         a = self.alignment
         bs, bs_key = self.block_sizes[g], self.block_sizes[key]
         proof = self.proof[g]
@@ -98,17 +103,19 @@ class Release(CoordinatorBase):
                 comps.append(b)
                 anchors.append(key_table[k] if k < n_key else NULL_BLOCK)
         if comps:
-            self.pool.anchor(comps, anchors)
+            cast("PolicyBlockPool", self.pool).anchor(comps, anchors)   # a hit-point layer's pool
 
-    def _retain(self, request: Request, g: int, table: list[int], positions, final: bool = False) -> None:
+    def _retain(self, request: Request, g: int, table: list[int], positions: Iterable[int],
+                final: bool = False) -> None:
         """Give the request's retention marks to group ``g``'s blocks at ``positions`` (about
         to be released), and in a pool that takes hints its hint's marks and owner (and, for
         a session's request freed whole, ``final``, the key its releases are tracked by); see
         :mod:`hybridkv.core.retention_config` and :mod:`hybridkv.core.hints`."""
+        pool = cast("PolicyBlockPool", self.pool)  # retention and hints run on a policy's pool
         if request.retention is not None:
             marks = block_marks(request.retention, self.block_sizes[g], request.num_prompt_tokens,
                                 request.num_tokens)
-            self.pool.retain(table, positions, marks)
+            pool.retain(table, positions, marks)
         if self.hinted:
             hint = request.hint
             track = None
@@ -120,4 +127,4 @@ class Release(CoordinatorBase):
                     track = (hint.session, g)
             marks = () if hint is None or hint.empty else hint_marks(
                 hint, self.block_sizes[g], request.num_prompt_tokens, request.num_tokens)
-            self.pool.hint(table, positions, marks, owner, track)
+            pool.hint(table, positions, marks, owner, track)

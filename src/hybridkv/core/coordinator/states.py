@@ -11,6 +11,7 @@ when the config has a state group, so other configs never run this code.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, cast
 
 from hybridkv.core.coordinator.base import CoordinatorBase, _ReqBlocks, _StateBlocks
 from hybridkv.core.coordinator.records import (AllocationPlan, CacheHit, GroupPlan, StateBlocks,
@@ -18,6 +19,9 @@ from hybridkv.core.coordinator.records import (AllocationPlan, CacheHit, GroupPl
 from hybridkv.core.pool import NULL_BLOCK
 from hybridkv.core.request import Request
 from hybridkv.core.retention import multiples_between
+
+if TYPE_CHECKING:
+    from hybridkv.core.extent_pool import ExtentBlockPool
 
 
 
@@ -61,7 +65,7 @@ class StateGroups(CoordinatorBase):
         for g in self.state_groups:
             x = max(state.done_t[g], after)
             if self.dense[g]:
-                t = (x // self.dense_step[g] + 1) * self.dense_step[g]
+                t: float = (x // self.dense_step[g] + 1) * self.dense_step[g]
             else:
                 t = self.retention.next_end(x, state.boundaries)
             if t < nxt:
@@ -69,8 +73,9 @@ class StateGroups(CoordinatorBase):
         return nxt
 
     def _plan_states(self, request: Request, state: _ReqBlocks | None, hit: CacheHit | None,
-                     computed: int, num_new: int, slots: int, groups: list, needed: int,
-                     freed_total: int, reserved: int, reserve_tokens: int) -> tuple[int, int, int]:
+                     computed: int, num_new: int, slots: int, groups: list[GroupPlan],
+                     needed: int, freed_total: int, reserved: int,
+                     reserve_tokens: int) -> tuple[int, int, int]:
         """Replace the state groups' share of a plan (counted above as if they were paged)
         by their extents: a new request's live extent, one extent per export position, the
         hit checkpoint a touch takes out of the queue, the checkpoints that leave the table.
@@ -84,7 +89,7 @@ class StateGroups(CoordinatorBase):
             needed -= gp.new_blocks + gp.touched
             freed_total -= gp.freed
             exports = self._export_ends(request, state, hit, g, computed, num_new)
-            if new_request:
+            if state is None:                                     # new_request
                 ids = hit.block_ids[g] if hit is not None else ()
                 touched = self._num_evictable(ids) * k
                 released: tuple[int, ...] = ()
@@ -125,7 +130,7 @@ class StateGroups(CoordinatorBase):
         a new request's live extent (and the hit checkpoint to restore from), the table
         grown with null entries, one new extent per export position. Returns the new
         extents' heads per state group."""
-        pool = self.pool
+        pool = cast("ExtentBlockPool", self.pool)      # a config with state groups: extents
         out: dict[int, list[int]] = {}
         if state.states is None:
             state.states = {g: _StateBlocks() for g in self.state_groups}
@@ -137,7 +142,7 @@ class StateGroups(CoordinatorBase):
             table = state.tables[g]
             heads = out[g] = []
             if plan.new_request:
-                st.live = pool.allocate_extent(k)  # type: ignore[attr-defined]
+                st.live = pool.allocate_extent(k)
                 heads.append(st.live)
                 if hit is not None and hit.num_tokens:
                     e = hit.num_tokens // a
@@ -153,7 +158,7 @@ class StateGroups(CoordinatorBase):
             st.exports = []
             for t in self._export_ends(request, state, None, g, plan.num_computed,
                                        plan.num_tokens - plan.num_computed):
-                head = pool.allocate_extent(k)  # type: ignore[attr-defined]
+                head = pool.allocate_extent(k)
                 table[t // a - 1] = head
                 st.held.append(t // a - 1)
                 st.exports.append((t, head))
@@ -171,7 +176,8 @@ class StateGroups(CoordinatorBase):
         retag = self.caching and not self.compat and computed > 0 and computed == end
         servable = end > 0
         live = []
-        for g, st in state.states.items():
+        # (called for a request with state groups only)
+        for g, st in cast("dict[int, _StateBlocks]", state.states).items():
             table = state.tables[g]
             j = end // self.block_sizes[g] - 1
             if retag and computed > state.done_t[g] and j < len(table) \
@@ -193,7 +199,7 @@ class StateGroups(CoordinatorBase):
             raise KeyError(f"request {request.request_id!r} holds no blocks")
         if state.states is None:
             return []
-        extent = self.pool.extent  # type: ignore[attr-defined]
+        extent = cast("ExtentBlockPool", self.pool).extent
         computed = request.num_computed_tokens
         out = []
         for g, st in state.states.items():

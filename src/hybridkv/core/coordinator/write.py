@@ -12,6 +12,7 @@ only up to vLLM's cacheable prefix (:meth:`WritePath._compat_limits`).
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 from hybridkv.core.coordinator.base import CoordinatorBase, _ReqBlocks, _report_runs
 from hybridkv.core.coordinator.records import CacheHit
@@ -23,7 +24,7 @@ from hybridkv.core.rules import HitRule
 try:
     import cython
 except ImportError:                       # no Cython: the C types below are no-ops
-    from hybridkv import _cython_shim as cython
+    from hybridkv import _cython_shim as cython  # type: ignore[no-redef]  # typed by typings/cython.pyi
 
 
 class WritePath(CoordinatorBase):
@@ -191,6 +192,7 @@ class WritePath(CoordinatorBase):
                     t_limit: int, hashes: list[bytes], extra: tuple[int, ...]) -> None:
         """A local group: cache the runs of the promised ends in ``(done_t, t_limit]``."""
         done = state.done_t[g]
+        ends: Sequence[int]
         if self.dense[g]:
             ends = multiples_between(done, t_limit, self.dense_step[g])
         else:
@@ -239,7 +241,7 @@ class WritePath(CoordinatorBase):
             self.pool.insert_run(g, hs, run)
 
     def _write_mask(self, g: int, request: Request, state: _ReqBlocks, hi: int,
-                    hashes: list) -> float:
+                    hashes: list[bytes]) -> float:
         """Compat, sparse retention: cache the masked blocks of ``[cached_hi, hi)`` and mark
         the range decided (vLLM's ``num_cached_block``), masked or not. Returns the next
         masked block at or after the new ``cached_hi`` (``inf`` if none)."""
@@ -258,7 +260,8 @@ class WritePath(CoordinatorBase):
                 break
             if stop > hi:
                 stop = hi
-            self._insert_span(g, table, i, stop, hashes, scale, positions)
+            # (i < hi: a finite block index)
+            self._insert_span(g, table, i, stop, hashes, scale, positions)  # type: ignore[arg-type]
             j = stop
         state.cached_hi[g] = hi
         if positions and self.on_stored is not None:

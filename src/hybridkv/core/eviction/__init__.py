@@ -14,7 +14,7 @@ plus one import line below.
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from hybridkv.core.eviction.base import EVICTION_POLICIES, EvictionPolicy
 # Registration lines, in the order errors list the names (a module's imports register first):
@@ -28,6 +28,9 @@ from hybridkv.core.eviction.priority import PriorityPolicy  # isort: skip
 from hybridkv.core.eviction.lru import LRUPolicy  # isort: skip  (not registered: see lru.py)
 from hybridkv.core.eviction.hint_layer import HintLayer  # isort: skip  (wraps a policy)
 from hybridkv.core.eviction.hit_points import HitPointLayer  # isort: skip  (wraps a policy)
+
+if TYPE_CHECKING:
+    from hybridkv.core.rules import HitRule
 
 #: The policy ``recommended`` resolves to (see BENCHMARKS.md, "Eviction policies", for why).
 RECOMMENDED = "adaptive"
@@ -64,7 +67,7 @@ def resolve_policy(name: object, vllm_compat: bool = False) -> str:
     return resolved
 
 
-def make_policy(name: str, rules=(), clock: Callable[[], float] = time.monotonic,
+def make_policy(name: str, rules: Sequence[HitRule] = (), clock: Callable[[], float] = time.monotonic,
                 hints: bool | str = False) -> EvictionPolicy | None:
     """The policy object for ``name`` (None for ``lru``: the pool's own list), built through
     :meth:`EvictionPolicy.create`; with ``hints``, that policy (``lru``: the exact-LRU object
@@ -87,7 +90,7 @@ def make_policy(name: str, rules=(), clock: Callable[[], float] = time.monotonic
     return inner if key is None else HitPointLayer(inner, key)
 
 
-def key_group(rules) -> int | None:
+def key_group(rules: Sequence[HitRule]) -> int | None:
     """The group whose blocks anchor hit points on a hybrid config: the first one whose rule
     is downward closed (full attention, MLA), or None when every group's rule is (a dense
     config: no companions) or none is (nothing to anchor to)."""

@@ -34,11 +34,18 @@ Cost: three structures per freed block instead of one (about 3-4x LRU's per-oper
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, Sequence, cast
 
 from hybridkv.core.eviction.arc import ChainARCPolicy
-from hybridkv.core.eviction.base import EVICTION_POLICIES, EvictionPolicy
+from hybridkv.core.eviction.base import EVICTION_POLICIES, EvictionPolicy, PolicyPool
 from hybridkv.core.eviction.turns import TurnEVAPolicy
+
+if TYPE_CHECKING:
+    class _Challenger(Protocol):
+        """What a challenger implements beyond :class:`EvictionPolicy`."""
+
+        def discard(self, b: int) -> None:
+            """Drop free block ``b`` (another policy evicted it)."""
 
 
 #: The shadows' hit counts halve every this many capacities of blocks freed.
@@ -50,7 +57,7 @@ class _Identity:
 
     __slots__ = ()
 
-    def __getitem__(self, key):
+    def __getitem__(self, key: object) -> object:
         return key
 
 
@@ -97,12 +104,13 @@ class AdaptivePolicy(EvictionPolicy):
         """Whether a challenger (not LRU) chooses the victims now."""
         return self.mode >= 0
 
-    def attach(self, pool) -> None:
+    def attach(self, pool: PolicyPool) -> None:
         super().attach(pool)
         self._cap = max(1, pool.num_blocks - 1)
         for alt, shadow in zip(self.alts, self.shadows):
             alt.attach(pool)
-            shadow.attach(_KeyPool(self._cap))
+            # a shadow's policies read num_blocks and block_hash only (no groups on hashes)
+            shadow.attach(_KeyPool(self._cap))  # type: ignore[arg-type]
 
     def __len__(self) -> int:
         return len(self.fifo)
@@ -144,14 +152,14 @@ class AdaptivePolicy(EvictionPolicy):
             out = [fifo.popitem(last=False)[0] for _ in range(n)]
         for i, alt in enumerate(self.alts):
             if i != self.mode:
-                discard = alt.discard
+                discard = cast("_Challenger", alt).discard
                 for b in out:
                     discard(b)
         return out
 
     # ---- the shadows ------------------------------------------------------------------------
     @staticmethod
-    def _leading_hits(keys: list, cache) -> int:
+    def _leading_hits(keys: list[Any], cache: OrderedDict[Any, None] | EvictionPolicy) -> int:
         hits = 0
         for k in reversed(keys):                   # leading hits, from the chain's head
             if k not in cache:
@@ -159,8 +167,9 @@ class AdaptivePolicy(EvictionPolicy):
             hits += 1
         return hits
 
-    def _shadows(self, keys: list) -> None:
-        """Serve one freed batch (tail first) to every shadow; update the scores and the mode."""
+    def _shadows(self, keys: list[Any]) -> None:
+        """Serve one freed batch (tail first) to every shadow; update the scores and the mode.
+        ``keys``: the blocks' hashes (with their group past group 0), a shadow's block ids."""
         cap = self._cap
         lru = self.shadow_lru
         self.score_lru += self._leading_hits(keys, lru)

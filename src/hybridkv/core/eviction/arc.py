@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Iterator, Sequence
 
-from hybridkv.core.eviction.base import EVICTION_POLICIES, EvictionPolicy
+from hybridkv.core.eviction.base import EVICTION_POLICIES, EvictionPolicy, PolicyPool
 
 #: A block reused by this many requests or more is shared content (a system prompt), not a
 #: conversation's own history: a chain whose deepest reused block is that popular is a first turn.
@@ -59,7 +59,7 @@ class ChainARCPolicy(EvictionPolicy):
         self.reuses: dict[int, int] = {}     # block -> reuses of its content (ghosts included)
         self.p = 0.0
 
-    def attach(self, pool) -> None:
+    def attach(self, pool: PolicyPool) -> None:
         super().attach(pool)
         self.p = (pool.num_blocks - 1) / 2
 

@@ -30,8 +30,8 @@ Contract (every call is O(1) or O(log n) amortized, n = blocks held):
   without ``uses_retention``.
 
 A policy may read ``pool.block_hash`` / ``pool.block_group`` of the pool it is attached to
-(:meth:`attach`) but never writes pool state. Only online information is used: nothing here
-knows the future of the request stream.
+(:meth:`attach`) but never writes pool state (:class:`PolicyPool`: what it may read). Only
+online information is used: nothing here knows the future of the request stream.
 
 Registration: a policy is a subclass of :class:`EvictionPolicy` in its own module, decorated
 with ``@EVICTION_POLICIES.register("its-name")`` (the same string as its ``name``), and one
@@ -42,13 +42,34 @@ the default, ``cls()``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, ClassVar, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, ClassVar, Iterator, Mapping, Protocol, Sequence
 
 from hybridkv.core.registry import Registry
 
 if TYPE_CHECKING:
-    from hybridkv.core.pool import BlockPool
+    from hybridkv.core.retention_config import RetentionMark
     from hybridkv.core.rules import HitRule
+
+
+class PolicyPool(Protocol):
+    """What a policy reads of the pool it is attached to, read-only
+    (:class:`~hybridkv.core.pool.BlockPool` is one; so is a shadow's stand-in)."""
+
+    @property
+    def num_blocks(self) -> int:
+        """Block ids are ``< num_blocks``."""
+
+    @property
+    def block_hash(self) -> Sequence[bytes | None]:
+        """Per block id: its hash, None if it holds none."""
+
+    @property
+    def block_group(self) -> Sequence[int]:
+        """Per block id: the group whose hash it holds."""
+
+    @property
+    def index(self) -> Sequence[Mapping[bytes, object]]:
+        """Per group: the hashes it holds (a policy reads only how many groups there are)."""
 
 
 class EvictionPolicy:
@@ -60,7 +81,8 @@ class EvictionPolicy:
     __slots__ = ("pool",)
 
     def __init__(self) -> None:
-        self.pool: BlockPool | None = None
+        # None until attach(), which the pool calls before any other method
+        self.pool: PolicyPool = None  # type: ignore[assignment]
 
     @classmethod
     def create(cls, rules: Sequence[HitRule], clock: Callable[[], float]) -> EvictionPolicy:
@@ -69,7 +91,7 @@ class EvictionPolicy:
         every registered policy is built through. The default ignores both."""
         return cls()
 
-    def attach(self, pool: BlockPool) -> None:
+    def attach(self, pool: PolicyPool) -> None:
         """Called once by the pool that owns this policy."""
         if self.pool is not None and self.pool is not pool:
             raise ValueError(f"eviction policy {self.name!r} is already attached to another pool")
@@ -96,7 +118,8 @@ class EvictionPolicy:
     def forget(self, blocks: Sequence[int]) -> None:
         raise NotImplementedError
 
-    def retain(self, blocks: Sequence[int], positions: Sequence[int], marks: Sequence) -> None:
+    def retain(self, blocks: Sequence[int], positions: Sequence[int],
+               marks: Sequence[RetentionMark]) -> None:
         raise NotImplementedError
 
     def check(self) -> None:

@@ -49,7 +49,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Iterator, Sequence
 
-from hybridkv.core.eviction.base import EVICTION_POLICIES, EvictionPolicy
+from hybridkv.core.eviction.base import EVICTION_POLICIES, EvictionPolicy, PolicyPool
 
 #: Age buckets (the last one holds every older block).
 AGES = 32
@@ -113,7 +113,7 @@ class EVAPolicy(EvictionPolicy):
         self._next_decay = 0
         self._dirty = True
 
-    def attach(self, pool) -> None:
+    def attach(self, pool: PolicyPool) -> None:
         super().attach(pool)
         if self._width_arg is None:
             self.width = max(1, (pool.num_blocks - 1) // WIDTH_DIV)

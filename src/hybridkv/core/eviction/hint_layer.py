@@ -58,14 +58,11 @@ from __future__ import annotations
 import heapq
 import math
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import Callable, Generic, Hashable, Iterator, Sequence, TypeVar
 
-from hybridkv.core.eviction.base import EvictionPolicy
+from hybridkv.core.eviction.base import EvictionPolicy, PolicyPool
 from hybridkv.core.hints import PIN_PRIORITY, HintStats
 from hybridkv.core.retention_config import DEFAULT_PRIORITY, RetentionMark
-
-if TYPE_CHECKING:
-    from hybridkv.core.pool import BlockPool
 
 #: A hint kind is honoured while its shadow leads the plain one by this share of its hits ...
 MARGIN = 0.05
@@ -100,7 +97,10 @@ def _sample_key(h: object) -> int:
     return h[-1] if isinstance(h, (bytes, bytearray)) else hash(h) & 0xFF
 
 
-class _PinSet:
+_K = TypeVar("_K", bound=Hashable)
+
+
+class _PinSet(Generic[_K]):
     """Pinned items (blocks, or a shadow's keys) with an expiry each. They lapse in expiry
     order; when the cache must break pins, *predicted* ones (a resume time: the expiry stands
     for the next use) go first, latest expiry first (the farthest next use, as Belady would),
@@ -109,9 +109,9 @@ class _PinSet:
     __slots__ = ("items", "lapse", "order", "_seq")
 
     def __init__(self) -> None:
-        self.items: dict[object, tuple[float, int]] = {}       # item -> (expiry, seq)
-        self.lapse: list[tuple[float, int, object]] = []
-        self.order: list[tuple[tuple[int, float], int, object]] = []
+        self.items: dict[_K, tuple[float, int]] = {}       # item -> (expiry, seq)
+        self.lapse: list[tuple[float, int, _K]] = []
+        self.order: list[tuple[tuple[int, float], int, _K]] = []
         self._seq = 0
 
     def __len__(self) -> int:
@@ -120,17 +120,17 @@ class _PinSet:
     def __contains__(self, x: object) -> bool:
         return x in self.items
 
-    def __iter__(self) -> Iterator[object]:
+    def __iter__(self) -> Iterator[_K]:
         return iter(self.items)
 
-    def add(self, x: object, expiry: float, predicted: bool) -> None:
+    def add(self, x: _K, expiry: float, predicted: bool) -> None:
         self._seq += 1
         s = self._seq
         self.items[x] = (expiry, s)
         heapq.heappush(self.lapse, (expiry, s, x))
         heapq.heappush(self.order, ((0, -expiry) if predicted else (1, expiry), s, x))
 
-    def discard(self, x: object) -> bool:
+    def discard(self, x: _K) -> bool:
         if self.items.pop(x, None) is None:
             return False
         if len(self.lapse) > 2 * len(self.items) + 64:
@@ -141,7 +141,7 @@ class _PinSet:
             heapq.heapify(self.order)
         return True
 
-    def _live(self, entry: tuple) -> bool:
+    def _live(self, entry: tuple[object, int, _K]) -> bool:
         got = self.items.get(entry[2])
         return got is not None and got[1] == entry[1]
 
@@ -152,9 +152,9 @@ class _PinSet:
             heapq.heappop(lapse)
         return lapse[0][0] if lapse else _INF
 
-    def pop_lapsed(self, now: float) -> list:
+    def pop_lapsed(self, now: float) -> list[_K]:
         """Remove and return the items whose pin ran out by ``now``, in expiry order."""
-        out = []
+        out: list[_K] = []
         lapse = self.lapse
         while lapse and lapse[0][0] <= now:
             entry = heapq.heappop(lapse)
@@ -163,7 +163,7 @@ class _PinSet:
                 out.append(entry[2])
         return out
 
-    def pop_break(self) -> object:
+    def pop_break(self) -> _K:
         """Remove and return the pin to break first (the set is not empty)."""
         order = self.order
         while True:
@@ -194,7 +194,7 @@ class _Shadow:
         self.pin = pin
         self.lru: OrderedDict[object, int] = OrderedDict()          # key -> its kind
         self.demoted: OrderedDict[object, int] = OrderedDict()
-        self.pinned = _PinSet()
+        self.pinned: _PinSet[object] = _PinSet()
         self.hits = 0.0
         self.ins = [0.0, 0.0, 0.0]    # keys taken in, and those of them hit, by kind (rest,
         self.reused = [0.0, 0.0, 0.0]  # hinted dead, pinned)
@@ -290,7 +290,7 @@ class HintLayer(EvictionPolicy):
         self.reps: set[int] = set()                 # a release's first block its owner owns
         self.last: dict[object, Sequence[int]] = {}  # (session, group) -> its latest release
         self.demoted: OrderedDict[int, None] = OrderedDict()
-        self.pinned = _PinSet()                     # free pinned blocks
+        self.pinned: _PinSet[int] = _PinSet()       # free pinned blocks
         self.shadows: tuple[_Shadow, _Shadow, _Shadow] = (_Shadow(1, False, False),
                                                           _Shadow(1, True, False), _Shadow(1, False, True))
         self.honour = [force, force]                # demotions, pins
@@ -301,7 +301,7 @@ class HintLayer(EvictionPolicy):
         self._counts = [0] * 7
 
     # ---- setup ---------------------------------------------------------------------------------
-    def attach(self, pool: BlockPool) -> None:
+    def attach(self, pool: PolicyPool) -> None:
         super().attach(pool)
         self.inner.attach(pool)
         cap = max(1, pool.num_blocks - 1)
@@ -336,11 +336,12 @@ class HintLayer(EvictionPolicy):
         self._decay_every = DECAY_CAPACITIES * scap
 
     @property
-    def uses_retention(self) -> bool:     # type: ignore[override]
+    def uses_retention(self) -> bool:     # type: ignore[override]  # per instance: the inner's
         """The inner policy's: retention configs are its business, hints the layer's."""
         return self.inner.uses_retention
 
-    def retain(self, blocks: Sequence[int], positions: Sequence[int], marks: Sequence) -> None:
+    def retain(self, blocks: Sequence[int], positions: Sequence[int],
+               marks: Sequence[RetentionMark]) -> None:
         self.inner.retain(blocks, positions, marks)
 
     # ---- container protocol --------------------------------------------------------------------
@@ -452,7 +453,7 @@ class HintLayer(EvictionPolicy):
         bh, mask = self.pool.block_hash, self.mask
         counts = self._counts
         batch: list[int] = []
-        sample: list[tuple[object, int, float, bool]] = []
+        sample: list[tuple[object, int, bool, float, bool]] = []
         own = self.owner
         now = None
         for b in blocks:

@@ -39,12 +39,14 @@ policy's own cost on the key group's blocks only.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence, cast
 
-from hybridkv.core.eviction.base import EvictionPolicy
+from hybridkv.core.eviction.base import EvictionPolicy, PolicyPool
 
 if TYPE_CHECKING:
-    from hybridkv.core.pool import BlockPool
+    from hybridkv.core.eviction.hint_layer import HintLayer
+    from hybridkv.core.hints import HintStats
+    from hybridkv.core.retention_config import RetentionMark
 
 #: The key group's share of freed cached blocks (told to a hint layer inside, whose sampled
 #: shadow caches see only the key group) is measured over about this many capacities of blocks
@@ -87,7 +89,7 @@ class HitPointLayer(EvictionPolicy):
         self._cap = 1
         self._counts = [0, 0, 0]                      # companions killed, dead evicted, live evicted
 
-    def attach(self, pool: BlockPool) -> None:
+    def attach(self, pool: PolicyPool) -> None:
         if self.pool is not None and self.pool is not pool:
             raise ValueError(f"eviction policy {self.name!r} is already attached to another pool")
         groups = len(pool.index)
@@ -100,7 +102,7 @@ class HitPointLayer(EvictionPolicy):
         self._share_every = max(1, self._cap // SHARE_UPDATES)
 
     @property
-    def uses_retention(self) -> bool:     # type: ignore[override]
+    def uses_retention(self) -> bool:     # type: ignore[override]  # per instance: the inner's
         """The inner policy's (it ranks the key group; companions follow their anchors)."""
         return self.inner.uses_retention
 
@@ -108,7 +110,8 @@ class HitPointLayer(EvictionPolicy):
     def counts(self) -> tuple[int, int, int]:
         """(companions killed with their anchor, dead companions evicted, live companions
         evicted because nothing else was free)."""
-        return tuple(self._counts)     # type: ignore[return-value]
+        counts = self._counts
+        return counts[0], counts[1], counts[2]
 
     # ---- what the coordinator tells -----------------------------------------------------------
     def anchor(self, comps: Sequence[int], anchors: Sequence[int]) -> None:
@@ -137,19 +140,21 @@ class HitPointLayer(EvictionPolicy):
         pairs = [(b, j) for b, j in zip(blocks, positions) if bg[b] == key]
         return [b for b, _ in pairs], [j for _, j in pairs]
 
-    def retain(self, blocks: Sequence[int], positions: Sequence[int], marks: Sequence) -> None:
+    def retain(self, blocks: Sequence[int], positions: Sequence[int],
+               marks: Sequence[RetentionMark]) -> None:
         """Retention marks order the key group; companions follow their anchors."""
         kb, kp = self._keys(blocks, positions)
         if kb:
             self.inner.retain(kb, kp, marks)
 
-    def hint(self, blocks: Sequence[int], positions: Sequence[int], marks: Sequence, owner: object,
+    def hint(self, blocks: Sequence[int], positions: Sequence[int], marks: Sequence[RetentionMark],
+             owner: object,
              track: object = None) -> None:
         """Hints speak for the key group's blocks (a demoted or pinned anchor takes its hit
         point's companions with it)."""
         kb, kp = self._keys(blocks, positions)
         if kb:
-            self.inner.hint(kb, kp, marks, owner, track)
+            cast("HintLayer", self.inner).hint(kb, kp, marks, owner, track)  # hints: a hint layer
 
     # ---- container protocol --------------------------------------------------------------------
     def __len__(self) -> int:
@@ -244,9 +249,9 @@ class HitPointLayer(EvictionPolicy):
                 self._unlink(b)
         self.inner.forget(blocks)
 
-    def stats(self):
+    def stats(self) -> HintStats:
         """The inner policy's statistics (a hint layer's :class:`HintStats`)."""
-        return self.inner.stats()
+        return cast("HintLayer", self.inner).stats()
 
     def check(self) -> None:
         self.inner.check()

@@ -64,7 +64,7 @@ class S3FIFOPolicy(EvictionPolicy):
             if freq.get(b, 0) > 0:
                 self.main[b] = None
             else:
-                h = bh[b]
+                h: bytes = bh[b]  # type: ignore[assignment]  # a freed cached block: a hash
                 if h in ghost:
                     del ghost[h]
                     self.main[b] = None

@@ -45,7 +45,7 @@ from hybridkv.core.registry import Registry
 from hybridkv.core.specs import AttentionSpec
 
 
-def probe_flags(probe: Callable[[int], object]) -> list | None:
+def probe_flags(probe: Callable[[int], object]) -> list[bool] | None:
     """The list of bools behind ``probe`` when it is that list's ``__getitem__`` (a scan may
     then use C-level slicing, ``all`` and ``index``), else None."""
     flags = getattr(probe, "__self__", None)

@@ -3,7 +3,7 @@ hit at e needs the blocks from the start of e's chunk."""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from hybridkv.core.rules.base import RULES, HitRule
 from hybridkv.core.specs import AttentionSpec, ChunkedLocal
@@ -20,7 +20,7 @@ class ChunkedRule(HitRule):
 
     def __init__(self, spec: AttentionSpec, proof: bool = False) -> None:
         super().__init__(spec, proof)
-        self._chunk: int = spec.chunk_size  # type: ignore[attr-defined]
+        self._chunk = cast(ChunkedLocal, spec).chunk_size     # (registered for ChunkedLocal)
         self.chunk_blocks = self._chunk // self.block_size
 
     @property

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from hybridkv.core.rules.base import RULES, HitRule
 from hybridkv.core.specs import AttentionSpec, SlidingWindow
@@ -20,7 +20,7 @@ class SlidingRule(HitRule):
 
     def __init__(self, spec: AttentionSpec, proof: bool = False) -> None:
         super().__init__(spec, proof)
-        self._window: int = spec.window_tokens  # type: ignore[assignment]
+        self._window = cast(int, spec.window_tokens)          # a SlidingWindow's: set
         self.need = -(-(self._window - 1) // self.block_size)
 
     @property
