@@ -19,6 +19,8 @@ line below; a subclass of a registered spec inherits its parent's rule.
 
 from __future__ import annotations
 
+from typing import cast
+
 from hybridkv.core.rules.base import RULES, HitRule
 # Registration lines, in the order errors list the registered types:
 from hybridkv.core.rules.full import FullRule, MLARule  # isort: skip
@@ -36,7 +38,7 @@ def rule_class(spec: AttentionSpec) -> type[HitRule]:
 def attention_types() -> dict[type[AttentionSpec], type[HitRule]]:
     """Every registered spec type and its rule class (which carries the type's facts), in
     registration order."""
-    return dict(RULES.items())
+    return {cast("type[AttentionSpec]", spec): rule for spec, rule in RULES.items()}
 
 
 def make_rule(spec: AttentionSpec, proof: bool = False) -> HitRule:
