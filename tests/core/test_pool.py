@@ -26,11 +26,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from hybridkv import KVCacheManager, Request
-from hybridkv.core import FreeBlockQueue, pool as lazy
+from hybridkv.core import FreeBlockQueue, free_queue, pool as lazy
 from hybridkv.core.eviction import make_policy
 from hybridkv.core.extent_pool import ExtentBlockPool
 from hybridkv.core.policy_pool import PolicyBlockPool
-from hybridkv.core.pool import _GAP, _HEAD, _MAX_CHANGES, _TAIL, BlockPool
+from hybridkv.core.free_queue import GAP as _GAP, HEAD as _HEAD, TAIL as _TAIL
+from hybridkv.core.pool import _MAX_CHANGES, BlockPool
 from tests.support import eager_pool as eager
 from tests.support.helpers import FA, SWA, config, content_key
 from tests.support.random_ops import Model, configs
@@ -200,10 +201,10 @@ CORRUPTIONS = [  # (what the error names, how to break a pool)
     ("capacity 1000 outside", lambda p: setattr(p.queue, "capacity", 1000)),
     ("ref_cnt holds", lambda p: p.ref_cnt.append(0)),
     ("fresh block 30 .* has state", lambda p: p.ref_cnt.__setitem__(30, 1)),
-    ("gap node", lambda p: (p.queue._next.__setitem__(lazy._HEAD, lazy._TAIL),
-                            p.queue._prev.__setitem__(lazy._TAIL, lazy._HEAD))),
+    ("gap node", lambda p: (p.queue._next.__setitem__(free_queue.HEAD, free_queue.TAIL),
+                            p.queue._prev.__setitem__(free_queue.TAIL, free_queue.HEAD))),
     ("counts", lambda p: setattr(p.queue, "num_free", p.queue.num_free + 1)),
-    ("back-link", lambda p: p.queue._prev.__setitem__(p.queue._next[lazy._HEAD], 5)),
+    ("back-link", lambda p: p.queue._prev.__setitem__(p.queue._next[free_queue.HEAD], 5)),
     ("in free queue", lambda p: p.ref_cnt.__setitem__(6, 0)),
     ("no state", lambda p: p.index[0].__setitem__(b"y", 40)),
     ("have a hash", lambda p: p.block_hash.__setitem__(2, b"z")),

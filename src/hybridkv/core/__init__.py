@@ -9,7 +9,8 @@ from hybridkv.core.events import AllBlocksCleared, BlockRemoved, BlockStored, Pr
 from hybridkv.core.hashing import BlockHasher
 from hybridkv.core.hints import Hint, HintStats
 from hybridkv.core.manager import KVCacheManager
-from hybridkv.core.pool import NULL_BLOCK, BlockPool, FreeBlockQueue
+from hybridkv.core.free_queue import FreeBlockQueue
+from hybridkv.core.pool import NULL_BLOCK, BlockPool
 from hybridkv.core.request import LoRA, MultiModalItem, Request
 from hybridkv.core.retention_config import RetentionConfig, TokenRange
 from hybridkv.core.rules import HitRule, make_rule

@@ -31,6 +31,7 @@ from hybridkv.core.hints import Hint, HintStats
 from hybridkv.core.policy_pool import PolicyBlockPool
 from hybridkv.core.pool import NULL_BLOCK, BlockPool
 from hybridkv.core.request import Request
+from hybridkv.core.request_fit import blocks_for_request, check_fits, check_lookahead
 from hybridkv.core.retention import Retention, validate_retention_interval
 from hybridkv.core.retention_config import RetentionConfig
 from hybridkv.core.rules import make_rule
@@ -76,12 +77,9 @@ class KVCacheManager:
             simulator passes its virtual time). Read by the ``priority`` policy and hint pins.
         hints: take per-request hints (``Request(hint=...)``, :mod:`hybridkv.core.hints`): the
             pool runs the hint layer (:mod:`hybridkv.core.eviction.hint_layer`) in front of the
-            eviction policy, whichever it is (``lru`` becomes an exact-LRU policy object, so
-            requests without hints are served as by the plain pool, a little slower). The layer
-            tests the hints and follows each kind only while it pays; ``"force"``: the layer
-            follows every hint from the first request, untested (for hints known to be right,
-            or to measure what they could give). False (the default): a request with a hint is
-            refused, and ``lru`` is the pool's own queue.
+            eviction policy (``lru`` becomes an exact-LRU policy object), which follows each
+            hint kind only while it pays; ``"force"``: every hint, untested. False (the
+            default): a request with a hint is refused.
 
     Invariants (:meth:`check_integrity`): every block is free xor referenced; ref counts equal
     the references in request tables; the free queue and the hash index agree with the blocks;
@@ -117,11 +115,12 @@ class KVCacheManager:
         self.max_model_len = max_model_len
         self.vllm_compat = vllm_compat
         if max_model_len is not None:
-            self._check_fits(config, max_model_len)
+            check_fits(config, max_model_len, retention_interval=retention_interval,
+                       vllm_compat=vllm_compat)
         self.enable_events = enable_events
         self.lookahead_slots = spec_decode.lookahead_slots if spec_decode else 0
         if spec_decode is not None:
-            self._check_lookahead(config, spec_decode, max_model_len)
+            check_lookahead(config, spec_decode, max_model_len)
         drop_mode = bool(spec_decode and spec_decode.drops_last_block)
         self.hasher = BlockHasher(config.hash_block_size, hash_algo, hash_seed,
                                   spec_decode.hash_lookahead_tokens if spec_decode else 0)
@@ -172,59 +171,8 @@ class KVCacheManager:
         self._cached_listeners: list[Callable[[int, list[bytes], list[int]], None]] = []
         self._evicted_listeners: list[Callable[[int, bytes], None]] = []
 
-    @staticmethod
-    def blocks_for_request(config: KVCacheConfig, length: int, *,
-                           retention_interval: int | None = 0, vllm_compat: bool = False) -> int:
-        """Blocks one request of ``length`` tokens needs at most, across the groups.
-
-        Full groups hold the whole sequence; local groups their window (or chunk), plus the
-        alignment unit they keep for the final-length promise (default mode, retention not
-        dense), plus two blocks (one prefill chunk; chunked prefill bounds the chunk).
-        """
-        hold = 0 if vllm_compat or retention_interval is None else config.alignment
-        return sum(make_rule(g.spec).max_blocks(length, hold) * config.extent_blocks(i)
-                   for i, g in enumerate(config.groups))
-
-    @staticmethod
-    def _check_lookahead(config: KVCacheConfig, spec: SpecDecode, max_model_len: int | None) -> None:
-        """Reject lookahead slots no request could ever hold: a first step of one token plus
-        the slots must fit the pool (every group allocates them) and stay below max_model_len."""
-        def first_step(la: int) -> int:
-            return sum(-(-(1 + la) // g.spec.block_size) for g in config.groups)
-
-        usable = config.num_blocks - 1
-        la = spec.lookahead_slots
-        limit = 0                                 # the largest lookahead that fits the pool
-        hi = usable * max(g.spec.block_size for g in config.groups)
-        while limit < hi:                         # first_step is non-decreasing in la
-            mid = (limit + hi + 1) // 2
-            if first_step(mid) <= usable:
-                limit = mid
-            else:
-                hi = mid - 1
-        why = f"the pool's {usable} usable blocks"
-        if max_model_len is not None and max_model_len - 1 < limit:
-            limit, why = max_model_len - 1, f"max_model_len={max_model_len}"
-        if la > limit:
-            extra = la - spec.num_speculative_tokens   # DFlash: one slot more than k
-            raise ValueError(
-                f"SpecDecode({spec.method!r}, {spec.num_speculative_tokens}) needs {la} lookahead "
-                f"slots per request, more than {why} allow ({limit}); valid "
-                f"num_speculative_tokens: 1..{limit - extra}"
-                if limit - extra >= 1 else
-                f"SpecDecode({spec.method!r}, {spec.num_speculative_tokens}) needs {la} lookahead "
-                f"slots per request and {why} allow {limit}: no speculative decoding fits; give "
-                "more blocks or a larger max_model_len")
-
-    def _check_fits(self, config: KVCacheConfig, max_len: int) -> None:
-        need = self.blocks_for_request(config, max_len, retention_interval=self.retention_interval,
-                                       vllm_compat=self.vllm_compat)
-        if need > config.num_blocks - 1:
-            raise ValueError(
-                f"the pool has {config.num_blocks - 1} usable blocks but one request of "
-                f"max_model_len={max_len} tokens needs {need} across the groups; give more blocks "
-                "or a smaller max_model_len"
-            )
+    #: blocks one request needs at most (:func:`hybridkv.core.request_fit.blocks_for_request`)
+    blocks_for_request = staticmethod(blocks_for_request)
 
     # ---- queries ------------------------------------------------------------------------------
     @property
