@@ -26,6 +26,7 @@ import time
 from hybridkv import (FullAttention, KVCacheConfig, KVCacheGroup, KVCacheManager, Request,
                       SlidingWindow, SpecDecode)
 from hybridkv.sim.traffic.workloads import multi_turn_chat
+from hybridkv.core.cache_options import CacheOptions
 
 
 def answers(trace):
@@ -45,8 +46,8 @@ def run(groups, num_blocks, trace, ans, spec=None, explicit=False,
         clock=time.perf_counter) -> tuple[float, float, int]:
     """``spec``: a SpecDecode; ``explicit``: pass its lookahead to every decode allocate as
     ``num_lookahead_tokens`` (what vLLM's scheduler does); ``clock``: wall or CPU time."""
-    kv = KVCacheManager(KVCacheConfig(groups, num_blocks=num_blocks), retention_interval=0,
-                        spec_decode=spec)
+    kv = KVCacheManager(KVCacheConfig(groups, num_blocks=num_blocks), CacheOptions(
+        retention_interval=0, spec_decode=spec))
     la = kv.lookahead_slots if explicit else None
     reqs = [Request(r.request_id, r.prompt) for r in trace]
     t0 = clock()

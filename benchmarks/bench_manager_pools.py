@@ -23,12 +23,13 @@ from hybridkv import (FullAttention, KVCacheConfig, KVCacheGroup, KVCacheManager
 from hybridkv.sim.traffic.workloads import multi_turn_chat
 
 from bench_manager import answers  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+from hybridkv.core.cache_options import CacheOptions
 
 
 def run(groups, num_blocks, trace, ans, pool_cls) -> tuple[float, float, int, float]:
     manager_mod.BlockPool = pool_cls
     b0 = time.perf_counter()
-    kv = KVCacheManager(KVCacheConfig(groups, num_blocks=num_blocks), retention_interval=0)
+    kv = KVCacheManager(KVCacheConfig(groups, num_blocks=num_blocks), CacheOptions(retention_interval=0))
     build = time.perf_counter() - b0
     reqs = [Request(r.request_id, r.prompt) for r in trace]
     t0 = time.perf_counter()

@@ -39,6 +39,7 @@ import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
+from hybridkv.core.cache_options import CacheOptions
 
 VOCAB = 32_000
 MASK64 = (1 << 64) - 1
@@ -545,10 +546,9 @@ class HybridkvSide:
             sd = SpecDecode("draft_model", case.lookahead)
         else:
             sd = None
-        self.kv = KVCacheManager(KVCacheConfig(tuple(groups), num_blocks=geo.num_blocks),
-                                 spec_decode=sd, retention_interval=case.retention,
-                                 max_model_len=geo.max_model_len, vllm_compat=compat,
-                                 max_in_flight_tokens=case.budget)
+        self.kv = KVCacheManager(KVCacheConfig(tuple(groups), num_blocks=geo.num_blocks), CacheOptions(
+            spec_decode=sd, retention_interval=case.retention, max_model_len=geo.max_model_len,
+            vllm_compat=compat, max_in_flight_tokens=case.budget))
         # the manager's default lookahead is the spec-decode's; pass it only when it differs
         self.la_kw = ({} if self.kv.lookahead_slots == case.lookahead
                       else {"num_lookahead_tokens": case.lookahead})

@@ -13,7 +13,7 @@ elif (_why := _purepy.stale()) is not None:
           "(same behaviour, slower). Rebuild it with: pip install -e .", file=_sys.stderr)
     _purepy.install()
 
-from hybridkv.core import (MLA, AllBlocksCleared, BlockRemoved, BlockStored, CacheHit,
+from hybridkv.core import (MLA, AllBlocksCleared, BlockRemoved, BlockStored, CacheHit, CacheOptions,
                            ChunkedLocal, ExternalHit, FullAttention, Hint, KVCacheConfig, KVCacheGroup,
                            KVCacheManager, LoRA, MultiModalItem, PrefixCacheStats, Request,
                            RetentionConfig, SlidingWindow, SpecDecode, StateSpec, TokenRange)
@@ -33,7 +33,7 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "AllBlocksCleared", "BlockRemoved", "CacheConfig", "ExternalHit", "GenerationOutput", "LLM",
-    "RuntimeConfig", "StoreConfig", "BlockStored", "CacheHit", "ChunkedLocal",
+    "RuntimeConfig", "StoreConfig", "BlockStored", "CacheHit", "CacheOptions", "ChunkedLocal",
     "FullAttention", "Hint", "KVCacheConfig", "KVCacheGroup", "KVCacheManager", "LoRA", "MLA",
     "MultiModalItem", "PrefixCacheStats", "Request", "RetentionConfig", "SlidingWindow", "SpecDecode",
     "StateSpec", "TokenRange",

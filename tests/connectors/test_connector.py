@@ -22,6 +22,7 @@ from hybridkv.connectors.transfer import KVTransfer
 from hybridkv.core.specs import FullAttention, KVCacheConfig, KVCacheGroup, SlidingWindow
 from hybridkv.engine import PagedKVCache
 from hybridkv.sched import EngineRequest, RequestStatus, Scheduler, SchedulerConfig
+from hybridkv.core.cache_options import CacheOptions
 
 BS, WINDOW = 4, 8
 
@@ -43,7 +44,7 @@ class Engine:
 
     def __init__(self, store: LocalCPUStore, num_blocks: int = 64, load: bool = True) -> None:
         self.config = _config(num_blocks)
-        self.kv = KVCacheManager(self.config, hash_seed="shared", retention_interval=0)
+        self.kv = KVCacheManager(self.config, CacheOptions(hash_seed="shared", retention_interval=0))
         self.cache = PagedKVCache(self.config)
         layers = {n: self.cache.layer(n) for n in self.cache.layer_names}
         for t in layers.values():

@@ -27,12 +27,13 @@ from hybridkv.sim.tiers.config import TierConfig
 from hybridkv.sim.traffic.traces import TraceRequest
 from hybridkv.cost.transfer import DEFAULT_TRANSFER
 from tests.support.tier_workload import BS, tier_groups, tier_workload
+from hybridkv.core.cache_options import CacheOptions
 
 
 def _engine_tier(config: KVCacheConfig, capacity: int, sched_cfg: SchedulerConfig):
     """Manager, scheduler, connector and store of the engine side."""
-    kv = KVCacheManager(config, hash_seed="same", retention_interval=0,
-                        max_in_flight_tokens=sched_cfg.max_num_batched_tokens)
+    kv = KVCacheManager(config, CacheOptions(
+        hash_seed="same", retention_interval=0, max_in_flight_tokens=sched_cfg.max_num_batched_tokens))
     cache = PagedKVCache(config)
     layout = KVLayout.register({n: cache.layer(n) for n in cache.layer_names}, config)
     store = LocalCPUStore(capacity)
@@ -61,8 +62,8 @@ def test_connector_and_simulator_tiers_hold_and_hit_the_same(seed: int) -> None:
     assert sizes[0] != sizes[1]
     capacity = 28 * sizes[0] + 20 * sizes[1]
     kv_e, sched_e, conn, store = _engine_tier(config, capacity, sched_cfg)
-    kv_s = KVCacheManager(config, hash_seed="same", retention_interval=0,
-                          max_in_flight_tokens=sched_cfg.max_num_batched_tokens)
+    kv_s = KVCacheManager(config, CacheOptions(
+        hash_seed="same", retention_interval=0, max_in_flight_tokens=sched_cfg.max_num_batched_tokens))
     tiers = TierRuntime(kv_s, TierConfig(cpu_cache_tokens=capacity), bytes_per_token=1,
                         num_layers=5, cpu_link=DEFAULT_TRANSFER, key_block=BS, block_bytes=sizes)
     sched_s = Scheduler(kv_s, sched_cfg, tiers)

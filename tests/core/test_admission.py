@@ -21,12 +21,12 @@ import pytest
 from hybridkv import CacheHit, KVCacheManager, Request, SpecDecode
 from hybridkv.sched import EngineRequest, Scheduler, SchedulerConfig
 from tests.support.helpers import FA, STATE4, ST_K2, SWA, admit, config, prompt
+from hybridkv.core.cache_options import CacheOptions
 
 
 def _kv(num_blocks: int, compat: bool = True, **kw) -> KVCacheManager:
-    return KVCacheManager(config(FA(16), SWA(16, 64), num_blocks=num_blocks),
-                          retention_interval=0, vllm_compat=compat,
-                          max_in_flight_tokens=32, **kw)
+    return KVCacheManager(config(FA(16), SWA(16, 64), num_blocks=num_blocks), CacheOptions(
+        retention_interval=0, vllm_compat=compat, max_in_flight_tokens=32, **kw))
 
 
 def test_compat_admission_count_is_vllms() -> None:
@@ -106,7 +106,7 @@ def test_compat_admission_of_a_running_request_sums_every_group(num_blocks, fits
     Compat mode, two full groups (bs 4). r (20 tokens) computed 8: 2 blocks per group. A
     4-token step with the full-sequence reservation needs cdiv(20, 4) - 2 = 3 blocks per group,
     6 in all, free before the step: 10 usable - 4 held = 6 fits, 9 - 4 = 5 does not."""
-    kv = KVCacheManager(config(FA(4), FA(4), num_blocks=num_blocks), vllm_compat=True)
+    kv = KVCacheManager(config(FA(4), FA(4), num_blocks=num_blocks), CacheOptions(vllm_compat=True))
     r = Request("r", prompt(100, 20))
     assert kv.allocate(r, 8, kv.lookup(r)) is not None
     r.num_computed_tokens = 8
@@ -124,7 +124,7 @@ def test_compat_admission_of_a_new_request_without_a_hit(num_blocks, fits) -> No
 
     Compat mode, two full groups (bs 4), r of 20 tokens, first step of 8 with the reservation:
     cdiv(20, 4) = 5 blocks per group, 10 in all: 10 usable fits, 9 does not."""
-    kv = KVCacheManager(config(FA(4), FA(4), num_blocks=num_blocks), vllm_compat=True)
+    kv = KVCacheManager(config(FA(4), FA(4), num_blocks=num_blocks), CacheOptions(vllm_compat=True))
     r = Request("r", prompt(100, 20))
     got = kv.allocate(r, 8, None, full_sequence_must_fit=True)
     assert (got is not None) == fits
@@ -141,7 +141,7 @@ def test_compat_admission_counts_the_last_new_block_and_the_touched_hit_blocks(f
     free). Admitting q with 0 new tokens takes the 2 hit blocks; vLLM's count is cdiv(12, 4)
     - 2 = 1 new block + 2 touched = 3, so it fits 3 free blocks, not 2 (a filler request holds
     the scratch block)."""
-    kv = KVCacheManager(config(FA(4), num_blocks=4), vllm_compat=True)
+    kv = KVCacheManager(config(FA(4), num_blocks=4), CacheOptions(vllm_compat=True))
     P = prompt(100, 9)
     a = Request("a", P)
     assert kv.allocate(a, 9, kv.lookup(a)) is not None
@@ -164,7 +164,7 @@ def test_compat_admission_caps_the_sequence_at_max_model_len() -> None:
     max_model_len`` with the cap dropped: the documented count is ``cdiv(min(num_tokens,
     max_model_len), bs)``. max_model_len 8, bs 4, 3 usable blocks: a 20-token request's
     reservation is cdiv(8, 4) = 2 blocks (not 5), so its first 4 tokens are admitted."""
-    kv = KVCacheManager(config(FA(4), num_blocks=4), vllm_compat=True, max_model_len=8)
+    kv = KVCacheManager(config(FA(4), num_blocks=4), CacheOptions(vllm_compat=True, max_model_len=8))
     r = Request("r", prompt(100, 20))
     got = kv.allocate(r, 4, kv.lookup(r), full_sequence_must_fit=True)
     assert got is not None and len(got[0]) == 1
@@ -216,7 +216,7 @@ def test_reservation_is_capped_at_max_model_len(filler, fits) -> None:
     Full (bs 4), max_model_len 16, 5 usable blocks; a filler request holds 1 or 2 of them.
     r (16 tokens), first step of 4 tokens with 3 lookahead slots: cdiv(7, 4) = 2 blocks; the
     sequence 16 + 3 = 19 capped at 16 peaks at 4 blocks: 4 free needed (5 without the cap)."""
-    kv = KVCacheManager(config(FA(4), num_blocks=6), max_model_len=16)
+    kv = KVCacheManager(config(FA(4), num_blocks=6), CacheOptions(max_model_len=16))
     f = Request("f", prompt(700, filler))
     assert kv.allocate(f, filler) is not None
     r = Request("r", prompt(100, 16))
@@ -274,7 +274,7 @@ def test_compat_admission_of_a_new_request_with_a_sliding_group(num_blocks, fits
 
     Compat, full (bs 4) + sliding (bs 4, W 8), no max_model_len nor max_in_flight_tokens (no
     cap): a 40-token request reserves cdiv(40, 4) = 10 blocks per group: 20 free needed."""
-    kv = KVCacheManager(config(FA(4), SWA(4, 8), num_blocks=num_blocks), vllm_compat=True)
+    kv = KVCacheManager(config(FA(4), SWA(4, 8), num_blocks=num_blocks), CacheOptions(vllm_compat=True))
     r = Request("r", prompt(100, 40))
     got = kv.allocate(r, 8, kv.lookup(r), full_sequence_must_fit=True)
     assert (got is not None) == fits
@@ -287,7 +287,7 @@ def test_compat_admission_below_the_steps_own_blocks_reserves_nothing(filler, fi
     0, not None or 1. Compat, full (bs 4), 3 usable blocks, a filler holding 1 or 2. r (4
     tokens) with 3 lookahead slots: the step needs cdiv(4 + 3, 4) = 2 blocks while vLLM's
     count (no lookahead) is cdiv(4, 4) = 1: it fits 2 free blocks, not 1."""
-    kv = KVCacheManager(config(FA(4), num_blocks=4), vllm_compat=True)
+    kv = KVCacheManager(config(FA(4), num_blocks=4), CacheOptions(vllm_compat=True))
     f = Request("f", prompt(700, filler))
     assert kv.allocate(f, filler) is not None
     r = Request("r", prompt(100, 4))
@@ -305,7 +305,7 @@ def test_reservation_of_a_new_state_request_counts_extents(num_blocks, fits) -> 
     reservation. Full: 2 new blocks, peak 10: 8 reserved. State: peak 1 + min(10, 1 + 2) = 4
     entries (the live state, the hold and the one being written); the step takes 2 (live +
     checkpoint 8): 2 more entries = 4 ids reserved. 6 taken + 12 reserved: 18 free needed."""
-    kv = KVCacheManager(config(FA(4), ST_K2, num_blocks=num_blocks), retention_interval=8)
+    kv = KVCacheManager(config(FA(4), ST_K2, num_blocks=num_blocks), CacheOptions(retention_interval=8))
     r = Request("r", prompt(100, 40))
     assert (kv.allocate(r, 8, kv.lookup(r), full_sequence_must_fit=True) is not None) == fits
     kv.check_integrity()
@@ -322,7 +322,7 @@ def test_reservation_of_a_new_state_request_with_a_hit_skips_its_null_entries(nu
     4 tokens with the reservation take 1 + 4 touched full blocks and 2 + 2 + 2 state ids (the
     hit checkpoint, the live extent, checkpoint 20): 11; the full group then holds 5 of its
     peak 6 (1 reserved), the state group 3 of its 1 + min(6, 3) = 4 entries (2 ids): 14."""
-    kv = KVCacheManager(config(FA(4), ST_K2, num_blocks=num_blocks), retention_interval=8)
+    kv = KVCacheManager(config(FA(4), ST_K2, num_blocks=num_blocks), CacheOptions(retention_interval=8))
     P = prompt(100, 17)
     a = Request("a", P)
     assert kv.allocate(a, 17, kv.lookup(a)) is not None
@@ -352,7 +352,7 @@ def test_reservation_of_a_running_state_request_counts_its_checkpoints(last, num
     * ``last`` = 16: 4 full blocks (2 reserved), checkpoints 24 and 32 (4 ids); entries 4 of
       4: nothing reserved, and the paged view's surplus (2 + 4 of 4) is not a reservation
       (``generic > 0`` dropped); 8 + 2 <= free + 2 iff free >= 8."""
-    kv = KVCacheManager(config(FA(4), ST_K2, num_blocks=num_blocks), retention_interval=8)
+    kv = KVCacheManager(config(FA(4), ST_K2, num_blocks=num_blocks), CacheOptions(retention_interval=8))
     r = Request("r", prompt(100, 40))
     hit = kv.lookup(r)
     for i, n in enumerate((8, 8)):
@@ -370,7 +370,7 @@ def test_a_state_reservation_for_exactly_the_scheduled_tokens_reserves_nothing(n
     sequence is longer than the step (``reserve_tokens > slots`` → ``>=``). r (8 tokens) is
     scheduled whole: it takes 2 full blocks, its live extent and checkpoints 4 (its replay
     boundary (8 - 1) // 4 * 4) and 8 (N): 8 ids, and reserves nothing more."""
-    kv = KVCacheManager(config(FA(4), ST_K2, num_blocks=num_blocks), retention_interval=8)
+    kv = KVCacheManager(config(FA(4), ST_K2, num_blocks=num_blocks), CacheOptions(retention_interval=8))
     r = Request("r", prompt(100, 8))
     assert (kv.allocate(r, 8, kv.lookup(r), full_sequence_must_fit=True) is not None) == fits
     kv.check_integrity()
@@ -387,7 +387,7 @@ def test_reservation_of_a_state_request_whose_paged_view_releases_a_checkpoint(n
     written (2 ids), 1 full block (6 of peak 10: 4 reserved). The paged view held 1 - 1 + 1
     of 4 entries (3 reserved, removed); the extents hold 1 - 1 + 1 + 1 = 2 of 4 (4 ids
     reserved). 3 + 8 <= free + 2 iff free >= 9."""
-    kv = KVCacheManager(config(FA(4), ST_K2, num_blocks=num_blocks), retention_interval=8)
+    kv = KVCacheManager(config(FA(4), ST_K2, num_blocks=num_blocks), CacheOptions(retention_interval=8))
     r = Request("r", prompt(100, 40))
     hit = kv.lookup(r)
     for i, n in enumerate((8, 8, 4)):
@@ -413,8 +413,8 @@ def test_compat_admission_with_a_state_group(steps, num_blocks, fits) -> None:
       unit: 4 ids) and takes 2 full blocks + checkpoint 24 (4); vLLM's count for a running
       request is 10 - 4 full + 0 state (its table has 4 entries) = 6: reserved 6 + 4 - 4,
       so 4 + 6 <= free + 4 with num_blocks - 9 free before it."""
-    kv = KVCacheManager(config(FA(4), ST_K2, num_blocks=num_blocks), retention_interval=8,
-                        vllm_compat=True)
+    kv = KVCacheManager(config(FA(4), ST_K2, num_blocks=num_blocks), CacheOptions(
+        retention_interval=8, vllm_compat=True))
     r = Request("r", prompt(100, 40))
     assert _last_step_fits(kv, r, steps) == fits
 
@@ -430,8 +430,8 @@ def test_compat_admission_of_a_state_request_subtracts_a_held_hit(num_blocks, fi
     vLLM's count: full 10 - 4 hit blocks = 6, state min(10, 2) - 4 < 0: 6. q's first 4 tokens
     take 1 full block and its live extent (3): reserved 6 - 3, so 6 free are needed (10
     without the hit)."""
-    kv = KVCacheManager(config(FA(4), ST_K2, num_blocks=num_blocks), retention_interval=8,
-                        vllm_compat=True)
+    kv = KVCacheManager(config(FA(4), ST_K2, num_blocks=num_blocks), CacheOptions(
+        retention_interval=8, vllm_compat=True))
     P = prompt(100, 17)
     a = Request("a", P)
     assert kv.allocate(a, 8, kv.lookup(a)) is not None
@@ -457,7 +457,7 @@ def test_a_long_state_prefill_with_a_reservation_is_refused_not_overcommitted(nu
     the reservation: checkpoints 8, 16, 24, 32, 40 and 36 (the replay boundary 40 and the unit
     below): 6 + the live extent = 7 entries, 14 ids, above the peak of 4 entries; 10 full
     blocks (peak 11: 1 reserved). 24 + 1 = 25 free needed."""
-    kv = KVCacheManager(config(FA(4), ST_K2, num_blocks=num_blocks), retention_interval=8)
+    kv = KVCacheManager(config(FA(4), ST_K2, num_blocks=num_blocks), CacheOptions(retention_interval=8))
     r = Request("r", prompt(100, 44))
     assert kv.export_positions(r, 40) == [8, 16, 24, 32, 36, 40]
     assert (kv.allocate(r, 40, kv.lookup(r), full_sequence_must_fit=True) is not None) == fits
@@ -472,7 +472,7 @@ def test_a_state_reservation_of_one_block_id_counts(num_blocks, fits) -> None:
     Full (bs 4) + state (k = 1), N = 8, r of 40 tokens, first step 16 tokens with the
     reservation: 4 full blocks (peak 10: 6 reserved), the live state and checkpoints 8, 16
     (3 of the peak's 4 entries: 1 reserved). 7 + 7 = 14 free needed."""
-    kv = KVCacheManager(config(FA(4), STATE4, num_blocks=num_blocks), retention_interval=8)
+    kv = KVCacheManager(config(FA(4), STATE4, num_blocks=num_blocks), CacheOptions(retention_interval=8))
     assert kv.config.extent_blocks(1) == 1
     r = Request("r", prompt(100, 40))
     assert (kv.allocate(r, 16, kv.lookup(r), full_sequence_must_fit=True) is not None) == fits
@@ -492,7 +492,7 @@ def test_compat_admission_of_a_sliding_request_counts_the_free_blocks_before_the
     skips 8 - 5 + 1 = 4 tokens (block 0 released, last reference), 1 new block. vLLM's
     count: cdiv(16, 4) - 2 table entries = 2 must be free before the release: fits with 2
     free, not with 1 (then, as in vLLM, block 0 is still released)."""
-    kv = KVCacheManager(config(SWA(4, 5), num_blocks=num_blocks), vllm_compat=True)
+    kv = KVCacheManager(config(SWA(4, 5), num_blocks=num_blocks), CacheOptions(vllm_compat=True))
     r = Request("r", prompt(100, 16))
     admit(kv, r, 8)
     assert kv.num_free_blocks == num_blocks - 3
@@ -565,7 +565,7 @@ def test_compat_state_admission_that_reserves_nothing_fits_the_free_blocks_exact
     takes 2 (1 full block + its live extent). r (4 tokens) with the full-sequence
     reservation needs 1 full block + its live extent = 2; vLLM's count is cdiv(4, 4) +
     min(cdiv(4, 4), 2) = 2: nothing reserved beyond, so it fits the 2 free blocks."""
-    kv = KVCacheManager(config(FA(4), STATE4, num_blocks=5), vllm_compat=True)
+    kv = KVCacheManager(config(FA(4), STATE4, num_blocks=5), CacheOptions(vllm_compat=True))
     f = Request("f", prompt(900, 4))
     assert kv.allocate(f, 4, kv.lookup(f)) is not None
     assert kv.num_free_blocks == 2
@@ -604,7 +604,7 @@ def test_full_sequence_reservation_is_checked_on_a_quiet_step() -> None:
     one more token stays inside its first block without filling it (a quiet step), but the
     whole sequence needs 3 more blocks and only 1 is free: refused (None), while the same
     step without the reservation succeeds with no new block."""
-    kv = KVCacheManager(config(FA(4), num_blocks=5), vllm_compat=True)
+    kv = KVCacheManager(config(FA(4), num_blocks=5), CacheOptions(vllm_compat=True))
     assert kv.allocate(Request("x", prompt(500, 8)), 8) is not None
     r = Request("r", prompt(0, 16))
     assert kv.allocate(r, 1) is not None
@@ -623,7 +623,7 @@ def test_full_sequence_reservation_counts_the_lookahead_slots() -> None:
     ceil((4 + 3) / 4) = 2 blocks now; its whole sequence, 8 + 3 = 11 tokens, needs 3 blocks,
     more than the pool: refused with the reservation (8 - 3 = 5 tokens would need only the 2
     it takes), allowed without it."""
-    kv = KVCacheManager(config(FA(4), num_blocks=3), spec_decode=SpecDecode("eagle", 3))
+    kv = KVCacheManager(config(FA(4), num_blocks=3), CacheOptions(spec_decode=SpecDecode("eagle", 3)))
     r = Request("r", prompt(0, 8))
     assert kv.allocate(r, 4, full_sequence_must_fit=True) is None
     assert [len(x) for x in kv.allocate(r, 4)] == [2]
@@ -631,7 +631,7 @@ def test_full_sequence_reservation_counts_the_lookahead_slots() -> None:
 
 def test_reserve_tokens_counts_the_peak_without_allocating_it() -> None:
     """The admission seam: the same plan plus the blocks a longer sequence would peak at."""
-    kv = KVCacheManager(config(FA(4), SWA(4, 8), num_blocks=40), retention_interval=None)
+    kv = KVCacheManager(config(FA(4), SWA(4, 8), num_blocks=40), CacheOptions(retention_interval=None))
     r = Request("r", list(range(20)))
     kv.lookup(r)
     now = kv.coordinator.plan(r, 20, None, 0)
@@ -646,7 +646,7 @@ def test_reserve_tokens_counts_the_peak_without_allocating_it() -> None:
 
 @pytest.mark.parametrize("retention", [None, 0])
 def test_full_sequence_must_fit(retention) -> None:
-    kv = KVCacheManager(config(FA(4), SWA(4, 8), num_blocks=21), retention_interval=retention)
+    kv = KVCacheManager(config(FA(4), SWA(4, 8), num_blocks=21), CacheOptions(retention_interval=retention))
     long = Request("long", list(range(72)))             # full group alone needs 18 blocks
     hit = kv.lookup(long)
     before = (kv.num_free_blocks, kv.stats())

@@ -23,6 +23,7 @@ from hybridkv import ChunkedLocal, KVCacheManager, Request, SpecDecode
 from hybridkv.core.coordinator import AllocationPlan, GroupPlan
 from tests.support.helpers import FA, SWA, admit, config, manager, prompt, serve
 from tests.support.random_ops import configs
+from hybridkv.core.cache_options import CacheOptions
 
 
 def observable(kv: KVCacheManager, running: dict, prompts: list) -> tuple:
@@ -39,8 +40,8 @@ class Driver:
     """Runs one random operation sequence on a manager (optionally with the fast path off)."""
 
     def __init__(self, cfg, retention, spec, compat, fast: bool, explicit: bool) -> None:
-        self.kv = KVCacheManager(cfg, retention_interval=retention, spec_decode=spec,
-                                 vllm_compat=compat)
+        self.kv = KVCacheManager(cfg, CacheOptions(
+            retention_interval=retention, spec_decode=spec, vllm_compat=compat))
         if not fast:
             # the reference: every step planned and committed, every cache pass walked
             coord = self.kv.coordinator
@@ -147,7 +148,7 @@ def test_plan_is_pure_and_counts_what_commit_does(cfg_args, ops) -> None:
 
 
 def test_stale_or_foreign_plan_is_refused() -> None:
-    kv = KVCacheManager(config(FA(4), num_blocks=20), retention_interval=None)
+    kv = KVCacheManager(config(FA(4), num_blocks=20), CacheOptions(retention_interval=None))
     a, b = Request("a", list(range(10))), Request("b", list(range(10)))
     kv.lookup(a)
     kv.lookup(b)
@@ -169,9 +170,9 @@ def test_drop_mode_decode_takes_the_fast_path() -> None:
     """EAGLE drop mode: a decode step between block boundaries commits nothing (it used to
     plan and cache every step: the proof block delayed each promised end by one block)."""
     for compat in (True, False):
-        kv = KVCacheManager(config(FA(16), SWA(16, 64), num_blocks=200, drafts=(0,)),
-                            spec_decode=SpecDecode("eagle", 3, hash_lookahead=False),
-                            retention_interval=None, vllm_compat=compat)
+        kv = KVCacheManager(config(FA(16), SWA(16, 64), num_blocks=200, drafts=(0,)), CacheOptions(
+            spec_decode=SpecDecode("eagle", 3, hash_lookahead=False), retention_interval=None,
+            vllm_compat=compat))
         commits = 0
         commit = kv.coordinator.commit
 
@@ -262,8 +263,8 @@ def test_the_slots_of_a_step_are_capped_at_max_model_len() -> None:
 
     Full (bs 4), EAGLE with 2 speculative tokens (2 lookahead slots), max_model_len 20. A
     20-token prompt allocated at once: min(20 + 2, 20) = 20 slots, 5 blocks (not 6)."""
-    kv = KVCacheManager(config(FA(4), num_blocks=30), spec_decode=SpecDecode("eagle", 2),
-                        max_model_len=20)
+    kv = KVCacheManager(config(FA(4), num_blocks=30), CacheOptions(
+        spec_decode=SpecDecode("eagle", 2), max_model_len=20))
     r = Request("r", prompt(100, 20))
     got = kv.allocate(r, 20, kv.lookup(r))
     assert got is not None and len(got[0]) == 5
@@ -293,7 +294,7 @@ def test_a_failed_default_mode_step_changes_nothing_even_when_the_window_slides(
     reservation: block 0 leaves the window, 1 new block, and the peak is min(cdiv(16, 4),
     cdiv(5, 4) + 2) = 4 blocks, 2 held after the step: 1 + 2 reserved > 1 free + 1 released.
     Refused, r keeps block 0 and the free count is unchanged."""
-    kv = KVCacheManager(config(SWA(4, 5), num_blocks=4), retention_interval=None)
+    kv = KVCacheManager(config(SWA(4, 5), num_blocks=4), CacheOptions(retention_interval=None))
     r = Request("r", prompt(100, 16))
     admit(kv, r, 8)
     before = kv.block_ids(r)
@@ -313,7 +314,7 @@ def test_a_compat_step_after_a_failed_one_that_released_blocks() -> None:
     but the full sequence does not (vLLM's count cdiv(20, 4) - 3 = 2 > 0 free): refused,
     block 0 (skipped 8 - 5 + 1 = 4 tokens) is released. The same step without the
     reservation then succeeds with no new block."""
-    kv = KVCacheManager(config(SWA(4, 5), num_blocks=4), vllm_compat=True)
+    kv = KVCacheManager(config(SWA(4, 5), num_blocks=4), CacheOptions(vllm_compat=True))
     r = Request("r", prompt(100, 20))
     admit(kv, r, 8, num_lookahead_tokens=4)
     assert kv.num_free_blocks == 0
@@ -332,7 +333,7 @@ def test_the_decode_fast_path_stops_at_the_nearest_window_release() -> None:
     admitted with 9 tokens (3 blocks per group), steps to 10. At 10 computed the W 7 window
     skips 10 - 7 + 1 = 4 tokens (its block 0 leaves) while the W 16 one skips none: the step
     10 → 11 needs no block and caches nothing, but it must release group 1's block 0."""
-    kv = KVCacheManager(config(SWA(4, 16), SWA(4, 7), num_blocks=20), retention_interval=None)
+    kv = KVCacheManager(config(SWA(4, 16), SWA(4, 7), num_blocks=20), CacheOptions(retention_interval=None))
     r = Request("r", prompt(100, 20))
     admit(kv, r, 9)
     assert kv.allocate(r, 1) is not None
@@ -382,8 +383,8 @@ def test_a_decode_step_at_max_model_len_with_lookahead_slots() -> None:
     next end (20) makes cache() wait until 20 tokens. The decode step to 19 is quiet; the
     step to 20 reaches that threshold, so it goes through the coordinator's cache-only path:
     no new block (20 + 2 slots capped at 20)."""
-    kv = KVCacheManager(config(FA(4), num_blocks=30), spec_decode=SpecDecode("eagle", 2),
-                        max_model_len=20)
+    kv = KVCacheManager(config(FA(4), num_blocks=30), CacheOptions(
+        spec_decode=SpecDecode("eagle", 2), max_model_len=20))
     r = Request("r", prompt(100, 18))
     got = kv.allocate(r, 18, kv.lookup(r))
     assert got is not None and len(got[0]) == 5
@@ -404,7 +405,7 @@ def test_a_decode_step_whose_lookahead_slots_need_a_block_is_not_quiet() -> None
     Full (bs 4), EAGLE with 2 speculative tokens (2 lookahead slots). r (5-token prompt)
     takes 2 blocks (7 slots) and steps to 6 (no new block). The step 6 → 7 needs 7 + 2 = 9
     slots: a third block."""
-    kv = KVCacheManager(config(FA(4), num_blocks=20), spec_decode=SpecDecode("eagle", 2))
+    kv = KVCacheManager(config(FA(4), num_blocks=20), CacheOptions(spec_decode=SpecDecode("eagle", 2)))
     r = Request("r", prompt(100, 5))
     admit(kv, r, 5)
     r.append_tokens([7])
@@ -442,16 +443,16 @@ def test_lookahead_slots_stop_at_max_model_len() -> None:
 
     FA (bs 4), EAGLE k = 3, max_model_len 8: a 7-token prompt plus 3 lookahead slots would
     reach 10 tokens (3 blocks); capped at 8 it takes 2."""
-    kv = KVCacheManager(config(FA(4), num_blocks=16), spec_decode=SpecDecode("eagle", 3),
-                        max_model_len=8)
+    kv = KVCacheManager(config(FA(4), num_blocks=16), CacheOptions(
+        spec_decode=SpecDecode("eagle", 3), max_model_len=8))
     assert [len(x) for x in kv.allocate(Request("r", prompt(0, 7)), 7)] == [2]
 
 
 def _running_swa(compat: bool) -> tuple[KVCacheManager, Request, Request]:
     """A running request whose next step releases out-of-window blocks, in a pool too full
     for that step's new block."""
-    kv = KVCacheManager(config(SWA(16, 32), num_blocks=13), retention_interval=0,
-                        vllm_compat=compat)
+    kv = KVCacheManager(config(SWA(16, 32), num_blocks=13), CacheOptions(
+        retention_interval=0, vllm_compat=compat))
     r = Request("r", list(range(160)))
     assert kv.allocate(r, 160, kv.lookup(r)) is not None
     r.num_computed_tokens = 160
@@ -521,7 +522,7 @@ def test_allocating_past_max_model_len_is_refused_and_changes_nothing(num_tokens
     request took 2 blocks, which it kept. Now: a ValueError naming max_model_len=8, the pool,
     the events and the tables as before, and a following request served as if the bad one
     never came."""
-    kv = KVCacheManager(config(FA(4), num_blocks=32), max_model_len=8, enable_events=True)
+    kv = KVCacheManager(config(FA(4), num_blocks=32), CacheOptions(max_model_len=8, enable_events=True))
     bad = Request("bad", list(range(100, 100 + num_tokens)))
     with pytest.raises(ValueError, match=r"max_model_len=8"):
         kv.allocate(bad, num_tokens, kv.lookup(bad))
@@ -540,7 +541,7 @@ def test_a_decode_step_past_max_model_len_is_refused_on_the_fast_path() -> None:
     have no slot. The decode fast path (a step needing no new block and caching nothing: the
     next block end, 8, is not reached) must not accept it silently: ValueError naming the
     limit, nothing changed."""
-    kv = KVCacheManager(config(FA(4), num_blocks=32), max_model_len=6)
+    kv = KVCacheManager(config(FA(4), num_blocks=32), CacheOptions(max_model_len=6))
     r = serve(kv, "r", list(range(100, 105)), free=False)          # 5 tokens, 2 blocks
     r.append_tokens([5])
     assert kv.allocate(r, 1) is not None                            # token 6: at the limit
@@ -557,7 +558,7 @@ def test_a_decode_step_past_max_model_len_is_refused_on_the_fast_path() -> None:
 def test_a_prompt_past_max_model_len_is_refused_with_its_hit_counted() -> None:
     """The limit counts the hit too: a cached 4-token prefix and 6 new tokens are 10 tokens,
     past max_model_len 8 (the hit alone would fit). The message names every part."""
-    kv = KVCacheManager(config(FA(4), num_blocks=32), max_model_len=8)
+    kv = KVCacheManager(config(FA(4), num_blocks=32), CacheOptions(max_model_len=8))
     serve(kv, "a", list(range(100, 105)))                 # caches the block of tokens 0..3
     r = Request("r", list(range(100, 104)) + list(range(200, 206)))
     hit = kv.lookup(r)

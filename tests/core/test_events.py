@@ -13,6 +13,7 @@ from hybridkv import (BlockRemoved, BlockStored, KVCacheManager, LoRA, MultiModa
                       SpecDecode)
 from hybridkv.core.events import untag_extra_keys
 from tests.support.helpers import FA, SWA, config, prompt, serve
+from hybridkv.core.cache_options import CacheOptions
 
 
 def _serve(kv: KVCacheManager, rid: str, tokens: list[int]) -> Request:
@@ -25,7 +26,7 @@ def _serve(kv: KVCacheManager, rid: str, tokens: list[int]) -> Request:
 
 
 def test_the_listener_hears_each_cached_hash_that_leaves_the_pool_and_nothing_else() -> None:
-    kv = KVCacheManager(config(FA(4), num_blocks=9), enable_events=True)
+    kv = KVCacheManager(config(FA(4), num_blocks=9), CacheOptions(enable_events=True))
     heard: list[tuple[int, bytes]] = []
     kv.add_evicted_listener(lambda g, h: heard.append((g, h)))
     a = _serve(kv, "a", list(range(17)))             # 4 full blocks cached, 1 partial
@@ -43,7 +44,7 @@ def test_the_listener_hears_each_cached_hash_that_leaves_the_pool_and_nothing_el
 
 
 def test_a_sliding_group_offers_only_blocks_its_write_path_cached() -> None:
-    kv = KVCacheManager(config(FA(4), SWA(4, 8), num_blocks=40), retention_interval=0)
+    kv = KVCacheManager(config(FA(4), SWA(4, 8), num_blocks=40), CacheOptions(retention_interval=0))
     cached: set[tuple[int, bytes]] = set()
     kv.add_cached_listener(lambda g, hashes, blocks: cached.update((g, h) for h in hashes))
     heard: list[tuple[int, bytes]] = []
@@ -80,7 +81,7 @@ def test_stored_events_of_a_chunked_prefill_with_an_image_and_a_lora() -> None:
     lookahead (both None)."""
     P = prompt(0, 16)
     for lora in (None, LoRA("ad", "/p")):
-        kv = KVCacheManager(config(FA(4), num_blocks=16), enable_events=True)
+        kv = KVCacheManager(config(FA(4), num_blocks=16), CacheOptions(enable_events=True))
         seen = []
         kv.add_cached_listener(lambda g, hs, bs: seen.append((g, hs, bs)))
         r = serve(kv, "r", P, chunk=8, free=False, lora=lora,
@@ -100,7 +101,7 @@ def test_stored_events_of_a_chunked_prefill_with_an_image_and_a_lora() -> None:
                                      lora_name="ad" if lora else None, medium="GPU", group_idx=0,
                                      extra_keys=[pre + (("img", -2),), pre or None],
                                      lookahead_token_ids=None)
-    plain = KVCacheManager(config(FA(4), num_blocks=16), enable_events=True)
+    plain = KVCacheManager(config(FA(4), num_blocks=16), CacheOptions(enable_events=True))
     serve(plain, "q", P)
     (ev,) = _stored(plain)
     assert ev.extra_keys is None and ev.lookahead_token_ids is None and ev.lora_name is None
@@ -117,8 +118,8 @@ def test_stored_events_with_hash_lookahead_cover_the_next_token() -> None:
     token 4(j + 1) as its lookahead; an image at [4, 6) is in block 0's keys at offset 4
     (block 0's range with L is [0, 5)) and in block 1's at offset 0."""
     P = prompt(0, 13)
-    kv = KVCacheManager(config(FA(4), num_blocks=16), enable_events=True,
-                        spec_decode=SpecDecode("eagle", 1))
+    kv = KVCacheManager(config(FA(4), num_blocks=16), CacheOptions(
+        enable_events=True, spec_decode=SpecDecode("eagle", 1)))
     r = serve(kv, "r", P, chunk=8, free=False, mm_items=[MultiModalItem("img", 4, 2)])
     evs = _stored(kv)
     firsts = [ev.token_ids[0] // 4 for ev in evs]
@@ -135,7 +136,7 @@ def test_removed_events_name_the_gpu_medium() -> None:
     """_on_evict — ``BlockRemoved``'s medium changed from "GPU".
 
     3 usable blocks, bs 4: "a" caches 1 block (5 tokens), "z" (9 tokens) evicts it."""
-    kv = KVCacheManager(config(FA(4), num_blocks=4), enable_events=True)
+    kv = KVCacheManager(config(FA(4), num_blocks=4), CacheOptions(enable_events=True))
     a = serve(kv, "a", prompt(100, 5))
     serve(kv, "z", prompt(300, 9))
     removed = [ev for ev in kv.take_events() if isinstance(ev, BlockRemoved)]

@@ -18,6 +18,7 @@ from hybridkv import BlockStored, CacheHit, ExternalHit, KVCacheManager, Request
 from tests.hypothesis_budget import budgeted, examples, note
 from tests.support.helpers import FA, SWA, config, prompt, serve
 from tests.support.oracle import CacheMirror, oracle_hit
+from hybridkv.core.cache_options import CacheOptions
 
 
 def _serve(kv: KVCacheManager, rid: str, tokens: list[int]) -> Request:
@@ -40,7 +41,7 @@ def test_external_hits_follow_the_same_rules_as_local_hits(hybrid, bs, window, r
         retention = 2 * bs if hybrid else 0
     sd = None if spec is None else SpecDecode("eagle", 2, hash_lookahead=spec == "eagle")
     kw = dict(spec_decode=sd, retention_interval=retention, hash_seed="shared")
-    producer = KVCacheManager(config(*specs, num_blocks=200), **kw)
+    producer = KVCacheManager(config(*specs, num_blocks=200), CacheOptions(**kw))
     tier: set[tuple[int, bytes]] = set()
     producer.add_cached_listener(lambda g, hashes, blocks: tier.update((g, h) for h in hashes))
     a = list(range(1, n_a + 1))
@@ -48,7 +49,7 @@ def test_external_hits_follow_the_same_rules_as_local_hits(hybrid, bs, window, r
     b = a[:keep] + [1000 + i for i in range(n_b)] if keep < n_a else a + [1000 + i for i in range(n_b)]
     if not b:
         b = [7]
-    consumer = KVCacheManager(config(*specs, num_blocks=200), enable_events=True, **kw)
+    consumer = KVCacheManager(config(*specs, num_blocks=200), CacheOptions(enable_events=True, **kw))
     req = Request("b", b)
     hit = consumer.lookup(req)
     assert hit.num_tokens == 0
@@ -83,12 +84,12 @@ def test_external_hits_follow_the_same_rules_as_local_hits(hybrid, bs, window, r
 
 
 def test_a_failed_load_recomputes_and_caches_nothing_wrong() -> None:
-    producer = KVCacheManager(config(FA(4), SWA(4, 8), num_blocks=100), hash_seed="s")
+    producer = KVCacheManager(config(FA(4), SWA(4, 8), num_blocks=100), CacheOptions(hash_seed="s"))
     tier: set[tuple[int, bytes]] = set()
     producer.add_cached_listener(lambda g, hashes, blocks: tier.update((g, h) for h in hashes))
     tokens = list(range(1, 42))
     _serve(producer, "a", tokens)
-    consumer = KVCacheManager(config(FA(4), SWA(4, 8), num_blocks=100), hash_seed="s")
+    consumer = KVCacheManager(config(FA(4), SWA(4, 8), num_blocks=100), CacheOptions(hash_seed="s"))
     req = Request("b", tokens)
     hit = consumer.lookup(req)
     ext = consumer.lookup_external(req, hit, lambda g, h: (g, h) in tier)
@@ -142,11 +143,11 @@ def _tier_and_consumer(**consumer_kw) -> tuple[KVCacheManager, Request, CacheHit
     records every (group, hash) it caches; a consumer with the same config and seed (plus
     ``consumer_kw``) looks up "b" (a's 17 tokens), then looks it up in the tier. Returns
     ``(consumer, b, hit, ext)``."""
-    producer = KVCacheManager(config(FA(4), num_blocks=32), hash_seed="s")
+    producer = KVCacheManager(config(FA(4), num_blocks=32), CacheOptions(hash_seed="s"))
     tier = set()
     producer.add_cached_listener(lambda g, hashes, blocks: tier.update((g, h) for h in hashes))
     serve(producer, "a", prompt(0, 17))
-    kv = KVCacheManager(config(FA(4), num_blocks=32), hash_seed="s", **consumer_kw)
+    kv = KVCacheManager(config(FA(4), num_blocks=32), CacheOptions(hash_seed="s", **consumer_kw))
     b = Request("b", prompt(0, 17))
     hit = kv.lookup(b)
     ext = kv.lookup_external(b, hit, lambda g, h: (g, h) in tier)
@@ -204,7 +205,7 @@ def test_lookup_external_is_none_when_the_request_skips_the_cache() -> None:
     assert ext is not None and ext.num_tokens == 12
     s = Request("s", prompt(0, 16), skip_prefix_cache=True)
     assert kv.lookup_external(s, kv.lookup(s), _everything) is None
-    off = KVCacheManager(config(FA(4), num_blocks=16), enable_caching=False)
+    off = KVCacheManager(config(FA(4), num_blocks=16), CacheOptions(enable_caching=False))
     t = Request("t", prompt(0, 16))
     assert off.lookup_external(t, off.lookup(t), _everything) is None
     with pytest.raises(ValueError, match=r"lookup_external needs the request's CacheHit, got 3"):
@@ -218,7 +219,7 @@ def test_lookup_external_is_capped_below_max_model_len(max_model_len, expected) 
     bs 4, a 16-token request, a tier holding every block: the hit is the largest multiple of
     4 <= min(15, max_model_len - 1): 7 → 4 (a cap of 9 would give 8), 8 → 8 (a cap of 7 would
     give 4)."""
-    kv = KVCacheManager(config(FA(4), num_blocks=16), max_model_len=max_model_len)
+    kv = KVCacheManager(config(FA(4), num_blocks=16), CacheOptions(max_model_len=max_model_len))
     r = Request("r", prompt(0, 16))
     hit = kv.lookup(r)
     assert hit.num_tokens == 0

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from hybridkv import KVCacheManager, MultiModalItem, Request, SpecDecode
 from tests.support.helpers import FA, config
 from tests.hypothesis_budget import budgeted, examples, note
+from hybridkv.core.cache_options import CacheOptions
 
 BS = 4
 IMAGES = {"cat": 3, "dog": 5, "owl": 4}          # identifier -> placeholder length
@@ -77,7 +78,8 @@ def expected_hit(a, b, lookahead: int) -> int:
 def test_hits_respect_tokens_lookahead_and_images(a, data, spec):
     b = mutate(data.draw, *a)
     lookahead = 1 if spec is not None else 0
-    kv = KVCacheManager(config(FA(BS), num_blocks=40), spec_decode=spec, retention_interval=None)
+    kv = KVCacheManager(config(FA(BS), num_blocks=40), CacheOptions(
+        spec_decode=spec, retention_interval=None))
     ra = Request("a", a[0], mm_items=a[1])
     assert kv.allocate(ra, len(a[0]), kv.lookup(ra)) is not None
     ra.num_computed_tokens = len(a[0])

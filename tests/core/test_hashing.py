@@ -22,6 +22,7 @@ from hybridkv import (KVCacheConfig, KVCacheGroup, KVCacheManager, LoRA, MultiMo
 from hybridkv.core import BlockHasher
 from hybridkv.core.hashing import coarse_view, encode_extra_keys
 from tests.support.helpers import FA, SWA, config, manager, raises, run_prompt, serve
+from hybridkv.core.cache_options import CacheOptions
 
 
 def test_chained_hash_formula_and_salt():  # vLLM: test_cache_key_salting (own formula)
@@ -79,9 +80,8 @@ def test_lookahead_hashes_and_events_rebuild(la):
     assert len(req.block_hashes) == 2
     h0 = h.hash_block(None, tokens[0:2], tokens[2:2 + la])
     assert req.block_hashes == [h0, h.hash_block(h0, tokens[2:4], tokens[4:4 + la])]
-    kv = KVCacheManager(KVCacheConfig((KVCacheGroup("g", FA(2), ("l",)),), num_blocks=10),
-                        enable_events=True, hash_algo="sha256",
-                        spec_decode=SpecDecode("eagle", 1))
+    kv = KVCacheManager(KVCacheConfig((KVCacheGroup("g", FA(2), ("l",)),), num_blocks=10), CacheOptions(
+        enable_events=True, hash_algo="sha256", spec_decode=SpecDecode("eagle", 1)))
     r = Request("e", list(range(5)))
     kv.allocate(r, 5)
     ev = [e for e in kv.take_events() if isinstance(e, BlockStored)][0]
@@ -263,7 +263,7 @@ def test_lookahead_hash_covers_an_image_starting_at_the_next_block(offset: int) 
     boundary, the block before the image must not match: the drafter's KV at its last
     position was computed from the image's first embedding (vLLM's request block hasher keeps
     the images overlapping the lookahead tokens in the extra keys)."""
-    kv = KVCacheManager(config(FA(4), num_blocks=20), spec_decode=SpecDecode("eagle", 1))
+    kv = KVCacheManager(config(FA(4), num_blocks=20), CacheOptions(spec_decode=SpecDecode("eagle", 1)))
     prompt = list(range(1, offset + 1)) + [0] * 4 + [50, 51]
     a = serve(kv, "a", prompt, mm_items=[MultiModalItem("image-a", offset, 4)])
     b = Request("b", prompt, mm_items=[MultiModalItem("image-b", offset, 4)])

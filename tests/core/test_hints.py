@@ -20,6 +20,7 @@ from hybridkv.core.hints import (PIN_PRIORITY, RESUME_FACTOR, RESUME_MARGIN_S, R
 from hybridkv.core.pool import BlockPool
 from hybridkv.core.retention_config import (MIN_PRIORITY, RetentionConfig, TokenRange,
                                             block_marks)
+from hybridkv.core.cache_options import CacheOptions
 
 
 def _config(num_blocks: int = 16) -> KVCacheConfig:
@@ -79,7 +80,7 @@ def test_pin_longer_than_prompt_is_refused_naming_it():
 
 
 def test_pin_larger_than_cache_is_refused_naming_it():
-    kv = KVCacheManager(_config(4), hints=True)          # 3 usable blocks of 4 tokens
+    kv = KVCacheManager(_config(4), CacheOptions(hints=True))          # 3 usable blocks of 4 tokens
     req = Request("big", list(range(40)), hint=Hint(pin_s=5, pin_tokens=20))
     with pytest.raises(ValueError, match=r"pin_tokens=20 needs 5 blocks, more than the cache holds \(3\)"):
         kv.allocate(req, 8)
@@ -97,9 +98,9 @@ def test_hints_off_by_default():
 
 def test_hints_refused_in_compat_mode_and_not_a_bool():
     with pytest.raises(ValueError, match="vllm_compat pins vLLM's LRU order"):
-        KVCacheManager(_config(), hints=True, vllm_compat=True)
+        KVCacheManager(_config(), CacheOptions(hints=True, vllm_compat=True))
     with pytest.raises(ValueError, match="hints must be True, False or 'force', got 1"):
-        KVCacheManager(_config(), hints=1)
+        KVCacheManager(_config(), CacheOptions(hints=1))
 
 
 def test_request_refuses_a_non_hint():

@@ -22,6 +22,7 @@ from hybridkv import CacheHit, ChunkedLocal, KVCacheManager, Request, SlidingWin
 from tests.support.helpers import (EAGLE_DROP, FA, SWA, cached_positions, config, evict, manager,
                                    prompt, run_prompt, serve)
 from tests.support.oracle import CacheMirror, oracle_hit
+from hybridkv.core.cache_options import CacheOptions
 
 
 def test_a_hit_of_one_token_is_returned() -> None:
@@ -269,7 +270,7 @@ def test_lookup_of_a_request_longer_than_max_model_len_is_capped() -> None:
     max_model_len 9: "a" (9 tokens) caches 2 blocks (8 tokens); a 12-token request with that
     prefix may hit at most 8 tokens: 8. max_model_len 8: at most 7 tokens: 4."""
     for mml, expected in ((9, 8), (8, 4)):
-        kv = KVCacheManager(config(FA(4), num_blocks=32), vllm_compat=True, max_model_len=mml)
+        kv = KVCacheManager(config(FA(4), num_blocks=32), CacheOptions(vllm_compat=True, max_model_len=mml))
         serve(kv, "a", prompt(0, mml))
         assert kv.lookup(Request("b", prompt(0, 12))).num_tokens == expected
 
@@ -279,7 +280,7 @@ def test_a_lookup_without_caching_is_an_empty_hit_for_this_request() -> None:
     tuple per group, no junction (0), named after the request (so another request cannot adopt
     it), even when the prefix is cached."""
     for caching, skip in ((False, False), (True, True)):
-        kv = KVCacheManager(config(FA(4), FA(4), num_blocks=32), enable_caching=caching)
+        kv = KVCacheManager(config(FA(4), FA(4), num_blocks=32), CacheOptions(enable_caching=caching))
         serve(kv, "a", prompt(0, 12))
         r = Request("b", prompt(0, 12), skip_prefix_cache=skip)
         hit = kv.lookup(r)
@@ -348,8 +349,8 @@ def test_lookup_memo_follows_the_index(compat: bool) -> None:
     """A repeated lookup of a waiting request is served from a memo while the pool's index
     is unchanged; any insert or eviction makes it look again, and the hit it returns is
     always adoptable (stamped with the current epoch)."""
-    kv = KVCacheManager(config(FA(16), SWA(16, 32), num_blocks=40), retention_interval=None,
-                        vllm_compat=compat)
+    kv = KVCacheManager(config(FA(16), SWA(16, 32), num_blocks=40), CacheOptions(
+        retention_interval=None, vllm_compat=compat))
     a = Request("a", list(range(100)))
     w = Request("w", list(range(100)) + [7] * 30)
     assert kv.lookup(w).num_tokens == 0
@@ -380,8 +381,8 @@ def test_fixed_point_needs_a_second_pass_local_cache() -> None:
     blocks 0, 3 and 5 of the query. By hand: e=6 fails (W=4 lacks 5), e=5 fails (W=8 lacks 3),
     e=4 fails (W=4 lacks 3), e=3 works (W=8 has 1, 2; W=4 has 2): 12 tokens. One pass of the
     fixed point (W=8 then W=4) stops at 20, whose W=8 window needs block 3, which is not cached."""
-    kv = KVCacheManager(config(SWA(4, 8), SWA(4, 4), num_blocks=15), retention_interval=0,
-                        enable_events=True)
+    kv = KVCacheManager(config(SWA(4, 8), SWA(4, 4), num_blocks=15), CacheOptions(
+        retention_interval=0, enable_events=True))
     base = list(range(100, 140))
     mirror = CacheMirror()
     serve(kv, "a", base[:37] + [7], chunk=16)
@@ -409,7 +410,7 @@ def test_fixed_point_external_matches_brute_force_for_every_hole_pattern(order) 
     """Every pattern of up to 3 missing blocks among the first 6 of both groups, through the
     external lookup (whose tier contents the test controls): the hit equals the oracle's.
     Some patterns need three passes whatever order the groups are visited in."""
-    kv = KVCacheManager(config(*(SWA(4, w) for w in order), num_blocks=40), hash_seed="x")
+    kv = KVCacheManager(config(*(SWA(4, w) for w in order), num_blocks=40), CacheOptions(hash_seed="x"))
     req = Request("q", list(range(200, 225)))
     local = kv.lookup(req)
     assert local.num_tokens == 0

@@ -17,6 +17,7 @@ import pytest
 from hybridkv import CacheHit, KVCacheManager, Request
 from hybridkv.core.blockref import BlockRef, TableRef
 from tests.support.helpers import FA, SWA, admit, config, manager, prompt, run_prompt, serve
+from hybridkv.core.cache_options import CacheOptions
 
 
 def snapshot(kv: KVCacheManager, *reqs: Request) -> tuple:
@@ -31,7 +32,7 @@ def snapshot(kv: KVCacheManager, *reqs: Request) -> tuple:
 
 
 def hybrid(num_blocks: int = 64, **kw) -> KVCacheManager:
-    return KVCacheManager(config(FA(4), SWA(4, 8), num_blocks=num_blocks), **kw)
+    return KVCacheManager(config(FA(4), SWA(4, 8), num_blocks=num_blocks), CacheOptions(**kw))
 
 
 def computed(kv: KVCacheManager, rid: str, tokens: list[int]) -> Request:
@@ -275,7 +276,7 @@ def test_a_hit_made_before_a_failed_compat_step_that_releases_is_refused() -> No
     tokens (3 blocks: a's block 0 is evicted); its next 4 tokens with the full-sequence
     reservation fail (vLLM's count: cdiv(20, 4) - 3 = 2 > 0 free) but release blocks 0 and 1
     (the window skips 12 - 5 + 1 = 8 tokens). Both old hits must be refused."""
-    kv = KVCacheManager(config(SWA(4, 5), num_blocks=4), vllm_compat=True)
+    kv = KVCacheManager(config(SWA(4, 5), num_blocks=4), CacheOptions(vllm_compat=True))
     a = Request("a", prompt(100, 5))
     admit(kv, a, 5)
     q1 = Request("q1", prompt(100, 5))
@@ -380,7 +381,7 @@ def test_bad_allocate_and_lookup_calls_are_refused_naming_the_value() -> None:
     float or negative (the fast path must not answer for them either: a running request's quiet
     step); the messages. lookup: the same Request type check; a request hashed by another
     manager is refused with the advice."""
-    kv = KVCacheManager(config(FA(4), num_blocks=16), vllm_compat=True)
+    kv = KVCacheManager(config(FA(4), num_blocks=16), CacheOptions(vllm_compat=True))
     with pytest.raises(ValueError, match=r"^allocate needs a Request, got str$"):
         kv.allocate("r", 1)
     with pytest.raises(ValueError, match=r"^lookup needs a Request, got int$"):
@@ -409,7 +410,7 @@ def test_hits_that_do_not_belong_to_the_request_are_refused() -> None:
     names the values.
 
     "a" caches 12 tokens (3 blocks of bs 4). A 13-token request with that prefix hits 12."""
-    kv = KVCacheManager(config(FA(4), num_blocks=32), vllm_compat=True)
+    kv = KVCacheManager(config(FA(4), num_blocks=32), CacheOptions(vllm_compat=True))
     serve(kv, "a", prompt(0, 12))
     b = Request("b", prompt(0, 12) + [99])
     hit = kv.lookup(b)
@@ -446,7 +447,7 @@ def test_lookahead_given_per_step_is_allocated() -> None:
 
     A running request with 6 computed tokens (2 blocks of 4): one new token and 4 lookahead
     slots reach token 11, a third block (without them the step is quiet)."""
-    kv = KVCacheManager(config(FA(4), num_blocks=16), vllm_compat=True)
+    kv = KVCacheManager(config(FA(4), num_blocks=16), CacheOptions(vllm_compat=True))
     r = _running(kv)
     new = kv.allocate(r, 1, num_lookahead_tokens=4)
     assert [len(x) for x in new] == [1] and len(kv.block_ids(r)[0]) == 3

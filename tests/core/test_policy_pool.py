@@ -20,6 +20,7 @@ from hybridkv.core.policy_pool import PolicyBlockPool
 from tests.hypothesis_budget import examples
 from tests.support.helpers import FA, config, prompt, serve
 from tests.support.policies import NON_LRU
+from hybridkv.core.cache_options import CacheOptions
 
 
 @pytest.mark.parametrize("policy", ["lru", "lfu", "s3fifo", "cost"])
@@ -30,7 +31,7 @@ def test_evictions_are_counted_and_reported_with_every_policy(policy) -> None:
     6 usable blocks, bs 4. Two 9-token prompts cache 2 blocks each (4 cached, all free). A
     unique 24-token request needs all 6 blocks: the 2 uncached ones go first, then the 4 cached
     ones are evicted, whatever the order: 1 eviction after its first 12 tokens, 4 in all, 4 BlockRemoved events naming exactly the 4 cached hashes."""
-    kv = KVCacheManager(config(FA(4), num_blocks=7), enable_events=True, eviction_policy=policy)
+    kv = KVCacheManager(config(FA(4), num_blocks=7), CacheOptions(enable_events=True, eviction_policy=policy))
     a = serve(kv, "a", prompt(100, 9))
     b = serve(kv, "b", prompt(200, 9))
     stored = {h for ev in kv.take_events() if isinstance(ev, BlockStored) for h in ev.block_hashes}
@@ -56,7 +57,7 @@ def test_lfu_counts_a_hit_on_a_block_another_request_holds() -> None:
     blocks are older: with B's held hit counted, priorities are A = 2, B = 3 and A goes first;
     without it both are 2 and the older B goes first. A request that evicts exactly 2 cached
     blocks must leave B cached."""
-    kv = KVCacheManager(config(FA(4), num_blocks=12), eviction_policy="lfu")
+    kv = KVCacheManager(config(FA(4), num_blocks=12), CacheOptions(eviction_policy="lfu"))
     A, B = prompt(100, 8), prompt(200, 8)
     serve(kv, "a", A + [1])
     serve(kv, "b", B + [1])

@@ -35,6 +35,7 @@ from hybridkv.core.pool import _MAX_CHANGES, BlockPool
 from tests.support import eager_pool as eager
 from tests.support.helpers import FA, SWA, config, content_key
 from tests.support.random_ops import Model, configs
+from hybridkv.core.cache_options import CacheOptions
 
 
 def _state(p, n: int) -> tuple:
@@ -124,7 +125,7 @@ def eager_manager(monkeypatch):
     def make(cfg, **kw):
         monkeypatch.setattr(manager_mod, "BlockPool", eager.BlockPool)
         try:
-            return KVCacheManager(cfg, **kw)
+            return KVCacheManager(cfg, CacheOptions(**kw))
         finally:
             monkeypatch.setattr(manager_mod, "BlockPool", lazy.BlockPool)
     return make
@@ -137,7 +138,7 @@ def test_manager_with_lazy_pool_matches_eager_pool(eager_manager, cfg_args, ops)
     cfg, retention, spec, compat = cfg_args
     kw = dict(retention_interval=retention, spec_decode=spec, vllm_compat=compat, enable_events=True,
               hash_seed="same")
-    models = [Model(KVCacheManager(cfg, **kw), spec, compat), Model(eager_manager(cfg, **kw), spec, compat)]
+    models = [Model(KVCacheManager(cfg, CacheOptions(**kw)), spec, compat), Model(eager_manager(cfg, **kw), spec, compat)]
     assert isinstance(models[0].kv.pool, lazy.BlockPool)
     assert isinstance(models[1].kv.pool, eager.BlockPool)
     for op, x in ops:
@@ -169,7 +170,8 @@ def test_pool_for_a_trillion_tokens_is_small():
     num_blocks = 10**12 // 16 + 1
     tracemalloc.start()
     try:
-        kv = KVCacheManager(config(FA(16), SWA(16, 64), num_blocks=num_blocks), retention_interval=0)
+        kv = KVCacheManager(config(FA(16), SWA(16, 64), num_blocks=num_blocks), CacheOptions(
+            retention_interval=0))
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()

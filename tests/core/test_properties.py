@@ -34,6 +34,7 @@ from tests.hypothesis_budget import budgeted, examples, note
 from tests.support.oracle import CacheMirror, attention_kind, hash_index, oracle_hit, proof_groups
 from tests.support.random_ops import (MAX_OPS, MIN_OPS, Model, config_kind, configs, decode_ops,
                                       next_prompt, op_configs)
+from hybridkv.core.cache_options import CacheOptions
 
 
 @settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -41,8 +42,9 @@ from tests.support.random_ops import (MAX_OPS, MIN_OPS, Model, config_kind, conf
 @budgeted(0.55)
 def test_random_operations_keep_invariants(cfg_args, ops):
     (cfg, retention, spec, compat), extras = cfg_args
-    kv = KVCacheManager(cfg, retention_interval=retention, spec_decode=spec, vllm_compat=compat,
-                        max_model_len=extras.max_model_len, enable_events=True)
+    kv = KVCacheManager(cfg, CacheOptions(
+        retention_interval=retention, spec_decode=spec, vllm_compat=compat,
+        max_model_len=extras.max_model_len, enable_events=True))
     for kind in config_kind(cfg, spec, compat):
         note(kind)
     for on, kind in zip(extras, ("extras: images", "extras: LoRA", "extras: max_model_len")):
@@ -80,8 +82,8 @@ def test_random_operations_keep_invariants(cfg_args, ops):
 def test_write_path_keeps_only_what_read_path_uses(cfg_args, tokens, chunk):
     """Principle 1: every block a request caches is read by some hit a replay of it gets."""
     cfg, retention, spec, compat = cfg_args
-    kv = KVCacheManager(cfg.__class__(cfg.groups, num_blocks=400), retention_interval=retention,
-                        spec_decode=spec, vllm_compat=compat, enable_events=True)
+    kv = KVCacheManager(cfg.__class__(cfg.groups, num_blocks=400), CacheOptions(
+        retention_interval=retention, spec_decode=spec, vllm_compat=compat, enable_events=True))
     req = Request("r", tokens)
     kv.lookup(req)
     done = 0

@@ -17,6 +17,7 @@ import pytest
 from hybridkv import BlockStored, KVCacheManager, Request, SpecDecode
 from hybridkv.core.retention_config import RetentionConfig, TokenRange
 from tests.support.helpers import FA, SWA, admit, config, prompt, serve
+from hybridkv.core.cache_options import CacheOptions
 
 
 def test_the_blocks_two_windows_release_in_one_step_are_all_available() -> None:
@@ -28,7 +29,7 @@ def test_the_blocks_two_windows_release_in_one_step_are_all_available() -> None:
     takes 2 blocks per group for its first 8 tokens: the pool is empty. At 8 computed each
     window skips 8 - 5 + 1 = 4 tokens, so each group releases block 0 (last reference) and
     needs 1 new block for tokens 8..11: 2 needed, 0 free + 2 released available → it fits."""
-    kv = KVCacheManager(config(SWA(4, 5), SWA(4, 5), num_blocks=5), retention_interval=None)
+    kv = KVCacheManager(config(SWA(4, 5), SWA(4, 5), num_blocks=5), CacheOptions(retention_interval=None))
     r = Request("r", prompt(100, 20))
     admit(kv, r, 8)
     assert kv.num_free_blocks == 0
@@ -50,8 +51,8 @@ def test_a_block_leaving_the_window_keeps_its_retention_marks(priority, hits) ->
     block, default priority, freed later). z needs one block with none fresh left: it
     evicts y's block if r's block is pinned (100), else r's older, lower-priority one. A
     lookup of r's first 4 tokens (+1) then hits 4 or 0, one of y's the other way round."""
-    kv = KVCacheManager(config(SWA(4, 5), num_blocks=5), eviction_policy="priority",
-                        retention_interval=None)
+    kv = KVCacheManager(config(SWA(4, 5), num_blocks=5), CacheOptions(
+        eviction_policy="priority", retention_interval=None))
     r = Request("r", prompt(100, 16), retention=RetentionConfig((TokenRange(0, 4, priority),)))
     admit(kv, r, 8)
     assert kv.allocate(r, 4) is not None
@@ -78,9 +79,9 @@ def test_only_default_mode_windows_keep_a_hold(compat, retention, kept_at_12) ->
     carries the proof; alignment 4). r (20 tokens) steps 8, 4, 4. At 8 computed vLLM skips
     8 - 5 + 1 = 4 tokens (block 0 leaves at the step from 8); with a hold of 4 the skip
     reaches 4 tokens at 12 computed (block 0 leaves at the step from 12)."""
-    kv = KVCacheManager(config(SWA(4, 5), num_blocks=30), vllm_compat=compat,
-                        retention_interval=retention,
-                        spec_decode=SpecDecode("eagle", 1, hash_lookahead=False))
+    kv = KVCacheManager(config(SWA(4, 5), num_blocks=30), CacheOptions(
+        vllm_compat=compat, retention_interval=retention, spec_decode=SpecDecode("eagle", 1,
+        hash_lookahead=False)))
     r = Request("r", prompt(100, 20))
     admit(kv, r, 8, num_lookahead_tokens=0)
     assert kv.allocate(r, 4, num_lookahead_tokens=0) is not None
@@ -103,7 +104,7 @@ def test_a_freed_request_gives_its_blocks_its_retention_marks(priority, hits) ->
     (default priority, freed later); r's scratch block went back too. z (8 tokens) needs 2
     blocks: the scratch one and one cached block, y's if r's is pinned (100), else r's
     older, lower-priority one. Lookups of r's and y's prompts (+1) then hit 4 or 0."""
-    kv = KVCacheManager(config(FA(4), num_blocks=4), eviction_policy="priority")
+    kv = KVCacheManager(config(FA(4), num_blocks=4), CacheOptions(eviction_policy="priority"))
     r = Request("r", prompt(100, 5), retention=RetentionConfig((TokenRange(0, 4, priority),)))
     admit(kv, r, 5)
     kv.free(r)
@@ -126,8 +127,8 @@ def test_compat_free_caches_nothing() -> None:
     it). r (8-token prompt) computes 8 tokens: block 0 is stored, block 1 cannot be hashed
     yet. Its next token is appended (block 1 now hashable) and r is freed: nothing is
     stored at free."""
-    kv = KVCacheManager(config(FA(4), num_blocks=30), vllm_compat=True, enable_events=True,
-                        spec_decode=SpecDecode("eagle", 1))
+    kv = KVCacheManager(config(FA(4), num_blocks=30), CacheOptions(
+        vllm_compat=True, enable_events=True, spec_decode=SpecDecode("eagle", 1)))
     r = Request("r", prompt(100, 8))
     admit(kv, r, 8)
     assert [list(e.token_ids) for e in kv.take_events() if isinstance(e, BlockStored)] == \
@@ -145,8 +146,8 @@ def test_a_window_releases_several_blocks_in_one_step() -> None:
     Compat mode (no held unit), sliding W=4, bs 4, 19 usable blocks. Chunks of 4 and 16
     tokens hold blocks 0..4; at 20 computed tokens, tokens below 17 left the window: the next
     step releases blocks 0..3 at once (4 freed, 1 new: 14 + 4 - 1 = 17 free)."""
-    kv = KVCacheManager(config(SWA(4, 4), num_blocks=20), vllm_compat=True,
-                        retention_interval=None)
+    kv = KVCacheManager(config(SWA(4, 4), num_blocks=20), CacheOptions(
+        vllm_compat=True, retention_interval=None))
     r = Request("r", prompt(0, 24))
     for n in (4, 16, 4):
         assert kv.allocate(r, n) is not None

@@ -21,6 +21,7 @@ from hybridkv.core.retention import Retention, replay_boundaries
 from hybridkv.core.rules import make_rule
 from tests.support.helpers import FA, QWEN3_NEXT, SWA, config, state_hybrid
 from tests.support.random_ops import ATTENTION_SPECS
+from hybridkv.core.cache_options import CacheOptions
 
 
 @pytest.mark.parametrize("interval, specs, message", [
@@ -38,7 +39,7 @@ from tests.support.random_ops import ATTENTION_SPECS
 def test_bad_retention_interval_is_refused_with_its_reason(interval, specs, message) -> None:
     """retention: validate_retention_interval — each check and its message."""
     with pytest.raises(ValueError) as exc:
-        KVCacheManager(config(*specs, num_blocks=16), retention_interval=interval)
+        KVCacheManager(config(*specs, num_blocks=16), CacheOptions(retention_interval=interval))
     assert str(exc.value) == message
 
 
@@ -47,7 +48,7 @@ def test_bad_retention_interval_is_refused_with_its_reason(interval, specs, mess
 def test_valid_retention_intervals_are_accepted(interval, specs) -> None:
     """retention: validate_retention_interval — a valid interval is not refused (0 without a
     local group; N a multiple of the alignment with one)."""
-    kv = KVCacheManager(config(*specs, num_blocks=16), retention_interval=interval)
+    kv = KVCacheManager(config(*specs, num_blocks=16), CacheOptions(retention_interval=interval))
     assert kv.retention_interval == interval
 
 
@@ -165,6 +166,6 @@ def test_retention_interval_not_a_multiple_of_the_alignment_is_a_clear_error() -
     cfg = state_hybrid(QWEN3_NEXT)
     with pytest.raises(ValueError, match=r"multiple of the scheduler block size \(16, the LCM of "
                                          r"the group block sizes\), got 50"):
-        KVCacheManager(cfg, retention_interval=50)
+        KVCacheManager(cfg, CacheOptions(retention_interval=50))
     for n in (0, 16, 64, 1024, None):
-        KVCacheManager(cfg, retention_interval=n)
+        KVCacheManager(cfg, CacheOptions(retention_interval=n))

@@ -30,6 +30,7 @@ from tests.hypothesis_budget import budgeted, examples, note
 from tests.support.helpers import FA, config, prompt, raises
 from tests.support.policies import Clock
 from tests.support.random_ops import MAX_OPS, MIN_OPS, Model, configs, decode_ops
+from hybridkv.core.cache_options import CacheOptions
 
 
 def _random_retention(x: int, n_tokens: int) -> RetentionConfig | None:
@@ -61,8 +62,9 @@ class RetentionModel(Model):
 def test_random_operations_with_retention_keep_invariants(cfg_args, ops):
     cfg, retention, spec, _ = cfg_args
     clock = Clock()
-    kv = KVCacheManager(cfg, retention_interval=retention, spec_decode=spec, enable_events=True,
-                        eviction_policy="priority", clock=clock)
+    kv = KVCacheManager(cfg, CacheOptions(
+        retention_interval=retention, spec_decode=spec, enable_events=True, eviction_policy="priority"),
+        clock=clock)
     m = RetentionModel(kv, spec, False)
     for op, x in ops:
         clock.t += (x >> 20) % 4 * 0.75                    # 0..2.25 s: TTLs of 1..5 s lapse
@@ -97,8 +99,9 @@ def test_without_retention_configs_the_order_is_lru(cfg_args, ops):
     whose requests carry no hints)."""
     cfg, retention, spec, _ = cfg_args
     hybrid = key_group([make_rule(g.spec) for g in cfg.groups]) is not None
-    pair = [KVCacheManager(cfg, retention_interval=retention, spec_decode=spec, enable_events=True, hash_seed="s",
-                           eviction_policy=p, clock=Clock(), hints=h)
+    pair = [KVCacheManager(cfg, CacheOptions(
+        retention_interval=retention, spec_decode=spec, enable_events=True, hash_seed="s",
+        eviction_policy=p, hints=h), clock=Clock())
             for p, h in (("lru", hybrid), ("priority", False))]
     models = [Model(kv, spec, False) for kv in pair]
     for op, x in ops:
@@ -156,7 +159,7 @@ def _flood(kv: KVCacheManager, tag: str, n: int = 12) -> None:
 
 def test_pinned_system_prompt_survives_a_flood_until_its_ttl():
     clock = Clock()
-    kv = KVCacheManager(_cfg(24), eviction_policy="priority", clock=clock)
+    kv = KVCacheManager(_cfg(24), CacheOptions(eviction_policy="priority"), clock=clock)
     pin = RetentionConfig((TokenRange(0, 16, 100, ttl_s=600.0),))
     _serve(kv, "a", SYSTEM + [1], pin)
     for minute in range(1, 10):                          # used without a config: marks stay
@@ -174,7 +177,7 @@ def test_pinned_system_prompt_survives_a_flood_until_its_ttl():
 
 def test_the_ttl_restarts_at_each_release_by_a_pinning_request():
     clock = Clock()
-    kv = KVCacheManager(_cfg(24), eviction_policy="priority", clock=clock)
+    kv = KVCacheManager(_cfg(24), CacheOptions(eviction_policy="priority"), clock=clock)
     pin = RetentionConfig((TokenRange(0, 16, 100, ttl_s=10.0),))
     _serve(kv, "a", SYSTEM + [1], pin)
     clock.t = 8.0
@@ -227,7 +230,7 @@ def test_lower_priority_goes_first_and_equal_priorities_in_lru_order():
 
 def test_a_shared_block_keeps_the_highest_live_priority():
     clock = Clock()
-    kv = KVCacheManager(_cfg(24), eviction_policy="priority", clock=clock)
+    kv = KVCacheManager(_cfg(24), CacheOptions(eviction_policy="priority"), clock=clock)
     high = RetentionConfig((TokenRange(0, 16, 90, ttl_s=30.0),))
     low = RetentionConfig((TokenRange(0, 16, 60, ttl_s=300.0),))
     a, b = Request("a", SYSTEM + [1], retention=high), Request("b", SYSTEM + [2], retention=low)
@@ -251,7 +254,7 @@ def test_a_later_range_keeps_its_whole_prefix():
     assert sorted(marks) == [RetentionMark(2, 0, None), RetentionMark(4, 90, None),
                              RetentionMark(5, DEFAULT_PRIORITY, None)]
     def run(policy: str, retention) -> int:
-        kv = KVCacheManager(_cfg(14), eviction_policy=policy, clock=Clock())
+        kv = KVCacheManager(_cfg(14), CacheOptions(eviction_policy=policy), clock=Clock())
         _serve(kv, "a", list(range(33)), retention)       # 8 cached blocks + 1 scratch
         _serve(kv, "x", [900 + k for k in range(5)])       # 1 cached default block, newer
         _serve(kv, "b", [500 + k for k in range(21)])      # 6 blocks: 4 uncached + 2 evictions
@@ -261,7 +264,7 @@ def test_a_later_range_keeps_its_whole_prefix():
     # 90 with it (at the default they would have gone first and c would hit 16)
     assert run("priority", RetentionConfig((TokenRange(20, 32, 90),))) == 28
     clock = Clock()
-    kv2 = KVCacheManager(_cfg(10), eviction_policy="priority", clock=clock)
+    kv2 = KVCacheManager(_cfg(10), CacheOptions(eviction_policy="priority"), clock=clock)
     _serve(kv2, "a", list(range(33)), RetentionConfig((TokenRange(0, 12, 5),), decode_priority=5))
     _serve(kv2, "b", [500 + k for k in range(9)])
     assert _serve(kv2, "c", list(range(33))) == 24        # tail first, as LRU
@@ -272,7 +275,7 @@ def test_decode_priority_marks_generated_blocks():
                                         decode_ttl_s=2.0), 4, 10, 17)
     assert sorted(marks) == [RetentionMark(3, 80, None), RetentionMark(5, 3, 2.0)]
     clock = Clock()
-    kv = KVCacheManager(_cfg(24), eviction_policy="priority", clock=clock)
+    kv = KVCacheManager(_cfg(24), CacheOptions(eviction_policy="priority"), clock=clock)
     _serve(kv, "a", SYSTEM, RetentionConfig(decode_priority=100), decode=9)
     assert all(p == 100 for b, lst in kv.pool.policy.marks.items() for p, _ in lst[:1])
 
@@ -296,8 +299,8 @@ def test_decode_priority_marks_generated_blocks():
     (lambda: Request("r", [1, 2, 3], retention=RetentionConfig((TokenRange(3, None, 50),))),
      r"retention range \[3, None\) lies outside the prompt"),
     (lambda: Request("r", [1, 2, 3], retention="pin"), r"retention must be a RetentionConfig or None"),
-    (lambda: KVCacheManager(_cfg(8), eviction_policy="priority", clock=5), r"clock must be None or a callable"),
-    (lambda: KVCacheManager(_cfg(8), eviction_policy="pin"), r"unknown eviction policy 'pin'; valid: .*priority"),
+    (lambda: KVCacheManager(_cfg(8), CacheOptions(eviction_policy="priority"), clock=5), r"clock must be None or a callable"),
+    (lambda: KVCacheManager(_cfg(8), CacheOptions(eviction_policy="pin")), r"unknown eviction policy 'pin'; valid: .*priority"),
 ])
 def test_bad_retention_input(make, match):
     with pytest.raises(ValueError, match=match):
@@ -312,7 +315,7 @@ def _state(kv: KVCacheManager):
 
 @pytest.mark.parametrize("policy", ["lru", "s3fifo", "lfu", "cost"])
 def test_a_policy_that_ignores_retention_refuses_it_and_changes_nothing(policy):
-    kv = KVCacheManager(_cfg(24), eviction_policy=policy, enable_events=True)
+    kv = KVCacheManager(_cfg(24), CacheOptions(eviction_policy=policy, enable_events=True))
     _serve(kv, "a", SYSTEM + [1])
     running = Request("run", SYSTEM + [9, 9, 9])
     hit = kv.lookup(running)
@@ -328,7 +331,7 @@ def test_a_policy_that_ignores_retention_refuses_it_and_changes_nothing(policy):
 
 
 def test_a_range_made_invalid_after_construction_is_refused_at_allocate():
-    kv = KVCacheManager(_cfg(24), eviction_policy="priority", clock=Clock(), enable_events=True)
+    kv = KVCacheManager(_cfg(24), CacheOptions(eviction_policy="priority", enable_events=True), clock=Clock())
     _serve(kv, "a", SYSTEM + [1])
     kv.take_events()
     before = _state(kv)
@@ -346,7 +349,7 @@ def test_after_its_ttl_the_system_prompt_goes_first_tail_first(policy, t, want):
     evictions takes two flood blocks while the pin holds (t=599), and the prompt's two tail
     blocks once it lapsed (t=600): they are the least recently used, and tail before prefix."""
     clock = Clock()
-    kv = KVCacheManager(_cfg(24), eviction_policy=policy, clock=clock)
+    kv = KVCacheManager(_cfg(24), CacheOptions(eviction_policy=policy), clock=clock)
     pin = RetentionConfig((TokenRange(0, 16, 100, ttl_s=600.0),)) if policy == "priority" else None
     _serve(kv, "a", SYSTEM + [1], pin)
     _flood(kv, "f", 5)                                   # 15 cached blocks, newer than the prompt
@@ -363,7 +366,7 @@ def test_after_its_ttl_the_system_prompt_goes_first_tail_first(policy, t, want):
 def test_a_prefix_cache_reset_empties_the_policy(policy):
     """After a reset no block has a hash, so the policy holds none (pinned junk would otherwise
     outrank every block cached later); the blocks sit where LRU keeps them, and serving goes on."""
-    kv = KVCacheManager(_cfg(24), eviction_policy=policy, clock=Clock())
+    kv = KVCacheManager(_cfg(24), CacheOptions(eviction_policy=policy), clock=Clock())
     pin = RetentionConfig((TokenRange(0, 16, 100),)) if policy == "priority" else None
     _serve(kv, "a", SYSTEM + [1], pin)
     assert len(kv.pool.policy) == 4
@@ -487,7 +490,7 @@ def test_retention_errors_name_the_request_and_the_fix() -> None:
     with pytest.raises(ValueError, match=r"use eviction_policy='priority' \(the only policy that "
                        r"reads retention configs\) or drop the config$"):
         lru.allocate(Request("a", prompt(0, 9), retention=pin), 9)
-    kv = KVCacheManager(config(FA(4), num_blocks=16), eviction_policy="priority")
+    kv = KVCacheManager(config(FA(4), num_blocks=16), CacheOptions(eviction_policy="priority"))
     bad = Request("b", prompt(0, 9))
     bad.retention = "pin"
     with pytest.raises(ValueError, match=r"request 'b': retention must be a RetentionConfig or "

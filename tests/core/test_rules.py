@@ -28,6 +28,7 @@ from hybridkv.core.specs import AttentionSpec, StateSpec
 from tests.support.helpers import QWEN3_NEXT
 from tests.support.oracle import needed_blocks
 from tests.support.random_ops import ATTENTION_SPECS
+from hybridkv.core.cache_options import CacheOptions
 
 
 def visible(spec, q: int) -> range:
@@ -214,7 +215,7 @@ def test_a_new_type_is_one_rule_class_and_one_registration(checkpoint_type) -> N
     cfg = KVCacheConfig((KVCacheGroup("full", FullAttention(4, num_kv_heads=1, head_dim=4), ("a",)),
                          KVCacheGroup("state", checkpoint_type(4, num_kv_heads=1, head_dim=4), ("b",))),
                         num_blocks=64)
-    kv = KVCacheManager(cfg, retention_interval=0)
+    kv = KVCacheManager(cfg, CacheOptions(retention_interval=0))
     prompt = list(range(40))
     r = Request("r", prompt)
     assert kv.allocate(r, 40, kv.lookup(r)) is not None

@@ -19,6 +19,7 @@ from hybridkv.core import BlockHasher
 from hybridkv.core.specs import DTYPE_BYTES, STATE_DTYPES, dtype_bytes
 from hybridkv.core.validation import check_int
 from tests.support.helpers import FA, NEMOTRON_H, QWEN3_NEXT, raises, state_hybrid
+from hybridkv.core.cache_options import CacheOptions
 
 
 def group(name: str, spec, layers=None) -> KVCacheGroup:
@@ -312,7 +313,8 @@ def test_state_larger_than_the_pool_is_a_clear_error() -> None:
     (lambda: KVCacheGroup("a", FA(4), ()), "has no layers"),
     (lambda: KVCacheConfig((KVCacheGroup("a", FA(4), ("l",)),), num_blocks=1), "at least 2 blocks"),
     (lambda: KVCacheConfig((KVCacheGroup("a", FA(4), ("l",)),)), "exactly one of"),
-    (lambda: KVCacheManager(KVCacheConfig((KVCacheGroup("a", FA(4), ("l",)),), num_blocks=10), max_model_len=100),
+    (lambda: KVCacheManager(KVCacheConfig((KVCacheGroup("a", FA(4), ("l",)),), num_blocks=10), CacheOptions(
+        max_model_len=100)),
      "9 usable blocks but one request of max_model_len=100 tokens needs 25"),
     (lambda: SpecDecode("medusa", 2), "unknown speculative method 'medusa'"),
     (lambda: SpecDecode("eagle", 0), "num_speculative_tokens must be an integer >= 1, got 0"),

@@ -23,11 +23,12 @@ from hybridkv import (BlockRemoved, BlockStored, FullAttention, KVCacheConfig, K
                       KVCacheManager, Request, SpecDecode, StateSpec)
 from tests.support.helpers import (FA, QWEN3_NEXT, STATE4, ST_K2, SWA, admit, config, prompt, serve,
                                    state_hybrid)
+from hybridkv.core.cache_options import CacheOptions
 
 
 def test_non_lru_eviction_with_a_state_group_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="does not support state groups.*valid with a StateSpec group: 'lru'"):
-        KVCacheManager(state_hybrid(QWEN3_NEXT), eviction_policy="s3fifo")
+        KVCacheManager(state_hybrid(QWEN3_NEXT), CacheOptions(eviction_policy="s3fifo"))
 
 
 SHARED = list(range(1000, 1200))       # a 200-token system prompt
@@ -60,7 +61,7 @@ def serve_state(kv: KVCacheManager, rid: str, tokens: list[int], chunk: int | No
 
 @pytest.mark.parametrize("chunk", [None, 48])
 def test_200_token_prompt_hits_192_on_the_2nd_request_with_n_64(chunk) -> None:
-    kv = KVCacheManager(state_hybrid(QWEN3_NEXT), retention_interval=64)
+    kv = KVCacheManager(state_hybrid(QWEN3_NEXT), CacheOptions(retention_interval=64))
     hit1, exp1 = serve_state(kv, "r1", SHARED + [1] * 50, chunk)
     assert hit1 == 0 and {64, 128, 192} <= set(exp1)
     assert serve_state(kv, "r2", SHARED + [2] * 50, chunk)[0] == 192
@@ -71,7 +72,7 @@ def test_200_token_prompt_with_n_0_hits_on_the_3rd_request() -> None:
     """Semantic checkpoints only: the 2nd request finds the junction (attention hits 192,
     the state nothing) and writes a checkpoint there; the 3rd hits 192 (vLLM 0.33 align
     mode: also the 3rd occurrence, but at 1056-token granularity, so 0 here)."""
-    kv = KVCacheManager(state_hybrid(QWEN3_NEXT), retention_interval=0)
+    kv = KVCacheManager(state_hybrid(QWEN3_NEXT), CacheOptions(retention_interval=0))
     assert serve_state(kv, "r1", SHARED + [1] * 50)[0] == 0
     r2 = Request("probe", SHARED + [2] * 50)
     probe = kv.lookup(r2)
@@ -84,7 +85,7 @@ def test_200_token_prompt_with_n_0_hits_on_the_3rd_request() -> None:
 def test_divergence_inside_request_unique_tokens_still_hits_the_junction() -> None:
     """vLLM #45238: the aligned checkpoints of request 1 (its replay boundaries 224/240) lie
     in its own unique tokens; a request diverging at 205 still reaches the junction 192."""
-    kv = KVCacheManager(state_hybrid(QWEN3_NEXT), retention_interval=0)
+    kv = KVCacheManager(state_hybrid(QWEN3_NEXT), CacheOptions(retention_interval=0))
     _, exp1 = serve_state(kv, "r1", SHARED + list(range(50)))
     assert max(exp1) > 200                                  # checkpoints in unique tokens
     assert serve_state(kv, "r2", SHARED + [0, 1, 2, 3, 4] + [9] * 45)[0] == 0   # junction found
@@ -92,7 +93,7 @@ def test_divergence_inside_request_unique_tokens_still_hits_the_junction() -> No
 
 
 def test_resend_hits_the_replay_checkpoint_and_the_final_length() -> None:
-    kv = KVCacheManager(state_hybrid(QWEN3_NEXT), retention_interval=0)
+    kv = KVCacheManager(state_hybrid(QWEN3_NEXT), CacheOptions(retention_interval=0))
     prompt = SHARED + [5] * 56                              # 256 tokens
     serve_state(kv, "r1", prompt)
     assert serve_state(kv, "r2", prompt)[0] == 240                # (P - 1) aligned down
@@ -104,7 +105,7 @@ def test_checkpoints_are_evicted_whole_and_hits_fall_back() -> None:
     """A pool with room for few checkpoints: evicting one leaves the attention blocks cached
     (SGLang's tombstone for free) and the hit falls back to the next lower checkpoint."""
     cfg = state_hybrid(QWEN3_NEXT, num_blocks=66 * 6 + 40)
-    kv = KVCacheManager(cfg, retention_interval=64)
+    kv = KVCacheManager(cfg, CacheOptions(retention_interval=64))
     serve_state(kv, "r1", SHARED + [1] * 50, chunk=48)
     assert serve_state(kv, "r2", SHARED + [2] * 50, chunk=48)[0] == 192
     for i in range(3, 8):                                   # unrelated traffic evicts
@@ -115,8 +116,8 @@ def test_checkpoints_are_evicted_whole_and_hits_fall_back() -> None:
 
 
 def test_speculative_lookahead_never_exports_a_draft_position() -> None:
-    kv = KVCacheManager(state_hybrid(QWEN3_NEXT), retention_interval=16,
-                        spec_decode=SpecDecode("ngram", 3))
+    kv = KVCacheManager(state_hybrid(QWEN3_NEXT), CacheOptions(
+        retention_interval=16, spec_decode=SpecDecode("ngram", 3)))
     r = Request("r", list(range(30)))
     assert kv.allocate(r, 30, kv.lookup(r)) is not None
     r.num_computed_tokens = 30
@@ -137,7 +138,7 @@ def test_speculative_lookahead_never_exports_a_draft_position() -> None:
 
 
 def test_export_positions_predict_the_allocation() -> None:
-    kv = KVCacheManager(state_hybrid(QWEN3_NEXT), retention_interval=64)
+    kv = KVCacheManager(state_hybrid(QWEN3_NEXT), CacheOptions(retention_interval=64))
     r = Request("r", SHARED + [1] * 50)
     hit = kv.lookup(r)
     assert kv.export_positions(r, 100, hit) == [64]
@@ -154,7 +155,8 @@ def test_export_positions_predict_the_allocation() -> None:
 
 def test_preemption_and_no_caching_free_everything() -> None:
     for caching in (True, False):
-        kv = KVCacheManager(state_hybrid(QWEN3_NEXT), retention_interval=64, enable_caching=caching)
+        kv = KVCacheManager(state_hybrid(QWEN3_NEXT), CacheOptions(
+            retention_interval=64, enable_caching=caching))
         r = Request("r", SHARED)
         kv.allocate(r, 100, kv.lookup(r))
         r.num_computed_tokens = 100
@@ -226,7 +228,8 @@ def test_fake_engine_always_restores_the_state_of_the_hit_prefix(ops, interval, 
     cfg = KVCacheConfig((KVCacheGroup("a", FullAttention(attn_bs, num_kv_heads=1, head_dim=4), ("a",)),
                          KVCacheGroup("s", state, ("s",)), KVCacheGroup("t", state, ("t",))),
                         num_blocks=pool * 6)       # two sibling state groups
-    kv = KVCacheManager(cfg, retention_interval=interval, spec_decode=SpecDecode("ngram", k) if k else None)
+    kv = KVCacheManager(cfg, CacheOptions(
+        retention_interval=interval, spec_decode=SpecDecode("ngram", k) if k else None))
     eng = FakeEngine(kv)
     running: dict[str, Request] = {}
     prompts = [[7] * 12]
@@ -277,8 +280,8 @@ def test_sibling_checkpoints_are_evicted_together() -> None:
     small = StateSpec(16, conv_shape=(1, 4), state_shape=(64, 128))        # 2 pages per state
     groups = (KVCacheGroup("attn", full, ("a",)),
               *(KVCacheGroup(f"s{i}", small, (f"s{i}",)) for i in range(3)))
-    kv = KVCacheManager(KVCacheConfig(groups, num_blocks=120), retention_interval=64,
-                        enable_events=True)
+    kv = KVCacheManager(KVCacheConfig(groups, num_blocks=120), CacheOptions(
+        retention_interval=64, enable_events=True))
     assert kv.pool.siblings == {1: (2, 3), 2: (1, 3), 3: (1, 2)}
     for i in range(12):                      # distinct prompts: checkpoints churn
         r = Request(f"r{i}", [i * 1000 + j for j in range(200)])
@@ -289,14 +292,14 @@ def test_sibling_checkpoints_are_evicted_together() -> None:
         cached = [set(kv.pool.index[g]) for g in (1, 2, 3)]
         assert cached[0] == cached[1] == cached[2], "a checkpoint survives in only some siblings"
     assert kv.stats().evictions > 0
-    compat = KVCacheManager(KVCacheConfig(groups, num_blocks=120), vllm_compat=True)
+    compat = KVCacheManager(KVCacheConfig(groups, num_blocks=120), CacheOptions(vllm_compat=True))
     assert compat.pool.siblings == {}        # vLLM evicts block by block
 
 
 def _state_manager_with_a_served() -> tuple[KVCacheManager, list[int]]:
     """Full (bs 4) + state (bs 4), retention N = 8: "a" (22 tokens, chunks 5, 5, 5, 7)
     leaves checkpoints at 8 and 16 (multiples of N) and 20 (its replay boundary (22-1)//4*4)."""
-    kv = KVCacheManager(config(FA(4), STATE4, num_blocks=200), retention_interval=8)
+    kv = KVCacheManager(config(FA(4), STATE4, num_blocks=200), CacheOptions(retention_interval=8))
     A = prompt(100, 22)
     a = Request("a", A)
     hit = kv.lookup(a)
@@ -368,7 +371,7 @@ def test_export_positions_of_a_new_request_start_at_token_one() -> None:
     promised end, so the first 3 tokens export 1, 2, 3 (as the allocation does)."""
     st1 = StateSpec(block_size=1, conv_shape=(1, 4), conv_dtype="float32", state_shape=(2, 2),
                     state_dtype="float32")
-    kv = KVCacheManager(config(FA(1), st1, num_blocks=400), retention_interval=1)
+    kv = KVCacheManager(config(FA(1), st1, num_blocks=400), CacheOptions(retention_interval=1))
     r = Request("r", prompt(10, 6))
     assert kv.export_positions(r, 3) == [1, 2, 3]
     assert kv.allocate(r, 3, None) is not None
@@ -392,7 +395,7 @@ def test_a_running_state_request_releases_each_checkpoint_once_it_is_below_the_h
                    state_dtype="float32")
     cfg = config(FA(4), st, num_blocks=200)
     assert cfg.extent_blocks(1) == 2
-    kv = KVCacheManager(cfg, retention_interval=8)
+    kv = KVCacheManager(cfg, CacheOptions(retention_interval=8))
     r = Request("r", prompt(100, 40))
     hit = kv.lookup(r)
     free = kv.num_free_blocks
@@ -413,7 +416,7 @@ def test_a_state_step_that_fits_only_with_its_released_checkpoint() -> None:
 
     The steps 8, 8 of the test above use all 10 usable ids (6 + 4): the third step (2 tokens)
     needs 1 full block with 0 free, and fits only because checkpoint 8 leaves (2 ids)."""
-    kv = KVCacheManager(config(FA(4), ST_K2, num_blocks=11), retention_interval=8)
+    kv = KVCacheManager(config(FA(4), ST_K2, num_blocks=11), CacheOptions(retention_interval=8))
     r = Request("r", prompt(100, 40))
     hit = kv.lookup(r)
     for i, n in enumerate((8, 8)):
@@ -429,7 +432,7 @@ def test_a_state_step_that_fits_only_with_its_released_checkpoint() -> None:
 def test_a_new_state_request_needs_its_live_extent_and_its_exports(num_blocks, fits) -> None:
     """coordinator: _plan_states — a new request's ids ``(1 + exports) * k`` (``1`` → ``2``).
     r's first 8 tokens: 2 full blocks, the live extent (2 ids) and checkpoint 8 (2 ids): 6."""
-    kv = KVCacheManager(config(FA(4), ST_K2, num_blocks=num_blocks), retention_interval=8)
+    kv = KVCacheManager(config(FA(4), ST_K2, num_blocks=num_blocks), CacheOptions(retention_interval=8))
     r = Request("r", prompt(100, 40))
     assert (kv.allocate(r, 8, kv.lookup(r)) is not None) == fits
     kv.check_integrity()
@@ -444,7 +447,7 @@ def test_a_new_state_request_touching_its_hit_counts_each_block_once() -> None:
     q (a's first 16 tokens + 8) hits 16 (4 full blocks + checkpoint 16, all free). Its first 4
     tokens need 1 full block + 4 touched, the touched checkpoint (2), the live extent (2) and
     checkpoint 20 (its replay boundary; 2): exactly 11."""
-    kv = KVCacheManager(config(FA(4), ST_K2, num_blocks=15), retention_interval=8)
+    kv = KVCacheManager(config(FA(4), ST_K2, num_blocks=15), CacheOptions(retention_interval=8))
     P = prompt(100, 17)
     a = Request("a", P)
     assert kv.allocate(a, 17, kv.lookup(a)) is not None
@@ -470,7 +473,7 @@ def test_a_state_step_counts_the_junction_checkpoint(num_blocks, filler, fits) -
     and runs 3 tokens; a filler request holds some blocks. b's next 5 tokens (11 → 16) need
     1 full block and checkpoints 12 (the junction) and 16: 3 ids. With 3 free they fit; with
     2 free the allocation is refused (None), nothing is popped."""
-    kv = KVCacheManager(config(FA(4), STATE4, num_blocks=num_blocks), retention_interval=8)
+    kv = KVCacheManager(config(FA(4), STATE4, num_blocks=num_blocks), CacheOptions(retention_interval=8))
     A = prompt(100, 22)
     a = Request("a", A)
     hit = kv.lookup(a)
@@ -506,7 +509,7 @@ def test_free_keeps_the_live_state_only_at_an_aligned_final_length(final, hit_af
     window run for 12 (positions 1, 2; 1 was cached for the boundary 8, so block 2, tokens
     8..11, is stored at free): the same tokens + 1 then hit 12. At 14 the aligned end
     12 has no checkpoint: nothing is promised at free (no sliding run stored) and the hit is 8."""
-    kv = KVCacheManager(config(FA(4), SWA(4, 8), STATE4, num_blocks=100), enable_events=True)
+    kv = KVCacheManager(config(FA(4), SWA(4, 8), STATE4, num_blocks=100), CacheOptions(enable_events=True))
     r = Request("r", prompt(100, 10))
     assert kv.allocate(r, 10, kv.lookup(r)) is not None
     r.num_computed_tokens = 10
@@ -539,7 +542,7 @@ def test_a_state_request_freed_after_its_first_tokens_serves_them(computed, hit_
     first ``computed`` tokens. Freed then, the final length ``computed`` is promised: the
     full group caches its blocks, the state group keeps its live state there, so a new
     request with the same first tokens hits ``computed``."""
-    kv = KVCacheManager(config(FA(1), STATE1, num_blocks=100), retention_interval=8)
+    kv = KVCacheManager(config(FA(1), STATE1, num_blocks=100), CacheOptions(retention_interval=8))
     P = prompt(100, 20)
     r = Request("r", P)
     assert kv.allocate(r, computed, kv.lookup(r)) is not None
@@ -558,7 +561,7 @@ def test_a_new_state_request_gets_its_live_extent_and_checkpoint_heads() -> None
     Full (bs 4) + state (a = 4, extents of 2 ids), retention N = 8. r's first 8 tokens: 2
     full blocks, and for the state group its live extent and the checkpoint at 8: the
     allocation returns their heads, the ones ``state_blocks`` reports."""
-    kv = KVCacheManager(config(FA(4), ST_K2, num_blocks=100), retention_interval=8)
+    kv = KVCacheManager(config(FA(4), ST_K2, num_blocks=100), CacheOptions(retention_interval=8))
     r = Request("r", prompt(100, 40))
     got = kv.allocate(r, 8, kv.lookup(r))
     assert got is not None and len(got[0]) == 2
@@ -577,7 +580,7 @@ def test_the_hit_checkpoint_leaves_the_table_once_below_the_hold() -> None:
     tokens, computed in steps of 8) leaves checkpoints at 8, 16, 24, 32. "b" shares a's first
     17 tokens: hit 16 (checkpoint 16, entry 3). b computes 4 tokens (16..20), then at 20
     computed 20 - 4 = 16 tokens are skipped: entry 3 leaves the table in b's next step."""
-    kv = KVCacheManager(config(FA(4), ST_K2, num_blocks=200), retention_interval=8)
+    kv = KVCacheManager(config(FA(4), ST_K2, num_blocks=200), CacheOptions(retention_interval=8))
     A = prompt(100, 40)
     a = Request("a", A)
     hit = kv.lookup(a)
@@ -607,7 +610,7 @@ def test_a_new_state_request_counts_the_checkpoint_at_its_junction(num_blocks, f
     8 with junction 12. b's first 9 tokens (8..17) need 5 - 2 = 3 full blocks, the 3 free
     hit blocks (touched), and for the state group the live extent and checkpoints 12 and 16:
     9 ids. Free: num_blocks - 1 - 2, so 9 fit with 12 blocks, 8 do not."""
-    kv = KVCacheManager(config(FA(4), STATE4, num_blocks=num_blocks), retention_interval=8)
+    kv = KVCacheManager(config(FA(4), STATE4, num_blocks=num_blocks), CacheOptions(retention_interval=8))
     A = prompt(100, 22)
     a = Request("a", A)
     hit = kv.lookup(a)
@@ -637,7 +640,7 @@ def test_the_first_step_after_admission_releases_the_hit_checkpoint() -> None:
     token (to 17); its next token needs no block and caches nothing, but at 17 computed the
     checkpoint at 16 is no longer needed: that step releases it (table entry 3 null, one
     more free block)."""
-    kv = KVCacheManager(config(FA(4), STATE4, num_blocks=60), retention_interval=None)
+    kv = KVCacheManager(config(FA(4), STATE4, num_blocks=60), CacheOptions(retention_interval=None))
     A = prompt(100, 21)
     a = Request("a", A)
     hit = kv.lookup(a)
@@ -664,8 +667,8 @@ def test_a_quiet_step_never_reaches_the_next_checkpoint() -> None:
     let the step to 8 be quiet). r (20 tokens) is admitted with 5 tokens + 3 lookahead slots
     (tables cover 8), then steps one token at a time without lookahead: the step 7 → 8
     allocates the checkpoint extent for 8 and exports it."""
-    kv = KVCacheManager(config(FA(4), STATE4, num_blocks=60), retention_interval=8,
-                        spec_decode=SpecDecode("eagle", 1, hash_lookahead=False))
+    kv = KVCacheManager(config(FA(4), STATE4, num_blocks=60), CacheOptions(
+        retention_interval=8, spec_decode=SpecDecode("eagle", 1, hash_lookahead=False)))
     r = Request("r", prompt(100, 20))
     admit(kv, r, 5, num_lookahead_tokens=3)
     for t in (5, 6):
@@ -684,7 +687,7 @@ def test_state_groups_refuse_other_eviction_policies_naming_the_valid_one() -> N
                         num_blocks=16)
     with pytest.raises(ValueError, match=r"^eviction_policy 'lfu' does not support state groups "
                        r"\(recurrent layers\) yet; valid with a \bStateSpec\b group: 'lru'$"):
-        KVCacheManager(cfg, eviction_policy="lfu")
+        KVCacheManager(cfg, CacheOptions(eviction_policy="lfu"))
 
 
 def _state_config(num_blocks: int):
@@ -701,7 +704,7 @@ def test_evictions_of_a_state_config_are_reported() -> None:
 
     9 usable blocks; two different 9-token prompts: the second evicts cached blocks of the
     first, and every eviction is reported."""
-    kv = KVCacheManager(_state_config(10), enable_events=True)
+    kv = KVCacheManager(_state_config(10), CacheOptions(enable_events=True))
     serve(kv, "a", prompt(0, 9))
     serve(kv, "b", prompt(100, 9))
     removed = [e for e in kv.take_events() if isinstance(e, BlockRemoved)]
@@ -716,7 +719,7 @@ def test_sibling_state_checkpoints_are_evicted_together() -> None:
     9 usable blocks; an 8-token prompt caches checkpoints in both state groups; a 5-token
     prompt then evicts some: each state checkpoint hash removed from one group is removed
     from the other in the same step."""
-    kv = KVCacheManager(_state_config(10), enable_events=True)
+    kv = KVCacheManager(_state_config(10), CacheOptions(enable_events=True))
     serve(kv, "a", prompt(0, 8))
     kv.take_events()
     serve(kv, "b", prompt(100, 5))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from hybridkv import KVCacheManager, Request
 from tests.support.helpers import FA, config, manager, prompt, run_prompt, serve
+from hybridkv.core.cache_options import CacheOptions
 
 
 def test_stats_count_every_admitted_request_once() -> None:
@@ -17,7 +18,7 @@ def test_stats_count_every_admitted_request_once() -> None:
     "a" (12 tokens) caches 3 blocks; "b" (13 tokens, hit 12); "c" (5 other tokens, allocated
     without a lookup: hit None); "d" skips the cache; "e" (40 tokens) does not fit; "p1", "p2"
     are preempted requests with hits 12 and 8."""
-    kv = KVCacheManager(config(FA(4), num_blocks=12), vllm_compat=True)
+    kv = KVCacheManager(config(FA(4), num_blocks=12), CacheOptions(vllm_compat=True))
     serve(kv, "a", prompt(0, 12))
     serve(kv, "b", prompt(0, 13))
     c = Request("c", prompt(300, 5))
@@ -37,7 +38,7 @@ def test_stats_count_every_admitted_request_once() -> None:
     s = kv.stats()
     assert (s.preempted_requests, s.preempted_queries, s.preempted_hits) == (2, 22, 20)
     assert (s.requests, s.queries, s.hits) == (3, 30, 12)
-    off = KVCacheManager(config(FA(4), num_blocks=12), enable_caching=False)
+    off = KVCacheManager(config(FA(4), num_blocks=12), CacheOptions(enable_caching=False))
     serve(off, "a", prompt(0, 12))
     assert (off.stats().requests, off.stats().queries) == (0, 0)
 

@@ -16,6 +16,7 @@ from hybridkv import MLA, BlockStored, ChunkedLocal, KVCacheManager, Request, Sp
 from hybridkv.core.rules import HitRule, make_rule
 from tests.support.helpers import (C3, EAGLE_DROP, FA, SWA, cached_positions, config, evict,
                                    hash_cached, manager, run_prompt, serve)
+from hybridkv.core.cache_options import CacheOptions
 
 
 def queue(kv):
@@ -516,8 +517,8 @@ def test_sliding_window_with_finer_hash_keys_each_block_by_its_last_fine_hash() 
     """vLLM's test_sliding_window_cache_hit_with_finer_hash_alignment: hash block 2 (a FA(2) group
     sets the GCD), SWA(4, W=8). The SWA group's blocks are keyed by fine hashes h1 and h3, and a hit
     of 8 tokens returns exactly those two SWA blocks."""
-    kv = KVCacheManager(config(FA(2), SWA(4, 8), num_blocks=30), vllm_compat=True,
-                        retention_interval=None, enable_events=True)
+    kv = KVCacheManager(config(FA(2), SWA(4, 8), num_blocks=30), CacheOptions(
+        vllm_compat=True, retention_interval=None, enable_events=True))
     req = Request("r", [11, 12, 13, 14, 15, 16, 17, 18, 19])
     assert kv.allocate(req, 9, kv.lookup(req)) is not None
     req.num_computed_tokens = 9
@@ -540,8 +541,8 @@ def test_allocation_counts_new_blocks_and_free_hit_blocks(spec, taken) -> None:
     are all free (cached, ref 0). It needs cdiv(40, 2) - 10 = 10 new blocks plus every non-null hit
     block, which leaves the free queue when touched; null entries cost nothing. With one block fewer
     free the allocation returns None and changes nothing."""
-    kv = KVCacheManager(config(spec, num_blocks=1 + taken + 11), vllm_compat=True,
-                        retention_interval=None)
+    kv = KVCacheManager(config(spec, num_blocks=1 + taken + 11), CacheOptions(
+        vllm_compat=True, retention_interval=None))
     prompt = list(range(100, 121))                      # 21 tokens: blocks 0..9 cached
     serve(kv, "a", prompt)
     assert kv.num_free_blocks == taken + 11
@@ -568,7 +569,8 @@ def test_blocks_pulled_match_the_hand_prediction_while_the_window_slides() -> No
     chunks of 4 up to 16 tokens, vLLM compat): each allocation pulls cdiv(computed + new, 2) -
     len(table) blocks and releases the blocks that left the window: skipped = computed - 8 + 1
     tokens, whole blocks below it. The free count moves by exactly pulled - released."""
-    kv = KVCacheManager(config(SWA(2, 8), num_blocks=40), vllm_compat=True, retention_interval=None)
+    kv = KVCacheManager(config(SWA(2, 8), num_blocks=40), CacheOptions(
+        vllm_compat=True, retention_interval=None))
     req = Request("r", list(range(16)))
     kv.lookup(req)
     table_len, nulls = 0, 0
@@ -604,8 +606,8 @@ def test_hybrid_combinations_hit_the_shared_prefix(name: str, compat: bool) -> N
     """vLLM's test_prefill_hybrid_model_combinations: prefill C3 + [3]*7 in two chunks (48, then 7);
     while it runs, a request C3 + [4]*5 hits 48 in every combination (dense retention as in vLLM's
     unit tests, and the default retention 0 where 48 is the first request's replay boundary)."""
-    kv = KVCacheManager(config(*COMBOS[name], num_blocks=60), vllm_compat=compat,
-                        retention_interval=None if compat else 0)
+    kv = KVCacheManager(config(*COMBOS[name], num_blocks=60), CacheOptions(
+        vllm_compat=compat, retention_interval=None if compat else 0))
     serve(kv, "r0", C3 + [3] * 7, chunk=48, free=False)
     assert kv.lookup(Request("r1", C3 + [4] * 5)).num_tokens == 48
 
@@ -618,13 +620,13 @@ def test_local_and_external_hit_allocate_unique_referenced_blocks(groups: int) -
     exactly full, so allocating new blocks before touching the hits would evict them."""
     specs = (FA(4), SWA(4, 32), MLA(block_size=4))[:groups]
     tokens = list(range(1, 30))                         # 29 tokens: hits end at 20 and 28
-    producer = KVCacheManager(config(*specs, num_blocks=100), hash_seed="s", vllm_compat=True,
-                              retention_interval=None)
+    producer = KVCacheManager(config(*specs, num_blocks=100), CacheOptions(
+        hash_seed="s", vllm_compat=True, retention_interval=None))
     tier: set = set()
     producer.add_cached_listener(lambda g, hashes, blocks: tier.update((g, h) for h in hashes))
     serve(producer, "p", tokens)
-    consumer = KVCacheManager(config(*specs, num_blocks=1 + 8 * groups), hash_seed="s",
-                              vllm_compat=True, retention_interval=None)
+    consumer = KVCacheManager(config(*specs, num_blocks=1 + 8 * groups), CacheOptions(
+        hash_seed="s", vllm_compat=True, retention_interval=None))
     serve(consumer, "local", tokens[:21])              # 5 cached blocks per group
     for round_ in range(2):
         req = Request(f"b{round_}", tokens)
@@ -654,8 +656,8 @@ def test_sliding_window_frees_five_blocks_at_the_first_decode_allocation() -> No
     While the prefill is being computed nothing is freed; at the first decode allocation 100 - 16 +
     1 = 85 tokens are skipped: 5 blocks become null and return to the free queue; no double free
     later."""
-    kv = KVCacheManager(config(SWA(16, 16), num_blocks=20), vllm_compat=True,
-                        retention_interval=None)
+    kv = KVCacheManager(config(SWA(16, 16), num_blocks=20), CacheOptions(
+        vllm_compat=True, retention_interval=None))
     req = Request("r", list(range(100)))
     assert kv.allocate(req, 100, kv.lookup(req)) == [[1, 2, 3, 4, 5, 6, 7]]
     assert kv.block_ids(req)[0].count(0) == 0
@@ -682,8 +684,8 @@ def test_sliding_window_admission_holds_a_window_not_the_sequence(compat: bool, 
     (default mode keeps one alignment unit more for the final-length promise, hold = 16), against
     vLLM's reservation cap of 13. A 256-token prompt does not fit a 5-block pool and changes
     nothing."""
-    kv = KVCacheManager(config(FA(16), SWA(16, 64), num_blocks=64 + 13 + 1), vllm_compat=compat,
-                        retention_interval=None if compat else 0)
+    kv = KVCacheManager(config(FA(16), SWA(16, 64), num_blocks=64 + 13 + 1), CacheOptions(
+        vllm_compat=compat, retention_interval=None if compat else 0))
     usable = kv.num_free_blocks
     req = Request("r", list(range(512)))
     kv.lookup(req)
@@ -695,7 +697,7 @@ def test_sliding_window_admission_holds_a_window_not_the_sequence(compat: bool, 
         peak = max(peak, swa_held)
         assert usable - kv.num_free_blocks == len(kv.block_ids(req)[0]) + swa_held
     assert peak == swa_peak
-    small = KVCacheManager(config(FA(16), SWA(16, 64), num_blocks=5), vllm_compat=compat)
+    small = KVCacheManager(config(FA(16), SWA(16, 64), num_blocks=5), CacheOptions(vllm_compat=compat))
     big = Request("big", list(range(256)))
     assert small.allocate(big, 256, small.lookup(big)) is None
     assert small.num_free_blocks == 4
@@ -711,16 +713,16 @@ def test_eagle_drop_of_one_unit() -> None:
     tokens = [0, 0, 1, 1, 2, 2, 3, 3]
     for compat in (True, False):
         for spec, want in ((None, 8), (SpecDecode("eagle", 1, hash_lookahead=False), 4)):
-            kv = KVCacheManager(config(FA(4), num_blocks=10), spec_decode=spec, vllm_compat=compat,
-                                retention_interval=None)
+            kv = KVCacheManager(config(FA(4), num_blocks=10), CacheOptions(
+                spec_decode=spec, vllm_compat=compat, retention_interval=None))
             serve(kv, "a", tokens + [4])
             hit = kv.lookup(Request("b", tokens + [4]))
             assert (hit.num_tokens, len(hit.block_ids[0])) == (want, want // 4), (compat, spec)
     # hash unit 2 (a FA(2) group sets the GCD): still a whole alignment unit (4) is dropped
-    kv = KVCacheManager(config(FA(4), FA(2), num_blocks=20),
-                        spec_decode=SpecDecode("eagle", 1, hash_lookahead=False), retention_interval=None)
+    kv = KVCacheManager(config(FA(4), FA(2), num_blocks=20), CacheOptions(
+        spec_decode=SpecDecode("eagle", 1, hash_lookahead=False), retention_interval=None))
     serve(kv, "a", tokens + [4])
     assert kv.lookup(Request("b", tokens + [4])).num_tokens == 4
-    kv = KVCacheManager(config(FA(4), num_blocks=10), spec_decode=SpecDecode("eagle", 1))
+    kv = KVCacheManager(config(FA(4), num_blocks=10), CacheOptions(spec_decode=SpecDecode("eagle", 1)))
     serve(kv, "a", tokens + [4, 5])
     assert kv.lookup(Request("b", tokens + [4, 5])).num_tokens == 8

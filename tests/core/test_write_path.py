@@ -21,6 +21,7 @@ from hybridkv import BlockRemoved, BlockStored, KVCacheManager, Request, SpecDec
 from tests.support.helpers import (EAGLE_DROP, FA, SWA, admit, cached_positions, config, manager,
                                    prompt, run_prompt, serve)
 from tests.support.oracle import CacheMirror, oracle_hit
+from hybridkv.core.cache_options import CacheOptions
 
 
 def stored_positions(events, req: Request, group: int, bs: int, hbs: int) -> set[int]:
@@ -39,7 +40,8 @@ def test_decode_step_completing_a_block_caches_it(compat: bool) -> None:
     """A 5-token prompt and 3 decode steps: the third step computes token 8, which completes
     block 1 (tokens 4..7), so a resend of those 8 tokens hits 8 (vLLM caches up to
     ``min(computed + new, num_tokens)`` at every ``allocate_slots``)."""
-    kv = KVCacheManager(config(FA(4), num_blocks=10), vllm_compat=compat, retention_interval=None)
+    kv = KVCacheManager(config(FA(4), num_blocks=10), CacheOptions(
+        vllm_compat=compat, retention_interval=None))
     req = Request("r", [1, 2, 3, 4, 5])
     assert kv.allocate(req, 5, kv.lookup(req)) is not None
     req.num_computed_tokens = 5
@@ -56,8 +58,8 @@ def test_decode_step_completing_a_block_caches_it(compat: bool) -> None:
 def test_decode_steps_cache_every_completed_block_sliding() -> None:
     """Same on a hybrid config with dense retention: each decode step that completes an
     aligned block makes the prefix up to it hittable at once, in both groups."""
-    kv = KVCacheManager(config(FA(4), SWA(4, 4), num_blocks=30), retention_interval=None,
-                        vllm_compat=True)
+    kv = KVCacheManager(config(FA(4), SWA(4, 4), num_blocks=30), CacheOptions(
+        retention_interval=None, vllm_compat=True))
     toks = [11, 12, 13]
     req = Request("r", toks)
     assert kv.allocate(req, 3, kv.lookup(req)) is not None
@@ -85,8 +87,8 @@ def test_retention_interval_keeps_exactly_the_promised_windows(interval: int, pr
     final length at free rounded down. The SWA group caches exactly the union of their windows;
     the full group every complete block. Then every replay hits the largest end whose window
     is held, computed here by brute force over the hand-built cache."""
-    kv = KVCacheManager(config(FA(4), SWA(4, 8), num_blocks=80), retention_interval=interval,
-                        enable_events=True)
+    kv = KVCacheManager(config(FA(4), SWA(4, 8), num_blocks=80), CacheOptions(
+        retention_interval=interval, enable_events=True))
     tokens = [1000 + i for i in range(prompt_len)]
     req = serve(kv, "r", tokens)
     events = kv.take_events()
@@ -110,8 +112,8 @@ def test_retention_interval_pinned_example() -> None:
     """The same rule on one case, fully by hand: P = 33, N = 16. Ends 16, 32 (multiples),
     32 (replay: 32 // 4 * 4), 28 (one unit below), 32 (final length). SWA windows: 16 -> {2, 3},
     28 -> {5, 6}, 32 -> {6, 7}. Replays of 20 and 24 tokens fall back to 16; 28 hits 28."""
-    kv = KVCacheManager(config(FA(4), SWA(4, 8), num_blocks=80), retention_interval=16,
-                        enable_events=True)
+    kv = KVCacheManager(config(FA(4), SWA(4, 8), num_blocks=80), CacheOptions(
+        retention_interval=16, enable_events=True))
     tokens = [2000 + i for i in range(33)]
     req = serve(kv, "r", tokens)
     assert stored_positions(kv.take_events(), req, 1, 4, 4) == {2, 3, 5, 6, 7}
@@ -121,8 +123,8 @@ def test_retention_interval_pinned_example() -> None:
 
 def test_retention_interval_survives_a_second_request() -> None:
     """A shorter request sharing the prefix adds its own ends; the first one's stay."""
-    kv = KVCacheManager(config(FA(4), SWA(4, 8), num_blocks=80), retention_interval=16,
-                        enable_events=True)
+    kv = KVCacheManager(config(FA(4), SWA(4, 8), num_blocks=80), CacheOptions(
+        retention_interval=16, enable_events=True))
     tokens = [3000 + i for i in range(33)]
     a = serve(kv, "a", tokens)
     serve(kv, "b", tokens[:22] + [9])          # hits 16, adds ends 20 (replay) and 16 (below)
@@ -142,8 +144,8 @@ def test_sibling_of_a_draft_group_caches_the_same_blocks(retention, prompt_len) 
     sliding groups are identical siblings: they are looked up together, so they must cache
     the same positions, including the proof block after each promised end (vLLM #44082:
     identical siblings are looked up together and share one cache mask). Every cached sliding run is a window plus its proof block."""
-    kv = KVCacheManager(config(FA(4), SWA(4, 8), SWA(4, 8), num_blocks=90, drafts=(2,)),
-                        spec_decode=_drop(), retention_interval=retention, enable_events=True)
+    kv = KVCacheManager(config(FA(4), SWA(4, 8), SWA(4, 8), num_blocks=90, drafts=(2,)), CacheOptions(
+        spec_decode=_drop(), retention_interval=retention, enable_events=True))
     tokens = [4000 + i for i in range(prompt_len)]
     req = serve(kv, "r", tokens, chunk=7)
     events = kv.take_events()
@@ -166,8 +168,8 @@ def test_sibling_proof_mask_pinned_example() -> None:
     block 7 (tokens 28..31), which never completes, so it is not cached. Cached: ends 20 and
     24 -> {3, 4, 5, 6} in both siblings; the full group caches the blocks below 24 (an end is
     promised to every group at once). Resend -> 24."""
-    kv = KVCacheManager(config(FA(4), SWA(4, 8), SWA(4, 8), num_blocks=90, drafts=(2,)),
-                        spec_decode=_drop(), retention_interval=0, enable_events=True)
+    kv = KVCacheManager(config(FA(4), SWA(4, 8), SWA(4, 8), num_blocks=90, drafts=(2,)), CacheOptions(
+        spec_decode=_drop(), retention_interval=0, enable_events=True))
     tokens = [5000 + i for i in range(30)]
     req = serve(kv, "r", tokens)
     events = kv.take_events()
@@ -181,8 +183,8 @@ def test_non_identical_sliding_group_does_not_carry_the_proof() -> None:
     """A sliding group with another window is no sibling of the draft group: it keeps only
     its window, the draft group its window plus the proof block (dense retention, P = 17:
     ends 4, 8, 12, 16; end 16's proof block 4 never completes)."""
-    kv = KVCacheManager(config(FA(4), SWA(4, 8), SWA(4, 4), num_blocks=90, drafts=(1,)),
-                        spec_decode=_drop(), retention_interval=None, enable_events=True)
+    kv = KVCacheManager(config(FA(4), SWA(4, 8), SWA(4, 4), num_blocks=90, drafts=(1,)), CacheOptions(
+        spec_decode=_drop(), retention_interval=None, enable_events=True))
     tokens = [6000 + i for i in range(17)]
     req = serve(kv, "r", tokens)
     events = kv.take_events()
@@ -195,7 +197,8 @@ def test_no_draft_group_means_every_group_carries_the_proof() -> None:
     """vLLM's fallback (``is_eagle_group``): with no group marked draft, drop mode applies to all.
     FA(4) alone, P = 17, dense: a hit at 4e needs blocks [0, e+1); the resend caps at 16,
     and the proof block of 16 (block 4) is never complete -> 12."""
-    kv = KVCacheManager(config(FA(4), num_blocks=30), spec_decode=_drop(), retention_interval=None)
+    kv = KVCacheManager(config(FA(4), num_blocks=30), CacheOptions(
+        spec_decode=_drop(), retention_interval=None))
     tokens = [7000 + i for i in range(17)]
     serve(kv, "r", tokens)
     assert kv.lookup(Request("again", tokens)).num_tokens == 12
@@ -234,8 +237,8 @@ def test_compat_eagle_request_caches_its_copy_of_the_dropped_hit_block_once_full
     is 8, EAGLE drops its last block, the hit is 4. b computes tokens 4..9: its block 1
     (tokens 4..7) is full, so vLLM caches it now (2 full blocks of 10 tokens): one
     BlockStored with a's tokens 4..7."""
-    kv = KVCacheManager(config(FA(4), num_blocks=20), vllm_compat=True, enable_events=True,
-                        spec_decode=SpecDecode("eagle3", 3, hash_lookahead=False))
+    kv = KVCacheManager(config(FA(4), num_blocks=20), CacheOptions(
+        vllm_compat=True, enable_events=True, spec_decode=SpecDecode("eagle3", 3, hash_lookahead=False)))
     A = prompt(100, 13)
     a = Request("a", A)
     admit(kv, a, 13)
@@ -260,8 +263,8 @@ def test_a_step_caches_its_pending_block_before_it_pops_and_evicts() -> None:
     takes the 2 other blocks; its block 1 cannot be hashed yet (token 8 unknown). With
     token 8 appended, r's next token needs a third block: the commit stores block 1 (tokens
     304..307), then the pop evicts a's cached block: events Stored, then Removed."""
-    kv = KVCacheManager(config(FA(4), num_blocks=4), spec_decode=SpecDecode("mtp", 1),
-                        enable_events=True)
+    kv = KVCacheManager(config(FA(4), num_blocks=4), CacheOptions(
+        spec_decode=SpecDecode("mtp", 1), enable_events=True))
     a = Request("a", prompt(100, 5))
     admit(kv, a, 5, num_lookahead_tokens=0)
     kv.free(a)
@@ -288,8 +291,8 @@ def test_a_default_mode_eagle_hit_end_is_not_cached_again() -> None:
     tokens) caches 4 blocks. "b" shares a's first 13 tokens: the match is 12 and the hit 8
     (its proof block 2 is cached). b's step to 12 stores nothing; its step to 16 reaches end
     12 and stores blocks 2 and 3 (tokens 108..111 and 112, 500..502)."""
-    kv = KVCacheManager(config(FA(4), num_blocks=30), enable_events=True,
-                        spec_decode=SpecDecode("eagle3", 3, hash_lookahead=False))
+    kv = KVCacheManager(config(FA(4), num_blocks=30), CacheOptions(
+        enable_events=True, spec_decode=SpecDecode("eagle3", 3, hash_lookahead=False)))
     A = prompt(100, 17)
     a = Request("a", A)
     admit(kv, a, 17, num_lookahead_tokens=0)
@@ -316,7 +319,7 @@ def test_a_full_group_caches_every_block_whatever_the_window_retention() -> None
     prompt, and the final length at free). "a" decodes to 20 tokens, still running: its
     blocks 3 and 4 (ends 16, 20) are cached, so a request sharing a's first 17 tokens hits
     16."""
-    kv = KVCacheManager(config(FA(4), num_blocks=30), retention_interval=0)
+    kv = KVCacheManager(config(FA(4), num_blocks=30), CacheOptions(retention_interval=0))
     a = Request("a", prompt(100, 13))
     admit(kv, a, 13)
     for t in range(7):
@@ -337,8 +340,8 @@ def test_compat_sliding_group_caches_each_reachable_block_when_it_fills() -> Non
     boundary 12, whose window run is blocks 1 and 2 (cdiv(7, 4) = 2 blocks before 12). Its
     first 8 tokens fill blocks 0 and 1: vLLM's mask caches block 1 now (tokens 104..107);
     the next 4 fill block 2 (tokens 108..111)."""
-    kv = KVCacheManager(config(SWA(4, 8), num_blocks=30), vllm_compat=True, retention_interval=0,
-                        enable_events=True)
+    kv = KVCacheManager(config(SWA(4, 8), num_blocks=30), CacheOptions(
+        vllm_compat=True, retention_interval=0, enable_events=True))
     r = Request("r", prompt(100, 13))
     want = [[prompt(104, 4)], [prompt(108, 4)]]
     for i, n in enumerate((8, 4)):
@@ -357,8 +360,8 @@ def test_compat_hybrid_caches_each_group_up_to_the_aligned_prefix() -> None:
     Compat, full (bs 4) + sliding (bs 8, W 16): alignment 8. r's first 12 tokens: align(12)
     = 8, so each group stores its blocks for tokens 0..7 only (the full group's block 2,
     tokens 8..11, waits for the next aligned prefix)."""
-    kv = KVCacheManager(config(FA(4), SWA(8, 16), num_blocks=30), vllm_compat=True,
-                        enable_events=True)
+    kv = KVCacheManager(config(FA(4), SWA(8, 16), num_blocks=30), CacheOptions(
+        vllm_compat=True, enable_events=True))
     r = Request("r", prompt(100, 20))
     assert kv.allocate(r, 12, kv.lookup(r)) is not None
     stored = [(e.group_idx, list(e.token_ids)) for e in kv.take_events()
@@ -378,9 +381,8 @@ def test_compat_eagle_groups_are_not_clamped_to_the_aligned_prefix() -> None:
     decodes one token at a time to 16. Group 0 caches up to min(n, align(n) + 4) tokens:
     at 8 its blocks 0-1 (end 4 and its proof block), at 12 block 2, at 16 block 3; group 1
     (bs 8) caches blocks 0-1 at 16."""
-    kv = KVCacheManager(config(FA(4), FA(8), num_blocks=40), vllm_compat=True,
-                        enable_events=True,
-                        spec_decode=SpecDecode("eagle3", 3, hash_lookahead=False))
+    kv = KVCacheManager(config(FA(4), FA(8), num_blocks=40), CacheOptions(
+        vllm_compat=True, enable_events=True, spec_decode=SpecDecode("eagle3", 3, hash_lookahead=False)))
     r = Request("r", prompt(100, 5))
     admit(kv, r, 5, num_lookahead_tokens=0)
     stored = {}
@@ -406,8 +408,8 @@ def test_default_mode_caches_every_group_at_aligned_ends() -> None:
     aligned end is reached, nothing is stored (a block-size step would store the full
     group's block 0 and the sliding group's run for 6). At 13 the aligned end 12 is
     stored for both groups."""
-    kv = KVCacheManager(config(FA(4), SWA(6, 12), num_blocks=30), retention_interval=None,
-                        enable_events=True)
+    kv = KVCacheManager(config(FA(4), SWA(6, 12), num_blocks=30), CacheOptions(
+        retention_interval=None, enable_events=True))
     r = Request("r", prompt(100, 30))
     want = [[], [(0, prompt(100, 12)), (1, prompt(100, 12))]]
     for i, n in enumerate((9, 4)):
@@ -675,7 +677,7 @@ def test_compat_state_group_exports_the_junction_without_the_unit_below() -> Non
     replay boundary 20 and the junction 12 — the checkpoints its 24-token step exports."""
     state = StateSpec(block_size=4, conv_shape=(1, 4), conv_dtype="float32", state_shape=(2, 2),
                       state_dtype="float32")
-    kv = KVCacheManager(config(FA(4), state, num_blocks=200), vllm_compat=True)
+    kv = KVCacheManager(config(FA(4), state, num_blocks=200), CacheOptions(vllm_compat=True))
     shared = prompt(1000, 12)
     run_prompt(kv, "r0", shared + prompt(100, 12))
     r1 = Request("r1", shared + prompt(200, 12))

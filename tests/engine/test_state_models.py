@@ -45,6 +45,7 @@ from tests.engine.helpers import (
     new_cache,
     random_tokens,
 )
+from hybridkv.core.cache_options import CacheOptions
 
 
 @dataclasses.dataclass
@@ -511,7 +512,7 @@ def test_engine_core_needs_the_state_group(sbuilt: Built) -> None:
     llm = make_llm(sbuilt)
     groups = tuple(g for g in llm.kv_config.groups if not is_state(g.spec))
     cfg = KVCacheConfig(groups, num_blocks=llm.kv_config.num_blocks)
-    kv = KVCacheManager(cfg, enable_caching=True, max_model_len=llm.max_model_len)
+    kv = KVCacheManager(cfg, CacheOptions(enable_caching=True, max_model_len=llm.max_model_len))
     with pytest.raises(ValueError, match="needs their state group"):
         EngineCore(llm.model, kv, Scheduler(kv, llm.scheduler_config), PagedKVCache(cfg))
 

@@ -8,6 +8,7 @@ import dataclasses
 from collections import Counter
 
 import pytest
+from hybridkv.core.cache_options import CacheOptions
 
 zmq = pytest.importorskip("zmq")
 pytest.importorskip("msgspec")
@@ -157,7 +158,7 @@ class _Sink:
 def _manager_with_events():
     from hybridkv import FullAttention, KVCacheConfig, KVCacheGroup, KVCacheManager, Request
     cfg = KVCacheConfig((KVCacheGroup("full", FullAttention(block_size=4), ("l0",)),), num_blocks=16)
-    kv = KVCacheManager(cfg, hash_algo="sha256", enable_events=True)
+    kv = KVCacheManager(cfg, CacheOptions(hash_algo="sha256", enable_events=True))
 
     def serve(rid: str, n: int) -> None:
         req = Request(rid, list(range(100 * len(rid), 100 * len(rid) + n)))

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hybridkv.core.cache_options import CacheOptions
 
 pytest.importorskip("msgspec")
 pytest.importorskip("msgpack")
@@ -62,8 +63,8 @@ def stream_payloads() -> list[bytes]:
     cfg = KVCacheConfig((KVCacheGroup("full", FullAttention(block_size=16), ("l0",)),
                          KVCacheGroup("swa", SlidingWindow(block_size=16, window=64), ("l1",))),
                         num_blocks=40)
-    kv = KVCacheManager(cfg, spec_decode=SpecDecode("eagle", 1), hash_algo="sha256",
-                        enable_events=True)
+    kv = KVCacheManager(cfg, CacheOptions(
+        spec_decode=SpecDecode("eagle", 1), hash_algo="sha256", enable_events=True))
     mapper = WireMapper(cfg)
     payloads = []
     reqs = [Request("a", list(range(300))), Request("b", list(range(1000, 1300))),

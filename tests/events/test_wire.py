@@ -7,6 +7,7 @@ import hashlib
 import struct
 
 import pytest
+from hybridkv.core.cache_options import CacheOptions
 
 pytest.importorskip("msgspec")
 pytest.importorskip("msgpack")
@@ -57,7 +58,7 @@ def independent_hashes(parent: bytes | None, token_ids: list[int], block_size: i
 
 def test_batch_is_an_array_and_events_are_tagged_maps_in_vllm_field_order() -> None:
     cfg = hybrid_config(num_blocks=64)
-    kv = KVCacheManager(cfg, hash_algo="sha256", enable_events=True)
+    kv = KVCacheManager(cfg, CacheOptions(hash_algo="sha256", enable_events=True))
     serve(kv, "a", list(range(200)), decode=3)
     serve(kv, "b", list(range(1000, 1300)))       # evicts some of a's blocks
     assert kv.reset_prefix_cache()
@@ -88,7 +89,7 @@ def test_batch_is_an_array_and_events_are_tagged_maps_in_vllm_field_order() -> N
 
 def test_stored_hashes_are_recomputable_from_token_ids() -> None:
     cfg = hybrid_config()
-    kv = KVCacheManager(cfg, hash_algo="sha256", enable_events=True)
+    kv = KVCacheManager(cfg, CacheOptions(hash_algo="sha256", enable_events=True))
     serve(kv, "a", list(range(7, 300)), decode=20)
     serve(kv, "b", list(range(7, 200)) + list(range(5000, 5100)))
     events = kv.take_events()
@@ -108,8 +109,8 @@ def test_stored_hashes_are_recomputable_from_token_ids() -> None:
 def test_recompute_helper_with_lookahead_and_coarse_blocks() -> None:
     from hybridkv import SpecDecode
     cfg = hybrid_config()
-    kv = KVCacheManager(cfg, spec_decode=SpecDecode("eagle", 2), hash_algo="sha256",
-                        enable_events=True)
+    kv = KVCacheManager(cfg, CacheOptions(
+        spec_decode=SpecDecode("eagle", 2), hash_algo="sha256", enable_events=True))
     serve(kv, "a", list(range(300)), decode=10)
     mapper = WireMapper(cfg)
     n = 0
@@ -124,7 +125,7 @@ def test_recompute_helper_with_lookahead_and_coarse_blocks() -> None:
 
 def test_mla_kinds() -> None:
     cfg = KVCacheConfig((KVCacheGroup("mla", MLA(block_size=64), ("l0",)),), num_blocks=16)
-    kv = KVCacheManager(cfg, hash_algo="sha256", enable_events=True)
+    kv = KVCacheManager(cfg, CacheOptions(hash_algo="sha256", enable_events=True))
     serve(kv, "a", list(range(200)))
     batch = decode_payload(encode_batch(WireMapper(cfg).batch(kv.take_events(), ts=1.0)))
     assert {e.get("kv_cache_spec_kind") for e in batch.events} == {"mla_attention"}
@@ -187,7 +188,7 @@ def test_lora_multimodal_and_salt_keys_reach_the_wire_per_block() -> None:
     dropping ``lora_name`` or ``extra_keys``, or misaligning the entries with the blocks."""
     from hybridkv import LoRA, MultiModalItem
     cfg = KVCacheConfig((KVCacheGroup("full", FullAttention(block_size=16), ("l0",)),), num_blocks=32)
-    kv = KVCacheManager(cfg, hash_algo="sha256", enable_events=True)
+    kv = KVCacheManager(cfg, CacheOptions(hash_algo="sha256", enable_events=True))
     req = Request("a", list(range(50)), lora=LoRA("sql", "/adapters/sql"), cache_salt="tenant-7",
                   mm_items=[MultiModalItem("img-0", 10, 20)])
     hit = kv.lookup(req)
@@ -209,7 +210,7 @@ def test_a_salt_alone_keys_only_the_first_block_and_blocks_without_keys_are_nil(
     """A salted request without LoRA or images: the salt is block 0's only key, and the other
     blocks' entries are nil (one entry per block, as vLLM sends them); no ``lora_name``."""
     cfg = KVCacheConfig((KVCacheGroup("full", FullAttention(block_size=4), ("l0",)),), num_blocks=16)
-    kv = KVCacheManager(cfg, hash_algo="sha256", enable_events=True)
+    kv = KVCacheManager(cfg, CacheOptions(hash_algo="sha256", enable_events=True))
     req = Request("a", list(range(13)), cache_salt="s")
     assert kv.allocate(req, 13, kv.lookup(req)) is not None
     (ev,) = decode_payload(encode_batch(WireMapper(cfg).batch(kv.take_events(), ts=0.0))).events
@@ -229,8 +230,8 @@ def test_extra_keys_of_random_requests_match_vllms_rule(spec) -> None:
     rng = random.Random(5)
     cfg = KVCacheConfig((KVCacheGroup("full", FullAttention(block_size=16), ("l0",)),
                          KVCacheGroup("mla", MLA(block_size=32), ("l1",))), num_blocks=200)
-    kv = KVCacheManager(cfg, hash_algo="sha256", enable_events=True,
-                        spec_decode=SpecDecode(spec, 2) if spec else None)
+    kv = KVCacheManager(cfg, CacheOptions(
+        hash_algo="sha256", enable_events=True, spec_decode=SpecDecode(spec, 2) if spec else None))
     la = kv.hasher.lookahead
     mapper = WireMapper(cfg)
     seen = 0
@@ -313,7 +314,7 @@ def test_recompute_without_lookahead_with_a_seed_and_each_blocks_own_size(seed) 
     single-size model: every stored event recomputes to its hashes; a chain's first event does
     not under another seed."""
     cfg = KVCacheConfig((KVCacheGroup("full", FullAttention(block_size=16), ("l0",)),), num_blocks=32)
-    kv = KVCacheManager(cfg, hash_algo="sha256", hash_seed=seed, enable_events=True)
+    kv = KVCacheManager(cfg, CacheOptions(hash_algo="sha256", hash_seed=seed, enable_events=True))
     serve(kv, "a", list(range(100)))
     serve(kv, "b", list(range(50)) + list(range(900, 950)))
     stored = [WireMapper(cfg).map(e) for e in kv.take_events()]

@@ -28,6 +28,7 @@ from hybridkv.sim.simulator import TIMING_KEYS
 from hybridkv.sim.tiers.config import TierConfig
 from hybridkv.sim.traffic.workloads import get_workload
 from tests.support.helpers import FA, SWA, config
+from hybridkv.core.cache_options import CacheOptions
 
 
 def _slots(out) -> list[tuple]:
@@ -79,8 +80,8 @@ def workloads(draw):
 
 def _pair(w, batched: bool):
     make_config, num_blocks, retention, spec, reqs, sched_cfg, _, _ = w
-    kv = KVCacheManager(make_config(num_blocks), spec_decode=spec, retention_interval=retention,
-                        max_model_len=60)
+    kv = KVCacheManager(make_config(num_blocks), CacheOptions(
+        spec_decode=spec, retention_interval=retention, max_model_len=60))
     sched = Scheduler(kv, dataclasses.replace(sched_cfg, batched=batched))
     arrivals: dict[int, list[EngineRequest]] = {}
     for i, (tokens, max_tokens, at, prio) in enumerate(reqs):
@@ -182,7 +183,7 @@ def test_a_quiet_step_that_just_fits_takes_the_fast_path(edge) -> None:
     n = 1 if edge == "budget" else 8
     runs = []
     for batched in (True, False):
-        kv = KVCacheManager(config(FA(32), num_blocks=20), spec_decode=spec)
+        kv = KVCacheManager(config(FA(32), num_blocks=20), CacheOptions(spec_decode=spec))
         sched = Scheduler(kv, SchedulerConfig(max_num_batched_tokens=3 if edge == "budget" else 64,
                                               max_model_len=12, batched=batched))
         for i in range(3):
@@ -246,7 +247,7 @@ def test_simulator_results_equal_with_and_without_batching(preset, blocks, spec,
 def test_quiet_steps_answers_what_allocate_does() -> None:
     """KVCacheManager.quiet_steps: True exactly when allocate() would hand out no block and
     change nothing (its fast path); False for a request the manager does not hold."""
-    kv = KVCacheManager(config(FA(4), SWA(4, 8), num_blocks=60), max_model_len=40)
+    kv = KVCacheManager(config(FA(4), SWA(4, 8), num_blocks=60), CacheOptions(max_model_len=40))
     reqs = [Request(f"q{i}", list(range(10 * i, 10 * i + 6))) for i in range(3)]
     assert kv.quiet_steps(reqs, [1, 1, 1]) == [False, False, False]      # not held yet
     for r in reqs:

@@ -12,6 +12,7 @@ from hybridkv import KVCacheManager, Request, SpecDecode
 from hybridkv.sched import (POLICIES, AcceptanceModel, EngineRequest, FCFSQueue, PriorityQueue, RequestStatus,
                             Scheduler, SchedulerConfig, useful_drafts)
 from tests.support.helpers import FA, SWA, config
+from hybridkv.core.cache_options import CacheOptions
 
 
 def _engine_request(rid, tokens, max_tokens, **kw) -> EngineRequest:
@@ -80,8 +81,8 @@ def workloads(draw):
 def test_scheduler_invariants_under_random_workloads(w) -> None:
     specs, spec_decode, retention, reqs, sched_cfg, num_blocks, seed = w
     max_len = 60
-    kv = KVCacheManager(config(*specs, num_blocks=num_blocks), spec_decode=spec_decode,
-                        retention_interval=retention, max_model_len=max_len)
+    kv = KVCacheManager(config(*specs, num_blocks=num_blocks), CacheOptions(
+        spec_decode=spec_decode, retention_interval=retention, max_model_len=max_len))
     if not sched_cfg.enable_chunked_prefill and sched_cfg.max_num_batched_tokens < max_len:
         sched_cfg = SchedulerConfig(max_num_batched_tokens=max_len, max_num_seqs=sched_cfg.max_num_seqs,
                                     enable_chunked_prefill=False, policy=sched_cfg.policy)
@@ -138,7 +139,7 @@ def test_scheduler_invariants_under_random_workloads(w) -> None:
 
 
 def _kv(num_blocks=64, bs=4, **kw) -> KVCacheManager:
-    return KVCacheManager(config(FA(bs), num_blocks=num_blocks), **kw)
+    return KVCacheManager(config(FA(bs), num_blocks=num_blocks), CacheOptions(**kw))
 
 
 def test_chunked_prefill_splits_by_budget_and_decodes_share_the_step() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from hybridkv import KVCacheManager, Request, SpecDecode
+from hybridkv.core.cache_options import CacheOptions
 from hybridkv.sched import EngineRequest, RequestStatus, Scheduler, SchedulerConfig
 from tests.support.helpers import FA, config
 
@@ -15,7 +16,7 @@ PATHS = pytest.mark.parametrize("batched", [True, False], ids=["batched", "per-r
 
 
 def kv(num_blocks: int = 64, bs: int = 4, **kw) -> KVCacheManager:
-    return KVCacheManager(config(FA(bs), num_blocks=num_blocks), **kw)
+    return KVCacheManager(config(FA(bs), num_blocks=num_blocks), CacheOptions(**kw))
 
 
 def req(rid: str, n: int, max_tokens: int, base: int = 0, **kw) -> EngineRequest:

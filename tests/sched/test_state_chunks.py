@@ -18,6 +18,7 @@ from hybridkv.core.specs import KVCacheConfig, KVCacheGroup, StateSpec
 from hybridkv.sched import AcceptanceModel, Scheduler, SchedulerConfig
 from tests.support.helpers import FA
 from tests.sched.test_scheduler import _drive, _engine_request
+from hybridkv.core.cache_options import CacheOptions
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -30,8 +31,8 @@ def test_every_export_is_a_chunk_end(data) -> None:
     cfg = KVCacheConfig((KVCacheGroup("full", FA(bs), ("f",)),
                          KVCacheGroup("state", StateSpec(a, conv_shape=(1, 4), state_shape=(2, 4)), ("s",))),
                         num_blocks=data.draw(st.integers(40, 120), label="blocks"))
-    kv = KVCacheManager(cfg, retention_interval=retention, max_model_len=64,
-                        spec_decode=SpecDecode("ngram", k) if k else None)
+    kv = KVCacheManager(cfg, CacheOptions(
+        retention_interval=retention, max_model_len=64, spec_decode=SpecDecode("ngram", k) if k else None))
     chunked = data.draw(st.booleans(), label="chunked")
     budget = data.draw(st.integers(4, 40), label="budget")
     sched_cfg = SchedulerConfig(
@@ -71,7 +72,7 @@ def test_export_cuts_happen() -> None:
     cfg = KVCacheConfig((KVCacheGroup("full", FA(4), ("f",)),
                          KVCacheGroup("state", StateSpec(8, conv_shape=(1, 4), state_shape=(2, 4)), ("s",))),
                         num_blocks=80)
-    kv = KVCacheManager(cfg, retention_interval=None, max_model_len=64)
+    kv = KVCacheManager(cfg, CacheOptions(retention_interval=None, max_model_len=64))
     sched = Scheduler(kv, SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=2, max_model_len=64))
     ends = []
     _drive(sched, None, {0: [_engine_request("a", list(range(40)), 2)]},
@@ -86,7 +87,7 @@ def test_an_export_on_the_last_known_token_keeps_the_drafts() -> None:
     cfg = KVCacheConfig((KVCacheGroup("full", FA(4), ("f",)),
                          KVCacheGroup("state", StateSpec(4, conv_shape=(1, 4), state_shape=(2, 4)), ("s",))),
                         num_blocks=40)
-    kv = KVCacheManager(cfg, retention_interval=None, spec_decode=SpecDecode("ngram", 2))
+    kv = KVCacheManager(cfg, CacheOptions(retention_interval=None, spec_decode=SpecDecode("ngram", 2)))
     sched = Scheduler(kv)
     a = _engine_request("a", list(range(6)), 10)
     sched.add_request(a)

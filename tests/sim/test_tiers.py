@@ -18,6 +18,7 @@ from hybridkv.sim.traffic.traces import TraceRequest
 from hybridkv.cost.transfer import DEFAULT_TRANSFER
 from hybridkv.sim.traffic.workloads import get_workload
 from hybridkv.tiers import OFFLOAD_ON_EVICT, WRITE_THROUGH
+from hybridkv.core.cache_options import CacheOptions
 
 H100 = get_gpu("h100")
 
@@ -177,7 +178,7 @@ def test_a_load_that_cannot_fit_alone_is_computed_instead_of_waiting_forever() -
     from hybridkv.sched import EngineRequest, Scheduler
     from hybridkv.sim.tiers.runtime import TierRuntime
     config = KVCacheConfig(tier_groups(3), num_blocks=24)
-    kv = KVCacheManager(config, hash_seed="same", retention_interval=0, max_in_flight_tokens=16)
+    kv = KVCacheManager(config, CacheOptions(hash_seed="same", retention_interval=0, max_in_flight_tokens=16))
     tiers = TierRuntime(kv, TierConfig(cpu_cache_tokens=6 * (7 * 160 + 5 * 416)), 1, 5,
                         DEFAULT_TRANSFER, 4, block_bytes=[160, 416])
     sched = Scheduler(kv, SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=2), tiers)

@@ -18,33 +18,37 @@ import sys
 
 from hybridkv import KVCacheManager, Request, SpecDecode
 from hybridkv.core import COMPILED
+from hybridkv.core.cache_options import CacheOptions
 
 from .helpers import FA, SWA, config
 
 
 def _case(name: str) -> KVCacheManager:
     kw: dict = {"enable_events": True, "hash_seed": "compiled-vs-pure"}
+
+    def manager(cfg, **more) -> KVCacheManager:
+        return KVCacheManager(cfg, CacheOptions(**kw, **more))
+
     if name == "full":
-        return KVCacheManager(config(FA(16), num_blocks=96), retention_interval=None, **kw)
+        return manager(config(FA(16), num_blocks=96), retention_interval=None)
     if name == "full_swa":
-        return KVCacheManager(config(FA(16), SWA(16, 64), num_blocks=160), **kw)
+        return manager(config(FA(16), SWA(16, 64), num_blocks=160))
     if name == "eagle":
-        return KVCacheManager(config(FA(16), SWA(16, 48), num_blocks=160, drafts=(0,)),
-                              spec_decode=SpecDecode("eagle", 3), **kw)
+        return manager(config(FA(16), SWA(16, 48), num_blocks=160, drafts=(0,)),
+                       spec_decode=SpecDecode("eagle", 3))
     if name == "compat":
-        return KVCacheManager(config(FA(16), SWA(16, 64), num_blocks=160), vllm_compat=True,
-                              retention_interval=128, **kw)
+        return manager(config(FA(16), SWA(16, 64), num_blocks=160), vllm_compat=True,
+                       retention_interval=128)
     if name == "compat_eagle_small":
-        return KVCacheManager(config(FA(16), SWA(16, 32), num_blocks=40, drafts=(0, 1)),
-                              vllm_compat=True, spec_decode=SpecDecode("eagle", 2), **kw)
+        return manager(config(FA(16), SWA(16, 32), num_blocks=40, drafts=(0, 1)),
+                       vllm_compat=True, spec_decode=SpecDecode("eagle", 2))
     if name == "small_pool":
-        return KVCacheManager(config(FA(16), SWA(16, 32), num_blocks=36), **kw)
+        return manager(config(FA(16), SWA(16, 32), num_blocks=36))
     if name == "retention":
-        return KVCacheManager(config(FA(16), SWA(16, 32), num_blocks=120),
-                              retention_interval=64, **kw)
+        return manager(config(FA(16), SWA(16, 32), num_blocks=120),
+                       retention_interval=64)
     if name in ("s3fifo", "arc", "eva"):
-        return KVCacheManager(config(FA(16), SWA(16, 48), num_blocks=64), eviction_policy=name,
-                              **kw)
+        return manager(config(FA(16), SWA(16, 48), num_blocks=64), eviction_policy=name)
     raise ValueError(f"unknown case {name!r}")
 
 

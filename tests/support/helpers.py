@@ -15,6 +15,7 @@ import pytest
 
 from hybridkv import (CacheHit, FullAttention, KVCacheConfig, KVCacheGroup, KVCacheManager,
                       Request, SlidingWindow, SpecDecode)
+from hybridkv.core.cache_options import CacheOptions
 from hybridkv.core.specs import StateSpec
 
 C3 = [0] * 16 + [1] * 16 + [2] * 16
@@ -74,7 +75,7 @@ def config(*specs, num_blocks: int, drafts: tuple[int, ...] = ()) -> KVCacheConf
 def manager(*specs, num_blocks: int, drafts: tuple[int, ...] = (), compat: bool = True,
             retention=None, **kw) -> KVCacheManager:
     return KVCacheManager(config(*specs, num_blocks=num_blocks, drafts=drafts),
-                          vllm_compat=compat, retention_interval=retention, **kw)
+                          CacheOptions(vllm_compat=compat, retention_interval=retention, **kw))
 
 
 def run_prompt(kv: KVCacheManager, rid, tokens, chunk: int | None = None, **req_kw):

@@ -28,6 +28,7 @@ from tests.hypothesis_budget import is_deep, note
 from tests.support.helpers import FA, SWA
 from tests.support.oracle import (ContentMirror, attention_kind, drop_mode, hash_block_size,
                                   oracle_hit)
+from hybridkv.core.cache_options import CacheOptions
 
 DEEP = is_deep()
 MIN_OPS, MAX_OPS = (30, 150) if DEEP else (8, 40)
@@ -119,7 +120,8 @@ def configs(draw, states: bool = True, spec_choices=_SPEC):
     # test: tests/core/test_manager_api.py); grow such a pool until the manager accepts it.
     while True:
         try:
-            KVCacheManager(cfg, retention_interval=retention, spec_decode=spec, vllm_compat=compat)
+            KVCacheManager(cfg, CacheOptions(
+                retention_interval=retention, spec_decode=spec, vllm_compat=compat))
             break
         except ValueError as exc:
             if "lookahead" not in str(exc) or cfg.num_blocks > 10_000:
@@ -150,8 +152,8 @@ def op_configs(draw):
     max_len = draw(_MAX_LEN) if draw(_EXTRA) else None
     for _ in range(12 if max_len else 0):
         try:
-            KVCacheManager(cfg, retention_interval=retention, spec_decode=spec, vllm_compat=compat,
-                           max_model_len=max_len)
+            KVCacheManager(cfg, CacheOptions(
+                retention_interval=retention, spec_decode=spec, vllm_compat=compat, max_model_len=max_len))
             break
         except ValueError as exc:
             if "lookahead" in str(exc):

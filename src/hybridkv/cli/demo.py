@@ -9,6 +9,7 @@ from hybridkv import (FullAttention, KVCacheConfig, KVCacheGroup, KVCacheManager
                       SlidingWindow, SpecDecode)
 from hybridkv.cli.base import COMMANDS, Command
 from hybridkv.cli.output import print_json
+from hybridkv.core.cache_options import CacheOptions
 
 
 def _serve(kv: KVCacheManager, rid: str, tokens: list[int], decode: int = 0) -> tuple[Request, int]:
@@ -40,7 +41,7 @@ def demo(as_json: bool = False) -> dict:
         f"blocks of {config.block_bytes // 1024} KiB; hit alignment {config.alignment} tokens\n")
     system = list(range(1000, 1000 + 1200))
     for interval in (None, 0):
-        kv = KVCacheManager(config, retention_interval=interval)
+        kv = KVCacheManager(config, CacheOptions(retention_interval=interval))
         name = "dense (None)" if interval is None else "replay boundaries only (0)"
         say(f"retention {name}:")
         a, hit_a = _serve(kv, "A", system + list(range(1, 300)), decode=40)
@@ -65,7 +66,7 @@ def demo(as_json: bool = False) -> dict:
     say("speculative decoding (EAGLE, k=3) on an identical resend of a 1025-token prompt:")
     for label, spec in (("lookahead hashing (default)", SpecDecode("eagle", 3)),
                         ("vLLM drop mode", SpecDecode("eagle", 3, hash_lookahead=False))):
-        kv = KVCacheManager(config, spec_decode=spec, retention_interval=0)
+        kv = KVCacheManager(config, CacheOptions(spec_decode=spec, retention_interval=0))
         prompt = list(range(1025))
         a, _ = _serve(kv, "A", prompt)
         kv.free(a)

@@ -4,6 +4,7 @@ from importlib.machinery import EXTENSION_SUFFIXES as _EXTENSION_SUFFIXES
 
 from hybridkv.core import manager as _manager
 from hybridkv.core.blockref import BlockRef, TableRef
+from hybridkv.core.cache_options import CacheOptions
 from hybridkv.core.coordinator import CacheHit, ExternalHit, StateBlocks, StateExport
 from hybridkv.core.events import AllBlocksCleared, BlockRemoved, BlockStored, PrefixCacheStats
 from hybridkv.core.hashing import BlockHasher
@@ -25,7 +26,7 @@ COMPILED: bool = (_manager.__file__ or "").endswith(tuple(_EXTENSION_SUFFIXES))
 __all__ = [
     "COMPILED",
     "AllBlocksCleared", "AttentionSpec", "BlockHasher", "BlockPool", "BlockRef", "BlockRemoved", "BlockStored",
-    "CacheHit", "ChunkedLocal", "ExternalHit", "FreeBlockQueue", "FullAttention", "Hint", "HintStats", "HitRule", "KVCacheConfig",
+    "CacheHit", "CacheOptions", "ChunkedLocal", "ExternalHit", "FreeBlockQueue", "FullAttention", "Hint", "HintStats", "HitRule", "KVCacheConfig",
     "KVCacheGroup", "KVCacheManager", "LoRA", "MLA", "MultiModalItem", "NULL_BLOCK", "make_rule",
     "PrefixCacheStats", "Request", "RetentionConfig", "SPEC_METHODS", "SlidingWindow", "SpecDecode",
     "StateBlocks", "StateExport", "StateSpec", "TableRef", "TokenRange", "parse_spec",

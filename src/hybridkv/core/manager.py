@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 from typing import Callable, cast
 
+from hybridkv.core.cache_options import CacheOptions
 from hybridkv.core.coordinator import CacheHit, ExternalHit, KVCacheCoordinator, StateBlocks
 from hybridkv.core.events import (AllBlocksCleared, BlockRemoved, BlockStored, KVEvent,
                                   PrefixCacheStats, untag_extra_keys)
@@ -52,61 +53,31 @@ class KVCacheManager:
 
     Args:
         config: groups and pool size.
-        spec_decode: speculative decoding, if any (lookahead slots, boundary proof).
-        retention_interval: sliding-window retention: None (dense), 0 (replay boundaries
-            only, the default) or N (a window tail every N tokens plus replay boundaries).
-        enable_caching: prefix caching on (hashing, lookup, caching).
-        hash_algo: "xxh3_128" (default) or "sha256".
-        hash_seed: the hash chain's seed; give one to share hashes across processes.
-        max_model_len: cap on tokens per request: a step that would take a request past it
-            is refused (ValueError), and lookahead slots past it are not allocated; also
-            checked against the pool: one request of this length must fit.
-        enable_events: record KV events for :meth:`take_events`.
-        vllm_compat: reproduce vLLM 0.33's semantics (hit lengths, cached blocks, eviction
-            and block-id order): full groups cache every block and no extra boundaries.
-        max_in_flight_tokens: vLLM's ``max_in_flight_tokens`` (tokens scheduled but not yet
-            computed; its scheduler's token budget): caps a window group's compat-mode
-            admission reservation. None: only max_model_len caps it.
-        eviction_policy: the order cached free blocks are reused in, one of
-            :data:`hybridkv.core.eviction.POLICIES` (``lru``, the default, is vLLM's order;
-            ``recommended`` resolves to :data:`~hybridkv.core.eviction.RECOMMENDED`). The
-            resolved name is ``self.eviction_policy``. Only ``lru`` is allowed with vllm_compat.
-            ``priority`` orders by the requests' retention configs (``Request(retention=...)``);
-            the other policies refuse a request that carries one.
+        options: what the manager does with them (:class:`~hybridkv.core.cache_options.
+            CacheOptions`: speculative decoding, retention, hashing, limits, events, compat
+            mode, eviction policy, hints); the defaults when None.
         clock: seconds, non-decreasing, for retention TTLs (default ``time.monotonic``; the
             simulator passes its virtual time). Read by the ``priority`` policy and hint pins.
-        hints: take per-request hints (``Request(hint=...)``, :mod:`hybridkv.core.hints`): the
-            pool runs the hint layer (:mod:`hybridkv.core.eviction.hint_layer`) in front of the
-            eviction policy (``lru`` becomes an exact-LRU policy object), which follows each
-            hint kind only while it pays; ``"force"``: every hint, untested. False (the
-            default): a request with a hint is refused.
 
     Invariants (:meth:`check_integrity`): every block is free xor referenced; ref counts equal
     the references in request tables; the free queue and the hash index agree with the blocks;
     every cached block a request holds carries that request's hash for its position.
     """
 
-    def __init__(self, config: KVCacheConfig, *, spec_decode: SpecDecode | None = None,
-                 retention_interval: int | None = 0, enable_caching: bool = True,
-                 hash_algo: str = "xxh3_128", hash_seed: str | None = None,
-                 max_model_len: int | None = None, enable_events: bool = False,
-                 vllm_compat: bool = False, max_in_flight_tokens: int | None = None,
-                 eviction_policy: str = "lru", clock: Callable[[], float] | None = None,
-                 hints: bool | str = False) -> None:
+    def __init__(self, config: KVCacheConfig, options: CacheOptions | None = None, *,
+                 clock: Callable[[], float] | None = None) -> None:
         if not isinstance(config, KVCacheConfig):
             raise ValueError(f"config must be a KVCacheConfig, got {type(config).__name__}")
-        if spec_decode is not None and not isinstance(spec_decode, SpecDecode):
-            raise ValueError(f"spec_decode must be a SpecDecode or None, got {spec_decode!r}")
+        if options is None:
+            options = CacheOptions()
+        elif not isinstance(options, CacheOptions):
+            raise ValueError(f"options must be a CacheOptions or None, got {type(options).__name__}")
+        self.options = options
+        spec_decode, retention_interval = options.spec_decode, options.retention_interval
+        max_model_len, vllm_compat, hints = options.max_model_len, options.vllm_compat, options.hints
+        enable_caching, enable_events = options.enable_caching, options.enable_events
         has_local = any(not make_rule(g.spec).downward_closed for g in config.groups)
         validate_retention_interval(retention_interval, config.alignment, has_local)
-        if max_in_flight_tokens is not None and (
-                isinstance(max_in_flight_tokens, bool) or not isinstance(max_in_flight_tokens, int)
-                or max_in_flight_tokens <= 0):
-            raise ValueError(
-                f"max_in_flight_tokens must be None or a positive integer, got {max_in_flight_tokens!r}")
-        if max_model_len is not None:
-            if isinstance(max_model_len, bool) or not isinstance(max_model_len, int) or max_model_len <= 0:
-                raise ValueError(f"max_model_len must be a positive integer, got {max_model_len!r}")
         config.check_state_fits()
         self.config = config
         self.spec_decode = spec_decode
@@ -122,16 +93,12 @@ class KVCacheManager:
         if spec_decode is not None:
             check_lookahead(config, spec_decode, max_model_len)
         drop_mode = bool(spec_decode and spec_decode.drops_last_block)
-        self.hasher = BlockHasher(config.hash_block_size, hash_algo, hash_seed,
+        self.hasher = BlockHasher(config.hash_block_size, options.hash_algo, options.hash_seed,
                                   spec_decode.hash_lookahead_tokens if spec_decode else 0)
         self._events: list[KVEvent] = []
-        self.eviction_policy = resolve_policy(eviction_policy, vllm_compat)
+        self.eviction_policy = resolve_policy(options.eviction_policy, vllm_compat)
         if clock is not None and not callable(clock):
             raise ValueError(f"clock must be None or a callable returning seconds, got {clock!r}")
-        if not (isinstance(hints, bool) or hints == "force"):
-            raise ValueError(f"hints must be True, False or 'force', got {hints!r}")
-        if hints and vllm_compat:
-            raise ValueError("vllm_compat pins vLLM's LRU order; hints=True needs vllm_compat=False")
         if config.has_state and hints:
             raise ValueError("hints=True does not support state groups (recurrent layers) yet; "
                              "use hints=False with a StateSpec group")
@@ -152,7 +119,7 @@ class KVCacheManager:
         self.coordinator = KVCacheCoordinator(
             config, self.pool, Retention(retention_interval, config.alignment),
             drop_mode=drop_mode, vllm_compat=vllm_compat, caching=enable_caching,
-            max_model_len=max_model_len, max_in_flight_tokens=max_in_flight_tokens)
+            max_model_len=max_model_len, max_in_flight_tokens=options.max_in_flight_tokens)
         self.coordinator.hinted = bool(hints)
         self.coordinator.anchor_key = policy.key_group if isinstance(policy, HitPointLayer) else None
         if isinstance(self.pool, ExtentBlockPool) and not vllm_compat:
@@ -387,7 +354,7 @@ class KVCacheManager:
         if not self.hints:
             raise ValueError(
                 f"request {request.request_id!r} carries a hint, which this manager ignores; "
-                "create it with KVCacheManager(..., hints=True) or drop the hint")
+                "create it with CacheOptions(hints=True) or drop the hint")
         if not isinstance(hint, Hint):
             raise ValueError(f"request {request.request_id!r}: hint must be a Hint or None, got {hint!r}")
         hint.check_prompt(request.num_prompt_tokens, f"request {request.request_id!r}")

@@ -43,6 +43,7 @@ from .llm_options import DEFAULT_KV_CACHE_BYTES, ENGINE_SCHEDULER, CacheConfig, 
 from .models import load_model
 from .models.dflash import load_dflash
 from .runner import EngineCore, EngineStats
+from hybridkv.core.cache_options import CacheOptions
 
 ENGINE_SPEC_METHODS = ("ngram", "draft_model", "dflash")
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
@@ -267,12 +268,12 @@ class LLM:
         if hash_algo is None:  # keys shared across processes and tenants: a cryptographic hash
             hash_algo = "sha256" if kv_store is not None or kv_events is not None else "xxh3_128"
         self.cache_config, self.scheduler_config, self.runtime, self.store_config = cache, scheduler, runtime, store
-        self.kv = KVCacheManager(self.kv_config, spec_decode=self.spec, retention_interval=cache.retention_interval,
-                                 enable_caching=cache.enable_prefix_caching, hash_algo=hash_algo,
-                                 hash_seed=hash_seed, max_model_len=max_model_len,
-                                 vllm_compat=cache.vllm_compat, enable_events=kv_events is not None,
-                                 max_in_flight_tokens=scheduler.max_num_batched_tokens,
-                                 eviction_policy=cache.eviction_policy, hints=cache.hints)
+        self.kv = KVCacheManager(self.kv_config, CacheOptions(
+            spec_decode=self.spec, retention_interval=cache.retention_interval,
+            enable_caching=cache.enable_prefix_caching, hash_algo=hash_algo, hash_seed=hash_seed,
+            max_model_len=max_model_len, vllm_compat=cache.vllm_compat, enable_events=kv_events is not None,
+            max_in_flight_tokens=scheduler.max_num_batched_tokens, eviction_policy=cache.eviction_policy,
+            hints=cache.hints))
         self.cache = PagedKVCache(self.kv_config, device=self.device)
         self.connector: KVConnector | None = None
         if kv_store is not None:

@@ -60,7 +60,7 @@ class CacheConfig:
             :data:`hybridkv.core.eviction.POLICIES`). Retention TTLs use the wall clock.
         hints: take application hints (``LLM.generate(hint=...)``, :class:`hybridkv.core.hints.Hint`)
             under any eviction policy (off by default; not with ``vllm_compat``); ``"force"``
-            follows every hint untested (``KVCacheManager(hints="force")``).
+            follows every hint untested (``CacheOptions(hints="force")``).
         state_dtype: recurrent-state dtype of state models' checkpoints and live states
             (``float32`` default; ``bfloat16`` / ``float16`` halve their memory but round the
             state; the core names the valid values).

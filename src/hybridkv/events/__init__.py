@@ -2,7 +2,7 @@
 
 Above the core (imports only :mod:`hybridkv.core`)::
 
-    KVCacheManager(enable_events=True) --take_events--> KVEventStream --EventBatch--> ZmqEventPublisher
+    KVCacheManager(cfg, CacheOptions(enable_events=True)) --take_events--> KVEventStream --EventBatch--> ZmqEventPublisher
          (core events)                                  (WireMapper: spec kind)       (XPUB + ROUTER replay)
                                                                                           |  ZMQ
     router <-- prefix_match -- KVEventIndex <-- apply_batch <-- decode_batch <------------+

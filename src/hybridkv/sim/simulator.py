@@ -61,6 +61,7 @@ from hybridkv.sim.tiers.config import TierConfig
 from hybridkv.cost.transfer import DEFAULT_TRANSFER
 from hybridkv.sim.bounds.whatif import WhatIf, what_if
 from hybridkv.sim.traffic.workitems import OUTPUT_TOKEN_BASE, ServedItem, WorkItem, served_workload
+from hybridkv.core.cache_options import CacheOptions
 
 
 
@@ -354,15 +355,12 @@ class Simulator:
         self.progress = progress
         kv_config = config.preset.kv_config(num_blocks=config.num_blocks)
         self.hash_seed = config.hash_seed if config.hash_seed is not None else SIM_HASH_SEED
-        self.kv = KVCacheManager(kv_config, spec_decode=config.spec,
-                                 retention_interval=config.retention_interval,
-                                 max_model_len=config.max_model_len,
-                                 vllm_compat=config.vllm_compat, hash_algo=config.hash_algo,
-                                 hash_seed=self.hash_seed,
-                                 enable_events=config.enable_events,
-                                 max_in_flight_tokens=config.sched.max_num_batched_tokens,
-                                 eviction_policy=config.eviction_policy,
-                                 clock=self._clock, hints=config.manager_hints)
+        self.kv = KVCacheManager(kv_config, CacheOptions(
+            spec_decode=config.spec, retention_interval=config.retention_interval,
+            max_model_len=config.max_model_len, vllm_compat=config.vllm_compat, hash_algo=config.hash_algo,
+            hash_seed=self.hash_seed, enable_events=config.enable_events,
+            max_in_flight_tokens=config.sched.max_num_batched_tokens,
+            eviction_policy=config.eviction_policy, hints=config.manager_hints), clock=self._clock)
         self.now = 0.0      # the retention clock: simulated time (sequential: arrival times)
         self._hints: list | None = None      # per served request (run() sets it)
         if config.prefix_retention is not None and not self.kv.uses_retention:

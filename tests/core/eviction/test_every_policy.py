@@ -19,12 +19,13 @@ from hybridkv.core.policy_pool import PolicyBlockPool
 from tests.hypothesis_budget import budgeted, examples, note
 from tests.support.policies import NON_LRU, policy_config, serve_prompt
 from tests.support.random_ops import MAX_OPS, MIN_OPS, Model, configs, decode_ops
+from hybridkv.core.cache_options import CacheOptions
 
 
 def _run(cfg_args, ops, policy: str) -> None:
     cfg, retention, spec, _ = cfg_args
-    kv = KVCacheManager(cfg, retention_interval=retention, spec_decode=spec, enable_events=True,
-                        eviction_policy=policy)
+    kv = KVCacheManager(cfg, CacheOptions(
+        retention_interval=retention, spec_decode=spec, enable_events=True, eviction_policy=policy))
     m = Model(kv, spec, False)
     for op, x in ops:
         if op == 7:
@@ -59,7 +60,7 @@ def test_hot_prefix_survives_a_scan(policy):
     """A prefix hit twice survives a stream of one-off prompts larger than the cache, which
     flushes it under LRU (the scan-resistance every non-LRU policy here promises)."""
     def run(p: str) -> int:
-        kv = KVCacheManager(policy_config(24), eviction_policy=p)
+        kv = KVCacheManager(policy_config(24), CacheOptions(eviction_policy=p))
         hot = list(range(100, 117))                         # 4 full blocks + 1 token
         serve_prompt(kv, "h0", hot)
         assert serve_prompt(kv, "h1", hot) == 16
@@ -75,7 +76,7 @@ def test_tail_goes_before_prefix():
     """One request's chain, freed tail first: every policy evicts its tail before its prefix,
     so a shorter cache still serves the longest prefix it can."""
     for p in POLICIES:
-        kv = KVCacheManager(policy_config(10), eviction_policy=p)
+        kv = KVCacheManager(policy_config(10), CacheOptions(eviction_policy=p))
         serve_prompt(kv, "a", list(range(33)))        # 9 blocks: 8 cached + 1 partial scratch
         serve_prompt(kv, "b", [500 + k for k in range(9)])        # 3 blocks: scratch + 2 evicted
         assert serve_prompt(kv, "c", list(range(33))) == 24, p    # blocks 0..5 left: 24 tokens

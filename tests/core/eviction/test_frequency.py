@@ -12,6 +12,7 @@ from hybridkv.core.eviction import CostAwarePolicy, HitPointLayer, LFUPolicy, ma
 from hybridkv.core.rules import make_rule
 from tests.support.helpers import content_key
 from tests.support.policies import Cache, check_fails, policy_config
+from hybridkv.core.cache_options import CacheOptions
 
 
 class _Rule:
@@ -145,7 +146,7 @@ def test_lfu_check_rejects_lost_heap_entries(cls):
 def test_cost_policy_keeps_full_attention_over_sliding_window():
     full = FullAttention(block_size=512, num_kv_heads=1, head_dim=4)
     swa = SlidingWindow(block_size=512, num_kv_heads=1, head_dim=4, window=512)
-    kv = KVCacheManager(policy_config(8, full, swa), eviction_policy="cost")
+    kv = KVCacheManager(policy_config(8, full, swa), CacheOptions(eviction_policy="cost"))
     # on a hybrid config the policy ranks the key group behind the hit-point layer
     assert isinstance(kv.pool.policy, HitPointLayer) and kv.pool.policy.key_group == 0
     w = kv.pool.policy.inner.weights

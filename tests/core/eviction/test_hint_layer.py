@@ -26,6 +26,7 @@ from hybridkv.core.eviction.hint_layer import HintLayer
 from tests.hypothesis_budget import budgeted, examples, note
 from tests.support.policies import policy_config
 from tests.support.random_ops import MAX_OPS, MIN_OPS, Model, configs, decode_ops
+from hybridkv.core.cache_options import CacheOptions
 
 CONCRETE = [p for p in POLICIES if p != "recommended"]
 
@@ -75,8 +76,9 @@ class HintedModel(Model):
 def _run_hinted(cfg_args, ops, policy: str, seed: int) -> None:
     cfg, retention, spec, _ = cfg_args
     clock = Clock()
-    kv = KVCacheManager(cfg, retention_interval=retention, spec_decode=spec, enable_events=True,
-                        eviction_policy=policy, hints=True, clock=clock)
+    kv = KVCacheManager(cfg, CacheOptions(
+        retention_interval=retention, spec_decode=spec, enable_events=True, eviction_policy=policy,
+        hints=True), clock=clock)
     m = HintedModel(kv, spec, random.Random(seed))
     for op, x in ops:
         clock.now += (x % 4) * 0.5
@@ -144,7 +146,7 @@ def test_hinted_manager_without_hints_evicts_like_the_plain_one():
     evictions, same free count) on a random multi-turn workload."""
     rng = random.Random(7)
     plain = KVCacheManager(policy_config(40))
-    hinted = KVCacheManager(policy_config(40), hints=True)
+    hinted = KVCacheManager(policy_config(40), CacheOptions(hints=True))
     convs = [[1000 * c + k for k in range(rng.randrange(3, 12))] for c in range(30)]
     for i in range(600):
         c = rng.randrange(30)
@@ -159,7 +161,7 @@ def test_hinted_manager_without_hints_evicts_like_the_plain_one():
 @pytest.mark.parametrize("policy", CONCRETE)
 def test_ending_session_goes_first_pins_last(monkeypatch, policy):
     _honour_always(monkeypatch)
-    kv = KVCacheManager(policy_config(13), eviction_policy=policy, hints=True, clock=Clock())
+    kv = KVCacheManager(policy_config(13), CacheOptions(eviction_policy=policy, hints=True), clock=Clock())
     a = list(range(100, 117))            # 4 full blocks + 1
     b = list(range(200, 217))
     c = list(range(300, 317))
@@ -174,7 +176,7 @@ def test_ending_session_goes_first_pins_last(monkeypatch, policy):
 
 def test_shared_prefix_not_demoted_by_one_end(monkeypatch):
     _honour_always(monkeypatch)
-    kv = KVCacheManager(policy_config(13), hints=True, clock=Clock())
+    kv = KVCacheManager(policy_config(13), CacheOptions(hints=True), clock=Clock())
     system = list(range(50, 58))                 # 2 shared blocks
     _serve(kv, "x", system + list(range(500, 509)), Hint(session="X"))
     _serve(kv, "y", system + list(range(600, 609)), Hint(session="Y", last_turn=True))
@@ -188,7 +190,7 @@ def test_pins_never_refuse_work(monkeypatch, policy):
     """Every cached block pinned for an hour; a request needing the whole cache is admitted,
     and each pinned block it took is counted as a broken pin."""
     _honour_always(monkeypatch)
-    kv = KVCacheManager(policy_config(13), eviction_policy=policy, hints=True, clock=Clock())
+    kv = KVCacheManager(policy_config(13), CacheOptions(eviction_policy=policy, hints=True), clock=Clock())
     for i in range(3):
         _serve(kv, f"p{i}", [100 * i + k for k in range(16)], Hint(session=i, pin_s=3600.0))
     assert kv.hint_stats().pinned == 12
@@ -203,7 +205,7 @@ def test_pins_never_refuse_work(monkeypatch, policy):
 def test_pin_lapses_after_its_ttl(monkeypatch):
     _honour_always(monkeypatch)
     clock = Clock()
-    kv = KVCacheManager(policy_config(9), hints=True, clock=clock)
+    kv = KVCacheManager(policy_config(9), CacheOptions(hints=True), clock=clock)
     _serve(kv, "a", list(range(100, 117)), Hint(session="A", pin_s=10.0))
     _serve(kv, "b", list(range(200, 209)))
     clock.now = 11.0                           # a's pin ran out: a goes first
@@ -238,7 +240,7 @@ def test_right_end_hints_are_honoured_coin_flips_never():
     honoured and multiply the hits; coin flips are never honoured and hit exactly as LRU does."""
     runs = {}
     for acc in (1.0, 0.5, None):
-        kv = KVCacheManager(policy_config(100), hints=True, clock=Clock())
+        kv = KVCacheManager(policy_config(100), CacheOptions(hints=True), clock=Clock())
         _conversations(kv, acc, 1)
         runs[acc] = (kv.stats().hits, kv.hint_stats())
     (right, s_right), (coin, s_coin), (plain, _) = runs[1.0], runs[0.5], runs[None]
@@ -254,7 +256,7 @@ def test_forced_hints_are_followed_untested_coin_flips_included(monkeypatch):
     honour both kinds from the start."""
     runs = {}
     for acc in (1.0, 0.5):
-        kv = KVCacheManager(policy_config(100), hints="force", clock=Clock())
+        kv = KVCacheManager(policy_config(100), CacheOptions(hints="force"), clock=Clock())
         _conversations(kv, acc, 1)
         runs[acc] = (kv.stats().hits, kv.hint_stats())
     for acc, (hits, st_) in runs.items():
@@ -263,12 +265,12 @@ def test_forced_hints_are_followed_untested_coin_flips_included(monkeypatch):
         assert st_.shadow_plain_hits == st_.shadow_demoting_hits == st_.shadow_pinning_hits == 0
     _honour_always(monkeypatch)
     for acc in (1.0, 0.5):
-        kv = KVCacheManager(policy_config(100), hints=True, clock=Clock())
+        kv = KVCacheManager(policy_config(100), CacheOptions(hints=True), clock=Clock())
         _conversations(kv, acc, 1)
         assert kv.stats().hits == runs[acc][0], acc
         assert not kv.hint_stats().forced
     with pytest.raises(ValueError, match="hints must be True, False or 'force', got 'always'"):
-        KVCacheManager(policy_config(100), hints="always")
+        KVCacheManager(policy_config(100), CacheOptions(hints="always"))
     with pytest.raises(ValueError, match="force must be True or False, got 1"):
         HintLayer(LRUPolicy(), Clock(), force=1)
 
@@ -280,7 +282,7 @@ def test_blocks_a_session_moved_past_go_first(monkeypatch):
     _honour_always(monkeypatch)
 
     def run(session) -> tuple[int, int]:
-        kv = KVCacheManager(policy_config(15), hints=True, clock=Clock())
+        kv = KVCacheManager(policy_config(15), CacheOptions(hints=True), clock=Clock())
         other = list(range(900, 909))
         _serve(kv, "o", other)                                     # 2 cached blocks, oldest
         p1 = list(range(100, 108))

@@ -15,6 +15,7 @@ import pytest
 
 from hybridkv import Hint, KVCacheManager, Request
 from tests.support.policies import policy_config
+from hybridkv.core.cache_options import CacheOptions
 
 T0 = 1.0e6          # far from 0: a TTL taken as absolute would have lapsed long ago
 
@@ -32,8 +33,8 @@ class Pool:
 
     def __init__(self, usable: int, policy: str = "lru", hints: bool | str = "force") -> None:
         self.clock = Clock(T0)
-        self.kv = KVCacheManager(policy_config(usable + 1), eviction_policy=policy, hints=hints,
-                                 clock=self.clock)
+        self.kv = KVCacheManager(policy_config(usable + 1), CacheOptions(
+            eviction_policy=policy, hints=hints), clock=self.clock)
         self.names: dict[bytes, str] = {}
         self.evicted: list[str] = []
         self._current = ""

@@ -25,6 +25,7 @@ from hybridkv.core.eviction import HitPointLayer, LRUPolicy, key_group, make_pol
 from hybridkv.core.eviction.hint_layer import HintLayer
 from hybridkv.core.policy_pool import PolicyBlockPool
 from hybridkv.core.rules import make_rule
+from hybridkv.core.cache_options import CacheOptions
 
 
 def _pool(num_blocks: int = 16) -> PolicyBlockPool:
@@ -157,7 +158,7 @@ def test_key_group_is_the_first_downward_closed_group_of_a_hybrid_config():
 
 
 def test_the_manager_anchors_each_window_block_at_the_key_block_ending_its_hit_point():
-    kv = KVCacheManager(_hybrid(), eviction_policy="s3fifo", retention_interval=4)
+    kv = KVCacheManager(_hybrid(), CacheOptions(eviction_policy="s3fifo", retention_interval=4))
     assert kv.coordinator.anchor_key == 0
     req = Request("a", list(range(13)))          # alignment 4: hit points at 4, 8, 12
     assert kv.allocate(req, 13) is not None
@@ -175,8 +176,8 @@ def test_the_manager_anchors_each_window_block_at_the_key_block_ending_its_hit_p
 
 def test_compat_mode_and_plain_lru_have_no_layer():
     assert KVCacheManager(_hybrid()).coordinator.anchor_key is None
-    assert KVCacheManager(_hybrid(), vllm_compat=True).coordinator.anchor_key is None
-    assert KVCacheManager(_hybrid(), eviction_policy="lfu").coordinator.anchor_key == 0
+    assert KVCacheManager(_hybrid(), CacheOptions(vllm_compat=True)).coordinator.anchor_key is None
+    assert KVCacheManager(_hybrid(), CacheOptions(eviction_policy="lfu")).coordinator.anchor_key == 0
 
 
 def test_a_drop_mode_proof_block_anchors_at_the_hit_point_it_proves():
@@ -185,8 +186,9 @@ def test_a_drop_mode_proof_block_anchors_at_the_hit_point_it_proves():
     anchored to the key block ending there, not to the next hit point's."""
     draft = KVCacheConfig((KVCacheGroup("fa", FA, ("l0",)), KVCacheGroup("sw", SW, ("l1",)),
                            KVCacheGroup("d", FA, ("l2",), is_draft=True)), num_blocks=64)
-    kv = KVCacheManager(draft, eviction_policy="s3fifo", retention_interval=4,
-                        spec_decode=SpecDecode("eagle", 1, hash_lookahead=False))
+    kv = KVCacheManager(draft, CacheOptions(
+        eviction_policy="s3fifo", retention_interval=4, spec_decode=SpecDecode("eagle", 1,
+        hash_lookahead=False)))
     assert kv.coordinator.proof == [True, False, True]       # fa and d: one lookup unit
     req = Request("a", list(range(13)))
     assert kv.allocate(req, 13) is not None

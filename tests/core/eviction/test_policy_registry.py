@@ -20,6 +20,7 @@ from hybridkv.core.policy_pool import PolicyBlockPool
 from hybridkv.core.pool import BlockPool
 from tests.support.helpers import content_key
 from tests.support.policies import NON_LRU, Cache, policy_config, serve_prompt
+from hybridkv.core.cache_options import CacheOptions
 
 
 #: the built-in policies, in registration order (a policy registered later adds to the list)
@@ -104,17 +105,17 @@ def test_a_policy_attaches_to_one_pool_only():
 
 def test_lru_keeps_the_plain_pool():
     assert type(KVCacheManager(policy_config(8)).pool) is BlockPool
-    assert type(KVCacheManager(policy_config(8), eviction_policy="lru").pool) is BlockPool
+    assert type(KVCacheManager(policy_config(8), CacheOptions(eviction_policy="lru")).pool) is BlockPool
     for p in NON_LRU:
-        assert type(KVCacheManager(policy_config(8), eviction_policy=p).pool) is PolicyBlockPool
+        assert type(KVCacheManager(policy_config(8), CacheOptions(eviction_policy=p)).pool) is PolicyBlockPool
 
 
 def test_bad_policy_names():
     for bad in ("LRU", "", "no-such-policy", None, 3):
         with pytest.raises(ValueError, match="unknown eviction policy.*valid: lru, s3fifo"):
-            KVCacheManager(policy_config(8), eviction_policy=bad)
+            KVCacheManager(policy_config(8), CacheOptions(eviction_policy=bad))
     with pytest.raises(ValueError, match="vllm_compat.*must be 'lru'"):
-        KVCacheManager(policy_config(8), eviction_policy="s3fifo", vllm_compat=True)
+        KVCacheManager(policy_config(8), CacheOptions(eviction_policy="s3fifo", vllm_compat=True))
     assert resolve_policy("recommended") == RECOMMENDED
     assert make_policy("lru") is None
 
@@ -172,11 +173,11 @@ def test_a_new_policy_is_one_class_and_one_registration_line(monkeypatch):
         resolve_policy("toy")
     with pytest.raises(ValueError, match="vllm_compat pins vLLM's LRU order; eviction_policy must be 'lru', "
                                          "got 'toy-mru'"):
-        KVCacheManager(policy_config(9), eviction_policy="toy-mru", vllm_compat=True)
+        KVCacheManager(policy_config(9), CacheOptions(eviction_policy="toy-mru", vllm_compat=True))
 
     def run(policy: str) -> tuple[int, int]:
         clock = lambda: 0.0                                   # noqa: E731
-        kv = KVCacheManager(policy_config(9), eviction_policy=policy, clock=clock)
+        kv = KVCacheManager(policy_config(9), CacheOptions(eviction_policy=policy), clock=clock)
         if policy == "toy-mru":
             assert type(kv.pool) is PolicyBlockPool and type(kv.pool.policy) is _ToyMRU
             rules, got_clock = kv.pool.policy.made_with

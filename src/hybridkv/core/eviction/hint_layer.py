@@ -1,6 +1,6 @@
 """The hint layer: application hints in front of any eviction policy.
 
-A manager that takes hints (``KVCacheManager(..., hints=True)``) puts this layer between the
+A manager that takes hints (``CacheOptions(hints=True)``) puts this layer between the
 pool and its policy (``lru`` becomes the exact-LRU object of :mod:`.lru`). Requests' hints
 arrive as retention marks (:mod:`hybridkv.core.hints`: a pin is a mark above the default
 priority with a TTL, an ending session a mark below it), and the layer splits the cached free
@@ -45,7 +45,7 @@ hash: about ``SAMPLED`` of a pool's capacity, at that share of the capacity), so
 bounded. BENCHMARKS.md, "Application hints", measures the layer under right, noisy and random
 hints.
 
-**Forced** (``HintLayer(..., force=True)``, ``KVCacheManager(hints="force")``): both kinds are
+**Forced** (``HintLayer(..., force=True)``, ``CacheOptions(hints="force")``): both kinds are
 followed from the first release and the shadows do not run (the hints are known to be right,
 or the point is what they could give).
 

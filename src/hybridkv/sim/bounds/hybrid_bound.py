@@ -38,6 +38,7 @@ from hybridkv.core.specs import KVCacheConfig
 from hybridkv.core.spec_decode import SpecDecode
 from hybridkv.sim.bounds.optimal import _bound_keys, belady_block_hit_rate, infinite_block_hit_rate
 from hybridkv.sim.traffic.workitems import ServedItem, served_output
+from hybridkv.core.cache_options import CacheOptions
 
 __all__ = ["is_hybrid", "next_read_indices", "servable_key_blocks", "hybrid_bound_hit_blocks",
            "unservable_blocks"]
@@ -83,9 +84,8 @@ def servable_key_blocks(served: Sequence[ServedItem], kv_config: KVCacheConfig, 
     if memo is not None and memo[0] is served and memo[1] == key:
         return memo[2]
     _SERVABLE = None
-    kv = KVCacheManager(dataclasses.replace(kv_config, num_blocks=_UNLIMITED_BLOCKS),
-                        spec_decode=spec, retention_interval=retention_interval,
-                        hash_algo=hash_algo, hash_seed=hash_seed)
+    kv = KVCacheManager(dataclasses.replace(kv_config, num_blocks=_UNLIMITED_BLOCKS), CacheOptions(
+        spec_decode=spec, retention_interval=retention_interval, hash_algo=hash_algo, hash_seed=hash_seed))
     out: list[int] = []
     for i, s in enumerate(served):
         it = s.item

@@ -60,7 +60,7 @@ class HintSpec:
 
     The CLI spelling is ``KIND[=SECONDS][:ACCURACY][:force]`` (:meth:`parse`, :meth:`__str__`),
     e.g. ``session-end:0.8``, ``ttl=600:0.9``, ``resume``, ``session-end:1:force``. ``force``:
-    the pool follows every hint untested (``KVCacheManager(hints="force")``) instead of testing
+    the pool follows every hint untested (``CacheOptions(hints="force")``) instead of testing
     them first. Raises ValueError naming the bad value: an unknown kind, an accuracy outside
     [0, 1], a TTL that is not a finite number > 0, ``=SECONDS`` on a kind other than ``ttl``,
     or a third part other than ``force``."""
