@@ -9,7 +9,7 @@ import pytest
 
 from hybridkv.sim.traffic.traces import BUNDLED_TRACES
 
-TRACE_DIR = Path(__file__).resolve().parents[2] / "src" / "hybridkv" / "sim" / "data"
+TRACE_DIR = Path(__file__).resolve().parents[2] / "src" / "hybridkv" / "sim" / "traffic" / "data"
 """The bundled Mooncake traces, inside the repository (``mooncake_<name>.jsonl.xz``)."""
 
 
