@@ -236,6 +236,8 @@ def run_cluster(args: argparse.Namespace, cfg: SimConfig, items: list[WorkItem],
     n = args.instances
     print(f"hybridkv simulate: {n} x {cfg.preset.name} on {cfg.num_gpus} x {cfg.gpu.name} each, "
           f"~{cfg.cache_tokens:,} cache tokens each, router {router}, {len(items)} requests")
+    if cfg.deployment is not None:
+        print(f"  deployment: {cfg.deployment.describe()}")
     print(f"  step times: {cost_source(cfg)}")
     load = warn_capacity(cfg, items, n)
     cfg = events_config(cfg, args)

@@ -80,6 +80,8 @@ def describe(cfg: SimConfig, args: argparse.Namespace, n_items: int,
     head = (f"hybridkv simulate: {cfg.preset.name} on {source} ({n_items} requests), {mode}, "
             f"block {cfg.preset.block_size}, retention {cfg.retention_interval}{spec}")
     cache = f"  KV cache: {cfg.num_blocks - 1:,} blocks (~{cfg.cache_tokens:,} tokens)"
+    if cfg.deployment is not None and not cfg.sequential:
+        head += f"\n  deployment: {cfg.deployment.describe()}"
     if budget is not None:
         if is_default_size(args):
             cache += f", what the GPUs leave: {budget.describe()}"

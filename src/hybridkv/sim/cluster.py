@@ -34,7 +34,7 @@ from hybridkv.sim.routing import (DEFAULT_MAX_SKEW, DEFAULT_OVERLAP_WEIGHT, Inst
 from hybridkv.sim.interrupt import RunInterrupted
 from hybridkv.sim.failures import ChildProcessDied
 from hybridkv.sim.optimal import OnlineHits, OptimumJob
-from hybridkv.sim.simulator import SimConfig, SimResult, Simulator
+from hybridkv.sim.simulator import SimConfig, SimResult, Simulator, deployment_json
 from hybridkv.sim.whatif import what_if
 from hybridkv.sim.workitems import WorkItem, served_workload
 
@@ -114,7 +114,7 @@ def offered_load(cfg: SimConfig, items: Sequence[WorkItem], instances: int) -> O
     duration = (items[-1].arrival_s - items[0].arrival_s) if n > 1 else 0.0
     budget = cfg.sched.max_num_batched_tokens
     mean_prompt = total / n if n else 0.0
-    cost = cost_model(cfg.preset, cfg.gpu, cfg.num_gpus, cfg.profile, cfg.cost_model)
+    cost = cost_model(cfg.preset, cfg.gpu, cfg.num_gpus, cfg.profile, cfg.cost_model, cfg.deployment)
     step = cost.step_time_arrays(np.array([float(budget)]), np.array([mean_prompt / 2]))
     capacity = budget / step if step > 0 else math.inf
     rate = total / duration if duration > 0 else 0.0
@@ -479,8 +479,11 @@ class ClusterSimulator:
             res.partial = partial
             results.append(res)
         cfg = self.config
+        dep = deployment_json(cfg)
+        if not cfg.deployment:            # instances of one engine each
+            dep.update(dp=len(insts), gpus=dep["tp"] * len(insts))
         config = {"preset": cfg.preset.name, "gpu": cfg.gpu.name, "num_gpus": cfg.num_gpus,
-                  "num_blocks_per_instance": cfg.num_blocks, "block_size": cfg.preset.block_size,
+                  "deployment": dep, "num_blocks_per_instance": cfg.num_blocks, "block_size": cfg.preset.block_size,
                   "cache_tokens": cfg.cache_tokens, "key_block_size": insts[0].sim.key_block,
                   "optimum_capacity_blocks": insts[0].sim.optimum_capacity * len(insts),
                   "instances": len(insts), "router": self.router_name,

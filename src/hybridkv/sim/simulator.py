@@ -54,6 +54,7 @@ from hybridkv.sim.optimum_memory import key_block_size
 from hybridkv.sim.hybrid_bound import (hybrid_bound_hit_blocks, is_hybrid, servable_key_blocks,
                                        unservable_blocks)
 from hybridkv.sim.optimal import GapReport, OnlineHits, OptimumJob, optimum_capacity_blocks
+from hybridkv.sim.deployment import Deployment
 from hybridkv.sim.profile import Profile, cost_model
 from hybridkv.sim.presets import GpuPreset, ModelPreset
 from hybridkv.sim.tier_runtime import TierReport, TierRuntime
@@ -144,6 +145,9 @@ class SimConfig:
             (:class:`~hybridkv.sim.hint_synthesis.HintSpec`); the manager then takes hints.
         trace_hints: serve the hints the workload's requests carry (``TraceRequest.hint``, a
             trace line's ``"hint"``); a workload with hints is refused without it (or ``hints``).
+        deployment: how the model is laid out over GPUs (:class:`~hybridkv.sim.deployment.Deployment`:
+            tensor, data and expert parallelism, priced with their communication); None: one
+            engine over ``num_gpus``, no communication.
     """
 
     preset: ModelPreset
@@ -171,6 +175,7 @@ class SimConfig:
     tiers: TierConfig | None = None
     hints: HintSpec | None = None
     trace_hints: bool = False
+    deployment: Deployment | None = None
 
     @property
     def takes_hints(self) -> bool:
@@ -318,6 +323,13 @@ class SimResult:
         }
 
 
+def deployment_json(cfg: SimConfig) -> dict:
+    """``cfg``'s deployment as JSON (``tp``, ``dp``, ``ep``, ``gpus``, ...); without one, a single
+    engine over ``num_gpus``."""
+    dep = cfg.deployment if cfg.deployment is not None else Deployment(cfg.num_gpus, reason="one engine")
+    return dep.to_json()
+
+
 #: The hash seed of a simulator given none: fixed, so every process hashes (and samples) alike.
 SIM_HASH_SEED = "hybridkv-simulator"
 
@@ -379,7 +391,7 @@ class Simulator:
         self.tiers = self._tier_runtime(config)
         self.scheduler = Scheduler(self.kv, sched_cfg, self.tiers)
         self.cost = cost_model(config.preset, config.gpu, config.num_gpus, config.profile,
-                               config.cost_model)
+                               config.cost_model, config.deployment)
         spec = config.spec
         self.k = spec.num_speculative_tokens if spec else 0
         self.acceptance = (AcceptanceModel(self.k, rate=config.acceptance_rate, seed=config.seed)
@@ -500,6 +512,7 @@ class Simulator:
             res.hints = self._hint_report()
         res.wall_s = time.perf_counter() - t0
         res.config = {"preset": cfg.preset.name, "gpu": cfg.gpu.name, "num_gpus": cfg.num_gpus,
+                      "deployment": deployment_json(cfg),
                       "cost_model": self.cost.source,
                       "num_blocks": cfg.num_blocks, "cache_tokens": cfg.cache_tokens,
                       "block_size": cfg.preset.block_size,
