@@ -142,8 +142,7 @@ def choose_deployment(args: argparse.Namespace, preset: ModelPreset,
                else "one TP engine over the GPUs (a cache size, --sequential, --router or a sweep)")
         dep = Deployment(args.gpus, instances, 1, per_node, reason=why)
         return _set(args, dep, budget)
-    if args.gpus is None:
-        _plan_engine(args, preset, sizes)             # the fewest GPUs that hold the weights
+    _plan_engine(args, preset, sizes)    # the fewest GPUs that hold the weights, or --gpus checked
     dep = default_deployment(preset, gpu, args.gpus, frac, per_node)
     return _set(args, dep, instance_budget(preset, gpu, dep, frac))
 

@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(out)
         return 0
-    where = f"{dep.name}, {dep.gpus} x {device.name}"
+    where = f"{dep.gpus} x {device.name}" if dep.gpus == 1 else f"{dep.name}, {dep.gpus} x {device.name}"
     if device.name != gpu.name:
         where += f" (the profile's device; --gpu {gpu.name} only sizes memory)"
     print(f"{preset.name} on {where}; {model.source}")
