@@ -483,7 +483,9 @@ class ClusterSimulator:
         if not cfg.deployment:            # instances of one engine each
             dep.update(dp=len(insts), gpus=dep["tp"] * len(insts))
         config = {"preset": cfg.preset.name, "gpu": cfg.gpu.name, "num_gpus": cfg.num_gpus,
-                  "deployment": dep, "num_blocks_per_instance": cfg.num_blocks, "block_size": cfg.preset.block_size,
+                  "deployment": dep, "spec": (f"{cfg.spec.method}:{cfg.spec.num_speculative_tokens}"
+                                                    if cfg.spec else None),
+                  "num_blocks_per_instance": cfg.num_blocks, "block_size": cfg.preset.block_size,
                   "cache_tokens": cfg.cache_tokens, "key_block_size": insts[0].sim.key_block,
                   "optimum_capacity_blocks": insts[0].sim.optimum_capacity * len(insts),
                   "instances": len(insts), "router": self.router_name,

@@ -300,6 +300,7 @@ class SimResult:
             "fraction_of_hazard_bound": (self.block_hit_rate / hz) if hz else None,
             "gap": dataclasses.asdict(self.gap) if self.gap else None,
             "output_tokens": self.output_tokens,
+            "ttft_mean_s": float(np.mean(self.ttft_s)) if self.ttft_s else None,
             "ttft_p50_s": pct(50),
             "ttft_p90_s": pct(90),
             "ttft_p99_s": pct(99),
