@@ -17,6 +17,9 @@ law: the rate at which ``rate x mean end-to-end latency = C``, found by bisectio
 flight is reported). Each pass is one ``hybridkv simulate`` run (printed), without the offline
 optimum and without speculative decoding.
 
+A row published at request rate inf (every request at once, the engine's own batch limits
+deciding) is run once with every request arriving at 0.
+
 Errors are predicted / published - 1, per metric; the summary gives their mean absolute value
 and the worst.
 """
@@ -52,6 +55,15 @@ ROWS = [
     dict(id="dsr1-h200-8k1k", source="https://github.com/SemiAnalysisAI/InferenceX/issues/870",
          setup="as above, ISL/OSL 8k/1k", preset="deepseek-v3", gpu="h200", deploy=["--tp", "8", "--dp", "1"],
          isl=8192, osl=1024, ratio=0.8, conc=4, prompts=40, tput=38.9 * 8, ttft_ms=474.3, tpot_ms=12.05),
+    # vLLM PR #23696 ("[Kernel][B200] mxfp4 fused cutlass moe", August 2025), FlashInfer
+    # backend: `vllm serve gpt-oss-120b --max-model-len 32768 -tp 8` on 8 x B200, `vllm bench
+    # serve --dataset-name sharegpt` (1000 prompts, request rate inf): 215,312 input and 197,144
+    # output tokens; output 7,404.72 tok/s, mean TTFT 3,449.17 ms, mean TPOT 94.12 ms.
+    dict(id="gptoss-b200-sharegpt", source="https://github.com/vllm-project/vllm/pull/23696",
+         setup="gpt-oss-120b, vLLM (Aug 2025, FlashInfer MXFP4 MoE), 8 x B200, TP-8, ShareGPT 1000 "
+               "prompts at rate inf; reproduced with the published mean lengths (215 in, 197 out), "
+               "all arriving at once", preset="gpt-oss-120b", gpu="b200", deploy=["--tp", "8", "--dp", "1"],
+         offline=True, prompts=1000, isl=215, osl=197, tput=7404.72, ttft_ms=3449.17, tpot_ms=94.12),
     # Out of scope (stated, not run):
     dict(id="dsv3-h800-tp16", source="https://github.com/sgl-project/sglang/issues/3812",
          setup="DeepSeek-V3 FP8, SGLang (EP PR #3602), 2 x 8 H800 over RoCE, TP-16, random 180/400, rate 40",
@@ -65,17 +77,20 @@ ROWS = [
 ]
 
 
-def write_trace(path: Path, row: dict, rate: float, seed: int = 0) -> None:
-    """The row's synthetic workload as a token JSONL trace, arrivals ``1 / rate`` apart."""
+def write_trace(path: Path, row: dict, rate: float | None, seed: int = 0) -> None:
+    """The row's synthetic workload as a token JSONL trace, arrivals ``1 / rate`` apart (None:
+    all at 0)."""
     rng = np.random.default_rng(seed)
-    lo_in, lo_out = int(row["ratio"] * row["isl"]), int(row["ratio"] * row["osl"])
+    ratio = row.get("ratio", 1.0)
+    lo_in, lo_out = int(ratio * row["isl"]), int(ratio * row["osl"])
     with path.open("w") as f:
         for i in range(row["prompts"]):
             n_in = int(rng.integers(lo_in, row["isl"] + 1))
             n_out = int(rng.integers(lo_out, row["osl"] + 1))
             prompt = rng.integers(0, 100_000, n_in).tolist()
             f.write(json.dumps({"prompt_token_ids": prompt, "output_len": n_out,
-                                "arrival_s": i / rate, "request_id": f"r{i}"}) + "\n")
+                                "arrival_s": 0.0 if rate is None else i / rate,
+                                "request_id": f"r{i}"}) + "\n")
 
 
 def simulate(row: dict, trace: Path, out: Path) -> dict:
@@ -93,10 +108,14 @@ def simulate(row: dict, trace: Path, out: Path) -> dict:
 
 def reproduce(row: dict, passes: int = 7) -> dict:
     """Run the row (module docstring); returns its predicted metrics and errors."""
-    mean_out = (row["ratio"] * row["osl"] + row["osl"]) / 2
-    conc = row["conc"]
     with tempfile.TemporaryDirectory() as tmp:
         trace, out = Path(tmp) / "trace.jsonl", Path(tmp) / "out.json"
+        if row.get("offline"):                   # rate inf: every request at t = 0
+            write_trace(trace, row, None)
+            d = simulate(row, trace, out)
+            return _result(row, d, None, None)
+        mean_out = (row["ratio"] * row["osl"] + row["osl"]) / 2
+        conc = row["conc"]
 
         def at(rate: float) -> tuple[dict, float]:
             write_trace(trace, row, rate)
@@ -116,6 +135,10 @@ def reproduce(row: dict, passes: int = 7) -> dict:
                 best = (d, inflight, mid)
             lo, hi = (mid, hi) if inflight < conc else (lo, mid)
     d, inflight, rate = best
+    return _result(row, d, inflight, rate)
+
+
+def _result(row: dict, d: dict, inflight: float | None, rate: float | None) -> dict:
     pred = {"tput": d["throughput_tok_s"], "ttft_ms": d["ttft_mean_s"] * 1e3, "tpot_ms": d["itl_mean_s"] * 1e3}
     return {"id": row["id"], "predicted": pred, "in_flight": inflight, "rate_req_s": rate,
             "published": {k: row[k] for k in ("tput", "ttft_ms", "tpot_ms")},

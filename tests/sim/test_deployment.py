@@ -124,3 +124,27 @@ def test_simulate_gpus_runs_the_default_deployment(tmp_path, capsys) -> None:
     assert main([*base, "--gpus", "8", "--tp", "8", "--dp", "1", "--json", str(out)]) == 0
     d = json.loads(out.read_text())
     assert d["config"]["deployment"]["tp"] == 8 and "TP-8, communication" in d["config"]["cost_model"]
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--preset", "llama-3.1-8b", "--tp", "2", "--ep", "2"], "--ep 2: llama-3.1-8b has no routed experts; drop --ep"),
+    (["--preset", "llama-3.1-8b", "--gpus", "8", "--tp", "2", "--dp", "2"], "--gpus 8 must be --tp 2 x --dp 2 = 4"),
+    (["--preset", "llama-3.1-8b", "--instances", "2", "--tp", "2"], "--instances N is --dp N; give one of them"),
+    (["--preset", "gpt-oss-120b", "--tp", "4", "--ep", "2"], "--ep 2: expert parallelism shards the experts over one"),
+])
+def test_bad_deployments_are_one_line(argv, words, capsys) -> None:
+    assert main(["simulate", "--workload", "replay", "--no-progress", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert words in err and len(err.splitlines()) == 1
+
+
+def test_a_larger_cache_keeps_the_deployment() -> None:
+    """The next-step options for a larger cache name the deployment's flags, so the run they
+    ask for is the same deployment (a rank of DP-16 + EP-16 leaves 12.1 GB: 123k tokens)."""
+    import argparse
+    from hybridkv.cli.capacity import larger_cache
+    args = argparse.Namespace(deployment=Deployment(1, 16, 16, 8, True), gpu="h100", gpus=1,
+                              gpu_memory_fraction=0.9)
+    more = larger_cache(args, get_preset("deepseek-v4-style"))
+    assert more(100_000) == "--cache-tokens 100k --tp 1 --dp 16 --ep 16"
+    assert more(250_000).endswith("(more than each instance of DP-16 attention + EP-16 holds: a larger --gpu)")

@@ -264,6 +264,12 @@ def larger_cache(args: argparse.Namespace, preset: ModelPreset):
     def options(tokens: int) -> str:
         text = f"--cache-tokens {round_up(tokens)}"
         need = tokens * _token_bytes(preset)
+        dep = getattr(args, "deployment", None)
+        if dep is not None and (dep.dp > 1 or dep.ep > 1):        # keep the deployment: name it
+            flags = f" --tp {dep.tp} --dp {dep.dp}" + (f" --ep {dep.ep}" if dep.ep > 1 else "")
+            if instance_budget(preset, get_gpu(args.gpu), dep, args.gpu_memory_fraction).kv_bytes >= need:
+                return text + flags
+            return f"{text}{flags} (more than each instance of {dep.name} holds: a larger --gpu)"
         if kv_budget(preset, get_gpu(args.gpu), args.gpus, args.gpu_memory_fraction).kv_bytes >= need:
             return text
         n = fewest_gpus(preset, get_gpu(args.gpu), args.gpu_memory_fraction, need)
