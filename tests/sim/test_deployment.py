@@ -110,6 +110,11 @@ def test_cost_cli_reports_comm_and_the_deployment(capsys) -> None:
     assert tp16["steps"][0]["comm_s"] > tp8["steps"][0]["comm_s"]
     assert main([*argv, "--tp", "16", "--ep", "16"]) == 2
     assert "llama-3.1-8b has no routed experts" in capsys.readouterr().err
+    # without --tp: one instance of simulate's default deployment (deepseek: a DP-16 rank)
+    assert main(["cost", "--preset", "deepseek-v4-style", "--step", "1@1024x8", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["deployment"]["name"] == "DP-16 attention + EP-16" and d["num_gpus"] == 1
+    assert d["steps"][0]["comm_s"] > 0
 
 
 def test_simulate_gpus_runs_the_default_deployment(tmp_path, capsys) -> None:

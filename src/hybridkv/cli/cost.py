@@ -1,5 +1,10 @@
 """``hybridkv cost``: what one engine step costs, and why.
 
+Without ``--tp`` (alias ``--gpus``) or ``--ep`` the step is one instance's of the deployment
+``simulate`` runs by default (:func:`hybridkv.sim.deployment.default_deployment`); with them,
+one TP engine (``--ep``: experts sharded in it, or data-parallel attention over ``--ep`` GPUs).
+Communication is included in every time and shown (``comm_s`` in the JSON).
+
 ``--step`` names one step's work: comma-separated items ``N@C`` (a prefill chunk of ``N`` new
 tokens after ``C`` cached ones) and ``N@CxB`` (``B`` such requests; ``1@CxB`` is ``B`` decodes
 with ``C`` cached tokens each). ``--step`` may repeat; each step is costed on its own.
@@ -23,7 +28,7 @@ from hybridkv.cli.output import print_json
 from hybridkv.cli.sim_options import (DEFAULT_PRESET, add_cost_model_options, check_cost_model_options,
                                       profile_warning, warn)
 from hybridkv.sim.grid import format_step
-from hybridkv.sim.deployment import DEFAULT_GPUS_PER_NODE, Deployment, expert_params
+from hybridkv.sim.deployment import DEFAULT_GPUS_PER_NODE, Deployment, default_deployment, expert_params
 from hybridkv.sim.hardware import fewest_gpus
 from hybridkv.sim.presets import GPU_PRESETS, get_gpu, get_preset
 from hybridkv.sim.profile import cost_model
@@ -37,8 +42,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"model preset (default {DEFAULT_PRESET}; see `hybridkv presets`)")
     p.add_argument("--gpu", default="h100", help=f"GPU preset: {', '.join(GPU_PRESETS)}")
     p.add_argument("--gpus", "--tp", dest="gpus", type=int_in(1, 1024),
-                   help="tensor-parallel GPUs of the engine (default: the fewest, a power of two, "
-                        "whose 90%% less an activation reserve holds the weights); their "
+                   help="tensor-parallel GPUs of the engine (default: one instance of simulate's "
+                        "default deployment over the fewest GPUs, a power of two, whose 90%% less "
+                        "an activation reserve holds the weights; DeepSeek-class: a rank of DP "
+                        "attention + EP over them); their "
                         "all-reduces are priced over NVLink, over the inter-node link when wider "
                         "than --gpus-per-node")
     p.add_argument("--ep", type=int_in(1, 1024), default=1,
@@ -65,7 +72,11 @@ def run(args: argparse.Namespace) -> int:
     warning = profile_warning(args.profile, preset)
     if warning:
         warn(args, warning)
-    dep = cost_deployment(preset, gpus, args.ep, args.gpus_per_node)
+    if args.gpus is None and args.ep == 1:      # the instance simulate's default deployment runs
+        dep = default_deployment(preset, gpu, gpus, gpus_per_node=args.gpus_per_node)
+        gpus = dep.tp
+    else:
+        dep = cost_deployment(preset, gpus, args.ep, args.gpus_per_node)
     model = cost_model(preset, gpu, gpus, args.profile, args.cost_model, deployment=dep)
     # with a profile, time is the profile's device's (a CPU profile: the CPU), not --gpu's
     device = args.profile.gpu_preset() if args.profile is not None else gpu
