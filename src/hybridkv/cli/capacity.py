@@ -1,7 +1,9 @@
 """The hardware and cache-size options of ``simulate`` and ``sweep``, checked against each other.
 
-``--gpu``, ``--gpus`` and ``--gpu-memory-fraction`` describe the deployment; by default the KV
-cache is what vLLM would leave of it (:mod:`hybridkv.sim.hardware`: the fraction of the GPUs'
+``--gpu``, ``--gpus``, ``--gpu-memory-fraction`` and ``--tp`` / ``--dp`` / ``--ep`` /
+``--gpus-per-node`` describe the deployment (:func:`choose_deployment`: by default what serving
+engines run, :func:`hybridkv.sim.deployment.default_deployment`); by default each instance's KV
+cache is what vLLM would leave of its GPUs (:mod:`hybridkv.sim.hardware`: the fraction of the GPUs'
 memory, less the weights and an activation reserve). ``--cache-tokens`` or ``--num-blocks``
 (one of the two) give the pool size instead; it must fit that memory. Without ``--gpus`` the
 run takes the fewest GPUs, a power of two, that hold the weights and the largest size asked
@@ -98,7 +100,8 @@ def choose_deployment(args: argparse.Namespace, preset: ModelPreset,
     """The deployment rules:
 
     * ``--tp`` / ``--dp`` / ``--ep``: as given (``--gpus``, when given too, must be their product);
-    * ``--instances N`` (or ``--router``), ``--sequential``, an explicit cache size, or a sweep:
+    * ``--instances N`` (or ``--router``), ``--sequential``, an explicit cache size, KV tiers,
+      hints, or a sweep:
       each instance one TP engine over ``--gpus`` (default the fewest that hold the weights and
       the size);
     * otherwise: :func:`~hybridkv.sim.deployment.default_deployment` over ``--gpus`` (default
@@ -127,6 +130,9 @@ def choose_deployment(args: argparse.Namespace, preset: ModelPreset,
         if total is not None and total != tp * dp:
             raise ValueError(f"--gpus {total} must be --tp {tp} x --dp {dp} = {tp * dp}")
         ep = ep or 1
+        single = _single_instance_options(args)
+        if dp > 1 and single:
+            raise ValueError(f"{single} simulate one instance; drop --dp {dp} or {single}")
         dep = Deployment(tp, dp, ep, per_node, ep > tp, "as given")
         budget = instance_budget(preset, gpu, dep, frac)
         if not budget.fits:
@@ -135,16 +141,28 @@ def choose_deployment(args: argparse.Namespace, preset: ModelPreset,
         _check_sizes(sizes, budget, dep)
         return _set(args, dep, budget)
     legacy = (instances != 1 or getattr(args, "router", None) is not None or getattr(args, "sequential", False)
+              or _single_instance_options(args) is not None
               or any(b is not None for _, b in sizes) or getattr(args, "command", None) == "sweep")
     if legacy:
         budget = _plan_engine(args, preset, sizes)
         why = (f"--instances {instances}, each one TP engine over --gpus" if instances != 1
-               else "one TP engine over the GPUs (a cache size, --sequential, --router or a sweep)")
+               else "one TP engine over the GPUs (a cache size, --sequential, --router, tiers, "
+                    "hints or a sweep)")
         dep = Deployment(args.gpus, instances, 1, per_node, reason=why)
         return _set(args, dep, budget)
     _plan_engine(args, preset, sizes)    # the fewest GPUs that hold the weights, or --gpus checked
     dep = default_deployment(preset, gpu, args.gpus, frac, per_node)
     return _set(args, dep, instance_budget(preset, gpu, dep, frac))
+
+
+def _single_instance_options(args: argparse.Namespace) -> str | None:
+    """The options given that simulate one instance only (KV tiers, hints), or None."""
+    from hybridkv.cli.tier_options import has_tiers
+    if has_tiers(args):
+        return "KV tiers"
+    if getattr(args, "hints", None) is not None or getattr(args, "trace_hints", False):
+        return "hints"
+    return None
 
 
 def _check_sizes(sizes, budget: KVBudget, dep: Deployment) -> None:
