@@ -132,7 +132,8 @@ class CostModel:
         mfu: achieved fraction of peak FLOP/s (0, 1].
         mbu: achieved fraction of peak bandwidth (0, 1].
         step_overhead_s: fixed time added to every non-empty step (scheduling, launches).
-        num_gpus: GPUs sharing the work (ideal tensor parallelism).
+        num_gpus: GPUs sharing the work (an ideal split; :mod:`hybridkv.sim.comm` adds the
+            communication).
     """
 
     kind: ClassVar[str] = "roofline"

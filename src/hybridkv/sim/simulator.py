@@ -123,7 +123,8 @@ class SimConfig:
         max_model_len: per-request token cap (None: none).
         optimum: compute the offline (Belady) bound.
         timeline_points: at most this many samples of the timeline.
-        num_gpus: GPUs of the cost model (ideal tensor parallelism).
+        num_gpus: GPUs of one instance (the cost model splits their work ideally; ``deployment``
+            adds the communication).
         hash_algo, hash_seed: the manager's hashing (instances of a cluster share a seed, so
             an index built from their events matches a router's own hashes; published events
             use sha256, which a consumer can recompute). None: :data:`SIM_HASH_SEED`, the same
