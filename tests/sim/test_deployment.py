@@ -153,3 +153,14 @@ def test_a_larger_cache_keeps_the_deployment() -> None:
     more = larger_cache(args, get_preset("deepseek-v4-style"))
     assert more(100_000) == "--cache-tokens 100k --tp 1 --dp 16 --ep 16"
     assert more(250_000).endswith("(more than each instance of DP-16 attention + EP-16 holds: a larger --gpu)")
+
+
+def test_next_steps_name_the_deployments_options() -> None:
+    import argparse
+    from hybridkv.cli.cluster import instances_option
+    replicas = instances_option(argparse.Namespace(deployment=Deployment(2, 4, reason="default")))
+    assert replicas(1) == "--tp 2 --dp 1" and replicas(6) == "--tp 2 --dp 6"
+    ranks = instances_option(argparse.Namespace(deployment=Deployment(1, 16, 16, 8, True, "default")))
+    assert ranks(2) is None and ranks(32) == "--tp 1 --dp 32 --ep 32"     # fewer may not hold the experts
+    given = instances_option(argparse.Namespace(deployment=Deployment(1, 3, reason="--instances 3, ...")))
+    assert given(2) == "--instances 2"

@@ -275,6 +275,18 @@ def run_cluster(args: argparse.Namespace, cfg: SimConfig, items: list[WorkItem],
     return res, failure
 
 
+def instances_option(args: argparse.Namespace):
+    """``f(n)`` -> the options that run ``n`` instances of this run's deployment: ``--instances
+    n`` when it was given, ``--dp n`` (``--gpus`` n x tp) for replicas of a deployment; None for
+    fewer ranks of data-parallel attention than run (they may not hold the experts)."""
+    dep = getattr(args, "deployment", None)
+    if dep is None or dep.reason.startswith("--instances"):
+        return lambda n: f"--instances {n}"
+    if dep.dp_attention:
+        return lambda n: (f"--tp {dep.tp} --dp {n} --ep {n * dep.tp}" if n >= dep.dp else None)
+    return lambda n: f"--tp {dep.tp} --dp {n}"
+
+
 def run_cluster_command(args: argparse.Namespace, cfg: SimConfig, items: list[WorkItem],
                         budget=None) -> int:
     """The cluster branch of ``simulate``: run, report, next steps, ``--json``, ``--plot``;
@@ -303,7 +315,8 @@ def run_cluster_command(args: argparse.Namespace, cfg: SimConfig, items: list[Wo
     if why:
         print(why)
     steps = format_next_steps(next_steps(result.overall, result.offered, args.instances,
-                                         larger_cache(args, options_preset(args)), has_state))
+                                         larger_cache(args, options_preset(args)), has_state,
+                                         instances_option(args)))
     if steps:
         print(steps)
     if failure is not None:
