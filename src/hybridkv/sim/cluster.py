@@ -34,7 +34,8 @@ from hybridkv.sim.routing import (DEFAULT_MAX_SKEW, DEFAULT_OVERLAP_WEIGHT, Inst
 from hybridkv.sim.interrupt import RunInterrupted
 from hybridkv.sim.failures import ChildProcessDied
 from hybridkv.sim.optimal import OnlineHits, OptimumJob
-from hybridkv.sim.simulator import SimConfig, SimResult, Simulator, deployment_json
+from hybridkv.sim.deployment import Deployment
+from hybridkv.sim.simulator import SimConfig, SimResult, Simulator
 from hybridkv.sim.whatif import what_if
 from hybridkv.sim.workitems import WorkItem, served_workload
 
@@ -479,9 +480,10 @@ class ClusterSimulator:
             res.partial = partial
             results.append(res)
         cfg = self.config
-        dep = deployment_json(cfg)
-        if not cfg.deployment:            # instances of one engine each
-            dep.update(dp=len(insts), gpus=dep["tp"] * len(insts))
+        dep = cfg.deployment if cfg.deployment is not None else Deployment(cfg.num_gpus, reason="one engine")
+        if dep.dp != len(insts) and not dep.dp_attention:       # instances of one engine each
+            dep = dataclasses.replace(dep, dp=len(insts))
+        dep = dep.to_json()
         config = {"preset": cfg.preset.name, "gpu": cfg.gpu.name, "num_gpus": cfg.num_gpus,
                   "deployment": dep, "spec": (f"{cfg.spec.method}:{cfg.spec.num_speculative_tokens}"
                                                     if cfg.spec else None),
