@@ -164,3 +164,12 @@ def test_next_steps_name_the_deployments_options() -> None:
     assert ranks(2) is None and ranks(32) == "--tp 1 --dp 32 --ep 32"     # fewer may not hold the experts
     given = instances_option(argparse.Namespace(deployment=Deployment(1, 3, reason="--instances 3, ...")))
     assert given(2) == "--instances 2"
+
+
+def test_moe_layers_exchange_tokens_instead_of_all_reducing() -> None:
+    """gpt-oss-120b, TP-8 with EP-8: 1 + 36 attention all-reduces, 36 MoE layers all-to-all
+    (top-4 x 2880); DeepSeek-V3 DP-2 x TP-4 attention + EP-8: 1 + 61 + 3 dense all-reduces."""
+    c = comm_counts(get_preset("gpt-oss-120b"), Deployment(tp=8, ep=8))
+    assert (c.all_reduces, c.a2a_layers, c.dispatch_bytes_per_token) == (37, 36, 4 * 2880)
+    c = comm_counts(get_preset("deepseek-v3"), Deployment(4, 2, 8, 8, True))
+    assert (c.all_reduces, c.a2a_layers) == (1 + 61 + 3, 58)

@@ -84,7 +84,7 @@ def comm_counts(preset: ModelPreset, dep: Deployment) -> CommCounts:
     a2a = moe_layers if dep.ep > 1 and moe is not None else 0
     ar = 0
     if dep.tp > 1:
-        ar = 1 + 2 * preset.num_layers - (a2a if not dep.dp_attention else 0)
+        ar = 1 + 2 * preset.num_layers - a2a        # a MoE layer's tokens go all-to-all instead
     vocab = s.vocab_size if s is not None else 0
     k = moe.top_k if moe is not None else 0
     return CommCounts(ar, h * ACT_BYTES, vocab * ACT_BYTES if dep.tp > 1 else 0, a2a,
