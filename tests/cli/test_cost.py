@@ -39,7 +39,12 @@ def test_cost_roofline_and_tensor_parallel(capsys) -> None:
                  "--gpus", "2", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     roof = cost_model(get_preset("llama-3.1-8b"), get_gpu("h100"), 2, kind="roofline")
-    assert out["num_gpus"] == 2 and out["time_s"] == pytest.approx(roof.step_time([(4096, 0)]))
+    # plus TP-2's communication, by hand: 1 + 2 x 32 all-reduces of 4096 x 4096 x 2 B (19.9 us
+    # at 1 MiB, the rest at 476 GB/s busbw) and the logits' all-gather (128,256 x 2 B)
+    ar = 19.9e-6 + (4096 * 8192 - 2**20) * 2 * (1 / 2) / 476e9
+    gather = 5.9e-6 + 128256 * 2 * (1 / 2) / 370e9
+    assert out["num_gpus"] == 2 and out["time_s"] == pytest.approx(roof.step_time([(4096, 0)]) + 65 * ar + gather)
+    assert out["steps"][0]["comm_s"] == pytest.approx(65 * ar + gather)
     assert out["steps"][0]["roofline"] is None
 
 

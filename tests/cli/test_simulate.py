@@ -26,12 +26,18 @@ def test_simulate_without_arguments_prints_a_summary() -> None:
     # the default shows the product: a hybrid model with speculative decoding, on the cache the
     # GPUs leave (vLLM's rule), with why online < optimum and what to do next
     assert "deepseek-v4-style" in out.stdout and "spec mtp:1" in out.stdout
-    assert "16 x h100" in out.stdout
-    assert ("what the GPUs leave: 0.9 x 16 x h100 (1,224.3 GB) - weights 671.0 GB - activation "
-            "reserve 103.1 GB = 450.2 GB") in out.stdout
+    # deployed as SGLang and vLLM serve DeepSeek-class models: 16 data-parallel attention ranks,
+    # experts sharded over all 16 (a rank: the dense weights whole, 1/16 of the experts, FP8)
+    assert "16 x deepseek-v4-style on 1 x h100 each" in out.stdout
+    assert "deployment: DP-16 attention + EP-16 on 16 GPUs (DeepSeek-class" in out.stdout
+    experts = 3 * 7168 * 2048 * 256 * 58
+    weights = (671e9 - experts + experts / 16) / 1e9
+    assert (f"what its GPUs leave: 0.9 x 1 x h100 (76.5 GB) - weights {weights:.1f} GB - activation "
+            "reserve 6.4 GB = 12.1 GB") in out.stdout
+    assert "DP-16 attention + EP-16, communication from published collectives" in out.stdout
     assert "retained blocks per group  mla=" in out.stdout and "swa512=" in out.stdout
     assert "why online < optimum" in out.stdout and "timing:" in out.stdout
-    assert "next steps:" in out.stdout and "instances: one instance keeps up" in out.stdout
+    assert "next steps:" in out.stdout and "instances: 16 instances keep up" in out.stdout
 
 
 def test_simulate_json_and_plot(tmp_path: Path, trace_dir: Path) -> None:

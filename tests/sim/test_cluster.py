@@ -681,7 +681,8 @@ def test_cluster_config_record_is_the_single_simulators() -> None:
               "max_num_batched_tokens", "max_num_seqs", "seed")
     want = {k: one[k] for k in shared} | {
         "num_blocks_per_instance": one["num_blocks"], "instances": 3, "router": "least-loaded",
-        "router_max_skew": None,
+        "router_max_skew": None, "spec": one["spec"],
+        "deployment": {**one["deployment"], "dp": 3, "gpus": 6, "name": "3 x TP-2"},   # 3 of TP-2
         "optimum_capacity_blocks": 3 * one["optimum_capacity_blocks"]}
     assert want["prefix_retention"] == "32:10:5" and want["num_gpus"] == 2
     res = ClusterSimulator(cfg, 3, "least-loaded").run(items)

@@ -53,8 +53,9 @@ def test_the_cache_follows_the_gpus(tmp_path: Path) -> None:
     js = tmp_path / "r.json"
     sizes = {}
     for gpus in ("4", "8"):
-        assert main(["simulate", "--preset", "qwen3-next-80b-a3b", "--gpus", gpus, "--json", str(js),
-                     "--no-optimum", *FAST]) == 0
+        # one engine over all of them (--tp): its cache grows with them
+        assert main(["simulate", "--preset", "qwen3-next-80b-a3b", "--gpus", gpus, "--tp", gpus,
+                     "--json", str(js), "--no-optimum", *FAST]) == 0
         d = json.loads(js.read_text())
         sizes[gpus] = d["config"]["num_blocks"]
         assert d["hardware"]["num_gpus"] == int(gpus) and d["hardware"]["gpu_memory_fraction"] == 0.9

@@ -228,14 +228,21 @@ def format_cluster(res: ClusterResult) -> str:
 
 
 def run_cluster(args: argparse.Namespace, cfg: SimConfig, items: list[WorkItem],
-                progress=None) -> tuple[ClusterResult, ChildProcessDied | None]:
+                progress=None, budget=None) -> tuple[ClusterResult, ChildProcessDied | None]:
     """``simulate --instances N --router R``: run and print the per-instance table (the caller
     writes ``--json``). Returns the result and, when the optimum's child died, that failure
     (the result is then the online run's, without the bound)."""
     router = router_name(args)
     n = args.instances
+    spec = f", spec {cfg.spec.method}:{cfg.spec.num_speculative_tokens}" if cfg.spec else ""
     print(f"hybridkv simulate: {n} x {cfg.preset.name} on {cfg.num_gpus} x {cfg.gpu.name} each, "
-          f"~{cfg.cache_tokens:,} cache tokens each, router {router}, {len(items)} requests")
+          f"~{cfg.cache_tokens:,} cache tokens each, router {router}, {len(items)} requests{spec}")
+    if cfg.deployment is not None:
+        print(f"  deployment: {cfg.deployment.describe()}")
+    if budget is not None:
+        from hybridkv.cli.capacity import is_default_size
+        if is_default_size(args):
+            print(f"  KV cache per instance: what its GPUs leave: {budget.describe()}")
     print(f"  step times: {cost_source(cfg)}")
     load = warn_capacity(cfg, items, n)
     cfg = events_config(cfg, args)
@@ -268,6 +275,18 @@ def run_cluster(args: argparse.Namespace, cfg: SimConfig, items: list[WorkItem],
     return res, failure
 
 
+def instances_option(args: argparse.Namespace):
+    """``f(n)`` -> the options that run ``n`` instances of this run's deployment: ``--instances
+    n`` when it was given, ``--dp n`` (``--gpus`` n x tp) for replicas of a deployment; None for
+    fewer ranks of data-parallel attention than run (they may not hold the experts)."""
+    dep = getattr(args, "deployment", None)
+    if dep is None or dep.reason.startswith("--instances"):
+        return lambda n: f"--instances {n}"
+    if dep.dp_attention:
+        return lambda n: (f"--tp {dep.tp} --dp {n} --ep {n * dep.tp}" if n >= dep.dp else None)
+    return lambda n: f"--tp {dep.tp} --dp {n}"
+
+
 def run_cluster_command(args: argparse.Namespace, cfg: SimConfig, items: list[WorkItem],
                         budget=None) -> int:
     """The cluster branch of ``simulate``: run, report, next steps, ``--json``, ``--plot``;
@@ -282,7 +301,7 @@ def run_cluster_command(args: argparse.Namespace, cfg: SimConfig, items: list[Wo
     progress, close = progress_bar(not args.no_progress, "simulate")
     extra = {"hardware": budget.to_json()} if budget is not None else {}
     try:
-        result, failure = run_cluster(args, cfg, items, progress)
+        result, failure = run_cluster(args, cfg, items, progress, budget)
     except RunInterrupted as exc:
         close()
         if args.json and exc.partial is not None:
@@ -296,11 +315,16 @@ def run_cluster_command(args: argparse.Namespace, cfg: SimConfig, items: list[Wo
     if why:
         print(why)
     steps = format_next_steps(next_steps(result.overall, result.offered, args.instances,
-                                         larger_cache(args, options_preset(args)), has_state))
+                                         larger_cache(args, options_preset(args)), has_state,
+                                         instances_option(args)))
     if steps:
         print(steps)
     if failure is not None:
         extra["error"] = str(failure)
+    overall = result.overall
+    if overall.requests and overall.rejected == overall.requests:
+        print(f"hybridkv simulate: warning: all {overall.requests} requests were rejected "
+              f"(prompt >= --max-model-len {cfg.max_model_len})", file=sys.stderr)
     if args.json:
         write_json(args.json, {**result.to_json(), **extra})
     if args.plot:

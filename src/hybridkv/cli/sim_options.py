@@ -115,7 +115,7 @@ def add_cost_model_options(p: argparse.ArgumentParser) -> None:
 def cost_source(cfg: SimConfig) -> str:
     """Where the step times of ``cfg`` come from, in words (printed under a run's header)."""
     from hybridkv.cost.profile import cost_model
-    return cost_model(cfg.preset, cfg.gpu, cfg.num_gpus, cfg.profile, cfg.cost_model).source
+    return cost_model(cfg.preset, cfg.gpu, cfg.num_gpus, cfg.profile, cfg.cost_model, cfg.deployment).source
 
 
 def profile_warning(profile, preset) -> str | None:
@@ -331,6 +331,7 @@ def build_config(args: argparse.Namespace, num_blocks: int | None = None,
                     max_model_len=args.max_model_len, optimum=not args.no_optimum,
                     num_gpus=args.gpus, eviction_policy=args.eviction_policy,
                     prefix_retention=args.prefix_retention, cost_model=args.cost_model,
-                    profile=args.profile, tiers=tier_config(args, preset))
+                    profile=args.profile, tiers=tier_config(args, preset),
+                    deployment=getattr(args, "deployment", None))
     check_spec_fits(cfg)
     return cfg

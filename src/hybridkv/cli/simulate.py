@@ -37,8 +37,12 @@ manager over a built-in workload or a trace, step times from the calibrated cost
 to steps measured on an H100, or to --profile; --cost-model roofline: peak rates at fixed
 efficiencies), and the offline optimum and an unlimited cache beside the online hit rate.
 
-The KV cache is what the GPUs leave, as in vLLM: --gpu-memory-fraction (default 0.9) of the
-memory of --gpus x --gpu, less the weights and a 6 GiB-per-GPU activation reserve. Either
+--gpus GPUs run as serving engines deploy them, unless --tp/--dp/--ep say otherwise: the
+smallest power-of-two TP in a node that holds the weights and a useful cache, the rest as
+replicas behind --router (DeepSeek-class MoE: data-parallel attention + expert parallelism);
+every step pays its collectives. Each instance's KV cache is what its GPUs leave, as in vLLM:
+--gpu-memory-fraction (default 0.9) of their memory, less the weights and a 6 GiB-per-GPU
+activation reserve. Either
 --cache-tokens or --num-blocks sets it instead, within that memory. The report ends with next
 steps computed from the run. Ctrl-C stops a run: exit status 130, and --json gets what was
 measured so far, marked "partial": true.
@@ -80,6 +84,8 @@ def describe(cfg: SimConfig, args: argparse.Namespace, n_items: int,
     head = (f"hybridkv simulate: {cfg.preset.name} on {source} ({n_items} requests), {mode}, "
             f"block {cfg.preset.block_size}, retention {cfg.retention_interval}{spec}")
     cache = f"  KV cache: {cfg.num_blocks - 1:,} blocks (~{cfg.cache_tokens:,} tokens)"
+    if cfg.deployment is not None and not cfg.sequential:
+        head += f"\n  deployment: {cfg.deployment.describe()}"
     if budget is not None:
         if is_default_size(args):
             cache += f", what the GPUs leave: {budget.describe()}"

@@ -317,7 +317,8 @@ class CalibratedCostModel:
         model: the model preset (its ``shapes``, when present, give the LM head and heads).
         gpu: the GPU preset (peak FLOP/s and bandwidth the efficiencies refer to).
         calibration: the fitted constants.
-        num_gpus: GPUs sharing the work (ideal tensor parallelism, no communication cost).
+        num_gpus: GPUs sharing the work (ideal split; the communication is added by
+            :class:`hybridkv.cost.comm.DeployedCostModel`).
         source: where ``calibration`` comes from (shown by ``hybridkv cost`` and in results).
     """
 

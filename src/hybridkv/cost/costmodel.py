@@ -26,9 +26,10 @@ and ``P`` are active and total parameters and ``wbpp`` the bytes per weight; for
 ``A = P`` and every step reads all weights once. For MoE, each token is modelled as touching a
 random fraction ``A/P`` of the weights, so a batch of ``T`` tokens reads the expected union
 (``A`` for one token, approaching ``P`` for large batches).
-Multiple GPUs (``num_gpus``) are treated as ideal tensor parallelism. An empty step costs 0.
+Multiple GPUs (``num_gpus``) share the compute ideally; their communication is added by
+:mod:`hybridkv.cost.comm` for a deployment. An empty step costs 0.
 
-This is a first-order model: no kernel launch detail, no communication cost, no MLA
+This is a first-order model: no kernel launch detail, no MLA
 absorption; on measured H100 steps it is off by a mean of 15 % and up to 32 %
 (docs/cost-model.md).
 """
@@ -93,6 +94,8 @@ class StepCost:
             other two terms).
         overhead_s: the fixed per-step time included in ``time_s``.
         model: ``"roofline"`` or ``"calibrated"``.
+        comm_s: the communication included in ``time_s`` (tensor- and expert-parallel
+            collectives: :mod:`hybridkv.cost.comm`; 0 on one GPU).
     """
 
     flops: float
@@ -103,17 +106,19 @@ class StepCost:
     attention_s: float = 0.0
     overhead_s: float = 0.0
     model: str = "roofline"
+    comm_s: float = 0.0
 
     @property
     def bound(self) -> str:
-        """``"compute"``, ``"memory"`` or ``"attention"``: the largest term."""
-        terms = {"compute": self.compute_s, "memory": self.memory_s, "attention": self.attention_s}
+        """``"compute"``, ``"memory"``, ``"attention"`` or ``"communication"``: the largest term."""
+        terms = {"compute": self.compute_s, "memory": self.memory_s, "attention": self.attention_s,
+                 "communication": self.comm_s}
         return max(terms, key=terms.__getitem__)
 
     def to_json(self) -> dict:
         """The fields and ``bound`` as a JSON object."""
         return {"time_s": self.time_s, "compute_s": self.compute_s, "memory_s": self.memory_s,
-                "attention_s": self.attention_s, "overhead_s": self.overhead_s,
+                "attention_s": self.attention_s, "overhead_s": self.overhead_s, "comm_s": self.comm_s,
                 "flops": self.flops, "bytes": self.bytes, "bound": self.bound, "model": self.model}
 
 
@@ -127,7 +132,8 @@ class CostModel:
         mfu: achieved fraction of peak FLOP/s (0, 1].
         mbu: achieved fraction of peak bandwidth (0, 1].
         step_overhead_s: fixed time added to every non-empty step (scheduling, launches).
-        num_gpus: GPUs sharing the work (ideal tensor parallelism).
+        num_gpus: GPUs sharing the work (an ideal split; :mod:`hybridkv.cost.comm` adds the
+            communication).
     """
 
     kind: ClassVar[str] = "roofline"

@@ -46,12 +46,20 @@ MAX_GPUS = 1024
 
 @dataclass(frozen=True, slots=True)
 class KVBudget:
-    """The KV memory ``num_gpus`` GPUs leave for ``preset`` at ``fraction`` of their memory."""
+    """The KV memory ``num_gpus`` GPUs leave for ``preset`` at ``fraction`` of their memory
+    (``weights``: the weight bytes these GPUs hold, when not all of the preset's: an
+    expert-parallel rank holds its share of the experts only)."""
 
     preset: ModelPreset
     gpu: GpuPreset
     num_gpus: int
     fraction: float
+    weights: float | None = None
+
+    @property
+    def weight_bytes(self) -> float:
+        """The weight bytes these GPUs hold."""
+        return self.preset.weight_bytes if self.weights is None else self.weights
 
     @property
     def engine_bytes(self) -> float:
@@ -65,7 +73,7 @@ class KVBudget:
     @property
     def kv_bytes(self) -> int:
         """What is left for the KV cache (<= 0: the weights and reserve do not fit)."""
-        return int(self.engine_bytes - self.preset.weight_bytes - self.reserve_bytes)
+        return int(self.engine_bytes - self.weight_bytes - self.reserve_bytes)
 
     @property
     def fits(self) -> bool:
@@ -78,21 +86,22 @@ class KVBudget:
     def describe(self) -> str:
         """``0.9 x 16 x h100 (1,152 GB) - weights 671.0 GB - reserve 103.1 GB = 378.0 GB``."""
         return (f"{self.fraction:g} x {self.num_gpus} x {self.gpu.name} "
-                f"({self.engine_bytes / 1e9:,.1f} GB) - weights {self.preset.weight_bytes / 1e9:,.1f} GB "
+                f"({self.engine_bytes / 1e9:,.1f} GB) - weights {self.weight_bytes / 1e9:,.1f} GB "
                 f"- activation reserve {self.reserve_bytes / 1e9:,.1f} GB = {self.kv_bytes / 1e9:,.1f} GB")
 
     def to_json(self) -> dict:
         return {"gpu": self.gpu.name, "num_gpus": self.num_gpus, "gpu_memory_fraction": self.fraction,
-                "engine_bytes": self.engine_bytes, "weight_bytes": self.preset.weight_bytes,
+                "engine_bytes": self.engine_bytes, "weight_bytes": self.weight_bytes,
                 "reserve_bytes": self.reserve_bytes, "kv_bytes": self.kv_bytes}
 
 
 def kv_budget(preset: ModelPreset, gpu: GpuPreset, num_gpus: int,
-              fraction: float = DEFAULT_GPU_MEMORY_FRACTION) -> KVBudget:
-    """The :class:`KVBudget` of ``num_gpus`` x ``gpu`` for ``preset``."""
+              fraction: float = DEFAULT_GPU_MEMORY_FRACTION, weights: float | None = None) -> KVBudget:
+    """The :class:`KVBudget` of ``num_gpus`` x ``gpu`` for ``preset`` (``weights``: the bytes
+    they hold, default all of the preset's)."""
     if not 0 < fraction <= 1:
         raise ValueError(f"gpu memory fraction must be in (0, 1], got {fraction!r}")
-    return KVBudget(preset, gpu, num_gpus, fraction)
+    return KVBudget(preset, gpu, num_gpus, fraction, weights)
 
 
 def fewest_gpus(preset: ModelPreset, gpu: GpuPreset, fraction: float = DEFAULT_GPU_MEMORY_FRACTION,

@@ -290,10 +290,10 @@ def llama_4_scout() -> ModelPreset:
 # DeepSeek-V3 config.json: q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
 # qk_rope_head_dim=64, v_head_dim=128, n_routed_experts=256, num_experts_per_tok=8,
 # moe_intermediate_size=2048, n_shared_experts=1, intermediate_size=18432 (the first 3 dense
-# layers; the shapes record the MoE layers), vocab_size=129280, untied.
+# layers; the shapes record the MoE layers), first_k_dense_replace=3, vocab_size=129280, untied.
 _DEEPSEEK_V3_SHAPES = ModelShapes(
     hidden_size=7168, num_heads=128, head_dim=192, intermediate_size=18432, vocab_size=129280,
-    moe=MoEShape(256, 8, 2048, 2048), mla=MLAShape(1536, 512, 128, 64, 128))
+    moe=MoEShape(256, 8, 2048, 2048, dense_layers=3), mla=MLAShape(1536, 512, 128, 64, 128))
 
 
 def deepseek_v3() -> ModelPreset:

@@ -267,16 +267,24 @@ def default_calibration(gpu: GpuPreset) -> tuple[Calibration, str]:
 
 
 def cost_model(preset: ModelPreset, gpu: GpuPreset, num_gpus: int = 1, profile: Profile | None = None,
-               kind: str = "calibrated") -> CalibratedCostModel | CostModel:
+               kind: str = "calibrated", deployment=None):
     """The step-time model a simulation uses.
 
     ``kind="roofline"``: the roofline (:class:`CostModel`) on ``gpu``. ``"calibrated"``
     (default): with a ``profile``, its fitted constants on the profile's device peaks;
-    without, :func:`default_calibration` on ``gpu``'s peaks.
+    without, :func:`default_calibration` on ``gpu``'s peaks. With a ``deployment``
+    (:class:`~hybridkv.cost.deployment.Deployment`) that communicates (``tp`` or ``ep`` > 1),
+    the model is built for its group's GPUs and wrapped in
+    :class:`~hybridkv.cost.comm.DeployedCostModel`, which adds the collectives; ``num_gpus``
+    is then the deployment's ``tp``.
 
     Raises:
         ValueError: an unknown ``kind``, or a profile without fitted constants.
     """
+    if deployment is not None and (deployment.tp > 1 or deployment.ep > 1):
+        from hybridkv.cost.comm import DeployedCostModel
+        inner = cost_model(preset, gpu, deployment.group, profile, kind)
+        return DeployedCostModel(inner, deployment)
     if kind not in COST_MODELS:
         raise ValueError(f"unknown cost model {kind!r}; valid: {', '.join(COST_MODELS)}")
     if kind == "roofline":

@@ -32,12 +32,15 @@ class MoEShape:
         top_k: routed experts each token uses.
         expert_intermediate: one expert's MLP width.
         shared_intermediate: width of the always-on shared expert(s) (0: none).
+        dense_layers: leading layers with a dense MLP instead of experts (DeepSeek-V3's
+            ``first_k_dense_replace``; 0: every layer is MoE).
     """
 
     num_experts: int
     top_k: int
     expert_intermediate: int
     shared_intermediate: int = 0
+    dense_layers: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -62,6 +62,7 @@ from hybridkv.cost.transfer import DEFAULT_TRANSFER
 from hybridkv.sim.bounds.whatif import WhatIf, what_if
 from hybridkv.sim.traffic.workitems import OUTPUT_TOKEN_BASE, ServedItem, WorkItem, served_workload
 from hybridkv.core.cache_options import CacheOptions
+from hybridkv.cost.deployment import Deployment
 
 
 
@@ -123,7 +124,8 @@ class SimConfig:
         max_model_len: per-request token cap (None: none).
         optimum: compute the offline (Belady) bound.
         timeline_points: at most this many samples of the timeline.
-        num_gpus: GPUs of the cost model (ideal tensor parallelism).
+        num_gpus: GPUs of one instance (the cost model splits their work ideally; ``deployment``
+            adds the communication).
         hash_algo, hash_seed: the manager's hashing (instances of a cluster share a seed, so
             an index built from their events matches a router's own hashes; published events
             use sha256, which a consumer can recompute). None: :data:`SIM_HASH_SEED`, the same
@@ -145,6 +147,9 @@ class SimConfig:
             (:class:`~hybridkv.sim.traffic.hint_synthesis.HintSpec`); the manager then takes hints.
         trace_hints: serve the hints the workload's requests carry (``TraceRequest.hint``, a
             trace line's ``"hint"``); a workload with hints is refused without it (or ``hints``).
+        deployment: how the model is laid out over GPUs (:class:`~hybridkv.cost.deployment.Deployment`:
+            tensor, data and expert parallelism, priced with their communication); None: one
+            engine over ``num_gpus``, no communication.
     """
 
     preset: ModelPreset
@@ -172,6 +177,7 @@ class SimConfig:
     tiers: TierConfig | None = None
     hints: HintSpec | None = None
     trace_hints: bool = False
+    deployment: Deployment | None = None
 
     @property
     def takes_hints(self) -> bool:
@@ -296,6 +302,7 @@ class SimResult:
             "fraction_of_hazard_bound": (self.block_hit_rate / hz) if hz else None,
             "gap": dataclasses.asdict(self.gap) if self.gap else None,
             "output_tokens": self.output_tokens,
+            "ttft_mean_s": float(np.mean(self.ttft_s)) if self.ttft_s else None,
             "ttft_p50_s": pct(50),
             "ttft_p90_s": pct(90),
             "ttft_p99_s": pct(99),
@@ -317,6 +324,13 @@ class SimResult:
             "sim_requests_per_s": (self.requests - self.rejected) / self.sim_s if self.sim_s else None,
             "config": dict(self.config),
         }
+
+
+def deployment_json(cfg: SimConfig) -> dict:
+    """``cfg``'s deployment as JSON (``tp``, ``dp``, ``ep``, ``gpus``, ...); without one, a single
+    engine over ``num_gpus``."""
+    dep = cfg.deployment if cfg.deployment is not None else Deployment(cfg.num_gpus, reason="one engine")
+    return dep.to_json()
 
 
 #: The hash seed of a simulator given none: fixed, so every process hashes (and samples) alike.
@@ -377,7 +391,7 @@ class Simulator:
         self.tiers = self._tier_runtime(config)
         self.scheduler = Scheduler(self.kv, sched_cfg, self.tiers)
         self.cost = cost_model(config.preset, config.gpu, config.num_gpus, config.profile,
-                               config.cost_model)
+                               config.cost_model, config.deployment)
         spec = config.spec
         self.k = spec.num_speculative_tokens if spec else 0
         self.acceptance = (AcceptanceModel(self.k, rate=config.acceptance_rate, seed=config.seed)
@@ -498,6 +512,7 @@ class Simulator:
             res.hints = self._hint_report()
         res.wall_s = time.perf_counter() - t0
         res.config = {"preset": cfg.preset.name, "gpu": cfg.gpu.name, "num_gpus": cfg.num_gpus,
+                      "deployment": deployment_json(cfg),
                       "cost_model": self.cost.source,
                       "num_blocks": cfg.num_blocks, "cache_tokens": cfg.cache_tokens,
                       "block_size": cfg.preset.block_size,

@@ -34,6 +34,7 @@ from hybridkv.sim.cluster.routing import (DEFAULT_MAX_SKEW, DEFAULT_OVERLAP_WEIG
 from hybridkv.sim.interrupt import RunInterrupted
 from hybridkv.sim.failures import ChildProcessDied
 from hybridkv.sim.bounds.optimal import OnlineHits, OptimumJob
+from hybridkv.cost.deployment import Deployment
 from hybridkv.sim.simulator import SimConfig, SimResult, Simulator
 from hybridkv.sim.bounds.whatif import what_if
 from hybridkv.sim.traffic.workitems import WorkItem, served_workload
@@ -114,7 +115,7 @@ def offered_load(cfg: SimConfig, items: Sequence[WorkItem], instances: int) -> O
     duration = (items[-1].arrival_s - items[0].arrival_s) if n > 1 else 0.0
     budget = cfg.sched.max_num_batched_tokens
     mean_prompt = total / n if n else 0.0
-    cost = cost_model(cfg.preset, cfg.gpu, cfg.num_gpus, cfg.profile, cfg.cost_model)
+    cost = cost_model(cfg.preset, cfg.gpu, cfg.num_gpus, cfg.profile, cfg.cost_model, cfg.deployment)
     step = cost.step_time_arrays(np.array([float(budget)]), np.array([mean_prompt / 2]))
     capacity = budget / step if step > 0 else math.inf
     rate = total / duration if duration > 0 else 0.0
@@ -479,7 +480,13 @@ class ClusterSimulator:
             res.partial = partial
             results.append(res)
         cfg = self.config
+        dep = cfg.deployment if cfg.deployment is not None else Deployment(cfg.num_gpus, reason="one engine")
+        if dep.dp != len(insts) and not dep.dp_attention:       # instances of one engine each
+            dep = dataclasses.replace(dep, dp=len(insts))
+        dep = dep.to_json()
         config = {"preset": cfg.preset.name, "gpu": cfg.gpu.name, "num_gpus": cfg.num_gpus,
+                  "deployment": dep, "spec": (f"{cfg.spec.method}:{cfg.spec.num_speculative_tokens}"
+                                                    if cfg.spec else None),
                   "num_blocks_per_instance": cfg.num_blocks, "block_size": cfg.preset.block_size,
                   "cache_tokens": cfg.cache_tokens, "key_block_size": insts[0].sim.key_block,
                   "optimum_capacity_blocks": insts[0].sim.optimum_capacity * len(insts),

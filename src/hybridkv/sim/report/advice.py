@@ -51,7 +51,8 @@ def instances_needed(load: OfferedLoad, hit_rate: float) -> int:
 
 def next_steps(res: SimResult, load: OfferedLoad | None, instances: int = 1,
                larger_cache: Callable[[int], str] | None = None,
-               has_state: bool = False) -> list[str]:
+               has_state: bool = False,
+               instances_option: Callable[[int], str | None] | None = None) -> list[str]:
     """The next-step sentences for ``res`` (``[]`` when there is nothing to say).
 
     Args:
@@ -61,6 +62,9 @@ def next_steps(res: SimResult, load: OfferedLoad | None, instances: int = 1,
         larger_cache: ``larger_cache(tokens)`` -> how to ask for a cache of that many tokens
             (e.g. ``--cache-tokens 7.7M --gpus 32``); None: ``--cache-tokens``.
         has_state: the preset has recurrent-state groups (retention means checkpoints).
+        instances_option: ``instances_option(n)`` -> the options that run ``n`` instances
+            (default ``--instances n``; a deployment's ``--dp n``), or None where ``n`` cannot
+            run (fewer ranks of a data-parallel-attention deployment may not hold the experts).
     """
     steps: list[str] = []
     cache = _cache_step(res, larger_cache)
@@ -70,7 +74,8 @@ def next_steps(res: SimResult, load: OfferedLoad | None, instances: int = 1,
     if retained:
         steps.append(retained)
     if load is not None and load.prompt_tok_s > 0:
-        steps.append(_load_step(load, res.hit_rate, instances, _p99(res)))
+        steps.append(_load_step(load, res.hit_rate, instances, _p99(res),
+                                instances_option or (lambda n: f"--instances {n}")))
     prefix = _prefix_step(res)
     if prefix:
         steps.append(prefix)
@@ -127,7 +132,8 @@ def _p99(res: SimResult) -> float | None:
 
 
 def _load_step(load: OfferedLoad, hit_rate: float, instances: int,
-               ttft_p99: float | None = None) -> str:
+               ttft_p99: float | None = None,
+               option: Callable[[int], str | None] = lambda n: f"--instances {n}") -> str:
     need = instances_needed(load, hit_rate)
     uncached = load.prompt_tok_s * (1.0 - hit_rate)
     each = load.capacity_tok_s
@@ -148,10 +154,11 @@ def _load_step(load: OfferedLoad, hit_rate: float, instances: int,
                 (f"TTFT p99 is {ttft_p99:,.1f} s (over {TAIL_TTFT_S:g} s: a backlog)", tail)) if bad)
             return (f"instances: {who} up only on average ({uncached:,.0f} uncached tok/s, "
                     f"{_share(share)} of the prefill rate of {each:,.0f} tok/s per instance by "
-                    f"the cost model), not at the peak or in the tail: {why}; try --instances "
-                    f"{more} --router kv-aware")
+                    f"the cost model), not at the peak or in the tail: {why}"
+                    + _try(option(more)))
         who = "one instance keeps" if instances == 1 else f"{instances} instances keep"
-        fewer = (f"; {need} would do (try --instances {need})" if need < instances else "")
+        fewer_option = option(need) if need < instances else None
+        fewer = f"; {need} would do (try {fewer_option})" if fewer_option else ""
         peak_text = f", {busiest}" if peak is not None else ""
         return (f"instances: {who} up with this load: uncached prompt tokens arrive at "
                 f"{uncached:,.0f} tok/s ({1 - hit_rate:.0%} of {load.prompt_tok_s:,.0f}), "
@@ -160,7 +167,12 @@ def _load_step(load: OfferedLoad, hit_rate: float, instances: int,
     return (f"instances: this load needs {need} instances to keep up with prefill: uncached "
             f"prompt tokens arrive at {uncached:,.0f} tok/s ({1 - hit_rate:.0%} of "
             f"{load.prompt_tok_s:,.0f}) and one instance prefills about {each:,.0f} tok/s (the "
-            f"cost model); try --instances {need} --router kv-aware")
+            f"cost model)" + _try(option(need)))
+
+
+def _try(opts: str | None) -> str:
+    """``; try OPTIONS --router kv-aware`` (nothing when no options run it)."""
+    return f"; try {opts} --router kv-aware" if opts else ""
 
 
 def _prefix_step(res: SimResult) -> str | None:
