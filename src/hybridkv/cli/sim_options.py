@@ -331,6 +331,7 @@ def build_config(args: argparse.Namespace, num_blocks: int | None = None,
                     max_model_len=args.max_model_len, optimum=not args.no_optimum,
                     num_gpus=args.gpus, eviction_policy=args.eviction_policy,
                     prefix_retention=args.prefix_retention, cost_model=args.cost_model,
-                    profile=args.profile, tiers=tier_config(args, preset))
+                    profile=args.profile, tiers=tier_config(args, preset),
+                    retention=pins if isinstance(pins := getattr(args, "pins", None), str) else None)
     check_spec_fits(cfg)
     return cfg

@@ -40,6 +40,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from hybridkv.core.hints import RETENTION_KINDS
 from hybridkv.core.manager import KVCacheManager
 from hybridkv.core.request import Request
 from hybridkv.core.retention_config import RetentionConfig, TokenRange
@@ -144,6 +145,11 @@ class SimConfig:
             (:class:`~hybridkv.sim.hint_synthesis.HintSpec`); the manager then takes hints.
         trace_hints: serve the hints the workload's requests carry (``TraceRequest.hint``, a
             trace line's ``"hint"``); a workload with hints is refused without it (or ``hints``).
+        retention: ``"hard"`` or ``"soft"``: every pin of the hints served is made that kind
+            (:attr:`hybridkv.core.hints.Hint.soft`; the what-if of soft against hard retention
+            on the same hints); None: as the hints say.
+        drop_trace_hints: serve a workload whose requests carry hints without them (the
+            baseline of a hint what-if) instead of refusing it.
     """
 
     preset: ModelPreset
@@ -171,6 +177,13 @@ class SimConfig:
     tiers: TierConfig | None = None
     hints: HintSpec | None = None
     trace_hints: bool = False
+    retention: str | None = None
+    drop_trace_hints: bool = False
+
+    def __post_init__(self) -> None:
+        if self.retention not in (None, *RETENTION_KINDS):
+            raise ValueError(f"retention must be None or one of {', '.join(RETENTION_KINDS)}, "
+                             f"got {self.retention!r}")
 
     @property
     def takes_hints(self) -> bool:
@@ -518,7 +531,8 @@ class Simulator:
                       "max_num_seqs": self.scheduler.config.max_num_seqs,
                       "tiers": None if self.tiers is None else self.tiers.report.config,
                       "hints": (str(cfg.hints) if cfg.hints is not None
-                                else "trace" if cfg.trace_hints else None)}
+                                else "trace" if cfg.trace_hints else None),
+                      "retention": cfg.retention}
 
     def retained_blocks(self) -> dict[str, int]:
         """Hashed (cached) blocks per group now."""
@@ -531,6 +545,16 @@ class Simulator:
         """Per served request, the hint it carries: synthesised (``SimConfig.hints``), the
         trace's (``trace_hints``), or None for all. Refuses a workload whose own hints would be
         ignored, and a pin the pool cannot hold."""
+        hints = self._given_hints(served)
+        soft = self.config.retention
+        if hints is None or soft is None:
+            return hints
+        soft = soft == "soft"
+        return [h if h is None or h.pin_s is None or h.soft == soft else dataclasses.replace(h, soft=soft)
+                for h in hints]
+
+    def _given_hints(self, served: list[ServedItem]) -> list | None:
+        """:meth:`_workload_hints` before ``SimConfig.retention`` is applied."""
         cfg = self.config
         items = [s.item for s in served]
         if cfg.hints is not None:
@@ -538,7 +562,7 @@ class Simulator:
             return synthesize_hints(cfg.hints, sessions, [it.arrival_s for it in items], cfg.seed)
         carried = [it.hint for it in items]
         if not cfg.trace_hints:
-            if any(h is not None for h in carried):
+            if not cfg.drop_trace_hints and any(h is not None for h in carried):
                 raise ValueError("the workload's requests carry hints; serve them with "
                                  "SimConfig(trace_hints=True) (or synthesise others with hints=)")
             return None
@@ -564,6 +588,7 @@ class Simulator:
                 "last_turn_hints": sum(1 for h in given if h.ends),
                 "pin_hints": sum(1 for h in given if h.pin_s is not None),
                 "resume_hints": sum(1 for h in given if h.resume_s is not None),
+                "soft_pin_hints": sum(1 for h in given if h.soft),
                 **dataclasses.asdict(stats)}
 
     def _new_request(self, served: ServedItem, index: int) -> EngineRequest:
