@@ -312,6 +312,8 @@ class SimResult:
             "ttft_p90_s": pct(90),
             "ttft_p99_s": pct(99),
             "itl_mean_s": float(np.mean(self.itl_s)) if self.itl_s else None,
+            "itl_p50_s": float(np.percentile(self.itl_s, 50)) if self.itl_s else None,
+            "itl_p99_s": float(np.percentile(self.itl_s, 99)) if self.itl_s else None,
             "throughput_tok_s": self.output_tokens / self.makespan_s if self.makespan_s else None,
             "makespan_s": self.makespan_s,
             "steps": self.steps,
