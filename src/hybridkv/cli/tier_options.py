@@ -210,9 +210,6 @@ def check_tier_options(args: argparse.Namespace, preset) -> None:
     if preset.kv_config(num_blocks=2).has_state:
         raise ValueError(f"KV tiers hold attention blocks only and {preset.name} has recurrent-state "
                          "groups (the core keeps no checkpoint in a tier); drop the tier options")
-    if getattr(args, "instances", None) not in (None, 1) or getattr(args, "router", None):
-        raise ValueError("KV tiers are simulated for one instance; drop --instances / --router "
-                         "or the tier options")
     for size in listed or [None]:
         tier_config(args, preset, cpu_tokens=size)          # sizes its media can address
 

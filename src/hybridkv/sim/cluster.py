@@ -35,6 +35,7 @@ from hybridkv.sim.interrupt import RunInterrupted
 from hybridkv.sim.failures import ChildProcessDied
 from hybridkv.sim.optimal import OnlineHits, OptimumJob
 from hybridkv.sim.simulator import SimConfig, SimResult, Simulator
+from hybridkv.sim.tier_runtime import TierReport
 from hybridkv.sim.whatif import what_if
 from hybridkv.sim.workitems import WorkItem, served_workload
 
@@ -210,12 +211,12 @@ class ClusterResult:
 
 
 def combine(results: Sequence[SimResult]) -> SimResult:
-    """The instances' results as one :class:`SimResult`: counts summed, TTFT and inter-token
-    samples pooled, the longest makespan, mean usage averaged and peak the highest, retained
+    """The instances' results as one :class:`SimResult`: counts summed (the tiers' too),
+    TTFT and inter-token samples pooled, the longest makespan, mean usage averaged and peak the highest, retained
     blocks summed per group (no timeline, no optimum)."""
     out = SimResult()
     for r in results:
-        for name in ("requests", "rejected", "prompt_tokens", "hit_tokens", "prompt_blocks",
+        for name in ("requests", "rejected", "prompt_tokens", "hit_tokens", "gpu_hit_tokens", "prompt_blocks",
                      "hit_blocks", "output_tokens", "steps", "preemptions", "evictions"):
             setattr(out, name, getattr(out, name) + getattr(r, name))
         out.ttft_s.extend(r.ttft_s)
@@ -224,6 +225,9 @@ def combine(results: Sequence[SimResult]) -> SimResult:
         out.peak_usage = max(out.peak_usage, r.peak_usage)
         for g, n in r.retained_blocks.items():
             out.retained_blocks[g] = out.retained_blocks.get(g, 0) + n
+    tiers = [r.tiers for r in results if r.tiers is not None]
+    if tiers:
+        out.tiers = TierReport.merge(tiers)
     out.mean_usage = sum(r.mean_usage for r in results) / len(results) if results else 0.0
     out.partial = any(r.partial for r in results)
     return out
@@ -317,7 +321,7 @@ class ClusterSimulator:
             num_instances=num_instances, block_size=self.key_block,
             capacity_blocks=max(1, (config.num_blocks - 1) // len(groups)),
             index=self.index, group=self.key_group, overlap_weight=overlap_weight,
-            max_skew=max_skew))
+            max_skew=max_skew, tier_holds=self._tier_holds if config.tiers is not None else None))
         self.max_skew = max_skew if self.router.bounds_skew else None
         self.event_sinks = list(event_sinks) if event_sinks is not None else None
         wants_events = self.router.needs_events or self.event_sinks is not None
@@ -334,6 +338,11 @@ class ClusterSimulator:
         self.scale = self.key_block // kv_cfg.hash_block_size
         for inst in self.instances:
             inst.sim.step_hooks.append(self._hook(inst))
+
+    def _tier_holds(self, instance: int, group: int, block_hash: bytes) -> bool:
+        """Whether instance ``instance``'s KV tiers hold the block (a tier-aware router's view)."""
+        tiers = self.instances[instance].sim.tiers
+        return tiers is not None and tiers.hierarchy.contains(group, block_hash)
 
     def _hook(self, inst: _Instance) -> Callable[[float, float, object], None]:
         index = self.index if self.router.needs_events else None
@@ -472,7 +481,11 @@ class ClusterSimulator:
             sim._finish_usage(res)
             stats = sim.kv.stats()
             res.requests = inst.routed + res.rejected
-            res.hit_tokens = stats.hits
+            res.gpu_hit_tokens = res.hit_tokens = stats.hits
+            if sim.tiers is not None:                 # as Simulator._fill counts them
+                res.tiers = sim.tiers.finish()
+                res.gpu_hit_tokens += res.tiers.gpu_hit_tokens
+                res.hit_tokens += sum(res.tiers.hit_tokens.values()) + res.tiers.gpu_hit_tokens
             res.preemptions = sim.scheduler.num_preemptions
             res.evictions = stats.evictions
             res.retained_blocks = sim.retained_blocks()
@@ -490,7 +503,8 @@ class ClusterSimulator:
                   "prefix_retention": (None if cfg.prefix_retention is None
                                        else str(cfg.prefix_retention)),
                   "max_num_batched_tokens": cfg.sched.max_num_batched_tokens,
-                  "max_num_seqs": cfg.sched.max_num_seqs, "seed": cfg.seed}
+                  "max_num_seqs": cfg.sched.max_num_seqs, "seed": cfg.seed,
+                  "tiers": None if insts[0].sim.tiers is None else insts[0].sim.tiers.report.config}
         overall = combine(results)
         overall.config = config
         overall.wall_s = time.perf_counter() - t0

@@ -128,6 +128,25 @@ class TierReport:
     contention_s_total: float = 0.0
     admission_refused: int = 0
 
+    @classmethod
+    def merge(cls, reports: list[TierReport]) -> TierReport:
+        """The reports of several instances' tiers (same tiers) as one: every count and time
+        summed per tier and queue (``load_wait_s_total`` None if any is)."""
+        first = reports[0]
+        out = cls(first.names, first.policy, config=dict(first.config))
+        for name in ("hit_tokens", "loaded_tokens", "loaded_bytes", "written_bytes", "link_busy_s"):
+            acc: dict = {}
+            for r in reports:
+                for k, v in getattr(r, name).items():
+                    acc[k] = acc.get(k, 0) + v
+            setattr(out, name, acc)
+        for name in ("loads", "loads_failed", "gpu_hit_tokens", "load_s_total", "offload_s_total",
+                     "contention_s_total", "admission_refused"):
+            setattr(out, name, sum(getattr(r, name) for r in reports))
+        waits = [r.load_wait_s_total for r in reports]
+        out.load_wait_s_total = None if any(w is None for w in waits) else sum(waits)
+        return out
+
     def to_json(self) -> dict:
         return {"policy": self.policy, "hit_tokens": dict(self.hit_tokens),
                 "loaded_tokens": dict(self.loaded_tokens), "loaded_bytes": dict(self.loaded_bytes),
