@@ -101,3 +101,31 @@ def test_itl_percentiles_are_reported() -> None:
     d = res.to_json()
     assert d["itl_p50_s"] is None and d["itl_p99_s"] is None          # one output token each
     assert d["tiers"]["admit_after"] == 1 and d["tiers"]["contention"] == 0.0
+
+
+def test_a_sliding_window_group_loads_only_its_window_and_is_priced_so(monkeypatch) -> None:
+    """gpt-oss-120b (full attention beside a 128-token window, 16-token blocks): C re-reads A's
+    2048 tokens from the CPU tier. The load names every full-attention block past the local hit
+    (n of them) but only the window's 8 = cdiv(127, 16) blocks of the sliding group (the hit
+    rule's span), and the copy time and bytes are those blocks' alone: 8 sliding blocks, not n
+    (llm-d's HMA-aware offload: only the last 128 tokens of each SWA group move)."""
+    from hybridkv.sim import tier_runtime
+    preset = get_preset("gpt-oss-120b")
+    loads = []
+    real = tier_runtime.TierRuntime._load
+
+    def spy(self, load, t):
+        loads.append([b.group for b in load.blocks])
+        return real(self, load, t)
+    monkeypatch.setattr(tier_runtime.TierRuntime, "_load", spy)
+    items = _evict_then_reuse(preset, 2048, 64)
+    sim = Simulator(SimConfig(preset, H100, _blocks(preset, 2048 + 256), tiers=TierConfig(cpu_cache_tokens=100_000),
+                              sched=SchedulerConfig(max_num_batched_tokens=16384)))
+    res = sim.run(items)
+    assert len(loads) == 1
+    n, w = loads[0].count(0), loads[0].count(1)
+    assert (n, w) == (128, 8)
+    full, swa = entry_bytes(preset.kv_config(num_blocks=2))
+    assert res.tiers.loaded_bytes["cpu"] == n * full + w * swa
+    assert res.tiers.load_s_total == pytest.approx(
+        DEFAULT_TRANSFER.copy_time(full, n, "h2d") + DEFAULT_TRANSFER.copy_time(swa, w, "h2d"), rel=1e-12)

@@ -14,7 +14,7 @@ __all__ = ["plot_tier_sweep", "tier_summary", "tier_sweep_table"]
 def _tokens(n: int) -> str:
     for unit, scale in (("G", 10**9), ("M", 10**6), ("k", 10**3)):
         if n >= scale:
-            return f"{n / scale:.3g}{unit}"
+            return f"{n / scale:.4g}{unit}"
     return str(n)
 
 
