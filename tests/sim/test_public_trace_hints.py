@@ -117,3 +117,15 @@ def test_pins_refuse_a_cluster_and_a_workload_without_hints(capsys) -> None:
     except SystemExit as exc:
         code = exc.code
     assert code != 0 and "--pins applies to hints" in capsys.readouterr().err
+    assert main(["simulate", *chat, "--pins", "soft"]) == 2
+    assert "--pins soft sets the kind of the hints' pins" in capsys.readouterr().err
+
+
+def test_simulate_pins_soft_makes_every_pin_soft(tmp_path, capsys) -> None:
+    js = tmp_path / "s.json"
+    chat = ["--workload", "chat", "--no-progress", "--preset", "llama-3.1-8b", "--sequential",
+            "--workload-param", "num_conversations=8", "--cache-tokens", "20k", "--no-baseline"]
+    assert main(["simulate", *chat, "--hints", "ttl=60:1:force", "--pins", "soft", "--json", str(js)]) == 0
+    d = json.loads(js.read_text())
+    assert d["config"]["retention"] == "soft" and d["hints"]["soft_pin_hints"] == d["hints"]["pin_hints"] > 0
+    assert "soft pins, refreshed" in capsys.readouterr().out

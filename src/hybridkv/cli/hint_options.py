@@ -131,4 +131,7 @@ def apply_hints(cfg, args: argparse.Namespace, items: Sequence, spec: HintSpec |
     carried = any(it.hint is not None for it in items)
     if spec is not None:
         return dataclasses.replace(cfg, hints=spec, trace_hints=False)
+    if cfg.retention is not None and not carried:
+        raise ValueError(f"--pins {cfg.retention} sets the kind of the hints' pins, but the workload "
+                         "carries no hints; add --hints (e.g. --hints ttl=300)")
     return dataclasses.replace(cfg, trace_hints=carried) if carried else cfg
