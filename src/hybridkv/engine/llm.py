@@ -282,7 +282,8 @@ class LLM:
             transfer = KVTransfer(layout, kv_store,
                                   namespace=store.namespace if store.namespace is not None
                                   else model_namespace(self.model_dir))
-            self.connector = KVConnector(self.kv, transfer, load=store.load, save=store.save)
+            self.connector = KVConnector(self.kv, transfer, load=store.load, save=store.save,
+                                         admit_after=store.admit_after)
         self.scheduler = Scheduler(self.kv, scheduler, connector=self.connector)
         self.engine = EngineCore(self.model, self.kv, self.scheduler, self.cache, self.drafter,
                                  record_logits=runtime.record_logits,
