@@ -21,8 +21,9 @@ field (API)                                               hint
 
 Every TTL shape is *soft* retention (``Hint(soft=True)``): each API documents its cache as kept
 for that long after the last use (Anthropic: refreshed each time it is read; OpenAI in-memory:
-cleared after 5 to 10 minutes of inactivity, so 600 s; Dynamo forwards the TTL to SGLang's
-``retention_seconds``), which is what a soft pin does. The whole prompt is retained (a trace
+cleared after 5 to 10 minutes of inactivity, so 600 s; Dynamo pins the prefix for the TTL
+after the request, ai-dynamo/dynamo#6213, and the SGLang pin it calls is refreshed on hit,
+sglang#18941), which is what a soft pin does. The whole prompt is retained (a trace
 line or a prompt has no message boundaries to place a breakpoint at).
 
 Errors (``ValueError``, naming the field, the bad value and what is valid): a field that is not
