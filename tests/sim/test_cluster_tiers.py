@@ -65,3 +65,36 @@ def test_each_instance_has_its_tiers_and_the_cluster_adds_them_up() -> None:
     assert o.tiers.loads == sum(r.tiers.loads for r in per)
     assert o.to_json()["hit_rate_by_tier"]["cpu"] > 0
     assert res.config["tiers"]["tiers"]["cpu"]["capacity_tokens"] == 40_000
+
+
+def test_a_remote_tier_is_one_store_every_instance_reads() -> None:
+    """Round-robin sends A (8,192 tokens) to instance 0 and, later, A + 512 to instance 1:
+    with a remote tier, instance 1 loads A's 16 blocks that instance 0 wrote there (Mooncake
+    Store: one store behind all instances); a CPU tier is an instance's own, so instance 1
+    finds nothing in it. The bound counts the shared store once."""
+    import numpy as np
+
+    from hybridkv.sched import SchedulerConfig
+    from hybridkv.sim import SimConfig, items_from_trace
+    from hybridkv.sim.presets import get_gpu, get_preset
+    from hybridkv.sim.traces import TraceRequest
+    preset = get_preset("llama-3.1-8b").with_block_size(512)
+    a = np.random.default_rng(0).integers(0, 50_000, 8192)
+    items = items_from_trace([TraceRequest("A", 0.0, a, 1),
+                              TraceRequest("C", 100.0, np.concatenate([a, np.arange(512)]), 1)])
+    blocks = preset.kv_config(memory_bytes=10_000 * preset.kv_bytes_per_token()["total"]).num_blocks + 1
+    hits = {}
+    for tier in ("remote", "cpu"):
+        cfg = SimConfig(preset, get_gpu("h100"), blocks, optimum=False,
+                        sched=SchedulerConfig(max_num_batched_tokens=16384),
+                        tiers=TierConfig(**{f"{tier}_cache_tokens": 100_000}))
+        sim = ClusterSimulator(cfg, 2, "round-robin")
+        res = sim.run(items)
+        assert res.routed_requests == [1, 1]
+        hits[tier] = res.instances[1].tiers.hit_tokens[tier]
+        one = sim.instances[0].sim
+        per = one.optimum_capacity
+        shared = one.tiers.key_capacity_blocks("remote")
+        assert shared == (100_000 // 512 if tier == "remote" else 0)
+        assert sim._optimum_capacity() == 2 * per - (shared if tier == "remote" else 0)
+    assert hits == {"remote": 8192, "cpu": 0}

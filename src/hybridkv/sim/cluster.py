@@ -287,7 +287,9 @@ class ClusterSimulator:
     :data:`~hybridkv.sim.routing.ROUTERS`).
 
     Args:
-        config: each instance's configuration (cache size, model, GPU, batching).
+        config: each instance's configuration (cache size, model, GPU, batching, KV tiers:
+            each instance has its own CPU and disk tiers of the configured sizes, while a
+            remote tier is one store all instances share, as a Mooncake Store is).
         num_instances: >= 1.
         router: routing policy name.
         overlap_weight: the kv-aware/approximate routers' weight of a request's own prefill.
@@ -338,6 +340,18 @@ class ClusterSimulator:
         self.scale = self.key_block // kv_cfg.hash_block_size
         for inst in self.instances:
             inst.sim.step_hooks.append(self._hook(inst))
+        self.shared_remote = 0              # key blocks of a remote tier the instances share
+        first = self.instances[0].sim.tiers
+        if first is not None and "remote" in first.names:
+            for inst in self.instances[1:]:
+                inst.sim.tiers.share_tier("remote", first)      # type: ignore[union-attr]
+            self.shared_remote = first.key_capacity_blocks("remote")
+
+    def _optimum_capacity(self) -> int:
+        """The bound's capacity: every instance's GPU share and tiers, a shared remote tier
+        once."""
+        n = len(self.instances)
+        return self.instances[0].sim.optimum_capacity * n - (n - 1) * self.shared_remote
 
     def _tier_holds(self, instance: int, group: int, block_hash: bytes) -> bool:
         """Whether instance ``instance``'s KV tiers hold the block (a tier-aware router's view)."""
@@ -396,7 +410,7 @@ class ClusterSimulator:
             inst.sim._online = OnlineHits([0] * n, [0.0] * n, [math.inf] * n,
                                           [0] * n if inst.sim._probe_groups else None)
         sim0 = insts[0].sim
-        optimum = (OptimumJob(served, sim0.key_block, sim0.optimum_capacity * len(insts),
+        optimum = (OptimumJob(served, sim0.key_block, self._optimum_capacity(),
                               self.config.parallel_optimum, extra=what_if)
                    if self.want_optimum else None)
         routed_to = [0] * n
@@ -495,7 +509,7 @@ class ClusterSimulator:
         config = {"preset": cfg.preset.name, "gpu": cfg.gpu.name, "num_gpus": cfg.num_gpus,
                   "num_blocks_per_instance": cfg.num_blocks, "block_size": cfg.preset.block_size,
                   "cache_tokens": cfg.cache_tokens, "key_block_size": insts[0].sim.key_block,
-                  "optimum_capacity_blocks": insts[0].sim.optimum_capacity * len(insts),
+                  "optimum_capacity_blocks": self._optimum_capacity(),
                   "instances": len(insts), "router": self.router_name,
                   "router_max_skew": self.max_skew,
                   "retention_interval": cfg.retention_interval,

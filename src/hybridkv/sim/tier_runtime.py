@@ -303,13 +303,20 @@ class TierRuntime:
         self.report.admission_refused = self.hierarchy.admission.refused
         return self.report
 
-    def key_capacity_blocks(self) -> int:
+    def key_capacity_blocks(self, only: str | None = None) -> int:
         """The tiers' capacity in key blocks (all their bytes in full-attention blocks): what
-        the offline bound of the hierarchy adds to the GPU's share."""
+        the offline bound of the hierarchy adds to the GPU's share (``only``: that tier's)."""
         kv_config = self.kv.config
         per_key = sum(self.entry[g] * max(1, self.key_block // grp.spec.block_size)
                       for g, grp in enumerate(kv_config.groups) if make_rule(grp.spec).downward_closed)
-        return sum(self.capacity_bytes) // per_key if per_key else 0
+        nbytes = sum(c for n, c in zip(self.names, self.capacity_bytes) if only in (None, n))
+        return nbytes // per_key if per_key else 0
+
+    def share_tier(self, name: str, other: TierRuntime) -> None:
+        """Use ``other``'s tier ``name`` as this runtime's own (one store several instances
+        read and write, as a Mooncake Store is; each keeps its own link and queue to it)."""
+        i, j = self.names.index(name), other.names.index(name)
+        self.hierarchy.tiers[i] = other.hierarchy.tiers[j]
 
     # ---- moves --------------------------------------------------------------------------------
     def _pcie(self, per_group: list[int], direction: str) -> float:
