@@ -64,3 +64,6 @@ def test_generate_takes_the_public_cache_fields(built_models: dict[str, Built]) 
         llm.generate([[1, 2, 3], [4, 5, 6]], max_tokens=1, prompt_cache_retention=[None, "1h"])
     with pytest.raises(ValueError, match=r"nvext needs one value for every prompt or one per prompt \(1\), got 2"):
         llm.generate([[1, 2, 3]], max_tokens=1, nvext=[None, None])
+    plain = build_llm(built_models["llama"].path, block_size=8, device="cpu", num_blocks=24)
+    with pytest.raises(ValueError, match=r"hint needs CacheConfig\(hints=True\) \(so do cache_control"):
+        plain.generate([[1, 2, 3]], max_tokens=1, cache_control={"type": "ephemeral"})

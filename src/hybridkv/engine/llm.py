@@ -435,7 +435,8 @@ class LLM:
             except ValueError as exc:
                 raise ValueError(f"prompt {i}: {exc}") from None
         if any(h is not None for h in hints) and not self.kv.hints:
-            raise ValueError("hint needs CacheConfig(hints=True); this LLM ignores hints")
+            raise ValueError("hint needs CacheConfig(hints=True) (so do cache_control, prompt_cache_key, "
+                             "prompt_cache_retention and nvext); this LLM ignores hints")
         if any(r is not None for r in keep) and not self.kv.uses_retention:
             raise ValueError(f"retention needs CacheConfig(eviction_policy='priority'); this LLM "
                              f"uses eviction_policy={self.kv.eviction_policy!r}, which ignores it")
