@@ -112,9 +112,9 @@ def run_main(argv: list[str]) -> int:
     (["sweep", "--plot", "p.txt"], "--plot 'p.txt': matplotlib cannot write '.txt' files"),
     # clusters: options that would be ignored, sizes that print a wall of rows
     (["simulate", "--router-overlap-weight", "2"],
-     "--router-overlap-weight 2 is read only by --router kv-aware or approximate with --instances N; got one instance"),
+     "--router-overlap-weight 2 is read only by --router kv-aware or approximate or tier-aware with --instances N; got one instance"),
     (["simulate", "--router-overlap-weight", "2", "--instances", "2", "--router", "round-robin"],
-     "--router-overlap-weight 2 is read only by --router kv-aware or approximate with --instances N; "
+     "--router-overlap-weight 2 is read only by --router kv-aware or approximate or tier-aware with --instances N; "
      "got --router round-robin"),
     (["sweep", "--router-overlap-weight", "2"], "--router-overlap-weight 2 is read only by --router kv-aware"),
     (["simulate", "--instances", "100000"], "--instances: must be an integer [1, 1024], got '100000'"),

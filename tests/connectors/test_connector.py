@@ -194,3 +194,20 @@ def test_the_oracle_catches_a_load_reported_ok_that_was_not() -> None:
     b.connector.run_loads = lying_loads
     with pytest.raises(AssertionError, match="holds wrong KV"):
         b.serve("b", PROMPT + [77])
+
+
+def test_admit_after_two_saves_only_what_was_computed_twice() -> None:
+    """With the frequency filter at 2, a's first computation of PROMPT saves nothing (b finds
+    nothing and recomputes); a computes it again after its prefix cache is reset, which saves
+    it, and a fresh engine c then loads the 40 tokens."""
+    store = LocalCPUStore(64 << 20)
+    a, b = Engine(store), Engine(store)
+    a.connector = KVConnector(a.kv, a.transfer, admit_after=2)
+    a.sched = Scheduler(a.kv, SchedulerConfig(max_num_batched_tokens=16), a.connector)
+    a.serve("a", PROMPT)
+    assert a.transfer.stats.saved == 0 and a.connector.admission.refused > 0
+    assert b.serve("b", PROMPT + [77]).num_external_tokens == 0
+    assert a.kv.reset_prefix_cache()
+    a.serve("a2", PROMPT)
+    assert a.transfer.stats.saved > 0
+    assert Engine(store).serve("c", PROMPT + [78]).num_external_tokens == 40

@@ -47,3 +47,23 @@ def test_generate_hint_bad_input(built_models: dict[str, Built]) -> None:
         build_llm(path, block_size=8, device="cpu", num_blocks=24, hints="yes")
     for engine in (plain, llm):
         assert not engine.engine.scheduler.has_unfinished() and engine.kv.stats().requests == 0
+
+
+def test_generate_takes_the_public_cache_fields(built_models: dict[str, Built]) -> None:
+    """Anthropic ``cache_control`` (1 h) pins the prompt's 4 full blocks softly; OpenAI's
+    ``prompt_cache_key`` names the session; a malformed field is refused naming the prompt."""
+    llm = build_llm(built_models["llama"].path, block_size=8, device="cpu", num_blocks=24, hints="force")
+    llm.generate([SYSTEM + [1, 2], SYSTEM + [3, 4]], max_tokens=2, ignore_eos=True,
+                 cache_control=[{"type": "ephemeral", "ttl": "1h"}, None],
+                 prompt_cache_key=["user-1", "user-2"])
+    llm.kv.check_integrity()
+    stats = llm.kv.hint_stats()
+    assert (stats.releases, stats.pinned) == (1, 4)
+    with pytest.raises(ValueError, match="prompt 1: prompt_cache_retention must be one of 'in_memory', "
+                                         "'24h', got '1h'"):
+        llm.generate([[1, 2, 3], [4, 5, 6]], max_tokens=1, prompt_cache_retention=[None, "1h"])
+    with pytest.raises(ValueError, match=r"nvext needs one value for every prompt or one per prompt \(1\), got 2"):
+        llm.generate([[1, 2, 3]], max_tokens=1, nvext=[None, None])
+    plain = build_llm(built_models["llama"].path, block_size=8, device="cpu", num_blocks=24)
+    with pytest.raises(ValueError, match=r"hint needs CacheConfig\(hints=True\) \(so do cache_control"):
+        plain.generate([[1, 2, 3]], max_tokens=1, cache_control={"type": "ephemeral"})

@@ -678,7 +678,7 @@ def test_cluster_config_record_is_the_single_simulators() -> None:
     one = Simulator(cfg).run(items).config
     shared = ("preset", "gpu", "num_gpus", "block_size", "cache_tokens", "key_block_size",
               "retention_interval", "eviction_policy", "prefix_retention",
-              "max_num_batched_tokens", "max_num_seqs", "seed")
+              "max_num_batched_tokens", "max_num_seqs", "seed", "tiers")
     want = {k: one[k] for k in shared} | {
         "num_blocks_per_instance": one["num_blocks"], "instances": 3, "router": "least-loaded",
         "router_max_skew": None, "spec": one["spec"],

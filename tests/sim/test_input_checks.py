@@ -40,7 +40,8 @@ def test_a_misspelt_token_trace_field_is_named_with_the_known_ones(tmp_path):
     with pytest.raises(ValueError) as info:
         load_token_trace(p)
     assert str(info.value) == (f"{p}:2: unknown field 'sesion' (did you mean 'session'?); known: "
-                               "prompt_token_ids, output_len, arrival_s, session, request_id, hint")
+                               "prompt_token_ids, output_len, arrival_s, session, request_id, hint, "
+                               "cache_control, prompt_cache_key, prompt_cache_retention, nvext")
 
 
 def test_an_unknown_mooncake_field_is_named_with_the_known_ones(tmp_path):
@@ -48,8 +49,11 @@ def test_an_unknown_mooncake_field_is_named_with_the_known_ones(tmp_path):
     with pytest.raises(ValueError) as info:
         list(iter_mooncake_records(p))
     assert str(info.value) == (f"{p}:2: unknown field 'priority'; known: timestamp, input_length, "
-                               "output_length, hash_ids, session, hint")
-    assert MOONCAKE_FIELDS[-2:] == TOKEN_FIELDS[-3::2] == ("session", "hint")
+                               "output_length, hash_ids, session, hint, cache_control, "
+                               "prompt_cache_key, prompt_cache_retention, nvext")
+    public = ("cache_control", "prompt_cache_key", "prompt_cache_retention", "nvext")
+    assert MOONCAKE_FIELDS[-6:] == ("session", "hint", *public)
+    assert TOKEN_FIELDS[-7:] == ("session", "request_id", "hint", *public)
 
 
 def test_cli_names_the_unknown_field(tmp_path, capsys):
@@ -58,7 +62,8 @@ def test_cli_names_the_unknown_field(tmp_path, capsys):
                  "--no-progress"]) == 2
     assert capsys.readouterr().err == (f"hybridkv simulate: error: {p}:1: unknown field 'sesion' (did "
                                        "you mean 'session'?); known: prompt_token_ids, output_len, "
-                                       "arrival_s, session, request_id, hint\n")
+                                       "arrival_s, session, request_id, hint, cache_control, "
+                                       "prompt_cache_key, prompt_cache_retention, nvext\n")
 
 
 # ---- hints --------------------------------------------------------------------------------------

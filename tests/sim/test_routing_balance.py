@@ -142,10 +142,10 @@ def test_cli_max_skew_errors(capsys):
     assert main(["simulate", "--instances", "2", "--router", "round-robin", "--router-max-skew", "2"]) == 2
     assert capsys.readouterr().err.strip() == (
         "hybridkv simulate: error: --router-max-skew 2 is read only by --router kv-aware or "
-        "approximate with --instances N; got --router round-robin")
+        "approximate or tier-aware with --instances N; got --router round-robin")
     assert main(["simulate", "--router-max-skew", "none", "--limit", "2"]) == 2
-    assert "--router-max-skew none is read only by --router kv-aware or approximate with " \
+    assert "--router-max-skew none is read only by --router kv-aware or approximate or tier-aware with " \
            "--instances N; got one instance" in capsys.readouterr().err
     assert main(["sweep", "--router-max-skew", "3", "--limit", "2", "--no-progress"]) == 2
-    assert "--router-max-skew 3 is read only by --router kv-aware or approximate with " \
+    assert "--router-max-skew 3 is read only by --router kv-aware or approximate or tier-aware with " \
            "--instances or --instances-list; got one instance" in capsys.readouterr().err

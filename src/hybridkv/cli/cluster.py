@@ -310,6 +310,11 @@ def run_cluster_command(args: argparse.Namespace, cfg: SimConfig, items: list[Wo
         raise
     finally:
         close()
+    if result.overall.tiers is not None:
+        from hybridkv.sim.tiers.report import tier_summary
+        result.overall.config.setdefault("cache_tokens", cfg.cache_tokens)
+        print(tier_summary(result.overall).replace(
+            "KV tiers (", f"KV tiers of each of the {args.instances} instances, counts summed (", 1))
     has_state = cfg.preset.kv_config(num_blocks=cfg.num_blocks).has_state
     why = explain_gap(result.overall, has_state)
     if why:

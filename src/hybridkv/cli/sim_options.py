@@ -332,6 +332,7 @@ def build_config(args: argparse.Namespace, num_blocks: int | None = None,
                     num_gpus=args.gpus, eviction_policy=args.eviction_policy,
                     prefix_retention=args.prefix_retention, cost_model=args.cost_model,
                     profile=args.profile, tiers=tier_config(args, preset),
-                    deployment=getattr(args, "deployment", None))
+                    deployment=getattr(args, "deployment", None),
+                    retention=pins if isinstance(pins := getattr(args, "pins", None), str) else None)
     check_spec_fits(cfg)
     return cfg

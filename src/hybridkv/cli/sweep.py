@@ -119,8 +119,9 @@ def check_sweep_options(args: argparse.Namespace) -> None:
     if args.eviction_policies and swept not in ([], ["--cache-tokens-list"]):
         raise ValueError(f"sweep one thing at a time: --eviction-policies sweeps cache sizes "
                          f"(--cache-tokens-list), not {swept[0]}")
-    if args.hints is not None and (swept not in ([], ["--cache-tokens-list"]) or args.eviction_policies):
-        raise ValueError("sweep one thing at a time: --hints sweeps hint accuracy at each size of "
+    hinted = "--hints" if args.hints is not None else "--pins" if args.pins is not None else None
+    if hinted and (swept not in ([], ["--cache-tokens-list"]) or args.eviction_policies):
+        raise ValueError(f"sweep one thing at a time: {hinted} sweeps hints at each size of "
                          "--cache-tokens-list (not with --retention-intervals, --instances-list, "
                          "--cpu-cache-tokens-list or --eviction-policies)")
     if args.instances is not None and args.instances_list is not None:
@@ -203,7 +204,7 @@ def _run(args: argparse.Namespace) -> int:
             return sweep_state(args, items, preset)
         if args.cpu_cache_tokens_list is not None:
             return sweep_tiers(args, items, preset)
-        if args.hints is not None:
+        if args.hints is not None or args.pins is not None:
             return sweep_hints(args, items, preset)
         return _sweep(args, items, preset)
     except RunInterrupted as exc:
@@ -346,30 +347,43 @@ def _label(value: object) -> str:
 
 
 def sweep_hints(args: argparse.Namespace, items: list[WorkItem], preset) -> int:
-    """Every hint accuracy of ``args.hints`` and the run without hints, at every cache size;
-    print the accuracy x size table, write ``--json`` (each row's ``hints``: the spec or
-    null) and ``--plot`` (hit rate, and TTFT when timed, against accuracy)."""
+    """Every hint accuracy of ``args.hints`` (or the trace's own hints), each with every pin
+    kind of ``--pins`` (default: as the hints say), and the run without hints, at every cache
+    size; print the hints x size table, write ``--json`` (each row's ``hints``: the spec or
+    null, ``pins``: the kind or null) and ``--plot`` (hit rate, and TTFT when timed, against
+    accuracy; one pin kind only)."""
     from hybridkv.sim.report.hints import hint_sweep_table, plot_hint_sweep
     sizes = args.cache_tokens_list if args.cache_tokens_list is not None else DEFAULT_SIZES
-    specs = list(args.hints.specs)
+    specs = list(args.hints.specs) if args.hints is not None else [None]
+    pins = list(args.pins) if args.pins is not None else [None]
+    if args.hints is None and not any(it.hint is not None for it in items):
+        raise ValueError("--pins compares pin kinds of hints, but the workload carries none; "
+                         "add --hints (e.g. --hints ttl=300:1)")
+    if args.plot and len(pins) > 1:
+        raise ValueError("--plot draws hint accuracy for one pin kind; give one --pins kind or drop --plot")
     runs = []
     for size in sizes:
         base = build_config(args, num_blocks=capacity_blocks(args, preset, size))
-        runs.append((size, dataclasses.replace(base, hints=None, trace_hints=False)))
-        runs += [(size, apply_hints(base, args, items, spec)) for spec in specs]
+        runs.append((size, dataclasses.replace(base, hints=None, trace_hints=False, drop_trace_hints=True)))
+        runs += [(size, dataclasses.replace(apply_hints(base, args, items, spec), retention=kind))
+                 for spec in specs for kind in pins]
     timed = not runs[0][1].sequential
     if timed:
         print(f"step times: {cost_source(runs[0][1])}")
-    print(f"{preset.name}: {len(items)} requests, hints {args.hints} and none, at "
+    given = args.hints if args.hints is not None else "of the trace"
+    kinds = f", pins {','.join(args.pins)}" if args.pins is not None else ""
+    print(f"{preset.name}: {len(items)} requests, hints {given}{kinds} and none, at "
           f"{', '.join(f'{s:,}' for s in sizes)} tokens", flush=True)
     rows, results, failed = run_configs(args, runs, items)
-    labels = ["none"] + [str(s) for s in specs]
+    labels = ["none"] + [" ".join(str(x) for x in (s if s is not None else "trace", k) if x is not None)
+                         for s in specs for k in pins]
     for row, (_, cfg) in zip(rows, runs):
         row["hints"] = None if cfg.hints is None else str(cfg.hints)
+        row["pins"] = cfg.retention
     print(hint_sweep_table(sizes, labels, rows, timed))
     if args.json:
         write_json(args.json, rows, "the JSON rows")
-    if args.plot and not failed:
+    if args.plot and not failed and args.hints is not None:
         title = f"{preset.name}, {args.trace or args.workload or 'chat'}, hints {args.hints}"
         print("wrote " + write_output(args.plot, lambda p: plot_hint_sweep(
             sizes, [s.accuracy for s in specs], rows, p, title, timed), "the plot"))

@@ -56,6 +56,28 @@ def latency_us(text: str) -> float:
     return value * 1e-6
 
 
+def positive_int(text: str) -> int:
+    """An integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r} (e.g. 2)") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
+def share(text: str) -> float:
+    """A number in [0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r} (a share in [0, 1], e.g. 0.5)") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be a share in [0, 1], got {text!r}")
+    return value
+
+
 def parse_count_list_with_zero(text: str) -> list[int]:
     """``"0,10M,30M"`` -> sizes >= 0 (0: no tier); an empty item is named."""
     out = []
@@ -92,8 +114,17 @@ def add_tier_options(p: argparse.ArgumentParser, sweep: bool = False) -> None:
                             f"KV bytes per token: whole tokens; 0: none)")
     g.add_argument("--tier-policy", choices=TIER_POLICIES,
                    help="write-through (default: every cached block is written to every tier, as "
-                        "SGLang HiCache and hybridkv's connector) or offload-on-evict (a block "
-                        "moves down when evicted, as TensorRT-LLM's host cache)")
+                        "SGLang HiCache and hybridkv's connector), offload-on-evict (a block "
+                        "moves down when evicted, as TensorRT-LLM's host cache) or lazy-offload "
+                        "(written just before the GPU evicts it, copy kept on a load: LMCache's "
+                        "eviction-aware lazy offload)")
+    g.add_argument("--tier-admit-after", type=positive_int, metavar="N",
+                   help="admission filter: write a block to the tiers only at its N-th sighting "
+                        "(cached, or evicted, N times; default 1: every block)")
+    g.add_argument("--tier-contention", type=share, metavar="F",
+                   help="the share in [0, 1] of each host <-> GPU copy's time that the step it "
+                        "overlaps loses (default 0: copies run beside compute; 1: serialized with "
+                        "it); decoding requests pay it in ITL")
     for t in TIER_NAMES:
         g.add_argument(f"--{t}-bandwidth", type=positive_bandwidth, metavar="GB/s",
                        help=f"the {t} tier's link bandwidth, both ways (default "
@@ -169,6 +200,8 @@ def check_tier_options(args: argparse.Namespace, preset) -> None:
             raise ValueError(f"{given[0]} and --free-transfers: give one (free transfers take no time)")
     if not has_tiers(args):
         for option, value in (("--tier-policy", args.tier_policy),
+                              ("--tier-admit-after", args.tier_admit_after),
+                              ("--tier-contention", args.tier_contention),
                               ("--free-transfers", args.free_transfers or None)):
             if value is not None:
                 raise ValueError(f"{option} has no effect without a tier (--cpu-cache-tokens, "
@@ -177,9 +210,6 @@ def check_tier_options(args: argparse.Namespace, preset) -> None:
     if preset.kv_config(num_blocks=2).has_state:
         raise ValueError(f"KV tiers hold attention blocks only and {preset.name} has recurrent-state "
                          "groups (the core keeps no checkpoint in a tier); drop the tier options")
-    if getattr(args, "instances", None) not in (None, 1) or getattr(args, "router", None):
-        raise ValueError("KV tiers are simulated for one instance; drop --instances / --router "
-                         "or the tier options")
     for size in listed or [None]:
         tier_config(args, preset, cpu_tokens=size)          # sizes its media can address
 
@@ -207,6 +237,8 @@ def tier_config(args: argparse.Namespace, preset, cpu_tokens: int | None = None)
     cfg = TierConfig(cpu_cache_tokens=sizes["cpu"], disk_cache_tokens=sizes["disk"],
                      remote_cache_tokens=sizes["remote"],
                      policy=getattr(args, "tier_policy", None) or WRITE_THROUGH,
+                     admit_after=getattr(args, "tier_admit_after", None) or 1,
+                     contention=getattr(args, "tier_contention", None) or 0.0,
                      **links)
     cfg.check(preset.kv_bytes_per_token()["total"], preset.name)
     return cfg

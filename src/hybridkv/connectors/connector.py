@@ -35,6 +35,7 @@ from hybridkv.core.coordinator import CacheHit, ExternalHit
 from hybridkv.core.manager import KVCacheManager
 from hybridkv.core.request import Request
 from hybridkv.sched.scheduler import KVLoad
+from hybridkv.tiers.admission import FrequencyAdmission
 
 from .transfer import KVTransfer
 
@@ -61,10 +62,13 @@ class KVConnector:
         transfer: the worker-side mover over the registered cache and the tier.
         load: look up and load from the tier.
         save: save what the manager caches.
+        admit_after: save a block only when the manager caches it for the N-th time (the
+            frequency admission filter the simulator's tiers use,
+            :class:`~hybridkv.tiers.admission.FrequencyAdmission`; 1: every block).
     """
 
     def __init__(self, kv: KVCacheManager, transfer: KVTransfer, *, load: bool = True,
-                 save: bool = True) -> None:
+                 save: bool = True, admit_after: int = 1) -> None:
         names = [g.name for g in kv.config.groups]
         missing = [n for n in names if n not in transfer.layout.groups]
         if missing:
@@ -77,12 +81,14 @@ class KVConnector:
         self.save_enabled = save
         self.stats = ExternalStats()
         self._pending: list[BlockRef] = []
+        self.admission = FrequencyAdmission(admit_after)
         if save:
             kv.add_cached_listener(self._on_cached)
 
     # ---- scheduler side -----------------------------------------------------------------------
     def _on_cached(self, group: int, hashes: list[bytes], blocks: list[int]) -> None:
-        self._pending.extend(BlockRef(group, b, h) for h, b in zip(hashes, blocks))
+        see = self.admission.see
+        self._pending.extend(BlockRef(group, b, h) for h, b in zip(hashes, blocks) if see((group, h)))
 
     def take_saves(self) -> list[BlockRef]:
         """Drain the blocks cached since the last call."""

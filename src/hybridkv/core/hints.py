@@ -8,7 +8,10 @@ and says one or more of:
   evicted before every other cached block;
 * **pin this prefix** for ``pin_s`` seconds (``pin_tokens`` prompt tokens, default the whole
   prompt; Anthropic-style prompt caching, SGLang's ``cache_control`` TTLs): the blocks are
-  evicted after every unpinned one until the TTL runs out;
+  evicted after every unpinned one until the TTL runs out. A *hard* pin (the default) lasts
+  ``pin_s`` from the release that pinned it; a *soft* one (``soft=True``, SGLang's
+  ``retention_seconds``: "a bias, not a lock") is refreshed by every release of the block, hinted
+  or not (a hit refreshes it), and is broken before hard pins when pins must go;
 * **the session resumes in about** ``resume_s`` seconds (a tool call): the request's whole
   chain, prompt and output, is pinned for ``RESUME_FACTOR * resume_s + RESUME_MARGIN_S``, at
   :data:`RESUME_PRIORITY` (a predicted return: when pins do not fit, the latest goes first).
@@ -40,6 +43,10 @@ PIN_PRIORITY = MAX_PRIORITY
 #: The priority of a resume time's pin: a predicted return, broken before TTL pins when the
 #: pinned blocks do not fit (latest return first).
 RESUME_PRIORITY = MAX_PRIORITY - 1
+#: The priority of a soft pin's marks (a retention refreshed on hit, broken before hard pins).
+SOFT_PIN_PRIORITY = MAX_PRIORITY - 2
+#: Pin kinds (:attr:`Hint.soft`: ``"soft"``), the spelling ``--retention`` takes.
+RETENTION_KINDS = ("hard", "soft")
 #: A session whose ``continues`` probability is below this is treated as ending.
 ENDS_BELOW = 0.5
 #: "Resumes in about S seconds" pins the chain for ``RESUME_FACTOR * S + RESUME_MARGIN_S``: the
@@ -72,6 +79,8 @@ class Hint:
             release (None: no pin).
         pin_tokens: how many prompt tokens ``pin_s`` covers (None: the whole prompt).
         resume_s: the session resumes in about this many seconds (None: unknown).
+        soft: the pin is soft retention (refreshed whenever the block is released again, by any
+            request; broken before hard pins), not a hard pin (needs ``pin_s``).
 
     Raises ValueError naming the bad value: a negative or non-finite time, a probability outside
     [0, 1], ``pin_tokens`` without ``pin_s`` or below 1, an unhashable session, or a hint that
@@ -84,6 +93,7 @@ class Hint:
     pin_s: float | None = None
     pin_tokens: int | None = None
     resume_s: float | None = None
+    soft: bool = False
 
     def __post_init__(self) -> None:
         try:
@@ -107,6 +117,10 @@ class Hint:
                                  f"got {t!r}")
             if self.pin_s is None:
                 raise ValueError(f"Hint pin_tokens={t} needs pin_s (how long to pin them)")
+        if not isinstance(self.soft, bool):
+            raise ValueError(f"Hint soft must be True or False, got {self.soft!r}")
+        if self.soft and self.pin_s is None:
+            raise ValueError("Hint soft=True makes a pin soft retention; it needs pin_s (how long)")
         if self.ends and self.resume_s is not None:
             raise ValueError(f"Hint says the session ends (last_turn={self.last_turn}, continues={c!r}) "
                              f"and that it resumes in {self.resume_s!r} s; give one of them")
@@ -132,7 +146,8 @@ class Hint:
         out = []
         if self.pin_s is not None:
             end = num_prompt_tokens if self.pin_tokens is None else min(self.pin_tokens, num_prompt_tokens)
-            out.append(RetentionConfig((TokenRange(0, end, PIN_PRIORITY, float(self.pin_s)),)))
+            level = SOFT_PIN_PRIORITY if self.soft else PIN_PRIORITY
+            out.append(RetentionConfig((TokenRange(0, end, level, float(self.pin_s)),)))
         if self.resume_s is not None:
             ttl = RESUME_FACTOR * float(self.resume_s) + RESUME_MARGIN_S
             out.append(RetentionConfig((TokenRange(0, None, RESUME_PRIORITY, ttl),),
@@ -166,6 +181,7 @@ class HintStats:
         pins_broken: pinned blocks evicted before their TTL because nothing else was free (a
             pin never makes the cache refuse work).
         pins_lapsed: pins whose TTL ran out while the block was free.
+        soft_refreshes: soft pins extended by a release that did not pin (a hit refreshed them).
         shadow_plain_hits, shadow_demoting_hits, shadow_pinning_hits: the decayed hit counts of
             the layer's three shadow caches (sampled blocks): hints ignored, demotions honoured,
             pins honoured.
@@ -186,7 +202,9 @@ class HintStats:
     honour_demotions: bool = False
     honour_pins: bool = False
     forced: bool = False
+    soft_refreshes: int = 0
 
 
-__all__ = ["ENDS_BELOW", "Hint", "HintStats", "PIN_PRIORITY", "RESUME_PRIORITY", "RESUME_FACTOR", "RESUME_MARGIN_S",
+__all__ = ["ENDS_BELOW", "Hint", "HintStats", "PIN_PRIORITY", "RESUME_PRIORITY", "RETENTION_KINDS",
+           "SOFT_PIN_PRIORITY", "RESUME_FACTOR", "RESUME_MARGIN_S",
            "hint_marks"]

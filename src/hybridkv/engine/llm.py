@@ -31,6 +31,7 @@ from hybridkv.connectors.transfer import KVTransfer
 from hybridkv.core.manager import KVCacheManager
 from hybridkv.core.request import Request
 from hybridkv.core.hints import Hint
+from hybridkv.core.public_hints import public_hint
 from hybridkv.core.retention_config import RetentionConfig
 from hybridkv.core.spec_decode import SpecDecode, parse_spec
 from hybridkv.core.specs import KVCacheConfig
@@ -282,7 +283,8 @@ class LLM:
             transfer = KVTransfer(layout, kv_store,
                                   namespace=store.namespace if store.namespace is not None
                                   else model_namespace(self.model_dir))
-            self.connector = KVConnector(self.kv, transfer, load=store.load, save=store.save)
+            self.connector = KVConnector(self.kv, transfer, load=store.load, save=store.save,
+                                         admit_after=store.admit_after)
         self.scheduler = Scheduler(self.kv, scheduler, connector=self.connector)
         self.engine = EngineCore(self.model, self.kv, self.scheduler, self.cache, self.drafter,
                                  record_logits=runtime.record_logits,
@@ -362,6 +364,10 @@ class LLM:
                  priority: Sequence[int] | None = None,
                  retention: RetentionConfig | None | Sequence[RetentionConfig | None] = None,
                  hint: Hint | None | Sequence[Hint | None] = None,
+                 cache_control: Mapping | None | Sequence[Mapping | None] = None,
+                 prompt_cache_key: str | None | Sequence[str | None] = None,
+                 prompt_cache_retention: str | None | Sequence[str | None] = None,
+                 nvext: Mapping | None | Sequence[Mapping | None] = None,
                  ) -> list[GenerationOutput]:
         """Generate greedily for every prompt (one batch, continuous batching); outputs in order.
 
@@ -378,9 +384,17 @@ class LLM:
             hint: what the application knows about each request's session (one
                 :class:`~hybridkv.core.hints.Hint` for every prompt, or one per prompt, None for
                 none): it ends, pin a prefix, it resumes soon; needs ``CacheConfig(hints=True)``.
+            cache_control, prompt_cache_key, prompt_cache_retention, nvext: the public APIs'
+                cache fields (Anthropic, OpenAI, Dynamo; one value for every prompt or one per
+                prompt), mapped onto each request's hint by
+                :func:`~hybridkv.core.public_hints.public_hint` (e.g. ``cache_control={"type":
+                "ephemeral", "ttl": "1h"}``: the prompt is kept an hour past its last use);
+                need ``CacheConfig(hints=True)``.
         """
         reqs = self.submit(prompts, max_tokens, cache_salt=cache_salt, stop_token_ids=stop_token_ids,
-                           ignore_eos=ignore_eos, priority=priority, retention=retention, hint=hint)
+                           ignore_eos=ignore_eos, priority=priority, retention=retention, hint=hint,
+                           cache_control=cache_control, prompt_cache_key=prompt_cache_key,
+                           prompt_cache_retention=prompt_cache_retention, nvext=nvext)
         self.engine.run()
         return self.collect(reqs)
 
@@ -390,6 +404,10 @@ class LLM:
                priority: Sequence[int] | None = None,
                retention: RetentionConfig | None | Sequence[RetentionConfig | None] = None,
                hint: Hint | None | Sequence[Hint | None] = None,
+               cache_control: Mapping | None | Sequence[Mapping | None] = None,
+               prompt_cache_key: str | None | Sequence[str | None] = None,
+               prompt_cache_retention: str | None | Sequence[str | None] = None,
+               nvext: Mapping | None | Sequence[Mapping | None] = None,
                ) -> list[EngineRequest]:
         """Queue requests without running them (drive ``llm.engine.step()`` yourself, then
         :meth:`collect`). Arguments as for :meth:`generate`."""
@@ -403,8 +421,23 @@ class LLM:
         hints = list(hint) if isinstance(hint, (list, tuple)) else [hint] * n
         if not len(limits) == len(salts) == len(prios) == len(keep) == len(hints) == n:
             raise ValueError("max_tokens, cache_salt, priority, retention and hint need one entry per prompt")
+        public = {"cache_control": cache_control, "prompt_cache_key": prompt_cache_key,
+                  "prompt_cache_retention": prompt_cache_retention, "nvext": nvext}
+        for name, value in public.items():
+            per = list(value) if isinstance(value, (list, tuple)) else [value] * n
+            if len(per) != n:
+                raise ValueError(f"{name} needs one value for every prompt or one per prompt "
+                                 f"({n}), got {len(per)}")
+            public[name] = per
+        for i in range(n):
+            body = {k: v[i] for k, v in public.items() if v[i] is not None}
+            try:
+                hints[i] = public_hint(body, None, hints[i])
+            except ValueError as exc:
+                raise ValueError(f"prompt {i}: {exc}") from None
         if any(h is not None for h in hints) and not self.kv.hints:
-            raise ValueError("hint needs CacheConfig(hints=True); this LLM ignores hints")
+            raise ValueError("hint needs CacheConfig(hints=True) (so do cache_control, prompt_cache_key, "
+                             "prompt_cache_retention and nvext); this LLM ignores hints")
         if any(r is not None for r in keep) and not self.kv.uses_retention:
             raise ValueError(f"retention needs CacheConfig(eviction_policy='priority'); this LLM "
                              f"uses eviction_policy={self.kv.eviction_policy!r}, which ignores it")

@@ -139,8 +139,14 @@ class StoreConfig:
             model directory's config and weight files).
         load: load prefixes found in the store instead of recomputing them.
         save: save the blocks the manager caches.
+        admit_after: save a block only when the manager caches it for the N-th time (a
+            frequency admission filter; 1: every block).
     """
 
     namespace: str | None = None
     load: bool = True
     save: bool = True
+    admit_after: int = 1
+
+    def __post_init__(self) -> None:
+        _int_at_least("StoreConfig", "admit_after", self.admit_after, 1)

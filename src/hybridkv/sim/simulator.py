@@ -40,6 +40,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from hybridkv.core.hints import RETENTION_KINDS
 from hybridkv.core.manager import KVCacheManager
 from hybridkv.core.request import Request
 from hybridkv.core.retention_config import RetentionConfig, TokenRange
@@ -150,6 +151,11 @@ class SimConfig:
         deployment: how the model is laid out over GPUs (:class:`~hybridkv.cost.deployment.Deployment`:
             tensor, data and expert parallelism, priced with their communication); None: one
             engine over ``num_gpus``, no communication.
+        retention: ``"hard"`` or ``"soft"``: every pin of the hints served is made that kind
+            (:attr:`hybridkv.core.hints.Hint.soft`; the what-if of soft against hard retention
+            on the same hints); None: as the hints say.
+        drop_trace_hints: serve a workload whose requests carry hints without them (the
+            baseline of a hint what-if) instead of refusing it.
     """
 
     preset: ModelPreset
@@ -178,6 +184,13 @@ class SimConfig:
     hints: HintSpec | None = None
     trace_hints: bool = False
     deployment: Deployment | None = None
+    retention: str | None = None
+    drop_trace_hints: bool = False
+
+    def __post_init__(self) -> None:
+        if self.retention not in (None, *RETENTION_KINDS):
+            raise ValueError(f"retention must be None or one of {', '.join(RETENTION_KINDS)}, "
+                             f"got {self.retention!r}")
 
     @property
     def takes_hints(self) -> bool:
@@ -307,6 +320,8 @@ class SimResult:
             "ttft_p90_s": pct(90),
             "ttft_p99_s": pct(99),
             "itl_mean_s": float(np.mean(self.itl_s)) if self.itl_s else None,
+            "itl_p50_s": float(np.percentile(self.itl_s, 50)) if self.itl_s else None,
+            "itl_p99_s": float(np.percentile(self.itl_s, 99)) if self.itl_s else None,
             "throughput_tok_s": self.output_tokens / self.makespan_s if self.makespan_s else None,
             "makespan_s": self.makespan_s,
             "steps": self.steps,
@@ -531,7 +546,8 @@ class Simulator:
                       "max_num_seqs": self.scheduler.config.max_num_seqs,
                       "tiers": None if self.tiers is None else self.tiers.report.config,
                       "hints": (str(cfg.hints) if cfg.hints is not None
-                                else "trace" if cfg.trace_hints else None)}
+                                else "trace" if cfg.trace_hints else None),
+                      "retention": cfg.retention}
 
     def retained_blocks(self) -> dict[str, int]:
         """Hashed (cached) blocks per group now."""
@@ -544,6 +560,16 @@ class Simulator:
         """Per served request, the hint it carries: synthesised (``SimConfig.hints``), the
         trace's (``trace_hints``), or None for all. Refuses a workload whose own hints would be
         ignored, and a pin the pool cannot hold."""
+        hints = self._given_hints(served)
+        soft = self.config.retention
+        if hints is None or soft is None:
+            return hints
+        soft = soft == "soft"
+        return [h if h is None or h.pin_s is None or h.soft == soft else dataclasses.replace(h, soft=soft)
+                for h in hints]
+
+    def _given_hints(self, served: list[ServedItem]) -> list | None:
+        """:meth:`_workload_hints` before ``SimConfig.retention`` is applied."""
         cfg = self.config
         items = [s.item for s in served]
         if cfg.hints is not None:
@@ -551,7 +577,7 @@ class Simulator:
             return synthesize_hints(cfg.hints, sessions, [it.arrival_s for it in items], cfg.seed)
         carried = [it.hint for it in items]
         if not cfg.trace_hints:
-            if any(h is not None for h in carried):
+            if not cfg.drop_trace_hints and any(h is not None for h in carried):
                 raise ValueError("the workload's requests carry hints; serve them with "
                                  "SimConfig(trace_hints=True) (or synthesise others with hints=)")
             return None
@@ -577,6 +603,7 @@ class Simulator:
                 "last_turn_hints": sum(1 for h in given if h.ends),
                 "pin_hints": sum(1 for h in given if h.pin_s is not None),
                 "resume_hints": sum(1 for h in given if h.resume_s is not None),
+                "soft_pin_hints": sum(1 for h in given if h.soft),
                 **dataclasses.asdict(stats)}
 
     def _new_request(self, served: ServedItem, index: int) -> EngineRequest:

@@ -5,14 +5,16 @@ store and the simulator's tiers.
   connector's :class:`~hybridkv.connectors.stores.local.LocalCPUStore` keeps its payloads in one.
 * :class:`TierHierarchy` - tiers fastest first, each a :class:`SizedLRU` of (group, block hash)
   entries, with the write policies and the load rule of the connector (:mod:`.hierarchy`); the
-  simulator's tiers are one.
+  simulator's tiers are one; :class:`FrequencyAdmission` (:mod:`.admission`) is its
+  seen-N-times admission filter.
 
 A leaf: it imports no other hybridkv package, and both the connector and the simulator import it.
 """
 
-from .hierarchy import (FROM_GPU, OFFLOAD_ON_EVICT, TIER_POLICIES, WRITE_THROUGH, LoadResult,
-                        TierHierarchy)
+from .admission import FrequencyAdmission
+from .hierarchy import (EVICT_POLICIES, FROM_GPU, LAZY_OFFLOAD, OFFLOAD_ON_EVICT, TIER_POLICIES,
+                        WRITE_THROUGH, LoadResult, TierHierarchy)
 from .lru import SizedLRU
 
-__all__ = ["FROM_GPU", "OFFLOAD_ON_EVICT", "TIER_POLICIES", "WRITE_THROUGH", "LoadResult", "SizedLRU",
-           "TierHierarchy"]
+__all__ = ["EVICT_POLICIES", "FROM_GPU", "FrequencyAdmission", "LAZY_OFFLOAD", "OFFLOAD_ON_EVICT",
+           "TIER_POLICIES", "WRITE_THROUGH", "LoadResult", "SizedLRU", "TierHierarchy"]

@@ -20,6 +20,15 @@ Write policies:
   tier 0 when its last GPU copy is evicted; an entry a tier evicts moves to the next tier, and
   the last tier's evictions are lost. A load moves the blocks up: they leave their tier
   (exclusive, as TensorRT-LLM's onboarding swaps a host block into GPU memory).
+* ``lazy-offload`` (LMCache's eviction-aware lazy offload, LMCache#4499; vLLM#43946's
+  eviction-triggered store): a block is written only when the GPU is about to evict it, as with
+  offload-on-evict (what the GPU keeps reusing is never written), but the tier keeps its copy
+  when a load reads it (inclusive, as write-through). The simulator times the write as issued
+  ahead of the eviction (:mod:`hybridkv.sim.tiers.runtime`).
+
+Admission (``admit_after``, :class:`~hybridkv.tiers.admission.FrequencyAdmission`): under any
+policy a block is written only at its ``admit_after``-th sighting (write-through: the GPU cached
+it that many times; on evict: evicted that many times); 1 admits every block.
 
 Load rule (the connector's, :meth:`KVTransfer.load`): the blocks of a load are read in runs of
 one group, in the given order; each block comes from the fastest tier that holds it and is made
@@ -40,14 +49,18 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import groupby
 
+from .admission import FrequencyAdmission
 from .lru import SizedLRU
 
-__all__ = ["FROM_GPU", "OFFLOAD_ON_EVICT", "TIER_POLICIES", "WRITE_THROUGH", "LoadResult",
-           "TierHierarchy"]
+__all__ = ["EVICT_POLICIES", "FROM_GPU", "LAZY_OFFLOAD", "OFFLOAD_ON_EVICT", "TIER_POLICIES",
+           "WRITE_THROUGH", "LoadResult", "TierHierarchy"]
 
 WRITE_THROUGH = "write-through"
 OFFLOAD_ON_EVICT = "offload-on-evict"
-TIER_POLICIES = (WRITE_THROUGH, OFFLOAD_ON_EVICT)
+LAZY_OFFLOAD = "lazy-offload"
+TIER_POLICIES = (WRITE_THROUGH, OFFLOAD_ON_EVICT, LAZY_OFFLOAD)
+EVICT_POLICIES = (OFFLOAD_ON_EVICT, LAZY_OFFLOAD)
+"""The policies that write a block when the GPU evicts it (:meth:`TierHierarchy.offload`)."""
 """The write policies (module docstring)."""
 
 Key = tuple[int, bytes]
@@ -80,14 +93,16 @@ class TierHierarchy:
         capacities: each tier's budget in bytes (>= 0).
         entry_bytes: per group index, the bytes of one block's entry (> 0).
         policy: one of :data:`TIER_POLICIES`.
+        admit_after: write a block only at its ``admit_after``-th sighting (>= 1; module
+            docstring).
 
     Raises:
-        ValueError: no tier, a negative capacity, a non-positive entry size or an unknown
-            policy.
+        ValueError: no tier, a negative capacity, a non-positive entry size, an unknown
+            policy or an ``admit_after`` below 1.
     """
 
     def __init__(self, capacities: Sequence[int], entry_bytes: Sequence[int],
-                 policy: str = WRITE_THROUGH) -> None:
+                 policy: str = WRITE_THROUGH, admit_after: int = 1) -> None:
         if policy not in TIER_POLICIES:
             raise ValueError(f"unknown tier policy {policy!r}; valid: {', '.join(TIER_POLICIES)}")
         if not capacities:
@@ -98,6 +113,8 @@ class TierHierarchy:
         self.tiers: list[SizedLRU[Key, None]] = [SizedLRU(c) for c in capacities]
         self.entry_bytes = tuple(entry_bytes)
         self.policy = policy
+        entries = sum(capacities) // min(self.entry_bytes)
+        self.admission = FrequencyAdmission(admit_after, max(1024, min(4 * entries, 1 << 24)))
 
     # ---- presence -----------------------------------------------------------------------------
     def find(self, group: int, block_hash: bytes) -> int:
@@ -119,10 +136,18 @@ class TierHierarchy:
         return list(self.tiers[tier].keys())
 
     # ---- writes -------------------------------------------------------------------------------
-    def save(self, blocks: Iterable[Key]) -> list[int]:
-        """Write-through: write each block to every tier, in group order (stable). Returns the
-        bytes written per tier (a block larger than a tier is not written there)."""
+    def admit(self, blocks: Iterable[Key]) -> list[Key]:
+        """The blocks the admission filter lets through now (each one sighted once more)."""
+        see = self.admission.see
+        return [key for key in blocks if see(key)]
+
+    def save(self, blocks: Iterable[Key], admitted: bool = False) -> list[int]:
+        """Write-through: write each admitted block (``admitted``: the blocks already passed
+        :meth:`admit`) to every tier, in group order (stable). Returns the bytes written per
+        tier (a block larger than a tier is not written there)."""
         written = [0] * len(self.tiers)
+        if not admitted:
+            blocks = self.admit(blocks)
         for key in sorted(blocks, key=lambda k: k[0]):
             size = self.entry_bytes[key[0]]
             for i, tier in enumerate(self.tiers):
@@ -131,10 +156,12 @@ class TierHierarchy:
         return written
 
     def offload(self, group: int, block_hash: bytes) -> list[int]:
-        """Offload on evict: write the block to tier 0; whatever a tier evicts for it moves to
+        """Offload on evict or lazy offload (:data:`EVICT_POLICIES`): write the block to tier 0; whatever a tier evicts for it moves to
         the next tier (an entry too large for a tier goes on down). Returns bytes written per
-        tier."""
+        tier (none when the admission filter refuses the block)."""
         written = [0] * len(self.tiers)
+        if not self.admission.see((group, block_hash)):
+            return written
         moving = [((group, block_hash), self.entry_bytes[group])]
         for i, tier in enumerate(self.tiers):
             passed: list[tuple[Key, int]] = []

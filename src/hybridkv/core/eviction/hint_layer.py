@@ -10,9 +10,17 @@ blocks into three regions, evicted in this order:
 2. **the policy's**: every other block, in the inner policy's own order;
 3. **pinned**: blocks with a live pin. A pin whose TTL runs out moves its block to region 1
    (its time is up, as in a TTL prompt cache). Pins never make the cache refuse work: when regions 1 and 2 are
-   empty a victim comes from here and is counted (``pins_broken``): first pins that stand for
-   a predicted return (a resume time, priority below :data:`~hybridkv.core.hints.PIN_PRIORITY`),
-   latest first (the farthest next use), then TTL pins, earliest expiry first.
+   empty a victim comes from here and is counted (``pins_broken``): first soft pins (the
+   least retained: earliest expiry first), then pins that stand for a predicted return (a
+   resume time, :data:`~hybridkv.core.hints.RESUME_PRIORITY`), latest first (the farthest next
+   use), then hard TTL pins, earliest expiry first.
+
+**Hard and soft pins.** A hard pin (:data:`~hybridkv.core.hints.PIN_PRIORITY`) lasts its TTL
+from the release that set it; only another pinning release extends it. A soft pin
+(:data:`~hybridkv.core.hints.SOFT_PIN_PRIORITY`, SGLang's ``retention_seconds``) remembers its
+retention time for as long as the block keeps its content, and *every* release of the block
+(any request that hit it, hinted or not) extends it to that long from now (refresh on hit), so
+it decays only after that long without a use; it is broken before any other pin.
 
 **Whose blocks an end demotes.** Every release in a hinted pool tells the layer which *owner*
 released each block (the hint's session, else the request itself): a block released by two
@@ -61,7 +69,7 @@ from collections import OrderedDict
 from typing import Callable, Generic, Hashable, Iterator, Sequence, TypeVar
 
 from hybridkv.core.eviction.base import EvictionPolicy, PolicyPool
-from hybridkv.core.hints import PIN_PRIORITY, HintStats
+from hybridkv.core.hints import RESUME_PRIORITY, SOFT_PIN_PRIORITY, HintStats
 from hybridkv.core.retention_config import DEFAULT_PRIORITY, RetentionMark
 
 #: A hint kind is honoured while its shadow leads the plain one by this share of its hits ...
@@ -90,6 +98,8 @@ SAMPLED = 4096
 _SHARED = object()      # owner of a block released by more than one owner
 _INF = math.inf
 _NO_PIN = (-_INF, False)
+#: A pin's kind (the second item of a pin record; a bool ``predicted`` reads as 0 or 1).
+_HARD, _PREDICTED, _SOFT = 0, 1, 2
 
 
 def _sample_key(h: object) -> int:
@@ -102,9 +112,10 @@ _K = TypeVar("_K", bound=Hashable)
 
 class _PinSet(Generic[_K]):
     """Pinned items (blocks, or a shadow's keys) with an expiry each. They lapse in expiry
-    order; when the cache must break pins, *predicted* ones (a resume time: the expiry stands
-    for the next use) go first, latest expiry first (the farthest next use, as Belady would),
-    then plain TTL pins, earliest expiry first (the one closest to lapsing anyway)."""
+    order; when the cache must break pins, soft ones go first (earliest expiry first), then
+    *predicted* ones (a resume time: the expiry stands for the next use), latest expiry first
+    (the farthest next use, as Belady would), then hard TTL pins, earliest expiry first (the one
+    closest to lapsing anyway)."""
 
     __slots__ = ("items", "lapse", "order", "_seq")
 
@@ -123,12 +134,15 @@ class _PinSet(Generic[_K]):
     def __iter__(self) -> Iterator[_K]:
         return iter(self.items)
 
-    def add(self, x: _K, expiry: float, predicted: bool) -> None:
+    def add(self, x: _K, expiry: float, kind: int) -> None:
+        """Pin ``x`` until ``expiry``; ``kind``: ``_HARD`` (False), ``_PREDICTED`` (True) or
+        ``_SOFT``."""
         self._seq += 1
         s = self._seq
         self.items[x] = (expiry, s)
         heapq.heappush(self.lapse, (expiry, s, x))
-        heapq.heappush(self.order, ((0, -expiry) if predicted else (1, expiry), s, x))
+        key = (-1, expiry) if kind == _SOFT else (0, -expiry) if kind else (1, expiry)
+        heapq.heappush(self.order, (key, s, x))
 
     def discard(self, x: _K) -> bool:
         if self.items.pop(x, None) is None:
@@ -209,7 +223,7 @@ class _Shadow:
             if kind is not None:
                 self.demoted[k] = kind
 
-    def serve(self, batch: list[tuple[object, int, bool, float, bool]], now: float) -> None:
+    def serve(self, batch: list[tuple[object, int, bool, float, int]], now: float) -> None:
         """``batch``: (key, kind, hinted dead, pin expiry or 0, predicted pin) per freed block,
         tail first; kind (what the hint test counts) 2: pinned, 1: hinted dead, 0: neither, -1:
         not a release's representative block (not counted in ``ins``)."""
@@ -269,7 +283,8 @@ class HintLayer(EvictionPolicy):
 
     name = "hint-layer"
     __slots__ = ("inner", "clock", "owner", "dead", "pin_until", "fresh_pin", "reps", "demoted", "pinned",
-                 "shadows", "honour", "mask", "freed", "_decay_every", "_counts", "last", "force")
+                 "shadows", "honour", "mask", "freed", "_decay_every", "_counts", "last", "force",
+                 "soft_ttl")
 
     def __init__(self, inner: EvictionPolicy, clock: Callable[[], float], force: bool = False) -> None:
         super().__init__()
@@ -284,8 +299,9 @@ class HintLayer(EvictionPolicy):
         self.clock = clock
         self.owner: dict[int, object] = {}          # block -> owner (or _SHARED) since its content
         self.dead: set[int] = set()                 # blocks an ending session demotes
-        # block -> (latest pin expiry, whether that pin is a predicted return)
-        self.pin_until: dict[int, tuple[float, bool]] = {}
+        # block -> (latest pin expiry, that pin's kind: _HARD, _PREDICTED or _SOFT)
+        self.pin_until: dict[int, tuple[float, int]] = {}
+        self.soft_ttl: dict[int, float] = {}         # block -> its soft retention time (s)
         self.fresh_pin: set[int] = set()            # blocks whose latest release pinned them
         self.reps: set[int] = set()                 # a release's first block its owner owns
         self.last: dict[object, Sequence[int]] = {}  # (session, group) -> its latest release
@@ -297,8 +313,9 @@ class HintLayer(EvictionPolicy):
         self.mask = 0
         self.freed = 0                              # sampled blocks freed since the last decay
         self._decay_every = 1
-        # releases, demoted, pinned, ignored demotions, ignored pins, pins broken, pins lapsed
-        self._counts = [0] * 7
+        # releases, demoted, pinned, ignored demotions, ignored pins, pins broken, pins lapsed,
+        # soft refreshes
+        self._counts = [0] * 8
 
     # ---- setup ---------------------------------------------------------------------------------
     def attach(self, pool: PolicyPool) -> None:
@@ -369,7 +386,7 @@ class HintLayer(EvictionPolicy):
             self._moved_on(track, blocks, owner, marks)
         rep_found = False
         demote_reach = 0
-        pins: list[tuple[int, float, bool]] = []
+        pins: list[tuple[int, float, int, float]] = []
         if marks:
             now = None
             for m in marks:
@@ -378,8 +395,10 @@ class HintLayer(EvictionPolicy):
                 elif m.priority > DEFAULT_PRIORITY:
                     if now is None:
                         now = self.clock()
-                    pins.append((m.num_blocks, _INF if m.ttl_s is None else now + m.ttl_s,
-                                 m.priority < PIN_PRIORITY))
+                    kind = (_SOFT if m.priority == SOFT_PIN_PRIORITY else
+                            _PREDICTED if m.priority == RESUME_PRIORITY else _HARD)
+                    ttl = _INF if m.ttl_s is None else m.ttl_s
+                    pins.append((m.num_blocks, now + ttl, kind, ttl if kind == _SOFT else 0.0))
             self._counts[0] += 1
         for b, j in zip(blocks, positions):
             o = own.get(b)
@@ -403,11 +422,13 @@ class HintLayer(EvictionPolicy):
             else:
                 dead.discard(b)
             pinned_now = False
-            for reach, expiry, predicted in pins:
+            for reach, expiry, kind, soft in pins:
                 if j < reach:
                     pinned_now = True
                     if expiry > pin_until.get(b, _NO_PIN)[0]:
-                        pin_until[b] = (expiry, predicted)
+                        pin_until[b] = (expiry, kind)
+                    if soft > self.soft_ttl.get(b, 0.0):
+                        self.soft_ttl[b] = soft
             if pinned_now:
                 fresh.add(b)
             else:
@@ -453,10 +474,21 @@ class HintLayer(EvictionPolicy):
         bh, mask = self.pool.block_hash, self.mask
         counts = self._counts
         batch: list[int] = []
-        sample: list[tuple[object, int, bool, float, bool]] = []
+        sample: list[tuple[object, int, bool, float, int]] = []
         own = self.owner
+        soft_ttl = self.soft_ttl
         now = None
         for b in blocks:
+            if soft_ttl:
+                ttl = soft_ttl.get(b)
+                if ttl is not None:                    # soft: refreshed by every release
+                    if now is None:
+                        now = self.clock()
+                    cur = pin_until.get(b, _NO_PIN)
+                    if now + ttl > cur[0]:
+                        pin_until[b] = (now + ttl, _SOFT)
+                        if b not in self.fresh_pin:
+                            counts[7] += 1
             pin = pin_until.get(b)
             if pin is not None:
                 if now is None:
@@ -519,8 +551,10 @@ class HintLayer(EvictionPolicy):
 
     def forget(self, blocks: Sequence[int]) -> None:
         own, dead, pin_until, fresh, reps = self.owner, self.dead, self.pin_until, self.fresh_pin, self.reps
-        if own or pin_until:
+        soft_ttl = self.soft_ttl
+        if own or pin_until or soft_ttl:
             for b in blocks:
+                soft_ttl.pop(b, None)
                 own.pop(b, None)
                 dead.discard(b)
                 pin_until.pop(b, None)
@@ -539,7 +573,7 @@ class HintLayer(EvictionPolicy):
             demoted[b] = None
 
     # ---- the test of the hints -----------------------------------------------------------------
-    def _test(self, sample: list[tuple[object, int, bool, float, bool]], now: float | None) -> None:
+    def _test(self, sample: list[tuple[object, int, bool, float, int]], now: float | None) -> None:
         """Serve a freed batch's sampled blocks to the shadows; decay; decide what to honour."""
         if self.force:
             return
@@ -573,7 +607,7 @@ class HintLayer(EvictionPolicy):
         c = self._counts
         plain, demoting, pinning = self.shadows
         return HintStats(c[0], c[1], c[2], c[3], c[4], c[5], c[6], plain.hits, demoting.hits,
-                         pinning.hits, self.honour[0], self.honour[1], self.force)
+                         pinning.hits, self.honour[0], self.honour[1], self.force, c[7])
 
     def check(self) -> None:
         self.inner.check()

@@ -38,6 +38,7 @@ from hybridkv.cost.deployment import Deployment
 from hybridkv.sim.simulator import SimConfig, SimResult, Simulator
 from hybridkv.sim.bounds.whatif import what_if
 from hybridkv.sim.traffic.workitems import WorkItem, served_workload
+from hybridkv.sim.tiers.runtime import TierReport
 
 CLUSTER_HASH_SEED = "hybridkv-cluster"
 
@@ -211,12 +212,12 @@ class ClusterResult:
 
 
 def combine(results: Sequence[SimResult]) -> SimResult:
-    """The instances' results as one :class:`SimResult`: counts summed, TTFT and inter-token
-    samples pooled, the longest makespan, mean usage averaged and peak the highest, retained
+    """The instances' results as one :class:`SimResult`: counts summed (the tiers' too),
+    TTFT and inter-token samples pooled, the longest makespan, mean usage averaged and peak the highest, retained
     blocks summed per group (no timeline, no optimum)."""
     out = SimResult()
     for r in results:
-        for name in ("requests", "rejected", "prompt_tokens", "hit_tokens", "prompt_blocks",
+        for name in ("requests", "rejected", "prompt_tokens", "hit_tokens", "gpu_hit_tokens", "prompt_blocks",
                      "hit_blocks", "output_tokens", "steps", "preemptions", "evictions"):
             setattr(out, name, getattr(out, name) + getattr(r, name))
         out.ttft_s.extend(r.ttft_s)
@@ -225,6 +226,9 @@ def combine(results: Sequence[SimResult]) -> SimResult:
         out.peak_usage = max(out.peak_usage, r.peak_usage)
         for g, n in r.retained_blocks.items():
             out.retained_blocks[g] = out.retained_blocks.get(g, 0) + n
+    tiers = [r.tiers for r in results if r.tiers is not None]
+    if tiers:
+        out.tiers = TierReport.merge(tiers)
     out.mean_usage = sum(r.mean_usage for r in results) / len(results) if results else 0.0
     out.partial = any(r.partial for r in results)
     return out
@@ -284,7 +288,9 @@ class ClusterSimulator:
     :data:`~hybridkv.sim.cluster.routing.ROUTERS`).
 
     Args:
-        config: each instance's configuration (cache size, model, GPU, batching).
+        config: each instance's configuration (cache size, model, GPU, batching, KV tiers:
+            each instance has its own CPU and disk tiers of the configured sizes, while a
+            remote tier is one store all instances share, as a Mooncake Store is).
         num_instances: >= 1.
         router: routing policy name.
         overlap_weight: the kv-aware/approximate routers' weight of a request's own prefill.
@@ -318,7 +324,7 @@ class ClusterSimulator:
             num_instances=num_instances, block_size=self.key_block,
             capacity_blocks=max(1, (config.num_blocks - 1) // len(groups)),
             index=self.index, group=self.key_group, overlap_weight=overlap_weight,
-            max_skew=max_skew))
+            max_skew=max_skew, tier_holds=self._tier_holds if config.tiers is not None else None))
         self.max_skew = max_skew if self.router.bounds_skew else None
         self.event_sinks = list(event_sinks) if event_sinks is not None else None
         wants_events = self.router.needs_events or self.event_sinks is not None
@@ -335,6 +341,23 @@ class ClusterSimulator:
         self.scale = self.key_block // kv_cfg.hash_block_size
         for inst in self.instances:
             inst.sim.step_hooks.append(self._hook(inst))
+        self.shared_remote = 0              # key blocks of a remote tier the instances share
+        first = self.instances[0].sim.tiers
+        if first is not None and "remote" in first.names:
+            for inst in self.instances[1:]:
+                inst.sim.tiers.share_tier("remote", first)      # type: ignore[union-attr]
+            self.shared_remote = first.key_capacity_blocks("remote")
+
+    def _optimum_capacity(self) -> int:
+        """The bound's capacity: every instance's GPU share and tiers, a shared remote tier
+        once."""
+        n = len(self.instances)
+        return self.instances[0].sim.optimum_capacity * n - (n - 1) * self.shared_remote
+
+    def _tier_holds(self, instance: int, group: int, block_hash: bytes) -> bool:
+        """Whether instance ``instance``'s KV tiers hold the block (a tier-aware router's view)."""
+        tiers = self.instances[instance].sim.tiers
+        return tiers is not None and tiers.hierarchy.contains(group, block_hash)
 
     def _hook(self, inst: _Instance) -> Callable[[float, float, object], None]:
         index = self.index if self.router.needs_events else None
@@ -388,7 +411,7 @@ class ClusterSimulator:
             inst.sim._online = OnlineHits([0] * n, [0.0] * n, [math.inf] * n,
                                           [0] * n if inst.sim._probe_groups else None)
         sim0 = insts[0].sim
-        optimum = (OptimumJob(served, sim0.key_block, sim0.optimum_capacity * len(insts),
+        optimum = (OptimumJob(served, sim0.key_block, self._optimum_capacity(),
                               self.config.parallel_optimum, extra=what_if)
                    if self.want_optimum else None)
         routed_to = [0] * n
@@ -473,7 +496,11 @@ class ClusterSimulator:
             sim._finish_usage(res)
             stats = sim.kv.stats()
             res.requests = inst.routed + res.rejected
-            res.hit_tokens = stats.hits
+            res.gpu_hit_tokens = res.hit_tokens = stats.hits
+            if sim.tiers is not None:                 # as Simulator._fill counts them
+                res.tiers = sim.tiers.finish()
+                res.gpu_hit_tokens += res.tiers.gpu_hit_tokens
+                res.hit_tokens += sum(res.tiers.hit_tokens.values()) + res.tiers.gpu_hit_tokens
             res.preemptions = sim.scheduler.num_preemptions
             res.evictions = stats.evictions
             res.retained_blocks = sim.retained_blocks()
@@ -489,7 +516,7 @@ class ClusterSimulator:
                                                     if cfg.spec else None),
                   "num_blocks_per_instance": cfg.num_blocks, "block_size": cfg.preset.block_size,
                   "cache_tokens": cfg.cache_tokens, "key_block_size": insts[0].sim.key_block,
-                  "optimum_capacity_blocks": insts[0].sim.optimum_capacity * len(insts),
+                  "optimum_capacity_blocks": self._optimum_capacity(),
                   "instances": len(insts), "router": self.router_name,
                   "router_max_skew": self.max_skew,
                   "retention_interval": cfg.retention_interval,
@@ -497,7 +524,8 @@ class ClusterSimulator:
                   "prefix_retention": (None if cfg.prefix_retention is None
                                        else str(cfg.prefix_retention)),
                   "max_num_batched_tokens": cfg.sched.max_num_batched_tokens,
-                  "max_num_seqs": cfg.sched.max_num_seqs, "seed": cfg.seed}
+                  "max_num_seqs": cfg.sched.max_num_seqs, "seed": cfg.seed,
+                  "tiers": None if insts[0].sim.tiers is None else insts[0].sim.tiers.report.config}
         overall = combine(results)
         overall.config = config
         overall.wall_s = time.perf_counter() - t0

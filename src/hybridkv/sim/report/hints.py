@@ -30,7 +30,9 @@ def hint_summary(res: SimResult, base: SimResult | None) -> str:
                      f"{_ttft(b)} -> {_ttft(d)}")
     lines.append(f"  pool: {h['demoted']:,} blocks demoted, {h['pinned']:,} pinned; ignored {h['ignored_demotions']:,} demotions and {h['ignored_pins']:,} pins "
                  f"while honouring them did not pay; {h['pins_broken']:,} pinned blocks "
-                 f"evicted early so a request could run, {h['pins_lapsed']:,} pins lapsed")
+                 f"evicted early so a request could run, {h['pins_lapsed']:,} pins lapsed"
+                 + (f"; {h['soft_pin_hints']:,} soft pins, refreshed {h['soft_refreshes']:,} times by a hit"
+                    if h.get("soft_pin_hints") else ""))
     if h.get("forced"):
         lines.append("  every hint followed untested (:force): no shadow caches ran")
         return "\n".join(lines)
@@ -47,8 +49,9 @@ def hint_sweep_table(sizes: Sequence[object], labels: Sequence[str], rows: Seque
     the optimum (and TTFT p50 when ``timed``); the optimum and the non-anticipative reference
     of each size last."""
     n = len(labels)
-    head = f"{'hints':>18} " + " ".join(f"{str(s):>24}" for s in sizes)
-    sub = f"{'':>18} " + " ".join(f"{'hit rate / of optimum':>24}" for _ in sizes)
+    w = max(18, *(len(x) for x in labels))
+    head = f"{'hints':>{w}} " + " ".join(f"{str(s):>24}" for s in sizes)
+    sub = f"{'':>{w}} " + " ".join(f"{'hit rate / of optimum':>24}" for _ in sizes)
     lines = [head, sub]
     for i, label in enumerate(labels):
         cells = []
@@ -62,7 +65,7 @@ def hint_sweep_table(sizes: Sequence[object], labels: Sequence[str], rows: Seque
             if timed:
                 cell += f" {_ttft(r)}"
             cells.append(f"{cell:>24}")
-        lines.append(f"{label:>18} " + " ".join(cells))
+        lines.append(f"{label:>{w}} " + " ".join(cells))
     for key, name in (("optimal_block_hit_rate", "optimum (Belady)"),
                       ("hazard_bound_block_hit_rate", "non-anticipative")):
         vals = []
@@ -70,7 +73,7 @@ def hint_sweep_table(sizes: Sequence[object], labels: Sequence[str], rows: Seque
             r = next((rows[j * n + i] for i in range(n) if "error" not in rows[j * n + i]), {})
             v = r.get(key)
             vals.append(f"{'-' if v is None else f'{v:.4f}':>24}")
-        lines.append(f"{name:>18} " + " ".join(vals))
+        lines.append(f"{name:>{w}} " + " ".join(vals))
     return "\n".join(lines)
 
 

@@ -15,8 +15,8 @@ remote    a remote KV store (Mooncake Store) <-> host     :data:`REMOTE_LINK`
 
 A link's ``h2d_bw`` is the direction toward the GPU (a read from the tier), ``d2h_bw`` the
 direction away from it (a write to the tier). What the tiers hold and how blocks move between
-them is :class:`hybridkv.tiers.TierHierarchy`'s (the write policies ``write-through`` and
-``offload-on-evict``); how long moving takes, and what of it a step waits for, is
+them is :class:`hybridkv.tiers.TierHierarchy`'s (the write policies ``write-through``,
+``offload-on-evict`` and ``lazy-offload``, the ``admit_after`` admission filter); how long moving takes, and what of it a step waits for, is
 :mod:`hybridkv.sim.tiers.runtime`'s.
 
 Limits: a tier's bytes (tokens x the preset's KV bytes per token) must be addressable: host
@@ -86,14 +86,22 @@ class TierConfig:
     Args:
         cpu_cache_tokens, disk_cache_tokens, remote_cache_tokens: each tier's capacity in
             tokens of the preset's KV (0: no such tier).
-        policy: ``write-through`` or ``offload-on-evict`` (:mod:`hybridkv.tiers.hierarchy`).
+        policy: ``write-through``, ``offload-on-evict`` or ``lazy-offload``
+            (:mod:`hybridkv.tiers.hierarchy`).
+        admit_after: write a block only at its N-th sighting (the frequency admission filter,
+            :class:`~hybridkv.tiers.admission.FrequencyAdmission`; 1: every block).
+        contention: the share of each transfer's time that the engine step it overlaps loses
+            to it (0: the copy engines run beside compute untouched, the default; 1: every copy
+            serializes with compute, as a gather issued on the compute stream does). Charged by
+            :mod:`hybridkv.sim.tiers.runtime` to the requests decoding in that step (their ITL).
         cpu_link: host memory <-> GPU; None: the profile's ``transfer`` section where the
             simulation has a profile, else :data:`~hybridkv.cost.transfer.DEFAULT_TRANSFER`.
         disk_link, remote_link: the other tiers' links to host memory.
 
     Raises:
-        ValueError: a capacity that is not an integer >= 0, an unknown policy, a link that is
-            not a TransferModel (a TransferModel itself refuses a bandwidth that is not > 0).
+        ValueError: a capacity that is not an integer >= 0, an unknown policy, an
+            ``admit_after`` below 1, a ``contention`` outside [0, 1], a link that is not a
+            TransferModel (a TransferModel itself refuses a bandwidth that is not > 0).
     """
 
     cpu_cache_tokens: int = 0
@@ -103,6 +111,8 @@ class TierConfig:
     cpu_link: TransferModel | None = None
     disk_link: TransferModel = DISK_LINK
     remote_link: TransferModel = REMOTE_LINK
+    admit_after: int = 1
+    contention: float = 0.0
 
     def __post_init__(self) -> None:
         for name in TIER_NAMES:
@@ -113,6 +123,14 @@ class TierConfig:
                                  "capacity must be a whole number of tokens >= 0 (0: no tier)")
         if self.policy not in TIER_POLICIES:
             raise ValueError(f"unknown tier policy {self.policy!r}; valid: {', '.join(TIER_POLICIES)}")
+        a = self.admit_after
+        if isinstance(a, bool) or not isinstance(a, int) or a < 1:
+            raise ValueError(f"admit_after={a!r}: a block is admitted at its N-th sighting, N an "
+                             "integer >= 1 (1: every block)")
+        c = self.contention
+        if isinstance(c, bool) or not isinstance(c, (int, float)) or not 0.0 <= c <= 1.0:
+            raise ValueError(f"contention={c!r} must be a share in [0, 1] of a transfer's time "
+                             "that the step it overlaps loses")
         for name in TIER_NAMES:
             link = getattr(self, f"{name}_link")
             if not (link is None and name == "cpu") and not isinstance(link, TransferModel):
@@ -152,7 +170,7 @@ class TierConfig:
             d.pop("points", None)
             return {k: None if isinstance(v, float) and not math.isfinite(v) else v
                     for k, v in d.items()}
-        return {"policy": self.policy,
+        return {"policy": self.policy, "admit_after": self.admit_after, "contention": self.contention,
                 "tiers": {n: {"capacity_tokens": self.capacity_tokens(n),
                               "link": link_json(self.link(n, default_cpu))} for n in self.names},
                 "cpu_link": link_json(self.link("cpu", default_cpu))}

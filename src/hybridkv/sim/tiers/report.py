@@ -14,7 +14,7 @@ __all__ = ["plot_tier_sweep", "tier_summary", "tier_sweep_table"]
 def _tokens(n: int) -> str:
     for unit, scale in (("G", 10**9), ("M", 10**6), ("k", 10**3)):
         if n >= scale:
-            return f"{n / scale:.3g}{unit}"
+            return f"{n / scale:.4g}{unit}"
     return str(n)
 
 
@@ -32,7 +32,9 @@ def tier_summary(res: SimResult, without: SimResult | None = None) -> str:
     d = res.to_json()
     by_tier = d["hit_rate_by_tier"]
     tiers = t.config.get("tiers", {})
-    lines = [f"KV tiers ({t.policy}; the optimum above bounds the whole hierarchy, free transfers):",
+    admit = t.config.get("admit_after", 1)
+    policy = t.policy + (f", a block written at sighting {admit}" if admit > 1 else "")
+    lines = [f"KV tiers ({policy}; the optimum above bounds the whole hierarchy, free transfers):",
              f"  {'tier':<7}{'capacity':>10}{'hit rate':>10}{'tokens loaded':>15}{'GB loaded':>11}"
              f"{'GB written':>12}  link",
              f"  {'gpu':<7}{_tokens(res.config.get('cache_tokens', 0)):>10}{by_tier['gpu']:>10.4f}"]
@@ -47,11 +49,20 @@ def tier_summary(res: SimResult, without: SimResult | None = None) -> str:
     wait = "" if t.load_wait_s_total is None else f", steps waited {t.load_wait_s_total:.4g} s for it"
     lines.append(f"  transfers: loads {t.load_s_total:.4g} s ({t.loads:,} loads, {t.loads_failed:,} "
                  f"failed and recomputed){wait}; writes {t.offload_s_total:.4g} s")
+    extra = []
+    if t.contention_s_total:
+        extra.append(f"copies overlapping steps added {t.contention_s_total:.4g} s to them")
+    if t.admission_refused:
+        extra.append(f"{t.admission_refused:,} writes refused by the admission filter")
+    if extra:
+        lines.append("  " + "; ".join(extra))
     if without is not None:
         w = without.to_json()
         lines.append(f"  without tiers: token hit rate {w['hit_rate']:.4f} (with: {d['hit_rate']:.4f}), "
                      f"TTFT p50 / p99 {_s(w['ttft_p50_s'])} / {_s(w['ttft_p99_s'])} "
-                     f"(with: {_s(d['ttft_p50_s'])} / {_s(d['ttft_p99_s'])})")
+                     f"(with: {_s(d['ttft_p50_s'])} / {_s(d['ttft_p99_s'])}), "
+                     f"ITL p50 / p99 {_s(w['itl_p50_s'])} / {_s(w['itl_p99_s'])} "
+                     f"(with: {_s(d['itl_p50_s'])} / {_s(d['itl_p99_s'])})")
     return "\n".join(lines)
 
 

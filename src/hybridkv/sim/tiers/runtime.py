@@ -33,8 +33,19 @@ compute ``C`` starting at ``start``, and the step's loads on the link from ``s``
 (layer i's compute waits for layer i's KV; the last layer computes after the last load; the
 first layer's load comes before any compute). Offload-on-evict copies a step's evicted blocks
 to host memory before that step's forward overwrites them, with the same formula on the
-device-to-host queue. Write-through saves and writes to lower tiers wait for nothing and delay
-only later transfers on their queues.
+device-to-host queue. Lazy offload writes the same evicted blocks, but issued ahead of the
+eviction (when the block neared the free queue's end, LMCache's danger depth), so no step waits
+for them: they only occupy the device-to-host queue (the lead time is assumed long enough).
+Write-through saves and writes to lower tiers wait for nothing and delay only later transfers
+on their queues.
+
+Contention (``TierConfig.contention``, default 0). A copy between host memory and the GPU also
+costs the step it overlaps: ``contention`` x its seconds are added to the forward of the step
+that issues it (a load, an evict offload, a ``saves_before`` save) or, for a ``saves_after``
+save, of the next step (a step that computes nothing passes its share on to the next one that
+does). The requests decoding in that step pay it in their inter-token latency
+(``itl_p50_s`` / ``itl_p99_s``), as a host tier raised ITL p50 by 8.8 % on ROCm/ATOM#2268.
+Lower-tier links (disk, remote) move nothing through the GPU and cost no step.
 """
 
 from __future__ import annotations
@@ -50,7 +61,7 @@ from hybridkv.core.validation import check_int
 from hybridkv.sched.scheduler import KVLoad, SchedulerOutput
 from hybridkv.sim.tiers.config import TierConfig
 from hybridkv.cost.transfer import TransferModel
-from hybridkv.tiers import FROM_GPU, WRITE_THROUGH, TierHierarchy
+from hybridkv.tiers import FROM_GPU, LAZY_OFFLOAD, WRITE_THROUGH, TierHierarchy
 
 __all__ = ["TierReport", "TierRuntime", "entry_bytes"]
 
@@ -93,6 +104,8 @@ class TierReport:
         load_s_total: transfer time of all loads (lower-tier reads plus host -> GPU copies).
         load_wait_s_total: step time spent waiting for loads and evict offloads (timed runs;
             None in sequential runs).
+        contention_s_total: step time added by copies overlapping the steps (``contention``).
+        admission_refused: writes the admission filter refused (``admit_after``).
         offload_s_total: transfer time of all writes (GPU -> host, host -> lower tiers).
         link_busy_s: busy time of each queue (``h2d``, ``d2h``, and each lower tier).
         config: the :class:`TierConfig` as JSON.
@@ -112,6 +125,27 @@ class TierReport:
     offload_s_total: float = 0.0
     link_busy_s: dict[str, float] = field(default_factory=dict)
     config: dict = field(default_factory=dict)
+    contention_s_total: float = 0.0
+    admission_refused: int = 0
+
+    @classmethod
+    def merge(cls, reports: list[TierReport]) -> TierReport:
+        """The reports of several instances' tiers (same tiers) as one: every count and time
+        summed per tier and queue (``load_wait_s_total`` None if any is)."""
+        first = reports[0]
+        out = cls(first.names, first.policy, config=dict(first.config))
+        for name in ("hit_tokens", "loaded_tokens", "loaded_bytes", "written_bytes", "link_busy_s"):
+            acc: dict = {}
+            for r in reports:
+                for k, v in getattr(r, name).items():
+                    acc[k] = acc.get(k, 0) + v
+            setattr(out, name, acc)
+        for name in ("loads", "loads_failed", "gpu_hit_tokens", "load_s_total", "offload_s_total",
+                     "contention_s_total", "admission_refused"):
+            setattr(out, name, sum(getattr(r, name) for r in reports))
+        waits = [r.load_wait_s_total for r in reports]
+        out.load_wait_s_total = None if any(w is None for w in waits) else sum(waits)
+        return out
 
     def to_json(self) -> dict:
         return {"policy": self.policy, "hit_tokens": dict(self.hit_tokens),
@@ -120,6 +154,8 @@ class TierReport:
                 "loads_failed": self.loads_failed, "load_s_total": self.load_s_total,
                 "load_wait_s_total": self.load_wait_s_total,
                 "offload_s_total": self.offload_s_total, "link_busy_s": dict(self.link_busy_s),
+                "contention_s_total": self.contention_s_total,
+                "admission_refused": self.admission_refused,
                 **self.config}
 
 
@@ -154,7 +190,9 @@ class TierRuntime:
         check_int("TierRuntime.num_gpus", num_gpus, 1)
         self.gpu_share = [-(-e // num_gpus) for e in self.entry]     # one GPU's bytes of an entry
         self.capacity_bytes = [config.capacity_tokens(n) * bytes_per_token for n in self.names]
-        self.hierarchy = TierHierarchy(self.capacity_bytes, self.entry, config.policy)
+        self.hierarchy = TierHierarchy(self.capacity_bytes, self.entry, config.policy,
+                                       config.admit_after)
+        self._issued = 0.0                          # host <-> GPU copy seconds not yet charged
         self.cpu_link = config.link("cpu", cpu_link)
         self.links: list[TransferModel | None] = [None if n == "cpu" else config.link(n, cpu_link)
                                                   for n in self.names]
@@ -214,7 +252,8 @@ class TierRuntime:
             seconds = self._pcie(self._evicted, "d2h")
             s, f = self.d2h.run(start, seconds)
             self.report.offload_s_total += seconds
-            waits.append((s, f))
+            if self.config.policy != LAZY_OFFLOAD:
+                waits.append((s, f))
             self._write_lower(self._evict_written, f)
             self._evicted = [0] * len(self._evicted)
             self._evict_written = [0] * len(self.names)
@@ -227,12 +266,18 @@ class TierRuntime:
                 if w is not None:
                     waits.append(w)
         end = start + compute_s
+        if self._issued and compute_s > 0:        # a step that computes nothing pays nothing:
+            extra = self.config.contention * self._issued    # the next one that computes does
+            self._issued = 0.0
+            end += extra
+            self.report.contention_s_total += extra
+        base = end
         if compute_s > 0:
             per_layer = compute_s / self.layers
             for s, f in waits:
                 end = max(end, f + per_layer, s + (f - s) / self.layers + compute_s)
         if timed:
-            self.report.load_wait_s_total += end - (start + compute_s)
+            self.report.load_wait_s_total += end - base
         else:
             self.report.load_wait_s_total = None
         self._save(out.saves_after, end)
@@ -255,15 +300,23 @@ class TierRuntime:
         busy = {"h2d": self.h2d.busy_s, "d2h": self.d2h.busy_s}
         busy.update({n: q.busy_s for n, q in zip(self.names, self.queues) if q is not None})
         self.report.link_busy_s = busy
+        self.report.admission_refused = self.hierarchy.admission.refused
         return self.report
 
-    def key_capacity_blocks(self) -> int:
+    def key_capacity_blocks(self, only: str | None = None) -> int:
         """The tiers' capacity in key blocks (all their bytes in full-attention blocks): what
-        the offline bound of the hierarchy adds to the GPU's share."""
+        the offline bound of the hierarchy adds to the GPU's share (``only``: that tier's)."""
         kv_config = self.kv.config
         per_key = sum(self.entry[g] * max(1, self.key_block // grp.spec.block_size)
                       for g, grp in enumerate(kv_config.groups) if make_rule(grp.spec).downward_closed)
-        return sum(self.capacity_bytes) // per_key if per_key else 0
+        nbytes = sum(c for n, c in zip(self.names, self.capacity_bytes) if only in (None, n))
+        return nbytes // per_key if per_key else 0
+
+    def share_tier(self, name: str, other: TierRuntime) -> None:
+        """Use ``other``'s tier ``name`` as this runtime's own (one store several instances
+        read and write, as a Mooncake Store is; each keeps its own link and queue to it)."""
+        i, j = self.names.index(name), other.names.index(name)
+        self.hierarchy.tiers[i] = other.hierarchy.tiers[j]
 
     # ---- moves --------------------------------------------------------------------------------
     def _pcie(self, per_group: list[int], direction: str) -> float:
@@ -271,7 +324,9 @@ class TierRuntime:
         GPU copying its share in parallel)."""
         link = self.cpu_link
         share = self.gpu_share
-        return sum(link.copy_time(share[g], n, direction) for g, n in enumerate(per_group) if n)
+        seconds = sum(link.copy_time(share[g], n, direction) for g, n in enumerate(per_group) if n)
+        self._issued += seconds
+        return seconds
 
     def _write_lower(self, written: list[int], t: float) -> None:
         """Count ``written[i]`` bytes into each tier; a disk or remote write runs on its queue
@@ -290,10 +345,13 @@ class TierRuntime:
     def _save(self, refs: list[BlockRef], t: float) -> None:
         if not refs:
             return
-        written = self.hierarchy.save([(r.group, r.block_hash) for r in refs])
+        keys = self.hierarchy.admit([(r.group, r.block_hash) for r in refs])
+        if not keys:
+            return
+        written = self.hierarchy.save(keys, admitted=True)
         per_group = [0] * len(self.entry)
-        for r in refs:
-            per_group[r.group] += 1
+        for g, _ in keys:                          # a block the filter refuses is not copied
+            per_group[g] += 1
         seconds = self._pcie(per_group, "d2h")
         _, f = self.d2h.run(t, seconds)
         self.report.offload_s_total += seconds

@@ -17,6 +17,10 @@ Both formats take an optional ``"hint"`` object (:func:`parse_hint`): what the a
 the cache about the request's session, ``{"last_turn"?: bool, "continues"?: p, "pin_s"?: s,
 "pin_tokens"?: n, "resume_s"?: s}`` (:class:`hybridkv.core.hints.Hint`; its session is the
 line's ``"session"``: the session fields ``last_turn``, ``continues`` and ``resume_s`` need one).
+Both also take the public APIs' cache fields (:data:`~hybridkv.core.public_hints.PUBLIC_HINT_FIELDS`:
+Anthropic ``"cache_control"``, OpenAI ``"prompt_cache_key"`` / ``"prompt_cache_retention"``,
+Dynamo ``"nvext"``), mapped onto the same hint by :func:`~hybridkv.core.public_hints.public_hint`
+(a malformed one names the file and line).
 
 A field neither format knows is an error naming it (a typo such as ``"sesion"`` would otherwise
 vanish). What is legal but suspicious is a :class:`TraceWarning` (``warnings.warn``): a session
@@ -43,6 +47,7 @@ from typing import IO, Any, NamedTuple
 import numpy as np
 
 from hybridkv.core.hints import Hint
+from hybridkv.core.public_hints import PUBLIC_HINT_FIELDS, public_hint
 from hybridkv.core.request import INT64_MAX, INT64_MIN
 from hybridkv.core.validation import check_int
 
@@ -70,10 +75,12 @@ __all__ = [
 MOONCAKE_BLOCK_TOKENS = 512
 """Tokens covered by one Mooncake ``hash_ids`` entry."""
 
-MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids", "session", "hint")
+MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids", "session", "hint",
+                   *PUBLIC_HINT_FIELDS)
 """The fields of a Mooncake trace line."""
 
-TOKEN_FIELDS = ("prompt_token_ids", "output_len", "arrival_s", "session", "request_id", "hint")
+TOKEN_FIELDS = ("prompt_token_ids", "output_len", "arrival_s", "session", "request_id", "hint",
+                *PUBLIC_HINT_FIELDS)
 """The fields of a token trace line."""
 
 
@@ -339,6 +346,21 @@ def parse_hint(value: object, session: object, where: str, prompt_len: int) -> H
     return hint
 
 
+def line_hint(path: Path, lineno: int, obj: dict[str, Any], session: str | None,
+              prompt_len: int) -> Hint | None:
+    """The hint of a trace line: its ``"hint"`` object (:func:`parse_hint`) merged with its
+    public cache fields (:func:`~hybridkv.core.public_hints.public_hint`); errors name
+    ``file:line``."""
+    where = f"{path}:{lineno}"
+    hint = obj.get("hint")
+    if hint is not None:
+        hint = parse_hint(hint, session, where, prompt_len)
+    try:
+        return public_hint(obj, session, hint)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+
+
 def _line_session(path: Path, lineno: int, obj: dict[str, Any]) -> str | None:
     session = obj.get("session")
     if session is not None and not isinstance(session, str):
@@ -420,9 +442,7 @@ def iter_mooncake_records(
                 f"{len(hash_ids)} ids, expected {need} of {block_tokens} tokens"
             )
         session = _line_session(path, lineno, obj)
-        hint = obj.get("hint")
-        if hint is not None:
-            hint = parse_hint(hint, session, f"{path}:{lineno}", input_length)
+        hint = line_hint(path, lineno, obj, session, input_length)
         count += 1
         ends.see(lineno, session, hint)
         yield MooncakeRecord(lineno, float(ts), input_length, output_length, tuple(hash_ids),
@@ -559,9 +579,7 @@ def load_token_trace(path: str | Path) -> list[TraceRequest]:
                 or not math.isfinite(arrival) or arrival < 0:
             raise ValueError(f"{path}:{lineno}: 'arrival_s' must be a finite number >= 0, got {arrival!r}")
         session = _line_session(path, lineno, obj)
-        hint = obj.get("hint")
-        if hint is not None:
-            hint = parse_hint(hint, session, f"{path}:{lineno}", prompt.size)
+        hint = line_hint(path, lineno, obj, session, int(prompt.size))
         request_id = obj.get("request_id", f"{trace_stem(path)}-{len(out)}")
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"{path}:{lineno}: 'request_id' must be a non-empty string, got {request_id!r}")

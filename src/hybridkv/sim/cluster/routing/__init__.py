@@ -9,6 +9,8 @@ name               picks
                    read from the instances' KV events, within the load-skew bound
                    (``max_skew``: :func:`~hybridkv.sim.cluster.routing.base.within_skew`)
 ``approximate``    the same score over prefixes predicted from its own routing history
+``tier-aware``     the ``kv-aware`` score over the prefix an instance's GPU *or* its
+                   KV tiers hold (``--cpu-cache-tokens`` with ``--instances``)
 =================  ==============================================================
 
 The contract is :class:`Router` (``base.py``: what a router sees and answers, and the
@@ -25,6 +27,7 @@ from hybridkv.sim.cluster.routing.base import (DEFAULT_MAX_SKEW, DEFAULT_OVERLAP
 # Registration lines, in the order --router lists the routers:
 from hybridkv.sim.cluster.routing.simple import LeastLoadedRouter, RoundRobinRouter  # isort: skip
 from hybridkv.sim.cluster.routing.kv_aware import ApproximateRouter, KVAwareRouter  # isort: skip
+from hybridkv.sim.cluster.routing.tier_aware import TierAwareRouter  # isort: skip
 
 
 def make_router(name: str, setup: RouterSetup) -> Router:
@@ -35,4 +38,4 @@ def make_router(name: str, setup: RouterSetup) -> Router:
 
 __all__ = ["DEFAULT_MAX_SKEW", "DEFAULT_OVERLAP_WEIGHT", "ROUTERS", "ApproximateRouter", "InstanceLoad", "KVAwareRouter",
            "LeastLoadedRouter", "RoundRobinRouter", "RouteDecision", "Router", "RouterSetup",
-           "check_max_skew", "make_router", "within_skew"]
+           "TierAwareRouter", "check_max_skew", "make_router", "within_skew"]

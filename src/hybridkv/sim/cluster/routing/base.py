@@ -14,7 +14,7 @@ default takes nothing from it); :func:`~hybridkv.sim.cluster.routing.make_router
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Sequence
+from typing import Callable, ClassVar, Sequence
 
 from hybridkv.core.registry import Registry
 from hybridkv.events.index import KVEventIndex
@@ -51,6 +51,8 @@ class RouterSetup:
         group: the KV-cache group whose hashes are scored.
         overlap_weight: weight of a request's own uncached prefill against queued work.
         max_skew: the KV-aware routers' bound on load skew (:func:`within_skew`); None: no bound.
+        tier_holds: ``tier_holds(instance, group, hash)``: whether that instance's KV tiers
+            below the GPU hold the block (None: the instances have no tiers).
     """
 
     num_instances: int
@@ -60,6 +62,7 @@ class RouterSetup:
     group: int = 0
     overlap_weight: float = DEFAULT_OVERLAP_WEIGHT
     max_skew: float | None = DEFAULT_MAX_SKEW
+    tier_holds: Callable[[int, int, bytes], bool] | None = None
 
 
 class Router:
