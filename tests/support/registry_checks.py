@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from hybridkv.core.rules import attention_types
 from hybridkv.core.specs import STORAGE_KINDS
-from hybridkv.cost.calibrated import ATTENTION_KINDS
+from hybridkv.cost.calibration import ATTENTION_KINDS
 
 #: vLLM 0.33's ``KVCacheSpecKind`` values (vllm/v1/kv_cache_interface.py), the kinds a KV event
 #: may name

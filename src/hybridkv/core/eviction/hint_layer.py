@@ -63,12 +63,12 @@ shadows' on the sampled blocks.
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections import OrderedDict
-from typing import Callable, Generic, Hashable, Iterator, Sequence, TypeVar
+from typing import Callable, Iterator, Sequence
 
 from hybridkv.core.eviction.base import EvictionPolicy, PolicyPool
+from hybridkv.core.eviction.hint_parts import HARD, PREDICTED, SOFT, PinSet, Shadow
 from hybridkv.core.hints import RESUME_PRIORITY, SOFT_PIN_PRIORITY, HintStats
 from hybridkv.core.retention_config import DEFAULT_PRIORITY, RetentionMark
 
@@ -98,178 +98,11 @@ SAMPLED = 4096
 _SHARED = object()      # owner of a block released by more than one owner
 _INF = math.inf
 _NO_PIN = (-_INF, False)
-#: A pin's kind (the second item of a pin record; a bool ``predicted`` reads as 0 or 1).
-_HARD, _PREDICTED, _SOFT = 0, 1, 2
 
 
 def _sample_key(h: object) -> int:
     """A deterministic small integer of a block hash (bytes: its last byte)."""
     return h[-1] if isinstance(h, (bytes, bytearray)) else hash(h) & 0xFF
-
-
-_K = TypeVar("_K", bound=Hashable)
-
-
-class _PinSet(Generic[_K]):
-    """Pinned items (blocks, or a shadow's keys) with an expiry each. They lapse in expiry
-    order; when the cache must break pins, soft ones go first (earliest expiry first), then
-    *predicted* ones (a resume time: the expiry stands for the next use), latest expiry first
-    (the farthest next use, as Belady would), then hard TTL pins, earliest expiry first (the one
-    closest to lapsing anyway)."""
-
-    __slots__ = ("items", "lapse", "order", "_seq")
-
-    def __init__(self) -> None:
-        self.items: dict[_K, tuple[float, int]] = {}       # item -> (expiry, seq)
-        self.lapse: list[tuple[float, int, _K]] = []
-        self.order: list[tuple[tuple[int, float], int, _K]] = []
-        self._seq = 0
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __contains__(self, x: object) -> bool:
-        return x in self.items
-
-    def __iter__(self) -> Iterator[_K]:
-        return iter(self.items)
-
-    def add(self, x: _K, expiry: float, kind: int) -> None:
-        """Pin ``x`` until ``expiry``; ``kind``: ``_HARD`` (False), ``_PREDICTED`` (True) or
-        ``_SOFT``."""
-        self._seq += 1
-        s = self._seq
-        self.items[x] = (expiry, s)
-        heapq.heappush(self.lapse, (expiry, s, x))
-        key = (-1, expiry) if kind == _SOFT else (0, -expiry) if kind else (1, expiry)
-        heapq.heappush(self.order, (key, s, x))
-
-    def discard(self, x: _K) -> bool:
-        if self.items.pop(x, None) is None:
-            return False
-        if len(self.lapse) > 2 * len(self.items) + 64:
-            live = self._live
-            self.lapse = [e for e in self.lapse if live(e)]
-            self.order = [e for e in self.order if live(e)]
-            heapq.heapify(self.lapse)
-            heapq.heapify(self.order)
-        return True
-
-    def _live(self, entry: tuple[object, int, _K]) -> bool:
-        got = self.items.get(entry[2])
-        return got is not None and got[1] == entry[1]
-
-    def next_expiry(self) -> float:
-        """The earliest expiry of a live pin (``inf``: none)."""
-        lapse = self.lapse
-        while lapse and not self._live(lapse[0]):
-            heapq.heappop(lapse)
-        return lapse[0][0] if lapse else _INF
-
-    def pop_lapsed(self, now: float) -> list[_K]:
-        """Remove and return the items whose pin ran out by ``now``, in expiry order."""
-        out: list[_K] = []
-        lapse = self.lapse
-        while lapse and lapse[0][0] <= now:
-            entry = heapq.heappop(lapse)
-            if self._live(entry):
-                del self.items[entry[2]]
-                out.append(entry[2])
-        return out
-
-    def pop_break(self) -> _K:
-        """Remove and return the pin to break first (the set is not empty)."""
-        order = self.order
-        while True:
-            entry = heapq.heappop(order)
-            if self._live(entry):
-                del self.items[entry[2]]
-                return entry[2]
-
-    def check(self) -> None:
-        for heap in (self.lapse, self.order):
-            live = sum(1 for e in heap if self._live(e))
-            if live != len(self.items):
-                raise AssertionError(f"hint layer: {len(self.items)} pinned items but {live} live heap entries")
-
-
-class _Shadow:
-    """A key-only cache of ``cap`` keys that demotes (``dead``) and/or pins (``pin``) as told,
-    LRU otherwise; :meth:`serve` counts the keys of a batch it holds, then takes them in."""
-
-    __slots__ = ("cap", "dead", "pin", "lru", "demoted", "pinned", "hits", "ins", "reused",
-                 "ghost", "ghost_cap")
-
-    def __init__(self, cap: int, dead: bool, pin: bool, ghosts: int = 0) -> None:
-        self.cap = cap
-        self.ghost: OrderedDict[object, int] = OrderedDict()   # evicted key -> its kind
-        self.ghost_cap = ghosts * cap
-        self.dead = dead
-        self.pin = pin
-        self.lru: OrderedDict[object, int] = OrderedDict()          # key -> its kind
-        self.demoted: OrderedDict[object, int] = OrderedDict()
-        self.pinned: _PinSet[object] = _PinSet()
-        self.hits = 0.0
-        self.ins = [0.0, 0.0, 0.0]    # keys taken in, and those of them hit, by kind (rest,
-        self.reused = [0.0, 0.0, 0.0]  # hinted dead, pinned)
-
-    def __len__(self) -> int:
-        return len(self.lru) + len(self.demoted) + len(self.pinned)
-
-    def demote(self, k: object) -> None:
-        """Key ``k``, if held in the LRU part, is dead now (a demoting shadow moves it first)."""
-        if self.dead:
-            kind = self.lru.pop(k, None)
-            if kind is not None:
-                self.demoted[k] = kind
-
-    def serve(self, batch: list[tuple[object, int, bool, float, int]], now: float) -> None:
-        """``batch``: (key, kind, hinted dead, pin expiry or 0, predicted pin) per freed block,
-        tail first; kind (what the hint test counts) 2: pinned, 1: hinted dead, 0: neither, -1:
-        not a release's representative block (not counted in ``ins``)."""
-        lru, demoted, pinned, ins, reused = self.lru, self.demoted, self.pinned, self.ins, self.reused
-        for k, dead, is_dead, expiry, predicted in batch:
-            was = lru.pop(k, None)
-            if was is None:
-                was = demoted.pop(k, None)
-            if was is not None:
-                self.hits += 1
-                if was >= 0:
-                    reused[was] += 1
-            elif self.ghost_cap:
-                was = self.ghost.pop(k, None)
-                if was is not None and was >= 0:
-                    reused[was] += 1
-            elif pinned.discard(k):
-                self.hits += 1
-            if dead >= 0:
-                ins[dead] += 1
-            if self.pin and expiry > now:
-                pinned.add(k, expiry, predicted)
-            elif self.dead and is_dead:
-                demoted[k] = dead
-            else:
-                lru[k] = dead
-        for k in pinned.pop_lapsed(now):              # a lapsed pin goes first, as the layer's
-            demoted[k] = -1
-        over = len(self) - self.cap
-        ghost = self.ghost if self.ghost_cap else None
-        while over > 0 and demoted:
-            k, kind = demoted.popitem(last=False)
-            if ghost is not None:
-                ghost[k] = kind
-            over -= 1
-        while over > 0 and lru:
-            k, kind = lru.popitem(last=False)
-            if ghost is not None:
-                ghost[k] = kind
-            over -= 1
-        if ghost is not None:
-            while len(ghost) > self.ghost_cap:
-                ghost.popitem(last=False)
-        while over > 0 and pinned:
-            pinned.pop_break()
-            over -= 1
 
 
 class HintLayer(EvictionPolicy):
@@ -299,16 +132,16 @@ class HintLayer(EvictionPolicy):
         self.clock = clock
         self.owner: dict[int, object] = {}          # block -> owner (or _SHARED) since its content
         self.dead: set[int] = set()                 # blocks an ending session demotes
-        # block -> (latest pin expiry, that pin's kind: _HARD, _PREDICTED or _SOFT)
+        # block -> (latest pin expiry, that pin's kind: HARD, PREDICTED or SOFT)
         self.pin_until: dict[int, tuple[float, int]] = {}
         self.soft_ttl: dict[int, float] = {}         # block -> its soft retention time (s)
         self.fresh_pin: set[int] = set()            # blocks whose latest release pinned them
         self.reps: set[int] = set()                 # a release's first block its owner owns
         self.last: dict[object, Sequence[int]] = {}  # (session, group) -> its latest release
         self.demoted: OrderedDict[int, None] = OrderedDict()
-        self.pinned: _PinSet[int] = _PinSet()       # free pinned blocks
-        self.shadows: tuple[_Shadow, _Shadow, _Shadow] = (_Shadow(1, False, False),
-                                                          _Shadow(1, True, False), _Shadow(1, False, True))
+        self.pinned: PinSet[int] = PinSet()       # free pinned blocks
+        self.shadows: tuple[Shadow, Shadow, Shadow] = (Shadow(1, False, False),
+                                                          Shadow(1, True, False), Shadow(1, False, True))
         self.honour = [force, force]                # demotions, pins
         self.mask = 0
         self.freed = 0                              # sampled blocks freed since the last decay
@@ -327,8 +160,8 @@ class HintLayer(EvictionPolicy):
             m *= 2
         self.mask = m - 1
         scap = max(1, cap // m)
-        self.shadows = (_Shadow(scap, False, False, GHOST_CAPACITIES), _Shadow(scap, True, False),
-                        _Shadow(scap, False, True))
+        self.shadows = (Shadow(scap, False, False, GHOST_CAPACITIES), Shadow(scap, True, False),
+                        Shadow(scap, False, True))
         self._decay_every = DECAY_CAPACITIES * scap
 
     def scale_capacity(self, share: float) -> None:
@@ -395,10 +228,10 @@ class HintLayer(EvictionPolicy):
                 elif m.priority > DEFAULT_PRIORITY:
                     if now is None:
                         now = self.clock()
-                    kind = (_SOFT if m.priority == SOFT_PIN_PRIORITY else
-                            _PREDICTED if m.priority == RESUME_PRIORITY else _HARD)
+                    kind = (SOFT if m.priority == SOFT_PIN_PRIORITY else
+                            PREDICTED if m.priority == RESUME_PRIORITY else HARD)
                     ttl = _INF if m.ttl_s is None else m.ttl_s
-                    pins.append((m.num_blocks, now + ttl, kind, ttl if kind == _SOFT else 0.0))
+                    pins.append((m.num_blocks, now + ttl, kind, ttl if kind == SOFT else 0.0))
             self._counts[0] += 1
         for b, j in zip(blocks, positions):
             o = own.get(b)
@@ -486,7 +319,7 @@ class HintLayer(EvictionPolicy):
                         now = self.clock()
                     cur = pin_until.get(b, _NO_PIN)
                     if now + ttl > cur[0]:
-                        pin_until[b] = (now + ttl, _SOFT)
+                        pin_until[b] = (now + ttl, SOFT)
                         if b not in self.fresh_pin:
                             counts[7] += 1
             pin = pin_until.get(b)

@@ -65,7 +65,7 @@ class HitRule:
 
     #: the type's name in reports, events and logs
     kind: ClassVar[str] = ""
-    #: the step-time model's attention kind (``hybridkv.cost.calibrated.ATTENTION_KINDS``) a
+    #: the step-time model's attention kind (``hybridkv.cost.calibration.ATTENTION_KINDS``) a
     #: layer of this type is timed as
     cost_kind: ClassVar[str] = ""
     #: vLLM's ``KVCacheSpecKind`` value for this type's groups in KV events, and the one used

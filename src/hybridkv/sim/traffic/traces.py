@@ -39,17 +39,19 @@ import json
 import lzma
 import math
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, NamedTuple
+from typing import IO, Any
 
 import numpy as np
 
 from hybridkv.core.hints import Hint
-from hybridkv.core.public_hints import PUBLIC_HINT_FIELDS, public_hint
+from hybridkv.core.public_hints import PUBLIC_HINT_FIELDS
 from hybridkv.core.request import INT64_MAX, INT64_MIN
 from hybridkv.core.validation import check_int
+from hybridkv.sim.traffic.bundled import BUNDLED_TRACES, BundledTrace, resolve_trace
+from hybridkv.sim.traffic.trace_hints import line_hint, parse_hint
 
 __all__ = [
     "BUNDLED_TRACES",
@@ -277,12 +279,6 @@ def _field(path: Path, lineno: int, obj: dict[str, Any], name: str) -> Any:
         ) from None
 
 
-#: The fields of a trace line's ``"hint"`` object (:func:`parse_hint`).
-HINT_FIELDS = ("last_turn", "continues", "pin_s", "pin_tokens", "resume_s")
-#: The hint fields about the request's session (a line without ``"session"`` cannot give them).
-SESSION_HINT_FIELDS = ("last_turn", "continues", "resume_s")
-
-
 def _check_fields(path: Path, lineno: int, obj: dict[str, Any], known: tuple[str, ...]) -> None:
     """ValueError naming the first field of ``obj`` not in ``known`` (and the closest known one)."""
     unknown = sorted(set(obj) - set(known))
@@ -320,45 +316,6 @@ class _SessionEnds:
                 f"requests after a hint with last_turn true (first: session {session!r}, last_turn "
                 f"at line {end}, next request at line {again}); the hint is wrong there, or a "
                 "session id is reused"), stacklevel=3)
-
-
-def parse_hint(value: object, session: object, where: str, prompt_len: int) -> Hint:
-    """The :class:`~hybridkv.core.hints.Hint` of a trace line's ``"hint"`` object (fields
-    :data:`HINT_FIELDS`, all optional; ``session`` is the line's). ``where`` names the line
-    (``file:line``) in every error: not an object, an unknown field, a bad value (a negative
-    time, a probability outside [0, 1], ...), a pin longer than the prompt, or a session field
-    (:data:`SESSION_HINT_FIELDS`) on a line without a session."""
-    if not isinstance(value, dict):
-        raise ValueError(f"{where}: 'hint' must be an object with fields among {', '.join(HINT_FIELDS)}, "
-                         f"got {value!r}")
-    unknown = sorted(set(value) - set(HINT_FIELDS))
-    if unknown:
-        raise ValueError(f"{where}: unknown 'hint' field {unknown[0]!r}; valid: {', '.join(HINT_FIELDS)}")
-    try:
-        hint = Hint(session=session, **value)
-        hint.check_prompt(prompt_len, "prompt")
-    except ValueError as exc:
-        raise ValueError(f"{where}: bad 'hint': {exc}") from None
-    about_session = [f for f in SESSION_HINT_FIELDS if f in value]
-    if session is None and about_session:
-        raise ValueError(f"{where}: 'hint' field {about_session[0]!r} is about the request's "
-                         "session, but the line has no 'session'")
-    return hint
-
-
-def line_hint(path: Path, lineno: int, obj: dict[str, Any], session: str | None,
-              prompt_len: int) -> Hint | None:
-    """The hint of a trace line: its ``"hint"`` object (:func:`parse_hint`) merged with its
-    public cache fields (:func:`~hybridkv.core.public_hints.public_hint`); errors name
-    ``file:line``."""
-    where = f"{path}:{lineno}"
-    hint = obj.get("hint")
-    if hint is not None:
-        hint = parse_hint(hint, session, where, prompt_len)
-    try:
-        return public_hint(obj, session, hint)
-    except ValueError as exc:
-        raise ValueError(f"{where}: {exc}") from None
 
 
 def _line_session(path: Path, lineno: int, obj: dict[str, Any]) -> str | None:
@@ -593,64 +550,6 @@ def load_token_trace(path: str | Path) -> list[TraceRequest]:
         )
     ends.warn()
     return out
-
-
-# --------------------------------------------------------------------------------------------
-# Bundled traces
-# --------------------------------------------------------------------------------------------
-
-
-class BundledTrace(NamedTuple):
-    """A public trace shipped inside the package (``hybridkv/sim/traffic/data``)."""
-
-    name: str          # what ``--trace`` accepts
-    file: str          # file name under ``hybridkv/sim/traffic/data``
-    requests: int      # lines (checked by the tests)
-    description: str
-    source: str
-    licence: str
-
-    @property
-    def path(self) -> Path:
-        """The compressed JSONL file of this trace (inside the installed package)."""
-        return _DATA_DIR / self.file
-
-
-_DATA_DIR = Path(__file__).resolve().parent / "data"
-_MOONCAKE_SOURCE = "Mooncake FAST'25 release (github.com/kvcache-ai/Mooncake, FAST25-release/traces)"
-
-BUNDLED_TRACES: dict[str, BundledTrace] = {t.name: t for t in (
-    BundledTrace("mooncake-conversation", "mooncake_conversation.jsonl.xz", 12_031,
-                 "one hour of online chat traffic (Kimi), timestamps in ms",
-                 _MOONCAKE_SOURCE + " conversation_trace.jsonl", "Apache-2.0"),
-    BundledTrace("mooncake-synthetic", "mooncake_synthetic.jsonl.xz", 3_993,
-                 "Poisson arrivals built from public datasets, multi-turn order kept",
-                 _MOONCAKE_SOURCE + " synthetic_trace.jsonl", "Apache-2.0"),
-)}
-"""Traces shipped with the package, by name (Mooncake JSONL format, xz-compressed)."""
-
-
-def resolve_trace(trace: str | Path) -> Path:
-    """The file of ``trace``: a bundled trace's name (:data:`BUNDLED_TRACES`) or a path.
-
-    An existing file wins over a bundled name of the same spelling.
-
-    Raises:
-        ValueError: neither an existing file nor a bundled name (the names are listed).
-    """
-    path = Path(trace)
-    if path.is_file():
-        return path
-    bundled = BUNDLED_TRACES.get(str(trace))
-    if bundled is not None:
-        if not bundled.path.is_file():
-            raise ValueError(f"bundled trace {bundled.name!r} is missing from the installed package "
-                             f"({bundled.path}); reinstall hybridkv")
-        return bundled.path
-    if path.exists():
-        raise ValueError(f"trace {str(trace)!r} is not a file")
-    raise ValueError(f"trace file {str(trace)!r} does not exist (bundled traces: "
-                     f"{', '.join(BUNDLED_TRACES)}; see `hybridkv traces`)")
 
 
 def trace_format(path: str | Path) -> str:
