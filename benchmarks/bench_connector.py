@@ -12,7 +12,7 @@ loopback-only network namespace) and each cache layout, times:
 Connector and raw runs alternate; each repeat uses fresh keys and removes them afterwards; best
 of ``--repeats``. Ratios are
 connector GiB/s over raw GiB/s (1.0 = no overhead). Mode ``-nv`` loads without the checksum
-pass (``KVTransfer(verify=False)``).
+pass (``TransferOptions(verify=False)``).
 
     python benchmarks/bench_connector.py [--blocks 1000] [--repeats 3] [--no-mooncake]
         [--no-local] [--layouts engine-gqa,kv-first-gqa,mla] [--json]
@@ -35,6 +35,7 @@ from hybridkv.connectors.transfer import TRAILER_BYTES, KVTransfer
 from hybridkv.core.blockref import BlockRef
 from hybridkv.core.specs import MLA, FullAttention, KVCacheConfig, KVCacheGroup
 from hybridkv.engine import PagedKVCache
+from hybridkv.connectors.transfer import TransferOptions
 
 GIB = 1 << 30
 
@@ -112,8 +113,8 @@ class ConnectorBench:
         self.group = self.cfg.groups[0].name
         self.layout = layout[self.group]
         self.payload = self.layout.block_bytes + TRAILER_BYTES
-        self.tr = KVTransfer(layout, store, mode=mode,  # type: ignore[arg-type]
-                             staging_bytes=n * (self.payload + 64), verify=verify)
+        self.tr = KVTransfer(layout, store, TransferOptions(
+            mode=mode, staging_bytes=n * (self.payload + 64), verify=verify))
         rng = np.random.default_rng(1)
         self.src_ids = [int(b) for b in rng.permutation(np.arange(1, n + 1))]
         self.dst_ids = [int(b) for b in rng.permutation(np.arange(n + 1, 2 * n + 1))]

@@ -23,6 +23,7 @@ from hybridkv.core.specs import FullAttention, KVCacheConfig, KVCacheGroup, Slid
 from hybridkv.engine import PagedKVCache
 from hybridkv.sched import EngineRequest, RequestStatus, Scheduler, SchedulerConfig
 from hybridkv.core.cache_options import CacheOptions
+from hybridkv.connectors.transfer import TransferOptions
 
 BS, WINDOW = 4, 8
 
@@ -50,7 +51,7 @@ class Engine:
         for t in layers.values():
             t.fill_(-1.0)
         layout = KVLayout.register(layers, self.config)
-        self.transfer = KVTransfer(layout, store, namespace="tiny")
+        self.transfer = KVTransfer(layout, store, TransferOptions(namespace="tiny"))
         self.connector = KVConnector(self.kv, self.transfer, load=load)
         self.sched = Scheduler(self.kv, SchedulerConfig(max_num_batched_tokens=16), self.connector)
         self.layers = layers

@@ -28,6 +28,7 @@ from hybridkv.sim.traffic.traces import TraceRequest
 from hybridkv.cost.transfer import DEFAULT_TRANSFER
 from tests.support.tier_workload import BS, tier_groups, tier_workload
 from hybridkv.core.cache_options import CacheOptions
+from hybridkv.connectors.transfer import TransferOptions
 
 
 def _engine_tier(config: KVCacheConfig, capacity: int, sched_cfg: SchedulerConfig):
@@ -37,7 +38,7 @@ def _engine_tier(config: KVCacheConfig, capacity: int, sched_cfg: SchedulerConfi
     cache = PagedKVCache(config)
     layout = KVLayout.register({n: cache.layer(n) for n in cache.layer_names}, config)
     store = LocalCPUStore(capacity)
-    connector = KVConnector(kv, KVTransfer(layout, store, namespace="diff"))
+    connector = KVConnector(kv, KVTransfer(layout, store, TransferOptions(namespace="diff")))
     return kv, Scheduler(kv, sched_cfg, connector), connector, store
 
 

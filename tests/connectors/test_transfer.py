@@ -12,7 +12,7 @@ from hybridkv.connectors.kernel_blocks import KernelBlockMap, plan_kernel_blocks
 from hybridkv.connectors.layout import KVLayout
 from hybridkv.connectors.stores import LocalCPUStore
 from hybridkv.connectors.stores.base import KVStore
-from hybridkv.connectors.transfer import TRAILER_BYTES, KVTransfer
+from hybridkv.connectors.transfer import TRAILER_BYTES, KVTransfer, TransferOptions
 
 from hybridkv.core.blockref import BlockRef
 
@@ -57,7 +57,7 @@ def test_mixed_mla_eagle_round_trip(mode: str, copy_mode: str) -> None:
     cfg = mixed_config(num_blocks=12)
     kv = engine(cfg, seed=1)
     store = CountingStore(1 << 24)
-    tr = KVTransfer(KVLayout.register(kv, cfg), store, mode=mode, copy_mode=copy_mode)
+    tr = KVTransfer(KVLayout.register(kv, cfg), store, TransferOptions(mode=mode, copy_mode=copy_mode))
     assert tr.mode == mode
     ref = snapshot(kv)
     mla_blocks = [(h(i), b) for i, b in enumerate([3, 1, 7])]
@@ -90,7 +90,7 @@ def test_one_call_may_mix_groups_one_store_batch_per_run(mode: str, copy_mode: s
     cfg = mixed_config(num_blocks=12)
     kv = engine(cfg, seed=1)
     store = CountingStore(1 << 24)
-    tr = KVTransfer(KVLayout.register(kv, cfg), store, mode=mode, copy_mode=copy_mode)
+    tr = KVTransfer(KVLayout.register(kv, cfg), store, TransferOptions(mode=mode, copy_mode=copy_mode))
     ref = snapshot(kv)
     assert tr.save(refs(tr, "mla", [(h(0), 3), (h(1), 1)]) + refs(tr, "draft", [(h(0), 5)])) == [True] * 3
     put = "batch_put" if mode == "direct" else "batch_put_from"
@@ -113,7 +113,7 @@ def test_load_returns_leading_prefix_and_writes_nothing_after_a_miss(mode, copy_
     cfg = gqa_config(num_blocks=10)
     kv = alloc(cfg, "hnd", seed=3)
     store = LocalCPUStore(1 << 24)
-    tr = KVTransfer(KVLayout.register(kv, cfg), store, mode=mode, copy_mode=copy_mode)
+    tr = KVTransfer(KVLayout.register(kv, cfg), store, TransferOptions(mode=mode, copy_mode=copy_mode))
     ref = snapshot(kv)
     assert all(tr.save(refs(tr, "full", [(h(i), i + 1) for i in range(4)])))
     store.remove([tr.key("full", h(2))])
@@ -143,7 +143,7 @@ def test_corrupt_payload_rejected_and_counted(mode, copy_mode, damage) -> None:
     cfg = mixed_config()
     kv = engine(cfg, seed=5)
     store = LocalCPUStore(1 << 24)
-    tr = KVTransfer(KVLayout.register(kv, cfg), store, mode=mode, copy_mode=copy_mode)
+    tr = KVTransfer(KVLayout.register(kv, cfg), store, TransferOptions(mode=mode, copy_mode=copy_mode))
     assert all(tr.save(refs(tr, "mla", [(h(1), 1), (h(2), 2), (h(3), 3)])))
     key = tr.key("mla", h(2))
     good = bytearray(_store_payload(store, key))
@@ -171,14 +171,15 @@ def test_foreign_namespace_rank_and_layout_never_read() -> None:
     kv = alloc(cfg, "kv_first", seed=6)
     store = LocalCPUStore(1 << 24)
     layout = KVLayout.register(kv, cfg)
-    tr = KVTransfer(layout, store, namespace="llama-3-8b@abc")
+    tr = KVTransfer(layout, store, TransferOptions(namespace="llama-3-8b@abc"))
     assert all(tr.save(refs(tr, "full", [(h(1), 1), (h(2), 2)])))
-    same = KVTransfer(layout, store, namespace="llama-3-8b@abc")
+    same = KVTransfer(layout, store, TransferOptions(namespace="llama-3-8b@abc"))
     assert same.key("full", h(1)) == tr.key("full", h(1))
     others = [
-        KVTransfer(layout, store, namespace="llama-3-8b@def"),
-        KVTransfer(layout, store, namespace="llama-3-8b@abc", rank=1),
-        KVTransfer(KVLayout.register(alloc(cfg, "hnd"), cfg), store, namespace="llama-3-8b@abc"),
+        KVTransfer(layout, store, TransferOptions(namespace="llama-3-8b@def")),
+        KVTransfer(layout, store, TransferOptions(namespace="llama-3-8b@abc", rank=1)),
+        KVTransfer(KVLayout.register(alloc(cfg, "hnd"), cfg), store, TransferOptions(
+            namespace="llama-3-8b@abc")),
     ]
     for other in others:
         assert other.key("full", h(1)) != tr.key("full", h(1))
@@ -187,7 +188,7 @@ def test_foreign_namespace_rank_and_layout_never_read() -> None:
         assert other.stats.load_misses == 2 and other.stats.corrupt == 0
     assert same.load(refs(same, "full", [(h(1), 3), (h(2), 4)])) == 2
     # same key text but another layout behind it (a misconfigured peer): the trailer says so
-    forged = KVTransfer(KVLayout.register(alloc(cfg, "hnd"), cfg), store, namespace="x")
+    forged = KVTransfer(KVLayout.register(alloc(cfg, "hnd"), cfg), store, TransferOptions(namespace="x"))
     forged._fingerprints["full"] = same._fingerprints["full"] ^ 1
     assert forged.load(refs(forged, "full", [(h(1), 3)])) == 0
 
@@ -211,7 +212,7 @@ def test_full_store_drops_are_counted_not_raised() -> None:
     assert (tiny.stats.saved, tiny.stats.save_dropped, tiny.stats.saved_bytes) == (0, 2, 0)
     assert tiny.load(refs(tiny, "mla", [(h(1), 1)])) == 0
     # room for two blocks: an LRU store evicts the oldest; loads then miss them
-    small = KVTransfer(layout, LocalCPUStore(2 * payload), mode="staged")
+    small = KVTransfer(layout, LocalCPUStore(2 * payload), TransferOptions(mode="staged"))
     assert small.save(refs(small, "mla", [(h(i), i) for i in range(1, 5)])) == [True] * 4
     assert small.load(refs(small, "mla", [(h(1), 5), (h(2), 6)])) == 0
     assert small.load(refs(small, "mla", [(h(3), 5), (h(4), 6)])) == 2
@@ -223,7 +224,7 @@ def test_calls_larger_than_staging_are_split() -> None:
     layout = KVLayout.register(kv, cfg)
     store = CountingStore(1 << 24)
     slot = -(-(layout["mla"].block_bytes + TRAILER_BYTES) // 64) * 64
-    tr = KVTransfer(layout, store, staging_bytes=3 * slot, mode="staged")
+    tr = KVTransfer(layout, store, TransferOptions(staging_bytes=3 * slot, mode="staged"))
     ref = snapshot(kv)
     assert tr.save(refs(tr, "mla", [(h(i), i) for i in range(1, 8)])) == [True] * 7
     assert store.calls["batch_put_from"] == 3  # 3 + 3 + 1
@@ -272,7 +273,7 @@ def test_failing_store_never_raises(mode: str) -> None:
     cfg = gqa_config()
     kv = alloc(cfg, seed=10)
     store = BrokenStore()
-    tr = KVTransfer(KVLayout.register(kv, cfg), store, mode=mode)
+    tr = KVTransfer(KVLayout.register(kv, cfg), store, TransferOptions(mode=mode))
     before = snapshot(kv)
     assert tr.save(refs(tr, "full", [(h(1), 1), (h(2), 2)])) == [False, False]
     assert tr.load(refs(tr, "full", [(h(1), 3)])) == 0
@@ -302,7 +303,7 @@ def test_caller_errors_raise() -> None:
         tr.save(refs(tr, "full", [(h(1), 1), (h(2), 0)]))
     assert tr.stats.saved == 0
     with pytest.raises(ValueError, match="mode"):
-        KVTransfer(tr.layout, LocalCPUStore(1 << 20), mode="fast")  # type: ignore[arg-type]
+        KVTransfer(tr.layout, LocalCPUStore(1 << 20), TransferOptions(mode="fast"))  # type: ignore[arg-type]
     assert tr.save([]) == [] and tr.load([]) == 0
     assert tr.stats.as_dict() == {k: 0 for k in tr.stats.as_dict()}
 
@@ -317,8 +318,8 @@ def test_kernel_paged_cache_round_trip(mode: str, copy_mode: str) -> None:
     plan["draft"] = KernelBlockMap(32, 8)  # a backend that wants smaller pages for the drafter
     kv = alloc(cfg, "kv_first", kernel={"mla": 16, "draft": 8}, seed=20)
     store = LocalCPUStore(1 << 22)
-    tr = KVTransfer(KVLayout.register(kv, cfg, kernel_blocks=plan), store, mode=mode,
-                    copy_mode=copy_mode)
+    tr = KVTransfer(KVLayout.register(kv, cfg, kernel_blocks=plan), store, TransferOptions(
+        mode=mode, copy_mode=copy_mode))
     ref = snapshot(kv)
     assert all(tr.save(refs(tr, "draft", [(h(1), 1), (h(2), 4)])))
     assert all(tr.save(refs(tr, "mla", [(h(1), 2)])))
@@ -339,7 +340,7 @@ def test_verify_false_keeps_size_and_trailer_checks_only() -> None:
     cfg = mixed_config()
     kv = engine(cfg, seed=23)
     store = LocalCPUStore(1 << 24)
-    tr = KVTransfer(KVLayout.register(kv, cfg), store, verify=False)
+    tr = KVTransfer(KVLayout.register(kv, cfg), store, TransferOptions(verify=False))
     assert all(tr.save(refs(tr, "mla", [(h(1), 1), (h(2), 2)])))
     good = _store_payload(store, tr.key("mla", h(1)))
     flipped = bytearray(good)
@@ -348,3 +349,24 @@ def test_verify_false_keeps_size_and_trailer_checks_only() -> None:
     assert tr.load(refs(tr, "mla", [(h(7), 3)])) == 1  # a flipped data bit is not seen without the checksum
     assert tr.load(refs(tr, "mla", [(h(8), 3)])) == 0  # a truncated payload still is
     assert tr.stats.corrupt == 1
+
+
+def test_transfer_options_are_checked_when_built_and_kept_whole() -> None:
+    """TransferOptions refuses a bad mode, staging size or rank by name when it is built; a
+    transfer keeps the record it was given and takes no other kind of options; 'direct' on a
+    cache off the CPU is the one check that needs the layout."""
+    import dataclasses
+    with pytest.raises(ValueError, match=r"^mode must be 'auto', 'direct' or 'staged', got 'fast'$"):
+        TransferOptions(mode="fast")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"staging_bytes"):
+        TransferOptions(staging_bytes=0)
+    with pytest.raises(ValueError, match=r"\brank\b"):
+        TransferOptions(rank=-1)
+    opts = TransferOptions(namespace="m@1", rank=2, verify=False)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        opts.rank = 3  # type: ignore[misc]
+    cfg = gqa_config()
+    tr = KVTransfer(KVLayout.register(alloc(cfg), cfg), LocalCPUStore(1 << 20), opts)
+    assert tr.options is opts and (tr.namespace, tr.rank, tr.verify, tr.mode) == ("m@1", 2, False, "direct")
+    with pytest.raises(ValueError, match=r"^options must be a TransferOptions or None, got dict$"):
+        KVTransfer(KVLayout.register(alloc(cfg), cfg), LocalCPUStore(1 << 20), {"rank": 1})  # type: ignore[arg-type]

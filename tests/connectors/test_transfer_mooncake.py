@@ -15,6 +15,7 @@ from hybridkv.core.specs import FullAttention, KVCacheConfig, KVCacheGroup
 from hybridkv.testing import MooncakeCluster
 
 from .kv_helpers import alloc, engine, h, mixed_config, refs, same_block, scramble, snapshot
+from hybridkv.connectors.transfer import TransferOptions
 
 MIB = 1 << 20
 
@@ -46,7 +47,7 @@ def test_mixed_round_trip_between_two_workers(store: MooncakeStore,
     """Worker A saves MLA and EAGLE-draft blocks; worker B (its own client and cache) loads."""
     cfg = mixed_config(num_blocks=12)
     kv_a = engine(cfg, seed=11)
-    a = KVTransfer(KVLayout.register(kv_a, cfg), store, namespace="ds-v3")
+    a = KVTransfer(KVLayout.register(kv_a, cfg), store, TransferOptions(namespace="ds-v3"))
     assert a.mode == "staged"  # Mooncake has a zero-copy path
     assert a.save(refs(a, "mla", [(h(1), 3), (h(2), 1), (h(3), 7)])) == [True] * 3
     assert a.save(refs(a, "draft", [(h(1), 5), (h(2), 9)])) == [True] * 2
@@ -55,7 +56,7 @@ def test_mixed_round_trip_between_two_workers(store: MooncakeStore,
     other = client(cluster, store.config.key_prefix)
     try:
         kv_b = engine(cfg, seed=12)
-        b = KVTransfer(KVLayout.register(kv_b, cfg), other, namespace="ds-v3")
+        b = KVTransfer(KVLayout.register(kv_b, cfg), other, TransferOptions(namespace="ds-v3"))
         assert b.lookup("mla", [h(1), h(2), h(3), h(4)]) == 3
         assert b.load(refs(b, "mla", [(h(1), 2), (h(2), 4), (h(3), 6), (h(4), 8)])) == 3
         assert b.load(refs(b, "draft", [(h(1), 10), (h(2), 11)])) == 2
@@ -66,7 +67,7 @@ def test_mixed_round_trip_between_two_workers(store: MooncakeStore,
         st = b.stats
         assert (st.loaded, st.load_failed, st.load_misses, st.corrupt) == (5, 1, 1, 0)
         # a worker of another model finds nothing under the same hashes
-        c = KVTransfer(b.layout, other, namespace="llama")
+        c = KVTransfer(b.layout, other, TransferOptions(namespace="llama"))
         assert c.load(refs(c, "mla", [(h(1), 2)])) == 0
     finally:
         other.close()
@@ -98,7 +99,7 @@ def test_full_store_drops_saves_and_reads_stay_exact(own_cluster: MooncakeCluste
     try:
         cfg = big_config(num_blocks=97)
         kv = alloc(cfg, seed=14)
-        tr = KVTransfer(KVLayout.register(kv, cfg), store, staging_bytes=32 * MIB)
+        tr = KVTransfer(KVLayout.register(kv, cfg), store, TransferOptions(staging_bytes=32 * MIB))
         blocks = [(h(i), i + 1) for i in range(96)]  # 24 MiB offered to a 16 MiB node
         ok = tr.save(refs(tr, "full", blocks))
         assert any(ok) and not all(ok)
@@ -145,8 +146,8 @@ def test_uuid_namespaced_keys_do_not_collide(store: MooncakeStore) -> None:
     cfg = mixed_config()
     kv = engine(cfg, seed=17)
     layout = KVLayout.register(kv, cfg)
-    x = KVTransfer(layout, store, namespace=uuid.uuid4().hex)
-    y = KVTransfer(layout, store, namespace=uuid.uuid4().hex)
+    x = KVTransfer(layout, store, TransferOptions(namespace=uuid.uuid4().hex))
+    y = KVTransfer(layout, store, TransferOptions(namespace=uuid.uuid4().hex))
     assert x.save(refs(x, "draft", [(h(1), 1)])) == [True]
     assert y.save(refs(y, "draft", [(h(1), 2)])) == [True]  # a new object, not "already exists"
     ref = snapshot(kv)

@@ -57,7 +57,7 @@ from hybridkv.core.validation import check_int
 from .layout import GroupLayout, KVLayout
 from .stores.base import MISS, WRONG_SIZE, HostBuffer, KVStore
 
-__all__ = ["ConnectorStats", "KVTransfer", "TRAILER_BYTES"]
+__all__ = ["ConnectorStats", "KVTransfer", "TRAILER_BYTES", "TransferOptions"]
 
 log = logging.getLogger(__name__)
 
@@ -95,12 +95,11 @@ class ConnectorStats:
         return asdict(self)
 
 
-class KVTransfer:
-    """Moves whole blocks of a registered paged cache to and from one :class:`KVStore`.
+@dataclass(frozen=True, slots=True)
+class TransferOptions:
+    """How a :class:`KVTransfer` moves blocks (checked when built).
 
-    Args:
-        layout: the registered cache layout.
-        store: the tier to save to and load from.
+    Attributes:
         namespace: what else must match for bytes to be shared (model id and revision, ...);
             mixed into every key.
         rank: the worker's tensor-parallel rank (each rank stores its own shard).
@@ -114,33 +113,48 @@ class KVTransfer:
             loads still check the size and the trailer (magic, fingerprint, length), which
             catches truncation and foreign layouts but not flipped bits; for tiers that cannot
             corrupt data (the in-process store) where the read pass matters.
+    """
+
+    namespace: str = ""
+    rank: int = 0
+    staging_bytes: int = 64 << 20
+    mode: TransferMode = "auto"
+    copy_mode: Literal["auto", "python", "torch"] = "auto"
+    verify: bool = True
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("auto", "direct", "staged"):
+            raise ValueError(f"mode must be 'auto', 'direct' or 'staged', got {self.mode!r}")
+        check_int("staging_bytes", self.staging_bytes, 1)
+        check_int("rank", self.rank, 0)
+
+
+class KVTransfer:
+    """Moves whole blocks of a registered paged cache to and from one :class:`KVStore`.
+
+    Args:
+        layout: the registered cache layout.
+        store: the tier to save to and load from.
+        options: namespace, rank, staging size, copy modes, verification
+            (:class:`TransferOptions`); the defaults when None.
 
     Thread-safe: calls are serialized on one lock (they share the staging buffer).
     """
 
-    def __init__(
-        self,
-        layout: KVLayout,
-        store: KVStore,
-        *,
-        namespace: str = "",
-        rank: int = 0,
-        staging_bytes: int = 64 << 20,
-        mode: TransferMode = "auto",
-        copy_mode: Literal["auto", "python", "torch"] = "auto",
-        verify: bool = True,
-    ) -> None:
-        if mode not in ("auto", "direct", "staged"):
-            raise ValueError(f"mode must be 'auto', 'direct' or 'staged', got {mode!r}")
+    def __init__(self, layout: KVLayout, store: KVStore, options: TransferOptions | None = None) -> None:
+        o = options if options is not None else TransferOptions()
+        if not isinstance(o, TransferOptions):
+            raise ValueError(f"options must be a TransferOptions or None, got {type(o).__name__}")
+        namespace, staging_bytes, mode = o.namespace, o.staging_bytes, o.mode
         if mode == "direct" and layout.device.type != "cpu":
             raise ValueError(f"mode 'direct' needs a CPU cache, the cache is on {layout.device}")
-        check_int("staging_bytes", staging_bytes, 1)
+        self.options = o
         self.layout = layout
         self.store = store
         self.namespace = namespace
-        self.rank = int(rank)
-        self.copy_mode = copy_mode
-        self.verify = bool(verify)
+        self.rank = o.rank
+        self.copy_mode = o.copy_mode
+        self.verify = o.verify
         if mode == "auto":
             mode = "direct" if layout.device.type == "cpu" and not store.zero_copy else "staged"
         self.mode: str = mode

@@ -45,6 +45,7 @@ from .models import load_model
 from .models.dflash import load_dflash
 from .runner import EngineCore, EngineStats
 from hybridkv.core.cache_options import CacheOptions
+from hybridkv.connectors.transfer import TransferOptions
 
 ENGINE_SPEC_METHODS = ("ngram", "draft_model", "dflash")
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
@@ -280,9 +281,8 @@ class LLM:
         if kv_store is not None:
             layout = KVLayout.register({n: self.cache.layer(n) for n in self.cache.layer_names},
                                        self.kv_config)
-            transfer = KVTransfer(layout, kv_store,
-                                  namespace=store.namespace if store.namespace is not None
-                                  else model_namespace(self.model_dir))
+            namespace = store.namespace if store.namespace is not None else model_namespace(self.model_dir)
+            transfer = KVTransfer(layout, kv_store, TransferOptions(namespace=namespace))
             self.connector = KVConnector(self.kv, transfer, load=store.load, save=store.save,
                                          admit_after=store.admit_after)
         self.scheduler = Scheduler(self.kv, scheduler, connector=self.connector)
