@@ -67,17 +67,20 @@ def test_a_block_leaving_the_window_keeps_its_retention_marks(priority, hits) ->
     kv.check_integrity()
 
 
-@pytest.mark.parametrize("compat, retention, kept_at_12",
-                         [(True, 0, False), (False, 0, True), (False, None, True)])
-def test_only_default_mode_windows_keep_a_hold(compat, retention, kept_at_12) -> None:
+@pytest.mark.parametrize("compat, retention, kept_at_12, kept_at_16",
+                         [(True, 0, False, False), (False, 0, True, True),
+                          (False, None, True, False)])
+def test_only_default_mode_windows_keep_a_hold(compat, retention, kept_at_12, kept_at_16) -> None:
     """coordinator: __init__ — the hold (tokens a window keeps past its edge) is 0 in compat
     mode, as in vLLM, even for a drafter's proof block; in default mode it is the proof
-    block (drop mode), and at least one alignment unit with sparse retention.
+    block (drop mode), plus one alignment unit with sparse retention (the final end sits up
+    to a proof block and an alignment unit below the computed tokens).
 
     One sliding group (bs 4, W 5), EAGLE without hash lookahead (drop mode: the group
-    carries the proof; alignment 4). r (20 tokens) steps 8, 4, 4. At 8 computed vLLM skips
-    8 - 5 + 1 = 4 tokens (block 0 leaves at the step from 8); with a hold of 4 the skip
-    reaches 4 tokens at 12 computed (block 0 leaves at the step from 12)."""
+    carries the proof; alignment 4). r (20 tokens) steps 8, 4, 4, 4. At 8 computed vLLM skips
+    8 - 5 + 1 = 4 tokens (block 0 leaves at the step from 8); with a hold of 4 (dense) the
+    skip reaches 4 tokens at 12 computed (block 0 leaves at the step from 12); with a hold
+    of 4 + 4 (sparse) at 16 (block 0 leaves at the step from 16)."""
     kv = KVCacheManager(config(SWA(4, 5), num_blocks=30), vllm_compat=compat,
                         retention_interval=retention,
                         spec_decode=SpecDecode("eagle", 1, hash_lookahead=False))
@@ -88,6 +91,9 @@ def test_only_default_mode_windows_keep_a_hold(compat, retention, kept_at_12) ->
     assert (kv.block_ids(r)[0][0] != 0) == kept_at_12
     assert kv.allocate(r, 4, num_lookahead_tokens=0) is not None
     r.num_computed_tokens = 16
+    assert (kv.block_ids(r)[0][0] != 0) == kept_at_16
+    assert kv.allocate(r, 4, num_lookahead_tokens=0) is not None
+    r.num_computed_tokens = 20
     assert kv.block_ids(r)[0][0] == 0
     kv.check_integrity()
 

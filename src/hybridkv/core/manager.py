@@ -166,6 +166,8 @@ class KVCacheManager:
             self.coordinator.on_stored = self._on_stored
             self.coordinator.on_adopted = self._record_stored
         self._stats = PrefixCacheStats()
+        self._group_query_blocks = [0] * len(config.groups)
+        self._group_hit_blocks = [0] * len(config.groups)
         self._requests: dict[object, Request] = {}
         self._no_new_blocks = _no_new_blocks(len(config.groups))
         self._block_sizes = tuple(g.spec.block_size for g in config.groups)
@@ -407,7 +409,7 @@ class KVCacheManager:
         blocks = self.coordinator.allocate(request, num_new_tokens, hit, lookahead, external, reserve)
         if blocks is not None and not known:
             self._requests[request.request_id] = request
-            self._record(request, hit.num_tokens if hit is not None else 0)
+            self._record(request, hit)
         return blocks
 
     def quiet_steps(self, requests: list[Request], num_new_tokens: list[int]) -> list[bool]:
@@ -457,10 +459,11 @@ class KVCacheManager:
             return None
         return self.pool.policy.stats()
 
-    def _record(self, request: Request, hit_tokens: int) -> None:
+    def _record(self, request: Request, hit: CacheHit | None) -> None:
         if not self.enable_caching or request.skip_prefix_cache:
             return
         s = self._stats
+        hit_tokens = hit.num_tokens if hit is not None else 0
         if request.num_preemptions:
             s.preempted_requests += 1
             s.preempted_queries += request.num_tokens
@@ -469,6 +472,14 @@ class KVCacheManager:
             s.requests += 1
             s.queries += request.num_tokens
             s.hits += hit_tokens
+            # per group: the blocks a hit could cover (the last token is always recomputed)
+            # and the blocks of the group's own hit
+            own = hit.group_tokens if hit is not None and hit.group_tokens else None
+            n = request.num_tokens - 1
+            qb, hb = self._group_query_blocks, self._group_hit_blocks
+            for g, bs in enumerate(self._block_sizes):
+                qb[g] += n // bs
+                hb[g] += (own[g] if own is not None else hit_tokens) // bs
 
     def free(self, request: Request) -> None:
         """Release the request's blocks (cached ones stay cached, LRU).
@@ -542,7 +553,8 @@ class KVCacheManager:
         """Cumulative prefix-cache counters (a copy)."""
         s = self._stats
         return PrefixCacheStats(s.requests, s.queries, s.hits, s.preempted_requests,
-                                s.preempted_queries, s.preempted_hits, self.pool.num_evictions)
+                                s.preempted_queries, s.preempted_hits, self.pool.num_evictions,
+                                tuple(self._group_query_blocks), tuple(self._group_hit_blocks))
 
     def take_events(self) -> list[KVEvent]:
         """Drain the recorded KV events (empty unless ``enable_events``)."""
