@@ -212,7 +212,7 @@ class ClusterResult:
 def combine(results: Sequence[SimResult]) -> SimResult:
     """The instances' results as one :class:`SimResult`: counts summed, TTFT and inter-token
     samples pooled, the longest makespan, mean usage averaged and peak the highest, retained
-    blocks summed per group (no timeline, no optimum)."""
+    blocks and the per-group hit counters summed per group (no timeline, no optimum)."""
     out = SimResult()
     for r in results:
         for name in ("requests", "rejected", "prompt_tokens", "hit_tokens", "prompt_blocks",
@@ -224,6 +224,10 @@ def combine(results: Sequence[SimResult]) -> SimResult:
         out.peak_usage = max(out.peak_usage, r.peak_usage)
         for g, n in r.retained_blocks.items():
             out.retained_blocks[g] = out.retained_blocks.get(g, 0) + n
+        for mine, theirs in ((out.group_query_blocks, r.group_query_blocks),
+                             (out.group_hit_blocks, r.group_hit_blocks)):
+            for g, n in theirs.items():
+                mine[g] = mine.get(g, 0) + n
     out.mean_usage = sum(r.mean_usage for r in results) / len(results) if results else 0.0
     out.partial = any(r.partial for r in results)
     return out
@@ -475,6 +479,7 @@ class ClusterSimulator:
             res.hit_tokens = stats.hits
             res.preemptions = sim.scheduler.num_preemptions
             res.evictions = stats.evictions
+            res.set_group_counts([g.name for g in sim.kv.config.groups], stats)
             res.retained_blocks = sim.retained_blocks()
             res.partial = partial
             results.append(res)

@@ -224,6 +224,9 @@ class SimResult:
     hints: dict | None = None        # the hints served and what the pool's hint layer did
     hybrid_bound_hit_blocks: int | None = None   # sim.hybrid_bound (hybrid configs, with the optimum)
     hybrid_unservable_blocks: int | None = None  # unlimited-cache hits no cache of the config serves
+    # per KV group (PrefixCacheStats): the blocks a hit could cover, and those of its own hit
+    group_query_blocks: dict[str, int] = field(default_factory=dict)
+    group_hit_blocks: dict[str, int] = field(default_factory=dict)
 
     @property
     def hit_rate(self) -> float:
@@ -232,6 +235,19 @@ class SimResult:
     @property
     def block_hit_rate(self) -> float:
         return self.hit_blocks / self.prompt_blocks if self.prompt_blocks else 0.0
+
+    @property
+    def block_hit_rate_by_group(self) -> dict[str, float]:
+        """Per KV group, the blocks of the group's *own* hit (what its rule alone serves) over
+        the blocks a hit could cover (:attr:`hybridkv.core.events.PrefixCacheStats.
+        block_hit_rate_by_group`): a group below the others is the one that cut the hit."""
+        return {g: (self.group_hit_blocks.get(g, 0) / q if q else 0.0)
+                for g, q in self.group_query_blocks.items()}
+
+    def set_group_counts(self, names, stats) -> None:
+        """Read the per-group counters of a manager's ``stats()`` (groups named ``names``)."""
+        self.group_query_blocks = dict(zip(names, stats.group_query_blocks))
+        self.group_hit_blocks = dict(zip(names, stats.group_hit_blocks))
 
     @property
     def optimal_block_hit_rate(self) -> float | None:
@@ -283,6 +299,7 @@ class SimResult:
             "prompt_blocks": self.prompt_blocks,
             "hit_blocks": self.hit_blocks,
             "block_hit_rate": self.block_hit_rate,
+            "block_hit_rate_by_group": dict(self.block_hit_rate_by_group),
             "optimal_block_hit_rate": opt,
             "fraction_of_optimal": (self.block_hit_rate / opt) if opt else None,
             "unlimited_cache_block_hit_rate": (self.gap.ceiling_blocks / self.prompt_blocks
@@ -495,6 +512,7 @@ class Simulator:
             res.hit_tokens += sum(res.tiers.hit_tokens.values()) + res.tiers.gpu_hit_tokens
         res.preemptions = self.scheduler.num_preemptions
         res.evictions = stats.evictions
+        res.set_group_counts([g.name for g in kv.config.groups], stats)
         res.retained_blocks = self.retained_blocks()
         if kv.hints:
             res.hints = self._hint_report()
