@@ -123,6 +123,7 @@ def test_presets_know_their_context():
     assert {n: get_preset(n).context_len for n in MODEL_PRESETS} == {
         "llama-3.1-8b": 131_072, "gemma-3-27b": 131_072, "gpt-oss-120b": 131_072,
         "llama-4-scout": 10_485_760, "deepseek-v3": 163_840, "deepseek-v4-style": None,
+        "deepseek-v4-flash": 1_048_576,
         "qwen3-next-80b-a3b": 262_144, "nemotron-h-8b": None}
 
 

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from hybridkv.core.specs import MLA, ChunkedLocal, FullAttention, KVCacheConfig, SlidingWindow
+from hybridkv.core.specs import (MLA, ChunkedLocal, CompressorState, FullAttention, KVCacheConfig,
+                                 SlidingWindow, SparseMLA)
 from hybridkv.sim.presets import GPU_PRESETS, MODEL_PRESETS, get_gpu, get_preset
 
 
@@ -14,7 +15,9 @@ from hybridkv.sim.presets import GPU_PRESETS, MODEL_PRESETS, get_gpu, get_preset
 def test_every_preset_is_consistent(name: str) -> None:
     p = get_preset(name)
     layers = [layer for g in p.target_groups for layer in g.layer_names]
-    assert len(layers) == len(set(layers)) == p.num_layers
+    assert len(layers) == len(set(layers))
+    # a decoder layer's caches may sit in several groups (layers.<i>.<part>): count layers
+    assert len({".".join(n.split(".")[:2]) for n in layers}) == p.num_layers
     assert isinstance(p.kv_config(num_blocks=100), KVCacheConfig)
     kv = p.kv_bytes_per_token()
     assert kv["total"] == sum(v for k, v in kv.items() if k != "total") > 0
@@ -63,6 +66,27 @@ def test_v4_style_is_hybrid_with_draft_group() -> None:
     cfg = p.kv_config(num_blocks=64)
     assert (cfg.hash_block_size, cfg.alignment) == (8, 256)
     assert get_preset("llama-3.1-8b").spec_decode is None
+
+
+def test_v4_flash_has_vllms_five_groups_and_block_sizes() -> None:
+    """deepseek-v4-flash — five groups with block sizes {256, 64, 64, 4, 8} and windows
+    128, 128, 8, 128 (vllm#42948, vllm#51163, unified-cache-management#1322); the MTP layer
+    is the 44th sliding-window layer (swa_b, the draft group); 21 CSA + 20 HCA layers
+    compressed; a 32K prefix needs 128 + 512 + 512 + 8,192 + 4,096 = 13,440 blocks, vllm#42948's
+    number; hashes at 4 tokens, hits aligned to 256."""
+    p = get_preset("deepseek-v4-flash")
+    assert [(g.name, type(g.spec), g.spec.block_size, g.spec.window_tokens, len(g.layer_names))
+            for g in p.groups] == [
+        ("compressed", SparseMLA, 256, None, 41), ("swa_a", SlidingWindow, 64, 128, 22),
+        ("swa_b", SlidingWindow, 64, 128, 22), ("c4_state", CompressorState, 4, 8, 21),
+        ("c128_state", CompressorState, 8, 128, 20)]
+    assert [g.is_draft for g in p.groups] == [False, False, True, False, False]
+    assert p.groups[2].layer_names[-1] == "mtp.0.swa" and p.spec_decode == ("mtp", 1)
+    assert (p.groups[3].spec.compress_ratio, p.groups[4].spec.compress_ratio) == (4, 128)
+    assert sum(-(-32768 // g.spec.block_size) for g in p.groups) == 13_440
+    cfg = p.kv_config(num_blocks=64)
+    assert (cfg.hash_block_size, cfg.alignment, cfg.layer_slots) == (4, 256, 41)
+    assert p.context_len == 1_048_576 and "DeepSeek-V4-Flash" in p.source
 
 
 def test_with_block_size() -> None:

@@ -3,8 +3,10 @@
 =====================  ==============  ==========================================
 spec                   rule            a hit ending at block boundary e needs
 =====================  ==============  ==========================================
-FullAttention, MLA     ``FullRule``    ``[0, e)``
-SlidingWindow          ``SlidingRule`` ``[e - cdiv(W - 1, bs), e)``
+FullAttention, MLA,    ``FullRule``    ``[0, e)``
+SparseMLA
+SlidingWindow,         ``SlidingRule`` ``[e - cdiv(W - 1, bs), e)``
+CompressorState
 ChunkedLocal           ``ChunkedRule`` ``[chunk_start(e), e)``
 StateSpec              ``StateRule``   ``[e - 1, e)``: the checkpoint at exactly e
 =====================  ==============  ==========================================
