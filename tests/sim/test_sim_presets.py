@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -153,3 +154,30 @@ def test_cli_counts_the_eagle3_drafters_kv(tmp_path):
                               spec=SpecDecode("eagle3", 3), optimum=False)).run(
         items_from_trace(get_workload("chat", seed=0))[:10])
     assert d["hit_tokens"] == lib.hit_tokens and d["retained_blocks"] == lib.retained_blocks
+
+
+def test_a_shared_drafter_group_halves_the_pool_cost_of_eagle3() -> None:
+    """with_drafter(shared=) — llama-3.1-8b's EAGLE-3 layer (the target's spec) in a group of
+    its own: every block id spans 32 layer slots of 65,536 B (2,097,152 B), and a 16,000-token
+    request takes 1,000 blocks in each group (2,000); 40 GiB hold 20,480 blocks, 10 such
+    requests. Shared with the 32 target layers: 33 slots (2,162,688 B per block id), 1,000
+    blocks per request, 19,859 blocks, 19 requests (vllm#50169's regrouping: 415k -> 871k).
+    A preset whose groups lack the drafter's spec is refused by name."""
+    from hybridkv.core.manager import KVCacheManager
+    out = []
+    for shared in (False, True):
+        p = get_preset("llama-3.1-8b").with_drafter("eagle3", shared=shared)
+        c = p.kv_config(memory_bytes=40 * 2**30)
+        per = KVCacheManager.blocks_for_request(c, 16_000)
+        out.append(([(g.name, len(g.layer_names), g.is_draft) for g in p.groups], c.block_bytes,
+                    c.num_blocks, per, (c.num_blocks - 1) // per))
+    assert out == [([("full", 32, False), ("eagle3", 1, True)], 2_097_152, 20_480, 2_000, 10),
+                   ([("full", 33, True)], 2_162_688, 19_859, 1_000, 19)]
+    shared = get_preset("llama-3.1-8b").with_drafter("eagle3", shared=True)
+    assert shared.groups[0].layer_names[-1] == "eagle3.0"
+    assert get_preset("llama-3.1-8b").with_drafter("mtp", shared=True).groups == get_preset("llama-3.1-8b").groups
+    odd = dataclasses.replace(get_preset("llama-3.1-8b"), eagle3_drafter=dataclasses.replace(
+        get_preset("llama-3.1-8b").eagle3_drafter, spec=FullAttention(16, num_kv_heads=4, head_dim=128)))
+    with pytest.raises(ValueError, match=r"llama-3\.1-8b: no target group has the drafter's spec "
+                                         r"FullAttention\(block_size=16, num_kv_heads=4.*groups: full FullAttention$"):
+        odd.with_drafter("eagle3", shared=True)

@@ -135,15 +135,34 @@ class ModelPreset:
             new_groups.append(dataclasses.replace(g, spec=spec))
         return dataclasses.replace(self, groups=tuple(new_groups))
 
-    def with_drafter(self, method: str | None) -> ModelPreset:
-        """This preset with the drafter's KV group of speculative ``method`` added (at the main
-        group's block size): ``eagle3`` adds :attr:`eagle3_drafter` when the preset records one
-        and has no draft group yet; anything else returns the preset unchanged."""
+    def with_drafter(self, method: str | None, shared: bool = False) -> ModelPreset:
+        """This preset with the drafter's KV of speculative ``method`` (at the main group's
+        block size): ``eagle3`` adds :attr:`eagle3_drafter` when the preset records one and has
+        no draft group yet; anything else returns the preset unchanged.
+
+        ``shared=False``: the drafter's layers are a group of their own. Every block id spans
+        the largest group's layer slots, so a one-layer drafter group pays as many bytes per
+        block as the target's largest group (vllm#50169, #54661). ``shared=True``: they join
+        the first target group with the same spec, which then carries the draft mark (its
+        blocks prove the drafter's boundary in drop mode); one block id per token block then
+        holds target and drafter alike.
+
+        Raises:
+            ValueError: ``shared`` and no target group has the drafter's spec (naming them).
+        """
         d = self.eagle3_drafter
         if method != "eagle3" or d is None or any(g.is_draft for g in self.groups):
             return self
         spec = dataclasses.replace(d.spec, block_size=self.block_size)
-        return dataclasses.replace(self, groups=self.groups + (dataclasses.replace(d, spec=spec),))
+        if not shared:
+            return dataclasses.replace(self, groups=self.groups + (dataclasses.replace(d, spec=spec),))
+        for i, g in enumerate(self.groups):
+            if g.spec == spec:
+                host = dataclasses.replace(g, layer_names=g.layer_names + d.layer_names, is_draft=True)
+                return dataclasses.replace(self, groups=self.groups[:i] + (host,) + self.groups[i + 1:])
+        raise ValueError(
+            f"{self.name}: no target group has the drafter's spec {spec!r} to share; groups: "
+            f"{', '.join(f'{g.name} {type(g.spec).__name__}' for g in self.groups)}")
 
     def kv_bytes_per_token(self) -> dict[str, int]:
         """KV bytes one token costs per group (summed over the group's layers), plus ``"total"``."""
