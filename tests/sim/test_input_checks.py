@@ -40,7 +40,8 @@ def test_a_misspelt_token_trace_field_is_named_with_the_known_ones(tmp_path):
     with pytest.raises(ValueError) as info:
         load_token_trace(p)
     assert str(info.value) == (f"{p}:2: unknown field 'sesion' (did you mean 'session'?); known: "
-                               "prompt_token_ids, output_len, arrival_s, session, request_id, hint")
+                               "prompt_token_ids, output_len, arrival_s, session, request_id, hint, "
+                               "checkpoints")
 
 
 def test_an_unknown_mooncake_field_is_named_with_the_known_ones(tmp_path):
@@ -49,7 +50,7 @@ def test_an_unknown_mooncake_field_is_named_with_the_known_ones(tmp_path):
         list(iter_mooncake_records(p))
     assert str(info.value) == (f"{p}:2: unknown field 'priority'; known: timestamp, input_length, "
                                "output_length, hash_ids, session, hint")
-    assert MOONCAKE_FIELDS[-2:] == TOKEN_FIELDS[-3::2] == ("session", "hint")
+    assert MOONCAKE_FIELDS[-2:] == TOKEN_FIELDS[-4:-1:2] == ("session", "hint")
 
 
 def test_cli_names_the_unknown_field(tmp_path, capsys):
@@ -58,7 +59,7 @@ def test_cli_names_the_unknown_field(tmp_path, capsys):
                  "--no-progress"]) == 2
     assert capsys.readouterr().err == (f"hybridkv simulate: error: {p}:1: unknown field 'sesion' (did "
                                        "you mean 'session'?); known: prompt_token_ids, output_len, "
-                                       "arrival_s, session, request_id, hint\n")
+                                       "arrival_s, session, request_id, hint, checkpoints\n")
 
 
 # ---- hints --------------------------------------------------------------------------------------
@@ -160,3 +161,18 @@ def test_cli_warns_about_a_prompt_beyond_the_context(tmp_path, capsys):
                  "--no-progress", "--no-optimum", "--cache-tokens-list", "300k"]) == 0
     assert ("hybridkv sweep: warning: 1 of 2 requests have prompts of at least llama-3.1-8b's "
             "context") in capsys.readouterr().err
+
+
+# ---- checkpoint marks ---------------------------------------------------------------------------
+
+def test_token_trace_checkpoints_are_read_and_checked(tmp_path):
+    """load_token_trace — a line's "checkpoints" become TraceRequest.checkpoints (sorted, without
+    repeats); a position outside [1, prompt length] or not an integer is named with its line."""
+    p = _write(tmp_path / "t.jsonl", _tok(6, checkpoints=[4, 2, 4]), _tok(6))
+    assert [r.checkpoints for r in load_token_trace(p)] == [(2, 4), ()]
+    for bad in ([7], [0], [1.5], 3):
+        q = _write(tmp_path / "b.jsonl", _tok(6, checkpoints=bad))
+        with pytest.raises(ValueError) as info:
+            load_token_trace(q)
+        assert str(info.value) == (f"{q}:1: 'checkpoints' must be a list of prompt positions in "
+                                   f"[1, 6], got {bad!r}")

@@ -91,6 +91,12 @@ def add_common_options(p: argparse.ArgumentParser) -> None:
                         "rejected and counted, the others' outputs are cut to fit")
     p.add_argument("--sequential", action="store_true", help="one request at a time, no timing")
     p.add_argument("--vllm-compat", action="store_true", help="run the manager in vLLM-0.33-compatible mode")
+    p.add_argument("--checkpoint-marks", action="store_true",
+                   help="serve the checkpoint positions the workload marks (the system-prompt "
+                        "workload marks its system prompt's end; a token trace's \"checkpoints\"): "
+                        "promised hit ends, where recurrent-state groups write a checkpoint; with "
+                        "sweep --retention-intervals on a state preset, one more row (N=0 + marks) "
+                        "beside intervals without them")
     p.add_argument("--no-optimum", action="store_true", help="skip the offline (Belady) bound")
     p.add_argument("--seed", type=int_in(0), default=0, help="seed of generators and the acceptance model (default 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -349,6 +355,7 @@ def build_config(args: argparse.Namespace, num_blocks: int | None = None,
                     max_model_len=args.max_model_len, optimum=not args.no_optimum,
                     num_gpus=args.gpus, eviction_policy=args.eviction_policy,
                     prefix_retention=args.prefix_retention, cost_model=args.cost_model,
-                    profile=args.profile, tiers=tier_config(args, preset))
+                    profile=args.profile, tiers=tier_config(args, preset),
+                    checkpoint_marks=bool(getattr(args, "checkpoint_marks", False)))
     check_spec_fits(cfg)
     return cfg

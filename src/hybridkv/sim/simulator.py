@@ -144,6 +144,9 @@ class SimConfig:
             (:class:`~hybridkv.sim.hint_synthesis.HintSpec`); the manager then takes hints.
         trace_hints: serve the hints the workload's requests carry (``TraceRequest.hint``, a
             trace line's ``"hint"``); a workload with hints is refused without it (or ``hints``).
+        checkpoint_marks: give each request the checkpoint positions its workload marks
+            (``TraceRequest.checkpoints``, a trace line's ``"checkpoints"``: promised hit ends,
+            so state groups write a checkpoint there); False ignores them.
     """
 
     preset: ModelPreset
@@ -171,6 +174,7 @@ class SimConfig:
     tiers: TierConfig | None = None
     hints: HintSpec | None = None
     trace_hints: bool = False
+    checkpoint_marks: bool = False
 
     @property
     def takes_hints(self) -> bool:
@@ -536,7 +540,8 @@ class Simulator:
                       "max_num_seqs": self.scheduler.config.max_num_seqs,
                       "tiers": None if self.tiers is None else self.tiers.report.config,
                       "hints": (str(cfg.hints) if cfg.hints is not None
-                                else "trace" if cfg.trace_hints else None)}
+                                else "trace" if cfg.trace_hints else None),
+                      "checkpoint_marks": cfg.checkpoint_marks}
 
     def retained_blocks(self) -> dict[str, int]:
         """Hashed (cached) blocks per group now."""
@@ -590,7 +595,8 @@ class Simulator:
         prompt = item.prompt()
         req = Request(item.request_id, prompt,
                       retention=None if pin is None else pin.config(len(prompt)),
-                      hint=self._hints[index] if self._hints is not None else None)
+                      hint=self._hints[index] if self._hints is not None else None,
+                      checkpoints=item.checkpoints if self.config.checkpoint_marks else ())
         er = EngineRequest(req, served.max_tokens, arrival_time=item.arrival_s)
         er.user_data = _Live(item, index)
         return er
