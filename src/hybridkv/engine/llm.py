@@ -361,6 +361,7 @@ class LLM:
                  priority: Sequence[int] | None = None,
                  retention: RetentionConfig | None | Sequence[RetentionConfig | None] = None,
                  hint: Hint | None | Sequence[Hint | None] = None,
+                 checkpoints: Sequence[int] | Sequence[Sequence[int]] | None = None,
                  ) -> list[GenerationOutput]:
         """Generate greedily for every prompt (one batch, continuous batching); outputs in order.
 
@@ -377,9 +378,14 @@ class LLM:
             hint: what the application knows about each request's session (one
                 :class:`~hybridkv.core.hints.Hint` for every prompt, or one per prompt, None for
                 none): it ends, pin a prefix, it resumes soon; needs ``CacheConfig(hints=True)``.
+            checkpoints: prompt positions worth a later hit, e.g. the end of a shared system
+                prompt (:attr:`hybridkv.core.request.Request.checkpoints`): one sequence of
+                positions for every prompt, or one per prompt; recurrent-state layers then
+                keep a checkpoint there from the first request on.
         """
         reqs = self.submit(prompts, max_tokens, cache_salt=cache_salt, stop_token_ids=stop_token_ids,
-                           ignore_eos=ignore_eos, priority=priority, retention=retention, hint=hint)
+                           ignore_eos=ignore_eos, priority=priority, retention=retention, hint=hint,
+                           checkpoints=checkpoints)
         self.engine.run()
         return self.collect(reqs)
 
@@ -389,6 +395,7 @@ class LLM:
                priority: Sequence[int] | None = None,
                retention: RetentionConfig | None | Sequence[RetentionConfig | None] = None,
                hint: Hint | None | Sequence[Hint | None] = None,
+               checkpoints: Sequence[int] | Sequence[Sequence[int]] | None = None,
                ) -> list[EngineRequest]:
         """Queue requests without running them (drive ``llm.engine.step()`` yourself, then
         :meth:`collect`). Arguments as for :meth:`generate`."""
@@ -400,8 +407,12 @@ class LLM:
         prios = list(priority) if priority is not None else [0] * n
         keep = list(retention) if isinstance(retention, (list, tuple)) else [retention] * n
         hints = list(hint) if isinstance(hint, (list, tuple)) else [hint] * n
-        if not len(limits) == len(salts) == len(prios) == len(keep) == len(hints) == n:
-            raise ValueError("max_tokens, cache_salt, priority, retention and hint need one entry per prompt")
+        marks = list(checkpoints or ())
+        if not marks or isinstance(marks[0], int):
+            marks = [tuple(marks)] * n                  # the same positions for every prompt
+        if not len(limits) == len(salts) == len(prios) == len(keep) == len(hints) == len(marks) == n:
+            raise ValueError("max_tokens, cache_salt, priority, retention, hint and checkpoints need "
+                             "one entry per prompt")
         if any(h is not None for h in hints) and not self.kv.hints:
             raise ValueError("hint needs CacheConfig(hints=True); this LLM ignores hints")
         if any(r is not None for r in keep) and not self.kv.uses_retention:
@@ -414,7 +425,8 @@ class LLM:
         for i, p in enumerate(prompts):
             rid = f"req-{self._next_id}"
             self._next_id += 1
-            core = Request(rid, self.encode(p), cache_salt=salts[i], retention=keep[i], hint=hints[i])
+            core = Request(rid, self.encode(p), cache_salt=salts[i], retention=keep[i], hint=hints[i],
+                           checkpoints=tuple(marks[i] or ()))
             reqs.append(EngineRequest(core, int(limits[i]), priority=int(prios[i]),
                                       arrival_time=float(self._next_id), stop_token_ids=stops))
         for r in reqs:
