@@ -56,3 +56,4 @@ def test_a_mark_outside_the_prompt_is_refused(bad) -> None:
                                          r"\[1, 160\] \(the prompt\), got "):
         Request("x", prompt(0, 160), checkpoints=(bad,))
     assert Request("y", prompt(0, 160), checkpoints=(96, 32, 96)).checkpoints == (32, 96)
+

@@ -177,3 +177,16 @@ def test_free_of_an_unknown_request_is_refused_by_name_and_free_lets_the_request
     gc.collect()
     assert ref() is None
     kv.check_integrity()
+
+
+def test_the_max_model_len_check_counts_a_drop_modes_proof_hold() -> None:
+    """KVCacheManager._check_fits; blocks_for_request(hold=) — full attention (bs 4) beside a
+    window (bs 4, W 8), max_model_len 40: 10 full blocks + the window's 2 + 1 held alignment
+    unit + 2 for a prefill chunk = 15; in EAGLE drop mode the window also holds the proof
+    block (hold 4 + 4 = 8 tokens): 16. A 16-block pool (15 usable) fits the first only."""
+    cfg = config(FA(4), SWA(4, 8), num_blocks=16)
+    assert (KVCacheManager.blocks_for_request(cfg, 40), KVCacheManager.blocks_for_request(cfg, 40, hold=8)) == (15, 16)
+    KVCacheManager(cfg, max_model_len=40)
+    with pytest.raises(ValueError, match=r"the pool has 15 usable blocks but one request of "
+                                         r"max_model_len=40 tokens needs 16 across the groups"):
+        KVCacheManager(cfg, max_model_len=40, spec_decode=SpecDecode("eagle", 1, hash_lookahead=False))

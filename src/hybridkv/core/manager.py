@@ -116,8 +116,6 @@ class KVCacheManager:
         self.enable_caching = enable_caching
         self.max_model_len = max_model_len
         self.vllm_compat = vllm_compat
-        if max_model_len is not None:
-            self._check_fits(config, max_model_len)
         self.enable_events = enable_events
         self.lookahead_slots = spec_decode.lookahead_slots if spec_decode else 0
         if spec_decode is not None:
@@ -154,6 +152,8 @@ class KVCacheManager:
             config, self.pool, Retention(retention_interval, config.alignment),
             drop_mode=drop_mode, vllm_compat=vllm_compat, caching=enable_caching,
             max_model_len=max_model_len, max_in_flight_tokens=max_in_flight_tokens)
+        if max_model_len is not None:
+            self._check_fits(config, max_model_len)
         self.coordinator.hinted = bool(hints)
         self.coordinator.anchor_key = policy.key_group if isinstance(policy, HitPointLayer) else None
         if isinstance(self.pool, ExtentBlockPool) and not vllm_compat:
@@ -176,14 +176,18 @@ class KVCacheManager:
 
     @staticmethod
     def blocks_for_request(config: KVCacheConfig, length: int, *,
-                           retention_interval: int | None = 0, vllm_compat: bool = False) -> int:
+                           retention_interval: int | None = 0, vllm_compat: bool = False,
+                           hold: int | None = None) -> int:
         """Blocks one request of ``length`` tokens needs at most, across the groups.
 
         Full groups hold the whole sequence; local groups their window (or chunk), plus the
-        alignment unit they keep for the final-length promise (default mode, retention not
-        dense), plus two blocks (one prefill chunk; chunked prefill bounds the chunk).
+        tokens they hold past it (``hold``; default: the alignment unit kept for the final-end
+        promise in default mode with sparse retention; a manager in EAGLE drop mode holds its
+        proof block too, ``coordinator.hold``), plus two blocks (one prefill chunk; chunked
+        prefill bounds the chunk).
         """
-        hold = 0 if vllm_compat or retention_interval is None else config.alignment
+        if hold is None:
+            hold = 0 if vllm_compat or retention_interval is None else config.alignment
         return sum(make_rule(g.spec).max_blocks(length, hold) * config.extent_blocks(i)
                    for i, g in enumerate(config.groups))
 
@@ -220,7 +224,7 @@ class KVCacheManager:
 
     def _check_fits(self, config: KVCacheConfig, max_len: int) -> None:
         need = self.blocks_for_request(config, max_len, retention_interval=self.retention_interval,
-                                       vllm_compat=self.vllm_compat)
+                                       vllm_compat=self.vllm_compat, hold=self.coordinator.hold)
         if need > config.num_blocks - 1:
             raise ValueError(
                 f"the pool has {config.num_blocks - 1} usable blocks but one request of "
