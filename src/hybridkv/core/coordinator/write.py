@@ -42,9 +42,10 @@ class WritePath(CoordinatorBase):
                 # drop mode: the proof block after the junction is not shared, so the
                 # servable end is one unit lower; default mode: the #57610 unit below.
                 ends.add(junction - a)
-        if request.checkpoints and not self.compat:
-            # the application's marks (Request.checkpoints), each rounded down to the alignment
-            ends.update(m // a * a for m in request.checkpoints if m >= a)
+        if request.checkpoints:
+            if not self.compat:
+                # the application's marks (Request.checkpoints), rounded down to the alignment
+                ends.update(m // a * a for m in request.checkpoints if m >= a)
         return tuple(sorted(ends))
 
     def _mask_ends(self, request: Request, hit: CacheHit | None) -> list[tuple[int, ...]]:
