@@ -78,8 +78,8 @@ class PrefixCacheStats:
     is always recomputed) and ``group_hit_blocks[g]`` the
     blocks of g's *own* hit (:attr:`~hybridkv.core.coordinator.CacheHit.group_tokens`: what g's
     rule alone would serve, a multiple of the alignment). A group whose rate sits below the
-    others is the one that cut the common hit: a correct EAGLE drop shows as the draft groups
-    one alignment unit short per request, a broken write mask as one group at 0.
+    others is the one that cut the common hit: a correct EAGLE drop costs each group at most
+    one alignment unit per request, a broken write mask leaves one group at 0.
     """
 
     requests: int = 0

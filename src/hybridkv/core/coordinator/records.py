@@ -29,7 +29,7 @@ class CacheHit:
 
     ``group_tokens[g]`` is group g's *own* hit: the largest hit (a multiple of the alignment,
     at most the lookup's cap) that group g's rule alone serves from what is cached, proof
-    block included; ``num_tokens`` is their minimum over the fixed point. It tells which
+    block included; ``num_tokens``, the fixed point, is at most their minimum. It tells which
     group cut a common hit (a draft group's drop, a window group's write mask); the manager
     sums it per group (:attr:`~hybridkv.core.events.PrefixCacheStats.block_hit_rate_by_group`).
     Empty for a hand-made hit (then every group's own hit reads as ``num_tokens``).
