@@ -188,3 +188,48 @@ def test_bad_workload_params_are_named(argv, message, capsys) -> None:
     with pytest.raises(SystemExit):
         main(["simulate", "--workload-param", "steps"])
     assert "expected KEY=VALUE, got 'steps' (e.g. num_agents=64)" in capsys.readouterr().err
+
+
+def test_deepseek_v4_flash_is_listed_and_simulates(tmp_path: Path, capsys) -> None:
+    """presets; simulate --preset deepseek-v4-flash — listed with its five groups; the
+    #43447 replay (A 8,192 tokens, B, A again) hits 8,191 rounded down to the 256-token
+    alignment = 7,936 tokens, and each group's own hit is that many tokens in its blocks
+    (31, 124, 124, 1,984, 992 of 3 x (8,191 // bs) queried)."""
+    assert main(["presets"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "deepseek-v4-flash" in x)
+    assert all(f"{g} " in line for g in ("compressed SparseMLA x41 bs256", "swa_a SlidingWindow x22 bs64",
+                                         "swa_b SlidingWindow x22 bs64", "c4_state CompressorState x21 bs4",
+                                         "c128_state CompressorState x20 bs8"))
+    js = tmp_path / "r.json"
+    assert main(["simulate", "--preset", "deepseek-v4-flash", "--workload", "replay", "--sequential",
+                 "--no-optimum", "--json", str(js), "--no-progress"]) == 0
+    d = json.loads(js.read_text())
+    assert d["hit_tokens"] == 7936 and d["config"]["spec"] == "mtp:1"
+    hit = {"compressed": 31, "swa_a": 124, "swa_b": 124, "c4_state": 1984, "c128_state": 992}
+    asked = {"compressed": 31, "swa_a": 127, "swa_b": 127, "c4_state": 2047, "c128_state": 1023}
+    assert d["block_hit_rate_by_group"] == {g: hit[g] / (3 * asked[g]) for g in hit}
+
+
+@pytest.mark.parametrize("argv", [
+    ["--preset", "llama-3.1-8b", "--drafter-group", "shared"],
+    ["--preset", "gemma-3-27b", "--spec", "eagle3:2", "--drafter-group", "own"],
+])
+def test_drafter_group_needs_a_recorded_eagle3_drafter(argv, capsys) -> None:
+    """--drafter-group without --spec eagle3:K, or on a preset with no recorded drafter, is
+    refused before the run, naming the presets that record one."""
+    assert main(["simulate", *argv, "--workload", "replay", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert ("places the EAGLE-3 drafter's KV: it needs --spec eagle3:K and a preset that records "
+            "the drafter (llama-3.1-8b)") in err
+    assert ("--spec the preset default" in err) == ("--spec" not in argv)
+
+
+def test_drafter_group_shared_puts_the_drafter_in_the_target_group(tmp_path: Path) -> None:
+    """simulate --spec eagle3:1 --drafter-group shared: one group, 33 layers (the JSON's
+    retained blocks and per-group rates name only "full")."""
+    js = tmp_path / "r.json"
+    assert main(["simulate", "--preset", "llama-3.1-8b", "--spec", "eagle3:1", "--drafter-group", "shared",
+                 "--workload", "replay", "--sequential", "--no-optimum", "--json", str(js),
+                 "--no-progress"]) == 0
+    d = json.loads(js.read_text())
+    assert list(d["block_hit_rate_by_group"]) == ["full"] and d["hit_tokens"] == 8192 - 16

@@ -68,17 +68,20 @@ def test_a_block_leaving_the_window_keeps_its_retention_marks(priority, hits) ->
     kv.check_integrity()
 
 
-@pytest.mark.parametrize("compat, retention, kept_at_12",
-                         [(True, 0, False), (False, 0, True), (False, None, True)])
-def test_only_default_mode_windows_keep_a_hold(compat, retention, kept_at_12) -> None:
+@pytest.mark.parametrize("compat, retention, kept_at_12, kept_at_16",
+                         [(True, 0, False, False), (False, 0, True, True),
+                          (False, None, True, False)])
+def test_only_default_mode_windows_keep_a_hold(compat, retention, kept_at_12, kept_at_16) -> None:
     """coordinator: __init__ — the hold (tokens a window keeps past its edge) is 0 in compat
     mode, as in vLLM, even for a drafter's proof block; in default mode it is the proof
-    block (drop mode), and at least one alignment unit with sparse retention.
+    block (drop mode), plus one alignment unit with sparse retention (the final end sits up
+    to a proof block and an alignment unit below the computed tokens).
 
     One sliding group (bs 4, W 5), EAGLE without hash lookahead (drop mode: the group
-    carries the proof; alignment 4). r (20 tokens) steps 8, 4, 4. At 8 computed vLLM skips
-    8 - 5 + 1 = 4 tokens (block 0 leaves at the step from 8); with a hold of 4 the skip
-    reaches 4 tokens at 12 computed (block 0 leaves at the step from 12)."""
+    carries the proof; alignment 4). r (20 tokens) steps 8, 4, 4, 4. At 8 computed vLLM skips
+    8 - 5 + 1 = 4 tokens (block 0 leaves at the step from 8); with a hold of 4 (dense) the
+    skip reaches 4 tokens at 12 computed (block 0 leaves at the step from 12); with a hold
+    of 4 + 4 (sparse) at 16 (block 0 leaves at the step from 16)."""
     kv = KVCacheManager(config(SWA(4, 5), num_blocks=30), CacheOptions(
         vllm_compat=compat, retention_interval=retention, spec_decode=SpecDecode("eagle", 1,
         hash_lookahead=False)))
@@ -89,6 +92,9 @@ def test_only_default_mode_windows_keep_a_hold(compat, retention, kept_at_12) ->
     assert (kv.block_ids(r)[0][0] != 0) == kept_at_12
     assert kv.allocate(r, 4, num_lookahead_tokens=0) is not None
     r.num_computed_tokens = 16
+    assert (kv.block_ids(r)[0][0] != 0) == kept_at_16
+    assert kv.allocate(r, 4, num_lookahead_tokens=0) is not None
+    r.num_computed_tokens = 20
     assert kv.block_ids(r)[0][0] == 0
     kv.check_integrity()
 
@@ -172,3 +178,17 @@ def test_free_of_an_unknown_request_is_refused_by_name_and_free_lets_the_request
     gc.collect()
     assert ref() is None
     kv.check_integrity()
+
+
+def test_the_max_model_len_check_counts_a_drop_modes_proof_hold() -> None:
+    """KVCacheManager._check_fits; blocks_for_request(hold=) — full attention (bs 4) beside a
+    window (bs 4, W 8), max_model_len 40: 10 full blocks + the window's 2 + 1 held alignment
+    unit + 2 for a prefill chunk = 15; in EAGLE drop mode the window also holds the proof
+    block (hold 4 + 4 = 8 tokens): 16. A 16-block pool (15 usable) fits the first only."""
+    cfg = config(FA(4), SWA(4, 8), num_blocks=16)
+    assert (KVCacheManager.blocks_for_request(cfg, 40), KVCacheManager.blocks_for_request(cfg, 40, hold=8)) == (15, 16)
+    KVCacheManager(cfg, CacheOptions(max_model_len=40))
+    with pytest.raises(ValueError, match=r"the pool has 15 usable blocks but one request of "
+                                         r"max_model_len=40 tokens needs 16 across the groups"):
+        KVCacheManager(cfg, CacheOptions(
+            max_model_len=40, spec_decode=SpecDecode("eagle", 1, hash_lookahead=False)))

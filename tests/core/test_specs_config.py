@@ -115,8 +115,8 @@ BAD_GROUPS = [
     (lambda: KVCacheGroup("", fa(), ("l",)), r"\bKVCacheGroup\.name\b must be a non-empty string, got ''$"),
     (lambda: KVCacheGroup(5, fa(), ("l",)), r"\bKVCacheGroup\.name\b.*got 5$"),
     (lambda: KVCacheGroup("g", "full", ("l",)),
-     r"KVCacheGroup 'g': spec must be FullAttention, SlidingWindow, ChunkedLocal, MLA or "
-     r"StateSpec, got str$"),
+     r"KVCacheGroup 'g': spec must be an AttentionSpec \(FullAttention, SlidingWindow, "
+     r"ChunkedLocal, MLA, SparseMLA, CompressorState or StateSpec\), got str$"),
     (lambda: KVCacheGroup("g", fa(), []), r"KVCacheGroup 'g' has no layers"),
     (lambda: KVCacheGroup("g", fa(), ("a", "b", "a", "c")),
      r"KVCacheGroup 'g' lists layers more than once: \['a'\]$"),
@@ -327,3 +327,25 @@ def test_state_larger_than_the_pool_is_a_clear_error() -> None:
 def test_validation_errors(build, match):
     with pytest.raises(ValueError, match=match):
         build()
+
+
+def test_deepseek_v4_cache_kinds_store_their_bytes_and_inherit_their_rules() -> None:
+    """SparseMLA, CompressorState — bytes by hand, rules inherited (docs/extending.md: a spec
+    that only stores differently needs no rule).
+
+    SparseMLA(256, latent 448 + 64 at fp8, ratio 4, indexer 128 fp8): 512 + 128 = 640 B per
+    compressed position, 160 B per token, 64 positions x 640 = 40,960 B per page.
+    CompressorState(4, window 8, 2 x 512 fp32): 4,096 B per token, 16,384 B per page."""
+    from hybridkv.core.rules import MLARule, SlidingRule, rule_class
+    from hybridkv.core.specs import CompressorState, SparseMLA
+    csa = SparseMLA(256, kv_lora_rank=448, qk_rope_head_dim=64, compress_ratio=4, dtype="fp8")
+    assert (csa.index_bytes, csa.bytes_per_token, csa.page_size_bytes) == (128, 160, 40960)
+    assert rule_class(csa) is MLARule and csa.kv_parts == 1 and csa.storage == "latent"
+    st = CompressorState(4, num_kv_heads=2, head_dim=512, dtype="float32", window=8)
+    assert (st.bytes_per_token, st.page_size_bytes, st.window_tokens) == (4096, 16384, 8)
+    assert rule_class(st) is SlidingRule
+    with pytest.raises(ValueError, match=r"SparseMLA\.index_head_dim must be a positive integer, got 0"):
+        SparseMLA(256, compress_ratio=4, index_head_dim=0)
+    with pytest.raises(ValueError, match=r"CompressorState\.window \(4\) must hold at least one group "
+                                         r"of compress_ratio \(8\) tokens"):
+        CompressorState(4, window=4, compress_ratio=8)

@@ -4,7 +4,8 @@ counted once, and preempted requests are counted apart.
 
 from __future__ import annotations
 
-from hybridkv import KVCacheManager, Request
+from hybridkv import (MLA, KVCacheConfig, KVCacheGroup, KVCacheManager, Request, SlidingWindow,
+                      SpecDecode)
 from tests.support.helpers import FA, config, manager, prompt, run_prompt, serve
 from hybridkv.core.cache_options import CacheOptions
 
@@ -67,3 +68,66 @@ def test_stats_count_queries_and_hits():
     run_prompt(kv, "b", list(range(20)))
     s = kv.stats()
     assert (s.requests, s.queries, s.hits) == (2, 40, 16)
+
+
+def _v4_flash_groups(num_blocks: int) -> KVCacheConfig:
+    """DeepSeek-V4-Flash's five groups at its block sizes {256, 64, 64, 4, 8} (vLLM #42948;
+    the deepseek-v4-flash preset) plus its MTP layer in a draft group."""
+    def swa(bs: int, w: int) -> SlidingWindow:
+        return SlidingWindow(bs, num_kv_heads=1, head_dim=8, window=w)
+    return KVCacheConfig((
+        KVCacheGroup("mla", MLA(256), ("l0",)), KVCacheGroup("swa_a", swa(64, 128), ("l1",)),
+        KVCacheGroup("swa_b", swa(64, 128), ("l2",)), KVCacheGroup("c4", swa(4, 8), ("l3",)),
+        KVCacheGroup("c128", swa(8, 128), ("l4",)),
+        KVCacheGroup("mtp", MLA(256), ("mtp.0",), is_draft=True)), num_blocks=num_blocks)
+
+
+def _resend_rates(kv: KVCacheManager, n: int) -> tuple[int, tuple[float, ...]]:
+    """Serve an ``n``-token prompt, then resend it: the resend's hit and its per-group block
+    hit rate (the counters' difference over the resend alone)."""
+    serve(kv, "a", prompt(1000, n))
+    before = kv.stats()
+    b, hit = run_prompt(kv, "b", prompt(1000, n))
+    kv.free(b)
+    after = kv.stats()
+    return hit.num_tokens, tuple(
+        (h1 - h0) / (q1 - q0) for h0, h1, q0, q1 in zip(before.group_hit_blocks, after.group_hit_blocks,
+                                                      before.group_query_blocks, after.group_query_blocks))
+
+
+def test_block_hit_rate_by_group_counts_each_groups_own_hit() -> None:
+    """_record; lookup — per group, the blocks a hit could cover ((num_tokens - 1) // bs) and
+    the blocks of the group's own hit, on DeepSeek-V4-Flash's groups.
+
+    A resend of an 8,193-token prompt (32 blocks of 256 a hit could cover): without
+    speculative decoding every group hits all of them (8,192 tokens: 1.0); MTP in drop mode
+    needs the block after the hit, which the resend does not have past 8,192, so the hit is
+    31 x 256 = 7,936 tokens and every group's rate is 31/32 = 0.96875 (vLLM #51771's "one
+    block, 96.9 %"). The first request of each run counts its blocks with no hit: 8,192 /
+    bs queried per group (32, 128, 128, 2,048, 1,024)."""
+    kv = KVCacheManager(_v4_flash_groups(30_000))
+    assert _resend_rates(kv, 8193) == (8192, (1.0,) * 6)
+    s = kv.stats()
+    assert s.group_query_blocks == (64, 256, 256, 4096, 2048, 64)
+    assert s.block_hit_rate_by_group == (0.5,) * 6
+    drop = KVCacheManager(_v4_flash_groups(30_000), CacheOptions(
+        spec_decode=SpecDecode("mtp", 1, hash_lookahead=False)))
+    assert _resend_rates(drop, 8193) == (7936, (0.96875,) * 6)
+
+
+def test_block_hit_rate_by_group_names_the_group_a_broken_mask_empties() -> None:
+    """_record; lookup — a write mask that never caches one window group (the c4 group's
+    runs are skipped, like vLLM #51771's disjoint read gate and write mask) takes the common
+    hit to 0: the aggregate rate is 0 as if nothing were ever cached, while the per-group
+    rates show c4 at 0 and every other group at its correct-drop 31/32."""
+    kv = KVCacheManager(_v4_flash_groups(30_000), CacheOptions(
+        spec_decode=SpecDecode("mtp", 1, hash_lookahead=False)))
+    real = kv.coordinator._cache_ends
+    broken = kv.config.group_index("c4")
+
+    def cache_ends(g, *args):
+        if g != broken:
+            real(g, *args)
+    kv.coordinator._cache_ends = cache_ends
+    assert _resend_rates(kv, 8193) == (0, (0.96875, 0.96875, 0.96875, 0.0, 0.96875, 0.96875))
+    assert kv.stats().hits == 0

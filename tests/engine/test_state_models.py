@@ -582,3 +582,21 @@ def test_cli_state_errors(sbuilt: Built, capsys: pytest.CaptureFixture, extra: l
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("block_size", [4, 16])
+def test_a_marked_position_is_hit_by_the_second_request(sbuilt: Built, block_size: int) -> None:
+    """LLM.generate(checkpoints=) — N = 0 with the shared 70-token prefix's end marked: the 1st
+    request already leaves a checkpoint at 70 rounded down to the block, so the 2nd prompt hits
+    it (without the mark it hits 0, see above); every token equals transformers and the engine
+    really continued from the checkpoint (recorded logits start at the hit)."""
+    prefix = random_tokens(70, 17)
+    prompts = [prefix + random_tokens(n, 18 + n) for n in (40, 44, 48)]
+    mark = 70 // block_size * block_size
+    llm = make_llm(sbuilt, block_size=block_size, retention_interval=0)
+    outs = [llm.generate([p], max_tokens=6, ignore_eos=True, checkpoints=[70])[0] for p in prompts]
+    assert [o.num_cached_tokens for o in outs] == [0, mark, mark]
+    assert [o.token_ids for o in outs] == [hf_greedy(sbuilt, p, 6) for p in prompts]
+    _check_hits(llm, outs)
+    assert oracle_excess(sbuilt, outs) <= 0
+    llm.kv.check_integrity()

@@ -41,7 +41,8 @@ def test_a_misspelt_token_trace_field_is_named_with_the_known_ones(tmp_path):
         load_token_trace(p)
     assert str(info.value) == (f"{p}:2: unknown field 'sesion' (did you mean 'session'?); known: "
                                "prompt_token_ids, output_len, arrival_s, session, request_id, hint, "
-                               "cache_control, prompt_cache_key, prompt_cache_retention, nvext")
+                               "cache_control, prompt_cache_key, prompt_cache_retention, nvext, "
+                               "checkpoints")
 
 
 def test_an_unknown_mooncake_field_is_named_with_the_known_ones(tmp_path):
@@ -53,7 +54,7 @@ def test_an_unknown_mooncake_field_is_named_with_the_known_ones(tmp_path):
                                "prompt_cache_key, prompt_cache_retention, nvext")
     public = ("cache_control", "prompt_cache_key", "prompt_cache_retention", "nvext")
     assert MOONCAKE_FIELDS[-6:] == ("session", "hint", *public)
-    assert TOKEN_FIELDS[-7:] == ("session", "request_id", "hint", *public)
+    assert TOKEN_FIELDS[-8:] == ("session", "request_id", "hint", *public, "checkpoints")
 
 
 def test_cli_names_the_unknown_field(tmp_path, capsys):
@@ -63,7 +64,8 @@ def test_cli_names_the_unknown_field(tmp_path, capsys):
     assert capsys.readouterr().err == (f"hybridkv simulate: error: {p}:1: unknown field 'sesion' (did "
                                        "you mean 'session'?); known: prompt_token_ids, output_len, "
                                        "arrival_s, session, request_id, hint, cache_control, "
-                                       "prompt_cache_key, prompt_cache_retention, nvext\n")
+                                       "prompt_cache_key, prompt_cache_retention, nvext, "
+                                       "checkpoints\n")
 
 
 # ---- hints --------------------------------------------------------------------------------------
@@ -128,6 +130,7 @@ def test_presets_know_their_context():
     assert {n: get_preset(n).context_len for n in MODEL_PRESETS} == {
         "llama-3.1-8b": 131_072, "gemma-3-27b": 131_072, "gpt-oss-120b": 131_072,
         "llama-4-scout": 10_485_760, "deepseek-v3": 163_840, "deepseek-v4-style": None,
+        "deepseek-v4-flash": 1_048_576,
         "qwen3-next-80b-a3b": 262_144, "nemotron-h-8b": None}
 
 
@@ -164,3 +167,18 @@ def test_cli_warns_about_a_prompt_beyond_the_context(tmp_path, capsys):
                  "--no-progress", "--no-optimum", "--cache-tokens-list", "300k"]) == 0
     assert ("hybridkv sweep: warning: 1 of 2 requests have prompts of at least llama-3.1-8b's "
             "context") in capsys.readouterr().err
+
+
+# ---- checkpoint marks ---------------------------------------------------------------------------
+
+def test_token_trace_checkpoints_are_read_and_checked(tmp_path):
+    """load_token_trace — a line's "checkpoints" become TraceRequest.checkpoints (sorted, without
+    repeats); a position outside [1, prompt length] or not an integer is named with its line."""
+    p = _write(tmp_path / "t.jsonl", _tok(6, checkpoints=[4, 2, 4]), _tok(6))
+    assert [r.checkpoints for r in load_token_trace(p)] == [(2, 4), ()]
+    for bad in ([7], [0], [1.5], 3):
+        q = _write(tmp_path / "b.jsonl", _tok(6, checkpoints=bad))
+        with pytest.raises(ValueError) as info:
+            load_token_trace(q)
+        assert str(info.value) == (f"{q}:1: 'checkpoints' must be a list of prompt positions in "
+                                   f"[1, 6], got {bad!r}")

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
-from hybridkv.core.specs import MLA, ChunkedLocal, FullAttention, KVCacheConfig, SlidingWindow
+from hybridkv.core.specs import (MLA, ChunkedLocal, CompressorState, FullAttention, KVCacheConfig,
+                                 SlidingWindow, SparseMLA)
 from hybridkv.cost.presets import GPU_PRESETS, MODEL_PRESETS, get_gpu, get_preset
 
 
@@ -14,7 +16,9 @@ from hybridkv.cost.presets import GPU_PRESETS, MODEL_PRESETS, get_gpu, get_prese
 def test_every_preset_is_consistent(name: str) -> None:
     p = get_preset(name)
     layers = [layer for g in p.target_groups for layer in g.layer_names]
-    assert len(layers) == len(set(layers)) == p.num_layers
+    assert len(layers) == len(set(layers))
+    # a decoder layer's caches may sit in several groups (layers.<i>.<part>): count layers
+    assert len({".".join(n.split(".")[:2]) for n in layers}) == p.num_layers
     assert isinstance(p.kv_config(num_blocks=100), KVCacheConfig)
     kv = p.kv_bytes_per_token()
     assert kv["total"] == sum(v for k, v in kv.items() if k != "total") > 0
@@ -63,6 +67,27 @@ def test_v4_style_is_hybrid_with_draft_group() -> None:
     cfg = p.kv_config(num_blocks=64)
     assert (cfg.hash_block_size, cfg.alignment) == (8, 256)
     assert get_preset("llama-3.1-8b").spec_decode is None
+
+
+def test_v4_flash_has_vllms_five_groups_and_block_sizes() -> None:
+    """deepseek-v4-flash — five groups with block sizes {256, 64, 64, 4, 8} and windows
+    128, 128, 8, 128 (vllm#42948, vllm#51163, unified-cache-management#1322); the MTP layer
+    is the 44th sliding-window layer (swa_b, the draft group); 21 CSA + 20 HCA layers
+    compressed; a 32K prefix needs 128 + 512 + 512 + 8,192 + 4,096 = 13,440 blocks, vllm#42948's
+    number; hashes at 4 tokens, hits aligned to 256."""
+    p = get_preset("deepseek-v4-flash")
+    assert [(g.name, type(g.spec), g.spec.block_size, g.spec.window_tokens, len(g.layer_names))
+            for g in p.groups] == [
+        ("compressed", SparseMLA, 256, None, 41), ("swa_a", SlidingWindow, 64, 128, 22),
+        ("swa_b", SlidingWindow, 64, 128, 22), ("c4_state", CompressorState, 4, 8, 21),
+        ("c128_state", CompressorState, 8, 128, 20)]
+    assert [g.is_draft for g in p.groups] == [False, False, True, False, False]
+    assert p.groups[2].layer_names[-1] == "mtp.0.swa" and p.spec_decode == ("mtp", 1)
+    assert (p.groups[3].spec.compress_ratio, p.groups[4].spec.compress_ratio) == (4, 128)
+    assert sum(-(-32768 // g.spec.block_size) for g in p.groups) == 13_440
+    cfg = p.kv_config(num_blocks=64)
+    assert (cfg.hash_block_size, cfg.alignment, cfg.layer_slots) == (4, 256, 41)
+    assert p.context_len == 1_048_576 and "DeepSeek-V4-Flash" in p.source
 
 
 def test_with_block_size() -> None:
@@ -129,3 +154,30 @@ def test_cli_counts_the_eagle3_drafters_kv(tmp_path):
                               spec=SpecDecode("eagle3", 3), optimum=False)).run(
         items_from_trace(get_workload("chat", seed=0))[:10])
     assert d["hit_tokens"] == lib.hit_tokens and d["retained_blocks"] == lib.retained_blocks
+
+
+def test_a_shared_drafter_group_halves_the_pool_cost_of_eagle3() -> None:
+    """with_drafter(shared=) — llama-3.1-8b's EAGLE-3 layer (the target's spec) in a group of
+    its own: every block id spans 32 layer slots of 65,536 B (2,097,152 B), and a 16,000-token
+    request takes 1,000 blocks in each group (2,000); 40 GiB hold 20,480 blocks, 10 such
+    requests. Shared with the 32 target layers: 33 slots (2,162,688 B per block id), 1,000
+    blocks per request, 19,859 blocks, 19 requests (vllm#50169's regrouping: 415k -> 871k).
+    A preset whose groups lack the drafter's spec is refused by name."""
+    from hybridkv.core.manager import KVCacheManager
+    out = []
+    for shared in (False, True):
+        p = get_preset("llama-3.1-8b").with_drafter("eagle3", shared=shared)
+        c = p.kv_config(memory_bytes=40 * 2**30)
+        per = KVCacheManager.blocks_for_request(c, 16_000)
+        out.append(([(g.name, len(g.layer_names), g.is_draft) for g in p.groups], c.block_bytes,
+                    c.num_blocks, per, (c.num_blocks - 1) // per))
+    assert out == [([("full", 32, False), ("eagle3", 1, True)], 2_097_152, 20_480, 2_000, 10),
+                   ([("full", 33, True)], 2_162_688, 19_859, 1_000, 19)]
+    shared = get_preset("llama-3.1-8b").with_drafter("eagle3", shared=True)
+    assert shared.groups[0].layer_names[-1] == "eagle3.0"
+    assert get_preset("llama-3.1-8b").with_drafter("mtp", shared=True).groups == get_preset("llama-3.1-8b").groups
+    odd = dataclasses.replace(get_preset("llama-3.1-8b"), eagle3_drafter=dataclasses.replace(
+        get_preset("llama-3.1-8b").eagle3_drafter, spec=FullAttention(16, num_kv_heads=4, head_dim=128)))
+    with pytest.raises(ValueError, match=r"llama-3\.1-8b: no target group has the drafter's spec "
+                                         r"FullAttention\(block_size=16, num_kv_heads=4.*groups: full FullAttention$"):
+        odd.with_drafter("eagle3", shared=True)

@@ -124,3 +124,29 @@ def test_prompts_longer_than_max_model_len_are_rejected_and_counted(trace_dir) -
                sched=SchedulerConfig(max_model_len=16384))
     assert too_long > 0 and res.rejected == too_long
     assert res.prompt_tokens == sum(it.prompt_len for it in items if it.prompt_len < 16384)
+
+
+def test_block_hit_rate_by_group_in_the_json_and_the_report() -> None:
+    """SimResult.block_hit_rate_by_group; to_json; summary_table; cluster.combine — the
+    #43447 replay (A 8,192 tokens, unrelated B, A again) on deepseek-v4-style with MTP: only
+    A2 hits, 7,936 tokens (8,191 rounded down to the 256-token alignment; the token and the
+    block after it are in A2's prompt, so lookahead hashing and drop mode agree). Per group the
+    three requests query (8,192 - 1) // bs blocks each: 3 x 31, 3 x 127, 3 x 1,023 (mla and
+    mtp at 256, swa512 at 64, swa128 at 8), and A2 hits 7,936 / bs of them: 31, 124, 992.
+    Two instances' results combine by summing the counts (rates unchanged)."""
+    from hybridkv.sim.cluster import combine
+    from hybridkv.sim.report import summary_table
+    items = items_from_trace(replay_microbenchmark(a_tokens=8192, b_tokens=8192))
+    for spec in (SpecDecode("mtp", 1), SpecDecode("mtp", 1, hash_lookahead=False)):
+        res = _run("deepseek-v4-style", items, 1000, sched=SchedulerConfig(max_num_batched_tokens=2048),
+                   spec=spec, optimum=False)
+        assert res.hit_tokens == 7936
+        assert res.group_query_blocks == {"mla": 93, "swa512": 381, "swa128": 3069, "mtp": 93}
+        assert res.group_hit_blocks == {"mla": 31, "swa512": 124, "swa128": 992, "mtp": 31}
+        rates = {"mla": 31 / 93, "swa512": 124 / 381, "swa128": 992 / 3069, "mtp": 31 / 93}
+        assert res.to_json()["block_hit_rate_by_group"] == rates
+        assert ("block hit rate by group    mla=0.3333, swa512=0.3255, swa128=0.3232, mtp=0.3333  "
+                in summary_table(res))
+        both = combine([res, res])
+        assert both.group_hit_blocks == {g: 2 * n for g, n in res.group_hit_blocks.items()}
+        assert both.block_hit_rate_by_group == rates

@@ -150,3 +150,42 @@ def test_a_checkpoint_row_is_the_runs_result_and_its_resident_checkpoints() -> N
     assert (row.label, row.retention_interval, row.block_size, row.vllm_compat) == ("N=64", 64, 16, False)
     empty = run_checkpoint_config("none", cfg, [])
     assert (empty.checkpoint_bytes_mean, empty.checkpoint_bytes_peak, empty.checkpoints_written) == (0.0, 0, 0)
+
+
+def _marked_hits(marks: bool) -> list[int]:
+    """The _prompts(3) requests, each marking its system prompt's end (200), one after
+    another on the Qwen3-Next preset, retention 0; the marks served or not."""
+    items = items_from_trace([TraceRequest(f"r{i}", float(i), np.asarray(p), 4, checkpoints=(200,))
+                              for i, p in enumerate(_prompts(3))])
+    sim = Simulator(SimConfig(get_preset("qwen3-next-80b-a3b"), H100, num_blocks=20_000,
+                              retention_interval=0, sequential=True, optimum=False,
+                              checkpoint_marks=marks))
+    hits, before = [], 0
+    for item in items:
+        sim.run([item])
+        hits.append(sim.kv.stats().hits - before)
+        before = sim.kv.stats().hits
+    return hits
+
+
+def test_served_checkpoint_marks_make_the_second_request_hit() -> None:
+    """SimConfig.checkpoint_marks; Simulator._new_request — the marked end of the 200-token
+    system prompt (192 at block 16) is a checkpoint from the first request on: the second hits
+    192 instead of 0 (the junction alone serves the third)."""
+    assert (_marked_hits(True), _marked_hits(False)) == ([0, 192, 192], [0, 0, 192])
+
+
+def test_checkpoint_marks_sweep_row(tmp_path: Path, capsys) -> None:
+    """sweep --retention-intervals --checkpoint-marks — the system-prompt workload marks each
+    system prompt's end; the intervals and the align baseline run without the marks, one more
+    row, N=0 + marks, with them (and is the only row that serves them)."""
+    js = tmp_path / "ckpt.json"
+    assert main(["sweep", "--preset", "qwen3-next-80b-a3b", "--workload", "system-prompt",
+                 "--workload-param", "num_requests=16", "--workload-param", "system_tokens=300-700",
+                 "--retention-intervals", "0,256", "--checkpoint-marks", "--cache-tokens", "200k",
+                 "--no-progress", "--json", str(js)]) == 0
+    rows = json.loads(js.read_text())
+    assert [r["label"] for r in rows] == ["N=0", "N=256", "vLLM align (block 1056)", "N=0 + marks"]
+    assert "TTFT p50" in capsys.readouterr().out
+    assert rows[-1]["token_hit_rate"] >= rows[0]["token_hit_rate"]
+    assert all(r["ttft_p50_s"] is not None for r in rows)

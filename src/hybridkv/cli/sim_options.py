@@ -26,7 +26,7 @@ from hybridkv.cli.tier_options import TIER_OPTION_NAMES, check_tier_options, tie
 from hybridkv.core.spec_decode import SPEC_OFF, SpecDecode
 from hybridkv.core.specs import is_state
 from hybridkv.sched import SchedulerConfig
-from hybridkv.cost.presets import get_gpu, get_preset
+from hybridkv.cost.presets import MODEL_PRESETS, get_gpu, get_preset
 from hybridkv.sim.simulator import SimConfig
 from hybridkv.sim.traffic.traces import (BUNDLED_TRACES, TraceWarning, load_token_trace,
                                  mooncake_block_warning, resolve_trace, trace_format)
@@ -75,6 +75,10 @@ def add_common_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec", type=spec_argument,
                    help="speculative decoding METHOD:K, e.g. eagle:3 (default: the preset's, "
                         "e.g. mtp:1 for deepseek-v4-style); none turns it off")
+    p.add_argument("--drafter-group", choices=("own", "shared"), default=None,
+                   help="with --spec eagle3:K, where the preset's EAGLE-3 drafter layer keeps its "
+                        "KV: own (default, a group of its own, as vLLM groups it) or shared (in "
+                        "the target group with its spec: no block ids of its own)")
     p.add_argument("--acceptance-rate", type=fraction(lo_open=False),
                    help=f"per-draft acceptance probability in [0, 1] of the seeded acceptance model "
                         f"(default {DEFAULT_ACCEPTANCE_RATE}); needs speculative decoding")
@@ -87,6 +91,12 @@ def add_common_options(p: argparse.ArgumentParser) -> None:
                         "rejected and counted, the others' outputs are cut to fit")
     p.add_argument("--sequential", action="store_true", help="one request at a time, no timing")
     p.add_argument("--vllm-compat", action="store_true", help="run the manager in vLLM-0.33-compatible mode")
+    p.add_argument("--checkpoint-marks", action="store_true",
+                   help="serve the checkpoint positions the workload marks (the system-prompt "
+                        "workload marks its system prompt's end; a token trace's \"checkpoints\"): "
+                        "promised hit ends, where recurrent-state groups write a checkpoint; with "
+                        "sweep --retention-intervals on a state preset, one more row (N=0 + marks) "
+                        "beside intervals without them")
     p.add_argument("--no-optimum", action="store_true", help="skip the offline (Belady) bound")
     p.add_argument("--seed", type=int_in(0), default=0, help="seed of generators and the acceptance model (default 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -232,6 +242,15 @@ def check_options(args: argparse.Namespace) -> None:
     check_tier_options(args, options_preset(args))
     if getattr(args, "num_blocks", None) is not None and args.num_blocks < 2:
         raise ValueError(f"--num-blocks must be >= 2, got {args.num_blocks}")
+    group = getattr(args, "drafter_group", None)
+    if group is not None:
+        preset = get_preset(args.preset)
+        if getattr(args.spec, "method", None) != "eagle3" or preset.eagle3_drafter is None:
+            have = [n for n, make in MODEL_PRESETS.items() if make().eagle3_drafter is not None]
+            raise ValueError(f"--drafter-group {group} places the EAGLE-3 drafter's KV: it needs "
+                             f"--spec eagle3:K and a preset that records the drafter "
+                             f"({', '.join(have)}); got --preset {args.preset} --spec "
+                             f"{'the preset default' if args.spec is None else _spell(args.spec)}")
     check_output_path(getattr(args, "json", None), "--json", allow_stdout=True)
     check_plot_path(getattr(args, "plot", None), {"--json": getattr(args, "json", None)})
     if args.acceptance_rate is not None:
@@ -304,7 +323,12 @@ def options_preset(args: argparse.Namespace):
     preset = get_preset(args.preset)
     preset = preset if args.block_size is None else preset.with_block_size(args.block_size)
     spec = getattr(args, "spec", None)
-    return preset.with_drafter(getattr(spec, "method", None))
+    return preset.with_drafter(getattr(spec, "method", None),
+                               shared=getattr(args, "drafter_group", None) == "shared")
+
+
+def _spell(spec) -> str:
+    return "none" if spec == SPEC_OFF else f"{spec.method}:{spec.num_speculative_tokens}"
 
 
 def build_config(args: argparse.Namespace, num_blocks: int | None = None,
@@ -333,6 +357,7 @@ def build_config(args: argparse.Namespace, num_blocks: int | None = None,
                     prefix_retention=args.prefix_retention, cost_model=args.cost_model,
                     profile=args.profile, tiers=tier_config(args, preset),
                     deployment=getattr(args, "deployment", None),
-                    retention=pins if isinstance(pins := getattr(args, "pins", None), str) else None)
+                    retention=pins if isinstance(pins := getattr(args, "pins", None), str) else None,
+                    checkpoint_marks=bool(getattr(args, "checkpoint_marks", False)))
     check_spec_fits(cfg)
     return cfg

@@ -525,12 +525,17 @@ def sweep_state(args: argparse.Namespace, items: list[WorkItem], preset) -> int:
     finally:
         args.block_size, args.vllm_compat = saved
     runs.append((f"vLLM align (block {align})", base))
+    if getattr(args, "checkpoint_marks", False):
+        # fixed intervals and the baseline without the marks; one more row with them
+        runs = [(label, dataclasses.replace(cfg, checkpoint_marks=False)) for label, cfg in runs]
+        runs.append(("N=0 + marks", dataclasses.replace(
+            build_config(args, num_blocks=blocks, retention=0), checkpoint_marks=True)))
     print(f"{preset.name}: {len(items)} requests, {memory / 1e9:,.2f} GB of KV memory per "
           f"configuration ({(blocks - 1) * preset.block_size:,} tokens at block {preset.block_size}) "
           f"on {args.gpus} x {args.gpu}")
     print(f"  {'configuration':<26} {'token hit rate':>14} {'checkpoints':>11} "
           f"{'GB written':>11} {'GB resident mean':>17} {'peak':>7} {'GB/state':>9} "
-          f"{'evictions':>10}", flush=True)
+          f"{'evictions':>10} {'TTFT p50':>9}", flush=True)
     rows: list[dict] = []
     for label, cfg in runs:
         try:
@@ -542,7 +547,8 @@ def sweep_state(args: argparse.Namespace, items: list[WorkItem], preset) -> int:
         print(f"  {label:<26} {row.token_hit_rate:>14.4f} {row.checkpoints_written:>11} "
               f"{row.checkpoint_bytes_written / 1e9:>11.1f} {row.checkpoint_bytes_mean / 1e9:>17.2f} "
               f"{row.checkpoint_bytes_peak / 1e9:>7.2f} {row.checkpoint_bytes_per_state / 1e9:>9.4f} "
-              f"{row.evictions:>10}", flush=True)
+              f"{row.evictions:>10} "
+              f"{'n/a' if row.ttft_p50_s is None else f'{row.ttft_p50_s:.3f} s':>9}", flush=True)
     if args.json:
         write_json(args.json, rows, "the JSON rows")
     return 0

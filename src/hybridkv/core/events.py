@@ -72,6 +72,14 @@ class PrefixCacheStats:
 
     A request is counted once, when it is first admitted with a lookup; requests re-admitted
     after preemption are counted separately.
+
+    Per KV group g (first admissions only, in g's own blocks): ``group_query_blocks[g]`` sums
+    the blocks a hit could cover (``(num_tokens - 1) // block_size_g``: the last token
+    is always recomputed) and ``group_hit_blocks[g]`` the
+    blocks of g's *own* hit (:attr:`~hybridkv.core.coordinator.CacheHit.group_tokens`: what g's
+    rule alone would serve, a multiple of the alignment). A group whose rate sits below the
+    others is the one that cut the common hit: a correct EAGLE drop costs each group at most
+    one alignment unit per request, a broken write mask leaves one group at 0.
     """
 
     requests: int = 0
@@ -81,7 +89,14 @@ class PrefixCacheStats:
     preempted_queries: int = 0
     preempted_hits: int = 0
     evictions: int = 0
+    group_query_blocks: tuple[int, ...] = ()
+    group_hit_blocks: tuple[int, ...] = ()
 
     @property
     def hit_rate(self) -> float:
         return self.hits / self.queries if self.queries else 0.0
+
+    @property
+    def block_hit_rate_by_group(self) -> tuple[float, ...]:
+        """Per KV group, ``group_hit_blocks / group_query_blocks`` (0.0 where nothing was queried)."""
+        return tuple(h / q if q else 0.0 for h, q in zip(self.group_hit_blocks, self.group_query_blocks))

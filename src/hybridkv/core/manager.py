@@ -85,9 +85,6 @@ class KVCacheManager:
         self.enable_caching = enable_caching
         self.max_model_len = max_model_len
         self.vllm_compat = vllm_compat
-        if max_model_len is not None:
-            check_fits(config, max_model_len, retention_interval=retention_interval,
-                       vllm_compat=vllm_compat)
         self.enable_events = enable_events
         self.lookahead_slots = spec_decode.lookahead_slots if spec_decode else 0
         if spec_decode is not None:
@@ -120,6 +117,9 @@ class KVCacheManager:
             config, self.pool, Retention(retention_interval, config.alignment),
             drop_mode=drop_mode, vllm_compat=vllm_compat, caching=enable_caching,
             max_model_len=max_model_len, max_in_flight_tokens=options.max_in_flight_tokens)
+        if max_model_len is not None:
+            check_fits(config, max_model_len, retention_interval=retention_interval,
+                       vllm_compat=vllm_compat, hold=self.coordinator.hold)
         self.coordinator.hinted = bool(hints)
         self.coordinator.anchor_key = policy.key_group if isinstance(policy, HitPointLayer) else None
         if isinstance(self.pool, ExtentBlockPool) and not vllm_compat:
@@ -132,6 +132,8 @@ class KVCacheManager:
             self.coordinator.on_stored = self._on_stored
             self.coordinator.on_adopted = self._record_stored
         self._stats = PrefixCacheStats()
+        self._group_query_blocks = [0] * len(config.groups)
+        self._group_hit_blocks = [0] * len(config.groups)
         self._requests: dict[object, Request] = {}
         self._no_new_blocks = _no_new_blocks(len(config.groups))
         self._block_sizes = tuple(g.spec.block_size for g in config.groups)
@@ -322,7 +324,7 @@ class KVCacheManager:
         blocks = self.coordinator.allocate(request, num_new_tokens, hit, lookahead, external, reserve)
         if blocks is not None and not known:
             self._requests[request.request_id] = request
-            self._record(request, hit.num_tokens if hit is not None else 0)
+            self._record(request, hit)
         return blocks
 
     def quiet_steps(self, requests: list[Request], num_new_tokens: list[int]) -> list[bool]:
@@ -373,10 +375,11 @@ class KVCacheManager:
         stats: HintStats = cast(PolicyBlockPool, self.pool).policy.stats()   # hints: a policy pool
         return stats
 
-    def _record(self, request: Request, hit_tokens: int) -> None:
+    def _record(self, request: Request, hit: CacheHit | None) -> None:
         if not self.enable_caching or request.skip_prefix_cache:
             return
         s = self._stats
+        hit_tokens = hit.num_tokens if hit is not None else 0
         if request.num_preemptions:
             s.preempted_requests += 1
             s.preempted_queries += request.num_tokens
@@ -385,6 +388,14 @@ class KVCacheManager:
             s.requests += 1
             s.queries += request.num_tokens
             s.hits += hit_tokens
+            # per group: the blocks a hit could cover (the last token is always recomputed)
+            # and the blocks of the group's own hit
+            own = hit.group_tokens if hit is not None and hit.group_tokens else None
+            n = request.num_tokens - 1
+            qb, hb = self._group_query_blocks, self._group_hit_blocks
+            for g, bs in enumerate(self._block_sizes):
+                qb[g] += n // bs
+                hb[g] += (own[g] if own is not None else hit_tokens) // bs
 
     def free(self, request: Request) -> None:
         """Release the request's blocks (cached ones stay cached, LRU).
@@ -458,7 +469,8 @@ class KVCacheManager:
         """Cumulative prefix-cache counters (a copy)."""
         s = self._stats
         return PrefixCacheStats(s.requests, s.queries, s.hits, s.preempted_requests,
-                                s.preempted_queries, s.preempted_hits, self.pool.num_evictions)
+                                s.preempted_queries, s.preempted_hits, self.pool.num_evictions,
+                                tuple(self._group_query_blocks), tuple(self._group_hit_blocks))
 
     def take_events(self) -> list[KVEvent]:
         """Drain the recorded KV events (empty unless ``enable_events``)."""

@@ -76,16 +76,22 @@ class Request:
         hint: what the application knows about the request's session (it ends, pin a prefix,
             it resumes soon: :class:`~hybridkv.core.hints.Hint`); needs a manager with
             ``hints=True``, under any eviction policy.
+        checkpoints: prompt positions (tokens, 1..prompt length) the application marks as
+            worth a hit later, e.g. the end of a shared system prompt (the checkpoint hint,
+            vLLM RFC #55697). Default mode promises each, rounded down to the alignment, like
+            a replay boundary: recurrent-state groups write a checkpoint there and window
+            groups keep the window before it. Compat mode ignores them (vLLM 0.33 has none).
     """
 
     __slots__ = ("request_id", "token_ids", "num_prompt_tokens", "num_computed_tokens",
                  "cache_salt", "lora", "mm_items", "skip_prefix_cache", "block_hashes",
-                 "hasher", "num_preemptions", "retention", "hint", "__weakref__")
+                 "hasher", "num_preemptions", "retention", "hint", "checkpoints", "__weakref__")
 
     def __init__(self, request_id: object, token_ids: Iterable[int], *,
                  cache_salt: str | None = None, lora: LoRA | None = None,
                  mm_items: Sequence[MultiModalItem] = (), skip_prefix_cache: bool = False,
-                 retention: RetentionConfig | None = None, hint: Hint | None = None) -> None:
+                 retention: RetentionConfig | None = None, hint: Hint | None = None,
+                 checkpoints: Sequence[int] = ()) -> None:
         tokens = _as_token_array(token_ids, f"request {request_id!r}")
         if len(tokens) == 0:
             raise ValueError(f"request {request_id!r} has an empty prompt; give at least one token")
@@ -119,6 +125,12 @@ class Request:
             if not isinstance(hint, Hint):
                 raise ValueError(f"request {request_id!r}: hint must be a Hint or None, got {hint!r}")
             hint.check_prompt(len(tokens), f"request {request_id!r}")
+        marks = tuple(checkpoints)
+        for m in marks:
+            if isinstance(m, bool) or not isinstance(m, int) or not 0 < m <= len(tokens):
+                raise ValueError(f"request {request_id!r}: checkpoint positions must be integers in "
+                                 f"[1, {len(tokens)}] (the prompt), got {m!r}")
+        self.checkpoints = tuple(sorted(set(marks)))
         self.request_id = request_id
         self.token_ids = tokens  # array('q'): prompt then outputs; grow only via append_tokens
         self.num_prompt_tokens = len(tokens)

@@ -13,14 +13,17 @@ __all__ = ["blocks_for_request", "check_fits", "check_lookahead"]
 
 
 def blocks_for_request(config: KVCacheConfig, length: int, *, retention_interval: int | None = 0,
-                       vllm_compat: bool = False) -> int:
+                       vllm_compat: bool = False, hold: int | None = None) -> int:
     """Blocks one request of ``length`` tokens needs at most, across the groups.
 
     Full groups hold the whole sequence; local groups their window (or chunk), plus the
-    alignment unit they keep for the final-length promise (default mode, retention not
-    dense), plus two blocks (one prefill chunk; chunked prefill bounds the chunk).
+    tokens they hold past it (``hold``; default: the alignment unit kept for the final-end
+    promise in default mode with sparse retention; a manager in EAGLE drop mode holds its
+    proof block too, ``coordinator.hold``), plus two blocks (one prefill chunk; chunked
+    prefill bounds the chunk).
     """
-    hold = 0 if vllm_compat or retention_interval is None else config.alignment
+    if hold is None:
+        hold = 0 if vllm_compat or retention_interval is None else config.alignment
     return sum(make_rule(g.spec).max_blocks(length, hold) * config.extent_blocks(i)
                for i, g in enumerate(config.groups))
 
@@ -57,10 +60,11 @@ def check_lookahead(config: KVCacheConfig, spec: SpecDecode, max_model_len: int 
 
 
 def check_fits(config: KVCacheConfig, max_len: int, *, retention_interval: int | None,
-               vllm_compat: bool) -> None:
-    """Reject a ``max_model_len`` one request of which cannot fit the pool."""
+               vllm_compat: bool, hold: int | None = None) -> None:
+    """Reject a ``max_model_len`` one request of which cannot fit the pool (``hold``: as
+    :func:`blocks_for_request`)."""
     need = blocks_for_request(config, max_len, retention_interval=retention_interval,
-                              vllm_compat=vllm_compat)
+                              vllm_compat=vllm_compat, hold=hold)
     if need > config.num_blocks - 1:
         raise ValueError(
             f"the pool has {config.num_blocks - 1} usable blocks but one request of "

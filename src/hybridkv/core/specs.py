@@ -202,6 +202,68 @@ class MLA(AttentionSpec):
         return (self.block_size // self.compress_ratio) * int(self.latent_dim * dtype_bytes(self.dtype))
 
 
+@dataclass(frozen=True, slots=True)
+class SparseMLA(MLA):
+    """DeepSeek-V4 compressed sparse attention (CSA): per layer, one compressed latent per
+    ``compress_ratio`` tokens (the whole history, so full attention's hit rule, inherited
+    from :class:`MLA`) plus the lightning indexer's keys at the same ratio
+    (``index_head_dim`` values of ``index_dtype`` per compressed position), which pick the
+    top-k latents each query reads. The indexer keys live in the latents' pages (one block
+    table): a hit needs both for ``[0, t)``, like the latents alone.
+    """
+
+    index_head_dim: int = 128
+    index_dtype: str = "float8_e4m3fn"
+
+    def __post_init__(self) -> None:
+        MLA.__post_init__(self)
+        _check_positive_int("SparseMLA", "index_head_dim", self.index_head_dim)
+        dtype_bytes(self.index_dtype)
+
+    @property
+    def index_bytes(self) -> int:
+        """Bytes of the indexer's key at one compressed position."""
+        return int(self.index_head_dim * dtype_bytes(self.index_dtype))
+
+    @property
+    def bytes_per_token(self) -> int:
+        return (int(self.latent_dim * dtype_bytes(self.dtype)) + self.index_bytes) // self.compress_ratio
+
+    @property
+    def page_size_bytes(self) -> int:
+        return (self.block_size // self.compress_ratio) * (
+            int(self.latent_dim * dtype_bytes(self.dtype)) + self.index_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class CompressorState(SlidingWindow):
+    """The input buffer of a DeepSeek-V4 KV compressor: the uncompressed projections of the
+    last ``window`` tokens, from which the compressor pools each group of ``compress_ratio``
+    tokens into one latent (``window`` = 2 x ratio with overlapping groups, as for ratio 4;
+    = ratio without, as for ratio 128). A hit at t needs the buffer as it stood at t, i.e.
+    the tokens ``[t - window + 1, t)``: a sliding window's rule, inherited from
+    :class:`SlidingWindow`. Stored per token: ``num_kv_heads x head_dim`` values (the KV
+    and gate projections) of ``dtype``.
+    """
+
+    compress_ratio: int = 4
+
+    def __post_init__(self) -> None:
+        SlidingWindow.__post_init__(self)
+        _check_positive_int("CompressorState", "compress_ratio", self.compress_ratio)
+        if self.window < self.compress_ratio:
+            raise ValueError(f"CompressorState.window ({self.window}) must hold at least one "
+                             f"group of compress_ratio ({self.compress_ratio}) tokens")
+
+    @property
+    def bytes_per_token(self) -> int:
+        return int(self.num_kv_heads * self.head_dim * dtype_bytes(self.dtype))
+
+    @property
+    def kv_parts(self) -> int:
+        return 1
+
+
 #: every :attr:`AttentionSpec.storage` value (what one cached position stores)
 STORAGE_KINDS: tuple[str, ...] = ("kv", "latent", "state")
 
@@ -312,8 +374,9 @@ class KVCacheGroup:
             raise ValueError(f"KVCacheGroup.name must be a non-empty string, got {self.name!r}")
         if not isinstance(self.spec, AttentionSpec):
             raise ValueError(
-                f"KVCacheGroup {self.name!r}: spec must be FullAttention, SlidingWindow, "
-                f"ChunkedLocal, MLA or StateSpec, got {type(self.spec).__name__}"
+                f"KVCacheGroup {self.name!r}: spec must be an AttentionSpec (FullAttention, "
+                f"SlidingWindow, ChunkedLocal, MLA, SparseMLA, CompressorState or StateSpec), "
+                f"got {type(self.spec).__name__}"
             )
         if isinstance(self.layer_names, str):
             object.__setattr__(self, "layer_names", (self.layer_names,))

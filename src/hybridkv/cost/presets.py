@@ -20,10 +20,12 @@ from hybridkv.core.specs import (
     MLA,
     AttentionSpec,
     ChunkedLocal,
+    CompressorState,
     FullAttention,
     KVCacheConfig,
     KVCacheGroup,
     SlidingWindow,
+    SparseMLA,
     StateSpec,
     is_state,
 )
@@ -134,15 +136,34 @@ class ModelPreset:
             new_groups.append(dataclasses.replace(g, spec=spec))
         return dataclasses.replace(self, groups=tuple(new_groups))
 
-    def with_drafter(self, method: str | None) -> ModelPreset:
-        """This preset with the drafter's KV group of speculative ``method`` added (at the main
-        group's block size): ``eagle3`` adds :attr:`eagle3_drafter` when the preset records one
-        and has no draft group yet; anything else returns the preset unchanged."""
+    def with_drafter(self, method: str | None, shared: bool = False) -> ModelPreset:
+        """This preset with the drafter's KV of speculative ``method`` (at the main group's
+        block size): ``eagle3`` adds :attr:`eagle3_drafter` when the preset records one and has
+        no draft group yet; anything else returns the preset unchanged.
+
+        ``shared=False``: the drafter's layers are a group of their own. Every block id spans
+        the largest group's layer slots, so a one-layer drafter group pays as many bytes per
+        block as the target's largest group (vllm#50169, #54661). ``shared=True``: they join
+        the first target group with the same spec, which then carries the draft mark (its
+        blocks prove the drafter's boundary in drop mode); one block id per token block then
+        holds target and drafter alike.
+
+        Raises:
+            ValueError: ``shared`` and no target group has the drafter's spec (naming them).
+        """
         d = self.eagle3_drafter
         if method != "eagle3" or d is None or any(g.is_draft for g in self.groups):
             return self
         spec = dataclasses.replace(d.spec, block_size=self.block_size)
-        return dataclasses.replace(self, groups=self.groups + (dataclasses.replace(d, spec=spec),))
+        if not shared:
+            return dataclasses.replace(self, groups=self.groups + (dataclasses.replace(d, spec=spec),))
+        for i, g in enumerate(self.groups):
+            if g.spec == spec:
+                host = dataclasses.replace(g, layer_names=g.layer_names + d.layer_names, is_draft=True)
+                return dataclasses.replace(self, groups=self.groups[:i] + (host,) + self.groups[i + 1:])
+        raise ValueError(
+            f"{self.name}: no target group has the drafter's spec {spec!r} to share; groups: "
+            f"{', '.join(f'{g.name} {type(g.spec).__name__}' for g in self.groups)}")
 
     def kv_bytes_per_token(self) -> dict[str, int]:
         """KV bytes one token costs per group (summed over the group's layers), plus ``"total"``."""
@@ -162,6 +183,10 @@ class ModelPreset:
 
 def _layers(indices: list[int], prefix: str = "layers") -> tuple[str, ...]:
     return tuple(f"{prefix}.{i}" for i in indices)
+
+
+def _parts(indices, part: str) -> tuple[str, ...]:
+    return tuple(f"layers.{i}.{part}" for i in indices)
 
 
 def _group(name: str, spec: AttentionSpec, indices: list[int], *, prefix: str = "layers",
@@ -352,6 +377,64 @@ def deepseek_v4_style() -> ModelPreset:
     )
 
 
+def deepseek_v4_flash() -> ModelPreset:
+    """deepseek-ai/DeepSeek-V4-Flash: 43 layers of hybrid compressed attention in five KV groups.
+
+    Every layer attends to a 128-token sliding window; 21 layers add compressed sparse
+    attention (CSA: one latent per 4 tokens, an indexer picks the top 512) and 20 heavily
+    compressed attention (HCA: one latent per 128 tokens). vLLM keeps five KV-cache groups:
+    the compressed latents (block 256, full history), the sliding windows in two groups of 22
+    layers (block 64; the MTP layer is the 44th), and the two compressors' input buffers
+    (block 4, window 8: ratio 4 with overlapping groups; block 8, window 128: ratio 128).
+    """
+    # config.json: num_hidden_layers=43, hidden_size=4096, num_attention_heads=64,
+    # num_key_value_heads=1, head_dim=512, qk_rope_head_dim=64, q_lora_rank=1024,
+    # sliding_window=128, compress_ratios=[0, 0, 4, 128, 4, ..., 128, 4, 0] (layers 0-1 window
+    # only; layers 2, 4, ..., 42 ratio 4; 3, 5, ..., 41 ratio 128; the trailing 0 is the MTP
+    # layer), index_head_dim=128, index_topk=512, num_nextn_predict_layers=1,
+    # n_routed_experts=256, num_experts_per_tok=6, moe_intermediate_size=2048,
+    # vocab_size=129280, max_position_embeddings=1048576, expert_dtype fp4, fp8 weights else.
+    # Block sizes {256, 64, 4, 8} and five groups: vllm#42948 (13,440 blocks for a 32K prefix:
+    # 128 + 512 + 512 + 8,192 + 4,096), vllm#51163 (256 CSA/MLA, 64 sliding window, 8 and 4
+    # the C128 and C4 compressor states); the windows 128, 128, 8, 128 as in the hybrid table
+    # of ModelEngine-Group/unified-cache-management#1322.
+    # Bytes: a latent is 448 + 64 values at fp8 (FlashMLA's V4 layout adds scales: 584 B), an
+    # indexer key 128 fp8 values; vLLM gives a group one spec, so the HCA layers take the CSA
+    # layers' page (assumed; it pads them alike). The compressor buffers hold the KV and gate
+    # projections (2 x 512 values) in fp32 (an estimate).
+    csa = list(range(2, 43, 2))                           # 21 layers, ratio 4
+    hca = list(range(3, 42, 2))                           # 20 layers, ratio 128
+    window = SlidingWindow(64, num_kv_heads=1, head_dim=256, dtype="fp8", window=128)  # 512 B/token
+    compressed = SparseMLA(256, kv_lora_rank=448, qk_rope_head_dim=64, compress_ratio=4, dtype="fp8",
+                           index_head_dim=128)
+    buffer = dict(num_kv_heads=2, head_dim=512, dtype="float32")
+    return ModelPreset(
+        name="deepseek-v4-flash",
+        groups=(   # a layer's parts live in several groups: layers.<i>.<part>
+            KVCacheGroup("compressed", compressed, _parts(sorted(csa + hca), "compressed")),
+            KVCacheGroup("swa_a", window, _parts(range(22), "swa")),
+            KVCacheGroup("swa_b", window, _parts(range(22, 43), "swa") + ("mtp.0.swa",), is_draft=True),
+            KVCacheGroup("c4_state", CompressorState(4, window=8, compress_ratio=4, **buffer),
+                         _parts(csa, "compressor")),
+            KVCacheGroup("c128_state", CompressorState(8, window=128, compress_ratio=128, **buffer),
+                         _parts(hca, "compressor")),
+        ),
+        # model card: 284B total parameters, 13B activated per token
+        num_params=284_000_000_000,
+        active_params=13_000_000_000,
+        num_layers=43,
+        hidden_size=4096,
+        attn_width=64 * 512,
+        weight_bytes_per_param=0.55,   # fp4 experts (~277B parameters) + fp8 rest: an estimate
+        spec_decode=("mtp", 1),
+        source="hf.co/deepseek-ai/DeepSeek-V4-Flash config.json; KV groups: vllm#42948, "
+               "vllm#51163, unified-cache-management#1322",
+        shapes=ModelShapes(hidden_size=4096, num_heads=64, head_dim=512, intermediate_size=0,
+                           vocab_size=129280, moe=MoEShape(256, 6, 2048, 2048)),
+        context_len=1_048_576,  # config.json: max_position_embeddings=1048576
+    )
+
+
 def _state_groups(name: str, spec: StateSpec, indices: list[int], per_group: int) -> list[KVCacheGroup]:
     """Recurrent layers split into groups of ``per_group`` layers (the attention group's layer
     count, so every layer slot of a block id is used; docs/state-groups.md §2.2). The groups
@@ -453,6 +536,7 @@ MODEL_PRESETS: dict[str, Callable[[], ModelPreset]] = {
     "llama-4-scout": llama_4_scout,
     "deepseek-v3": deepseek_v3,
     "deepseek-v4-style": deepseek_v4_style,
+    "deepseek-v4-flash": deepseek_v4_flash,
     "qwen3-next-80b-a3b": qwen3_next_80b_a3b,
     "nemotron-h-8b": nemotron_h_8b,
 }

@@ -368,6 +368,7 @@ class LLM:
                  prompt_cache_key: str | None | Sequence[str | None] = None,
                  prompt_cache_retention: str | None | Sequence[str | None] = None,
                  nvext: Mapping | None | Sequence[Mapping | None] = None,
+                 checkpoints: Sequence[int] | Sequence[Sequence[int]] | None = None,
                  ) -> list[GenerationOutput]:
         """Generate greedily for every prompt (one batch, continuous batching); outputs in order.
 
@@ -390,11 +391,16 @@ class LLM:
                 :func:`~hybridkv.core.public_hints.public_hint` (e.g. ``cache_control={"type":
                 "ephemeral", "ttl": "1h"}``: the prompt is kept an hour past its last use);
                 need ``CacheConfig(hints=True)``.
+            checkpoints: prompt positions worth a later hit, e.g. the end of a shared system
+                prompt (:attr:`hybridkv.core.request.Request.checkpoints`): one sequence of
+                positions for every prompt, or one per prompt; recurrent-state layers then
+                keep a checkpoint there from the first request on.
         """
         reqs = self.submit(prompts, max_tokens, cache_salt=cache_salt, stop_token_ids=stop_token_ids,
                            ignore_eos=ignore_eos, priority=priority, retention=retention, hint=hint,
                            cache_control=cache_control, prompt_cache_key=prompt_cache_key,
-                           prompt_cache_retention=prompt_cache_retention, nvext=nvext)
+                           prompt_cache_retention=prompt_cache_retention, nvext=nvext,
+                           checkpoints=checkpoints)
         self.engine.run()
         return self.collect(reqs)
 
@@ -408,6 +414,7 @@ class LLM:
                prompt_cache_key: str | None | Sequence[str | None] = None,
                prompt_cache_retention: str | None | Sequence[str | None] = None,
                nvext: Mapping | None | Sequence[Mapping | None] = None,
+               checkpoints: Sequence[int] | Sequence[Sequence[int]] | None = None,
                ) -> list[EngineRequest]:
         """Queue requests without running them (drive ``llm.engine.step()`` yourself, then
         :meth:`collect`). Arguments as for :meth:`generate`."""
@@ -419,8 +426,12 @@ class LLM:
         prios = list(priority) if priority is not None else [0] * n
         keep = list(retention) if isinstance(retention, (list, tuple)) else [retention] * n
         hints = list(hint) if isinstance(hint, (list, tuple)) else [hint] * n
-        if not len(limits) == len(salts) == len(prios) == len(keep) == len(hints) == n:
-            raise ValueError("max_tokens, cache_salt, priority, retention and hint need one entry per prompt")
+        marks = list(checkpoints or ())
+        if not marks or isinstance(marks[0], int):
+            marks = [tuple(marks)] * n                  # the same positions for every prompt
+        if not len(limits) == len(salts) == len(prios) == len(keep) == len(hints) == len(marks) == n:
+            raise ValueError("max_tokens, cache_salt, priority, retention, hint and checkpoints need "
+                             "one entry per prompt")
         public = {"cache_control": cache_control, "prompt_cache_key": prompt_cache_key,
                   "prompt_cache_retention": prompt_cache_retention, "nvext": nvext}
         for name, value in public.items():
@@ -448,7 +459,8 @@ class LLM:
         for i, p in enumerate(prompts):
             rid = f"req-{self._next_id}"
             self._next_id += 1
-            core = Request(rid, self.encode(p), cache_salt=salts[i], retention=keep[i], hint=hints[i])
+            core = Request(rid, self.encode(p), cache_salt=salts[i], retention=keep[i], hint=hints[i],
+                           checkpoints=tuple(marks[i] or ()))
             reqs.append(EngineRequest(core, int(limits[i]), priority=int(prios[i]),
                                       arrival_time=float(self._next_id), stop_token_ids=stops))
         for r in reqs:

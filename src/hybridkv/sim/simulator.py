@@ -156,6 +156,9 @@ class SimConfig:
             on the same hints); None: as the hints say.
         drop_trace_hints: serve a workload whose requests carry hints without them (the
             baseline of a hint what-if) instead of refusing it.
+        checkpoint_marks: give each request the checkpoint positions its workload marks
+            (``TraceRequest.checkpoints``, a trace line's ``"checkpoints"``: promised hit ends,
+            so state groups write a checkpoint there); False ignores them.
     """
 
     preset: ModelPreset
@@ -186,6 +189,7 @@ class SimConfig:
     deployment: Deployment | None = None
     retention: str | None = None
     drop_trace_hints: bool = False
+    checkpoint_marks: bool = False
 
     def __post_init__(self) -> None:
         if self.retention not in (None, *RETENTION_KINDS):
@@ -244,6 +248,9 @@ class SimResult:
     hints: dict | None = None        # the hints served and what the pool's hint layer did
     hybrid_bound_hit_blocks: int | None = None   # sim.hybrid_bound (hybrid configs, with the optimum)
     hybrid_unservable_blocks: int | None = None  # unlimited-cache hits no cache of the config serves
+    # per KV group (PrefixCacheStats): the blocks a hit could cover, and those of its own hit
+    group_query_blocks: dict[str, int] = field(default_factory=dict)
+    group_hit_blocks: dict[str, int] = field(default_factory=dict)
 
     @property
     def hit_rate(self) -> float:
@@ -252,6 +259,19 @@ class SimResult:
     @property
     def block_hit_rate(self) -> float:
         return self.hit_blocks / self.prompt_blocks if self.prompt_blocks else 0.0
+
+    @property
+    def block_hit_rate_by_group(self) -> dict[str, float]:
+        """Per KV group, the blocks of the group's *own* hit (what its rule alone serves) over
+        the blocks a hit could cover (:attr:`hybridkv.core.events.PrefixCacheStats.
+        block_hit_rate_by_group`): a group below the others is the one that cut the hit."""
+        return {g: (self.group_hit_blocks.get(g, 0) / q if q else 0.0)
+                for g, q in self.group_query_blocks.items()}
+
+    def set_group_counts(self, names, stats) -> None:
+        """Read the per-group counters of a manager's ``stats()`` (groups named ``names``)."""
+        self.group_query_blocks = dict(zip(names, stats.group_query_blocks))
+        self.group_hit_blocks = dict(zip(names, stats.group_hit_blocks))
 
     @property
     def optimal_block_hit_rate(self) -> float | None:
@@ -303,6 +323,7 @@ class SimResult:
             "prompt_blocks": self.prompt_blocks,
             "hit_blocks": self.hit_blocks,
             "block_hit_rate": self.block_hit_rate,
+            "block_hit_rate_by_group": dict(self.block_hit_rate_by_group),
             "optimal_block_hit_rate": opt,
             "fraction_of_optimal": (self.block_hit_rate / opt) if opt else None,
             "unlimited_cache_block_hit_rate": (self.gap.ceiling_blocks / self.prompt_blocks
@@ -522,6 +543,7 @@ class Simulator:
             res.hit_tokens += sum(res.tiers.hit_tokens.values()) + res.tiers.gpu_hit_tokens
         res.preemptions = self.scheduler.num_preemptions
         res.evictions = stats.evictions
+        res.set_group_counts([g.name for g in kv.config.groups], stats)
         res.retained_blocks = self.retained_blocks()
         if kv.hints:
             res.hints = self._hint_report()
@@ -547,7 +569,8 @@ class Simulator:
                       "tiers": None if self.tiers is None else self.tiers.report.config,
                       "hints": (str(cfg.hints) if cfg.hints is not None
                                 else "trace" if cfg.trace_hints else None),
-                      "retention": cfg.retention}
+                      "retention": cfg.retention,
+                      "checkpoint_marks": cfg.checkpoint_marks}
 
     def retained_blocks(self) -> dict[str, int]:
         """Hashed (cached) blocks per group now."""
@@ -612,7 +635,8 @@ class Simulator:
         prompt = item.prompt()
         req = Request(item.request_id, prompt,
                       retention=None if pin is None else pin.config(len(prompt)),
-                      hint=self._hints[index] if self._hints is not None else None)
+                      hint=self._hints[index] if self._hints is not None else None,
+                      checkpoints=item.checkpoints if self.config.checkpoint_marks else ())
         er = EngineRequest(req, served.max_tokens, arrival_time=item.arrival_s)
         er.user_data = _Live(item, index)
         return er

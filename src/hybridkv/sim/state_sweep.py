@@ -50,6 +50,7 @@ class CheckpointRow:
     evictions: int
     preemptions: int
     wall_s: float
+    ttft_p50_s: float | None = None
 
 
 def checkpoint_bytes(sim: Simulator) -> int:
@@ -87,7 +88,7 @@ def run_checkpoint_config(label: str, cfg: SimConfig, items: list[WorkItem]) -> 
         checkpoint_bytes_mean=sum(samples) / len(samples) if samples else 0.0,
         checkpoint_bytes_peak=max(samples, default=0), checkpoint_bytes_per_state=per_state,
         pool_bytes=(cfg.num_blocks - 1) * kv_cfg.block_bytes, evictions=res.evictions,
-        preemptions=res.preemptions, wall_s=res.wall_s)
+        preemptions=res.preemptions, wall_s=res.wall_s, ttft_p50_s=res.to_json()["ttft_p50_s"])
 
 
 __all__ = ["CheckpointRow", "checkpoint_bytes", "run_checkpoint_config"]

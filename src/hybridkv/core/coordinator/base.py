@@ -101,6 +101,7 @@ class SeamCalls(Protocol):
     # write.py (WritePath)
     def cache(self, request: Request, num_tokens: int, final: bool = False) -> None: ...
     def _boundaries(self, request: Request, hit: CacheHit | None) -> tuple[int, ...]: ...
+    def _final_end(self, request: Request, num_tokens: int) -> int: ...
     def _mask_ends(self, request: Request, hit: CacheHit | None) -> list[tuple[int, ...]]: ...
 
     # release.py (Release)
@@ -198,9 +199,10 @@ class CoordinatorBase(_Seams):
         self.hold = 0 if vllm_compat else max(
             (bs for bs, p in zip(self.block_sizes, self.proof) if p), default=0)
         if not vllm_compat and not retention.dense:
-            # The final length is promised at free (rounded down to the alignment): keep one
-            # alignment unit more of each window so that end's run is still in the table.
-            self.hold = max(self.hold, config.alignment)
+            # The final length is promised at free (less the proof block, rounded down to the
+            # alignment): keep one alignment unit more of each window (past the proof blocks'
+            # hold) so that end's run is still in the table.
+            self.hold += config.alignment
         self.scales = [bs // hbs for bs in self.block_sizes]
         # Dense write path: every aligned end. Downward-closed (full) groups ignore retention.
         self.dense = [retention.dense or r.downward_closed for r in self.rules]

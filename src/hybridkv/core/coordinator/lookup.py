@@ -75,7 +75,7 @@ class Lookup(CoordinatorBase):
             hit: CacheHit = memo[4]
             if hit.epoch != self.epoch:
                 hit = CacheHit(hit.num_tokens, hit.block_ids, hit.shared_prefix_boundary,
-                               hit.request_id, self.epoch)
+                               hit.request_id, self.epoch, hit.group_tokens)
             return hit
         hit = self._find_longest_hit(request, max_tokens)
         if len(self._lookups) >= 4096:
@@ -122,9 +122,10 @@ class Lookup(CoordinatorBase):
         t, longest = self._fixed_point(probes, n_fine, max_tokens)
         t = max(t, 0)
         rid = request.request_id
+        own = self._own_hits(probes, n_fine, max_tokens, t)
         if t == 0:
             return CacheHit(0, tuple(() for _ in self.config.groups), max(longest, 0), rid,
-                            self.epoch)
+                            self.epoch, own)
         block_ids: list[tuple[int, ...]] = [()] * len(self.config.groups)
         for unit in self.units:
             e = t // unit.rule.block_size
@@ -138,18 +139,41 @@ class Lookup(CoordinatorBase):
                     ids[k] = next(iter(ids[k]))
                 block_ids[g] = (NULL_BLOCK,) * lo + tuple(ids)
         boundary = longest if longest > t else 0
-        return CacheHit(t, tuple(block_ids), boundary, rid, self.epoch)
+        return CacheHit(t, tuple(block_ids), boundary, rid, self.epoch, own)
 
-    def _fixed_point(self, probes: list[Callable[[int], object]], n_fine: int,
-                     max_tokens: int) -> tuple[int, int]:
-        """The largest aligned t <= max_tokens every unit serves, and the first unit's answer."""
-        # Largest e per unit whose proof block (if any) has a hash.
+    def _e_caps(self, n_fine: int, max_tokens: int) -> list[int]:
+        """Largest block boundary e per unit whose proof block (if any) has a hash."""
         e_cap = [n_fine // unit.scale - unit.rule.proof for unit in self.units]
         if self.compat and len(self.config.groups) == 1:
             # vLLM's single-group coordinator gives drop mode no margin: the proof block
             # must lie below max_tokens too (a hit one block shorter than the hybrid one).
             unit = self.units[0]
             e_cap[0] = min(e_cap[0], max_tokens // unit.rule.block_size - unit.rule.proof)
+        return e_cap
+
+    def _own_hits(self, probes: list[Callable[[int], object]], n_fine: int, max_tokens: int,
+                  t: int) -> tuple[int, ...]:
+        """Per group, the largest aligned hit <= max_tokens its unit's rule alone serves
+        (:attr:`CacheHit.group_tokens`); ``t`` is the common hit (a single unit's own)."""
+        groups = self.config.groups
+        if len(self.units) == 1:
+            return (t,) * len(groups)
+        a = self.alignment
+        t0 = max_tokens // a * a
+        e_cap = self._e_caps(n_fine, max_tokens)
+        own = [0] * len(groups)
+        for u, unit in enumerate(self.units):
+            bs = unit.rule.block_size
+            e_max = min(t0 // bs, e_cap[u])
+            hit = unit.rule.longest_hit(probes[u], e_max, unit.step) * bs if e_max > 0 else 0
+            for g in unit.groups:
+                own[g] = hit
+        return tuple(own)
+
+    def _fixed_point(self, probes: list[Callable[[int], object]], n_fine: int,
+                     max_tokens: int) -> tuple[int, int]:
+        """The largest aligned t <= max_tokens every unit serves, and the first unit's answer."""
+        e_cap = self._e_caps(n_fine, max_tokens)
         full_answer: dict[int, int] = {}
         a = self.alignment
         t = max_tokens // a * a

@@ -26,6 +26,13 @@ class CacheHit:
     allocate, or look up again. A hit adopted after the state changed (or hand-made, epoch -1)
     is verified block by block; a block that no longer carries the request's hash for its
     position is refused.
+
+    ``group_tokens[g]`` is group g's *own* hit: the largest hit (a multiple of the alignment,
+    at most the lookup's cap) that group g's rule alone serves from what is cached, proof
+    block included; ``num_tokens``, the fixed point, is at most their minimum. It tells which
+    group cut a common hit (a draft group's drop, a window group's write mask); the manager
+    sums it per group (:attr:`~hybridkv.core.events.PrefixCacheStats.block_hit_rate_by_group`).
+    Empty for a hand-made hit (then every group's own hit reads as ``num_tokens``).
     """
 
     num_tokens: int
@@ -33,6 +40,7 @@ class CacheHit:
     shared_prefix_boundary: int = 0
     request_id: object = None
     epoch: int = -1
+    group_tokens: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

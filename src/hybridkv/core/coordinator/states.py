@@ -167,12 +167,12 @@ class StateGroups(CoordinatorBase):
 
     def _free_states(self, request: Request, state: _ReqBlocks) -> bool:
         """At free: the live state becomes the final-length checkpoint when it sits exactly
-        on an aligned end (default mode; no copy, the extent is re-tagged), else it is freed.
-        Returns whether every state group holds a checkpoint at the final aligned length, i.e.
+        on the final end (:meth:`_final_end`; default mode; no copy, the extent is re-tagged),
+        else it is freed. Returns whether every state group holds a checkpoint at that end, i.e.
         whether promising that end to the other groups serves a hit (else their runs for it
         would be cached for nothing)."""
         computed = min(request.num_computed_tokens, request.num_tokens)
-        end = computed // self.alignment * self.alignment
+        end = self._final_end(request, computed)
         retag = self.caching and not self.compat and computed > 0 and computed == end
         servable = end > 0
         live = []

@@ -43,6 +43,10 @@ class WritePath(CoordinatorBase):
                 # drop mode: the proof block after the junction is not shared, so the
                 # servable end is one unit lower; default mode: the #57610 unit below.
                 ends.add(junction - a)
+        if request.checkpoints:
+            if not self.compat:
+                # the application's marks (Request.checkpoints), rounded down to the alignment
+                ends.update(m // a * a for m in request.checkpoints if m >= a)
         return tuple(sorted(ends))
 
     def _mask_ends(self, request: Request, hit: CacheHit | None) -> list[tuple[int, ...]]:
@@ -92,6 +96,17 @@ class WritePath(CoordinatorBase):
                 limits.append(((n if n < m else m) - r.proof) * bs)
         return limits
 
+    def _final_end(self, request: Request, num_tokens: int) -> int:
+        """The end a request freed after ``num_tokens`` computed tokens promises (default
+        mode): the largest aligned end whose run every group can complete, i.e. its proof
+        block computed (drop mode) and its last block hashed (lookahead hashing). The next
+        chat turn then hits at most one proof block (one alignment unit) short of the final
+        length, never more."""
+        n_fine = len(request.block_hashes)
+        common = min((min(num_tokens // r.block_size, n_fine // self.scales[g]) - r.proof)
+                     * r.block_size for g, r in enumerate(self.rules))
+        return max(common, 0) // self.alignment * self.alignment
+
     # ---- caching ----------------------------------------------------------------------------
     def cache(self, request: Request, num_tokens: int, final: bool = False) -> None:
         """Cache the runs of every promised end reachable with ``num_tokens`` computed tokens.
@@ -106,8 +121,6 @@ class WritePath(CoordinatorBase):
         hashes = request.block_hashes
         n_fine = len(hashes)
         extra = state.boundaries
-        if final and not self.compat:
-            extra = extra + (num_tokens // self.alignment * self.alignment,)
         # An end t is cacheable in a group once its run [lo, hi) is computed and hashed.
         if self.compat:
             limits = self._compat_limits(num_tokens, n_fine)
@@ -119,6 +132,8 @@ class WritePath(CoordinatorBase):
             # an end serves a hit only if every group holds its run: promise it to all at once
             common = min(limits)
             limits = [common] * len(limits)
+            if final:
+                extra = extra + (self._final_end(request, num_tokens),)
         # Each group also gives the fewest tokens at which it has work again (its next end,
         # plus its delay); below the smallest, cache() is a no-op (state.quiet_until).
         delay = self.cache_delay

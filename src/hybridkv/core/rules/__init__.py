@@ -4,8 +4,9 @@
 spec                   rule            a hit ending at block boundary e needs
 =====================  ==============  ==========================================
 FullAttention          ``FullRule``    ``[0, e)``
-MLA                    ``MLARule``     ``[0, e)`` (full attention's rule, its own facts)
-SlidingWindow          ``SlidingRule`` ``[e - cdiv(W - 1, bs), e)``
+MLA, SparseMLA         ``MLARule``     ``[0, e)`` (full attention's rule, its own facts)
+SlidingWindow,         ``SlidingRule`` ``[e - cdiv(W - 1, bs), e)``
+CompressorState
 ChunkedLocal           ``ChunkedRule`` ``[chunk_start(e), e)``
 StateSpec              ``StateRule``   ``[e - 1, e)``: the checkpoint at exactly e
 =====================  ==============  ==========================================

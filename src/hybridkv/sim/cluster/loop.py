@@ -213,8 +213,9 @@ class ClusterResult:
 
 def combine(results: Sequence[SimResult]) -> SimResult:
     """The instances' results as one :class:`SimResult`: counts summed (the tiers' too),
-    TTFT and inter-token samples pooled, the longest makespan, mean usage averaged and peak the highest, retained
-    blocks summed per group (no timeline, no optimum)."""
+    TTFT and inter-token samples pooled, the longest makespan, mean usage averaged and peak the
+    highest, retained blocks and the per-group hit counters summed per group (no timeline, no
+    optimum)."""
     out = SimResult()
     for r in results:
         for name in ("requests", "rejected", "prompt_tokens", "hit_tokens", "gpu_hit_tokens", "prompt_blocks",
@@ -226,6 +227,10 @@ def combine(results: Sequence[SimResult]) -> SimResult:
         out.peak_usage = max(out.peak_usage, r.peak_usage)
         for g, n in r.retained_blocks.items():
             out.retained_blocks[g] = out.retained_blocks.get(g, 0) + n
+        for mine, theirs in ((out.group_query_blocks, r.group_query_blocks),
+                             (out.group_hit_blocks, r.group_hit_blocks)):
+            for g, n in theirs.items():
+                mine[g] = mine.get(g, 0) + n
     tiers = [r.tiers for r in results if r.tiers is not None]
     if tiers:
         out.tiers = TierReport.merge(tiers)
@@ -503,6 +508,7 @@ class ClusterSimulator:
                 res.hit_tokens += sum(res.tiers.hit_tokens.values()) + res.tiers.gpu_hit_tokens
             res.preemptions = sim.scheduler.num_preemptions
             res.evictions = stats.evictions
+            res.set_group_counts([g.name for g in sim.kv.config.groups], stats)
             res.retained_blocks = sim.retained_blocks()
             res.partial = partial
             results.append(res)

@@ -28,6 +28,9 @@ def summary_table(res: SimResult) -> str:
         ("prompt tokens", _fmt(d["prompt_tokens"])),
         ("token hit rate", f"{d['hit_rate']:.4f}  ({d['hit_tokens']} hit tokens)"),
         ("block hit rate", f"{d['block_hit_rate']:.4f}"),
+        *([("block hit rate by group", ", ".join(f"{k}={v:.4f}" for k, v in d["block_hit_rate_by_group"].items())
+            + "  (each group's own hit: a group below the rest cut the hit)")]
+          if len(d["block_hit_rate_by_group"]) > 1 else []),
         ("offline optimum (Belady)", _fmt(d["optimal_block_hit_rate"])
          + (f"  (online = {frac:.1%} of it)" if frac is not None else "")),
         *([("hybrid bound", f"{d['hybrid_bound_block_hit_rate']:.4f}  ("

@@ -11,7 +11,8 @@ Loaders (every malformed line raises ``ValueError("<file>:<line>: <what is wrong
   ``{"timestamp": ms, "input_length": n, "output_length": m, "hash_ids": [...], "session"?: str,
   "hint"?: {...}}``.
 * :func:`load_token_trace` — ``{"prompt_token_ids": [...], "output_len": m, "arrival_s"?: s,
-  "session"?: str, "request_id"?: str, "hint"?: {...}}``.
+  "session"?: str, "request_id"?: str, "hint"?: {...}, "checkpoints"?: [positions]}``
+  (positions the application marks for a checkpoint: :attr:`TraceRequest.checkpoints`).
 
 Both formats take an optional ``"hint"`` object (:func:`parse_hint`): what the application told
 the cache about the request's session, ``{"last_turn"?: bool, "continues"?: p, "pin_s"?: s,
@@ -82,7 +83,7 @@ MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids", "se
 """The fields of a Mooncake trace line."""
 
 TOKEN_FIELDS = ("prompt_token_ids", "output_len", "arrival_s", "session", "request_id", "hint",
-                *PUBLIC_HINT_FIELDS)
+                *PUBLIC_HINT_FIELDS, "checkpoints")
 """The fields of a token trace line."""
 
 
@@ -139,6 +140,10 @@ class TraceRequest:
         output_ids: the output tokens, when the workload knows them (generators whose next
             turn repeats this answer); a simulator then emits exactly these.
         hint: what the application tells the cache about the request's session (None: nothing).
+        checkpoints: prompt positions the application marks as worth a checkpoint (the end of
+            its system prompt; :attr:`hybridkv.core.request.Request.checkpoints`), each in
+            ``[1, prompt_len]``; a simulator serves them only when asked
+            (``SimConfig.checkpoint_marks``).
 
     Equality compares every field (the prompt by value); instances are not hashable.
     """
@@ -151,6 +156,7 @@ class TraceRequest:
     block_ids: tuple[int, ...] = field(default=())
     output_ids: np.ndarray | None = None
     hint: Hint | None = None
+    checkpoints: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         prompt = np.asarray(self.prompt)
@@ -190,6 +196,11 @@ class TraceRequest:
                 raise ValueError(f"TraceRequest {self.request_id!r}: hint must be a Hint or None, "
                                  f"got {self.hint!r}")
             self.hint.check_prompt(prompt.size, f"TraceRequest {self.request_id!r}")
+        marks = tuple(self.checkpoints)
+        if not all(is_int(m) and 0 < m <= prompt.size for m in marks):
+            raise ValueError(f"TraceRequest {self.request_id!r}: checkpoints must be integers in "
+                             f"[1, {prompt.size}] (the prompt), got {list(marks)!r}")
+        object.__setattr__(self, "checkpoints", tuple(sorted({int(m) for m in marks})))
 
     @property
     def prompt_len(self) -> int:
@@ -206,6 +217,7 @@ class TraceRequest:
             and self.session == other.session
             and self.block_ids == other.block_ids
             and self.hint == other.hint
+            and self.checkpoints == other.checkpoints
             and np.array_equal(self.prompt, other.prompt)
         )
 
@@ -495,7 +507,8 @@ def load_token_trace(path: str | Path) -> list[TraceRequest]:
     """Load a token-level JSONL trace.
 
     Line format: ``{"prompt_token_ids": [int, ...], "output_len": int, "arrival_s"?: float,
-    "session"?: str, "request_id"?: str, "hint"?: {...}}`` (:func:`parse_hint`). Missing ``arrival_s`` means 0.0 (an offline batch);
+    "session"?: str, "request_id"?: str, "hint"?: {...}, "checkpoints"?: [int, ...]}``
+    (:func:`parse_hint`; checkpoint positions in ``[1, prompt length]``). Missing ``arrival_s`` means 0.0 (an offline batch);
     missing ``request_id`` means ``"<file stem>-<index>"``. File order is kept.
 
     Raises:
@@ -543,10 +556,14 @@ def load_token_trace(path: str | Path) -> list[TraceRequest]:
         if request_id in seen_ids:
             raise ValueError(f"{path}:{lineno}: duplicate request_id {request_id!r}")
         seen_ids.add(request_id)
+        marks = obj.get("checkpoints", [])
+        if not isinstance(marks, list) or not all(is_int(m) and 0 < m <= prompt.size for m in marks):
+            raise ValueError(f"{path}:{lineno}: 'checkpoints' must be a list of prompt positions in "
+                             f"[1, {prompt.size}], got {marks!r}")
         ends.see(lineno, session, hint)
         out.append(
             TraceRequest(request_id, float(arrival), prompt.astype(np.int64), output_len, session,
-                         hint=hint)
+                         hint=hint, checkpoints=tuple(marks))
         )
     ends.warn()
     return out

@@ -38,6 +38,11 @@ class WorkItem:
         return self.source.hint
 
     @property
+    def checkpoints(self) -> tuple[int, ...]:
+        """Prompt positions the trace marks for a checkpoint (:attr:`TraceRequest.checkpoints`)."""
+        return getattr(self.source, "checkpoints", ())
+
+    @property
     def session(self) -> str | None:
         """The trace's session of this request, if it names one."""
         return self.source.session

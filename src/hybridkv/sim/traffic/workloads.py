@@ -204,7 +204,7 @@ def agentic_loop(
 def shared_system_prompt(
     num_requests: int = 512,
     num_prompts: int = 8,
-    system_tokens: int = 2048,
+    system_tokens: LengthSpec = 2048,
     user_tokens: LengthSpec = (32, 512),
     output_tokens: LengthSpec = (32, 256),
     zipf_s: float = 0.0,
@@ -215,15 +215,17 @@ def shared_system_prompt(
     """Independent requests, each = one of ``num_prompts`` system prompts + unique user text.
 
     Prompt ``j`` is chosen with probability proportional to ``(j + 1) ** -zipf_s`` (0: uniform).
-    Ids ``sys-<n>``; ``session`` is None.
+    Ids ``sys-<n>``; ``session`` is None. ``system_tokens`` is one length for every system
+    prompt or a ``(lo, hi)`` range drawn per prompt. Each request marks the end of its system
+    prompt as a checkpoint position (``checkpoints``; served with ``SimConfig.checkpoint_marks``).
     """
     _check_count("num_requests", num_requests)
     _check_count("num_prompts", num_prompts)
-    _check_count("system_tokens", system_tokens, minimum=0)
     if not (zipf_s >= 0 and math.isfinite(zipf_s)):
         raise ValueError(f"zipf_s must be a finite number >= 0, got {zipf_s!r}")
     rng = np.random.default_rng(seed)
-    systems = [_tokens(rng, system_tokens, vocab_size) for _ in range(num_prompts)]
+    systems = [_tokens(rng, _draw_len(rng, "system_tokens", system_tokens), vocab_size)
+               for _ in range(num_prompts)]
     weights = np.arange(1, num_prompts + 1, dtype=float) ** -zipf_s
     choice = rng.choice(num_prompts, size=num_requests, p=weights / weights.sum())
     arrivals = _arrivals(rng, num_requests, arrival_rate)
@@ -232,7 +234,9 @@ def shared_system_prompt(
         user = _tokens(rng, _draw_len(rng, "user_tokens", user_tokens), vocab_size)
         prompt = np.concatenate([systems[int(choice[n])], user])
         out_len = _draw_len(rng, "output_tokens", output_tokens)
-        out.append(TraceRequest(f"sys-{n}", float(arrivals[n]), prompt, out_len))
+        system = systems[int(choice[n])].size
+        out.append(TraceRequest(f"sys-{n}", float(arrivals[n]), prompt, out_len,
+                                checkpoints=(system,) if system else ()))
     return out
 
 
