@@ -78,11 +78,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from operator import truediv
+from typing import Any, cast
 
 import numpy as np
+from numpy.typing import NDArray
 
 from hybridkv.core.rules import HitRule, make_rule
-from hybridkv.core.specs import AttentionSpec
+from hybridkv.core.specs import AttentionSpec, StateSpec
 from hybridkv.core.validation import check_int
 from hybridkv.cost.calibration import ATTENTION_KINDS, Calibration, attention_kind
 from hybridkv.cost.costmodel import INT_BATCH, StepCost
@@ -121,7 +123,7 @@ def row_tile(rows: float) -> float:
     return math.ceil(rows / GEMM_ROW_TILE) * GEMM_ROW_TILE
 
 
-def kv_splits(keys: float | np.ndarray) -> float | np.ndarray:
+def kv_splits(keys: float | NDArray[np.float64]) -> float | NDArray[np.float64]:
     """Units a split-KV kernel spreads one request's ``keys`` keys over (at least 1, at most
     :data:`MAX_KV_SPLITS`; elementwise for an array)."""
     return np.minimum(float(MAX_KV_SPLITS), np.maximum(1.0, np.asarray(keys, dtype=np.float64) / KV_SPLIT_KEYS))
@@ -152,7 +154,7 @@ class _Group:
         return self.decode_heads * math.ceil(self.decode_group / QUERY_BLOCK)
 
 
-def _decode_units(g: _Group, new: np.ndarray) -> np.ndarray:
+def _decode_units(g: _Group, new: NDArray[np.float64]) -> NDArray[np.float64]:
     """Work units of each request of a decode call: one token packs its KV head's query heads
     into blocks of 64 rows; a few tokens (speculative verification) run one block per query
     head and 64 tokens, as a prefill chunk does."""
@@ -178,15 +180,15 @@ class StepFeatures:
     gemm_tile_flops: float
     weight_bytes: float
     eager: bool
-    call_flops: np.ndarray
-    call_bytes: np.ndarray
-    call_units: np.ndarray
-    call_splits: np.ndarray
-    call_blocks: np.ndarray
-    call_layers: np.ndarray
-    call_causal: np.ndarray
-    call_decode: np.ndarray
-    call_kind: np.ndarray
+    call_flops: NDArray[np.float64]
+    call_bytes: NDArray[np.float64]
+    call_units: NDArray[np.float64]
+    call_splits: NDArray[np.float64]
+    call_blocks: NDArray[np.float64]
+    call_layers: NDArray[np.float64]
+    call_causal: NDArray[np.bool_]
+    call_decode: NDArray[np.bool_]
+    call_kind: NDArray[np.int64]
 
 
 class CalibratedCostModel:
@@ -223,8 +225,8 @@ class CalibratedCostModel:
         for g in model.groups:
             spec = g.spec
             kind = attention_kind(spec)
-            if kind == "state":
-                shape = spec.state_shape
+            if kind == "state":                   # attention kind "state": a StateSpec
+                shape = cast(StateSpec, spec).state_shape
                 size = math.prod(shape)
                 groups.append(_Group(_rule(spec), len(g.layer_names), ATTENTION_KINDS.index(kind),
                                      4.0 * size, 0.0, 2.0 * spec.page_size_bytes,
@@ -238,7 +240,7 @@ class CalibratedCostModel:
                                  q_heads / kv_heads))
         # Groups with one spec (a draft group beside its target, recurrent layers split into
         # several groups) cost the same per layer: one entry with their layers summed.
-        merged: dict[tuple, _Group] = {}
+        merged: dict[tuple[AttentionSpec, int], _Group] = {}
         for g, grp in zip(model.groups, groups):
             key = (g.spec, grp.kind)
             prev = merged.get(key)
@@ -257,7 +259,7 @@ class CalibratedCostModel:
         return self._weights * (1.0 - (1.0 - self._active_frac) ** num_tokens)
 
     # ---- features -------------------------------------------------------------------------------
-    def features_arrays(self, new: np.ndarray, ctx: np.ndarray) -> StepFeatures:
+    def features_arrays(self, new: NDArray[np.float64], ctx: NDArray[np.float64]) -> StepFeatures:
         """:class:`StepFeatures` of the step ``zip(new, ctx)`` (float arrays, entries with no new
         token ignored)."""
         new = np.asarray(new, dtype=np.float64)
@@ -273,8 +275,8 @@ class CalibratedCostModel:
         n_pre = int(pre.sum())
         any_dec = n_pre < new.size
         flops, nbytes, units, splits, nblocks, layers, causal, decode, kinds = [], [], [], [], [], [], [], [], []
-        blocks = np.ceil(new[pre] / QUERY_BLOCK) if n_pre else None
-        fill = np.maximum(1.0, new[pre] / QUERY_BLOCK) if n_pre else None     # occupancy: no partial-block jumps
+        blocks = np.ceil(new[pre] / QUERY_BLOCK)                   # empty when no prefill
+        fill = np.maximum(1.0, new[pre] / QUERY_BLOCK)             # occupancy: no partial-block jumps
         for g in self._groups:
             if g.kind == _STATE:
                 f = new * g.pair_flops
@@ -332,8 +334,8 @@ class CalibratedCostModel:
                 raise ValueError(f"step work needs new_tokens >= 0 and context >= 0, got ({new}, {ctx})")
         if not pairs:
             return self.features_arrays(np.zeros(0), np.zeros(0))
-        new, ctx = zip(*pairs)
-        return self.features_arrays(np.array(new, dtype=np.float64), np.array(ctx, dtype=np.float64))
+        news, ctxs = zip(*pairs)
+        return self.features_arrays(np.array(news, dtype=np.float64), np.array(ctxs, dtype=np.float64))
 
     # ---- time -----------------------------------------------------------------------------------
     def step(self, work: Iterable[tuple[int, int]]) -> StepCost:
@@ -344,7 +346,7 @@ class CalibratedCostModel:
         """Seconds one step scheduling ``work`` takes."""
         return self.step(work).time_s
 
-    def step_time_arrays(self, new: np.ndarray, ctx: np.ndarray) -> float:
+    def step_time_arrays(self, new: NDArray[Any] | list[int], ctx: NDArray[Any] | list[int]) -> float:
         """:meth:`step_time` for ``work = zip(new, ctx)`` (the simulator's hot path).
 
         The same formula as :meth:`step` evaluated without building :class:`StepFeatures`
@@ -354,7 +356,8 @@ class CalibratedCostModel:
         """
         if new.__class__ is list and 0 < len(new) <= INT_BATCH and min(new) >= 1 \
                 and max(new) <= DECODE_MAX_NEW:
-            return self._decode_time(new, ctx)
+            # ctx is a list when new is (the contract); a cast() call would cost this hot path
+            return self._decode_time(new, ctx)  # type: ignore[arg-type]
         new = np.asarray(new, dtype=np.float64)
         ctx = np.asarray(ctx, dtype=np.float64)
         if new.size == 0:
@@ -375,7 +378,7 @@ class CalibratedCostModel:
         b = self.weight_bytes(total) / (B * cal.weight_bw_efficiency)
         p = cal.gemm_blend
         m = a if a > b else b
-        t = m * ((a / m) ** p + (b / m) ** p) ** (1.0 / p)
+        t: float = m * ((a / m) ** p + (b / m) ** p) ** (1.0 / p)   # float ** float: typed Any
         dec = new <= DECODE_MAX_NEW
         n_dec = int(dec.sum())
         all_dec = n_dec == new.size
@@ -422,18 +425,20 @@ class CalibratedCostModel:
                     w = w if w > by / bw_a else by / bw_a
                     t += s * (w / min(1.0, g.prefill_heads * nf * sp / sat) + g.prefill_heads * nb * blk)
             elif not all_dec:
+                splits: NDArray[np.float64] | float
                 if g.kind == _STATE:
                     w = pre_new * g.pair_flops / np.where(pre_ctx == 0, f_c, f_p)
                     by = g.state_bytes
-                    sp = 1.0 / fill                       # one unit per head: the state runs chunk to chunk
+                    splits = 1.0 / fill                   # one unit per head: the state runs chunk to chunk
                 else:
                     f = g.rule.attention_keys(pre_new, pre_ctx) * g.pair_flops
                     w = f / np.where(pre_ctx == 0, f_c, f_p)
                     keys = g.rule.kv_span(pre_new, pre_ctx) + pre_new
                     by = g.kv_bytes * keys
                     # kv_splits(keys), inlined
-                    sp = np.minimum(np.maximum(keys * (1.0 / KV_SPLIT_KEYS), 1.0), max_splits) if split else 1.0
-                occ = np.minimum(1.0, g.prefill_heads * fill * sp / sat)
+                    splits = (np.minimum(np.maximum(keys * (1.0 / KV_SPLIT_KEYS), 1.0), max_splits) if split
+                              else 1.0)
+                occ = np.minimum(1.0, g.prefill_heads * fill * splits / sat)
                 t += s * float((np.maximum(w, by / bw_a) / occ).sum() + g.prefill_heads * blocks.sum() * blk)
             if n_dec:
                 if g.kind == _STATE:
@@ -456,15 +461,16 @@ class CalibratedCostModel:
                         nblk = float(per.sum())
                     if split:          # kv_splits(top), inlined
                         units *= min(max_splits, max(1.0, top / KV_SPLIT_KEYS))
-                occ = min(1.0, units / sat)
+                occ_d = min(1.0, units / sat)
                 w = max(f / f_x, by / bw_a)
-                t += s * (w / occ + nblk * blk)
+                t += s * (w / occ_d + nblk * blk)
         t += cal.graph_overhead_s
         if all_dec:
             return t
         h, q = cal.eager_host_s, cal.host_overlap          # host_bound(t, h, q), inlined (t > 0)
         m = t if t > h else h
-        return m * ((t / m) ** q + (h / m) ** q) ** (1.0 / q)
+        eager: float = m * ((t / m) ** q + (h / m) ** q) ** (1.0 / q)   # float ** float: typed Any
+        return eager
 
     def _decode_time(self, new: list[int], ctx: list[int]) -> float:
         """:meth:`step_time_arrays` of a batch of decodes (every ``new`` in 1 ..
@@ -484,7 +490,7 @@ class CalibratedCostModel:
         b = self.weight_bytes(total) / (B * cal.weight_bw_efficiency)
         p = cal.gemm_blend
         m = a if a > b else b
-        t = m * ((a / m) ** p + (b / m) ** p) ** (1.0 / p)
+        t: float = m * ((a / m) ** p + (b / m) ** p) ** (1.0 / p)   # float ** float: typed Any
         bw_a = B * cal.attn_bw_efficiency
         first = float(new[0])
         uniform = first == max(new) == min(new)
@@ -529,20 +535,22 @@ def host_bound(gpu_s: float, host_s: float, q: float) -> float:
     m = gpu_s if gpu_s > host_s else host_s
     if m <= 0.0:
         return 0.0
-    return m * ((gpu_s / m) ** q + (host_s / m) ** q) ** (1.0 / q)
+    joined: float = m * ((gpu_s / m) ** q + (host_s / m) ** q) ** (1.0 / q)   # float ** float: typed Any
+    return joined
 
 
-def blend(a: np.ndarray, b: np.ndarray, p: float) -> np.ndarray:
+def blend(a: NDArray[np.float64], b: NDArray[np.float64], p: float) -> NDArray[np.float64]:
     """``(a**p + b**p) ** (1/p)`` without overflow."""
     m = np.maximum(a, b)
     safe = np.where(m > 0, m, 1.0)
     return np.where(m > 0, safe * ((a / safe) ** p + (b / safe) ** p) ** (1.0 / p), 0.0)
 
 
-def call_times(cal: Calibration, peak_flops: float, peak_bw: float, flops: np.ndarray,
-               nbytes: np.ndarray, units: np.ndarray, layers: np.ndarray, causal: np.ndarray,
-               kind: np.ndarray, splits: np.ndarray | float = 1.0, blocks: np.ndarray | None = None,
-               decode: np.ndarray | bool = True) -> np.ndarray:
+def call_times(cal: Calibration, peak_flops: float, peak_bw: float, flops: NDArray[np.float64],
+               nbytes: NDArray[np.float64], units: NDArray[np.float64], layers: NDArray[np.float64],
+               causal: NDArray[np.bool_], kind: NDArray[np.int64],
+               splits: NDArray[np.float64] | float = 1.0, blocks: NDArray[np.float64] | None = None,
+               decode: NDArray[np.bool_] | bool = True) -> NDArray[np.float64]:
     """Seconds of each attention call (all its layers), per the formula (``causal``: a fresh
     causal chunk; ``decode``: a decode call, else a prefill chunk; ``blocks``: all work blocks
     of the call, default ``units``; ``splits``: the KV splits a split-KV kernel adds)."""
@@ -550,7 +558,7 @@ def call_times(cal: Calibration, peak_flops: float, peak_bw: float, flops: np.nd
     eff = np.where(causal, e_c, np.where(decode, e_x, min(e_x, e_c)))
     work = np.maximum(flops / (peak_flops * eff), nbytes / (peak_bw * cal.attn_bw_efficiency))
     occupancy = np.minimum(1.0, (units * splits if cal.split_kv else units) / cal.attn_saturation_blocks)
-    scale = np.asarray(cal.kind_scale)[kind]
+    scale: NDArray[np.float64] = np.asarray(cal.kind_scale)[kind]
     per_block = (units if blocks is None else blocks) * cal.attn_block_s
     return layers * scale * (work / np.maximum(occupancy, 1e-12) + per_block)
 

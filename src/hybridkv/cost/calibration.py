@@ -5,6 +5,7 @@ The formula they enter is :mod:`hybridkv.cost.calibrated`'s."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 from hybridkv.core.rules import rule_class
 from hybridkv.core.specs import AttentionSpec
@@ -104,15 +105,15 @@ class Calibration:
         """The fitted scalar fields (everything but ``kind_scale`` and ``split_kv``), in order."""
         return tuple(f.name for f in fields(cls) if f.name not in ("kind_scale", "split_kv"))
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         """A JSON object: the scalar fields, ``kind_scale`` as ``{kind: multiplier}``, ``split_kv``."""
-        out: dict = {name: getattr(self, name) for name in self.scalar_names()}
+        out: dict[str, Any] = {name: getattr(self, name) for name in self.scalar_names()}
         out["kind_scale"] = dict(zip(ATTENTION_KINDS, self.kind_scale))
         out["split_kv"] = self.split_kv
         return out
 
     @classmethod
-    def from_json(cls, obj: dict) -> Calibration:
+    def from_json(cls, obj: dict[str, Any]) -> Calibration:
         """Inverse of :meth:`to_json`; raises ValueError naming an unknown or missing field."""
         if not isinstance(obj, dict):
             raise ValueError(f"calibration parameters must be a JSON object, got {type(obj).__name__}")

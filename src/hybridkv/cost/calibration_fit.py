@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from hybridkv.cost.calibrated import (ATTENTION_KINDS, CalibratedCostModel, Calibration, StepFeatures,
                                      blend, call_times)
@@ -50,7 +52,7 @@ _SECONDS_SCALE = {"attn_block_s": 1e-8}
 """Seconds = theta ** 2 * scale (default 1e-3: overheads of a millisecond or so)."""
 
 
-def _to_theta(cal: Calibration) -> np.ndarray:
+def _to_theta(cal: Calibration) -> NDArray[np.float64]:
     out = []
     for name in _NAMES:
         v = getattr(cal, name)
@@ -66,7 +68,7 @@ def _to_theta(cal: Calibration) -> np.ndarray:
     return np.array(out)
 
 
-def _from_theta(theta: np.ndarray, kind_scale: tuple[float, ...], split_kv: bool) -> Calibration:
+def _from_theta(theta: NDArray[np.float64], kind_scale: tuple[float, ...], split_kv: bool) -> Calibration:
     kw = {}
     for name, t in zip(_NAMES, theta):
         t = float(np.clip(t, -30.0, 30.0))
@@ -110,11 +112,11 @@ class KernelPoint:
         if not (self.median_s > 0 and self.flops >= 0 and self.bytes >= 0 and self.units > 0):
             raise ValueError(f"kernel point {self.step!r} needs median_s > 0, flops/bytes >= 0, units > 0")
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"kind": "kernel", **dataclasses.asdict(self)}
 
     @classmethod
-    def from_json(cls, obj: dict) -> KernelPoint:
+    def from_json(cls, obj: dict[str, Any]) -> KernelPoint:
         try:
             return cls(attention=obj["attention"], step=obj["step"], flops=float(obj["flops"]),
                        bytes=float(obj["bytes"]), units=float(obj["units"]), causal=bool(obj["causal"]),
@@ -135,7 +137,7 @@ class _Batch:
         self.step_of = np.concatenate([np.full(f.call_flops.size, i) for i, f in enumerate(feats)]
                                       or [np.zeros(0, dtype=np.int64)]).astype(np.int64)
 
-        def cat(name):
+        def cat(name: str) -> NDArray[Any]:
             parts = [getattr(f, name) for f in feats]
             return np.concatenate(parts) if parts else np.zeros(0)
 
@@ -145,7 +147,7 @@ class _Batch:
         self.decode = cat("call_decode").astype(bool)
         self.kind = cat("call_kind").astype(np.int64)
 
-    def times(self, cal: Calibration, gpu: GpuPreset) -> np.ndarray:
+    def times(self, cal: Calibration, gpu: GpuPreset) -> NDArray[np.float64]:
         a = self.gemm_flops / (gpu.flops * cal.gemm_efficiency)
         b = self.weight_bytes / (gpu.mem_bw * cal.weight_bw_efficiency)
         gemm = blend(a, b, cal.gemm_blend)
@@ -157,14 +159,15 @@ class _Batch:
 
 
 def predict_points(model: ModelPreset, gpu: GpuPreset, cal: Calibration,
-                   points: Sequence[GridPoint]) -> np.ndarray:
+                   points: Sequence[GridPoint]) -> NDArray[np.float64]:
     """Predicted seconds of each grid point under ``cal`` (vectorised; the same formula as
     :meth:`CalibratedCostModel.step`)."""
     cm = CalibratedCostModel(model, gpu, cal)
     return _Batch([cm.features(p.work()) for p in points]).times(cal, gpu)
 
 
-def _lm(fun, theta0: np.ndarray, iters: int = 200) -> tuple[np.ndarray, float]:
+def _lm(fun: Callable[[NDArray[np.float64]], NDArray[np.float64]], theta0: NDArray[np.float64],
+        iters: int = 200) -> tuple[NDArray[np.float64], float]:
     """Levenberg-Marquardt on ``fun(theta) -> residuals``; returns (theta, sum of squares)."""
     theta = theta0.astype(np.float64).copy()
     r = fun(theta)
@@ -258,7 +261,7 @@ def fit_calibration(model: ModelPreset, gpu: GpuPreset, points: Sequence[GridPoi
     theta_prior = _to_theta(prior)
     scale = prior.kind_scale
 
-    def residuals(theta: np.ndarray) -> np.ndarray:
+    def residuals(theta: NDArray[np.float64]) -> NDArray[np.float64]:
         cal = _from_theta(theta, scale, prior.split_kv)
         pred = batch.times(cal, gpu)
         return np.concatenate([np.log(np.maximum(pred, 1e-30)) - measured,

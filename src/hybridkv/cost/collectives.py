@@ -26,6 +26,7 @@ opt-in two-batch overlap, which is not modelled.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from hybridkv.core.validation import check_int
@@ -50,11 +51,11 @@ class Link:
     """
 
     name: str
-    ar_table: dict
+    ar_table: Mapping[int, tuple[tuple[float, float], ...]]
     busbw: float
     ring_bw: float
     alpha_s: float
-    a2a_bw: tuple
+    a2a_bw: tuple[tuple[int, float, float], ...]
     source: str
 
     def __post_init__(self) -> None:
@@ -66,7 +67,7 @@ class Link:
         if not self.alpha_s >= 0:
             raise ValueError(f"link {self.name!r}: alpha_s must be >= 0, got {self.alpha_s!r}")
 
-    def table(self, n: int) -> tuple:
+    def table(self, n: int) -> tuple[tuple[float, float], ...]:
         """The all-reduce table of the largest measured group size <= ``n`` (else the smallest)."""
         sizes = sorted(self.ar_table)
         below = [k for k in sizes if k <= n]

@@ -29,11 +29,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
+from hybridkv.cost.calibrated import CalibratedCostModel
 from hybridkv.cost.collectives import NVLINK_OF_GPU, Link, all_gather_s, all_reduce_s, all_to_all_s, get_link
-from hybridkv.cost.costmodel import StepCost
+from hybridkv.cost.costmodel import CostModel, StepCost
 from hybridkv.cost.deployment import Deployment, expert_params
 from hybridkv.cost.presets import GpuPreset, ModelPreset
 
@@ -117,7 +120,7 @@ class DeployedCostModel:
         deployment: the deployment.
     """
 
-    def __init__(self, inner, deployment: Deployment) -> None:
+    def __init__(self, inner: CostModel | CalibratedCostModel, deployment: Deployment) -> None:
         self.inner = inner
         self.deployment = deployment
         self.model = inner.model
@@ -131,8 +134,8 @@ class DeployedCostModel:
         if dep.dp_attention and dep.ep > 1:
             p = inner.model
             dense = p.weight_bytes - expert_params(p) * p.weight_bytes_per_param
-            cal = getattr(inner, "calibration", None)
-            eff = cal.weight_bw_efficiency if cal is not None else inner.mbu
+            eff = (inner.calibration.weight_bw_efficiency if isinstance(inner, CalibratedCostModel)
+                   else inner.mbu)
             extra = dense * (1.0 - dep.tp / dep.ep) / dep.tp / (inner.gpu.mem_bw * eff)
         self._dense_extra_s = extra
         self.source = f"{inner.source}; {dep.name}, communication from published collectives"
@@ -141,7 +144,7 @@ class DeployedCostModel:
         """Communication seconds of a step of ``tokens`` new tokens over ``requests`` requests."""
         return step_comm_s(self.counts, self.deployment, self.gpu, tokens, requests)
 
-    def _tile(self, work: list) -> list:
+    def _tile(self, work: list[tuple[int, int]]) -> list[tuple[int, int]]:
         return work * self._copies
 
     def step(self, work: Iterable[tuple[int, int]]) -> StepCost:
@@ -158,9 +161,10 @@ class DeployedCostModel:
     def step_time(self, work: Iterable[tuple[int, int]]) -> float:
         return self.step(work).time_s
 
-    def step_time_arrays(self, new, ctx) -> float:
+    def step_time_arrays(self, new: NDArray[Any] | list[int], ctx: NDArray[Any] | list[int]) -> float:
         """:meth:`step_time` for ``work = zip(new, ctx)`` (the simulator's hot path)."""
         k = self._copies
+        tokens: float                           # an int for a list, a float for arrays
         if new.__class__ is list:
             tokens, rows = sum(new), sum(1 for x in new if x)
             t = self.inner.step_time_arrays(new * k, ctx * k) if k > 1 else self.inner.step_time_arrays(new, ctx)

@@ -39,9 +39,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
+from numpy.typing import NDArray
 
 from hybridkv.core.rules import HitRule, make_rule
 from hybridkv.core.specs import AttentionSpec
@@ -70,12 +71,12 @@ def attention_keys(spec: AttentionSpec, new_tokens: int, context: int) -> int:
     attention (and MLA) every earlier token and itself, a sliding window the last ``window``
     tokens, chunked-local attention its own chunk up to itself.
     """
-    return _rule(spec).attention_keys(new_tokens, context)
+    return int(_rule(spec).attention_keys(new_tokens, context))   # ints in, an int out
 
 
 def kv_span(spec: AttentionSpec, new_tokens: int, context: int) -> int:
     """Distinct cached/new KV positions tokens ``[context, context + new_tokens)`` read in one layer."""
-    return _rule(spec).kv_span(new_tokens, context)
+    return int(_rule(spec).kv_span(new_tokens, context))          # ints in, an int out
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +116,7 @@ class StepCost:
                  "communication": self.comm_s}
         return max(terms, key=terms.__getitem__)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         """The fields and ``bound`` as a JSON object."""
         return {"time_s": self.time_s, "compute_s": self.compute_s, "memory_s": self.memory_s,
                 "attention_s": self.attention_s, "overhead_s": self.overhead_s, "comm_s": self.comm_s,
@@ -146,12 +147,12 @@ class CostModel:
     num_gpus: int = 1
     # per group of the model: its rule, 4 * attn_width * layers (FLOPs per (query, key) pair),
     # its compress ratio and its KV bytes per token over its layers (set by __post_init__)
-    _groups: tuple = field(init=False, repr=False, compare=False, default=())
+    _groups: tuple[tuple[HitRule, float, int, int], ...] = field(init=False, repr=False, compare=False, default=())
     # (2 * active_params, num_gpus * peak FLOP/s * mfu, num_gpus * peak bytes/s * mbu): the
     # formula's constant factors, multiplied in the formula's own order (set by __post_init__)
-    _consts: tuple = field(init=False, repr=False, compare=False, default=())
+    _consts: tuple[float, ...] = field(init=False, repr=False, compare=False, default=())
     # weight_bytes(T) by T, filled as step_time_arrays meets each T (at most the token budget)
-    _weights: dict = field(init=False, repr=False, compare=False, default_factory=dict)
+    _weights: dict[float, float] = field(init=False, repr=False, compare=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("mfu", "mbu"):
@@ -220,7 +221,7 @@ class CostModel:
         """Seconds one step scheduling ``work`` takes (:meth:`step`'s ``time_s``)."""
         return self.step(work).time_s
 
-    def step_time_arrays(self, new: np.ndarray | list[int], ctx: np.ndarray | list[int]) -> float:
+    def step_time_arrays(self, new: NDArray[Any] | list[int], ctx: NDArray[Any] | list[int]) -> float:
         """:meth:`step_time` for ``work = zip(new, ctx)`` (arrays or lists of token counts); the
         simulator's hot path.
 
@@ -234,6 +235,7 @@ class CostModel:
         """
         attn_flops = 0.0
         kv_bytes = 0.0
+        total_new: float                        # an int for a list, a float for arrays
         if new.__class__ is list and len(new) <= INT_BATCH:
             total_new = sum(new)
             if total_new == 0:

@@ -26,6 +26,7 @@ The communication one step costs is :mod:`hybridkv.cost.comm`'s.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from hybridkv.core.validation import check_int
 from hybridkv.cost.hardware import DEFAULT_GPU_MEMORY_FRACTION, KVBudget, kv_budget
@@ -98,7 +99,7 @@ class Deployment:
         why = f" ({self.reason})" if self.reason else ""
         return f"{self.name} on {self.gpus} GPU{'s' if self.gpus != 1 else ''}{why}"
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"tp": self.tp, "dp": self.dp, "ep": self.ep, "gpus": self.gpus,
                 "gpus_per_node": self.gpus_per_node, "dp_attention": self.dp_attention,
                 "name": self.name, "reason": self.reason}

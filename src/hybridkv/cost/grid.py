@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = ["GridPoint", "format_step", "parse_step"]
 
@@ -134,10 +135,10 @@ class GridPoint:
         return cls(new_tokens=pre[0][0] if pre else 0, context=pre[0][1] if pre else 0,
                    batch=n_pre or 1, decode_batch=n_dec, decode_context=dec[0][1] if dec else 0)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         """A JSON object; prefill and decode points use the field names of the published
         H100 measurements (``kind``, ``new_tokens``, ``context``, ``batch``)."""
-        out: dict = {"kind": self.kind}
+        out: dict[str, Any] = {"kind": self.kind}
         if self.kind == "decode":
             out.update(batch=self.decode_batch, context=self.decode_context)
         else:
@@ -152,7 +153,7 @@ class GridPoint:
         return out
 
     @classmethod
-    def from_json(cls, obj: dict) -> GridPoint:
+    def from_json(cls, obj: dict[str, Any]) -> GridPoint:
         """Inverse of :meth:`to_json` (``batch`` defaults to 1, ``min_s`` to ``median_s``).
 
         Raises:
@@ -161,8 +162,8 @@ class GridPoint:
         try:
             kind = obj["kind"]
             median = float(obj["median_s"])
-            common = dict(median_s=median, min_s=float(obj.get("min_s", median)),
-                          repeats=int(obj.get("repeats", 0)), host_s=float(obj.get("host_s", 0.0)))
+            common: dict[str, Any] = dict(median_s=median, min_s=float(obj.get("min_s", median)),
+                                          repeats=int(obj.get("repeats", 0)), host_s=float(obj.get("host_s", 0.0)))
             if kind == "decode":
                 return cls(decode_batch=int(obj["batch"]), decode_context=int(obj["context"]), **common)
             if kind in ("prefill", "mixed"):

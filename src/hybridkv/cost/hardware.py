@@ -30,6 +30,7 @@ On Llama-3.1-8B and one H100 this gives 50.3 GiB of KV cache where vLLM logged 5
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from hybridkv.cost.presets import GpuPreset, ModelPreset
 
@@ -89,7 +90,7 @@ class KVBudget:
                 f"({self.engine_bytes / 1e9:,.1f} GB) - weights {self.weight_bytes / 1e9:,.1f} GB "
                 f"- activation reserve {self.reserve_bytes / 1e9:,.1f} GB = {self.kv_bytes / 1e9:,.1f} GB")
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"gpu": self.gpu.name, "num_gpus": self.num_gpus, "gpu_memory_fraction": self.fraction,
                 "engine_bytes": self.engine_bytes, "weight_bytes": self.weight_bytes,
                 "reserve_bytes": self.reserve_bytes, "kv_bytes": self.kv_bytes}

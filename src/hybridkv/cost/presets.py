@@ -173,6 +173,8 @@ class ModelPreset:
 
     def kv_config(self, *, num_blocks: int | None = None, memory_bytes: int | None = None) -> KVCacheConfig:
         """The :class:`KVCacheConfig` of this preset's groups (give one of the two sizes)."""
+        if num_blocks is None:                   # not given: KVCacheConfig's default (None)
+            return KVCacheConfig(self.groups, memory_bytes=memory_bytes)
         return KVCacheConfig(self.groups, num_blocks=num_blocks, memory_bytes=memory_bytes)
 
     @property
@@ -354,13 +356,13 @@ def deepseek_v4_style() -> ModelPreset:
     full = [i for i in range(61) if i % 2 == 0]          # 31 layers
     swa_wide = [i for i in range(61) if i % 4 == 1]      # 15 layers
     swa_narrow = [i for i in range(61) if i % 4 == 3]    # 15 layers
-    latent = dict(num_kv_heads=1, head_dim=512)          # one 512-wide latent per token (illustrative)
     return ModelPreset(
         name="deepseek-v4-style",
         groups=(
             _group("mla", MLA(block_size=256, kv_lora_rank=512, qk_rope_head_dim=64), full),
-            _group("swa512", SlidingWindow(64, window=512, **latent), swa_wide),
-            _group("swa128", SlidingWindow(8, window=128, **latent), swa_narrow),
+            # the sliding groups store one 512-wide latent per token (illustrative)
+            _group("swa512", SlidingWindow(64, window=512, num_kv_heads=1, head_dim=512), swa_wide),
+            _group("swa128", SlidingWindow(8, window=128, num_kv_heads=1, head_dim=512), swa_narrow),
             _group("mtp", MLA(block_size=256, kv_lora_rank=512, qk_rope_head_dim=64), [0],
                    prefix="mtp", is_draft=True),
         ),

@@ -41,6 +41,7 @@ import platform
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -51,6 +52,10 @@ from hybridkv.cost.grid import GridPoint
 from hybridkv.cost.presets import GPU_PRESETS, GpuPreset, ModelPreset, get_preset
 from hybridkv.cost.shapes import Trim, trimmed_preset
 from hybridkv.cost.transfer import DEFAULT_TRANSFER, CopyPoint, TransferModel, fit_transfer
+
+if TYPE_CHECKING:
+    from hybridkv.cost.comm import DeployedCostModel
+    from hybridkv.cost.deployment import Deployment
 
 __all__ = ["COST_MODELS", "DEFAULT_PROFILE_PATH", "FORMAT", "MODEL_FORM", "VERSION", "Profile", "copy_points_from_jsonl",
            "cost_model", "default_calibration", "default_profile", "load_profile",
@@ -73,15 +78,15 @@ class Profile:
     ``calibration`` is None for a profile whose grid has not been fitted yet.
     """
 
-    device: dict
-    model: dict
+    device: dict[str, Any]
+    model: dict[str, Any]
     points: tuple[GridPoint, ...]
     kernels: tuple[KernelPoint, ...] = ()
     calibration: Calibration | None = None
-    fit: dict = field(default_factory=dict)
+    fit: dict[str, Any] = field(default_factory=dict)
     transfer: TransferModel = DEFAULT_TRANSFER
-    software: dict = field(default_factory=dict)
-    method: dict = field(default_factory=dict)
+    software: dict[str, Any] = field(default_factory=dict)
+    method: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for key in ("name", "peak_flops", "peak_bw"):
@@ -162,9 +167,10 @@ class Profile:
         prior = Calibration(split_kv=self.split_kv)
         res = fit_calibration(model, gpu, fitted, self.kernels, prior=prior)
         err = np.abs(np.array(res.ratios) - 1.0)
-        fit: dict = {"params": res.calibration.to_json(), "model_form": MODEL_FORM, "points": len(fitted),
-                     "kernels": len(self.kernels), "max_abs_error": float(err.max()),
-                     "mean_abs_error": float(err.mean()), "ratios": list(res.ratios)}
+        fit: dict[str, Any] = {"params": res.calibration.to_json(), "model_form": MODEL_FORM,
+                               "points": len(fitted), "kernels": len(self.kernels),
+                               "max_abs_error": float(err.max()), "mean_abs_error": float(err.mean()),
+                               "ratios": list(res.ratios)}
         if steps is not None:
             fit["fit_steps"] = [p.step for p in fitted]
         if held:
@@ -182,7 +188,7 @@ class Profile:
         return replace(self, calibration=res.calibration, fit=fit)
 
     # ---- JSON ------------------------------------------------------------------------------------
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         fit = dict(self.fit)
         if self.calibration is not None:
             fit["params"] = self.calibration.to_json()
@@ -193,7 +199,7 @@ class Profile:
                 "transfer": self.transfer.to_json()}
 
     @classmethod
-    def from_json(cls, obj: dict) -> Profile:
+    def from_json(cls, obj: dict[str, Any]) -> Profile:
         """Inverse of :meth:`to_json`.
 
         Raises:
@@ -267,7 +273,8 @@ def default_calibration(gpu: GpuPreset) -> tuple[Calibration, str]:
 
 
 def cost_model(preset: ModelPreset, gpu: GpuPreset, num_gpus: int = 1, profile: Profile | None = None,
-               kind: str = "calibrated", deployment=None):
+               kind: str = "calibrated", deployment: Deployment | None = None,
+               ) -> CostModel | CalibratedCostModel | DeployedCostModel:
     """The step-time model a simulation uses.
 
     ``kind="roofline"``: the roofline (:class:`CostModel`) on ``gpu``. ``"calibrated"``
@@ -283,8 +290,14 @@ def cost_model(preset: ModelPreset, gpu: GpuPreset, num_gpus: int = 1, profile: 
     """
     if deployment is not None and (deployment.tp > 1 or deployment.ep > 1):
         from hybridkv.cost.comm import DeployedCostModel
-        inner = cost_model(preset, gpu, deployment.group, profile, kind)
+        inner = _compute_model(preset, gpu, deployment.group, profile, kind)
         return DeployedCostModel(inner, deployment)
+    return _compute_model(preset, gpu, num_gpus, profile, kind)
+
+
+def _compute_model(preset: ModelPreset, gpu: GpuPreset, num_gpus: int, profile: Profile | None,
+                   kind: str) -> CostModel | CalibratedCostModel:
+    """:func:`cost_model` without a deployment: the compute model on ``num_gpus`` GPUs."""
     if kind not in COST_MODELS:
         raise ValueError(f"unknown cost model {kind!r}; valid: {', '.join(COST_MODELS)}")
     if kind == "roofline":
@@ -298,7 +311,7 @@ def cost_model(preset: ModelPreset, gpu: GpuPreset, num_gpus: int = 1, profile: 
     return CalibratedCostModel(preset, gpu, cal, num_gpus, source=source)
 
 
-def _read_jsonl(path: str | Path) -> list[dict]:
+def _read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     rows = []
     for i, line in enumerate(Path(path).read_text().splitlines(), 1):
         if line.strip():
@@ -328,7 +341,7 @@ def copy_points_from_jsonl(path: str | Path) -> list[CopyPoint]:
 
 def profile_from_measurements(steps: str | Path, preset: str, gpu: str, device_name: str,
                               transfer: str | Path | None = None, transfer_source: str = "",
-                              software: dict | None = None, method: dict | None = None,
+                              software: dict[str, Any] | None = None, method: dict[str, Any] | None = None,
                               split_kv: bool = True) -> Profile:
     """A fitted profile from step times measured elsewhere, in JSON lines: ``prefill`` /
     ``decode`` / ``mixed`` rows as :meth:`GridPoint.from_json` reads them, plus optional
@@ -364,7 +377,7 @@ def profile_from_measurements(steps: str | Path, preset: str, gpu: str, device_n
     return prof.refit(loo=True)
 
 
-def software_versions() -> dict:
+def software_versions() -> dict[str, Any]:
     """Python, numpy and hybridkv versions (the profiler adds torch and CUDA)."""
     from importlib.metadata import PackageNotFoundError, version
     try:

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol, TypeVar, cast
 
-from hybridkv.core.specs import is_state
+from hybridkv.core.specs import MLA, AttentionSpec, KVCacheGroup, StateSpec, is_state
 from hybridkv.core.validation import check_int
 
 __all__ = ["MLAShape", "MoEShape", "ModelShapes", "StateShape", "Trim", "trimmed_preset"]
@@ -138,7 +139,7 @@ class Trim:
     def is_identity(self) -> bool:
         return self.layers_per_group == 0 and self.width_divisor == 1 and self.vocab_size == 0
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
@@ -146,7 +147,26 @@ def _div(x: int, d: int) -> int:
     return max(1, x // d)
 
 
-def trimmed_preset(preset, trim: Trim):
+class _Preset(Protocol):
+    """What :func:`trimmed_preset` reads of a :class:`~hybridkv.cost.presets.ModelPreset` (a
+    dataclass; this module cannot import its class: the presets module imports this one)."""
+
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def groups(self) -> tuple[KVCacheGroup, ...]: ...
+    @property
+    def shapes(self) -> ModelShapes | None: ...
+    @property
+    def source(self) -> str: ...
+
+
+_P = TypeVar("_P", bound=_Preset)
+
+
+def trimmed_preset(preset: _P, trim: Trim) -> _P:
     """A copy of ``preset`` (a :class:`~hybridkv.cost.presets.ModelPreset` with shapes) shrunk
     by ``trim``: the same groups and attention types, fewer layers, narrower widths.
 
@@ -172,18 +192,19 @@ def trimmed_preset(preset, trim: Trim):
     layer_total = 0
     for g in preset.groups:
         names = g.layer_names[:trim.layers_per_group] if trim.layers_per_group else g.layer_names
-        spec = g.spec
+        spec: AttentionSpec = g.spec
         if spec.storage == "kv":                 # K and V per head: fewer, narrower heads
             kv = _div(spec.num_kv_heads, d)
             while heads % kv:
                 kv -= 1
             spec = dataclasses.replace(spec, num_kv_heads=kv, head_dim=min(spec.head_dim, cap))
-        elif spec.storage == "latent":           # a narrower latent
-            spec = dataclasses.replace(spec, kv_lora_rank=_div(spec.kv_lora_rank, d),
-                                       qk_rope_head_dim=_div(spec.qk_rope_head_dim, d))
-        elif spec.storage == "state" and s.state is not None:
-            st = s.state
-            spec = dataclasses.replace(spec, conv_shape=(spec.conv_shape[0], _div(spec.conv_shape[1], d)),
+        elif spec.storage == "latent":           # a narrower latent (storage "latent": an MLA)
+            latent = cast(MLA, spec)
+            spec = dataclasses.replace(latent, kv_lora_rank=_div(latent.kv_lora_rank, d),
+                                       qk_rope_head_dim=_div(latent.qk_rope_head_dim, d))
+        elif spec.storage == "state" and s.state is not None:   # storage "state": a StateSpec
+            st, rec = s.state, cast(StateSpec, spec)
+            spec = dataclasses.replace(rec, conv_shape=(rec.conv_shape[0], _div(rec.conv_shape[1], d)),
                                        state_shape=(_div(st.num_heads, d), min(st.head_k_dim, cap),
                                                     min(st.head_v_dim, cap)))
         groups.append(dataclasses.replace(g, spec=spec, layer_names=tuple(names)))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -42,12 +43,12 @@ class CopyPoint:
         if not (self.bytes > 0 and self.seconds > 0 and self.copies >= 1):
             raise ValueError(f"copy point needs bytes > 0, seconds > 0, copies >= 1, got {self!r}")
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"direction": self.direction, "bytes": self.bytes, "seconds": self.seconds,
                 "copies": self.copies, "pinned": self.pinned}
 
     @classmethod
-    def from_json(cls, obj: dict) -> CopyPoint:
+    def from_json(cls, obj: dict[str, Any]) -> CopyPoint:
         try:
             return cls(str(obj["direction"]), int(obj["bytes"]), float(obj["seconds"]),
                        int(obj.get("copies", 1)), bool(obj.get("pinned", True)))
@@ -104,13 +105,13 @@ class TransferModel:
         one = max(self.per_copy_s, self.latency_s + nbytes / bw)
         return copies * one
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"h2d_bw": self.h2d_bw, "d2h_bw": self.d2h_bw, "latency_s": self.latency_s,
                 "per_copy_s": self.per_copy_s, "pageable_h2d_bw": self.pageable_h2d_bw,
                 "source": self.source, "points": [p.to_json() for p in self.points]}
 
     @classmethod
-    def from_json(cls, obj: dict) -> TransferModel:
+    def from_json(cls, obj: dict[str, Any]) -> TransferModel:
         try:
             return cls(float(obj["h2d_bw"]), float(obj["d2h_bw"]), float(obj["latency_s"]),
                        float(obj["per_copy_s"]), float(obj["pageable_h2d_bw"]), str(obj.get("source", "")),
