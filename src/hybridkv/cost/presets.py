@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from hybridkv.core.specs import (
@@ -187,7 +187,7 @@ def _layers(indices: list[int], prefix: str = "layers") -> tuple[str, ...]:
     return tuple(f"{prefix}.{i}" for i in indices)
 
 
-def _parts(indices, part: str) -> tuple[str, ...]:
+def _parts(indices: Iterable[int], part: str) -> tuple[str, ...]:
     return tuple(f"layers.{i}.{part}" for i in indices)
 
 
@@ -409,16 +409,17 @@ def deepseek_v4_flash() -> ModelPreset:
     window = SlidingWindow(64, num_kv_heads=1, head_dim=256, dtype="fp8", window=128)  # 512 B/token
     compressed = SparseMLA(256, kv_lora_rank=448, qk_rope_head_dim=64, compress_ratio=4, dtype="fp8",
                            index_head_dim=128)
-    buffer = dict(num_kv_heads=2, head_dim=512, dtype="float32")
     return ModelPreset(
         name="deepseek-v4-flash",
         groups=(   # a layer's parts live in several groups: layers.<i>.<part>
             KVCacheGroup("compressed", compressed, _parts(sorted(csa + hca), "compressed")),
             KVCacheGroup("swa_a", window, _parts(range(22), "swa")),
             KVCacheGroup("swa_b", window, _parts(range(22, 43), "swa") + ("mtp.0.swa",), is_draft=True),
-            KVCacheGroup("c4_state", CompressorState(4, window=8, compress_ratio=4, **buffer),
+            KVCacheGroup("c4_state", CompressorState(4, num_kv_heads=2, head_dim=512, dtype="float32",
+                                                       window=8, compress_ratio=4),
                          _parts(csa, "compressor")),
-            KVCacheGroup("c128_state", CompressorState(8, window=128, compress_ratio=128, **buffer),
+            KVCacheGroup("c128_state", CompressorState(8, num_kv_heads=2, head_dim=512, dtype="float32",
+                                                         window=128, compress_ratio=128),
                          _parts(hca, "compressor")),
         ),
         # model card: 284B total parameters, 13B activated per token
