@@ -68,7 +68,9 @@ def test_cost_twice_and_between_two_presets_prints_the_same(capsys) -> None:
         outs.append(json.loads(capsys.readouterr().out))
         assert _state() == before
     assert outs[0] == outs[2] and outs[1] == outs[3] and outs[0] != outs[1]
-    assert outs[0]["num_gpus"] == 16 and outs[1]["num_gpus"] == 2
+    # deepseek-v4-style's default deployment: DP-16 attention + EP-16 (one rank's step: 1 GPU)
+    assert outs[0]["num_gpus"] == 1 and outs[0]["deployment"]["gpus"] == 16
+    assert outs[1]["num_gpus"] == 2
 
 
 def test_a_bad_option_then_a_good_run(capsys) -> None:
