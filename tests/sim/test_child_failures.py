@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-import hybridkv.sim.optimal as optimal
+import hybridkv.sim.optimum_job as optimal
 from hybridkv.cli import main
 from hybridkv.cli.simulate import optimum_memory_warning
 from hybridkv.sim import SimConfig, Simulator, items_from_trace
@@ -55,6 +55,7 @@ def killed_optimum(monkeypatch):
     """Every optimum runs in a forked child, which gets SIGKILL just before the parent asks it
     for the bound (the parent's code after that is the real one). Yields the killed pids."""
     monkeypatch.setattr(optimal, "PARALLEL_OPTIMUM_TOKENS", 0)
+    monkeypatch.setattr(optimal, "_PARTS", None)      # no bounds kept from an earlier test
     real = optimal.OptimumJob.result
     killed: list[int] = []
 

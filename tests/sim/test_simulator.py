@@ -15,7 +15,7 @@ from hybridkv.sim.costmodel import CostModel
 from hybridkv.sim.optimal import lru_block_hit_rate
 from hybridkv.sim.presets import get_gpu, get_preset
 from hybridkv.sim import SimConfig, Simulator, items_from_mooncake, items_from_trace
-from hybridkv.sim.optimal import optimal_hit_blocks
+from hybridkv.sim.bound_inputs import optimal_hit_blocks
 from hybridkv.sim.traces import TraceRequest
 from hybridkv.sim.workloads import get_workload, replay_microbenchmark
 from hybridkv.sim.simulator import TIMING_KEYS

@@ -33,9 +33,10 @@ from hybridkv.sim.routing import (DEFAULT_MAX_SKEW, DEFAULT_OVERLAP_WEIGHT, Inst
                                   make_router)
 from hybridkv.sim.interrupt import RunInterrupted
 from hybridkv.sim.failures import ChildProcessDied
-from hybridkv.sim.optimal import OnlineHits, OptimumJob
+from hybridkv.sim.optimal import OnlineHits
+from hybridkv.sim.optimum_job import OptimumJob
 from hybridkv.sim.simulator import SimConfig, SimResult, Simulator
-from hybridkv.sim.whatif import what_if
+from hybridkv.sim.whatif import WHAT_IF
 from hybridkv.sim.workitems import WorkItem, served_workload
 
 CLUSTER_HASH_SEED = "hybridkv-cluster"
@@ -388,7 +389,7 @@ class ClusterSimulator:
                                           [0] * n if inst.sim._probe_groups else None)
         sim0 = insts[0].sim
         optimum = (OptimumJob(served, sim0.key_block, sim0.optimum_capacity * len(insts),
-                              self.config.parallel_optimum, extra=what_if)
+                              self.config.parallel_optimum, extra=WHAT_IF)
                    if self.want_optimum else None)
         routed_to = [0] * n
         try:
@@ -406,6 +407,7 @@ class ClusterSimulator:
             overall = res.overall
             try:
                 overall.optimal_hit_blocks, overall.gap, overall.what_if, overall.hazard = optimum.result(online)
+                overall.bounds_s, overall.bounds_reused = optimum.seconds, optimum.reused
             except ChildProcessDied as exc:      # the online run stands: hand it over
                 res.wall_s = time.perf_counter() - t0
                 exc.partial = res

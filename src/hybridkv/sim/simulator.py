@@ -14,8 +14,9 @@ arrive. Sequential mode (``sequential=True``) serves one request at a time with 
 setting of the block-level harness in :mod:`hybridkv.sim.optimal`.
 
 The work items and the ``max_model_len`` rule are :mod:`hybridkv.sim.workitems`'s; the offline
-optimum and the gap report (:class:`~hybridkv.sim.optimal.OptimumJob`) are
-:mod:`hybridkv.sim.optimal`'s, computed on the same served workload.
+optimum, the other bounds and the gap report (:class:`~hybridkv.sim.optimum_job.OptimumJob`)
+are computed on the same served workload, beside the step loop (``SimResult.bounds_s``: what
+each took).
 
 KV tiers below the GPU (``SimConfig.tiers``: CPU, disk, remote) are the scheduler's connector
 (:class:`~hybridkv.sim.tier_runtime.TierRuntime`): a hit in a lower tier is loaded, and its
@@ -53,13 +54,14 @@ from hybridkv.sim.failures import ChildProcessDied
 from hybridkv.sim.optimum_memory import key_block_size
 from hybridkv.sim.hybrid_bound import (hybrid_bound_hit_blocks, is_hybrid, servable_key_blocks,
                                        unservable_blocks)
-from hybridkv.sim.optimal import GapReport, OnlineHits, OptimumJob, optimum_capacity_blocks
+from hybridkv.sim.optimal import GapReport, OnlineHits, optimum_capacity_blocks
+from hybridkv.sim.optimum_job import OptimumJob
 from hybridkv.sim.profile import Profile, cost_model
 from hybridkv.sim.presets import GpuPreset, ModelPreset
 from hybridkv.sim.tier_runtime import TierReport, TierRuntime
 from hybridkv.sim.tiers import TierConfig
 from hybridkv.sim.transfer import DEFAULT_TRANSFER
-from hybridkv.sim.whatif import WhatIf, what_if
+from hybridkv.sim.whatif import WHAT_IF, WhatIf
 from hybridkv.sim.workitems import OUTPUT_TOKEN_BASE, ServedItem, WorkItem, served_workload
 
 
@@ -224,6 +226,8 @@ class SimResult:
     hints: dict | None = None        # the hints served and what the pool's hint layer did
     hybrid_bound_hit_blocks: int | None = None   # sim.hybrid_bound (hybrid configs, with the optimum)
     hybrid_unservable_blocks: int | None = None  # unlimited-cache hits no cache of the config serves
+    bounds_s: dict[str, float] = field(default_factory=dict)  # seconds by bound (sim.optimum_job)
+    bounds_reused: bool = False      # the bounds came from an earlier run (same workload and size)
 
     @property
     def hit_rate(self) -> float:
@@ -261,7 +265,10 @@ class SimResult:
         The keys of :data:`TIMING_KEYS` measure this process, not the simulated system:
         ``wall_s`` the whole run (the offline bound included), ``sim_s`` the step loop alone,
         ``sim_steps_per_s`` / ``sim_requests_per_s`` the simulator's throughput (engine steps
-        and served requests per second of ``sim_s``). All other keys are deterministic.
+        and served requests per second of ``sim_s``), ``bounds_s`` the seconds each bound took
+        by name, in this process or the optimum's child (only what this run computed;
+        ``bounds_reused``: the bounds came from an earlier run over the same workload and
+        size, so only the gap report was made). All other keys are deterministic.
         """
         def pct(q: float) -> float | None:
             return float(np.percentile(self.ttft_s, q)) if self.ttft_s else None
@@ -314,6 +321,8 @@ class SimResult:
             "sim_s": self.sim_s,
             "sim_steps_per_s": self.steps / self.sim_s if self.sim_s else None,
             "sim_requests_per_s": (self.requests - self.rejected) / self.sim_s if self.sim_s else None,
+            "bounds_s": dict(self.bounds_s),
+            "bounds_reused": self.bounds_reused,
             "config": dict(self.config),
         }
 
@@ -322,9 +331,11 @@ class SimResult:
 SIM_HASH_SEED = "hybridkv-simulator"
 
 
-#: The keys of :meth:`SimResult.to_json` that measure the simulator's own speed (they differ
-#: between two runs of the same configuration; every other key is reproducible).
-TIMING_KEYS = ("wall_s", "sim_s", "sim_steps_per_s", "sim_requests_per_s")
+#: The keys of :meth:`SimResult.to_json` that measure the simulator's own process (its speed,
+#: and whether its bounds came from an earlier run): they differ between two runs of the same
+#: configuration; every other key is reproducible.
+TIMING_KEYS = ("wall_s", "sim_s", "sim_steps_per_s", "sim_requests_per_s", "bounds_s",
+               "bounds_reused")
 
 
 class _Live:
@@ -426,8 +437,8 @@ class Simulator:
         served, res.rejected = served_workload(items, self.scheduler.max_model_len)
         hybrid = (functools.partial(self._hybrid_bound, served, capacity)
                   if is_hybrid(self.kv.config) else None)
-        optimum = (OptimumJob(served, self.key_block, capacity, cfg.parallel_optimum, extra=what_if,
-                              side=hybrid)
+        optimum = (OptimumJob(served, self.key_block, capacity, cfg.parallel_optimum, extra=WHAT_IF,
+                              side=hybrid, side_key=self._hybrid_key() if hybrid else None)
                    if cfg.optimum else None)
         n = len(served)
         self._hints = self._workload_hints(served)
@@ -454,6 +465,7 @@ class Simulator:
         if optimum is not None:
             try:
                 res.optimal_hit_blocks, res.gap, res.what_if, res.hazard = optimum.result(self._online)
+                res.bounds_s, res.bounds_reused = optimum.seconds, optimum.reused
             except ChildProcessDied as exc:      # the online run stands: hand it over
                 res.wall_s = time.perf_counter() - t0
                 exc.partial = res
@@ -470,6 +482,12 @@ class Simulator:
                     f"{res.hit_blocks}, optimum {res.optimal_hit_blocks}]; please report this workload")
         res.wall_s = time.perf_counter() - t0
         return res
+
+    def _hybrid_key(self) -> tuple:
+        """Everything but the workload and capacity the hybrid bound depends on."""
+        cfg = self.config
+        return (self.kv.config.groups, cfg.spec, cfg.retention_interval, cfg.hash_algo,
+                self.hash_seed)
 
     def _hybrid_bound(self, served: list[ServedItem], capacity: int) -> tuple[int, int]:
         """:mod:`hybridkv.sim.hybrid_bound` on the served requests, at the optimum's capacity:
