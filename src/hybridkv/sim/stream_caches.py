@@ -20,21 +20,24 @@ from hybridkv.sim.key_stream import KeyStream
 
 __all__ = ["belady_hits", "lru_hits"]
 
+#: Belady's heap entries must stay below this to be int64 (else the per-key model answers).
+ENTRY_LIMIT = 1 << 63
+
 
 def belady_hits(stream: KeyStream, capacity: int, limits: np.ndarray | None = None,
                 next_req: np.ndarray | None = None) -> int | None:
     """Leading hits of the Belady cache with bypass at ``capacity`` keys, counted within
     ``limits`` (default the stream's) with next uses ``next_req`` (default the stream's: the
     next reference of any request; :func:`~hybridkv.sim.optimal.next_read_indices`'s
-    counted references give the hybrid bound). None when a heap entry would not fit in 63
-    bits (then the per-key model answers)."""
+    counted references give the hybrid bound). None when a heap entry could reach
+    :data:`ENTRY_LIMIT` (then the per-key model answers)."""
     n = stream.num_requests
     lim = (stream.limits if limits is None else limits).tolist()
     nxt = stream.next_req if next_req is None else next_req
     total = len(stream.ids)
     depth_span = int(np.diff(stream.starts).max(initial=0)) + 1
     seq_span = total + 1
-    if ((n + 1) * depth_span + depth_span) * seq_span >= 1 << 63:
+    if ((n + 1) * depth_span + depth_span) * seq_span >= ENTRY_LIMIT:
         return None
     never = nxt >= n
     kept = ~never
