@@ -93,13 +93,14 @@ def _sort_keys(keys: Sequence[Sequence[bytes]], total: int) -> tuple[np.ndarray,
 
 def key_stream(keys: Sequence[Sequence[bytes]], limits: Sequence[int]) -> KeyStream | None:
     """The :class:`KeyStream` of ``keys`` (per request, its chained keys) with hit ``limits``
-    (per request; cut to the request's length), or None when a request names a key twice."""
+    (per request; cut to ``[0, the request's length]``), or None when a request names a key
+    twice."""
     n = len(keys)
     lengths = np.fromiter((len(k) for k in keys), dtype=np.int64, count=n)
     starts = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(lengths, out=starts[1:])
     total = int(starts[-1])
-    lim = np.minimum(np.fromiter((int(x) for x in limits), dtype=np.int64, count=n), lengths)
+    lim = np.clip(np.fromiter((int(x) for x in limits), dtype=np.int64, count=n), 0, lengths)
     req = np.repeat(np.arange(n, dtype=np.int64), lengths)
     if total == 0:
         empty = np.zeros(0, dtype=np.int64)
