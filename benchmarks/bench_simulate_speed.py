@@ -16,9 +16,11 @@ interpreter start or the trace parsing), the process's elapsed seconds and its C
 ratios old/new. The new tree runs with ``--cost-model roofline`` where it has that option (the
 old tree's step-time model, so both simulate the same steps; ``--new-default-model`` runs its
 default instead and checks nothing), and every deterministic JSON key of the online run must
-agree (the new tree's extra keys aside), or the script exits 1; keys of the offline bound that
-differ are named (its code may change between the commits). On a shared machine only the ratios mean something, and
-CPU seconds vary less with the load than wall seconds.
+agree (the new tree's extra keys aside), or the script exits 1; keys of the offline bounds that
+differ are named (their code may change between the commits), and fail too with
+``--same-bounds``. It also prints each tree's ``wall_s / sim_s`` (the run over its step loop:
+what the bounds add after it) and the new tree's ``bounds_s``. On a shared machine only the
+ratios mean something, and CPU seconds vary less with the load than wall seconds.
 
 ``--split`` (Linux ``perf`` must be on PATH) adds one run of each tree under ``perf record``
 (call stacks sampled at 99 Hz, so nothing is instrumented) and prints how the run's CPU seconds
@@ -46,9 +48,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 OLD_COMMIT = "8d81e41"
 #: keys that measure the run itself (they differ between any two runs)
-TIMING = {"wall_s", "sim_s", "sim_steps_per_s", "sim_requests_per_s"}
-#: keys computed by the offline bound, not by the simulation (reported, not required equal)
-BOUND = {"optimal_block_hit_rate", "fraction_of_optimal", "unlimited_cache_block_hit_rate", "gap"}
+TIMING = {"wall_s", "sim_s", "sim_steps_per_s", "sim_requests_per_s", "bounds_s", "bounds_reused"}
+#: keys computed by the offline bounds, not by the simulation (reported, not required equal
+#: unless ``--same-bounds``)
+BOUND = {"optimal_block_hit_rate", "fraction_of_optimal", "unlimited_cache_block_hit_rate", "gap",
+         "hazard_bound_block_hit_rate", "fraction_of_hazard_bound", "what_if",
+         "hybrid_bound_block_hit_rate", "fraction_of_hybrid_bound", "hybrid_unservable_blocks"}
 RUNNER = "import sys; from hybridkv.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
@@ -182,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--split", action="store_true",
                     help="one perf-sampled run per tree: the manager's share of the CPU seconds")
     ap.add_argument("--allow-pure", action="store_true", help="accept builds that are not compiled")
+    ap.add_argument("--same-bounds", action="store_true",
+                    help="fail (exit 1) when a key of the offline bounds differs too")
     ap.add_argument("--new-default-model", action="store_true",
                     help="run the new tree with its default step-time model instead of the old "
                          "tree's roofline (different simulated work: timings only, no result check)")
@@ -208,15 +215,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.no_optimum:
         cmd.append("--no-optimum")
     new_cmd = list(cmd)
-    if not args.new_default_model and "--cost-model" in subprocess.run(
+
+    def has_cost_model(tree: Path) -> bool:
+        return "--cost-model" in subprocess.run(
             [sys.executable, "-c", RUNNER, "simulate", "--help"], capture_output=True, text=True,
-            env=dict(os.environ, PYTHONPATH=str(new / "src"))).stdout:
+            env=dict(os.environ, PYTHONPATH=str(tree / "src"))).stdout
+    if not args.new_default_model and has_cost_model(new) and not has_cost_model(old):
         new_cmd += ["--cost-model", "roofline"]    # the old tree's step times: the same work
     print("command: hybridkv " + " ".join(cmd))
     if new_cmd != cmd:
         print("new tree: hybridkv " + " ".join(new_cmd))
     print(f"old: {args.old}   new: the working tree   load average before: {os.getloadavg()}")
     walls: dict[str, list[float]] = {"old": [], "new": []}
+    loops: dict[str, list[float]] = {"old": [], "new": []}
     elapsed: dict[str, list[float]] = {"old": [], "new": []}
     cpus: dict[str, list[float]] = {"old": [], "new": []}
     results: dict[str, dict] = {}
@@ -227,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
                 tree = old if name == "old" else new
                 e, cpu, d = run(tree, cmd if name == "old" else new_cmd, Path(tmp) / f"{name}.json")
                 walls[name].append(d["wall_s"])
+                loops[name].append(d.get("sim_s") or float("nan"))
                 elapsed[name].append(e)
                 cpus[name].append(cpu)
                 results[name] = d
@@ -242,6 +254,13 @@ def main(argv: list[str] | None = None) -> int:
         o_med, n_med = statistics.median(data["old"]), statistics.median(data["new"])
         print(f"{label:>9}: old min {o_min:.2f} median {o_med:.2f} | new min {n_min:.2f} "
               f"median {n_med:.2f} | old/new: min {o_min / n_min:.2f}x, median {o_med / n_med:.2f}x")
+    ratios = {k: [w / s for w, s in zip(walls[k], loops[k])] for k in walls}
+    print("wall_s / sim_s (the run over its step loop): " + " | ".join(
+        f"{k} median {statistics.median(r):.3f} (" + ", ".join(f"{x:.3f}" for x in r) + ")"
+        for k, r in ratios.items()))
+    if "bounds_s" in results["new"]:
+        print("new bounds_s (last round): " + ", ".join(
+            f"{k} {v:.2f}" for k, v in sorted(results["new"]["bounds_s"].items(), key=lambda kv: -kv[1])))
     per_round = [o / n for o, n in zip(walls["old"], walls["new"])]
     print("per-round old/new (wall_s): " + ", ".join(f"{x:.2f}x" for x in per_round))
     a, b = results["old"], results["new"]
@@ -250,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     b["config"] = {k: v for k, v in b["config"].items() if k in a["config"]}   # new options
     diff = sorted(k for k in a if k not in TIMING and a[k] != b.get(k))
-    online = [k for k in diff if k not in BOUND]
+    online = [k for k in diff if k not in BOUND or args.same_bounds]
     if online:
         print(f"RESULTS DIFFER between old and new: {', '.join(diff)}")
         return 1

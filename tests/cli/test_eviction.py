@@ -33,6 +33,30 @@ def test_sweep_policies_table_and_rows(tmp_path, capsys):
     assert "hit rate / of optimum" in text and "\n     lfu " in text and "op cost" in text
 
 
+def test_a_sweep_computes_each_bound_once_per_size(tmp_path, capsys):
+    """Three sizes x two policies: the first policy's rows compute the bounds (bounds_s names
+    each) and the second policy's rows at the same sizes reuse them (only the gap report is
+    made), with equal values; --no-optimum computes none."""
+    out = tmp_path / "rows.json"
+    small = [*BASE[:-2], "12", "--no-progress"]
+    assert main(["sweep", *small, "--cache-tokens-list", "5k,10k,20k", "--eviction-policies",
+                 "lru,lfu", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert [r["bounds_reused"] for r in rows] == [False] * 3 + [True] * 3
+    every = {"keys", "optimum", "unlimited", "hazard", "lru", "lru_2x", "optimum_2x",
+             "shared_prefix", "gap"}
+    assert all(set(r["bounds_s"]) == every for r in rows[:3])
+    assert all(set(r["bounds_s"]) == {"gap"} for r in rows[3:])
+    for first, again in zip(rows[:3], rows[3:]):
+        for key in ("optimal_block_hit_rate", "hazard_bound_block_hit_rate",
+                    "unlimited_cache_block_hit_rate", "what_if"):
+            assert first[key] == again[key] is not None
+    assert main(["sweep", *small, "--cache-tokens-list", "5k", "--no-optimum", "--json",
+                 str(out)]) == 0
+    row, = json.loads(out.read_text())
+    assert (row["bounds_s"], row["bounds_reused"], row["optimal_block_hit_rate"]) == ({}, False, None)
+
+
 def test_sweep_policies_plot(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     png = tmp_path / "p.png"

@@ -63,6 +63,23 @@ def test_sequential_mode_reports_no_latency(tmp_path: Path) -> None:
     assert d["peak_cache_usage"] > 0
 
 
+def test_verbose_prints_the_seconds_of_each_bound_and_the_json_has_them(tmp_path: Path, capsys) -> None:
+    """bounds_s names every bound the run computed (the what-if's too), --verbose prints them,
+    and a run without --verbose does not."""
+    js = tmp_path / "r.json"
+    argv = ["simulate", "--preset", "llama-3.1-8b", "--workload", "replay", "--sequential",
+            "--json", str(js), "--no-progress"]
+    assert main(argv) == 0
+    assert "bounds (seconds)" not in capsys.readouterr().out
+    assert main([*argv, "--verbose"]) == 0
+    d = json.loads(js.read_text())
+    line = next(x for x in capsys.readouterr().out.splitlines() if "bounds (seconds)" in x)
+    names = set(d["bounds_s"])
+    assert "gap" in names and all(f"{k} " in line for k in names)
+    assert names == {"gap"} if d["bounds_reused"] else names == {
+        "keys", "optimum", "unlimited", "hazard", "lru", "lru_2x", "optimum_2x", "shared_prefix", "gap"}
+
+
 def test_sweep_over_capacities_and_retention(tmp_path: Path, capsys) -> None:
     png, js = tmp_path / "s.png", tmp_path / "s.json"
     assert main(["sweep", "--preset", "llama-3.1-8b", "--workload", "system-prompt", "--cache-tokens-list", "20k,80k,300k",

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-import hybridkv.sim.bounds.optimal as optimal
+import hybridkv.sim.bounds.optimum_job as optimal
 from hybridkv.cli import main
 from hybridkv.cli.simulate import optimum_memory_warning
 from hybridkv.sim import SimConfig, Simulator, items_from_trace
@@ -55,6 +55,7 @@ def killed_optimum(monkeypatch):
     """Every optimum runs in a forked child, which gets SIGKILL just before the parent asks it
     for the bound (the parent's code after that is the real one). Yields the killed pids."""
     monkeypatch.setattr(optimal, "PARALLEL_OPTIMUM_TOKENS", 0)
+    monkeypatch.setattr(optimal, "_PARTS", None)      # no bounds kept from an earlier test
     real = optimal.OptimumJob.result
     killed: list[int] = []
 
@@ -280,9 +281,9 @@ def _items(*prompt_lens: int) -> list[WorkItem]:
 def test_memory_estimate_is_bytes_per_block_times_the_prompt_blocks():
     # ceil(100/16) + ceil(16/16) + ceil(17/16) = 7 + 1 + 2 = 10 blocks
     need = estimate(_items(100, 16, 17), 16)
-    assert (need.blocks, need.block_size, need.bytes) == (10, 16, 10 * BYTES_PER_BLOCK) == (10, 16, 6400)
+    assert (need.blocks, need.block_size, need.bytes) == (10, 16, 10 * BYTES_PER_BLOCK) == (10, 16, 2600)
     assert estimate(_items(100, 16, 17), 64).blocks == 2 + 1 + 1
-    assert not is_large(need, 12_800) and is_large(need, 12_799) and not is_large(need, None)
+    assert not is_large(need, 5_200) and is_large(need, 5_199) and not is_large(need, None)
     with pytest.raises(ValueError, match="block_size must be an integer >= 1, got 0"):
         estimate(_items(1), 0)
 
@@ -290,11 +291,11 @@ def test_memory_estimate_is_bytes_per_block_times_the_prompt_blocks():
 def test_memory_warning_before_the_run():
     cfg = SimConfig(preset=get_preset("llama-3.1-8b"), gpu=get_gpu("h100"), num_blocks=3000)
     assert key_block_size(cfg.preset.kv_config(num_blocks=3000)) == 16
-    items = _items(*[16_000] * 1000)         # 1,000 blocks each: 1,000,000 blocks, 640 MB
-    assert optimum_memory_warning(cfg, items, 1_280_000_000) is None
-    assert optimum_memory_warning(cfg, items, 1_000_000_000) == (
-        "warning: the offline optimum needs about 0.6 GB (1,000,000 prompt blocks of 16 tokens x "
-        "640 B) and 1.0 GB is available: it may be killed for memory; --no-optimum skips it, a "
+    items = _items(*[16_000] * 1000)         # 1,000 blocks each: 1,000,000 blocks, 260 MB
+    assert optimum_memory_warning(cfg, items, 520_000_000) is None
+    assert optimum_memory_warning(cfg, items, 500_000_000) == (
+        "warning: the offline optimum needs about 0.3 GB (1,000,000 prompt blocks of 16 tokens x "
+        "260 B) and 0.5 GB is available: it may be killed for memory; --no-optimum skips it, a "
         "larger --block-size or a smaller --limit shrinks it")
     import dataclasses
     assert optimum_memory_warning(dataclasses.replace(cfg, optimum=False), items, 1) is None

@@ -116,7 +116,7 @@ def test_cli_sweep_row_says_n_a_for_what_was_not_measured(capsys):
 
 
 def test_optimum_keys_are_reused_across_capacities(sweep, monkeypatch):
-    import hybridkv.sim.bounds.optimal as sim
+    import hybridkv.sim.bounds.bound_inputs as sim
     _, items = sweep
     monkeypatch.setattr(sim, "_OPTIMUM_KEYS", None)
     first = [sim.optimal_hit_blocks(items, 16, c) for c in (30, 300, 3000)]

@@ -368,7 +368,7 @@ def test_the_bound_keys_cover_known_outputs_cut_at_max_tokens() -> None:
     X without known output leaves its 8 prompt tokens (2 blocks). Y's own last token is
     never a hit: Y' = 1..12 (limit 11 // 4 = 2) hits 2 though X holds 3 blocks of it.
     The keys of one list are kept per block size, never mixed between sizes."""
-    from hybridkv.sim.bounds.optimal import optimal_hit_blocks
+    from hybridkv.sim.bounds.bound_inputs import optimal_hit_blocks
     x = list(range(1, 9))
     y = list(range(1, 13)) + [77]
     assert optimal_hit_blocks([_served(x, [9, 10, 11, 12, 13], 5), _served(y, None, 1)], 4, 100) == 3
@@ -418,23 +418,32 @@ def test_the_bound_in_a_forked_child_equals_the_inline_one(monkeypatch) -> None:
     child is raised here, and cancel stops it."""
     import multiprocessing as mp
 
-    import hybridkv.sim.bounds.optimal as optimal
+    import hybridkv.sim.bounds.optimum_job as job_module
+    from hybridkv.sim.bounds.optimal import OnlineHits
+    from hybridkv.sim.bounds.optimum_job import Extra, OptimumJob
     if "fork" not in mp.get_all_start_methods():
         pytest.skip("no fork on this platform")
+    monkeypatch.setattr(job_module, "_PARTS", None)
     served = [_served(list(range(1, 9)), [9, 10, 11, 12, 13], 5), _served(list(range(1, 13)) + [77], None, 1)]
-    online = optimal.OnlineHits([0, 1], [0.0, 1.0], [0.5, 2.0])
-    inline = optimal.OptimumJob(served, 4, 100, parallel=True).result(online)
-    monkeypatch.setattr(optimal, "PARALLEL_OPTIMUM_TOKENS", 0)
-    job = optimal.OptimumJob(served, 4, 100, parallel=True, extra=lambda *a: "extra")
+    online = OnlineHits([0, 1], [0.0, 1.0], [0.5, 2.0])
+    inline = OptimumJob(list(served), 4, 100, parallel=True).result(online)
+    monkeypatch.setattr(job_module, "PARALLEL_OPTIMUM_TOKENS", 0)
+    extra = Extra(lambda inputs, capacity, seconds: capacity, lambda before, got: ("extra", before))
+    job = OptimumJob(served, 4, 100, parallel=True, extra=extra)
     assert job._child is not None
-    assert job.result(online) == (inline[0], inline[1], "extra", inline[3]) and inline[0] == 3
-    assert optimal.OptimumJob(served, 4, 100, parallel=False)._child is None
+    first = job.result(online)
+    assert first == (inline[0], inline[1], ("extra", 100), inline[3]) and inline[0] == 3
+    assert not job.reused and {"keys", "optimum", "hazard", "unlimited", "gap"} <= set(job.seconds)
+    again = OptimumJob(served, 4, 100, parallel=True, extra=extra)      # the same size: reused
+    assert again._child is None and again.result(online) == first and again.reused
+    assert set(again.seconds) == {"gap"}
+    assert OptimumJob(served, 4, 100, parallel=False)._child is None
 
     def boom(*a):
         raise ArithmeticError("from the child")
     with pytest.raises(ArithmeticError, match="from the child"):
-        optimal.OptimumJob(served, 4, 100, extra=boom).result(online)
-    job = optimal.OptimumJob(served, 4, 100)
+        OptimumJob(served, 4, 100, extra=Extra(boom, boom)).result(online)
+    job = OptimumJob(served, 4, 99)
     job.cancel()
     assert not job._child.is_alive()
 
@@ -468,33 +477,42 @@ def test_lru_names_itself_and_its_capacity_and_a_bad_capacity_is_named() -> None
         lru_block_hit_rate([["A"]], -1)
 
 
-def test_the_inline_job_returns_the_hazard_reference_and_extras_answer() -> None:
-    """Computed in-process, the job dropped ``extra`` (its answer came back None), handed it no
-    next uses, or lost the hazard reference; the forked path's equality test cannot see a loss
-    both paths share."""
-    import hybridkv.sim.bounds.optimal as optimal
+def test_the_inline_job_returns_the_hazard_reference_and_extras_answer(monkeypatch) -> None:
+    """Computed in-process, the job dropped ``extra`` (its answer came back None), handed it
+    other inputs or capacity, or lost the hazard reference; the forked path's equality test
+    cannot see a loss both paths share."""
+    import hybridkv.sim.bounds.optimum_job as job_module
+    from hybridkv.sim.bounds.bound_inputs import _compute_bound_keys, bound_inputs
     from hybridkv.sim.bounds.hazard import hazard_bound
+    from hybridkv.sim.bounds.optimal import OnlineHits
+    from hybridkv.sim.bounds.optimum_job import Extra, OptimumJob
+    monkeypatch.setattr(job_module, "_PARTS", None)
     served = [_served(list(range(1, 9)), [9, 10, 11, 12, 13], 5), _served(list(range(1, 13)) + [77], None, 1)]
-    online = optimal.OnlineHits([0, 1], [0.0, 1.0], [0.5, 2.0])
+    online = OnlineHits([0, 1], [0.0, 1.0], [0.5, 2.0])
     seen = []
 
-    def extra(keys, limits, uses, capacity, got_online):
-        seen.append((uses, capacity, got_online))
+    def before(inputs, capacity, seconds):
+        seen.append((inputs, capacity))
+        return "before"
+
+    def after(got, got_online):
+        seen.append((got, got_online))
         return "extra"
-    opt, _, more, hazard = optimal.OptimumJob(served, 4, 100, parallel=False, extra=extra).result(online)
-    keys, limits = optimal._compute_bound_keys(served, 4)
+    opt, _, more, hazard = OptimumJob(served, 4, 100, parallel=False,
+                                      extra=Extra(before, after)).result(online)
+    keys, limits = _compute_bound_keys(served, 4)
     assert opt == 3 and more == "extra"
-    assert seen == [(optimal.next_use_indices(keys), 100, online)]
+    assert seen == [(bound_inputs(served, 4), 100), ("before", online)]
     assert hazard == hazard_bound(keys, limits, 100)
 
 
 def test_bound_keys_stop_before_the_last_sampled_token() -> None:
     """The bound's keys kept the block that ends on the last sampled token (whose KV is never
     written), or dropped a prompt's last full block when the request has no outputs."""
-    import hybridkv.sim.bounds.optimal as optimal
-    keys, limits = optimal._compute_bound_keys([_served([1, 2, 3, 4], [5, 6, 7, 8])], 4)
+    from hybridkv.sim.bounds.bound_inputs import _compute_bound_keys
+    keys, limits = _compute_bound_keys([_served([1, 2, 3, 4], [5, 6, 7, 8])], 4)
     assert [len(k) for k in keys] == [1] and limits == [0]    # tokens 1-8, the 8th never written
-    keys, _ = optimal._compute_bound_keys([_served(list(range(1, 9)), [])], 4)
+    keys, _ = _compute_bound_keys([_served(list(range(1, 9)), [])], 4)
     assert [len(k) for k in keys] == [2]                       # no outputs: both prompt blocks
 
 
@@ -507,28 +525,33 @@ def test_a_producer_that_finished_as_the_follow_up_was_admitted_is_not_in_flight
     assert (g.evicted_blocks, g.evicted_requests, g.in_flight_blocks) == (2, 1, 0)
 
 
-def test_a_workload_s_keys_and_hazard_table_are_computed_once_for_all_capacities() -> None:
+def test_a_workload_s_keys_and_hazard_table_are_computed_once_for_all_capacities(monkeypatch) -> None:
     """The per-workload keys, next uses and hazard table (independent of the capacity) were
     recomputed for every capacity of a sweep, or the next uses were not returned."""
-    import hybridkv.sim.bounds.optimal as optimal
+    import hybridkv.sim.bounds.bound_inputs as bound_module
+    import hybridkv.sim.bounds.optimum_job as job_module
+    from hybridkv.sim.bounds.optimal import OnlineHits, next_use_indices
+    from hybridkv.sim.bounds.optimum_job import OptimumJob
+    monkeypatch.setattr(job_module, "_PARTS", None)
     served = [_served(list(range(1, 9)), [9, 10, 11, 12, 13], 5), _served(list(range(1, 13)) + [77], None, 1)]
-    online = optimal.OnlineHits([0, 1], [0.0, 1.0], [0.5, 2.0])
-    keys, limits, uses = optimal._bound_keys(served, 4)
-    assert uses == optimal.next_use_indices(keys)
-    again = optimal._bound_keys(served, 4)
+    online = OnlineHits([0, 1], [0.0, 1.0], [0.5, 2.0])
+    keys, limits, uses = bound_module._bound_keys(served, 4)
+    assert uses == next_use_indices(keys)
+    again = bound_module._bound_keys(served, 4)
     assert again[0] is keys and again[1] is limits and again[2] is uses
-    assert optimal._bound_keys(served, 8)[0] is not keys          # another block size: recomputed
+    assert bound_module._bound_keys(served, 8)[0] is not keys          # another block size: recomputed
     for capacity in (100, 3):
-        optimal.OptimumJob(served, 4, capacity, parallel=False).result(online)
+        OptimumJob(served, 4, capacity, parallel=False).result(online)
+        inputs = bound_module.bound_inputs(served, 4)
         if capacity == 100:
-            parts = optimal._HAZARD_PARTS
-            assert parts is not None and parts[0] is optimal._bound_keys(served, 4)[0]
-    assert optimal._HAZARD_PARTS is parts
+            parts = inputs._hazard
+            assert parts is not None and inputs.keys is bound_module._bound_keys(served, 4)[0]
+    assert inputs._hazard is parts
 
 
 def test_the_bound_accepts_any_iterable_of_items_twice() -> None:
     """A workload given as a tuple (not memoized) left a broken memo that failed the next call."""
-    from hybridkv.sim.bounds.optimal import optimal_hit_blocks
+    from hybridkv.sim.bounds.bound_inputs import optimal_hit_blocks
     served = (_served(list(range(1, 9)), [9, 10, 11, 12, 13], 5), _served(list(range(1, 13)) + [77], None, 1))
     assert optimal_hit_blocks(served, 4, 100) == 3
     assert optimal_hit_blocks(served, 4, 100) == 3

@@ -15,7 +15,7 @@ from hybridkv.cost.costmodel import CostModel
 from hybridkv.sim.bounds.optimal import lru_block_hit_rate
 from hybridkv.cost.presets import get_gpu, get_preset
 from hybridkv.sim import SimConfig, Simulator, items_from_mooncake, items_from_trace
-from hybridkv.sim.bounds.optimal import optimal_hit_blocks
+from hybridkv.sim.bounds.bound_inputs import optimal_hit_blocks
 from hybridkv.sim.traffic.traces import TraceRequest
 from hybridkv.sim.traffic.workloads import get_workload, replay_microbenchmark
 from hybridkv.sim.simulator import TIMING_KEYS

@@ -56,6 +56,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                   "the report then goes to standard error)")
     p.add_argument("--plot", help="write a plot (PNG, or another suffix matplotlib writes) of hit "
                                   "rate and blocks in use over time")
+    p.add_argument("--verbose", action="store_true",
+                   help="also print the seconds each bound took (bounds_s in --json)")
     cluster.add_cluster_options(p)
     add_tier_options(p)
     add_hint_options(p)
@@ -204,7 +206,7 @@ def _run(args: argparse.Namespace) -> int:
     extra["kv_events_published"] = pubs[0].published if pubs else 0
     if pubs:
         print(f"  KV events: {extra['kv_events_published']} batches published")
-    print(summary_table(res))
+    print(summary_table(res, getattr(args, "verbose", False)))
     has_state = cfg.preset.kv_config(num_blocks=cfg.num_blocks).has_state
     why = explain_gap(res, has_state)
     if why:

@@ -14,8 +14,9 @@ arrive. Sequential mode (``sequential=True``) serves one request at a time with 
 setting of the block-level harness in :mod:`hybridkv.sim.bounds.optimal`.
 
 The work items and the ``max_model_len`` rule are :mod:`hybridkv.sim.traffic.workitems`'s; the offline
-optimum and the gap report (:class:`~hybridkv.sim.bounds.optimal.OptimumJob`) are
-:mod:`hybridkv.sim.bounds.optimal`'s, computed on the same served workload.
+optimum, the other bounds and the gap report (:class:`~hybridkv.sim.bounds.optimum_job.OptimumJob`)
+are computed on the same served workload, beside the step loop (``SimResult.bounds_s``: what
+each took).
 
 KV tiers below the GPU (``SimConfig.tiers``: CPU, disk, remote) are the scheduler's connector
 (:class:`~hybridkv.sim.tiers.runtime.TierRuntime`): a hit in a lower tier is loaded, and its
@@ -54,13 +55,14 @@ from hybridkv.sim.failures import ChildProcessDied
 from hybridkv.sim.bounds.optimum_memory import key_block_size
 from hybridkv.sim.bounds.hybrid_bound import (hybrid_bound_hit_blocks, is_hybrid, servable_key_blocks,
                                        unservable_blocks)
-from hybridkv.sim.bounds.optimal import GapReport, OnlineHits, OptimumJob, optimum_capacity_blocks
+from hybridkv.sim.bounds.optimal import GapReport, OnlineHits, optimum_capacity_blocks
+from hybridkv.sim.bounds.optimum_job import OptimumJob
 from hybridkv.cost.profile import Profile, cost_model
 from hybridkv.cost.presets import GpuPreset, ModelPreset
 from hybridkv.sim.tiers.runtime import TierReport, TierRuntime
 from hybridkv.sim.tiers.config import TierConfig
 from hybridkv.cost.transfer import DEFAULT_TRANSFER
-from hybridkv.sim.bounds.whatif import WhatIf, what_if
+from hybridkv.sim.bounds.whatif import WHAT_IF, WhatIf
 from hybridkv.sim.traffic.workitems import OUTPUT_TOKEN_BASE, ServedItem, WorkItem, served_workload
 from hybridkv.core.cache_options import CacheOptions
 from hybridkv.cost.deployment import Deployment
@@ -251,6 +253,8 @@ class SimResult:
     # per KV group (PrefixCacheStats): the blocks a hit could cover, and those of its own hit
     group_query_blocks: dict[str, int] = field(default_factory=dict)
     group_hit_blocks: dict[str, int] = field(default_factory=dict)
+    bounds_s: dict[str, float] = field(default_factory=dict)  # seconds by bound (sim.optimum_job)
+    bounds_reused: bool = False      # the bounds came from an earlier run (same workload and size)
 
     @property
     def hit_rate(self) -> float:
@@ -301,7 +305,10 @@ class SimResult:
         The keys of :data:`TIMING_KEYS` measure this process, not the simulated system:
         ``wall_s`` the whole run (the offline bound included), ``sim_s`` the step loop alone,
         ``sim_steps_per_s`` / ``sim_requests_per_s`` the simulator's throughput (engine steps
-        and served requests per second of ``sim_s``). All other keys are deterministic.
+        and served requests per second of ``sim_s``), ``bounds_s`` the seconds each bound took
+        by name, in this process or the optimum's child (only what this run computed;
+        ``bounds_reused``: the bounds came from an earlier run over the same workload and
+        size, so only the gap report was made). All other keys are deterministic.
         """
         def pct(q: float) -> float | None:
             return float(np.percentile(self.ttft_s, q)) if self.ttft_s else None
@@ -358,6 +365,8 @@ class SimResult:
             "sim_s": self.sim_s,
             "sim_steps_per_s": self.steps / self.sim_s if self.sim_s else None,
             "sim_requests_per_s": (self.requests - self.rejected) / self.sim_s if self.sim_s else None,
+            "bounds_s": dict(self.bounds_s),
+            "bounds_reused": self.bounds_reused,
             "config": dict(self.config),
         }
 
@@ -373,9 +382,11 @@ def deployment_json(cfg: SimConfig) -> dict:
 SIM_HASH_SEED = "hybridkv-simulator"
 
 
-#: The keys of :meth:`SimResult.to_json` that measure the simulator's own speed (they differ
-#: between two runs of the same configuration; every other key is reproducible).
-TIMING_KEYS = ("wall_s", "sim_s", "sim_steps_per_s", "sim_requests_per_s")
+#: The keys of :meth:`SimResult.to_json` that measure the simulator's own process (its speed,
+#: and whether its bounds came from an earlier run): they differ between two runs of the same
+#: configuration; every other key is reproducible.
+TIMING_KEYS = ("wall_s", "sim_s", "sim_steps_per_s", "sim_requests_per_s", "bounds_s",
+               "bounds_reused")
 
 
 class _Live:
@@ -474,8 +485,8 @@ class Simulator:
         served, res.rejected = served_workload(items, self.scheduler.max_model_len)
         hybrid = (functools.partial(self._hybrid_bound, served, capacity)
                   if is_hybrid(self.kv.config) else None)
-        optimum = (OptimumJob(served, self.key_block, capacity, cfg.parallel_optimum, extra=what_if,
-                              side=hybrid)
+        optimum = (OptimumJob(served, self.key_block, capacity, cfg.parallel_optimum, extra=WHAT_IF,
+                              side=hybrid, side_key=self._hybrid_key() if hybrid else None)
                    if cfg.optimum else None)
         n = len(served)
         self._hints = self._workload_hints(served)
@@ -502,6 +513,7 @@ class Simulator:
         if optimum is not None:
             try:
                 res.optimal_hit_blocks, res.gap, res.what_if, res.hazard = optimum.result(self._online)
+                res.bounds_s, res.bounds_reused = optimum.seconds, optimum.reused
             except ChildProcessDied as exc:      # the online run stands: hand it over
                 res.wall_s = time.perf_counter() - t0
                 exc.partial = res
@@ -518,6 +530,12 @@ class Simulator:
                     f"{res.hit_blocks}, optimum {res.optimal_hit_blocks}]; please report this workload")
         res.wall_s = time.perf_counter() - t0
         return res
+
+    def _hybrid_key(self) -> tuple:
+        """Everything but the workload and capacity the hybrid bound depends on."""
+        cfg = self.config
+        return (self.kv.config.groups, cfg.spec, cfg.retention_interval, cfg.hash_algo,
+                self.hash_seed)
 
     def _hybrid_bound(self, served: list[ServedItem], capacity: int) -> tuple[int, int]:
         """:mod:`hybridkv.sim.bounds.hybrid_bound` on the served requests, at the optimum's capacity:

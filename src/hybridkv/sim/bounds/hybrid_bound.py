@@ -28,17 +28,17 @@ the windows (they take no capacity here).
 from __future__ import annotations
 
 import dataclasses
-import math
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 
 from hybridkv.core.manager import KVCacheManager
 from hybridkv.core.request import Request
 from hybridkv.core.rules import make_rule
 from hybridkv.core.specs import KVCacheConfig
 from hybridkv.core.spec_decode import SpecDecode
-from hybridkv.sim.bounds.optimal import _bound_keys, belady_block_hit_rate, infinite_block_hit_rate
-from hybridkv.sim.traffic.workitems import ServedItem, served_output
 from hybridkv.core.cache_options import CacheOptions
+from hybridkv.sim.bounds.bound_inputs import bound_inputs
+from hybridkv.sim.bounds.optimal import next_read_indices
+from hybridkv.sim.traffic.workitems import ServedItem, served_output
 
 __all__ = ["is_hybrid", "next_read_indices", "servable_key_blocks", "hybrid_bound_hit_blocks",
            "unservable_blocks"]
@@ -52,19 +52,6 @@ def is_hybrid(kv_config: KVCacheConfig) -> bool:
     downward closed beside one that is."""
     closed = [make_rule(g.spec).downward_closed for g in kv_config.groups]
     return any(closed) and not all(closed)
-
-
-def next_read_indices(requests: Sequence[Sequence[Hashable]], limits: Sequence[int]) -> list[list[float]]:
-    """For every (request i, position p): the next request after i that *counts* that key,
-    i.e. holds it among its first ``limits[j]`` keys (``inf``: none)."""
-    last_read: dict[Hashable, int] = {}
-    out: list[list[float]] = [[] for _ in requests]
-    for i in range(len(requests) - 1, -1, -1):
-        keys = requests[i]
-        out[i] = [last_read.get(k, math.inf) for k in keys]
-        for k in keys[:limits[i]]:
-            last_read[k] = i
-    return out
 
 
 def servable_key_blocks(served: Sequence[ServedItem], kv_config: KVCacheConfig, key_block: int, *,
@@ -115,10 +102,9 @@ def hybrid_bound_hit_blocks(served: list[ServedItem], key_block: int, capacity_b
                             servable: Sequence[int]) -> int:
     """Prompt key blocks the hybrid bound hits (module docstring), given
     :func:`servable_key_blocks`."""
-    keys, limits, _ = _bound_keys(served, key_block)
-    cut = [min(lim, s) for lim, s in zip(limits, servable)]
-    return belady_block_hit_rate(keys, capacity_blocks, cut,
-                                 next_uses=next_read_indices(keys, cut)).block_hits
+    inputs = bound_inputs(served, key_block)
+    cut = [min(lim, s) for lim, s in zip(inputs.limits, servable)]
+    return inputs.belady(capacity_blocks, cut, counted_next_use=True)
 
 
 def unservable_blocks(served: list[ServedItem], key_block: int, servable: Sequence[int]) -> int:
@@ -126,6 +112,6 @@ def unservable_blocks(served: list[ServedItem], key_block: int, servable: Sequen
     serves (no span of another group was ever stored where they end): the unlimited cache's
     hits (each request's leading blocks computed before, within its prompt limit) minus the
     same cut to ``servable``."""
-    keys, limits, _ = _bound_keys(served, key_block)
-    ceiling = infinite_block_hit_rate(keys).request_hits
-    return sum(min(c, lim) - min(c, lim, s) for c, lim, s in zip(ceiling, limits, servable))
+    inputs = bound_inputs(served, key_block)
+    ceiling = inputs.unlimited()
+    return sum(min(c, lim) - min(c, lim, s) for c, lim, s in zip(ceiling, inputs.limits, servable))

@@ -27,48 +27,45 @@ Policies:
 Both simulations are O(total block references · log) and run in a few seconds on the full
 Mooncake conversation trace (288,500 references).
 
-The simulator's bound (:class:`OptimumJob`, :func:`optimal_hit_blocks`) is Belady on a served
-workload's plain chained key-block hashes, at the pool's capacity in key blocks
-(:func:`optimum_capacity_blocks`); :func:`gap_report` then says why the online run hit fewer
-blocks than an unlimited cache.
+The simulator's bound (:class:`~hybridkv.sim.bounds.optimum_job.OptimumJob`,
+:func:`~hybridkv.sim.bounds.bound_inputs.optimal_hit_blocks`) is Belady on a served workload's plain
+chained key-block hashes, at the pool's capacity in key blocks (:func:`optimum_capacity_blocks`);
+:func:`gap_report` then says why the online run hit fewer blocks than an unlimited cache. On a
+served workload the same models run on integer ids (:mod:`hybridkv.sim.bounds.stream_caches`), with
+the same answers.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-import multiprocessing as mp
 from collections import OrderedDict
-from collections.abc import Callable, Container, Hashable, Iterable, Sequence
+from collections.abc import Container, Hashable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from hybridkv.core.hashing import BlockHasher
-from hybridkv.core.request import Request
 from hybridkv.core.rules import make_rule
 from hybridkv.core.validation import check_int
-from hybridkv.sim.failures import ChildProcessDied, describe_exit
-from hybridkv.sim.bounds.hazard import HazardBound, hazard_bound, hazard_table, hazard_uses
-from hybridkv.sim.traffic.workitems import ServedItem, WorkItem
 
 __all__ = [
     "BlockCacheResult",
+    "GapInputs",
     "GapReport",
     "OnlineHits",
-    "OptimumJob",
     "belady_block_hit_rate",
     "capacity_blocks_for_tokens",
+    "gap_from",
+    "gap_inputs",
     "gap_report",
     "infinite_block_hit_rate",
     "lru_block_hit_rate",
+    "next_read_indices",
     "next_use_indices",
-    "optimal_hit_blocks",
     "optimum_capacity_blocks",
 ]
 
 _NEVER = math.inf  # next-use index of a block that is not referenced again
-PARALLEL_OPTIMUM_TOKENS = 20_000_000  # above this many prompt tokens, compute the bound in a child
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +169,19 @@ def next_use_indices(requests: Sequence[Sequence[Hashable]]) -> list[list[float]
         out[i] = [last_seen.get(k, _NEVER) for k in keys]
         for k in keys:
             last_seen[k] = i
+    return out
+
+
+def next_read_indices(requests: Sequence[Sequence[Hashable]], limits: Sequence[int]) -> list[list[float]]:
+    """For every (request i, position p): the next request after i that *counts* that key,
+    i.e. holds it among its first ``limits[j]`` keys (``inf``: none)."""
+    last_read: dict[Hashable, int] = {}
+    out: list[list[float]] = [[] for _ in requests]
+    for i in range(len(requests) - 1, -1, -1):
+        keys = requests[i]
+        out[i] = [last_read.get(k, _NEVER) for k in keys]
+        for k in keys[:limits[i]]:
+            last_read[k] = i
     return out
 
 
@@ -289,70 +299,6 @@ def optimum_capacity_blocks(kv_config, num_blocks: int, key_block: int) -> int:
     return (num_blocks - 1) // max(1, units)
 
 
-def _compute_bound_keys(items: Iterable[WorkItem | ServedItem],
-                        block_size: int) -> tuple[list[list[bytes]], list[int]]:
-    """Per request: its plain chained key-block hashes and hit limit.
-
-    The keys are the blocks the request leaves computed: its tokens but the last sampled one
-    (prompt + served output, whose last token's KV is never written), so every full prompt
-    block when the outputs are the simulator's pseudo tokens (unique, never shared)."""
-    hasher = BlockHasher(block_size)
-    keys: list[list[bytes]] = []
-    limits: list[int] = []
-    for entry in items:
-        it, max_out = (entry.item, entry.max_tokens) if isinstance(entry, ServedItem) else (entry, None)
-        out = it.output_ids
-        if out is not None and max_out is not None:
-            out = out[:max_out]
-        known = out is not None and len(out) > 0
-        tokens = np.concatenate([it.prompt(), out]) if known else it.prompt()
-        req = Request(it.request_id, tokens)
-        hasher.update(req)
-        del req.block_hashes[((len(tokens) - 1) if known else len(tokens)) // block_size:]
-        keys.append(req.block_hashes)
-        limits.append((it.prompt_len - 1) // block_size)
-    return keys, limits
-
-
-def _bound_keys(items: Iterable[WorkItem | ServedItem],
-                block_size: int) -> tuple[list[list[bytes]], list[int], list]:
-    """Keys, hit limits and Belady next uses of ``items``.
-
-    They do not depend on the capacity: the last workload's are kept (by identity of the
-    ``items`` list and the block size), so a sweep worker computes them once for all its
-    capacities. :func:`served_workload` keeps its last answer the same way, so the per-run
-    served list is the same object across runs over one workload.
-    """
-    global _OPTIMUM_KEYS
-    memo = _OPTIMUM_KEYS
-    if memo is not None and memo[0] is items and memo[1] == block_size:
-        return memo[2], memo[3], memo[4]
-    _OPTIMUM_KEYS = None                     # free the previous workload's keys first
-    keys, limits = _compute_bound_keys(items, block_size)
-    uses = next_use_indices(keys)
-    if isinstance(items, list):
-        _OPTIMUM_KEYS = (items, block_size, keys, limits, uses)
-    return keys, limits, uses
-
-
-_OPTIMUM_KEYS: tuple | None = None   # (items, block_size, keys, limits, next uses) of the last call
-
-
-def optimal_hit_blocks(items: Iterable[WorkItem | ServedItem], block_size: int,
-                       capacity_blocks: int) -> int:
-    """Prompt blocks the offline optimum (Belady with bypass) hits, one request at a time.
-
-    Keys are plain chained block hashes (no lookahead, no salt), computed independently of
-    the simulated manager. A request may hit its prompt's first ``(prompt_len - 1) //
-    block_size`` blocks (the last token is always recomputed, online and here); after it,
-    its blocks are inserted, including those of its output when the workload knows the
-    output tokens (the next turn of a chat repeats them), cut to the ``max_tokens`` the
-    online run generated for a :class:`ServedItem`.
-    """
-    keys, limits, uses = _bound_keys(items, block_size)
-    return belady_block_hit_rate(keys, capacity_blocks, limits, next_uses=uses).block_hits
-
-
 @dataclass(frozen=True, slots=True)
 class OnlineHits:
     """Per served request (in served order): what the online run measured, for :class:`GapReport`.
@@ -410,49 +356,67 @@ class GapReport:
     routed_requests: int = 0
 
 
-def gap_report(keys: list[list[bytes]], limits: list[int], optimum_blocks: int,
-               online: OnlineHits) -> GapReport:
-    """Attribute the online run's missed blocks (see :class:`GapReport`)."""
-    seen: set[bytes] = set()
+@dataclass(frozen=True, slots=True, eq=False)
+class GapInputs:
+    """What the gap report reads of a workload, online results aside: per request its
+    ``ceiling`` (the leading blocks within its hit limit that an unlimited cache serving
+    requests one at a time holds) and, for each of those blocks ``p``, the request that first
+    computed it, ``producer[offsets[r] + p]``."""
+
+    ceiling: list[int]
+    offsets: list[int]
+    producer: np.ndarray
+
+
+def gap_inputs(keys: Sequence[Sequence[Hashable]], limits: Sequence[int]) -> GapInputs:
+    """The :class:`GapInputs` of ``keys`` (per request, its chained keys) and hit ``limits``,
+    key by key (:meth:`~hybridkv.sim.bounds.bound_inputs.BoundInputs.gap_inputs` reads the same from
+    a key stream)."""
+    seen: set[Hashable] = set()
     ceiling: list[int] = []
     for ks, lim in zip(keys, limits):
-        h = 0
-        for k in ks[:lim]:
-            if k not in seen:
-                break
-            h += 1
-        ceiling.append(h)
+        ceiling.append(_leading_hits(ks[:lim], seen))
         seen.update(ks)
     del seen
-    att = online.attention_blocks
-    # Each request's loss [h, c) is split at a = the full-attention groups' own hit: [h, a) is
-    # "retained" (another group could not serve it) unless the block at h was still being
-    # computed (timing); [a, c) is charged by the first block past a.
-    split: list[tuple[int, int]] = []      # (where the loss starts, where the charged part starts)
-    for r, (c, h) in enumerate(zip(ceiling, online.hit_blocks)):
-        split.append((h, h if att is None else max(h, min(att[r], c))))
-    firsts = {keys[r][at] for r, (c, (h, a)) in enumerate(zip(ceiling, split))
-              for at in {h, a} if at < c}
-    producer: dict[bytes, int] = {}
+    first: dict[Hashable, int] = {}
     for j, ks in enumerate(keys):
-        if len(producer) == len(firsts):
-            break
         for k in ks:
-            if k in firsts and k not in producer:
-                producer[k] = j
+            first.setdefault(k, j)
+    producer = [first[k] for ks, c in zip(keys, ceiling) for k in ks[:c]]
+    offsets = [0]
+    for c in ceiling:
+        offsets.append(offsets[-1] + c)
+    return GapInputs(ceiling, offsets, np.array(producer, dtype=np.int64))
+
+
+def gap_report(keys: Sequence[Sequence[Hashable]], limits: Sequence[int], optimum_blocks: int,
+               online: OnlineHits) -> GapReport:
+    """Attribute the online run's missed blocks (see :class:`GapReport`)."""
+    return gap_from(gap_inputs(keys, limits), optimum_blocks, online)
+
+
+def gap_from(inputs: GapInputs, optimum_blocks: int, online: OnlineHits) -> GapReport:
+    """:func:`gap_report` from a workload's :class:`GapInputs`."""
+    ceiling, offsets = inputs.ceiling, inputs.offsets
+    producer = inputs.producer
+    att = online.attention_blocks
     where = online.instance
 
     def cause(r: int, at: int) -> str:
-        j = producer[keys[r][at]]
+        j = int(producer[offsets[r] + at])
         if online.finished_t[j] > online.admitted_t[r]:
             return "flight"
         if where is not None and where[j] != where[r]:
             return "routed"
         return "evicted"
+    # Each request's loss [h, c) is split at a = the full-attention groups' own hit: [h, a) is
+    # "retained" (another group could not serve it) unless the block at h was still being
+    # computed (timing); [a, c) is charged by the first block past a.
     counts = {k: [0, 0] for k in ("flight", "routed", "evicted", "retained")}
-    for r, (c, (h, a)) in enumerate(zip(ceiling, split)):
+    for r, (c, h) in enumerate(zip(ceiling, online.hit_blocks)):
         if h >= c:
             continue
+        a = h if att is None else max(h, min(att[r], c))
         charged: dict[str, int] = {}
         if a > h:
             kind = "flight" if cause(r, h) == "flight" else "retained"
@@ -467,111 +431,3 @@ def gap_report(keys: list[list[bytes]], limits: list[int], optimum_blocks: int,
                      counts["evicted"][0], counts["flight"][1], counts["evicted"][1],
                      counts["retained"][0], counts["retained"][1], counts["routed"][0],
                      counts["routed"][1])
-
-
-def _bound_and_gap(items: list[ServedItem], block_size: int, capacity: int,
-                   get_online: Callable[[], OnlineHits], extra: Extra | None = None,
-                   side: Callable[[], object] | None = None) -> tuple:
-    """The Belady bound, the non-anticipative (hazard-rate) reference (:mod:`hybridkv.sim.bounds.hazard`)
-    and ``side()`` (work that needs no online result), then (once the online run is done) the
-    gap attribution and ``extra(keys, limits, next_uses, capacity, online)``."""
-    global _HAZARD_PARTS
-    keys, limits, uses = _bound_keys(items, block_size)
-    opt = belady_block_hit_rate(keys, capacity, limits, next_uses=uses).block_hits
-    parts = _HAZARD_PARTS
-    if parts is None or parts[0] is not keys:
-        _HAZARD_PARTS = None
-        hz_uses = hazard_uses(keys)
-        parts = (keys, hz_uses, hazard_table(keys, limits, hz_uses))
-        _HAZARD_PARTS = parts
-    hazard = hazard_bound(keys, limits, capacity, parts[2], parts[1])
-    beside = side() if side is not None else None
-    online = get_online()
-    more = extra(keys, limits, uses, capacity, online) if extra is not None else None
-    return opt, gap_report(keys, limits, opt, online), more, hazard, beside
-
-
-#: A computation on a served workload's keys beside the bound (``hybridkv.sim.bounds.whatif``).
-Extra = Callable[[list, list, list, int, OnlineHits], object]
-
-_HAZARD_PARTS: tuple | None = None   # (keys, uses, table) of the last workload's hazard reference
-
-
-class OptimumJob:
-    """The offline bound, the non-anticipative reference and the gap report of one run over a
-    served workload.
-
-    Large workloads (more than :data:`PARALLEL_OPTIMUM_TOKENS` prompt tokens, with ``parallel``
-    and where ``fork`` exists) compute it in a forked child from the start, while the
-    simulation runs on this core: the bound needs no simulation state, and the child waits for
-    the online run's :class:`OnlineHits` only for the gap report. Others compute it inline in
-    :meth:`result`. ``extra`` (see :data:`Extra`) runs after the gap report, in the same place;
-    its answer is the third item of :meth:`result`. ``side()`` runs in the same place before
-    the online run is needed (in the child: while the simulation runs); its answer is
-    :attr:`side_result` once :meth:`result` returned.
-    """
-
-    def __init__(self, served: list[ServedItem], block_size: int, capacity: int,
-                 parallel: bool = True, extra: Extra | None = None,
-                 side: Callable[[], object] | None = None) -> None:
-        self.served = served
-        self.block_size = block_size
-        self.capacity = capacity
-        self.extra = extra
-        self.side = side
-        self.side_result: object = None
-        self._child = self._conn = None
-        if parallel and sum(s.item.prompt_len for s in served) > PARALLEL_OPTIMUM_TOKENS \
-                and "fork" in mp.get_all_start_methods():
-            ctx = mp.get_context("fork")
-            self._conn, child_conn = ctx.Pipe()
-            self._child = ctx.Process(target=_optimum_child, daemon=True,
-                                      args=(served, block_size, capacity, child_conn, extra, side))
-            self._child.start()
-            child_conn.close()
-
-    def result(self, online: OnlineHits) -> tuple[int, GapReport, object, HazardBound]:
-        """The bound in key blocks, the gap report, ``extra``'s answer and the non-anticipative
-        reference (:mod:`hybridkv.sim.bounds.hazard`), given the finished online run's hits.
-
-        Raises:
-            ChildProcessDied: the forked child died before it answered (``SIGKILL`` from the
-                kernel's out-of-memory killer, typically); the message names its pid and signal.
-        """
-        if self._child is None:
-            *got, self.side_result = _bound_and_gap(self.served, self.block_size, self.capacity,
-                                                    lambda: online, self.extra, self.side)
-            return tuple(got)
-        try:
-            self._conn.send(online)
-            got = self._conn.recv()
-        except (OSError, EOFError):     # the child died before it answered (killed, OOM)
-            self._child.join(timeout=5)
-            self.cancel()
-            raise ChildProcessDied(f"the offline optimum's child process (pid {self._child.pid}) "
-                                   f"{describe_exit(self._child.exitcode)} before it answered",
-                                   child="optimum") from None
-        self._child.join()
-        if isinstance(got, BaseException):
-            raise got
-        *got, self.side_result = got
-        return tuple(got)
-
-    def cancel(self) -> None:
-        """Stop the child, if any, and wait for it (the run failed or was interrupted)."""
-        if self._child is not None:
-            self._child.kill()
-            self._child.join(timeout=5)
-            self._conn.close()
-
-
-def _optimum_child(items: list[ServedItem], block_size: int, capacity: int, conn,
-                   extra: Extra | None, side: Callable[[], object] | None = None) -> None:
-    import signal
-    signal.signal(signal.SIGINT, signal.SIG_IGN)   # the parent handles Ctrl-C and stops us
-    try:
-        conn.send(_bound_and_gap(items, block_size, capacity, conn.recv, extra, side))
-    except BaseException as exc:  # report, never hang the parent
-        conn.send(exc)
-    finally:
-        conn.close()

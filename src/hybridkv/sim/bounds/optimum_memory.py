@@ -1,13 +1,14 @@
 """How much memory the offline optimum needs, known before the run.
 
-The bound (:class:`~hybridkv.sim.bounds.optimal.OptimumJob`) holds, per prompt block of every request,
-its chained key hash, its next use, its place in the non-anticipative reference's tables and
-the gap report's bookkeeping: Python objects, about :data:`BYTES_PER_BLOCK` bytes per block.
-At a small block size a long trace needs GBs (the whole Mooncake conversation trace at block
-16: 9.1 million blocks, ~5.8 GB; its first 1,500 requests: 1.3 million blocks, ~840 MB, where the
-forked child's peak resident memory measured 786 MB), and a forked child killed by the kernel's out-of-memory killer ends
-the run with :class:`~hybridkv.sim.failures.ChildProcessDied`. ``simulate`` warns before the
-run when the estimate is large (:func:`is_large`).
+The bounds (:class:`~hybridkv.sim.bounds.optimum_job.OptimumJob`) hold, per prompt block of every
+request, its chained key hash (a Python bytes object) and the key stream's arrays
+(:mod:`hybridkv.sim.bounds.key_stream`: its id and neighbours, a few int64 each), about
+:data:`BYTES_PER_BLOCK` bytes per block. At a small block size a long trace needs GBs (the
+whole Mooncake conversation trace at block 16: 9.1 million blocks, ~2.4 GB; its first 1,500
+requests: 1.3 million blocks, ~340 MB, where the bounds added 312 MiB at peak), and a forked
+child killed by the kernel's out-of-memory killer ends the run with
+:class:`~hybridkv.sim.failures.ChildProcessDied`. ``simulate`` warns before the run when the
+estimate is large (:func:`is_large`).
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ from hybridkv.sim.traffic.workitems import WorkItem
 __all__ = ["BYTES_PER_BLOCK", "OptimumMemory", "available_memory_bytes", "estimate", "is_large",
            "key_block_size"]
 
-#: Bytes per prompt block, rounded up from measurements of the bound over the Mooncake
-#: conversation trace (562 to 643 B per block at block sizes 16 to 64, 300 to 2,000 requests:
-#: the peak resident memory the bound added, divided by the blocks).
-BYTES_PER_BLOCK = 640
+#: Bytes per prompt block, rounded up from measurements of the bounds over the Mooncake
+#: conversation trace (242 to 252 B per block at block sizes 16 and 64, 300 to 4,000 requests:
+#: the peak resident memory the bounds added, divided by the blocks;
+#: ``benchmarks/bound_memory.py``).
+BYTES_PER_BLOCK = 260
 
 
 @dataclass(frozen=True, slots=True)

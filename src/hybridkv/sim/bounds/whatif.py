@@ -1,17 +1,18 @@
 """What a run's workload would do with more cache or a pinned prefix, from its block keys.
 
-Computed beside the offline optimum (:class:`~hybridkv.sim.bounds.optimal.OptimumJob` runs
-:func:`what_if` on the same served requests' chained key-block hashes, in the same process or
-forked child), after the online run, so it costs block-level passes only, no second simulation:
+Computed beside the offline optimum (:class:`~hybridkv.sim.bounds.optimum_job.OptimumJob` runs
+:data:`WHAT_IF` on the same served requests' chained key-block hashes, in the same process or
+forked child): block-level passes only, no second simulation, all but the last count made
+while the simulation runs:
 
 * the block-level LRU model (:func:`~hybridkv.sim.bounds.optimal.lru_block_hit_rate`, one request at a
-  time, no timing) at the pool's capacity and at twice it, and the Belady optimum at twice it.
+  time, no timing; :meth:`~hybridkv.sim.bounds.bound_inputs.BoundInputs.lru`) at the pool's capacity and at twice it, and the Belady optimum at twice it.
   The LRU model's change from 1x to 2x estimates what doubling the cache gives the online run
   (the engine differs from the model by timing and per-group retention, which a larger cache
   does not change much); it is an estimate, and is labelled so where it is printed;
 * the workload's most shared prompt prefix (:func:`shared_prefix`) and how many of the
-  requests that start with it did not hit all of it online: what ``--prefix-retention`` could
-  save.
+  requests that start with it did not hit all of it online (the one count that needs the
+  online run): what ``--prefix-retention`` could save.
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Sequence
 
-from hybridkv.sim.bounds.optimal import OnlineHits, belady_block_hit_rate, lru_block_hit_rate
+from hybridkv.sim.bounds.bound_inputs import BoundInputs
+from hybridkv.sim.bounds.optimal import OnlineHits
+from hybridkv.sim.bounds.optimum_job import Extra, timed
 
-__all__ = ["WhatIf", "shared_prefix", "what_if"]
+__all__ = ["WHAT_IF", "WhatIf", "shared_prefix"]
 
 MIN_SHARE = 0.1
 """A prefix counts as shared when at least this share of the requests (and two) start with it."""
@@ -80,13 +83,19 @@ def shared_prefix(keys: Sequence[Sequence[bytes]], limits: Sequence[int]) -> tup
     return length, members
 
 
-def what_if(keys: list[list[bytes]], limits: list[int], uses: list, capacity: int,
-            online: OnlineHits) -> WhatIf:
-    """The :class:`WhatIf` of a served workload's keys at ``capacity`` key blocks."""
-    lru = lru_block_hit_rate(keys, capacity, hit_limits=limits).block_hits
-    lru2 = lru_block_hit_rate(keys, 2 * capacity, hit_limits=limits).block_hits
-    opt2 = belady_block_hit_rate(keys, 2 * capacity, limits, next_uses=uses).block_hits
-    length, members = shared_prefix(keys, limits)
+def _before(inputs: BoundInputs, capacity: int, seconds: dict) -> tuple:
+    """Everything of the :class:`WhatIf` at ``capacity`` key blocks that needs no online run."""
+    lru = timed(seconds, "lru", lambda: inputs.lru(capacity))
+    lru2 = timed(seconds, "lru_2x", lambda: inputs.lru(2 * capacity))
+    opt2 = timed(seconds, "optimum_2x", lambda: inputs.belady(2 * capacity))
+    length, members = timed(seconds, "shared_prefix",
+                            lambda: shared_prefix(inputs.keys, inputs.limits))
+    return capacity, lru, lru2, opt2, length, members
+
+
+def _after(before: tuple, online: OnlineHits) -> WhatIf:
+    """The :class:`WhatIf`: ``before``'s counts and the shared prefix's online misses."""
+    capacity, lru, lru2, opt2, length, members = before
     missed = 0
     if members:
         first_done = online.finished_t[members[0]]
@@ -94,3 +103,7 @@ def what_if(keys: list[list[bytes]], limits: list[int], uses: list, capacity: in
         missed = sum(1 for r in members[1:]      # gone from the cache after it had been computed
                      if max(online.hit_blocks[r], att[r]) < length and online.admitted_t[r] >= first_done)
     return WhatIf(capacity, lru, lru2, opt2, length, len(members), missed)
+
+
+#: The :class:`WhatIf` of a served workload, as the optimum job's extra.
+WHAT_IF = Extra(_before, _after)

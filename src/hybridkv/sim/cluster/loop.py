@@ -33,10 +33,11 @@ from hybridkv.sim.cluster.routing import (DEFAULT_MAX_SKEW, DEFAULT_OVERLAP_WEIG
                                   make_router)
 from hybridkv.sim.interrupt import RunInterrupted
 from hybridkv.sim.failures import ChildProcessDied
-from hybridkv.sim.bounds.optimal import OnlineHits, OptimumJob
+from hybridkv.sim.bounds.optimal import OnlineHits
+from hybridkv.sim.bounds.optimum_job import OptimumJob
 from hybridkv.cost.deployment import Deployment
 from hybridkv.sim.simulator import SimConfig, SimResult, Simulator
-from hybridkv.sim.bounds.whatif import what_if
+from hybridkv.sim.bounds.whatif import WHAT_IF
 from hybridkv.sim.traffic.workitems import WorkItem, served_workload
 from hybridkv.sim.tiers.runtime import TierReport
 
@@ -417,7 +418,7 @@ class ClusterSimulator:
                                           [0] * n if inst.sim._probe_groups else None)
         sim0 = insts[0].sim
         optimum = (OptimumJob(served, sim0.key_block, self._optimum_capacity(),
-                              self.config.parallel_optimum, extra=what_if)
+                              self.config.parallel_optimum, extra=WHAT_IF)
                    if self.want_optimum else None)
         routed_to = [0] * n
         try:
@@ -435,6 +436,7 @@ class ClusterSimulator:
             overall = res.overall
             try:
                 overall.optimal_hit_blocks, overall.gap, overall.what_if, overall.hazard = optimum.result(online)
+                overall.bounds_s, overall.bounds_reused = optimum.seconds, optimum.reused
             except ChildProcessDied as exc:      # the online run stands: hand it over
                 res.wall_s = time.perf_counter() - t0
                 exc.partial = res

@@ -17,8 +17,16 @@ def _fmt(v: object, unit: str = "") -> str:
     return f"{v}{unit}"
 
 
-def summary_table(res: SimResult) -> str:
-    """A human-readable summary of one run."""
+def bounds_line(seconds: dict[str, float], reused: bool) -> str:
+    """What each bound took, slowest first (``keys``: hashing the workload and its key stream;
+    ``gap``: the gap report after the step loop; the rest ran beside it in a large run)."""
+    text = ", ".join(f"{k} {v:.2f}" for k, v in sorted(seconds.items(), key=lambda kv: -kv[1]))
+    return text + ("  (the rest reused from an earlier run of this workload and size)" if reused
+                   else "")
+
+
+def summary_table(res: SimResult, verbose: bool = False) -> str:
+    """A human-readable summary of one run; ``verbose`` adds the seconds each bound took."""
     d = res.to_json()
     frac = d["fraction_of_optimal"]
     rows = [
@@ -58,6 +66,8 @@ def summary_table(res: SimResult) -> str:
     if d.get("sim_steps_per_s") is not None:
         rows.append(("simulator speed", f"{d['sim_steps_per_s']:,.0f} steps/s, "
                      f"{d['sim_requests_per_s']:,.1f} requests/s (step loop {d['sim_s']:.2f} s)"))
+    if verbose and (d["bounds_s"] or d["bounds_reused"]):
+        rows.append(("bounds (seconds)", bounds_line(d["bounds_s"], d["bounds_reused"])))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
 
