@@ -35,358 +35,37 @@ import dataclasses
 import functools
 import math
 import time
-from dataclasses import dataclass, field
 from itertools import compress
 from typing import Callable, Iterable
 
 import numpy as np
 
-from hybridkv.core.hints import RETENTION_KINDS
 from hybridkv.core.manager import KVCacheManager
 from hybridkv.core.request import Request
-from hybridkv.core.retention_config import RetentionConfig, TokenRange
-from hybridkv.core.spec_decode import SpecDecode
 from hybridkv.core.rules import make_rule
-from hybridkv.sched import AcceptanceModel, EngineRequest, Scheduler, SchedulerConfig, useful_drafts
-from hybridkv.sim.traffic.hint_synthesis import HintSpec, synthesize_hints, workload_sessions
-from hybridkv.sim.bounds.hazard import HazardBound
+from hybridkv.sched import AcceptanceModel, EngineRequest, Scheduler, useful_drafts
+from hybridkv.sim.traffic.hint_synthesis import synthesize_hints, workload_sessions
 from hybridkv.sim.interrupt import RunInterrupted
 from hybridkv.sim.failures import ChildProcessDied
 from hybridkv.sim.bounds.optimum_memory import key_block_size
 from hybridkv.sim.bounds.hybrid_bound import (hybrid_bound_hit_blocks, is_hybrid, servable_key_blocks,
                                        unservable_blocks)
-from hybridkv.sim.bounds.optimal import GapReport, OnlineHits, optimum_capacity_blocks
+from hybridkv.sim.bounds.optimal import OnlineHits, optimum_capacity_blocks
 from hybridkv.sim.bounds.optimum_job import OptimumJob
-from hybridkv.cost.profile import Profile, cost_model
-from hybridkv.cost.presets import GpuPreset, ModelPreset
-from hybridkv.sim.tiers.runtime import TierReport, TierRuntime
-from hybridkv.sim.tiers.config import TierConfig
+from hybridkv.sim.config import PrefixRetention, SimConfig
+from hybridkv.sim.result import TIMING_KEYS, SimResult, deployment_json
+from hybridkv.cost.profile import cost_model
+from hybridkv.sim.tiers.runtime import TierRuntime
 from hybridkv.cost.transfer import DEFAULT_TRANSFER
-from hybridkv.sim.bounds.whatif import WHAT_IF, WhatIf
+from hybridkv.sim.bounds.whatif import WHAT_IF
 from hybridkv.sim.traffic.workitems import OUTPUT_TOKEN_BASE, ServedItem, WorkItem, served_workload
 from hybridkv.core.cache_options import CacheOptions
-from hybridkv.cost.deployment import Deployment
 
-
-
-@dataclass(frozen=True, slots=True)
-class PrefixRetention:
-    """Every request's first ``tokens`` prompt tokens get ``priority`` for ``ttl_s`` seconds
-    after each release (None: no expiry): pins a workload's shared system prompt. The CLI
-    spelling is ``TOKENS:PRIORITY[:TTL_S]`` (:meth:`parse`, :meth:`__str__`)."""
-
-    tokens: int
-    priority: int
-    ttl_s: float | None = None
-
-    def __post_init__(self) -> None:
-        if isinstance(self.tokens, bool) or not isinstance(self.tokens, int) or self.tokens < 1:
-            raise ValueError(f"prefix retention tokens must be a positive integer, got {self.tokens!r}")
-        TokenRange(0, self.tokens, self.priority, self.ttl_s)     # priority and TTL checks
-
-    @classmethod
-    def parse(cls, text: str) -> PrefixRetention:
-        parts = text.split(":")
-        if len(parts) not in (2, 3):
-            raise ValueError(f"prefix retention must be TOKENS:PRIORITY[:TTL_S] (e.g. 2048:100:600), "
-                             f"got {text!r}")
-        try:
-            tokens, priority = int(parts[0]), int(parts[1])
-            ttl = float(parts[2]) if len(parts) == 3 else None
-        except ValueError:
-            raise ValueError(f"prefix retention must be TOKENS:PRIORITY[:TTL_S] with integer tokens "
-                             f"and priority and a number of seconds, got {text!r}") from None
-        return cls(tokens, priority, ttl)
-
-    def __str__(self) -> str:
-        ttl = "" if self.ttl_s is None else f":{self.ttl_s:g}"
-        return f"{self.tokens}:{self.priority}{ttl}"
-
-    def config(self, prompt_len: int) -> RetentionConfig:
-        """The request's retention config (the range is clipped to its prompt)."""
-        return RetentionConfig((TokenRange(0, min(self.tokens, prompt_len), self.priority, self.ttl_s),))
-
-
-@dataclass(frozen=True, slots=True)
-class SimConfig:
-    """What to simulate.
-
-    Args:
-        preset: the model (KV groups and cost).
-        gpu: the accelerator of the cost model.
-        num_blocks: pool size in blocks (including the null block).
-        retention_interval: where later hits may end (None: every block; 0: where requests
-            ended; N: every N tokens too): sliding-window groups keep a window before each,
-            recurrent-state groups write a checkpoint at each.
-        spec: speculative decoding, or None.
-        acceptance_rate: per-draft acceptance probability of the seeded acceptance model.
-        sched: batching limits.
-        sequential: one request at a time, no timing.
-        seed: seeds the acceptance model.
-        vllm_compat: run the manager in vLLM-0.33-compatible mode.
-        max_model_len: per-request token cap (None: none).
-        optimum: compute the offline (Belady) bound.
-        timeline_points: at most this many samples of the timeline.
-        num_gpus: GPUs of one instance (the cost model splits their work ideally; ``deployment``
-            adds the communication).
-        hash_algo, hash_seed: the manager's hashing (instances of a cluster share a seed, so
-            an index built from their events matches a router's own hashes; published events
-            use sha256, which a consumer can recompute). None: :data:`SIM_HASH_SEED`, the same
-            in every process, so a run is reproducible (the hint layer and the policies'
-            shadows sample blocks by hash; xxh3's own default seed is random per hasher).
-        enable_events: record KV events (for a publisher or an index; see ``step_hooks``).
-        parallel_optimum: compute a large workload's optimum in a forked child while the
-            simulation runs (a second core); False computes it inline (sweep workers).
-        eviction_policy: the manager's eviction policy (``hybridkv.core.eviction.POLICIES``).
-        prefix_retention: give every request this retention config for its first tokens
-            (needs ``eviction_policy="priority"``); TTLs run on the simulated clock (sequential
-            mode: the requests' arrival times).
-        cost_model: ``"calibrated"`` (measured step times; :func:`hybridkv.cost.profile.cost_model`)
-            or ``"roofline"``.
-        profile: a measured profile whose constants time the steps (None: the shipped default
-            for ``gpu``).
-        tiers: KV tiers below the GPU (:class:`~hybridkv.sim.tiers.config.TierConfig`), or None.
-        hints: synthesise application hints from the workload's own future at this accuracy
-            (:class:`~hybridkv.sim.traffic.hint_synthesis.HintSpec`); the manager then takes hints.
-        trace_hints: serve the hints the workload's requests carry (``TraceRequest.hint``, a
-            trace line's ``"hint"``); a workload with hints is refused without it (or ``hints``).
-        deployment: how the model is laid out over GPUs (:class:`~hybridkv.cost.deployment.Deployment`:
-            tensor, data and expert parallelism, priced with their communication); None: one
-            engine over ``num_gpus``, no communication.
-        retention: ``"hard"`` or ``"soft"``: every pin of the hints served is made that kind
-            (:attr:`hybridkv.core.hints.Hint.soft`; the what-if of soft against hard retention
-            on the same hints); None: as the hints say.
-        drop_trace_hints: serve a workload whose requests carry hints without them (the
-            baseline of a hint what-if) instead of refusing it.
-        checkpoint_marks: give each request the checkpoint positions its workload marks
-            (``TraceRequest.checkpoints``, a trace line's ``"checkpoints"``: promised hit ends,
-            so state groups write a checkpoint there); False ignores them.
-    """
-
-    preset: ModelPreset
-    gpu: GpuPreset
-    num_blocks: int
-    retention_interval: int | None = 0
-    spec: SpecDecode | None = None
-    acceptance_rate: float = 0.7
-    sched: SchedulerConfig = field(default_factory=SchedulerConfig)
-    sequential: bool = False
-    seed: int = 0
-    vllm_compat: bool = False
-    max_model_len: int | None = None
-    optimum: bool = True
-    timeline_points: int = 2000
-    num_gpus: int = 1
-    hash_algo: str = "xxh3_128"
-    hash_seed: str | None = None
-    enable_events: bool = False
-    parallel_optimum: bool = True
-    eviction_policy: str = "lru"
-    prefix_retention: PrefixRetention | None = None
-    cost_model: str = "calibrated"
-    profile: Profile | None = None
-    tiers: TierConfig | None = None
-    hints: HintSpec | None = None
-    trace_hints: bool = False
-    deployment: Deployment | None = None
-    retention: str | None = None
-    drop_trace_hints: bool = False
-    checkpoint_marks: bool = False
-
-    def __post_init__(self) -> None:
-        if self.retention not in (None, *RETENTION_KINDS):
-            raise ValueError(f"retention must be None or one of {', '.join(RETENTION_KINDS)}, "
-                             f"got {self.retention!r}")
-
-    @property
-    def takes_hints(self) -> bool:
-        """Whether the manager takes hints (synthesised or the trace's)."""
-        return self.hints is not None or self.trace_hints
-
-    @property
-    def manager_hints(self) -> bool | str:
-        """The manager's ``hints`` argument: ``"force"`` for synthesised hints spelled
-        ``:force``, else :attr:`takes_hints`."""
-        return "force" if self.hints is not None and self.hints.force else self.takes_hints
-
-    @property
-    def cache_tokens(self) -> int:
-        """Tokens the pool holds (the null block excluded), at the preset's bytes per token."""
-        k = self.preset.kv_config(num_blocks=self.num_blocks)
-        return (self.num_blocks - 1) * k.block_bytes // self.preset.kv_bytes_per_token()["total"]
-
-
-@dataclass(slots=True)
-class SimResult:
-    """Measured results of one simulation (see :meth:`to_json` for the stable keys)."""
-
-    requests: int = 0
-    rejected: int = 0
-    prompt_tokens: int = 0
-    hit_tokens: int = 0
-    prompt_blocks: int = 0
-    hit_blocks: int = 0
-    output_tokens: int = 0
-    optimal_hit_blocks: int | None = None
-    gap: GapReport | None = None
-    hazard: HazardBound | None = None
-    ttft_s: list[float] = field(default_factory=list)
-    itl_s: list[float] = field(default_factory=list)
-    makespan_s: float = 0.0
-    steps: int = 0
-    preemptions: int = 0
-    evictions: int = 0
-    mean_usage: float = 0.0
-    peak_usage: float = 0.0
-    retained_blocks: dict[str, int] = field(default_factory=dict)
-    timeline: list[tuple[float, float, float]] = field(default_factory=list)  # (t, hit rate, usage)
-    wall_s: float = 0.0
-    sim_s: float = 0.0      # the step loop alone (no trace loading, no offline bound)
-    config: dict = field(default_factory=dict)
-    gpu_hit_tokens: int = 0
-    tiers: TierReport | None = None
-    what_if: WhatIf | None = None    # block-level answers beside the optimum (sim.whatif)
-    partial: bool = False            # interrupted: counts cover the requests admitted so far
-    hints: dict | None = None        # the hints served and what the pool's hint layer did
-    hybrid_bound_hit_blocks: int | None = None   # sim.hybrid_bound (hybrid configs, with the optimum)
-    hybrid_unservable_blocks: int | None = None  # unlimited-cache hits no cache of the config serves
-    # per KV group (PrefixCacheStats): the blocks a hit could cover, and those of its own hit
-    group_query_blocks: dict[str, int] = field(default_factory=dict)
-    group_hit_blocks: dict[str, int] = field(default_factory=dict)
-    bounds_s: dict[str, float] = field(default_factory=dict)  # seconds by bound (sim.optimum_job)
-    bounds_reused: bool = False      # the bounds came from an earlier run (same workload and size)
-
-    @property
-    def hit_rate(self) -> float:
-        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
-
-    @property
-    def block_hit_rate(self) -> float:
-        return self.hit_blocks / self.prompt_blocks if self.prompt_blocks else 0.0
-
-    @property
-    def block_hit_rate_by_group(self) -> dict[str, float]:
-        """Per KV group, the blocks of the group's *own* hit (what its rule alone serves) over
-        the blocks a hit could cover (:attr:`hybridkv.core.events.PrefixCacheStats.
-        block_hit_rate_by_group`): a group below the others is the one that cut the hit."""
-        return {g: (self.group_hit_blocks.get(g, 0) / q if q else 0.0)
-                for g, q in self.group_query_blocks.items()}
-
-    def set_group_counts(self, names, stats) -> None:
-        """Read the per-group counters of a manager's ``stats()`` (groups named ``names``)."""
-        self.group_query_blocks = dict(zip(names, stats.group_query_blocks))
-        self.group_hit_blocks = dict(zip(names, stats.group_hit_blocks))
-
-    @property
-    def optimal_block_hit_rate(self) -> float | None:
-        if self.optimal_hit_blocks is None:
-            return None
-        return self.optimal_hit_blocks / self.prompt_blocks if self.prompt_blocks else 0.0
-
-    @property
-    def hybrid_bound_block_hit_rate(self) -> float | None:
-        """The hybrid bound (:mod:`hybridkv.sim.bounds.hybrid_bound`) as a block hit rate (None: not
-        a hybrid config, or no optimum computed)."""
-        if self.hybrid_bound_hit_blocks is None:
-            return None
-        return self.hybrid_bound_hit_blocks / self.prompt_blocks if self.prompt_blocks else 0.0
-
-    @property
-    def hazard_block_hit_rate(self) -> float | None:
-        """The non-anticipative reference (:mod:`hybridkv.sim.bounds.hazard`), as a block hit rate
-        over this run's prompt blocks."""
-        if self.hazard is None or not self.prompt_blocks:
-            return None
-        return self.hazard.relaxed_hits / self.prompt_blocks
-
-    def to_json(self) -> dict:
-        """A JSON-ready summary (no timeline).
-
-        The keys of :data:`TIMING_KEYS` measure this process, not the simulated system:
-        ``wall_s`` the whole run (the offline bound included), ``sim_s`` the step loop alone,
-        ``sim_steps_per_s`` / ``sim_requests_per_s`` the simulator's throughput (engine steps
-        and served requests per second of ``sim_s``), ``bounds_s`` the seconds each bound took
-        by name, in this process or the optimum's child (only what this run computed;
-        ``bounds_reused``: the bounds came from an earlier run over the same workload and
-        size, so only the gap report was made). All other keys are deterministic.
-        """
-        def pct(q: float) -> float | None:
-            return float(np.percentile(self.ttft_s, q)) if self.ttft_s else None
-        opt = self.optimal_block_hit_rate
-        hz = self.hazard_block_hit_rate
-        by_tier = {"gpu": self.gpu_hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0}
-        if self.tiers is not None:
-            by_tier.update({n: v / self.prompt_tokens if self.prompt_tokens else 0.0
-                            for n, v in self.tiers.hit_tokens.items()})
-        return {
-            "requests": self.requests,
-            "rejected": self.rejected,
-            "prompt_tokens": self.prompt_tokens,
-            "hit_tokens": self.hit_tokens,
-            "hit_rate": self.hit_rate,
-            "hit_rate_by_tier": by_tier,
-            "load_s_total": self.tiers.load_s_total if self.tiers is not None else 0.0,
-            "tiers": self.tiers.to_json() if self.tiers is not None else None,
-            "prompt_blocks": self.prompt_blocks,
-            "hit_blocks": self.hit_blocks,
-            "block_hit_rate": self.block_hit_rate,
-            "block_hit_rate_by_group": dict(self.block_hit_rate_by_group),
-            "optimal_block_hit_rate": opt,
-            "fraction_of_optimal": (self.block_hit_rate / opt) if opt else None,
-            "unlimited_cache_block_hit_rate": (self.gap.ceiling_blocks / self.prompt_blocks
-                                               if self.gap and self.prompt_blocks else None),
-            "hybrid_bound_block_hit_rate": self.hybrid_bound_block_hit_rate,
-            "fraction_of_hybrid_bound": (self.block_hit_rate / self.hybrid_bound_block_hit_rate
-                                         if self.hybrid_bound_block_hit_rate else None),
-            "hybrid_unservable_blocks": self.hybrid_unservable_blocks,
-            "hazard_bound_block_hit_rate": hz,
-            "fraction_of_hazard_bound": (self.block_hit_rate / hz) if hz else None,
-            "gap": dataclasses.asdict(self.gap) if self.gap else None,
-            "output_tokens": self.output_tokens,
-            "ttft_mean_s": float(np.mean(self.ttft_s)) if self.ttft_s else None,
-            "ttft_p50_s": pct(50),
-            "ttft_p90_s": pct(90),
-            "ttft_p99_s": pct(99),
-            "itl_mean_s": float(np.mean(self.itl_s)) if self.itl_s else None,
-            "itl_p50_s": float(np.percentile(self.itl_s, 50)) if self.itl_s else None,
-            "itl_p99_s": float(np.percentile(self.itl_s, 99)) if self.itl_s else None,
-            "throughput_tok_s": self.output_tokens / self.makespan_s if self.makespan_s else None,
-            "makespan_s": self.makespan_s,
-            "steps": self.steps,
-            "preemptions": self.preemptions,
-            "evictions": self.evictions,
-            "mean_cache_usage": self.mean_usage,
-            "peak_cache_usage": self.peak_usage,
-            "what_if": dataclasses.asdict(self.what_if) if self.what_if else None,
-            "partial": self.partial,
-            "retained_blocks": dict(self.retained_blocks),
-            "hints": None if self.hints is None else dict(self.hints),
-            "wall_s": self.wall_s,
-            "sim_s": self.sim_s,
-            "sim_steps_per_s": self.steps / self.sim_s if self.sim_s else None,
-            "sim_requests_per_s": (self.requests - self.rejected) / self.sim_s if self.sim_s else None,
-            "bounds_s": dict(self.bounds_s),
-            "bounds_reused": self.bounds_reused,
-            "config": dict(self.config),
-        }
-
-
-def deployment_json(cfg: SimConfig) -> dict:
-    """``cfg``'s deployment as JSON (``tp``, ``dp``, ``ep``, ``gpus``, ...); without one, a single
-    engine over ``num_gpus``."""
-    dep = cfg.deployment if cfg.deployment is not None else Deployment(cfg.num_gpus, reason="one engine")
-    return dep.to_json()
-
+__all__ = ["SIM_HASH_SEED", "TIMING_KEYS", "PrefixRetention", "SimConfig", "SimResult", "Simulator",
+           "deployment_json"]
 
 #: The hash seed of a simulator given none: fixed, so every process hashes (and samples) alike.
 SIM_HASH_SEED = "hybridkv-simulator"
-
-
-#: The keys of :meth:`SimResult.to_json` that measure the simulator's own process (its speed,
-#: and whether its bounds came from an earlier run): they differ between two runs of the same
-#: configuration; every other key is reproducible.
-TIMING_KEYS = ("wall_s", "sim_s", "sim_steps_per_s", "sim_requests_per_s", "bounds_s",
-               "bounds_reused")
 
 
 class _Live:
