@@ -94,9 +94,13 @@ ROWS = [
     # mlcommons/inference_results_v5.1; 1 of the 4 H100s used): offline 45.1334 samples/s,
     # 5,777.08 tok/s (so 128.0 output tokens per sample); server 39.56 samples/s, 5,103.99
     # tok/s, mean TTFT 359.3 ms, mean TPOT 23.11 ms, under MLPerf's server limits (loadgen
-    # mlperf.conf: p99 TTFT 2 s, p99 TPOT 100 ms). FP8 is modelled (--weight-dtype fp8); the
-    # prompts' lengths are not: no public source found gives the CNN/DailyMail prompts' length
-    # in Llama-3.1 tokens (MLCommons' reference only tokenizes them at download time).
+    # mlperf.conf: p99 TTFT 2 s, p99 TPOT 100 ms). Engine settings (mlcommons/inference
+    # language/llama3.1-8b/README_HARNESS.md, Red Hat's harness): offline --max-num-seqs 1024
+    # --max-num-batched-tokens 4096 --kv-cache-dtype fp8; server --max-num-seqs 512
+    # --max-num-batched-tokens 1024 --gpu-memory-utilization 0.91, target 39.5 queries/s.
+    # FP8 is modelled (--weight-dtype fp8); the prompts' lengths are not: no public source
+    # found gives the CNN/DailyMail prompts' length in Llama-3.1 tokens (MLCommons' reference
+    # only tokenizes them at download time).
     dict(id="llama8b-mlperf-h100", source="https://github.com/mlcommons/inference_results_v5.1/tree/main/closed/RedHat/results/XE8640_4xH100_vLLM",
          setup="MLPerf Inference v5.1, Llama-3.1-8B FP8, vLLM 0.10.0, 1 x H100: 5,777 tok/s offline; "
                "server 5,104 tok/s, mean TTFT 359 ms, mean TPOT 23.1 ms",
