@@ -18,7 +18,12 @@ flight is reported). Each pass is one ``hybridkv simulate`` run (printed), witho
 optimum and without speculative decoding.
 
 A row published at request rate inf (every request at once, the engine's own batch limits
-deciding) is run once with every request arriving at 0.
+deciding) is run once with every request arriving at 0. A row published at a finite request
+rate with no concurrency cap (``rate``) is run once with Poisson arrivals at that rate, as the
+benchmark clients draw them (seeded).
+
+A published metric the row does not record (None) is shown as such and left out of the
+summary.
 
 Errors are predicted / published - 1, per metric; the summary gives their mean absolute value
 and the worst.
@@ -40,6 +45,8 @@ from hybridkv.cli import main
 # Configuration"): random dataset, --random-range-ratio 0.8, --num-prompts CONC x 10,
 # --max-concurrency CONC, --request-rate inf, --ignore-eos.
 _IMAX = "random lengths in [0.8 L, L], 10 x C prompts, closed loop of C, ignore-eos"
+# FP8 checkpoints (DeepSeek's block-scaled FP8): 1-byte weights, GEMMs at the FP8 peak.
+_FP8 = ["--weight-dtype", "fp8"]
 
 ROWS = [
     # SemiAnalysis InferenceX issue #870, run 22737795957 (2026-03-05): DeepSeek-R1-0528 FP8,
@@ -47,13 +54,15 @@ ROWS = [
     # mean TPOT per ISL/OSL.
     dict(id="dsr1-h200-1k1k", source="https://github.com/SemiAnalysisAI/InferenceX/issues/870",
          setup="DeepSeek-R1-0528 FP8, SGLang v0.5.7, 8 x H200, TP-8 EP-1, ISL/OSL 1k/1k, C=4; " + _IMAX,
-         preset="deepseek-v3", gpu="h200", deploy=["--tp", "8", "--dp", "1"], isl=1024, osl=1024,
+         preset="deepseek-v3", gpu="h200", deploy=["--tp", "8", "--dp", "1", *_FP8], isl=1024, osl=1024,
          ratio=0.8, conc=4, prompts=40, tput=21.2 * 8, ttft_ms=267.3, tpot_ms=22.73),
     dict(id="dsr1-h200-1k8k", source="https://github.com/SemiAnalysisAI/InferenceX/issues/870",
-         setup="as above, ISL/OSL 1k/8k", preset="deepseek-v3", gpu="h200", deploy=["--tp", "8", "--dp", "1"],
+         setup="as above, ISL/OSL 1k/8k", preset="deepseek-v3", gpu="h200",
+         deploy=["--tp", "8", "--dp", "1", *_FP8],
          isl=1024, osl=8192, ratio=0.8, conc=4, prompts=40, tput=45.0 * 8, ttft_ms=204.1, tpot_ms=10.93),
     dict(id="dsr1-h200-8k1k", source="https://github.com/SemiAnalysisAI/InferenceX/issues/870",
-         setup="as above, ISL/OSL 8k/1k", preset="deepseek-v3", gpu="h200", deploy=["--tp", "8", "--dp", "1"],
+         setup="as above, ISL/OSL 8k/1k", preset="deepseek-v3", gpu="h200",
+         deploy=["--tp", "8", "--dp", "1", *_FP8],
          isl=8192, osl=1024, ratio=0.8, conc=4, prompts=40, tput=38.9 * 8, ttft_ms=474.3, tpot_ms=12.05),
     # vLLM PR #23696 ("[Kernel][B200] mxfp4 fused cutlass moe", August 2025), FlashInfer
     # backend: `vllm serve gpt-oss-120b --max-model-len 32768 -tp 8` on 8 x B200, `vllm bench
@@ -64,16 +73,39 @@ ROWS = [
                "prompts at rate inf; reproduced with the published mean lengths (215 in, 197 out), "
                "all arriving at once", preset="gpt-oss-120b", gpu="b200", deploy=["--tp", "8", "--dp", "1"],
          offline=True, prompts=1000, isl=215, osl=197, tput=7404.72, ttft_ms=3449.17, tpot_ms=94.12),
-    # Out of scope (stated, not run):
+    # SGLang issue #3812 (February 2025, the EP PR #3602's benchmark): DeepSeek-V3 FP8 on
+    # 2 nodes x 8 H800 (RoCE v2 + RDMA), `--tp 16`, `sglang.bench_serving --dataset-name random
+    # --num-prompts 600 --random-input 180 --random-output 400 --request-rate 40` (range ratio
+    # 0 then: lengths uniform in [1, L]; the issue's totals, 55,787 input and 120,861 output
+    # tokens, are 93 and 201 per request, as that gives). Published: 600 requests in 109.94 s,
+    # so 120,861 / 109.94 = 1,099.3 output tok/s. The issue's TTFT and TPOT lines are not
+    # transcribed here (None). The RoCE NIC speed is not stated: the inter-node link is
+    # priced as ib-ndr (400 Gb/s per GPU).
     dict(id="dsv3-h800-tp16", source="https://github.com/sgl-project/sglang/issues/3812",
-         setup="DeepSeek-V3 FP8, SGLang (EP PR #3602), 2 x 8 H800 over RoCE, TP-16, random 180/400, rate 40",
-         out_of_scope="H800 is not a GPU preset (NVLink 400 GB/s, another collective table)"),
+         setup="DeepSeek-V3 FP8, SGLang (EP PR #3602), 2 x 8 H800 over RoCE (priced as 400 Gb/s NDR), "
+               "TP-16, random 180/400 (uniform from 1), 600 prompts, Poisson rate 40",
+         preset="deepseek-v3", gpu="h800", deploy=["--tp", "16", "--dp", "1", *_FP8], isl=180, osl=400,
+         ratio=0.0, rate=40.0, prompts=600, tput=120861 / 109.94, ttft_ms=None, tpot_ms=None),
+    # Out of scope (stated, not run):
     dict(id="minimax-h100-tp4", source="https://github.com/SemiAnalysisAI/InferenceX/pull/832",
          setup="MiniMax-M2.5 FP8, vLLM, 4 x H100, TP-4 EP-4, 1k/1k, C=4",
          out_of_scope="MiniMax-M2.5 is not a model preset"),
-    dict(id="llama8b-mlperf-h100", source="https://www.redhat.com/en/blog/efficient-and-reproducible-llm-inference-red-hat-mlperf-inference-v51-results",
-         setup="MLPerf Inference v5.1, Llama-3.1-8B FP8, vLLM 0.10.0, 1 x H100: 5,777 tok/s offline, 5,103 server",
-         out_of_scope="FP8 weights (the preset is the BF16 checkpoint) and MLPerf's CNN/DailyMail lengths are not bundled"),
+    # Red Hat's MLPerf Inference v5.1 submission (closed/RedHat/results/XE8640_4xH100_vLLM in
+    # mlcommons/inference_results_v5.1; 1 of the 4 H100s used): offline 45.1334 samples/s,
+    # 5,777.08 tok/s (so 128.0 output tokens per sample); server 39.56 samples/s, 5,103.99
+    # tok/s, mean TTFT 359.3 ms, mean TPOT 23.11 ms, under MLPerf's server limits (loadgen
+    # mlperf.conf: p99 TTFT 2 s, p99 TPOT 100 ms). Engine settings (mlcommons/inference
+    # language/llama3.1-8b/README_HARNESS.md, Red Hat's harness): offline --max-num-seqs 1024
+    # --max-num-batched-tokens 4096 --kv-cache-dtype fp8; server --max-num-seqs 512
+    # --max-num-batched-tokens 1024 --gpu-memory-utilization 0.91, target 39.5 queries/s.
+    # FP8 is modelled (--weight-dtype fp8); the prompts' lengths are not: no public source
+    # found gives the CNN/DailyMail prompts' length in Llama-3.1 tokens (MLCommons' reference
+    # only tokenizes them at download time).
+    dict(id="llama8b-mlperf-h100", source="https://github.com/mlcommons/inference_results_v5.1/tree/main/closed/RedHat/results/XE8640_4xH100_vLLM",
+         setup="MLPerf Inference v5.1, Llama-3.1-8B FP8, vLLM 0.10.0, 1 x H100: 5,777 tok/s offline; "
+               "server 5,104 tok/s, mean TTFT 359 ms, mean TPOT 23.1 ms",
+         out_of_scope="the CNN/DailyMail prompts' lengths in Llama-3.1 tokens were not found in a public "
+                      "source (output: 128.0 tokens per sample, from the logs)"),
     dict(id="llama8b-sharegpt", source="https://github.com/vllm-project/vllm/pull/18566",
          setup="Llama-3.1-8B-Instruct, vLLM (May 2025), ShareGPT 1000 prompts, rate inf",
          out_of_scope="the GPU is not stated, and the ShareGPT lengths are not bundled"),
@@ -85,15 +117,20 @@ def write_trace(path: Path, row: dict, rate: float | None, seed: int = 0) -> Non
     all at 0)."""
     rng = np.random.default_rng(seed)
     ratio = row.get("ratio", 1.0)
-    lo_in, lo_out = int(ratio * row["isl"]), int(ratio * row["osl"])
+    lo_in, lo_out = max(1, int(ratio * row["isl"])), max(1, int(ratio * row["osl"]))
+    poisson = "rate" in row
+    t = 0.0
     with path.open("w") as f:
         for i in range(row["prompts"]):
             n_in = int(rng.integers(lo_in, row["isl"] + 1))
             n_out = int(rng.integers(lo_out, row["osl"] + 1))
             prompt = rng.integers(0, 100_000, n_in).tolist()
+            if poisson:                          # exponential gaps at the row's rate
+                arrival, t = t, t + float(rng.exponential(1.0 / row["rate"]))
+            else:
+                arrival = 0.0 if rate is None else i / rate
             f.write(json.dumps({"prompt_token_ids": prompt, "output_len": n_out,
-                                "arrival_s": 0.0 if rate is None else i / rate,
-                                "request_id": f"r{i}"}) + "\n")
+                                "arrival_s": arrival, "request_id": f"r{i}"}) + "\n")
 
 
 def simulate(row: dict, trace: Path, out: Path) -> dict:
@@ -113,10 +150,10 @@ def reproduce(row: dict, passes: int = 7) -> dict:
     """Run the row (module docstring); returns its predicted metrics and errors."""
     with tempfile.TemporaryDirectory() as tmp:
         trace, out = Path(tmp) / "trace.jsonl", Path(tmp) / "out.json"
-        if row.get("offline"):                   # rate inf: every request at t = 0
+        if row.get("offline") or "rate" in row:  # rate inf (all at t = 0), or Poisson at a rate
             write_trace(trace, row, None)
             d = simulate(row, trace, out)
-            return _result(row, d, None, None)
+            return _result(row, d, None, row.get("rate"))
         mean_out = (row["ratio"] * row["osl"] + row["osl"]) / 2
         conc = row["conc"]
 
@@ -145,8 +182,15 @@ def _result(row: dict, d: dict, inflight: float | None, rate: float | None) -> d
     pred = {"tput": d["throughput_tok_s"], "ttft_ms": d["ttft_mean_s"] * 1e3, "tpot_ms": d["itl_mean_s"] * 1e3}
     return {"id": row["id"], "predicted": pred, "in_flight": inflight, "rate_req_s": rate,
             "published": {k: row[k] for k in ("tput", "ttft_ms", "tpot_ms")},
-            "error": {k: pred[k] / row[k] - 1 for k in pred},
+            "error": {k: None if row[k] is None else pred[k] / row[k] - 1 for k in pred},
             "command": f"python3 benchmarks/published_results.py --rows {row['id']}"}
+
+
+def _cell(pred: float, pub: float | None, err: float | None, fmt: str) -> str:
+    """``pred / pub (err)``, or ``pred / not recorded`` for a metric the row lacks."""
+    if pub is None or err is None:
+        return f"{pred:{fmt}} / not recorded"
+    return f"{pred:{fmt}} / {pub:{fmt}} ({err:+.0%})"
 
 
 def markdown(results: list[dict]) -> str:
@@ -163,14 +207,15 @@ def markdown(results: list[dict]) -> str:
             continue
         p, q, e = r["predicted"], r["published"], r["error"]
         lines.append(f"| {row['id']} | {row['setup']} | {row['source']} | "
-                     f"{p['tput']:,.0f} / {q['tput']:,.0f} ({e['tput']:+.0%}) | "
-                     f"{p['ttft_ms']:,.0f} / {q['ttft_ms']:,.0f} ({e['ttft_ms']:+.0%}) | "
-                     f"{p['tpot_ms']:.2f} / {q['tpot_ms']:.2f} ({e['tpot_ms']:+.0%}) |")
+                     f"{_cell(p['tput'], q['tput'], e['tput'], ',.0f')} | "
+                     f"{_cell(p['ttft_ms'], q['ttft_ms'], e['ttft_ms'], ',.0f')} | "
+                     f"{_cell(p['tpot_ms'], q['tpot_ms'], e['tpot_ms'], '.2f')} |")
     if results:
         for k, name in (("tput", "output throughput"), ("ttft_ms", "TTFT"), ("tpot_ms", "TPOT")):
-            errs = [abs(r["error"][k]) for r in results]
-            lines.append(f"\n{name}: mean |error| {np.mean(errs):.0%}, worst {max(errs):.0%} "
-                         f"({len(errs)} rows)")
+            errs = [abs(r["error"][k]) for r in results if r["error"][k] is not None]
+            if errs:
+                lines.append(f"\n{name}: mean |error| {np.mean(errs):.0%}, worst {max(errs):.0%} "
+                             f"({len(errs)} rows)")
     return "\n".join(lines)
 
 

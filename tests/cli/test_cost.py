@@ -52,6 +52,7 @@ def test_cost_roofline_and_tensor_parallel(capsys) -> None:
     (["--step", "2048@,1@1024x64"], "argument --step: bad step item '2048@' in '2048@,1@1024x64'"),
     (["--step", "1@1024x0"], "bad step item '1@1024x0'"),
     (["--step", "5@5", "--gpu", "tpu"], "unknown GPU preset 'tpu'"),
+    (["--step", "5@5", "--weight-dtype", "int4"], "argument --weight-dtype: invalid choice: 'int4'"),
     (["--step", "5@5", "--profile", "/nonexistent.json"], "cannot read profile '/nonexistent.json'"),
 ])
 def test_bad_cost_input_is_one_line(capsys, args, words) -> None:
@@ -150,3 +151,34 @@ def test_simulate_help_names_the_calibrated_default(capsys) -> None:
     assert "step times from the calibrated cost model (fitted to steps measured on an H100, or to " \
            "--profile; --cost-model roofline: peak rates at fixed efficiencies)" in text
     assert "a roofline cost model for time" not in text
+
+
+def test_cost_weight_dtype_fp8_is_the_fp8_preset(capsys) -> None:
+    """``--weight-dtype fp8``: the preset with 1-byte weights and FP8 GEMMs, said in the JSON."""
+    assert main(["cost", "--preset", "llama-3.1-8b", "--gpu", "h100", "--weight-dtype", "fp8",
+                 "--step", "4096@0", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    preset = get_preset("llama-3.1-8b").with_weight_dtype("fp8")
+    expect = cost_model(preset, get_gpu("h100")).step([(4096, 0)])
+    bf16 = cost_model(get_preset("llama-3.1-8b"), get_gpu("h100")).step([(4096, 0)])
+    assert out["weight_dtype"] == "fp8" and out["time_s"] == pytest.approx(expect.time_s, rel=1e-12)
+    assert out["time_s"] < bf16.time_s
+
+
+def test_simulate_weight_dtype_fp8_sizes_the_cache_and_says_so(tmp_path) -> None:
+    """``simulate --weight-dtype fp8``: 8.03 GB less of weights on the GPU, so vLLM's rule
+    leaves that much more KV (128 KiB per token: 61,264 tokens more, whole blocks of 16), and
+    the JSON names the dtype."""
+    base = ["simulate", "--preset", "llama-3.1-8b", "--workload", "chat", "--limit", "5", "--no-progress",
+            "--no-optimum", "--gpus", "1"]
+    blocks = {}
+    for dtype in ("bf16", "fp8"):
+        out = tmp_path / f"{dtype}.json"
+        assert main([*base, "--weight-dtype", dtype, "--json", str(out)]) == 0
+        d = json.loads(out.read_text())
+        assert d["config"]["weight_dtype"] == dtype
+        blocks[dtype] = d["config"]["num_blocks"]
+    p = get_preset("llama-3.1-8b")
+    from hybridkv.cost.hardware import kv_budget
+    want = [kv_budget(q, get_gpu("h100"), 1).tokens() // 16 for q in (p, p.with_weight_dtype("fp8"))]
+    assert [blocks["bf16"], blocks["fp8"]] == want and want[1] - want[0] == 8_030_000_000 // 131072 // 16

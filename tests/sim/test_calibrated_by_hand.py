@@ -380,3 +380,41 @@ def test_cost_with_the_roofline_model_on_many_gpus(capsys) -> None:
     assert d["steps"][0]["comm_s"] > 0                    # TP-32: over the inter-node link
     assert d["steps"][0]["flops"] == pytest.approx(f, rel=REL)
     assert d["steps"][0]["bytes"] == pytest.approx(b, rel=REL)
+
+
+def test_fp8_weights_halve_the_weight_reads_and_run_the_gemms_at_the_fp8_peak() -> None:
+    """``with_weight_dtype("fp8")``: 1 byte per weight and GEMMs at the H100's dense FP8 peak
+    (1,979 TFLOP/s, datasheet) instead of BF16's 989; attention unchanged. The one-decode step of
+    the test above: its GEMM compute term ``a`` scales by 989 / 1979, its weight reads ``b``
+    halve, the rest is the same."""
+    P_tok = 8_030_000_000 - 2 * 525_336_576
+    a = (2 * P_tok * 64 + 2 * 525_336_576 * 64) / (989e12 * 0.5)
+    b = (8_030_000_000 - 525_336_576) * 2 / (3.35e12 * 0.5)
+    bf16 = CalibratedCostModel(get_preset("llama-3.1-8b"), H100, ROUND)
+    fp8_preset = get_preset("llama-3.1-8b").with_weight_dtype("fp8")
+    fp8 = CalibratedCostModel(fp8_preset, H100, ROUND)
+    assert (fp8_preset.weight_bytes_per_param, fp8_preset.gemm_dtype) == (1.0, "fp8")
+    assert fp8.step_time([(1, 1023)]) - bf16.step_time([(1, 1023)]) \
+        == pytest.approx(a * (989 / 1979 - 1) - b / 2, rel=1e-9)
+    for work in WORK:                        # the three paths agree on the FP8 model too
+        new, ctx = [n for n, _ in work], [c for _, c in work]
+        assert fp8.step_time_arrays(list(new), list(ctx)) == pytest.approx(fp8.step_time(work), rel=REL)
+        assert fp8.step(work).time_s == pytest.approx(fp8.step_time(work), rel=REL)
+    assert get_preset("llama-3.1-8b").with_weight_dtype(None) == get_preset("llama-3.1-8b")
+    with pytest.raises(ValueError, match="unknown weight dtype 'int4'; valid: bf16, fp8"):
+        get_preset("llama-3.1-8b").with_weight_dtype("int4")
+
+
+def test_fp8_roofline_counts_the_gemm_flops_at_the_fp8_peak() -> None:
+    """Roofline, a 4096-token fresh prefill of llama-3.1-8b (compute-bound): compute =
+    (2 x 8.03e9 x 4096 x 989/1979 + attention FLOPs) / (989 TFLOP/s x mfu 0.5); attention:
+    32 layers x 4 x 4096 x the causal pairs 4096 x 4097 / 2."""
+    from hybridkv.cost.costmodel import CostModel
+    attn = 32 * 4 * 4096 * (4096 * 4097 // 2)
+    for dtype, scale in (("bf16", 1.0), ("fp8", 989 / 1979)):
+        m = CostModel(get_preset("llama-3.1-8b").with_weight_dtype(dtype), H100)
+        c = m.step([(4096, 0)])
+        want = (2 * 8_030_000_000 * 4096 * scale + attn) / (989e12 * 0.5)
+        assert c.compute_s == pytest.approx(want, rel=1e-12) and c.bound == "compute"
+        assert c.flops == pytest.approx(2 * 8_030_000_000 * 4096 + attn, rel=1e-12)   # real FLOPs
+        assert m.step_time_arrays([4096], [0]) == pytest.approx(c.time_s, rel=1e-12)

@@ -676,7 +676,7 @@ def test_cluster_config_record_is_the_single_simulators() -> None:
                  sched=SchedulerConfig(max_num_batched_tokens=1024, max_num_seqs=7))
     items = items_from_trace([_req("a", 0, range(64)), _req("b", 1, range(100, 164))])
     one = Simulator(cfg).run(items).config
-    shared = ("preset", "gpu", "num_gpus", "block_size", "cache_tokens", "key_block_size",
+    shared = ("preset", "weight_dtype", "gpu", "num_gpus", "block_size", "cache_tokens", "key_block_size",
               "retention_interval", "eviction_policy", "prefix_retention",
               "max_num_batched_tokens", "max_num_seqs", "seed", "tiers")
     want = {k: one[k] for k in shared} | {

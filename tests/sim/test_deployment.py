@@ -173,3 +173,31 @@ def test_moe_layers_exchange_tokens_instead_of_all_reducing() -> None:
     assert (c.all_reduces, c.a2a_layers, c.dispatch_bytes_per_token) == (37, 36, 4 * 2880)
     c = comm_counts(get_preset("deepseek-v3"), Deployment(4, 2, 8, 8, True))
     assert (c.all_reduces, c.a2a_layers) == (1 + 61 + 3, 58)
+
+
+def test_h800_is_an_h100_with_a_slower_nvlink() -> None:
+    """The h800 preset: H100 SXM memory, bandwidth and BF16/FP8 peaks; its NVLink entry is
+    H100's scaled by 400 / 900 GB/s (busbw 476 -> 211.6 GB/s, ring 370 -> 164.4 GB/s) with
+    DeepEP's own H800 all-to-all (153 / 158 GB/s)."""
+    h800 = get_gpu("h800")
+    assert (h800.memory_bytes, h800.mem_bw, h800.flops, h800.fp8_flops) \
+        == (H100.memory_bytes, 3.35e12, 989e12, 1979e12)
+    assert H100.gemm_flops("fp8") == 1979e12 and get_gpu("b200").gemm_flops("fp8") == 4500e12
+    nv = link_for(h800, 8, 8)
+    assert nv.name == "nvlink-h800" and link_for(h800, 16, 8).name == "ib-ndr"
+    assert all_reduce_s(nv, 524288, 8) == pytest.approx(22.1 * US)            # H100's table
+    assert all_reduce_s(nv, 2 * 2**20, 8) == pytest.approx(33.8e-6 + 2**20 * 1.75 / (476e9 * 4 / 9))
+    assert all_gather_s(nv, 370e6, 8) == pytest.approx(5.9e-6 + 370e6 * 7 / 8 / (370e9 * 4 / 9))
+    assert all_to_all_s(nv, 153e6, 158e6, 8) == pytest.approx(2 * 5.9e-6 + 2e-3)
+
+
+def test_fp8_weights_leave_more_kv_memory() -> None:
+    """vLLM's rule with 1-byte weights: 0.9 x 79.18 GiB - 8.03 GB - 6 GiB on one H100."""
+    from hybridkv.cost.hardware import kv_budget
+    p = get_preset("llama-3.1-8b")
+    got = kv_budget(p.with_weight_dtype("fp8"), H100, 1).kv_bytes
+    assert got == int(0.9 * int(79.18 * 2**30) - 8.03e9 - 6 * 2**30)
+    assert got - kv_budget(p, H100, 1).kv_bytes == pytest.approx(8.03e9, abs=1)
+    from hybridkv.cost.presets import GpuPreset
+    with pytest.raises(ValueError, match="has no FP8 peak"):
+        GpuPreset("cpu", 0, 1e11, 1e12).gemm_flops("fp8")

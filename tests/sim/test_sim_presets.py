@@ -108,7 +108,7 @@ def test_with_block_size() -> None:
 def test_lookup_errors_list_valid_names() -> None:
     with pytest.raises(ValueError, match="llama-3.1-8b.*deepseek-v4-style"):
         get_preset("gpt-5")
-    with pytest.raises(ValueError, match="h100, h200, b200"):
+    with pytest.raises(ValueError, match="h100, h800, h200, b200"):
         get_gpu("tpu")
 
 

@@ -20,7 +20,7 @@ from hybridkv.cost.deployment import (DEFAULT_GPUS_PER_NODE, Deployment, default
                                      expert_params, instance_budget)
 from hybridkv.cost.hardware import (DEFAULT_GPU_MEMORY_FRACTION, MAX_GPUS, KVBudget, fewest_gpus,
                                    kv_budget)
-from hybridkv.cost.presets import GPU_PRESETS, ModelPreset, get_gpu
+from hybridkv.cost.presets import GPU_PRESETS, WEIGHT_DTYPES, ModelPreset, get_gpu
 
 DEFAULT_GPU = "h100"
 
@@ -30,6 +30,7 @@ def add_hardware_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("hardware (the KV cache is what it leaves, as in vLLM)")
     g.add_argument("--gpu", default=DEFAULT_GPU,
                    help=f"GPU preset: {', '.join(GPU_PRESETS)} (default {DEFAULT_GPU})")
+    add_weight_dtype_option(g)
     g.add_argument("--gpus", type=int_in(1, MAX_GPUS),
                    help="GPUs of the deployment (default: the fewest, a power of two, that hold the "
                         "weights and any --cache-tokens / --num-blocks); without --tp/--dp they run "
@@ -53,6 +54,15 @@ def add_hardware_options(p: argparse.ArgumentParser) -> None:
                    help="share of GPU memory the engine may use, vLLM's gpu_memory_utilization "
                         f"(default {DEFAULT_GPU_MEMORY_FRACTION:g}); the KV cache is this share "
                         "less the weights and a 6 GiB-per-GPU activation reserve")
+
+
+def add_weight_dtype_option(g: argparse._ActionsContainer) -> None:
+    """``--weight-dtype`` (``simulate``, ``sweep``, ``cost``):
+    :meth:`~hybridkv.cost.presets.ModelPreset.with_weight_dtype`."""
+    g.add_argument("--weight-dtype", choices=list(WEIGHT_DTYPES),
+                   help="run the preset's weights in this dtype (fp8: W8A8 as engines run FP8 "
+                        "checkpoints: 1 byte per weight, GEMMs at the GPU's FP8 peak; default: the "
+                        "preset's)")
 
 
 def add_size_options(p: argparse.ArgumentParser, what: str = "the KV cache") -> None:
@@ -300,5 +310,5 @@ def is_default_size(args: argparse.Namespace) -> bool:
     return getattr(args, "cache_tokens", None) is None and getattr(args, "num_blocks", None) is None
 
 
-__all__ = ["add_hardware_options", "add_size_options", "capacity_blocks", "choose_deployment", "is_default_size",
+__all__ = ["add_hardware_options", "add_size_options", "add_weight_dtype_option", "capacity_blocks", "choose_deployment", "is_default_size",
            "larger_cache", "more_gpus", "plan_from_options", "plan_gpus", "requested_bytes", "size_option"]

@@ -28,7 +28,7 @@ def run_presets(args: argparse.Namespace) -> int:
             "spec_decode": p.spec_decode,
             "source": p.source,
         }
-    gpus = {n: {"memory_bytes": g.memory_bytes, "mem_bw": g.mem_bw, "flops": g.flops}
+    gpus = {n: {"memory_bytes": g.memory_bytes, "mem_bw": g.mem_bw, "flops": g.flops, "fp8_flops": g.fp8_flops}
             for n, g in GPU_PRESETS.items()}
     if args.json:
         print_json({"models": rows, "gpus": gpus})
@@ -41,7 +41,8 @@ def run_presets(args: argparse.Namespace) -> int:
     print("GPU presets:")
     for n, g in GPU_PRESETS.items():
         print(f"  {n:<6} {g.memory_bytes / 1e9:.0f} GB, {g.mem_bw / 1e12:.2f} TB/s, "
-              f"{g.flops / 1e12:.0f} TFLOP/s bf16 dense")
+              f"{g.flops / 1e12:.0f} TFLOP/s bf16 dense"
+              + ("" if g.fp8_flops is None else f", {g.fp8_flops / 1e12:.0f} fp8"))
     return 0
 
 

@@ -15,7 +15,9 @@ attention, and the fixed per-step overhead, and which term bounds it; then the r
 for comparison. ``--json`` prints one object instead: ``time_s`` (all steps together), the
 model, and per step the same fields. With ``--profile`` the times are on the profile's device
 (``device`` in the JSON; a CPU profile gives CPU times, and the header names it), the roofline's
-too; a profile measured on another model than ``--preset`` is warned about.
+too; a profile measured on another model than ``--preset`` is warned about. ``--weight-dtype
+fp8`` runs the preset's weights in FP8 (1 byte each, GEMMs at the GPU's FP8 peak; ``weight_dtype``
+in the JSON).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 
 from hybridkv.cli.base import COMMANDS, Command
+from hybridkv.cli.capacity import add_weight_dtype_option
 from hybridkv.cli.options import int_in, step_argument
 from hybridkv.cli.output import print_json
 from hybridkv.cli.sim_options import (DEFAULT_PRESET, add_cost_model_options, check_cost_model_options,
@@ -41,6 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default=DEFAULT_PRESET,
                    help=f"model preset (default {DEFAULT_PRESET}; see `hybridkv presets`)")
     p.add_argument("--gpu", default="h100", help=f"GPU preset: {', '.join(GPU_PRESETS)}")
+    add_weight_dtype_option(p)
     p.add_argument("--gpus", "--tp", dest="gpus", type=int_in(1, 1024),
                    help="tensor-parallel GPUs of the engine (default: one instance of simulate's "
                         "default deployment over the fewest GPUs, a power of two, whose 90%% less "
@@ -64,7 +68,7 @@ def _ms(seconds: float) -> str:
 
 def run(args: argparse.Namespace) -> int:
     check_cost_model_options(args)
-    preset = get_preset(args.preset)
+    preset = get_preset(args.preset).with_weight_dtype(args.weight_dtype)
     gpu = get_gpu(args.gpu)
     gpus = args.gpus or fewest_gpus(preset, gpu)
     if gpus is None:
@@ -88,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
         steps.append({"step": format_step(work), "requests": len(work),
                       "new_tokens": sum(n for n, _ in work), **c.to_json(),
                       "roofline": None if model.kind == "roofline" else r.to_json()})
-    out = {"preset": preset.name, "gpu": gpu.name, "device": device.name, "num_gpus": gpus,
+    out = {"preset": preset.name, "weight_dtype": preset.gemm_dtype, "gpu": gpu.name,
+           "device": device.name, "num_gpus": gpus,
            "deployment": dep.to_json(), "cost_model": model.kind,
            "source": model.source, "time_s": sum(s["time_s"] for s in steps), "steps": steps}
     if args.json:
@@ -97,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
     where = f"{dep.gpus} x {device.name}" if dep.gpus == 1 else f"{dep.name}, {dep.gpus} x {device.name}"
     if device.name != gpu.name:
         where += f" (the profile's device; --gpu {gpu.name} only sizes memory)"
-    print(f"{preset.name} on {where}; {model.source}")
+    weights = "" if preset.gemm_dtype == "bf16" else f" ({preset.gemm_dtype} weights)"
+    print(f"{preset.name}{weights} on {where}; {model.source}")
     for s in steps:
         reqs = f"{s['requests']} request" + ("s" if s["requests"] != 1 else "")
         print(f"step {s['step']} ({reqs}, {s['new_tokens']:,} new tokens): "

@@ -318,9 +318,10 @@ def load_items(args: argparse.Namespace) -> list[WorkItem]:
 
 
 def options_preset(args: argparse.Namespace):
-    """The ``--preset`` with ``--block-size`` applied, and with ``--spec eagle3:K`` the
-    drafter's KV group the preset records (:meth:`~hybridkv.cost.presets.ModelPreset.with_drafter`)."""
-    preset = get_preset(args.preset)
+    """The ``--preset`` with ``--weight-dtype`` and ``--block-size`` applied, and with ``--spec
+    eagle3:K`` the drafter's KV group the preset records
+    (:meth:`~hybridkv.cost.presets.ModelPreset.with_drafter`)."""
+    preset = get_preset(args.preset).with_weight_dtype(getattr(args, "weight_dtype", None))
     preset = preset if args.block_size is None else preset.with_block_size(args.block_size)
     spec = getattr(args, "spec", None)
     return preset.with_drafter(getattr(spec, "method", None),

@@ -9,9 +9,10 @@ with efficiencies fitted to measured steps (:mod:`hybridkv.cost.calibration_fit`
 
 A step's work is ``[(new_tokens, context_before), ...]`` as for the roofline. With ``T`` the
 step's new tokens, ``R`` its requests (each samples one row of logits), ``G`` GPUs, peak FLOP/s
-``F`` and bandwidth ``B`` from the GPU preset::
+``F`` and bandwidth ``B`` from the GPU preset (``F_gemm``: its peak in the model's
+:attr:`~hybridkv.cost.presets.ModelPreset.gemm_dtype`, FP8's for an FP8 model, else ``F``)::
 
-    a      = (2 * P_tok * tile(T) + 2 * P_head * tile(R)) / (G * F * gemm_efficiency)   # GEMM compute
+    a      = (2 * P_tok * tile(T) + 2 * P_head * tile(R)) / (G * F_gemm * gemm_efficiency)   # GEMM compute
     b      = weight_bytes(T) / (G * B * weight_bw_efficiency)                   # weight reads
     gemm   = (a**p + b**p) ** (1/p),   p = gemm_blend                           # smooth roofline
     attn   = sum over KV groups g and attention calls k of
@@ -219,6 +220,7 @@ class CalibratedCostModel:
         self._tok_flops = 2.0 * max(model.active_params - head - untied, 1)
         self._head_flops = 2.0 * head
         self._weights = (model.num_params - untied) * model.weight_bytes_per_param
+        self._gemm_peak = gpu.gemm_flops(model.gemm_dtype)   # FP8 GEMMs: the FP8 peak
         self._active_frac = (model.active_params - untied) / max(model.num_params - untied, 1)
         heads = s.num_heads if s is not None else None
         groups = []
@@ -340,7 +342,7 @@ class CalibratedCostModel:
     # ---- time -----------------------------------------------------------------------------------
     def step(self, work: Iterable[tuple[int, int]]) -> StepCost:
         """Cost of one step scheduling ``work`` (with the compute / memory / attention split)."""
-        return evaluate_features(self.features(work), self.calibration, self.gpu)
+        return evaluate_features(self.features(work), self.calibration, self.gpu, self._gemm_peak)
 
     def step_time(self, work: Iterable[tuple[int, int]]) -> float:
         """Seconds one step scheduling ``work`` takes."""
@@ -374,7 +376,7 @@ class CalibratedCostModel:
         total = float(new.sum())
         tile = GEMM_ROW_TILE                                 # row_tile(), inlined
         a = (self._tok_flops * (-(-total // tile) * tile) + self._head_flops * (-(-new.size // tile) * tile)) \
-            / (F * cal.gemm_efficiency)
+            / (self._gemm_peak * G * cal.gemm_efficiency)
         b = self.weight_bytes(total) / (B * cal.weight_bw_efficiency)
         p = cal.gemm_blend
         m = a if a > b else b
@@ -486,7 +488,7 @@ class CalibratedCostModel:
         total = float(sum(new))
         tile = GEMM_ROW_TILE
         a = (self._tok_flops * (-(-total // tile) * tile) + self._head_flops * (-(-n_dec // tile) * tile)) \
-            / (F * cal.gemm_efficiency)
+            / (self._gemm_peak * G * cal.gemm_efficiency)
         b = self.weight_bytes(total) / (B * cal.weight_bw_efficiency)
         p = cal.gemm_blend
         m = a if a > b else b
@@ -563,11 +565,13 @@ def call_times(cal: Calibration, peak_flops: float, peak_bw: float, flops: NDArr
     return layers * scale * (work / np.maximum(occupancy, 1e-12) + per_block)
 
 
-def evaluate_features(f: StepFeatures, cal: Calibration, gpu: GpuPreset) -> StepCost:
-    """The :class:`StepCost` of features ``f`` under ``cal`` on ``gpu``'s peaks."""
+def evaluate_features(f: StepFeatures, cal: Calibration, gpu: GpuPreset,
+                      gemm_peak: float | None = None) -> StepCost:
+    """The :class:`StepCost` of features ``f`` under ``cal`` on ``gpu``'s peaks (``gemm_peak``:
+    the GEMMs' peak FLOP/s when not ``gpu.flops``, BF16's: :meth:`GpuPreset.gemm_flops`)."""
     if f.tokens == 0:
         return StepCost(0.0, 0.0, 0.0, 0.0, 0.0, model="calibrated")
-    a = f.gemm_tile_flops / (gpu.flops * cal.gemm_efficiency)
+    a = f.gemm_tile_flops / ((gpu.flops if gemm_peak is None else gemm_peak) * cal.gemm_efficiency)
     b = f.weight_bytes / (gpu.mem_bw * cal.weight_bw_efficiency)
     p = cal.gemm_blend
     m = max(a, b)

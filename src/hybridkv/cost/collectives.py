@@ -125,6 +125,11 @@ _H100_A2A_NVLINK = (8, 450 * GB * 153 / 160, 450 * GB * 158 / 160)
 # 39 GB/s.
 _IB_A2A = ((16, 90 * GB, 81 * GB), (32, 61 * GB, 61 * GB), (64, 43 * GB, 46 * GB), (1 << 20, 39 * GB, 39 * GB))
 
+# NVIDIA H800 SXM5: NVLink 400 GB/s bidirectional where H100 SXM5 has 900 GB/s (H100 datasheet;
+# H800's figure as NVIDIA's H800 specification gives it, quoted in e.g. philisun.com "NVIDIA H800
+# vs H100: a technical deep dive"); the derived H800 entry scales H100's bandwidths by it.
+_H800_RATIO = 400 / 900
+
 LINKS: dict[str, Link] = {
     # 8 x H100 SXM over NVSwitch: all-reduce small messages from the SGLang table; large ones at
     # nccl-tests' 476 GB/s busbw (nccl-tests issue #290: "476GB/s looks to be in the expected
@@ -139,6 +144,17 @@ LINKS: dict[str, Link] = {
     "nvlink-h200": Link("nvlink-h200", _H100_AR, 475 * GB, _H100_RING, _H100_AR[8][0][1],
                         (_H100_A2A_NVLINK,),
                         "H100's NVLink 4 tables (same fabric); nccl-tests #272 (475 GB/s busbw, 8 x H200)"),
+    # 8 x H800 SXM: NVLink 4 cut to 400 GB/s bidirectional (_H800_RATIO; H100: 900). Derived from the H100 entry by the bandwidth ratio 400 / 900: all-reduce busbw
+    # 476 -> 211.6 GB/s, ring 370 -> 164.4 GB/s (DeepEP's legacy table, measured on H800,
+    # calls its NVLink "~160 GB/s maximum": the same figure). All-to-all: DeepEP's own H800
+    # measurement, intranode EP 8 dispatch 153 GB/s, combine 158 GB/s (docs/legacy.md). The
+    # small-message all-reduce table is H100's (latency-bound below 32 KiB; above it a lower
+    # bound, as no H800 table was found).
+    "nvlink-h800": Link("nvlink-h800", _H100_AR, 476 * GB * _H800_RATIO, _H100_RING * _H800_RATIO,
+                        _H100_AR[8][0][1], ((8, 153 * GB, 158 * GB),),
+                        "H100's NVLink 4 tables x 400/900 (H800 NVLink 400 GB/s): 211.6 GB/s busbw, "
+                        "164.4 GB/s ring; DeepEP legacy intranode EP8 on H800 153/158 GB/s; "
+                        "H100's small-message table"),
     # 8 x B200 (NVLink 5, 1.8 TB/s bidirectional): NCCL issue #1807
     # (github.com/NVIDIA/nccl/issues/1807): 8 x B200 all_reduce_perf "Ours is 830+" GB/s busbw.
     # DeepEP README (V2): SM100 EP 8 over NVLink dispatch 726 GB/s, combine 740 GB/s. No published
@@ -157,7 +173,7 @@ LINKS: dict[str, Link] = {
 }
 """Link kinds by name (their sources in the comments and ``source``)."""
 
-NVLINK_OF_GPU = {"h100": "nvlink-h100", "h200": "nvlink-h200", "b200": "nvlink-b200"}
+NVLINK_OF_GPU = {"h100": "nvlink-h100", "h800": "nvlink-h800", "h200": "nvlink-h200", "b200": "nvlink-b200"}
 """The NVLink kind inside a node of each GPU preset."""
 
 

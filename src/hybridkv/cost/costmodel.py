@@ -21,7 +21,9 @@ bytes ``b_g`` summed over its layers, window ``W_g``)::
     time   = max(FLOPs / (num_gpus * peak_flops * mfu),
                  bytes / (num_gpus * peak_bw * mbu)) + step_overhead_s
 
-``r_g`` is an MLA group's ``compress_ratio`` (1 otherwise); ``b_g`` already includes it. ``A``
+An FP8 model (``gemm_dtype`` fp8) charges its ``2 * active_params * T`` GEMM FLOPs at the GPU's
+FP8 peak: in the compute term they count ``peak_flops / fp8_peak`` times (the FLOPs reported
+stay the real ones). ``r_g`` is an MLA group's ``compress_ratio`` (1 otherwise); ``b_g`` already includes it. ``A``
 and ``P`` are active and total parameters and ``wbpp`` the bytes per weight; for a dense model
 ``A = P`` and every step reads all weights once. For MoE, each token is modelled as touching a
 random fraction ``A/P`` of the weights, so a batch of ``T`` tokens reads the expected union
@@ -148,7 +150,7 @@ class CostModel:
     # per group of the model: its rule, 4 * attn_width * layers (FLOPs per (query, key) pair),
     # its compress ratio and its KV bytes per token over its layers (set by __post_init__)
     _groups: tuple[tuple[HitRule, float, int, int], ...] = field(init=False, repr=False, compare=False, default=())
-    # (2 * active_params, num_gpus * peak FLOP/s * mfu, num_gpus * peak bytes/s * mbu): the
+    # (2 * active_params (x BF16 / FP8 peak for an FP8 model), num_gpus * peak FLOP/s * mfu, num_gpus * peak bytes/s * mbu): the
     # formula's constant factors, multiplied in the formula's own order (set by __post_init__)
     _consts: tuple[float, ...] = field(init=False, repr=False, compare=False, default=())
     # weight_bytes(T) by T, filled as step_time_arrays meets each T (at most the token budget)
@@ -166,7 +168,10 @@ class CostModel:
         object.__setattr__(self, "_groups", tuple(
             (_rule(g.spec), 4.0 * m.attn_width * len(g.layer_names), g.spec.compress_ratio,
              g.spec.bytes_per_token * len(g.layer_names)) for g in m.groups))
-        object.__setattr__(self, "_consts", (2.0 * m.active_params,
+        # FP8 GEMMs (gemm_dtype) run at the GPU's FP8 peak: their FLOPs count as BF16 FLOPs
+        # times this ratio (1.0 for BF16, so the formula is unchanged there)
+        gemm_scale = self.gpu.flops / self.gpu.gemm_flops(m.gemm_dtype)
+        object.__setattr__(self, "_consts", (2.0 * m.active_params * gemm_scale,
                                              self.num_gpus * self.gpu.flops * self.mfu,
                                              self.num_gpus * self.gpu.mem_bw * self.mbu))
 
@@ -212,7 +217,7 @@ class CostModel:
             return StepCost(0.0, 0.0, 0.0, 0.0, 0.0)
         flops = 2.0 * m.active_params * total_new + attn_flops
         nbytes = self.weight_bytes(total_new) + kv_bytes
-        compute_s = flops / (self.num_gpus * self.gpu.flops * self.mfu)
+        compute_s = (self._consts[0] * total_new + attn_flops) / (self.num_gpus * self.gpu.flops * self.mfu)
         memory_s = nbytes / (self.num_gpus * self.gpu.mem_bw * self.mbu)
         return StepCost(flops, nbytes, compute_s, memory_s, max(compute_s, memory_s) + self.step_overhead_s,
                         overhead_s=self.step_overhead_s)

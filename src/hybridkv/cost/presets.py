@@ -1,12 +1,14 @@
-"""Model and GPU presets for the simulator, built from published configurations.
+"""Model presets for the simulator, built from published configurations (the GPU presets live
+in :mod:`hybridkv.cost.gpus` and are re-exported here).
 
-Every number cites its source: for models the Hugging Face ``config.json`` field it comes from
-(the repo is named on each preset), for GPUs the vendor datasheet. Layers are grouped
+Every number cites its source: the Hugging Face ``config.json`` field it comes from (the repo
+is named on each preset). Layers are grouped
 vLLM-style: one :class:`~hybridkv.core.specs.KVCacheGroup` per attention type, layer names
 ``layers.<i>`` in model order (``mtp.<i>`` for speculative draft layers).
 
 Presets are plain data; :meth:`ModelPreset.with_block_size` gives a copy with another block
-size and :meth:`ModelPreset.kv_config` a :class:`~hybridkv.core.specs.KVCacheConfig`.
+size, :meth:`ModelPreset.with_weight_dtype` one whose weights run in FP8 (or BF16), and
+:meth:`ModelPreset.kv_config` a :class:`~hybridkv.core.specs.KVCacheConfig`.
 """
 
 from __future__ import annotations
@@ -30,12 +32,14 @@ from hybridkv.core.specs import (
     is_state,
 )
 from hybridkv.core.validation import check_int
+from hybridkv.cost.gpus import GPU_PRESETS, WEIGHT_DTYPES, GpuPreset, get_gpu
 from hybridkv.cost.shapes import MLAShape, ModelShapes, MoEShape, StateShape
 
 __all__ = [
     "GPU_PRESETS",
     "MODEL_PRESETS",
     "GpuPreset",
+    "WEIGHT_DTYPES",
     "ModelPreset",
     "get_gpu",
     "get_preset",
@@ -44,6 +48,7 @@ __all__ = [
 
 DEFAULT_BLOCK_SIZE = 16
 """vLLM's default block size for full-attention / SWA models."""
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +68,9 @@ class ModelPreset:
             of the QK and V head dims times the heads); attention costs ``4 * attn_width`` FLOPs
             per (query, key) pair per layer.
         weight_bytes_per_param: bytes per parameter of the released checkpoint's weights.
+        gemm_dtype: the dtype the weight GEMMs run in, a key of :data:`WEIGHT_DTYPES`: the
+            cost models charge their FLOPs at the GPU's peak for it
+            (:meth:`GpuPreset.gemm_flops`); attention stays at the BF16 peak.
         spec_decode: default speculative decoding as ``(method, num_speculative_tokens)``, or None.
         source: where the numbers come from.
         shapes: layer widths (MLP, vocabulary, MoE, MLA, recurrent heads) for the calibrated
@@ -86,6 +94,7 @@ class ModelPreset:
     hidden_size: int
     attn_width: int
     weight_bytes_per_param: float = 2.0
+    gemm_dtype: str = "bf16"
     spec_decode: tuple[str, int] | None = None
     source: str = ""
     shapes: ModelShapes | None = None
@@ -100,6 +109,9 @@ class ModelPreset:
                 f"ModelPreset {self.name!r}: need 0 < active_params <= num_params, got "
                 f"{self.active_params} and {self.num_params}"
             )
+        if self.gemm_dtype not in WEIGHT_DTYPES:
+            raise ValueError(f"ModelPreset {self.name!r}: gemm_dtype must be one of "
+                             f"{', '.join(WEIGHT_DTYPES)}, got {self.gemm_dtype!r}")
 
     @property
     def block_size(self) -> int:
@@ -135,6 +147,15 @@ class ModelPreset:
             spec = dataclasses.replace(g.spec, block_size=scaled // self.block_size)
             new_groups.append(dataclasses.replace(g, spec=spec))
         return dataclasses.replace(self, groups=tuple(new_groups))
+
+    def with_weight_dtype(self, dtype: str | None) -> ModelPreset:
+        """A copy run in weight dtype ``dtype`` (a key of :data:`WEIGHT_DTYPES`): its weights
+        take that many bytes per parameter and its GEMMs run in it. None: this preset."""
+        if dtype is None:
+            return self
+        if dtype not in WEIGHT_DTYPES:
+            raise ValueError(f"unknown weight dtype {dtype!r}; valid: {', '.join(WEIGHT_DTYPES)}")
+        return dataclasses.replace(self, weight_bytes_per_param=WEIGHT_DTYPES[dtype], gemm_dtype=dtype)
 
     def with_drafter(self, method: str | None, shared: bool = False) -> ModelPreset:
         """This preset with the drafter's KV of speculative ``method`` (at the main group's
@@ -559,47 +580,3 @@ def get_preset(name: str) -> ModelPreset:
 # --------------------------------------------------------------------------------------------
 # GPUs
 # --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class GpuPreset:
-    """One accelerator for the roofline cost model.
-
-    Attributes:
-        name: preset name.
-        memory_bytes: HBM capacity (the H100's as CUDA reports it; the others' datasheet).
-        mem_bw: peak HBM bandwidth in bytes/s.
-        flops: peak dense BF16 tensor FLOP/s (no sparsity).
-        source: datasheet the numbers come from.
-    """
-
-    name: str
-    memory_bytes: int
-    mem_bw: float
-    flops: float
-    source: str = ""
-
-
-GPU_PRESETS: dict[str, GpuPreset] = {
-    # NVIDIA H100 Tensor Core GPU datasheet, SXM5: 80 GB HBM3, 3.35 TB/s,
-    # BF16 1,979 TFLOPS *with sparsity* -> 989 TFLOPS dense. Memory: what CUDA reports and vLLM's
-    # gpu_memory_utilization multiplies, 79.18 GiB (vLLM start-up logs on an H100 80GB HBM3,
-    # llm-d-benchmark config_explorer/empirical-vllm-memory-results.md), not the datasheet's 80 GB.
-    "h100": GpuPreset("h100", int(79.18 * 2**30), 3.35e12, 989e12,
-                      "NVIDIA H100 datasheet (SXM); memory as CUDA reports it (vLLM logs)"),
-    # NVIDIA H200 datasheet (SXM): 141 GB HBM3e, 4.8 TB/s, same compute as H100 (989 TFLOPS dense).
-    "h200": GpuPreset("h200", 141 * 10**9, 4.8e12, 989e12, "NVIDIA H200 datasheet (SXM)"),
-    # NVIDIA Blackwell B200 (GTC 2024 announcement / DGX B200): 192 GB HBM3e, 8 TB/s,
-    # FP16/BF16 4.5 PFLOPS with sparsity -> 2.25 PFLOPS dense. (The HGX B200 datasheet lists
-    # 180 GB / 7.7 TB/s usable per GPU in some SKUs.)
-    "b200": GpuPreset("b200", 192 * 10**9, 8.0e12, 2250e12, "NVIDIA B200 / DGX B200 specifications"),
-}
-"""GPU presets by name."""
-
-
-def get_gpu(name: str) -> GpuPreset:
-    """The GPU preset ``name``; raises ValueError listing the valid names."""
-    try:
-        return GPU_PRESETS[name]
-    except KeyError:
-        raise ValueError(f"unknown GPU preset {name!r}; valid GPUs: {', '.join(GPU_PRESETS)}") from None

@@ -245,8 +245,8 @@ class Simulator:
         if kv.hints:
             res.hints = self._hint_report()
         res.wall_s = time.perf_counter() - t0
-        res.config = {"preset": cfg.preset.name, "gpu": cfg.gpu.name, "num_gpus": cfg.num_gpus,
-                      "deployment": deployment_json(cfg),
+        res.config = {"preset": cfg.preset.name, "weight_dtype": cfg.preset.gemm_dtype, "gpu": cfg.gpu.name,
+                      "num_gpus": cfg.num_gpus, "deployment": deployment_json(cfg),
                       "cost_model": self.cost.source,
                       "num_blocks": cfg.num_blocks, "cache_tokens": cfg.cache_tokens,
                       "block_size": cfg.preset.block_size,

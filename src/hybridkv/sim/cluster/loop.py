@@ -519,7 +519,8 @@ class ClusterSimulator:
         if dep.dp != len(insts) and not dep.dp_attention:       # instances of one engine each
             dep = dataclasses.replace(dep, dp=len(insts))
         dep = dep.to_json()
-        config = {"preset": cfg.preset.name, "gpu": cfg.gpu.name, "num_gpus": cfg.num_gpus,
+        config = {"preset": cfg.preset.name, "weight_dtype": cfg.preset.gemm_dtype, "gpu": cfg.gpu.name,
+                  "num_gpus": cfg.num_gpus,
                   "deployment": dep, "spec": (f"{cfg.spec.method}:{cfg.spec.num_speculative_tokens}"
                                                     if cfg.spec else None),
                   "num_blocks_per_instance": cfg.num_blocks, "block_size": cfg.preset.block_size,
