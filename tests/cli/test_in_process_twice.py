@@ -25,8 +25,10 @@ def _state() -> tuple:
 
 
 def _strip_volatile(d: dict) -> dict:
-    """A result without what differs between two equal runs (wall-clock times)."""
-    drop = {"sim_s", "sim_steps_per_s", "sim_requests_per_s", "optimum_s", "wall_s"}
+    """A result without what differs between two equal runs: the keys that measure the process
+    (:data:`~hybridkv.sim.result.TIMING_KEYS`: wall-clock times, whether the bounds were reused)."""
+    from hybridkv.sim.result import TIMING_KEYS
+    drop = {*TIMING_KEYS, "optimum_s"}
     if isinstance(d, dict):
         return {k: _strip_volatile(v) for k, v in d.items() if k not in drop}
     if isinstance(d, list):
