@@ -263,8 +263,9 @@ class SimResult:
         ``sim_steps_per_s`` / ``sim_requests_per_s`` the simulator's throughput (engine steps
         and served requests per second of ``sim_s``). All other keys are deterministic.
         """
-        def pct(q: float) -> float | None:
-            return float(np.percentile(self.ttft_s, q)) if self.ttft_s else None
+        def pct(q: float, xs: list[float] | None = None) -> float | None:
+            xs = self.ttft_s if xs is None else xs
+            return float(np.percentile(xs, q)) if xs else None
         opt = self.optimal_block_hit_rate
         hz = self.hazard_block_hit_rate
         by_tier = {"gpu": self.gpu_hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0}
@@ -299,6 +300,8 @@ class SimResult:
             "ttft_p90_s": pct(90),
             "ttft_p99_s": pct(99),
             "itl_mean_s": float(np.mean(self.itl_s)) if self.itl_s else None,
+            "itl_p50_s": pct(50, self.itl_s), "itl_p90_s": pct(90, self.itl_s),
+            "itl_p99_s": pct(99, self.itl_s),
             "throughput_tok_s": self.output_tokens / self.makespan_s if self.makespan_s else None,
             "makespan_s": self.makespan_s,
             "steps": self.steps,

@@ -273,6 +273,16 @@ def infinite_block_hit_rate(requests: Sequence[Sequence[Hashable]]) -> BlockCach
     return BlockCacheResult("infinite", None, hits, refs, tuple(hits_per_request))
 
 
+def reuse_ceiling_tokens(items: Sequence[WorkItem | ServedItem], block_size: int) -> list[int]:
+    """Per request, the most prompt tokens any cache could serve it from: the leading key
+    blocks an unlimited cache holds when it arrives (every block earlier requests left
+    computed), within its hit limit, times ``block_size``. No online run hits more
+    (``online <= optimum <= unlimited cache``)."""
+    keys, limits = _compute_bound_keys(items, block_size)
+    hits = infinite_block_hit_rate(keys).request_hits
+    return [min(h, lim) * block_size for h, lim in zip(hits, limits)]
+
+
 # ---- the bound of a simulated workload ---------------------------------------------------------
 
 
