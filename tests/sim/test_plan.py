@@ -176,13 +176,16 @@ def test_goodput_bisects_to_the_precision_within_the_run_budget() -> None:
     assert [r.scale for r in g.runs] == [1.0, 0.5, 0.25] and g.scale is None and g.fails_at == 0.25
 
 
-def test_goodput_rows_are_the_dearest_simulated_deployments_up_to_the_choice() -> None:
+def test_goodput_rows_are_the_choice_and_the_deployments_closest_to_meeting() -> None:
     space = _space(cpu_cache_gb=(0.0,), hints=(None,))
     cands = space.candidates()
     planner = Planner(space, SLO.parse("ttft-p99=2s"), Fake({c: 3.5 - c.deployment.gpus for c in cands}),
                       bound=lambda c, s, p: 9.0 if c.deployment.gpus_per_instance == 2 else 0.0)
     chosen = planner.cheapest()
     listed = sorted((r for (_, s), r in planner.runs.items() if s == 1), key=lambda r: cands.index(r.candidate))
+    # the choice (2 instances), then the closest to meeting: 1 GPU (ratio 1.25), then TP2 (pruned)
+    assert [c.deployment for c in goodput_candidates(space, listed, chosen, 1)] == [
+        Deployment("h100", 1, 2)]
     assert [c.deployment for c in goodput_candidates(space, listed, chosen, 2)] == [
         Deployment("h100", 1, 1), Deployment("h100", 1, 2)]
     assert [c.deployment for c in goodput_candidates(space, listed, chosen, 3)] == [
@@ -276,6 +279,15 @@ def test_a_run_stops_once_the_ttft_target_is_missed_and_runs_whole_otherwise() -
     fast = scale_rate(items, 1000.0)                     # everything at once: a queue
     with pytest.raises(SLOMissed, match="no first token 0.001 s after arriving"):
         StopAtMiss(cfg, (1e-3,), (2,)).run(fast)
+
+
+def test_the_executors_run_a_stopping_job_and_name_the_miss() -> None:
+    from hybridkv.sim.executors import execute
+    items = scale_rate(items_from_trace(get_workload("chat", seed=1, num_conversations=6, turns=3)), 1000.0)
+    cfg = SimConfig(preset=get_preset("llama-3.1-8b"), gpu=get_gpu("h100"), num_blocks=4000,
+                    optimum=False, sched=SchedulerConfig(max_num_seqs=2))
+    (out,) = list(execute([StopAtMiss(cfg, (1e-3,), (2,))], items))
+    assert out.result is None and out.error.startswith("SLOMissed: ")
 
 
 def test_rate_scale_and_duration_cut_the_workload_by_hand() -> None:

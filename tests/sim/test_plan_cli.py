@@ -65,6 +65,15 @@ def test_the_json_has_costs_saved_lines_goodput_and_the_search(plan) -> None:
     assert s["simulations"] >= 4 and s["simulations"] + s["pruned"] >= len(plan["candidates"])
 
 
+def test_a_goodput_run_at_another_load_reruns_to_the_same_numbers(plan, tmp_path) -> None:
+    """The goodput search's commands carry --rate-scale; rerun, they give the same TTFT."""
+    runs = [r for g in plan["goodput"] for r in g["runs"] if r["rate_scale"] != 1 and r["simulated"]
+            and not r["stopped_early"]]
+    assert runs and all("--rate-scale" in r["command"] for r in runs)
+    again = _rerun(runs[0]["command"], tmp_path / "g.json")
+    assert metrics(again)["ttft_p99_s"] == pytest.approx(runs[0]["ttft_p99_s"])
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--slo", "ttft-p99=2s", "--gpus", "2"], "--gpus is what a plan searches or sets; use --gpus-per-instance"),
     (["--slo", "ttft-p99=2s", "--hints", "magic"], "unknown hint kind 'magic'"),

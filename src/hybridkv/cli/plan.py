@@ -154,7 +154,8 @@ class _Refuse(argparse.ArgumentParser):
     """simulate's parser for a plan: a usage error is a ValueError (one line from ``plan``)."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise ValueError(f"{message} (plan passes the options it does not know to simulate)")
+        raise ValueError(f"{message} (plan passes the options it does not know to simulate; see "
+                         "hybridkv plan --help and hybridkv simulate --help)")
 
 
 def _simulate_parser() -> argparse.ArgumentParser:

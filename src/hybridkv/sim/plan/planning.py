@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from hybridkv.sim.plan.report import Plan, Window
+from hybridkv.sim.plan.report import NODE_GPUS, Plan, Window
 from hybridkv.sim.plan.search import Planner, Run
 from hybridkv.sim.plan.slo import EDGE_RATIO
 from hybridkv.sim.plan.space import Candidate, Deployment, Space
@@ -15,8 +15,11 @@ def goodput_candidates(space: Space, listed: Sequence[Run], chosen: Run | None,
                        rows: int) -> list[Candidate]:
     """Whose goodput a plan measures: per deployment evaluated at the trace's load and no
     dearer than the choice (all, without one), the candidate with the most headroom there (the
-    choice itself for its deployment); the ``rows`` dearest of those that were simulated (then
-    of those the bound pruned, when fewer), cheapest first."""
+    choice itself for its deployment). The choice's deployment, then the others closest to
+    meeting the SLO (lowest ratio; simulated before pruned, then the dearer), ``rows`` in all,
+    cheapest first."""
+    if rows <= 0:
+        return []
     limit = None if chosen is None else space.cost(chosen.candidate)
     best: dict[Deployment, Run] = {}
     for r in listed:
@@ -26,12 +29,11 @@ def goodput_candidates(space: Space, listed: Sequence[Run], chosen: Run | None,
         cur = best.get(d)
         if r is chosen or cur is None or (cur is not chosen and r.ratio < cur.ratio):
             best[d] = r
-    if rows <= 0:
-        return []
     runs = list(best.values())
-    keep = [r for r in runs if r.simulated][-rows:]
-    keep += [r for r in runs if not r.simulated][-(rows - len(keep)):] if len(keep) < rows else []
-    return [r.candidate for r in runs if any(r is k for k in keep)]
+    rank = sorted(range(len(runs)), key=lambda i: (runs[i] is not chosen, not runs[i].simulated,
+                                                   runs[i].ratio, -i))
+    keep = set(rank[:rows])
+    return [r.candidate for i, r in enumerate(runs) if i in keep]
 
 
 def make_plan(planner: Planner, window: Window, base: list[str], limits: list[str],
@@ -48,6 +50,11 @@ def make_plan(planner: Planner, window: Window, base: list[str], limits: list[st
     edge = [] if chosen is None or chosen.ratio <= EDGE_RATIO else [
         f"the choice meets the SLO at the edge ({chosen.ratio:.0%} of a limit): the next "
         "candidate up is the margin"]
+    per = 0 if chosen is None else chosen.candidate.deployment.gpus_per_instance
+    if per > NODE_GPUS:
+        edge.append(f"the choice runs instances of {per} GPUs, more than one node's {NODE_GPUS}: "
+                    "its tensor parallelism crosses nodes, whose communication time the step "
+                    "model leaves out (--gpus-per-instance caps it)")
     return Plan(planner.slo, planner.space, window, base, listed, chosen, goodput, saved,
                 list(planner.runs.values()), planner.stats, limits + edge)
 

@@ -19,6 +19,8 @@ from hybridkv.sim.plan.search import Goodput, Run, Saved, Stats, pareto_front
 from hybridkv.sim.plan.slo import EDGE_RATIO, SLO
 from hybridkv.sim.plan.space import Candidate, Space
 
+NODE_GPUS = 8
+"""GPUs of one node (an NVLink domain of an HGX H100/H200/B200 board)."""
 FEATURE_NAMES = {"cpu-tier": "CPU tier", "hints": "hints", "kv-routing": "KV-aware routing"}
 
 
@@ -173,12 +175,28 @@ def _front(runs: Sequence[Run]) -> list[Run]:
 # ---- text ------------------------------------------------------------------------------------
 
 
-def candidates_table(plan: Plan) -> str:
+def _ranges(ids: Sequence[int]) -> str:
+    """``[0, 1, 2, 5, 7, 8]`` -> ``#0-2, #5, #7-8``."""
+    out: list[str] = []
+    for i in ids:
+        if out and out[-1][1] == i - 1:
+            out[-1] = (out[-1][0], i)
+        else:
+            out.append((i, i))  # type: ignore[arg-type]
+    return ", ".join(f"#{a}" if a == b else f"#{a}-{b}" for a, b in out)  # type: ignore[misc]
+
+
+def candidates_table(plan: Plan, full: bool = False) -> str:
+    """The candidates at the trace's load; without ``full`` the pruned ones as one line of
+    their numbers (their bounds are in the JSON)."""
     keys = [t.key for t in plan.slo.targets]
     names = [t.name.upper().replace("-P", " p") for t in plan.slo.targets]
-    head = f"  {'#':>3} {'GPUs':>4}  {'deployment and options':<58} " + " ".join(f"{n:>10}" for n in names)
+    head = f"  {'#':>3} {'GPUs':>4}  {'deployment (instances x GPUs): options':<60} " + " ".join(f"{n:>10}" for n in names)
     lines = [head + f" {'meets':>6} {'$/M tok':>9}"]
+    pruned = [i for i, r in enumerate(plan.listed) if not r.simulated]
     for i, r in enumerate(plan.listed):
+        if not r.simulated and not full:
+            continue
         if r.stopped:
             vals = " ".join(f"{'missed' if k.startswith('ttft') else 'n/a':>10}" for k in keys)
         elif r.simulated:
@@ -189,8 +207,11 @@ def candidates_table(plan: Plan) -> str:
         meets = "yes" if r.meets else ("pruned" if not r.simulated else (
             "error" if r.error else "stop" if r.stopped else "no"))
         mark = "*" if plan.chosen is not None and r is plan.chosen else " "
-        lines.append(f" {mark}{i:>3} {r.candidate.deployment.gpus:>4}  {r.candidate.label():<58.58} {vals} "
+        lines.append(f" {mark}{i:>3} {r.candidate.deployment.gpus:>4}  {r.candidate.label():<60.60} {vals} "
                      f"{meets:>6} {_usd(plan.cost(r.candidate).per_mtok):>9}")
+    if pruned and not full:
+        lines.append(f"  pruned by the prefill bound (TTFT missed for sure; bounds in --json): "
+                     f"{_ranges(pruned)}")
     return "\n".join(lines)
 
 
@@ -211,17 +232,17 @@ def chosen_lines(plan: Plan) -> str:
 
 
 def goodput_table(plan: Plan) -> str:
-    lines = [f"  {'deployment and options':<58} {'rate scale':>10} {'req/s':>7} {'out tok/s/GPU':>13} "
+    lines = [f"  {'deployment (instances x GPUs): options':<60} {'rate scale':>10} {'req/s':>7} {'out tok/s/GPU':>13} "
              f"{'tok/s/user':>10}  first failing"]
     for g in plan.goodput:
         run, s = g.run, g.scale
-        scale = "< " + f"{g.fails_at:g}" if s is None else f"{s:g}"
+        scale = (f"< {g.fails_at:g}" if s is None else f">= {s:g}" if g.fails_at is None else f"{s:g}")
         req = "n/a" if s is None else f"{plan.window.req_s * s:.3g}"
         gpu = None if run is None else per_gpu(run)
         user = None if run is None else per_user(run)
-        lines.append(f"  {g.candidate.label():<58.58} {scale:>10} {req:>7} "
+        lines.append(f"  {g.candidate.label():<60.60} {scale:>10} {req:>7} "
                      f"{'n/a' if gpu is None else f'{gpu:,.0f}':>13} {'n/a' if user is None else f'{user:.1f}':>10}  "
-                     f"{'none up to the highest tried' if g.fails_at is None else f'{g.fails_at:g}'}")
+                     f"{'none tried' if g.fails_at is None else f'{g.fails_at:g}'}")
     return "\n".join(lines)
 
 
@@ -260,8 +281,8 @@ def format_plan(plan: Plan, title: str) -> str:
            f"output tok/s); SLO {plan.slo}",
            "  prices: " + ", ".join(f"{k} ${v:g}/GPU-hour" for k, v in plan.space.prices.items()
                                     if k in plan.space.gpus) + f" ({PRICE_SOURCE} unless given)",
-           "candidates at the trace's load, cheapest first (* chosen; pruned: the prefill bound "
-           "proves the TTFT limit missed; stop: the run stopped once it had missed it):",
+           "candidates at the trace's load, cheapest first (* chosen; stop: the run stopped once "
+           "it had missed a TTFT limit for sure):",
            candidates_table(plan), chosen_lines(plan),
            "goodput: the highest load each deployment meets the SLO at (rate scale x the trace's):",
            goodput_table(plan), "saved by (the same search with the feature off):", saved_lines(plan)]
@@ -291,6 +312,9 @@ def plot_front(plan: Plan, path: str | Path, title: str = "") -> None:
         ok = [r for r in runs if r.candidate.deployment.label() == lab and r.meets]
         bad = [r for r in runs if r.candidate.deployment.label() == lab and not r.meets]
         ax.scatter([per_user(r) for r in ok], [per_gpu(r) for r in ok], color=colors[lab], label=lab)
+        for r in ok:
+            ax.annotate(f"x{r.scale:g}", (per_user(r), per_gpu(r)), textcoords="offset points",
+                        xytext=(4, 4), fontsize=7)
         ax.scatter([per_user(r) for r in bad], [per_gpu(r) for r in bad], facecolors="none",
                    edgecolors=colors[lab])
     front = _front(plan.runs)
@@ -313,7 +337,8 @@ def limits(sources: Mapping[str, str], space: Space, window: Window) -> list[str
                                            else " (datasheet scaling, not measured on it)")
            for gpu, src in sources.items()]
     if any(n > 1 for sizes in space.gpus.values() for n in sizes):
-        out.append("GPUs inside one instance are ideal tensor parallelism (no communication time)")
+        out.append("GPUs inside one instance are ideal tensor parallelism (no communication time); "
+                   f"above {NODE_GPUS} GPUs an instance spans nodes, where that is furthest from true")
     out.append("a CPU tier and hints are simulated on one instance only, so candidates with "
                "several instances run without them")
     out.append(f"prices are one provider's on-demand list ({PRICE_SOURCE}) unless --gpu-hour-usd "

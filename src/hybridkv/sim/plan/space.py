@@ -51,11 +51,8 @@ class Deployment:
         return out + (["--instances", str(self.instances)] if self.instances > 1 else [])
 
     def label(self) -> str:
-        """``2 x h100`` or ``4 x h100 (2 instances of 2)``."""
-        split = "" if self.instances == 1 and self.gpus_per_instance == 1 else (
-            f" (1 instance)" if self.instances == 1 else
-            f" ({self.instances} instances of {self.gpus_per_instance})")
-        return f"{self.gpus} x {self.gpu}{split}"
+        """``4 x h100 (2x2)``: GPUs in all, then instances x GPUs per instance."""
+        return f"{self.gpus} x {self.gpu} ({self.instances}x{self.gpus_per_instance})"
 
     def to_json(self) -> dict:
         return {"kind": self.kind, "gpu": self.gpu, "gpus_per_instance": self.gpus_per_instance,
@@ -87,14 +84,14 @@ class Options:
         return out
 
     def label(self) -> str:
-        parts = [f"memory {self.memory_fraction:g}"]
+        """``mem 0.9, lru, cpu 200 GB, hints session-end, kv-aware``."""
+        parts = [f"mem {self.memory_fraction:g}", self.eviction_policy]
         if self.cpu_cache_gb:
-            parts.append(f"CPU tier {self.cpu_cache_gb:g} GB/GPU")
-        parts.append(self.eviction_policy)
+            parts.append(f"cpu {self.cpu_cache_gb:g} GB")
         if self.hints is not None:
             parts.append(f"hints {self.hints}")
         if self.router is not None:
-            parts.append(f"router {self.router}")
+            parts.append(self.router)
         return ", ".join(parts)
 
     def to_json(self) -> dict:
