@@ -20,6 +20,7 @@ from hybridkv.sim.plan.bound import WINDOW_STARTS, PrefillBound, peak_prefill_ra
 from hybridkv.sim.plan.early import SLOMissed, StopAtMiss
 from hybridkv.sim.plan.planning import goodput_candidates
 from hybridkv.sim.plan.pricing import token_cost, usd_per_mtok
+from hybridkv.sim.plan.report import _ranges
 from hybridkv.sim.plan.search import Measured, Planner, pareto_front
 from hybridkv.sim.plan.slo import SLO, Target, metrics
 from hybridkv.sim.plan.space import Candidate, Deployment, Options, Space
@@ -196,6 +197,14 @@ def test_goodput_rows_are_the_choice_and_the_deployments_closest_to_meeting() ->
 
 def test_the_front_keeps_the_points_nothing_beats_in_both() -> None:
     assert pareto_front([(1, 5), (2, 4), (2, 1), (0.5, 6), (1, 3)]) == [1, 0, 3]
+    assert _ranges([0, 1, 2, 5, 7, 8]) == "#0-2, #5, #7-8"
+
+
+def test_every_option_becomes_its_simulate_flag() -> None:
+    o = Options(0.8, 100.0, "s3fifo", "ttl=60:0.9", "approximate")
+    assert o.flags() == ["--gpu-memory-fraction", "0.8", "--cpu-cache-gb", "100", "--eviction-policy",
+                         "s3fifo", "--hints", "ttl=60:0.9", "--router", "approximate"]
+    assert Deployment("h200", 4, 2).label() == "8 x h200 (2x4)"
 
 
 # ---- the TTFT lower bound ----------------------------------------------------------------------

@@ -204,10 +204,6 @@ def _run(args: argparse.Namespace) -> int:
     from hybridkv.cli.sim_options import load_items, options_preset
     from hybridkv.cost.hardware import fewest_gpus
     from hybridkv.cost.presets import get_gpu
-    from hybridkv.cost.profile import cost_model
-    from hybridkv.sim.bounds.optimal import reuse_ceiling_tokens
-    from hybridkv.sim.bounds.optimum_memory import key_block_size
-    from hybridkv.sim.plan.bound import PrefillBound, peak_prefill_rate
     from hybridkv.sim.plan.planning import make_plan
     from hybridkv.sim.plan.report import Window, format_plan, limits, plot_front, to_json
     from hybridkv.sim.plan.search import Planner
@@ -247,18 +243,7 @@ def _run(args: argparse.Namespace) -> int:
                     sum(s.item.prompt_len for s in served), sum(s.max_tokens for s in served))
     first = next(iter(jobs.values()))
     cfg0 = getattr(first, "config", first)
-    pb = PrefillBound.of([s.item.arrival_s for s in served], [s.item.prompt_len for s in served],
-                         reuse_ceiling_tokens(served, key_block_size(preset.kv_config(num_blocks=cfg0.num_blocks))))
-    models = {(k, n): cost_model(preset, get_gpu(k), n, cfg0.profile, cfg0.cost_model)
-              for k, ns in sizes.items() for n in ns}
-    budget = cfg0.sched.max_num_batched_tokens
-    rate = {key: peak_prefill_rate(m, budget) for key, m in models.items()}
-    floors = {key: pb.request_floors(m, budget) for key, m in models.items()}
-
-    def bound(c: Candidate, scale: float, pct: int) -> float:
-        key = (c.deployment.gpu, c.deployment.gpus_per_instance)
-        return pb.ttft_lower_bound(rate[key] * c.deployment.instances, pct, scale, floors[key])
-
+    bound, pb, models = _bound(preset, served, cfg0, sizes)
     ttft = [t for t in args.slo.targets if t.metric == "ttft"]
     if ttft:
         from hybridkv.sim.plan.early import StopAtMiss
@@ -282,6 +267,30 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bound(preset, served, cfg, sizes: dict):
+    """The planner's TTFT lower bound (:mod:`hybridkv.sim.plan.bound`) over the served requests,
+    with one cost model per GPU kind and GPUs per instance; returns it, the
+    :class:`~hybridkv.sim.plan.bound.PrefillBound` and the cost models."""
+    from hybridkv.cost.presets import get_gpu
+    from hybridkv.cost.profile import cost_model
+    from hybridkv.sim.bounds.optimal import reuse_ceiling_tokens
+    from hybridkv.sim.bounds.optimum_memory import key_block_size
+    from hybridkv.sim.plan.bound import PrefillBound, peak_prefill_rate
+    key_block = key_block_size(preset.kv_config(num_blocks=cfg.num_blocks))
+    pb = PrefillBound.of([s.item.arrival_s for s in served], [s.item.prompt_len for s in served],
+                         reuse_ceiling_tokens(served, key_block))
+    models = {(k, n): cost_model(preset, get_gpu(k), n, cfg.profile, cfg.cost_model)
+              for k, ns in sizes.items() for n in ns}
+    budget = cfg.sched.max_num_batched_tokens
+    rate = {key: peak_prefill_rate(m, budget) for key, m in models.items()}
+    floors = {key: pb.request_floors(m, budget) for key, m in models.items()}
+
+    def bound(c: Candidate, scale: float, pct: int) -> float:
+        key = (c.deployment.gpu, c.deployment.gpus_per_instance)
+        return pb.ttft_lower_bound(rate[key] * c.deployment.instances, pct, scale, floors[key])
+    return bound, pb, models
+
+
 def _evaluator(jobs: dict, items: list, args: argparse.Namespace):
     """The planner's evaluator: each rate scale's pairs as one batch on the executor."""
     from hybridkv.sim.executors import execute
@@ -295,10 +304,14 @@ def _evaluator(jobs: dict, items: list, args: argparse.Namespace):
             by_scale[s].append(i)
         for s, idx in by_scale.items():
             batch = [jobs[pairs[i][0]] for i in idx]
+            last = time.perf_counter()
             for o in execute(batch, scale_rate(items, s), args.executor, args.workers,
                              args.ray_address):
+                now = time.perf_counter()
                 d = o.result.to_json() if o.result is not None else None
-                out[idx[o.index]] = Measured(d, o.error, float((d or {}).get("wall_s") or 0.0))
+                wall = (d or {}).get("wall_s") or now - last   # a stopped run: until it stopped
+                out[idx[o.index]] = Measured(d, o.error, float(wall))
+                last = now
         return [m if m is not None else Measured(None, "not run") for m in out]
     return evaluate
 

@@ -177,13 +177,13 @@ def _front(runs: Sequence[Run]) -> list[Run]:
 
 def _ranges(ids: Sequence[int]) -> str:
     """``[0, 1, 2, 5, 7, 8]`` -> ``#0-2, #5, #7-8``."""
-    out: list[str] = []
+    runs: list[list[int]] = []
     for i in ids:
-        if out and out[-1][1] == i - 1:
-            out[-1] = (out[-1][0], i)
+        if runs and runs[-1][1] == i - 1:
+            runs[-1][1] = i
         else:
-            out.append((i, i))  # type: ignore[arg-type]
-    return ", ".join(f"#{a}" if a == b else f"#{a}-{b}" for a, b in out)  # type: ignore[misc]
+            runs.append([i, i])
+    return ", ".join(f"#{a}" if a == b else f"#{a}-{b}" for a, b in runs)
 
 
 def candidates_table(plan: Plan, full: bool = False) -> str:
