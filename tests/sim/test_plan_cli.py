@@ -74,6 +74,20 @@ def test_a_goodput_run_at_another_load_reruns_to_the_same_numbers(plan, tmp_path
     assert metrics(again)["ttft_p99_s"] == pytest.approx(runs[0]["ttft_p99_s"])
 
 
+def test_simulate_takes_the_first_seconds_of_a_workload(tmp_path) -> None:
+    from hybridkv.sim import items_from_trace
+    from hybridkv.sim.traffic.workitems import first_seconds
+    from hybridkv.sim.traffic.workloads import get_workload
+    items = items_from_trace(get_workload("chat", num_conversations=8, turns=3, arrival_rate=40))
+    want = len(first_seconds(items, 0.2))
+    assert 0 < want < len(items)
+    out = _rerun(f"hybridkv simulate {shlex.join(WORKLOAD)} --duration 0.2 --no-optimum", tmp_path / "d.json")
+    assert out["requests"] == want
+    with pytest.raises(SystemExit) as exc:                 # argparse refuses the value
+        main(["simulate", "--workload", "replay", "--rate-scale", "0"])
+    assert exc.value.code == 2
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--slo", "ttft-p99=2s", "--gpus", "2"], "--gpus is what a plan searches or sets; use --gpus-per-instance"),
     (["--slo", "ttft-p99=2s", "--hints", "magic"], "unknown hint kind 'magic'"),
