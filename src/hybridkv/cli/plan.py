@@ -37,6 +37,10 @@ how many simulations ran. Options it does not know are simulate's (--trace, --li
 command in --json. --plot draws output tokens/s per GPU against tokens/s per user.
 """
 
+#: The CPU tier a plan tries by default, GB per GPU: within the host memory per GPU of the
+#: priced VMs (:data:`hybridkv.sim.plan.pricing.HOST_GB_PER_GPU`).
+DEFAULT_CPU_GB = 200.0
+
 #: simulate options a plan searches or sets itself -> the plan option to use instead.
 OWNED = {"--gpu": "--gpu KIND,KIND", "--gpus": "--gpus-per-instance", "--instances": "--max-gpus",
          "--router": "--routers", "--gpu-memory-fraction": "--gpu-memory-fractions",
@@ -111,12 +115,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the most GPUs of one deployment (default 16)")
     s.add_argument("--gpu-memory-fractions", type=_list(_fraction, "fractions"), default=[0.9],
                    metavar="F,F", help="the cache's share of GPU memory to try (default 0.9)")
-    s.add_argument("--cpu-cache-gb", type=_list(non_negative_number, "GB per GPU"), default=[0.0, 200.0],
-                   metavar="GB,GB", help="CPU tier sizes per GPU to try, 0: none (default 0,200; "
-                                         "one instance only)")
-    s.add_argument("--hints", type=_list(_hint, "hints"), default=[None, "session-end"],
+    s.add_argument("--cpu-cache-gb", type=_list(non_negative_number, "GB per GPU"),
+                   metavar="GB,GB", help="CPU tier sizes per GPU to try, 0: none (default 0,200, "
+                                         "0 on a preset with recurrent-state groups; one instance only)")
+    s.add_argument("--hints", type=_list(_hint, "hints"),
                    metavar="none,KIND", help="hints to try (simulate --hints values; none: "
-                                             "without; default none,session-end; one instance only)")
+                                             "without; default none,session-end, none with "
+                                             "--vllm-compat or recurrent-state groups; one "
+                                             "instance only)")
     s.add_argument("--eviction-policies", type=parse_policy_list, default=["lru"], metavar="A,B",
                    help="eviction policies to try (default lru)")
     s.add_argument("--routers", type=_list(_router, "routers"), default=["kv-aware", "least-loaded"],
@@ -221,6 +227,11 @@ def _run(args: argparse.Namespace) -> int:
     sim.command = "plan"
     preset = options_preset(sim)
     prices = {**GPU_HOUR_USD, **dict(args.gpu_hour_usd or [])}
+    state = preset.kv_config(num_blocks=2).has_state
+    if args.cpu_cache_gb is None:       # tiers hold no recurrent-state checkpoint
+        args.cpu_cache_gb = [0.0] if state else [0.0, DEFAULT_CPU_GB]
+    if args.hints is None:              # compat mode pins vLLM's LRU; no hints on state groups
+        args.hints = [None] if sim.vllm_compat or state else [None, "session-end"]
     sizes = {}
     for kind in args.gpu:
         if args.gpus_per_instance:
