@@ -268,7 +268,7 @@ def saved_lines(plan: Plan) -> str:
                 lines.append(f"  {name}: saves nothing here: the cheapest without it costs the same "
                              f"(#{plan.listed.index(wo)} {wo.candidate.label()})")
             else:
-                lines.append(f"  {name}: saves {dg:+d} GPU(s), {_usd(dc)} per M tokens: without it the "
+                lines.append(f"  {name}: saves {dg:d} GPU(s), {_usd(dc)} per M tokens: without it the "
                              f"cheapest is #{plan.listed.index(wo)} {wo.candidate.label()}")
     return "\n".join(lines)
 
