@@ -92,6 +92,7 @@ def test_simulate_takes_the_first_seconds_of_a_workload(tmp_path) -> None:
     (["--slo", "ttft-p99=2s", "--gpus", "2"], "--gpus is what a plan searches or sets; use --gpus-per-instance"),
     (["--slo", "ttft-p99=2s", "--hints", "magic"], "unknown hint kind 'magic'"),
     (["--slo", "latency=2s"], "is not METRIC-pNN=TIME"),
+    (["--slo", "ttft-p99=2s", "--tier-policy", "offload-on-evict"], "--tier-policy applies to some"),
     (["--slo", "ttft-p99=2s", "--trac", "x"], "unrecognized arguments: --trac x"),
     (["--slo", "ttft-p99=2s", "--gpu", "h100,tpu"], "unknown GPU 'tpu'"),
     (["--slo", "ttft-p99=2s", "--gpu-hour-usd", "h100"], "expected KIND=USD"),

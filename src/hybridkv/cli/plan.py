@@ -171,12 +171,23 @@ def _simulate_parser() -> argparse.ArgumentParser:
     return p
 
 
+#: simulate option prefixes a plan cannot pass to every candidate: tiers and routers exist on
+#: some candidates only (one instance / several), KV events are not simulated in a plan.
+PER_CANDIDATE = ("--cpu-", "--disk-", "--remote-", "--tier-", "--free-transfers", "--router-",
+                 "--kv-events")
+
+
 def check_passthrough(extra: Sequence[str]) -> None:
-    """Refuse simulate options a plan searches or sets (naming the plan option instead)."""
+    """Refuse simulate options a plan searches or sets (naming the plan option instead), and
+    those that apply to some candidates only."""
     for word in extra:
         opt = word.split("=", 1)[0]
         if opt in OWNED:
             raise ValueError(f"{opt} is what a plan searches or sets; use {OWNED[opt]}")
+        if opt.startswith(PER_CANDIDATE):
+            raise ValueError(f"{opt} applies to some of a plan's candidates only (tiers: one "
+                             "instance; routers: several); a plan takes the simulator's defaults "
+                             "for it")
 
 
 def job_of(argv: list[str], items):
@@ -331,4 +342,4 @@ COMMANDS.register("plan", Command(
     help="the cheapest deployment meeting a latency SLO: cost, goodput, what features save",
     add_arguments=add_arguments, run=run, description=DESCRIPTION))
 
-__all__ = ["DESCRIPTION", "OWNED", "add_arguments", "check_passthrough", "job_of", "run"]
+__all__ = ["DESCRIPTION", "OWNED", "PER_CANDIDATE", "add_arguments", "check_passthrough", "job_of", "run"]
