@@ -4,7 +4,8 @@
 * ``bash`` blocks are split into commands (``\\`` continuations joined, ``&&`` split,
   trailing comments dropped) and each is run in an empty folder with these rewrites, all
   listed in :func:`rewrite`: ``hybridkv simulate|sweep`` gets ``--limit 40 --no-progress``
-  (small limits, same code paths), ``hybridkv profile`` ``--no-progress`` (it must name
+  (small limits, same code paths), ``hybridkv plan`` ``--limit 20 --max-gpus 4
+  --no-progress``, ``hybridkv profile`` ``--no-progress`` (it must name
   ``--device cpu``); ``--model DIR`` gets a tiny checkpoint made by the test
   (without the engine extras the command must instead say how to install them);
   ``pip install`` must name extras that pyproject.toml defines (the install itself is what
@@ -104,6 +105,10 @@ def rewrite(argv: list[str], tiny_model: Path | None) -> tuple[list[str] | None,
     cmd = [sys.executable, "-m", "hybridkv.cli", *argv[1:]]
     if argv[1] in ("simulate", "sweep"):
         cmd += ["--no-progress"] + ([] if "--limit" in argv else ["--limit", "40"])
+    if argv[1] == "plan":             # the same search on 20 requests and at most 4 GPUs
+        if "--limit" in cmd:
+            cmd[cmd.index("--limit") + 1] = "20"
+        cmd += ["--no-progress", "--max-gpus", "4"] + ([] if "--limit" in cmd else ["--limit", "20"])
     if argv[1] == "profile":
         assert "cuda" not in argv, "a README profile command runs in CI: --device cpu"
         cmd += ["--no-progress"]

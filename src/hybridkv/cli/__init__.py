@@ -10,6 +10,7 @@ output.py       output-path checks, results that are never lost, JSON, progress 
 sim_options.py  the options ``simulate`` and ``sweep`` share -> a workload and a ``SimConfig``
 simulate.py     ``simulate``; cluster.py: its ``--instances``/``--router``/``--kv-events-*``
 sweep.py        ``sweep`` (sizes, retention intervals, eviction policies, state presets)
+plan.py         ``plan``: the cheapest deployment meeting an SLO (:mod:`hybridkv.sim.plan`)
 cost.py         ``cost``: one step's time and its split under the cost model
 profile.py      ``profile``: measure a preset's steps on this machine, fit, write a profile
 catalog.py      ``presets`` and ``traces``
@@ -35,7 +36,7 @@ import sys
 
 from hybridkv.cli.base import COMMANDS, Command, build_parser, run_command, unknown_options
 # Registration lines, in the order `hybridkv --help` lists the commands:
-from hybridkv.cli import simulate, sweep, cost, profile, catalog, generate, demo  # noqa: E402,F401  # isort: skip
+from hybridkv.cli import simulate, sweep, plan, cost, profile, catalog, generate, demo  # noqa: E402,F401  # isort: skip
 
 DESCRIPTION = """\
 The ``hybridkv`` command.
@@ -44,6 +45,8 @@ Subcommands:
     simulate  trace-driven simulation of a model's prefix cache and latency (the main job)
     sweep     hit rate against cache size, retention interval or instance count, with the
               offline optimum
+    plan      the cheapest deployment that meets a latency SLO: $/M tokens, goodput, and what
+              a CPU tier, hints and KV-aware routing save
     cost      what one engine step costs: time, compute / memory / attention split
     profile   measure a preset's step times on this machine's GPU (or CPU) and fit the cost model
     presets   model and GPU presets with their KV bytes per token
@@ -65,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     if extra and not getattr(args, "accepts_any_arguments", False):
         unknown_options(parser, args.command, extra)
+    args.extra_arguments = extra          # a command that accepts them reads them here
     return run_command(args, own_process=argv is None)
 
 

@@ -57,6 +57,17 @@ def non_negative_number(text: str) -> float:
     return value
 
 
+def positive_number(text: str) -> float:
+    """A finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
+
+
 def parse_max_skew(text: str) -> float:
     """``--router-max-skew``: a finite number >= 1, or ``none`` (no bound: returned as inf)."""
     if text.strip().lower() == "none":

@@ -18,7 +18,7 @@ import sys
 
 from hybridkv.cli.options import (MAX_BLOCK_SIZE, AllPolicies, fraction, int_in, name_options,
                                   parse_block_size, parse_policy, parse_prefix_retention, parse_retention,
-                                  positive_count, profile_argument, spec_argument)
+                                  positive_count, positive_number, profile_argument, spec_argument)
 from hybridkv.cli.capacity import add_hardware_options, capacity_blocks, plan_from_options
 from hybridkv.cli.hint_options import check_hint_options
 from hybridkv.cli.output import check_output_path, check_plot_path
@@ -31,7 +31,8 @@ from hybridkv.sim.simulator import SimConfig
 from hybridkv.sim.traffic.traces import (BUNDLED_TRACES, TraceWarning, load_token_trace,
                                  mooncake_block_warning, resolve_trace, trace_format)
 from hybridkv.sim.traffic.workloads import WORKLOADS, get_workload
-from hybridkv.sim.traffic.workitems import WorkItem, items_from_mooncake, items_from_trace
+from hybridkv.sim.traffic.workitems import (WorkItem, first_seconds, items_from_mooncake,
+                                           items_from_trace, scale_rate)
 
 DEFAULT_PRESET = "deepseek-v4-style"
 DEFAULT_WORKLOAD = "chat"
@@ -62,6 +63,11 @@ def add_common_options(p: argparse.ArgumentParser) -> None:
                      "`hybridkv traces`) or a JSONL file (.gz/.xz too): Mooncake format (hash_ids) "
                      "or token ids (prompt_token_ids)")
     p.add_argument("--limit", type=positive_count, help="use only the first N requests of the trace")
+    p.add_argument("--duration", type=positive_number, metavar="SECONDS",
+                   help="use only the requests arriving within SECONDS of the first (after --limit)")
+    p.add_argument("--rate-scale", type=positive_number, default=1.0, metavar="X",
+                   help="offer the workload X times as fast: arrival times (from the first) "
+                        "divided by X (default 1; 2: twice the requests per second)")
     add_hardware_options(p)
     add_cost_model_options(p)
     p.add_argument("--block-size", type=parse_block_size,
@@ -312,9 +318,11 @@ def load_items(args: argparse.Namespace) -> list[WorkItem]:
         items = items_from_trace(get_workload(name, seed=args.seed,
                                               **workload_params(name, getattr(args, "workload_param", None))))
     items = items[:limit] if limit is not None else items
+    if getattr(args, "duration", None) is not None:
+        items = first_seconds(items, args.duration)
     if not items:
         raise ValueError("the workload has no requests")
-    return items
+    return scale_rate(items, getattr(args, "rate_scale", 1.0))
 
 
 def options_preset(args: argparse.Namespace):

@@ -1,7 +1,8 @@
 """Where a sweep's simulations run: in this process, on local processes, or as Ray tasks.
 
-A sweep is a list of jobs over one workload: :class:`SimConfig` (one instance) or
-:class:`~hybridkv.sim.cluster.loop.ClusterJob` (N instances behind a router). :func:`execute` runs
+A sweep is a list of jobs over one workload: :class:`SimConfig` (one instance),
+:class:`~hybridkv.sim.cluster.loop.ClusterJob` (N instances behind a router) or any picklable
+job with ``run(items, progress)`` returning either's result (:data:`Job`). :func:`execute` runs
 every job and yields an :class:`Outcome` as each one finishes (in completion order; ``index``
 says which job it is). A job that raises yields its error and the others go on. Every executor
 runs the same :func:`run_config`, so a job gives the same result (all but its timing keys,
@@ -37,7 +38,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from multiprocessing import get_context
-from typing import Callable, Iterator, Sequence, Union
+from typing import Any, Callable, Iterator, Sequence, Union
 
 from hybridkv.core.validation import check_int
 from hybridkv.sim.cluster.loop import ClusterJob, ClusterResult
@@ -48,8 +49,9 @@ from hybridkv.sim.traffic.workitems import WorkItem
 
 EXECUTORS = ("serial", "processes", "ray")
 
-#: One job of a sweep: a single instance, or a cluster.
-Job = Union[SimConfig, ClusterJob]
+#: One job of a sweep: a single instance, a cluster, or an object with
+#: ``run(items, progress) -> SimResult | ClusterResult`` (e.g. one that stops a run early).
+Job = Union[SimConfig, ClusterJob, Any]
 #: ``progress(index, done, total)``: requests done in job ``index``.
 Progress = Callable[[int, int, int], None]
 
@@ -80,7 +82,9 @@ def run_config(index: int, cfg: Job, items: Sequence[WorkItem],
     try:
         if isinstance(cfg, ClusterJob):
             return Outcome(index, cfg.simulator(progress).run(items))
-        return Outcome(index, Simulator(cfg, progress=progress).run(items))
+        if isinstance(cfg, SimConfig):
+            return Outcome(index, Simulator(cfg, progress=progress).run(items))
+        return Outcome(index, cfg.run(items, progress))
     except ChildProcessDied as exc:    # the online run finished: keep it beside the error
         return Outcome(index, exc.partial, _describe(exc))
     except Exception as exc:  # noqa: BLE001 - reported per job, the sweep goes on
@@ -101,8 +105,10 @@ def _inline_optimum(jobs: Sequence[Job]) -> list[Job]:
     for j in jobs:
         if isinstance(j, ClusterJob):
             out.append(dataclasses.replace(j, config=dataclasses.replace(j.config, parallel_optimum=False)))
-        else:
+        elif isinstance(j, SimConfig):
             out.append(dataclasses.replace(j, parallel_optimum=False))
+        else:                                  # a job of its own sets its optimum itself
+            out.append(j)
     return out
 
 

@@ -118,8 +118,9 @@ class SimResult:
         ``bounds_reused``: the bounds came from an earlier run over the same workload and
         size, so only the gap report was made). All other keys are deterministic.
         """
-        def pct(q: float) -> float | None:
-            return float(np.percentile(self.ttft_s, q)) if self.ttft_s else None
+        def pct(q: float, xs: list[float] | None = None) -> float | None:
+            xs = self.ttft_s if xs is None else xs
+            return float(np.percentile(xs, q)) if xs else None
         opt = self.optimal_block_hit_rate
         hz = self.hazard_block_hit_rate
         by_tier = {"gpu": self.gpu_hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0}
@@ -156,8 +157,7 @@ class SimResult:
             "ttft_p90_s": pct(90),
             "ttft_p99_s": pct(99),
             "itl_mean_s": float(np.mean(self.itl_s)) if self.itl_s else None,
-            "itl_p50_s": float(np.percentile(self.itl_s, 50)) if self.itl_s else None,
-            "itl_p99_s": float(np.percentile(self.itl_s, 99)) if self.itl_s else None,
+            **{f"itl_p{q}_s": pct(q, self.itl_s) for q in (50, 90, 99)},   # per-request means
             "throughput_tok_s": self.output_tokens / self.makespan_s if self.makespan_s else None,
             "makespan_s": self.makespan_s,
             "steps": self.steps,

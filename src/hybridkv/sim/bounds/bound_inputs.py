@@ -27,7 +27,7 @@ from hybridkv.sim.bounds.optimal import (GapInputs, belady_block_hit_rate, gap_i
 from hybridkv.sim.bounds.stream_caches import belady_hits, lru_hits
 from hybridkv.sim.traffic.workitems import ServedItem, WorkItem
 
-__all__ = ["BoundInputs", "bound_inputs", "optimal_hit_blocks"]
+__all__ = ["BoundInputs", "bound_inputs", "optimal_hit_blocks", "reuse_ceiling_tokens"]
 
 
 def _compute_bound_keys(items: Iterable[WorkItem | ServedItem],
@@ -182,3 +182,13 @@ def optimal_hit_blocks(items: Iterable[WorkItem | ServedItem], block_size: int,
     online run generated for a :class:`ServedItem`.
     """
     return bound_inputs(items, block_size).belady(capacity_blocks)
+
+
+def reuse_ceiling_tokens(items: Sequence[WorkItem | ServedItem], block_size: int) -> list[int]:
+    """Per request, the most prompt tokens any cache could serve it from: the leading key
+    blocks an unlimited cache holds when it arrives (every block earlier requests left
+    computed), within its hit limit, times ``block_size``. No online run hits more
+    (``online <= optimum <= unlimited cache``)."""
+    keys, limits = _compute_bound_keys(items, block_size)
+    hits = infinite_block_hit_rate(keys).request_hits
+    return [min(h, lim) * block_size for h, lim in zip(hits, limits)]

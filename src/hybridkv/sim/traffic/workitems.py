@@ -8,6 +8,7 @@ memory stays per request.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -120,7 +121,31 @@ def served_workload(items: Iterable[WorkItem], max_model_len: int | None) -> tup
 _SERVED: tuple | None = None   # (items, max_model_len, served, rejected) of the last call
 
 
-__all__ = ["OUTPUT_TOKEN_BASE", "ServedItem", "served_output", "WorkItem", "items_from_mooncake", "items_from_trace", "served_workload"]
+def scale_rate(items: list[WorkItem], scale: float) -> list[WorkItem]:
+    """``items`` offered ``scale`` times as fast: every arrival's distance from the first one
+    divided by ``scale`` (2: twice the requests per second; the requests themselves unchanged).
+    ``scale == 1`` returns ``items`` itself. ValueError unless ``scale`` is a finite number > 0."""
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale < float("inf"):
+        raise ValueError(f"rate scale must be a finite number > 0, got {scale!r}")
+    if scale == 1 or not items:
+        return items
+    t0 = items[0].arrival_s
+    return [dataclasses.replace(it, arrival_s=t0 + (it.arrival_s - t0) / scale) for it in items]
+
+
+def first_seconds(items: list[WorkItem], duration_s: float) -> list[WorkItem]:
+    """The requests of ``items`` (in arrival order) arriving within ``duration_s`` seconds of the
+    first one (its arrival + ``duration_s`` included). ValueError unless ``duration_s`` > 0."""
+    if isinstance(duration_s, bool) or not isinstance(duration_s, (int, float)) or not duration_s > 0:
+        raise ValueError(f"duration must be a number of seconds > 0, got {duration_s!r}")
+    if not items:
+        return items
+    end = items[0].arrival_s + duration_s
+    return [it for it in items if it.arrival_s <= end]
+
+
+__all__ = ["OUTPUT_TOKEN_BASE", "ServedItem", "served_output", "WorkItem", "first_seconds",
+           "items_from_mooncake", "items_from_trace", "scale_rate", "served_workload"]
 
 
 def served_output(served: ServedItem) -> list[int]:
