@@ -47,6 +47,9 @@ from hybridkv.cli import main
 _IMAX = "random lengths in [0.8 L, L], 10 x C prompts, closed loop of C, ignore-eos"
 # FP8 checkpoints (DeepSeek's block-scaled FP8): 1-byte weights, GEMMs at the FP8 peak.
 _FP8 = ["--weight-dtype", "fp8"]
+# TensorRT-LLM's published throughput tables, at the commit they were read from.
+_TRTLLM = ("https://github.com/NVIDIA/TensorRT-LLM/blob/00f37686aa854010d68bcbd0f4ab000221541ca6/"
+           "docs/source/performance/perf-overview.md")
 
 ROWS = [
     # SemiAnalysis InferenceX issue #870, run 22737795957 (2026-03-05): DeepSeek-R1-0528 FP8,
@@ -86,6 +89,27 @@ ROWS = [
                "TP-16, random 180/400 (uniform from 1), 600 prompts, Poisson rate 40",
          preset="deepseek-v3", gpu="h800", deploy=["--tp", "16", "--dp", "1", *_FP8], isl=180, osl=400,
          ratio=0.0, rate=40.0, prompts=600, tput=120861 / 109.94, ttft_ms=None, tpot_ms=None),
+    # TensorRT-LLM's performance overview (docs/source/performance/perf-overview.md at the commit
+    # cited; the v1.0 tables, PyTorch backend): nvidia/Llama-3.1-8B-Instruct-FP8 on one H100 SXM
+    # 80GB (DGX H100) or one H200 SXM 141GB (DGX H200), TP-1, `trtllm-bench throughput` (every
+    # request queued at once) on a synthetic dataset of fixed lengths (prepare_dataset.py
+    # token-norm-dist, stdev 0) with the page's request count per ISL/OSL (3,000 for 1000/1000
+    # and 2048/128). Published: total output throughput, tok/s; the tables give no TTFT or TPOT
+    # (None). The engine's batch limits (trtllm-bench picks them) are not stated: the rows run
+    # simulate's defaults.
+    dict(id="llama8b-h100-trtllm-1k1k", source=_TRTLLM,
+         setup="Llama-3.1-8B-Instruct FP8, TensorRT-LLM (v1.0 perf overview, PyTorch backend), 1 x H100, "
+               "TP-1, fixed ISL/OSL 1000/1000, 3,000 requests all queued at once (trtllm-bench throughput)",
+         preset="llama-3.1-8b", gpu="h100", deploy=["--tp", "1", "--dp", "1", *_FP8], offline=True,
+         prompts=3000, isl=1000, osl=1000, tput=15220, ttft_ms=None, tpot_ms=None),
+    dict(id="llama8b-h100-trtllm-2k128", source=_TRTLLM,
+         setup="as above, fixed ISL/OSL 2048/128, 3,000 requests",
+         preset="llama-3.1-8b", gpu="h100", deploy=["--tp", "1", "--dp", "1", *_FP8], offline=True,
+         prompts=3000, isl=2048, osl=128, tput=3450, ttft_ms=None, tpot_ms=None),
+    dict(id="llama8b-h200-trtllm-1k1k", source=_TRTLLM,
+         setup="as above on 1 x H200 (DGX H200), fixed ISL/OSL 1000/1000, 3,000 requests",
+         preset="llama-3.1-8b", gpu="h200", deploy=["--tp", "1", "--dp", "1", *_FP8], offline=True,
+         prompts=3000, isl=1000, osl=1000, tput=17744, ttft_ms=None, tpot_ms=None),
     # Out of scope (stated, not run):
     dict(id="minimax-h100-tp4", source="https://github.com/SemiAnalysisAI/InferenceX/pull/832",
          setup="MiniMax-M2.5 FP8, vLLM, 4 x H100, TP-4 EP-4, 1k/1k, C=4",
