@@ -87,10 +87,10 @@ def test_candidates_come_cheapest_first_with_tiers_and_hints_on_one_instance() -
         single = c.deployment.instances == 1
         assert (c.options.router is None) == single
         assert single or (c.options.cpu_cache_gb == 0 and c.options.hints is None)
-    assert cands[0].flags(2.0) == ["--gpu", "h100", "--gpus", "1", "--gpu-memory-fraction", "0.9",
+    assert cands[0].flags(2.0) == ["--gpu", "h100", "--tp", "1", "--dp", "1", "--gpu-memory-fraction", "0.9",
                                    "--no-optimum", "--rate-scale", "2"]
     four = Candidate(Deployment("h100", 2, 2), Options(router="kv-aware"))
-    assert four.flags()[:6] == ["--gpu", "h100", "--gpus", "2", "--instances", "2"]
+    assert four.flags()[:6] == ["--gpu", "h100", "--tp", "2", "--dp", "2"]
     assert space.cost(four) == 12.0
     assert all(space.searches(f) for f in ("cpu-tier", "hints", "kv-routing"))
     assert not _space(routers=("kv-aware",)).searches("kv-routing")

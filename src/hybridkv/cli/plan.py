@@ -43,6 +43,7 @@ DEFAULT_CPU_GB = 200.0
 
 #: simulate options a plan searches or sets itself -> the plan option to use instead.
 OWNED = {"--gpu": "--gpu KIND,KIND", "--gpus": "--gpus-per-instance", "--instances": "--max-gpus",
+         "--tp": "--gpus-per-instance", "--dp": "--max-gpus", "--ep": "(not searched)",
          "--router": "--routers", "--gpu-memory-fraction": "--gpu-memory-fractions",
          "--cpu-cache-gb": "--cpu-cache-gb GB,GB", "--cpu-cache-tokens": "--cpu-cache-gb GB,GB",
          "--hints": "--hints none,KIND", "--eviction-policy": "--eviction-policies",

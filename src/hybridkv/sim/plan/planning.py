@@ -53,8 +53,8 @@ def make_plan(planner: Planner, window: Window, base: list[str], limits: list[st
     per = 0 if chosen is None else chosen.candidate.deployment.gpus_per_instance
     if per > NODE_GPUS:
         edge.append(f"the choice runs instances of {per} GPUs, more than one node's {NODE_GPUS}: "
-                    "its tensor parallelism crosses nodes, whose communication time the step "
-                    "model leaves out (--gpus-per-instance caps it)")
+                    "its tensor parallelism crosses nodes (priced over the inter-node link; "
+                    "--gpus-per-instance caps it)")
     return Plan(planner.slo, planner.space, window, base, listed, chosen, goodput, saved,
                 list(planner.runs.values()), planner.stats, limits + edge)
 

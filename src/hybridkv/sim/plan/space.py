@@ -6,8 +6,8 @@ A :class:`Candidate` is a :class:`Deployment` (which GPUs, how they are split) a
 can be reproduced by running that command.
 
 Deployments today are *replicas*: ``instances`` engine instances of ``gpus_per_instance`` GPUs
-each (ideal tensor parallelism inside an instance, as ``simulate --gpus``) behind a router
-(``--instances``, ``--router``). ``kind`` names that split, so other deployment models
+each (tensor parallelism inside an instance, its communication priced: ``simulate --tp``)
+behind a router (``--dp``, ``--router``). ``kind`` names that split, so other deployment models
 (tensor / data / expert parallel, prefill-decode disaggregation) become new kinds with their
 own flags without changing the record's users.
 
@@ -47,8 +47,7 @@ class Deployment:
         return self.gpus_per_instance * self.instances
 
     def flags(self) -> list[str]:
-        out = ["--gpu", self.gpu, "--gpus", str(self.gpus_per_instance)]
-        return out + (["--instances", str(self.instances)] if self.instances > 1 else [])
+        return ["--gpu", self.gpu, "--tp", str(self.gpus_per_instance), "--dp", str(self.instances)]
 
     def label(self) -> str:
         """``4 x h100 (2x2)``: GPUs in all, then instances x GPUs per instance."""
