@@ -289,7 +289,7 @@ def test_help_is_plain_and_shows_defaults() -> None:
         assert sphinx not in text
     assert "order of precedence" not in flat
     for default in ("token budget per engine step (default 8192)", "requests running at once (default 256)",
-                    "GPU preset: h100, h200, b200 (default h100)", "(default 0.9)"):
+                    "GPU preset: h100, h800, h200, b200 (default h100)", "(default 0.9)"):
         assert default in flat
     assert "recurrent-state groups write a checkpoint at each (the checkpoint interval)" in flat
     sweep = " ".join(subprocess.run([sys.executable, "-m", "hybridkv.cli", "sweep", "--help"],

@@ -110,7 +110,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--gpu", type=_list(_gpu_kind, "GPU kinds"), default=["h100"], metavar="KIND,KIND",
                    help="GPU kinds to try (default h100), e.g. h100,h200")
     s.add_argument("--gpus-per-instance", type=_list(int_in(1, 64), "GPU counts"), metavar="N,N",
-                   help="GPUs of one instance to try (ideal tensor parallelism; default: the fewest that "
+                   help="GPUs of one instance to try (tensor parallel, communication priced; default: the fewest that "
                         "hold the weights and each power of two above it, up to --max-gpus)")
     s.add_argument("--max-gpus", type=int_in(1, 256), default=16,
                    help="the most GPUs of one deployment (default 16)")

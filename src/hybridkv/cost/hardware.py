@@ -7,7 +7,7 @@ memory outside PyTorch's allocator (NCCL buffers, CUDA graphs); the rest is the 
 (``Worker.determine_available_memory`` in ``vllm/v1/worker/gpu_worker.py``). Weights that do
 not fit leave nothing, and vLLM refuses to start.
 
-Here, for ``num_gpus`` GPUs of one preset (ideal tensor parallelism: weights and cache are
+Here, for ``num_gpus`` GPUs of one preset (tensor parallelism: weights and cache are
 split evenly)::
 
     kv_bytes = fraction * num_gpus * gpu.memory_bytes - preset.weight_bytes

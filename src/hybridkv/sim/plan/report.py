@@ -337,8 +337,9 @@ def limits(sources: Mapping[str, str], space: Space, window: Window) -> list[str
                                            else " (datasheet scaling, not measured on it)")
            for gpu, src in sources.items()]
     if any(n > 1 for sizes in space.gpus.values() for n in sizes):
-        out.append("GPUs inside one instance are ideal tensor parallelism (no communication time); "
-                   f"above {NODE_GPUS} GPUs an instance spans nodes, where that is furthest from true")
+        out.append("GPUs inside one instance are tensor parallel, their all-reduces priced from "
+                   "published collective measurements (not measured here); above "
+                   f"{NODE_GPUS} GPUs an instance spans nodes and its collectives cross the inter-node link")
     out.append("a CPU tier and hints are simulated on one instance only, so candidates with "
                "several instances run without them")
     out.append(f"prices are one provider's on-demand list ({PRICE_SOURCE}) unless --gpu-hour-usd "
