@@ -11,7 +11,7 @@ Profiles (select with ``pytest --hypothesis-profile=NAME``):
   every mutant meets the same examples (mutmut, TESTING.md "Mutation testing").
 
 **How the deep run stops in time.** Each property test gets a share of the budget
-``HYBRIDKV_DEEP_BUDGET_S`` (seconds, default 360, see :func:`budget_for`). Once its share is
+``HYBRIDKV_DEEP_BUDGET_S`` (seconds, default 300, see :func:`budget_for`). Once its share is
 spent, the remaining examples return at once (they still count as Hypothesis examples, not as
 exercised ones: the counters below tell the difference), so a slower machine runs fewer real
 examples instead of failing. The guard never turns a failure into a pass: once an example has
@@ -35,7 +35,7 @@ from typing import Callable
 from hypothesis import HealthCheck, event, settings
 
 DEEP_EXAMPLES = 5000
-DEFAULT_DEEP_BUDGET_S = 360.0
+DEFAULT_DEEP_BUDGET_S = 300.0
 
 EXERCISED: Counter[str] = Counter()
 
