@@ -26,6 +26,7 @@ from hybridkv.cost.presets import get_gpu, get_preset
 from hybridkv.sim.cluster.routing import ROUTERS
 from hybridkv.sim import SimConfig, items_from_mooncake
 from hybridkv.sim.traffic.traces import resolve_trace
+from hybridkv.sim.cluster.routing import RouterTuning
 
 POOLED = "pooled"
 
@@ -45,8 +46,8 @@ def run_one(job: tuple[str, int, str, float, float, int | None, float | None]) -
     if router == POOLED:
         res = ClusterSimulator(_config(cache_tokens * n, n), 1, "round-robin").run(items)
     else:
-        res = ClusterSimulator(_config(cache_tokens, 1), n, router, overlap_weight=weight,
-                               max_skew=max_skew).run(items)
+        res = ClusterSimulator(_config(cache_tokens, 1), n, router, RouterTuning(
+            overlap_weight=weight, max_skew=max_skew)).run(items)
     d = res.to_json()
     o = d
     return {"trace": Path(trace).stem.removesuffix(".jsonl").replace("-", "_"), "instances": n, "router": router,

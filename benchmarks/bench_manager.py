@@ -25,7 +25,7 @@ import time
 
 from hybridkv import (FullAttention, KVCacheConfig, KVCacheGroup, KVCacheManager, Request,
                       SlidingWindow, SpecDecode)
-from hybridkv.sim.traffic.workloads import multi_turn_chat
+from hybridkv.sim.traffic.workloads import ChatWorkload, multi_turn_chat
 from hybridkv.core.cache_options import CacheOptions
 
 
@@ -76,9 +76,9 @@ MODES = {
 
 
 def setup():
-    trace = multi_turn_chat(num_conversations=48, turns=5, system_tokens=1024,
-                            user_tokens=(64, 512), answer_tokens=(32, 128), concurrency=8,
-                            arrival_rate=None, seed=1)
+    trace = multi_turn_chat(ChatWorkload(
+        num_conversations=48, turns=5, system_tokens=1024, user_tokens=(64, 512),
+        answer_tokens=(32, 128), concurrency=8, arrival_rate=None), seed=1)
     spec = dict(num_kv_heads=8, head_dim=128)
     configs = {
         "full": (KVCacheGroup("full", FullAttention(16, **spec), ("l0",)),),

@@ -20,7 +20,7 @@ from pathlib import Path
 import hybridkv.core.manager as manager_mod
 from hybridkv import (FullAttention, KVCacheConfig, KVCacheGroup, KVCacheManager, Request,
                       SlidingWindow)
-from hybridkv.sim.traffic.workloads import multi_turn_chat
+from hybridkv.sim.traffic.workloads import ChatWorkload, multi_turn_chat
 
 from bench_manager import answers  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 from hybridkv.core.cache_options import CacheOptions
@@ -61,9 +61,9 @@ def pools() -> dict[str, type]:
 
 
 def main() -> None:
-    trace = multi_turn_chat(num_conversations=48, turns=5, system_tokens=1024,
-                            user_tokens=(64, 512), answer_tokens=(32, 128), concurrency=8,
-                            arrival_rate=None, seed=1)
+    trace = multi_turn_chat(ChatWorkload(
+        num_conversations=48, turns=5, system_tokens=1024, user_tokens=(64, 512),
+        answer_tokens=(32, 128), concurrency=8, arrival_rate=None), seed=1)
     ans = answers(trace)
     spec = dict(num_kv_heads=8, head_dim=128)
     configs = {

@@ -22,13 +22,14 @@ import tempfile
 from pathlib import Path
 
 from hybridkv.cli import main
-from hybridkv.sim.traffic.workloads import shared_system_prompt
+from hybridkv.sim.traffic.workloads import SystemPromptWorkload, shared_system_prompt
 
 INTERVALS = "0,16,64,256,1024"
 
 
 def write_system200(path: Path) -> None:
-    reqs = shared_system_prompt(num_requests=512, num_prompts=8, system_tokens=200, seed=0)
+    reqs = shared_system_prompt(SystemPromptWorkload(
+        num_requests=512, num_prompts=8, system_tokens=200), seed=0)
     with path.open("w") as f:
         for r in reqs:
             f.write(json.dumps({"prompt_token_ids": [int(t) for t in r.prompt],

@@ -22,7 +22,7 @@ from hybridkv.engine import PagedKVCache
 from hybridkv.sched import EngineRequest, Scheduler, SchedulerConfig
 from hybridkv.sim import SimConfig, Simulator, items_from_trace
 from hybridkv.cost.presets import ModelPreset, get_gpu
-from hybridkv.sim.tiers.runtime import TierRuntime
+from hybridkv.sim.tiers.runtime import TierGeometry, TierRuntime
 from hybridkv.sim.tiers.config import TierConfig
 from hybridkv.sim.traffic.traces import TraceRequest
 from hybridkv.cost.transfer import DEFAULT_TRANSFER
@@ -65,8 +65,8 @@ def test_connector_and_simulator_tiers_hold_and_hit_the_same(seed: int) -> None:
     kv_e, sched_e, conn, store = _engine_tier(config, capacity, sched_cfg)
     kv_s = KVCacheManager(config, CacheOptions(
         hash_seed="same", retention_interval=0, max_in_flight_tokens=sched_cfg.max_num_batched_tokens))
-    tiers = TierRuntime(kv_s, TierConfig(cpu_cache_tokens=capacity), bytes_per_token=1,
-                        num_layers=5, cpu_link=DEFAULT_TRANSFER, key_block=BS, block_bytes=sizes)
+    geometry = TierGeometry(bytes_per_token=1, num_layers=5, key_block=BS, block_bytes=tuple(sizes))
+    tiers = TierRuntime(kv_s, TierConfig(cpu_cache_tokens=capacity), geometry, DEFAULT_TRANSFER)
     sched_s = Scheduler(kv_s, sched_cfg, tiers)
     answers = {}
     work = tier_workload(seed, 40)

@@ -29,7 +29,7 @@ from hybridkv.sim.failures import ChildProcessDied, describe_exit
 from hybridkv.sim.bounds.optimum_memory import BYTES_PER_BLOCK, estimate, is_large, key_block_size
 from hybridkv.cost.presets import get_gpu, get_preset
 from hybridkv.sim.traffic.workitems import WorkItem
-from hybridkv.sim.traffic.workloads import get_workload, multi_turn_chat
+from hybridkv.sim.traffic.workloads import ChatWorkload, get_workload, multi_turn_chat
 from tests.support.processes import children
 
 REPO = Path(__file__).resolve().parents[2]
@@ -234,7 +234,7 @@ def test_a_killed_ray_task_is_named():
     workload is long enough (about 1,200 requests) that the task is still running when the
     driver, however loaded the machine, reads its first progress report and kills it."""
     pytest.importorskip("ray")
-    items = items_from_trace(multi_turn_chat(num_conversations=200, seed=3))
+    items = items_from_trace(multi_turn_chat(ChatWorkload(num_conversations=200), seed=3))
     preset, gpu = get_preset("llama-3.1-8b"), get_gpu("h100")
     configs = [SimConfig(preset=preset, gpu=gpu, num_blocks=n, optimum=False) for n in (3000, 4000)]
     killed: list[int] = []

@@ -13,6 +13,7 @@ from hybridkv.cost.presets import get_gpu, get_preset
 from hybridkv.sim.cluster.routing import ROUTERS, InstanceLoad, RouteDecision, Router, RouterSetup, make_router
 from hybridkv.sim import SimConfig, Simulator, items_from_trace
 from hybridkv.sim.traffic.workloads import get_workload
+from hybridkv.sim.cluster.routing import RouterTuning
 
 
 def config(blocks: int, **kw) -> SimConfig:
@@ -396,7 +397,7 @@ def test_kv_aware_cluster_routes_each_request_where_the_score_says() -> None:
     Guards against any change of routing (a third of the requests sent elsewhere, the load or
     the hit counted differently, events not reaching the index), not only of the aggregates.
     (No load-skew bound: with the default, C1 would go to instance 1, 3 > 2 x 1.)"""
-    sim = ClusterSimulator(config(3000), 2, "kv-aware", overlap_weight=2.0, max_skew=None)
+    sim = ClusterSimulator(config(3000), 2, "kv-aware", RouterTuning(overlap_weight=2.0, max_skew=None))
     seen = _spy(sim)
     res = sim.run(items_from_trace(SCENARIO))
     assert seen == [(0, 0), (1, 0), (0, 64), (0, 0), (1, 64), (0, 96), (1, 0)]
@@ -450,7 +451,7 @@ def test_queued_tokens_are_the_prompt_minus_the_predicted_hit() -> None:
     """In the kv-aware scenario above, A3 sees instance 0 with C1's 160 tokens queued and
     instance 1 with B2's 96 minus its predicted 64. A router that claims a whole prompt is
     cached adds nothing to the queue (never a negative or a token more)."""
-    sim = ClusterSimulator(config(3000), 2, "kv-aware", overlap_weight=2.0, max_skew=None)
+    sim = ClusterSimulator(config(3000), 2, "kv-aware", RouterTuning(overlap_weight=2.0, max_skew=None))
     loads = _spy_loads(sim)
     sim.run(items_from_trace(SCENARIO))
     assert loads[5] == [InstanceLoad(0, 160, 1), InstanceLoad(1, 32, 1)]
@@ -473,12 +474,13 @@ def test_the_router_keys_on_the_first_full_attention_group() -> None:
     swa_first = dataclasses.replace(gemma, groups=(gemma.groups[1], gemma.groups[0]))
     cfg = SimConfig(preset=swa_first, gpu=get_gpu("h100"), num_blocks=3000, optimum=False)
     reqs = [_req("A1", 0, A[:64]), _req("A2", 10, A[:96]), _req("A3", 20, A[:128])]
-    sim = ClusterSimulator(cfg, 2, "kv-aware", max_skew=None)     # the score alone
+    sim = ClusterSimulator(cfg, 2, "kv-aware", RouterTuning(max_skew=None))     # the score alone
     assert (sim.key_group, sim.router.group, sim.key_block) == (1, 1, 16)
     res = sim.run(items_from_trace(reqs))
     assert res.predicted_hit_tokens == sum(r.hit_tokens for r in res.instances) == 64 + 96
     only_swa = dataclasses.replace(gemma, groups=(gemma.groups[1],))
-    sim = ClusterSimulator(dataclasses.replace(cfg, preset=only_swa), 2, "kv-aware", max_skew=None)
+    sim = ClusterSimulator(dataclasses.replace(cfg, preset=only_swa), 2, "kv-aware", RouterTuning(
+        max_skew=None))
     assert (sim.key_group, sim.router.group) == (0, 0)
     assert sim.run(items_from_trace(reqs)).routed_requests == [3, 0]
 
@@ -806,7 +808,7 @@ def test_a_prefix_cache_reset_leaves_the_index() -> None:
     """An instance's prefix-cache reset (its ``AllBlocksCleared``, which names no group)
     removes that instance, and only it, from the router's index at its next step."""
     from types import SimpleNamespace
-    sim = ClusterSimulator(config(3000), 2, "kv-aware", overlap_weight=2.0)
+    sim = ClusterSimulator(config(3000), 2, "kv-aware", RouterTuning(overlap_weight=2.0))
     sim.run(items_from_trace(SCENARIO))                # both instances hold blocks
     before = [sim.index.num_blocks(i) for i in range(2)]
     assert min(before) > 0

@@ -21,6 +21,7 @@ from hybridkv.cost.presets import get_gpu, get_preset
 from hybridkv.sim.cluster.routing import (DEFAULT_MAX_SKEW, InstanceLoad, KVAwareRouter, RouterSetup,
                                   make_router, within_skew)
 from hybridkv.sim.traffic.traces import TraceRequest
+from hybridkv.sim.cluster.routing import RouterTuning
 
 SYS = list(range(1000, 1256))          # a 256-token system prompt every request starts with
 
@@ -100,7 +101,8 @@ def _sessions(n: int = 12) -> list[TraceRequest]:
 
 @pytest.mark.parametrize("max_skew, counts", [(2.0, [8, 4]), (3.0, [9, 3]), (None, [12, 0])])
 def test_cluster_with_a_shared_system_prompt(max_skew, counts):
-    res = ClusterSimulator(_config(), 2, "kv-aware", max_skew=max_skew).run(items_from_trace(_sessions()))
+    sim = ClusterSimulator(_config(), 2, "kv-aware", RouterTuning(max_skew=max_skew))
+    res = sim.run(items_from_trace(_sessions()))
     assert res.routed_requests == counts
     assert res.request_shares == [counts[0] / 12, counts[1] / 12]
     assert res.request_skew == counts[0] / 6

@@ -10,8 +10,9 @@ import pytest
 
 from hybridkv.sim.traffic.traces import (TraceRequest, expand_block_ids, iter_mooncake_records,
                                  load_mooncake_trace, load_token_trace)
-from hybridkv.sim.traffic.workloads import (WORKLOADS, agentic_loop, get_workload, multi_turn_chat,
-                                    replay_microbenchmark, shared_system_prompt)
+from hybridkv.sim.traffic.workloads import (WORKLOADS, AgentWorkload, ChatWorkload, SystemPromptWorkload,
+                                            agentic_loop, get_workload, multi_turn_chat,
+                                            replay_microbenchmark, shared_system_prompt)
 
 
 def _write_jsonl(path: Path, lines: list[object]) -> Path:
@@ -235,13 +236,15 @@ def _check_growing_sessions(reqs: list[TraceRequest], steps: int) -> None:
 
 
 def test_multi_turn_chat_history_contains_answers() -> None:
-    reqs = multi_turn_chat(num_conversations=5, turns=4, system_tokens=100, user_tokens=20,
-                           answer_tokens=(5, 30), concurrency=2, seed=3)
+    reqs = multi_turn_chat(ChatWorkload(
+        num_conversations=5, turns=4, system_tokens=100, user_tokens=20, answer_tokens=(5, 30),
+        concurrency=2), seed=3)
     assert len(reqs) == 20
     _check_growing_sessions(reqs, 4)
     # The answer tokens are fixed per turn: regenerating gives the same history.
-    again = multi_turn_chat(num_conversations=5, turns=4, system_tokens=100, user_tokens=20,
-                            answer_tokens=(5, 30), concurrency=2, seed=3)
+    again = multi_turn_chat(ChatWorkload(
+        num_conversations=5, turns=4, system_tokens=100, user_tokens=20, answer_tokens=(5, 30),
+        concurrency=2), seed=3)
     assert _same(reqs, again)
     # Every conversation starts with the shared system prompt.
     firsts = [r for r in reqs if r.request_id.endswith("-t0")]
@@ -250,29 +253,31 @@ def test_multi_turn_chat_history_contains_answers() -> None:
 
 
 def test_concurrency_one_runs_conversations_back_to_back() -> None:
-    reqs = multi_turn_chat(num_conversations=3, turns=2, concurrency=1, arrival_rate=None, seed=0)
+    reqs = multi_turn_chat(ChatWorkload(
+        num_conversations=3, turns=2, concurrency=1, arrival_rate=None), seed=0)
     assert [r.request_id for r in reqs] == [f"chat-s{s}-t{t}" for s in range(3) for t in range(2)]
     assert all(r.arrival_s == 0.0 for r in reqs)
 
 
 def test_concurrency_interleaves() -> None:
-    reqs = multi_turn_chat(num_conversations=8, turns=5, concurrency=8, seed=0)
+    reqs = multi_turn_chat(ChatWorkload(num_conversations=8, turns=5, concurrency=8), seed=0)
     sessions = [r.session for r in reqs]
     switches = sum(a != b for a, b in zip(sessions, sessions[1:]))
     assert switches > 20
 
 
 def test_agentic_loop_grows_long_context_with_short_outputs() -> None:
-    reqs = agentic_loop(num_agents=3, steps=5, system_tokens=1000, task_tokens=100,
-                        tool_tokens=(200, 400), action_tokens=(10, 20), seed=0)
+    reqs = agentic_loop(AgentWorkload(
+        num_agents=3, steps=5, system_tokens=1000, task_tokens=100, tool_tokens=(200, 400),
+        action_tokens=(10, 20)), seed=0)
     _check_growing_sessions(reqs, 5)
     assert all(10 <= r.output_len <= 20 for r in reqs)
     assert max(r.prompt_len for r in reqs) > 1000 + 100 + 4 * 200
 
 
 def test_shared_system_prompt_uses_few_prefixes() -> None:
-    reqs = shared_system_prompt(num_requests=60, num_prompts=3, system_tokens=50, user_tokens=10,
-                                zipf_s=1.0, seed=0)
+    reqs = shared_system_prompt(SystemPromptWorkload(
+        num_requests=60, num_prompts=3, system_tokens=50, user_tokens=10, zipf_s=1.0), seed=0)
     prefixes = {tuple(r.prompt[:50]) for r in reqs}
     assert 1 < len(prefixes) <= 3
     assert len({tuple(r.prompt[50:]) for r in reqs}) == 60  # user text is unique
@@ -289,10 +294,10 @@ def test_replay_microbenchmark_is_a_b_a() -> None:
 @pytest.mark.parametrize(
     "call",
     [
-        lambda: multi_turn_chat(num_conversations=0),
-        lambda: multi_turn_chat(user_tokens=(5, 2)),
-        lambda: multi_turn_chat(arrival_rate=0.0),
-        lambda: shared_system_prompt(num_prompts=0),
+        lambda: multi_turn_chat(ChatWorkload(num_conversations=0)),
+        lambda: multi_turn_chat(ChatWorkload(user_tokens=(5, 2))),
+        lambda: multi_turn_chat(ChatWorkload(arrival_rate=0.0)),
+        lambda: shared_system_prompt(SystemPromptWorkload(num_prompts=0)),
         lambda: replay_microbenchmark(a_tokens=0),
     ],
 )

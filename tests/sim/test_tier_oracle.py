@@ -453,7 +453,7 @@ from types import SimpleNamespace  # noqa: E402
 from hybridkv import KVCacheManager  # noqa: E402
 from hybridkv.core.blockref import BlockRef  # noqa: E402
 from hybridkv.core.specs import FullAttention, KVCacheConfig, KVCacheGroup  # noqa: E402
-from hybridkv.sim.tiers.runtime import TierRuntime  # noqa: E402
+from hybridkv.sim.tiers.runtime import TierGeometry, TierRuntime  # noqa: E402
 
 E = 1_000_000
 T = FAR
@@ -471,7 +471,8 @@ def make_runtime(policy: str, gpus: int = 1, layers: int = 4, **sizes) -> TierRu
     spec = FullAttention(block_size=4, num_kv_heads=1, head_dim=4, dtype="float32")
     kv = KVCacheManager(KVCacheConfig((KVCacheGroup("full", spec, ("l0",)),), num_blocks=8))
     cfg = TierConfig(policy=policy, cpu_link=CPU, disk_link=DISK, remote_link=REMOTE, **sizes)
-    return TierRuntime(kv, cfg, 1, layers, DEFAULT_TRANSFER, 4, block_bytes=[E], num_gpus=gpus)
+    geometry = TierGeometry(1, layers, 4, block_bytes=(E,), num_gpus=gpus)
+    return TierRuntime(kv, cfg, geometry, DEFAULT_TRANSFER)
 
 
 def step(saves=(), loads=(), computing=(), saves_after=()):

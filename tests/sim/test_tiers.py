@@ -176,11 +176,11 @@ def test_a_load_that_cannot_fit_alone_is_computed_instead_of_waiting_forever() -
     from hybridkv import KVCacheManager, Request
     from hybridkv.core.specs import KVCacheConfig
     from hybridkv.sched import EngineRequest, Scheduler
-    from hybridkv.sim.tiers.runtime import TierRuntime
+    from hybridkv.sim.tiers.runtime import TierGeometry, TierRuntime
     config = KVCacheConfig(tier_groups(3), num_blocks=24)
     kv = KVCacheManager(config, CacheOptions(hash_seed="same", retention_interval=0, max_in_flight_tokens=16))
-    tiers = TierRuntime(kv, TierConfig(cpu_cache_tokens=6 * (7 * 160 + 5 * 416)), 1, 5,
-                        DEFAULT_TRANSFER, 4, block_bytes=[160, 416])
+    tiers = TierRuntime(kv, TierConfig(cpu_cache_tokens=6 * (7 * 160 + 5 * 416)),
+                        TierGeometry(1, 5, 4, block_bytes=(160, 416)), DEFAULT_TRANSFER)
     sched = Scheduler(kv, SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=2), tiers)
     work, answers, steps = tier_workload(0, 40), {}, 0
     while work or sched.has_unfinished():

@@ -23,7 +23,7 @@ from hybridkv.cli.sim_options import cost_source
 from hybridkv.sim.cluster.loop import ClusterResult, ClusterSimulator, OfferedLoad, offered_load
 from hybridkv.sim.failures import ChildProcessDied
 from hybridkv.sim.interrupt import RunInterrupted, sigint_deferred
-from hybridkv.sim.cluster.routing import DEFAULT_MAX_SKEW, DEFAULT_OVERLAP_WEIGHT, ROUTERS
+from hybridkv.sim.cluster.routing import DEFAULT_MAX_SKEW, DEFAULT_OVERLAP_WEIGHT, ROUTERS, RouterTuning
 from hybridkv.sim.simulator import SimConfig, Simulator
 from hybridkv.sim.traffic.workitems import WorkItem
 
@@ -253,8 +253,7 @@ def run_cluster(args: argparse.Namespace, cfg: SimConfig, items: list[WorkItem],
             mapper = WireMapper(cfg.preset.kv_config(num_blocks=cfg.num_blocks))
             sinks = [(lambda start, end, events, p=p: p.publish(mapper.batch(events, end)))
                      for p in pubs]
-        sim = ClusterSimulator(cfg, n, router, overlap_weight=overlap_weight(args),
-                               max_skew=max_skew(args),
+        sim = ClusterSimulator(cfg, n, router, RouterTuning(overlap_weight(args), max_skew(args)),
                                event_sinks=sinks, progress=progress)
         failure = None
         try:

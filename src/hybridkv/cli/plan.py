@@ -222,7 +222,7 @@ def _run(args: argparse.Namespace) -> int:
     from hybridkv.cli.sim_options import load_items, options_preset
     from hybridkv.cost.hardware import fewest_gpus
     from hybridkv.cost.presets import get_gpu
-    from hybridkv.sim.plan.planning import make_plan
+    from hybridkv.sim.plan.planning import GoodputSearch, make_plan
     from hybridkv.sim.plan.report import Window, format_plan, limits, plot_front, to_json
     from hybridkv.sim.plan.search import Planner
     from hybridkv.sim.traffic.workitems import served_workload
@@ -275,8 +275,8 @@ def _run(args: argparse.Namespace) -> int:
     say = None if args.no_progress else (lambda m: print(f"hybridkv plan: {m}", file=sys.stderr))
     planner = Planner(space, args.slo, _evaluator(jobs, items, args), bound, say)
     sources = {k: models[(k, ns[0])].source for k, ns in sizes.items()}
-    result = make_plan(planner, window, base, limits(sources, space, window), args.goodput_rows,
-                       args.goodput_precision, args.goodput_runs)
+    search = GoodputSearch(args.goodput_rows, args.goodput_precision, args.goodput_runs)
+    result = make_plan(planner, window, base, limits(sources, space, window), search)
     src = f"trace {sim.trace}" if sim.trace else f"workload {sim.workload or 'chat'}"
     title = f"hybridkv plan: {preset.name} on {src}, SLO {args.slo}"
     print(format_plan(result, title))

@@ -30,7 +30,7 @@ from hybridkv.cost.presets import MODEL_PRESETS, get_gpu, get_preset
 from hybridkv.sim.simulator import SimConfig
 from hybridkv.sim.traffic.traces import (BUNDLED_TRACES, TraceWarning, load_token_trace,
                                  mooncake_block_warning, resolve_trace, trace_format)
-from hybridkv.sim.traffic.workloads import WORKLOADS, get_workload
+from hybridkv.sim.traffic.workloads import WORKLOADS, get_workload, workload_keys
 from hybridkv.sim.traffic.workitems import (WorkItem, first_seconds, items_from_mooncake,
                                            items_from_trace, scale_rate)
 
@@ -221,13 +221,11 @@ def parse_workload_param(text: str) -> tuple[str, object]:
 def workload_params(name: str, params: list[tuple[str, object]] | None) -> dict:
     """``--workload-param`` pairs as keyword overrides of workload ``name``'s generator;
     ValueError naming an unknown key and the valid ones (``seed`` is ``--seed``'s)."""
-    import inspect
     if not params:
         return {}
-    factory = WORKLOADS.get(name)
-    if factory is None:
+    if name not in WORKLOADS:
         return {}                                  # get_workload names the valid workloads
-    valid = [k for k in inspect.signature(factory).parameters if k != "seed"]
+    valid = workload_keys(name)
     out: dict = {}
     for key, value in params:
         if key not in valid:

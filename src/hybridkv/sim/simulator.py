@@ -51,11 +51,11 @@ from hybridkv.sim.bounds.optimum_memory import key_block_size
 from hybridkv.sim.bounds.hybrid_bound import (hybrid_bound_hit_blocks, is_hybrid, servable_key_blocks,
                                        unservable_blocks)
 from hybridkv.sim.bounds.optimal import OnlineHits, optimum_capacity_blocks
-from hybridkv.sim.bounds.optimum_job import OptimumJob
+from hybridkv.sim.bounds.optimum_job import OptimumJob, SideTask
 from hybridkv.sim.config import PrefixRetention, SimConfig
 from hybridkv.sim.result import TIMING_KEYS, SimResult, deployment_json
 from hybridkv.cost.profile import cost_model
-from hybridkv.sim.tiers.runtime import TierRuntime
+from hybridkv.sim.tiers.runtime import TierGeometry, TierRuntime
 from hybridkv.cost.transfer import DEFAULT_TRANSFER
 from hybridkv.sim.bounds.whatif import WHAT_IF
 from hybridkv.sim.traffic.workitems import OUTPUT_TOKEN_BASE, ServedItem, WorkItem, served_workload
@@ -145,8 +145,8 @@ class Simulator:
         per_token = preset.kv_bytes_per_token()["total"]
         tiers.check(per_token, preset.name)
         cpu_link = config.profile.transfer if config.profile is not None else DEFAULT_TRANSFER
-        return TierRuntime(self.kv, tiers, per_token, preset.num_layers, cpu_link, self.key_block,
-                           num_gpus=config.num_gpus)
+        geometry = TierGeometry(per_token, preset.num_layers, self.key_block, num_gpus=config.num_gpus)
+        return TierRuntime(self.kv, tiers, geometry, cpu_link)
 
     # ---- the run ------------------------------------------------------------------------------
     def run(self, items: Iterable[WorkItem]) -> SimResult:
@@ -162,10 +162,10 @@ class Simulator:
         t0 = time.perf_counter()
         capacity = self.optimum_capacity
         served, res.rejected = served_workload(items, self.scheduler.max_model_len)
-        hybrid = (functools.partial(self._hybrid_bound, served, capacity)
+        hybrid = (SideTask(functools.partial(self._hybrid_bound, served, capacity), self._hybrid_key())
                   if is_hybrid(self.kv.config) else None)
         optimum = (OptimumJob(served, self.key_block, capacity, cfg.parallel_optimum, extra=WHAT_IF,
-                              side=hybrid, side_key=self._hybrid_key() if hybrid else None)
+                              side=hybrid)
                    if cfg.optimum else None)
         n = len(served)
         self._hints = self._workload_hints(served)
@@ -220,9 +220,9 @@ class Simulator:
         """:mod:`hybridkv.sim.bounds.hybrid_bound` on the served requests, at the optimum's capacity:
         its hit blocks and the unlimited cache's hits no cache of this config serves."""
         cfg = self.config
-        servable = servable_key_blocks(served, self.kv.config, self.key_block, spec=cfg.spec,
-                                       retention_interval=cfg.retention_interval,
-                                       hash_algo=cfg.hash_algo, hash_seed=self.hash_seed)
+        hits = CacheOptions(spec_decode=cfg.spec, retention_interval=cfg.retention_interval,
+                            hash_algo=cfg.hash_algo, hash_seed=self.hash_seed)
+        servable = servable_key_blocks(served, self.kv.config, self.key_block, hits)
         return (hybrid_bound_hit_blocks(served, self.key_block, capacity, servable),
                 unservable_blocks(served, self.key_block, servable))
 

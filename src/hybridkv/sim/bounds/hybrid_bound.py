@@ -34,7 +34,6 @@ from hybridkv.core.manager import KVCacheManager
 from hybridkv.core.request import Request
 from hybridkv.core.rules import make_rule
 from hybridkv.core.specs import KVCacheConfig
-from hybridkv.core.spec_decode import SpecDecode
 from hybridkv.core.cache_options import CacheOptions
 from hybridkv.sim.bounds.bound_inputs import bound_inputs
 from hybridkv.sim.bounds.optimal import next_read_indices
@@ -54,9 +53,8 @@ def is_hybrid(kv_config: KVCacheConfig) -> bool:
     return any(closed) and not all(closed)
 
 
-def servable_key_blocks(served: Sequence[ServedItem], kv_config: KVCacheConfig, key_block: int, *,
-                        spec: SpecDecode | None, retention_interval: int | None,
-                        hash_algo: str, hash_seed: str | None) -> list[int]:
+def servable_key_blocks(served: Sequence[ServedItem], kv_config: KVCacheConfig, key_block: int,
+                        options: CacheOptions) -> list[int]:
     """Per served request, the key blocks a manager with this config serves it from an
     unlimited pool, requests one at a time in served order (each computes its prompt, then
     appends the output the online run appends, :func:`served_output`, computing all of it but
@@ -64,8 +62,11 @@ def servable_key_blocks(served: Sequence[ServedItem], kv_config: KVCacheConfig, 
 
     It depends on neither the pool's size nor its eviction policy: the last answer is kept (by
     identity of the ``served`` list and equality of everything else), so a sweep replays a
-    workload once for all its sizes and policies."""
+    workload once for all its sizes and policies. Of ``options`` it reads what decides a hit:
+    ``spec_decode``, ``retention_interval``, ``hash_algo`` and ``hash_seed``."""
     global _SERVABLE
+    spec, retention_interval = options.spec_decode, options.retention_interval
+    hash_algo, hash_seed = options.hash_algo, options.hash_seed
     key = (kv_config.groups, key_block, spec, retention_interval, hash_algo, hash_seed)
     memo = _SERVABLE
     if memo is not None and memo[0] is served and memo[1] == key:

@@ -3,12 +3,12 @@
 :class:`OptimumJob` gives a run its offline optimum (Belady at the pool's size), the
 non-anticipative hazard-rate reference, the gap report and the answers of an :class:`Extra`
 (the what-if's LRU model and Belady at 2x, :mod:`hybridkv.sim.bounds.whatif`) and of ``side`` (the
-hybrid bound). Everything but the gap report and the extra's last step needs no online result
+hybrid bound, a :class:`SideTask`). Everything but the gap report and the extra's last step needs no online result
 (:class:`BoundParts`): a large workload computes it in a forked child from the start, on a
 second core while the simulation runs, and after the step loop only the gap report is left.
 
 A workload's parts are kept in this process (by identity of the served list, and the block
-size, capacity, extra and ``side_key``): a sweep computes each bound once per size and every
+size, capacity, extra and the side task's ``key``): a sweep computes each bound once per size and every
 other row at that size (another eviction policy) reuses them (:attr:`OptimumJob.reused`).
 :attr:`OptimumJob.seconds` says what each bound took, by name.
 """
@@ -26,7 +26,7 @@ from hybridkv.sim.bounds.hazard import HazardBound
 from hybridkv.sim.bounds.optimal import GapInputs, GapReport, OnlineHits, gap_from
 from hybridkv.sim.traffic.workitems import ServedItem
 
-__all__ = ["BoundParts", "Extra", "OptimumJob", "PARALLEL_OPTIMUM_TOKENS", "timed"]
+__all__ = ["BoundParts", "Extra", "OptimumJob", "PARALLEL_OPTIMUM_TOKENS", "SideTask", "timed"]
 
 PARALLEL_OPTIMUM_TOKENS = 20_000_000  # above this many prompt tokens, compute the bound in a child
 
@@ -38,6 +38,26 @@ def timed(seconds: dict[str, float], name: str, fn: Callable[[], object]) -> obj
         return fn()
     finally:
         seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - t0
+
+
+@dataclass(frozen=True, slots=True)
+class SideTask:
+    """Another bound an :class:`OptimumJob` computes with its parts (in its child, if any).
+
+    Attributes:
+        run: ``run()`` computes it; its answer is :attr:`OptimumJob.side_result`.
+        key: what the answer depends on besides the served list (hashable); parts kept for
+            the same key are reused. None: never reused.
+    """
+
+    run: Callable[[], object]
+    key: Hashable | None = None
+
+    def __post_init__(self) -> None:
+        if not callable(self.run):
+            raise TypeError(f"SideTask.run must be callable, got {self.run!r}")
+        if not isinstance(self.key, Hashable):
+            raise TypeError(f"SideTask.key must be hashable or None, got {self.key!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,23 +135,23 @@ class OptimumJob:
     simulation runs on this core: they need no simulation state, and the child waits for the
     online run's :class:`OnlineHits` only for the gap report and ``extra.after``. Others
     compute them inline in :meth:`result`. Parts this process already has for the same served
-    list, block size, capacity, extra and ``side_key`` are reused (no child, nothing
-    recomputed; ``side_key=None`` with a ``side`` never reuses). ``side()`` runs with the
+    list, block size, capacity, extra and ``side.key`` are reused (no child, nothing
+    recomputed; a ``side`` whose key is None never reuses). ``side.run()`` runs with the
     parts; its answer is :attr:`side_result` once :meth:`result` returned.
     """
 
     def __init__(self, served: list[ServedItem], block_size: int, capacity: int,
                  parallel: bool = True, extra: Extra | None = None,
-                 side: Callable[[], object] | None = None,
-                 side_key: Hashable | None = None) -> None:
+                 side: SideTask | None = None) -> None:
         self.served = served
         self.block_size = block_size
         self.capacity = capacity
         self.extra = extra
-        self.side = side
+        self.side = side.run if side is not None else None
         self.side_result: object = None
         #: Seconds by bound name spent for this run (``gap``: the report after the online run).
         self.seconds: dict[str, float] = {}
+        side_key = side.key if side is not None else None
         self._key = ((block_size, capacity, extra, side_key)
                      if side is None or side_key is not None else None)
         self._parts = _remembered(served, self._key)
@@ -143,7 +163,7 @@ class OptimumJob:
             ctx = mp.get_context("fork")
             self._conn, child_conn = ctx.Pipe()
             self._child = ctx.Process(target=_optimum_child, daemon=True,
-                                      args=(served, block_size, capacity, child_conn, extra, side))
+                                      args=(served, block_size, capacity, child_conn, extra, self.side))
             self._child.start()
             child_conn.close()
 

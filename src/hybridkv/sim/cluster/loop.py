@@ -30,7 +30,7 @@ from hybridkv.core.validation import check_int
 from hybridkv.events.index import KVEventIndex
 from hybridkv.sched import EngineRequest
 from hybridkv.sim.cluster.routing import (DEFAULT_MAX_SKEW, DEFAULT_OVERLAP_WEIGHT, InstanceLoad, RouterSetup,
-                                  make_router)
+                                  RouterTuning, make_router)
 from hybridkv.sim.interrupt import RunInterrupted
 from hybridkv.sim.failures import ChildProcessDied
 from hybridkv.sim.bounds.optimal import OnlineHits
@@ -299,21 +299,20 @@ class ClusterSimulator:
             remote tier is one store all instances share, as a Mooncake Store is).
         num_instances: >= 1.
         router: routing policy name.
-        overlap_weight: the kv-aware/approximate routers' weight of a request's own prefill.
-        max_skew: the KV-aware routers' load-skew bound
-            (:func:`~hybridkv.sim.cluster.routing.base.within_skew`; None: none). Routers that do not
-            score overlap ignore it.
+        tuning: the KV-aware routers' overlap weight and load-skew bound
+            (:class:`~hybridkv.sim.cluster.routing.RouterTuning`; default its defaults). Routers
+            that do not score overlap ignore it.
         event_sinks: optional per-instance callables ``sink(start_s, end_s, events)`` receiving
             each step's core KV events (a ZMQ publisher per instance, for example).
         progress: ``progress(done, total)`` now and then.
     """
 
     def __init__(self, config: SimConfig, num_instances: int, router: str = "kv-aware",
-                 overlap_weight: float = DEFAULT_OVERLAP_WEIGHT,
-                 max_skew: float | None = DEFAULT_MAX_SKEW,
+                 tuning: RouterTuning | None = None,
                  event_sinks: Sequence[Callable[[float, float, list], None]] | None = None,
                  progress: Callable[[int, int], None] | None = None) -> None:
         check_int("num_instances", num_instances, 1)
+        tuning = tuning if tuning is not None else RouterTuning()
         if config.sequential:
             raise ValueError("a cluster simulation is timed; --sequential does not apply")
         if event_sinks is not None and len(event_sinks) != num_instances:
@@ -329,9 +328,9 @@ class ClusterSimulator:
         self.router = make_router(router, RouterSetup(
             num_instances=num_instances, block_size=self.key_block,
             capacity_blocks=max(1, (config.num_blocks - 1) // len(groups)),
-            index=self.index, group=self.key_group, overlap_weight=overlap_weight,
-            max_skew=max_skew, tier_holds=self._tier_holds if config.tiers is not None else None))
-        self.max_skew = max_skew if self.router.bounds_skew else None
+            index=self.index, group=self.key_group, overlap_weight=tuning.overlap_weight,
+            max_skew=tuning.max_skew, tier_holds=self._tier_holds if config.tiers is not None else None))
+        self.max_skew = tuning.max_skew if self.router.bounds_skew else None
         self.event_sinks = list(event_sinks) if event_sinks is not None else None
         wants_events = self.router.needs_events or self.event_sinks is not None
         cfg = dataclasses.replace(config, hash_seed=config.hash_seed or CLUSTER_HASH_SEED,
@@ -561,5 +560,4 @@ class ClusterJob:
 
     def simulator(self, progress: Callable[[int, int], None] | None = None) -> ClusterSimulator:
         return ClusterSimulator(self.config, self.instances, self.router,
-                                overlap_weight=self.overlap_weight, max_skew=self.max_skew,
-                                progress=progress)
+                                RouterTuning(self.overlap_weight, self.max_skew), progress=progress)

@@ -3,12 +3,37 @@ the deployments up to the choice, and the :class:`~hybridkv.sim.plan.report.Plan
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Sequence
 
+from hybridkv.core.validation import check_int
 from hybridkv.sim.plan.report import NODE_GPUS, Plan, Window
 from hybridkv.sim.plan.search import Planner, Run
 from hybridkv.sim.plan.slo import EDGE_RATIO
 from hybridkv.sim.plan.space import Candidate, Deployment, Space
+
+
+@dataclass(frozen=True)
+class GoodputSearch:
+    """How a plan measures goodput (``plan --goodput-rows/--goodput-precision/--goodput-runs``).
+
+    Attributes:
+        rows: candidates whose goodput is measured (:func:`goodput_candidates`; 0: none).
+        precision: > 1: the ratio of a bisection bracket's ends to stop at.
+        max_runs: >= 1: simulations per candidate at most.
+    """
+
+    rows: int = 4
+    precision: float = 1.25
+    max_runs: int = 4
+
+    def __post_init__(self) -> None:
+        check_int("GoodputSearch.rows", self.rows, 0)
+        if not (isinstance(self.precision, (int, float)) and self.precision > 1
+                and math.isfinite(self.precision)):
+            raise ValueError(f"goodput precision must be a finite number > 1, got {self.precision!r}")
+        check_int("GoodputSearch.max_runs", self.max_runs, 1)
 
 
 def goodput_candidates(space: Space, listed: Sequence[Run], chosen: Run | None,
@@ -37,16 +62,18 @@ def goodput_candidates(space: Space, listed: Sequence[Run], chosen: Run | None,
 
 
 def make_plan(planner: Planner, window: Window, base: list[str], limits: list[str],
-              goodput_rows: int = 4, precision: float = 1.25, max_runs: int = 4) -> Plan:
+              search: GoodputSearch | None = None) -> Plan:
     """Run the plan's searches on ``planner`` and gather them (``base``: the ``simulate``
-    command's workload part, for the candidates' commands)."""
+    command's workload part, for the candidates' commands; ``search``: how goodput is measured,
+    default :class:`GoodputSearch`)."""
+    search = search if search is not None else GoodputSearch()
     chosen = planner.cheapest()
     saved = planner.saved(chosen)
     order = {c: i for i, c in enumerate(planner.space.candidates())}
     listed = sorted((r for (_, s), r in planner.runs.items() if s == 1.0),
                     key=lambda r: order[r.candidate])
-    cands = goodput_candidates(planner.space, listed, chosen, goodput_rows)
-    goodput = planner.goodput(cands, precision, max_runs)
+    cands = goodput_candidates(planner.space, listed, chosen, search.rows)
+    goodput = planner.goodput(cands, search.precision, search.max_runs)
     edge = [] if chosen is None or chosen.ratio <= EDGE_RATIO else [
         f"the choice meets the SLO at the edge ({chosen.ratio:.0%} of a limit): the next "
         "candidate up is the margin"]

@@ -63,12 +63,43 @@ from hybridkv.sim.tiers.config import TierConfig
 from hybridkv.cost.transfer import TransferModel
 from hybridkv.tiers import FROM_GPU, LAZY_OFFLOAD, WRITE_THROUGH, TierHierarchy
 
-__all__ = ["TierReport", "TierRuntime", "entry_bytes"]
+__all__ = ["TierGeometry", "TierReport", "TierRuntime", "entry_bytes"]
 
 
 def entry_bytes(kv_config) -> list[int]:
     """Per group: the bytes of one block over all the group's layers (a tier's entry)."""
     return [g.spec.page_size_bytes * len(g.layer_names) for g in kv_config.groups]
+
+
+@dataclass(frozen=True)
+class TierGeometry:
+    """The model and deployment shape a :class:`TierRuntime` sizes and times its tiers with.
+
+    Attributes:
+        bytes_per_token: >= 1: KV bytes of one token over all groups (a tier's tokens -> bytes).
+        num_layers: >= 0: layers of the model (the overlap model's ``L``; 0 counts as 1).
+        key_block: >= 1: the block size hits are counted in; tokens a load brings are credited
+            to tiers by the full-attention group of this block size (else to the slowest tier
+            used).
+        block_bytes: per group, a tier entry's bytes (each >= 1); None: :func:`entry_bytes`.
+        num_gpus: >= 1: GPUs sharing every block (each with its own host link; module docstring).
+    """
+
+    bytes_per_token: int
+    num_layers: int
+    key_block: int
+    block_bytes: tuple[int, ...] | None = None
+    num_gpus: int = 1
+
+    def __post_init__(self) -> None:
+        check_int("TierGeometry.bytes_per_token", self.bytes_per_token, 1)
+        check_int("TierGeometry.num_layers", self.num_layers, 0)
+        check_int("TierGeometry.key_block", self.key_block, 1)
+        if self.block_bytes is not None:
+            object.__setattr__(self, "block_bytes", tuple(self.block_bytes))
+            for b in self.block_bytes:
+                check_int("TierGeometry.block_bytes entry", b, 1)
+        check_int("TierGeometry.num_gpus", self.num_gpus, 1)
 
 
 class _Queue:
@@ -165,18 +196,13 @@ class TierRuntime:
     Args:
         kv: the simulation's manager (it subscribes to its cached blocks or its evictions).
         config: the tiers.
-        bytes_per_token: KV bytes of one token over all groups (a tier's tokens -> bytes).
-        num_layers: layers of the model (the overlap model's ``L``).
+        geometry: bytes per token, layers, the key block size, entry bytes and GPUs
+            (:class:`TierGeometry`).
         cpu_link: the host <-> GPU link where ``config.cpu_link`` is None.
-        key_block: the block size hits are counted in; tokens a load brings are credited to
-            tiers by the full-attention group of this block size (else to the slowest tier used).
-        block_bytes: per group, a tier entry's bytes (default :func:`entry_bytes`).
-        num_gpus: GPUs sharing every block (each with its own host link; module docstring).
     """
 
-    def __init__(self, kv: KVCacheManager, config: TierConfig, bytes_per_token: int,
-                 num_layers: int, cpu_link: TransferModel, key_block: int,
-                 block_bytes: list[int] | None = None, num_gpus: int = 1) -> None:
+    def __init__(self, kv: KVCacheManager, config: TierConfig, geometry: TierGeometry,
+                 cpu_link: TransferModel) -> None:
         if not config.names:
             raise ValueError("a TierRuntime needs at least one tier with capacity > 0")
         if kv.config.has_state:
@@ -186,8 +212,9 @@ class TierRuntime:
         self.kv = kv
         self.config = config
         self.names = config.names
+        block_bytes, num_gpus, key_block = geometry.block_bytes, geometry.num_gpus, geometry.key_block
+        bytes_per_token, num_layers = geometry.bytes_per_token, geometry.num_layers
         self.entry = list(block_bytes) if block_bytes is not None else entry_bytes(kv.config)
-        check_int("TierRuntime.num_gpus", num_gpus, 1)
         self.gpu_share = [-(-e // num_gpus) for e in self.entry]     # one GPU's bytes of an entry
         self.capacity_bytes = [config.capacity_tokens(n) * bytes_per_token for n in self.names]
         self.hierarchy = TierHierarchy(self.capacity_bytes, self.entry, config.policy,

@@ -2,7 +2,8 @@
 
 * :mod:`~hybridkv.sim.traffic.traces` — Mooncake and token-JSONL loaders, the bundled traces
   (``data/``: Mooncake FAST'25, Apache-2.0); :mod:`~hybridkv.sim.traffic.workloads` — seeded
-  generators (chat, shared system prompt, agentic loop, replay).
+  generators (chat, shared system prompt, agentic loop, replay), shaped by the records of
+  :mod:`~hybridkv.sim.traffic.workload_shapes`.
 * :mod:`~hybridkv.sim.traffic.workitems` — work items (:func:`items_from_trace`,
   :func:`items_from_mooncake`) and the served workload (the one ``max_model_len`` rule).
 * :mod:`~hybridkv.sim.traffic.workload_fit` — the longest request fits the pool, checked first.
@@ -24,6 +25,9 @@ _EXPORTS = {'WorkItem': 'workitems',
             'resolve_trace': 'bundled',
             'get_workload': 'workloads',
             'WORKLOADS': 'workloads',
+            'ChatWorkload': 'workload_shapes',
+            'AgentWorkload': 'workload_shapes',
+            'SystemPromptWorkload': 'workload_shapes',
             'HintSpec': 'hint_synthesis',
             'synthesize_hints': 'hint_synthesis'}
 

@@ -7,38 +7,38 @@
 * :func:`agentic_loop` — agents whose context grows by the action and a tool output each step.
 * :func:`replay_microbenchmark` — A, an unrelated B, then A again (vLLM #43447).
 
-:data:`WORKLOADS` maps CLI names to generators with sensible defaults; :func:`get_workload`
-builds one by name with keyword overrides. The generators take their shape as keyword
-arguments with defaults (a workload is named by the knobs that differ from them).
+:data:`WORKLOADS` maps CLI names to generators; :func:`get_workload` builds one by name with
+keyword overrides of its shape (:data:`WORKLOAD_SHAPES`, :mod:`~hybridkv.sim.traffic.workload_shapes`:
+one frozen record per generator; a workload is named by the fields that differ from it).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from hybridkv.core.validation import check_int
-from hybridkv.sim.traffic.traces import TraceRequest, is_int
+from hybridkv.sim.traffic.traces import TraceRequest
+from hybridkv.sim.traffic.workload_shapes import (DEFAULT_VOCAB, AgentWorkload, ChatWorkload, LengthSpec,
+                                                  SystemPromptWorkload, check_length)
 
 __all__ = [
     "DEFAULT_VOCAB",
     "WORKLOADS",
+    "WORKLOAD_SHAPES",
+    "AgentWorkload",
+    "ChatWorkload",
     "LengthSpec",
+    "SystemPromptWorkload",
     "agentic_loop",
     "get_workload",
     "multi_turn_chat",
     "replay_microbenchmark",
     "shared_system_prompt",
+    "workload_keys",
 ]
-
-DEFAULT_VOCAB = 32_000
-"""Vocabulary of the synthetic generators' random tokens."""
-
-LengthSpec = int | tuple[int, int]
-"""A token count: an exact int, or ``(lo, hi)`` drawn uniformly from ``[lo, hi]``."""
 
 
 def _check_count(name: str, value: int, minimum: int = 1) -> None:
@@ -47,13 +47,10 @@ def _check_count(name: str, value: int, minimum: int = 1) -> None:
 
 def _draw_len(rng: np.random.Generator, name: str, spec: LengthSpec, minimum: int = 0) -> int:
     """Resolve a :data:`LengthSpec`; raises ValueError for a bad spec."""
+    check_length(name, spec, minimum)
     if isinstance(spec, tuple):
         lo, hi = spec
-        if not (is_int(lo) and is_int(hi)) or lo < minimum or hi < lo:
-            raise ValueError(f"{name} range must satisfy {minimum} <= lo <= hi, got {spec!r}")
         return int(rng.integers(lo, hi + 1))
-    if not is_int(spec) or spec < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum} or a (lo, hi) range, got {spec!r}")
     return spec
 
 
@@ -62,11 +59,10 @@ def _tokens(rng: np.random.Generator, n: int, vocab: int) -> np.ndarray:
 
 
 def _arrivals(rng: np.random.Generator, n: int, rate: float | None) -> np.ndarray:
-    """Poisson arrival times at ``rate`` requests/s (first at 0); None: all at time 0."""
+    """Poisson arrival times at ``rate`` requests/s (first at 0; the shape records check it);
+    None: all at time 0."""
     if rate is None:
         return np.zeros(n)
-    if not (rate > 0 and math.isfinite(rate)):
-        raise ValueError(f"arrival rate must be a positive finite number or None, got {rate!r}")
     gaps = rng.exponential(1.0 / rate, size=n)
     gaps[0] = 0.0
     return np.cumsum(gaps)
@@ -115,11 +111,6 @@ def _growing_sessions(
     Step 0's prompt is the shared prefix (same for all sessions) + ``first_tokens`` session
     tokens. Outputs are pre-drawn random tokens, so the next step's prompt contains them.
     """
-    _check_count("number of sessions", num_sessions)
-    _check_count("steps", steps)
-    _check_count("concurrency", concurrency)
-    _check_count("shared tokens", shared_tokens, minimum=0)
-    _check_count("vocab_size", vocab_size, minimum=2)
     rng = np.random.default_rng(seed)
     shared = _tokens(rng, shared_tokens, vocab_size)
     order = _session_order(rng, num_sessions, steps, concurrency)
@@ -149,91 +140,63 @@ def _growing_sessions(
     return out
 
 
-def multi_turn_chat(
-    num_conversations: int = 64,
-    turns: int = 6,
-    system_tokens: int = 1024,
-    user_tokens: LengthSpec = (64, 512),
-    answer_tokens: LengthSpec = (64, 512),
-    concurrency: int = 16,
-    arrival_rate: float | None = 4.0,
-    seed: int = 0,
-    vocab_size: int = DEFAULT_VOCAB,
-) -> list[TraceRequest]:
+def multi_turn_chat(shape: ChatWorkload | None = None, seed: int = 0) -> list[TraceRequest]:
     """Multi-turn chat: turn k's prompt = turn k-1's prompt + its answer + new user text.
 
-    All conversations share one ``system_tokens`` system prompt. The answer of each turn is a
-    deterministic random token sequence of the request's ``output_len`` tokens, and the next
-    turn's prompt contains it, as a real chat history would. ``concurrency`` conversations are
-    open at a time and their turns interleave randomly; arrivals are Poisson at
-    ``arrival_rate`` requests/s (None: all at time 0). Ids are ``chat-s<conv>-t<turn>``,
-    sessions ``chat-s<conv>``.
+    All conversations share one ``shape.system_tokens`` system prompt. The answer of each turn
+    is a deterministic random token sequence of the request's ``output_len`` tokens, and the
+    next turn's prompt contains it, as a real chat history would. ``shape.concurrency``
+    conversations are open at a time and their turns interleave randomly; arrivals are Poisson
+    at ``shape.arrival_rate`` requests/s (None: all at time 0). Ids are
+    ``chat-s<conv>-t<turn>``, sessions ``chat-s<conv>``. ``shape``: default
+    :class:`ChatWorkload`.
     """
+    c = shape if shape is not None else ChatWorkload()
     return _growing_sessions(
-        prefix="chat", num_sessions=num_conversations, steps=turns, shared_tokens=system_tokens,
-        first_tokens=user_tokens, step_tokens=user_tokens, output_tokens=answer_tokens,
-        concurrency=concurrency, arrival_rate=arrival_rate, seed=seed, vocab_size=vocab_size,
+        prefix="chat", num_sessions=c.num_conversations, steps=c.turns, shared_tokens=c.system_tokens,
+        first_tokens=c.user_tokens, step_tokens=c.user_tokens, output_tokens=c.answer_tokens,
+        concurrency=c.concurrency, arrival_rate=c.arrival_rate, seed=seed, vocab_size=c.vocab_size,
     )
 
 
-def agentic_loop(
-    num_agents: int = 16,
-    steps: int = 20,
-    system_tokens: int = 4096,
-    task_tokens: LengthSpec = (256, 1024),
-    tool_tokens: LengthSpec = (256, 2048),
-    action_tokens: LengthSpec = (16, 128),
-    concurrency: int = 8,
-    arrival_rate: float | None = 2.0,
-    seed: int = 0,
-    vocab_size: int = DEFAULT_VOCAB,
-) -> list[TraceRequest]:
+def agentic_loop(shape: AgentWorkload | None = None, seed: int = 0) -> list[TraceRequest]:
     """Agent loops: long, growing contexts with short outputs.
 
     Step 0's prompt is the shared system/tool-definition prompt + the agent's task; step k's
     prompt is step k-1's prompt + its action (the output) + a tool output. Interleaving and
-    arrivals as in :func:`multi_turn_chat`. Ids ``agent-s<agent>-t<step>``.
+    arrivals as in :func:`multi_turn_chat`. Ids ``agent-s<agent>-t<step>``. ``shape``: default
+    :class:`AgentWorkload`.
     """
+    a = shape if shape is not None else AgentWorkload()
     return _growing_sessions(
-        prefix="agent", num_sessions=num_agents, steps=steps, shared_tokens=system_tokens,
-        first_tokens=task_tokens, step_tokens=tool_tokens, output_tokens=action_tokens,
-        concurrency=concurrency, arrival_rate=arrival_rate, seed=seed, vocab_size=vocab_size,
+        prefix="agent", num_sessions=a.num_agents, steps=a.steps, shared_tokens=a.system_tokens,
+        first_tokens=a.task_tokens, step_tokens=a.tool_tokens, output_tokens=a.action_tokens,
+        concurrency=a.concurrency, arrival_rate=a.arrival_rate, seed=seed, vocab_size=a.vocab_size,
     )
 
 
-def shared_system_prompt(
-    num_requests: int = 512,
-    num_prompts: int = 8,
-    system_tokens: LengthSpec = 2048,
-    user_tokens: LengthSpec = (32, 512),
-    output_tokens: LengthSpec = (32, 256),
-    zipf_s: float = 0.0,
-    arrival_rate: float | None = 16.0,
-    seed: int = 0,
-    vocab_size: int = DEFAULT_VOCAB,
-) -> list[TraceRequest]:
-    """Independent requests, each = one of ``num_prompts`` system prompts + unique user text.
+def shared_system_prompt(shape: SystemPromptWorkload | None = None, seed: int = 0) -> list[TraceRequest]:
+    """Independent requests, each = one of ``shape.num_prompts`` system prompts + unique user text.
 
     Prompt ``j`` is chosen with probability proportional to ``(j + 1) ** -zipf_s`` (0: uniform).
     Ids ``sys-<n>``; ``session`` is None. ``system_tokens`` is one length for every system
     prompt or a ``(lo, hi)`` range drawn per prompt. Each request marks the end of its system
     prompt as a checkpoint position (``checkpoints``; served with ``SimConfig.checkpoint_marks``).
+    ``shape``: default :class:`SystemPromptWorkload`.
     """
-    _check_count("num_requests", num_requests)
-    _check_count("num_prompts", num_prompts)
-    if not (zipf_s >= 0 and math.isfinite(zipf_s)):
-        raise ValueError(f"zipf_s must be a finite number >= 0, got {zipf_s!r}")
+    w = shape if shape is not None else SystemPromptWorkload()
+    num_requests, num_prompts, vocab_size = w.num_requests, w.num_prompts, w.vocab_size
     rng = np.random.default_rng(seed)
-    systems = [_tokens(rng, _draw_len(rng, "system_tokens", system_tokens), vocab_size)
+    systems = [_tokens(rng, _draw_len(rng, "system_tokens", w.system_tokens), vocab_size)
                for _ in range(num_prompts)]
-    weights = np.arange(1, num_prompts + 1, dtype=float) ** -zipf_s
+    weights = np.arange(1, num_prompts + 1, dtype=float) ** -w.zipf_s
     choice = rng.choice(num_prompts, size=num_requests, p=weights / weights.sum())
-    arrivals = _arrivals(rng, num_requests, arrival_rate)
+    arrivals = _arrivals(rng, num_requests, w.arrival_rate)
     out: list[TraceRequest] = []
     for n in range(num_requests):
-        user = _tokens(rng, _draw_len(rng, "user_tokens", user_tokens), vocab_size)
+        user = _tokens(rng, _draw_len(rng, "user_tokens", w.user_tokens), vocab_size)
         prompt = np.concatenate([systems[int(choice[n])], user])
-        out_len = _draw_len(rng, "output_tokens", output_tokens)
+        out_len = _draw_len(rng, "output_tokens", w.output_tokens)
         system = systems[int(choice[n])].size
         out.append(TraceRequest(f"sys-{n}", float(arrivals[n]), prompt, out_len,
                                 checkpoints=(system,) if system else ()))
@@ -273,17 +236,47 @@ WORKLOADS: dict[str, Callable[..., list[TraceRequest]]] = {
     "agentic": agentic_loop,
     "replay": replay_microbenchmark,
 }
-"""Built-in workloads by CLI name; each is called with keyword overrides of its defaults."""
+"""Built-in workloads by CLI name (build one with :func:`get_workload`)."""
+
+WORKLOAD_SHAPES: dict[str, type] = {
+    "chat": ChatWorkload,
+    "system-prompt": SystemPromptWorkload,
+    "agentic": AgentWorkload,
+}
+"""The shape record of each built-in workload that has one (the others take keywords)."""
+
+
+def workload_keys(name: str) -> list[str]:
+    """The keyword overrides :func:`get_workload` takes for workload ``name`` besides ``seed``,
+    in declaration order (the shape record's fields, or the generator's keywords); ValueError
+    for an unknown name, listing the valid names."""
+    import dataclasses
+    import inspect
+    factory = _factory(name)
+    shape = WORKLOAD_SHAPES.get(name)
+    if shape is not None:
+        return [f.name for f in dataclasses.fields(shape)]
+    return [k for k in inspect.signature(factory).parameters if k != "seed"]
+
+
+def _factory(name: str) -> Callable[..., list[TraceRequest]]:
+    try:
+        return WORKLOADS[name]
+    except KeyError:
+        raise ValueError(f"unknown workload {name!r}; valid workloads: "
+                         f"{', '.join(sorted(WORKLOADS))}") from None
 
 
 def get_workload(name: str, **overrides: Any) -> list[TraceRequest]:
-    """Build the built-in workload ``name`` with keyword ``overrides``.
+    """Build the built-in workload ``name`` with keyword ``overrides`` (``seed``, and the fields
+    of its shape record, :data:`WORKLOAD_SHAPES`, or its generator's keywords).
 
     Raises:
-        ValueError: for an unknown name, listing the valid names.
+        ValueError: for an unknown name, listing the valid names, or a bad value.
     """
-    try:
-        factory = WORKLOADS[name]
-    except KeyError:
-        raise ValueError(f"unknown workload {name!r}; valid workloads: {', '.join(sorted(WORKLOADS))}") from None
-    return factory(**overrides)
+    factory = _factory(name)
+    shape = WORKLOAD_SHAPES.get(name)
+    if shape is None:
+        return factory(**overrides)
+    seed = overrides.pop("seed", 0)
+    return factory(shape(**overrides), seed=seed)

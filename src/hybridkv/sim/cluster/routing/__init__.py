@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from hybridkv.sim.cluster.routing.base import (DEFAULT_MAX_SKEW, DEFAULT_OVERLAP_WEIGHT, ROUTERS,
                                        InstanceLoad, RouteDecision, Router, RouterSetup,
+                                       RouterTuning,
                                        check_max_skew, within_skew)
 # Registration lines, in the order --router lists the routers:
 from hybridkv.sim.cluster.routing.simple import LeastLoadedRouter, RoundRobinRouter  # isort: skip
@@ -38,4 +39,4 @@ def make_router(name: str, setup: RouterSetup) -> Router:
 
 __all__ = ["DEFAULT_MAX_SKEW", "DEFAULT_OVERLAP_WEIGHT", "ROUTERS", "ApproximateRouter", "InstanceLoad", "KVAwareRouter",
            "LeastLoadedRouter", "RoundRobinRouter", "RouteDecision", "Router", "RouterSetup",
-           "TierAwareRouter", "check_max_skew", "make_router", "within_skew"]
+           "RouterTuning", "TierAwareRouter", "check_max_skew", "make_router", "within_skew"]

@@ -24,6 +24,25 @@ DEFAULT_MAX_SKEW = 2.0        # the KV-aware routers' load-skew bound (:func:`wi
 
 
 @dataclass(frozen=True, slots=True)
+class RouterTuning:
+    """The KV-aware routers' scoring knobs (routers that do not score overlap ignore them).
+
+    Attributes:
+        overlap_weight: >= 0: weight of a request's own uncached prefill against queued work.
+        max_skew: the bound on load skew (:func:`within_skew`; a number >= 1); None: no bound.
+    """
+
+    overlap_weight: float = DEFAULT_OVERLAP_WEIGHT
+    max_skew: float | None = DEFAULT_MAX_SKEW
+
+    def __post_init__(self) -> None:
+        w = self.overlap_weight
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not w >= 0:
+            raise ValueError(f"overlap_weight must be >= 0, got {w!r}")
+        check_max_skew(self.max_skew)
+
+
+@dataclass(frozen=True, slots=True)
 class InstanceLoad:
     """What a router knows of one instance when a request arrives."""
 

@@ -12,11 +12,10 @@ overlaps compute layer by layer), within the same load-skew bound. Without tiers
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Sequence
 
 from hybridkv.events.index import KVEventIndex
-from hybridkv.sim.cluster.routing.base import (DEFAULT_MAX_SKEW, DEFAULT_OVERLAP_WEIGHT, ROUTERS,
-                                       RouterSetup)
+from hybridkv.sim.cluster.routing.base import ROUTERS, RouterSetup
 from hybridkv.sim.cluster.routing.kv_aware import KVAwareRouter
 
 
@@ -25,19 +24,15 @@ class TierAwareRouter(KVAwareRouter):
     """:class:`KVAwareRouter` whose held prefix counts the instances' tiers too (module
     docstring). ``tier_holds(instance, group, hash)`` says what a tier holds; None: no tiers."""
 
-    def __init__(self, index: KVEventIndex, block_size: int, num_instances: int,
-                 tier_holds: Callable[[int, int, bytes], bool] | None, group: int = 0,
-                 overlap_weight: float = DEFAULT_OVERLAP_WEIGHT,
-                 max_skew: float | None = DEFAULT_MAX_SKEW) -> None:
-        super().__init__(index, block_size, group, overlap_weight, max_skew)
-        self.num_instances = num_instances
-        self.tier_holds = tier_holds
+    def __init__(self, setup: RouterSetup) -> None:
+        index = setup.index if setup.index is not None else KVEventIndex()
+        super().__init__(index, setup.block_size, setup.group, setup.overlap_weight, setup.max_skew)
+        self.num_instances = setup.num_instances
+        self.tier_holds = setup.tier_holds
 
     @classmethod
     def from_setup(cls, setup: RouterSetup) -> TierAwareRouter:
-        index = setup.index if setup.index is not None else KVEventIndex()
-        return cls(index, setup.block_size, setup.num_instances, setup.tier_holds, setup.group,
-                   setup.overlap_weight, setup.max_skew)
+        return cls(setup)
 
     def matched_blocks(self, hashes: Sequence[bytes]) -> dict:
         gpu = self.index.prefix_match(hashes, self.group)
