@@ -92,7 +92,7 @@ from hybridkv.cost.costmodel import INT_BATCH, StepCost
 from hybridkv.cost.presets import GpuPreset, ModelPreset
 
 __all__ = ["ATTENTION_KINDS", "DECODE_MAX_NEW", "GEMM_ROW_TILE", "KV_SPLIT_KEYS", "MAX_KV_SPLITS", "Calibration",
-           "CalibratedCostModel", "StepFeatures", "attention_kind", "blend", "call_times", "evaluate_features",
+           "AttentionCalls", "CalibratedCostModel", "StepFeatures", "attention_kind", "blend", "call_times", "evaluate_features",
            "host_bound", "row_tile"]
 
 DECODE_MAX_NEW = 16
@@ -548,14 +548,40 @@ def blend(a: NDArray[np.float64], b: NDArray[np.float64], p: float) -> NDArray[n
     return np.where(m > 0, safe * ((a / safe) ** p + (b / safe) ** p) ** (1.0 / p), 0.0)
 
 
-def call_times(cal: Calibration, peak_flops: float, peak_bw: float, flops: NDArray[np.float64],
-               nbytes: NDArray[np.float64], units: NDArray[np.float64], layers: NDArray[np.float64],
-               causal: NDArray[np.bool_], kind: NDArray[np.int64],
-               splits: NDArray[np.float64] | float = 1.0, blocks: NDArray[np.float64] | None = None,
-               decode: NDArray[np.bool_] | bool = True) -> NDArray[np.float64]:
-    """Seconds of each attention call (all its layers), per the formula (``causal``: a fresh
-    causal chunk; ``decode``: a decode call, else a prefill chunk; ``blocks``: all work blocks
-    of the call, default ``units``; ``splits``: the KV splits a split-KV kernel adds)."""
+@dataclass(frozen=True)
+class AttentionCalls:
+    """Attention calls, one entry per call in each array (what :func:`call_times` prices).
+
+    ``flops``/``nbytes``: one layer's work; ``units``: its effective work units; ``layers``:
+    the layers it runs in; ``causal``: a fresh causal chunk; ``kind``: the index of its
+    attention kind in ``ATTENTION_KINDS``; ``splits``: the KV splits a split-KV kernel adds;
+    ``blocks``: all work blocks of the call (None: ``units``); ``decode``: a decode call, else
+    a prefill chunk. The six per-call arrays must have one shape.
+    """
+
+    flops: NDArray[np.float64]
+    nbytes: NDArray[np.float64]
+    units: NDArray[np.float64]
+    layers: NDArray[np.float64]
+    causal: NDArray[np.bool_]
+    kind: NDArray[np.int64]
+    splits: NDArray[np.float64] | float = 1.0
+    blocks: NDArray[np.float64] | None = None
+    decode: NDArray[np.bool_] | bool = True
+
+    def __post_init__(self) -> None:
+        shape = np.shape(self.flops)
+        for name in ("nbytes", "units", "layers", "causal", "kind"):
+            if np.shape(getattr(self, name)) != shape:
+                raise ValueError(f"AttentionCalls: {name} has shape {np.shape(getattr(self, name))}; "
+                                 f"valid: the shape of flops, {shape}")
+
+
+def call_times(cal: Calibration, peak_flops: float, peak_bw: float,
+               calls: AttentionCalls) -> NDArray[np.float64]:
+    """Seconds of each attention call of ``calls`` (all its layers), per the formula."""
+    flops, nbytes, units, layers = calls.flops, calls.nbytes, calls.units, calls.layers
+    causal, kind, splits, blocks, decode = calls.causal, calls.kind, calls.splits, calls.blocks, calls.decode
     e_c, e_x = cal.attn_causal_efficiency, cal.attn_context_efficiency
     eff = np.where(causal, e_c, np.where(decode, e_x, min(e_x, e_c)))
     work = np.maximum(flops / (peak_flops * eff), nbytes / (peak_bw * cal.attn_bw_efficiency))
@@ -576,9 +602,9 @@ def evaluate_features(f: StepFeatures, cal: Calibration, gpu: GpuPreset,
     p = cal.gemm_blend
     m = max(a, b)
     gemm = m * ((a / m) ** p + (b / m) ** p) ** (1.0 / p) if m > 0 else 0.0
-    attn = float(call_times(cal, gpu.flops, gpu.mem_bw, f.call_flops, f.call_bytes, f.call_units,
-                            f.call_layers, f.call_causal, f.call_kind, f.call_splits, f.call_blocks,
-                            f.call_decode).sum())
+    calls = AttentionCalls(f.call_flops, f.call_bytes, f.call_units, f.call_layers, f.call_causal,
+                           f.call_kind, f.call_splits, f.call_blocks, f.call_decode)
+    attn = float(call_times(cal, gpu.flops, gpu.mem_bw, calls).sum())
     gpu_s = gemm + attn + cal.graph_overhead_s
     total = host_bound(gpu_s, cal.eager_host_s, cal.host_overlap) if f.eager else gpu_s
     over = total - gemm - attn if f.eager else cal.graph_overhead_s
