@@ -10,8 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hybridkv.core.specs import KVCacheGroup, SlidingWindow
-from hybridkv.cost.calibrated import (ATTENTION_KINDS, DECODE_MAX_NEW, MONOTONE_SLACK, AttentionCalls,
-                                     CalibratedCostModel, Calibration, call_times)
+from hybridkv.cost.attention_calls import AttentionCalls, call_times
+from hybridkv.cost.calibrated import (ATTENTION_KINDS, DECODE_MAX_NEW, MONOTONE_SLACK, CalibratedCostModel,
+                                     Calibration)
 from hybridkv.cost.calibration_fit import KernelPoint, fit_calibration, leave_one_out, predict_points
 from hybridkv.cost.costmodel import INT_BATCH
 from hybridkv.cost.grid import GridPoint, format_step, parse_step

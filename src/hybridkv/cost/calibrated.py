@@ -87,12 +87,13 @@ from numpy.typing import NDArray
 from hybridkv.core.rules import HitRule, make_rule
 from hybridkv.core.specs import AttentionSpec, StateSpec
 from hybridkv.core.validation import check_int
+from hybridkv.cost.attention_calls import AttentionCalls, call_times
 from hybridkv.cost.calibration import ATTENTION_KINDS, Calibration, attention_kind
 from hybridkv.cost.costmodel import INT_BATCH, StepCost
 from hybridkv.cost.presets import GpuPreset, ModelPreset
 
 __all__ = ["ATTENTION_KINDS", "DECODE_MAX_NEW", "GEMM_ROW_TILE", "KV_SPLIT_KEYS", "MAX_KV_SPLITS", "Calibration",
-           "AttentionCalls", "CalibratedCostModel", "StepFeatures", "attention_kind", "blend", "call_times", "evaluate_features",
+           "CalibratedCostModel", "StepFeatures", "attention_kind", "blend", "evaluate_features",
            "host_bound", "row_tile"]
 
 DECODE_MAX_NEW = 16
@@ -546,49 +547,6 @@ def blend(a: NDArray[np.float64], b: NDArray[np.float64], p: float) -> NDArray[n
     m = np.maximum(a, b)
     safe = np.where(m > 0, m, 1.0)
     return np.where(m > 0, safe * ((a / safe) ** p + (b / safe) ** p) ** (1.0 / p), 0.0)
-
-
-@dataclass(frozen=True)
-class AttentionCalls:
-    """Attention calls, one entry per call in each array (what :func:`call_times` prices).
-
-    ``flops``/``nbytes``: one layer's work; ``units``: its effective work units; ``layers``:
-    the layers it runs in; ``causal``: a fresh causal chunk; ``kind``: the index of its
-    attention kind in ``ATTENTION_KINDS``; ``splits``: the KV splits a split-KV kernel adds;
-    ``blocks``: all work blocks of the call (None: ``units``); ``decode``: a decode call, else
-    a prefill chunk. The six per-call arrays must have one shape.
-    """
-
-    flops: NDArray[np.float64]
-    nbytes: NDArray[np.float64]
-    units: NDArray[np.float64]
-    layers: NDArray[np.float64]
-    causal: NDArray[np.bool_]
-    kind: NDArray[np.int64]
-    splits: NDArray[np.float64] | float = 1.0
-    blocks: NDArray[np.float64] | None = None
-    decode: NDArray[np.bool_] | bool = True
-
-    def __post_init__(self) -> None:
-        shape = np.shape(self.flops)
-        for name in ("nbytes", "units", "layers", "causal", "kind"):
-            if np.shape(getattr(self, name)) != shape:
-                raise ValueError(f"AttentionCalls: {name} has shape {np.shape(getattr(self, name))}; "
-                                 f"valid: the shape of flops, {shape}")
-
-
-def call_times(cal: Calibration, peak_flops: float, peak_bw: float,
-               calls: AttentionCalls) -> NDArray[np.float64]:
-    """Seconds of each attention call of ``calls`` (all its layers), per the formula."""
-    flops, nbytes, units, layers = calls.flops, calls.nbytes, calls.units, calls.layers
-    causal, kind, splits, blocks, decode = calls.causal, calls.kind, calls.splits, calls.blocks, calls.decode
-    e_c, e_x = cal.attn_causal_efficiency, cal.attn_context_efficiency
-    eff = np.where(causal, e_c, np.where(decode, e_x, min(e_x, e_c)))
-    work = np.maximum(flops / (peak_flops * eff), nbytes / (peak_bw * cal.attn_bw_efficiency))
-    occupancy = np.minimum(1.0, (units * splits if cal.split_kv else units) / cal.attn_saturation_blocks)
-    scale: NDArray[np.float64] = np.asarray(cal.kind_scale)[kind]
-    per_block = (units if blocks is None else blocks) * cal.attn_block_s
-    return layers * scale * (work / np.maximum(occupancy, 1e-12) + per_block)
 
 
 def evaluate_features(f: StepFeatures, cal: Calibration, gpu: GpuPreset,

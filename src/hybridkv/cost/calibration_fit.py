@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from hybridkv.cost.calibrated import (ATTENTION_KINDS, AttentionCalls, CalibratedCostModel, Calibration,
-                                     StepFeatures, blend, call_times)
+from hybridkv.cost.attention_calls import AttentionCalls, call_times
+from hybridkv.cost.calibrated import ATTENTION_KINDS, CalibratedCostModel, Calibration, StepFeatures, blend
 from hybridkv.cost.grid import GridPoint
 from hybridkv.cost.presets import GpuPreset, ModelPreset
 
