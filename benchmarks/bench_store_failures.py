@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from hybridkv.testing.mooncake_cluster import MasterOptions
 
 
 def _ms(t0: float) -> float:
@@ -39,7 +40,7 @@ def main() -> None:
         assert not store.healthy
         store.close()
 
-        with MooncakeCluster([16 << 20], client_ttl_s=2) as cluster:
+        with MooncakeCluster([16 << 20], MasterOptions(client_ttl_s=2)) as cluster:
             store = MooncakeStore(MooncakeStoreConfig(master_address=cluster.master_address,
                                                       rpc_timeout_ms=args.rpc_timeout_ms))
             assert store.batch_put(keys, [b"x" * 1000] * len(keys)) == [True] * len(keys)
@@ -56,7 +57,7 @@ def main() -> None:
                 cluster.resume_master()
             store.close()
 
-        with MooncakeCluster([16 << 20], client_ttl_s=2) as cluster:
+        with MooncakeCluster([16 << 20], MasterOptions(client_ttl_s=2)) as cluster:
             store = MooncakeStore(MooncakeStoreConfig(master_address=cluster.master_address))
             assert store.batch_put(keys, [b"x" * 1000] * len(keys)) == [True] * len(keys)
             cluster.kill_master()

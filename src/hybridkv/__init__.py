@@ -16,7 +16,7 @@ elif (_why := _purepy.stale()) is not None:
 from hybridkv.core import (MLA, AllBlocksCleared, BlockRemoved, BlockStored, CacheHit, CacheOptions,
                            ChunkedLocal, ExternalHit, FullAttention, Hint, KVCacheConfig, KVCacheGroup,
                            KVCacheManager, LoRA, MultiModalItem, PrefixCacheStats, Request,
-                           RetentionConfig, SlidingWindow, SpecDecode, StateSpec, TokenRange)
+                           RequestCacheParams, RetentionConfig, SlidingWindow, SpecDecode, StateSpec, TokenRange)
 
 __version__ = "0.1.0"
 
@@ -35,6 +35,6 @@ __all__ = [
     "AllBlocksCleared", "BlockRemoved", "CacheConfig", "ExternalHit", "GenerationOutput", "LLM",
     "RuntimeConfig", "StoreConfig", "BlockStored", "CacheHit", "CacheOptions", "ChunkedLocal",
     "FullAttention", "Hint", "KVCacheConfig", "KVCacheGroup", "KVCacheManager", "LoRA", "MLA",
-    "MultiModalItem", "PrefixCacheStats", "Request", "RetentionConfig", "SlidingWindow", "SpecDecode",
-    "StateSpec", "TokenRange",
+    "MultiModalItem", "PrefixCacheStats", "Request", "RequestCacheParams", "RetentionConfig",
+    "SlidingWindow", "SpecDecode", "StateSpec", "TokenRange",
 ]

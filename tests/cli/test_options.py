@@ -236,3 +236,17 @@ def test_prefix_retention_step_and_profile_arguments(tmp_path) -> None:
     back = o.profile_argument(str(tmp_path / "p.json"))
     assert back.calibration == default_profile().calibration and back.device == default_profile().device
     refused(o.profile_argument, "/nonexistent.json", r"^cannot read profile '/nonexistent.json'")
+
+
+def test_gpu_is_declared_once_and_parsed_to_its_preset() -> None:
+    """--gpu of simulate, sweep, cost and profile: one declaration whose type resolves the preset
+    object (a string default too); profile's default is no preset."""
+    from hybridkv.cost.gpus import GPU_PRESETS
+    assert o.gpu_preset(" h200 ") is GPU_PRESETS["h200"]
+    refused(o.gpu_preset, "tpu", re.escape(f"unknown GPU preset 'tpu'; valid GPUs: {', '.join(GPU_PRESETS)}"))
+    parser = build_parser(DESCRIPTION)
+    for cmd, extra in (("simulate", []), ("sweep", []), ("cost", ["--step", "5@5"])):
+        assert parser.parse_args([cmd, *extra]).gpu is GPU_PRESETS["h100"], cmd
+        assert parser.parse_args([cmd, *extra, "--gpu", "h200"]).gpu is GPU_PRESETS["h200"], cmd
+    assert parser.parse_args(["profile", "--out", "p.json"]).gpu is None
+    assert parser.parse_args(["profile", "--out", "p.json", "--gpu", "h200"]).gpu is GPU_PRESETS["h200"]

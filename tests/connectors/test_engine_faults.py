@@ -24,6 +24,7 @@ from hybridkv.connectors.transfer import TRAILER_BYTES
 from hybridkv.engine.checkpoints import random_model
 from hybridkv.engine.llm import LLM
 from tests.engine.helpers import build_llm
+from hybridkv.testing.mooncake_cluster import MasterOptions
 
 BS = 8
 MAX_TOKENS = 8
@@ -234,7 +235,7 @@ def test_mooncake_master_killed_mid_run_then_restarted(loopback: None, model: Pa
     from hybridkv.connectors.stores import MooncakeStore, MooncakeStoreConfig
     from hybridkv.testing import MooncakeCluster
 
-    with MooncakeCluster([32 << 20], client_ttl_s=2) as cluster:
+    with MooncakeCluster([32 << 20], MasterOptions(client_ttl_s=2)) as cluster:
         cfg = MooncakeStoreConfig(master_address=cluster.master_address, key_prefix="faults/",
                                   retry_backoff_s=0.2, max_backoff_s=1.0)
         sa, sb = MooncakeStore(cfg), MooncakeStore(cfg)

@@ -6,13 +6,15 @@ Every test here requests the package-scoped ``loopback`` fixture (directly or th
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
 
 from hybridkv.connectors.stores import MISS, WRONG_SIZE, MooncakeStore, MooncakeStoreConfig
-from hybridkv.testing import MooncakeCluster, bench_zero_copy, free_port, non_loopback_interfaces
+from hybridkv.testing import (MasterOptions, MooncakeCluster, bench_zero_copy, free_port,
+                              non_loopback_interfaces)
 
 KIB = 1 << 10
 MIB = 1 << 20
@@ -30,7 +32,7 @@ def blocks(n: int, size: int, seed: int = 0) -> np.ndarray:
 @pytest.fixture
 def own_cluster(loopback: None) -> Iterator[MooncakeCluster]:
     """A private cluster (16 MiB node, short client TTL) for tests that break or fill it."""
-    with MooncakeCluster([16 * MIB], client_ttl_s=2) as c:
+    with MooncakeCluster([16 * MIB], MasterOptions(client_ttl_s=2)) as c:
         yield c
 
 
@@ -238,7 +240,7 @@ def test_master_down_at_start_fails_fast_then_recovers(loopback: None) -> None:
     assert store.batch_put([key(0)], [b"x"]) == [False]
     assert store.batch_get([key(0)]) == [None]
     # bring a master up on that very port: the store connects in the background
-    with MooncakeCluster([16 * MIB], rpc_port=port):
+    with MooncakeCluster([16 * MIB], MasterOptions(rpc_port=port)):
         assert store.wait_healthy(15.0)
         assert store.batch_put([key(0)], [b"x" * 100]) == [True]
         assert store.batch_get([key(0)]) == [b"x" * 100]
@@ -270,3 +272,20 @@ def test_storage_node_lost_then_replaced(own_cluster: MooncakeCluster) -> None:
 def test_benchmark_smoke(store: MooncakeStore) -> None:
     result = bench_zero_copy(store, num_blocks=32, block_bytes=256 * KIB, repeats=1)
     assert result["intact"] and result["put_gib_s"] > 0 and result["get_gib_s"] > 0
+
+
+def test_master_options_record() -> None:
+    """The master's options: defaults, refused values with their ranges, frozen."""
+    m = MasterOptions()
+    assert (m.client_ttl_s, m.eviction_high_watermark, m.extra_args, m.rpc_port) == (10, None, (), 0)
+    assert MasterOptions(extra_args=["-a=1"]).extra_args == ("-a=1",)
+    for kw, msg in (({"client_ttl_s": 0}, "client_ttl_s must be an integer >= 1, got 0"),
+                    ({"eviction_high_watermark": 1.5},
+                     "eviction_high_watermark must be None or in (0, 1], got 1.5"),
+                    ({"rpc_port": 70000},
+                     "rpc_port must be 0 (pick a free one) or in [1, 65535], got 70000")):
+        with pytest.raises(ValueError) as exc:
+            MasterOptions(**kw)
+        assert str(exc.value) == msg
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        m.rpc_port = 1  # type: ignore[misc]

@@ -16,6 +16,7 @@ from hybridkv.testing import MooncakeCluster
 
 from .kv_helpers import alloc, engine, h, mixed_config, refs, same_block, scramble, snapshot
 from hybridkv.connectors.transfer import TransferOptions
+from hybridkv.testing.mooncake_cluster import MasterOptions
 
 MIB = 1 << 20
 
@@ -31,7 +32,7 @@ def client(cluster: MooncakeCluster, prefix: str) -> MooncakeStore:
 @pytest.fixture
 def own_cluster(loopback: None) -> Iterator[MooncakeCluster]:
     """A private 16 MiB cluster for tests that fill or break it."""
-    with MooncakeCluster([16 * MIB], client_ttl_s=2) as c:
+    with MooncakeCluster([16 * MIB], MasterOptions(client_ttl_s=2)) as c:
         yield c
 
 

@@ -8,6 +8,7 @@ import pytest
 from hybridkv import KVCacheManager, Request
 from tests.support.helpers import FA, QWEN3_NEXT, SWA, config, prompt, run_prompt, state_hybrid
 from hybridkv.core.cache_options import CacheOptions
+from hybridkv.core.request import RequestCacheParams
 
 SYSTEM = prompt(1000, 200)          # a 200-token system prompt every request starts with
 
@@ -55,6 +56,6 @@ def test_a_mark_outside_the_prompt_is_refused(bad) -> None:
     """Request — a mark must be an integer in [1, prompt length]."""
     with pytest.raises(ValueError, match=r"request 'x': checkpoint positions must be integers in "
                                          r"\[1, 160\] \(the prompt\), got "):
-        Request("x", prompt(0, 160), checkpoints=(bad,))
-    assert Request("y", prompt(0, 160), checkpoints=(96, 32, 96)).checkpoints == (32, 96)
+        Request("x", prompt(0, 160), RequestCacheParams(checkpoints=(bad,)))
+    assert Request("y", prompt(0, 160), RequestCacheParams(checkpoints=(96, 32, 96))).checkpoints == (32, 96)
 

@@ -3,7 +3,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
+
+from hybridkv.core.coordinator import CoordinatorModes
 
 
 def test_the_coordinator_is_its_seams_joined_flat():
@@ -63,3 +67,18 @@ def test_join_builds_one_named_class_from_the_seams():
     assert vars(cls)["__dict__"] is not vars(First)["__dict__"]     # the new class's own
     obj = cls(7)
     assert (obj.double(), obj.triple()) == (14, 21)
+
+
+def test_coordinator_modes_record() -> None:
+    """The coordinator's modes: defaults, refused values with their ranges, frozen."""
+    m = CoordinatorModes()
+    assert (m.drop_mode, m.vllm_compat, m.caching, m.max_model_len, m.max_in_flight_tokens) == (
+        False, False, True, None, None)
+    for kw, msg in (({"caching": 1}, "CoordinatorModes: caching must be True or False, got 1"),
+                    ({"max_model_len": 0},
+                     "CoordinatorModes: max_model_len must be None or a positive integer, got 0")):
+        with pytest.raises(ValueError) as exc:
+            CoordinatorModes(**kw)
+        assert str(exc.value) == msg
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        m.caching = False  # type: ignore[misc]

@@ -19,6 +19,7 @@ from tests.hypothesis_budget import budgeted, examples, note
 from tests.support.helpers import FA, SWA, config, prompt, serve
 from tests.support.oracle import CacheMirror, oracle_hit
 from hybridkv.core.cache_options import CacheOptions
+from hybridkv.core.request import RequestCacheParams
 
 
 def _serve(kv: KVCacheManager, rid: str, tokens: list[int]) -> Request:
@@ -203,7 +204,7 @@ def test_lookup_external_is_none_when_the_request_skips_the_cache() -> None:
     r = Request("r", prompt(0, 16))
     ext = kv.lookup_external(r, kv.lookup(r), _everything)
     assert ext is not None and ext.num_tokens == 12
-    s = Request("s", prompt(0, 16), skip_prefix_cache=True)
+    s = Request("s", prompt(0, 16), RequestCacheParams(skip_prefix_cache=True))
     assert kv.lookup_external(s, kv.lookup(s), _everything) is None
     off = KVCacheManager(config(FA(4), num_blocks=16), CacheOptions(enable_caching=False))
     t = Request("t", prompt(0, 16))

@@ -17,6 +17,7 @@ from hybridkv import KVCacheManager, MultiModalItem, Request, SpecDecode
 from tests.support.helpers import FA, config
 from tests.hypothesis_budget import budgeted, examples, note
 from hybridkv.core.cache_options import CacheOptions
+from hybridkv.core.request import RequestCacheParams
 
 BS = 4
 IMAGES = {"cat": 3, "dog": 5, "owl": 4}          # identifier -> placeholder length
@@ -80,11 +81,11 @@ def test_hits_respect_tokens_lookahead_and_images(a, data, spec):
     lookahead = 1 if spec is not None else 0
     kv = KVCacheManager(config(FA(BS), num_blocks=40), CacheOptions(
         spec_decode=spec, retention_interval=None))
-    ra = Request("a", a[0], mm_items=a[1])
+    ra = Request("a", a[0], RequestCacheParams(mm_items=a[1]))
     assert kv.allocate(ra, len(a[0]), kv.lookup(ra)) is not None
     ra.num_computed_tokens = len(a[0])
     kv.free(ra)
-    hit = kv.lookup(Request("b", b[0], mm_items=b[1])).num_tokens
+    hit = kv.lookup(Request("b", b[0], RequestCacheParams(mm_items=b[1]))).num_tokens
     assert hit == expected_hit(a, b, lookahead)
     note("multimodal lookups")
     if hit:

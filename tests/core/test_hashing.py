@@ -23,44 +23,46 @@ from hybridkv.core import BlockHasher
 from hybridkv.core.hashing import coarse_view, encode_extra_keys
 from tests.support.helpers import FA, SWA, config, manager, raises, run_prompt, serve
 from hybridkv.core.cache_options import CacheOptions
+from hybridkv.core.request import RequestCacheParams
 
 
 def test_chained_hash_formula_and_salt():  # vLLM: test_cache_key_salting (own formula)
     h = BlockHasher(16, "sha256")
     tokens = list(range(48))
-    req = Request("r", tokens, cache_salt="salt1")
+    req = Request("r", tokens, RequestCacheParams(cache_salt="salt1"))
     h.update(req)
     h0 = h.hash_block(None, tokens[:16], extra_keys=(("cache_salt", "salt1"),))
     h1 = h.hash_block(h0, tokens[16:32])
     assert req.block_hashes[:2] == [h0, h1]
     kv = manager(FA(16), num_blocks=20, compat=False)
     run_prompt(kv, "a", tokens + [1], cache_salt="salt1")
-    assert kv.lookup(Request("b", tokens + [2], cache_salt="salt1")).num_tokens == 48
-    assert kv.lookup(Request("c", tokens + [2], cache_salt="salt2")).num_tokens == 0
+    assert kv.lookup(Request("b", tokens + [2], RequestCacheParams(cache_salt="salt1"))).num_tokens == 48
+    assert kv.lookup(Request("c", tokens + [2], RequestCacheParams(cache_salt="salt2"))).num_tokens == 0
     assert kv.lookup(Request("d", tokens + [2])).num_tokens == 0
 
 
 def test_multimodal_extra_keys():  # vLLM: test_mm_prefix_caching
     tokens = list(range(10)) + [-1] * 10 + list(range(10, 20)) + [-1] * 18 + [-1] * 7 + [100] * 4
     items = [MultiModalItem("aaa", 11, 10), MultiModalItem("bbb", 30, 18), MultiModalItem("ccc", 48, 7)]
-    req = Request("r", tokens, mm_items=items)
+    req = Request("r", tokens, RequestCacheParams(mm_items=items))
     assert req.extra_keys(0, 16) == (("mm", "aaa", 11),)
     assert req.extra_keys(16, 32) == (("mm", "aaa", -5), ("mm", "bbb", 14))
     assert req.extra_keys(32, 48) == (("mm", "bbb", -2),)
     assert req.extra_keys(48, 64) == (("mm", "ccc", 0),)
     kv = manager(FA(16), num_blocks=20, compat=False)
     run_prompt(kv, "a", tokens, mm_items=items)
-    same = Request("b", tokens[:48] + [7] * 10, mm_items=items)
+    same = Request("b", tokens[:48] + [7] * 10, RequestCacheParams(mm_items=items))
     assert kv.lookup(same).num_tokens == 48
-    other = Request("c", tokens[:48] + [7] * 10, mm_items=[MultiModalItem("zzz", 11, 10)] + items[1:])
+    other = Request("c", tokens[:48] + [7] * 10, RequestCacheParams(
+        mm_items=[MultiModalItem("zzz", 11, 10)] + items[1:]))
     assert kv.lookup(other).num_tokens == 0
 
 
 def test_lora_path_enters_hash():
     kv = manager(FA(4), num_blocks=20, compat=False)
     run_prompt(kv, "a", list(range(13)), lora=LoRA("ad", "/v1"))
-    assert kv.lookup(Request("b", list(range(13)), lora=LoRA("ad", "/v1"))).num_tokens == 12
-    assert kv.lookup(Request("c", list(range(13)), lora=LoRA("ad", "/v2"))).num_tokens == 0
+    assert kv.lookup(Request("b", list(range(13)), RequestCacheParams(lora=LoRA("ad", "/v1")))).num_tokens == 12
+    assert kv.lookup(Request("c", list(range(13)), RequestCacheParams(lora=LoRA("ad", "/v2")))).num_tokens == 0
 
 
 def test_seeds():  # vLLM: test_kv_cache_utils.py NONE_HASH seeds
@@ -206,14 +208,14 @@ def test_hash_of_a_block_with_extra_keys_appends_their_encoding() -> None:
     ("mm", "img", -2), block 2 none (a block without keys hashes no key bytes)."""
     h = BlockHasher(4, "sha256")
     toks = list(range(12))
-    req = Request("r", toks, mm_items=[MultiModalItem("img", 2, 5)])
+    req = Request("r", toks, RequestCacheParams(mm_items=[MultiModalItem("img", 2, 5)]))
     h.update(req)
     h0 = _sha(ROOT, toks[:4], _enc(("mm", "img", 2)))
     h1 = _sha(h0, toks[4:8], _enc(("mm", "img", -2)))
     h2 = _sha(h1, toks[8:12])
     assert req.block_hashes == [h0, h1, h2]
     assert h.hash_block(None, toks[:4], extra_keys=(("mm", "img", 2),)) == h0
-    lora = Request("l", toks[:8], lora=LoRA("ad", "/p"))
+    lora = Request("l", toks[:8], RequestCacheParams(lora=LoRA("ad", "/p")))
     h.update(lora)
     k = _enc(("lora", "ad", "/p"))
     assert lora.block_hashes == [_sha(ROOT, toks[:4], k), _sha(_sha(ROOT, toks[:4], k), toks[4:8], k)]
@@ -227,7 +229,7 @@ def test_lookahead_hash_covers_the_extra_keys_of_its_lookahead_tokens() -> None:
     ("mm", "img", 5); block 1 covers [4, 10): ("mm", "img", 1)."""
     h = BlockHasher(4, "sha256", lookahead=2)
     toks = list(range(10))
-    req = Request("r", toks, mm_items=[MultiModalItem("img", 5, 2)])
+    req = Request("r", toks, RequestCacheParams(mm_items=[MultiModalItem("img", 5, 2)]))
     h.update(req)
     h0 = _sha(ROOT, toks[0:6], _enc(("mm", "img", 5)))
     h1 = _sha(h0, toks[4:10], _enc(("mm", "img", 1)))
@@ -266,14 +268,14 @@ def test_lookahead_hash_covers_an_image_starting_at_the_next_block(offset: int) 
     kv = KVCacheManager(config(FA(4), num_blocks=20), CacheOptions(spec_decode=SpecDecode("eagle", 1)))
     prompt = list(range(1, offset + 1)) + [0] * 4 + [50, 51]
     a = serve(kv, "a", prompt, mm_items=[MultiModalItem("image-a", offset, 4)])
-    b = Request("b", prompt, mm_items=[MultiModalItem("image-b", offset, 4)])
+    b = Request("b", prompt, RequestCacheParams(mm_items=[MultiModalItem("image-b", offset, 4)]))
     hit = kv.lookup(b)
     # blocks before the one ending at the image start are shared; that one is not
     assert hit.num_tokens == offset - 4
     assert a.block_hashes[offset // 4 - 1] != b.block_hashes[offset // 4 - 1]
     assert a.block_hashes[: offset // 4 - 1] == b.block_hashes[: offset // 4 - 1]
     # the same image does hit through the block (and one more)
-    same = Request("c", prompt, mm_items=[MultiModalItem("image-a", offset, 4)])
+    same = Request("c", prompt, RequestCacheParams(mm_items=[MultiModalItem("image-a", offset, 4)]))
     assert kv.lookup(same).num_tokens == offset + 4
 
 
@@ -283,5 +285,5 @@ def test_without_lookahead_an_image_at_the_next_block_does_not_enter_the_hash() 
     kv = KVCacheManager(config(FA(4), num_blocks=20))
     prompt = [1, 2, 3, 4] + [0] * 4 + [50, 51]
     serve(kv, "a", prompt, mm_items=[MultiModalItem("image-a", 4, 4)])
-    b = Request("b", prompt, mm_items=[MultiModalItem("image-b", 4, 4)])
+    b = Request("b", prompt, RequestCacheParams(mm_items=[MultiModalItem("image-b", 4, 4)]))
     assert kv.lookup(b).num_tokens == 4

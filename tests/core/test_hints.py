@@ -21,6 +21,7 @@ from hybridkv.core.pool import BlockPool
 from hybridkv.core.retention_config import (MIN_PRIORITY, RetentionConfig, TokenRange,
                                             block_marks)
 from hybridkv.core.cache_options import CacheOptions
+from hybridkv.core.request import RequestCacheParams
 
 
 def _config(num_blocks: int = 16) -> KVCacheConfig:
@@ -76,12 +77,12 @@ def test_hint_maps_onto_retention_configs():
 
 def test_pin_longer_than_prompt_is_refused_naming_it():
     with pytest.raises(ValueError, match=r"pin_tokens=9 lies outside the prompt \(8 tokens\)"):
-        Request("r", list(range(8)), hint=Hint(pin_s=5, pin_tokens=9))
+        Request("r", list(range(8)), RequestCacheParams(hint=Hint(pin_s=5, pin_tokens=9)))
 
 
 def test_pin_larger_than_cache_is_refused_naming_it():
     kv = KVCacheManager(_config(4), CacheOptions(hints=True))          # 3 usable blocks of 4 tokens
-    req = Request("big", list(range(40)), hint=Hint(pin_s=5, pin_tokens=20))
+    req = Request("big", list(range(40)), RequestCacheParams(hint=Hint(pin_s=5, pin_tokens=20)))
     with pytest.raises(ValueError, match=r"pin_tokens=20 needs 5 blocks, more than the cache holds \(3\)"):
         kv.allocate(req, 8)
     kv.check_integrity()
@@ -91,7 +92,7 @@ def test_hints_off_by_default():
     kv = KVCacheManager(_config())
     assert kv.hint_stats() is None
     assert type(kv.pool) is BlockPool          # lru without hints: the pool's own queue
-    req = Request("r", list(range(8)), hint=Hint(last_turn=True))
+    req = Request("r", list(range(8)), RequestCacheParams(hint=Hint(last_turn=True)))
     with pytest.raises(ValueError, match="carries a hint, which this manager ignores"):
         kv.allocate(req, 8)
 
@@ -105,4 +106,4 @@ def test_hints_refused_in_compat_mode_and_not_a_bool():
 
 def test_request_refuses_a_non_hint():
     with pytest.raises(ValueError, match="hint must be a Hint or None, got 'last'"):
-        Request("r", [1, 2, 3], hint="last")
+        Request("r", [1, 2, 3], RequestCacheParams(hint="last"))

@@ -23,6 +23,7 @@ from tests.support.helpers import (EAGLE_DROP, FA, SWA, cached_positions, config
                                    prompt, run_prompt, serve)
 from tests.support.oracle import CacheMirror, oracle_hit
 from hybridkv.core.cache_options import CacheOptions
+from hybridkv.core.request import RequestCacheParams
 
 
 def test_a_hit_of_one_token_is_returned() -> None:
@@ -282,7 +283,7 @@ def test_a_lookup_without_caching_is_an_empty_hit_for_this_request() -> None:
     for caching, skip in ((False, False), (True, True)):
         kv = KVCacheManager(config(FA(4), FA(4), num_blocks=32), CacheOptions(enable_caching=caching))
         serve(kv, "a", prompt(0, 12))
-        r = Request("b", prompt(0, 12), skip_prefix_cache=skip)
+        r = Request("b", prompt(0, 12), RequestCacheParams(skip_prefix_cache=skip))
         hit = kv.lookup(r)
         assert isinstance(hit, CacheHit)
         assert (hit.num_tokens, hit.block_ids, hit.shared_prefix_boundary, hit.request_id) == \

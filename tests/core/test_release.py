@@ -18,6 +18,7 @@ from hybridkv import BlockStored, KVCacheManager, Request, SpecDecode
 from hybridkv.core.retention_config import RetentionConfig, TokenRange
 from tests.support.helpers import FA, SWA, admit, config, prompt, serve
 from hybridkv.core.cache_options import CacheOptions
+from hybridkv.core.request import RequestCacheParams
 
 
 def test_the_blocks_two_windows_release_in_one_step_are_all_available() -> None:
@@ -53,7 +54,8 @@ def test_a_block_leaving_the_window_keeps_its_retention_marks(priority, hits) ->
     lookup of r's first 4 tokens (+1) then hits 4 or 0, one of y's the other way round."""
     kv = KVCacheManager(config(SWA(4, 5), num_blocks=5), CacheOptions(
         eviction_policy="priority", retention_interval=None))
-    r = Request("r", prompt(100, 16), retention=RetentionConfig((TokenRange(0, 4, priority),)))
+    r = Request("r", prompt(100, 16), RequestCacheParams(
+        retention=RetentionConfig((TokenRange(0, 4, priority),))))
     admit(kv, r, 8)
     assert kv.allocate(r, 4) is not None
     r.num_computed_tokens = 12
@@ -111,7 +113,8 @@ def test_a_freed_request_gives_its_blocks_its_retention_marks(priority, hits) ->
     blocks: the scratch one and one cached block, y's if r's is pinned (100), else r's
     older, lower-priority one. Lookups of r's and y's prompts (+1) then hit 4 or 0."""
     kv = KVCacheManager(config(FA(4), num_blocks=4), CacheOptions(eviction_policy="priority"))
-    r = Request("r", prompt(100, 5), retention=RetentionConfig((TokenRange(0, 4, priority),)))
+    r = Request("r", prompt(100, 5), RequestCacheParams(
+        retention=RetentionConfig((TokenRange(0, 4, priority),))))
     admit(kv, r, 5)
     kv.free(r)
     y = Request("y", prompt(700, 4))

@@ -5,10 +5,13 @@ nothing), multimodal items and the extra keys (LoRA, images, salt) that enter it
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from hybridkv import LoRA, MultiModalItem, Request
 from hybridkv.core.retention_config import RetentionConfig, TokenRange
+from hybridkv.core.request import RequestCacheParams
 
 
 def test_numpy_prompt_of_floats_is_refused_naming_its_dtype() -> None:
@@ -37,27 +40,29 @@ def test_append_tokens_takes_any_iterable_of_ints() -> None:
 def test_extra_keys_tag_lora_mm_and_salt() -> None:
     """request: Request.extra_keys — the ``"lora"`` tag (it enters every block hash; the
     hashing module's documented form is ``("lora", name, path)``)."""
-    req = Request("r", list(range(8)), lora=LoRA("ad", "/p"), cache_salt="s",
-                  mm_items=[MultiModalItem("img", 2, 3)])
+    req = Request("r", list(range(8)), RequestCacheParams(
+        lora=LoRA("ad", "/p"), cache_salt="s", mm_items=[MultiModalItem("img", 2, 3)]))
     assert req.extra_keys(0, 4) == (("lora", "ad", "/p"), ("mm", "img", 2), ("cache_salt", "s"))
     assert req.extra_keys(4, 8) == (("lora", "ad", "/p"), ("mm", "img", -2))
 
 
 @pytest.mark.parametrize("make, message", [
     (lambda: Request("r", []), "request 'r' has an empty prompt; give at least one token"),
-    (lambda: Request("r", [1], cache_salt=5), "request 'r': cache_salt must be a str or None, got 5"),
-    (lambda: Request("r", [1], lora="x"), "request 'r': lora must be a LoRA(name, path), got 'x'"),
-    (lambda: Request("r", [1], mm_items=["x"]), "request 'r': mm_items must hold MultiModalItem, got 'x'"),
-    (lambda: Request("r", list(range(8)), mm_items=[MultiModalItem("img", 6, 4)]),
+    (lambda: Request("r", [1], RequestCacheParams(cache_salt=5)), "request 'r': cache_salt must be a str or None, got 5"),
+    (lambda: Request("r", [1], RequestCacheParams(lora="x")), "request 'r': lora must be a LoRA(name, path), got 'x'"),
+    (lambda: Request("r", [1], RequestCacheParams(mm_items=["x"])), "request 'r': mm_items must hold MultiModalItem, got 'x'"),
+    (lambda: Request("r", list(range(8)), RequestCacheParams(mm_items=[MultiModalItem("img", 6, 4)])),
      "request 'r': multimodal item 'img' at [6, 10) must have length > 0 and lie inside the prompt [0, 8)"),
-    (lambda: Request("r", list(range(8)), mm_items=[MultiModalItem("img", 2, 0)]),
+    (lambda: Request("r", list(range(8)), RequestCacheParams(mm_items=[MultiModalItem("img", 2, 0)])),
      "request 'r': multimodal item 'img' at [2, 2) must have length > 0 and lie inside the prompt [0, 8)"),
-    (lambda: Request("r", list(range(8)), mm_items=[MultiModalItem("img", -1, 2)]),
+    (lambda: Request("r", list(range(8)), RequestCacheParams(mm_items=[MultiModalItem("img", -1, 2)])),
      "request 'r': multimodal item 'img' at [-1, 1) must have length > 0 and lie inside the prompt [0, 8)"),
-    (lambda: Request("r", list(range(8)), mm_items=[MultiModalItem("a", 0, 4), MultiModalItem("b", 2, 2)]),
+    (lambda: Request("r", list(range(8)), RequestCacheParams(
+        mm_items=[MultiModalItem("a", 0, 4), MultiModalItem("b", 2, 2)])),
      "request 'r': multimodal items must be sorted by offset and not overlap; 'b' starts at 2 < 4"),
-    (lambda: Request("r", [1], retention="x"), "request 'r': retention must be a RetentionConfig or None, got 'x'"),
-    (lambda: Request("r", list(range(8)), retention=RetentionConfig((TokenRange(4, 10, 90),))),
+    (lambda: Request("r", [1], RequestCacheParams(retention="x")), "request 'r': retention must be a RetentionConfig or None, got 'x'"),
+    (lambda: Request("r", list(range(8)), RequestCacheParams(
+        retention=RetentionConfig((TokenRange(4, 10, 90),)))),
      "request 'r': retention range [4, 10) lies outside the prompt [0, 8); valid ranges: 0 <= start < end <= 8"),
 ])
 def test_bad_request_is_refused_with_its_reason(make, message) -> None:
@@ -82,7 +87,8 @@ def test_non_integer_token_is_refused_naming_the_request() -> None:
 def test_a_fresh_request_with_a_one_token_image() -> None:
     """request: Request.__init__ — ``length <= 1`` refused a one-token item; ``num_preemptions``
     starts at 0 (the scheduler counts up from it); adjacent items do not overlap."""
-    req = Request("r", list(range(8)), mm_items=[MultiModalItem("a", 0, 1), MultiModalItem("b", 1, 7)])
+    req = Request("r", list(range(8)), RequestCacheParams(
+        mm_items=[MultiModalItem("a", 0, 1), MultiModalItem("b", 1, 7)]))
     assert req.num_preemptions == 0 and req.num_computed_tokens == 0 and req.num_prompt_tokens == 8
     assert req.extra_keys(0, 4) == (("mm", "a", 0), ("mm", "b", 1))
 
@@ -95,3 +101,22 @@ def test_append_tokens_with_a_bad_item_changes_nothing() -> None:
         assert list(r.token_ids) == [1, 2, 3]
     r.append_tokens([4, 5])
     assert list(r.token_ids) == [1, 2, 3, 4, 5]
+
+
+def test_request_cache_params_record():
+    """The record's defaults, its refusal of a non-bool skip flag, frozen; Request reads it whole."""
+    p = RequestCacheParams()
+    assert (p.cache_salt, p.lora, p.mm_items, p.skip_prefix_cache, p.retention, p.hint,
+            p.checkpoints) == (None, None, (), False, None, None, ())
+    with pytest.raises(ValueError) as exc:
+        RequestCacheParams(skip_prefix_cache="yes")
+    assert str(exc.value) == "RequestCacheParams: skip_prefix_cache must be True or False, got 'yes'"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.cache_salt = "s"  # type: ignore[misc]
+    r = Request("r", [1, 2, 3], RequestCacheParams(cache_salt="s", skip_prefix_cache=True,
+                                                    checkpoints=(3, 1)))
+    assert (r.cache_salt, r.skip_prefix_cache, r.checkpoints) == ("s", True, (1, 3))
+    with pytest.raises(ValueError) as exc:
+        Request("r", [1], {"cache_salt": "s"})  # type: ignore[arg-type]
+    assert str(exc.value) == ("request 'r': params must be a RequestCacheParams or None, "
+                              "got {'cache_salt': 's'}")

@@ -31,6 +31,7 @@ from tests.support.helpers import FA, config, prompt, raises
 from tests.support.policies import Clock
 from tests.support.random_ops import MAX_OPS, MIN_OPS, Model, configs, decode_ops
 from hybridkv.core.cache_options import CacheOptions
+from hybridkv.core.request import RequestCacheParams
 
 
 def _random_retention(x: int, n_tokens: int) -> RetentionConfig | None:
@@ -53,7 +54,8 @@ class RetentionModel(Model):
 
     def make_request(self, rid, tokens, salt):
         seed = (hash(tuple(tokens)) ^ self.counter * 2654435761) & 0xFFFFFF
-        return Request(rid, tokens, cache_salt=salt, retention=_random_retention(seed, len(tokens)))
+        return Request(rid, tokens, RequestCacheParams(
+            cache_salt=salt, retention=_random_retention(seed, len(tokens))))
 
 
 @settings(max_examples=examples(250), deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -136,7 +138,7 @@ def _cfg(num_blocks: int, block_size: int = 4) -> KVCacheConfig:
 
 def _serve(kv: KVCacheManager, rid: str, tokens: list[int], retention=None, decode: int = 0) -> int:
     """Prefill one request (then ``decode`` tokens), free it; the hit length in tokens."""
-    req = Request(rid, tokens, retention=retention)
+    req = Request(rid, tokens, RequestCacheParams(retention=retention))
     hit = kv.lookup(req)
     assert kv.allocate(req, req.num_tokens - hit.num_tokens, hit) is not None
     req.num_computed_tokens = req.num_tokens
@@ -233,7 +235,8 @@ def test_a_shared_block_keeps_the_highest_live_priority():
     kv = KVCacheManager(_cfg(24), CacheOptions(eviction_policy="priority"), clock=clock)
     high = RetentionConfig((TokenRange(0, 16, 90, ttl_s=30.0),))
     low = RetentionConfig((TokenRange(0, 16, 60, ttl_s=300.0),))
-    a, b = Request("a", SYSTEM + [1], retention=high), Request("b", SYSTEM + [2], retention=low)
+    a = Request("a", SYSTEM + [1], RequestCacheParams(retention=high))
+    b = Request("b", SYSTEM + [2], RequestCacheParams(retention=low))
     for req in (a, b):
         hit = kv.lookup(req)
         assert kv.allocate(req, req.num_tokens - hit.num_tokens, hit) is not None
@@ -294,11 +297,12 @@ def test_decode_priority_marks_generated_blocks():
     (lambda: RetentionConfig(((0, 4, 50),)), r"must hold TokenRange"),
     (lambda: RetentionConfig(decode_priority=200), r"decode_priority must be an integer in \[0, 100\]"),
     (lambda: RetentionConfig(decode_ttl_s=0.0), r"decode_ttl_s must be None"),
-    (lambda: Request("r", [1, 2, 3], retention=RetentionConfig((TokenRange(0, 4, 50),))),
+    (lambda: Request("r", [1, 2, 3], RequestCacheParams(retention=RetentionConfig((TokenRange(0, 4, 50),)))),
      r"retention range \[0, 4\) lies outside the prompt \[0, 3\); valid ranges: 0 <= start < end <= 3"),
-    (lambda: Request("r", [1, 2, 3], retention=RetentionConfig((TokenRange(3, None, 50),))),
+    (lambda: Request("r", [1, 2, 3], RequestCacheParams(
+        retention=RetentionConfig((TokenRange(3, None, 50),)))),
      r"retention range \[3, None\) lies outside the prompt"),
-    (lambda: Request("r", [1, 2, 3], retention="pin"), r"retention must be a RetentionConfig or None"),
+    (lambda: Request("r", [1, 2, 3], RequestCacheParams(retention="pin")), r"retention must be a RetentionConfig or None"),
     (lambda: KVCacheManager(_cfg(8), CacheOptions(eviction_policy="priority"), clock=5), r"clock must be None or a callable"),
     (lambda: KVCacheManager(_cfg(8), CacheOptions(eviction_policy="pin")), r"unknown eviction policy 'pin'; valid: .*priority"),
 ])
@@ -322,7 +326,8 @@ def test_a_policy_that_ignores_retention_refuses_it_and_changes_nothing(policy):
     kv.allocate(running, running.num_tokens - hit.num_tokens, hit)
     kv.take_events()
     before = _state(kv)
-    req = Request("b", SYSTEM + [2], retention=RetentionConfig((TokenRange(0, 16, 90, 60.0),)))
+    req = Request("b", SYSTEM + [2], RequestCacheParams(
+        retention=RetentionConfig((TokenRange(0, 16, 90, 60.0),))))
     hit = kv.lookup(req)
     with pytest.raises(ValueError, match=rf"eviction_policy='{policy}' ignores.*eviction_policy='priority'"):
         kv.allocate(req, req.num_tokens - hit.num_tokens, hit)
@@ -489,7 +494,7 @@ def test_retention_errors_name_the_request_and_the_fix() -> None:
     lru = KVCacheManager(config(FA(4), num_blocks=16))
     with pytest.raises(ValueError, match=r"use eviction_policy='priority' \(the only policy that "
                        r"reads retention configs\) or drop the config$"):
-        lru.allocate(Request("a", prompt(0, 9), retention=pin), 9)
+        lru.allocate(Request("a", prompt(0, 9), RequestCacheParams(retention=pin)), 9)
     kv = KVCacheManager(config(FA(4), num_blocks=16), CacheOptions(eviction_policy="priority"))
     bad = Request("b", prompt(0, 9))
     bad.retention = "pin"

@@ -20,6 +20,7 @@ from hybridkv.core.specs import DTYPE_BYTES, STATE_DTYPES, dtype_bytes
 from hybridkv.core.validation import check_int
 from tests.support.helpers import FA, NEMOTRON_H, QWEN3_NEXT, raises, state_hybrid
 from hybridkv.core.cache_options import CacheOptions
+from hybridkv.core.request import RequestCacheParams
 
 
 def group(name: str, spec, layers=None) -> KVCacheGroup:
@@ -322,7 +323,7 @@ def test_state_larger_than_the_pool_is_a_clear_error() -> None:
     (lambda: BlockHasher(16, "md5"), "unknown hash algorithm 'md5'"),
     (lambda: Request("r", []), "empty prompt"),
     (lambda: Request("r", [2**70]), "token ids must be integers"),
-    (lambda: Request("r", [1, 2], mm_items=[MultiModalItem("x", 1, 5)]), "must have length > 0 and lie inside"),
+    (lambda: Request("r", [1, 2], RequestCacheParams(mm_items=[MultiModalItem("x", 1, 5)])), "must have length > 0 and lie inside"),
 ])
 def test_validation_errors(build, match):
     with pytest.raises(ValueError, match=match):

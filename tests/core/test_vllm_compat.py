@@ -17,6 +17,7 @@ from hybridkv.core.rules import HitRule, make_rule
 from tests.support.helpers import (C3, EAGLE_DROP, FA, SWA, cached_positions, config, evict,
                                    hash_cached, manager, run_prompt, serve)
 from hybridkv.core.cache_options import CacheOptions
+from hybridkv.core.request import RequestCacheParams
 
 
 def queue(kv):
@@ -57,7 +58,7 @@ def test_prefill_queue_order():  # vLLM: test_prefill
 def test_prefill_skip_reading_duplicates_blocks():  # vLLM: test_prefill_plp
     kv = manager(FA(16), num_blocks=11)
     r0, _ = run_prompt(kv, "r0", C3 + [3] * 7, skip_prefix_cache=True)
-    r2 = Request("r2", C3 + [3] * 6, skip_prefix_cache=True)
+    r2 = Request("r2", C3 + [3] * 6, RequestCacheParams(skip_prefix_cache=True))
     hit = kv.lookup(r2)
     assert hit.num_tokens == 0
     new = kv.allocate(r2, r2.num_tokens, hit)[0]

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from hybridkv.core.cache_options import CacheOptions
+from hybridkv.core.request import RequestCacheParams
 
 pytest.importorskip("msgspec")
 pytest.importorskip("msgpack")
@@ -68,8 +69,8 @@ def stream_payloads() -> list[bytes]:
     mapper = WireMapper(cfg)
     payloads = []
     reqs = [Request("a", list(range(300))), Request("b", list(range(1000, 1300))),
-            Request("c", list(range(2000, 2100)), lora=LoRA("sql", "/a/sql"), cache_salt="t",
-                    mm_items=[MultiModalItem("img", 20, 30)])]
+            Request("c", list(range(2000, 2100)), RequestCacheParams(
+                lora=LoRA("sql", "/a/sql"), cache_salt="t", mm_items=[MultiModalItem("img", 20, 30)]))]
     for req in reqs:
         hit = kv.lookup(req)
         assert kv.allocate(req, req.num_tokens - hit.num_tokens, hit) is not None

@@ -8,6 +8,7 @@ import struct
 
 import pytest
 from hybridkv.core.cache_options import CacheOptions
+from hybridkv.core.request import RequestCacheParams
 
 pytest.importorskip("msgspec")
 pytest.importorskip("msgpack")
@@ -189,8 +190,9 @@ def test_lora_multimodal_and_salt_keys_reach_the_wire_per_block() -> None:
     from hybridkv import LoRA, MultiModalItem
     cfg = KVCacheConfig((KVCacheGroup("full", FullAttention(block_size=16), ("l0",)),), num_blocks=32)
     kv = KVCacheManager(cfg, CacheOptions(hash_algo="sha256", enable_events=True))
-    req = Request("a", list(range(50)), lora=LoRA("sql", "/adapters/sql"), cache_salt="tenant-7",
-                  mm_items=[MultiModalItem("img-0", 10, 20)])
+    req = Request("a", list(range(50)), RequestCacheParams(
+        lora=LoRA("sql", "/adapters/sql"), cache_salt="tenant-7", mm_items=[MultiModalItem("img-0", 10,
+        20)]))
     hit = kv.lookup(req)
     assert kv.allocate(req, req.num_tokens, hit) is not None
     payload = encode_batch(WireMapper(cfg).batch(kv.take_events(), ts=2.0))
@@ -211,7 +213,7 @@ def test_a_salt_alone_keys_only_the_first_block_and_blocks_without_keys_are_nil(
     blocks' entries are nil (one entry per block, as vLLM sends them); no ``lora_name``."""
     cfg = KVCacheConfig((KVCacheGroup("full", FullAttention(block_size=4), ("l0",)),), num_blocks=16)
     kv = KVCacheManager(cfg, CacheOptions(hash_algo="sha256", enable_events=True))
-    req = Request("a", list(range(13)), cache_salt="s")
+    req = Request("a", list(range(13)), RequestCacheParams(cache_salt="s"))
     assert kv.allocate(req, 13, kv.lookup(req)) is not None
     (ev,) = decode_payload(encode_batch(WireMapper(cfg).batch(kv.take_events(), ts=0.0))).events
     assert ev.get("extra_keys") == [["s"], None, None]
@@ -242,9 +244,9 @@ def test_extra_keys_of_random_requests_match_vllms_rule(spec) -> None:
             length = rng.randrange(1, 30)
             items.append(MultiModalItem(f"img{rng.randrange(4)}", pos, min(length, n - pos)))
             pos += length + rng.randrange(0, 20)
-        req = Request(f"r{i}", [rng.randrange(3) for _ in range(n)],
-                      lora=LoRA(rng.choice(["a", "b"]), "/p") if rng.random() < 0.5 else None,
-                      cache_salt=rng.choice([None, "x"]), mm_items=items)
+        req = Request(f"r{i}", [rng.randrange(3) for _ in range(n)], RequestCacheParams(
+            lora=LoRA(rng.choice(["a", "b"]), "/p") if rng.random() < 0.5 else None,
+            cache_salt=rng.choice([None, "x"]), mm_items=items))
         assert kv.allocate(req, n, kv.lookup(req)) is not None
         events = kv.take_events()
         kv.free(req)

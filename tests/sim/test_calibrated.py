@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hybridkv.core.specs import KVCacheGroup, SlidingWindow
+from hybridkv.cost.attention_calls import AttentionCalls, call_times
 from hybridkv.cost.calibrated import (ATTENTION_KINDS, DECODE_MAX_NEW, MONOTONE_SLACK, CalibratedCostModel,
                                      Calibration)
 from hybridkv.cost.calibration_fit import KernelPoint, fit_calibration, leave_one_out, predict_points
@@ -349,3 +350,22 @@ def test_fit_needs_points() -> None:
         fit_calibration(get_preset("llama-3.1-8b"), H100, [])
     with pytest.raises(ValueError, match="median_s 0.0; need > 0"):
         fit_calibration(get_preset("llama-3.1-8b"), H100, [GridPoint.from_step("1@5")])
+
+
+def test_attention_calls_record() -> None:
+    """The per-call arrays of call_times in one record: defaults, a refused shape, frozen, and
+    one decode call priced by hand."""
+    one = np.array([1.0])
+    calls = AttentionCalls(np.array([4e9]), np.array([2e8]), np.array([3.0]), np.array([2.0]),
+                           np.array([False]), np.array([0]))
+    assert (calls.splits, calls.blocks, calls.decode) == (1.0, None, True)
+    with pytest.raises(ValueError) as exc:
+        AttentionCalls(one, one, one, np.array([1.0, 2.0]), np.array([False]), np.array([0]))
+    assert str(exc.value) == "AttentionCalls: layers has shape (2,); valid: the shape of flops, (1,)"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        calls.units = one  # type: ignore[misc]
+    cal = Calibration(split_kv=False)
+    work = max(4e9 / (1e15 * cal.attn_context_efficiency), 2e8 / (3e12 * cal.attn_bw_efficiency))
+    want = 2.0 * cal.kind_scale[0] * (work / min(1.0, 3.0 / cal.attn_saturation_blocks)
+                                      + 3.0 * cal.attn_block_s)
+    assert call_times(cal, 1e15, 3e12, calls).tolist() == [want]

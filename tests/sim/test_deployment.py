@@ -148,7 +148,7 @@ def test_a_larger_cache_keeps_the_deployment() -> None:
     ask for is the same deployment (a rank of DP-16 + EP-16 leaves 12.1 GB: 123k tokens)."""
     import argparse
     from hybridkv.cli.capacity import larger_cache
-    args = argparse.Namespace(deployment=Deployment(1, 16, 16, 8, True), gpu="h100", gpus=1,
+    args = argparse.Namespace(deployment=Deployment(1, 16, 16, 8, True), gpu=get_gpu("h100"), gpus=1,
                               gpu_memory_fraction=0.9)
     more = larger_cache(args, get_preset("deepseek-v4-style"))
     assert more(100_000) == "--cache-tokens 100k --tp 1 --dp 16 --ep 16"

@@ -10,7 +10,8 @@ import json
 import pytest
 
 from hybridkv.cost.presets import get_gpu, get_preset
-from hybridkv.cost.profile import copy_points_from_jsonl, cost_model, default_profile
+from hybridkv.cost.profile import (MeasuredRun, copy_points_from_jsonl, cost_model, default_profile,
+                                  profile_from_measurements)
 from hybridkv.cost.transfer import CopyPoint
 
 
@@ -51,3 +52,25 @@ def test_a_device_without_a_gpu_preset_is_priced_at_its_measured_peaks() -> None
     model = cost_model(get_preset("llama-3.1-8b"), get_gpu("b200"), 2, prof)
     assert model.gpu == gpu and model.calibration == base.calibration and model.num_gpus == 2
     assert model.source == "calibrated: profile of llama-3.1-8b on my accelerator"
+
+
+def test_measured_run_record_and_the_checks_before_the_fit(tmp_path) -> None:
+    """MeasuredRun: defaults, refused values, frozen; profile_from_measurements checks the GPU
+    preset and the step rows before it fits anything."""
+    run = MeasuredRun("NVIDIA H100 80GB HBM3")
+    assert (run.split_kv, run.software, run.method) == (True, {}, {})
+    with pytest.raises(ValueError) as exc:
+        MeasuredRun("")
+    assert str(exc.value) == "MeasuredRun: device_name must be a non-empty str, got ''"
+    with pytest.raises(ValueError) as exc:
+        MeasuredRun("gpu", split_kv=1)  # type: ignore[arg-type]
+    assert str(exc.value) == "MeasuredRun: split_kv must be True or False, got 1"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        run.split_kv = False  # type: ignore[misc]
+    steps = tmp_path / "steps.jsonl"
+    steps.write_text(json.dumps({"kind": "gemm8192", "tflops": 700.0}) + "\n")
+    with pytest.raises(ValueError, match=r"^unknown GPU preset 'h1000'; valid GPUs: "):
+        profile_from_measurements(steps, "llama-3.1-8b", "h1000", run)
+    with pytest.raises(ValueError) as exc:
+        profile_from_measurements(steps, "llama-3.1-8b", "h100", run)
+    assert str(exc.value) == f"{str(steps)!r} holds no prefill, decode or mixed row"

@@ -16,6 +16,7 @@ import pytest
 from hybridkv import (CacheHit, FullAttention, KVCacheConfig, KVCacheGroup, KVCacheManager,
                       Request, SlidingWindow, SpecDecode)
 from hybridkv.core.cache_options import CacheOptions
+from hybridkv.core.request import RequestCacheParams
 from hybridkv.core.specs import StateSpec
 
 C3 = [0] * 16 + [1] * 16 + [2] * 16
@@ -80,7 +81,7 @@ def manager(*specs, num_blocks: int, drafts: tuple[int, ...] = (), compat: bool 
 
 def run_prompt(kv: KVCacheManager, rid, tokens, chunk: int | None = None, **req_kw):
     """Look up, allocate and 'compute' a whole prompt (optionally in chunks); returns (req, hit)."""
-    req = Request(rid, tokens, **req_kw)
+    req = Request(rid, tokens, RequestCacheParams(**req_kw))
     hit = kv.lookup(req)
     total = len(tokens) - hit.num_tokens
     first = total if chunk is None else min(chunk, total)

@@ -29,6 +29,7 @@ from tests.support.helpers import FA, SWA
 from tests.support.oracle import (ContentMirror, attention_kind, drop_mode, hash_block_size,
                                   oracle_hit)
 from hybridkv.core.cache_options import CacheOptions
+from hybridkv.core.request import RequestCacheParams
 
 DEEP = is_deep()
 MIN_OPS, MAX_OPS = (30, 150) if DEEP else (8, 40)
@@ -380,7 +381,7 @@ class Model:
     def make_request(self, rid: str, tokens, salt, **options) -> Request:
         """The Request ``admit`` submits (subclasses add per-request options; ``options``:
         ``mm_items`` and ``lora``, given only when set)."""
-        return Request(rid, tokens, cache_salt=salt, **options)
+        return Request(rid, tokens, RequestCacheParams(cache_salt=salt, **options))
 
     def admit(self, tokens, salt, chunk, items=(), lora=None) -> None:
         rid = f"r{self.counter}"

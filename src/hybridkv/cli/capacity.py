@@ -15,21 +15,17 @@ from __future__ import annotations
 import argparse
 import math
 
-from hybridkv.cli.options import fraction, int_in, positive_count
+from hybridkv.cli.options import add_gpu_option, fraction, int_in, positive_count
 from hybridkv.cost.deployment import (DEFAULT_GPUS_PER_NODE, Deployment, default_deployment,
                                      expert_params, instance_budget)
 from hybridkv.cost.hardware import (DEFAULT_GPU_MEMORY_FRACTION, MAX_GPUS, KVBudget, fewest_gpus,
                                    kv_budget)
-from hybridkv.cost.presets import GPU_PRESETS, WEIGHT_DTYPES, ModelPreset, get_gpu
-
-DEFAULT_GPU = "h100"
-
+from hybridkv.cost.presets import WEIGHT_DTYPES, ModelPreset
 
 def add_hardware_options(p: argparse.ArgumentParser) -> None:
     """``--gpu``, ``--gpus``, ``--gpu-memory-fraction`` (``simulate`` and ``sweep``)."""
     g = p.add_argument_group("hardware (the KV cache is what it leaves, as in vLLM)")
-    g.add_argument("--gpu", default=DEFAULT_GPU,
-                   help=f"GPU preset: {', '.join(GPU_PRESETS)} (default {DEFAULT_GPU})")
+    add_gpu_option(g)
     add_weight_dtype_option(g)
     g.add_argument("--gpus", type=int_in(1, MAX_GPUS),
                    help="GPUs of the deployment (default: the fewest, a power of two, that hold the "
@@ -101,7 +97,7 @@ def plan_gpus(args: argparse.Namespace, preset: ModelPreset,
     budget (:func:`choose_deployment`). ``ValueError`` (one line) when nothing fits."""
     dep = getattr(args, "deployment", None)
     if dep is not None:                   # planned already (a second call)
-        return instance_budget(preset, get_gpu(args.gpu), dep, args.gpu_memory_fraction)
+        return instance_budget(preset, args.gpu, dep, args.gpu_memory_fraction)
     return choose_deployment(args, preset, sizes)
 
 
@@ -119,7 +115,7 @@ def choose_deployment(args: argparse.Namespace, preset: ModelPreset,
     """
     tp, dp, ep = getattr(args, "tp", None), getattr(args, "dp", None), getattr(args, "ep", None)
     per_node = getattr(args, "gpus_per_node", None) or DEFAULT_GPUS_PER_NODE
-    gpu = get_gpu(args.gpu)
+    gpu = args.gpu
     frac = args.gpu_memory_fraction
     instances = getattr(args, "instances", None) or 1
     if tp is not None or dp is not None or ep is not None:
@@ -198,7 +194,7 @@ def _plan_engine(args: argparse.Namespace, preset: ModelPreset,
     (``(option text, bytes or None)``), set ``args.gpus`` when it was not given, and return the
     budget. ``ValueError`` (one line, naming the GPUs that would do) when the weights do not fit
     or a size is more than the GPUs hold."""
-    gpu = get_gpu(args.gpu)
+    gpu = args.gpu
     frac = args.gpu_memory_fraction
     asked = [(text, b) for text, b in sizes if b is not None]
     largest = max(asked, key=lambda s: s[1], default=None)
@@ -256,11 +252,11 @@ def capacity_blocks(args: argparse.Namespace, preset: ModelPreset, cache_tokens:
                 raise ValueError(f"--num-blocks must be >= 2, got {args.num_blocks}")
             return args.num_blocks
         dep = getattr(args, "deployment", None)
-        budget = (instance_budget(preset, get_gpu(args.gpu), dep, args.gpu_memory_fraction) if dep is not None
-                  else kv_budget(preset, get_gpu(args.gpu), args.gpus, args.gpu_memory_fraction))
+        budget = (instance_budget(preset, args.gpu, dep, args.gpu_memory_fraction) if dep is not None
+                  else kv_budget(preset, args.gpu, args.gpus, args.gpu_memory_fraction))
         block_bytes = preset.kv_config(num_blocks=2).block_bytes
         if budget.kv_bytes < 2 * block_bytes:
-            raise ValueError(f"{args.gpus} x {args.gpu} leave {max(0, budget.kv_bytes):,} bytes of KV "
+            raise ValueError(f"{args.gpus} x {args.gpu.name} leave {max(0, budget.kv_bytes):,} bytes of KV "
                              f"memory, less than two blocks of {preset.name} ({budget.describe()}); "
                              "raise --gpus or --gpu-memory-fraction")
         return preset.kv_config(memory_bytes=budget.kv_bytes).num_blocks
@@ -278,10 +274,10 @@ def capacity_blocks(args: argparse.Namespace, preset: ModelPreset, cache_tokens:
 
 def more_gpus(args: argparse.Namespace, preset: ModelPreset, kv_bytes: int) -> str:
     """How to get ``kv_bytes`` of KV memory from the hardware: the ``--gpus`` that leave it."""
-    n = fewest_gpus(preset, get_gpu(args.gpu), args.gpu_memory_fraction, kv_bytes)
+    n = fewest_gpus(preset, args.gpu, args.gpu_memory_fraction, kv_bytes)
     if n is None:
-        return f"no count of {args.gpu} up to {MAX_GPUS} holds it at --gpu-memory-fraction {args.gpu_memory_fraction:g}"
-    return f"give --gpus {n} (the fewest {args.gpu} that hold it)"
+        return f"no count of {args.gpu.name} up to {MAX_GPUS} holds it at --gpu-memory-fraction {args.gpu_memory_fraction:g}"
+    return f"give --gpus {n} (the fewest {args.gpu.name} that hold it)"
 
 
 def larger_cache(args: argparse.Namespace, preset: ModelPreset):
@@ -295,13 +291,13 @@ def larger_cache(args: argparse.Namespace, preset: ModelPreset):
         dep = getattr(args, "deployment", None)
         if dep is not None and (dep.dp > 1 or dep.ep > 1):        # keep the deployment: name it
             flags = f" --tp {dep.tp} --dp {dep.dp}" + (f" --ep {dep.ep}" if dep.ep > 1 else "")
-            if instance_budget(preset, get_gpu(args.gpu), dep, args.gpu_memory_fraction).kv_bytes >= need:
+            if instance_budget(preset, args.gpu, dep, args.gpu_memory_fraction).kv_bytes >= need:
                 return text + flags
             return f"{text}{flags} (more than each instance of {dep.name} holds: a larger --gpu)"
-        if kv_budget(preset, get_gpu(args.gpu), args.gpus, args.gpu_memory_fraction).kv_bytes >= need:
+        if kv_budget(preset, args.gpu, args.gpus, args.gpu_memory_fraction).kv_bytes >= need:
             return text
-        n = fewest_gpus(preset, get_gpu(args.gpu), args.gpu_memory_fraction, need)
-        return f"{text} --gpus {n}" if n else f"{text} (more than {MAX_GPUS} x {args.gpu})"
+        n = fewest_gpus(preset, args.gpu, args.gpu_memory_fraction, need)
+        return f"{text} --gpus {n}" if n else f"{text} (more than {MAX_GPUS} x {args.gpu.name})"
     return options
 
 

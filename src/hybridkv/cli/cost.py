@@ -26,14 +26,14 @@ import argparse
 
 from hybridkv.cli.base import COMMANDS, Command
 from hybridkv.cli.capacity import add_weight_dtype_option
-from hybridkv.cli.options import int_in, step_argument
+from hybridkv.cli.options import add_gpu_option, int_in, step_argument
 from hybridkv.cli.output import print_json
 from hybridkv.cli.sim_options import (DEFAULT_PRESET, add_cost_model_options, check_cost_model_options,
                                       profile_warning, warn)
 from hybridkv.cost.grid import format_step
 from hybridkv.cost.deployment import DEFAULT_GPUS_PER_NODE, Deployment, default_deployment, expert_params
 from hybridkv.cost.hardware import fewest_gpus
-from hybridkv.cost.presets import GPU_PRESETS, get_gpu, get_preset
+from hybridkv.cost.presets import get_preset
 from hybridkv.cost.profile import cost_model
 
 
@@ -43,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "after 4096 cached tokens plus 64 decodes at 1024); repeat for more steps")
     p.add_argument("--preset", default=DEFAULT_PRESET,
                    help=f"model preset (default {DEFAULT_PRESET}; see `hybridkv presets`)")
-    p.add_argument("--gpu", default="h100", help=f"GPU preset: {', '.join(GPU_PRESETS)}")
+    add_gpu_option(p)
     add_weight_dtype_option(p)
     p.add_argument("--gpus", "--tp", dest="gpus", type=int_in(1, 1024),
                    help="tensor-parallel GPUs of the engine (default: one instance of simulate's "
@@ -69,7 +69,7 @@ def _ms(seconds: float) -> str:
 def run(args: argparse.Namespace) -> int:
     check_cost_model_options(args)
     preset = get_preset(args.preset).with_weight_dtype(args.weight_dtype)
-    gpu = get_gpu(args.gpu)
+    gpu = args.gpu
     gpus = args.gpus or fewest_gpus(preset, gpu)
     if gpus is None:
         raise ValueError(f"{preset.name}'s weights do not fit even 1024 x {gpu.name}; use a larger --gpu")

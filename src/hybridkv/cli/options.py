@@ -16,16 +16,38 @@ import re
 from typing import Callable, Mapping
 
 from hybridkv.core.spec_decode import SPEC_OFF, SpecDecode, parse_spec
+from hybridkv.cost.gpus import GPU_PRESETS, GpuPreset, get_gpu
 
 MAX_SPEC_TOKENS = 64
 """Largest ``--spec METHOD:K`` (EAGLE uses 1-5, DFlash 7-15; each token is a lookahead slot
 that every running request holds in every group)."""
 MAX_BLOCK_SIZE = 4096
+DEFAULT_GPU = "h100"
 _SUFFIX = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 
 
 def _type_error(exc: ValueError) -> argparse.ArgumentTypeError:
     return argparse.ArgumentTypeError(str(exc))
+
+
+# ---- presets -----------------------------------------------------------------------------------
+
+
+def gpu_preset(text: str) -> GpuPreset:
+    """``--gpu NAME``: the GPU preset object, resolved once while the options are parsed."""
+    try:
+        return get_gpu(text.strip())
+    except ValueError as exc:
+        raise _type_error(exc) from None
+
+
+def add_gpu_option(p: argparse._ActionsContainer, default: str | None = DEFAULT_GPU,
+                   what: str = "GPU preset", default_text: str | None = None) -> None:
+    """The one declaration of ``--gpu``: ``args.gpu`` is a :class:`GpuPreset` (argparse resolves
+    a string default too), or None when ``default`` is None and the option is not given.
+    ``what``/``default_text``: the command's words for the option and for its default."""
+    p.add_argument("--gpu", type=gpu_preset, default=default, metavar="GPU",
+                   help=f"{what}: {', '.join(GPU_PRESETS)} (default {default_text or default})")
 
 
 # ---- numbers -----------------------------------------------------------------------------------

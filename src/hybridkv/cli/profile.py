@@ -19,10 +19,9 @@ import argparse
 import re
 
 from hybridkv.cli.base import COMMANDS, Command
-from hybridkv.cli.options import int_in, non_negative_number, step_argument
+from hybridkv.cli.options import add_gpu_option, int_in, non_negative_number, step_argument
 from hybridkv.cli.output import check_output_path
 from hybridkv.cli.sim_options import DEFAULT_PRESET
-from hybridkv.cost.presets import GPU_PRESETS
 
 
 def _repeats(text: str) -> tuple[int, int]:
@@ -36,9 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default=DEFAULT_PRESET, help=f"model preset (default {DEFAULT_PRESET})")
     p.add_argument("--out", required=True, help="the profile file to write (JSON)")
     p.add_argument("--device", default="auto", help="cpu, cuda or cuda:N (default: cuda when torch sees one)")
-    p.add_argument("--gpu", choices=list(GPU_PRESETS),
-                   help="GPU preset whose datasheet peaks the fitted efficiencies refer to (default: "
-                        "the profile's measured reference GEMM and copy rates)")
+    add_gpu_option(p, None, "GPU preset whose datasheet peaks the fitted efficiencies refer to",
+                   "none: the profile's measured reference GEMM and copy rates")
     p.add_argument("--point", type=step_argument, action="append", default=[], metavar="N@C[xB],...",
                    help="add a step to the grid (one prefill shape and/or one decode shape), e.g. "
                         "2048@4096,1@1024x64; repeat for more")
@@ -116,7 +114,8 @@ def run(args: argparse.Namespace) -> int:
         lo, hi = args.repeats or (d.min_repeats, d.max_repeats)
         timing = TimingOptions(d.warmup if args.warmup is None else args.warmup, lo, hi, d.target_s,
                                queue_ahead=not args.no_queue_ahead)
-    req = ProfileRequest(args.preset, device=device, gpu=args.gpu, trim=trim, points=tuple(points),
+    gpu = None if args.gpu is None else args.gpu.name
+    req = ProfileRequest(args.preset, device=device, gpu=gpu, trim=trim, points=tuple(points),
                          kernels=not args.no_kernels, timing=timing, decode_graph=not args.no_graph,
                          transfer=not args.no_transfer, time_budget_s=args.time_budget,
                          dtype=args.dtype, threads=args.threads, loo=args.loo)

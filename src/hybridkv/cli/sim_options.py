@@ -26,7 +26,7 @@ from hybridkv.cli.tier_options import TIER_OPTION_NAMES, check_tier_options, tie
 from hybridkv.core.spec_decode import SPEC_OFF, SpecDecode
 from hybridkv.core.specs import is_state
 from hybridkv.sched import SchedulerConfig
-from hybridkv.cost.presets import MODEL_PRESETS, get_gpu, get_preset
+from hybridkv.cost.presets import MODEL_PRESETS, get_preset
 from hybridkv.sim.simulator import SimConfig
 from hybridkv.sim.traffic.traces import (BUNDLED_TRACES, TraceWarning, load_token_trace,
                                  mooncake_block_warning, resolve_trace, trace_format)
@@ -342,7 +342,7 @@ def build_config(args: argparse.Namespace, num_blocks: int | None = None,
                  retention: object = "args") -> SimConfig:
     """A :class:`SimConfig` from parsed options (``num_blocks``/``retention`` override them)."""
     preset = options_preset(args)
-    gpu = get_gpu(args.gpu)
+    gpu = args.gpu
     if args.gpus is None:
         plan_from_options(args, preset)
     if num_blocks is None:

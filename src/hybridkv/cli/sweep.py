@@ -194,8 +194,7 @@ def _run(args: argparse.Namespace) -> int:
     if not args.no_optimum and not state:          # each configuration's optimum, one at a time
         from hybridkv.cli.simulate import optimum_memory_warning
         from hybridkv.sim.bounds.optimum_memory import available_memory_bytes
-        from hybridkv.cost.presets import get_gpu
-        warning = optimum_memory_warning(SimConfig(preset=preset, gpu=get_gpu(args.gpu), num_blocks=2),
+        warning = optimum_memory_warning(SimConfig(preset=preset, gpu=args.gpu, num_blocks=2),
                                          items, available_memory_bytes())
         if warning:
             print(f"hybridkv sweep: {warning} (per process running a configuration)", file=sys.stderr)
@@ -267,7 +266,7 @@ def _sweep(args: argparse.Namespace, items: list[WorkItem], preset) -> int:
 def _header(args: argparse.Namespace, preset, runs: list, n_items: int) -> str:
     cfg = runs[0][1]
     cfg = getattr(cfg, "config", cfg)
-    where = f"{args.gpus} x {args.gpu}" + (" per instance" if is_cluster(args) else "")
+    where = f"{args.gpus} x {args.gpu.name}" + (" per instance" if is_cluster(args) else "")
     n = len(runs) * (len(args.eviction_policies) if args.eviction_policies else 1)
     return (f"hybridkv sweep: {preset.name}, {n_items} requests, {n} configuration"
             f"{'' if n == 1 else 's'} on {where} ({args.executor})")
@@ -405,7 +404,7 @@ def sweep_tiers(args: argparse.Namespace, items: list[WorkItem], preset) -> int:
     sizes = args.cpu_cache_tokens_list
     runs = [(s, dataclasses.replace(base, tiers=tier_config(args, preset, cpu_tokens=s))) for s in sizes]
     print(f"{preset.name}: {len(items)} requests, GPU cache {gpu_tokens:,} tokens on {args.gpus} x "
-          f"{args.gpu}, CPU tier sizes {', '.join(f'{s:,}' for s in sizes)}", flush=True)
+          f"{args.gpu.name}, CPU tier sizes {', '.join(f'{s:,}' for s in sizes)}", flush=True)
     rows, results, failed = run_configs(args, runs, items)
     print(tier_sweep_table(sizes, rows))
     if args.json:
@@ -532,7 +531,7 @@ def sweep_state(args: argparse.Namespace, items: list[WorkItem], preset) -> int:
             build_config(args, num_blocks=blocks, retention=0), checkpoint_marks=True)))
     print(f"{preset.name}: {len(items)} requests, {memory / 1e9:,.2f} GB of KV memory per "
           f"configuration ({(blocks - 1) * preset.block_size:,} tokens at block {preset.block_size}) "
-          f"on {args.gpus} x {args.gpu}")
+          f"on {args.gpus} x {args.gpu.name}")
     print(f"  {'configuration':<26} {'token hit rate':>14} {'checkpoints':>11} "
           f"{'GB written':>11} {'GB resident mean':>17} {'peak':>7} {'GB/state':>9} "
           f"{'evictions':>10} {'TTFT p50':>9}", flush=True)

@@ -12,7 +12,7 @@ from hybridkv.core.hints import Hint, HintStats
 from hybridkv.core.manager import KVCacheManager
 from hybridkv.core.free_queue import FreeBlockQueue
 from hybridkv.core.pool import NULL_BLOCK, BlockPool
-from hybridkv.core.request import LoRA, MultiModalItem, Request
+from hybridkv.core.request import LoRA, MultiModalItem, Request, RequestCacheParams
 from hybridkv.core.retention_config import RetentionConfig, TokenRange
 from hybridkv.core.rules import HitRule, make_rule
 from hybridkv.core.spec_decode import SPEC_METHODS, SpecDecode, parse_spec
@@ -28,6 +28,7 @@ __all__ = [
     "AllBlocksCleared", "AttentionSpec", "BlockHasher", "BlockPool", "BlockRef", "BlockRemoved", "BlockStored",
     "CacheHit", "CacheOptions", "ChunkedLocal", "ExternalHit", "FreeBlockQueue", "FullAttention", "Hint", "HintStats", "HitRule", "KVCacheConfig",
     "KVCacheGroup", "KVCacheManager", "LoRA", "MLA", "MultiModalItem", "NULL_BLOCK", "make_rule",
-    "PrefixCacheStats", "Request", "RetentionConfig", "SPEC_METHODS", "SlidingWindow", "SpecDecode",
+    "PrefixCacheStats", "Request", "RequestCacheParams", "RetentionConfig", "SPEC_METHODS", "SlidingWindow",
+    "SpecDecode",
     "StateBlocks", "StateExport", "StateSpec", "TableRef", "TokenRange", "parse_spec",
 ]

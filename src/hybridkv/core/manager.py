@@ -22,7 +22,8 @@ import time
 from typing import Callable, cast
 
 from hybridkv.core.cache_options import CacheOptions
-from hybridkv.core.coordinator import CacheHit, ExternalHit, KVCacheCoordinator, StateBlocks
+from hybridkv.core.coordinator import (CacheHit, CoordinatorModes, ExternalHit, KVCacheCoordinator,
+                                       StateBlocks)
 from hybridkv.core.events import (AllBlocksCleared, BlockRemoved, BlockStored, KVEvent,
                                   PrefixCacheStats, untag_extra_keys)
 from hybridkv.core.hashing import BlockHasher
@@ -114,9 +115,9 @@ class KVCacheManager:
                      if policy is None else
                      PolicyBlockPool(config.num_blocks, len(config.groups), policy, on_evict=on_evict))
         self.coordinator = KVCacheCoordinator(
-            config, self.pool, Retention(retention_interval, config.alignment),
-            drop_mode=drop_mode, vllm_compat=vllm_compat, caching=enable_caching,
-            max_model_len=max_model_len, max_in_flight_tokens=options.max_in_flight_tokens)
+            config, self.pool, Retention(retention_interval, config.alignment), CoordinatorModes(
+                drop_mode=drop_mode, vllm_compat=bool(vllm_compat), caching=bool(enable_caching),
+                max_model_len=max_model_len, max_in_flight_tokens=options.max_in_flight_tokens))
         if max_model_len is not None:
             check_fits(config, max_model_len, retention_interval=retention_interval,
                        vllm_compat=vllm_compat, hold=self.coordinator.hold)

@@ -42,6 +42,36 @@ class MultiModalItem:
     length: int
 
 
+@dataclass(frozen=True, slots=True)
+class RequestCacheParams:
+    """What the cache needs to know about a request beyond its tokens, passed whole to
+    :class:`Request`.
+
+    Hash extras (they enter the block hashes): ``cache_salt``, ``lora``, ``mm_items``.
+    Cache policy (how its blocks are looked up and kept): ``skip_prefix_cache``,
+    ``retention``, ``hint``, ``checkpoints``. Field meanings are in :class:`Request`.
+
+    The record checks what it can alone (types, order); :class:`Request` checks what needs
+    the prompt (ranges inside it) and names the request in every error.
+    """
+
+    cache_salt: str | None = None
+    lora: LoRA | None = None
+    mm_items: Sequence[MultiModalItem] = ()
+    skip_prefix_cache: bool = False
+    retention: RetentionConfig | None = None
+    hint: Hint | None = None
+    checkpoints: Sequence[int] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.skip_prefix_cache, bool):
+            raise ValueError(f"RequestCacheParams: skip_prefix_cache must be True or False, "
+                             f"got {self.skip_prefix_cache!r}")
+
+
+_NO_PARAMS = RequestCacheParams()
+
+
 def _as_token_array(token_ids: Iterable[int], what: str) -> array[int]:
     if hasattr(token_ids, "dtype") and hasattr(token_ids, "tobytes"):  # numpy: one memcpy
         ndarray: Any = token_ids                # numpy is not imported here: duck-typed
@@ -65,6 +95,7 @@ class Request:
     Args:
         request_id: unique id (any hashable, usually a string).
         token_ids: the prompt token ids (non-empty).
+        params: the :class:`RequestCacheParams` (None: all defaults), whose fields are:
         cache_salt: isolates this request's cache from requests with another salt.
         lora: the LoRA adapter, if any.
         mm_items: multimodal items, sorted by offset, inside the prompt.
@@ -87,11 +118,16 @@ class Request:
                  "cache_salt", "lora", "mm_items", "skip_prefix_cache", "block_hashes",
                  "hasher", "num_preemptions", "retention", "hint", "checkpoints", "__weakref__")
 
-    def __init__(self, request_id: object, token_ids: Iterable[int], *,
-                 cache_salt: str | None = None, lora: LoRA | None = None,
-                 mm_items: Sequence[MultiModalItem] = (), skip_prefix_cache: bool = False,
-                 retention: RetentionConfig | None = None, hint: Hint | None = None,
-                 checkpoints: Sequence[int] = ()) -> None:
+    def __init__(self, request_id: object, token_ids: Iterable[int],
+                 params: RequestCacheParams | None = None) -> None:
+        if params is None:
+            params = _NO_PARAMS
+        elif not isinstance(params, RequestCacheParams):
+            raise ValueError(f"request {request_id!r}: params must be a RequestCacheParams or None, "
+                             f"got {params!r}")
+        cache_salt, lora, mm_items = params.cache_salt, params.lora, params.mm_items
+        skip_prefix_cache, retention, hint = params.skip_prefix_cache, params.retention, params.hint
+        checkpoints = params.checkpoints
         tokens = _as_token_array(token_ids, f"request {request_id!r}")
         if len(tokens) == 0:
             raise ValueError(f"request {request_id!r} has an empty prompt; give at least one token")

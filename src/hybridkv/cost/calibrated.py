@@ -87,12 +87,13 @@ from numpy.typing import NDArray
 from hybridkv.core.rules import HitRule, make_rule
 from hybridkv.core.specs import AttentionSpec, StateSpec
 from hybridkv.core.validation import check_int
+from hybridkv.cost.attention_calls import AttentionCalls, call_times
 from hybridkv.cost.calibration import ATTENTION_KINDS, Calibration, attention_kind
 from hybridkv.cost.costmodel import INT_BATCH, StepCost
 from hybridkv.cost.presets import GpuPreset, ModelPreset
 
 __all__ = ["ATTENTION_KINDS", "DECODE_MAX_NEW", "GEMM_ROW_TILE", "KV_SPLIT_KEYS", "MAX_KV_SPLITS", "Calibration",
-           "CalibratedCostModel", "StepFeatures", "attention_kind", "blend", "call_times", "evaluate_features",
+           "CalibratedCostModel", "StepFeatures", "attention_kind", "blend", "evaluate_features",
            "host_bound", "row_tile"]
 
 DECODE_MAX_NEW = 16
@@ -548,23 +549,6 @@ def blend(a: NDArray[np.float64], b: NDArray[np.float64], p: float) -> NDArray[n
     return np.where(m > 0, safe * ((a / safe) ** p + (b / safe) ** p) ** (1.0 / p), 0.0)
 
 
-def call_times(cal: Calibration, peak_flops: float, peak_bw: float, flops: NDArray[np.float64],
-               nbytes: NDArray[np.float64], units: NDArray[np.float64], layers: NDArray[np.float64],
-               causal: NDArray[np.bool_], kind: NDArray[np.int64],
-               splits: NDArray[np.float64] | float = 1.0, blocks: NDArray[np.float64] | None = None,
-               decode: NDArray[np.bool_] | bool = True) -> NDArray[np.float64]:
-    """Seconds of each attention call (all its layers), per the formula (``causal``: a fresh
-    causal chunk; ``decode``: a decode call, else a prefill chunk; ``blocks``: all work blocks
-    of the call, default ``units``; ``splits``: the KV splits a split-KV kernel adds)."""
-    e_c, e_x = cal.attn_causal_efficiency, cal.attn_context_efficiency
-    eff = np.where(causal, e_c, np.where(decode, e_x, min(e_x, e_c)))
-    work = np.maximum(flops / (peak_flops * eff), nbytes / (peak_bw * cal.attn_bw_efficiency))
-    occupancy = np.minimum(1.0, (units * splits if cal.split_kv else units) / cal.attn_saturation_blocks)
-    scale: NDArray[np.float64] = np.asarray(cal.kind_scale)[kind]
-    per_block = (units if blocks is None else blocks) * cal.attn_block_s
-    return layers * scale * (work / np.maximum(occupancy, 1e-12) + per_block)
-
-
 def evaluate_features(f: StepFeatures, cal: Calibration, gpu: GpuPreset,
                       gemm_peak: float | None = None) -> StepCost:
     """The :class:`StepCost` of features ``f`` under ``cal`` on ``gpu``'s peaks (``gemm_peak``:
@@ -576,9 +560,9 @@ def evaluate_features(f: StepFeatures, cal: Calibration, gpu: GpuPreset,
     p = cal.gemm_blend
     m = max(a, b)
     gemm = m * ((a / m) ** p + (b / m) ** p) ** (1.0 / p) if m > 0 else 0.0
-    attn = float(call_times(cal, gpu.flops, gpu.mem_bw, f.call_flops, f.call_bytes, f.call_units,
-                            f.call_layers, f.call_causal, f.call_kind, f.call_splits, f.call_blocks,
-                            f.call_decode).sum())
+    calls = AttentionCalls(f.call_flops, f.call_bytes, f.call_units, f.call_layers, f.call_causal,
+                           f.call_kind, f.call_splits, f.call_blocks, f.call_decode)
+    attn = float(call_times(cal, gpu.flops, gpu.mem_bw, calls).sum())
     gpu_s = gemm + attn + cal.graph_overhead_s
     total = host_bound(gpu_s, cal.eager_host_s, cal.host_overlap) if f.eager else gpu_s
     over = total - gemm - attn if f.eager else cal.graph_overhead_s

@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from hybridkv.cost.calibrated import (ATTENTION_KINDS, CalibratedCostModel, Calibration, StepFeatures,
-                                     blend, call_times)
+from hybridkv.cost.attention_calls import AttentionCalls, call_times
+from hybridkv.cost.calibrated import ATTENTION_KINDS, CalibratedCostModel, Calibration, StepFeatures, blend
 from hybridkv.cost.grid import GridPoint
 from hybridkv.cost.presets import GpuPreset, ModelPreset
 
@@ -141,18 +141,16 @@ class _Batch:
             parts = [getattr(f, name) for f in feats]
             return np.concatenate(parts) if parts else np.zeros(0)
 
-        self.flops, self.bytes, self.units = cat("call_flops"), cat("call_bytes"), cat("call_units")
-        self.splits, self.blocks = cat("call_splits"), cat("call_blocks")
-        self.layers, self.causal = cat("call_layers"), cat("call_causal").astype(bool)
-        self.decode = cat("call_decode").astype(bool)
-        self.kind = cat("call_kind").astype(np.int64)
+        self.calls = AttentionCalls(cat("call_flops"), cat("call_bytes"), cat("call_units"),
+                                    cat("call_layers"), cat("call_causal").astype(bool),
+                                    cat("call_kind").astype(np.int64), cat("call_splits"),
+                                    cat("call_blocks"), cat("call_decode").astype(bool))
 
     def times(self, cal: Calibration, gpu: GpuPreset) -> NDArray[np.float64]:
         a = self.gemm_flops / (gpu.flops * cal.gemm_efficiency)
         b = self.weight_bytes / (gpu.mem_bw * cal.weight_bw_efficiency)
         gemm = blend(a, b, cal.gemm_blend)
-        calls = call_times(cal, gpu.flops, gpu.mem_bw, self.flops, self.bytes, self.units,
-                           self.layers, self.causal, self.kind, self.splits, self.blocks, self.decode)
+        calls = call_times(cal, gpu.flops, gpu.mem_bw, self.calls)
         gpu_s = gemm + np.bincount(self.step_of, weights=calls, minlength=self.n) + cal.graph_overhead_s
         host = blend(gpu_s, np.full(self.n, cal.eager_host_s), cal.host_overlap)
         return np.where(self.eager, host, gpu_s)
@@ -217,6 +215,12 @@ class FitResult:
     cost: float
 
 
+def _kernel_call(k: KernelPoint, kind: int) -> AttentionCalls:
+    """One kernel measurement as a single one-layer call of attention kind index ``kind``."""
+    return AttentionCalls(np.array([k.flops]), np.array([k.bytes]), np.array([k.units]),
+                          np.array([1.0]), np.array([k.causal]), np.array([kind]))
+
+
 def _kind_scale(model: ModelPreset, gpu: GpuPreset, cal: Calibration,
                 kernels: Sequence[KernelPoint]) -> tuple[float, ...]:
     if not kernels:
@@ -224,9 +228,7 @@ def _kind_scale(model: ModelPreset, gpu: GpuPreset, cal: Calibration,
     base = dataclasses.replace(cal, kind_scale=(1.0,) * len(ATTENTION_KINDS))
     logs: dict[str, list[float]] = {}
     for k in kernels:
-        pred = float(call_times(base, gpu.flops, gpu.mem_bw, np.array([k.flops]), np.array([k.bytes]),
-                                np.array([k.units]), np.array([1.0]), np.array([k.causal]),
-                                np.array([0]))[0])
+        pred = float(call_times(base, gpu.flops, gpu.mem_bw, _kernel_call(k, 0))[0])
         logs.setdefault(k.attention, []).append(math.log(k.median_s / pred))
     ref = float(np.mean(logs["full"])) if "full" in logs else 0.0
     return tuple(1.0 if kind == "full" or kind not in logs
@@ -278,9 +280,7 @@ def fit_calibration(model: ModelPreset, gpu: GpuPreset, points: Sequence[GridPoi
     ratios = batch.times(cal, gpu) / np.exp(measured)
     kratios = []
     for k in kernels:
-        t = call_times(cal, gpu.flops, gpu.mem_bw, np.array([k.flops]), np.array([k.bytes]),
-                       np.array([k.units]), np.array([1.0]), np.array([k.causal]),
-                       np.array([ATTENTION_KINDS.index(k.attention)]))[0]
+        t = call_times(cal, gpu.flops, gpu.mem_bw, _kernel_call(k, ATTENTION_KINDS.index(k.attention)))[0]
         kratios.append(float(t / k.median_s))
     return FitResult(cal, tuple(float(x) for x in ratios), tuple(kratios), best[1])
 

@@ -57,7 +57,8 @@ if TYPE_CHECKING:
     from hybridkv.cost.comm import DeployedCostModel
     from hybridkv.cost.deployment import Deployment
 
-__all__ = ["COST_MODELS", "DEFAULT_PROFILE_PATH", "FORMAT", "MODEL_FORM", "VERSION", "Profile", "copy_points_from_jsonl",
+__all__ = ["COST_MODELS", "DEFAULT_PROFILE_PATH", "FORMAT", "MODEL_FORM", "VERSION", "MeasuredRun", "Profile",
+           "copy_points_from_jsonl",
            "cost_model", "default_calibration", "default_profile", "load_profile",
            "profile_from_measurements", "software_versions"]
 
@@ -339,16 +340,34 @@ def copy_points_from_jsonl(path: str | Path) -> list[CopyPoint]:
     return out
 
 
-def profile_from_measurements(steps: str | Path, preset: str, gpu: str, device_name: str,
-                              transfer: str | Path | None = None, transfer_source: str = "",
-                              software: dict[str, Any] | None = None, method: dict[str, Any] | None = None,
-                              split_kv: bool = True) -> Profile:
-    """A fitted profile from step times measured elsewhere, in JSON lines: ``prefill`` /
-    ``decode`` / ``mixed`` rows as :meth:`GridPoint.from_json` reads them, plus optional
-    reference rows ``{"kind": "gemm8192", "tflops": x}`` and ``{"kind": "copy2GiB",
-    "tb_s_read_plus_write": y}``. ``transfer``: copy rows (:func:`copy_points_from_jsonl`).
-    ``split_kv``: whether the decode kernel that ran splits a request's keys (recorded in the
-    profile's ``method``).
+@dataclass(frozen=True)
+class MeasuredRun:
+    """What ran when measurements were taken elsewhere (recorded in the profile).
+
+    ``device_name``: the device as it named itself (non-empty); ``split_kv``: whether the
+    decode kernel that ran splits a request's keys (recorded in the profile's ``method``);
+    ``software``: versions (:func:`software_versions` and more); ``method``: how it measured.
+    """
+
+    device_name: str
+    split_kv: bool = True
+    software: dict[str, Any] = field(default_factory=dict)
+    method: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.device_name, str) or not self.device_name:
+            raise ValueError(f"MeasuredRun: device_name must be a non-empty str, got {self.device_name!r}")
+        if not isinstance(self.split_kv, bool):
+            raise ValueError(f"MeasuredRun: split_kv must be True or False, got {self.split_kv!r}")
+
+
+def profile_from_measurements(steps: str | Path, preset: str, gpu: str, run: MeasuredRun,
+                              transfer: str | Path | None = None, transfer_source: str = "") -> Profile:
+    """A fitted profile from step times measured elsewhere by ``run``, in JSON lines:
+    ``prefill`` / ``decode`` / ``mixed`` rows as :meth:`GridPoint.from_json` reads them, plus
+    optional reference rows ``{"kind": "gemm8192", "tflops": x}`` and ``{"kind": "copy2GiB",
+    "tb_s_read_plus_write": y}``. ``transfer``: copy rows (:func:`copy_points_from_jsonl`),
+    described by ``transfer_source``.
 
     Raises:
         ValueError: an unknown GPU preset, a bad row, or no step row.
@@ -369,11 +388,11 @@ def profile_from_measurements(steps: str | Path, preset: str, gpu: str, device_n
         raise ValueError(f"{str(steps)!r} holds no prefill, decode or mixed row")
     tm = (fit_transfer(copy_points_from_jsonl(transfer), transfer_source) if transfer is not None
           else DEFAULT_TRANSFER)
-    device = {"name": device_name, "kind": "cuda", "gpu": gpu, "memory_bytes": g.memory_bytes,
+    device = {"name": run.device_name, "kind": "cuda", "gpu": gpu, "memory_bytes": g.memory_bytes,
               "peak_flops": g.flops, "peak_bw": g.mem_bw, "peak_source": g.source, "reference": reference}
     prof = Profile(device=device, model={"preset": preset, "trim": Trim().to_json()},
-                   points=tuple(points), transfer=tm, software=software or {},
-                   method={**(method or {}), "split_kv": split_kv})
+                   points=tuple(points), transfer=tm, software=dict(run.software),
+                   method={**run.method, "split_kv": run.split_kv})
     return prof.refit(loo=True)
 
 

@@ -46,6 +46,7 @@ from .models.dflash import load_dflash
 from .runner import EngineCore, EngineStats
 from hybridkv.core.cache_options import CacheOptions
 from hybridkv.connectors.transfer import TransferOptions
+from hybridkv.core.request import RequestCacheParams
 
 ENGINE_SPEC_METHODS = ("ngram", "draft_model", "dflash")
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
@@ -459,8 +460,8 @@ class LLM:
         for i, p in enumerate(prompts):
             rid = f"req-{self._next_id}"
             self._next_id += 1
-            core = Request(rid, self.encode(p), cache_salt=salts[i], retention=keep[i], hint=hints[i],
-                           checkpoints=tuple(marks[i] or ()))
+            core = Request(rid, self.encode(p), RequestCacheParams(
+                cache_salt=salts[i], retention=keep[i], hint=hints[i], checkpoints=tuple(marks[i] or ())))
             reqs.append(EngineRequest(core, int(limits[i]), priority=int(prios[i]),
                                       arrival_time=float(self._next_id), stop_token_ids=stops))
         for r in reqs:

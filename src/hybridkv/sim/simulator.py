@@ -60,6 +60,7 @@ from hybridkv.cost.transfer import DEFAULT_TRANSFER
 from hybridkv.sim.bounds.whatif import WHAT_IF
 from hybridkv.sim.traffic.workitems import OUTPUT_TOKEN_BASE, ServedItem, WorkItem, served_workload
 from hybridkv.core.cache_options import CacheOptions
+from hybridkv.core.request import RequestCacheParams
 
 __all__ = ["SIM_HASH_SEED", "TIMING_KEYS", "PrefixRetention", "SimConfig", "SimResult", "Simulator",
            "deployment_json"]
@@ -330,10 +331,10 @@ class Simulator:
         item = served.item
         pin = self.config.prefix_retention
         prompt = item.prompt()
-        req = Request(item.request_id, prompt,
-                      retention=None if pin is None else pin.config(len(prompt)),
-                      hint=self._hints[index] if self._hints is not None else None,
-                      checkpoints=item.checkpoints if self.config.checkpoint_marks else ())
+        req = Request(item.request_id, prompt, RequestCacheParams(
+            retention=None if pin is None else pin.config(len(prompt)),
+            hint=self._hints[index] if self._hints is not None else None,
+            checkpoints=item.checkpoints if self.config.checkpoint_marks else ()))
         er = EngineRequest(req, served.max_tokens, arrival_time=item.arrival_s)
         er.user_data = _Live(item, index)
         return er

@@ -14,7 +14,7 @@ imports from here; this package imports production modules, never the other way 
 Each module imports ``mooncake`` lazily, so this package imports without it.
 """
 
-from .mooncake_cluster import MooncakeCluster, find_mooncake_binary, free_port
+from .mooncake_cluster import MasterOptions, MooncakeCluster, find_mooncake_binary, free_port
 from .netns import NetnsUnavailable, loopback_netns, netns_supported, non_loopback_interfaces
 
 
@@ -26,5 +26,5 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'hybridkv.testing' has no attribute {name!r}")
 
 
-__all__ = ["MooncakeCluster", "NetnsUnavailable", "bench_zero_copy", "find_mooncake_binary",
+__all__ = ["MasterOptions", "MooncakeCluster", "NetnsUnavailable", "bench_zero_copy", "find_mooncake_binary",
            "free_port", "loopback_netns", "netns_supported", "non_loopback_interfaces"]

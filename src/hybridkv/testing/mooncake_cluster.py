@@ -37,12 +37,13 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from hybridkv.connectors.stores.mooncake_config import probe_tcp
 from hybridkv.core.validation import check_int
 
-__all__ = ["MooncakeCluster", "find_mooncake_binary", "free_port"]
+__all__ = ["MasterOptions", "MooncakeCluster", "find_mooncake_binary", "free_port"]
 
 _HOST = "127.0.0.1"
 
@@ -91,6 +92,32 @@ def free_port(host: str = _HOST) -> int:
         return int(sock.getsockname()[1])
 
 
+@dataclass(frozen=True)
+class MasterOptions:
+    """How the cluster's ``mooncake_master`` runs.
+
+    ``client_ttl_s``: seconds the master keeps a silent client (and its segment) alive (>= 1);
+    ``eviction_high_watermark``: its ``-eviction_high_watermark_ratio`` if given (in (0, 1]);
+    ``extra_args``: more ``-flag=value`` arguments; ``rpc_port``: its RPC port (0 picks a free
+    one at first start; else 1..65535).
+    """
+
+    client_ttl_s: int = 10
+    eviction_high_watermark: float | None = None
+    extra_args: tuple[str, ...] = ()
+    rpc_port: int = 0
+
+    def __post_init__(self) -> None:
+        check_int("client_ttl_s", self.client_ttl_s, 1)
+        w = self.eviction_high_watermark
+        if w is not None and (isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 < w <= 1):
+            raise ValueError(f"eviction_high_watermark must be None or in (0, 1], got {w!r}")
+        check_int("rpc_port", self.rpc_port, 0)
+        if self.rpc_port > 65535:
+            raise ValueError(f"rpc_port must be 0 (pick a free one) or in [1, 65535], got {self.rpc_port}")
+        object.__setattr__(self, "extra_args", tuple(self.extra_args))
+
+
 class MooncakeCluster:
     """A master and N storage nodes run as subprocesses on 127.0.0.1 ports picked at start.
 
@@ -101,35 +128,29 @@ class MooncakeCluster:
     def __init__(
         self,
         storage_bytes: Sequence[int] = (256 << 20,),
+        master: MasterOptions | None = None,
         *,
-        client_ttl_s: int = 10,
-        eviction_high_watermark: float | None = None,
         log_dir: str | Path | None = None,
         ready_timeout_s: float = 20.0,
-        extra_master_args: Sequence[str] = (),
-        rpc_port: int = 0,
     ) -> None:
         """Args:
             storage_bytes: one entry per storage node: the RAM it contributes, in bytes.
-            client_ttl_s: seconds the master keeps a silent client (and its segment) alive.
-            eviction_high_watermark: the master's ``-eviction_high_watermark_ratio`` if given.
+            master: how the master runs (:class:`MasterOptions`; None: its defaults).
             log_dir: where process logs go; a temporary directory (removed on stop) if None.
             ready_timeout_s: how long to wait for a process to become ready.
-            extra_master_args: more ``-flag=value`` arguments for ``mooncake_master``.
-            rpc_port: the master's RPC port; 0 picks a free one at first start.
 
         Raises:
-            ValueError: a storage size is not positive or ``client_ttl_s`` < 1.
+            ValueError: a storage size is not positive.
             FileNotFoundError: the Mooncake binaries are not installed.
         """
         if any(int(b) <= 0 for b in storage_bytes):
             raise ValueError(f"storage sizes must be positive, got {list(storage_bytes)}")
-        check_int("client_ttl_s", client_ttl_s, 1)
+        master = MasterOptions() if master is None else master
         self.storage_bytes = [int(b) for b in storage_bytes]
-        self.client_ttl_s = client_ttl_s
-        self.eviction_high_watermark = eviction_high_watermark
+        self.client_ttl_s = master.client_ttl_s
+        self.eviction_high_watermark = master.eviction_high_watermark
         self.ready_timeout_s = ready_timeout_s
-        self.extra_master_args = list(extra_master_args)
+        self.extra_master_args = list(master.extra_args)
         self._master_bin = find_mooncake_binary("mooncake_master")
         self._client_bin = find_mooncake_binary("mooncake_client")
         self._own_log_dir = log_dir is None
@@ -137,7 +158,7 @@ class MooncakeCluster:
             tempfile.mkdtemp(prefix="hybridkv-mooncake-")
         )
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.rpc_port = int(rpc_port)
+        self.rpc_port = master.rpc_port
         self.metrics_port = 0
         self._master: subprocess.Popen[bytes] | None = None
         self._nodes: list[subprocess.Popen[bytes] | None] = [None] * len(self.storage_bytes)

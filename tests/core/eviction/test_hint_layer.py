@@ -27,6 +27,7 @@ from tests.hypothesis_budget import budgeted, examples, note
 from tests.support.policies import policy_config
 from tests.support.random_ops import MAX_OPS, MIN_OPS, Model, configs, decode_ops
 from hybridkv.core.cache_options import CacheOptions
+from hybridkv.core.request import RequestCacheParams
 
 CONCRETE = [p for p in POLICIES if p != "recommended"]
 
@@ -70,7 +71,7 @@ class HintedModel(Model):
                           pin_tokens=min(len(tokens), 1 + self.rng.randrange(8))) if r < 0.7
                 else Hint(session=session, resume_s=self.rng.choice([0.0, 2.0])) if r < 0.85
                 else Hint(session=session, continues=self.rng.random()))
-        return Request(rid, tokens, cache_salt=salt, hint=hint, **options)
+        return Request(rid, tokens, RequestCacheParams(cache_salt=salt, hint=hint, **options))
 
 
 def _run_hinted(cfg_args, ops, policy: str, seed: int) -> None:
@@ -128,7 +129,7 @@ def test_random_hints_honoured_keep_invariants(policy, cfg_args, ops, seed):
 
 
 def _serve(kv, rid, tokens, hint=None, out: int = 0) -> int:
-    req = Request(rid, tokens, hint=hint)
+    req = Request(rid, tokens, RequestCacheParams(hint=hint))
     hit = kv.lookup(req)
     assert kv.allocate(req, req.num_tokens - hit.num_tokens, hit) is not None
     req.num_computed_tokens = req.num_tokens

@@ -16,6 +16,7 @@ import pytest
 from hybridkv import Hint, KVCacheManager, Request
 from tests.support.policies import policy_config
 from hybridkv.core.cache_options import CacheOptions
+from hybridkv.core.request import RequestCacheParams
 
 T0 = 1.0e6          # far from 0: a TTL taken as absolute would have lapsed long ago
 
@@ -54,7 +55,7 @@ class Pool:
         """A prompt of ``tokens`` tokens ``first, first + 1, ...`` (then ``out`` output tokens);
         returns its hit tokens."""
         self._current = name
-        req = Request(name, list(range(first, first + tokens)), hint=hint)
+        req = Request(name, list(range(first, first + tokens)), RequestCacheParams(hint=hint))
         hit = self.kv.lookup(req)
         assert self.kv.allocate(req, req.num_tokens - hit.num_tokens, hit) is not None
         req.num_computed_tokens = req.num_tokens
@@ -68,7 +69,7 @@ class Pool:
 
     def serve_tokens(self, name: str, tokens: list[int], hint: Hint | None = None) -> int:
         self._current = name
-        req = Request(name, tokens, hint=hint)
+        req = Request(name, tokens, RequestCacheParams(hint=hint))
         hit = self.kv.lookup(req)
         assert self.kv.allocate(req, req.num_tokens - hit.num_tokens, hit) is not None
         req.num_computed_tokens = req.num_tokens

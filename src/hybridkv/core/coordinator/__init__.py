@@ -34,7 +34,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from hybridkv.core.coordinator.allocate import Allocation
-from hybridkv.core.coordinator.base import CoordinatorBase
+from hybridkv.core.coordinator.base import CoordinatorBase, CoordinatorModes
 from hybridkv.core.coordinator.lookup import Lookup
 from hybridkv.core.coordinator.records import (AllocationPlan, CacheHit, ExternalHit, GroupPlan,
                                                StateBlocks, StateExport)
@@ -72,5 +72,5 @@ else:
         CoordinatorBase, Lookup, Allocation, WritePath, Release, StateGroups)
 
 
-__all__ = ["AllocationPlan", "CacheHit", "ExternalHit", "GroupPlan", "KVCacheCoordinator",
-           "StateBlocks", "StateExport"]
+__all__ = ["AllocationPlan", "CacheHit", "CoordinatorModes", "ExternalHit", "GroupPlan",
+           "KVCacheCoordinator", "StateBlocks", "StateExport"]

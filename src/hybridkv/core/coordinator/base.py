@@ -19,6 +19,7 @@ share nothing but this state and call each other only through ``self``:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from hybridkv.core.pool import NULL_BLOCK, BlockPool
@@ -130,6 +131,35 @@ else:
     _Seams = object
 
 
+@dataclass(frozen=True)
+class CoordinatorModes:
+    """How the coordinator runs, derived by the manager from its options.
+
+    ``drop_mode``: EAGLE drop mode (draft groups need the block after a hit);
+    ``vllm_compat``: reproduce vLLM 0.33 (full groups always cache every block; no
+    below-boundary or final-length promises); ``caching``: prefix caching enabled;
+    ``max_model_len``: cap on tokens per request (None: none); ``max_in_flight_tokens``:
+    tokens scheduled but not yet computed at most (vLLM's ``max_in_flight_tokens``), which
+    caps a window group's admission reservation in compat mode (None: only max_model_len
+    caps it). Both caps: None or a positive integer.
+    """
+
+    drop_mode: bool = False
+    vllm_compat: bool = False
+    caching: bool = True
+    max_model_len: int | None = None
+    max_in_flight_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("drop_mode", "vllm_compat", "caching"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"CoordinatorModes: {name} must be True or False, got {getattr(self, name)!r}")
+        for name in ("max_model_len", "max_in_flight_tokens"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+                raise ValueError(f"CoordinatorModes: {name} must be None or a positive integer, got {value!r}")
+
+
 class CoordinatorBase(_Seams):
     """The state every seam of the coordinator reads: the config's per-group facts and the
     per-request bookkeeping (see :class:`~hybridkv.core.coordinator.KVCacheCoordinator`).
@@ -138,14 +168,7 @@ class CoordinatorBase(_Seams):
         config: the KV-cache config.
         pool: the shared block pool.
         retention: the promised-end policy.
-        drop_mode: EAGLE drop mode (draft groups need the block after a hit).
-        vllm_compat: reproduce vLLM 0.33 (full groups always cache every block; no
-            below-boundary or final-length promises).
-        caching: prefix caching enabled.
-        max_model_len: cap on tokens per request (None: none).
-        max_in_flight_tokens: tokens scheduled but not yet computed at most (vLLM's
-            ``max_in_flight_tokens``); caps a window group's admission reservation in compat
-            mode (None: only max_model_len caps it).
+        modes: drop mode, compat mode, caching and the token caps (:class:`CoordinatorModes`).
 
     Attributes set by the owner after construction (None: no callback):
         on_stored: ``(group, request, first_block, blocks)`` for each run the write path
@@ -160,9 +183,10 @@ class CoordinatorBase(_Seams):
             such layer).
     """
 
-    def __init__(self, config: KVCacheConfig, pool: BlockPool, retention: Retention, *,
-                 drop_mode: bool, vllm_compat: bool, caching: bool, max_model_len: int | None,
-                 max_in_flight_tokens: int | None = None) -> None:
+    def __init__(self, config: KVCacheConfig, pool: BlockPool, retention: Retention,
+                 modes: CoordinatorModes) -> None:
+        drop_mode, vllm_compat, caching = modes.drop_mode, modes.vllm_compat, modes.caching
+        max_model_len, max_in_flight_tokens = modes.max_model_len, modes.max_in_flight_tokens
         self.config = config
         self.max_in_flight_tokens = max_in_flight_tokens
         self.pool = pool
