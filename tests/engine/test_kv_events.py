@@ -1,8 +1,11 @@
-"""LLM(kv_events=...): the engine publishes its manager's events after every step over ZMQ."""
+"""LLM(cache=CacheConfig(kv_events=...)): the engine publishes its manager's events after every step over ZMQ."""
 
 from __future__ import annotations
 
 import pytest
+from hybridkv.engine.llm_options import RequestParams
+
+NO_EOS = RequestParams(ignore_eos=True)  # run every request to its max_tokens
 
 zmq = pytest.importorskip("zmq")
 pytest.importorskip("msgspec")
@@ -27,8 +30,8 @@ def test_llm_publishes_recomputable_events(tmp_path) -> None:
         llm = build_llm(built.path, block_size={"full": 16, "sliding": 8}, device="cpu", num_blocks=64,
                         kv_events=KVEventsConfig(endpoint=endpoint, subscriber_wait_s=10))
         prompt = [(7 * i) % 97 + 3 for i in range(70)]
-        first, = llm.generate([prompt], max_tokens=4, ignore_eos=True)
-        second, = llm.generate([prompt + [5, 6, 7]], max_tokens=2, ignore_eos=True)
+        first, = llm.generate([prompt], max_tokens=4, params=NO_EOS)
+        second, = llm.generate([prompt + [5, 6, 7]], max_tokens=2, params=NO_EOS)
         assert second.num_cached_tokens > 0
         pub = llm.kv_events.publisher
         llm.close()                                 # publishes the last events, drains
