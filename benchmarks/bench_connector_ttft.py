@@ -41,8 +41,8 @@ from hybridkv.connectors.stores import LocalCPUStore  # noqa: E402
 from hybridkv.connectors.stores.base import KVStore  # noqa: E402
 from hybridkv.engine.checkpoints import random_model  # noqa: E402
 from hybridkv.engine.llm import LLM  # noqa: E402
-from hybridkv.engine.llm_options import ENGINE_SCHEDULER, CacheConfig, RuntimeConfig, StoreConfig  # noqa: E402
-from hybridkv.engine.llm_options import RequestParams
+from hybridkv.engine.llm_options import (ENGINE_SCHEDULER, CacheConfig, RequestParams, RuntimeConfig,  # noqa: E402
+                                         StoreConfig)
 
 NO_EOS = RequestParams(ignore_eos=True)  # run every request to its max_tokens
 

@@ -31,9 +31,8 @@ import torch
 
 from hybridkv.engine.checkpoints import random_model
 from hybridkv.engine.llm import LLM
-from hybridkv.engine.llm_options import CacheConfig, RuntimeConfig
+from hybridkv.engine.llm_options import CacheConfig, RequestParams, RuntimeConfig
 from hybridkv.sched import SchedulerConfig
-from hybridkv.engine.llm_options import RequestParams
 
 NO_EOS = RequestParams(ignore_eos=True)  # run every request to its max_tokens
 

@@ -23,8 +23,8 @@ from hybridkv.connectors.stores.local import LocalCPUStore
 from hybridkv.connectors.transfer import TRAILER_BYTES
 from hybridkv.engine.checkpoints import random_model
 from hybridkv.engine.llm import LLM
-from tests.engine.helpers import build_llm
 from hybridkv.engine.llm_options import RequestParams
+from tests.engine.helpers import build_llm
 
 NO_EOS = RequestParams(ignore_eos=True)  # run every request to its max_tokens
 

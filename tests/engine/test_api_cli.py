@@ -18,9 +18,8 @@ from hybridkv.cli.base import build_parser
 from hybridkv.cli.generate import run as run_generate
 from hybridkv.core.spec_decode import SpecDecode
 from hybridkv.engine.llm import LLM, max_len_that_fits
-from hybridkv.engine.llm_options import ENGINE_SCHEDULER, CacheConfig, RuntimeConfig, StoreConfig
+from hybridkv.engine.llm_options import ENGINE_SCHEDULER, CacheConfig, RequestParams, RuntimeConfig, StoreConfig
 from tests.engine.helpers import Built, build_llm, random_tokens
-from hybridkv.engine.llm_options import RequestParams
 
 NO_EOS = RequestParams(ignore_eos=True)  # run every request to its max_tokens
 
@@ -98,6 +97,8 @@ def test_cli_errors(built_models: dict[str, Built], capsys) -> None:
     rc, _, err = cli(["generate", "--model", path, "--prompt-ids", "1,2", "--spec", "dflash:3",
                       "--device", "cpu"], capsys)
     assert rc == 2 and "needs --draft-model DIR" in err
+    rc, _, err = cli(["generate", "--model", path, "--prompt-ids", "1,2", "--draft-model", path], capsys)
+    assert rc == 2 and err == "hybridkv generate: error: --draft-model needs --spec draft_model:K or dflash:K\n"
     vocab = built_models["llama"].model.config.vocab_size
     rc, _, err = cli(["generate", "--model", path, "--prompt-ids", f"1,2,{vocab}", "--device", "cpu"], capsys)
     assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err and "internal error" not in err

@@ -12,8 +12,8 @@ import pytest
 
 from hybridkv.core.eviction import HitPointLayer
 from hybridkv.engine.llm import LLM
-from tests.engine.helpers import TOL, Built, blocks_for, build_llm, oracle_diff, random_tokens
 from hybridkv.engine.llm_options import RequestParams
+from tests.engine.helpers import TOL, Built, blocks_for, build_llm, oracle_diff, random_tokens
 
 MAX_LEN = 72
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from hybridkv import Hint
-from tests.engine.helpers import Built, build_llm, random_tokens
 from hybridkv.engine.llm_options import RequestParams
+from tests.engine.helpers import Built, build_llm, random_tokens
 
 SYSTEM = random_tokens(32, 700)                      # 4 blocks of 8 tokens
 

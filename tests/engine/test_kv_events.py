@@ -1,20 +1,21 @@
-"""LLM(cache=CacheConfig(kv_events=...)): the engine publishes its manager's events after every step over ZMQ."""
+"""LLM(cache=CacheConfig(kv_events=...)): the engine publishes its manager's events after every
+step over ZMQ."""
 
 from __future__ import annotations
 
 import pytest
-from hybridkv.engine.llm_options import RequestParams
-
-NO_EOS = RequestParams(ignore_eos=True)  # run every request to its max_tokens
 
 zmq = pytest.importorskip("zmq")
 pytest.importorskip("msgspec")
 pytest.importorskip("msgpack")
 
+from hybridkv.engine.llm_options import RequestParams  # noqa: E402
 from hybridkv.events import KVEventsConfig, recompute_block_hashes  # noqa: E402
 from hybridkv.events.wire import decode_batch  # noqa: E402
 from tests.engine.helpers import ARCHS, build, build_llm  # noqa: E402
 from tests.events.spec_decoder import Listener, decode_message  # noqa: E402
+
+NO_EOS = RequestParams(ignore_eos=True)  # run every request to its max_tokens
 
 
 def test_llm_publishes_recomputable_events(tmp_path) -> None:

@@ -15,8 +15,8 @@ import torch
 
 from hybridkv.core.rules import make_rule
 from hybridkv.engine.llm import LLM
-from tests.engine.helpers import ARCHS, TOL, Built, blocks_for, build_llm, oracle_diff, random_tokens
 from hybridkv.engine.llm_options import RequestParams
+from tests.engine.helpers import ARCHS, TOL, Built, blocks_for, build_llm, oracle_diff, random_tokens
 
 NO_EOS = RequestParams(ignore_eos=True)  # run every request to its max_tokens
 

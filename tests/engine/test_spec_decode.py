@@ -21,8 +21,8 @@ from hybridkv.engine.drafters import DFlashDrafter, StepRequest
 from hybridkv.core.spec_decode import parse_spec
 from hybridkv.engine.llm import LLM
 from hybridkv.engine.rope import apply_rope_half
-from tests.engine.helpers import TOL, Allocator, Built, TableOwner, blocks_for, build_llm, oracle_diff, random_tokens
 from hybridkv.engine.llm_options import RequestParams
+from tests.engine.helpers import TOL, Allocator, Built, TableOwner, blocks_for, build_llm, oracle_diff, random_tokens
 
 NO_EOS = RequestParams(ignore_eos=True)  # run every request to its max_tokens
 

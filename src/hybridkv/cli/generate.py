@@ -112,14 +112,15 @@ def run(args: argparse.Namespace) -> int:
     from hybridkv.engine.llm_options import (ENGINE_SCHEDULER, CacheConfig, RequestParams, RuntimeConfig,
                                              SpeculativeConfig)
 
+    if args.draft_model is not None and args.spec in (None, "none"):  # told before name_options rewrites it
+        print("hybridkv generate: error: --draft-model needs --spec draft_model:K or dflash:K", file=sys.stderr)
+        return 2
     retention = args.retention
     dtype = getattr(torch, args.dtype) if args.dtype else None
     try:
         device = _device(torch, args.device)
         spec = args.spec
         if args.draft_model is not None:
-            if spec is None or spec == "none":
-                raise ValueError("--draft-model needs --spec draft_model:K or dflash:K")
             spec = SpeculativeConfig(spec, draft_model=args.draft_model)
         llm = LLM(args.model, spec=spec,
                   cache=CacheConfig(block_size=args.block_size, num_blocks=args.num_blocks,
