@@ -41,13 +41,16 @@ from hybridkv.connectors.stores import LocalCPUStore  # noqa: E402
 from hybridkv.connectors.stores.base import KVStore  # noqa: E402
 from hybridkv.engine.checkpoints import random_model  # noqa: E402
 from hybridkv.engine.llm import LLM  # noqa: E402
-from hybridkv.engine.llm_options import ENGINE_SCHEDULER, CacheConfig, RuntimeConfig  # noqa: E402
+from hybridkv.engine.llm_options import (ENGINE_SCHEDULER, CacheConfig, RequestParams, RuntimeConfig,  # noqa: E402
+                                         StoreConfig)
+
+NO_EOS = RequestParams(ignore_eos=True)  # run every request to its max_tokens
 
 MODELS = {"small": ("llama (full)", SMALL), "hybrid": ("qwen2 (full + sliding)", HYBRID)}
 
 
 def make(path: Path, store: KVStore | None = None) -> LLM:
-    return LLM(path, kv_store=store, cache=CacheConfig(block_size=16, num_blocks=1024),
+    return LLM(path, store=StoreConfig(store), cache=CacheConfig(block_size=16, num_blocks=1024),
                scheduler=replace(ENGINE_SCHEDULER, max_num_batched_tokens=4096),
                runtime=RuntimeConfig(device="cpu"))
 
@@ -66,7 +69,7 @@ def first_token(llm: LLM, prompt: list[int]) -> dict[str, Any]:
                 load_s[0] += time.perf_counter() - t0
 
         llm.connector.run_loads = timed
-    (req,) = llm.submit([prompt], max_tokens=1, ignore_eos=True)
+    (req,) = llm.submit([prompt], max_tokens=1, params=NO_EOS)
     t0 = time.perf_counter()
     while req.num_output_tokens == 0:
         llm.engine.step()
@@ -82,7 +85,7 @@ def bench_store(path: Path, store: KVStore, prefix_len: int, own: int, repeats: 
                 ) -> dict[str, Any]:
     prefix = tokens(prefix_len, 7)
     writer = make(path, store)
-    writer.generate([prefix], max_tokens=1, ignore_eos=True)  # computes and saves the prefix
+    writer.generate([prefix], max_tokens=1, params=NO_EOS)  # computes and saves the prefix
     saved = writer.connector.transfer.stats.saved
     runs: dict[str, list[dict[str, Any]]] = {"recompute": [], "hit": [], "miss": []}
     for r in range(repeats):
@@ -153,7 +156,7 @@ def main() -> None:
         for key in args.models.split(","):
             name, cfg = MODELS[key]
             path = random_model(Path(tmp) / key, cfg, seed=0)
-            make(path).generate([tokens(300, 0)], max_tokens=4, ignore_eos=True)  # warm-up
+            make(path).generate([tokens(300, 0)], max_tokens=4, params=NO_EOS)  # warm-up
             for store_name, store in stores:
                 r = bench_store(path, store, args.prefix, args.own, args.repeats)
                 rows.append({"model": name, "store": store_name, **r})

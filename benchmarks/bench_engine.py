@@ -31,8 +31,10 @@ import torch
 
 from hybridkv.engine.checkpoints import random_model
 from hybridkv.engine.llm import LLM
-from hybridkv.engine.llm_options import CacheConfig, RuntimeConfig
+from hybridkv.engine.llm_options import CacheConfig, RequestParams, RuntimeConfig
 from hybridkv.sched import SchedulerConfig
+
+NO_EOS = RequestParams(ignore_eos=True)  # run every request to its max_tokens
 
 SMALL = dict(model_type="llama", vocab_size=8192, hidden_size=256, intermediate_size=1024,
              num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
@@ -60,7 +62,7 @@ def prefill_tps(path: Path, prompts: list[list[int]]) -> float:
     """Tokens/s of one step prefilling every prompt (caching off, so nothing is skipped)."""
     def once() -> float:
         llm = make(path, enable_prefix_caching=False)
-        llm.submit(prompts, max_tokens=1, ignore_eos=True)
+        llm.submit(prompts, max_tokens=1, params=NO_EOS)
         t0 = time.perf_counter()
         llm.engine.step()
         return time.perf_counter() - t0
@@ -71,7 +73,7 @@ def decode_tps(path: Path, batch: int, steps: int, prompt_len: int = 128) -> flo
     """Decode tokens/s of ``batch`` requests after their prefill step."""
     def once() -> float:
         llm = make(path, enable_prefix_caching=False)
-        llm.submit([tokens(prompt_len, 100 + i) for i in range(batch)], max_tokens=steps + 1, ignore_eos=True)
+        llm.submit([tokens(prompt_len, 100 + i) for i in range(batch)], max_tokens=steps + 1, params=NO_EOS)
         llm.engine.step()  # prefill (and the first token)
         t0 = time.perf_counter()
         llm.engine.run()
@@ -85,10 +87,10 @@ def ttft(path: Path, caching: bool, n: int = 16, system: int = 960, own: int = 3
     def once() -> tuple[float, int]:
         llm = make(path, enable_prefix_caching=caching)
         sys_prompt = tokens(system, 1)
-        llm.generate([sys_prompt + tokens(own, 2)], max_tokens=1, ignore_eos=True)  # warm-up
+        llm.generate([sys_prompt + tokens(own, 2)], max_tokens=1, params=NO_EOS)  # warm-up
         times, hit = [], 0
         for i in range(n):
-            (req,) = llm.submit([sys_prompt + tokens(own, 10 + i)], max_tokens=4, ignore_eos=True)
+            (req,) = llm.submit([sys_prompt + tokens(own, 10 + i)], max_tokens=4, params=NO_EOS)
             t0 = time.perf_counter()
             while req.num_output_tokens == 0:
                 llm.engine.step()
@@ -110,7 +112,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name, cfg in (("llama (full)", SMALL), ("qwen2 (full + sliding)", HYBRID)):
             path = random_model(Path(tmp) / name.split()[0], cfg, seed=0)
-            make(path).generate([tokens(300, 0)], max_tokens=8, ignore_eos=True)  # warm-up
+            make(path).generate([tokens(300, 0)], max_tokens=8, params=NO_EOS)  # warm-up
             r: dict[str, float] = {}
             r["prefill_1x1024_tps"] = prefill_tps(path, [tokens(1024, 3)])
             r["prefill_8x256_tps"] = prefill_tps(path, [tokens(256, 4 + i) for i in range(8)])

@@ -133,7 +133,9 @@ def serve(llm: Any, prompt: list[int], max_tokens: int) -> tuple[Any, float, flo
 
     The engine saves what it cached to its store (if any) before this returns.
     """
-    (req,) = llm.submit([prompt], max_tokens=max_tokens, ignore_eos=True)
+    from hybridkv.engine import RequestParams
+
+    (req,) = llm.submit([prompt], max_tokens=max_tokens, params=RequestParams(ignore_eos=True))
     t0 = time.perf_counter()
     while req.num_output_tokens == 0:
         llm.engine.step()

@@ -8,10 +8,10 @@
     ────────────                     ───────────────                 ──────────────
     mooncake_master + storage node
     tiny random model (or --model)
-    run prefill ───────────────────► LLM(kv_store=Mooncake)
+    run prefill ───────────────────► LLM(store=StoreConfig(Mooncake))
                                      generate(prompt, max_tokens=1)
                                      saves the prompt's KV blocks ──► storage node
-    run decode  ──────────────────────────────────────────────────► LLM(kv_store=Mooncake)
+    run decode  ──────────────────────────────────────────────────► LLM(store=StoreConfig(Mooncake))
                                                                      finds the prompt's blocks,
                                                                      loads them (no recompute),
                                                                      generates N tokens
@@ -45,11 +45,12 @@ def child(role: str, job: dict) -> None:
     import torch
 
     from hybridkv.engine.llm import LLM
+    from hybridkv.engine.llm_options import StoreConfig
 
     torch.set_num_threads(job["threads"])
     store = open_mooncake(job["master"])
     t0 = time.perf_counter()
-    llm = LLM(job["model"], kv_store=store, **engine_kwargs(job))
+    llm = LLM(job["model"], store=StoreConfig(store), **engine_kwargs(job))
     load_s = time.perf_counter() - t0
     max_tokens = 1 if role == "prefill" else job["max_tokens"]
     out, ttft, total = serve(llm, job["prompt"], max_tokens)

@@ -38,10 +38,11 @@ def replica(job: dict) -> None:
     import torch
 
     from hybridkv.engine.llm import LLM
+    from hybridkv.engine.llm_options import StoreConfig
 
     torch.set_num_threads(job["threads"])
     store = open_mooncake(job["master"])
-    llm = LLM(job["model"], kv_store=store, **engine_kwargs(job))
+    llm = LLM(job["model"], store=StoreConfig(store), **engine_kwargs(job))
     out, ttft, total = serve(llm, job["prompt"], job["max_tokens"])
     transfer = llm.connector.transfer.stats
     write_result(job, {

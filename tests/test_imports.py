@@ -158,3 +158,36 @@ def test_the_simulators_rooms_keep_its_top_level_small() -> None:
     long = sorted((str(p.relative_to(PKG)), n) for p in PKG.rglob("*.py")
                   if (n := len(p.read_text().splitlines())) > 600)
     assert long == [], long
+
+
+def _public_callables_over(limit: int) -> list[tuple[str, int]]:
+    """Public functions and methods (``__init__`` included; modules, folders and names starting
+    with ``_`` left out) taking more than ``limit`` parameters: ``self``/``cls`` not counted,
+    ``*args`` and ``**kwargs`` one each. A dataclass's generated constructor is no function here."""
+    out = []
+    for path in PKG.rglob("*.py"):
+        rel = path.relative_to(PKG)
+        if any(part.startswith("_") and part != "__init__.py" for part in rel.parts):
+            continue
+
+        def visit(body: list, owner: str = "") -> None:
+            for node in body:
+                if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                    visit(node.body, f"{node.name}.")
+                elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
+                        (not node.name.startswith("_") or node.name == "__init__"):
+                    a = node.args
+                    names = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs]
+                    n = len(names) - (names[:1] in (["self"], ["cls"])) + (a.vararg is not None) \
+                        + (a.kwarg is not None)
+                    if n > limit:
+                        out.append((f"{rel}:{node.lineno} {owner}{node.name}", n))
+
+        visit(ast.parse(path.read_text()).body)
+    return sorted(out)
+
+
+def test_no_public_callable_takes_more_than_six_parameters() -> None:
+    """Options travel as one record (``CacheOptions``, ``TransferOptions``, the workload shapes,
+    ...), built once where they come in, not as long keyword lists spelled at every layer."""
+    assert _public_callables_over(6) == []

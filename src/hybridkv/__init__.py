@@ -26,7 +26,7 @@ def __getattr__(name: str) -> object:
     if name in ("LLM", "GenerationOutput"):
         from hybridkv.engine import llm
         return getattr(llm, name)
-    if name in ("CacheConfig", "RuntimeConfig", "StoreConfig"):
+    if name in ("CacheConfig", "RequestParams", "RuntimeConfig", "SpeculativeConfig", "StoreConfig"):
         from hybridkv.engine import llm_options
         return getattr(llm_options, name)
     raise AttributeError(f"module 'hybridkv' has no attribute {name!r}")
@@ -35,6 +35,6 @@ __all__ = [
     "AllBlocksCleared", "BlockRemoved", "CacheConfig", "ExternalHit", "GenerationOutput", "LLM",
     "RuntimeConfig", "StoreConfig", "BlockStored", "CacheHit", "CacheOptions", "ChunkedLocal",
     "FullAttention", "Hint", "KVCacheConfig", "KVCacheGroup", "KVCacheManager", "LoRA", "MLA",
-    "MultiModalItem", "PrefixCacheStats", "Request", "RequestCacheParams", "RetentionConfig",
-    "SlidingWindow", "SpecDecode", "StateSpec", "TokenRange",
+    "MultiModalItem", "PrefixCacheStats", "Request", "RequestCacheParams", "RequestParams",
+    "RetentionConfig", "SlidingWindow", "SpecDecode", "SpeculativeConfig", "StateSpec", "TokenRange",
 ]

@@ -23,8 +23,11 @@ from hybridkv.connectors.stores.local import LocalCPUStore
 from hybridkv.connectors.transfer import TRAILER_BYTES
 from hybridkv.engine.checkpoints import random_model
 from hybridkv.engine.llm import LLM
+from hybridkv.engine.llm_options import RequestParams
 from tests.engine.helpers import build_llm
 from hybridkv.testing.mooncake_cluster import MasterOptions
+
+NO_EOS = RequestParams(ignore_eos=True)  # run every request to its max_tokens
 
 BS = 8
 MAX_TOKENS = 8
@@ -60,13 +63,13 @@ def cold(model: Path, p: list[int]) -> list[int]:
     """Tokens of a fresh engine without a store (memoized per prompt; one model per module)."""
     key = tuple(p)
     if key not in _COLD:
-        (out,) = engine(model).generate([p], max_tokens=MAX_TOKENS, ignore_eos=True)
+        (out,) = engine(model).generate([p], max_tokens=MAX_TOKENS, params=NO_EOS)
         _COLD[key] = out.token_ids
     return _COLD[key]
 
 
 def serve(llm: LLM, *prompts: list[int]):
-    return llm.generate(list(prompts), max_tokens=MAX_TOKENS, ignore_eos=True)
+    return llm.generate(list(prompts), max_tokens=MAX_TOKENS, params=NO_EOS)
 
 
 def before_loads(llm: LLM, fault: Callable[[list], None]) -> list[int]:

@@ -55,7 +55,7 @@ def drafter_dirs(tmp_path_factory: pytest.TempPathFactory, built_models: dict[st
     DFlash drafter reading the target's first and last layers, block size 5).
     """
     from hybridkv.engine import load_model_config
-    from hybridkv.engine.checkpoints import dflash_config, random_dflash
+    from hybridkv.engine.checkpoints import DFlashShape, dflash_config, random_dflash
     from tests.engine.helpers import SMALL_DRAFT
 
     made: dict[tuple[str, str], object] = {}
@@ -69,8 +69,8 @@ def drafter_dirs(tmp_path_factory: pytest.TempPathFactory, built_models: dict[st
                 made[key] = build(SMALL_DRAFT, tmp_path_factory.mktemp("small"), seed=5).path
             elif kind == "dflash":
                 target = load_model_config(built_models[name].path)
-                cfg = dflash_config(target, num_layers=2, block_size=5,
-                                    target_layer_ids=(0, target.num_hidden_layers - 1))
+                cfg = dflash_config(target, DFlashShape(num_layers=2, block_size=5,
+                                                        target_layer_ids=(0, target.num_hidden_layers - 1)))
                 made[key] = random_dflash(tmp_path_factory.mktemp(f"dflash_{name}"), cfg, seed=3)
             else:
                 raise KeyError(kind)

@@ -316,12 +316,14 @@ def null_block_is_nan(cache: PagedKVCache) -> bool:
 
 # --------------------------------------------------------------------------- LLM options
 def llm_options(**options: Any) -> dict[str, Any]:
-    """Short test call sites: route flat option names (``num_blocks=64, device="cpu"``) to the
-    LLM's config objects by their field names; ``spec``, ``draft_model`` and ``kv_store`` pass
-    through. An unknown name raises (so a typo is not silently ignored)."""
+    """Short test call sites: route flat option names (``num_blocks=64, device="cpu"``,
+    ``kv_store=store``) to the LLM's config objects by their field names; ``spec`` passes
+    through, with ``draft_model`` it becomes a ``SpeculativeConfig``. An unknown name raises
+    (so a typo is not silently ignored)."""
     from dataclasses import fields, replace
 
-    from hybridkv.engine.llm_options import ENGINE_SCHEDULER, CacheConfig, RuntimeConfig, StoreConfig
+    from hybridkv.engine.llm_options import (ENGINE_SCHEDULER, CacheConfig, RuntimeConfig, SpeculativeConfig,
+                                             StoreConfig)
 
     out: dict[str, Any] = {}
     for arg, default in (("cache", CacheConfig()), ("scheduler", ENGINE_SCHEDULER),
@@ -330,7 +332,10 @@ def llm_options(**options: Any) -> dict[str, Any]:
         mine = {k: options.pop(k) for k in list(options) if k in names}
         if mine:
             out[arg] = replace(default, **mine)
-    unknown = set(options) - {"spec", "draft_model", "kv_store", "kv_events"}
+    draft_model = options.pop("draft_model", None)
+    if draft_model is not None:
+        options["spec"] = SpeculativeConfig(options.pop("spec"), draft_model=draft_model)
+    unknown = set(options) - {"spec"}
     if unknown:
         raise TypeError(f"unknown LLM options {sorted(unknown)}")
     return {**out, **options}

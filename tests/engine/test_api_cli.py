@@ -18,8 +18,10 @@ from hybridkv.cli.base import build_parser
 from hybridkv.cli.generate import run as run_generate
 from hybridkv.core.spec_decode import SpecDecode
 from hybridkv.engine.llm import LLM, max_len_that_fits
-from hybridkv.engine.llm_options import ENGINE_SCHEDULER, CacheConfig, RuntimeConfig, StoreConfig
+from hybridkv.engine.llm_options import ENGINE_SCHEDULER, CacheConfig, RequestParams, RuntimeConfig, StoreConfig
 from tests.engine.helpers import Built, build_llm, random_tokens
+
+NO_EOS = RequestParams(ignore_eos=True)  # run every request to its max_tokens
 
 
 def cli(argv: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str, str]:
@@ -52,7 +54,7 @@ def test_cli_json_prompt_ids_and_prefix_hits(built_models: dict[str, Built], cap
     outs = result["outputs"]
     assert [o["prompt_token_ids"] for o in outs] == [a, b]
     want = build_llm(built.path, block_size={"full": 16, "sliding": 8}, device="cpu").generate(
-        [a, b], max_tokens=6, ignore_eos=True)
+        [a, b], max_tokens=6, params=NO_EOS)
     assert [o["token_ids"] for o in outs] == [w.token_ids for w in want]
     assert outs[0]["prefix_cache_hit_tokens"] == 0 and outs[1]["prefix_cache_hit_tokens"] == 32
     assert result["stats"]["hits"] == 32
@@ -95,6 +97,8 @@ def test_cli_errors(built_models: dict[str, Built], capsys) -> None:
     rc, _, err = cli(["generate", "--model", path, "--prompt-ids", "1,2", "--spec", "dflash:3",
                       "--device", "cpu"], capsys)
     assert rc == 2 and "needs --draft-model DIR" in err
+    rc, _, err = cli(["generate", "--model", path, "--prompt-ids", "1,2", "--draft-model", path], capsys)
+    assert rc == 2 and err == "hybridkv generate: error: --draft-model needs --spec draft_model:K or dflash:K\n"
     vocab = built_models["llama"].model.config.vocab_size
     rc, _, err = cli(["generate", "--model", path, "--prompt-ids", f"1,2,{vocab}", "--device", "cpu"], capsys)
     assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err and "internal error" not in err
@@ -134,10 +138,12 @@ def test_llm_stop_tokens_salts_and_batching(built_models: dict[str, Built]) -> N
     built = built_models["gemma3"]
     llm = build_llm(built.path, block_size=8, device="cpu", num_blocks=64)
     prompt = random_tokens(20, 140)
-    (free,) = llm.generate([prompt], max_tokens=5, ignore_eos=True)
-    (stopped,) = llm.generate([prompt], max_tokens=5, stop_token_ids=[free.token_ids[0]], ignore_eos=True)
+    (free,) = llm.generate([prompt], max_tokens=5, params=NO_EOS)
+    (stopped,) = llm.generate([prompt], max_tokens=5,
+                              params=RequestParams(stop_token_ids=[free.token_ids[0]], ignore_eos=True))
     assert stopped.token_ids == free.token_ids[:1] and stopped.finish_reason == "stopped"
-    outs = llm.generate([prompt, prompt], max_tokens=[2, 4], cache_salt=["x", None], ignore_eos=True)
+    outs = llm.generate([prompt, prompt], max_tokens=[2, 4],
+                        params=RequestParams(cache_salt=["x", None], ignore_eos=True))
     assert [len(o.token_ids) for o in outs] == [2, 4] and outs[0].num_cached_tokens == 0
     with pytest.raises(ValueError, match="one entry per prompt"):
         llm.generate([prompt], max_tokens=[1, 2])
@@ -151,7 +157,7 @@ def test_default_max_model_len_fits_the_pool(built_models: dict[str, Built]) -> 
     # one full block per 16 tokens plus the sliding window's blocks (window + one alignment
     # unit kept for the final-length promise + a chunk): 19 usable blocks
     assert 16 * 12 <= llm.max_model_len <= 16 * 17
-    out = llm.generate([random_tokens(30, 150)], max_tokens=4, ignore_eos=True)[0]
+    out = llm.generate([random_tokens(30, 150)], max_tokens=4, params=NO_EOS)[0]
     assert len(out.token_ids) == 4
 
 
@@ -161,7 +167,7 @@ def test_llm_options_are_grouped_in_config_objects(built_models: dict[str, Built
     llm = LLM(built.path, spec="ngram:2", runtime=RuntimeConfig(device="cpu"))
     assert llm.scheduler.config == replace(ENGINE_SCHEDULER, max_model_len=llm.max_model_len)
     assert llm.cache_config == CacheConfig() and llm.spec == SpecDecode("ngram", 2)
-    assert len(llm.generate([random_tokens(12, 160)], max_tokens=3, ignore_eos=True)[0].token_ids) == 3
+    assert len(llm.generate([random_tokens(12, 160)], max_tokens=3, params=NO_EOS)[0].token_ids) == 3
     # bad options are caught before the model loads, naming the option and the valid range
     with pytest.raises(ValueError, match="cache must be a CacheConfig, got dict"):
         LLM(built.path, cache={"block_size": 16})  # type: ignore[arg-type]

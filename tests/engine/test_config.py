@@ -14,6 +14,7 @@ import torch
 from tests.engine.helpers import Built
 from hybridkv.engine import load_model, load_model_config, parse_model_config
 from hybridkv.engine.kv_groups import make_kv_cache_config
+from hybridkv.engine.llm_options import RequestParams
 
 BASE = dict(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=6,
             num_attention_heads=2)
@@ -137,7 +138,8 @@ def test_a_new_family_is_one_class_and_one_registration(tmp_path: Path, monkeypa
     (tmp_path / "llama" / "model.safetensors").symlink_to(path / "model.safetensors")
     from hybridkv.engine import LLM, CacheConfig, RuntimeConfig
     outs = [LLM(p, cache=CacheConfig(num_blocks=16), runtime=RuntimeConfig(device="cpu", record_logits=True))
-            .generate([[1, 2, 3, 4, 5]], max_tokens=4, ignore_eos=True)[0] for p in (path, tmp_path / "llama")]
+            .generate([[1, 2, 3, 4, 5]], max_tokens=4, params=RequestParams(ignore_eos=True))[0]
+            for p in (path, tmp_path / "llama")]
     assert outs[0].token_ids == outs[1].token_ids
     assert torch.equal(outs[0].logits[1][-1], outs[1].logits[1][-1])
     with pytest.raises(ValueError, match="unknown model_type 'gpt2'; valid: .*toy_gpt"):

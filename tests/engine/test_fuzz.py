@@ -12,6 +12,7 @@ import pytest
 
 from hybridkv.core.eviction import HitPointLayer
 from hybridkv.engine.llm import LLM
+from hybridkv.engine.llm_options import RequestParams
 from tests.engine.helpers import TOL, Built, blocks_for, build_llm, oracle_diff, random_tokens
 
 MAX_LEN = 72
@@ -45,7 +46,8 @@ def run_interleaved(llm: LLM, reqs: list[tuple[list[int], int, str | None, int]]
     while step <= max(r[3] for r in reqs) or llm.engine.has_unfinished():
         for i, (prompt, max_tokens, salt, arrival) in enumerate(reqs):
             if arrival == step:
-                (submitted[i],) = llm.submit([prompt], max_tokens, cache_salt=salt, ignore_eos=True)
+                (submitted[i],) = llm.submit([prompt], max_tokens,
+                                             params=RequestParams(cache_salt=salt, ignore_eos=True))
         llm.engine.step()
         step += 1
     return llm.collect(submitted)
@@ -54,7 +56,7 @@ def run_interleaved(llm: LLM, reqs: list[tuple[list[int], int, str | None, int]]
 def cold_outputs(built: Built, reqs, **kw) -> list[list[int]]:
     llm = build_llm(built.path, block_size=built.arch.block_sizes, device="cpu", num_blocks=512,
               enable_prefix_caching=False, **kw)
-    outs = llm.generate([r[0] for r in reqs], [r[1] for r in reqs], ignore_eos=True)
+    outs = llm.generate([r[0] for r in reqs], [r[1] for r in reqs], params=RequestParams(ignore_eos=True))
     return [o.token_ids for o in outs]
 
 

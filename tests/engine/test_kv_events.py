@@ -1,4 +1,5 @@
-"""LLM(kv_events=...): the engine publishes its manager's events after every step over ZMQ."""
+"""LLM(cache=CacheConfig(kv_events=...)): the engine publishes its manager's events after every
+step over ZMQ."""
 
 from __future__ import annotations
 
@@ -8,10 +9,13 @@ zmq = pytest.importorskip("zmq")
 pytest.importorskip("msgspec")
 pytest.importorskip("msgpack")
 
+from hybridkv.engine.llm_options import RequestParams  # noqa: E402
 from hybridkv.events import KVEventsConfig, recompute_block_hashes  # noqa: E402
 from hybridkv.events.wire import decode_batch  # noqa: E402
 from tests.engine.helpers import ARCHS, build, build_llm  # noqa: E402
 from tests.events.spec_decoder import Listener, decode_message  # noqa: E402
+
+NO_EOS = RequestParams(ignore_eos=True)  # run every request to its max_tokens
 
 
 def test_llm_publishes_recomputable_events(tmp_path) -> None:
@@ -27,8 +31,8 @@ def test_llm_publishes_recomputable_events(tmp_path) -> None:
         llm = build_llm(built.path, block_size={"full": 16, "sliding": 8}, device="cpu", num_blocks=64,
                         kv_events=KVEventsConfig(endpoint=endpoint, subscriber_wait_s=10))
         prompt = [(7 * i) % 97 + 3 for i in range(70)]
-        first, = llm.generate([prompt], max_tokens=4, ignore_eos=True)
-        second, = llm.generate([prompt + [5, 6, 7]], max_tokens=2, ignore_eos=True)
+        first, = llm.generate([prompt], max_tokens=4, params=NO_EOS)
+        second, = llm.generate([prompt + [5, 6, 7]], max_tokens=2, params=NO_EOS)
         assert second.num_cached_tokens > 0
         pub = llm.kv_events.publisher
         llm.close()                                 # publishes the last events, drains

@@ -21,7 +21,10 @@ from hybridkv.engine.drafters import DFlashDrafter, StepRequest
 from hybridkv.core.spec_decode import parse_spec
 from hybridkv.engine.llm import LLM
 from hybridkv.engine.rope import apply_rope_half
+from hybridkv.engine.llm_options import RequestParams
 from tests.engine.helpers import TOL, Allocator, Built, TableOwner, blocks_for, build_llm, oracle_diff, random_tokens
+
+NO_EOS = RequestParams(ignore_eos=True)  # run every request to its max_tokens
 
 K = 3
 
@@ -43,7 +46,7 @@ _greedy: dict[str, list[list[int]]] = {}
 
 def plain_greedy(built: Built) -> list[list[int]]:
     if built.arch.name not in _greedy:
-        outs = make(built, enable_prefix_caching=False).generate(prompts(), max_tokens=16, ignore_eos=True)
+        outs = make(built, enable_prefix_caching=False).generate(prompts(), max_tokens=16, params=NO_EOS)
         _greedy[built.arch.name] = [o.token_ids for o in outs]
     return _greedy[built.arch.name]
 
@@ -56,8 +59,8 @@ def test_spec_decode_equals_plain_greedy(built: Built, drafter_dirs, method: str
     draft = drafter_dirs(built.arch.name, kind) if kind else None
     llm = make(built, f"{method}:{K}", draft)
     want = plain_greedy(built)
-    first = llm.generate(prompts(), max_tokens=16, ignore_eos=True)
-    again = llm.generate(prompts(), max_tokens=16, ignore_eos=True)  # prefix-cache hits
+    first = llm.generate(prompts(), max_tokens=16, params=NO_EOS)
+    again = llm.generate(prompts(), max_tokens=16, params=NO_EOS)  # prefix-cache hits
     assert [o.token_ids for o in first] == want
     assert [o.token_ids for o in again] == want
     assert all(o.num_cached_tokens > 0 for o in again)
@@ -81,7 +84,7 @@ def test_spec_decode_with_chunks_and_preemption(built_models: dict[str, Built], 
         pool = blocks_for(make(built, f"{method}:{K}", draft), 64) + 2
         llm = make(built, f"{method}:{K}", draft, num_blocks=pool, max_model_len=64,
                    max_num_batched_tokens=11, long_prefill_token_threshold=6)
-        outs = llm.generate(prompts(), max_tokens=16, ignore_eos=True)
+        outs = llm.generate(prompts(), max_tokens=16, params=NO_EOS)
         assert [o.token_ids for o in outs] == want, method
         assert llm.stats.preemptions > 0, method
         assert oracle_diff(built, outs) <= TOL
@@ -113,7 +116,7 @@ def test_dflash_all_accepted_uses_every_lookahead_slot(built_models: dict[str, B
     oracle.truth = [p + w for p, w in zip(prompts(), want)]
     oracle.bind(llm.engine)
     llm.engine.drafter = oracle
-    outs = llm.generate(prompts(), max_tokens=16, ignore_eos=True)
+    outs = llm.generate(prompts(), max_tokens=16, params=NO_EOS)
     assert [o.token_ids for o in outs] == want
     assert llm.stats.accepted_tokens == llm.stats.draft_tokens > 0
     assert oracle_diff(built, outs) <= TOL
@@ -131,7 +134,7 @@ def test_draft_model_drafts_are_its_greedy_continuation(built_models: dict[str, 
     llm = make(built, f"draft_model:{K}", small_dir)
     base = random_tokens(40, 80)
     for i, prompt in enumerate([base, base[:36] + random_tokens(5, 81)]):
-        (req,) = llm.submit([prompt], max_tokens=8, ignore_eos=True)
+        (req,) = llm.submit([prompt], max_tokens=8, params=NO_EOS)
         llm.engine.step()
         assert req.num_output_tokens == 1
         if i:
@@ -188,7 +191,7 @@ def test_dflash_drafts_match_dense_evaluation(built_models: dict[str, Built], dr
     base = random_tokens(33, 90)
     checked = 0
     for prompt in (base, base[:30] + random_tokens(4, 91)):
-        (req,) = llm.submit([prompt], max_tokens=10, ignore_eos=True)
+        (req,) = llm.submit([prompt], max_tokens=10, params=NO_EOS)
         while not req.status.finished:
             llm.engine.step()
             if req.spec_token_ids:
@@ -227,7 +230,7 @@ def _lookahead_scenario(built: Built, dflash_dir, cut_to_k: bool, check_draft_sl
         llm.kv.lookahead_slots = K  # the manager would reserve K + 1 for DFlash
     eng = llm.engine
     draft_group = llm.kv_config.group_index("dflash")
-    w, x = llm.submit([random_tokens(6, 100), random_tokens(21, 101)], max_tokens=1, ignore_eos=True)
+    w, x = llm.submit([random_tokens(6, 100), random_tokens(21, 101)], max_tokens=1, params=NO_EOS)
     eng.run()
     stale_row = eng.rows.tables[draft_group][1].tolist()
     head = next(iter(llm.kv.pool.queue))
@@ -235,14 +238,14 @@ def _lookahead_scenario(built: Built, dflash_dir, cut_to_k: bool, check_draft_sl
     j = stale_row.index(head)
     p_a, p_b = j * bs - K, 10
     assert p_a > 0 and (p_b + K) % bs  # B's own query block stays inside its last block
-    b, a = llm.submit([random_tokens(p_b, 102), random_tokens(p_a, 103)], max_tokens=8, ignore_eos=True)
+    b, a = llm.submit([random_tokens(p_b, 102), random_tokens(p_a, 103)], max_tokens=8, params=NO_EOS)
     eng.step()
     assert (eng.rows.row_of(b.request_id), eng.rows.row_of(a.request_id)) == (0, 1)
     assert llm.kv.block_ids(b.request)[0][0] == head  # B's position 0 lives in that block
     eng.run()
     out_b, out_a = llm.collect([b, a])
     (out_c,) = llm.generate([out_b.prompt_token_ids + out_b.token_ids + random_tokens(5, 104)],
-                            max_tokens=4, ignore_eos=True)
+                            max_tokens=4, params=NO_EOS)
     assert out_c.num_cached_tokens > 0  # C reads B's cached prefix
     return out_b, out_a, out_c, head
 

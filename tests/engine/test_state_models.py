@@ -46,6 +46,9 @@ from tests.engine.helpers import (
     random_tokens,
 )
 from hybridkv.core.cache_options import CacheOptions
+from hybridkv.engine.llm_options import RequestParams
+
+NO_EOS = RequestParams(ignore_eos=True)  # run every request to its max_tokens
 
 
 @dataclasses.dataclass
@@ -142,7 +145,7 @@ def test_generate_oracle(state_models: dict[str, StateBuilt]) -> None:
     llm = make_llm(built, block_size=4)
     prefix = random_tokens(70, 7)
     prompts = [random_tokens(37, 1)] + [prefix + random_tokens(n, 8 + n) for n in (5, 9, 13)]
-    outs = llm.generate(prompts, max_tokens=6, ignore_eos=True)
+    outs = llm.generate(prompts, max_tokens=6, params=NO_EOS)
     for p, o in zip(prompts, outs):
         with torch.no_grad():
             want = built.hf.generate(torch.tensor([p]), max_new_tokens=6, min_new_tokens=6, do_sample=False)
@@ -159,7 +162,7 @@ def make_llm(built: Built, **kw):
 def test_alone_equals_transformers(sbuilt: Built) -> None:
     llm = make_llm(sbuilt)
     prompt = random_tokens(37, 1)
-    (out,) = llm.generate([prompt], max_tokens=8, ignore_eos=True)
+    (out,) = llm.generate([prompt], max_tokens=8, params=NO_EOS)
     assert oracle_excess(sbuilt, [out]) <= 0
     assert out.token_ids == hf_greedy(sbuilt, prompt, 8)
     assert len(llm.model.states) == 0  # released at finish
@@ -185,8 +188,8 @@ def test_batched_shared_prefix_hits(sbuilt: Built, block_size: int, retention: i
     assert llm.kv.enable_caching and llm.kv_config.has_state
     prefix = random_tokens(70, 7)
     prompts = [prefix + random_tokens(n, 8 + n) for n in (5, 9, 13)]
-    first = llm.generate(prompts, max_tokens=6, ignore_eos=True)
-    again = llm.generate(prompts, max_tokens=6, ignore_eos=True)
+    first = llm.generate(prompts, max_tokens=6, params=NO_EOS)
+    again = llm.generate(prompts, max_tokens=6, params=NO_EOS)
     for outs in (first, again):
         assert [o.token_ids for o in outs] == [hf_greedy(sbuilt, p, 6) for p in prompts]
         _check_hits(llm, outs)
@@ -209,12 +212,12 @@ def test_sequential_hits_inside_and_across_checkpoints(sbuilt: Built, block_size
     junction = 70 // block_size * block_size
     for retention, want in ((None, [0, junction, junction]), (0, [0, 0, junction])):
         llm = make_llm(sbuilt, block_size=block_size, retention_interval=retention)
-        outs = [llm.generate([p], max_tokens=6, ignore_eos=True)[0] for p in prompts]
+        outs = [llm.generate([p], max_tokens=6, params=NO_EOS)[0] for p in prompts]
         assert [o.num_cached_tokens for o in outs] == want
         assert [o.token_ids for o in outs] == [hf_greedy(sbuilt, p, 6) for p in prompts]
         _check_hits(llm, outs)
         turn2 = prompts[0] + outs[0].token_ids + random_tokens(4, 40)
-        (follow,) = llm.generate([turn2], max_tokens=4, ignore_eos=True)
+        (follow,) = llm.generate([turn2], max_tokens=4, params=NO_EOS)
         assert follow.num_cached_tokens >= (len(prompts[0]) - 1) // block_size * block_size
         assert follow.token_ids == hf_greedy(sbuilt, turn2, 4)
         _check_hits(llm, [follow])
@@ -227,7 +230,7 @@ def test_chunked_prefill(sbuilt: Built) -> None:
     recurrent states are handed over at many boundaries; decodes share steps with chunks."""
     llm = make_llm(sbuilt, max_num_batched_tokens=7, long_prefill_token_threshold=5)
     prompts = [random_tokens(n, 5 + n) for n in (31, 17, 23)]
-    outs = llm.generate(prompts, max_tokens=6, ignore_eos=True)
+    outs = llm.generate(prompts, max_tokens=6, params=NO_EOS)
     assert llm.stats.steps >= (31 + 17 + 23) // 7
     assert oracle_excess(sbuilt, outs) <= 0
     assert [o.token_ids for o in outs] == [hf_greedy(sbuilt, p, 6) for p in prompts]
@@ -243,7 +246,7 @@ def test_preemption_resumes_from_checkpoints(sbuilt: Built, retention: int | Non
                    retention_interval=retention)
     shared = random_tokens(12, 29)
     prompts = [shared + random_tokens(8, 30 + i) for i in range(5)]
-    outs = llm.generate(prompts, max_tokens=20, ignore_eos=True)
+    outs = llm.generate(prompts, max_tokens=20, params=NO_EOS)
     assert llm.stats.preemptions > 0 and any(o.num_preemptions for o in outs)
     resumed = []
     for o in outs:
@@ -266,7 +269,7 @@ def test_abort_releases_state(sbuilt: Built) -> None:
     exactly."""
     llm = make_llm(sbuilt, max_num_batched_tokens=8)
     prompts = [random_tokens(20, 70), random_tokens(15, 71)]
-    reqs = llm.submit(prompts, max_tokens=4, ignore_eos=True)
+    reqs = llm.submit(prompts, max_tokens=4, params=NO_EOS)
     for _ in range(3):
         llm.engine.step()
     victim = reqs[0].request_id
@@ -365,7 +368,7 @@ def test_spec_decode_accepts_and_rejects(sbuilt: Built) -> None:
         return []
 
     llm.drafter.lookup = oracle_lookup
-    outs = llm.generate(prompts, max_tokens=24, ignore_eos=True)
+    outs = llm.generate(prompts, max_tokens=24, params=NO_EOS)
     st = llm.stats
     assert st.draft_tokens > st.accepted_tokens > 0, (st.draft_tokens, st.accepted_tokens)
     assert [o.token_ids for o in outs] == [f[len(p):] for f, p in zip(full, prompts)]
@@ -381,7 +384,7 @@ def test_spec_decode_equals_greedy(sbuilt: Built, method: str, small_drafter) ->
     llm = make_llm(sbuilt, spec=f"{method}:3", max_num_batched_tokens=16, **kw)
     motif = random_tokens(6, 90)
     prompts = [motif * 4 + random_tokens(3, 91), random_tokens(9, 92) + motif * 3]
-    outs = llm.generate(prompts, max_tokens=16, ignore_eos=True)
+    outs = llm.generate(prompts, max_tokens=16, params=NO_EOS)
     assert llm.stats.draft_tokens > 0
     assert [o.token_ids for o in outs] == [hf_greedy(sbuilt, p, 16) for p in prompts]
     assert oracle_excess(sbuilt, outs) <= 0
@@ -400,10 +403,10 @@ def test_spec_decode_checkpoints_hit_by_later_turns(sbuilt: Built, method: str, 
                    block_size=4, **kw)
     motif = random_tokens(6, 95)
     prompt = motif * 3 + random_tokens(2, 96)
-    (first,) = llm.generate([prompt], max_tokens=16, ignore_eos=True)
+    (first,) = llm.generate([prompt], max_tokens=16, params=NO_EOS)
     assert llm.stats.draft_tokens > 0
     turn2 = prompt + first.token_ids + random_tokens(3, 97)
-    (second,) = llm.generate([turn2], max_tokens=8, ignore_eos=True)
+    (second,) = llm.generate([turn2], max_tokens=8, params=NO_EOS)
     assert second.num_cached_tokens > len(prompt)  # a checkpoint inside the decoded answer
     assert first.token_ids == hf_greedy(sbuilt, prompt, 16)
     assert second.token_ids == hf_greedy(sbuilt, turn2, 8)
@@ -481,11 +484,11 @@ def test_prefix_caching_never_changes_outputs(state_models: dict[str, StateBuilt
     if small:
         opts.update(num_blocks=blocks_for(probe, 64) + 1, max_model_len=64)
     on = make_llm(built, **opts)
-    outs_on = [o for _ in range(2) for o in on.generate(prompts, max_tokens=6, ignore_eos=True)]
+    outs_on = [o for _ in range(2) for o in on.generate(prompts, max_tokens=6, params=NO_EOS)]
     key = (name, tuple(map(tuple, prompts)))
     if key not in _NO_CACHE:
         off = make_llm(built, enable_prefix_caching=False)
-        _NO_CACHE[key] = off.generate(prompts, max_tokens=6, ignore_eos=True)
+        _NO_CACHE[key] = off.generate(prompts, max_tokens=6, params=NO_EOS)
     ref = _NO_CACHE[key] * 2
     assert [o.token_ids for o in outs_on] == [o.token_ids for o in ref]
     assert oracle_excess(built, outs_on, ref) <= 0
@@ -594,7 +597,8 @@ def test_a_marked_position_is_hit_by_the_second_request(sbuilt: Built, block_siz
     prompts = [prefix + random_tokens(n, 18 + n) for n in (40, 44, 48)]
     mark = 70 // block_size * block_size
     llm = make_llm(sbuilt, block_size=block_size, retention_interval=0)
-    outs = [llm.generate([p], max_tokens=6, ignore_eos=True, checkpoints=[70])[0] for p in prompts]
+    marked = RequestParams(ignore_eos=True, checkpoints=[70])
+    outs = [llm.generate([p], max_tokens=6, params=marked)[0] for p in prompts]
     assert [o.num_cached_tokens for o in outs] == [0, mark, mark]
     assert [o.token_ids for o in outs] == [hf_greedy(sbuilt, p, 6) for p in prompts]
     _check_hits(llm, outs)

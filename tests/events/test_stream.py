@@ -120,7 +120,7 @@ def _collect(listener: Listener, n: int) -> list:
 
 
 def test_attach_kv_events_to_a_step_loop() -> None:
-    """What LLM(kv_events=...) does: a sink object gets one batch per step with events."""
+    """What LLM(cache=CacheConfig(kv_events=...)) does: a sink object gets one batch per step with events."""
     class Sink:
         def __init__(self) -> None:
             self.batches = []

@@ -109,13 +109,20 @@ def run(args: argparse.Namespace) -> int:
     from hybridkv.sched import SchedulerConfig
 
     from hybridkv.engine.llm import LLM
-    from hybridkv.engine.llm_options import ENGINE_SCHEDULER, CacheConfig, RuntimeConfig
+    from hybridkv.engine.llm_options import (ENGINE_SCHEDULER, CacheConfig, RequestParams, RuntimeConfig,
+                                             SpeculativeConfig)
 
+    if args.draft_model is not None and args.spec in (None, "none"):  # told before name_options rewrites it
+        print("hybridkv generate: error: --draft-model needs --spec draft_model:K or dflash:K", file=sys.stderr)
+        return 2
     retention = args.retention
     dtype = getattr(torch, args.dtype) if args.dtype else None
     try:
         device = _device(torch, args.device)
-        llm = LLM(args.model, spec=args.spec, draft_model=args.draft_model,
+        spec = args.spec
+        if args.draft_model is not None:
+            spec = SpeculativeConfig(spec, draft_model=args.draft_model)
+        llm = LLM(args.model, spec=spec,
                   cache=CacheConfig(block_size=args.block_size, num_blocks=args.num_blocks,
                                     retention_interval=retention,
                                     enable_prefix_caching=not args.no_prefix_caching,
@@ -126,7 +133,8 @@ def run(args: argparse.Namespace) -> int:
                   runtime=RuntimeConfig(device=device, dtype=dtype))
         prompts = args.prompt if args.prompt is not None else args.prompt_ids
         t0 = time.perf_counter()
-        outs = llm.generate(prompts, args.max_tokens, cache_salt=args.cache_salt, ignore_eos=args.ignore_eos)
+        outs = llm.generate(prompts, args.max_tokens, params=RequestParams(
+            cache_salt=args.cache_salt, ignore_eos=args.ignore_eos))
         elapsed = time.perf_counter() - t0
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"hybridkv generate: error: {name_options(str(exc), OPTION_NAMES)}", file=sys.stderr)

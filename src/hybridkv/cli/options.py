@@ -291,7 +291,7 @@ def spec_argument(text: str) -> SpecDecode | str:
 def engine_spec_argument(text: str) -> str:
     """``--spec`` of ``generate``: ``METHOD:K`` with a method the reference engine drafts
     with, or ``none`` (imports the engine, so only when ``generate`` parses it)."""
-    from hybridkv.engine.llm import ENGINE_SPEC_METHODS
+    from hybridkv.engine.llm_options import ENGINE_SPEC_METHODS
     usage = f"METHOD:K with METHOD in {', '.join(ENGINE_SPEC_METHODS)} and K an integer >= 1, or none"
     try:
         spec = parse_spec(text)

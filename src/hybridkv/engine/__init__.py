@@ -27,7 +27,8 @@ from .metadata import GroupMetadata, SequenceInput, StepMetadata, build_step_met
 from .block_table import BlockTableRows
 from .drafters import DFlashDrafter, Drafter, DraftModelDrafter, NgramDrafter
 from .llm import LLM, GenerationOutput, engine_spec
-from .llm_options import ENGINE_SCHEDULER, CacheConfig, RuntimeConfig, StoreConfig
+from .llm_options import (ENGINE_SCHEDULER, CacheConfig, RequestParams, RuntimeConfig, SpeculativeConfig,
+                          StoreConfig)
 from .models import (MODELS, DeepseekV3ForCausalLM, Gemma3ForCausalLM, GptOssForCausalLM, LlamaForCausalLM,
                      PagedCausalLM, build_model, load_model, load_model_config, parse_model_config)
 from .models.dflash import DFlashDraftModel, load_dflash
@@ -59,6 +60,8 @@ __all__ = [
     "RuntimeConfig",
     "SequenceInput",
     "StepMetadata",
+    "RequestParams",
+    "SpeculativeConfig",
     "StoreConfig",
     "build_model",
     "build_step_metadata",

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import save_file
 from torch import nn
+
+from hybridkv.core.validation import check_int
 
 from .model_config import ModelConfig
 from .models.dflash import DFlashDraftModel, dflash_config_from_dict
@@ -63,29 +66,65 @@ def random_model(directory: str | Path, config: dict[str, Any], seed: int = 0) -
     return save_checkpoint(model, config, directory)
 
 
-def dflash_config(target: ModelConfig, *, num_layers: int = 1, block_size: int = 8,
-                  target_layer_ids: tuple[int, ...] | None = None, mask_token_id: int | None = None,
-                  num_heads: int | None = None, num_kv_heads: int | None = None,
-                  head_dim: int | None = None, intermediate_size: int | None = None) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class DFlashShape:
+    """The shape of a DFlash drafter built for a target by :func:`dflash_config`; the sizes
+    left None are the target's.
+
+    Args:
+        num_layers: drafter layers (>= 1).
+        block_size: tokens drafted per block (>= 2: the last known token plus drafts).
+        target_layer_ids: target layers whose features the drafter reads (default: the first,
+            middle and last).
+        mask_token_id: the mask token (default: the target's last vocabulary id).
+        num_heads, num_kv_heads, head_dim, intermediate_size: attention and MLP sizes (>= 1).
+    """
+
+    num_layers: int = 1
+    block_size: int = 8
+    target_layer_ids: tuple[int, ...] | None = None
+    mask_token_id: int | None = None
+    num_heads: int | None = None
+    num_kv_heads: int | None = None
+    head_dim: int | None = None
+    intermediate_size: int | None = None
+
+    def __post_init__(self) -> None:
+        check_int("DFlashShape.num_layers", self.num_layers, 1)
+        check_int("DFlashShape.block_size", self.block_size, 2)
+        check_int("DFlashShape.mask_token_id", self.mask_token_id, 0, optional=True)
+        for name in ("num_heads", "num_kv_heads", "head_dim", "intermediate_size"):
+            check_int(f"DFlashShape.{name}", getattr(self, name), 1, optional=True)
+        if self.target_layer_ids is not None:
+            ids = tuple(self.target_layer_ids)
+            if not ids:
+                raise ValueError("DFlashShape.target_layer_ids must name at least one layer, got ()")
+            for i in ids:
+                check_int("DFlashShape.target_layer_ids", i, 0)
+            object.__setattr__(self, "target_layer_ids", ids)
+
+
+def dflash_config(target: ModelConfig, shape: DFlashShape | None = None) -> dict[str, Any]:
     """A DFlash ``config.json`` dict sized for ``target`` (hidden size and vocabulary shared)."""
+    shape = shape if shape is not None else DFlashShape()
     n = target.num_hidden_layers
-    ids = target_layer_ids if target_layer_ids is not None else tuple(sorted({0, n // 2, n - 1}))
+    ids = shape.target_layer_ids if shape.target_layer_ids is not None else tuple(sorted({0, n // 2, n - 1}))
+    mask = target.vocab_size - 1 if shape.mask_token_id is None else shape.mask_token_id
     return {
         "architectures": ["DFlashDraftModel"],
         "model_type": "qwen3",
         "vocab_size": target.vocab_size,
         "hidden_size": target.hidden_size,
-        "intermediate_size": intermediate_size or target.intermediate_size,
-        "num_hidden_layers": num_layers,
-        "num_attention_heads": num_heads or target.num_attention_heads,
-        "num_key_value_heads": num_kv_heads or target.num_key_value_heads,
-        "head_dim": head_dim or target.head_dim,
+        "intermediate_size": shape.intermediate_size or target.intermediate_size,
+        "num_hidden_layers": shape.num_layers,
+        "num_attention_heads": shape.num_heads or target.num_attention_heads,
+        "num_key_value_heads": shape.num_kv_heads or target.num_key_value_heads,
+        "head_dim": shape.head_dim or target.head_dim,
         "rms_norm_eps": 1e-6,
         "rope_theta": 10000.0,
         "max_position_embeddings": target.max_position_embeddings,
-        "block_size": block_size,
-        "dflash_config": {"target_layer_ids": list(ids),
-                          "mask_token_id": target.vocab_size - 1 if mask_token_id is None else mask_token_id},
+        "block_size": shape.block_size,
+        "dflash_config": {"target_layer_ids": list(ids), "mask_token_id": mask},
     }
 
 

@@ -211,7 +211,7 @@ class DraftModelDrafter(Drafter):
 
         fallback = min(block_sizes.values())
         sizes = {kind: block_sizes.get(kind, fallback) for kind in set(self.model.config.layer_kinds)}
-        return kv_cache_groups(self.model, sizes, dtype, name_prefix="draft.", is_draft=True)
+        return kv_cache_groups(self.model, sizes, dtype, is_draft=True)
 
     def propose(self, requests: Sequence[StepRequest], hidden: torch.Tensor,
                 captured: Sequence[torch.Tensor]) -> dict[object, list[int]]:

@@ -23,9 +23,10 @@ GROUP_NAMES: dict[LayerKind, str] = {
 
 
 def kv_cache_groups(model: PagedCausalLM, block_size: int | Mapping[str, int], dtype: str = "float32",
-                    layers_per_group: int | None = None, name_prefix: str = "",
-                    is_draft: bool = False, state_dtype: str = "float32") -> tuple[KVCacheGroup, ...]:
-    """KV-cache groups for ``model``'s layers.
+                    layers_per_group: int | None = None, is_draft: bool = False,
+                    state_dtype: str = "float32") -> tuple[KVCacheGroup, ...]:
+    """KV-cache groups for ``model``'s layers. Every group name starts with the model's
+    ``kv_prefix``, as its layer names do (a drafter's: ``"draft."``).
 
     Args:
         model: the engine model.
@@ -33,7 +34,6 @@ def kv_cache_groups(model: PagedCausalLM, block_size: int | Mapping[str, int], d
         dtype: cache dtype name (a :data:`hybridkv.core.specs.DTYPE_BYTES` key torch can store).
         layers_per_group: split each kind into groups of at most this many layers
             (named ``<kind>.<k>``); None keeps one group per kind (named by :data:`GROUP_NAMES`).
-        name_prefix: prepended to every group name (a drafter's groups: ``"draft."``).
         is_draft: mark the groups as a speculative drafter's (``KVCacheGroup.is_draft``).
         state_dtype: recurrent-state dtype of a state model's ``linear`` layers, which form
             :class:`~hybridkv.core.specs.StateSpec` groups whose block size (the checkpoint
@@ -63,8 +63,8 @@ def kv_cache_groups(model: PagedCausalLM, block_size: int | Mapping[str, int], d
         chunks = [layers[i:i + step] for i in range(0, len(layers), step)]
         for k, chunk in enumerate(chunks):
             name = GROUP_NAMES[kind] if layers_per_group is None else f"{GROUP_NAMES[kind]}.{k}"
-            groups.append(KVCacheGroup(name_prefix + name, spec, tuple(model.layer_names[i] for i in chunk),
-                                       is_draft=is_draft))
+            layer_names = tuple(model.layer_names[i] for i in chunk)
+            groups.append(KVCacheGroup(model.kv_prefix + name, spec, layer_names, is_draft=is_draft))
     return tuple(groups)
 
 

@@ -30,17 +30,16 @@ from hybridkv.connectors.stores.base import KVStore
 from hybridkv.connectors.transfer import KVTransfer
 from hybridkv.core.manager import KVCacheManager
 from hybridkv.core.request import Request
-from hybridkv.core.hints import Hint
 from hybridkv.core.public_hints import public_hint
-from hybridkv.core.retention_config import RetentionConfig
-from hybridkv.core.spec_decode import SpecDecode, parse_spec
+from hybridkv.core.spec_decode import SpecDecode
 from hybridkv.core.specs import KVCacheConfig
 from hybridkv.sched import EngineRequest, Scheduler, SchedulerConfig
 
 from .drafters import DFlashDrafter, DraftModelDrafter, Drafter, NgramDrafter
 from .kv_cache import PagedKVCache, default_device
 from .kv_groups import kv_cache_groups
-from .llm_options import DEFAULT_KV_CACHE_BYTES, ENGINE_SCHEDULER, CacheConfig, RuntimeConfig, StoreConfig
+from .llm_options import (DEFAULT_KV_CACHE_BYTES, ENGINE_SCHEDULER, ENGINE_SPEC_METHODS, CacheConfig,
+                          RequestParams, RuntimeConfig, SpeculativeConfig, StoreConfig, engine_spec)
 from .models import load_model
 from .models.dflash import load_dflash
 from .runner import EngineCore, EngineStats
@@ -48,21 +47,7 @@ from hybridkv.core.cache_options import CacheOptions
 from hybridkv.connectors.transfer import TransferOptions
 from hybridkv.core.request import RequestCacheParams
 
-ENGINE_SPEC_METHODS = ("ngram", "draft_model", "dflash")
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
-
-
-def engine_spec(spec: str | SpecDecode | None) -> SpecDecode | None:
-    """``spec`` (a :func:`~hybridkv.core.spec_decode.parse_spec` string, a SpecDecode or None)
-    as a SpecDecode the reference engine can draft with (ngram, draft_model, dflash), or None."""
-    if isinstance(spec, str):
-        spec = parse_spec(spec)
-    elif spec is not None and not isinstance(spec, SpecDecode):
-        raise ValueError(f"spec must be a string METHOD:K, a SpecDecode or None, got {spec!r}")
-    if spec is not None and spec.method not in ENGINE_SPEC_METHODS:
-        raise ValueError(f"the reference engine drafts with {', '.join(ENGINE_SPEC_METHODS)}; "
-                         f"{spec.method!r} is not implemented")
-    return spec
 
 
 @dataclass
@@ -201,37 +186,32 @@ class LLM:
 
     Args:
         model: an HF-format directory (``config.json`` + ``*.safetensors``).
-        spec: speculative decoding, ``"ngram:K"``, ``"draft_model:K"`` or ``"dflash:K"`` (the
-            grammar of :func:`~hybridkv.core.spec_decode.parse_spec`), or a :class:`SpecDecode`;
-            draft_model and dflash need ``draft_model``.
-        draft_model: the drafter's directory: a small causal LM with the target's vocabulary
-            (draft_model) or a DFlash drafter (dflash).
-        kv_store: an external KV tier (``LocalCPUStore``, ``MooncakeStore``): computed blocks
-            are saved to it and prefixes found in it are loaded instead of recomputed.
-        cache: block sizes, pool size, prefix caching, retention, hashing (:class:`CacheConfig`).
+        spec: speculative decoding: a :class:`SpeculativeConfig` (method and drafter
+            checkpoint; draft_model and dflash need one), or for ngram just ``"ngram:K"`` (the
+            grammar of :func:`~hybridkv.core.spec_decode.parse_spec`) or a :class:`SpecDecode`.
+        cache: block sizes, pool size, prefix caching, retention, hashing, KV events
+            (:class:`CacheConfig`).
         scheduler: batching limits (:class:`~hybridkv.sched.SchedulerConfig`; default
             :data:`~hybridkv.engine.llm_options.ENGINE_SCHEDULER`). ``max_model_len=None``:
             ``min(max_position_embeddings, 4096)`` reduced to what one request can hold.
         runtime: device, dtype, n-gram sizes, logits recording, draft-slot checks
             (:class:`RuntimeConfig`).
-        store: namespace, load and save switches of the ``kv_store`` (:class:`StoreConfig`).
-        kv_events: publish KV events after every step in vLLM 0.33's ZMQ format: a
-            ``hybridkv.events.KVEventsConfig`` (a publisher is started; :meth:`close` stops
-            it), or any object with ``publish(batch)``. Hashes default to sha256 then.
+        store: an external KV tier (``LocalCPUStore``, ``MooncakeStore``) and its namespace,
+            load and save switches (:class:`StoreConfig`).
     """
 
-    def __init__(self, model: str | Path, *, spec: str | SpecDecode | None = None,
-                 draft_model: str | Path | None = None, kv_store: KVStore | None = None,
+    def __init__(self, model: str | Path, *, spec: str | SpecDecode | SpeculativeConfig | None = None,
                  cache: CacheConfig | None = None, scheduler: SchedulerConfig | None = None,
-                 runtime: RuntimeConfig | None = None, store: StoreConfig | None = None,
-                 kv_events: Any = None) -> None:
+                 runtime: RuntimeConfig | None = None, store: StoreConfig | None = None) -> None:
         cache = _config("cache", cache, CacheConfig)
         scheduler = _config("scheduler", scheduler, SchedulerConfig, ENGINE_SCHEDULER)
         runtime = _config("runtime", runtime, RuntimeConfig)
-        if store is not None and kv_store is None:
-            raise ValueError(f"store={store!r} configures sharing through a kv_store; give kv_store too")
         store = _config("store", store, StoreConfig)
-        self.spec = engine_spec(spec)
+        kv_store, kv_events = store.kv_store, cache.kv_events
+        if isinstance(spec, SpeculativeConfig):
+            self.spec, draft_model = spec.method, spec.draft_model
+        else:
+            self.spec, draft_model = engine_spec(spec), None
         self.model_dir = Path(model)
         self.device = torch.device(runtime.device) if runtime.device is not None else default_device()
         self.model = load_model(self.model_dir, device=self.device, dtype=runtime.dtype)
@@ -287,9 +267,7 @@ class LLM:
             self.connector = KVConnector(self.kv, transfer, load=store.load, save=store.save,
                                          admit_after=store.admit_after)
         self.scheduler = Scheduler(self.kv, scheduler, connector=self.connector)
-        self.engine = EngineCore(self.model, self.kv, self.scheduler, self.cache, self.drafter,
-                                 record_logits=runtime.record_logits,
-                                 check_draft_slots=runtime.check_draft_slots, connector=self.connector)
+        self.engine = EngineCore(self.model, self.kv, self.scheduler, self.cache, self.drafter, runtime)
         self.tokenizer = Tokenizer.from_dir(self.model_dir)
         self.eos_token_ids = eos_token_ids(self.model_dir)
         self._next_id = 0
@@ -317,8 +295,6 @@ class LLM:
     def _make_drafter(self, spec: SpecDecode | None, draft_dir: str | Path | None,
                       ngram_sizes: tuple[int, int], dtype: torch.dtype | None) -> Drafter | None:
         if spec is None:
-            if draft_dir is not None:
-                raise ValueError("draft_model needs spec='draft_model:K' or 'dflash:K'")
             return None
         if spec.method == "ngram":
             return NgramDrafter(*ngram_sizes)
@@ -360,65 +336,27 @@ class LLM:
         return ids
 
     def generate(self, prompts: Sequence[str | Sequence[int]] | str, max_tokens: int | Sequence[int] = 16,
-                 *, cache_salt: str | None | Sequence[str | None] = None,
-                 stop_token_ids: Sequence[int] | None = None, ignore_eos: bool = False,
-                 priority: Sequence[int] | None = None,
-                 retention: RetentionConfig | None | Sequence[RetentionConfig | None] = None,
-                 hint: Hint | None | Sequence[Hint | None] = None,
-                 cache_control: Mapping | None | Sequence[Mapping | None] = None,
-                 prompt_cache_key: str | None | Sequence[str | None] = None,
-                 prompt_cache_retention: str | None | Sequence[str | None] = None,
-                 nvext: Mapping | None | Sequence[Mapping | None] = None,
-                 checkpoints: Sequence[int] | Sequence[Sequence[int]] | None = None,
-                 ) -> list[GenerationOutput]:
+                 params: RequestParams | None = None) -> list[GenerationOutput]:
         """Generate greedily for every prompt (one batch, continuous batching); outputs in order.
 
         Args:
             prompts: token-id lists or strings (strings need a tokenizer), or one string.
             max_tokens: output tokens per request (one value or one per prompt).
-            cache_salt: per-request (or shared) salt; requests only share cache within a salt.
-            stop_token_ids: extra stop tokens; the model's EOS ids stop too unless ``ignore_eos``.
-            priority: per-request *scheduling* priority, as in vLLM (lower runs first under
-                ``scheduler=SchedulerConfig(policy="priority")``); it does not touch the cache.
-            retention: how long each request's blocks stay cached (one
-                :class:`~hybridkv.core.retention_config.RetentionConfig` for every prompt, or
-                one per prompt, None for none); needs ``CacheConfig(eviction_policy="priority")``.
-            hint: what the application knows about each request's session (one
-                :class:`~hybridkv.core.hints.Hint` for every prompt, or one per prompt, None for
-                none): it ends, pin a prefix, it resumes soon; needs ``CacheConfig(hints=True)``.
-            cache_control, prompt_cache_key, prompt_cache_retention, nvext: the public APIs'
-                cache fields (Anthropic, OpenAI, Dynamo; one value for every prompt or one per
-                prompt), mapped onto each request's hint by
-                :func:`~hybridkv.core.public_hints.public_hint` (e.g. ``cache_control={"type":
-                "ephemeral", "ttl": "1h"}``: the prompt is kept an hour past its last use);
-                need ``CacheConfig(hints=True)``.
-            checkpoints: prompt positions worth a later hit, e.g. the end of a shared system
-                prompt (:attr:`hybridkv.core.request.Request.checkpoints`): one sequence of
-                positions for every prompt, or one per prompt; recurrent-state layers then
-                keep a checkpoint there from the first request on.
+            params: the per-request options (:class:`~hybridkv.engine.llm_options.RequestParams`:
+                cache salt, stop tokens, priority, retention, hints, public cache fields,
+                checkpoints; one value for every prompt or one per prompt).
         """
-        reqs = self.submit(prompts, max_tokens, cache_salt=cache_salt, stop_token_ids=stop_token_ids,
-                           ignore_eos=ignore_eos, priority=priority, retention=retention, hint=hint,
-                           cache_control=cache_control, prompt_cache_key=prompt_cache_key,
-                           prompt_cache_retention=prompt_cache_retention, nvext=nvext,
-                           checkpoints=checkpoints)
+        reqs = self.submit(prompts, max_tokens, params)
         self.engine.run()
         return self.collect(reqs)
 
     def submit(self, prompts: Sequence[str | Sequence[int]] | str, max_tokens: int | Sequence[int] = 16,
-               *, cache_salt: str | None | Sequence[str | None] = None,
-               stop_token_ids: Sequence[int] | None = None, ignore_eos: bool = False,
-               priority: Sequence[int] | None = None,
-               retention: RetentionConfig | None | Sequence[RetentionConfig | None] = None,
-               hint: Hint | None | Sequence[Hint | None] = None,
-               cache_control: Mapping | None | Sequence[Mapping | None] = None,
-               prompt_cache_key: str | None | Sequence[str | None] = None,
-               prompt_cache_retention: str | None | Sequence[str | None] = None,
-               nvext: Mapping | None | Sequence[Mapping | None] = None,
-               checkpoints: Sequence[int] | Sequence[Sequence[int]] | None = None,
-               ) -> list[EngineRequest]:
+               params: RequestParams | None = None) -> list[EngineRequest]:
         """Queue requests without running them (drive ``llm.engine.step()`` yourself, then
         :meth:`collect`). Arguments as for :meth:`generate`."""
+        params = _config("params", params, RequestParams)
+        cache_salt, priority, retention = params.cache_salt, params.priority, params.retention
+        hint, checkpoints = params.hint, params.checkpoints
         if isinstance(prompts, str):
             prompts = [prompts]
         n = len(prompts)
@@ -433,8 +371,8 @@ class LLM:
         if not len(limits) == len(salts) == len(prios) == len(keep) == len(hints) == len(marks) == n:
             raise ValueError("max_tokens, cache_salt, priority, retention, hint and checkpoints need "
                              "one entry per prompt")
-        public = {"cache_control": cache_control, "prompt_cache_key": prompt_cache_key,
-                  "prompt_cache_retention": prompt_cache_retention, "nvext": nvext}
+        public = {"cache_control": params.cache_control, "prompt_cache_key": params.prompt_cache_key,
+                  "prompt_cache_retention": params.prompt_cache_retention, "nvext": params.nvext}
         for name, value in public.items():
             per = list(value) if isinstance(value, (list, tuple)) else [value] * n
             if len(per) != n:
@@ -453,8 +391,8 @@ class LLM:
         if any(r is not None for r in keep) and not self.kv.uses_retention:
             raise ValueError(f"retention needs CacheConfig(eviction_policy='priority'); this LLM "
                              f"uses eviction_policy={self.kv.eviction_policy!r}, which ignores it")
-        stops = set(stop_token_ids or ())
-        if not ignore_eos:
+        stops = set(params.stop_token_ids or ())
+        if not params.ignore_eos:
             stops |= set(self.eos_token_ids)
         reqs = []
         for i, p in enumerate(prompts):

@@ -30,6 +30,7 @@ from hybridkv.sched import EngineRequest, RequestStatus, Scheduler, useful_draft
 from .block_table import BlockTableRows
 from .drafters import Drafter, StepRequest
 from .kv_cache import PagedKVCache
+from .llm_options import RuntimeConfig
 from .metadata import SequenceInput, build_step_metadata
 from .models.base import PagedCausalLM
 from .state_pages import PooledStates, StatePages
@@ -78,16 +79,20 @@ class EngineCore:
         scheduler: the continuous-batching scheduler.
         cache: the paged KV tensors for ``kv.config`` (target and drafter groups).
         drafter: proposes drafts (its method must match ``kv.spec_decode``), or None.
-        record_logits: keep every computed position's logits per request (tests, debugging).
-        check_draft_slots: make draft writes past a request's blocks raise instead of landing
-            in whatever block the persistent row still names (the GPU-like default).
-        connector: the KV connector (the scheduler's), whose worker side runs around each
-            forward pass: saves of earlier-cached blocks, loads, forward, saves of this step.
+        runtime: its ``record_logits`` (keep every computed position's logits per request)
+            and ``check_draft_slots`` (make draft writes past a request's blocks raise instead
+            of landing in whatever block the persistent row still names, the GPU-like default)
+            are read; device and dtype are the model's.
+
+    The scheduler's KV connector (``Scheduler(..., connector=...)``), if any, runs its worker
+    side around each forward pass: saves of earlier-cached blocks, loads, forward, saves of
+    this step.
     """
 
     def __init__(self, model: PagedCausalLM, kv: KVCacheManager, scheduler: Scheduler,
-                 cache: PagedKVCache, drafter: Drafter | None = None, *, record_logits: bool = False,
-                 check_draft_slots: bool = False, connector: KVConnector | None = None) -> None:
+                 cache: PagedKVCache, drafter: Drafter | None = None,
+                 runtime: RuntimeConfig | None = None) -> None:
+        runtime = runtime if runtime is not None else RuntimeConfig()
         spec = kv.spec_decode
         if (drafter is None) != (spec is None):
             raise ValueError("give a drafter exactly when the manager has a SpecDecode config")
@@ -113,11 +118,13 @@ class EngineCore:
         self.cache = cache
         self.drafter = drafter
         self.device = model.device
-        self.record_logits = record_logits
-        self.check_draft_slots = check_draft_slots
-        if connector is not None and scheduler.connector is not connector:
-            raise ValueError("the connector must be the scheduler's (Scheduler(..., connector=...))")
-        self.connector = connector
+        self.record_logits = runtime.record_logits
+        self.check_draft_slots = runtime.check_draft_slots
+        connector = scheduler.connector
+        if connector is not None and not isinstance(connector, KVConnector):
+            raise ValueError(f"the scheduler's connector must be a KVConnector (the engine runs its worker "
+                             f"side), got {type(connector).__name__}")
+        self.connector: KVConnector | None = connector
         self.k = spec.num_speculative_tokens if spec is not None else 0
         self.target_groups = model.group_indices(cache)
         self.rows = BlockTableRows(len(kv.config.groups), scheduler.config.max_num_seqs)
