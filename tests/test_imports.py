@@ -191,3 +191,16 @@ def test_no_public_callable_takes_more_than_six_parameters() -> None:
     """Options travel as one record (``CacheOptions``, ``TransferOptions``, the workload shapes,
     ...), built once where they come in, not as long keyword lists spelled at every layer."""
     assert _public_callables_over(6) == []
+
+
+def test_each_room_of_the_simulator_opens_its_names_on_first_use() -> None:
+    """Every name a room's ``__init__`` exports loads from its submodule (the same object), and
+    an unknown name is an AttributeError naming the room and the name."""
+    import importlib
+    for room in ("traffic", "bounds", "tiers", "cluster", "report", "plan"):
+        pkg = importlib.import_module(f"hybridkv.sim.{room}")
+        for name in pkg.__all__:
+            module = importlib.import_module(f"hybridkv.sim.{room}.{pkg._EXPORTS[name]}")
+            assert getattr(pkg, name) is getattr(module, name)
+    with pytest.raises(AttributeError, match=r"^module 'hybridkv\.sim\.bounds' has no attribute 'Belady'$"):
+        importlib.import_module("hybridkv.sim.bounds").Belady

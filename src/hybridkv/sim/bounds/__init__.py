@@ -14,7 +14,7 @@
 
 from __future__ import annotations
 
-import importlib
+from hybridkv.sim.lazy import lazy_exports
 
 #: name -> the submodule that defines it; loaded on first use (the submodules import the
 #: simulator, which imports some of them: an eager import here would be a circle)
@@ -28,11 +28,7 @@ _EXPORTS = {'OptimumJob': 'optimum_job',
             'WhatIf': 'whatif',
             'WHAT_IF': 'whatif'}
 
-
-def __getattr__(name: str) -> object:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _EXPORTS)
 
 
 __all__ = sorted(_EXPORTS)

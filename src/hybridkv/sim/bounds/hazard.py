@@ -161,6 +161,21 @@ def hazard_table(keys: Sequence[Sequence[Hashable]], limits: Sequence[int],
     return h, edges
 
 
+
+def age_cells(cells: np.ndarray, cnt: np.ndarray, t: int, lo: np.ndarray) -> None:
+    """Age every counted block by one request, in place: the blocks first seen at request
+    ``t - 1`` enter bucket 0 and those whose age reaches a bucket's lower edge ``lo`` move up one
+    bucket (``cells``: blocks by (class, bucket); ``cnt``: blocks by (class, request first
+    seen)). Shared by the per-key reference and the key-stream version."""
+    cells[:, 0] += cnt[:, t - 1]
+    src = t - lo
+    ok = src >= 0
+    if ok.any():
+        moved = np.zeros((cells.shape[0], cells.shape[1] - 1), dtype=np.int64)
+        moved[:, ok] = cnt[:, src[ok]]
+        cells[:, :-1] -= moved
+        cells[:, 1:] += moved
+
 def hazard_bound(keys: Sequence[Sequence[Hashable]], limits: Sequence[int], capacity_blocks: int,
                  table: tuple[np.ndarray, np.ndarray] | None = None,
                  uses: HazardUses | None = None) -> HazardBound:
@@ -185,14 +200,7 @@ def hazard_bound(keys: Sequence[Sequence[Hashable]], limits: Sequence[int], capa
     rank_l = rank.tolist()
     for t, ks in enumerate(keys):
         if t:                                                     # every block ages by one
-            cells[:, 0] += cnt[:, t - 1]
-            src = t - lo
-            ok = src >= 0
-            if ok.any():
-                moved = np.zeros((ncls, nb - 1), dtype=np.int64)
-                moved[:, ok] = cnt[:, src[ok]]
-                cells[:, :-1] -= moved
-                cells[:, 1:] += moved
+            age_cells(cells, cnt, t, lo)
         lim = min(limits[t], len(ks))
         refs += lim
         if lim:
@@ -221,4 +229,4 @@ def hazard_bound(keys: Sequence[Sequence[Hashable]], limits: Sequence[int], capa
     return HazardBound(capacity_blocks, relaxed, leading, refs)
 
 
-__all__ = ["HazardBound", "HazardUses", "age_edges", "hazard_bound", "hazard_table", "hazard_uses"]
+__all__ = ["HazardBound", "HazardUses", "age_cells", "age_edges", "hazard_bound", "hazard_table", "hazard_uses"]

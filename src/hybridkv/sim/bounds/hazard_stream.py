@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hybridkv.sim.bounds.hazard import (SHARED_CLASS, SHARED_USES, TURN_CLASSES, HazardBound,
+from hybridkv.sim.bounds.hazard import (SHARED_CLASS, SHARED_USES, TURN_CLASSES, HazardBound, age_cells,
                                  age_edges)
 from hybridkv.sim.bounds.key_stream import KeyStream
 
@@ -103,14 +103,7 @@ def stream_hazard_bound(stream: KeyStream, capacity_blocks: int, classes: Hazard
     refs = 0
     for t in range(n):
         if t:                                                     # every key ages by one
-            cells[:, 0] += cnt[:, t - 1]
-            src = t - lo
-            ok = src >= 0
-            if ok.any():
-                moved = np.zeros((ncls, nb - 1), dtype=np.int64)
-                moved[:, ok] = cnt[:, src[ok]]
-                cells[:, :-1] -= moved
-                cells[:, 1:] += moved
+            age_cells(cells, cnt, t, lo)
         a, b = starts[t], starts[t + 1]
         lim = limits[t]
         refs += lim

@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-import importlib
+from hybridkv.sim.lazy import lazy_exports
 
 #: name -> the submodule that defines it; loaded on first use
 _EXPORTS = {'SLO': 'slo',
@@ -30,11 +30,7 @@ _EXPORTS = {'SLO': 'slo',
             'Window': 'report',
             'make_plan': 'planning'}
 
-
-def __getattr__(name: str) -> object:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _EXPORTS)
 
 
 __all__ = sorted(_EXPORTS)
