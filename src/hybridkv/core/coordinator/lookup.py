@@ -122,7 +122,7 @@ class Lookup(CoordinatorBase):
         t, longest = self._fixed_point(probes, n_fine, max_tokens)
         t = max(t, 0)
         rid = request.request_id
-        own = self._own_hits(probes, n_fine, max_tokens, t)
+        own = self._own_hits(probes, n_fine, max_tokens, t, longest)
         if t == 0:
             return CacheHit(0, tuple(() for _ in self.config.groups), max(longest, 0), rid,
                             self.epoch, own)
@@ -152,17 +152,22 @@ class Lookup(CoordinatorBase):
         return e_cap
 
     def _own_hits(self, probes: list[Callable[[int], object]], n_fine: int, max_tokens: int,
-                  t: int) -> tuple[int, ...]:
+                  t: int, first: int) -> tuple[int, ...]:
         """Per group, the largest aligned hit <= max_tokens its unit's rule alone serves
-        (:attr:`CacheHit.group_tokens`); ``t`` is the common hit (a single unit's own)."""
+        (:attr:`CacheHit.group_tokens`); ``t`` is the common hit (a single unit's own),
+        ``first`` the first unit's own (the fixed point's first answer, -1: none asked)."""
         groups = self.config.groups
-        if len(self.units) == 1:
-            return (t,) * len(groups)
         a = self.alignment
         t0 = max_tokens // a * a
+        if len(self.units) == 1 or t >= t0:      # one unit, or every unit serves the whole cap
+            return (t,) * len(groups)
         e_cap = self._e_caps(n_fine, max_tokens)
         own = [0] * len(groups)
         for u, unit in enumerate(self.units):
+            if u == 0:
+                for g in unit.groups:
+                    own[g] = max(first, 0)
+                continue
             bs = unit.rule.block_size
             e_max = min(t0 // bs, e_cap[u])
             hit = unit.rule.longest_hit(probes[u], e_max, unit.step) * bs if e_max > 0 else 0
