@@ -49,7 +49,7 @@ OPTION_NAMES = {"num_blocks": "--num-blocks or --cache-tokens", "block_size": "-
 
 def add_common_options(p: argparse.ArgumentParser) -> None:
     """Options shared by ``simulate`` and ``sweep``."""
-    from hybridkv.core.eviction import POLICIES, RECOMMENDED
+    from hybridkv.core.eviction import POLICIES, RECOMMENDED, RECOMMENDED_HYBRID
     p.add_argument("--preset", default=DEFAULT_PRESET,
                    help=f"model preset (default {DEFAULT_PRESET}; see `hybridkv presets`)")
     src = p.add_mutually_exclusive_group()
@@ -108,7 +108,8 @@ def add_common_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--eviction-policy", type=parse_policy, default="lru", metavar="NAME",
                    help=f"order cached free blocks are reused in: {', '.join(POLICIES)} "
-                        f"(default lru, vLLM's; recommended = {RECOMMENDED})")
+                        f"(default lru, vLLM's; recommended = {RECOMMENDED}, on hybrid "
+                        f"models {RECOMMENDED_HYBRID})")
     p.add_argument("--prefix-retention", type=parse_prefix_retention, metavar="TOKENS:PRIORITY[:TTL_S]",
                    help="give every request's first TOKENS prompt tokens PRIORITY (0..100, default "
                         "35; lower is evicted first) for TTL_S simulated seconds after each use "

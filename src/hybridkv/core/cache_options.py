@@ -39,7 +39,8 @@ class CacheOptions:
             admission reservation. None: only max_model_len caps it.
         eviction_policy: the order cached free blocks are reused in, one of
             :data:`hybridkv.core.eviction.POLICIES` (``lru``, the default, is vLLM's order;
-            ``recommended`` resolves to :data:`~hybridkv.core.eviction.RECOMMENDED`; the
+            ``recommended`` resolves to :data:`~hybridkv.core.eviction.RECOMMENDED`, on a
+            hybrid config :data:`~hybridkv.core.eviction.RECOMMENDED_HYBRID`; the
             manager's ``eviction_policy`` is the resolved name). Only ``lru`` is allowed with
             vllm_compat. ``priority`` orders by the requests' retention configs
             (``Request(retention=...)``); the other policies refuse a request that carries one.

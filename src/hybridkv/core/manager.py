@@ -27,7 +27,7 @@ from hybridkv.core.coordinator import (CacheHit, CoordinatorModes, ExternalHit, 
 from hybridkv.core.events import (AllBlocksCleared, BlockRemoved, BlockStored, KVEvent,
                                   PrefixCacheStats, untag_extra_keys)
 from hybridkv.core.hashing import BlockHasher
-from hybridkv.core.eviction import HitPointLayer, make_policy, resolve_policy
+from hybridkv.core.eviction import HitPointLayer, key_group, make_policy, resolve_policy
 from hybridkv.core.extent_pool import ExtentBlockPool
 from hybridkv.core.hints import Hint, HintStats
 from hybridkv.core.policy_pool import PolicyBlockPool
@@ -94,13 +94,15 @@ class KVCacheManager:
         self.hasher = BlockHasher(config.hash_block_size, options.hash_algo, options.hash_seed,
                                   spec_decode.hash_lookahead_tokens if spec_decode else 0)
         self._events: list[KVEvent] = []
-        self.eviction_policy = resolve_policy(options.eviction_policy, vllm_compat)
+        rules = [make_rule(g.spec) for g in config.groups]
+        self.eviction_policy = resolve_policy(options.eviction_policy, vllm_compat,
+                                              hybrid=key_group(rules) is not None)
         if clock is not None and not callable(clock):
             raise ValueError(f"clock must be None or a callable returning seconds, got {clock!r}")
         if config.has_state and hints:
             raise ValueError("hints=True does not support state groups (recurrent layers) yet; "
                              "use hints=False with a StateSpec group")
-        policy = make_policy(self.eviction_policy, [make_rule(g.spec) for g in config.groups],
+        policy = make_policy(self.eviction_policy, rules,
                              clock or time.monotonic, hints=hints)
         self.hints = hints
         self.uses_retention = policy is not None and policy.uses_retention

@@ -114,15 +114,21 @@ class PolicyBlockPool(BlockPool):
         if pos:                  # (a release that cached nothing says nothing of its session)
             self.policy.hint([table[j] for j in pos], pos, marks, owner, track)
 
-    def anchor(self, comps: list[int], anchors: list[int]) -> None:
-        """Companion blocks ``comps`` (held, about to be released) end hit points whose last
-        key-group block is ``anchors[i]`` (0: none); passed to the policy's hit-point layer
-        (:mod:`hybridkv.core.eviction.hit_points`). Hash-less companions are skipped."""
+    def anchor(self, comps: list[int], places: list[int], key_table: list[int],
+               follow: bool = False, classes: list[int] | None = None) -> None:
+        """Blocks ``comps`` of one group (held, about to be released) go with the key-group
+        block ``key_table[places[i]]`` (-1: none): a companion ends the hit point anchored
+        there (of class ``classes[i]``: :func:`~hybridkv.core.retention.hit_point_class`;
+        None: 0), a follower (``follow``: a downward-closed group) sits at its place; passed to
+        the policy's hit-point layer (:mod:`hybridkv.core.eviction.hit_points`). Hash-less
+        blocks are skipped; a hash-less key block anchors nothing."""
         bh = self.block_hash
-        pairs = [(c, a if a and bh[a] is not None else 0) for c, a in zip(comps, anchors)
-                 if c and bh[c] is not None]
-        if pairs:
-            self.policy.anchor([c for c, _ in pairs], [a for _, a in pairs])
+        cls = classes if classes is not None else [0] * len(comps)
+        kept = [(c, k if k >= 0 and bh[key_table[k]] is not None else -1, x)
+                for c, k, x in zip(comps, places, cls) if c and bh[c] is not None]
+        if kept:
+            self.policy.anchor([c for c, _, _ in kept], [k for _, k, _ in kept], key_table, follow,
+                               [x for _, _, x in kept])
 
     def _check_held(self, in_queue: list[bool]) -> None:
         n = len(in_queue)

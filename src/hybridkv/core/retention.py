@@ -37,6 +37,21 @@ if TYPE_CHECKING:
     from hybridkv.core.rules import HitRule
 
 
+#: Classes of hit points by where they end against their request's prompt (:func:`hit_point_class`).
+HIT_POINT_CLASSES = 4
+
+
+def hit_point_class(end: int, prompt_tokens: int, alignment: int) -> int:
+    """The class of a hit point ending at token ``end`` (a multiple of ``alignment``) stored
+    by a request of ``prompt_tokens`` prompt tokens: 3 past the prompt's last aligned end
+    ``r = floor((prompt_tokens - 1) / alignment) * alignment`` (an answer's tokens: a chat
+    turn's final length), 2 at ``r`` (the prompt resent), 1 at ``r - alignment`` (a turn
+    that diverges inside the prompt's last aligned block), 0 further below (a shared prefix's
+    junction, an interval point)."""
+    d = ((prompt_tokens - 1) // alignment * alignment - end) // alignment
+    return 3 if d < 0 else 2 - d if d < 2 else 0
+
+
 def validate_retention_interval(interval: int | None, alignment: int, has_local_groups: bool) -> None:
     """Raise ValueError for an interval the manager cannot honour.
 

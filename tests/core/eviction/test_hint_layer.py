@@ -251,6 +251,36 @@ def test_right_end_hints_are_honoured_coin_flips_never():
     assert coin == plain
 
 
+def _judged(ins: list[float], reused: list[float], lead: float, share: float | None = None) -> HintLayer:
+    """A hint layer on a 1,001-block pool whose plain shadow counts ``ins`` / ``reused``
+    (rest, hinted dead, pinned) and whose demoting shadow hits ``lead`` more than the plain
+    one's 100 (plus its 5 % margin), judged once."""
+    from hybridkv.core.policy_pool import PolicyBlockPool
+    layer = HintLayer(LRUPolicy(), Clock())
+    PolicyBlockPool(1001, 1, layer)
+    if share is not None:
+        layer.scale_capacity(share)
+    plain, demoting, _ = layer.shadows
+    plain.ins, plain.reused, plain.hits = list(ins), list(reused), 100.0
+    demoting.hits = 105.0 + lead
+    layer._test([], 0.0)
+    return layer
+
+
+def test_demotions_are_honoured_once_the_hinted_releases_would_show_their_reuses():
+    """Hinted-dead releases are judged once, at the other releases' reuse rate, MIN_EXPECTED
+    (16) of them would have been reused: 10 reuses in 64 others (0.15625) and 102 hinted
+    releases expect 15.94, 103 expect 16.09; none of them reused. The demoting shadow must lead
+    by MIN_LEAD (8) blocks, or by that many of the pool's blocks when the layer sees a share."""
+    assert not _judged([64, 102, 0], [10, 0, 0], lead=9).honour[0]
+    assert _judged([64, 103, 0], [10, 0, 0], lead=9).honour[0]
+    assert not _judged([64, 103, 0], [10, 9, 0], lead=9).honour[0]     # 9 / 103 > 0.5 x 0.156
+    assert not _judged([64, 103, 0], [10, 0, 0], lead=7).honour[0]     # the lead is short
+    scaled = _judged([64, 103, 0], [10, 0, 0], lead=1.5, share=0.125)   # 8 x 0.125 = 1 block
+    assert scaled.min_lead == 1.0 and scaled.honour[0]
+    assert _judged([64, 103, 0], [10, 0, 0], lead=0, share=0.5).min_lead == 4.0
+
+
 def test_forced_hints_are_followed_untested_coin_flips_included(monkeypatch):
     """``hints="force"``: the layer follows every hint from the first release and runs no
     shadow; a coin flip is followed too. Its hits equal, exactly, a tested layer made to

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from hybridkv import KVCacheManager, Request
-from hybridkv.core.eviction import (EVICTION_POLICIES, POLICIES, RECOMMENDED, AdaptivePolicy,
+from hybridkv.core.eviction import (EVICTION_POLICIES, POLICIES, RECOMMENDED, RECOMMENDED_HYBRID, AdaptivePolicy,
                                     ChainARCPolicy, CostAwarePolicy, EVAPolicy, EvictionPolicy,
                                     LFUPolicy, PriorityPolicy, S3FIFOPolicy, TurnAdaptivePolicy,
                                     TurnEVAPolicy, make_policy, policy_names, resolve_policy)
@@ -116,8 +116,22 @@ def test_bad_policy_names():
             KVCacheManager(policy_config(8), CacheOptions(eviction_policy=bad))
     with pytest.raises(ValueError, match="vllm_compat.*must be 'lru'"):
         KVCacheManager(policy_config(8), CacheOptions(eviction_policy="s3fifo", vllm_compat=True))
-    assert resolve_policy("recommended") == RECOMMENDED
+    assert resolve_policy("recommended") == RECOMMENDED == "adaptive"
+    assert resolve_policy("recommended", hybrid=True) == RECOMMENDED_HYBRID == "lfu"
+    assert resolve_policy("arc", hybrid=True) == "arc"
     assert make_policy("lru") is None
+
+
+def test_recommended_on_a_hybrid_config_is_lfu_behind_the_hit_point_layer():
+    from hybridkv import FullAttention, KVCacheConfig, KVCacheGroup, SlidingWindow
+    from hybridkv.core.eviction import HitPointLayer, LFUPolicy
+    fa = FullAttention(block_size=4, num_kv_heads=1, head_dim=8)
+    sw = SlidingWindow(block_size=2, window=4, num_kv_heads=1, head_dim=8)
+    hybrid = KVCacheConfig((KVCacheGroup("fa", fa, ("l0",)), KVCacheGroup("sw", sw, ("l1",))), num_blocks=16)
+    kv = KVCacheManager(hybrid, CacheOptions(eviction_policy="recommended"))
+    assert kv.eviction_policy == "lfu"
+    assert isinstance(kv.pool.policy, HitPointLayer) and type(kv.pool.policy.inner) is LFUPolicy
+    assert KVCacheManager(policy_config(8), CacheOptions(eviction_policy="recommended")).eviction_policy == "adaptive"
 
 
 class _ToyMRU(EvictionPolicy):

@@ -17,6 +17,7 @@ from hybridkv.core.coordinator.records import AllocationPlan
 from hybridkv.core.hints import hint_marks
 from hybridkv.core.pool import NULL_BLOCK
 from hybridkv.core.request import Request
+from hybridkv.core.retention import hit_point_class
 from hybridkv.core.retention_config import block_marks
 
 if TYPE_CHECKING:
@@ -47,7 +48,7 @@ class Release(CoordinatorBase):
                 if request.retention is not None or self.hinted:
                     self._retain(request, g, table, released)
                 if self.anchor_key is not None and g != self.anchor_key:
-                    self._anchor(state, g, released)
+                    self._anchor(request, state, g, released)
                 table[lo:hi] = [NULL_BLOCK] * (hi - lo)
                 pool.free(freed)
     def free(self, request: Request) -> None:
@@ -64,26 +65,28 @@ class Release(CoordinatorBase):
         if self.caching and not self.compat:
             self.cache(request, min(request.num_computed_tokens, request.num_tokens), final=final)
         del self.reqs[request.request_id]
+        key = self.anchor_key
+        if key is not None:          # first: the retention marks and hints then see the hit points
+            for g, table in enumerate(state.tables):
+                if g != key:
+                    self._anchor(request, state, g, range(len(table)))
         if request.retention is not None or self.hinted:
             for g, table in enumerate(state.tables):
                 self._retain(request, g, table, range(len(table)), final=True)
-        key = self.anchor_key
-        if key is not None:
-            for g, table in enumerate(state.tables):
-                if g != key:
-                    self._anchor(state, g, range(len(table)))
         for table in state.tables:
             self.pool.free(reversed(table))
 
-    def _anchor(self, state: _ReqBlocks, g: int, positions: Iterable[int]) -> None:
+    def _anchor(self, request: Request, state: _ReqBlocks, g: int, positions: Iterable[int]) -> None:
         """Tell the pool's hit-point layer, for group ``g``'s blocks at ``positions`` (about
-        to be released), the key-group block that ends the first hit point each one serves: the
-        key block covering ``[e - bs_key, e)`` (in EAGLE drop mode the one after it, the key
-        group's proof block), ``e`` the first multiple of the alignment at or
-        after the block's last token, or, for an EAGLE drop-mode group's block that starts at
-        such a multiple, that start (it is that hit point's proof block); 0 where the key table
-        holds none. A later hit point extends the first one's chain, so the block is useless
-        once that anchor is gone."""
+        to be released), the place in the key table of the key-group block that ends the first
+        hit point each one serves: the key block covering ``[e - bs_key, e)`` (in EAGLE drop
+        mode the one after it, the key group's proof block), ``e`` the first multiple of the
+        alignment at or after the block's last token, or, for an EAGLE drop-mode group's block
+        that starts at such a multiple, that start (it is that hit point's proof block); -1
+        where the key table holds none. A later hit point extends the first one's chain, so
+        the block is useless once that anchor is gone. Each hit point's class
+        (:func:`~hybridkv.core.retention.hit_point_class`) goes with it. A downward-closed
+        group's blocks are followers (their place is their own)."""
         key = cast(int, self.anchor_key)              # called only with an anchor key
         a = self.alignment
         bs, bs_key = self.block_sizes[g], self.block_sizes[key]
@@ -91,8 +94,10 @@ class Release(CoordinatorBase):
         last = self.proof[key] - 1            # drop mode: the key group's proof block is last
         table, key_table = state.tables[g], state.tables[key]
         n_key = len(key_table)
+        prompt = request.num_prompt_tokens
         comps: list[int] = []
-        anchors: list[int] = []
+        places: list[int] = []
+        classes: list[int] = []
         for j in positions:
             b = table[j]
             if b:
@@ -101,9 +106,11 @@ class Release(CoordinatorBase):
                     e = -(-(j + 1) * bs // a) * a
                 k = e // bs_key + last
                 comps.append(b)
-                anchors.append(key_table[k] if k < n_key else NULL_BLOCK)
+                places.append(k if k < n_key else -1)
+                classes.append(hit_point_class(e, prompt, a))
         if comps:
-            cast("PolicyBlockPool", self.pool).anchor(comps, anchors)   # a hit-point layer's pool
+            cast("PolicyBlockPool", self.pool).anchor(   # a hit-point layer's pool
+                comps, places, key_table, self.rules[g].downward_closed, classes)
 
     def _retain(self, request: Request, g: int, table: list[int], positions: Iterable[int],
                 final: bool = False) -> None:

@@ -32,8 +32,11 @@ from hybridkv.core.eviction.hit_points import HitPointLayer  # isort: skip  (wra
 if TYPE_CHECKING:
     from hybridkv.core.rules import HitRule
 
-#: The policy ``recommended`` resolves to (see BENCHMARKS.md, "Eviction policies", for why).
+#: The policy ``recommended`` resolves to (see BENCHMARKS.md, "Eviction policies", for why) ...
 RECOMMENDED = "adaptive"
+#: ... and on a hybrid config, where it ranks hit points behind the hit-point layer (the best
+#: without hints on every hybrid preset measured: README.md, "Hybrid models").
+RECOMMENDED_HYBRID = "lfu"
 
 
 def policy_names() -> tuple[str, ...]:
@@ -49,9 +52,10 @@ def __getattr__(name: str) -> tuple[str, ...]:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def resolve_policy(name: object, vllm_compat: bool = False) -> str:
-    """The concrete policy name for ``name`` (``recommended`` resolved): the one check of an
-    eviction-policy name, wherever it comes from.
+def resolve_policy(name: object, vllm_compat: bool = False, hybrid: bool = False) -> str:
+    """The concrete policy name for ``name`` (``recommended`` resolved: :data:`RECOMMENDED`,
+    or :data:`RECOMMENDED_HYBRID` for a ``hybrid`` config, one :func:`key_group` finds a key
+    group in): the one check of an eviction-policy name, wherever it comes from.
 
     Raises:
         ValueError: ``name`` is not a valid policy name (the message names every valid one),
@@ -60,7 +64,7 @@ def resolve_policy(name: object, vllm_compat: bool = False) -> str:
     """
     if not isinstance(name, str) or (name not in ("lru", "recommended") and name not in EVICTION_POLICIES):
         raise ValueError(f"unknown eviction policy {name!r}; valid: {', '.join(policy_names())}")
-    resolved = RECOMMENDED if name == "recommended" else name
+    resolved = (RECOMMENDED_HYBRID if hybrid else RECOMMENDED) if name == "recommended" else name
     if vllm_compat and resolved != "lru":
         raise ValueError(f"vllm_compat pins vLLM's LRU order; eviction_policy must be 'lru', "
                          f"got {name!r}")
@@ -79,15 +83,17 @@ def make_policy(name: str, rules: Sequence[HitRule] = (), clock: Callable[[], fl
     ``rules``: the hit rules of the KV-cache groups, in group order (the cost-aware policy
     weighs groups by their :meth:`recompute_cost`). ``clock``: seconds, for the TTLs of the
     ``priority`` policy and of hint pins."""
-    name = resolve_policy(name)
+    rules = tuple(rules)
+    key = key_group(rules)
+    name = resolve_policy(name, hybrid=key is not None)
     if name == "lru" and not hints:
         return None
-    rules = tuple(rules)
     inner = LRUPolicy() if name == "lru" else EVICTION_POLICIES.get(name).create(rules, clock)
     if hints:
         inner = HintLayer(inner, clock, force=hints == "force")
-    key = key_group(rules)
-    return inner if key is None else HitPointLayer(inner, key)
+    if key is None:
+        return inner
+    return HitPointLayer(inner, key, [g for g, r in enumerate(rules) if r.downward_closed and g != key])
 
 
 def key_group(rules: Sequence[HitRule]) -> int | None:
@@ -98,7 +104,8 @@ def key_group(rules: Sequence[HitRule]) -> int | None:
     return closed[0] if closed and len(closed) < len(rules) else None
 
 
-__all__ = ["COST_REFERENCE_TOKENS", "EVICTION_POLICIES", "POLICIES", "RECOMMENDED", "EvictionPolicy",
+__all__ = ["COST_REFERENCE_TOKENS", "EVICTION_POLICIES", "POLICIES", "RECOMMENDED", "RECOMMENDED_HYBRID",
+           "EvictionPolicy",
            "S3FIFOPolicy", "LFUPolicy", "CostAwarePolicy", "EVAPolicy", "TurnEVAPolicy", "ChainARCPolicy",
            "AdaptivePolicy", "TurnAdaptivePolicy", "PriorityPolicy", "LRUPolicy", "HintLayer", "HitPointLayer",
            "key_group", "make_policy", "policy_names",

@@ -38,7 +38,8 @@ count the blocks of it they still hold (what they would have hit) and take it in
 hints, one demotes what the hints say is dead, one pins what they pin. The layer honours
 demotions while (1) the hints are informative: in the plain shadow (hits and, past its reach,
 its remembered evicted keys), releases hinted dead are reused at most ``DEAD_RATIO`` times as
-often as the others, and (2) they pay: the demoting shadow hits more than the plain
+often as the others, on enough of them that ``MIN_EXPECTED`` would have been reused at the
+others' rate, and (2) they pay: the demoting shadow hits more than the plain
 one by ``MARGIN`` (relative) and ``MIN_LEAD`` blocks; pins while pinned blocks are reused at
 least ``PIN_GAIN`` times as often as the others and the pinning shadow leads likewise. A
 release is judged by its first block its owner owns alone (the blocks after it share its fate;
@@ -74,17 +75,19 @@ from hybridkv.core.retention_config import DEFAULT_PRIORITY, RetentionMark
 
 #: A hint kind is honoured while its shadow leads the plain one by this share of its hits ...
 MARGIN = 0.05
-#: ... and by at least this many (sampled) blocks.
+#: ... and by at least this many (sampled) blocks (of the pool's: a block this layer sees that
+#: stands for ``1 / share`` of them, :meth:`HintLayer.scale_capacity`, counts for that many).
 MIN_LEAD = 8
 #: Demotions are honoured only while, in the shadow that ignores hints, blocks hinted dead are
 #: reused at most this share of the others' rate (the hints tell dead from live) ...
 DEAD_RATIO = 0.5
 #: Pins are honoured only while pinned blocks are reused at least this many times as often ...
 PIN_GAIN = 1.5
-#: ... both measured on at least this many sampled releases of each kind, with this many reuses
-#: among the two kinds compared.
+#: ... both measured on at least this many sampled releases of each kind, and on enough of them
+#: that, if the hints said nothing (the hinted releases reused as often as the others), this
+#: many of them would have been reused.
 MIN_SAMPLES = 64
-MIN_EVENTS = 32
+MIN_EXPECTED = 16
 #: The plain shadow remembers this many capacities of evicted keys, so a reuse counts for the
 #: informativeness test well past the cache's own reach (conversations return late).
 GHOST_CAPACITIES = 16
@@ -117,7 +120,7 @@ class HintLayer(EvictionPolicy):
     name = "hint-layer"
     __slots__ = ("inner", "clock", "owner", "dead", "pin_until", "fresh_pin", "reps", "demoted", "pinned",
                  "shadows", "honour", "mask", "freed", "_decay_every", "_counts", "last", "force",
-                 "soft_ttl")
+                 "soft_ttl", "min_lead")
 
     def __init__(self, inner: EvictionPolicy, clock: Callable[[], float], force: bool = False) -> None:
         super().__init__()
@@ -145,6 +148,7 @@ class HintLayer(EvictionPolicy):
         self.honour = [force, force]                # demotions, pins
         self.mask = 0
         self.freed = 0                              # sampled blocks freed since the last decay
+        self.min_lead = float(MIN_LEAD)             # MIN_LEAD in the blocks this layer sees
         self._decay_every = 1
         # releases, demoted, pinned, ignored demotions, ignored pins, pins broken, pins lapsed,
         # soft refreshes
@@ -166,9 +170,11 @@ class HintLayer(EvictionPolicy):
 
     def scale_capacity(self, share: float) -> None:
         """The blocks this layer sees are ``share`` of what the pool holds (a hit-point layer
-        outside passes only the key group's): the shadows, which model the pool with the
-        blocks this layer sees, keep that share of its capacity, sampled as a pool of that
-        capacity would be (and decay after that share of blocks)."""
+        outside passes only its hit points' anchors, and tells the share of them among the
+        blocks they need): the shadows, which model the pool with
+        the blocks this layer sees, keep that share of its capacity, sampled as a pool of that
+        capacity would be (and decay after that share of blocks), and the lead they must show
+        is ``MIN_LEAD`` pool blocks' worth (at least one block this layer sees)."""
         if not 0.0 < share <= 1.0:
             raise ValueError(f"share must be in (0, 1], got {share!r}")
         cap = max(1, round((self.pool.num_blocks - 1) * share))
@@ -184,6 +190,7 @@ class HintLayer(EvictionPolicy):
             shadow.cap = scap
             shadow.serve([], now)                      # (trims a shadow over its new capacity)
         self._decay_every = DECAY_CAPACITIES * scap
+        self.min_lead = max(1.0, MIN_LEAD * share)
 
     @property
     def uses_retention(self) -> bool:     # type: ignore[override]  # per instance: the inner's
@@ -423,15 +430,14 @@ class HintLayer(EvictionPolicy):
                 for lst in (shadow.ins, shadow.reused):
                     for i in range(3):
                         lst[i] *= 0.5
-        base = plain.hits * (1.0 + MARGIN) + MIN_LEAD
+        base = plain.hits * (1.0 + MARGIN) + self.min_lead
         ins, reused, least = plain.ins, plain.reused, MIN_SAMPLES
-        events = MIN_EVENTS
         tells_dead = tells_live = False
         if ins[0] >= least:
             rest = reused[0] / ins[0]
-            tells_dead = (ins[1] >= least and reused[0] + reused[1] >= events
+            tells_dead = (ins[1] >= least and rest * ins[1] >= MIN_EXPECTED
                           and reused[1] / ins[1] <= DEAD_RATIO * rest)
-            tells_live = (ins[2] >= least and reused[0] + reused[2] >= events
+            tells_live = (ins[2] >= least and rest * ins[2] >= MIN_EXPECTED
                           and reused[2] / ins[2] >= PIN_GAIN * rest)
         self.honour = [tells_dead and demoting.hits > base, tells_live and pinning.hits > base]
 
