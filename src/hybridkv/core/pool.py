@@ -36,9 +36,7 @@ through ``allocate`` (a touch or insert by id) first makes the fresh ids up to i
 the end of the unhashed region, which is where they already were in the queue order.
 
 Index: per group, ``hash -> block id``; when the same content was computed twice (concurrent
-requests) the value becomes a dict of block ids, so block tables stay append-only. A group's
-index is a dict in the pure-Python core and a :class:`~hybridkv.core.hash_index.HashIndex`
-(an open-addressing table with a dict's semantics) in the compiled one.
+requests) the value becomes a dict of block ids, so block tables stay append-only.
 
 Two subclasses change one region each, in their own modules, so LRU's path here stays untouched:
 :class:`~hybridkv.core.policy_pool.PolicyBlockPool` hands the cached free blocks to an eviction
@@ -62,7 +60,6 @@ except ImportError:                       # no Cython: the C types below are no-
     from hybridkv import _cython_shim as cython  # type: ignore[no-redef]  # typed by typings/cython.pyi
 
 from hybridkv.core.free_queue import GAP, HEAD, TAIL, FreeBlockQueue
-from hybridkv.core.hash_index import insert_new, new_index, prefetch
 
 NULL_BLOCK = 0
 
@@ -106,8 +103,7 @@ class BlockPool:
         self.ref_cnt = [0]                        # ids 0 .. next_fresh-1 (the null block only)
         self.block_hash: list[bytes | None] = [None]
         self.block_group = [0]
-        # per group: a dict (pure core) or a HashIndex with a dict's semantics (compiled)
-        self.index: list[dict[bytes, int | dict[int, None]]] = [new_index() for _ in range(num_groups)]
+        self.index: list[dict[bytes, int | dict[int, None]]] = [{} for _ in range(num_groups)]
         self.on_evict = on_evict
         self.num_evictions = 0
         # bumped by every change of the index (insert, drop, reset): a lookup made at the
@@ -188,7 +184,7 @@ class BlockPool:
             v[b] = None
         self._hashed(group, [h], [b])
 
-    @cython.locals(n=cython.Py_ssize_t, k=cython.Py_ssize_t)
+    @cython.locals(idx=dict, hs=list, bs=list, n=cython.Py_ssize_t, k=cython.Py_ssize_t)
     def insert_run(self, group: int, hashes: list[bytes], blocks: list[int]) -> None:
         """``insert(group, h, b)`` for each pair of ``hashes`` and ``blocks`` (as ``zip`` pairs
         them), in order.
@@ -206,9 +202,13 @@ class BlockPool:
         k = 0
         if n > 1 and type(self).insert is BlockPool.insert and max(blocks) < self.queue.next_fresh \
                 and hashes.__class__ is list and blocks.__class__ is list and len(hashes) == n:
-            # stops at the first hash the index holds already (b is unhashed, so no entry
-            # names it): left to insert pair by pair
-            k = insert_new(self.index[group], hashes, blocks)
+            idx = self.index[group]
+            hs, bs = hashes, blocks
+            while k < n:
+                b = bs[k]
+                if idx.setdefault(hs[k], b) is not b:   # there already (b is unhashed, so no
+                    break                               # entry names it): left to insert
+                k += 1
             if k == n:
                 self._hashed(group, hashes, blocks)
                 return
@@ -246,7 +246,7 @@ class BlockPool:
         """Forget block ``b``'s hash ``h`` (:meth:`_forget` of one block)."""
         self._forget([b])
 
-    @cython.locals(changes=list, bh=list, bg=list, index=list, bi=cython.Py_ssize_t,
+    @cython.locals(changes=list, bh=list, bg=list, index=list, idx=dict, bi=cython.Py_ssize_t,
                    one=cython.bint)
     def _forget(self, blocks: list[int]) -> None:
         """Forget the hash of each of ``blocks`` (distinct, each holding a hash), in order: the
@@ -264,8 +264,6 @@ class BlockPool:
         one = len(index) == 1                      # one group: no need to read block_group
         g = 0
         idx = index[0]
-        if one and n > 1:
-            prefetch(idx, [bh[b] for b in blocks])
         for b in blocks:
             bi = b
             h: bytes = bh[bi]  # type: ignore[assignment]  # each of blocks holds a hash

@@ -32,7 +32,7 @@ except ImportError:                       # no Cython: the C types below are no-
 
 
 
-@cython.locals(k=cython.Py_ssize_t)
+@cython.locals(idx=dict, k=cython.Py_ssize_t)
 def _leading_cached(hashes: list[bytes], indexes: Sequence[Mapping[bytes, object]]) -> int:
     """How many of ``hashes``, from the first on, every one of ``indexes`` holds."""
     k = 0
