@@ -25,21 +25,8 @@ from setuptools.command.build_ext import build_ext
 # accepts, e.g. numpy integers), so the compiled module behaves exactly like its source.
 DIRECTIVES = {"language_level": 3, "annotation_typing": False}
 # Cython 3.0-3.3 turn `[obj and not x and y is not None for ...]` into a C int cast to an
-# object pointer (a crash); a generated file with such a cast is not compiled (miscompiled).
-MISCOMPILE = re.compile(r"= \(\(PyObject \*\)(__pyx_t_\d+)\);")
-
-
-def miscompiled(c_text: str) -> bool:
-    """Whether generated C casts a temporary that is not a pointer (a C int) to an object
-    pointer (:data:`MISCOMPILE`); a cast of a pointer temporary (Cython's memoryview code
-    casts its own object temporaries so) is fine. A temporary's type is its last
-    declaration before the cast (each C function declares its own)."""
-    for m in MISCOMPILE.finditer(c_text):
-        decls = re.findall(r"\n\s*[A-Za-z_][\w ]*?(\*?)\s*" + m.group(1) + r"(?: = NULL)?;",
-                           c_text[:m.start()])
-        if not decls or not decls[-1]:
-            return True
-    return False
+# object pointer (a crash); a generated file with such a cast is not compiled.
+MISCOMPILE = re.compile(r"= \(\(PyObject \*\)__pyx_t_\d+\);")
 
 
 def notice(why: str) -> None:
@@ -78,7 +65,7 @@ def extensions() -> list:
     for ext in exts:
         for c_file in ext.sources:
             with open(c_file, encoding="utf-8", errors="replace") as fh:
-                if miscompiled(fh.read()):
+                if MISCOMPILE.search(fh.read()):
                     notice(f"Cython cast a C int to an object in {c_file} (a known miscompile of "
                            "'obj and not x and ...'; write bool(obj)), not compiling")
                     return []

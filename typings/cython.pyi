@@ -9,8 +9,3 @@ Py_ssize_t = int
 bint = bool
 
 def locals(**types: object) -> Callable[[_F], _F]: ...
-
-class _CType:
-    def __getitem__(self, item: object) -> _CType: ...
-
-longlong: _CType

@@ -38,14 +38,3 @@ def locals(**types: Any) -> Callable[[_F], _F]:  # noqa: A001 - Cython's name
     """Cython's ``@cython.locals(name=type, ...)``: declares local variable types when
     compiled; here it returns the function unchanged."""
     return lambda func: func
-
-
-class _CType:
-    """A C type name; ``longlong[:]`` names a typed memoryview (an ``array.array`` here)."""
-
-    def __getitem__(self, item: Any) -> "_CType":
-        return self
-
-
-#: C's 64-bit signed integer (a Python ``int`` here; ``longlong[:]`` a 1-d typed memoryview).
-longlong = _CType()

@@ -318,7 +318,7 @@ def _bad_fresh_mark(pool):
 
 def _prev_links_only(pool):
     q = pool.queue
-    q._prev[_HEAD:_HEAD] = q._prev[:1]               # one more slot (block 0's link: 0)
+    q._prev[_HEAD:_HEAD] = [0]
     return rf"^free queue links hold {q.capacity} ids, capacity is {q.capacity}$"
 
 
@@ -346,8 +346,8 @@ def _queued_twice(pool):
 def _grow_capacity_to(pool, cap: int) -> None:
     q = pool.queue
     more = cap - q.capacity
-    q._next[_HEAD:_HEAD] = q._next[:1] * more          # (block 0's link: 0)
-    q._prev[_HEAD:_HEAD] = q._prev[:1] * more
+    q._next[_HEAD:_HEAD] = [0] * more
+    q._prev[_HEAD:_HEAD] = [0] * more
     q.capacity = cap
     pool.ref_cnt.extend([0] * more)
     pool.block_hash.extend([None] * more)

@@ -1,12 +1,11 @@
 """The pool's free queue: an intrusive doubly linked list of block ids (:class:`FreeBlockQueue`).
 
-The links are two ``array('q')`` indexed by block id (typed memoryviews in the compiled core:
-8 bytes a link, no int object); three sentinel slots (head, gap, tail) sit after the ids. The region order and why it is vLLM's are :mod:`hybridkv.core.pool`'s docstring.
+The links are two lists indexed by block id; three sentinel slots (head, gap, tail) sit after
+the ids. The region order and why it is vLLM's are :mod:`hybridkv.core.pool`'s docstring.
 """
 
 from __future__ import annotations
 
-from array import array
 from typing import Iterable, Iterator
 
 try:
@@ -17,11 +16,6 @@ except ImportError:                       # no Cython: the C types below are no-
 # Sentinel node ids of the free queue: the last three slots of the link lists. Negative ids
 # keep naming the same slots while the lists grow (fresh ids are inserted before them).
 HEAD, GAP, TAIL = -3, -2, -1
-
-
-def _zeros(n: int) -> array:
-    """``n`` zero links."""
-    return array("q", bytes(8 * n))
 
 
 class FreeBlockQueue:
@@ -44,8 +38,8 @@ class FreeBlockQueue:
     def __init__(self, num_blocks: int, initial: Iterable[int] | None = None) -> None:
         self.num_blocks = num_blocks
         self.next_fresh = self.capacity = 1 if initial is None else num_blocks
-        self._prev = _zeros(self.capacity + 3)    # ids 0 .. capacity-1, then the sentinels
-        self._next = _zeros(self.capacity + 3)
+        self._prev = [0] * (self.capacity + 3)    # ids 0 .. capacity-1, then the sentinels
+        self._next = [0] * (self.capacity + 3)
         self.num_free = num_blocks - self.next_fresh
         if self.num_free > 0:                     # the gap is linked while fresh ids remain
             self._next[HEAD] = GAP
@@ -75,14 +69,13 @@ class FreeBlockQueue:
 
     def _grow(self, n: int) -> None:
         """Hand the next ``n`` fresh ids out of the implicit region (not linked); their link
-        slots exist afterwards (capacity doubles, at most to ``num_blocks``). Growing replaces
-        the link arrays (new objects: a caller holding the old ones reads them again)."""
+        slots exist afterwards (capacity doubles, at most to ``num_blocks``)."""
         self.next_fresh += n
         if self.next_fresh > self.capacity:
             cap = min(self.num_blocks, max(self.next_fresh, 2 * self.capacity, 64))
-            more = _zeros(cap - self.capacity)
-            self._next = self._next[:HEAD] + more + self._next[HEAD:]
-            self._prev = self._prev[:HEAD] + more + self._prev[HEAD:]
+            more = [0] * (cap - self.capacity)
+            self._next[HEAD:HEAD] = more
+            self._prev[HEAD:HEAD] = more
             self.capacity = cap
 
     def materialize(self, end: int) -> None:
@@ -101,8 +94,8 @@ class FreeBlockQueue:
             self._next[p] = n
             self._prev[n] = p
 
-    @cython.locals(nxt=cython.longlong[:], out=list, i=cython.Py_ssize_t, k=cython.Py_ssize_t,
-                   b=cython.Py_ssize_t)
+    @cython.locals(nxt=list, out=list, i=cython.Py_ssize_t, k=cython.Py_ssize_t,
+                   bi=cython.Py_ssize_t)
     def popleft_n(self, n: int) -> list[int]:
         """Remove and return the first ``n`` blocks (``n <= num_free``)."""
         if n > self.num_free:
@@ -112,29 +105,29 @@ class FreeBlockQueue:
         b = nxt[HEAD]
         k = n
         for i in range(k):
-            if b < 0:          # reached the gap: the unhashed region is used up
+            bi = b
+            if bi < 0:         # reached the gap: the unhashed region is used up
                 break
             out.append(b)
-            b = nxt[b]
+            b = nxt[bi]
         else:
             nxt[HEAD] = b
             self._prev[b] = HEAD
             self.num_free -= n
             return out
         # b is the gap: the unhashed region is used up; fresh ids come next, in id order
+        prv = self._prev
         k = n - len(out)
         start = self.next_fresh
         left = self.num_blocks - start            # > 0 while the gap is linked
         if k < left:
             out.extend(range(start, start + k))
             self._grow(k)
-            self._next[HEAD] = GAP
-            self._prev[GAP] = HEAD
+            nxt[HEAD] = GAP
+            prv[GAP] = HEAD
         else:                                     # the last fresh ids: the gap leaves the list
             out.extend(range(start, start + left))
             self._grow(left)
-            nxt = self._next                      # _grow replaced the arrays
-            prv = self._prev
             b = nxt[GAP]
             for _ in range(k - left):             # then the hashed region, LRU first
                 out.append(b)
@@ -144,17 +137,18 @@ class FreeBlockQueue:
         self.num_free -= n
         return out
 
-    @cython.locals(prev=cython.longlong[:], nxt=cython.longlong[:], p=cython.Py_ssize_t,
-                   bi=cython.Py_ssize_t)
+    @cython.locals(prev=list, nxt=list, pi=cython.Py_ssize_t, bi=cython.Py_ssize_t)
     def _link_run(self, blocks: list[int], before: int, after: int) -> None:
         prev, nxt = self._prev, self._next
         p = before
+        pi = p
         for b in blocks:
             bi = b
-            nxt[p] = bi
+            nxt[pi] = b
             prev[bi] = p
-            p = bi
-        nxt[p] = after
+            p = b
+            pi = bi
+        nxt[pi] = after
         prev[after] = p
         self.num_free += len(blocks)
 

@@ -319,8 +319,7 @@ class BlockPool:
         self._forget(stale)
         return len(stale)
 
-    @cython.locals(ref=list, prv=cython.longlong[:], nxt=cython.longlong[:], bi=cython.Py_ssize_t,
-                   p=cython.Py_ssize_t, n=cython.Py_ssize_t)
+    @cython.locals(ref=list, prv=list, nxt=list, bi=cython.Py_ssize_t)
     def touch(self, blocks: Iterable[int]) -> None:
         """Take a reference on each non-null block, pulling free ones out of the queue."""
         ref = self.ref_cnt
@@ -334,7 +333,6 @@ class BlockPool:
                     if b >= fresh:                # a fresh id: give it explicit state first
                         self._materialize(b)
                         fresh = q.next_fresh
-                        prv, nxt = q._prev, q._next   # (growing replaces the link arrays)
                     bi = b
                     r = ref[bi]
                     if r == 0:                    # FreeBlockQueue.remove, inlined
