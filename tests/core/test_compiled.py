@@ -2,10 +2,11 @@
 
 Every case of :mod:`tests.support.compiled_trace` (full, full + SWA, EAGLE, compat mode, compat
 EAGLE in a small pool, a small pool with preemptions, periodic retention, three non-LRU
-policies) runs here, in the compiled build, and in a subprocess with
-``HYBRIDKV_PURE_PYTHON=1``; every observable must be equal: hit lengths, new block ids,
-free blocks, evictions, events, stats and final tables (both sides check integrity after
-every operation).
+policies; and a bare pool, LRU and two policies, through random operation sequences) runs
+here, in the compiled build, and in a subprocess with ``HYBRIDKV_PURE_PYTHON=1``; every
+observable must be equal: hit lengths, new block ids, free blocks, evictions, events, stats
+and final tables; for a bare pool, each operation's result, the evicted hashes in order, the
+free queue and the index (both sides check integrity after every operation).
 
 Without a compiled build the test is skipped, except under ``CI=true`` (where ``.ci/run``'s
 ``pip install -e`` builds one) unless ``HYBRIDKV_NO_COMPILE`` or ``HYBRIDKV_PURE_PYTHON`` says

@@ -6,8 +6,10 @@ preemptions of the newest running request when an allocation fails, and finishes
 ``check_integrity`` after every operation. It returns every observable as JSON-ready lists:
 each lookup's hit length, each allocation's new block ids (or None), the free-block count,
 the eviction count, the events and the prefix-cache stats after every operation, and the
-final block tables. ``python -m tests.support.compiled_trace CASE SEED`` prints that record
-as JSON (with ``hybridkv.core.COMPILED``), so a subprocess can run it in the other mode.
+final block tables. The ``pool_*`` cases drive a bare pool instead (:func:`run_pool`: random
+allocate / free / touch / insert / insert_run / drop / reset sequences). ``python -m
+tests.support.compiled_trace CASE SEED`` prints that record as JSON (with
+``hybridkv.core.COMPILED``), so a subprocess can run it in the other mode.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ import sys
 from hybridkv import KVCacheManager, Request, SpecDecode
 from hybridkv.core import COMPILED
 from hybridkv.core.cache_options import CacheOptions
+from hybridkv.core.eviction import make_policy
+from hybridkv.core.policy_pool import PolicyBlockPool
+from hybridkv.core.pool import BlockPool
 
 from .helpers import FA, SWA, config
 
@@ -53,10 +58,70 @@ def _case(name: str) -> KVCacheManager:
 
 
 CASES = ("full", "full_swa", "eagle", "compat", "compat_eagle_small", "small_pool", "retention",
-         "s3fifo", "arc", "eva")
+         "s3fifo", "arc", "eva", "pool_lru", "pool_s3fifo", "pool_arc")
+
+
+def run_pool(case: str, seed: int, ops: int = 600) -> list:
+    """A bare pool (``pool_lru``: BlockPool, two groups; ``pool_<policy>``: PolicyBlockPool,
+    one group) through random operations; after each: what it returned, the free and
+    eviction counts, the evictions reported (``on_evict``), the free queue in pop order and
+    the index (``check`` after every operation)."""
+    rng = random.Random(seed)
+    evicted: list = []
+    policy = case[len("pool_"):]
+    n, groups = rng.randrange(8, 48), 2 if policy == "lru" else 1
+    if policy == "lru":
+        pool = BlockPool(n, groups, on_evict=lambda g, h: evicted.append([g, h.hex()]))
+    else:
+        ticks = iter(range(10 ** 9))
+        pool = PolicyBlockPool(n, groups, make_policy(policy, clock=lambda: next(ticks)),
+                               on_evict=lambda g, h: evicted.append([g, h.hex()]))
+    held: list[int] = []
+    out: list = []
+    for _ in range(ops):
+        op = rng.choice(("alloc", "alloc", "free", "touch", "insert", "insert_run", "drop",
+                         "reset" if rng.random() < 0.05 else "alloc"))
+        got: object = None
+        if op == "alloc":
+            got = pool.allocate(rng.randrange(min(pool.num_free, 6) + 1))
+            held += got
+        elif op == "free" and held:
+            rng.shuffle(held)
+            k = rng.randrange(len(held) + 1)
+            got, held = held[:k], held[k:]
+            pool.free(got)
+        elif op == "touch":
+            cached = [b for b in range(1, min(pool.next_fresh, n))
+                      if pool.block_hash[b] is not None]
+            got = rng.sample(cached, min(len(cached), rng.randrange(4)))
+            pool.touch(got)
+            held += got
+        elif op in ("insert", "insert_run") and held:
+            blocks = list({b: None for b in held if pool.block_hash[b] is None})[:4]
+            hashes = [bytes([rng.randrange(6)]) * 16 for _ in blocks]   # few: repeats happen
+            g = rng.randrange(groups)
+            if op == "insert" and blocks:
+                pool.insert(g, hashes[0], blocks[0])
+            else:
+                pool.insert_run(g, hashes, blocks)
+            got = [blocks, [h.hex() for h in hashes]]
+        elif op == "drop" and held:
+            got = rng.choice(held)
+            pool.drop_hash(got)
+        elif op == "reset" and not held:
+            pool.reset_hashes()
+        pool.check()
+        index = [sorted((h.hex(), v if isinstance(v, int) else list(v)) for h, v in idx.items())
+                 for idx in pool.index]
+        out.append([op, got, pool.num_free, pool.num_evictions, evicted[:], list(pool.queue),
+                    index])
+        evicted.clear()
+    return json.loads(json.dumps(out))
 
 
 def run(case: str, seed: int, ops: int = 400) -> list:
+    if case.startswith("pool_"):
+        return run_pool(case, seed)
     rng = random.Random(seed)
     kv = _case(case)
     prefixes = [[rng.randrange(40) for _ in range(rng.randrange(1, 90))] for _ in range(4)]
