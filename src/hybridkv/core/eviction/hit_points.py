@@ -26,19 +26,18 @@ in this order:
    whose hit point is dead), in the order they died;
 2. **idle**: anchors of hit points of a *cold class* that served no hit yet. A hit point's
    class is where it ends against the prompt of the request that stored it
-   (:func:`~hybridkv.core.retention.hit_point_class`: past the prompt, as a chat turn's final length; at the prompt's
-   resend end; one alignment unit below it; further below, as a junction or an interval
-   point). Which classes serve hits depends on the traffic (a chat whose next turn carries
-   the answer hits the final length, a trace whose next turn diverges inside the prompt's
-   last block hits one unit below), so the layer measures it: a sample of the hit points
-   (``1 / (SAMPLE_MASK + 1)`` by their anchor's hash) is ranked as every hit point of a warm
-   class is, and a class whose sampled hit points serve a hit less than ``COLD_RATIO`` times
-   as often as the best class's is cold;
+   (:func:`~hybridkv.core.retention.hit_point_class`: past the prompt, as a chat turn's final
+   length; at the prompt's resend end; one alignment unit below it; further below, as a
+   junction or an interval point). Which classes serve hits depends on the traffic (a chat
+   whose next turn carries the answer hits the final length, a trace whose next turn diverges
+   inside the prompt's last block hits one unit below), so the layer measures it: a sample of
+   the hit points (``1 / (SAMPLE_MASK + 1)`` by their anchor's hash) is ranked as every hit
+   point of a warm class is, and a class whose sampled hit points serve a hit less than
+   ``COLD_RATIO`` times as often as the best class's is cold;
 3. **the policy's**: anchors of every other live hit point, in the inner policy's order; the
-   inner policy sees, ranks and evicts these *units* only, and hears of a unit's hit only when
-   a hit ends there (its companions are read), not when a longer hit passes through it.
-   Evicting a unit kills its hit point: its companions die, and so does every key block (and
-   its followers) no other live hit point needs, back to the nearest needed one;
+   inner policy sees, ranks and evicts these *units* only (and hears of their hits). Evicting
+   a unit kills its hit point: its companions die, and so does every key block (and its
+   followers) no other live hit point needs, back to the nearest needed one;
 4. **held**: companions and followers of live hit points whose anchor is in use;
 5. **covered**: needed key blocks that anchor no live hit point.
 
@@ -109,7 +108,8 @@ class HitPointLayer(EvictionPolicy):
         if not (isinstance(key_group, int) and not isinstance(key_group, bool) and key_group >= 0):
             raise ValueError(f"key_group must be a group index >= 0, got {key_group!r}")
         followers = frozenset(followers)
-        bad = [g for g in followers if not isinstance(g, int) or isinstance(g, bool) or g < 0 or g == key_group]
+        bad = [g for g in followers
+               if not isinstance(g, int) or isinstance(g, bool) or g < 0 or g == key_group]
         if bad:
             raise ValueError(f"followers must be group indices >= 0 other than the key group "
                              f"{key_group}, got {sorted(map(repr, bad))}")
@@ -167,9 +167,9 @@ class HitPointLayer(EvictionPolicy):
         """Blocks ``comps`` (held, cached, about to be released) of one group go with key
         block ``table[positions[i]]`` (-1: none cached), whose chain is ``table[:positions[i] + 1]``:
         a companion ends the hit point anchored there (a companion anchored again keeps the
-        latest anchor; ``classes[i]``, :func:`~hybridkv.core.retention.hit_point_class`, is the class of a hit point
-        it is the first companion of; none given: class 0), a follower (``follow``) sits at
-        that key block's place."""
+        latest anchor; ``classes[i]``, :func:`~hybridkv.core.retention.hit_point_class`, is
+        the class of a hit point it is the first companion of; none given: class 0), a
+        follower (``follow``) sits at that key block's place."""
         if follow:
             node_of, fols_of = self.node_of, self.fols_of
             for f, k in zip(comps, positions):
