@@ -270,10 +270,14 @@ def _judged(ins: list[float], reused: list[float], lead: float, share: float | N
 def test_demotions_are_honoured_once_the_hinted_releases_would_show_their_reuses():
     """Hinted-dead releases are judged once, at the other releases' reuse rate, MIN_EXPECTED
     (16) of them would have been reused: 10 reuses in 64 others (0.15625) and 102 hinted
-    releases expect 15.94, 103 expect 16.09; none of them reused. The demoting shadow must lead
-    by MIN_LEAD (8) blocks, or by that many of the pool's blocks when the layer sees a share."""
+    releases expect 15.94, 103 expect 16.09; none of them reused (or once MIN_EVENTS, 32,
+    reuses were seen: 32 in 200 others, 0.16, and 64 hinted releases). The demoting shadow must
+    lead by MIN_LEAD (8) blocks, or by that many of the pool's blocks when the layer sees a
+    share."""
     assert not _judged([64, 102, 0], [10, 0, 0], lead=9).honour[0]
     assert _judged([64, 103, 0], [10, 0, 0], lead=9).honour[0]
+    assert not _judged([200, 64, 0], [31, 0, 0], lead=9).honour[0]       # 9.9 expected, 31 seen
+    assert _judged([200, 64, 0], [32, 0, 0], lead=9).honour[0]
     assert not _judged([64, 103, 0], [10, 9, 0], lead=9).honour[0]     # 9 / 103 > 0.5 x 0.156
     assert not _judged([64, 103, 0], [10, 0, 0], lead=7).honour[0]     # the lead is short
     scaled = _judged([64, 103, 0], [10, 0, 0], lead=1.5, share=0.125)   # 8 x 0.125 = 1 block

@@ -38,8 +38,8 @@ count the blocks of it they still hold (what they would have hit) and take it in
 hints, one demotes what the hints say is dead, one pins what they pin. The layer honours
 demotions while (1) the hints are informative: in the plain shadow (hits and, past its reach,
 its remembered evicted keys), releases hinted dead are reused at most ``DEAD_RATIO`` times as
-often as the others, on enough of them that ``MIN_EXPECTED`` would have been reused at the
-others' rate, and (2) they pay: the demoting shadow hits more than the plain
+often as the others, judged once ``MIN_EVENTS`` reuses were seen or enough hinted releases
+that ``MIN_EXPECTED`` of them would have been reused at the others' rate, and (2) they pay: the demoting shadow hits more than the plain
 one by ``MARGIN`` (relative) and ``MIN_LEAD`` blocks; pins while pinned blocks are reused at
 least ``PIN_GAIN`` times as often as the others and the pinning shadow leads likewise. A
 release is judged by its first block its owner owns alone (the blocks after it share its fate;
@@ -83,10 +83,11 @@ MIN_LEAD = 8
 DEAD_RATIO = 0.5
 #: Pins are honoured only while pinned blocks are reused at least this many times as often ...
 PIN_GAIN = 1.5
-#: ... both measured on at least this many sampled releases of each kind, and on enough of them
-#: that, if the hints said nothing (the hinted releases reused as often as the others), this
-#: many of them would have been reused.
+#: ... both measured on at least this many sampled releases of each kind, with this many reuses
+#: among the two kinds compared, or enough hinted releases that, if the hints said nothing
+#: (reused as often as the others), ``MIN_EXPECTED`` of them would have been reused.
 MIN_SAMPLES = 64
+MIN_EVENTS = 32
 MIN_EXPECTED = 16
 #: The plain shadow remembers this many capacities of evicted keys, so a reuse counts for the
 #: informativeness test well past the cache's own reach (conversations return late).
@@ -435,10 +436,10 @@ class HintLayer(EvictionPolicy):
         tells_dead = tells_live = False
         if ins[0] >= least:
             rest = reused[0] / ins[0]
-            tells_dead = (ins[1] >= least and rest * ins[1] >= MIN_EXPECTED
-                          and reused[1] / ins[1] <= DEAD_RATIO * rest)
-            tells_live = (ins[2] >= least and rest * ins[2] >= MIN_EXPECTED
-                          and reused[2] / ins[2] >= PIN_GAIN * rest)
+            tells_dead = (ins[1] >= least and reused[1] / ins[1] <= DEAD_RATIO * rest
+                          and (reused[0] + reused[1] >= MIN_EVENTS or rest * ins[1] >= MIN_EXPECTED))
+            tells_live = (ins[2] >= least and reused[2] / ins[2] >= PIN_GAIN * rest
+                          and (reused[0] + reused[2] >= MIN_EVENTS or rest * ins[2] >= MIN_EXPECTED))
         self.honour = [tells_dead and demoting.hits > base, tells_live and pinning.hits > base]
 
     def stats(self) -> HintStats:
