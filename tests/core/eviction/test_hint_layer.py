@@ -285,6 +285,32 @@ def test_demotions_are_honoured_once_the_hinted_releases_would_show_their_reuses
     assert _judged([64, 103, 0], [10, 0, 0], lead=0, share=0.5).min_lead == 4.0
 
 
+def test_when_demotions_start_to_be_honoured_the_free_blocks_hinted_dead_go_first():
+    """Blocks a session's end hinted dead while the test did not honour demotions sit in the
+    policy's order; the moment it does, the free ones among them move to the evict-first region
+    (in the policy's order), and a later victim comes from there."""
+    from hybridkv.core.policy_pool import PolicyBlockPool
+    from hybridkv.core.retention_config import RetentionMark
+    layer = HintLayer(LRUPolicy(), Clock())
+    pool = PolicyBlockPool(16, 1, layer)
+    blocks = pool.allocate(4)
+    for b in blocks:
+        pool.insert(0, bytes([b]) * 16, b)
+    pool.hint([blocks[2], blocks[3]], [0, 1], [RetentionMark(2, 0, None)], ("session", "s"))
+    pool.hint([blocks[0], blocks[1]], [0, 1], (), ("session", "t"))
+    pool.free(blocks)
+    assert not layer.honour[0] and list(layer.inner) == blocks and not layer.demoted
+    plain, demoting, _ = layer.shadows
+    plain.ins, plain.reused, plain.hits = [64, 103, 0], [10, 0, 0], 100.0
+    demoting.hits = 114.0
+    layer._test([], 0.0)
+    assert layer.honour[0] and list(layer.demoted) == [blocks[2], blocks[3]]
+    assert list(layer.inner) == [blocks[0], blocks[1]]
+    pool.check()
+    pool.allocate(pool.queue.num_free)
+    assert pool.allocate(1) == [blocks[2]]
+
+
 def test_forced_hints_are_followed_untested_coin_flips_included(monkeypatch):
     """``hints="force"``: the layer follows every hint from the first release and runs no
     shadow; a coin flip is followed too. Its hits equal, exactly, a tested layer made to

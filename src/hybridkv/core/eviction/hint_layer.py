@@ -49,7 +49,8 @@ capacities of freed blocks, so a change in the hints' quality is followed. So hi
 no information (a coin flip: an LRU cache of the dead-time kind can gain even from those, a
 policy that already keeps returning chains loses), and right-but-useless ones (a cache that
 keeps everything anyway, where a wrong "last turn" costs a hit and a right one gains nothing),
-are ignored; useful ones are followed after a warm-up of about a capacity. The shadows see a sample of the blocks (by
+are ignored; useful ones are followed after a warm-up of about a capacity (from then on the
+free blocks hinted dead during it go first too). The shadows see a sample of the blocks (by
 hash: about ``SAMPLED`` of a pool's capacity, at that share of the capacity), so their cost is
 bounded. BENCHMARKS.md, "Application hints", measures the layer under right, noisy and random
 hints.
@@ -440,7 +441,14 @@ class HintLayer(EvictionPolicy):
                           and (reused[0] + reused[1] >= MIN_EVENTS or rest * ins[1] >= MIN_EXPECTED))
             tells_live = (ins[2] >= least and reused[2] / ins[2] >= PIN_GAIN * rest
                           and (reused[0] + reused[2] >= MIN_EVENTS or rest * ins[2] >= MIN_EXPECTED))
-        self.honour = [tells_dead and demoting.hits > base, tells_live and pinning.hits > base]
+        honour = [tells_dead and demoting.hits > base, tells_live and pinning.hits > base]
+        if honour[0] and not self.honour[0]:
+            # demotions are honoured from now on: the free blocks already hinted dead go first
+            inner, demoted, dead = self.inner, self.demoted, self.dead
+            for b in [b for b in inner if b in dead]:      # (in the policy's order)
+                inner.on_hit(b, True)
+                demoted[b] = None
+        self.honour = honour
 
     def stats(self) -> HintStats:
         """The layer's counters and its current judgement (:class:`HintStats`)."""
