@@ -125,28 +125,34 @@ def test_a_second_ctrl_c_while_stopping_is_ignored_then_the_handler_comes_back(t
                                                                                 monkeypatch,
                                                                                 capsys) -> None:
     """Two SIGINTs in a row: the first stops the run, the second (delivered while it stops)
-    is ignored; afterwards a third would reach the previous handler again."""
+    is ignored; afterwards a third reaches the previous handler again. Python's own handler is
+    put in place first (a process started in the background inherits SIGINT ignored, where no
+    handler would raise) and the inherited one is restored at the end."""
     from hybridkv.sim.simulator import Simulator
-    before = _state()
-    real = Simulator.step
-    calls = {"n": 0}
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        before = _state()
+        real = Simulator.step
+        calls = {"n": 0}
 
-    def step(self, res, clock):
-        calls["n"] += 1
-        if calls["n"] == 10:
-            try:
-                signal.raise_signal(signal.SIGINT)
-            except KeyboardInterrupt:
-                signal.raise_signal(signal.SIGINT)      # the handler now ignores it
-                raise
-        return real(self, res, clock)
+        def step(self, res, clock):
+            calls["n"] += 1
+            if calls["n"] == 10:
+                try:
+                    signal.raise_signal(signal.SIGINT)
+                except KeyboardInterrupt:
+                    signal.raise_signal(signal.SIGINT)      # the handler now ignores it
+                    raise
+            return real(self, res, clock)
 
-    monkeypatch.setattr(Simulator, "step", step)
-    assert main(["simulate", *CHAT, "--cache-tokens", "40k", "--no-optimum"]) == 130
-    capsys.readouterr()
-    assert _state() == before
-    with pytest.raises(KeyboardInterrupt):
-        signal.raise_signal(signal.SIGINT)             # pytest's own handler is back
+        monkeypatch.setattr(Simulator, "step", step)
+        assert main(["simulate", *CHAT, "--cache-tokens", "40k", "--no-optimum"]) == 130
+        capsys.readouterr()
+        assert _state() == before
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)             # the handler before the run is back
+    finally:
+        signal.signal(signal.SIGINT, inherited)
 
 
 @pytest.mark.parametrize("argv", [
