@@ -96,6 +96,35 @@ def test_an_inner_policy_that_scales_hears_the_hit_points_share_of_what_they_nee
     assert pool.policy.inner.told == [0.25, 0.25]
 
 
+def test_a_window_a_later_hit_point_reads_outlives_the_hit_point_it_was_anchored_at():
+    """A window longer than the alignment serves several hit points; its block is anchored at
+    the first. Evicting that hit point keeps the block while a later hit point on the chain
+    (which needs the same key block) lives; it dies with the key block."""
+    pool = _pool(16)
+    pool.allocate(6)
+    _cache(pool, 0, [1, 2, 5], "k")
+    _cache(pool, 1, [3, 4, 6], "w")
+    pool.anchor([3], [0], [1, 2])          # hit point at 1 (3 reaches 2's too)
+    pool.anchor([4], [1], [1, 2])          # hit point at 2
+    pool.anchor([6], [1], [1, 5])          # hit point at 5, another branch after 1
+    layer = pool.policy
+    assert layer.need == {1: 3, 2: 1, 5: 1}
+    pool.free([1])
+    pool.free([5])
+    pool.free([2])
+    pool.free([3, 4, 6])
+    assert list(layer.inner) == [1, 5, 2]
+    pool.allocate(9)
+    # hit point 1 goes first, but block 1 is still needed (by 2): 3 stays; then hit point 5
+    assert pool.allocate(1) == [5]
+    assert list(layer.held) == [3, 4] and list(layer.dead) == [6] and list(layer.covered) == [1]
+    assert layer.live == {2} and list(layer.inner) == [2]
+    pool.check()
+    assert pool.allocate(2) == [6, 2]
+    assert list(layer.dead) == [4, 3, 1]
+    pool.check()
+
+
 def test_block_by_block_lru_would_break_the_hit_point_first():
     """Windows freed before the chain (a window release during the prefill): plain LRU over
     blocks takes a window first, so the hit point is gone while its whole chain stays; the
@@ -160,8 +189,8 @@ def test_followers_live_and_die_with_the_key_block_at_their_place():
     pool.allocate(9)
     assert pool.allocate(1) == [6]
     assert pool.allocate(1) == [2]              # the hit point: its window, then the chain
-    assert list(layer.dead) == [3, 5, 4, 1]     # each follower dies with its key block
-    assert pool.allocate(4) == [3, 5, 4, 1]
+    assert list(layer.dead) == [5, 3, 4, 1]     # followers and windows die with their key block
+    assert pool.allocate(4) == [5, 3, 4, 1]
     pool.check()
 
 

@@ -97,9 +97,10 @@ class _World:
             c = (1, keys[k], w)
             self.pool.insert(1, _key("window", w, keys[k]), w)
             self.content[w] = c
-            self.pool.anchor([w], [k], table, classes=[rng.randrange(4)])
             a = table[k]
-            if a not in self.chains or self.layer.comps_of.get(a, {}) == {w: None}:
+            born = a not in self.layer.live
+            self.pool.anchor([w], [k], table, classes=[rng.randrange(4)])
+            if born:
                 self.chains[a] = [(table[j], keys[j]) for j in range(k + 1)]
         self.pool.free(list(reversed(table)))
         self.pool.free(wins)
@@ -115,7 +116,7 @@ class _World:
     def oracle_need(self) -> set[int]:
         out: set[int] = set()
         for a in list(self.chains):
-            if a not in self.layer.comps_of:
+            if a not in self.layer.live:
                 del self.chains[a]
                 continue
             chain = self.chains[a]

@@ -14,7 +14,8 @@ attention or MLA); the other downward-closed groups (a drafter's full-attention 
 block is a *companion* of the key block that ends the first hit point it serves, its *anchor*
 (the coordinator says which when it releases the block:
 :meth:`~hybridkv.core.policy_pool.PolicyBlockPool.anchor`, with the key table that is the hit
-point's chain). A hit point is *live* while a companion anchors it.
+point's chain). A hit point is *live* from the release that anchors a companion there until
+it is evicted.
 
 The key blocks form a tree (a block's parent is the one before it in every table that holds
 it). A key block is *needed* while a live hit point is at it or after it: ``need[b]`` counts
@@ -22,8 +23,8 @@ its own live hit point and its needed children, so a chain becomes unneeded tail
 moment the last hit point after it dies. The cached free blocks fall in five regions, evicted
 in this order:
 
-1. **dead**: blocks no hit can read (an unneeded key block, its followers, a companion
-   whose hit point is dead), in the order they died;
+1. **dead**: blocks no hit can read (an unneeded key block, its followers and the companions
+   anchored there), in the order they died;
 2. **idle**: anchors of hit points of a *cold class* that served no hit yet. A hit point's
    class is where it ends against the prompt of the request that stored it
    (:func:`~hybridkv.core.retention.hit_point_class`: past the prompt, as a chat turn's final
@@ -36,9 +37,10 @@ in this order:
    ``COLD_RATIO`` times as often as the best class's is cold;
 3. **the policy's**: anchors of every other live hit point, in the inner policy's order; the
    inner policy sees, ranks and evicts these *units* only (and hears of their hits). Evicting
-   a unit kills its hit point: its companions die, and so does every key block (and its
-   followers) no other live hit point needs, back to the nearest needed one;
-4. **held**: companions and followers of live hit points whose anchor is in use;
+   a unit kills its hit point: every key block no other live hit point needs dies, back to
+   the nearest needed one, with its followers and the companions anchored there (a companion
+   anchored at a block a later hit point still needs stays: a window can serve several);
+4. **held**: companions and followers anchored at needed key blocks;
 5. **covered**: needed key blocks that anchor no live hit point.
 
 Regions 4 and 5 are reached only when nothing else is free (nothing makes the cache refuse
@@ -98,7 +100,7 @@ class HitPointLayer(EvictionPolicy):
 
     name = "hit-points"
     __slots__ = ("inner", "key_group", "followers", "anchor_of", "comps_of", "node_of", "fols_of",
-                 "need", "parent", "gen", "cls_of", "served", "born_n", "served_n", "cold", "_births",
+                 "need", "parent", "gen", "live", "cls_of", "served", "born_n", "served_n", "cold", "_births",
                  "dead", "idle", "held", "covered", "_share_every", "_since", "_counts")
 
     def __init__(self, inner: EvictionPolicy, key_group: int, followers: Iterable[int] = ()) -> None:
@@ -117,7 +119,8 @@ class HitPointLayer(EvictionPolicy):
         self.key_group = key_group
         self.followers = followers
         self.anchor_of: dict[int, int] = {}           # companion -> the anchor of its hit point
-        self.comps_of: dict[int, dict[int, None]] = {}  # anchor -> its companions (live hit point)
+        self.comps_of: dict[int, dict[int, None]] = {}  # anchor -> its companions (needed key block)
+        self.live: set[int] = set()                   # anchors of live hit points
         self.node_of: dict[int, int] = {}             # follower -> the key block at its place
         self.fols_of: dict[int, dict[int, None]] = {}   # key block -> its followers
         self.need: dict[int, int] = {}                # needed key block -> own hit point + needed children
@@ -183,26 +186,27 @@ class HitPointLayer(EvictionPolicy):
                     else:
                         s[f] = None
             return
-        anchor_of, comps_of = self.anchor_of, self.comps_of
+        anchor_of, comps_of, live = self.anchor_of, self.comps_of, self.live
         for i, (c, k) in enumerate(zip(comps, positions)):
             a = table[k] if k >= 0 else 0
             old = anchor_of.get(c)
-            if old == a:
-                continue
-            if old is not None:
+            if old is not None and old != a:
                 self._unlink(c)
             if a:
-                anchor_of[c] = a
-                s = comps_of.get(a)
-                if s is None:
-                    comps_of[a] = {c: None}
+                if old != a:
+                    anchor_of[c] = a
+                    s = comps_of.get(a)
+                    if s is None:
+                        comps_of[a] = {c: None}
+                    else:
+                        s[c] = None
+                if a not in live:               # (again, for one whose hit point was evicted)
+                    live.add(a)
                     self._born(table, k, classes[i] if classes else 0)
-                else:
-                    s[c] = None
 
     def _units(self, blocks: Sequence[int], positions: Sequence[int]) -> tuple[list[int], list[int]]:
-        comps_of = self.comps_of
-        pairs = [(b, j) for b, j in zip(blocks, positions) if b in comps_of]
+        live = self.live
+        pairs = [(b, j) for b, j in zip(blocks, positions) if b in live]
         return [b for b, _ in pairs], [j for _, j in pairs]
 
     def retain(self, blocks: Sequence[int], positions: Sequence[int],
@@ -224,7 +228,7 @@ class HitPointLayer(EvictionPolicy):
 
     # ---- the tree of needed key blocks ---------------------------------------------------------
     def _own(self, a: int) -> int:
-        return 1 if a in self.comps_of else 0
+        return 1 if a in self.live else 0
 
     def _born(self, table: Sequence[int], k: int, cls: int) -> None:
         """A hit point of class ``cls`` is born at ``table[k]``: it and every unneeded block
@@ -293,6 +297,7 @@ class HitPointLayer(EvictionPolicy):
                 return
             del need[b]
             self._drop_followers(b)
+            self._drop_companions(b)
             if self.covered.pop(b, _ABSENT) is not _ABSENT:
                 self.dead[b] = None
             up = parent.pop(b, None)
@@ -309,16 +314,23 @@ class HitPointLayer(EvictionPolicy):
                 if held.pop(f, _ABSENT) is not _ABSENT:
                     dead[f] = None
 
+    def _drop_companions(self, b: int) -> None:
+        """Key block ``b`` is needed no more: the companions anchored there are dead (a later
+        hit point that read them needs ``b`` too)."""
+        comps = self.comps_of.pop(b, None)
+        if comps:
+            anchor_of, held, dead = self.anchor_of, self.held, self.dead
+            for c in reversed(comps):    # a release frees a table tail first: their free order
+                del anchor_of[c]
+                if held.pop(c, _ABSENT) is not _ABSENT:
+                    dead[c] = None
+                self._counts[0] += 1
+
     def _death(self, a: int) -> None:
-        """The hit point at ``a`` dies: its companions are dead, and ``a`` loses its own need.
+        """The hit point at ``a`` dies: ``a`` loses its own need (its companions die with the
+        block, once no later hit point needs it either: a window block can serve several).
         The caller has taken ``a`` out of the idle and the policy's regions."""
-        comps = self.comps_of.pop(a)
-        anchor_of, held, dead = self.anchor_of, self.held, self.dead
-        for c in reversed(comps):        # a release frees a table tail first: their free order
-            del anchor_of[c]
-            if held.pop(c, _ABSENT) is not _ABSENT:
-                dead[c] = None
-            self._counts[0] += 1
+        self.live.remove(a)
         self.cls_of.pop(a)
         self.served.discard(a)
         self._unneed(a)
@@ -343,7 +355,9 @@ class HitPointLayer(EvictionPolicy):
         s = self.comps_of[a]
         del s[c]
         if not s:                        # its last companion: the hit point dies
-            self._kill(a)
+            del self.comps_of[a]
+            if a in self.live:
+                self._kill(a)
 
     def _unfollow(self, f: int) -> None:
         a = self.node_of.pop(f, None)
@@ -370,13 +384,13 @@ class HitPointLayer(EvictionPolicy):
     # ---- the seam ------------------------------------------------------------------------------
     def on_free(self, blocks: Sequence[int]) -> None:
         bg, key, followers = self.pool.block_group, self.key_group, self.followers
-        need, comps_of = self.need, self.comps_of
+        need, live = self.need, self.live
         held, dead = self.held, self.dead
         units: list[int] = []
         for b in blocks:
             g = bg[b]
             if g == key:
-                if b in comps_of:
+                if b in live:
                     if self._cold(b):
                         self.idle[b] = None
                     else:
@@ -402,13 +416,13 @@ class HitPointLayer(EvictionPolicy):
         if self._since >= self._share_every:
             self._since = 0
             scale = getattr(self.inner, "scale_capacity", None)
-            if scale is not None and comps_of:
-                scale(len(comps_of) / (len(need) + len(self.node_of) + len(self.anchor_of)))
+            if scale is not None and live:
+                scale(len(live) / (len(need) + len(self.node_of) + len(self.anchor_of)))
 
     def on_hit(self, b: int, held: bool) -> None:
         g = self.pool.block_group[b]
         if g == self.key_group:
-            if b in self.comps_of:
+            if b in self.live:
                 if not held:
                     self.inner.on_hit(b, False)
                 elif self.idle.pop(b, _ABSENT) is _ABSENT:
@@ -420,7 +434,7 @@ class HitPointLayer(EvictionPolicy):
             del self.dead[b]
         if g not in self.followers:
             a = self.anchor_of.get(b)
-            if a is not None and a not in self.served:    # a hit ends at a's hit point
+            if a is not None and a in self.live and a not in self.served:    # a hit ends there
                 self.served.add(a)
                 c = self.cls_of[a]
                 if c >= _SAMPLED:
@@ -467,6 +481,7 @@ class HitPointLayer(EvictionPolicy):
         del self.need[b]
         self.gen[b] = self.gen.get(b, 0) + 1
         self._drop_followers(b)
+        self._drop_companions(b)
         up = self.parent.pop(b, None)
         if up is not None and self.gen.get(up[0], 0) == up[1] and up[0] in self.need:
             self._unneed(up[0])
@@ -494,31 +509,32 @@ class HitPointLayer(EvictionPolicy):
                 if b in seen:
                     raise AssertionError(f"hit points: block {b} is in {seen[b]} and {name}")
                 seen[b] = name
-        need, comps_of = self.need, self.comps_of
+        need, comps_of, live = self.need, self.comps_of, self.live
         for b in self.inner:
-            if b not in comps_of:
+            if b not in live:
                 raise AssertionError(f"hit points: the policy ranks block {b}, which anchors no hit point")
         for b in self.idle:
-            if b not in comps_of:
+            if b not in live:
                 raise AssertionError(f"hit points: idle block {b} anchors no hit point")
         for b in self.covered:
-            if bg[b] != key or b in comps_of or b not in need:
+            if bg[b] != key or b in live or b not in need:
                 raise AssertionError(f"hit points: covered block {b} is not a needed key block")
         for b in self.held:
             if bg[b] == key:
                 raise AssertionError(f"hit points: key block {b} is held as a companion")
-            live = (need.get(self.node_of.get(b, 0), 0) > 0 if bg[b] in followers
+            kept = (need.get(self.node_of.get(b, 0), 0) > 0 if bg[b] in followers
                     else b in self.anchor_of)
-            if not live:
-                raise AssertionError(f"hit points: held block {b} serves no live hit point")
+            if not kept:
+                raise AssertionError(f"hit points: held block {b} is anchored at no needed block")
         for b in self.dead:
             if (bg[b] == key and b in need) or b in self.anchor_of:
                 raise AssertionError(f"hit points: dead block {b} is still needed")
-        if set(self.cls_of) != set(comps_of) or not self.served <= set(comps_of):
-            raise AssertionError("hit points: classes or served marks of dead hit points are kept")
+        if set(self.cls_of) != live or not self.served <= live or not live <= set(comps_of):
+            raise AssertionError("hit points: a live hit point without companions, or classes or "
+                                 "served marks of dead ones kept")
         for a, comps in comps_of.items():
             if not comps or a not in need:
-                raise AssertionError(f"hit points: hit point {a} has no companion or no need")
+                raise AssertionError(f"hit points: block {a} anchors no companion or is not needed")
             for c in comps:
                 if self.anchor_of.get(c) != a:
                     raise AssertionError(f"hit points: companion {c} is not linked back to anchor {a}")
