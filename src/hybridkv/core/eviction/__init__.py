@@ -34,8 +34,8 @@ if TYPE_CHECKING:
 
 #: The policy ``recommended`` resolves to (see BENCHMARKS.md, "Eviction policies", for why) ...
 RECOMMENDED = "adaptive"
-#: ... and on a hybrid config, where it ranks hit points behind the hit-point layer (the best
-#: without hints on every hybrid preset measured: README.md, "Hybrid models").
+#: ... and on a hybrid config, where it ranks hit points behind the hit-point layer (never below
+#: LRU on the four hybrid presets at 1M, 3M and 10M: BENCHMARKS.md, "Eviction policies").
 RECOMMENDED_HYBRID = "lfu"
 
 
