@@ -39,8 +39,9 @@ hints, one demotes what the hints say is dead, one pins what they pin. The layer
 demotions while (1) the hints are informative: in the plain shadow (hits and, past its reach,
 its remembered evicted keys), releases hinted dead are reused at most ``DEAD_RATIO`` times as
 often as the others, judged once ``MIN_EVENTS`` reuses were seen or enough hinted releases
-that ``MIN_EXPECTED`` of them would have been reused at the others' rate, and (2) they pay: the demoting shadow hits more than the plain
-one by ``MARGIN`` (relative) and ``MIN_LEAD`` blocks; pins while pinned blocks are reused at
+that ``MIN_EXPECTED`` of them would have been reused at the others' rate, and (2) they pay:
+the demoting shadow hits more than the plain one by ``MARGIN`` (relative) and ``MIN_LEAD``
+blocks; pins while pinned blocks are reused at
 least ``PIN_GAIN`` times as often as the others and the pinning shadow leads likewise. A
 release is judged by its first block its owner owns alone (the blocks after it share its fate;
 shared blocks say nothing about a session, and a tail of output nobody reads is not pinned) and
@@ -173,10 +174,10 @@ class HintLayer(EvictionPolicy):
     def scale_capacity(self, share: float) -> None:
         """The blocks this layer sees are ``share`` of what the pool holds (a hit-point layer
         outside passes only its hit points' anchors, and tells the share of them among the
-        blocks they need): the shadows, which model the pool with
-        the blocks this layer sees, keep that share of its capacity, sampled as a pool of that
-        capacity would be (and decay after that share of blocks), and the lead they must show
-        is ``MIN_LEAD`` pool blocks' worth (at least one block this layer sees)."""
+        blocks they need): the shadows, which model the pool with the blocks this layer sees,
+        keep that share of its capacity, sampled as a pool of that capacity would be (and
+        decay after that share of blocks), and the lead they must show is ``MIN_LEAD`` pool
+        blocks' worth (at least one block this layer sees)."""
         if not 0.0 < share <= 1.0:
             raise ValueError(f"share must be in (0, 1], got {share!r}")
         cap = max(1, round((self.pool.num_blocks - 1) * share))
