@@ -71,7 +71,7 @@ from collections import OrderedDict
 from typing import Callable, Iterator, Sequence
 
 from hybridkv.core.eviction.base import EvictionPolicy, PolicyPool
-from hybridkv.core.eviction.hint_parts import HARD, PREDICTED, SOFT, PinSet, Shadow
+from hybridkv.core.eviction.hint_parts import HARD, PREDICTED, SOFT, PinSet, Shadow, sample_key
 from hybridkv.core.hints import RESUME_PRIORITY, SOFT_PIN_PRIORITY, HintStats
 from hybridkv.core.retention_config import DEFAULT_PRIORITY, RetentionMark
 
@@ -104,11 +104,6 @@ SAMPLED = 4096
 _SHARED = object()      # owner of a block released by more than one owner
 _INF = math.inf
 _NO_PIN = (-_INF, False)
-
-
-def _sample_key(h: object) -> int:
-    """A deterministic small integer of a block hash (bytes: its last byte)."""
-    return h[-1] if isinstance(h, (bytes, bytearray)) else hash(h) & 0xFF
 
 
 class HintLayer(EvictionPolicy):
@@ -302,7 +297,7 @@ class HintLayer(EvictionPolicy):
                 continue
             dead.add(b)
             h = bh[b]
-            if h is not None and not _sample_key(h) & mask:
+            if h is not None and not sample_key(h) & mask:
                 demoting.demote(h)
             if b in self.pinned:
                 continue
@@ -341,7 +336,7 @@ class HintLayer(EvictionPolicy):
                     pin = None
             is_dead = b in dead
             h = bh[b]
-            if not _sample_key(h) & mask:
+            if not sample_key(h) & mask:
                 # the test judges a release by its first own block (its tail may be output
                 # no one reads, which a pin does not cover) and by this release's hint (pins
                 # accumulate over releases: a live pin says how active a session is)

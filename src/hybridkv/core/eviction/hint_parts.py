@@ -9,13 +9,19 @@ import math
 from collections import OrderedDict
 from typing import Generic, Hashable, Iterator, TypeVar
 
-__all__ = ["HARD", "PREDICTED", "SOFT", "PinSet", "Shadow"]
+__all__ = ["sample_key", "HARD", "PREDICTED", "SOFT", "PinSet", "Shadow"]
 
 INF = math.inf
 #: A pin's kind (the second item of a pin record; a bool ``predicted`` reads as 0 or 1).
 HARD, PREDICTED, SOFT = 0, 1, 2
 
 _K = TypeVar("_K", bound=Hashable)
+
+
+def sample_key(h: object) -> int:
+    """A deterministic small integer of a block hash (bytes: its last byte): what the hint
+    layer's shadows and the hit-point layer's class sample are drawn by."""
+    return h[-1] if isinstance(h, (bytes, bytearray)) else hash(h) & 0xFF
 
 
 class PinSet(Generic[_K]):

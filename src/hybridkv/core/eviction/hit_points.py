@@ -58,6 +58,7 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Iterable, Iterator, Sequence, cast
 
 from hybridkv.core.eviction.base import EvictionPolicy, PolicyPool
+from hybridkv.core.eviction.hint_parts import sample_key
 from hybridkv.core.retention import HIT_POINT_CLASSES as CLASSES
 
 if TYPE_CHECKING:
@@ -238,7 +239,7 @@ class HitPointLayer(EvictionPolicy):
         if not 0 <= cls < CLASSES:
             raise ValueError(f"hit-point class must be in 0..{CLASSES - 1}, got {cls!r}")
         h = self.pool.block_hash[a]
-        if h is not None and not _sample_key(h) & SAMPLE_MASK:
+        if h is not None and not sample_key(h) & SAMPLE_MASK:
             cls |= _SAMPLED
             self.born_n[cls & 3] += 1
             self._births += 1
@@ -555,11 +556,6 @@ class HitPointLayer(EvictionPolicy):
             if n != want:
                 raise AssertionError(f"hit points: block {b} counts need {n}, its hit point and "
                                      f"needed children make {want}")
-
-
-def _sample_key(h: object) -> int:
-    """A deterministic small integer of a block hash (bytes: its last byte)."""
-    return h[-1] if isinstance(h, (bytes, bytearray)) else hash(h) & 0xFF
 
 
 __all__ = ["COLD_RATIO", "DECAY_SAMPLES", "HitPointLayer", "MIN_SAMPLES", "SAMPLE_MASK",
