@@ -285,6 +285,72 @@ def test_demotions_are_honoured_once_the_hinted_releases_would_show_their_reuses
     assert _judged([64, 103, 0], [10, 0, 0], lead=0, share=0.5).min_lead == 4.0
 
 
+def test_under_a_hit_point_layer_informative_demotions_are_tried_and_kept_while_not_worse():
+    """Told a share (a hit-point layer outside), the layer does not wait for its demoting
+    shadow to lead: informative hints start a trial at once (uninformative ones never). After
+    one shadow capacity (125 sampled blocks) the trial is kept while the pool hit at least
+    95 % of the plain shadow's hits less MIN_LEAD's share (1 block): 94 of 100 keeps, 93 stops
+    for COOLDOWN_CAPACITIES (8) capacities, in which only a demoting shadow's lead restarts."""
+    from hybridkv.core.eviction.hint_layer import COOLDOWN_CAPACITIES
+    assert not _judged([64, 103, 0], [10, 9, 0], lead=0, share=0.125).honour[0]
+    layer = _judged([64, 103, 0], [10, 0, 0], lead=-5, share=0.125)
+    assert layer.honour[0] and layer.shadows[0].cap == 125
+    plain, demoting, _ = layer.shadows
+    layer.win = [124.0, 0.0, 0.0]
+    layer._test([], 0.0)
+    assert layer.honour[0] and layer.win == [124.0, 0.0, 0.0]     # the trial goes on
+    layer.win = [125.0, 94.0, 100.0]
+    layer._test([], 0.0)
+    assert layer.honour[0] and layer.win == [0.0, 0.0, 0.0]       # kept; a new window
+    layer.win = [125.0, 93.0, 100.0]
+    layer._test([], 0.0)
+    assert not layer.honour[0] and layer.cool == COOLDOWN_CAPACITIES * 125
+    layer._test([], 0.0)
+    assert not layer.honour[0]
+    demoting.hits = plain.hits * 1.05 + 1.5                       # the demoting shadow leads
+    layer._test([], 0.0)
+    assert layer.honour[0]
+
+
+def test_under_a_hit_point_layer_the_plain_shadow_is_fitted_to_the_pool():
+    """Not honouring, every eighth of a shadow capacity of sampled blocks freed the shadows'
+    capacity moves (by at most 1.25x) towards the one at which the plain shadow hits as often
+    as the pool: the pool hit 199 sampled releases, the shadow 99 -> 1.25x (125 -> 156 keys);
+    then 49 against 99 -> back to 125. Honouring, scale_capacity leaves the shadows as they are."""
+    layer = _judged([0, 0, 0], [0, 0, 0], lead=0, share=0.125)
+    plain = layer.shadows[0]
+    assert not layer.honour[0] and plain.cap == 125
+    plain.hits, layer.real = 99.0, 199.0
+    layer._fit(15)
+    assert plain.cap == 125                                       # 15 x 8 < 125
+    layer._fit(1)
+    assert layer.fit == 1.25 and plain.cap == 156
+    plain.hits, layer.real = 99.0, 49.0
+    layer._fit(20)
+    assert layer.fit == 1.0 and plain.cap == 125
+    layer.honour[0] = True
+    layer.scale_capacity(0.25)
+    assert plain.cap == 125 and layer.share == 0.25
+
+
+def test_the_pool_hits_counted_for_the_fit_are_sampled_releases_of_blocks_hit():
+    """A block hit while free, then released: one pool hit if its hash is sampled (the
+    layer sees every block when the pool is small: mask 0); a block released without a hit:
+    none. Only a layer told a share counts."""
+    from hybridkv.core.policy_pool import PolicyBlockPool
+    layer = HintLayer(LRUPolicy(), Clock())
+    pool = PolicyBlockPool(16, 1, layer)
+    layer.scale_capacity(0.5)
+    blocks = pool.allocate(3)
+    for b in blocks:
+        pool.insert(0, bytes([b]) * 16, b)
+    pool.free(blocks)
+    assert layer.real == 0.0
+    pool.touch([blocks[0], blocks[1]])
+    pool.free([blocks[0], blocks[1]])
+    assert layer.real == 2.0 and not layer.touched
+
+
 def test_when_demotions_start_to_be_honoured_the_free_blocks_hinted_dead_go_first():
     """Blocks a session's end hinted dead while the test did not honour demotions sit in the
     policy's order; the moment it does, the free ones among them move to the evict-first region

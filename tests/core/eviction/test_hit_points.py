@@ -96,6 +96,38 @@ def test_an_inner_policy_that_scales_hears_the_hit_points_share_of_what_they_nee
     assert pool.policy.inner.told == [0.25, 0.25]
 
 
+class _Returns(LRUPolicy):
+    """LRU that records the blocks it is told came back (as the hint layer's shadows are)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.back: list[list[int]] = []
+
+    def returned(self, blocks) -> None:
+        self.back.append(list(blocks))
+
+
+def test_a_dead_hit_point_released_again_is_told_as_returned():
+    """b's hit point (anchor 4) is evicted; a request recomputes its key block (the same hash,
+    into block 8) and releases it without anchoring a window there: the inner policy hears it
+    came back (once), and not of a key block that never ended a hit point."""
+    pool = PolicyBlockPool(32, 2, HitPointLayer(_Returns(), 0))
+    _two_chains(pool)
+    inner = pool.policy.inner
+    pool.allocate(23)
+    assert pool.allocate(1) == [4]
+    assert pool.allocate(2) == [8, 7]
+    _cache(pool, 0, [8], "b")                         # b0...: block 4's hash again
+    _cache(pool, 0, [7], "c")
+    pool.free([8, 7])
+    assert inner.back == [[8]]
+    assert pool.allocate(2) == [8, 7]
+    _cache(pool, 0, [8], "b")
+    pool.free([8])
+    assert inner.back == [[8]]                         # told once per death
+    pool.check()
+
+
 def test_a_window_a_later_hit_point_reads_outlives_the_hit_point_it_was_anchored_at():
     """A window longer than the alignment serves several hit points; its block is anchored at
     the first. Evicting that hit point keeps the block while a later hit point on the chain

@@ -56,6 +56,19 @@ hash: about ``SAMPLED`` of a pool's capacity, at that share of the capacity), so
 bounded. BENCHMARKS.md, "Application hints", measures the layer under right, noisy and random
 hints.
 
+**Under a hit-point layer** (:mod:`.hit_points`, which tells the layer the hit points' share
+of the blocks they need, :meth:`HintLayer.scale_capacity`) the units are hit points, and the
+plain shadow models the pool only once fitted: every eighth of its capacity its capacity moves
+(by at most ``FIT_STEP``) towards the one at which it hits as often as the pool (a pool hit:
+a sampled release of a block hit since its last release; the hit-point layer also serves the
+shadows the places of dead hit points a request computed again, :meth:`HintLayer.returned`,
+which are the pool's misses). The demoting shadow cannot model a demotion (a dead hit point
+frees its whole chain, a shadow key one slot), so demotions are *tried*: while the hints are
+informative the layer honours them for ``TRIAL_CAPACITIES`` shadow capacities and goes on
+while the pool hits at least ``1 - MARGIN`` of the plain shadow's hits less ``min_lead`` (the
+shadow, fitted before the trial, keeps its capacity during it); a failed trial waits
+``COOLDOWN_CAPACITIES`` capacities (a demoting shadow's lead restarts one sooner).
+
 **Forced** (``HintLayer(..., force=True)``, ``CacheOptions(hints="force")``): both kinds are
 followed from the first release and the shadows do not run (the hints are known to be right,
 or the point is what they could give).
@@ -98,6 +111,17 @@ GHOST_CAPACITIES = 16
 DECAY_CAPACITIES = 8
 #: The layer remembers the latest release of at most this many sessions per pool block.
 LAST_SESSIONS = 4
+#: Under a hit-point layer demotions are tried for this many shadow capacities of sampled
+#: blocks freed at a time ...
+TRIAL_CAPACITIES = 1
+#: ... and after a failed trial not again for this many.
+COOLDOWN_CAPACITIES = 8
+#: Under a hit-point layer the shadows' capacity is fitted every this share of it ...
+FIT_EVERY = 8
+#: ... by at most this factor ...
+FIT_STEP = 1.25
+#: ... and stays at least this share of the one the hit points' share gives.
+MIN_FIT = 1.0 / 16
 #: About this many blocks of a pool's capacity are sampled (the modulus is a power of two).
 SAMPLED = 4096
 
@@ -118,7 +142,7 @@ class HintLayer(EvictionPolicy):
     name = "hint-layer"
     __slots__ = ("inner", "clock", "owner", "dead", "pin_until", "fresh_pin", "reps", "demoted", "pinned",
                  "shadows", "honour", "mask", "freed", "_decay_every", "_counts", "last", "force",
-                 "soft_ttl", "min_lead")
+                 "soft_ttl", "min_lead", "share", "fit", "touched", "real", "_fit_since", "win", "cool")
 
     def __init__(self, inner: EvictionPolicy, clock: Callable[[], float], force: bool = False) -> None:
         super().__init__()
@@ -148,6 +172,13 @@ class HintLayer(EvictionPolicy):
         self.freed = 0                              # sampled blocks freed since the last decay
         self.min_lead = float(MIN_LEAD)             # MIN_LEAD in the blocks this layer sees
         self._decay_every = 1
+        self.share = 0.0                            # told by scale_capacity (0: not scaled)
+        self.fit = 1.0                              # the shadows' capacity over the share's
+        self.touched: set[int] = set()              # blocks hit since their last release
+        self.real = 0.0                             # sampled releases of blocks hit (decayed)
+        self._fit_since = 0
+        self.win = [0.0, 0.0, 0.0]                  # a trial's sampled blocks freed, pool hits, plain shadow's
+        self.cool = 0.0                             # sampled blocks to free before the next trial
         # releases, demoted, pinned, ignored demotions, ignored pins, pins broken, pins lapsed,
         # soft refreshes
         self._counts = [0] * 8
@@ -170,11 +201,18 @@ class HintLayer(EvictionPolicy):
         """The blocks this layer sees are ``share`` of what the pool holds (a hit-point layer
         outside passes only its hit points' anchors, and tells the share of them among the
         blocks they need): the shadows, which model the pool with the blocks this layer sees,
-        keep that share of its capacity, sampled as a pool of that capacity would be (and
+        keep that share of its capacity (times the fit; unchanged while demotions are
+        honoured: see the module docstring), sampled as a pool of that capacity would be (and
         decay after that share of blocks), and the lead they must show is ``MIN_LEAD`` pool
         blocks' worth (at least one block this layer sees)."""
         if not 0.0 < share <= 1.0:
             raise ValueError(f"share must be in (0, 1], got {share!r}")
+        self.share = share
+        if not self.honour[0]:          # (honouring, the plain shadow stays the fitted model)
+            self._resize(min(1.0, share * self.fit))
+        self.min_lead = max(1.0, MIN_LEAD * share)
+
+    def _resize(self, share: float) -> None:
         cap = max(1, round((self.pool.num_blocks - 1) * share))
         m = 1
         while m * SAMPLED < cap and m < 256:
@@ -188,7 +226,6 @@ class HintLayer(EvictionPolicy):
             shadow.cap = scap
             shadow.serve([], now)                      # (trims a shadow over its new capacity)
         self._decay_every = DECAY_CAPACITIES * scap
-        self.min_lead = max(1.0, MIN_LEAD * share)
 
     @property
     def uses_retention(self) -> bool:     # type: ignore[override]  # per instance: the inner's
@@ -315,8 +352,14 @@ class HintLayer(EvictionPolicy):
         sample: list[tuple[object, int, bool, float, int]] = []
         own = self.owner
         soft_ttl = self.soft_ttl
+        touched = self.touched
         now = None
         for b in blocks:
+            was_hit = False
+            if touched:
+                was_hit = b in touched
+                if was_hit:
+                    touched.discard(b)
             if soft_ttl:
                 ttl = soft_ttl.get(b)
                 if ttl is not None:                    # soft: refreshed by every release
@@ -337,6 +380,9 @@ class HintLayer(EvictionPolicy):
             is_dead = b in dead
             h = bh[b]
             if not sample_key(h) & mask:
+                if was_hit:
+                    self.real += 1
+                    self.win[1] += 1
                 # the test judges a release by its first own block (its tail may be output
                 # no one reads, which a pin does not cover) and by this release's hint (pins
                 # accumulate over releases: a live pin says how active a session is)
@@ -362,7 +408,21 @@ class HintLayer(EvictionPolicy):
         if sample:
             self._test(sample, now)
 
+    def returned(self, blocks: Sequence[int]) -> None:
+        """A hit-point layer outside saw ``blocks`` (held, cached) released again, each the
+        place of a hit point that died before: the request wanted it back. The shadows are
+        served them (a shadow that kept the hit point hits it), the policy is not told."""
+        if self.force:
+            return
+        bh, mask = self.pool.block_hash, self.mask
+        sample: list[tuple[object, int, bool, float, int]] = [
+            (h, -1, False, 0.0, 0) for h in (bh[b] for b in blocks) if not sample_key(h) & mask]
+        if sample:
+            self._test(sample, None)
+
     def on_hit(self, b: int, held: bool) -> None:
+        if self.share:
+            self.touched.add(b)
         if held:
             if b in self.demoted:
                 del self.demoted[b]
@@ -398,6 +458,8 @@ class HintLayer(EvictionPolicy):
                 pin_until.pop(b, None)
                 fresh.discard(b)
                 reps.discard(b)
+        if self.touched:
+            self.touched.difference_update(blocks)
         self.inner.forget(blocks)
 
     # ---- pins ----------------------------------------------------------------------------------
@@ -418,11 +480,15 @@ class HintLayer(EvictionPolicy):
         plain, demoting, pinning = self.shadows
         if now is None:
             now = self.clock() if pinning.pinned else 0.0
+        before = plain.hits
         for shadow in self.shadows:
             shadow.serve(sample, now)
         self.freed += len(sample)
+        if self.share and not self.honour[0]:
+            self._fit(len(sample))
         if self.freed >= self._decay_every:
             self.freed = 0
+            self.real *= 0.5
             for shadow in self.shadows:
                 shadow.hits *= 0.5
                 for lst in (shadow.ins, shadow.reused):
@@ -437,7 +503,11 @@ class HintLayer(EvictionPolicy):
                           and (reused[0] + reused[1] >= MIN_EVENTS or rest * ins[1] >= MIN_EXPECTED))
             tells_live = (ins[2] >= least and reused[2] / ins[2] >= PIN_GAIN * rest
                           and (reused[0] + reused[2] >= MIN_EVENTS or rest * ins[2] >= MIN_EXPECTED))
-        honour = [tells_dead and demoting.hits > base, tells_live and pinning.hits > base]
+        if self.share:
+            pays = self._trial(tells_dead, len(sample), plain.hits - before)
+        else:
+            pays = demoting.hits > base
+        honour = [tells_dead and pays, tells_live and pinning.hits > base]
         if honour[0] and not self.honour[0]:
             # demotions are honoured from now on: the free blocks already hinted dead go first
             inner, demoted, dead = self.inner, self.demoted, self.dead
@@ -445,6 +515,47 @@ class HintLayer(EvictionPolicy):
                 inner.on_hit(b, True)
                 demoted[b] = None
         self.honour = honour
+
+    def _trial(self, tells: bool, n: int, plain_hits: float) -> bool:
+        """Under a hit-point layer, whether honouring demotions pays. Its demoting shadow
+        undercounts what a demotion frees (a dead hit point frees its whole chain, the shadow
+        one key), so the layer tries: while the hints tell dead from live, it honours them for
+        a trial of ``TRIAL_CAPACITIES`` shadow capacities of sampled blocks freed and keeps
+        on while the pool hits more than the plain shadow (fitted to the pool before the
+        trial, unchanged during it) by ``MARGIN`` and ``min_lead``; a trial that fails waits
+        ``COOLDOWN_CAPACITIES`` capacities (the demoting shadow's lead may start one sooner)."""
+        win = self.win
+        cap = self.shadows[0].cap
+        if not self.honour[0]:
+            self.cool -= n
+            if not tells or (self.cool > 0 and self.shadows[1].hits <= self.shadows[0].hits * (1.0 + MARGIN) + self.min_lead):
+                win[1] = 0.0
+                return False
+            win[0] = win[1] = win[2] = 0.0       # a trial starts
+            return True
+        win[0] += n
+        win[2] += plain_hits
+        if win[0] < TRIAL_CAPACITIES * cap:
+            return True
+        keep = win[1] >= win[2] * (1.0 - MARGIN) - self.min_lead
+        win[0] = win[1] = win[2] = 0.0
+        if not keep:
+            self.cool = COOLDOWN_CAPACITIES * cap
+        return keep
+
+    def _fit(self, n: int) -> None:
+        """Every ``1 / FIT_EVERY`` of a shadow's capacity of sampled blocks freed, move the
+        shadows' capacity (by at most ``FIT_STEP``) towards the one at which the shadow of
+        what the layer does now (honouring demotions or not) hits as often as the pool."""
+        self._fit_since += n
+        shadow = self.shadows[1] if self.honour[0] else self.shadows[0]
+        if self._fit_since * FIT_EVERY < shadow.cap:
+            return
+        self._fit_since = 0
+        r = (self.real + 1.0) / (shadow.hits + 1.0)
+        fit = self.fit * min(FIT_STEP, max(1.0 / FIT_STEP, r))
+        self.fit = min(1.0 / self.share, max(MIN_FIT, fit))
+        self._resize(self.share * self.fit)
 
     def stats(self) -> HintStats:
         """The layer's counters and its current judgement (:class:`HintStats`)."""

@@ -43,6 +43,11 @@ in this order:
 4. **held**: companions and followers anchored at needed key blocks;
 5. **covered**: needed key blocks that anchor no live hit point.
 
+An inner policy that tests hints (the hint layer) also hears, as
+:meth:`~hybridkv.core.eviction.hint_layer.HintLayer.returned`, the key
+blocks released again at the place of a hit point that died (by their hash: a request wanted
+it back and computed it again), so its shadow caches count the pool's misses too.
+
 Regions 4 and 5 are reached only when nothing else is free (nothing makes the cache refuse
 work); such a victim is counted. LRU without hints and vLLM's compat mode never see this layer
 (vLLM's own order is the reference); state groups (recurrent layers) keep LRU, which evicts
@@ -55,7 +60,7 @@ and death walk the chain only as far as its need changes (amortised O(1) per key
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Iterable, Iterator, Sequence, cast
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Sequence, cast
 
 from hybridkv.core.eviction.base import EvictionPolicy, PolicyPool
 from hybridkv.core.eviction.hint_parts import sample_key
@@ -102,7 +107,7 @@ class HitPointLayer(EvictionPolicy):
     name = "hit-points"
     __slots__ = ("inner", "key_group", "followers", "anchor_of", "comps_of", "node_of", "fols_of",
                  "need", "parent", "gen", "live", "cls_of", "served", "born_n", "served_n", "cold", "_births",
-                 "dead", "idle", "held", "covered", "_share_every", "_since", "_counts")
+                 "dead", "idle", "held", "covered", "gone", "_returned", "_share_every", "_since", "_counts")
 
     def __init__(self, inner: EvictionPolicy, key_group: int, followers: Iterable[int] = ()) -> None:
         super().__init__()
@@ -137,6 +142,9 @@ class HitPointLayer(EvictionPolicy):
         self.idle: OrderedDict[int, None] = OrderedDict()
         self.held: OrderedDict[int, None] = OrderedDict()
         self.covered: OrderedDict[int, None] = OrderedDict()
+        self.gone: dict[object, None] = {}           # hashes of anchors whose hit point died
+        # told of them when they come back
+        self._returned: Callable[[list[int]], None] | None = getattr(inner, "returned", None)
         self._share_every = 1
         self._since = 0
         self._counts = [0, 0, 0]                      # companions killed, dead evicted, live evicted
@@ -332,6 +340,12 @@ class HitPointLayer(EvictionPolicy):
         block, once no later hit point needs it either: a window block can serve several).
         The caller has taken ``a`` out of the idle and the policy's regions."""
         self.live.remove(a)
+        h = self.pool.block_hash[a]
+        if h is not None and self._returned is not None:
+            gone = self.gone
+            gone[h] = None
+            if len(gone) > self.pool.num_blocks:
+                del gone[next(iter(gone))]
         self.cls_of.pop(a)
         self.served.discard(a)
         self._unneed(a)
@@ -388,9 +402,13 @@ class HitPointLayer(EvictionPolicy):
         need, live = self.need, self.live
         held, dead = self.held, self.dead
         units: list[int] = []
+        back: list[int] = []
+        gone, bh = self.gone, self.pool.block_hash
         for b in blocks:
             g = bg[b]
             if g == key:
+                if gone and b not in live and gone.pop(bh[b], _ABSENT) is None:
+                    back.append(b)
                 if b in live:
                     if self._cold(b):
                         self.idle[b] = None
@@ -413,6 +431,8 @@ class HitPointLayer(EvictionPolicy):
                 dead[b] = None
         if units:
             self.inner.on_free(units)
+        if back and self._returned is not None:
+            self._returned(back)
         self._since += len(blocks)
         if self._since >= self._share_every:
             self._since = 0
