@@ -60,6 +60,26 @@ def test_tensor_parallel_decode_step_communication_by_hand() -> None:
     assert model.step_time_arrays([1] * 64, [1024] * 64) == pytest.approx(step.time_s)
 
 
+def test_a_deployed_model_remembers_each_step_shapes_communication(monkeypatch) -> None:
+    """comm_s equals step_comm_s for every shape, computes each shape once, and starts over
+    once COMM_MEMO shapes are remembered (here 2)."""
+    import hybridkv.cost.comm as comm
+    preset = get_preset("llama-3.1-8b")
+    dep = Deployment(tp=8)
+    model = cost_model(preset, H100, 8, deployment=dep)
+    c = comm_counts(preset, dep)
+    calls: list[tuple[float, float]] = []
+
+    def counted(counts, d, gpu, tokens, requests):
+        calls.append((tokens, requests))
+        return step_comm_s(counts, d, gpu, tokens, requests)
+    monkeypatch.setattr(comm, "step_comm_s", counted)
+    monkeypatch.setattr(comm, "COMM_MEMO", 2)
+    for shape in [(64, 64), (64, 64), (130, 3), (64, 64), (7, 7), (64, 64)]:
+        assert model.comm_s(*shape) == step_comm_s(c, dep, H100, *shape)
+    assert calls == [(64, 64), (130, 3), (7, 7), (64, 64)]
+
+
 def test_expert_parallel_counts_deepseek() -> None:
     """DeepSeek-V3: 61 layers, the first 3 dense: 58 MoE layers; top-8 x 7168 per token,
     FP8 dispatch (1 B) and BF16 combine (2 B)."""

@@ -48,6 +48,8 @@ ACT_BYTES = 2
 DISPATCH_BYTES = 1
 """Bytes per value of an expert-parallel dispatch (FP8, as DeepEP sends it)."""
 INTER_NODE_LINK = "ib-ndr"
+COMM_MEMO = 1 << 16
+"""Step shapes whose communication a :class:`DeployedCostModel` remembers (then it starts over)."""
 
 
 def link_for(gpu: GpuPreset, n: int, gpus_per_node: int) -> Link:
@@ -138,11 +140,19 @@ class DeployedCostModel:
                    else inner.mbu)
             extra = dense * (1.0 - dep.tp / dep.ep) / dep.tp / (inner.gpu.mem_bw * eff)
         self._dense_extra_s = extra
+        self._comm: dict[tuple[float, float], float] = {}     # (tokens, requests) -> seconds
         self.source = f"{inner.source}; {dep.name}, communication from published collectives"
 
     def comm_s(self, tokens: float, requests: float) -> float:
-        """Communication seconds of a step of ``tokens`` new tokens over ``requests`` requests."""
-        return step_comm_s(self.counts, self.deployment, self.gpu, tokens, requests)
+        """Communication seconds of a step of ``tokens`` new tokens over ``requests`` requests
+        (remembered: a run's steps repeat a few thousand shapes; at most ``COMM_MEMO``)."""
+        memo = self._comm
+        t = memo.get((tokens, requests))
+        if t is None:
+            if len(memo) >= COMM_MEMO:
+                memo.clear()
+            t = memo[tokens, requests] = step_comm_s(self.counts, self.deployment, self.gpu, tokens, requests)
+        return t
 
     def _tile(self, work: list[tuple[int, int]]) -> list[tuple[int, int]]:
         return work * self._copies
@@ -166,7 +176,7 @@ class DeployedCostModel:
         k = self._copies
         tokens: float                           # an int for a list, a float for arrays
         if new.__class__ is list:
-            tokens, rows = sum(new), sum(1 for x in new if x)
+            tokens, rows = sum(new), len(new) - new.count(0)
             t = self.inner.step_time_arrays(new * k, ctx * k) if k > 1 else self.inner.step_time_arrays(new, ctx)
         else:
             new = np.asarray(new)
