@@ -156,7 +156,8 @@ class Scheduler:
         self._num_groups = len(kv.config.groups)
         # the batched step needs no state group (their chunks end at checkpoints, and every
         # slot carries state_blocks): with one, every request takes the per-request path
-        self._batched = config.batched and not kv.config.has_state
+        self._has_state = kv.config.has_state          # (a config never changes)
+        self._batched = config.batched and not self._has_state
 
     # ---- queue --------------------------------------------------------------------------------
     def add_request(self, req: EngineRequest) -> None:
@@ -315,7 +316,7 @@ class Scheduler:
             num_new = max_len - computed
         if num_new <= 0:
             return budget
-        has_state = kv.config.has_state
+        has_state = self._has_state
         if has_state:
             num_new = self._end_at_export(req, computed, num_new, min(num_tokens, computed + num_new))
         while True:
@@ -373,7 +374,7 @@ class Scheduler:
                 num_new = threshold
             if num_new > budget:
                 num_new = budget
-            if kv.config.has_state:
+            if self._has_state:
                 num_new = self._end_at_export(req, hit.num_tokens, num_new, hit.num_tokens + num_new, hit)
             new_blocks = kv.allocate(req, num_new, hit,
                                      full_sequence_must_fit=cfg.reserve_full_sequence)
@@ -390,7 +391,7 @@ class Scheduler:
             out.add(r, hit.num_tokens, num_new, 0, new_blocks,
                     hit.num_tokens + num_new >= len(req.token_ids))
             req.num_computed_tokens = hit.num_tokens
-            if kv.config.has_state:
+            if self._has_state:
                 out.state_blocks.append(kv.state_blocks(req))
             req.num_computed_tokens = hit.num_tokens + num_new
             budget -= num_new
