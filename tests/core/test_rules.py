@@ -154,6 +154,17 @@ def test_cost_formulas_match_the_definitions_on_ints_and_arrays(spec, new, ctx) 
     assert rule.kv_span(arr_new, arr_ctx).tolist() == want
 
 
+@settings(max_examples=200, deadline=None)
+@given(specs(), st.lists(st.tuples(st.integers(0, 4096), st.integers(0, 10**7)), max_size=40))
+def test_batch_cost_sums_are_the_sums_of_the_per_request_terms(spec, work) -> None:
+    """attention_keys_sum / kv_span_sum (the cost models' decode batches; FullRule's in one C
+    loop when compiled) equal the per-request terms summed, exactly."""
+    rule = make_rule(spec)
+    new, ctx = [n for n, _ in work], [c for _, c in work]
+    assert rule.attention_keys_sum(new, ctx) == sum(rule.attention_keys(n, c) for n, c in work)
+    assert rule.kv_span_sum(new, ctx) == sum(rule.kv_span(n, c) for n, c in work)
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.integers(0, 10**7), st.integers(0, 10**7))
 def test_full_rule_cost_terms_are_the_base_formulas(new, ctx) -> None:

@@ -513,7 +513,7 @@ class CalibratedCostModel:
                 units = nblk = one * n_dec if uniform and first == 1.0 else float(sum(per))
             else:
                 rule = g.rule
-                f = float(sum(map(rule.attention_keys, new, ctx))) * g.pair_flops
+                f = float(rule.attention_keys_sum(new, ctx)) * g.pair_flops
                 span = [k + x for k, x in zip(map(rule.kv_span, new, ctx), new)]
                 by = g.kv_bytes * float(sum(span))
                 top = float(max(span))

@@ -245,9 +245,10 @@ class CostModel:
             total_new = sum(new)
             if total_new == 0:
                 return 0.0
+            ctx_list: list[int] = ctx  # type: ignore[assignment]  # a list when new is (the contract)
             for rule, pair_flops, ratio, bpt in self._groups:   # ints work in the formulas
-                attn_flops += pair_flops * float(sum(map(rule.attention_keys, new, ctx))) / ratio
-                kv_bytes += bpt * float(sum(map(rule.kv_span, new, ctx)) + total_new)
+                attn_flops += pair_flops * float(rule.attention_keys_sum(new, ctx_list)) / ratio
+                kv_bytes += bpt * float(rule.kv_span_sum(new, ctx_list) + total_new)
         else:
             new = np.asarray(new, dtype=np.float64)
             ctx = np.asarray(ctx, dtype=np.float64)

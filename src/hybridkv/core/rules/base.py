@@ -191,6 +191,14 @@ class HitRule:
         f = self.first_key(context)
         return context + new - f * (f > 0)
 
+    def attention_keys_sum(self, new: list[int], context: list[int]) -> int:
+        """``sum(attention_keys(n, c))`` over a batch's requests (lists of ints: exact)."""
+        return sum(map(self.attention_keys, new, context))
+
+    def kv_span_sum(self, new: list[int], context: list[int]) -> int:
+        """``sum(kv_span(n, c))`` over a batch's requests (lists of ints: exact)."""
+        return sum(map(self.kv_span, new, context))
+
     def recompute_cost(self, j: int) -> int:
         """Eviction hint: (query, key) pairs to recompute block ``j``'s tokens given its
         prefix (attention work only; the per-token linear work is the same for every block).
