@@ -249,6 +249,7 @@ class CalibratedCostModel:
             prev = merged.get(key)
             merged[key] = grp if prev is None else dataclasses.replace(prev, layers=prev.layers + grp.layers)
         self._groups = tuple(merged.values())
+        self._decode_cache: tuple[Any, ...] | None = None    # _decode_time's constants
 
     def __repr__(self) -> str:
         return (f"CalibratedCostModel({self.model.name!r}, {self.gpu.name!r}, num_gpus={self.num_gpus}, "
@@ -477,59 +478,68 @@ class CalibratedCostModel:
 
     def _decode_time(self, new: list[int], ctx: list[int]) -> float:
         """:meth:`step_time_arrays` of a batch of decodes (every ``new`` in 1 ..
-        :data:`DECODE_MAX_NEW`) with Python numbers: its all-decode branch line for line. Its
-        sums over requests add integers (tokens, pairs, KV positions, work units, each below
-        2**53), exact in any order, and a maximum never rounds, so they equal the arrays' and
-        every other operation is the same float operation."""
-        cal = self.calibration
-        G = float(self.num_gpus)
-        F = self.gpu.flops * G
-        B = self.gpu.mem_bw * G
+        :data:`DECODE_MAX_NEW`) with Python numbers: its all-decode branch line for line, its
+        constants computed once per (calibration, GPU, GPU count) by :meth:`_decode_consts`.
+        Its sums over requests add integers (tokens, pairs, KV positions, work units, each
+        below 2**53), exact in any order, and a maximum never rounds, so they equal the
+        arrays' and every other operation is the same float operation."""
+        consts = self._decode_cache
+        if consts is None or consts[0] is not self.calibration or consts[1] is not self.gpu \
+                or consts[2] != self.num_gpus:
+            consts = self._decode_cache = (self.calibration, self.gpu, self.num_gpus, self._decode_consts())
+        den_a, den_b, p, inv_p, bw_a, sat, blk, f_x, split, overhead, groups = consts[3]
         n_dec = len(new)
         total = float(sum(new))
         tile = GEMM_ROW_TILE
         a = (self._tok_flops * (-(-total // tile) * tile) + self._head_flops * (-(-n_dec // tile) * tile)) \
-            / (self._gemm_peak * G * cal.gemm_efficiency)
-        b = self.weight_bytes(total) / (B * cal.weight_bw_efficiency)
-        p = cal.gemm_blend
+            / den_a
+        b = self.weight_bytes(total) / den_b
         m = a if a > b else b
-        t: float = m * ((a / m) ** p + (b / m) ** p) ** (1.0 / p)   # float ** float: typed Any
-        bw_a = B * cal.attn_bw_efficiency
+        t: float = m * ((a / m) ** p + (b / m) ** p) ** inv_p   # float ** float: typed Any
         first = float(new[0])
         uniform = first == max(new) == min(new)
-        sat = cal.attn_saturation_blocks * G
-        blk = cal.attn_block_s / G
-        f_x = F * cal.attn_context_efficiency
-        scale = cal.kind_scale
-        for g in self._groups:
-            s = g.layers * scale[g.kind]
-            one = g.decode_one
+        ones = uniform and first == 1.0         # every request decodes one token
+        for s, one, big, is_state, rule, pair_flops, kv_bytes, state_bytes in groups:
             # _decode_units: a one-token decode's units, else a prefill chunk's query blocks
-            big = g.prefill_heads
-            per = [one if x == 1 else big * float(math.ceil(x / QUERY_BLOCK)) for x in new]
-            if g.kind == _STATE:
-                f = total * g.pair_flops
-                by = g.state_bytes * n_dec
-                units = nblk = one * n_dec if uniform and first == 1.0 else float(sum(per))
+            if not ones:
+                per = [one if x == 1 else big * float(math.ceil(x / QUERY_BLOCK)) for x in new]
+            if is_state:
+                f = total * pair_flops
+                by = state_bytes * n_dec
+                units = nblk = one * n_dec if ones else float(sum(per))
             else:
-                rule = g.rule
-                f = float(rule.attention_keys_sum(new, ctx)) * g.pair_flops
+                f = float(rule.attention_keys_sum(new, ctx)) * pair_flops
                 span = [k + x for k, x in zip(map(rule.kv_span, new, ctx), new)]
-                by = g.kv_bytes * float(sum(span))
+                by = kv_bytes * float(sum(span))
                 top = float(max(span))
                 if uniform:        # equal units per request: bytes / max bytes per unit
-                    u = one if first == 1.0 else per[0]
-                    units = u * by / (g.kv_bytes * top)
+                    u = one if ones else per[0]
+                    units = u * by / (kv_bytes * top)
                     nblk = u * n_dec
                 else:
-                    units = by / (g.kv_bytes * float(max(map(truediv, span, per))))
+                    units = by / (kv_bytes * float(max(map(truediv, span, per))))
                     nblk = float(sum(per))
-                if cal.split_kv:
+                if split:
                     units *= min(float(MAX_KV_SPLITS), max(1.0, top / KV_SPLIT_KEYS))
             occ = min(1.0, units / sat)
             w = max(f / f_x, by / bw_a)
             t += s * (w / occ + nblk * blk)
-        return t + cal.graph_overhead_s
+        step_s: float = t + overhead
+        return step_s
+
+    def _decode_consts(self) -> tuple[Any, ...]:
+        """:meth:`_decode_time`'s constants: the arrays branch's expressions, evaluated once."""
+        cal = self.calibration
+        G = float(self.num_gpus)
+        F = self.gpu.flops * G
+        B = self.gpu.mem_bw * G
+        p = cal.gemm_blend
+        scale = cal.kind_scale
+        groups = tuple((g.layers * scale[g.kind], g.decode_one, g.prefill_heads, g.kind == _STATE, g.rule,
+                        g.pair_flops, g.kv_bytes, g.state_bytes) for g in self._groups)
+        return (self._gemm_peak * G * cal.gemm_efficiency, B * cal.weight_bw_efficiency, p, 1.0 / p,
+                B * cal.attn_bw_efficiency, cal.attn_saturation_blocks * G, cal.attn_block_s / G,
+                F * cal.attn_context_efficiency, cal.split_kv, cal.graph_overhead_s, groups)
 
 
 def host_bound(gpu_s: float, host_s: float, q: float) -> float:
