@@ -52,7 +52,8 @@ class Driver:
                 if not plan.fits and coord.compat and not plan.new_request \
                         and any(gp.released for gp in plan.groups):
                     coord.epoch += 1            # vLLM: a failed step still frees its window
-                    coord._release(request, coord.reqs[request.request_id], plan)
+                    coord._release(request, coord.reqs[request.request_id], plan.num_computed,
+                                   [gp.released for gp in plan.groups])
                     coord.reqs[request.request_id].slide_until = 0
                 return coord.commit(request, plan) if plan.fits else None
 

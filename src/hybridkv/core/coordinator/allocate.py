@@ -26,6 +26,13 @@ from hybridkv.core.pool import NULL_BLOCK
 from hybridkv.core.request import Request
 from hybridkv.core.rules import HitRule
 
+try:
+    import cython
+except ImportError:                       # no Cython: the C types below are no-ops
+    from hybridkv import _cython_shim as cython  # type: ignore[no-redef]  # typed by typings/cython.pyi
+
+#: :meth:`Allocation._step`'s answer for a step it does not take: plan and commit it.
+_PLAN = object()
 
 
 class Allocation(CoordinatorBase):
@@ -267,7 +274,7 @@ class Allocation(CoordinatorBase):
                         self.cache_delay[g] if self.compat else 0)
         else:
             state = self.reqs[request.request_id]
-            self._release(request, state, plan)
+            self._release(request, state, computed, [gp.released for gp in plan.groups])
         new_blocks: list[list[int]] = []
         is_state_group = self.is_state_group
         for g, gp in enumerate(plan.groups):
@@ -309,6 +316,95 @@ class Allocation(CoordinatorBase):
         return until
 
 
+    @cython.locals(tables=list, new_counts=list, released=list, new_blocks=list,
+                   needed=cython.Py_ssize_t, freed=cython.Py_ssize_t, new=cython.Py_ssize_t,
+                   g=cython.Py_ssize_t)
+    def _step(self, request: Request, num_new_tokens: int, lookahead: int) -> object:
+        """A running request's step (no hit, no external load, no reservation, no state
+        group) applied directly: exactly what ``commit(plan(...))`` does, without building
+        the plan's records. Returns the new block ids per group, None when they do not fit
+        (as :meth:`allocate`), or ``_PLAN`` for any other step (then plan and commit run).
+
+        The common steps are short: a step inside the table that releases nothing only
+        caches (a block just filled), one that needs a block pops it; only a step at which a
+        block may leave a window looks at the tables' released positions.
+        """
+        state = self.reqs.get(request.request_id)
+        if state is None or state.owner is not request or self.state_groups:
+            return _PLAN
+        computed = request.num_computed_tokens
+        slots = computed + num_new_tokens + lookahead
+        if slots > self.len_cap:
+            slots = cast(int, self.len_cap)               # finite here: max_model_len
+        tables = state.tables
+        new_counts = []
+        needed = 0
+        if slots > state.slots:                           # some table is too short
+            for table, bs in zip(tables, self.block_sizes):
+                new = -(-slots // bs) - len(table)
+                if new > 0:
+                    needed += new
+                else:
+                    new = 0
+                new_counts.append(new)
+        released = []
+        freed = 0
+        if computed >= state.slide_until:                 # a block may leave a window
+            ref = self.pool.ref_cnt
+            for table, rule in zip(tables, self.rules):
+                rel = () if rule.downward_closed else self._released(table, rule, computed)
+                if rel:
+                    freed += list(map(ref.__getitem__, map(table.__getitem__, rel))).count(1)
+                released.append(rel)
+        elif not needed:
+            # Cache-only step (a block just completed): no block to pop or release, so the
+            # commit reduces to its two cache passes (and keeps slots and slide_until).
+            self.epoch += 1
+            num_tokens = len(request.token_ids)
+            self.cache(request, computed if computed < num_tokens else num_tokens)
+            n = computed + num_new_tokens
+            self.cache(request, n if n < num_tokens else num_tokens)
+            return [[] for _ in tables]
+        pool = self.pool
+        if needed > pool.num_free + freed:                # does not fit: nothing changes
+            if self.compat and any(released):
+                # vLLM runs remove_skipped_blocks before its capacity check: a failed
+                # allocation still frees the blocks that left the window (docs/parity.md D2)
+                self.epoch += 1
+                self._release(request, state, computed, released)
+                state.slide_until = 0
+            return None
+        self.epoch += 1
+        if released:
+            self._release(request, state, computed, released)
+        else:
+            n = len(request.token_ids)
+            if computed < n:
+                n = computed
+            if n >= state.quiet_until:                    # (the pending ends _release caches)
+                self.cache(request, n)
+        new_blocks = []
+        if needed:
+            for g in range(len(tables)):
+                new = new_counts[g]
+                if new:
+                    got = pool.allocate(new)
+                    tables[g].extend(got)
+                    new_blocks.append(got)
+                else:
+                    new_blocks.append([])
+        else:
+            new_blocks = [[] for _ in tables]
+        n = len(request.token_ids)
+        if computed + num_new_tokens < n:
+            n = computed + num_new_tokens
+        if n >= state.quiet_until:                        # (cache's own first test)
+            self.cache(request, n)
+        if needed:
+            state.slots = min(map(operator.mul, map(len, tables), self.block_sizes))
+        state.slide_until = self._slide_until(computed)
+        return new_blocks
+
     def allocate(self, request: Request, num_new_tokens: int, hit: CacheHit | None,
                  lookahead: int, external: ExternalHit | None = None,
                  reserve_tokens: int = 0) -> list[list[int]] | None:
@@ -321,27 +417,17 @@ class Allocation(CoordinatorBase):
         (as in vLLM) the blocks that left the window of a running request are still freed.
         """
         if hit is None and external is None and not reserve_tokens:
-            state = self.reqs.get(request.request_id)
-            if state is not None and state.owner is request:
-                computed = request.num_computed_tokens
-                slots: float = computed + num_new_tokens + lookahead   # (only compared)
-                if slots > self.len_cap:
-                    slots = self.len_cap
-                if slots <= state.slots and computed < state.slide_until:
-                    # Cache-only step (a block just completed): no block to pop or release,
-                    # so the commit reduces to its two cache passes; skip building the plan.
-                    self.epoch += 1
-                    num_tokens = request.num_tokens
-                    self.cache(request, min(computed, num_tokens))
-                    self.cache(request, min(computed + num_new_tokens, num_tokens))
-                    return [[] for _ in self.block_sizes]
+            blocks = self._step(request, num_new_tokens, lookahead)
+            if blocks is not _PLAN:
+                return blocks
         plan = self.plan(request, num_new_tokens, hit, lookahead, external, reserve_tokens)
         if plan.num_needed + plan.num_reserved > plan.num_available:          # not plan.fits
             if self.compat and not plan.new_request and any(gp.released for gp in plan.groups):
                 # vLLM runs remove_skipped_blocks before its capacity check: a failed
                 # allocation still frees the blocks that left the window (docs/parity.md D2)
                 self.epoch += 1
-                self._release(request, self.reqs[request.request_id], plan)
+                self._release(request, self.reqs[request.request_id], plan.num_computed,
+                              [gp.released for gp in plan.groups])
                 self.reqs[request.request_id].slide_until = 0
             return None
         return self.commit(request, plan)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 from hybridkv.core.pool import NULL_BLOCK, BlockPool
 from hybridkv.core.request import Request
@@ -106,7 +106,8 @@ class SeamCalls(Protocol):
     def _mask_ends(self, request: Request, hit: CacheHit | None) -> list[tuple[int, ...]]: ...
 
     # release.py (Release)
-    def _release(self, request: Request, state: _ReqBlocks, plan: AllocationPlan) -> None: ...
+    def _release(self, request: Request, state: _ReqBlocks, computed: int,
+                 released: Sequence[tuple[int, ...]]) -> None: ...
 
     # allocate.py (Allocation)
     def _num_evictable(self, ids: tuple[int, ...]) -> int: ...
