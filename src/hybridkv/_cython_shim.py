@@ -38,3 +38,9 @@ def locals(**types: Any) -> Callable[[_F], _F]:  # noqa: A001 - Cython's name
     """Cython's ``@cython.locals(name=type, ...)``: declares local variable types when
     compiled; here it returns the function unchanged."""
     return lambda func: func
+
+
+def cfunc(func: _F) -> _F:
+    """Cython's ``@cython.cfunc``: a module-level function called from C only when compiled
+    (no Python-level call); here the function unchanged."""
+    return func

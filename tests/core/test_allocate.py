@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from hybridkv import ChunkedLocal, KVCacheManager, Request, SpecDecode
 from hybridkv.core.coordinator import AllocationPlan, GroupPlan
+from hybridkv.core.coordinator.allocate import _PLAN
 from tests.support.helpers import FA, SWA, admit, config, manager, prompt, serve
 from tests.support.random_ops import configs
 from hybridkv.core.cache_options import CacheOptions
@@ -46,6 +47,7 @@ class Driver:
             # the reference: every step planned and committed, every cache pass walked
             coord = self.kv.coordinator
             coord.step_is_quiet = lambda *a: False
+            coord.step = lambda *a: _PLAN       # the manager validates, plans and commits
 
             def planned(request, n, hit, lookahead, external=None, reserve_tokens=0):
                 plan = coord.plan(request, n, hit, lookahead, external, reserve_tokens)
@@ -421,7 +423,7 @@ def test_a_decode_step_whose_lookahead_slots_need_a_block_is_not_quiet() -> None
 
 @pytest.mark.parametrize("num_groups", [1, 2, 3, 4, 5])
 def test_a_step_without_new_blocks_returns_one_empty_list_per_group(num_groups) -> None:
-    """_no_new_blocks — the fast path's result for 1..5 groups: None ("does not fit") or a crash
+    """coordinator: no_new_blocks — the fast path's result for 1..5 groups: None ("does not fit") or a crash
     instead of ``num_groups`` empty lists, each a fresh list.
 
     Full groups (bs 4): after a 5-token prompt the second block has room for 3 more tokens,

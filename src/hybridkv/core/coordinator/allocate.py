@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import Sequence, cast
+from typing import TYPE_CHECKING, Sequence, cast
 
 from hybridkv.core.coordinator.base import CoordinatorBase, _ReqBlocks
 from hybridkv.core.coordinator.records import (_UNCHANGED, AllocationPlan, CacheHit, ExternalHit,
@@ -26,13 +26,31 @@ from hybridkv.core.pool import NULL_BLOCK
 from hybridkv.core.request import Request
 from hybridkv.core.rules import HitRule
 
+if TYPE_CHECKING:
+    from hybridkv.core.hashing import BlockHasher
+
 try:
     import cython
 except ImportError:                       # no Cython: the C types below are no-ops
     from hybridkv import _cython_shim as cython  # type: ignore[no-redef]  # typed by typings/cython.pyi
 
-#: :meth:`Allocation._step`'s answer for a step it does not take: plan and commit it.
+#: :meth:`Allocation.step`'s answer for a step it does not take: validate, plan and commit it.
 _PLAN = object()
+
+
+@cython.cfunc
+def _is_quiet(state: _ReqBlocks, computed: int, num_new_tokens: int, lookahead: int,
+              len_cap: float) -> bool:
+    """The decode fast path's test (:meth:`Allocation.step_is_quiet`): the step's slots fit
+    the tables, no block leaves a window, no promised end is reached; False past
+    ``len_cap`` (max_model_len)."""
+    slots: float = computed + num_new_tokens + lookahead       # (only compared)
+    if slots > len_cap:
+        if computed + num_new_tokens > len_cap:
+            return False                        # past max_model_len: the slow path refuses it
+        slots = len_cap
+    return slots <= state.slots and computed < state.slide_until \
+        and computed + num_new_tokens < state.quiet_until
 
 
 class Allocation(CoordinatorBase):
@@ -43,21 +61,37 @@ class Allocation(CoordinatorBase):
         request would change nothing: no new block, nothing to cache, no block leaving a window.
 
         The decode fast path: three comparisons against thresholds the last commit and cache
-        pass left (``slots``, ``quiet_until``, ``slide_until``). False for an unknown request,
-        a different Request object with a known id, or tokens past max_model_len (the slow
-        path then raises).
+        pass left (``slots``, ``quiet_until``, ``slide_until``; :func:`_is_quiet`). False for
+        an unknown request, a different Request object with a known id, or tokens past
+        max_model_len (the slow path then raises).
         """
         state = self.reqs.get(request.request_id)
         if state is None or state.owner is not request:
             return False
+        return _is_quiet(state, request.num_computed_tokens, num_new_tokens, lookahead,
+                         self.len_cap)
+
+    def step(self, request: Request, num_new_tokens: int, lookahead: int,
+             hasher: BlockHasher) -> object:
+        """A running request's step (no hit, no external load, no reservation), the manager's
+        one call per decode step: empty lists for a quiet step (:meth:`step_is_quiet`), else,
+        once ``hasher`` (the manager's) has appended the request's new hashes, the step
+        applied directly (:meth:`_step`). ``_PLAN`` when the request is not this
+        coordinator's running request, its step passes max_model_len, the request was hashed
+        by another hasher, or the config has a state group: then the caller validates,
+        hashes, and plans and commits (:meth:`allocate`)."""
+        state = self.reqs.get(request.request_id)
+        if state is None or state.owner is not request:
+            return _PLAN
         computed = request.num_computed_tokens
-        slots: float = computed + num_new_tokens + lookahead       # (only compared)
-        if slots > self.len_cap:
-            if computed + num_new_tokens > self.len_cap:
-                return False                        # past max_model_len: the slow path refuses it
-            slots = self.len_cap
-        return slots <= state.slots and computed < state.slide_until \
-            and computed + num_new_tokens < state.quiet_until
+        if _is_quiet(state, computed, num_new_tokens, lookahead, self.len_cap):
+            return self.no_new_blocks()
+        if self.state_groups or computed + num_new_tokens > self.len_cap \
+                or request.hasher is not hasher:
+            return _PLAN
+        if self.caching:
+            hasher.update(request)
+        return self._step(request, state, num_new_tokens, lookahead)
 
     def _released(self, table: list[int], rule: HitRule, num_computed: int) -> tuple[int, ...]:
         """Table positions that left the window of ``rule`` at ``num_computed`` (back to front)."""
@@ -319,19 +353,17 @@ class Allocation(CoordinatorBase):
     @cython.locals(tables=list, new_counts=list, released=list, new_blocks=list,
                    needed=cython.Py_ssize_t, freed=cython.Py_ssize_t, new=cython.Py_ssize_t,
                    g=cython.Py_ssize_t)
-    def _step(self, request: Request, num_new_tokens: int, lookahead: int) -> object:
+    def _step(self, request: Request, state: _ReqBlocks, num_new_tokens: int,
+              lookahead: int) -> list[list[int]] | None:
         """A running request's step (no hit, no external load, no reservation, no state
-        group) applied directly: exactly what ``commit(plan(...))`` does, without building
-        the plan's records. Returns the new block ids per group, None when they do not fit
-        (as :meth:`allocate`), or ``_PLAN`` for any other step (then plan and commit run).
+        group; ``state`` is its bookkeeping) applied directly: exactly what
+        ``commit(plan(...))`` does, without building the plan's records. Returns the new
+        block ids per group, or None when they do not fit (as :meth:`allocate`).
 
         The common steps are short: a step inside the table that releases nothing only
         caches (a block just filled), one that needs a block pops it; only a step at which a
         block may leave a window looks at the tables' released positions.
         """
-        state = self.reqs.get(request.request_id)
-        if state is None or state.owner is not request or self.state_groups:
-            return _PLAN
         computed = request.num_computed_tokens
         slots = computed + num_new_tokens + lookahead
         if slots > self.len_cap:
@@ -416,10 +448,10 @@ class Allocation(CoordinatorBase):
         allocated block ids per group. On None nothing changed, except in compat mode, where
         (as in vLLM) the blocks that left the window of a running request are still freed.
         """
-        if hit is None and external is None and not reserve_tokens:
-            blocks = self._step(request, num_new_tokens, lookahead)
-            if blocks is not _PLAN:
-                return blocks
+        if hit is None and external is None and not reserve_tokens and not self.state_groups:
+            state = self.reqs.get(request.request_id)
+            if state is not None and state.owner is request:
+                return self._step(request, state, num_new_tokens, lookahead)
         plan = self.plan(request, num_new_tokens, hit, lookahead, external, reserve_tokens)
         if plan.num_needed + plan.num_reserved > plan.num_available:          # not plan.fits
             if self.compat and not plan.new_request and any(gp.released for gp in plan.groups):
