@@ -128,7 +128,10 @@ class BlockHasher:
             return
         nblocks = (limit - start) // bs
         end = start + nblocks * bs
-        buf = memoryview(request.token_ids)[start:end + la].tobytes()
+        tokens = request.token_ids
+        # the bytes of the new blocks (and their lookahead); a few blocks (a decode step's):
+        # the array's own slice costs less than a memoryview's, a long run: one copy less
+        buf = (tokens[start:end + la] if nblocks <= 8 else memoryview(tokens)[start:end + la]).tobytes()
         step = bs * TOKEN_BYTES
         width = step + la * TOKEN_BYTES
         digest = self._digest

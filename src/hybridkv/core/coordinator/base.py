@@ -263,6 +263,13 @@ class CoordinatorBase(_Seams):
             _Unit(ids, self.rules[ids[0]], self.scales[ids[0]], self.alignment // self.block_sizes[ids[0]])
             for ids in ordered
         ]
+        # The write path's per-group facts, one tuple per group (cache() reads them once per
+        # group): (block size, scale, proof) for its limits; (group, rule, block size,
+        # masked, the dense step or 0 when retention decides the ends, delay, aligned limit).
+        self._limit_facts = [(r.block_size, sc, r.proof) for r, sc in zip(self.rules, self.scales)]
+        self._write_facts = [
+            (g, r, r.block_size, self.masked[g], self.dense_step[g] if self.dense[g] else 0,
+             self.cache_delay[g], self.aligned_limit[g]) for g, r in enumerate(self.rules)]
         self.admission_caps = [r.admission_cap(max_in_flight_tokens, self.len_cap)
                                for r in self.rules]
         # State groups (recurrent layers): block ids per state (the extent size) and the
