@@ -42,7 +42,8 @@ class Driver:
 
     def __init__(self, cfg, retention, spec, compat, fast: bool, explicit: bool) -> None:
         self.kv = KVCacheManager(cfg, CacheOptions(
-            retention_interval=retention, spec_decode=spec, vllm_compat=compat))
+            retention_interval=retention, spec_decode=spec, vllm_compat=compat,
+            enable_events=True, hash_seed="fast-vs-planned"))
         if not fast:
             # the reference: every step planned and committed, every cache pass walked
             coord = self.kv.coordinator
@@ -109,14 +110,17 @@ class Driver:
 @given(configs(), st.lists(st.tuples(st.integers(0, 5), st.integers(0, 10**6)), min_size=1, max_size=50),
        st.booleans())
 def test_fast_path_is_exact(cfg_args, ops, explicit) -> None:
-    """With and without the fast path, every observable result is identical after every step
-    (explicit lookahead included: any non-negative value is safe, not only the configured one)."""
+    """With and without the fast paths (the quiet step, and a running request's step applied
+    without a plan record), every observable result is identical after every step, the KV
+    events (stored and removed blocks, in order) included (explicit lookahead included: any
+    non-negative value is safe, not only the configured one)."""
     cfg, retention, spec, compat = cfg_args
     fast = Driver(cfg, retention, spec, compat, fast=True, explicit=explicit)
     slow = Driver(cfg, retention, spec, compat, fast=False, explicit=explicit)
     for op, x in ops:
         fast.op(op, x)
         slow.op(op, x)
+        assert fast.kv.take_events() == slow.kv.take_events()
         assert observable(fast.kv, fast.running, fast.prompts) == \
             observable(slow.kv, slow.running, slow.prompts)
         fast.kv.check_integrity()
