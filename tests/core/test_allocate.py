@@ -427,7 +427,7 @@ def test_a_decode_step_whose_lookahead_slots_need_a_block_is_not_quiet() -> None
 
 @pytest.mark.parametrize("num_groups", [1, 2, 3, 4, 5])
 def test_a_step_without_new_blocks_returns_one_empty_list_per_group(num_groups) -> None:
-    """coordinator: no_new_blocks — the fast path's result for 1..5 groups: None ("does not fit") or a crash
+    """coordinator: _empty_lists — the fast path's result for 1..5 groups: None ("does not fit") or a crash
     instead of ``num_groups`` empty lists, each a fresh list.
 
     Full groups (bs 4): after a 5-token prompt the second block has room for 3 more tokens,

@@ -53,9 +53,20 @@ def _is_quiet(state: _ReqBlocks, computed: int, num_new_tokens: int, lookahead: 
         and computed + num_new_tokens < state.quiet_until
 
 
+@cython.cfunc
+def _empty_lists(n: int) -> list[list[int]]:
+    """``n`` fresh empty lists (a step's result when it needs no new block)."""
+    if n == 1:
+        return [[]]
+    if n == 2:
+        return [[], []]
+    return [[] for _ in range(n)]
+
+
 class Allocation(CoordinatorBase):
     """The coordinator's allocation seam: plan, commit, admission reservation, fast path."""
 
+    @cython.locals(reqs=dict)
     def step_is_quiet(self, request: Request, num_new_tokens: int, lookahead: int) -> bool:
         """True iff allocating ``num_new_tokens`` more tokens (+ ``lookahead`` slots) for this
         request would change nothing: no new block, nothing to cache, no block leaving a window.
@@ -65,12 +76,14 @@ class Allocation(CoordinatorBase):
         an unknown request, a different Request object with a known id, or tokens past
         max_model_len (the slow path then raises).
         """
-        state = self.reqs.get(request.request_id)
+        reqs = self.reqs
+        state = reqs.get(request.request_id)
         if state is None or state.owner is not request:
             return False
         return _is_quiet(state, request.num_computed_tokens, num_new_tokens, lookahead,
                          self.len_cap)
 
+    @cython.locals(reqs=dict)
     def step(self, request: Request, num_new_tokens: int, lookahead: int,
              hasher: BlockHasher) -> object:
         """A running request's step (no hit, no external load, no reservation), the manager's
@@ -80,12 +93,13 @@ class Allocation(CoordinatorBase):
         coordinator's running request, its step passes max_model_len, the request was hashed
         by another hasher, or the config has a state group: then the caller validates,
         hashes, and plans and commits (:meth:`allocate`)."""
-        state = self.reqs.get(request.request_id)
+        reqs = self.reqs
+        state = reqs.get(request.request_id)
         if state is None or state.owner is not request:
             return _PLAN
         computed = request.num_computed_tokens
         if _is_quiet(state, computed, num_new_tokens, lookahead, self.len_cap):
-            return self.no_new_blocks()
+            return _empty_lists(len(state.tables))
         if self.state_groups or computed + num_new_tokens > self.len_cap \
                 or request.hasher is not hasher:
             return _PLAN
@@ -396,7 +410,7 @@ class Allocation(CoordinatorBase):
             self.cache(request, computed if computed < num_tokens else num_tokens)
             n = computed + num_new_tokens
             self.cache(request, n if n < num_tokens else num_tokens)
-            return [[] for _ in tables]
+            return _empty_lists(len(tables))
         pool = self.pool
         if needed > pool.num_free + freed:                # does not fit: nothing changes
             if self.compat and any(released):
@@ -426,7 +440,7 @@ class Allocation(CoordinatorBase):
                 else:
                     new_blocks.append([])
         else:
-            new_blocks = [[] for _ in tables]
+            new_blocks = _empty_lists(len(tables))
         n = len(request.token_ids)
         if computed + num_new_tokens < n:
             n = computed + num_new_tokens

@@ -43,14 +43,6 @@ def _report_runs(report: Callable[[int, Request, int, list[int]], None], group: 
             start = k
 
 
-def _no_new_blocks(num_groups: int) -> Callable[[], list[list[int]]]:
-    """A function returning ``num_groups`` fresh empty lists (a quiet step's result; a list
-    literal costs less than a comprehension, which matters at a few hundred ns per step)."""
-    literal: dict[int, Callable[[], list[list[int]]]] = {
-        1: lambda: [[]], 2: lambda: [[], []], 3: lambda: [[], [], []], 4: lambda: [[], [], [], []]}
-    return literal.get(num_groups) or (lambda: [[] for _ in range(num_groups)])
-
-
 class _Unit:
     """Groups looked up together: one spec and one hit rule."""
 
@@ -288,8 +280,6 @@ class CoordinatorBase(_Seams):
         self._index_changes = getattr(pool, "index_changes_since", None)
         # bumped by every mutation; a plan or hit made before it is stale
         self.epoch = 0
-        #: a quiet step's result: one fresh empty list per group
-        self.no_new_blocks = _no_new_blocks(len(groups))
 
     def holds(self, request: Request) -> bool:
         """Whether ``request`` holds blocks; raises if a different Request object holds its id."""

@@ -16,7 +16,6 @@ was loaded.
 from __future__ import annotations
 
 import operator
-from itertools import compress, repeat
 from typing import Any, Callable, Mapping, Sequence
 
 from hybridkv.core.blockref import TableRef
@@ -49,6 +48,19 @@ def _leading_cached(hashes: list[bytes], indexes: Sequence[Mapping[bytes, object
                 return k
         k += 1
     return k
+
+
+@cython.locals(ids=list, k=cython.Py_ssize_t, dup=dict)
+def _first_of_duplicates(ids: list[Any]) -> None:
+    """Replace each dict of block ids in ``ids`` (a hash the index holds for several blocks:
+    concurrent requests computed the same content) by its first block."""
+    for k in range(len(ids)):
+        v = ids[k]
+        if v.__class__ is dict:
+            dup = v
+            for b in dup:
+                ids[k] = b
+                break
 
 
 @cython.locals(idx=dict, out=list)
@@ -158,9 +170,7 @@ class Lookup(CoordinatorBase):
                 # lo == 0, as the unit answered at most its run)
                 ids: list[Any] = values[:e] if values is not None else \
                     list(map(index[g].__getitem__, hs))
-                # a duplicated hash (a dict of block ids): its first block
-                for k in compress(range(len(ids)), map(isinstance, ids, repeat(dict))):
-                    ids[k] = next(iter(ids[k]))
+                _first_of_duplicates(ids)
                 block_ids[g] = (NULL_BLOCK,) * lo + tuple(ids)
         boundary = longest if longest > t else 0
         return CacheHit(t, tuple(block_ids), boundary, rid, self.epoch, own)
