@@ -318,7 +318,8 @@ class BlockPool:
         self._forget(stale)
         return len(stale)
 
-    @cython.locals(ref=list, prv=list, nxt=list, bi=cython.Py_ssize_t)
+    @cython.locals(ref=list, prv=list, nxt=list, bi=cython.Py_ssize_t, fresh=cython.Py_ssize_t,
+                   removed=cython.Py_ssize_t)
     def touch(self, blocks: Iterable[int]) -> None:
         """Take a reference on each non-null block, pulling free ones out of the queue."""
         ref = self.ref_cnt
@@ -329,10 +330,10 @@ class BlockPool:
         try:
             for b in blocks:
                 if b:
-                    if b >= fresh:                # a fresh id: give it explicit state first
+                    bi = b
+                    if bi >= fresh:               # a fresh id: give it explicit state first
                         self._materialize(b)
                         fresh = q.next_fresh
-                    bi = b
                     r = ref[bi]
                     if r == 0:                    # FreeBlockQueue.remove, inlined
                         p = prv[bi]

@@ -254,15 +254,17 @@ class Allocation(CoordinatorBase):
         self._evictable[request.request_id] = (hit.block_ids, version, counts)
         return counts
 
+    @cython.locals(ref=list, n=cython.Py_ssize_t, bi=cython.Py_ssize_t)
     def _num_evictable(self, ids: tuple[int, ...]) -> int:
         """The non-null blocks of ``ids`` nobody references (in the free queue: a touch
-        takes them out). Counted in C; a table never holds a block twice."""
-        if not ids:
-            return 0
+        takes them out). A table never holds a block twice."""
         ref = self.pool.ref_cnt
-        n = list(map(ref.__getitem__, ids)).count(0)
-        if ref[NULL_BLOCK] == 0:
-            n -= ids.count(NULL_BLOCK)
+        n = 0
+        for b in ids:
+            if b != NULL_BLOCK:
+                bi = b
+                if ref[bi] == 0:
+                    n += 1
         return n
 
     def _verify_hit(self, request: Request, hit: CacheHit) -> None:
