@@ -44,13 +44,13 @@ def _is_quiet(state: _ReqBlocks, computed: int, num_new_tokens: int, lookahead: 
     """The decode fast path's test (:meth:`Allocation.step_is_quiet`): the step's slots fit
     the tables, no block leaves a window, no promised end is reached; False past
     ``len_cap`` (max_model_len)."""
-    slots: float = computed + num_new_tokens + lookahead       # (only compared)
+    end = computed + num_new_tokens
+    slots: float = end + lookahead if lookahead else end      # (only compared)
     if slots > len_cap:
-        if computed + num_new_tokens > len_cap:
+        if end > len_cap:
             return False                        # past max_model_len: the slow path refuses it
         slots = len_cap
-    return slots <= state.slots and computed < state.slide_until \
-        and computed + num_new_tokens < state.quiet_until
+    return slots <= state.slots and computed < state.slide_until and end < state.quiet_until
 
 
 @cython.cfunc
