@@ -137,7 +137,8 @@ class BlockHasher:
         digest = self._digest
         parent = hashes[-1] if hashes else self.none_hash
         if not request.has_extra_keys:
-            for off in range(0, nblocks * step, step):
+            for k in range(nblocks):                 # (a C loop when compiled)
+                off = k * step
                 parent = digest(parent + buf[off:off + width])
                 hashes.append(parent)
             return
