@@ -248,13 +248,13 @@ class KVCacheManager:
         if not isinstance(request, Request):
             raise ValueError(f"allocate needs a Request, got {type(request).__name__}")
         if hit is None and external is None and not full_sequence_must_fit \
-                and num_new_tokens.__class__ is int and num_new_tokens >= 0:
+                and type(num_new_tokens) is int and num_new_tokens >= 0:
             # A running request's step (most decode steps need no block, cache nothing and
             # slide no window: the coordinator answers those from thresholds it keeps per
             # request; the rest it applies without a plan record). _PLAN: validate and plan.
             if num_lookahead_tokens is None:
                 lookahead = self.lookahead_slots
-            elif num_lookahead_tokens.__class__ is int and num_lookahead_tokens >= 0:
+            elif type(num_lookahead_tokens) is int and num_lookahead_tokens >= 0:
                 lookahead = num_lookahead_tokens
             else:
                 lookahead = -1                      # refused below

@@ -199,7 +199,7 @@ class BlockPool:
         if not n:
             return
         if type(self).insert is BlockPool.insert and max(blocks) < self.queue.next_fresh \
-                and hashes.__class__ is list and blocks.__class__ is list and len(hashes) == n:
+                and type(hashes) is list and type(blocks) is list and len(hashes) == n:
             idx = self.index[group]
             hs, bs = hashes, blocks
             for k in range(n):

@@ -50,19 +50,21 @@ def _leading_cached(hashes: list[bytes], indexes: Sequence[Mapping[bytes, object
     return k
 
 
+@cython.cfunc
 @cython.locals(ids=list, k=cython.Py_ssize_t, dup=dict)
 def _first_of_duplicates(ids: list[Any]) -> None:
     """Replace each dict of block ids in ``ids`` (a hash the index holds for several blocks:
     concurrent requests computed the same content) by its first block."""
     for k in range(len(ids)):
         v = ids[k]
-        if v.__class__ is dict:
+        if type(v) is dict:
             dup = v
             for b in dup:
                 ids[k] = b
                 break
 
 
+@cython.cfunc
 @cython.locals(idx=dict, out=list)
 def _leading_values(hashes: list[bytes], idx: dict[bytes, Any]) -> list[Any]:
     """What ``idx`` holds for each of ``hashes``, from the first on, up to the first it lacks

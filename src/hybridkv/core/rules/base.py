@@ -49,7 +49,7 @@ def probe_flags(probe: Callable[[int], object]) -> list[bool] | None:
     """The list of bools behind ``probe`` when it is that list's ``__getitem__`` (a scan may
     then use C-level slicing, ``all`` and ``index``), else None."""
     flags = getattr(probe, "__self__", None)
-    return flags if flags.__class__ is list else None
+    return flags if type(flags) is list else None
 
 
 class HitRule:
