@@ -131,7 +131,8 @@ class BlockHasher:
         tokens = request.token_ids
         # the bytes of the new blocks (and their lookahead); a few blocks (a decode step's):
         # the array's own slice costs less than a memoryview's, a long run: one copy less
-        buf = (tokens[start:end + la] if nblocks <= 8 else memoryview(tokens)[start:end + la]).tobytes()
+        span = tokens[start:end + la] if nblocks <= 8 else memoryview(tokens)[start:end + la]
+        buf = span.tobytes()
         step = bs * TOKEN_BYTES
         width = step + la * TOKEN_BYTES
         digest = self._digest

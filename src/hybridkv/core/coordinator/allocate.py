@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import operator
+from enum import Enum
 from typing import TYPE_CHECKING, Sequence, cast
 
 from hybridkv.core.coordinator.base import CoordinatorBase, _ReqBlocks
@@ -34,8 +35,14 @@ try:
 except ImportError:                       # no Cython: the C types below are no-ops
     from hybridkv import _cython_shim as cython  # type: ignore[no-redef]  # typed by typings/cython.pyi
 
-#: :meth:`Allocation.step`'s answer for a step it does not take: validate, plan and commit it.
-_PLAN = object()
+class _Plan(Enum):
+    """:meth:`Allocation.step`'s answer for a step it does not take: validate, plan and
+    commit it (one member, so a type checker narrows ``is not _PLAN``)."""
+
+    PLAN = "plan"
+
+
+_PLAN = _Plan.PLAN
 
 
 @cython.cfunc
@@ -85,7 +92,7 @@ class Allocation(CoordinatorBase):
 
     @cython.locals(reqs=dict)
     def step(self, request: Request, num_new_tokens: int, lookahead: int,
-             hasher: BlockHasher) -> object:
+             hasher: BlockHasher) -> list[list[int]] | None | _Plan:
         """A running request's step (no hit, no external load, no reservation), the manager's
         one call per decode step: empty lists for a quiet step (:meth:`step_is_quiet`), else,
         once ``hasher`` (the manager's) has appended the request's new hashes, the step

@@ -167,10 +167,10 @@ class Lookup(CoordinatorBase):
             scale = unit.scale
             hs = hashes[(lo + 1) * scale - 1:e * scale:scale]
             for g in unit.groups:
-                values = leading[g]
+                run = leading[g]
                 # block ids, or dicts of them (a leading run read already: e <= its length,
                 # lo == 0, as the unit answered at most its run)
-                ids: list[Any] = values[:e] if values is not None else \
+                ids: list[Any] = run[:e] if run is not None else \
                     list(map(index[g].__getitem__, hs))
                 _first_of_duplicates(ids)
                 block_ids[g] = (NULL_BLOCK,) * lo + tuple(ids)
