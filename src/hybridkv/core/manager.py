@@ -117,6 +117,7 @@ class KVCacheManager:
             check_fits(config, max_model_len, retention_interval=retention_interval,
                        vllm_compat=vllm_compat, hold=self.coordinator.hold)
         self.coordinator.hinted = bool(hints)
+        self.coordinator.hasher = self.hasher
         self.coordinator.anchor_key = policy.key_group if isinstance(policy, HitPointLayer) else None
         if isinstance(self.pool, ExtentBlockPool) and not vllm_compat:
             # sibling state groups serve hits only together: evict their checkpoints together
@@ -259,7 +260,7 @@ class KVCacheManager:
             else:
                 lookahead = -1                      # refused below
             if lookahead >= 0:
-                blocks = self.coordinator.step(request, num_new_tokens, lookahead, self.hasher)
+                blocks = self.coordinator.step(request, num_new_tokens, lookahead)
                 if blocks is not _PLAN:
                     return blocks
         if isinstance(num_new_tokens, bool) or not isinstance(num_new_tokens, int) or num_new_tokens < 0:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import operator
 from enum import Enum
-from typing import TYPE_CHECKING, Sequence, cast
+from typing import Sequence, cast
 
 from hybridkv.core.coordinator.base import CoordinatorBase, _ReqBlocks
 from hybridkv.core.coordinator.records import (_UNCHANGED, AllocationPlan, CacheHit, ExternalHit,
@@ -26,9 +26,6 @@ from hybridkv.core.coordinator.records import (_UNCHANGED, AllocationPlan, Cache
 from hybridkv.core.pool import NULL_BLOCK
 from hybridkv.core.request import Request
 from hybridkv.core.rules import HitRule
-
-if TYPE_CHECKING:
-    from hybridkv.core.hashing import BlockHasher
 
 try:
     import cython
@@ -91,11 +88,11 @@ class Allocation(CoordinatorBase):
                          self.len_cap)
 
     @cython.locals(reqs=dict)
-    def step(self, request: Request, num_new_tokens: int, lookahead: int,
-             hasher: BlockHasher) -> list[list[int]] | None | _Plan:
+    def step(self, request: Request, num_new_tokens: int,
+             lookahead: int) -> list[list[int]] | None | _Plan:
         """A running request's step (no hit, no external load, no reservation), the manager's
         one call per decode step: empty lists for a quiet step (:meth:`step_is_quiet`), else,
-        once ``hasher`` (the manager's) has appended the request's new hashes, the step
+        once :attr:`hasher` (the manager's) has appended the request's new hashes, the step
         applied directly (:meth:`_step`). ``_PLAN`` when the request is not this
         coordinator's running request, its step passes max_model_len, the request was hashed
         by another hasher, or the config has a state group: then the caller validates,
@@ -107,8 +104,9 @@ class Allocation(CoordinatorBase):
         computed = request.num_computed_tokens
         if _is_quiet(state, computed, num_new_tokens, lookahead, self.len_cap):
             return _empty_lists(len(state.tables))
+        hasher = self.hasher
         if self.state_groups or computed + num_new_tokens > self.len_cap \
-                or request.hasher is not hasher:
+                or hasher is None or request.hasher is not hasher:
             return _PLAN
         if self.caching:
             hasher.update(request)
@@ -416,9 +414,14 @@ class Allocation(CoordinatorBase):
             # commit reduces to its two cache passes (and keeps slots and slide_until).
             self.epoch += 1
             num_tokens = len(request.token_ids)
-            self.cache(request, computed if computed < num_tokens else num_tokens)
+            n = computed if computed < num_tokens else num_tokens
+            if n >= state.quiet_until:                    # (cache's own first test)
+                self.cache(request, n)
             n = computed + num_new_tokens
-            self.cache(request, n if n < num_tokens else num_tokens)
+            if n > num_tokens:
+                n = num_tokens
+            if n >= state.quiet_until:
+                self.cache(request, n)
             return _empty_lists(len(tables))
         pool = self.pool
         if needed > pool.num_free + freed:                # does not fit: nothing changes

@@ -30,6 +30,7 @@ from hybridkv.core.specs import KVCacheConfig
 
 if TYPE_CHECKING:
     from hybridkv.core.coordinator.records import AllocationPlan, CacheHit, GroupPlan
+    from hybridkv.core.hashing import BlockHasher
 
 
 def _report_runs(report: Callable[[int, Request, int, list[int]], None], group: int,
@@ -178,6 +179,8 @@ class CoordinatorBase(_Seams):
             tier, not computed here): KV events only, never saves.
         hinted: the pool runs the hint layer, so every release reports its owner and hint
             (False: only retention configs are passed on).
+        hasher: the manager's :class:`~hybridkv.core.hashing.BlockHasher`, which a running
+            request's step (``step``) runs before it caches (None: such steps are planned).
         anchor_key: the key group of the pool's hit-point layer
             (:mod:`hybridkv.core.eviction.hit_points`): every release of another group's blocks
             first tells the pool the key-group block that ends each one's hit point (None: no
@@ -200,6 +203,7 @@ class CoordinatorBase(_Seams):
         self.on_stored: Callable[[int, Request, int, list[int]], None] | None = None
         self.on_adopted: Callable[[int, Request, int, list[int]], None] | None = None
         self.hinted = False
+        self.hasher: BlockHasher | None = None
         self.anchor_key: int | None = None
         self.alignment = config.alignment
         hbs = config.hash_block_size
