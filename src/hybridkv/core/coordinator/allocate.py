@@ -8,9 +8,10 @@ takes out of the free queue, and the blocks that sliding out of the window relea
 check that reserves more than it allocates (vLLM's full-sequence reservation) is a plan for a
 larger token count; compat mode counts it as vLLM 0.33 does (:meth:`_vllm_admission_blocks`).
 
-**Decode fast path**: :meth:`Allocation.step_is_quiet` answers, from three thresholds kept per
-request, whether a step needs no new block, caches nothing and releases nothing; then the
-allocation is a no-op and is skipped.
+**A running request's step** is one call, :meth:`Allocation.step`: from three thresholds kept
+per request it answers whether the step needs no new block, caches nothing and releases
+nothing (the decode fast path: then nothing happens); any other such step is applied directly
+(:meth:`Allocation._step`: what the commit of its plan does, without the plan's records).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ try:
     import cython
 except ImportError:                       # no Cython: the C types below are no-ops
     from hybridkv import _cython_shim as cython  # type: ignore[no-redef]  # typed by typings/cython.pyi
+
 
 class _Plan(Enum):
     """:meth:`Allocation.step`'s answer for a step it does not take: validate, plan and
@@ -369,7 +371,6 @@ class Allocation(CoordinatorBase):
             if t < until:
                 until = t
         return until
-
 
     @cython.locals(tables=list, new_counts=list, released=list, new_blocks=list,
                    needed=cython.Py_ssize_t, freed=cython.Py_ssize_t, new=cython.Py_ssize_t,
