@@ -258,7 +258,7 @@ class KVCacheManager:
             elif type(num_lookahead_tokens) is int and num_lookahead_tokens >= 0:
                 lookahead = num_lookahead_tokens
             else:
-                lookahead = -1                      # refused below
+                lookahead = -1              # not an integer >= 0: the checks below refuse it
             if lookahead >= 0:
                 blocks = self.coordinator.step(request, num_new_tokens, lookahead)
                 if blocks is not _PLAN:
