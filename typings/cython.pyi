@@ -7,5 +7,8 @@ _F = TypeVar("_F", bound=Callable[..., object])
 compiled: bool
 Py_ssize_t = int
 bint = bool
+p_char = bytes
 
 def locals(**types: object) -> Callable[[_F], _F]: ...
+
+def cfunc(func: _F) -> _F: ...

@@ -33,8 +33,17 @@ Py_ssize_t = int
 #: A C int used as a truth value; a Python ``bool`` here.
 bint = bool
 
+#: C's ``char *``; here the ``bytes`` it points into (slicing either gives the same bytes).
+p_char = bytes
+
 
 def locals(**types: Any) -> Callable[[_F], _F]:  # noqa: A001 - Cython's name
     """Cython's ``@cython.locals(name=type, ...)``: declares local variable types when
     compiled; here it returns the function unchanged."""
     return lambda func: func
+
+
+def cfunc(func: _F) -> _F:
+    """Cython's ``@cython.cfunc``: a module-level function called from C only when compiled
+    (no Python-level call); here the function unchanged."""
+    return func

@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from hybridkv import ChunkedLocal, KVCacheManager, Request, SpecDecode
 from hybridkv.core.coordinator import AllocationPlan, GroupPlan
+from hybridkv.core.coordinator.allocate import _PLAN
 from tests.support.helpers import FA, SWA, admit, config, manager, prompt, serve
 from tests.support.random_ops import configs
 from hybridkv.core.cache_options import CacheOptions
@@ -41,18 +42,21 @@ class Driver:
 
     def __init__(self, cfg, retention, spec, compat, fast: bool, explicit: bool) -> None:
         self.kv = KVCacheManager(cfg, CacheOptions(
-            retention_interval=retention, spec_decode=spec, vllm_compat=compat))
+            retention_interval=retention, spec_decode=spec, vllm_compat=compat,
+            enable_events=True, hash_seed="fast-vs-planned"))
         if not fast:
             # the reference: every step planned and committed, every cache pass walked
             coord = self.kv.coordinator
             coord.step_is_quiet = lambda *a: False
+            coord.step = lambda *a: _PLAN       # the manager validates, plans and commits
 
             def planned(request, n, hit, lookahead, external=None, reserve_tokens=0):
                 plan = coord.plan(request, n, hit, lookahead, external, reserve_tokens)
                 if not plan.fits and coord.compat and not plan.new_request \
                         and any(gp.released for gp in plan.groups):
                     coord.epoch += 1            # vLLM: a failed step still frees its window
-                    coord._release(request, coord.reqs[request.request_id], plan)
+                    coord._release(request, coord.reqs[request.request_id], plan.num_computed,
+                                   [gp.released for gp in plan.groups])
                     coord.reqs[request.request_id].slide_until = 0
                 return coord.commit(request, plan) if plan.fits else None
 
@@ -106,14 +110,17 @@ class Driver:
 @given(configs(), st.lists(st.tuples(st.integers(0, 5), st.integers(0, 10**6)), min_size=1, max_size=50),
        st.booleans())
 def test_fast_path_is_exact(cfg_args, ops, explicit) -> None:
-    """With and without the fast path, every observable result is identical after every step
-    (explicit lookahead included: any non-negative value is safe, not only the configured one)."""
+    """With and without the fast paths (the quiet step, and a running request's step applied
+    without a plan record), every observable result is identical after every step, the KV
+    events (stored and removed blocks, in order) included (explicit lookahead included: any
+    non-negative value is safe, not only the configured one)."""
     cfg, retention, spec, compat = cfg_args
     fast = Driver(cfg, retention, spec, compat, fast=True, explicit=explicit)
     slow = Driver(cfg, retention, spec, compat, fast=False, explicit=explicit)
     for op, x in ops:
         fast.op(op, x)
         slow.op(op, x)
+        assert fast.kv.take_events() == slow.kv.take_events()
         assert observable(fast.kv, fast.running, fast.prompts) == \
             observable(slow.kv, slow.running, slow.prompts)
         fast.kv.check_integrity()
@@ -420,7 +427,7 @@ def test_a_decode_step_whose_lookahead_slots_need_a_block_is_not_quiet() -> None
 
 @pytest.mark.parametrize("num_groups", [1, 2, 3, 4, 5])
 def test_a_step_without_new_blocks_returns_one_empty_list_per_group(num_groups) -> None:
-    """_no_new_blocks — the fast path's result for 1..5 groups: None ("does not fit") or a crash
+    """coordinator: _empty_lists — the fast path's result for 1..5 groups: None ("does not fit") or a crash
     instead of ``num_groups`` empty lists, each a fresh list.
 
     Full groups (bs 4): after a 5-token prompt the second block has room for 3 more tokens,

@@ -145,22 +145,27 @@ def test_batched_step_schedules_what_the_per_request_step_does(w) -> None:
 def test_the_batched_step_calls_the_manager_only_off_the_fast_path() -> None:
     """The batch path is not dead code: with batching, allocate() is called for exactly the
     (step, request) pairs where the per-request step's allocate() left the fast path (its
-    coordinator allocated), and for no decode step in between."""
+    coordinator allocated: planned and committed, or applied a running request's step
+    directly), and for no decode step in between."""
     calls: list[list[tuple]] = []
     for batched in (True, False):
         kv = KVCacheManager(config(FA(16), num_blocks=200))
         sched = Scheduler(kv, SchedulerConfig(max_num_batched_tokens=256, batched=batched))
         seen: list[tuple] = []
-        if batched:
-            inner, name = kv, "allocate"
-        else:
-            inner, name = kv.coordinator, "allocate"
-        original = getattr(inner, name)
+        spied = [(kv, "allocate")] if batched else \
+            [(kv.coordinator, "allocate"), (kv.coordinator, "_step")]
+        depth = [0]                 # a call inside a spied call is the same allocation
 
-        def spy(req, *a, _original=original, _seen=seen, _sched=sched, **kw):
-            _seen.append((_sched.step_index, req.request_id, req.num_computed_tokens))
-            return _original(req, *a, **kw)
-        setattr(inner, name, spy)
+        for inner, name in spied:
+            def spy(req, *a, _original=getattr(inner, name), _seen=seen, _sched=sched, **kw):
+                if not depth[0]:
+                    _seen.append((_sched.step_index, req.request_id, req.num_computed_tokens))
+                depth[0] += 1
+                try:
+                    return _original(req, *a, **kw)
+                finally:
+                    depth[0] -= 1
+            setattr(inner, name, spy)
         for i in range(4):
             sched.add_request(EngineRequest(Request(f"r{i}", list(range(i * 100, i * 100 + 20))), 40))
         steps = 0

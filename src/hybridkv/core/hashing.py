@@ -116,7 +116,7 @@ class BlockHasher:
                    la=cython.Py_ssize_t, start=cython.Py_ssize_t, limit=cython.Py_ssize_t,
                    nblocks=cython.Py_ssize_t, end=cython.Py_ssize_t, step=cython.Py_ssize_t,
                    width=cython.Py_ssize_t, off=cython.Py_ssize_t, k=cython.Py_ssize_t,
-                   block_start=cython.Py_ssize_t)
+                   block_start=cython.Py_ssize_t, raw=cython.p_char)
     def update(self, request: "Request") -> None:
         """Append the hashes of every block of ``request`` that became hashable."""
         hashes = request.block_hashes
@@ -128,14 +128,22 @@ class BlockHasher:
             return
         nblocks = (limit - start) // bs
         end = start + nblocks * bs
-        buf = memoryview(request.token_ids)[start:end + la].tobytes()
+        tokens = request.token_ids
+        # the bytes of the new blocks (and their lookahead); a few blocks (a decode step's):
+        # the array's own slice costs less than a memoryview's, a long run: one copy less
+        span = tokens[start:end + la] if nblocks <= 8 else memoryview(tokens)[start:end + la]
+        buf = span.tobytes()
+        # compiled, a char pointer into buf: its slices are made by one C call, with no slice
+        # object (the source slices the bytes themselves, the same bytes)
+        raw = buf
         step = bs * TOKEN_BYTES
         width = step + la * TOKEN_BYTES
         digest = self._digest
         parent = hashes[-1] if hashes else self.none_hash
         if not request.has_extra_keys:
-            for off in range(0, nblocks * step, step):
-                parent = digest(parent + buf[off:off + width])
+            for k in range(nblocks):                 # (a C loop when compiled)
+                off = k * step
+                parent = digest(parent + raw[off:off + width])
                 hashes.append(parent)
             return
         for k in range(nblocks):
@@ -143,7 +151,7 @@ class BlockHasher:
             block_start = start + k * bs
             keys = request.extra_keys(block_start, block_start + bs + la)
             extra = encode_extra_keys(keys) if keys else b""
-            parent = digest(parent + buf[off:off + width] + extra)
+            parent = digest(parent + raw[off:off + width] + extra)
             hashes.append(parent)
 
 

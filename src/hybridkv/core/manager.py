@@ -24,6 +24,7 @@ from typing import Callable, cast
 from hybridkv.core.cache_options import CacheOptions
 from hybridkv.core.coordinator import (CacheHit, CoordinatorModes, ExternalHit, KVCacheCoordinator,
                                        StateBlocks)
+from hybridkv.core.coordinator.allocate import _PLAN
 from hybridkv.core.events import (AllBlocksCleared, BlockRemoved, BlockStored, KVEvent,
                                   PrefixCacheStats, untag_extra_keys)
 from hybridkv.core.hashing import BlockHasher
@@ -39,14 +40,6 @@ from hybridkv.core.retention_config import RetentionConfig
 from hybridkv.core.rules import make_rule
 from hybridkv.core.specs import KVCacheConfig
 from hybridkv.core.spec_decode import SpecDecode
-
-
-def _no_new_blocks(num_groups: int) -> Callable[[], list[list[int]]]:
-    """A function returning ``num_groups`` fresh empty lists (the fast path's result; a list
-    literal costs less than a comprehension, which matters at a few hundred ns per step)."""
-    literal: dict[int, Callable[[], list[list[int]]]] = {
-        1: lambda: [[]], 2: lambda: [[], []], 3: lambda: [[], [], []], 4: lambda: [[], [], [], []]}
-    return literal.get(num_groups) or (lambda: [[] for _ in range(num_groups)])
 
 
 class KVCacheManager:
@@ -124,6 +117,7 @@ class KVCacheManager:
             check_fits(config, max_model_len, retention_interval=retention_interval,
                        vllm_compat=vllm_compat, hold=self.coordinator.hold)
         self.coordinator.hinted = bool(hints)
+        self.coordinator.hasher = self.hasher
         self.coordinator.anchor_key = policy.key_group if isinstance(policy, HitPointLayer) else None
         if isinstance(self.pool, ExtentBlockPool) and not vllm_compat:
             # sibling state groups serve hits only together: evict their checkpoints together
@@ -138,7 +132,6 @@ class KVCacheManager:
         self._group_query_blocks = [0] * len(config.groups)
         self._group_hit_blocks = [0] * len(config.groups)
         self._requests: dict[object, Request] = {}
-        self._no_new_blocks = _no_new_blocks(len(config.groups))
         self._block_sizes = tuple(g.spec.block_size for g in config.groups)
         self._cached_listeners: list[Callable[[int, list[bytes], list[int]], None]] = []
         self._evicted_listeners: list[Callable[[int, bytes], None]] = []
@@ -256,15 +249,20 @@ class KVCacheManager:
         if not isinstance(request, Request):
             raise ValueError(f"allocate needs a Request, got {type(request).__name__}")
         if hit is None and external is None and not full_sequence_must_fit \
-                and num_new_tokens.__class__ is int and num_new_tokens >= 0:
-            # Fast path: a step that needs no new block, no caching and no window slide (most
-            # decode steps); the coordinator answers from thresholds it keeps per request.
+                and type(num_new_tokens) is int and num_new_tokens >= 0:
+            # A running request's step (most decode steps need no block, cache nothing and
+            # slide no window: the coordinator answers those from thresholds it keeps per
+            # request; the rest it applies without a plan record). _PLAN: validate and plan.
             if num_lookahead_tokens is None:
-                if self.coordinator.step_is_quiet(request, num_new_tokens, self.lookahead_slots):
-                    return self._no_new_blocks()
-            elif num_lookahead_tokens.__class__ is int and num_lookahead_tokens >= 0 \
-                    and self.coordinator.step_is_quiet(request, num_new_tokens, num_lookahead_tokens):
-                return self._no_new_blocks()
+                lookahead = self.lookahead_slots
+            elif type(num_lookahead_tokens) is int and num_lookahead_tokens >= 0:
+                lookahead = num_lookahead_tokens
+            else:
+                lookahead = -1              # not an integer >= 0: the checks below refuse it
+            if lookahead >= 0:
+                blocks = self.coordinator.step(request, num_new_tokens, lookahead)
+                if blocks is not _PLAN:
+                    return blocks
         if isinstance(num_new_tokens, bool) or not isinstance(num_new_tokens, int) or num_new_tokens < 0:
             raise ValueError(f"num_new_tokens must be a non-negative integer, got {num_new_tokens!r}")
         known = self.coordinator.holds(request)     # raises for another object with this id

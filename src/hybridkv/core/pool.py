@@ -190,32 +190,31 @@ class BlockPool:
         them), in order.
 
         The blocks must be distinct and unhashed (allocated, usually; a fresh id becomes explicit
-        first, as in :meth:`insert`). While the hashes are new to the
-        group's index (the usual case: a request's chain) each costs one index operation and
-        the per-block lists and the change record are updated in bulk; from the first hash the
-        index holds already (or one repeated within the run) on, and in a subclass that
-        overrides :meth:`insert`, pair by pair.
+        first, as in :meth:`insert`). Each pair costs one index operation (two for a hash the
+        index holds already, or one repeated within the run: the entry becomes a dict of ids,
+        as in :meth:`insert`) and the per-block lists and the change record are updated in
+        bulk; in a subclass that overrides :meth:`insert`, pair by pair.
         """
         n = len(blocks)
         if not n:
             return
-        k = 0
-        if n > 1 and type(self).insert is BlockPool.insert and max(blocks) < self.queue.next_fresh \
-                and hashes.__class__ is list and blocks.__class__ is list and len(hashes) == n:
+        if type(self).insert is BlockPool.insert and max(blocks) < self.queue.next_fresh \
+                and type(hashes) is list and type(blocks) is list and len(hashes) == n:
             idx = self.index[group]
             hs, bs = hashes, blocks
-            while k < n:
+            for k in range(n):
                 b = bs[k]
-                if idx.setdefault(hs[k], b) is not b:   # there already (b is unhashed, so no
-                    break                               # entry names it): left to insert
-                k += 1
-            if k == n:
-                self._hashed(group, hashes, blocks)
-                return
-            if k:
-                self._hashed(group, hashes[:k], blocks[:k])
+                h = hs[k]
+                v = idx.setdefault(h, b)
+                if v is not b:                  # there already (b is unhashed, so no entry
+                    if isinstance(v, int):      # names it): a duplicate, as insert keeps it
+                        idx[h] = {v: None, b: None}
+                    else:
+                        v[b] = None
+            self._hashed(group, hashes, blocks)
+            return
         insert = self.insert
-        for h, b in zip(hashes[k:], blocks[k:]):
+        for h, b in zip(hashes, blocks):
             insert(group, h, b)
 
     @cython.locals(bh=list, bg=list, changes=list, n=cython.Py_ssize_t, i=cython.Py_ssize_t,
@@ -319,7 +318,8 @@ class BlockPool:
         self._forget(stale)
         return len(stale)
 
-    @cython.locals(ref=list, prv=list, nxt=list, bi=cython.Py_ssize_t)
+    @cython.locals(ref=list, prv=list, nxt=list, bi=cython.Py_ssize_t, fresh=cython.Py_ssize_t,
+                   removed=cython.Py_ssize_t)
     def touch(self, blocks: Iterable[int]) -> None:
         """Take a reference on each non-null block, pulling free ones out of the queue."""
         ref = self.ref_cnt
@@ -330,10 +330,10 @@ class BlockPool:
         try:
             for b in blocks:
                 if b:
-                    if b >= fresh:                # a fresh id: give it explicit state first
+                    bi = b
+                    if bi >= fresh:               # a fresh id: give it explicit state first
                         self._materialize(b)
                         fresh = q.next_fresh
-                    bi = b
                     r = ref[bi]
                     if r == 0:                    # FreeBlockQueue.remove, inlined
                         p = prv[bi]

@@ -192,7 +192,7 @@ class Request:
 
         ``token_ids`` (all tokens, an ``array('q')``) must not be mutated any other way.
         """
-        if token_ids.__class__ is list or token_ids.__class__ is tuple:
+        if type(token_ids) is list or type(token_ids) is tuple:
             tokens = self.token_ids
             n = len(tokens)
             try:

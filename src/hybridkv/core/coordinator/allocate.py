@@ -8,15 +8,17 @@ takes out of the free queue, and the blocks that sliding out of the window relea
 check that reserves more than it allocates (vLLM's full-sequence reservation) is a plan for a
 larger token count; compat mode counts it as vLLM 0.33 does (:meth:`_vllm_admission_blocks`).
 
-**Decode fast path**: :meth:`Allocation.step_is_quiet` answers, from three thresholds kept per
-request, whether a step needs no new block, caches nothing and releases nothing; then the
-allocation is a no-op and is skipped.
+**A running request's step** is one call, :meth:`Allocation.step`: from three thresholds kept
+per request it answers whether the step needs no new block, caches nothing and releases
+nothing (the decode fast path: then nothing happens); any other such step is applied directly
+(:meth:`Allocation._step`: what the commit of its plan does, without the plan's records).
 """
 
 from __future__ import annotations
 
 import math
 import operator
+from enum import Enum
 from typing import Sequence, cast
 
 from hybridkv.core.coordinator.base import CoordinatorBase, _ReqBlocks
@@ -26,31 +28,91 @@ from hybridkv.core.pool import NULL_BLOCK
 from hybridkv.core.request import Request
 from hybridkv.core.rules import HitRule
 
+try:
+    import cython
+except ImportError:                       # no Cython: the C types below are no-ops
+    from hybridkv import _cython_shim as cython  # type: ignore[no-redef]  # typed by typings/cython.pyi
+
+
+class _Plan(Enum):
+    """:meth:`Allocation.step`'s answer for a step it does not take: validate, plan and
+    commit it (one member, so a type checker narrows ``is not _PLAN``)."""
+
+    PLAN = "plan"
+
+
+_PLAN = _Plan.PLAN
+
+
+@cython.cfunc
+def _is_quiet(state: _ReqBlocks, computed: int, num_new_tokens: int, lookahead: int,
+              len_cap: float) -> bool:
+    """The decode fast path's test (:meth:`Allocation.step_is_quiet`): the step's slots fit
+    the tables, no block leaves a window, no promised end is reached; False past
+    ``len_cap`` (max_model_len)."""
+    end = computed + num_new_tokens
+    slots: float = end + lookahead if lookahead else end      # (only compared)
+    if slots > len_cap:
+        if end > len_cap:
+            return False                        # past max_model_len: the slow path refuses it
+        slots = len_cap
+    return slots <= state.slots and computed < state.slide_until and end < state.quiet_until
+
+
+@cython.cfunc
+def _empty_lists(n: int) -> list[list[int]]:
+    """``n`` fresh empty lists (a step's result when it needs no new block)."""
+    if n == 1:
+        return [[]]
+    if n == 2:
+        return [[], []]
+    return [[] for _ in range(n)]
 
 
 class Allocation(CoordinatorBase):
     """The coordinator's allocation seam: plan, commit, admission reservation, fast path."""
 
+    @cython.locals(reqs=dict)
     def step_is_quiet(self, request: Request, num_new_tokens: int, lookahead: int) -> bool:
         """True iff allocating ``num_new_tokens`` more tokens (+ ``lookahead`` slots) for this
         request would change nothing: no new block, nothing to cache, no block leaving a window.
 
         The decode fast path: three comparisons against thresholds the last commit and cache
-        pass left (``slots``, ``quiet_until``, ``slide_until``). False for an unknown request,
-        a different Request object with a known id, or tokens past max_model_len (the slow
-        path then raises).
+        pass left (``slots``, ``quiet_until``, ``slide_until``; :func:`_is_quiet`). False for
+        an unknown request, a different Request object with a known id, or tokens past
+        max_model_len (the slow path then raises).
         """
-        state = self.reqs.get(request.request_id)
+        reqs = self.reqs
+        state = reqs.get(request.request_id)
         if state is None or state.owner is not request:
             return False
+        return _is_quiet(state, request.num_computed_tokens, num_new_tokens, lookahead,
+                         self.len_cap)
+
+    @cython.locals(reqs=dict)
+    def step(self, request: Request, num_new_tokens: int,
+             lookahead: int) -> list[list[int]] | None | _Plan:
+        """A running request's step (no hit, no external load, no reservation), the manager's
+        one call per decode step: empty lists for a quiet step (:meth:`step_is_quiet`), else,
+        once :attr:`hasher` (the manager's) has appended the request's new hashes, the step
+        applied directly (:meth:`_step`). ``_PLAN`` when the request is not this
+        coordinator's running request, its step passes max_model_len, the request was hashed
+        by another hasher, or the config has a state group: then the caller validates,
+        hashes, and plans and commits (:meth:`allocate`)."""
+        reqs = self.reqs
+        state = reqs.get(request.request_id)
+        if state is None or state.owner is not request:
+            return _PLAN
         computed = request.num_computed_tokens
-        slots: float = computed + num_new_tokens + lookahead       # (only compared)
-        if slots > self.len_cap:
-            if computed + num_new_tokens > self.len_cap:
-                return False                        # past max_model_len: the slow path refuses it
-            slots = self.len_cap
-        return slots <= state.slots and computed < state.slide_until \
-            and computed + num_new_tokens < state.quiet_until
+        if _is_quiet(state, computed, num_new_tokens, lookahead, self.len_cap):
+            return _empty_lists(len(state.tables))
+        hasher = self.hasher
+        if self.state_groups or computed + num_new_tokens > self.len_cap \
+                or hasher is None or request.hasher is not hasher:
+            return _PLAN
+        if self.caching:
+            hasher.update(request)
+        return self._step(request, state, num_new_tokens, lookahead)
 
     def _released(self, table: list[int], rule: HitRule, num_computed: int) -> tuple[int, ...]:
         """Table positions that left the window of ``rule`` at ``num_computed`` (back to front)."""
@@ -199,15 +261,17 @@ class Allocation(CoordinatorBase):
         self._evictable[request.request_id] = (hit.block_ids, version, counts)
         return counts
 
+    @cython.locals(ref=list, n=cython.Py_ssize_t, bi=cython.Py_ssize_t)
     def _num_evictable(self, ids: tuple[int, ...]) -> int:
         """The non-null blocks of ``ids`` nobody references (in the free queue: a touch
-        takes them out). Counted in C; a table never holds a block twice."""
-        if not ids:
-            return 0
+        takes them out). A table never holds a block twice."""
         ref = self.pool.ref_cnt
-        n = list(map(ref.__getitem__, ids)).count(0)
-        if ref[NULL_BLOCK] == 0:
-            n -= ids.count(NULL_BLOCK)
+        n = 0
+        for b in ids:
+            if b != NULL_BLOCK:
+                bi = b
+                if ref[bi] == 0:
+                    n += 1
         return n
 
     def _verify_hit(self, request: Request, hit: CacheHit) -> None:
@@ -267,7 +331,7 @@ class Allocation(CoordinatorBase):
                         self.cache_delay[g] if self.compat else 0)
         else:
             state = self.reqs[request.request_id]
-            self._release(request, state, plan)
+            self._release(request, state, computed, [gp.released for gp in plan.groups])
         new_blocks: list[list[int]] = []
         is_state_group = self.is_state_group
         for g, gp in enumerate(plan.groups):
@@ -308,6 +372,97 @@ class Allocation(CoordinatorBase):
                 until = t
         return until
 
+    @cython.locals(tables=list, new_counts=list, released=list, new_blocks=list,
+                   needed=cython.Py_ssize_t, freed=cython.Py_ssize_t, new=cython.Py_ssize_t,
+                   g=cython.Py_ssize_t)
+    def _step(self, request: Request, state: _ReqBlocks, num_new_tokens: int,
+              lookahead: int) -> list[list[int]] | None:
+        """A running request's step (no hit, no external load, no reservation, no state
+        group; ``state`` is its bookkeeping) applied directly: exactly what
+        ``commit(plan(...))`` does, without building the plan's records. Returns the new
+        block ids per group, or None when they do not fit (as :meth:`allocate`).
+
+        The common steps are short: a step inside the table that releases nothing only
+        caches (a block just filled), one that needs a block pops it; only a step at which a
+        block may leave a window looks at the tables' released positions.
+        """
+        computed = request.num_computed_tokens
+        slots = computed + num_new_tokens + lookahead
+        if slots > self.len_cap:
+            slots = cast(int, self.len_cap)               # finite here: max_model_len
+        tables = state.tables
+        new_counts = []
+        needed = 0
+        if slots > state.slots:                           # some table is too short
+            for table, bs in zip(tables, self.block_sizes):
+                new = -(-slots // bs) - len(table)
+                if new > 0:
+                    needed += new
+                else:
+                    new = 0
+                new_counts.append(new)
+        released = []
+        freed = 0
+        if computed >= state.slide_until:                 # a block may leave a window
+            ref = self.pool.ref_cnt
+            for table, rule in zip(tables, self.rules):
+                rel = () if rule.downward_closed else self._released(table, rule, computed)
+                if rel:
+                    freed += list(map(ref.__getitem__, map(table.__getitem__, rel))).count(1)
+                released.append(rel)
+        elif not needed:
+            # Cache-only step (a block just completed): no block to pop or release, so the
+            # commit reduces to its two cache passes (and keeps slots and slide_until).
+            self.epoch += 1
+            num_tokens = len(request.token_ids)
+            n = computed if computed < num_tokens else num_tokens
+            if n >= state.quiet_until:                    # (cache's own first test)
+                self.cache(request, n)
+            n = computed + num_new_tokens
+            if n > num_tokens:
+                n = num_tokens
+            if n >= state.quiet_until:
+                self.cache(request, n)
+            return _empty_lists(len(tables))
+        pool = self.pool
+        if needed > pool.num_free + freed:                # does not fit: nothing changes
+            if self.compat and any(released):
+                # vLLM runs remove_skipped_blocks before its capacity check: a failed
+                # allocation still frees the blocks that left the window (docs/parity.md D2)
+                self.epoch += 1
+                self._release(request, state, computed, released)
+                state.slide_until = 0
+            return None
+        self.epoch += 1
+        if released:
+            self._release(request, state, computed, released)
+        else:
+            n = len(request.token_ids)
+            if computed < n:
+                n = computed
+            if n >= state.quiet_until:                    # (the pending ends _release caches)
+                self.cache(request, n)
+        new_blocks = []
+        if needed:
+            for g in range(len(tables)):
+                new = new_counts[g]
+                if new:
+                    got = pool.allocate(new)
+                    tables[g].extend(got)
+                    new_blocks.append(got)
+                else:
+                    new_blocks.append([])
+        else:
+            new_blocks = _empty_lists(len(tables))
+        n = len(request.token_ids)
+        if computed + num_new_tokens < n:
+            n = computed + num_new_tokens
+        if n >= state.quiet_until:                        # (cache's own first test)
+            self.cache(request, n)
+        if needed:
+            state.slots = min(map(operator.mul, map(len, tables), self.block_sizes))
+        state.slide_until = self._slide_until(computed)
+        return new_blocks
 
     def allocate(self, request: Request, num_new_tokens: int, hit: CacheHit | None,
                  lookahead: int, external: ExternalHit | None = None,
@@ -320,28 +475,18 @@ class Allocation(CoordinatorBase):
         allocated block ids per group. On None nothing changed, except in compat mode, where
         (as in vLLM) the blocks that left the window of a running request are still freed.
         """
-        if hit is None and external is None and not reserve_tokens:
+        if hit is None and external is None and not reserve_tokens and not self.state_groups:
             state = self.reqs.get(request.request_id)
             if state is not None and state.owner is request:
-                computed = request.num_computed_tokens
-                slots: float = computed + num_new_tokens + lookahead   # (only compared)
-                if slots > self.len_cap:
-                    slots = self.len_cap
-                if slots <= state.slots and computed < state.slide_until:
-                    # Cache-only step (a block just completed): no block to pop or release,
-                    # so the commit reduces to its two cache passes; skip building the plan.
-                    self.epoch += 1
-                    num_tokens = request.num_tokens
-                    self.cache(request, min(computed, num_tokens))
-                    self.cache(request, min(computed + num_new_tokens, num_tokens))
-                    return [[] for _ in self.block_sizes]
+                return self._step(request, state, num_new_tokens, lookahead)
         plan = self.plan(request, num_new_tokens, hit, lookahead, external, reserve_tokens)
         if plan.num_needed + plan.num_reserved > plan.num_available:          # not plan.fits
             if self.compat and not plan.new_request and any(gp.released for gp in plan.groups):
                 # vLLM runs remove_skipped_blocks before its capacity check: a failed
                 # allocation still frees the blocks that left the window (docs/parity.md D2)
                 self.epoch += 1
-                self._release(request, self.reqs[request.request_id], plan)
+                self._release(request, self.reqs[request.request_id], plan.num_computed,
+                              [gp.released for gp in plan.groups])
                 self.reqs[request.request_id].slide_until = 0
             return None
         return self.commit(request, plan)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 from hybridkv.core.pool import NULL_BLOCK, BlockPool
 from hybridkv.core.request import Request
@@ -30,6 +30,7 @@ from hybridkv.core.specs import KVCacheConfig
 
 if TYPE_CHECKING:
     from hybridkv.core.coordinator.records import AllocationPlan, CacheHit, GroupPlan
+    from hybridkv.core.hashing import BlockHasher
 
 
 def _report_runs(report: Callable[[int, Request, int, list[int]], None], group: int,
@@ -106,7 +107,8 @@ class SeamCalls(Protocol):
     def _mask_ends(self, request: Request, hit: CacheHit | None) -> list[tuple[int, ...]]: ...
 
     # release.py (Release)
-    def _release(self, request: Request, state: _ReqBlocks, plan: AllocationPlan) -> None: ...
+    def _release(self, request: Request, state: _ReqBlocks, computed: int,
+                 released: Sequence[tuple[int, ...]]) -> None: ...
 
     # allocate.py (Allocation)
     def _num_evictable(self, ids: tuple[int, ...]) -> int: ...
@@ -177,6 +179,8 @@ class CoordinatorBase(_Seams):
             tier, not computed here): KV events only, never saves.
         hinted: the pool runs the hint layer, so every release reports its owner and hint
             (False: only retention configs are passed on).
+        hasher: the manager's :class:`~hybridkv.core.hashing.BlockHasher`, which a running
+            request's step (``step``) runs before it caches (None: such steps are planned).
         anchor_key: the key group of the pool's hit-point layer
             (:mod:`hybridkv.core.eviction.hit_points`): every release of another group's blocks
             first tells the pool the key-group block that ends each one's hit point (None: no
@@ -199,6 +203,7 @@ class CoordinatorBase(_Seams):
         self.on_stored: Callable[[int, Request, int, list[int]], None] | None = None
         self.on_adopted: Callable[[int, Request, int, list[int]], None] | None = None
         self.hinted = False
+        self.hasher: BlockHasher | None = None
         self.anchor_key: int | None = None
         self.alignment = config.alignment
         hbs = config.hash_block_size
@@ -254,6 +259,13 @@ class CoordinatorBase(_Seams):
             _Unit(ids, self.rules[ids[0]], self.scales[ids[0]], self.alignment // self.block_sizes[ids[0]])
             for ids in ordered
         ]
+        # The write path's per-group facts, one tuple per group (cache() reads them once per
+        # group): (block size, scale, proof) for its limits; (group, rule, block size,
+        # masked, the dense step or 0 when retention decides the ends, delay, aligned limit).
+        self._limit_facts = [(r.block_size, sc, r.proof) for r, sc in zip(self.rules, self.scales)]
+        self._write_facts = [
+            (g, r, r.block_size, self.masked[g], self.dense_step[g] if self.dense[g] else 0,
+             self.cache_delay[g], self.aligned_limit[g]) for g, r in enumerate(self.rules)]
         self.admission_caps = [r.admission_cap(max_in_flight_tokens, self.len_cap)
                                for r in self.rules]
         # State groups (recurrent layers): block ids per state (the extent size) and the

@@ -16,7 +16,6 @@ was loaded.
 from __future__ import annotations
 
 import operator
-from itertools import compress, repeat
 from typing import Any, Callable, Mapping, Sequence
 
 from hybridkv.core.blockref import TableRef
@@ -49,6 +48,34 @@ def _leading_cached(hashes: list[bytes], indexes: Sequence[Mapping[bytes, object
                 return k
         k += 1
     return k
+
+
+@cython.cfunc
+@cython.locals(ids=list, k=cython.Py_ssize_t, dup=dict)
+def _first_of_duplicates(ids: list[Any]) -> None:
+    """Replace each dict of block ids in ``ids`` (a hash the index holds for several blocks:
+    concurrent requests computed the same content) by its first block."""
+    for k in range(len(ids)):
+        v = ids[k]
+        if type(v) is dict:
+            dup = v
+            for b in dup:
+                ids[k] = b
+                break
+
+
+@cython.cfunc
+@cython.locals(idx=dict, out=list)
+def _leading_values(hashes: list[bytes], idx: dict[bytes, Any]) -> list[Any]:
+    """What ``idx`` holds for each of ``hashes``, from the first on, up to the first it lacks
+    (a block id, or a dict of them; one probe per hash, the ids read on the way)."""
+    out = []
+    for h in hashes:
+        v = idx.get(h)
+        if v is None:
+            break
+        out.append(v)
+    return out
 
 
 class Lookup(CoordinatorBase):
@@ -105,6 +132,8 @@ class Lookup(CoordinatorBase):
         n_fine = len(hashes)
         index = self.pool.index
         probes: list[Callable[[int], object]] = []
+        # per group, the index values of a one-group downward-closed unit's leading run
+        leading: list[list[Any] | None] = [None] * len(self.block_sizes)
         for unit in self.units:
             scale = unit.scale
             # blocks past max_tokens (plus a proof block) can never be part of the hit
@@ -112,7 +141,12 @@ class Lookup(CoordinatorBase):
             if unit.rule.downward_closed:
                 # its hit needs every block before it: the flags up to the first miss decide
                 # (the rest read as misses), so the probing stops there
-                k = _leading_cached(hs, [index[g] for g in unit.groups])
+                if len(unit.groups) == 1:
+                    values = _leading_values(hs, index[unit.groups[0]])
+                    leading[unit.groups[0]] = values
+                    k = len(values)
+                else:
+                    k = _leading_cached(hs, [index[g] for g in unit.groups])
                 flags = [True] * k + [False] * (len(hs) - k)
             else:
                 flags = list(map(index[unit.groups[0]].__contains__, hs))
@@ -133,10 +167,12 @@ class Lookup(CoordinatorBase):
             scale = unit.scale
             hs = hashes[(lo + 1) * scale - 1:e * scale:scale]
             for g in unit.groups:
-                ids: list[Any] = list(map(index[g].__getitem__, hs))   # block ids, or dicts of them
-                # a duplicated hash (a dict of block ids): its first block
-                for k in compress(range(len(ids)), map(isinstance, ids, repeat(dict))):
-                    ids[k] = next(iter(ids[k]))
+                run = leading[g]
+                # block ids, or dicts of them (a leading run read already: e <= its length,
+                # lo == 0, as the unit answered at most its run)
+                ids: list[Any] = run[:e] if run is not None else \
+                    list(map(index[g].__getitem__, hs))
+                _first_of_duplicates(ids)
                 block_ids[g] = (NULL_BLOCK,) * lo + tuple(ids)
         boundary = longest if longest > t else 0
         return CacheHit(t, tuple(block_ids), boundary, rid, self.epoch, own)

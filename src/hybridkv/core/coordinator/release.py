@@ -10,10 +10,9 @@ group, so a chain's tail is evicted before its prefix.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable, cast
+from typing import TYPE_CHECKING, Iterable, Sequence, cast
 
 from hybridkv.core.coordinator.base import CoordinatorBase, _ReqBlocks
-from hybridkv.core.coordinator.records import AllocationPlan
 from hybridkv.core.hints import hint_marks
 from hybridkv.core.pool import NULL_BLOCK
 from hybridkv.core.request import Request
@@ -27,30 +26,32 @@ if TYPE_CHECKING:
 class Release(CoordinatorBase):
     """The coordinator's release seam: window release, free, retention marks."""
 
-    def _release(self, request: Request, state: _ReqBlocks, plan: AllocationPlan) -> None:
-        """A running request's first commit phase: cache pending ends, then free the blocks
-        that left the window (back to front) and null their table entries."""
+    def _release(self, request: Request, state: _ReqBlocks, computed: int,
+                 released: Sequence[tuple[int, ...]]) -> None:
+        """A running request's first commit phase: cache pending ends (up to ``computed``
+        tokens), then free the blocks that left the window (``released[g]``: group g's table
+        positions, back to front; :meth:`Allocation._released`) and null their table entries."""
         n = len(request.token_ids)
-        if plan.num_computed < n:
-            n = plan.num_computed
+        if computed < n:
+            n = computed
         if n >= state.quiet_until:                  # (cache's own first test, saving the call)
             self.cache(request, n)
         pool = self.pool
-        for g, gp in enumerate(plan.groups):
-            released = gp.released
-            if released:
+        for g, positions in enumerate(released):
+            if positions:
                 table = state.tables[g]
                 # released positions run back to front without a gap (_released)
-                lo = released[-1]
-                hi = released[0] + 1
+                lo = positions[-1]
+                hi = positions[0] + 1
                 freed = table[lo:hi]
                 freed.reverse()
                 if request.retention is not None or self.hinted:
-                    self._retain(request, g, table, released)
+                    self._retain(request, g, table, positions)
                 if self.anchor_key is not None and g != self.anchor_key:
-                    self._anchor(request, state, g, released)
+                    self._anchor(request, state, g, positions)
                 table[lo:hi] = [NULL_BLOCK] * (hi - lo)
                 pool.free(freed)
+
     def free(self, request: Request) -> None:
         """Release every block of the request: each group's table tail first, group by group."""
         self._lookups.pop(request.request_id, None)

@@ -27,6 +27,9 @@ except ImportError:                       # no Cython: the C types below are no-
     from hybridkv import _cython_shim as cython  # type: ignore[no-redef]  # typed by typings/cython.pyi
 
 
+_INF = math.inf
+
+
 class WritePath(CoordinatorBase):
     """The coordinator's write path: promised ends, compat masks and limits, caching."""
 
@@ -122,51 +125,48 @@ class WritePath(CoordinatorBase):
         n_fine = len(hashes)
         extra = state.boundaries
         # An end t is cacheable in a group once its run [lo, hi) is computed and hashed.
+        limits: list[int] | None = None
+        common = 0
         if self.compat:
             limits = self._compat_limits(num_tokens, n_fine)
         else:
-            limits = [(min(num_tokens // r.block_size, n_fine // self.scales[g]) - r.proof)
-                      * r.block_size for g, r in enumerate(self.rules)]
-        masked = self.masked
-        if not self.compat:
-            # an end serves a hit only if every group holds its run: promise it to all at once
-            common = min(limits)
-            limits = [common] * len(limits)
+            # an end serves a hit only if every group holds its run: promise it to all at
+            # once, up to the smallest group's limit
+            first = True
+            for bs, scale, proof in self._limit_facts:
+                n = num_tokens // bs
+                m = n_fine // scale
+                lim = ((n if n < m else m) - proof) * bs
+                if first or lim < common:
+                    common = lim
+                    first = False
             if final:
                 extra = extra + (self._final_end(request, num_tokens),)
         # Each group also gives the fewest tokens at which it has work again (its next end,
         # plus its delay); below the smallest, cache() is a no-op (state.quiet_until).
-        delay = self.cache_delay
-        dense = self.dense
-        dense_step = self.dense_step
-        aligned = self.aligned_limit
         done_t = state.done_t
-        nxt = math.inf
-        for g, rule in enumerate(self.rules):
-            bs = rule.block_size
-            if masked[g]:
+        nxt = _INF
+        for g, rule, bs, masked, step, delay, aligned in self._write_facts:
+            if masked:
                 # the next masked block must be full (a lower bound on the tokens)
-                t = (self._write_mask(g, request, state, limits[g] // bs + rule.proof, hashes)
-                     + 1) * bs
+                t = (self._write_mask(g, request, state, limits[g] // bs + rule.proof,  # type: ignore[index]
+                                      hashes) + 1) * bs
             else:
-                t_limit = limits[g]
+                t_limit = common if limits is None else limits[g]
                 done = done_t[g]
-                # the next promised end after done; the group has work iff it is <= t_limit
-                if dense[g]:
-                    step = dense_step[g]
-                    t = (done // step + 1) * step
-                else:
-                    t = self.retention.next_end(done, extra)
+                # the next promised end after done (step: a dense group's, else the
+                # retention's); the group has work iff it is <= t_limit
+                t = (done // step + 1) * step if step else self.retention.next_end(done, extra)
                 if t <= t_limit:
                     if rule.downward_closed:
                         self._cache_prefix(g, rule, request, state, t_limit, hashes)
                     else:
                         self._cache_ends(g, rule, request, state, t_limit, hashes, extra)
                     done = done_t[g]
-                    t = (done // step + 1) * step if dense[g] else \
+                    t = (done // step + 1) * step if step else \
                         self.retention.next_end(done, extra)
-                t += delay[g]
-            if aligned[g] and t < math.inf:
+                t += delay
+            if aligned and t < _INF:
                 # compat hybrid, no proof: the group caches up to align(n) only
                 a = self.alignment
                 t = -(-t // a) * a

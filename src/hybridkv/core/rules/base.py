@@ -49,7 +49,7 @@ def probe_flags(probe: Callable[[int], object]) -> list[bool] | None:
     """The list of bools behind ``probe`` when it is that list's ``__getitem__`` (a scan may
     then use C-level slicing, ``all`` and ``index``), else None."""
     flags = getattr(probe, "__self__", None)
-    return flags if flags.__class__ is list else None
+    return flags if type(flags) is list else None
 
 
 class HitRule:
@@ -118,7 +118,8 @@ class HitRule:
         the blocks that exist (``e_max + proof <= number of hashed blocks``). Each block is
         probed at most once. This default scans each candidate's run right to left and jumps
         past a miss. A probe that is a ``list``'s ``__getitem__`` over bools (the
-        coordinator's) is scanned in C (:func:`probe_flags`), with the same answer.
+        coordinator's) is scanned in C (:func:`probe_flags`), with the same answer; there a
+        candidate whose last block misses is passed without reading its run.
         """
         proof = self.proof
         e = e_max // step * step
@@ -139,6 +140,12 @@ class HitRule:
             # block j misses: every candidate whose run contains j fails; runs only move
             # left as e shrinks, so the next candidate must end (with its proof) at or below j.
             e = (j - proof) // step * step
+            if flags is not None:
+                # a candidate whose last block misses fails too (its run holds that block, as
+                # lo(e) <= e + proof - 1): pass it without reading its whole run
+                while e > 0 and e + proof <= len(flags) and not flags[e + proof - 1] \
+                        and self.lo(e) < e + proof:
+                    e -= step
         return 0
 
     # ---- window release ---------------------------------------------------------------------
