@@ -45,6 +45,9 @@ _PLAN = _Plan.PLAN
 
 
 @cython.cfunc
+@cython.locals(state=_ReqBlocks, computed=cython.Py_ssize_t, num_new_tokens=cython.Py_ssize_t,
+               lookahead=cython.Py_ssize_t, len_cap=cython.double, end=cython.Py_ssize_t,
+               slots=cython.double)
 def _is_quiet(state: _ReqBlocks, computed: int, num_new_tokens: int, lookahead: int,
               len_cap: float) -> bool:
     """The decode fast path's test (:meth:`Allocation.step_is_quiet`): the step's slots fit
@@ -72,7 +75,7 @@ def _empty_lists(n: int) -> list[list[int]]:
 class Allocation(CoordinatorBase):
     """The coordinator's allocation seam: plan, commit, admission reservation, fast path."""
 
-    @cython.locals(reqs=dict)
+    @cython.locals(reqs=dict, state=_ReqBlocks)
     def step_is_quiet(self, request: Request, num_new_tokens: int, lookahead: int) -> bool:
         """True iff allocating ``num_new_tokens`` more tokens (+ ``lookahead`` slots) for this
         request would change nothing: no new block, nothing to cache, no block leaving a window.
@@ -89,7 +92,7 @@ class Allocation(CoordinatorBase):
         return _is_quiet(state, request.num_computed_tokens, num_new_tokens, lookahead,
                          self.len_cap)
 
-    @cython.locals(reqs=dict)
+    @cython.locals(reqs=dict, state=_ReqBlocks)
     def step(self, request: Request, num_new_tokens: int,
              lookahead: int) -> list[list[int]] | None | _Plan:
         """A running request's step (no hit, no external load, no reservation), the manager's
@@ -292,6 +295,7 @@ class Allocation(CoordinatorBase):
                         f"request {request.request_id!r}'s tokens: the hit is stale or was "
                         "looked up for another request; look up again")
 
+    @cython.locals(state=_ReqBlocks)
     def commit(self, request: Request, plan: AllocationPlan) -> list[list[int]]:
         """Apply ``plan`` (made by :meth:`plan` for this request, and fitting).
 
@@ -372,7 +376,7 @@ class Allocation(CoordinatorBase):
                 until = t
         return until
 
-    @cython.locals(tables=list, new_counts=list, released=list, new_blocks=list,
+    @cython.locals(state=_ReqBlocks, tables=list, new_counts=list, released=list, new_blocks=list,
                    needed=cython.Py_ssize_t, freed=cython.Py_ssize_t, new=cython.Py_ssize_t,
                    g=cython.Py_ssize_t)
     def _step(self, request: Request, state: _ReqBlocks, num_new_tokens: int,
