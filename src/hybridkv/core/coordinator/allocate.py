@@ -52,7 +52,8 @@ def _is_quiet(state: _ReqBlocks, computed: int, num_new_tokens: int, lookahead: 
               len_cap: float) -> bool:
     """The decode fast path's test (:meth:`Allocation.step_is_quiet`): the step's slots fit
     the tables, no block leaves a window, no promised end is reached; False past
-    ``len_cap`` (max_model_len)."""
+    ``len_cap`` (max_model_len). Compiled, its counts are C integers: a count past one
+    raises OverflowError, which its callers read as "not quiet" (as the source answers)."""
     end = computed + num_new_tokens
     slots: float = end + lookahead if lookahead else end      # (only compared)
     if slots > len_cap:
@@ -89,8 +90,11 @@ class Allocation(CoordinatorBase):
         state = reqs.get(request.request_id)
         if state is None or state.owner is not request:
             return False
-        return _is_quiet(state, request.num_computed_tokens, num_new_tokens, lookahead,
-                         self.len_cap)
+        try:
+            return _is_quiet(state, request.num_computed_tokens, num_new_tokens, lookahead,
+                             self.len_cap)
+        except OverflowError:               # compiled: a count past a C integer is not quiet
+            return False
 
     @cython.locals(reqs=dict, state=_ReqBlocks)
     def step(self, request: Request, num_new_tokens: int,
@@ -107,8 +111,11 @@ class Allocation(CoordinatorBase):
         if state is None or state.owner is not request:
             return _PLAN
         computed = request.num_computed_tokens
-        if _is_quiet(state, computed, num_new_tokens, lookahead, self.len_cap):
-            return _empty_lists(len(state.tables))
+        try:
+            if _is_quiet(state, computed, num_new_tokens, lookahead, self.len_cap):
+                return _empty_lists(len(state.tables))
+        except OverflowError:               # compiled: a count past a C integer is not quiet
+            pass
         hasher = self.hasher
         if self.state_groups or computed + num_new_tokens > self.len_cap \
                 or hasher is None or request.hasher is not hasher:
