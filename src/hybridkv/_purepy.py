@@ -10,10 +10,10 @@ is imported, when :func:`requested` is true:
 * ``HYBRIDKV_PURE_PYTHON`` is set to anything but ``""`` or ``"0"``;
 * or mutmut runs the tests (``MUTANT_UNDER_TEST`` is set): its mutants are ``.py`` files that a
   compiled module would otherwise shadow.
-* or the compiled build is stale (:func:`stale`): a ``.py`` file of a compiled package changed
-  since the build (an edited checkout of an editable install), so the compiled module no
-  longer is its source. A one-line warning says so and how to rebuild; the whole package
-  then runs from source (never a mix of the two builds).
+* or the compiled build is stale (:func:`stale`): a ``.py`` file of a compiled package (or
+  the ``.pxd`` beside one) changed since the build (an edited checkout of an editable
+  install), so the compiled module no longer is its source. A one-line warning says so and
+  how to rebuild; the whole package then runs from source (never a mix of the two builds).
 
 This module is never compiled itself (setup.py compiles ``hybridkv.core`` and
 ``hybridkv.sched`` only).
