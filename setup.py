@@ -74,7 +74,8 @@ def extensions() -> list:
 
 
 #: The source each compiled module was built from (``path sha256`` per line, paths relative to
-#: its package, one file in each of :data:`PACKAGES`): at import, a compiled build whose
+#: its package, one file in each of :data:`PACKAGES`; the ``.py`` files and the ``.pxd`` files
+#: that augment them with C types): at import, a compiled build whose
 #: sources changed since is stale and the pure-Python source runs instead
 #: (src/hybridkv/_purepy.py, :func:`stale`).
 MANIFEST = "_compiled_sources.txt"
@@ -84,7 +85,8 @@ def write_manifest() -> None:
     for package in PACKAGES:
         root = f"src/hybridkv/{package}"
         lines = []
-        for path in package_modules(package):
+        pxds = sorted(glob(f"{root}/**/*.pxd", recursive=True))
+        for path in package_modules(package) + pxds:
             with open(path, "rb") as fh:
                 digest = hashlib.sha256(fh.read()).hexdigest()
             lines.append(f"{os.path.relpath(path, root)} {digest}\n")

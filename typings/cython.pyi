@@ -7,6 +7,7 @@ _F = TypeVar("_F", bound=Callable[..., object])
 compiled: bool
 Py_ssize_t = int
 bint = bool
+double = float
 p_char = bytes
 
 def locals(**types: object) -> Callable[[_F], _F]: ...

@@ -30,6 +30,9 @@ compiled = False
 #: C's signed size type (list indices, lengths); a Python ``int`` here.
 Py_ssize_t = int
 
+#: C's double (a float that also holds inf); a Python ``float`` here.
+double = float
+
 #: A C int used as a truth value; a Python ``bool`` here.
 bint = bool
 

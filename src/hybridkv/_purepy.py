@@ -10,10 +10,10 @@ is imported, when :func:`requested` is true:
 * ``HYBRIDKV_PURE_PYTHON`` is set to anything but ``""`` or ``"0"``;
 * or mutmut runs the tests (``MUTANT_UNDER_TEST`` is set): its mutants are ``.py`` files that a
   compiled module would otherwise shadow.
-* or the compiled build is stale (:func:`stale`): a ``.py`` file of a compiled package changed
-  since the build (an edited checkout of an editable install), so the compiled module no
-  longer is its source. A one-line warning says so and how to rebuild; the whole package
-  then runs from source (never a mix of the two builds).
+* or the compiled build is stale (:func:`stale`): a ``.py`` file of a compiled package (or
+  the ``.pxd`` beside one) changed since the build (an edited checkout of an editable
+  install), so the compiled module no longer is its source. A one-line warning says so and
+  how to rebuild; the whole package then runs from source (never a mix of the two builds).
 
 This module is never compiled itself (setup.py compiles ``hybridkv.core`` and
 ``hybridkv.sched`` only).
@@ -46,8 +46,9 @@ def requested() -> bool:
 def stale(core: str | None = None) -> str | None:
     """Why the compiled package ``core`` (a directory; default: each of
     :data:`COMPILED_PACKAGES`, the reason then prefixed with its name) is not its source, or
-    None when it is, or when nothing is compiled. Stale: a compiled module whose ``.py``
-    differs from the one it was built from (its sha256 in :data:`MANIFEST`), or no manifest."""
+    None when it is, or when nothing is compiled. Stale: a compiled module whose ``.py``, or
+    the ``.pxd`` beside it (its C types), differs from the one it was built from (its sha256
+    in :data:`MANIFEST`; a ``.pxd`` added or removed since counts), or no manifest."""
     if core is None:
         for package in COMPILED_PACKAGES:
             why = stale(package)
@@ -75,6 +76,14 @@ def stale(core: str | None = None) -> str | None:
             continue                              # a compiled module without its source
         if built.get(rel) != digest:
             return f"{rel} changed since the build"
+        pxd = rel[:-3] + ".pxd"                   # the C types that augment it, if any
+        try:
+            with open(os.path.join(core, pxd), "rb") as fh:
+                pxd_digest: str | None = hashlib.sha256(fh.read()).hexdigest()
+        except OSError:
+            pxd_digest = None
+        if built.get(pxd) != pxd_digest:
+            return f"{pxd} changed since the build"
     return None
 
 

@@ -173,6 +173,31 @@ def test_stale_or_foreign_plan_is_refused() -> None:
     kv.check_integrity()
 
 
+def test_a_step_past_a_c_integer_does_not_fit_in_either_build() -> None:
+    """allocate: a running request's step of 2**62 or 2**64 new tokens or lookahead slots (the
+    compiled fast-path test reads counts as C integers: one past them is "not quiet", never
+    an OverflowError) is planned like any step: it does not fit (None) and nothing changes
+    (3 blocks of 16 per group hold the 40-token prompt); the next steps fit: 41 tokens in
+    the 48 slots (no block), then 50 (one block per group)."""
+    kv = manager(FA(16), SWA(16, 64), num_blocks=20)
+    r = Request("r", prompt(0, 40))
+    assert kv.allocate(r, 40, kv.lookup(r)) is not None
+    r.num_computed_tokens = 40
+    free = kv.pool.num_free
+    for n in (2**62, 2**64):
+        assert kv.coordinator.step_is_quiet(r, n, 0) is False
+        assert kv.coordinator.step_is_quiet(r, 1, n) is False
+        assert kv.allocate(r, n, None) is None
+        assert kv.allocate(r, 1, None, n) is None
+        assert kv.pool.num_free == free
+        assert [len(t) for t in kv.coordinator.reqs["r"].tables] == [3, 3]
+    assert kv.allocate(r, 1, None) == [[], []]
+    r.num_computed_tokens = 41
+    assert [len(b) for b in kv.allocate(r, 9, None)] == [1, 1]
+    assert kv.pool.num_free == free - 2
+    kv.check_integrity()
+
+
 def test_drop_mode_decode_takes_the_fast_path() -> None:
     """EAGLE drop mode: a decode step between block boundaries commits nothing (it used to
     plan and cache every step: the proof block delayed each promised end by one block)."""

@@ -82,7 +82,8 @@ def test_pure_python_env_loads_the_source() -> None:
 
 def test_a_compiled_core_older_than_its_source_is_stale(tmp_path: Path) -> None:
     """_purepy.stale: nothing compiled -> None; compiled modules matching the manifest -> None;
-    a changed .py, or no manifest -> the reason (hybridkv then runs the pure source)."""
+    a changed .py, a .pxd (C types) added, changed or removed, or no manifest -> the reason
+    (hybridkv then runs the pure source)."""
     import hashlib
     from importlib.machinery import EXTENSION_SUFFIXES
 
@@ -98,6 +99,17 @@ def test_a_compiled_core_older_than_its_source_is_stale(tmp_path: Path) -> None:
     (core / _purepy.MANIFEST).write_text("".join(
         f"{rel} {hashlib.sha256(text).hexdigest()}\n" for rel, text in sources.items()))
     assert _purepy.stale(str(core)) is None
+    pxd = b"cdef class P:\n    pass\n"
+    (core / "pool.pxd").write_bytes(pxd)                              # C types added since
+    assert _purepy.stale(str(core)) == "pool.pxd changed since the build"
+    with (core / _purepy.MANIFEST).open("a") as fh:
+        fh.write(f"pool.pxd {hashlib.sha256(pxd).hexdigest()}\n")
+    assert _purepy.stale(str(core)) is None
+    (core / "pool.pxd").write_bytes(b"cdef class Q:\n    pass\n")   # C types changed
+    assert _purepy.stale(str(core)) == "pool.pxd changed since the build"
+    (core / "pool.pxd").unlink()                                      # C types removed
+    assert _purepy.stale(str(core)) == "pool.pxd changed since the build"
+    (core / "pool.pxd").write_bytes(pxd)
     (core / "rules/full.py").write_bytes(b"B = 3\n")
     assert _purepy.stale(str(core)) == "rules/full.py changed since the build"
 

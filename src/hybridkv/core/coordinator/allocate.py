@@ -45,11 +45,15 @@ _PLAN = _Plan.PLAN
 
 
 @cython.cfunc
+@cython.locals(state=_ReqBlocks, computed=cython.Py_ssize_t, num_new_tokens=cython.Py_ssize_t,
+               lookahead=cython.Py_ssize_t, len_cap=cython.double, end=cython.Py_ssize_t,
+               slots=cython.double)
 def _is_quiet(state: _ReqBlocks, computed: int, num_new_tokens: int, lookahead: int,
               len_cap: float) -> bool:
     """The decode fast path's test (:meth:`Allocation.step_is_quiet`): the step's slots fit
     the tables, no block leaves a window, no promised end is reached; False past
-    ``len_cap`` (max_model_len)."""
+    ``len_cap`` (max_model_len). Compiled, its counts are C integers: a count past one
+    raises OverflowError, which its callers read as "not quiet" (as the source answers)."""
     end = computed + num_new_tokens
     slots: float = end + lookahead if lookahead else end      # (only compared)
     if slots > len_cap:
@@ -72,7 +76,7 @@ def _empty_lists(n: int) -> list[list[int]]:
 class Allocation(CoordinatorBase):
     """The coordinator's allocation seam: plan, commit, admission reservation, fast path."""
 
-    @cython.locals(reqs=dict)
+    @cython.locals(reqs=dict, state=_ReqBlocks)
     def step_is_quiet(self, request: Request, num_new_tokens: int, lookahead: int) -> bool:
         """True iff allocating ``num_new_tokens`` more tokens (+ ``lookahead`` slots) for this
         request would change nothing: no new block, nothing to cache, no block leaving a window.
@@ -86,10 +90,13 @@ class Allocation(CoordinatorBase):
         state = reqs.get(request.request_id)
         if state is None or state.owner is not request:
             return False
-        return _is_quiet(state, request.num_computed_tokens, num_new_tokens, lookahead,
-                         self.len_cap)
+        try:
+            return _is_quiet(state, request.num_computed_tokens, num_new_tokens, lookahead,
+                             self.len_cap)
+        except OverflowError:               # compiled: a count past a C integer is not quiet
+            return False
 
-    @cython.locals(reqs=dict)
+    @cython.locals(reqs=dict, state=_ReqBlocks)
     def step(self, request: Request, num_new_tokens: int,
              lookahead: int) -> list[list[int]] | None | _Plan:
         """A running request's step (no hit, no external load, no reservation), the manager's
@@ -104,8 +111,11 @@ class Allocation(CoordinatorBase):
         if state is None or state.owner is not request:
             return _PLAN
         computed = request.num_computed_tokens
-        if _is_quiet(state, computed, num_new_tokens, lookahead, self.len_cap):
-            return _empty_lists(len(state.tables))
+        try:
+            if _is_quiet(state, computed, num_new_tokens, lookahead, self.len_cap):
+                return _empty_lists(len(state.tables))
+        except OverflowError:               # compiled: a count past a C integer is not quiet
+            pass
         hasher = self.hasher
         if self.state_groups or computed + num_new_tokens > self.len_cap \
                 or hasher is None or request.hasher is not hasher:
@@ -292,6 +302,7 @@ class Allocation(CoordinatorBase):
                         f"request {request.request_id!r}'s tokens: the hit is stale or was "
                         "looked up for another request; look up again")
 
+    @cython.locals(state=_ReqBlocks)
     def commit(self, request: Request, plan: AllocationPlan) -> list[list[int]]:
         """Apply ``plan`` (made by :meth:`plan` for this request, and fitting).
 
@@ -372,7 +383,7 @@ class Allocation(CoordinatorBase):
                 until = t
         return until
 
-    @cython.locals(tables=list, new_counts=list, released=list, new_blocks=list,
+    @cython.locals(state=_ReqBlocks, tables=list, new_counts=list, released=list, new_blocks=list,
                    needed=cython.Py_ssize_t, freed=cython.Py_ssize_t, new=cython.Py_ssize_t,
                    g=cython.Py_ssize_t)
     def _step(self, request: Request, state: _ReqBlocks, num_new_tokens: int,

@@ -19,6 +19,11 @@ from hybridkv.core.request import Request
 from hybridkv.core.retention import hit_point_class
 from hybridkv.core.retention_config import block_marks
 
+try:
+    import cython
+except ImportError:                       # no Cython: the C types below are no-ops
+    from hybridkv import _cython_shim as cython  # type: ignore[no-redef]  # typed by typings/cython.pyi
+
 if TYPE_CHECKING:
     from hybridkv.core.policy_pool import PolicyBlockPool
 
@@ -26,6 +31,7 @@ if TYPE_CHECKING:
 class Release(CoordinatorBase):
     """The coordinator's release seam: window release, free, retention marks."""
 
+    @cython.locals(state=_ReqBlocks)
     def _release(self, request: Request, state: _ReqBlocks, computed: int,
                  released: Sequence[tuple[int, ...]]) -> None:
         """A running request's first commit phase: cache pending ends (up to ``computed``
@@ -52,6 +58,7 @@ class Release(CoordinatorBase):
                 table[lo:hi] = [NULL_BLOCK] * (hi - lo)
                 pool.free(freed)
 
+    @cython.locals(state=_ReqBlocks)
     def free(self, request: Request) -> None:
         """Release every block of the request: each group's table tail first, group by group."""
         self._lookups.pop(request.request_id, None)

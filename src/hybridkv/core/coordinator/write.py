@@ -111,6 +111,7 @@ class WritePath(CoordinatorBase):
         return max(common, 0) // self.alignment * self.alignment
 
     # ---- caching ----------------------------------------------------------------------------
+    @cython.locals(state=_ReqBlocks)
     def cache(self, request: Request, num_tokens: int, final: bool = False) -> None:
         """Cache the runs of every promised end reachable with ``num_tokens`` computed tokens.
 
@@ -176,6 +177,7 @@ class WritePath(CoordinatorBase):
             # every group's limit is <= num_tokens, so nothing happens before the next end
             state.quiet_until = nxt
 
+    @cython.locals(state=_ReqBlocks)
     def _cache_prefix(self, g: int, rule: HitRule, request: Request, state: _ReqBlocks,
                       t_limit: int, hashes: list[bytes]) -> None:
         """A downward-closed (dense) group: cache the run of the last end <= ``t_limit``
@@ -203,6 +205,7 @@ class WritePath(CoordinatorBase):
         if positions and self.on_stored is not None:
             _report_runs(self.on_stored, g, request, table, positions)
 
+    @cython.locals(state=_ReqBlocks)
     def _cache_ends(self, g: int, rule: HitRule, request: Request, state: _ReqBlocks,
                     t_limit: int, hashes: list[bytes], extra: tuple[int, ...]) -> None:
         """A local group: cache the runs of the promised ends in ``(done_t, t_limit]``."""
