@@ -52,7 +52,7 @@ Invariants (checked by :meth:`BlockPool.check`, in O(ids used + index)):
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 try:
     import cython
@@ -77,6 +77,16 @@ class _FreedTooOften(AssertionError):
         self.scratch = scratch
         self.cached = cached
 
+
+
+@cython.cfunc
+def _add_duplicate(idx: dict[bytes, Any], h: bytes, v: Any, b: int) -> None:
+    """Block ``b`` holds ``h`` too (concurrent requests computed the same content): the index
+    entry ``v`` (a block id, or a dict of them) becomes or gains it."""
+    if isinstance(v, int):
+        idx[h] = {v: None, b: None}
+    else:
+        v[b] = None
 
 class BlockPool:
     """All blocks of all groups, with ref counts, the free queue and the cache index.
@@ -178,10 +188,8 @@ class BlockPool:
         v = idx.get(h)
         if v is None:
             idx[h] = b
-        elif isinstance(v, int):
-            idx[h] = {v: None, b: None}
         else:
-            v[b] = None
+            _add_duplicate(idx, h, v, b)
         self._hashed(group, [h], [b])
 
     @cython.locals(idx=dict, hs=list, bs=list, n=cython.Py_ssize_t, k=cython.Py_ssize_t)
@@ -207,10 +215,7 @@ class BlockPool:
                 h = hs[k]
                 v = idx.setdefault(h, b)
                 if v is not b:                  # there already (b is unhashed, so no entry
-                    if isinstance(v, int):      # names it): a duplicate, as insert keeps it
-                        idx[h] = {v: None, b: None}
-                    else:
-                        v[b] = None
+                    _add_duplicate(idx, h, v, b)    # names it): a duplicate
             self._hashed(group, hashes, blocks)
             return
         insert = self.insert

@@ -249,7 +249,7 @@ class CalibratedCostModel:
             prev = merged.get(key)
             merged[key] = grp if prev is None else dataclasses.replace(prev, layers=prev.layers + grp.layers)
         self._groups = tuple(merged.values())
-        self._decode_cache: tuple[Any, ...] | None = None    # _decode_time's constants
+        self._consts_for: tuple[Any, ...] | None = None    # (calibration, GPU, GPUs, _consts())
 
     def __repr__(self) -> str:
         return (f"CalibratedCostModel({self.model.name!r}, {self.gpu.name!r}, num_gpus={self.num_gpus}, "
@@ -372,17 +372,14 @@ class CalibratedCostModel:
             if new.size == 0:
                 return 0.0
         cal = self.calibration
-        G = float(self.num_gpus)
-        F = self.gpu.flops * G
-        B = self.gpu.mem_bw * G
+        den_a, den_b, p, inv_p, bw_a, sat, blk, f_x, f_c, split, overhead, _ = self._consts()
         total = float(new.sum())
         tile = GEMM_ROW_TILE                                 # row_tile(), inlined
         a = (self._tok_flops * (-(-total // tile) * tile) + self._head_flops * (-(-new.size // tile) * tile)) \
-            / (self._gemm_peak * G * cal.gemm_efficiency)
-        b = self.weight_bytes(total) / (B * cal.weight_bw_efficiency)
-        p = cal.gemm_blend
+            / den_a
+        b = self.weight_bytes(total) / den_b
         m = a if a > b else b
-        t: float = m * ((a / m) ** p + (b / m) ** p) ** (1.0 / p)   # float ** float: typed Any
+        t: float = m * ((a / m) ** p + (b / m) ** p) ** inv_p   # float ** float: typed Any
         dec = new <= DECODE_MAX_NEW
         n_dec = int(dec.sum())
         all_dec = n_dec == new.size
@@ -393,19 +390,13 @@ class CalibratedCostModel:
             dec_new, dec_ctx = new, ctx
         else:
             pre_new, pre_ctx = new, ctx
-        bw_a = B * cal.attn_bw_efficiency
         if n_dec:
             dec_total = float(dec_new.sum())
             first = float(dec_new[0])
             uniform = first == dec_new.max() == dec_new.min()
-        sat = cal.attn_saturation_blocks * G
-        blk = cal.attn_block_s / G                           # per work block, per GPU
-        split = cal.split_kv
         max_splits = float(MAX_KV_SPLITS)
         scale = cal.kind_scale
         few = not all_dec and pre_new.size <= 8       # a few chunks: plain float arithmetic
-        f_c = F * cal.attn_causal_efficiency
-        f_x = F * cal.attn_context_efficiency
         f_p = f_x if f_x < f_c else f_c                   # a prefill chunk after a context
         if few:
             chunks = [(n, c, math.ceil(n / QUERY_BLOCK), n / QUERY_BLOCK if n > QUERY_BLOCK else 1.0)
@@ -468,7 +459,7 @@ class CalibratedCostModel:
                 occ_d = min(1.0, units / sat)
                 w = max(f / f_x, by / bw_a)
                 t += s * (w / occ_d + nblk * blk)
-        t += cal.graph_overhead_s
+        t += overhead
         if all_dec:
             return t
         h, q = cal.eager_host_s, cal.host_overlap          # host_bound(t, h, q), inlined (t > 0)
@@ -479,15 +470,11 @@ class CalibratedCostModel:
     def _decode_time(self, new: list[int], ctx: list[int]) -> float:
         """:meth:`step_time_arrays` of a batch of decodes (every ``new`` in 1 ..
         :data:`DECODE_MAX_NEW`) with Python numbers: its all-decode branch line for line, its
-        constants computed once per (calibration, GPU, GPU count) by :meth:`_decode_consts`.
+        constants computed once per (calibration, GPU, GPU count) by :meth:`_consts`.
         Its sums over requests add integers (tokens, pairs, KV positions, work units, each
         below 2**53), exact in any order, and a maximum never rounds, so they equal the
         arrays' and every other operation is the same float operation."""
-        consts = self._decode_cache
-        if consts is None or consts[0] is not self.calibration or consts[1] is not self.gpu \
-                or consts[2] != self.num_gpus:
-            consts = self._decode_cache = (self.calibration, self.gpu, self.num_gpus, self._decode_consts())
-        den_a, den_b, p, inv_p, bw_a, sat, blk, f_x, split, overhead, groups = consts[3]
+        den_a, den_b, p, inv_p, bw_a, sat, blk, f_x, _, split, overhead, groups = self._consts()
         n_dec = len(new)
         total = float(sum(new))
         tile = GEMM_ROW_TILE
@@ -527,8 +514,20 @@ class CalibratedCostModel:
         step_s: float = t + overhead
         return step_s
 
-    def _decode_consts(self) -> tuple[Any, ...]:
-        """:meth:`_decode_time`'s constants: the arrays branch's expressions, evaluated once."""
+    def _consts(self) -> tuple[Any, ...]:
+        """:meth:`step_time_arrays`'s constants (the GEMM and weight denominators, the blend
+        exponent and its inverse, the attention bandwidth, saturation, per-block time,
+        context and causal FLOP rates, split-KV, the graph overhead, and per group the decode
+        terms), computed once per (calibration, GPU, GPU count)."""
+        c = self._consts_for
+        if c is not None and c[0] is self.calibration and c[1] is self.gpu and c[2] == self.num_gpus:
+            cached: tuple[Any, ...] = c[3]
+            return cached
+        consts = self._compute_consts()
+        self._consts_for = (self.calibration, self.gpu, self.num_gpus, consts)
+        return consts
+
+    def _compute_consts(self) -> tuple[Any, ...]:
         cal = self.calibration
         G = float(self.num_gpus)
         F = self.gpu.flops * G
@@ -539,7 +538,8 @@ class CalibratedCostModel:
                         g.pair_flops, g.kv_bytes, g.state_bytes) for g in self._groups)
         return (self._gemm_peak * G * cal.gemm_efficiency, B * cal.weight_bw_efficiency, p, 1.0 / p,
                 B * cal.attn_bw_efficiency, cal.attn_saturation_blocks * G, cal.attn_block_s / G,
-                F * cal.attn_context_efficiency, cal.split_kv, cal.graph_overhead_s, groups)
+                F * cal.attn_context_efficiency, F * cal.attn_causal_efficiency, cal.split_kv,
+                cal.graph_overhead_s, groups)
 
 
 def host_bound(gpu_s: float, host_s: float, q: float) -> float:

@@ -421,20 +421,6 @@ class Allocation(CoordinatorBase):
                 if rel:
                     freed += list(map(ref.__getitem__, map(table.__getitem__, rel))).count(1)
                 released.append(rel)
-        elif not needed:
-            # Cache-only step (a block just completed): no block to pop or release, so the
-            # commit reduces to its two cache passes (and keeps slots and slide_until).
-            self.epoch += 1
-            num_tokens = len(request.token_ids)
-            n = computed if computed < num_tokens else num_tokens
-            if n >= state.quiet_until:                    # (cache's own first test)
-                self.cache(request, n)
-            n = computed + num_new_tokens
-            if n > num_tokens:
-                n = num_tokens
-            if n >= state.quiet_until:
-                self.cache(request, n)
-            return _empty_lists(len(tables))
         pool = self.pool
         if needed > pool.num_free + freed:                # does not fit: nothing changes
             if self.compat and any(released):
@@ -472,7 +458,8 @@ class Allocation(CoordinatorBase):
             self.cache(request, n)
         if needed:
             state.slots = min(map(operator.mul, map(len, tables), self.block_sizes))
-        state.slide_until = self._slide_until(computed)
+        if needed or released:          # (a cache-only step keeps the tables, so the threshold)
+            state.slide_until = self._slide_until(computed)
         return new_blocks
 
     def allocate(self, request: Request, num_new_tokens: int, hit: CacheHit | None,

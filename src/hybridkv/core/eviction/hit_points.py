@@ -94,6 +94,15 @@ _SAMPLED = 8                    # flag on a class: the hit point is in the sampl
 
 
 
+def _add_member(sets: dict[int, dict[int, None]], a: int, x: int) -> None:
+    """Block ``x`` goes with key block ``a`` (``sets[a]``, in insertion order)."""
+    s = sets.get(a)
+    if s is None:
+        sets[a] = {x: None}
+    else:
+        s[x] = None
+
+
 class HitPointLayer(EvictionPolicy):
     """Hit points in front of ``inner`` (see the module docstring).
 
@@ -189,11 +198,7 @@ class HitPointLayer(EvictionPolicy):
                 if k >= 0:
                     a = table[k]
                     node_of[f] = a
-                    s = fols_of.get(a)
-                    if s is None:
-                        fols_of[a] = {f: None}
-                    else:
-                        s[f] = None
+                    _add_member(fols_of, a, f)
             return
         anchor_of, comps_of, live = self.anchor_of, self.comps_of, self.live
         for i, (c, k) in enumerate(zip(comps, positions)):
@@ -204,11 +209,7 @@ class HitPointLayer(EvictionPolicy):
             if a:
                 if old != a:
                     anchor_of[c] = a
-                    s = comps_of.get(a)
-                    if s is None:
-                        comps_of[a] = {c: None}
-                    else:
-                        s[c] = None
+                    _add_member(comps_of, a, c)
                 if a not in live:               # (again, for one whose hit point was evicted)
                     live.add(a)
                     self._born(table, k, classes[i] if classes else 0)
