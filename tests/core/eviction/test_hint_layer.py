@@ -304,7 +304,7 @@ def test_under_a_hit_point_layer_informative_demotions_are_tried_and_kept_while_
     assert layer.honour[0] and layer.win == [0.0, 0.0, 0.0]       # kept; a new window
     layer.win = [125.0, 93.0, 100.0]
     layer._test([], 0.0)
-    assert not layer.honour[0] and layer.cool == COOLDOWN_CAPACITIES * 125
+    assert not layer.honour[0] and layer.cool == pytest.approx(COOLDOWN_CAPACITIES * 125)
     layer._test([], 0.0)
     assert not layer.honour[0]
     demoting.hits = plain.hits * 1.05 + 1.5                       # the demoting shadow leads
@@ -324,10 +324,10 @@ def test_under_a_hit_point_layer_the_plain_shadow_is_fitted_to_the_pool():
     layer._fit(15)
     assert plain.cap == 125                                       # 15 x 8 < 125
     layer._fit(1)
-    assert layer.fit == 1.25 and plain.cap == 156
+    assert layer.fit == pytest.approx(1.25) and plain.cap == 156
     plain.hits, layer.real = 99.0, 49.0
     layer._fit(20)
-    assert layer.fit == 1.0 and plain.cap == 125
+    assert layer.fit == pytest.approx(1.0) and plain.cap == 125
     layer.honour[0] = True
     layer.scale_capacity(0.25)
     assert plain.cap == 125 and layer.share == 0.25
@@ -348,7 +348,7 @@ def test_the_pool_hits_counted_for_the_fit_are_sampled_releases_of_blocks_hit():
     assert layer.real == 0.0
     pool.touch([blocks[0], blocks[1]])
     pool.free([blocks[0], blocks[1]])
-    assert layer.real == 2.0 and not layer.touched
+    assert layer.real == pytest.approx(2.0) and not layer.touched
 
 
 def test_when_demotions_start_to_be_honoured_the_free_blocks_hinted_dead_go_first():
