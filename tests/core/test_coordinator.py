@@ -13,17 +13,19 @@ from hybridkv.core.coordinator import CoordinatorModes
 def test_the_coordinator_is_its_seams_joined_flat():
     """KVCacheCoordinator holds every method of its seams in one class namespace (no seam
     overrides another, the hot path searches one class), and joining two seams that define the
-    same name is refused rather than resolved silently by an MRO."""
+    same name is refused rather than resolved silently by an MRO. Its one base holds the
+    fields a step reads (an extension type when compiled)."""
     import hybridkv.core.coordinator as co
     from hybridkv.core.coordinator.allocate import Allocation
-    from hybridkv.core.coordinator.base import CoordinatorBase
+    from hybridkv.core.coordinator.base import CoordinatorBase, _Fields
     from hybridkv.core.coordinator.lookup import Lookup
     from hybridkv.core.coordinator.release import Release
     from hybridkv.core.coordinator.states import StateGroups
     from hybridkv.core.coordinator.write import WritePath
 
     cls = co.KVCacheCoordinator
-    assert cls.__mro__ == (cls, object) and cls.__module__ == "hybridkv.core.coordinator"
+    # one base: the hot fields' holder (an extension type when compiled), no seam in the MRO
+    assert cls.__mro__ == (cls, _Fields, object) and cls.__module__ == "hybridkv.core.coordinator"
     seams = (CoordinatorBase, Lookup, Allocation, WritePath, Release, StateGroups)
     for seam in seams:
         for name, value in vars(seam).items():

@@ -26,7 +26,7 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import xxhash
 
@@ -35,8 +35,7 @@ try:
 except ImportError:                       # no Cython: the C types below are no-ops
     from hybridkv import _cython_shim as cython  # type: ignore[no-redef]  # typed by typings/cython.pyi
 
-if TYPE_CHECKING:
-    from hybridkv.core.request import Request
+from hybridkv.core.request import Request
 
 HASH_ALGOS = ("xxh3_128", "sha256")
 DEFAULT_SEED = "hybridkv-none-hash"
@@ -116,8 +115,8 @@ class BlockHasher:
                    la=cython.Py_ssize_t, start=cython.Py_ssize_t, limit=cython.Py_ssize_t,
                    nblocks=cython.Py_ssize_t, end=cython.Py_ssize_t, step=cython.Py_ssize_t,
                    width=cython.Py_ssize_t, off=cython.Py_ssize_t, k=cython.Py_ssize_t,
-                   block_start=cython.Py_ssize_t, raw=cython.p_char)
-    def update(self, request: "Request") -> None:
+                   block_start=cython.Py_ssize_t, raw=cython.p_char, request=Request)
+    def update(self, request: Request) -> None:
         """Append the hashes of every block of ``request`` that became hashable."""
         hashes = request.block_hashes
         bs = self.block_size
@@ -140,7 +139,7 @@ class BlockHasher:
         width = step + la * TOKEN_BYTES
         digest = self._digest
         parent = hashes[-1] if hashes else self.none_hash
-        if not request.has_extra_keys:
+        if not (request.cache_salt or request.lora or request.mm_items):   # has_extra_keys
             for k in range(nblocks):                 # (a C loop when compiled)
                 off = k * step
                 parent = digest(parent + raw[off:off + width])

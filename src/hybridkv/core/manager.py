@@ -21,6 +21,11 @@ from __future__ import annotations
 import time
 from typing import Callable, cast
 
+try:
+    import cython
+except ImportError:                       # no Cython: the C types below are no-ops
+    from hybridkv import _cython_shim as cython  # type: ignore[no-redef]  # typed by typings/cython.pyi
+
 from hybridkv.core.cache_options import CacheOptions
 from hybridkv.core.coordinator import (CacheHit, CoordinatorModes, ExternalHit, KVCacheCoordinator,
                                        StateBlocks)
@@ -42,7 +47,13 @@ from hybridkv.core.specs import KVCacheConfig
 from hybridkv.core.spec_decode import SpecDecode
 
 
-class KVCacheManager:
+class _ManagerFields:
+    """The manager's fields a running request's step reads: in the compiled core an extension
+    type (``manager.pxd``), so :meth:`KVCacheManager.allocate`'s fast path reads them as C
+    struct members. They stay public attributes, set by :class:`KVCacheManager`."""
+
+
+class KVCacheManager(_ManagerFields):
     """Prefix-caching KV block manager for hybrid models.
 
     Args:
@@ -148,6 +159,7 @@ class KVCacheManager:
     def usage(self) -> float:
         return self.pool.usage
 
+    @cython.locals(self=_ManagerFields)
     def _sync_hashes(self, request: Request) -> None:
         if request.hasher is None:
             request.hasher = self.hasher
@@ -159,6 +171,7 @@ class KVCacheManager:
         if self.enable_caching:
             self.hasher.update(request)
 
+    @cython.locals(self=_ManagerFields)
     def lookup(self, request: Request) -> CacheHit:
         """The longest cached prefix of ``request`` every group can serve. Changes nothing.
 
@@ -208,6 +221,7 @@ class KVCacheManager:
         self.coordinator.commit_external(request, external, ok)
         return request.num_computed_tokens
 
+    @cython.locals(self=_ManagerFields)
     def allocate(self, request: Request, num_new_tokens: int, hit: CacheHit | None = None,
                  num_lookahead_tokens: int | None = None,
                  external: ExternalHit | None = None,
@@ -328,6 +342,7 @@ class KVCacheManager:
             self._record(request, hit)
         return blocks
 
+    @cython.locals(self=_ManagerFields)
     def quiet_steps(self, requests: list[Request], num_new_tokens: list[int]) -> list[bool]:
         """For each ``i``: would ``allocate(requests[i], num_new_tokens[i])`` take the fast path
         (no new block, nothing to cache, no block leaving a window: it returns empty lists and
@@ -335,9 +350,8 @@ class KVCacheManager:
         its own request only, so other requests' allocations between this call and the step
         do not change it. False for a request this manager does not hold (or a different
         Request object with a held id) and for a step past max_model_len."""
-        quiet = self.coordinator.step_is_quiet
-        la = self.lookahead_slots
-        return [quiet(r, n, la) for r, n in zip(requests, num_new_tokens)]
+        return self.coordinator.steps_quiet(list(requests), list(num_new_tokens),
+                                            self.lookahead_slots)
 
     def _check_retention(self, request: Request) -> None:
         """ValueError unless this manager's policy can honour ``request.retention``."""
@@ -376,6 +390,7 @@ class KVCacheManager:
         stats: HintStats = cast(PolicyBlockPool, self.pool).policy.stats()   # hints: a policy pool
         return stats
 
+    @cython.locals(self=_ManagerFields)
     def _record(self, request: Request, hit: CacheHit | None) -> None:
         if not self.enable_caching or request.skip_prefix_cache:
             return
@@ -398,6 +413,7 @@ class KVCacheManager:
                 qb[g] += n // bs
                 hb[g] += (own[g] if own is not None else hit_tokens) // bs
 
+    @cython.locals(self=_ManagerFields)
     def free(self, request: Request) -> None:
         """Release the request's blocks (cached ones stay cached, LRU).
 

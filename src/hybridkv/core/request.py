@@ -196,7 +196,10 @@ class Request:
             tokens = self.token_ids
             n = len(tokens)
             try:
-                tokens.extend(token_ids)
+                if len(token_ids) == 1:         # a decode step's token: append is cheaper
+                    tokens.append(token_ids[0])
+                else:
+                    tokens.extend(token_ids)
             except (TypeError, OverflowError):
                 del tokens[n:]  # undo a partial extend; fall through for the precise error
             else:

@@ -225,7 +225,8 @@ class Scheduler:
 
     @cython.locals(running=list, reqs=list, nums=list, quiet=list, slots=list, starts=list,
                    news=list, drafts=list, blocks=list, samples=list, n=cython.Py_ssize_t,
-                   i=cython.Py_ssize_t, computed=cython.Py_ssize_t, need=cython.Py_ssize_t)
+                   i=cython.Py_ssize_t, computed=cython.Py_ssize_t, need=cython.Py_ssize_t,
+                   req=Request, r=EngineRequest)
     def _schedule_batched(self, out: SchedulerOutput, budget: int) -> int:
         """The running requests, in order: quiet decode steps as a batch, the rest one by one.
 
@@ -443,7 +444,7 @@ class Scheduler:
     # ---- results ------------------------------------------------------------------------------
     @cython.locals(reqs=list, num_drafts=list, samples=list, j=cython.Py_ssize_t,
                    nd=cython.Py_ssize_t, accepted=cython.Py_ssize_t,
-                   num_tokens=cython.Py_ssize_t)
+                   num_tokens=cython.Py_ssize_t, r=EngineRequest, req=Request)
     def update(self, out: SchedulerOutput,
                sampled: Mapping[object, Sequence[int]] | list[Sequence[int] | None],
                loaded: Mapping[object, bool] | None = None) -> list[EngineRequest]:

@@ -34,7 +34,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from hybridkv.core.coordinator.allocate import Allocation
-from hybridkv.core.coordinator.base import CoordinatorBase, CoordinatorModes
+from hybridkv.core.coordinator.base import CoordinatorBase, CoordinatorModes, _Fields
 from hybridkv.core.coordinator.lookup import Lookup
 from hybridkv.core.coordinator.records import (AllocationPlan, CacheHit, ExternalHit, GroupPlan,
                                                StateBlocks, StateExport)
@@ -43,7 +43,7 @@ from hybridkv.core.coordinator.states import StateGroups
 from hybridkv.core.coordinator.write import WritePath
 
 
-def _join(name: str, doc: str, *seams: type) -> type:
+def _join(name: str, doc: str, *seams: type, bases: tuple[type, ...] = ()) -> type:
     """A class named ``name`` whose namespace holds what each of ``seams`` defines itself
     (methods and ``__init__``; not its class bookkeeping); a name two seams define is refused, so no seam silently
     overrides another."""
@@ -55,7 +55,7 @@ def _join(name: str, doc: str, *seams: type) -> type:
             if key in namespace:
                 raise TypeError(f"{seam.__name__} and another seam both define {key!r}")
             namespace[key] = value
-    return type(name, (), namespace)
+    return type(name, bases, namespace)
 
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ else:
         "KVCacheCoordinator",
         "Lookup, allocation and caching over all groups of one pool: the seams of "
         "hybridkv.core.coordinator in one class (arguments: CoordinatorBase).",
-        CoordinatorBase, Lookup, Allocation, WritePath, Release, StateGroups)
+        CoordinatorBase, Lookup, Allocation, WritePath, Release, StateGroups, bases=(_Fields,))
 
 
 __all__ = ["AllocationPlan", "CacheHit", "CoordinatorModes", "ExternalHit", "GroupPlan",

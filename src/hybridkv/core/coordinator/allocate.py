@@ -21,7 +21,7 @@ import operator
 from enum import Enum
 from typing import Sequence, cast
 
-from hybridkv.core.coordinator.base import CoordinatorBase, _ReqBlocks
+from hybridkv.core.coordinator.base import CoordinatorBase, _Fields, _ReqBlocks
 from hybridkv.core.coordinator.records import (_UNCHANGED, AllocationPlan, CacheHit, ExternalHit,
                                                GroupPlan, _make)
 from hybridkv.core.pool import NULL_BLOCK
@@ -76,7 +76,7 @@ def _empty_lists(n: int) -> list[list[int]]:
 class Allocation(CoordinatorBase):
     """The coordinator's allocation seam: plan, commit, admission reservation, fast path."""
 
-    @cython.locals(reqs=dict, state=_ReqBlocks)
+    @cython.locals(self=_Fields, reqs=dict, state=_ReqBlocks)
     def step_is_quiet(self, request: Request, num_new_tokens: int, lookahead: int) -> bool:
         """True iff allocating ``num_new_tokens`` more tokens (+ ``lookahead`` slots) for this
         request would change nothing: no new block, nothing to cache, no block leaving a window.
@@ -96,7 +96,29 @@ class Allocation(CoordinatorBase):
         except OverflowError:               # compiled: a count past a C integer is not quiet
             return False
 
-    @cython.locals(reqs=dict, state=_ReqBlocks)
+    @cython.locals(self=_Fields, requests=list, nums=list, out=list, reqs=dict,
+                   request=Request, state=_ReqBlocks, i=cython.Py_ssize_t, la=cython.Py_ssize_t,
+                   len_cap=cython.double)
+    def steps_quiet(self, requests: list[Request], nums: list[int], lookahead: int) -> list[bool]:
+        """:meth:`step_is_quiet` of ``requests[i]`` with ``nums[i]`` new tokens, for each ``i``
+        (the lists pair up as ``zip`` pairs them), in one call."""
+        reqs = self.reqs
+        len_cap = self.len_cap
+        la = lookahead
+        out = []
+        for i in range(min(len(requests), len(nums))):
+            request = requests[i]
+            state = reqs.get(request.request_id)
+            if state is None or state.owner is not request:
+                out.append(False)
+                continue
+            try:
+                out.append(_is_quiet(state, request.num_computed_tokens, nums[i], la, len_cap))
+            except OverflowError:           # compiled: a count past a C integer is not quiet
+                out.append(False)
+        return out
+
+    @cython.locals(self=_Fields, request=Request, reqs=dict, state=_ReqBlocks)
     def step(self, request: Request, num_new_tokens: int,
              lookahead: int) -> list[list[int]] | None | _Plan:
         """A running request's step (no hit, no external load, no reservation), the manager's
@@ -124,6 +146,7 @@ class Allocation(CoordinatorBase):
             hasher.update(request)
         return self._step(request, state, num_new_tokens, lookahead)
 
+    @cython.locals(self=_Fields)
     def _released(self, table: list[int], rule: HitRule, num_computed: int) -> tuple[int, ...]:
         """Table positions that left the window of ``rule`` at ``num_computed`` (back to front)."""
         nskip = rule.skipped_tokens(num_computed, self.hold) // rule.block_size
@@ -136,6 +159,7 @@ class Allocation(CoordinatorBase):
             j -= 1
         return tuple(range(nskip - 1, j, -1))
 
+    @cython.locals(self=_Fields)
     def plan(self, request: Request, num_new_tokens: int, hit: CacheHit | None, lookahead: int,
              external: ExternalHit | None = None, reserve_tokens: int = 0) -> AllocationPlan:
         """Count what :meth:`allocate` would do; changes nothing.
@@ -221,6 +245,7 @@ class Allocation(CoordinatorBase):
                                       needed, self.pool.num_free + freed_total, reserved,
                                       self.epoch))
 
+    @cython.locals(self=_Fields)
     def _vllm_admission_blocks(self, state: _ReqBlocks | None, hit: CacheHit | None,
                                num_tokens: int, num_computed: int,
                                touched: list[int] | None = None) -> int:
@@ -255,6 +280,7 @@ class Allocation(CoordinatorBase):
                 total += self._num_evictable(ids[skipped:])
         return total
 
+    @cython.locals(self=_Fields)
     def _evictable_counts(self, request: Request, hit: CacheHit | None) -> list[int]:
         """Per group, :meth:`_num_evictable` of the hit's blocks. Memoized per request while
         the hit is the same (a waiting request's admission is planned again every step) and
@@ -271,7 +297,7 @@ class Allocation(CoordinatorBase):
         self._evictable[request.request_id] = (hit.block_ids, version, counts)
         return counts
 
-    @cython.locals(ref=list, n=cython.Py_ssize_t, bi=cython.Py_ssize_t)
+    @cython.locals(self=_Fields, ref=list, n=cython.Py_ssize_t, bi=cython.Py_ssize_t)
     def _num_evictable(self, ids: tuple[int, ...]) -> int:
         """The non-null blocks of ``ids`` nobody references (in the free queue: a touch
         takes them out). A table never holds a block twice."""
@@ -284,6 +310,7 @@ class Allocation(CoordinatorBase):
                     n += 1
         return n
 
+    @cython.locals(self=_Fields)
     def _verify_hit(self, request: Request, hit: CacheHit) -> None:
         """Raise unless every block of ``hit`` still holds the request's tokens."""
         block_hash = self.pool.block_hash
@@ -302,7 +329,7 @@ class Allocation(CoordinatorBase):
                         f"request {request.request_id!r}'s tokens: the hit is stale or was "
                         "looked up for another request; look up again")
 
-    @cython.locals(state=_ReqBlocks)
+    @cython.locals(self=_Fields, state=_ReqBlocks)
     def commit(self, request: Request, plan: AllocationPlan) -> list[list[int]]:
         """Apply ``plan`` (made by :meth:`plan` for this request, and fitting).
 
@@ -370,6 +397,7 @@ class Allocation(CoordinatorBase):
             state.slide_until = self._slide_until(computed)
         return new_blocks
 
+    @cython.locals(self=_Fields)
     def _slide_until(self, computed: int) -> float:
         """The fewest computed tokens at which a block leaves some group's window."""
         releasing = self.releasing
@@ -383,9 +411,10 @@ class Allocation(CoordinatorBase):
                 until = t
         return until
 
-    @cython.locals(state=_ReqBlocks, tables=list, new_counts=list, released=list, new_blocks=list,
-                   needed=cython.Py_ssize_t, freed=cython.Py_ssize_t, new=cython.Py_ssize_t,
-                   g=cython.Py_ssize_t)
+    @cython.locals(self=_Fields, state=_ReqBlocks, tables=list, block_sizes=list,
+                   new_counts=list, released=list, new_blocks=list, needed=cython.Py_ssize_t,
+                   freed=cython.Py_ssize_t, new=cython.Py_ssize_t, g=cython.Py_ssize_t,
+                   fit=cython.Py_ssize_t, have=cython.Py_ssize_t)
     def _step(self, request: Request, state: _ReqBlocks, num_new_tokens: int,
               lookahead: int) -> list[list[int]] | None:
         """A running request's step (no hit, no external load, no reservation, no state
@@ -402,11 +431,12 @@ class Allocation(CoordinatorBase):
         if slots > self.len_cap:
             slots = cast(int, self.len_cap)               # finite here: max_model_len
         tables = state.tables
+        block_sizes = self.block_sizes
         new_counts = []
         needed = 0
         if slots > state.slots:                           # some table is too short
-            for table, bs in zip(tables, self.block_sizes):
-                new = -(-slots // bs) - len(table)
+            for g in range(len(tables)):
+                new = -(-slots // block_sizes[g]) - len(tables[g])
                 if new > 0:
                     needed += new
                 else:
@@ -456,12 +486,18 @@ class Allocation(CoordinatorBase):
             n = computed + num_new_tokens
         if n >= state.quiet_until:                        # (cache's own first test)
             self.cache(request, n)
-        if needed:
-            state.slots = min(map(operator.mul, map(len, tables), self.block_sizes))
+        if needed:                                        # min(len(table) * block size)
+            fit = len(tables[0]) * block_sizes[0]
+            for g in range(1, len(tables)):
+                have = len(tables[g]) * block_sizes[g]
+                if have < fit:
+                    fit = have
+            state.slots = fit
         if needed or released:          # (a cache-only step keeps the tables, so the threshold)
             state.slide_until = self._slide_until(computed)
         return new_blocks
 
+    @cython.locals(self=_Fields)
     def allocate(self, request: Request, num_new_tokens: int, hit: CacheHit | None,
                  lookahead: int, external: ExternalHit | None = None,
                  reserve_tokens: int = 0) -> list[list[int]] | None:

@@ -14,3 +14,33 @@ cdef class _ReqBlocks:
     cdef public double slots
     cdef public double slide_until
     cdef public dict states
+
+cdef class _Fields:
+    cdef public dict reqs
+    cdef public object len_cap
+    cdef public object hasher
+    cdef public bint caching
+    cdef public list state_groups
+    cdef public object pool
+    cdef public list rules
+    cdef public list block_sizes
+    cdef public list scales
+    cdef public list dense_step
+    cdef public bint compat
+    cdef public object epoch
+    cdef public list _limit_facts
+    cdef public list _write_facts
+    cdef public object retention
+    cdef public object on_stored
+    cdef public bint hinted
+    cdef public object anchor_key
+    cdef public object alignment
+    cdef public list units
+    cdef public object hold
+    cdef public dict _lookups
+    cdef public dict _evictable
+    cdef public object max_model_len
+    cdef public list dense
+    cdef public object _index_changes
+    cdef public list admission_caps
+    cdef public list releasing

@@ -19,7 +19,7 @@ import operator
 from typing import Any, Callable, Mapping, Sequence
 
 from hybridkv.core.blockref import TableRef
-from hybridkv.core.coordinator.base import CoordinatorBase, _report_runs, _Unit
+from hybridkv.core.coordinator.base import CoordinatorBase, _Fields, _report_runs, _Unit
 from hybridkv.core.coordinator.records import CacheHit, ExternalHit
 from hybridkv.core.pool import NULL_BLOCK
 from hybridkv.core.request import Request
@@ -81,6 +81,7 @@ def _leading_values(hashes: list[bytes], idx: dict[bytes, Any]) -> list[Any]:
 class Lookup(CoordinatorBase):
     """The coordinator's lookup seam: local and external fixed point, the per-request memo."""
 
+    @cython.locals(self=_Fields)
     def find_longest_hit(self, request: Request, max_tokens: int) -> CacheHit:
         """The longest prefix of at most ``max_tokens`` tokens every group can serve.
 
@@ -110,6 +111,7 @@ class Lookup(CoordinatorBase):
         self._lookups[request.request_id] = [request, version, n_fine, max_tokens, hit, None]
         return hit
 
+    @cython.locals(self=_Fields)
     def _memo_valid(self, memo: list[Any], hashes: list[bytes], version: int) -> bool:
         """Whether a memoized lookup (``[request, index version, hashes, max_tokens, hit,
         hash set]``) still holds: no index change since touched one of the request's hashes.
@@ -127,6 +129,7 @@ class Lookup(CoordinatorBase):
         memo[1] = version
         return True
 
+    @cython.locals(self=_Fields)
     def _find_longest_hit(self, request: Request, max_tokens: int) -> CacheHit:
         hashes = request.block_hashes
         n_fine = len(hashes)
@@ -177,6 +180,7 @@ class Lookup(CoordinatorBase):
         boundary = longest if longest > t else 0
         return CacheHit(t, tuple(block_ids), boundary, rid, self.epoch, own)
 
+    @cython.locals(self=_Fields)
     def _e_caps(self, n_fine: int, max_tokens: int) -> list[int]:
         """Largest block boundary e per unit whose proof block (if any) has a hash."""
         e_cap = [n_fine // unit.scale - unit.rule.proof for unit in self.units]
@@ -187,6 +191,7 @@ class Lookup(CoordinatorBase):
             e_cap[0] = min(e_cap[0], max_tokens // unit.rule.block_size - unit.rule.proof)
         return e_cap
 
+    @cython.locals(self=_Fields)
     def _own_hits(self, probes: list[Callable[[int], object]], n_fine: int, max_tokens: int,
                   t: int, first: int) -> tuple[int, ...]:
         """Per group, the largest aligned hit <= max_tokens its unit's rule alone serves
@@ -211,6 +216,7 @@ class Lookup(CoordinatorBase):
                 own[g] = hit
         return tuple(own)
 
+    @cython.locals(self=_Fields)
     def _fixed_point(self, probes: list[Callable[[int], object]], n_fine: int,
                      max_tokens: int) -> tuple[int, int]:
         """The largest aligned t <= max_tokens every unit serves, and the first unit's answer."""
@@ -239,6 +245,7 @@ class Lookup(CoordinatorBase):
                 break
         return max(t, 0), longest
 
+    @cython.locals(self=_Fields)
     def find_external_hit(self, request: Request, max_tokens: int, local: CacheHit,
                           contains: Callable[[int, bytes], bool]) -> ExternalHit | None:
         """Extend ``local`` with blocks an external tier holds (``contains(group, hash)``).
@@ -276,6 +283,7 @@ class Lookup(CoordinatorBase):
                 loads.append(TableRef(g, j, hashes[(j + 1) * scale - 1]))
         return ExternalHit(t, held, tuple(loads))
 
+    @cython.locals(self=_Fields)
     def commit_external(self, request: Request, ext: ExternalHit, ok: bool) -> None:
         """After the loads of ``ext``: on success cache the loaded blocks under their hashes
         and count the tokens as computed; on failure change nothing (they are recomputed)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterable, Sequence, cast
 
-from hybridkv.core.coordinator.base import CoordinatorBase, _ReqBlocks
+from hybridkv.core.coordinator.base import CoordinatorBase, _Fields, _ReqBlocks
 from hybridkv.core.hints import hint_marks
 from hybridkv.core.pool import NULL_BLOCK
 from hybridkv.core.request import Request
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 class Release(CoordinatorBase):
     """The coordinator's release seam: window release, free, retention marks."""
 
-    @cython.locals(state=_ReqBlocks)
+    @cython.locals(self=_Fields, state=_ReqBlocks)
     def _release(self, request: Request, state: _ReqBlocks, computed: int,
                  released: Sequence[tuple[int, ...]]) -> None:
         """A running request's first commit phase: cache pending ends (up to ``computed``
@@ -58,7 +58,7 @@ class Release(CoordinatorBase):
                 table[lo:hi] = [NULL_BLOCK] * (hi - lo)
                 pool.free(freed)
 
-    @cython.locals(state=_ReqBlocks)
+    @cython.locals(self=_Fields, state=_ReqBlocks)
     def free(self, request: Request) -> None:
         """Release every block of the request: each group's table tail first, group by group."""
         self._lookups.pop(request.request_id, None)
@@ -84,6 +84,7 @@ class Release(CoordinatorBase):
         for table in state.tables:
             self.pool.free(reversed(table))
 
+    @cython.locals(self=_Fields)
     def _anchor(self, request: Request, state: _ReqBlocks, g: int, positions: Iterable[int]) -> None:
         """Tell the pool's hit-point layer, for group ``g``'s blocks at ``positions`` (about
         to be released), the place in the key table of the key-group block that ends the first
@@ -120,6 +121,7 @@ class Release(CoordinatorBase):
             cast("PolicyBlockPool", self.pool).anchor(   # a hit-point layer's pool
                 comps, places, key_table, self.rules[g].downward_closed, classes)
 
+    @cython.locals(self=_Fields)
     def _retain(self, request: Request, g: int, table: list[int], positions: Iterable[int],
                 final: bool = False) -> None:
         """Give the request's retention marks to group ``g``'s blocks at ``positions`` (about

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from hybridkv.core.coordinator.base import CoordinatorBase, _ReqBlocks, _report_runs
+from hybridkv.core.coordinator.base import CoordinatorBase, _Fields, _ReqBlocks, _report_runs
 from hybridkv.core.coordinator.records import CacheHit
 from hybridkv.core.pool import NULL_BLOCK
 from hybridkv.core.request import Request
@@ -33,6 +33,7 @@ _INF = math.inf
 class WritePath(CoordinatorBase):
     """The coordinator's write path: promised ends, compat masks and limits, caching."""
 
+    @cython.locals(self=_Fields)
     def _boundaries(self, request: Request, hit: CacheHit | None) -> tuple[int, ...]:
         if self.retention.dense:
             return ()
@@ -52,6 +53,7 @@ class WritePath(CoordinatorBase):
                 ends.update(m // a * a for m in request.checkpoints if m >= a)
         return tuple(sorted(ends))
 
+    @cython.locals(self=_Fields)
     def _mask_ends(self, request: Request, hit: CacheHit | None) -> list[tuple[int, ...]]:
         """Per group, the boundary ends (in the group's blocks) of vLLM's block mask: its
         replay boundaries (0 kept), the junction, and junction - block_size in EAGLE groups
@@ -74,6 +76,7 @@ class WritePath(CoordinatorBase):
             out.append(tuple(sorted({e // a * a // bs for e in ends if e >= 0})))
         return out
 
+    @cython.locals(self=_Fields)
     def _compat_limits(self, num_tokens: int, n_fine: int) -> list[int]:
         """Compat mode, per group: the highest end (tokens) whose run vLLM's coordinator lets
         ``cache_blocks`` write with ``num_tokens`` computed and ``n_fine`` hashes: its
@@ -111,7 +114,7 @@ class WritePath(CoordinatorBase):
         return max(common, 0) // self.alignment * self.alignment
 
     # ---- caching ----------------------------------------------------------------------------
-    @cython.locals(state=_ReqBlocks)
+    @cython.locals(self=_Fields, state=_ReqBlocks)
     def cache(self, request: Request, num_tokens: int, final: bool = False) -> None:
         """Cache the runs of every promised end reachable with ``num_tokens`` computed tokens.
 
@@ -177,7 +180,7 @@ class WritePath(CoordinatorBase):
             # every group's limit is <= num_tokens, so nothing happens before the next end
             state.quiet_until = nxt
 
-    @cython.locals(state=_ReqBlocks)
+    @cython.locals(self=_Fields, state=_ReqBlocks)
     def _cache_prefix(self, g: int, rule: HitRule, request: Request, state: _ReqBlocks,
                       t_limit: int, hashes: list[bytes]) -> None:
         """A downward-closed (dense) group: cache the run of the last end <= ``t_limit``
@@ -205,7 +208,7 @@ class WritePath(CoordinatorBase):
         if positions and self.on_stored is not None:
             _report_runs(self.on_stored, g, request, table, positions)
 
-    @cython.locals(state=_ReqBlocks)
+    @cython.locals(self=_Fields, state=_ReqBlocks)
     def _cache_ends(self, g: int, rule: HitRule, request: Request, state: _ReqBlocks,
                     t_limit: int, hashes: list[bytes], extra: tuple[int, ...]) -> None:
         """A local group: cache the runs of the promised ends in ``(done_t, t_limit]``."""
@@ -234,7 +237,7 @@ class WritePath(CoordinatorBase):
         if positions and self.on_stored is not None:
             _report_runs(self.on_stored, g, request, table, positions)
 
-    @cython.locals(table=list, hashes=list, block_hash=list, hs=list, run=list,
+    @cython.locals(self=_Fields, table=list, hashes=list, block_hash=list, hs=list, run=list,
                    j=cython.Py_ssize_t, hi=cython.Py_ssize_t, scale=cython.Py_ssize_t,
                    bi=cython.Py_ssize_t)
     def _insert_span(self, g: int, table: list[int], j: int, hi: int, hashes: list[bytes],
@@ -258,6 +261,7 @@ class WritePath(CoordinatorBase):
         if run:
             self.pool.insert_run(g, hs, run)
 
+    @cython.locals(self=_Fields)
     def _write_mask(self, g: int, request: Request, state: _ReqBlocks, hi: int,
                     hashes: list[bytes]) -> float:
         """Compat, sparse retention: cache the masked blocks of ``[cached_hi, hi)`` and mark
