@@ -1,8 +1,8 @@
-"""Optional compiled build of ``hybridkv.core`` and ``hybridkv.sched`` (everything else is in
-pyproject.toml).
+"""Optional compiled build of ``hybridkv.core``, ``hybridkv.sched`` and the simulator's step loop
+(everything else is in pyproject.toml).
 
 The modules of ``src/hybridkv/core`` and ``src/hybridkv/sched`` (``__init__`` files excepted)
-are compiled with Cython in pure-Python mode: the same ``.py`` files, no ``.pyx`` copy, so the
+and ``src/hybridkv/sim/simulator.py`` are compiled with Cython in pure-Python mode: the same ``.py`` files, no ``.pyx`` copy, so the
 source stays the one reference (BENCHMARKS.md, "Compiled core", says why and what it gains;
 the scheduler's per-step loop runs once per running request per step, next to the core). The build never fails
 for the compiled part: without Cython, without a C compiler, or on a compile error it prints
@@ -34,11 +34,16 @@ def notice(why: str) -> None:
           flush=True)
 
 
-#: The packages compiled, each with its own manifest (:data:`MANIFEST`).
-PACKAGES = ("core", "sched")
+#: The packages compiled, each with its own manifest (:data:`MANIFEST`): every module of a
+#: package mapped to None, the listed modules only otherwise (the simulator's step loop, which
+#: runs once per step next to the scheduler, not the rest of ``hybridkv.sim``).
+PACKAGES: dict[str, tuple[str, ...] | None] = {"core": None, "sched": None, "sim": ("simulator.py",)}
 
 
 def package_modules(package: str) -> list[str]:
+    only = PACKAGES[package]
+    if only is not None:
+        return [f"src/hybridkv/{package}/{name}" for name in only]
     return sorted(p for p in glob(f"src/hybridkv/{package}/**/*.py", recursive=True)
                   if os.path.basename(p) != "__init__.py")
 
@@ -85,8 +90,9 @@ def write_manifest() -> None:
     for package in PACKAGES:
         root = f"src/hybridkv/{package}"
         lines = []
-        pxds = sorted(glob(f"{root}/**/*.pxd", recursive=True))
-        for path in package_modules(package) + pxds:
+        modules = package_modules(package)
+        pxds = [p[:-3] + ".pxd" for p in modules if os.path.exists(p[:-3] + ".pxd")]
+        for path in modules + pxds:
             with open(path, "rb") as fh:
                 digest = hashlib.sha256(fh.read()).hexdigest()
             lines.append(f"{os.path.relpath(path, root)} {digest}\n")

@@ -1,7 +1,8 @@
 """Import the pure-Python source of hybridkv even where a compiled build sits next to it.
 
 The optional compiled build (setup.py: Cython, pure-Python mode) turns the very same ``.py``
-files of ``hybridkv.core`` and ``hybridkv.sched`` into extension modules; Python's path finder
+files of ``hybridkv.core``, ``hybridkv.sched`` and ``hybridkv.sim.simulator`` into extension
+modules; Python's path finder
 prefers an extension module over the ``.py`` beside it. :func:`install` puts a finder first on
 ``sys.meta_path`` that loads every ``hybridkv.*`` module from its ``.py`` file instead, so the
 pure-Python reference runs. ``hybridkv/__init__.py`` installs it, before anything of the core
@@ -15,8 +16,8 @@ is imported, when :func:`requested` is true:
   install), so the compiled module no longer is its source. A one-line warning says so and
   how to rebuild; the whole package then runs from source (never a mix of the two builds).
 
-This module is never compiled itself (setup.py compiles ``hybridkv.core`` and
-``hybridkv.sched`` only).
+This module is never compiled itself (setup.py compiles ``hybridkv.core``, ``hybridkv.sched``
+and ``hybridkv.sim.simulator`` only).
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from typing import Sequence
 MANIFEST = "_compiled_sources.txt"
 CORE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "core")
 #: The packages setup.py compiles (its ``PACKAGES``), each checked by :func:`stale`.
-COMPILED_PACKAGES = (CORE, os.path.join(os.path.dirname(CORE), "sched"))
+COMPILED_PACKAGES = (CORE, os.path.join(os.path.dirname(CORE), "sched"),
+                     os.path.join(os.path.dirname(CORE), "sim"))
 
 
 def requested() -> bool:

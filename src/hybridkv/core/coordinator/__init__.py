@@ -27,6 +27,8 @@ states.py      ``StateGroups``   live extents, checkpoints, exports (recurrent l
 written in one class body, and refuses a name two seams define. (A class inheriting from the
 six would read the same, but look every attribute up along an MRO of eight classes: CPython
 caches those lookups per type, yet walks the MRO on each cache miss, on the hot path too.)
+Its one base is :class:`~.base._Fields`, the fields a step reads: an extension type in the
+compiled core, so seam methods that declare ``self`` of that type read them as C struct members.
 """
 
 from __future__ import annotations
@@ -44,9 +46,9 @@ from hybridkv.core.coordinator.write import WritePath
 
 
 def _join(name: str, doc: str, *seams: type, bases: tuple[type, ...] = ()) -> type:
-    """A class named ``name`` whose namespace holds what each of ``seams`` defines itself
-    (methods and ``__init__``; not its class bookkeeping); a name two seams define is refused, so no seam silently
-    overrides another."""
+    """A class named ``name`` (its bases: ``bases``) whose namespace holds what each of
+    ``seams`` defines itself (methods and ``__init__``; not its class bookkeeping); a name two
+    seams define is refused, so no seam silently overrides another."""
     namespace: dict[str, object] = {"__module__": __name__, "__qualname__": name, "__doc__": doc}
     for seam in seams:
         for key, value in vars(seam).items():
