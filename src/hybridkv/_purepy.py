@@ -35,8 +35,8 @@ from typing import Sequence
 MANIFEST = "_compiled_sources.txt"
 CORE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "core")
 #: The packages setup.py compiles (its ``PACKAGES``), each checked by :func:`stale`.
-COMPILED_PACKAGES = (CORE, os.path.join(os.path.dirname(CORE), "sched"),
-                     os.path.join(os.path.dirname(CORE), "sim"))
+COMPILED_PACKAGES = tuple(os.path.join(os.path.dirname(CORE), name)
+                          for name in ("core", "sched", "sim", "cost"))
 
 
 def requested() -> bool:

@@ -1,5 +1,6 @@
-"""The compiled scheduler and simulator step loop (setup.py compiles ``hybridkv.sched`` and
-``hybridkv.sim.simulator`` with the core) against their own pure-Python source, and the stale-build guard over both compiled packages.
+"""The compiled scheduler, simulator step loop and step-time models (setup.py compiles
+``hybridkv.sched``, ``hybridkv.sim.simulator`` and three modules of ``hybridkv.cost`` with the
+core) against their own pure-Python source, and the stale-build guard over every compiled package.
 
 A simulation that exercises every scheduler path (speculative decoding with drafts, preemption
 in a small pool, chunked prefill, batched and per-request steps) runs in this process and in
@@ -34,10 +35,11 @@ from hybridkv.cost.presets import get_gpu, get_preset
 from hybridkv.sim.simulator import TIMING_KEYS
 from hybridkv.sim.traffic.workloads import get_workload
 
+import hybridkv.cost.calibrated as calibrated
 import hybridkv.sim.simulator as simulator
 items = items_from_trace(get_workload("chat", num_conversations=12, turns=3, seed=3))
 out = {"compiled": hybridkv.sched.COMPILED,
-       "loop compiled": not simulator.__file__.endswith(".py")}
+       "loop compiled": [not m.__file__.endswith(".py") for m in (simulator, calibrated)]}
 for batched in (True, False):
     cfg = SimConfig(get_preset("llama-3.1-8b"), get_gpu("h100"), num_blocks=300,
                     spec=SpecDecode("eagle", 3), optimum=False, seed=2,
@@ -67,18 +69,19 @@ def test_compiled_scheduler_equals_pure() -> None:
         pytest.skip("no compiled build of hybridkv.sched here (pip install -e . with Cython)")
     compiled, pure = _simulate(False), _simulate(True)
     assert compiled["compiled"] is True and pure["compiled"] is False
-    assert compiled["loop compiled"] is True and pure["loop compiled"] is False
+    assert compiled["loop compiled"] == [True, True] and pure["loop compiled"] == [False, False]
     assert compiled["True"] == compiled["False"] == pure["True"] == pure["False"]
     assert compiled["True"]["preemptions"] > 0
 
 
 def test_the_stale_guard_covers_every_compiled_package(tmp_path: Path, monkeypatch) -> None:
-    """_purepy.stale() checks the core, the scheduler and the simulator's package (its step
-    loop): a changed scheduler source makes the build stale too, and the reason names the
-    package."""
+    """_purepy.stale() checks the core, the scheduler and the packages of the simulator's step
+    loop and step-time models: a changed scheduler source makes the build stale too, and the
+    reason names the package."""
     import hashlib
 
-    assert [os.path.basename(p) for p in _purepy.COMPILED_PACKAGES] == ["core", "sched", "sim"]
+    assert [os.path.basename(p) for p in _purepy.COMPILED_PACKAGES] == ["core", "sched", "sim",
+                                                                         "cost"]
     dirs = []
     for name in ("core", "sched"):
         d = tmp_path / name

@@ -35,15 +35,20 @@ import dataclasses
 import functools
 import math
 import time
-from itertools import compress
 from typing import Callable, Iterable
 
 import numpy as np
 
+try:
+    import cython
+except ImportError:                       # no Cython: the C types below are no-ops
+    from hybridkv import _cython_shim as cython  # type: ignore[no-redef]  # typed by typings/cython.pyi
+
 from hybridkv.core.manager import KVCacheManager
 from hybridkv.core.request import Request
 from hybridkv.core.rules import make_rule
-from hybridkv.sched import AcceptanceModel, EngineRequest, Scheduler, useful_drafts
+from hybridkv.sched import AcceptanceModel, Scheduler, useful_drafts
+from hybridkv.sched.request import EngineRequest
 from hybridkv.sim.traffic.hint_synthesis import synthesize_hints, workload_sessions
 from hybridkv.sim.interrupt import RunInterrupted
 from hybridkv.sim.failures import ChildProcessDied
@@ -441,6 +446,9 @@ class Simulator:
                 hook(start, clock, out)
         return clock, finished
 
+    @cython.locals(reqs=list, num_drafts=list, samples=list, sampled=list, outputs=list,
+                   j=cython.Py_ssize_t, d=cython.Py_ssize_t, done=cython.Py_ssize_t,
+                   a=cython.Py_ssize_t, r=EngineRequest, live=_Live)
     def _update(self, out, res: SimResult, clock: float,
                 loaded: dict[object, bool] | None = None) -> int:
         """Sample tokens for the step, apply them (and the step's tier loads), propose drafts;
@@ -449,12 +457,15 @@ class Simulator:
         acc = self.acceptance
         reqs = out.requests
         num_drafts = out.num_draft_tokens
-        sampled: list[list[int] | None] = [None] * len(reqs)
+        samples = out.samples
+        sampled = [None] * len(reqs)
         timed = not self.config.sequential
         ttft = res.ttft_s
-        for j in compress(range(len(reqs)), out.samples):     # the slots that sample
+        for j in range(len(reqs)):
+            if not samples[j]:                 # only the slots that sample
+                continue
             r = reqs[j]
-            live: _Live = r.user_data  # type: ignore[assignment]
+            live = r.user_data
             d = num_drafts[j]
             a = min(acc.draw(), d) if d else 0  # type: ignore[union-attr]
             outputs = live.outputs

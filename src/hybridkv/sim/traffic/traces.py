@@ -428,12 +428,16 @@ _MIX2 = np.uint64(0x94D049BB133111EB)
 
 
 def _splitmix64(x: np.ndarray) -> np.ndarray:
-    """The splitmix64 finalizer (a bijection on uint64), vectorized; wraps modulo 2**64."""
+    """The splitmix64 finalizer (a bijection on uint64), vectorized; wraps modulo 2**64. Returns
+    a new array (``x`` is not changed), computed in place in it and one scratch array."""
     x = x ^ (x >> np.uint64(30))
-    x = x * _MIX1
-    x = x ^ (x >> np.uint64(27))
-    x = x * _MIX2
-    return x ^ (x >> np.uint64(31))
+    x *= _MIX1
+    t = x >> np.uint64(27)
+    x ^= t
+    x *= _MIX2
+    np.right_shift(x, np.uint64(31), out=t)
+    x ^= t
+    return x
 
 
 def expand_block_ids(
@@ -459,9 +463,11 @@ def expand_block_ids(
     if ids.size and int(ids.max()) >> (64 - int(shift)):
         raise ValueError(f"block id {int(ids.max())} too large for {block_tokens}-token blocks")
     pos = np.arange(block_tokens, dtype=np.uint64)
-    x = ((ids[:, None] << shift) | pos[None, :]) + _GOLDEN
-    tokens = (_splitmix64(x.reshape(-1)[:num_tokens]) >> np.uint64(33)).astype(np.int64)
-    return tokens
+    x = (ids[:, None] << shift) | pos[None, :]    # one full-size array, then in place
+    x += _GOLDEN
+    mixed = _splitmix64(x.reshape(-1)[:num_tokens])
+    mixed >>= np.uint64(33)                       # below 2**31: the same values as int64
+    return mixed.view(np.int64)
 
 
 def load_mooncake_trace(
