@@ -9,7 +9,7 @@ cdef class EngineRequest:
     cdef public object arrival_time
     cdef public object stop_token_ids
     cdef public object status
-    cdef public list spec_token_ids
+    cdef public object spec_token_ids
     cdef public object num_cached_tokens
     cdef public object num_external_tokens
     cdef public object pending_external

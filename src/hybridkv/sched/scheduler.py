@@ -53,6 +53,15 @@ from hybridkv.sched.output import KVLoad, ScheduledRequest, SchedulerOutput  # n
 from hybridkv.sched.queues import POLICIES, WaitingQueue, make_waiting_queue
 from hybridkv.sched.request import EngineRequest, RequestStatus
 
+# The statuses as module constants: reading a member through its enum class costs ~75 ns (the
+# enum type's __getattr__ hook runs on every class attribute read), a module global far less.
+_WAITING, _WAITING_FOR_KV, _RUNNING, _PREEMPTED = (
+    RequestStatus.WAITING, RequestStatus.WAITING_FOR_KV, RequestStatus.RUNNING,
+    RequestStatus.PREEMPTED)
+_FINISHED_LENGTH, _FINISHED_MAX_MODEL_LEN, _FINISHED_STOPPED, _FINISHED_ABORTED = (
+    RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_MAX_MODEL_LEN,
+    RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_ABORTED)
+
 
 class ExternalKV(Protocol):
     """What the scheduler needs from a KV connector (scheduler side).
@@ -171,7 +180,7 @@ class Scheduler:
                 f"request {req.request_id!r} has {req.num_prompt_tokens} prompt tokens; "
                 f"max_model_len={self.max_model_len} leaves no room for an output token")
         req._seq = next(self._seq)
-        req.status = RequestStatus.WAITING
+        req.status = _WAITING
         self.requests[req.request_id] = req
         self.waiting.push(req)
 
@@ -195,7 +204,7 @@ class Scheduler:
         else:                    # waiting: never allocated, or preempted (its blocks freed then)
             self.waiting.remove(req)
             holds = False
-        self._finish(req, RequestStatus.FINISHED_ABORTED, holds)
+        self._finish(req, _FINISHED_ABORTED, holds)
 
     # ---- scheduling ---------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -330,7 +339,7 @@ class Scheduler:
             self._preempt(victim, out)
             if victim is r:
                 break
-        if r.status is not RequestStatus.RUNNING:
+        if r.status is not _RUNNING:
             return None
         num_drafts = computed + num_new - num_tokens
         out.add(r, computed, num_new, num_drafts if num_drafts > 0 else 0, new_blocks,
@@ -358,7 +367,7 @@ class Scheduler:
                 if r.num_cached_tokens < 0:
                     r.num_cached_tokens = hit.num_tokens
                 req.num_computed_tokens = hit.num_tokens
-                r.status = RequestStatus.WAITING_FOR_KV
+                r.status = _WAITING_FOR_KV
                 r.pending_external = ext
                 self.loading.append(r)
                 tables = kv.block_ids(req)
@@ -386,7 +395,7 @@ class Scheduler:
             self.waiting.pop()
             if r.num_cached_tokens < 0:
                 r.num_cached_tokens = hit.num_tokens
-            r.status = RequestStatus.RUNNING
+            r.status = _RUNNING
             self.running.append(r)
             out.admitted.append(r)
             out.add(r, hit.num_tokens, num_new, 0, new_blocks,
@@ -436,7 +445,7 @@ class Scheduler:
         r.request.num_computed_tokens = 0
         r.request.num_preemptions += 1
         r.spec_token_ids = []
-        r.status = RequestStatus.PREEMPTED
+        r.status = _PREEMPTED
         self.num_preemptions += 1
         out.preempted.append(r)
         self.waiting.push_preempted(r)
@@ -471,7 +480,7 @@ class Scheduler:
         self._awaiting_update = None
         for load in out.loads:
             r = load.req
-            if r.status is not RequestStatus.WAITING_FOR_KV:
+            if r.status is not _WAITING_FOR_KV:
                 continue  # aborted during the step
             ok = bool(loaded and loaded.get(r.request_id))
             before = r.request.num_computed_tokens
@@ -479,11 +488,11 @@ class Scheduler:
             r.num_external_tokens += r.request.num_computed_tokens - before
             r.pending_external = None
             self.loading.remove(r)
-            r.status = RequestStatus.RUNNING
+            r.status = _RUNNING
             self.running.append(r)
         finished: list[EngineRequest] = []
         max_len = self.max_model_len
-        running_status = RequestStatus.RUNNING
+        running_status = _RUNNING
         num_drafts, samples = out.num_draft_tokens, out.samples
         for j in range(len(reqs)):
             r = reqs[j]
@@ -520,7 +529,7 @@ class Scheduler:
                 for k, t in enumerate(toks):
                     if t in r.stop_token_ids:
                         toks = toks[:k + 1]
-                        status = RequestStatus.FINISHED_STOPPED
+                        status = _FINISHED_STOPPED
                         break
             req.append_tokens(toks)
             if r.first_token_step < 0:
@@ -528,9 +537,9 @@ class Scheduler:
             if status is None:
                 num_tokens += len(toks)
                 if num_tokens - req.num_prompt_tokens >= r.max_tokens:
-                    status = RequestStatus.FINISHED_LENGTH
+                    status = _FINISHED_LENGTH
                 elif max_len is not None and num_tokens >= max_len:
-                    status = RequestStatus.FINISHED_MAX_MODEL_LEN
+                    status = _FINISHED_MAX_MODEL_LEN
             if status is not None:
                 self.running.remove(r)
                 self._finish(r, status)
