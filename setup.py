@@ -1,14 +1,15 @@
 """Optional compiled build of ``hybridkv.core``, ``hybridkv.sched`` and the simulator's step loop
-(everything else is in pyproject.toml).
+and step-time models (everything else is in pyproject.toml).
 
-The modules of ``src/hybridkv/core`` and ``src/hybridkv/sched`` (``__init__`` files excepted)
-and ``src/hybridkv/sim/simulator.py`` are compiled with Cython in pure-Python mode: the same ``.py`` files, no ``.pyx`` copy, so the
-source stays the one reference (BENCHMARKS.md, "Compiled core", says why and what it gains;
-the scheduler's per-step loop runs once per running request per step, next to the core). The build never fails
-for the compiled part: without Cython, without a C compiler, or on a compile error it prints
-one line and installs the pure-Python package. ``HYBRIDKV_NO_COMPILE=1`` skips compiling;
-``HYBRIDKV_PURE_PYTHON=1`` at run time loads the ``.py`` files even where compiled ones are
-installed (src/hybridkv/_purepy.py).
+The modules of ``src/hybridkv/core`` and ``src/hybridkv/sched`` (``__init__`` files excepted),
+``src/hybridkv/sim/simulator.py`` and ``src/hybridkv/cost/{comm,costmodel,calibrated}.py``
+(:data:`PACKAGES`) are compiled with Cython in pure-Python mode: the same ``.py`` files, no
+``.pyx`` copy, so the source stays the one reference (BENCHMARKS.md, "Compiled core", says why
+and what it gains; the scheduler's and the simulator's per-step loops run once per step, next
+to the core). The build never fails for the compiled part: without Cython, without a C
+compiler, or on a compile error it prints one line and installs the pure-Python package.
+``HYBRIDKV_NO_COMPILE=1`` skips compiling; ``HYBRIDKV_PURE_PYTHON=1`` at run time loads the
+``.py`` files even where compiled ones are installed (src/hybridkv/_purepy.py).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ MISCOMPILE = re.compile(r"= \(\(PyObject \*\)__pyx_t_\d+\);")
 
 
 def notice(why: str) -> None:
-    print(f"hybridkv: {why}; installing the pure-Python core and scheduler (same behaviour, slower)",
+    print(f"hybridkv: {why}; installing the pure-Python package (same behaviour, slower)",
           flush=True)
 
 

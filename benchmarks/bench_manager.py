@@ -150,8 +150,7 @@ def compare(old_src: str, rounds: int) -> None:
         old = min(r[key][0] for r in results["old"])
         new = min(r[key][0] for r in results["new"])
         steps = results["old"][0][key][2]
-        # (an old side's JSON without the decode figure: 0)
-        old_dec = min((r[key][3] if len(r[key]) > 3 else 0.0) for r in results["old"])
+        old_dec = min(r[key][3] for r in results["old"])
         new_dec = min(r[key][3] for r in results["new"])
         rates = {r[key][1] for r in results["old"] + results["new"]}
         rate = f"{rates.pop():.3f}" if len(rates) == 1 else "DIFFERS"

@@ -1,8 +1,8 @@
 """Cython's ``cython`` module where Cython is not installed: the few names hybridkv uses, as
 no-ops, so the pure-Python source runs unchanged.
 
-The compiled packages (setup.py: ``hybridkv.core``, ``hybridkv.sched``) declare C types for
-some hot loops in Cython's pure-Python mode, written as::
+The compiled modules (setup.py's ``PACKAGES``: ``hybridkv.core``, ``hybridkv.sched``, the
+simulator's step loop and step-time models) declare C types for some hot loops in Cython's pure-Python mode, written as::
 
     try:
         import cython
@@ -15,7 +15,9 @@ some hot loops in Cython's pure-Python mode, written as::
 Compiled, Cython reads the decorator and types ``i`` and ``table``; run as Python (this shim,
 or Cython's own module where it is installed), the decorator returns the function unchanged.
 The types are chosen so the compiled code behaves exactly like the source (containers that
-are always of that type, indices that always fit a C integer). This module is never compiled.
+are always of that type, indices that always fit a C integer, extension-type locals assigned
+only after an ``isinstance`` check or from a field that always holds that type). This module
+is never compiled.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Import the pure-Python source of hybridkv even where a compiled build sits next to it.
 
 The optional compiled build (setup.py: Cython, pure-Python mode) turns the very same ``.py``
-files of ``hybridkv.core``, ``hybridkv.sched`` and ``hybridkv.sim.simulator`` into extension
-modules; Python's path finder
-prefers an extension module over the ``.py`` beside it. :func:`install` puts a finder first on
+files of ``hybridkv.core``, ``hybridkv.sched``, the simulator's step loop and its step-time
+models into extension modules; Python's path finder prefers an extension module over the
+``.py`` beside it. :func:`install` puts a finder first on
 ``sys.meta_path`` that loads every ``hybridkv.*`` module from its ``.py`` file instead, so the
 pure-Python reference runs. ``hybridkv/__init__.py`` installs it, before anything of the core
 is imported, when :func:`requested` is true:
@@ -16,8 +16,7 @@ is imported, when :func:`requested` is true:
   install), so the compiled module no longer is its source. A one-line warning says so and
   how to rebuild; the whole package then runs from source (never a mix of the two builds).
 
-This module is never compiled itself (setup.py compiles ``hybridkv.core``, ``hybridkv.sched``
-and ``hybridkv.sim.simulator`` only).
+This module is never compiled itself (setup.py's ``PACKAGES`` says what is).
 """
 
 from __future__ import annotations

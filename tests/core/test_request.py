@@ -94,13 +94,17 @@ def test_a_fresh_request_with_a_one_token_image() -> None:
 
 
 def test_append_tokens_with_a_bad_item_changes_nothing() -> None:
+    """A list or tuple with a bad token (one token too: a decode step's append takes its own
+    path) raises ValueError naming the request and leaves the tokens as they were."""
     r = Request("r", [1, 2, 3])
-    for bad in ([4, "x"], [5, 2**70], [6, 1.5]):
+    for bad in ([4, "x"], [5, 2**70], [6, 1.5], ["x"], [2**70], (1.5,), [None]):
         with pytest.raises(ValueError, match="request 'r'"):
             r.append_tokens(bad)
         assert list(r.token_ids) == [1, 2, 3]
     r.append_tokens([4, 5])
-    assert list(r.token_ids) == [1, 2, 3, 4, 5]
+    r.append_tokens((6,))
+    r.append_tokens([7])
+    assert list(r.token_ids) == [1, 2, 3, 4, 5, 6, 7]
 
 
 def test_request_cache_params_record():

@@ -275,3 +275,36 @@ def test_quiet_steps_answers_what_allocate_does() -> None:
     assert seen == {True, False}                 # both answers met (block boundaries, windows)
     kv.check_integrity()
     assert kv.quiet_steps([reqs[0]], [40]) == [False]                    # past max_model_len
+
+
+def test_the_batched_quiet_test_is_the_per_request_one() -> None:
+    """quiet_steps (one coordinator call for the batch, ``steps_quiet``) answers, request by
+    request, what the coordinator's ``step_is_quiet`` answers: the same list at every step of
+    a run through block boundaries and window slides, False for a request not held and for
+    another Request object with a held id, and pairs the two lists as ``zip`` does."""
+    kv = KVCacheManager(config(FA(4), SWA(4, 8), num_blocks=60), CacheOptions(max_model_len=40))
+    coord = kv.coordinator
+    reqs = [Request(f"b{i}", list(range(10 * i, 10 * i + 5 + i))) for i in range(3)]
+    for r in reqs:
+        assert kv.allocate(r, r.num_tokens) is not None
+        r.num_computed_tokens = r.num_tokens
+        r.append_tokens([1000])
+    twin = Request("b0", list(range(5)))
+    twin.num_computed_tokens = reqs[0].num_computed_tokens
+    stranger = Request("nobody", [1, 2, 3])
+    batch = [*reqs, twin, stranger]
+    nums = [1, 2, 1, 1, 1]
+    answers = []
+    for _ in range(12):
+        got = kv.quiet_steps(batch, nums)
+        assert got == [coord.step_is_quiet(r, n, kv.lookahead_slots) for r, n in zip(batch, nums)]
+        assert got[3:] == [False, False]
+        answers.append(got[:3])
+        for r, n in zip(reqs, nums):
+            assert kv.allocate(r, n) is not None
+            r.num_computed_tokens += n
+            r.append_tokens([2000 + j for j in range(n)])
+    assert {a for step in answers for a in step} == {True, False}
+    assert kv.quiet_steps(batch, nums[:2]) == kv.quiet_steps(batch[:2], nums)[:2]
+    assert len(kv.quiet_steps(batch, nums[:2])) == 2
+    kv.check_integrity()

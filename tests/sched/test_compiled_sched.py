@@ -36,10 +36,13 @@ from hybridkv.sim.simulator import TIMING_KEYS
 from hybridkv.sim.traffic.workloads import get_workload
 
 import hybridkv.cost.calibrated as calibrated
+import hybridkv.cost.comm as comm
+import hybridkv.cost.costmodel as costmodel
 import hybridkv.sim.simulator as simulator
 items = items_from_trace(get_workload("chat", num_conversations=12, turns=3, seed=3))
 out = {"compiled": hybridkv.sched.COMPILED,
-       "loop compiled": [not m.__file__.endswith(".py") for m in (simulator, calibrated)]}
+       "loop compiled": [not m.__file__.endswith(".py")
+                         for m in (simulator, calibrated, comm, costmodel)]}
 for batched in (True, False):
     cfg = SimConfig(get_preset("llama-3.1-8b"), get_gpu("h100"), num_blocks=300,
                     spec=SpecDecode("eagle", 3), optimum=False, seed=2,
@@ -69,7 +72,7 @@ def test_compiled_scheduler_equals_pure() -> None:
         pytest.skip("no compiled build of hybridkv.sched here (pip install -e . with Cython)")
     compiled, pure = _simulate(False), _simulate(True)
     assert compiled["compiled"] is True and pure["compiled"] is False
-    assert compiled["loop compiled"] == [True, True] and pure["loop compiled"] == [False, False]
+    assert compiled["loop compiled"] == [True] * 4 and pure["loop compiled"] == [False] * 4
     assert compiled["True"] == compiled["False"] == pure["True"] == pure["False"]
     assert compiled["True"]["preemptions"] > 0
 
@@ -95,3 +98,29 @@ def test_the_stale_guard_covers_every_compiled_package(tmp_path: Path, monkeypat
     assert _purepy.stale() is None
     (tmp_path / "sched" / "m.py").write_bytes(b"A = 2\n")
     assert _purepy.stale() == "sched: m.py changed since the build"
+
+
+def test_setup_and_the_stale_guard_name_the_same_compiled_modules() -> None:
+    """setup.py's PACKAGES (what is compiled) and _purepy.COMPILED_PACKAGES (what the stale
+    guard checks) name the same packages in the same order; every module setup.py lists
+    exists; every .pxd of the package sits beside a module setup.py compiles (its manifest
+    hashes the .pxd beside each compiled module only)."""
+    import ast
+
+    tree = ast.parse((ROOT / "setup.py").read_text())
+    (packages,) = [ast.literal_eval(n.value) for n in tree.body
+                   if isinstance(n, ast.AnnAssign) and getattr(n.target, "id", "") == "PACKAGES"]
+    assert list(packages) == [os.path.basename(p) for p in _purepy.COMPILED_PACKAGES]
+    assert packages["sim"] == ("simulator.py",) and packages["core"] is None
+    src = ROOT / "src" / "hybridkv"
+    compiled = set()
+    for package, only in packages.items():
+        root = src / package
+        if only is None:
+            compiled |= {p for p in root.rglob("*.py") if p.name != "__init__.py"}
+        else:
+            assert all((root / name).is_file() for name in only), (package, only)
+            compiled |= {root / name for name in only}
+    pxds = sorted(src.rglob("*.pxd"))
+    assert len(pxds) >= 10
+    assert [p for p in pxds if p.with_suffix(".py") not in compiled] == []

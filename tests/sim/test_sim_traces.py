@@ -56,6 +56,31 @@ def test_trace_request_rejects_bad_values(kwargs) -> None:
 # --------------------------------------------------------------------------------------------
 
 
+def _splitmix64_oracle(x: int) -> int:
+    """splitmix64's finalizer on one Python int, mod 2**64 (the published constants)."""
+    m = (1 << 64) - 1
+    x ^= x >> 30
+    x = (x * 0xBF58476D1CE4E5B9) & m
+    x ^= x >> 27
+    x = (x * 0x94D049BB133111EB) & m
+    return x ^ (x >> 31)
+
+
+def test_expand_block_ids_is_splitmix_of_id_and_position() -> None:
+    """Token j of block id h is splitmix64((h << 9 | j) + golden ratio) >> 33 (512-token ids),
+    checked against Python integers; the caller's ids are not changed."""
+    ids = [0, 1, 7, 2**40 + 3, 123456789]
+    tokens = expand_block_ids(ids, 4 * 512 + 100)
+    want = [_splitmix64_oracle(((h << 9 | j) + 0x9E3779B97F4A7C15) & ((1 << 64) - 1)) >> 33
+            for h in ids for j in range(512)][:4 * 512 + 100]
+    assert tokens.dtype == np.int64 and tokens.tolist() == want
+    assert tokens[:3].tolist() == want[:3] and want[0] != want[1]
+    x = np.array([5, 2**63 + 11], dtype=np.uint64)
+    from hybridkv.sim.traffic.traces import _splitmix64
+    assert _splitmix64(x).tolist() == [_splitmix64_oracle(5), _splitmix64_oracle(2**63 + 11)]
+    assert x.tolist() == [5, 2**63 + 11]                  # the input is not changed
+
+
 def test_expand_block_ids_prefix_structure() -> None:
     a = expand_block_ids([5, 6, 7], 1500)
     b = expand_block_ids([5, 6, 8], 1536)

@@ -3,9 +3,9 @@
 from hybridkv.core.request cimport Request
 
 cdef class BlockHasher:
-    cdef public Py_ssize_t block_size
+    cdef public object block_size
     cdef public object algo
     cdef public object seed
-    cdef public Py_ssize_t lookahead
+    cdef public object lookahead
     cdef public object none_hash
     cdef public object _digest

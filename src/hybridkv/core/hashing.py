@@ -115,19 +115,22 @@ class BlockHasher:
                    la=cython.Py_ssize_t, start=cython.Py_ssize_t, limit=cython.Py_ssize_t,
                    nblocks=cython.Py_ssize_t, end=cython.Py_ssize_t, step=cython.Py_ssize_t,
                    width=cython.Py_ssize_t, off=cython.Py_ssize_t, k=cython.Py_ssize_t,
-                   block_start=cython.Py_ssize_t, raw=cython.p_char, request=Request)
+                   block_start=cython.Py_ssize_t, raw=cython.p_char, req=Request)
     def update(self, request: Request) -> None:
         """Append the hashes of every block of ``request`` that became hashable."""
-        hashes = request.block_hashes
+        if not isinstance(request, Request):
+            raise ValueError(f"BlockHasher.update needs a Request, got {type(request).__name__}")
+        req = request
+        hashes = req.block_hashes
         bs = self.block_size
         la = self.lookahead
         start = len(hashes) * bs
-        limit = len(request.token_ids) - la  # a block ending at e is hashable iff e <= limit
+        limit = len(req.token_ids) - la  # a block ending at e is hashable iff e <= limit
         if start + bs > limit:             # most calls (a decode step inside a block)
             return
         nblocks = (limit - start) // bs
         end = start + nblocks * bs
-        tokens = request.token_ids
+        tokens = req.token_ids
         # the bytes of the new blocks (and their lookahead); a few blocks (a decode step's):
         # the array's own slice costs less than a memoryview's, a long run: one copy less
         span = tokens[start:end + la] if nblocks <= 8 else memoryview(tokens)[start:end + la]
@@ -139,7 +142,7 @@ class BlockHasher:
         width = step + la * TOKEN_BYTES
         digest = self._digest
         parent = hashes[-1] if hashes else self.none_hash
-        if not (request.cache_salt or request.lora or request.mm_items):   # has_extra_keys
+        if not req.has_extra_keys:
             for k in range(nblocks):                 # (a C loop when compiled)
                 off = k * step
                 parent = digest(parent + raw[off:off + width])
@@ -148,7 +151,7 @@ class BlockHasher:
         for k in range(nblocks):
             off = k * step
             block_start = start + k * bs
-            keys = request.extra_keys(block_start, block_start + bs + la)
+            keys = req.extra_keys(block_start, block_start + bs + la)
             extra = encode_extra_keys(keys) if keys else b""
             parent = digest(parent + raw[off:off + width] + extra)
             hashes.append(parent)

@@ -64,6 +64,39 @@ def _is_quiet(state: _ReqBlocks, computed: int, num_new_tokens: int, lookahead: 
 
 
 @cython.cfunc
+@cython.locals(reqs=dict, req=Request, state=_ReqBlocks)
+def _quiet(reqs: dict[object, _ReqBlocks], request: object, num_new_tokens: int, lookahead: int,
+           len_cap: float) -> bool:
+    """:meth:`Allocation.step_is_quiet` for the requests ``reqs`` holds: False for anything but
+    a held request's own Request object (another object with its id, or not a Request), else
+    :func:`_is_quiet`, a count past a C integer (compiled) answering False."""
+    if not isinstance(request, Request):
+        return False
+    req = request
+    state = reqs.get(req.request_id)
+    if state is None or state.owner is not req:
+        return False
+    try:
+        return _is_quiet(state, req.num_computed_tokens, num_new_tokens, lookahead, len_cap)
+    except OverflowError:               # compiled: a count past a C integer is not quiet
+        return False
+
+
+@cython.cfunc
+@cython.locals(tables=list, block_sizes=list, g=cython.Py_ssize_t, fit=cython.Py_ssize_t,
+               have=cython.Py_ssize_t)
+def _table_slots(tables: list[list[int]], block_sizes: list[int]) -> int:
+    """The tokens every table has room for: the least ``len(table) * block size`` (the fast
+    path's ``slots`` threshold)."""
+    fit = len(tables[0]) * block_sizes[0]
+    for g in range(1, len(tables)):
+        have = len(tables[g]) * block_sizes[g]
+        if have < fit:
+            fit = have
+    return fit
+
+
+@cython.cfunc
 def _empty_lists(n: int) -> list[list[int]]:
     """``n`` fresh empty lists (a step's result when it needs no new block)."""
     if n == 1:
@@ -76,49 +109,31 @@ def _empty_lists(n: int) -> list[list[int]]:
 class Allocation(CoordinatorBase):
     """The coordinator's allocation seam: plan, commit, admission reservation, fast path."""
 
-    @cython.locals(self=_Fields, reqs=dict, state=_ReqBlocks)
+    @cython.locals(self=_Fields)
     def step_is_quiet(self, request: Request, num_new_tokens: int, lookahead: int) -> bool:
         """True iff allocating ``num_new_tokens`` more tokens (+ ``lookahead`` slots) for this
         request would change nothing: no new block, nothing to cache, no block leaving a window.
 
-        The decode fast path: three comparisons against thresholds the last commit and cache
-        pass left (``slots``, ``quiet_until``, ``slide_until``; :func:`_is_quiet`). False for
-        an unknown request, a different Request object with a known id, or tokens past
+        The decode fast path's test: three comparisons against thresholds the last commit and
+        cache pass left (``slots``, ``quiet_until``, ``slide_until``; :func:`_is_quiet`). False
+        for an unknown request, a different Request object with a known id, or tokens past
         max_model_len (the slow path then raises).
         """
-        reqs = self.reqs
-        state = reqs.get(request.request_id)
-        if state is None or state.owner is not request:
-            return False
-        try:
-            return _is_quiet(state, request.num_computed_tokens, num_new_tokens, lookahead,
-                             self.len_cap)
-        except OverflowError:               # compiled: a count past a C integer is not quiet
-            return False
+        return _quiet(self.reqs, request, num_new_tokens, lookahead, self.len_cap)
 
     @cython.locals(self=_Fields, requests=list, nums=list, out=list, reqs=dict,
-                   request=Request, state=_ReqBlocks, i=cython.Py_ssize_t, la=cython.Py_ssize_t,
-                   len_cap=cython.double)
+                   i=cython.Py_ssize_t)
     def steps_quiet(self, requests: list[Request], nums: list[int], lookahead: int) -> list[bool]:
         """:meth:`step_is_quiet` of ``requests[i]`` with ``nums[i]`` new tokens, for each ``i``
         (the lists pair up as ``zip`` pairs them), in one call."""
         reqs = self.reqs
         len_cap = self.len_cap
-        la = lookahead
         out = []
         for i in range(min(len(requests), len(nums))):
-            request = requests[i]
-            state = reqs.get(request.request_id)
-            if state is None or state.owner is not request:
-                out.append(False)
-                continue
-            try:
-                out.append(_is_quiet(state, request.num_computed_tokens, nums[i], la, len_cap))
-            except OverflowError:           # compiled: a count past a C integer is not quiet
-                out.append(False)
+            out.append(_quiet(reqs, requests[i], nums[i], lookahead, len_cap))
         return out
 
-    @cython.locals(self=_Fields, request=Request, reqs=dict, state=_ReqBlocks)
+    @cython.locals(self=_Fields, req=Request, reqs=dict, state=_ReqBlocks)
     def step(self, request: Request, num_new_tokens: int,
              lookahead: int) -> list[list[int]] | None | _Plan:
         """A running request's step (no hit, no external load, no reservation), the manager's
