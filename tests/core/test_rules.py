@@ -157,12 +157,16 @@ def test_cost_formulas_match_the_definitions_on_ints_and_arrays(spec, new, ctx) 
 @settings(max_examples=200, deadline=None)
 @given(specs(), st.lists(st.tuples(st.integers(0, 4096), st.integers(0, 10**7)), max_size=40))
 def test_batch_cost_sums_are_the_sums_of_the_per_request_terms(spec, work) -> None:
-    """attention_keys_sum / kv_span_sum (the cost models' decode batches; FullRule's in one C
-    loop when compiled) equal the per-request terms summed, exactly."""
+    """attention_keys_sum / kv_span_sum / span_sum_max (the cost models' decode batches;
+    FullRule's in one C loop when compiled) equal the per-request terms summed (and their
+    largest), exactly."""
     rule = make_rule(spec)
     new, ctx = [n for n, _ in work], [c for _, c in work]
     assert rule.attention_keys_sum(new, ctx) == sum(rule.attention_keys(n, c) for n, c in work)
     assert rule.kv_span_sum(new, ctx) == sum(rule.kv_span(n, c) for n, c in work)
+    if work:
+        spans = [rule.kv_span(n, c) + n for n, c in work]
+        assert rule.span_sum_max(new, ctx) == (sum(spans), max(spans))
 
 
 @settings(max_examples=100, deadline=None)

@@ -496,14 +496,17 @@ class CalibratedCostModel:
                 units = nblk = one * n_dec if ones else float(sum(per))
             else:
                 f = float(rule.attention_keys_sum(new, ctx)) * pair_flops
-                span = [k + x for k, x in zip(map(rule.kv_span, new, ctx), new)]
-                by = kv_bytes * float(sum(span))
-                top = float(max(span))
                 if uniform:        # equal units per request: bytes / max bytes per unit
+                    span_sum, span_max = rule.span_sum_max(new, ctx)
+                    by = kv_bytes * float(span_sum)
+                    top = float(span_max)
                     u = one if ones else per[0]
                     units = u * by / (kv_bytes * top)
                     nblk = u * n_dec
                 else:
+                    span = [k + x for k, x in zip(map(rule.kv_span, new, ctx), new)]
+                    by = kv_bytes * float(sum(span))
+                    top = float(max(span))
                     units = by / (kv_bytes * float(max(map(truediv, span, per))))
                     nblk = float(sum(per))
                 if split:

@@ -206,6 +206,12 @@ class HitRule:
         """``sum(kv_span(n, c))`` over a batch's requests (lists of ints: exact)."""
         return sum(map(self.kv_span, new, context))
 
+    def span_sum_max(self, new: list[int], context: list[int]) -> tuple[int, int]:
+        """The sum and the maximum of ``kv_span(n, c) + n`` (the positions one layer reads and
+        writes) over a batch of at least one request (lists of ints: exact)."""
+        span = [k + n for k, n in zip(map(self.kv_span, new, context), new)]
+        return sum(span), max(span)
+
     def recompute_cost(self, j: int) -> int:
         """Eviction hint: (query, key) pairs to recompute block ``j``'s tokens given its
         prefix (attention work only; the per-token linear work is the same for every block).

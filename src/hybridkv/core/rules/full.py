@@ -58,6 +58,18 @@ class FullRule(HitRule):
             total += new[i] + context[i]
         return total
 
+    @cython.locals(i=cython.Py_ssize_t, total=cython.Py_ssize_t, top=cython.Py_ssize_t,
+                   x=cython.Py_ssize_t)
+    def span_sum_max(self, new: list[int], context: list[int]) -> tuple[int, int]:
+        total = 0
+        top = 0
+        for i in range(len(new)):
+            x = context[i] + 2 * new[i]             # kv_span (context + new) + new
+            total += x
+            if i == 0 or x > top:
+                top = x
+        return total, top
+
     def longest_hit(self, probe: Callable[[int], object], e_max: int, step: int) -> int:
         # [0, e + proof) cached: scan left to right to the first miss.
         proof = self.proof
