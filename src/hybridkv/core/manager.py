@@ -350,8 +350,11 @@ class KVCacheManager(_ManagerFields):
         its own request only, so other requests' allocations between this call and the step
         do not change it. False for a request this manager does not hold (or a different
         Request object with a held id) and for a step past max_model_len."""
-        return self.coordinator.steps_quiet(list(requests), list(num_new_tokens),
-                                            self.lookahead_slots)
+        if type(requests) is not list:
+            requests = list(requests)
+        if type(num_new_tokens) is not list:
+            num_new_tokens = list(num_new_tokens)
+        return self.coordinator.steps_quiet(requests, num_new_tokens, self.lookahead_slots)
 
     def _check_retention(self, request: Request) -> None:
         """ValueError unless this manager's policy can honour ``request.retention``."""

@@ -17,7 +17,6 @@ nothing (the decode fast path: then nothing happens); any other such step is app
 from __future__ import annotations
 
 import math
-import operator
 from enum import Enum
 from typing import Sequence, cast
 
@@ -143,11 +142,14 @@ class Allocation(CoordinatorBase):
         coordinator's running request, its step passes max_model_len, the request was hashed
         by another hasher, or the config has a state group: then the caller validates,
         hashes, and plans and commits (:meth:`allocate`)."""
+        if not isinstance(request, Request):
+            return _PLAN                    # (the caller refuses it)
+        req = request
         reqs = self.reqs
-        state = reqs.get(request.request_id)
-        if state is None or state.owner is not request:
+        state = reqs.get(req.request_id)
+        if state is None or state.owner is not req:
             return _PLAN
-        computed = request.num_computed_tokens
+        computed = req.num_computed_tokens
         try:
             if _is_quiet(state, computed, num_new_tokens, lookahead, self.len_cap):
                 return _empty_lists(len(state.tables))
@@ -155,7 +157,7 @@ class Allocation(CoordinatorBase):
             pass
         hasher = self.hasher
         if self.state_groups or computed + num_new_tokens > self.len_cap \
-                or hasher is None or request.hasher is not hasher:
+                or hasher is None or req.hasher is not hasher:
             return _PLAN
         if self.caching:
             hasher.update(request)
@@ -402,7 +404,7 @@ class Allocation(CoordinatorBase):
             n = plan.num_tokens
         if n >= state.quiet_until:                  # (cache's own first test, saving the call)
             self.cache(request, n)
-        state.slots = min(map(operator.mul, map(len, state.tables), self.block_sizes))
+        state.slots = _table_slots(state.tables, self.block_sizes)
         if self.state_groups and self.caching:
             # the next checkpoint needs an extent: no quiet step may reach it
             nxt = self._next_export(request, state, n)
@@ -428,8 +430,7 @@ class Allocation(CoordinatorBase):
 
     @cython.locals(self=_Fields, state=_ReqBlocks, tables=list, block_sizes=list,
                    new_counts=list, released=list, new_blocks=list, needed=cython.Py_ssize_t,
-                   freed=cython.Py_ssize_t, new=cython.Py_ssize_t, g=cython.Py_ssize_t,
-                   fit=cython.Py_ssize_t, have=cython.Py_ssize_t)
+                   freed=cython.Py_ssize_t, new=cython.Py_ssize_t, g=cython.Py_ssize_t)
     def _step(self, request: Request, state: _ReqBlocks, num_new_tokens: int,
               lookahead: int) -> list[list[int]] | None:
         """A running request's step (no hit, no external load, no reservation, no state
@@ -501,13 +502,8 @@ class Allocation(CoordinatorBase):
             n = computed + num_new_tokens
         if n >= state.quiet_until:                        # (cache's own first test)
             self.cache(request, n)
-        if needed:                                        # min(len(table) * block size)
-            fit = len(tables[0]) * block_sizes[0]
-            for g in range(1, len(tables)):
-                have = len(tables[g]) * block_sizes[g]
-                if have < fit:
-                    fit = have
-            state.slots = fit
+        if needed:
+            state.slots = _table_slots(tables, block_sizes)
         if needed or released:          # (a cache-only step keeps the tables, so the threshold)
             state.slide_until = self._slide_until(computed)
         return new_blocks
