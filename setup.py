@@ -6,7 +6,8 @@ The modules of ``src/hybridkv/core`` and ``src/hybridkv/sched`` (``__init__`` fi
 (:data:`PACKAGES`) are compiled with Cython in pure-Python mode: the same ``.py`` files, no
 ``.pyx`` copy, so the source stays the one reference (BENCHMARKS.md, "Compiled core", says why
 and what it gains; the scheduler's and the simulator's per-step loops run once per step, next
-to the core). The build never fails for the compiled part: without Cython, without a C
+to the core). One module has no ``.py`` twin: ``core/hash_index_native.pyx``, the compiled
+pool's hash index (its pure-Python reference is ``core/hash_index.py``, a dict). The build never fails for the compiled part: without Cython, without a C
 compiler, or on a compile error it prints one line and installs the pure-Python package.
 ``HYBRIDKV_NO_COMPILE=1`` skips compiling; ``HYBRIDKV_PURE_PYTHON=1`` at run time loads the
 ``.py`` files even where compiled ones are installed (src/hybridkv/_purepy.py).
@@ -48,7 +49,8 @@ def package_modules(package: str) -> list[str]:
     if only is not None:
         return [f"src/hybridkv/{package}/{name}" for name in only]
     return sorted(p for p in glob(f"src/hybridkv/{package}/**/*.py", recursive=True)
-                  if os.path.basename(p) != "__init__.py")
+                  if os.path.basename(p) != "__init__.py") \
+        + sorted(glob(f"src/hybridkv/{package}/**/*.pyx", recursive=True))   # native modules
 
 
 def compiled_modules() -> list[str]:
@@ -94,7 +96,8 @@ def write_manifest() -> None:
         root = f"src/hybridkv/{package}"
         lines = []
         modules = package_modules(package)
-        pxds = [p[:-3] + ".pxd" for p in modules if os.path.exists(p[:-3] + ".pxd")]
+        pxds = [os.path.splitext(p)[0] + ".pxd" for p in modules
+                if os.path.exists(os.path.splitext(p)[0] + ".pxd")]
         for path in modules + pxds:
             with open(path, "rb") as fh:
                 digest = hashlib.sha256(fh.read()).hexdigest()

@@ -8,6 +8,12 @@ that misses (a new prompt block), its insert, a lookup that hits (a recent block
 digest made by another request, so the table must compare digests) and the eviction of the
 oldest cached hash (LRU reuse). Keys are 16-byte xxh3-128 digests.
 
+Then the pool's batches: runs of ``--batch`` inserts (a request's new blocks, ``insert_run``)
+and as many evictions (an allocation's batch, ``_forget``), each candidate driven the way the
+compiled pool drives it: ``dict``, and the compiled build's native
+``hybridkv.core.hash_index_native.HashIndex`` (the pool's index) without and with its
+``prefetch`` of the batch's keys before the batch (skipped without a compiled build).
+
 Candidates:
 
 * ``dict``: a Python dict ``bytes -> int`` (the pool's index).
@@ -148,6 +154,45 @@ PYX = textwrap.dedent('''
 
 ''')
 
+NATIVE_PYX = textwrap.dedent('''
+    from hybridkv.core.hash_index_native cimport HashIndex
+
+    def run_batches_dict(list keys, Py_ssize_t live, Py_ssize_t steps, Py_ssize_t batch):
+        cdef dict idx = {}
+        cdef Py_ssize_t t, j
+        cdef list run
+        t0 = perf_counter()
+        for t in range(0, steps, batch):
+            run = keys[t:t + batch]
+            for j in range(len(run)):
+                idx.setdefault(run[j], t + j)
+            if t >= live:
+                run = keys[t - live:t - live + batch]
+                for j in range(len(run)):
+                    idx.pop(run[j])
+        return perf_counter() - t0, len(idx)
+
+    def run_batches_native(list keys, Py_ssize_t live, Py_ssize_t steps, Py_ssize_t batch,
+                           bint prefetch):
+        cdef HashIndex idx = HashIndex()
+        cdef Py_ssize_t t, j
+        cdef list run
+        t0 = perf_counter()
+        for t in range(0, steps, batch):
+            run = keys[t:t + batch]
+            if prefetch:
+                idx.prefetch(run)
+            for j in range(len(run)):
+                idx.setdefault(run[j], t + j)
+            if t >= live:
+                run = keys[t - live:t - live + batch]
+                if prefetch:
+                    idx.prefetch(run)
+                for j in range(len(run)):
+                    idx.pop(run[j])
+        return perf_counter() - t0, len(idx)
+''')
+
 PRESHED_PYX = textwrap.dedent('''
     from preshed.maps cimport PreshMap, map_get, map_set, map_clear
 
@@ -178,13 +223,16 @@ PRESHED_PYX = textwrap.dedent('''
 ''')
 
 
-def build(have_preshed: bool):
+def build(have_preshed: bool, native: str | None):
+    """The candidates' module; ``native``: the directory holding ``hybridkv`` with the compiled
+    index's ``.pxd`` (None: no compiled build, no native candidate)."""
     tmp = tempfile.mkdtemp(prefix="hkv_index_")
     with open(os.path.join(tmp, "hkv_index.pyx"), "w") as fh:
-        fh.write(PYX + (PRESHED_PYX if have_preshed else ""))
+        fh.write(PYX + (PRESHED_PYX if have_preshed else "") + (NATIVE_PYX if native else ""))
     with open(os.path.join(tmp, "setup.py"), "w") as fh:
         fh.write("from setuptools import setup\nfrom Cython.Build import cythonize\n"
                  "setup(ext_modules=cythonize('hkv_index.pyx', quiet=True, "
+                 f"include_path=[{native!r}] if {native!r} else [], "
                  "compiler_directives={'legacy_implicit_noexcept': True}))\n")
     out = subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace", "-q"], cwd=tmp,
                          capture_output=True, text=True)
@@ -200,10 +248,16 @@ def main() -> None:
     ap.add_argument("--live", type=int, default=190_000)
     ap.add_argument("--steps", type=int, default=1_000_000)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--batch", type=int, nargs="+", default=[16, 256],
+                    help="batch sizes of the pool's pattern (default 16 256)")
     a = ap.parse_args()
     import xxhash
     have_preshed = importlib.util.find_spec("preshed") is not None
-    mod = build(have_preshed)
+    native = None
+    spec = importlib.util.find_spec("hybridkv.core.hash_index_native")
+    if spec is not None and spec.origin and not spec.origin.endswith((".pyx", ".py")):
+        native = os.path.dirname(os.path.dirname(os.path.dirname(spec.origin)))
+    mod = build(have_preshed, native)
     # made in a random order, so that neighbours in the stream are not neighbours in memory
     # (as in the pool, where a block's hash was made by whichever request computed it)
     order = list(range(a.steps))
@@ -229,6 +283,25 @@ def main() -> None:
     print(f"live {a.live}, steps {a.steps}, hits {expect}; ns per operation, best of {a.repeats}:")
     for name, s in best.items():
         print(f"  {name:12s} {1e9 * s / ops:7.1f}   ({best['dict'] / s:.2f}x dict)")
+    if native is None:
+        print("no compiled build of hybridkv (pip install -e .): the pool's batches are not measured")
+        return
+    for batch in a.batch:
+        batched = {"dict": lambda: mod.run_batches_dict(keys, a.live, a.steps, batch),
+                   "native": lambda: mod.run_batches_native(keys, a.live, a.steps, batch, False),
+                   "native+prefetch": lambda: mod.run_batches_native(keys, a.live, a.steps, batch, True)}
+        best = {name: float("inf") for name in batched}
+        sizes = set()
+        for _ in range(a.repeats):
+            for name, fn in batched.items():
+                s, size = fn()
+                sizes.add(size)
+                best[name] = min(best[name], s)
+        assert len(sizes) == 1, sizes
+        ops = 2 * (a.steps - a.live) + a.live
+        print(f"the pool's batches of {batch} (inserts, then as many evictions); ns per operation:")
+        for name, s in best.items():
+            print(f"  {name:16s} {1e9 * s / ops:7.1f}   ({best['dict'] / s:.2f}x dict)")
 
 
 if __name__ == "__main__":

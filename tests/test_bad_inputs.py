@@ -257,7 +257,7 @@ def trace_dir_any() -> None:
 def test_the_wheel_ships_the_traces(tmp_path: Path) -> None:
     """package-data: a plain (non-editable) install carries the compressed traces, and every
     ``.pxd`` (C types the compiled build's manifest lists: one missing would make the installed
-    build stale, so it would run the pure-Python source)."""
+    build stale, so it would run the pure-Python source) and native ``.pyx`` source."""
     res = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
                           "-q", "-w", str(tmp_path), str(REPO)], capture_output=True, text=True,
                          timeout=600)
@@ -275,6 +275,7 @@ def test_the_wheel_ships_the_traces(tmp_path: Path) -> None:
     pxds = sorted(p.relative_to(src).as_posix() for p in (src / "hybridkv").rglob("*.pxd"))
     assert len(pxds) >= 10 and "hybridkv/core/pool.pxd" in pxds
     assert [p for p in pxds if p not in names] == []
+    assert "hybridkv/core/hash_index_native.pyx" in names      # a native module's source
 
 
 # ---- a workload the cache cannot hold, generate's options, checks before the trace ----------

@@ -52,3 +52,10 @@ def cfunc(func: _F) -> _F:
     """Cython's ``@cython.cfunc``: a module-level function called from C only when compiled
     (no Python-level call); here the function unchanged."""
     return func
+
+
+def cpow(flag: bool) -> Callable[[_F], _F]:
+    """Cython's ``@cython.cpow(True)``: C doubles' ``**`` is C's ``pow`` (a float, as Python's
+    float ``**`` gives for the positive bases it is used on) instead of a complex power; here
+    it returns the function unchanged."""
+    return lambda func: func

@@ -12,7 +12,7 @@ is imported, when :func:`requested` is true:
 * or mutmut runs the tests (``MUTANT_UNDER_TEST`` is set): its mutants are ``.py`` files that a
   compiled module would otherwise shadow.
 * or the compiled build is stale (:func:`stale`): a ``.py`` file of a compiled package (or
-  the ``.pxd`` beside one) changed since the build (an edited checkout of an editable
+  the ``.pxd`` beside one, or a native module's ``.pyx``) changed since the build (an edited checkout of an editable
   install), so the compiled module no longer is its source. A one-line warning says so and
   how to rebuild; the whole package then runs from source (never a mix of the two builds).
 
@@ -70,6 +70,8 @@ def stale(core: str | None = None) -> str | None:
     except OSError:
         return f"no {MANIFEST} beside it"
     for rel in sorted(compiled):
+        if not os.path.exists(os.path.join(core, rel)) and os.path.exists(os.path.join(core, rel + "x")):
+            rel += "x"                            # a native module (.pyx): no .py twin
         try:
             with open(os.path.join(core, rel), "rb") as fh:
                 digest = hashlib.sha256(fh.read()).hexdigest()
@@ -77,7 +79,7 @@ def stale(core: str | None = None) -> str | None:
             continue                              # a compiled module without its source
         if built.get(rel) != digest:
             return f"{rel} changed since the build"
-        pxd = rel[:-3] + ".pxd"                   # the C types that augment it, if any
+        pxd = os.path.splitext(rel)[0] + ".pxd"   # the C types that augment it, if any
         try:
             with open(os.path.join(core, pxd), "rb") as fh:
                 pxd_digest: str | None = hashlib.sha256(fh.read()).hexdigest()

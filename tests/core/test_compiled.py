@@ -82,8 +82,8 @@ def test_pure_python_env_loads_the_source() -> None:
 
 def test_a_compiled_core_older_than_its_source_is_stale(tmp_path: Path) -> None:
     """_purepy.stale: nothing compiled -> None; compiled modules matching the manifest -> None;
-    a changed .py, a .pxd (C types) added, changed or removed, or no manifest -> the reason
-    (hybridkv then runs the pure source)."""
+    a changed .py, a .pxd (C types) added, changed or removed, a native module's changed .pyx,
+    or no manifest -> the reason (hybridkv then runs the pure source)."""
     import hashlib
     from importlib.machinery import EXTENSION_SUFFIXES
 
@@ -112,6 +112,16 @@ def test_a_compiled_core_older_than_its_source_is_stale(tmp_path: Path) -> None:
     (core / "pool.pxd").write_bytes(pxd)
     (core / "rules/full.py").write_bytes(b"B = 3\n")
     assert _purepy.stale(str(core)) == "rules/full.py changed since the build"
+    (core / "rules/full.py").write_bytes(b"B = 2\n")
+    native = b"cdef class N:\n    pass\n"                      # a native module: .pyx, no .py
+    (core / "native.pyx").write_bytes(native)
+    (core / "native").with_suffix(EXTENSION_SUFFIXES[0]).write_bytes(b"")
+    assert _purepy.stale(str(core)) == "native.pyx changed since the build"
+    with (core / _purepy.MANIFEST).open("a") as fh:
+        fh.write(f"native.pyx {hashlib.sha256(native).hexdigest()}\n")
+    assert _purepy.stale(str(core)) is None
+    (core / "native.pyx").write_bytes(b"cdef class M:\n    pass\n")
+    assert _purepy.stale(str(core)) == "native.pyx changed since the build"
 
 
 def test_this_checkout_is_not_stale() -> None:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from hybridkv.core.specs import KVCacheGroup, SlidingWindow
 from hybridkv.cost.attention_calls import AttentionCalls, call_times
-from hybridkv.cost.calibrated import (ATTENTION_KINDS, DECODE_MAX_NEW, MONOTONE_SLACK, CalibratedCostModel,
+from hybridkv.cost.calibrated import (ATTENTION_KINDS, DECODE_MAX_NEW, FEW_CHUNKS, MONOTONE_SLACK, CalibratedCostModel,
                                      Calibration)
 from hybridkv.cost.calibration_fit import KernelPoint, fit_calibration, leave_one_out, predict_points
 from hybridkv.cost.costmodel import INT_BATCH
@@ -94,6 +94,28 @@ def test_a_list_of_decodes_takes_the_array_formula_bit_for_bit(name, gpus, split
                              min_size=n, max_size=n))
     want = m.step_time_arrays(np.array(new, dtype=np.float64), np.array(ctx, dtype=np.float64))
     assert m.step_time_arrays(new, ctx) == want
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(list(MODEL_PRESETS)), st.integers(1, 8), st.booleans(), st.data())
+def test_a_list_with_prefill_chunks_takes_the_array_formula_bit_for_bit(name, gpus, split, data) -> None:
+    """A step of decodes and up to FEW_CHUNKS + 2 prefill chunks (and requests with no new
+    token), as the simulator passes it (lists of ints), gets exactly the array formula's time,
+    through the Python-number path up to FEW_CHUNKS chunks and the arrays' beyond; and
+    decodes beyond INT_BATCH too."""
+    base = _model(name, gpus)
+    m = CalibratedCostModel(base.model, H100, dataclasses.replace(base.calibration, split_kv=split), gpus)
+    decodes = data.draw(st.lists(st.integers(0, DECODE_MAX_NEW), max_size=INT_BATCH + 8))
+    chunks = data.draw(st.lists(st.integers(DECODE_MAX_NEW + 1, 9000), max_size=FEW_CHUNKS + 2))
+    new = data.draw(st.permutations(decodes + chunks))
+    ctx = data.draw(st.lists(st.one_of(st.just(0), st.integers(0, 300), st.integers(0, 2_000_000)),
+                             min_size=len(new), max_size=len(new)))
+    want = m.step_time_arrays(np.array(new, dtype=np.float64), np.array(ctx, dtype=np.float64))
+    assert m.step_time_arrays(list(new), ctx) == want
+    if any(new):
+        assert want == pytest.approx(m.step(list(zip(new, ctx))).time_s, rel=1e-9)
+    else:
+        assert want == 0.0
 
 
 @settings(max_examples=150, deadline=None)

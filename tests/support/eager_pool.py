@@ -39,6 +39,11 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Iterator
 
+from hybridkv.core.pool import BlockPool as _LazyPool
+
+#: The index type of the build under test (a dict subclass, or the compiled native table).
+_INDEX = type(_LazyPool(2, 1).index[0])
+
 NULL_BLOCK = 0
 
 
@@ -135,7 +140,9 @@ class BlockPool:
         self.block_hash: list[bytes | None] = [None] * num_blocks
         self.block_group = [0] * num_blocks
         self.queue = FreeBlockQueue(num_blocks, range(1, num_blocks))
-        self.index: list[dict[bytes, int | dict[int, None]]] = [{} for _ in range(num_groups)]
+        # the build's index type (a dict, or the compiled build's native table): the
+        # coordinator's compiled lookup reads it as that type
+        self.index: list[dict[bytes, int | dict[int, None]]] = [_INDEX() for _ in range(num_groups)]
         self.on_evict = on_evict
         self.num_evictions = 0
         self.index_version = 0   # bumped on every index change (the lookup memo reads it)

@@ -2,6 +2,8 @@
 # fields as C struct members. Every field stays public (Python code and the subclasses read
 # and set them as before); the counters are C integers.
 
+from hybridkv.core.hash_index_native cimport HashIndex
+
 cdef class BlockPool:
     cdef public object num_blocks
     cdef public list ref_cnt

@@ -36,7 +36,10 @@ through ``allocate`` (a touch or insert by id) first makes the fresh ids up to i
 the end of the unhashed region, which is where they already were in the queue order.
 
 Index: per group, ``hash -> block id``; when the same content was computed twice (concurrent
-requests) the value becomes a dict of block ids, so block tables stay append-only.
+requests) the value becomes a dict of block ids, so block tables stay append-only. Each group's
+index is a :class:`~hybridkv.core.hash_index.HashIndex`: a dict in the pure-Python build, a
+native table with the same mapping API in the compiled one, whose ``prefetch`` lets the cache
+misses of a run of inserts or an eviction batch overlap.
 
 Two subclasses change one region each, in their own modules, so LRU's path here stays untouched:
 :class:`~hybridkv.core.policy_pool.PolicyBlockPool` hands the cached free blocks to an eviction
@@ -60,6 +63,9 @@ except ImportError:                       # no Cython: the C types below are no-
     from hybridkv import _cython_shim as cython  # type: ignore[no-redef]  # typed by typings/cython.pyi
 
 from hybridkv.core.free_queue import GAP, HEAD, TAIL, FreeBlockQueue
+
+if not cython.compiled:     # compiled: the native table (pool.pxd cimports it), the same API
+    from hybridkv.core.hash_index import HashIndex
 
 NULL_BLOCK = 0
 
@@ -113,7 +119,7 @@ class BlockPool:
         self.ref_cnt = [0]                        # ids 0 .. next_fresh-1 (the null block only)
         self.block_hash: list[bytes | None] = [None]
         self.block_group = [0]
-        self.index: list[dict[bytes, int | dict[int, None]]] = [{} for _ in range(num_groups)]
+        self.index: list[HashIndex] = [HashIndex() for _ in range(num_groups)]
         self.on_evict = on_evict
         self.num_evictions = 0
         # bumped by every change of the index (insert, drop, reset): a lookup made at the
@@ -192,7 +198,7 @@ class BlockPool:
             _add_duplicate(idx, h, v, b)
         self._hashed(group, [h], [b])
 
-    @cython.locals(idx=dict, hs=list, bs=list, n=cython.Py_ssize_t, k=cython.Py_ssize_t)
+    @cython.locals(idx=HashIndex, hs=list, bs=list, n=cython.Py_ssize_t, k=cython.Py_ssize_t)
     def insert_run(self, group: int, hashes: list[bytes], blocks: list[int]) -> None:
         """``insert(group, h, b)`` for each pair of ``hashes`` and ``blocks`` (as ``zip`` pairs
         them), in order.
@@ -210,6 +216,7 @@ class BlockPool:
                 and type(hashes) is list and type(blocks) is list and len(hashes) == n:
             idx = self.index[group]
             hs, bs = hashes, blocks
+            idx.prefetch(hs)                    # the run's misses overlap (a no-op in Python)
             for k in range(n):
                 b = bs[k]
                 h = hs[k]
@@ -250,7 +257,7 @@ class BlockPool:
         """Forget block ``b``'s hash ``h`` (:meth:`_forget` of one block)."""
         self._forget([b])
 
-    @cython.locals(changes=list, bh=list, bg=list, index=list, idx=dict, bi=cython.Py_ssize_t,
+    @cython.locals(changes=list, bh=list, bg=list, index=list, idx=HashIndex, bi=cython.Py_ssize_t,
                    one=cython.bint)
     def _forget(self, blocks: list[int]) -> None:
         """Forget the hash of each of ``blocks`` (distinct, each holding a hash), in order: the
@@ -268,6 +275,8 @@ class BlockPool:
         one = len(index) == 1                      # one group: no need to read block_group
         g = 0
         idx = index[0]
+        if one and n > 1:                          # the batch's misses overlap
+            idx.prefetch([bh[b] for b in blocks])
         for b in blocks:
             bi = b
             h: bytes = bh[bi]  # type: ignore[assignment]  # each of blocks holds a hash

@@ -76,121 +76,83 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
-from functools import lru_cache
 from operator import truediv
 from typing import Any, cast
 
 import numpy as np
 from numpy.typing import NDArray
 
-from hybridkv.core.rules import HitRule, make_rule
+try:
+    import cython
+except ImportError:                       # no Cython: the C types below are no-ops
+    from hybridkv import _cython_shim as cython  # type: ignore[no-redef]  # typed by typings/cython.pyi
+
 from hybridkv.core.specs import AttentionSpec, StateSpec
 from hybridkv.core.validation import check_int
-from hybridkv.cost.attention_calls import AttentionCalls, call_times
+from hybridkv.cost.calibrated_formula import (DECODE_MAX_NEW, GEMM_ROW_TILE, KV_SPLIT_KEYS, MAX_KV_SPLITS,
+                                              MONOTONE_SLACK, QUERY_BLOCK, STATE_KIND, GroupTerms,
+                                              StepFeatures, blend, decode_units, evaluate_features,
+                                              group_rule, host_bound, kv_splits, row_tile)
 from hybridkv.cost.calibration import ATTENTION_KINDS, Calibration, attention_kind
-from hybridkv.cost.costmodel import INT_BATCH, StepCost
+from hybridkv.cost.costmodel import StepCost
 from hybridkv.cost.presets import GpuPreset, ModelPreset
 
-__all__ = ["ATTENTION_KINDS", "DECODE_MAX_NEW", "GEMM_ROW_TILE", "KV_SPLIT_KEYS", "MAX_KV_SPLITS", "Calibration",
-           "CalibratedCostModel", "StepFeatures", "attention_kind", "blend", "evaluate_features",
-           "host_bound", "row_tile"]
+__all__ = ["ATTENTION_KINDS", "DECODE_MAX_NEW", "FEW_CHUNKS", "GEMM_ROW_TILE", "KV_SPLIT_KEYS",
+           "MAX_KV_SPLITS", "MONOTONE_SLACK", "QUERY_BLOCK", "Calibration", "CalibratedCostModel",
+           "StepFeatures", "attention_kind", "blend", "evaluate_features", "host_bound", "kv_splits",
+           "row_tile"]
 
-DECODE_MAX_NEW = 16
-"""A request with at most this many new tokens runs in the step's batched decode call."""
-
-QUERY_BLOCK = 64
-"""Queries per attention work block (the unit of :attr:`Calibration.attn_saturation_blocks`)."""
-
-GEMM_ROW_TILE = 64
-"""Rows (tokens) of one GEMM tile: the GEMM compute term counts whole tiles."""
-
-MONOTONE_SLACK = 0.02
-"""Most a step's predicted time may fall, relatively, when work is added to it (a decode, a new
-or cached token): the occupancy terms are not monotone. Worst found by a random search of
-60,000 steps over the presets: 0.68 % (a verification batch whose longest request changes);
-under-filled prefill chunks: 0.12 %. A new request never lowers the time."""
-
-KV_SPLIT_KEYS = 128
-"""Keys of one request a split-KV unit covers at least (FlashAttention's key block)."""
-
-MAX_KV_SPLITS = 128
-"""Most units a split-KV kernel splits one request's keys into (FlashAttention's limit)."""
-
-_STATE = ATTENTION_KINDS.index("state")
+FEW_CHUNKS = 8
+"""Most prefill chunks a step evaluated with Python numbers has (more: with arrays)."""
 
 
-def row_tile(rows: float) -> float:
-    """``rows`` rounded up to whole :data:`GEMM_ROW_TILE` tiles (0 stays 0)."""
-    return math.ceil(rows / GEMM_ROW_TILE) * GEMM_ROW_TILE
+@cython.cfunc
+@cython.locals(i=cython.Py_ssize_t, x=cython.Py_ssize_t, lo=cython.Py_ssize_t, hi=cython.Py_ssize_t,
+               total=cython.Py_ssize_t)
+def _int_range(values: list[Any]) -> tuple[int, int, int] | None:
+    """``(min, max, sum)`` of a non-empty list of ints in one pass; None when one of its items
+    is not an ``int``."""
+    for v in values:
+        if type(v) is not int:
+            return None
+    lo = hi = values[0]
+    total = 0
+    for i in range(len(values)):
+        x = values[i]
+        total += x
+        if x < lo:
+            lo = x
+        elif x > hi:
+            hi = x
+    return lo, hi, total
 
 
-def kv_splits(keys: float | NDArray[np.float64]) -> float | NDArray[np.float64]:
-    """Units a split-KV kernel spreads one request's ``keys`` keys over (at least 1, at most
-    :data:`MAX_KV_SPLITS`; elementwise for an array)."""
-    return np.minimum(float(MAX_KV_SPLITS), np.maximum(1.0, np.asarray(keys, dtype=np.float64) / KV_SPLIT_KEYS))
-
-
-@lru_cache(maxsize=256)
-def _rule(spec: AttentionSpec) -> HitRule:
-    return make_rule(spec)
-
-
-@dataclass(frozen=True, slots=True)
-class _Group:
-    """Per KV group constants of the attention calls (per layer, before dividing by GPUs)."""
-
-    rule: HitRule
-    layers: int
-    kind: int
-    pair_flops: float         # FLOPs per (query, key) pair (state: per token)
-    kv_bytes: float           # KV bytes per cached/new position
-    state_bytes: float        # state bytes read + written per request (state groups)
-    prefill_heads: float      # query heads (prefill units per 64-query block)
-    decode_heads: float       # KV heads a decode's queries are packed under
-    decode_group: float       # query rows per KV head of one decode token
-
-    @property
-    def decode_one(self) -> float:
-        """Work units of one one-token decode (:func:`_decode_units` of ``new == 1``)."""
-        return self.decode_heads * math.ceil(self.decode_group / QUERY_BLOCK)
-
-
-def _decode_units(g: _Group, new: NDArray[np.float64]) -> NDArray[np.float64]:
-    """Work units of each request of a decode call: one token packs its KV head's query heads
-    into blocks of 64 rows; a few tokens (speculative verification) run one block per query
-    head and 64 tokens, as a prefill chunk does."""
-    return np.where(new == 1, g.decode_one, g.prefill_heads * np.ceil(new / QUERY_BLOCK))
-
-
-@dataclass(frozen=True, slots=True)
-class StepFeatures:
-    """A step's work reduced to what the calibrated formula needs (no fitted constant in it).
-
-    Every quantity is per GPU (already divided by the tensor-parallel degree). ``gemm_flops``
-    are the GEMMs' FLOPs, ``gemm_tile_flops`` the same over whole :data:`GEMM_ROW_TILE` tiles
-    (what the kernels compute). One entry per attention call of one group: FLOPs, bytes and
-    work units of one layer (``call_units``: effective units, the busiest one bounding a decode
-    batch), the KV splits a split-KV kernel may add (``call_splits``; 1 for a recurrent
-    layer), all its work blocks (``call_blocks``), the group's layer count, whether it is a
-    fresh causal chunk (``call_causal``), whether it is a decode call (``call_decode``), and
-    its :data:`ATTENTION_KINDS` index.
-    """
-
-    tokens: int
-    gemm_flops: float
-    gemm_tile_flops: float
-    weight_bytes: float
-    eager: bool
-    call_flops: NDArray[np.float64]
-    call_bytes: NDArray[np.float64]
-    call_units: NDArray[np.float64]
-    call_splits: NDArray[np.float64]
-    call_blocks: NDArray[np.float64]
-    call_layers: NDArray[np.float64]
-    call_causal: NDArray[np.bool_]
-    call_decode: NDArray[np.bool_]
-    call_kind: NDArray[np.int64]
+@cython.cfunc
+@cython.cpow(True)
+@cython.locals(t=cython.double, f_c=cython.double, f_p=cython.double, bw_a=cython.double,
+               sat=cython.double, blk=cython.double, split=cython.bint, s=cython.double,
+               big=cython.double, is_state=cython.bint, pair_flops=cython.double,
+               kv_bytes=cython.double, state_bytes=cython.double, n=cython.double, c=cython.double,
+               w=cython.double, by=cython.double, sp=cython.double, nf=cython.double,
+               keys=cython.double)
+def _chunks_time(t: float, chunks: list[tuple[float, float]], group: tuple[Any, ...], f_c: float,
+                 f_p: float, bw_a: float, sat: float, blk: float, split: bool) -> float:
+    """``t`` plus the attention time of one group (a :meth:`CalibratedCostModel._consts` group
+    entry) over prefill ``chunks`` (``(new, context)`` pairs), one call per chunk, added in
+    order: the array formula's terms, one chunk at a time."""
+    s, _, big, is_state, rule, pair_flops, kv_bytes, state_bytes = group
+    for n, c in chunks:
+        nf = n / QUERY_BLOCK if n > QUERY_BLOCK else 1.0
+        if is_state:                # the state runs chunk to chunk: one unit per head
+            w, by, sp, nf = n * pair_flops / (f_c if c == 0 else f_p), state_bytes, 1.0, 1.0
+        else:
+            w = rule.attention_keys(n, c) * pair_flops / (f_c if c == 0 else f_p)
+            keys = rule.kv_span(n, c) + n
+            by = kv_bytes * keys
+            sp = min(float(MAX_KV_SPLITS), max(1.0, keys / KV_SPLIT_KEYS)) if split else 1.0   # kv_splits()
+        w = w if w > by / bw_a else by / bw_a
+        t += s * (w / min(1.0, big * nf * sp / sat) + big * math.ceil(n / QUERY_BLOCK) * blk)
+    return t
 
 
 class CalibratedCostModel:
@@ -231,19 +193,19 @@ class CalibratedCostModel:
             if kind == "state":                   # attention kind "state": a StateSpec
                 shape = cast(StateSpec, spec).state_shape
                 size = math.prod(shape)
-                groups.append(_Group(_rule(spec), len(g.layer_names), ATTENTION_KINDS.index(kind),
+                groups.append(GroupTerms(group_rule(spec), len(g.layer_names), ATTENTION_KINDS.index(kind),
                                      4.0 * size, 0.0, 2.0 * spec.page_size_bytes,
                                      float(shape[0]), float(shape[0]), 1.0))
                 continue
             q_heads = heads or max(1, model.attn_width // spec.head_dim)
             kv_heads = 1 if kind == "mla" else spec.num_kv_heads
-            groups.append(_Group(_rule(spec), len(g.layer_names), ATTENTION_KINDS.index(kind),
+            groups.append(GroupTerms(group_rule(spec), len(g.layer_names), ATTENTION_KINDS.index(kind),
                                  4.0 * model.attn_width / spec.compress_ratio,
                                  float(spec.bytes_per_token), 0.0, float(q_heads), float(kv_heads),
                                  q_heads / kv_heads))
         # Groups with one spec (a draft group beside its target, recurrent layers split into
         # several groups) cost the same per layer: one entry with their layers summed.
-        merged: dict[tuple[AttentionSpec, int], _Group] = {}
+        merged: dict[tuple[AttentionSpec, int], GroupTerms] = {}
         for g, grp in zip(model.groups, groups):
             key = (g.spec, grp.kind)
             prev = merged.get(key)
@@ -282,7 +244,7 @@ class CalibratedCostModel:
         blocks = np.ceil(new[pre] / QUERY_BLOCK)                   # empty when no prefill
         fill = np.maximum(1.0, new[pre] / QUERY_BLOCK)             # occupancy: no partial-block jumps
         for g in self._groups:
-            if g.kind == _STATE:
+            if g.kind == STATE_KIND:
                 f = new * g.pair_flops
                 b = np.full(new.shape, g.state_bytes)
                 span = None
@@ -294,7 +256,7 @@ class CalibratedCostModel:
                 flops.append(f[pre] / G)
                 nbytes.append(b[pre] / G)
                 # a recurrent layer carries its state chunk to chunk: one unit per head and request
-                units.append(g.prefill_heads * (np.ones(n_pre) if g.kind == _STATE else fill) / G)
+                units.append(g.prefill_heads * (np.ones(n_pre) if g.kind == STATE_KIND else fill) / G)
                 splits.append(np.ones(n_pre) if span is None else kv_splits(span[pre]))
                 nblocks.append(g.prefill_heads * blocks / G)
                 layers.append(np.full(n_pre, g.layers, dtype=np.float64))
@@ -302,7 +264,7 @@ class CalibratedCostModel:
                 decode.append(np.zeros(n_pre, dtype=bool))
                 kinds.append(np.full(n_pre, g.kind))
             if any_dec:
-                d_units = _decode_units(g, new[dec])
+                d_units = decode_units(g, new[dec])
                 d_bytes = b[dec]
                 flops.append(np.array([f[dec].sum() / G]))
                 nbytes.append(np.array([d_bytes.sum() / G]))
@@ -354,14 +316,17 @@ class CalibratedCostModel:
         """:meth:`step_time` for ``work = zip(new, ctx)`` (the simulator's hot path).
 
         The same formula as :meth:`step` evaluated without building :class:`StepFeatures`
-        (the two agree to rounding, tested). A list of at most :data:`INT_BATCH` decodes (a
-        decode step's usual batch, drafts included) takes :meth:`_decode_time`, with no array
-        built: the same time, bit for bit (tested).
+        (the two agree to rounding, tested). Lists (the simulator's steps: integer counts) of
+        at most :data:`FEW_CHUNKS` prefill chunks, a step's usual shape, are evaluated with
+        Python numbers (:meth:`_few_time`), anything else with arrays (:meth:`_array_time`):
+        the same time, bit for bit (tested).
         """
-        if new.__class__ is list and 0 < len(new) <= INT_BATCH and min(new) >= 1 \
-                and max(new) <= DECODE_MAX_NEW:
-            # ctx is a list when new is (the contract); a cast() call would cost this hot path
-            return self._decode_time(new, ctx)  # type: ignore[arg-type]
+        if new.__class__ is list:
+            return self._few_time(new, ctx)  # type: ignore[arg-type]  # ctx is a list when new is
+        return self._array_time(new, ctx)
+
+    def _array_time(self, new: NDArray[Any] | list[int], ctx: NDArray[Any] | list[int]) -> float:
+        """:meth:`step_time_arrays` evaluated over arrays (any number of requests)."""
         new = np.asarray(new, dtype=np.float64)
         ctx = np.asarray(ctx, dtype=np.float64)
         if new.size == 0:
@@ -396,32 +361,20 @@ class CalibratedCostModel:
             uniform = first == dec_new.max() == dec_new.min()
         max_splits = float(MAX_KV_SPLITS)
         scale = cal.kind_scale
-        few = not all_dec and pre_new.size <= 8       # a few chunks: plain float arithmetic
         f_p = f_x if f_x < f_c else f_c                   # a prefill chunk after a context
+        few = not all_dec and pre_new.size <= FEW_CHUNKS   # a few chunks: one by one (_chunks_time)
         if few:
-            chunks = [(n, c, math.ceil(n / QUERY_BLOCK), n / QUERY_BLOCK if n > QUERY_BLOCK else 1.0)
-                      for n, c in zip(pre_new.tolist(), pre_ctx.tolist())]
+            chunks = list(zip(pre_new.tolist(), pre_ctx.tolist()))
         elif not all_dec:
             blocks = np.ceil(pre_new / QUERY_BLOCK)
             fill = np.maximum(1.0, pre_new / QUERY_BLOCK)
-        for g in self._groups:
+        for g, consts in zip(self._groups, self._consts()[-1]):
             s = g.layers * scale[g.kind]
             if few:
-                rule = g.rule
-                for n, c, nb, nf in chunks:
-                    if g.kind == _STATE:
-                        w, by, sp, nf = n * g.pair_flops / (f_c if c == 0 else f_p), g.state_bytes, 1.0, 1.0
-                    else:
-                        f = rule.attention_keys(n, c) * g.pair_flops
-                        w = f / (f_c if c == 0 else f_p)
-                        keys = rule.kv_span(n, c) + n
-                        by = g.kv_bytes * keys
-                        sp = min(max_splits, max(1.0, keys / KV_SPLIT_KEYS)) if split else 1.0   # kv_splits()
-                    w = w if w > by / bw_a else by / bw_a
-                    t += s * (w / min(1.0, g.prefill_heads * nf * sp / sat) + g.prefill_heads * nb * blk)
+                t = _chunks_time(t, chunks, consts, f_c, f_p, bw_a, sat, blk, split)
             elif not all_dec:
                 splits: NDArray[np.float64] | float
-                if g.kind == _STATE:
+                if g.kind == STATE_KIND:
                     w = pre_new * g.pair_flops / np.where(pre_ctx == 0, f_c, f_p)
                     by = g.state_bytes
                     splits = 1.0 / fill                   # one unit per head: the state runs chunk to chunk
@@ -436,22 +389,22 @@ class CalibratedCostModel:
                 occ = np.minimum(1.0, g.prefill_heads * fill * splits / sat)
                 t += s * float((np.maximum(w, by / bw_a) / occ).sum() + g.prefill_heads * blocks.sum() * blk)
             if n_dec:
-                if g.kind == _STATE:
+                if g.kind == STATE_KIND:
                     f = dec_total * g.pair_flops
                     by = g.state_bytes * n_dec
                     units = nblk = (g.decode_one * n_dec if uniform and first == 1.0
-                                    else float(_decode_units(g, dec_new).sum()))
+                                    else float(decode_units(g, dec_new).sum()))
                 else:
                     f = float(g.rule.attention_keys(dec_new, dec_ctx).sum()) * g.pair_flops
                     span = g.rule.kv_span(dec_new, dec_ctx) + dec_new
                     by = g.kv_bytes * float(span.sum())
                     top = float(span.max())
                     if uniform:        # equal units per request: bytes / max bytes per unit
-                        one = g.decode_one if first == 1.0 else float(_decode_units(g, dec_new[:1])[0])
+                        one = g.decode_one if first == 1.0 else float(decode_units(g, dec_new[:1])[0])
                         units = one * by / (g.kv_bytes * top)
                         nblk = one * n_dec
                     else:
-                        per = _decode_units(g, dec_new)
+                        per = decode_units(g, dec_new)
                         units = by / (g.kv_bytes * float((span / per).max()))
                         nblk = float(per.sum())
                     if split:          # kv_splits(top), inlined
@@ -467,44 +420,91 @@ class CalibratedCostModel:
         eager: float = m * ((t / m) ** q + (h / m) ** q) ** (1.0 / q)   # float ** float: typed Any
         return eager
 
-    def _decode_time(self, new: list[int], ctx: list[int]) -> float:
-        """:meth:`step_time_arrays` of a batch of decodes (every ``new`` in 1 ..
-        :data:`DECODE_MAX_NEW`) with Python numbers: its all-decode branch line for line, its
-        constants computed once per (calibration, GPU, GPU count) by :meth:`_consts`.
-        Its sums over requests add integers (tokens, pairs, KV positions, work units, each
+    @cython.cpow(True)
+    @cython.locals(n_dec=cython.Py_ssize_t, total=cython.double, dec_total=cython.double,
+                   a=cython.double, b=cython.double, m=cython.double,
+                   first=cython.double, uniform=cython.bint, ones=cython.bint, is_state=cython.bint,
+                   s=cython.double, one=cython.double, big=cython.double, pair_flops=cython.double,
+                   kv_bytes=cython.double, state_bytes=cython.double, f=cython.double,
+                   by=cython.double, top=cython.double, u=cython.double, units=cython.double,
+                   nblk=cython.double, occ=cython.double, w=cython.double, h=cython.double,
+                   q=cython.double, den_a=cython.double, den_b=cython.double, p=cython.double,
+                   inv_p=cython.double, bw_a=cython.double, sat=cython.double, blk=cython.double,
+                   f_x=cython.double, f_c=cython.double, f_p=cython.double, overhead=cython.double,
+                   n=cython.double, tile=cython.double, rows=cython.double)
+    def _few_time(self, new: list[int], ctx: list[int]) -> float:
+        """:meth:`step_time_arrays` of a step of at most :data:`FEW_CHUNKS` prefill chunks (any
+        number of decodes) with Python numbers, its constants computed once per (calibration,
+        GPU, GPU count) by :meth:`_consts`; a step with more chunks goes to
+        :meth:`_array_time`. The chunks add their terms one by one, in order; the decode
+        call's sums over requests add integers (tokens, pairs, KV positions, work units, each
         below 2**53), exact in any order, and a maximum never rounds, so they equal the
-        arrays' and every other operation is the same float operation."""
-        den_a, den_b, p, inv_p, bw_a, sat, blk, f_x, _, split, overhead, groups = self._consts()
-        n_dec = len(new)
-        total = float(sum(new))
+        arrays' and every other operation is the same float operation: the time is the array
+        formula's, bit for bit (tested)."""
+        if not new:
+            return 0.0
+        chunks: list[tuple[float, float]] = []
+        scan = _int_range(new)
+        if scan is not None and scan[0] >= 1 and scan[1] <= DECODE_MAX_NEW:
+            dec_new, dec_ctx = new, ctx                  # a decode step: no list built
+        else:
+            scan = None
+            dec_new, dec_ctx = [], []
+            for x, y in zip(new, ctx):
+                if x > DECODE_MAX_NEW:
+                    chunks.append((float(x), float(y)))      # the array path's numbers
+                elif x > 0:
+                    dec_new.append(x)
+                    dec_ctx.append(y)
+            if len(chunks) > FEW_CHUNKS:
+                return self._array_time(new, ctx)
+            if not chunks and not dec_new:
+                return 0.0
+        den_a, den_b, p, inv_p, bw_a, sat, blk, f_x, f_c, split, overhead, groups = self._consts()
+        n_dec = len(dec_new)
+        if scan is None and n_dec:
+            scan = (min(dec_new), max(dec_new), sum(dec_new))
+        lo, hi, dec_sum = scan if scan is not None else (0, 0, 0)
+        dec_total = float(dec_sum)
+        total = dec_total
+        for n, c in chunks:
+            total += n
         tile = GEMM_ROW_TILE
-        a = (self._tok_flops * (-(-total // tile) * tile) + self._head_flops * (-(-n_dec // tile) * tile)) \
-            / den_a
+        rows = n_dec + len(chunks)
+        a = (self._tok_flops * (-(-total // tile) * tile) + self._head_flops * (-(-rows // tile) * tile)) / den_a
         b = self.weight_bytes(total) / den_b
         m = a if a > b else b
-        t: float = m * ((a / m) ** p + (b / m) ** p) ** inv_p   # float ** float: typed Any
-        first = float(new[0])
-        uniform = first == max(new) == min(new)
-        ones = uniform and first == 1.0         # every request decodes one token
-        for s, one, big, is_state, rule, pair_flops, kv_bytes, state_bytes in groups:
-            # _decode_units: a one-token decode's units, else a prefill chunk's query blocks
+        t: float = m * ((a / m) ** p + (b / m) ** p) ** inv_p
+        first, uniform, ones = 0.0, False, False
+        if n_dec:
+            first = float(dec_new[0])
+            uniform = lo == hi
+            ones = uniform and first == 1.0             # every decode is of one token
+        f_p = f_x if f_x < f_c else f_c                   # a prefill chunk after a context
+        for group in groups:
+            s, one, big, is_state, rule, pair_flops, kv_bytes, state_bytes = group
+            if chunks:
+                t = _chunks_time(t, chunks, group, f_c, f_p, bw_a, sat, blk, split)
+            if not n_dec:
+                continue
+            # the decode call: decode_units is a one-token decode's units, else a chunk's blocks
             if not ones:
-                per = [one if x == 1 else big * float(math.ceil(x / QUERY_BLOCK)) for x in new]
+                per = [one if x == 1 else big * float(math.ceil(x / QUERY_BLOCK)) for x in dec_new]
             if is_state:
-                f = total * pair_flops
+                f = dec_total * pair_flops
                 by = state_bytes * n_dec
                 units = nblk = one * n_dec if ones else float(sum(per))
             else:
-                f = float(rule.attention_keys_sum(new, ctx)) * pair_flops
+                f = float(rule.attention_keys_sum(dec_new, dec_ctx)) * pair_flops
                 if uniform:        # equal units per request: bytes / max bytes per unit
-                    span_sum, span_max = rule.span_sum_max(new, ctx)
+                    span_sum, span_max = rule.span_sum_max(dec_new, dec_ctx)
                     by = kv_bytes * float(span_sum)
                     top = float(span_max)
                     u = one if ones else per[0]
                     units = u * by / (kv_bytes * top)
                     nblk = u * n_dec
                 else:
-                    span = [k + x for k, x in zip(map(rule.kv_span, new, ctx), new)]
+                    span = [k + x for k, x in zip(map(rule.kv_span, dec_new, dec_ctx), dec_new)]
                     by = kv_bytes * float(sum(span))
                     top = float(max(span))
                     units = by / (kv_bytes * float(max(map(truediv, span, per))))
@@ -514,8 +514,13 @@ class CalibratedCostModel:
             occ = min(1.0, units / sat)
             w = max(f / f_x, by / bw_a)
             t += s * (w / occ + nblk * blk)
-        step_s: float = t + overhead
-        return step_s
+        t += overhead
+        if not chunks:
+            return t
+        h, q = self.calibration.eager_host_s, self.calibration.host_overlap   # host_bound(), inlined
+        m = t if t > h else h
+        eager: float = m * ((t / m) ** q + (h / m) ** q) ** (1.0 / q)
+        return eager
 
     def _consts(self) -> tuple[Any, ...]:
         """:meth:`step_time_arrays`'s constants (the GEMM and weight denominators, the blend
@@ -537,52 +542,9 @@ class CalibratedCostModel:
         B = self.gpu.mem_bw * G
         p = cal.gemm_blend
         scale = cal.kind_scale
-        groups = tuple((g.layers * scale[g.kind], g.decode_one, g.prefill_heads, g.kind == _STATE, g.rule,
+        groups = tuple((g.layers * scale[g.kind], g.decode_one, g.prefill_heads, g.kind == STATE_KIND, g.rule,
                         g.pair_flops, g.kv_bytes, g.state_bytes) for g in self._groups)
         return (self._gemm_peak * G * cal.gemm_efficiency, B * cal.weight_bw_efficiency, p, 1.0 / p,
                 B * cal.attn_bw_efficiency, cal.attn_saturation_blocks * G, cal.attn_block_s / G,
                 F * cal.attn_context_efficiency, F * cal.attn_causal_efficiency, cal.split_kv,
                 cal.graph_overhead_s, groups)
-
-
-def host_bound(gpu_s: float, host_s: float, q: float) -> float:
-    """An eager step's time: GPU time ``gpu_s`` and host issue time ``host_s`` joined by
-    ``(gpu_s**q + host_s**q) ** (1/q)`` (never less than either, increasing in both)."""
-    m = gpu_s if gpu_s > host_s else host_s
-    if m <= 0.0:
-        return 0.0
-    joined: float = m * ((gpu_s / m) ** q + (host_s / m) ** q) ** (1.0 / q)   # float ** float: typed Any
-    return joined
-
-
-def blend(a: NDArray[np.float64], b: NDArray[np.float64], p: float) -> NDArray[np.float64]:
-    """``(a**p + b**p) ** (1/p)`` without overflow."""
-    m = np.maximum(a, b)
-    safe = np.where(m > 0, m, 1.0)
-    return np.where(m > 0, safe * ((a / safe) ** p + (b / safe) ** p) ** (1.0 / p), 0.0)
-
-
-def evaluate_features(f: StepFeatures, cal: Calibration, gpu: GpuPreset,
-                      gemm_peak: float | None = None) -> StepCost:
-    """The :class:`StepCost` of features ``f`` under ``cal`` on ``gpu``'s peaks (``gemm_peak``:
-    the GEMMs' peak FLOP/s when not ``gpu.flops``, BF16's: :meth:`GpuPreset.gemm_flops`)."""
-    if f.tokens == 0:
-        return StepCost(0.0, 0.0, 0.0, 0.0, 0.0, model="calibrated")
-    a = f.gemm_tile_flops / ((gpu.flops if gemm_peak is None else gemm_peak) * cal.gemm_efficiency)
-    b = f.weight_bytes / (gpu.mem_bw * cal.weight_bw_efficiency)
-    p = cal.gemm_blend
-    m = max(a, b)
-    gemm = m * ((a / m) ** p + (b / m) ** p) ** (1.0 / p) if m > 0 else 0.0
-    calls = AttentionCalls(f.call_flops, f.call_bytes, f.call_units, f.call_layers, f.call_causal,
-                           f.call_kind, f.call_splits, f.call_blocks, f.call_decode)
-    attn = float(call_times(cal, gpu.flops, gpu.mem_bw, calls).sum())
-    gpu_s = gemm + attn + cal.graph_overhead_s
-    total = host_bound(gpu_s, cal.eager_host_s, cal.host_overlap) if f.eager else gpu_s
-    over = total - gemm - attn if f.eager else cal.graph_overhead_s
-    # Split the blended GEMM time between its compute and weight-read terms in proportion.
-    share = a ** p / (a ** p + b ** p) if m > 0 else 0.0
-    attn_flops = float((f.call_flops * f.call_layers).sum())
-    attn_bytes = float((f.call_bytes * f.call_layers).sum())
-    return StepCost(f.gemm_flops + attn_flops, f.weight_bytes + attn_bytes, gemm * share,
-                    gemm * (1.0 - share), total, attention_s=attn, overhead_s=over,
-                    model="calibrated")

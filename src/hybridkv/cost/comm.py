@@ -185,4 +185,7 @@ class DeployedCostModel:
                  else self.inner.step_time_arrays(new, ctx))
         if tokens <= 0:
             return t
-        return t + self.comm_s(tokens, rows) + self._dense_extra_s
+        c = self._comm.get((tokens, rows))             # comm_s(), its memo read inline
+        if c is None:
+            c = self.comm_s(tokens, rows)
+        return t + c + self._dense_extra_s

@@ -29,9 +29,11 @@ try:
 except ImportError:                       # no Cython: the C types below are no-ops
     from hybridkv import _cython_shim as cython  # type: ignore[no-redef]  # typed by typings/cython.pyi
 
+if not cython.compiled:     # compiled: the native index (lookup.pxd cimports it)
+    from hybridkv.core.hash_index import HashIndex
 
 
-@cython.locals(idx=dict, k=cython.Py_ssize_t)
+@cython.locals(idx=HashIndex, k=cython.Py_ssize_t)
 def _leading_cached(hashes: list[bytes], indexes: Sequence[Mapping[bytes, object]]) -> int:
     """How many of ``hashes``, from the first on, every one of ``indexes`` holds."""
     k = 0
@@ -64,17 +66,26 @@ def _first_of_duplicates(ids: list[Any]) -> None:
                 break
 
 
+# Hashes a leading-run probe prefetches at a time (HashIndex.prefetch): a run's misses
+# overlap, and a short hit wastes at most this many prefetches.
+_PROBE_RUN = 32
+
+
 @cython.cfunc
-@cython.locals(idx=dict, out=list)
-def _leading_values(hashes: list[bytes], idx: dict[bytes, Any]) -> list[Any]:
+@cython.locals(idx=HashIndex, out=list, run=list, k=cython.Py_ssize_t)
+def _leading_values(hashes: list[bytes], idx: HashIndex) -> list[Any]:
     """What ``idx`` holds for each of ``hashes``, from the first on, up to the first it lacks
-    (a block id, or a dict of them; one probe per hash, the ids read on the way)."""
-    out = []
-    for h in hashes:
-        v = idx.get(h)
-        if v is None:
-            break
-        out.append(v)
+    (a block id, or a dict of them; one probe per hash, the ids read on the way; the hashes
+    prefetched :data:`_PROBE_RUN` at a time)."""
+    out: list[Any] = []
+    for k in range(0, len(hashes), _PROBE_RUN):
+        run = hashes[k:k + _PROBE_RUN]
+        idx.prefetch(run)
+        for h in run:
+            v = idx.get(h)
+            if v is None:
+                return out
+            out.append(v)
     return out
 
 
