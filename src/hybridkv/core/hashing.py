@@ -26,7 +26,7 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
-from typing import Sequence
+from typing import Callable, Sequence
 
 import xxhash
 
@@ -44,11 +44,12 @@ TOKEN_BYTES = 8  # tokens are hashed as little-endian int64
 ExtraKey = tuple[object, ...]  # ("lora", name, path) | ("mm", identifier, offset) | ("cache_salt", salt)
 
 
-def _sha256(data: bytes) -> bytes:
+def _sha256(data: bytes | bytearray) -> bytes:
     return hashlib.sha256(data).digest()
 
 
-_DIGESTS = {"xxh3_128": xxhash.xxh3_128_digest, "sha256": _sha256}
+_DIGESTS: dict[str, Callable[[bytes | bytearray], bytes]] = {"xxh3_128": xxhash.xxh3_128_digest,
+                                                              "sha256": _sha256}
 
 
 def encode_extra_keys(keys: Sequence[ExtraKey]) -> bytes:
@@ -115,7 +116,9 @@ class BlockHasher:
                    la=cython.Py_ssize_t, start=cython.Py_ssize_t, limit=cython.Py_ssize_t,
                    nblocks=cython.Py_ssize_t, end=cython.Py_ssize_t, step=cython.Py_ssize_t,
                    width=cython.Py_ssize_t, off=cython.Py_ssize_t, k=cython.Py_ssize_t,
-                   block_start=cython.Py_ssize_t, raw=cython.p_char, req=Request)
+                   block_start=cython.Py_ssize_t, raw=cython.p_char, req=Request,
+                   work=bytearray, wp=cython.p_char, pp=cython.p_char, plen=cython.Py_ssize_t,
+                   i=cython.Py_ssize_t)
     def update(self, request: Request) -> None:
         """Append the hashes of every block of ``request`` that became hashable."""
         if not isinstance(request, Request):
@@ -143,9 +146,27 @@ class BlockHasher:
         digest = self._digest
         parent = hashes[-1] if hashes else self.none_hash
         if not req.has_extra_keys:
+            # each block's input (parent | tokens) is written into one reused buffer: no
+            # object per block but its digest
+            plen = len(parent)
+            work = bytearray(plen + width)
+            wp = work
             for k in range(nblocks):                 # (a C loop when compiled)
                 off = k * step
-                parent = digest(parent + raw[off:off + width])
+                if len(parent) != plen:              # a parent of another length (given)
+                    plen = len(parent)
+                    work = bytearray(plen + width)
+                    wp = work
+                if cython.compiled:                  # byte loops: the C compiler's memcpy
+                    pp = parent
+                    for i in range(plen):
+                        wp[i] = pp[i]
+                    for i in range(width):
+                        wp[plen + i] = raw[off + i]
+                else:
+                    work[:plen] = parent
+                    work[plen:] = raw[off:off + width]
+                parent = digest(work)
                 hashes.append(parent)
             return
         for k in range(nblocks):

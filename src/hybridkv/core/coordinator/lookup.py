@@ -16,7 +16,7 @@ was loaded.
 from __future__ import annotations
 
 import operator
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 from hybridkv.core.blockref import TableRef
 from hybridkv.core.coordinator.base import CoordinatorBase, _Fields, _report_runs, _Unit
@@ -33,22 +33,25 @@ if not cython.compiled:     # compiled: the native index (lookup.pxd cimports it
     from hybridkv.core.hash_index import HashIndex
 
 
-@cython.locals(idx=HashIndex, k=cython.Py_ssize_t)
-def _leading_cached(hashes: list[bytes], indexes: Sequence[Mapping[bytes, object]]) -> int:
-    """How many of ``hashes``, from the first on, every one of ``indexes`` holds."""
+# Hashes a leading-run probe prefetches at a time (HashIndex.prefetch): a run's misses
+# overlap, and a short hit wastes at most this many prefetches per index.
+_PROBE_RUN = 32
+
+
+@cython.locals(idx=HashIndex, k=cython.Py_ssize_t, j=cython.Py_ssize_t, run=list)
+def _leading_cached(hashes: list[bytes], indexes: Sequence[HashIndex]) -> int:
+    """How many of ``hashes``, from the first on, every one of ``indexes`` holds (prefetched
+    :data:`_PROBE_RUN` at a time)."""
     k = 0
-    if len(indexes) == 1:
-        idx = indexes[0]
-        for h in hashes:
-            if h not in idx:
-                break
-            k += 1
-        return k
-    for h in hashes:
+    for j in range(0, len(hashes), _PROBE_RUN):
+        run = hashes[j:j + _PROBE_RUN]
         for idx in indexes:
-            if h not in idx:
-                return k
-        k += 1
+            idx.prefetch(run)
+        for h in run:
+            for idx in indexes:
+                if h not in idx:
+                    return k
+            k += 1
     return k
 
 
@@ -64,11 +67,6 @@ def _first_of_duplicates(ids: list[Any]) -> None:
             for b in dup:
                 ids[k] = b
                 break
-
-
-# Hashes a leading-run probe prefetches at a time (HashIndex.prefetch): a run's misses
-# overlap, and a short hit wastes at most this many prefetches.
-_PROBE_RUN = 32
 
 
 @cython.cfunc
@@ -162,7 +160,9 @@ class Lookup(CoordinatorBase):
                 else:
                     k = _leading_cached(hs, [index[g] for g in unit.groups])
                 flags = [True] * k + [False] * (len(hs) - k)
-            else:
+            else:                  # every block is probed: all prefetched first
+                for g in unit.groups:
+                    index[g].prefetch(hs)
                 flags = list(map(index[unit.groups[0]].__contains__, hs))
                 for g in unit.groups[1:]:
                     flags = list(map(operator.and_, flags, map(index[g].__contains__, hs)))
