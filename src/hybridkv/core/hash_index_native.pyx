@@ -20,7 +20,7 @@ from collections.abc import KeysView, Mapping, MutableMapping
 
 from cpython.object cimport Py_EQ, PyObject, PyObject_Hash, PyObject_RichCompareBool
 from cpython.ref cimport Py_INCREF, Py_XDECREF
-from libc.stdlib cimport calloc, free
+from cpython.mem cimport PyMem_Calloc, PyMem_Free
 
 
 cdef extern from *:
@@ -39,7 +39,7 @@ cdef Py_ssize_t _MIN_SLOTS = 8
 
 
 cdef _Slot* _new_slots(Py_ssize_t n) except NULL:
-    cdef _Slot* s = <_Slot*> calloc(n, sizeof(_Slot))
+    cdef _Slot* s = <_Slot*> PyMem_Calloc(n, sizeof(_Slot))   # traced (tracemalloc)
     if s == NULL:
         raise MemoryError(f"a hash index of {n} slots")
     return s
@@ -67,7 +67,7 @@ cdef class HashIndex:
                 if self.slots[i].key != NULL:
                     Py_XDECREF(self.slots[i].key)
                     Py_XDECREF(self.slots[i].value)
-            free(self.slots)
+            PyMem_Free(self.slots)
             self.slots = NULL
 
     # ---- the table ----------------------------------------------------------------------------
@@ -108,7 +108,7 @@ cdef class HashIndex:
                 new[j] = old[i]
         self.slots = new
         self.mask = n - 1
-        free(old)
+        PyMem_Free(old)
         return 0
 
     cdef int _put(self, object key, object value) except -1:
@@ -217,7 +217,7 @@ cdef class HashIndex:
             if old[i].key != NULL:
                 Py_XDECREF(old[i].key)
                 Py_XDECREF(old[i].value)
-        free(old)
+        PyMem_Free(old)
 
     def update(self, other=(), **kwargs):
         if isinstance(other, Mapping):

@@ -216,7 +216,8 @@ class BlockPool:
                 and type(hashes) is list and type(blocks) is list and len(hashes) == n:
             idx = self.index[group]
             hs, bs = hashes, blocks
-            idx.prefetch(hs)                    # the run's misses overlap (a no-op in Python)
+            if n > 1:                           # the run's misses overlap (a no-op in Python)
+                idx.prefetch(hs)
             for k in range(n):
                 b = bs[k]
                 h = hs[k]

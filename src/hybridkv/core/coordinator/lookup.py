@@ -15,7 +15,6 @@ was loaded.
 
 from __future__ import annotations
 
-import operator
 from typing import Any, Callable, Sequence
 
 from hybridkv.core.blockref import TableRef
@@ -53,6 +52,24 @@ def _leading_cached(hashes: list[bytes], indexes: Sequence[HashIndex]) -> int:
                     return k
             k += 1
     return k
+
+
+@cython.cfunc
+@cython.locals(idx=HashIndex, out=list)
+def _held(hashes: list[bytes], indexes: list[HashIndex]) -> list[bool]:
+    """Per hash, whether every one of ``indexes`` holds it (an index is probed only while the
+    ones before it held the hash; every hash prefetched first)."""
+    for idx in indexes:
+        idx.prefetch(hashes)
+    out = []
+    for h in hashes:
+        for idx in indexes:
+            if h not in idx:
+                out.append(False)
+                break
+        else:
+            out.append(True)
+    return out
 
 
 @cython.cfunc
@@ -95,10 +112,10 @@ class Lookup(CoordinatorBase):
         """The longest prefix of at most ``max_tokens`` tokens every group can serve.
 
         Each unit's "is block j cached" answers are computed up front for every hashed
-        block up to ``max_tokens``, in C (``map`` of the index's ``__contains__``): a dict membership test per
-        block is far cheaper than the Python-level probes the rules' scans would otherwise
-        make (a small-pool waiting request is looked up every step). Block ids are read
-        from the index only for the blocks of the final hit.
+        block up to ``max_tokens``, in C (:func:`_held`, :func:`_leading_values`): an index
+        membership test per block is far cheaper than the Python-level probes the rules'
+        scans would otherwise make (a small-pool waiting request is looked up every step).
+        Block ids are read from the index only for the blocks of the final hit.
         """
         hashes = request.block_hashes
         n_fine = len(hashes)
@@ -161,11 +178,7 @@ class Lookup(CoordinatorBase):
                     k = _leading_cached(hs, [index[g] for g in unit.groups])
                 flags = [True] * k + [False] * (len(hs) - k)
             else:                  # every block is probed: all prefetched first
-                for g in unit.groups:
-                    index[g].prefetch(hs)
-                flags = list(map(index[unit.groups[0]].__contains__, hs))
-                for g in unit.groups[1:]:
-                    flags = list(map(operator.and_, flags, map(index[g].__contains__, hs)))
+                flags = _held(hs, [index[g] for g in unit.groups])
             probes.append(flags.__getitem__)
         t, longest = self._fixed_point(probes, n_fine, max_tokens)
         t = max(t, 0)
