@@ -7,8 +7,9 @@ The modules of ``src/hybridkv/core`` and ``src/hybridkv/sched`` (``__init__`` fi
 ``.pyx`` copy, so the source stays the one reference (BENCHMARKS.md, "Compiled core", says why
 and what it gains; the scheduler's and the simulator's per-step loops run once per step, next
 to the core). One module has no ``.py`` twin: ``core/hash_index_native.pyx``, the compiled
-pool's hash index (its pure-Python reference is ``core/hash_index.py``, a dict). The build never fails for the compiled part: without Cython, without a C
-compiler, or on a compile error it prints one line and installs the pure-Python package.
+pool's hash index (its pure-Python reference is ``core/hash_index.py``, a dict). The build
+never fails for the compiled part: without Cython, without a C compiler, or on a compile error
+it prints one line and installs the pure-Python package.
 ``HYBRIDKV_NO_COMPILE=1`` skips compiling; ``HYBRIDKV_PURE_PYTHON=1`` at run time loads the
 ``.py`` files even where compiled ones are installed (src/hybridkv/_purepy.py).
 """
@@ -84,8 +85,8 @@ def extensions() -> list:
 
 
 #: The source each compiled module was built from (``path sha256`` per line, paths relative to
-#: its package, one file in each of :data:`PACKAGES`; the ``.py`` files and the ``.pxd`` files
-#: that augment them with C types): at import, a compiled build whose
+#: its package, one file in each of :data:`PACKAGES`; the ``.py`` and ``.pyx`` files and the
+#: ``.pxd`` files beside them): at import, a compiled build whose
 #: sources changed since is stale and the pure-Python source runs instead
 #: (src/hybridkv/_purepy.py, :func:`stale`).
 MANIFEST = "_compiled_sources.txt"
@@ -115,8 +116,10 @@ class OptionalBuildExt(build_ext):
         self.parallel = os.cpu_count() or 1
 
     def build_extension(self, ext) -> None:
-        if self.compiler.compiler_type == "unix":     # no debug info: a tenth of the size
-            ext.extra_compile_args = [*ext.extra_compile_args, "-g0"]
+        if self.compiler.compiler_type == "unix":
+            # no debug info (a tenth of the size); no fused multiply-adds, which round
+            # differently from Python's floats (the compiled step times equal the source's)
+            ext.extra_compile_args = [*ext.extra_compile_args, "-g0", "-ffp-contract=off"]
         super().build_extension(ext)
 
     def run(self) -> None:

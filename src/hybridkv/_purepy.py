@@ -12,8 +12,8 @@ is imported, when :func:`requested` is true:
 * or mutmut runs the tests (``MUTANT_UNDER_TEST`` is set): its mutants are ``.py`` files that a
   compiled module would otherwise shadow.
 * or the compiled build is stale (:func:`stale`): a ``.py`` file of a compiled package (or
-  the ``.pxd`` beside one, or a native module's ``.pyx``) changed since the build (an edited checkout of an editable
-  install), so the compiled module no longer is its source. A one-line warning says so and
+  the ``.pxd`` beside one, or a native module's ``.pyx``) changed since the build (an edited
+  checkout of an editable install), so the compiled module no longer is its source. A one-line warning says so and
   how to rebuild; the whole package then runs from source (never a mix of the two builds).
 
 This module is never compiled itself (setup.py's ``PACKAGES`` says what is).
@@ -47,9 +47,10 @@ def requested() -> bool:
 def stale(core: str | None = None) -> str | None:
     """Why the compiled package ``core`` (a directory; default: each of
     :data:`COMPILED_PACKAGES`, the reason then prefixed with its name) is not its source, or
-    None when it is, or when nothing is compiled. Stale: a compiled module whose ``.py``, or
-    the ``.pxd`` beside it (its C types), differs from the one it was built from (its sha256
-    in :data:`MANIFEST`; a ``.pxd`` added or removed since counts), or no manifest."""
+    None when it is, or when nothing is compiled. Stale: a compiled module whose ``.py`` (a
+    native module's ``.pyx``), or the ``.pxd`` beside it (its C types), differs from the one
+    it was built from (its sha256 in :data:`MANIFEST`; a ``.pxd`` added or removed since
+    counts), or no manifest."""
     if core is None:
         for package in COMPILED_PACKAGES:
             why = stale(package)

@@ -21,4 +21,8 @@ class HashIndex(dict[bytes, IndexValue]):
     __slots__ = ()
 
     def prefetch(self, keys: list[Any]) -> None:
-        """Called before a batch of operations on ``keys``; no effect on any result."""
+        """Called before a batch of operations on ``keys`` (a list of hashable keys); no
+        effect on any result."""
+
+    def copy(self) -> HashIndex:
+        return HashIndex(self)

@@ -12,6 +12,7 @@ cdef class HashIndex:
     cdef Py_ssize_t mask   # slots - 1 (a power of two minus one)
     cdef Py_ssize_t used
     cdef Py_ssize_t _find(self, object key, Py_hash_t h) except? -2
+    cdef Py_ssize_t _slot_for(self, object key, Py_hash_t h) except? -2
     cdef int _grow(self) except -1
     cdef int _put(self, object key, object value) except -1
     cdef void _remove_at(self, Py_ssize_t i) noexcept

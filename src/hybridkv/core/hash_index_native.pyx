@@ -5,7 +5,8 @@ The block pool keeps one index per KV-cache group, ``hash -> block id`` (or a di
 :mod:`hybridkv.core.pool`). Its reference is :class:`hybridkv.core.hash_index.HashIndex`, a
 ``dict``; this is the same mapping (the same keys, values and errors; any order of iteration)
 in a table of slots ``(hash, key, value)``, linear probing, at most half full, deletion by
-backward shift (no tombstones), so one probe of a present or absent key reads one cache line.
+backward shift (no tombstones), so a probe reads one or two neighbouring slots (and the key
+object only when its hash matches and it is another object).
 :meth:`HashIndex.prefetch` asks the CPU for the slots of a batch of keys before they are
 used, so the misses of a request's run of inserts, or an eviction batch's pops, overlap
 instead of following each other: what makes it faster than the dict (ARCHITECTURE.md,
@@ -73,27 +74,45 @@ cdef class HashIndex:
     # ---- the table ----------------------------------------------------------------------------
     cdef Py_ssize_t _find(self, object key, Py_hash_t h) except? -2:
         """The slot holding ``key`` (>= 0), or ``-1 - i`` with ``i`` the empty slot that ends
-        its probe (where it would go)."""
-        cdef Py_ssize_t i = <Py_ssize_t>(<size_t>h & <size_t>self.mask)
+        its probe (where it would go). A key comparison that changes the table (it may run
+        code) starts the probe again."""
+        cdef Py_ssize_t i, mask
         cdef _Slot* s
         cdef _Slot* table
         cdef object other
         cdef int eq
+        cdef bint again = True
+        while again:
+            again = False
+            i = <Py_ssize_t>(<size_t>h & <size_t>self.mask)
+            while True:
+                s = &self.slots[i]
+                if s.key == NULL:
+                    return -1 - i
+                if s.hash == h:
+                    if s.key == <PyObject*>key:
+                        return i
+                    table, mask = self.slots, self.mask
+                    other = <object>s.key      # held across the comparison
+                    eq = PyObject_RichCompareBool(other, key, Py_EQ)
+                    if self.slots != table or self.mask != mask \
+                            or self.slots[i].key != <PyObject*>other:
+                        again = True
+                        break
+                    if eq:
+                        return i
+                i = (i + 1) & self.mask
+        return -1                              # not reached
+
+    cdef Py_ssize_t _slot_for(self, object key, Py_hash_t h) except? -2:
+        """:meth:`_find`, with room made for an absent key first (the table grown to stay at
+        most half full), so the caller writes ``-1 - i`` at once."""
+        cdef Py_ssize_t i
         while True:
-            s = &self.slots[i]
-            if s.key == NULL:
-                return -1 - i
-            if s.hash == h:
-                if s.key == <PyObject*>key:
-                    return i
-                table = self.slots
-                other = <object>s.key          # held across the comparison (it may run code)
-                eq = PyObject_RichCompareBool(other, key, Py_EQ)
-                if self.slots != table or self.slots[i].key != <PyObject*>other:
-                    return self._find(key, h)  # the comparison changed the table: again
-                if eq:
-                    return i
-            i = (i + 1) & self.mask
+            i = self._find(key, h)
+            if i >= 0 or 2 * (self.used + 1) <= self.mask + 1:
+                return i
+            self._grow()
 
     cdef int _grow(self) except -1:
         """Double the slots (every key rehomed by its stored hash)."""
@@ -114,7 +133,7 @@ cdef class HashIndex:
     cdef int _put(self, object key, object value) except -1:
         """``self[key] = value``."""
         cdef Py_hash_t h = PyObject_Hash(key)
-        cdef Py_ssize_t i = self._find(key, h)
+        cdef Py_ssize_t i = self._slot_for(key, h)
         cdef PyObject* old
         if i >= 0:
             old = self.slots[i].value
@@ -122,9 +141,6 @@ cdef class HashIndex:
             self.slots[i].value = <PyObject*>value
             Py_XDECREF(old)
             return 0
-        if 2 * (self.used + 1) > self.mask + 1:
-            self._grow()
-            i = self._find(key, h)
         i = -1 - i
         Py_INCREF(key)
         Py_INCREF(value)
@@ -173,12 +189,9 @@ cdef class HashIndex:
 
     cpdef object setdefault(self, object key, object default=None):
         cdef Py_hash_t h = PyObject_Hash(key)
-        cdef Py_ssize_t i = self._find(key, h)
+        cdef Py_ssize_t i = self._slot_for(key, h)
         if i >= 0:
             return <object>self.slots[i].value
-        if 2 * (self.used + 1) > self.mask + 1:
-            self._grow()
-            i = self._find(key, h)
         i = -1 - i
         Py_INCREF(key)
         Py_INCREF(default)
@@ -201,10 +214,9 @@ cdef class HashIndex:
     cpdef void prefetch(self, list keys) except *:
         """Bring the home slot of each of ``keys`` toward the CPU (no change, no effect on any
         result): call before a batch of operations on them."""
-        cdef Py_ssize_t k, n = len(keys)
         cdef Py_hash_t h
-        for k in range(n):
-            h = PyObject_Hash(keys[k])
+        for key in keys:
+            h = PyObject_Hash(key)
             HYBRIDKV_PREFETCH(&self.slots[<size_t>h & <size_t>self.mask])
 
     cpdef void clear(self) except *:
@@ -286,7 +298,10 @@ cdef class HashIndex:
         if len(other) != self.used:
             return False
         for key in self._keys():
-            if key not in other or not (other[key] == self[key]):
+            if key not in other:
+                return False
+            mine, theirs = self[key], other[key]
+            if not (mine is theirs or mine == theirs):      # as a dict compares its values
                 return False
         return True
 

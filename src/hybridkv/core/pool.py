@@ -86,7 +86,7 @@ class _FreedTooOften(AssertionError):
 
 
 @cython.cfunc
-def _add_duplicate(idx: dict[bytes, Any], h: bytes, v: Any, b: int) -> None:
+def _add_duplicate(idx: HashIndex, h: bytes, v: Any, b: int) -> None:
     """Block ``b`` holds ``h`` too (concurrent requests computed the same content): the index
     entry ``v`` (a block id, or a dict of them) becomes or gains it."""
     if isinstance(v, int):

@@ -316,8 +316,8 @@ class CalibratedCostModel:
         """:meth:`step_time` for ``work = zip(new, ctx)`` (the simulator's hot path).
 
         The same formula as :meth:`step` evaluated without building :class:`StepFeatures`
-        (the two agree to rounding, tested). Lists (the simulator's steps: integer counts) of
-        at most :data:`FEW_CHUNKS` prefill chunks, a step's usual shape, are evaluated with
+        (the two agree to rounding, tested). Lists of ints (the simulator's steps) with at
+        most :data:`FEW_CHUNKS` prefill chunks, a step's usual shape, are evaluated with
         Python numbers (:meth:`_few_time`), anything else with arrays (:meth:`_array_time`):
         the same time, bit for bit (tested).
         """
@@ -445,7 +445,9 @@ class CalibratedCostModel:
             return 0.0
         chunks: list[tuple[float, float]] = []
         scan = _int_range(new)
-        if scan is not None and scan[0] >= 1 and scan[1] <= DECODE_MAX_NEW:
+        if scan is None or _int_range(ctx) is None:   # not all ints: the arrays (the rules'
+            return self._array_time(new, ctx)           # sums over lists take ints)
+        if scan[0] >= 1 and scan[1] <= DECODE_MAX_NEW:
             dec_new, dec_ctx = new, ctx                  # a decode step: no list built
         else:
             scan = None
