@@ -15,6 +15,7 @@ cdef class HashIndex:
     cdef Py_ssize_t _slot_for(self, object key, Py_hash_t h) except? -2
     cdef int _grow(self) except -1
     cdef int _put(self, object key, object value) except -1
+    cdef void _fill(self, Py_ssize_t i, Py_hash_t h, object key, object value) noexcept
     cdef void _remove_at(self, Py_ssize_t i) noexcept
     cdef list _keys(self)
     cpdef object get(self, object key, object default=*)

@@ -141,14 +141,17 @@ cdef class HashIndex:
             self.slots[i].value = <PyObject*>value
             Py_XDECREF(old)
             return 0
-        i = -1 - i
+        self._fill(-1 - i, h, key, value)
+        return 0
+
+    cdef inline void _fill(self, Py_ssize_t i, Py_hash_t h, object key, object value) noexcept:
+        """Put ``key -> value`` into the empty slot ``i`` (from :meth:`_slot_for`)."""
         Py_INCREF(key)
         Py_INCREF(value)
         self.slots[i].hash = h
         self.slots[i].key = <PyObject*>key
         self.slots[i].value = <PyObject*>value
         self.used += 1
-        return 0
 
     cdef void _remove_at(self, Py_ssize_t i) noexcept:
         """Empty slot ``i``: the later slots of its probe run move back (backward shift), so
@@ -192,13 +195,7 @@ cdef class HashIndex:
         cdef Py_ssize_t i = self._slot_for(key, h)
         if i >= 0:
             return <object>self.slots[i].value
-        i = -1 - i
-        Py_INCREF(key)
-        Py_INCREF(default)
-        self.slots[i].hash = h
-        self.slots[i].key = <PyObject*>key
-        self.slots[i].value = <PyObject*>default
-        self.used += 1
+        self._fill(-1 - i, h, key, default)
         return default
 
     cpdef object pop(self, object key, object default=_MISSING):
