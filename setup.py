@@ -38,10 +38,11 @@ def notice(why: str) -> None:
 
 
 #: The packages compiled, each with its own manifest (:data:`MANIFEST`): every module of a
-#: package mapped to None, the listed modules only otherwise: the simulator's step loop and the
-#: step-time models it calls once per step, not the rest of ``hybridkv.sim`` and ``.cost``.
+#: package mapped to None, the listed modules only otherwise: the simulator's step loop, the
+#: pseudo-token expansion of each Mooncake request and the step-time models it calls once per
+#: step, not the rest of ``hybridkv.sim`` and ``.cost``.
 PACKAGES: dict[str, tuple[str, ...] | None] = {
-    "core": None, "sched": None, "sim": ("simulator.py",),
+    "core": None, "sched": None, "sim": ("simulator.py", "traffic/token_ids.py"),
     "cost": ("comm.py", "costmodel.py", "calibrated.py")}      # the step-time models
 
 

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hybridkv.sim.traffic.traces import (TraceRequest, expand_block_ids, iter_mooncake_records,
                                  load_mooncake_trace, load_token_trace)
@@ -76,8 +78,8 @@ def test_expand_block_ids_is_splitmix_of_id_and_position() -> None:
     assert tokens.dtype == np.int64 and tokens.tolist() == want
     assert tokens[:3].tolist() == want[:3] and want[0] != want[1]
     x = np.array([5, 2**63 + 11], dtype=np.uint64)
-    from hybridkv.sim.traffic.traces import _splitmix64
-    assert _splitmix64(x).tolist() == [_splitmix64_oracle(5), _splitmix64_oracle(2**63 + 11)]
+    from hybridkv.sim.traffic.token_ids import splitmix64
+    assert splitmix64(x).tolist() == [_splitmix64_oracle(5), _splitmix64_oracle(2**63 + 11)]
     assert x.tolist() == [5, 2**63 + 11]                  # the input is not changed
 
 
@@ -549,6 +551,22 @@ def test_expanded_tokens_are_the_splitmix_of_id_and_position(block_tokens: int) 
     with pytest.raises(ValueError, match=f"^2 block ids of {block_tokens} tokens cannot give "
                                          f"{2 * block_tokens + 1} tokens$"):
         expand_block_ids([1, 2], 2 * block_tokens + 1, block_tokens)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from([1, 2, 3, 16, 511, 512, 513]), st.data())
+def test_the_compiled_expansion_is_numpys(block_tokens: int, data: st.DataObject) -> None:
+    """The build's expansion (one C loop when compiled) gives numpy's tokens (the reference,
+    :func:`expand_numpy`) for ids from 0 to the largest that fits, any cut of the last block,
+    zero tokens and no ids included: the same values, dtype int64, a writable array."""
+    from hybridkv.sim.traffic.token_ids import expand_block_ids, expand_numpy
+    s = max(1, (block_tokens - 1).bit_length())
+    ids = data.draw(st.lists(st.one_of(st.integers(0, (1 << (64 - s)) - 1), st.integers(0, 999),
+                                       st.just((1 << (64 - s)) - 1)), max_size=6))
+    n = data.draw(st.integers(0, len(ids) * block_tokens))
+    got, want = expand_block_ids(ids, n, block_tokens), expand_numpy(ids, n, block_tokens)
+    assert got.dtype == want.dtype == np.int64 and got.tolist() == want.tolist()
+    assert len(got) == n and got.flags.writeable
 
 
 @pytest.mark.parametrize("name, stem", [("a.jsonl.xz", "a"), ("a.json.gz", "a"), ("dir/b.json", "b"),

@@ -52,6 +52,7 @@ from hybridkv.core.public_hints import PUBLIC_HINT_FIELDS
 from hybridkv.core.request import INT64_MAX, INT64_MIN
 from hybridkv.core.validation import check_int
 from hybridkv.sim.traffic.bundled import BUNDLED_TRACES, BundledTrace, resolve_trace
+from hybridkv.sim.traffic.token_ids import expand_block_ids
 from hybridkv.sim.traffic.trace_hints import line_hint, parse_hint
 
 __all__ = [
@@ -420,54 +421,6 @@ def iter_mooncake_records(
             ends.warn()
             return                                   # the next line is never read
     ends.warn()
-
-
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
-_MIX2 = np.uint64(0x94D049BB133111EB)
-
-
-def _splitmix64(x: np.ndarray) -> np.ndarray:
-    """The splitmix64 finalizer (a bijection on uint64), vectorized; wraps modulo 2**64. Returns
-    a new array (``x`` is not changed), computed in place in it and one scratch array."""
-    x = x ^ (x >> np.uint64(30))
-    x *= _MIX1
-    t = x >> np.uint64(27)
-    x ^= t
-    x *= _MIX2
-    np.right_shift(x, np.uint64(31), out=t)
-    x ^= t
-    return x
-
-
-def expand_block_ids(
-    block_ids: Sequence[int], num_tokens: int, block_tokens: int = MOONCAKE_BLOCK_TOKENS
-) -> np.ndarray:
-    """Expand block ids into ``num_tokens`` deterministic pseudo-token ids.
-
-    Token ``j`` of block id ``h`` is a hash of ``(h, j)``, so equal id prefixes give equal token
-    prefixes and different ids give different tokens with overwhelming probability. Ids lie in
-    ``[0, 2**31)``. The last block is cut so the result has exactly ``num_tokens`` tokens.
-
-    Args:
-        block_ids: non-negative ids below ``2**64 / 2**ceil(log2(block_tokens))``.
-        num_tokens: tokens wanted, at most ``len(block_ids) * block_tokens``.
-        block_tokens: tokens per id.
-    """
-    if num_tokens > len(block_ids) * block_tokens:
-        raise ValueError(
-            f"{len(block_ids)} block ids of {block_tokens} tokens cannot give {num_tokens} tokens"
-        )
-    ids = np.asarray(block_ids, dtype=np.uint64)
-    shift = np.uint64(max(1, (block_tokens - 1).bit_length()))
-    if ids.size and int(ids.max()) >> (64 - int(shift)):
-        raise ValueError(f"block id {int(ids.max())} too large for {block_tokens}-token blocks")
-    pos = np.arange(block_tokens, dtype=np.uint64)
-    x = (ids[:, None] << shift) | pos[None, :]    # one full-size array, then in place
-    x += _GOLDEN
-    mixed = _splitmix64(x.reshape(-1)[:num_tokens])
-    mixed >>= np.uint64(33)                       # below 2**31: the same values as int64
-    return mixed.view(np.int64)
 
 
 def load_mooncake_trace(
