@@ -93,8 +93,9 @@ def export_current(dest: Path) -> None:
             if "__pycache__" not in p.parts and p.relative_to(dest / "src") not in mine:
                 p.unlink()
         for p in (dest / "src").rglob("*"):        # compiled modules whose source is gone
-            if p.name.endswith(tuple(EXTENSION_SUFFIXES)) \
-                    and not p.with_name(p.name.split(".")[0] + ".py").exists():
+            stem = p.name.split(".")[0]
+            if p.name.endswith(tuple(EXTENSION_SUFFIXES)) and not p.with_name(stem + ".py").exists() \
+                    and not p.with_name(stem + ".pyx").exists():
                 p.unlink()
     for name in ("setup.py", "pyproject.toml", "README.md"):
         shutil.copyfile(REPO / name, dest / name)
