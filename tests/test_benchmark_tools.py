@@ -1,6 +1,6 @@
-"""The measuring parts of two benchmark scripts: ``profile_functions.py``'s reading of perf's
-output (Cython symbols to names, samples to functions) and ``bench_manager.py``'s decode-step
-figure."""
+"""The measuring parts of the benchmark scripts: ``profile_functions.py``'s reading of perf's
+output (Cython symbols to names, samples to functions), ``bench_manager.py``'s decode-step
+figure and ``bench_simulate_speed.py``'s copy of the working tree."""
 
 from __future__ import annotations
 
@@ -66,3 +66,26 @@ def test_the_decode_figure_counts_every_decode_step_and_only_the_manager() -> No
     assert steps == sum(len(ans.get(r.request_id, [1] * r.output_len)) for r in trace)
     assert steps == sum(r.output_len for r in trace)
     assert 0 < rate < 1 and 0 < decode < dt
+
+
+def test_a_copied_tree_keeps_the_builds_of_its_sources_only(tmp_path: Path, monkeypatch) -> None:
+    """``bench_simulate_speed.export_current`` copies the working tree's sources over an earlier
+    copy: a compiled module whose source (``.py``, or ``.pyx`` for a native one) is still there
+    keeps its build, one whose source is gone loses it; ``.py`` files gone go too."""
+    from importlib.machinery import EXTENSION_SUFFIXES
+    mod = _script("bench_simulate_speed")
+    repo, dest = tmp_path / "repo", tmp_path / "dest"
+    (repo / "src" / "pkg").mkdir(parents=True)
+    for name in ("setup.py", "pyproject.toml", "README.md"):
+        (repo / name).write_text("")
+    (repo / "src" / "pkg" / "a.py").write_text("A = 1\n")
+    (repo / "src" / "pkg" / "n.pyx").write_text("N = 1\n")
+    (dest / "src" / "pkg").mkdir(parents=True)
+    (dest / "src" / "pkg" / "gone.py").write_text("")
+    ext = EXTENSION_SUFFIXES[0]
+    for stem in ("a", "n", "gone"):
+        (dest / "src" / "pkg" / f"{stem}{ext}").write_bytes(b"")
+    monkeypatch.setattr(mod, "REPO", repo)
+    mod.export_current(dest)
+    left = sorted(p.name for p in (dest / "src" / "pkg").iterdir())
+    assert left == sorted(["a.py", "n.pyx", f"a{ext}", f"n{ext}"])
