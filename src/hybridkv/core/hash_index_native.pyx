@@ -209,12 +209,16 @@ cdef class HashIndex:
         return value
 
     cpdef void prefetch(self, list keys) except *:
-        """Bring the home slot of each of ``keys`` toward the CPU (no change, no effect on any
-        result): call before a batch of operations on them."""
+        """Bring the cache line of each of ``keys``' home slot, and the next line (where a probe
+        or a backward shift goes on), toward the CPU (no change, no effect on any result): call
+        before a batch of operations on them."""
         cdef Py_hash_t h
+        cdef size_t i
         for key in keys:
             h = PyObject_Hash(key)
-            HYBRIDKV_PREFETCH(&self.slots[<size_t>h & <size_t>self.mask])
+            i = <size_t>h & <size_t>self.mask
+            HYBRIDKV_PREFETCH(&self.slots[i])
+            HYBRIDKV_PREFETCH(&self.slots[(i + 3) & <size_t>self.mask])   # the next line
 
     cpdef void clear(self) except *:
         cdef _Slot* old = self.slots
