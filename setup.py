@@ -6,8 +6,9 @@ The modules of ``src/hybridkv/core`` and ``src/hybridkv/sched`` (``__init__`` fi
 (:data:`PACKAGES`) are compiled with Cython in pure-Python mode: the same ``.py`` files, no
 ``.pyx`` copy, so the source stays the one reference (BENCHMARKS.md, "Compiled core", says why
 and what it gains; the scheduler's and the simulator's per-step loops run once per step, next
-to the core). One module has no ``.py`` twin: ``core/hash_index_native.pyx``, the compiled
-pool's hash index (its pure-Python reference is ``core/hash_index.py``, a dict). The build
+to the core). Two modules have no ``.py`` twin: ``core/hash_index_native.pyx`` and
+``core/free_queue_native.pyx``, the compiled pool's hash index and free queue (their pure-Python
+references: ``core/hash_index.py``, a dict, and ``core/free_queue.py``, two lists). The build
 never fails for the compiled part: without Cython, without a C compiler, or on a compile error
 it prints one line and installs the pure-Python package.
 ``HYBRIDKV_NO_COMPILE=1`` skips compiling; ``HYBRIDKV_PURE_PYTHON=1`` at run time loads the

@@ -275,7 +275,8 @@ def test_the_wheel_ships_the_traces(tmp_path: Path) -> None:
     pxds = sorted(p.relative_to(src).as_posix() for p in (src / "hybridkv").rglob("*.pxd"))
     assert len(pxds) >= 10 and "hybridkv/core/pool.pxd" in pxds
     assert [p for p in pxds if p not in names] == []
-    assert "hybridkv/core/hash_index_native.pyx" in names      # a native module's source
+    assert "hybridkv/core/hash_index_native.pyx" in names      # the native modules' sources
+    assert "hybridkv/core/free_queue_native.pyx" in names
 
 
 # ---- a workload the cache cannot hold, generate's options, checks before the trace ----------

@@ -127,3 +127,4 @@ def test_setup_and_the_stale_guard_name_the_same_compiled_modules() -> None:
     assert [p for p in pxds if p.with_suffix(".py") not in compiled
             and p.with_suffix(".pyx") not in compiled] == []
     assert src / "core" / "hash_index_native.pyx" in compiled
+    assert src / "core" / "free_queue_native.pyx" in compiled

@@ -1,7 +1,9 @@
 """The pool's free queue: an intrusive doubly linked list of block ids (:class:`FreeBlockQueue`).
 
 The links are two lists indexed by block id; three sentinel slots (head, gap, tail) sit after
-the ids. The region order and why it is vLLM's are :mod:`hybridkv.core.pool`'s docstring.
+the ids. The region order and why it is vLLM's are :mod:`hybridkv.core.pool`'s docstring. This
+is the reference; the compiled pool uses ``free_queue_native.FreeBlockQueue``, the same queue
+with its links in C arrays (ARCHITECTURE.md, "The free queue").
 """
 
 from __future__ import annotations
@@ -163,12 +165,16 @@ class FreeBlockQueue:
         if blocks:
             self._link_run(blocks, HEAD, self._next[HEAD])
 
-    def remove(self, b: int) -> None:
-        """Unlink block ``b`` (which must be in the queue; a fresh id is made explicit first)."""
-        if b >= self.next_fresh:
-            self.materialize(b + 1)
+    def _unlink(self, b: int) -> None:
+        """Unlink explicit id ``b`` (in the queue); ``num_free`` is the caller's to count."""
         p = self._prev[b]
         n = self._next[b]
         self._next[p] = n
         self._prev[n] = p
+
+    def remove(self, b: int) -> None:
+        """Unlink block ``b`` (which must be in the queue; a fresh id is made explicit first)."""
+        if b >= self.next_fresh:
+            self.materialize(b + 1)
+        self._unlink(b)
         self.num_free -= 1

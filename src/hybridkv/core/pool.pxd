@@ -2,6 +2,7 @@
 # fields as C struct members. Every field stays public (Python code and the subclasses read
 # and set them as before); the counters are C integers.
 
+from hybridkv.core.free_queue_native cimport FreeBlockQueue
 from hybridkv.core.hash_index_native cimport HashIndex
 
 cdef class BlockPool:
@@ -9,7 +10,7 @@ cdef class BlockPool:
     cdef public list ref_cnt
     cdef public list block_hash
     cdef public list block_group
-    cdef public object queue
+    cdef public FreeBlockQueue queue
     cdef public list index
     cdef public object on_evict
     cdef public Py_ssize_t num_evictions

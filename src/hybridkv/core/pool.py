@@ -39,7 +39,8 @@ Index: per group, ``hash -> block id``; when the same content was computed twice
 requests) the value becomes a dict of block ids, so block tables stay append-only. Each group's
 index is a :class:`~hybridkv.core.hash_index.HashIndex`: a dict in the pure-Python build, a
 native table with the same mapping API in the compiled one, whose ``prefetch`` lets the cache
-misses of a run of inserts or an eviction batch overlap.
+misses of a run of inserts or an eviction batch overlap. Likewise the free queue
+(:mod:`hybridkv.core.free_queue`): links in two lists, in two C arrays when compiled.
 
 Two subclasses change one region each, in their own modules, so LRU's path here stays untouched:
 :class:`~hybridkv.core.policy_pool.PolicyBlockPool` hands the cached free blocks to an eviction
@@ -62,9 +63,10 @@ try:
 except ImportError:                       # no Cython: the C types below are no-ops
     from hybridkv import _cython_shim as cython  # type: ignore[no-redef]  # typed by typings/cython.pyi
 
-from hybridkv.core.free_queue import GAP, HEAD, TAIL, FreeBlockQueue
+from hybridkv.core.free_queue import GAP, HEAD, TAIL
 
-if not cython.compiled:     # compiled: the native table (pool.pxd cimports it), the same API
+if not cython.compiled:     # compiled: the native table and queue (pool.pxd cimports them), the same API
+    from hybridkv.core.free_queue import FreeBlockQueue
     from hybridkv.core.hash_index import HashIndex
 
 NULL_BLOCK = 0
@@ -333,13 +335,12 @@ class BlockPool:
         self._forget(stale)
         return len(stale)
 
-    @cython.locals(ref=list, prv=list, nxt=list, bi=cython.Py_ssize_t, fresh=cython.Py_ssize_t,
+    @cython.locals(ref=list, q=FreeBlockQueue, bi=cython.Py_ssize_t, fresh=cython.Py_ssize_t,
                    removed=cython.Py_ssize_t)
     def touch(self, blocks: Iterable[int]) -> None:
         """Take a reference on each non-null block, pulling free ones out of the queue."""
         ref = self.ref_cnt
         q = self.queue
-        prv, nxt = q._prev, q._next
         fresh = q.next_fresh
         removed = 0
         try:
@@ -350,11 +351,8 @@ class BlockPool:
                         self._materialize(b)
                         fresh = q.next_fresh
                     r = ref[bi]
-                    if r == 0:                    # FreeBlockQueue.remove, inlined
-                        p = prv[bi]
-                        n = nxt[bi]
-                        nxt[p] = n
-                        prv[n] = p
+                    if r == 0:                    # FreeBlockQueue.remove, counted below
+                        q._unlink(bi)
                         removed += 1
                     ref[bi] = r + 1
         finally:
@@ -434,15 +432,16 @@ class BlockPool:
         for name in ("ref_cnt", "block_hash", "block_group"):
             if len(getattr(self, name)) != cap:
                 raise AssertionError(f"{name} holds {len(getattr(self, name))} ids, capacity is {cap}")
-        if len(q._next) != cap + 3 or len(q._prev) != cap + 3:
-            raise AssertionError(f"free queue links hold {len(q._next) - 3} ids, capacity is {cap}")
+        nxt, prv = q._next, q._prev           # (the compiled queue's: list snapshots)
+        if len(nxt) != cap + 3 or len(prv) != cap + 3:
+            raise AssertionError(f"free queue links hold {len(nxt) - 3} ids, capacity is {cap}")
         for b in range(n, cap):
             if self.ref_cnt[b] or self.block_hash[b] is not None or self.block_group[b]:
                 raise AssertionError(f"fresh block {b} (fresh mark {n}) has state")
         in_queue = [False] * n
         count = 0
         prev = HEAD
-        b = q._next[HEAD]
+        b = nxt[HEAD]
         seen_gap = False
         while b != TAIL:
             if b == GAP:
@@ -456,14 +455,14 @@ class BlockPool:
             else:
                 in_queue[b] = True
                 count += 1
-            if q._prev[b] != prev:
+            if prv[b] != prev:
                 raise AssertionError(f"free queue back-link of block {b} is broken")
             prev = b
-            b = q._next[b]
+            b = nxt[b]
         if seen_gap != (n < self.num_blocks):
             raise AssertionError(f"free queue {'holds' if seen_gap else 'lost'} its gap node with "
                                  f"{self.num_blocks - n} fresh ids")
-        if q._prev[TAIL] != prev:
+        if prv[TAIL] != prev:
             raise AssertionError("free queue tail link is broken")
         if count + self.num_blocks - n != q.num_free:
             raise AssertionError(f"free queue holds {count} + {self.num_blocks - n} fresh blocks "
