@@ -1,8 +1,9 @@
-"""Optional compiled build of ``hybridkv.core``, ``hybridkv.sched`` and the simulator's step loop
-and step-time models (everything else is in pyproject.toml).
+"""Optional compiled build of ``hybridkv.core``, ``hybridkv.sched`` and the simulator's step loop,
+token expansion and step-time models (everything else is in pyproject.toml).
 
 The modules of ``src/hybridkv/core`` and ``src/hybridkv/sched`` (``__init__`` files excepted),
-``src/hybridkv/sim/simulator.py`` and ``src/hybridkv/cost/{comm,costmodel,calibrated}.py``
+``src/hybridkv/sim/{simulator,traffic/token_ids}.py`` and
+``src/hybridkv/cost/{comm,costmodel,calibrated}.py``
 (:data:`PACKAGES`) are compiled with Cython in pure-Python mode: the same ``.py`` files, no
 ``.pyx`` copy, so the source stays the one reference (BENCHMARKS.md, "Compiled core", says why
 and what it gains; the scheduler's and the simulator's per-step loops run once per step, next

@@ -1,8 +1,8 @@
 """Import the pure-Python source of hybridkv even where a compiled build sits next to it.
 
 The optional compiled build (setup.py: Cython, pure-Python mode) turns the very same ``.py``
-files of ``hybridkv.core``, ``hybridkv.sched``, the simulator's step loop and its step-time
-models into extension modules; Python's path finder prefers an extension module over the
+files of ``hybridkv.core``, ``hybridkv.sched``, the simulator's step loop, its trace token
+expansion and its step-time models into extension modules; Python's path finder prefers an extension module over the
 ``.py`` beside it. :func:`install` puts a finder first on
 ``sys.meta_path`` that loads every ``hybridkv.*`` module from its ``.py`` file instead, so the
 pure-Python reference runs. ``hybridkv/__init__.py`` installs it, before anything of the core

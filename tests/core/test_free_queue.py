@@ -158,7 +158,9 @@ def test_growth_moves_the_sentinels_and_keeps_the_links() -> None:
 
 def test_errors_and_memory() -> None:
     """Too many pops and an id out of range are refused with the reference's message and
-    change nothing; an all-fresh queue of a huge pool holds 3 + 1 link slots (traced)."""
+    change nothing, as is a pool of no block; an id with no link slot (negative, past the
+    capacity) is refused before anything is written; an all-fresh queue of a huge pool holds
+    3 + 1 link slots (traced)."""
     Native = _native()
     for cls in (Reference, Native):
         q = cls(10)
@@ -167,6 +169,19 @@ def test_errors_and_memory() -> None:
         with pytest.raises(ValueError, match=r"^block id 10 out of range \[1, 10\)$"):
             q.materialize(11)
         assert list(q) == list(range(1, 10)) and q.num_free == 9
+    for cls in (Reference, Native):
+        for n in (0, -1, -3):
+            with pytest.raises(ValueError, match=rf"^a free queue needs num_blocks >= 1, got {n}$"):
+                cls(n, [])
+    q = Native(100)
+    q.popleft_n(5)                                # capacity 64: ids 0..63 have link slots
+    before = _state(q)
+    for bad in (-1, -3, 64, 10**9):               # refused, never written outside the arrays
+        with pytest.raises(IndexError, match=rf"^block id {bad} has no link slot \(explicit ids < 64\)$"):
+            q._unlink(bad)
+        with pytest.raises(IndexError, match=rf"^block id {bad} has no link slot"):
+            q.append_n([bad])
+    assert _state(q) == before
     tracemalloc.start()
     try:
         q = Native(10**12 // 16 + 1)

@@ -559,6 +559,8 @@ def test_the_compiled_expansion_is_numpys(block_tokens: int, data: st.DataObject
     """The build's expansion (one C loop when compiled) gives numpy's tokens (the reference,
     :func:`expand_numpy`) for ids from 0 to the largest that fits, any cut of the last block,
     zero tokens and no ids included: the same values, dtype int64, a writable array."""
+    from tests.core.test_compiled import _require_compiled
+    _require_compiled()                      # (the source's expansion is numpy's itself)
     from hybridkv.sim.traffic.token_ids import expand_block_ids, expand_numpy
     s = max(1, (block_tokens - 1).bit_length())
     ids = data.draw(st.lists(st.one_of(st.integers(0, (1 << (64 - s)) - 1), st.integers(0, 999),

@@ -22,6 +22,8 @@ from hybridkv.core.specs import (MLA, AttentionSpec, ChunkedLocal, FullAttention
 #: True when the core runs from the optional compiled build (setup.py, Cython: the same .py
 #: files compiled); False for the pure-Python source (no build, or HYBRIDKV_PURE_PYTHON=1).
 COMPILED: bool = (_manager.__file__ or "").endswith(tuple(_EXTENSION_SUFFIXES))
+if COMPILED:        # the queue the compiled pool uses (its reference: free_queue.FreeBlockQueue)
+    from hybridkv.core.free_queue_native import FreeBlockQueue  # type: ignore[import-untyped,no-redef]  # noqa: F811
 
 __all__ = [
     "COMPILED",

@@ -38,6 +38,8 @@ class FreeBlockQueue:
     __slots__ = ("_prev", "_next", "num_blocks", "next_fresh", "capacity", "num_free")
 
     def __init__(self, num_blocks: int, initial: Iterable[int] | None = None) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"a free queue needs num_blocks >= 1, got {num_blocks}")
         self.num_blocks = num_blocks
         self.next_fresh = self.capacity = 1 if initial is None else num_blocks
         self._prev = [0] * (self.capacity + 3)    # ids 0 .. capacity-1, then the sentinels

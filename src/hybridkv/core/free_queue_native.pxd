@@ -10,11 +10,10 @@ cdef class FreeBlockQueue:
     cdef public Py_ssize_t capacity
     cdef public Py_ssize_t num_free
     cdef int _alloc(self, Py_ssize_t n) except -1
-    cdef Py_ssize_t* _grown(self, Py_ssize_t* a, Py_ssize_t old, Py_ssize_t cap) except NULL
     cpdef void _grow(self, Py_ssize_t n) except *
     cpdef list popleft_n(self, Py_ssize_t n)
     cpdef void _link_run(self, list blocks, Py_ssize_t before, Py_ssize_t after) except *
     cpdef void append_n(self, list blocks) except *
     cpdef void prepend_n(self, list blocks) except *
-    cpdef void _unlink(self, Py_ssize_t b) noexcept
+    cpdef void _unlink(self, Py_ssize_t b) except *
     cpdef void _store(self, bint forward, list links) except *

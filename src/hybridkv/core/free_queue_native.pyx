@@ -2,12 +2,14 @@
 """The compiled build's free queue: :class:`FreeBlockQueue` with its links in two C arrays.
 
 Its reference is :class:`hybridkv.core.free_queue.FreeBlockQueue` (two lists of ids): the same
-queue, methods, errors and ids, the sentinels ``HEAD, GAP, TAIL = -3, -2, -1`` included (a link
-holds a block id or a sentinel's id; a sentinel's slot is ``capacity + 3 + id``, after the
-ids). A list's link is a pointer to an int object somewhere in memory, so following one costs
-two cache misses (the slot, then the object); a C array's one: a popleft of a long run of
-evicted blocks is a chase along the links. ``_prev`` and ``_next`` read as lists (snapshots of
-the arrays, for checks and tests); the pool unlinks with :meth:`FreeBlockQueue._unlink`.
+queue, methods, errors and ids for valid calls, the sentinels ``HEAD, GAP, TAIL = -3, -2, -1``
+included (a link holds a block id or a sentinel's id; a sentinel's slot is ``capacity + 3 + id``,
+after the ids). A list's link is a pointer to an int object somewhere in memory, so following
+one costs two cache misses (the slot, then the object); a C array's one: a popleft of a long run
+of evicted blocks is a chase along the links. An id without a link slot (negative, or past the
+capacity) is refused with IndexError, never written outside the arrays. ``_prev`` and ``_next``
+read as lists (snapshots; an item written is written back: the integrity tests corrupt the
+queue that way); the pool unlinks with :meth:`FreeBlockQueue._unlink`.
 """
 
 from cpython.mem cimport PyMem_Calloc, PyMem_Free, PyMem_Realloc
@@ -37,6 +39,15 @@ class _Links(list):
         self._queue._store(self._forward, list(self))
 
 
+cdef void _move_sentinels(Py_ssize_t* a, Py_ssize_t old, Py_ssize_t cap) noexcept:
+    """In ``a`` (room for ``cap`` ids and 3 sentinels): the sentinel slots from after ``old``
+    ids to after ``cap``; the new ids' slots zero."""
+    cdef Py_ssize_t k
+    for k in range(2, -1, -1):                    # last first: the ranges may overlap
+        a[cap + k] = a[old + k]
+    memset(&a[old], 0, (cap - old) * sizeof(Py_ssize_t))
+
+
 cdef class FreeBlockQueue:
     """Doubly linked list of block ids with O(1) popleft/append/prepend/remove per block
     (:class:`hybridkv.core.free_queue.FreeBlockQueue`, whose docstring holds the contract).
@@ -52,6 +63,8 @@ cdef class FreeBlockQueue:
         self._nxt = NULL
 
     def __init__(self, num_blocks, initial=None):
+        if num_blocks < 1:
+            raise ValueError(f"a free queue needs num_blocks >= 1, got {num_blocks}")
         self.num_blocks = num_blocks
         self.next_fresh = self.capacity = 1 if initial is None else num_blocks
         self._alloc(self.capacity + 3)
@@ -98,15 +111,20 @@ cdef class FreeBlockQueue:
     cpdef void _store(self, bint forward, list links) except *:
         """Replace one link array by ``links`` (its length too): :class:`_Links`' write-back."""
         cdef Py_ssize_t n = len(links), i
-        cdef Py_ssize_t* a = <Py_ssize_t*>PyMem_Realloc(self._nxt if forward else self._prv,
-                                                       max(n, 1) * sizeof(Py_ssize_t))
+        cdef Py_ssize_t* a = <Py_ssize_t*>PyMem_Calloc(max(n, 1), sizeof(Py_ssize_t))
         if a == NULL:
             raise MemoryError(f"free queue links of {n} slots")
-        for i in range(n):
-            a[i] = links[i]
+        try:
+            for i in range(n):
+                a[i] = links[i]
+        except BaseException:
+            PyMem_Free(a)
+            raise
         if forward:
+            PyMem_Free(self._nxt)
             self._nxt = a
         else:
+            PyMem_Free(self._prv)
             self._prv = a
         self._len[1 if forward else 0] = n
 
@@ -128,26 +146,24 @@ cdef class FreeBlockQueue:
         """Hand the next ``n`` fresh ids out of the implicit region (not linked); their link
         slots exist afterwards (capacity doubles, at most to ``num_blocks``)."""
         cdef Py_ssize_t old = self.capacity, cap
+        cdef Py_ssize_t* a
         self.next_fresh += n
         if self.next_fresh <= old:
             return
         cap = min(self.num_blocks, max(self.next_fresh, 2 * old, 64))
-        self._prv = self._grown(self._prv, old, cap)
-        self._nxt = self._grown(self._nxt, old, cap)
+        # both arrays grow first (a failure leaves the queue as it was, only longer arrays)
+        a = <Py_ssize_t*>PyMem_Realloc(self._prv, (cap + 3) * sizeof(Py_ssize_t))
+        if a == NULL:
+            raise MemoryError(f"free queue links of {cap + 3} slots")
+        self._prv = a
+        a = <Py_ssize_t*>PyMem_Realloc(self._nxt, (cap + 3) * sizeof(Py_ssize_t))
+        if a == NULL:
+            raise MemoryError(f"free queue links of {cap + 3} slots")
+        self._nxt = a
+        _move_sentinels(self._prv, old, cap)
+        _move_sentinels(self._nxt, old, cap)
         self._len[0] = self._len[1] = cap + 3
         self.capacity = cap
-
-    cdef Py_ssize_t* _grown(self, Py_ssize_t* a, Py_ssize_t old, Py_ssize_t cap) except NULL:
-        """``a`` (``old`` ids, then 3 sentinel slots) resized for ``cap`` ids: the sentinels
-        moved to the end, the new ids' slots zero."""
-        cdef Py_ssize_t* out = <Py_ssize_t*>PyMem_Realloc(a, (cap + 3) * sizeof(Py_ssize_t))
-        cdef Py_ssize_t k
-        if out == NULL:
-            raise MemoryError(f"free queue links of {cap + 3} slots")
-        for k in range(2, -1, -1):                # the sentinels, last first (ranges overlap)
-            out[cap + k] = out[old + k]
-        memset(&out[old], 0, (cap - old) * sizeof(Py_ssize_t))
-        return out
 
     def materialize(self, Py_ssize_t end):
         """Make fresh ids ``next_fresh .. end-1`` explicit, linked just before the gap
@@ -207,6 +223,8 @@ cdef class FreeBlockQueue:
         cdef Py_ssize_t p = before, b
         for x in blocks:
             b = x
+            if <size_t>b >= <size_t>self.capacity:
+                raise IndexError(f"block id {b} has no link slot (explicit ids < {self.capacity})")
             self._nxt[_at(p, self.capacity)] = b
             self._prv[b] = p
             p = b
@@ -225,9 +243,12 @@ cdef class FreeBlockQueue:
         if blocks:
             self._link_run(blocks, _HEAD, self._nxt[_at(_HEAD, self.capacity)])
 
-    cpdef void _unlink(self, Py_ssize_t b) noexcept:
+    cpdef void _unlink(self, Py_ssize_t b) except *:
         """Unlink explicit id ``b`` (in the queue); ``num_free`` is the caller's to count."""
-        cdef Py_ssize_t p = self._prv[b], n = self._nxt[b]
+        cdef Py_ssize_t p, n
+        if <size_t>b >= <size_t>self.capacity:
+            raise IndexError(f"block id {b} has no link slot (explicit ids < {self.capacity})")
+        p, n = self._prv[b], self._nxt[b]
         self._nxt[_at(p, self.capacity)] = n
         self._prv[_at(n, self.capacity)] = p
 

@@ -213,12 +213,13 @@ cdef class HashIndex:
         or a backward shift goes on), toward the CPU (no change, no effect on any result): call
         before a batch of operations on them."""
         cdef Py_hash_t h
-        cdef size_t i
+        cdef size_t i, mask = <size_t>self.mask
         for key in keys:
             h = PyObject_Hash(key)
-            i = <size_t>h & <size_t>self.mask
+            i = <size_t>h & mask
             HYBRIDKV_PREFETCH(&self.slots[i])
-            HYBRIDKV_PREFETCH(&self.slots[(i + 3) & <size_t>self.mask])   # the next line
+            # 64 bytes on lies in slot i + 2 (slots are 24 bytes): the next line, in the table
+            HYBRIDKV_PREFETCH((<char*>&self.slots[i]) + 64 if i + 2 <= mask else <char*>self.slots)
 
     cpdef void clear(self) except *:
         cdef _Slot* old = self.slots

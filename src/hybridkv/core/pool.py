@@ -13,7 +13,8 @@ ids ``0 .. capacity-1`` only, where ``next_fresh <= capacity <= max(2 * next_fre
 fresh state). A pool of 10^11 blocks therefore builds in microseconds and holds only what it
 has touched.
 
-Free queue (an intrusive doubly linked list: the links are two lists indexed by block id)::
+Free queue (an intrusive doubly linked list: the links are indexed by block id, two lists in
+the pure build, two C arrays in the compiled one)::
 
     head -> [unhashed, freed last ... first] [never used, by id] [hashed, LRU ... MRU] <- tail
              ^ allocation pops here (reused first)                ^ cached blocks appended here

@@ -10,6 +10,7 @@ one C loop over the tokens, which spares a simulated request numpy's fixed cost 
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 
 import numpy as np
@@ -20,6 +21,9 @@ except ImportError:                       # no Cython: the C types below are no-
     from hybridkv import _cython_shim as cython  # type: ignore[no-redef]  # typed by typings/cython.pyi
 
 __all__ = ["expand_block_ids", "expand_numpy", "splitmix64"]
+
+#: The most tokens the C loop writes (8 bytes each must count in a C size; numpy refuses more).
+_C_TOKENS = sys.maxsize // 8
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -104,7 +108,7 @@ def expand_block_ids(block_ids: Sequence[int], num_tokens: int, block_tokens: in
     Raises:
         ValueError: too few ids for ``num_tokens``, or an id too large.
     """
-    if not cython.compiled or num_tokens < 0 or block_tokens < 1:
+    if not cython.compiled or num_tokens < 0 or block_tokens < 1 or num_tokens > _C_TOKENS:
         return expand_numpy(block_ids, num_tokens, block_tokens)
     ids, shift = _checked_ids(block_ids, num_tokens, block_tokens)
     return np.frombuffer(_expand_c(ids.tolist(), num_tokens, block_tokens, shift), dtype=np.int64)
