@@ -20,7 +20,10 @@ try:
 except ImportError:                       # no Cython: the C types below are no-ops
     from hybridkv import _cython_shim as cython  # type: ignore[no-redef]  # typed by typings/cython.pyi
 
-__all__ = ["expand_block_ids", "expand_numpy", "splitmix64"]
+__all__ = ["MOONCAKE_BLOCK_TOKENS", "expand_block_ids", "expand_numpy", "splitmix64"]
+
+MOONCAKE_BLOCK_TOKENS = 512
+"""Tokens covered by one Mooncake ``hash_ids`` entry."""
 
 #: The most tokens the C loop writes (8 bytes each must count in a C size; numpy refuses more).
 _C_TOKENS = sys.maxsize // 8
@@ -95,7 +98,8 @@ if cython.compiled:     # the source runs expand_numpy (the C pointer types exis
         return out
 
 
-def expand_block_ids(block_ids: Sequence[int], num_tokens: int, block_tokens: int = 512) -> np.ndarray:
+def expand_block_ids(block_ids: Sequence[int], num_tokens: int,
+                     block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> np.ndarray:
     """Expand block ids into ``num_tokens`` deterministic pseudo-token ids (int64, in
     ``[0, 2**31)``; the module docstring has the formula). The last block is cut so the result
     has exactly ``num_tokens`` tokens.
@@ -103,7 +107,7 @@ def expand_block_ids(block_ids: Sequence[int], num_tokens: int, block_tokens: in
     Args:
         block_ids: non-negative ids below ``2**64 / 2**ceil(log2(block_tokens))``.
         num_tokens: tokens wanted, at most ``len(block_ids) * block_tokens``.
-        block_tokens: tokens per id (Mooncake's: 512).
+        block_tokens: tokens per id.
 
     Raises:
         ValueError: too few ids for ``num_tokens``, or an id too large.

@@ -52,7 +52,7 @@ from hybridkv.core.public_hints import PUBLIC_HINT_FIELDS
 from hybridkv.core.request import INT64_MAX, INT64_MIN
 from hybridkv.core.validation import check_int
 from hybridkv.sim.traffic.bundled import BUNDLED_TRACES, BundledTrace, resolve_trace
-from hybridkv.sim.traffic.token_ids import expand_block_ids
+from hybridkv.sim.traffic.token_ids import MOONCAKE_BLOCK_TOKENS, expand_block_ids
 from hybridkv.sim.traffic.trace_hints import line_hint, parse_hint
 
 __all__ = [
@@ -76,8 +76,6 @@ __all__ = [
     "trace_stem",
 ]
 
-MOONCAKE_BLOCK_TOKENS = 512
-"""Tokens covered by one Mooncake ``hash_ids`` entry."""
 
 MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids", "session", "hint",
                    *PUBLIC_HINT_FIELDS)
