@@ -202,3 +202,21 @@ def test_the_compiled_pool_uses_the_native_queue() -> None:
     pool.touch([3, 50])
     pool.free([2, 3, 3, 50])
     pool.check()
+
+
+@pytest.mark.parametrize("which", ["reference", "native"])
+def test_links_worked_out_by_hand(which: str) -> None:
+    """A 5-id pool (capacity 1 -> 5 on the first pop; the sentinels HEAD, GAP, TAIL move to
+    slots 5, 6, 7): pop 2, free 2 to the tail and 1 to the head. Queue 1, 3, 4 (fresh, behind
+    the gap), 2; every link as computed by hand."""
+    cls = Reference if which == "reference" else _native()
+    q = cls(5)
+    assert q.capacity == 1 and list(q._next) == [0, -2, -1, 0]        # HEAD -> GAP -> TAIL
+    assert q.popleft_n(2) == [1, 2] and q.capacity == 5 and q.next_fresh == 3
+    q.append_n([2])
+    q.prepend_n([1])
+    assert list(q) == [1, 3, 4, 2] and q.num_free == 4
+    assert list(q._next) == [0, -2, -1, 0, 0, 1, 2, 0]    # 1->GAP, 2->TAIL, HEAD->1, GAP->2
+    assert list(q._prev) == [0, -3, -2, 0, 0, 0, 1, 2]    # 1<-HEAD, 2<-GAP, GAP<-1, TAIL<-2
+    assert q.popleft_n(3) == [1, 3, 4] and q.next_fresh == 5 and list(q) == [2]
+    assert list(q._next)[5] == 2 and list(q._prev)[2] == -3   # the gap left: HEAD -> 2
